@@ -1,0 +1,66 @@
+"""Argument checks printed verbatim into every compiled module (which may import only torch
+and triton). They are generic: each entry calls them with the shape patterns of its IR."""
+
+PRELUDE = r'''
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _bind(name, dim, size, dims):
+    """Check one dimension of a shape pattern: numbers must match, symbols bind on first use."""
+    if dim.isdigit():
+        if size != int(dim):
+            return f"size {int(dim)}"
+        return None
+    key = "N" if dim == "N+1" else dim
+    value = size - 1 if dim == "N+1" else size
+    if key in dims and dims[key] != value:
+        return f"{dim} = {dims[key] + (1 if dim == 'N+1' else 0)} (from earlier arguments)"
+    dims[key] = value
+    return None
+
+
+def _check_tensor(name, x, shape, dtype_class, dims, device):
+    """Raise ValueError naming `name` unless x is a contiguous tensor of the pattern `shape`."""
+    if x is None:
+        raise ValueError(f"{name}: required, got None")
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    pattern = shape.split(",")
+    if x.dim() != len(pattern):
+        raise ValueError(f"{name}: expected shape [{shape}] ({len(pattern)} dims), got {list(x.shape)}")
+    for axis, (dim, size) in enumerate(zip(pattern, x.shape)):
+        problem = _bind(name, dim, size, dims)
+        if problem:
+            raise ValueError(f"{name}: dim {axis} of shape [{shape}] must be {problem}, got {list(x.shape)}")
+    allowed = {"float": _FLOAT_DTYPES, "float32": (torch.float32,), "offsets": (torch.int32, torch.int64)}[dtype_class]
+    if x.dtype not in allowed:
+        raise ValueError(f"{name}: expected dtype {' or '.join(str(d) for d in allowed)}, got {x.dtype}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (like the first argument), got {x.device}")
+    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"{name}: is on the CPU; run on a GPU, or set TRITON_INTERPRET=1 for Triton's interpreter")
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
+
+
+def _check_offsets(name, offsets, dims, device):
+    """cu_seqlens: [N+1] integer offsets into the B*T tokens (B = 1), 0 first, non-decreasing."""
+    if offsets is None:
+        dims["N"] = dims["B"]
+        return
+    _check_tensor(name, offsets, "N+1", "offsets", dims, device)
+    if dims["B"] != 1:
+        raise ValueError(f"{name}: variable-length input needs batch size 1, got B = {dims['B']}")
+    if dims["N"] < 1:
+        raise ValueError(f"{name}: needs at least 2 offsets (one sequence), got {offsets.numel()}")
+    values = offsets.tolist()
+    if values[0] != 0 or values[-1] != dims["T"]:
+        raise ValueError(f"{name}: must start at 0 and end at T = {dims['T']}, got {values[0]} .. {values[-1]}")
+    if any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(f"{name}: offsets must be non-decreasing, got {values}")
+
+
+def _check_none(name, x, why):
+    if x is not None:
+        raise ValueError(f"{name}: must be None ({why})")
+'''

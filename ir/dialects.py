@@ -1,0 +1,30 @@
+"""Lazy registration of the dialects k3compile reads and writes."""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+
+
+def _k3():
+    from k3compile.ir.k3 import K3
+
+    return K3
+
+
+def _k3s():
+    from k3compile.ir.k3s import K3S
+
+    return K3S
+
+
+DIALECTS = {"k3": _k3, "k3s": _k3s}
+
+
+def make_context() -> Context:
+    from xdsl.dialects.builtin import Builtin
+
+    ctx = Context()
+    ctx.load_dialect(Builtin)
+    for name, factory in DIALECTS.items():
+        ctx.register_dialect(name, factory)
+    return ctx

@@ -1,0 +1,173 @@
+"""The `k3` dialect: what a layer computes, one op per layer family.
+
+Ops here carry only verified attributes; how they run is decided by passes (see passes/).
+Reference semantics for every op live in `k3compile.ir.reference`.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
+from xdsl.ir import Dialect
+from xdsl.irdl import irdl_op_definition, prop_def, traits_def
+from xdsl.traits import SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.syntax import KeywordSyntax
+
+GATES = ("channel", "scalar", "none")
+STATE_LAYOUTS = ("kv", "vk")
+DTYPES = ("bfloat16", "float16", "float32")
+GLU_ACTIVATIONS = ("swiglu", "situ_glu")
+
+
+def _int(op, name: str) -> int:
+    return getattr(op, name).value.data
+
+
+def _require_positive(op, *names: str) -> None:
+    for name in names:
+        if _int(op, name) <= 0:
+            raise VerifyException(f"{op.name} @{op.sym_name.data}: {name} must be positive, got {_int(op, name)}")
+
+
+def _require_choice(op, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(op, name).data
+    if value not in allowed:
+        raise VerifyException(
+            f"{op.name} @{op.sym_name.data}: {name} must be one of {', '.join(allowed)}; got {value!r}"
+        )
+
+
+def _require_float_in(op, name: str, low: float, high: float | None = None) -> None:
+    value = getattr(op, name).value.data
+    if not (value > low and (high is None or value <= high)):
+        bound = f"in ({low}, {high}]" if high is not None else f"> {low}"
+        raise VerifyException(f"{op.name} @{op.sym_name.data}: {name} must be {bound}, got {value}")
+
+
+@irdl_op_definition
+class RecurrenceOp(KeywordSyntax):
+    """A gated delta-rule recurrence over a sequence (the KDA family).
+
+    Per value head, with state S in R^{K x V}:
+        S_t = (I - b_t k_t k_t^T) Diag(exp g_t) S_{t-1} + b_t k_t v_t^T     (delta_rule = true)
+        S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T                             (delta_rule = false)
+        o_t = S_t^T (scale q_t)
+    `gate` is channel ([K] per token and value head: KDA, GLA), scalar (Gated DeltaNet) or none
+    (g = 0: DeltaNet, linear attention). Value head h reads query/key head
+    h // (num_v_heads / num_heads). `state_layout` is the memory order of a head's state:
+    kv = [K, V] (fla), vk = [V, K] (serving stacks).
+    """
+
+    name = "k3.recurrence"
+    sym_name = prop_def(StringAttr)
+    gate = prop_def(StringAttr)
+    delta_rule = prop_def(BoolAttr)
+    num_heads = prop_def(IntegerAttr[I64])
+    num_v_heads = prop_def(IntegerAttr[I64])
+    head_k_dim = prop_def(IntegerAttr[I64])
+    head_v_dim = prop_def(IntegerAttr[I64])
+    scale = prop_def(FloatAttr)
+    state_layout = prop_def(StringAttr)
+    dtype = prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface())
+
+    def verify_(self) -> None:
+        _require_choice(self, "gate", GATES)
+        _require_choice(self, "state_layout", STATE_LAYOUTS)
+        _require_choice(self, "dtype", DTYPES)
+        _require_positive(self, "num_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+        if _int(self, "num_v_heads") % _int(self, "num_heads"):
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: num_v_heads ({_int(self, 'num_v_heads')}) must be "
+                f"a multiple of num_heads ({_int(self, 'num_heads')})"
+            )
+        _require_float_in(self, "scale", 0.0)
+
+
+@irdl_op_definition
+class AttnResOp(KeywordSyntax):
+    """Attention-Residual aggregation over depth (Block AttnRes).
+
+        h = sum_i softmax_i( w . RMSNorm_gain(x_i) ) x_i
+
+    over up to num_blocks + 1 sources (the stored block representatives plus the current
+    partial sum), each of width hidden_size. The pseudo-query w and the RMSNorm gain are
+    weights (kernel inputs); RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gain. Softmax in fp32,
+    no temperature. block_size is the number of layers summed into one block.
+    """
+
+    name = "k3.attnres"
+    sym_name = prop_def(StringAttr)
+    hidden_size = prop_def(IntegerAttr[I64])
+    num_blocks = prop_def(IntegerAttr[I64])
+    block_size = prop_def(IntegerAttr[I64])
+    eps = prop_def(FloatAttr)
+    dtype = prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface())
+
+    def verify_(self) -> None:
+        _require_positive(self, "hidden_size", "num_blocks", "block_size")
+        _require_float_in(self, "eps", 0.0)
+        _require_choice(self, "dtype", DTYPES)
+
+    @property
+    def max_sources(self) -> int:
+        return _int(self, "num_blocks") + 1
+
+
+@irdl_op_definition
+class LatentMoEOp(KeywordSyntax):
+    """A (Latent) mixture-of-experts layer with a DeepSeek-V3 style sigmoid router.
+
+    Router: s = sigmoid(x W_r^T); experts chosen by top-k of s + bias; weights are the
+    unbiased s of the chosen experts, normalised over the top-k if norm_topk_prob, times
+    routed_scaling_factor. With latent_dim > 0 the routed experts run in the latent width:
+    x -> x W_down^T (d -> latent), experts, weighted combine, RMSNorm(gain, eps), -> W_up^T
+    (latent -> d); latent_dim = 0 runs them at full width. Each expert is a GLU:
+    down( act(gate(x), up(x)) ) with act swiglu (silu(g) * u) or situ_glu
+    (4 tanh(g/4) sigmoid(g) * 25 tanh(u/25)). Shared experts (full width) are added.
+    """
+
+    name = "k3.latent_moe"
+    sym_name = prop_def(StringAttr)
+    hidden_size = prop_def(IntegerAttr[I64])
+    latent_dim = prop_def(IntegerAttr[I64])
+    num_experts = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    expert_ffn_dim = prop_def(IntegerAttr[I64])
+    num_shared_experts = prop_def(IntegerAttr[I64])
+    shared_ffn_dim = prop_def(IntegerAttr[I64])
+    activation = prop_def(StringAttr)
+    norm_topk_prob = prop_def(BoolAttr)
+    routed_scaling_factor = prop_def(FloatAttr)
+    eps = prop_def(FloatAttr)
+    dtype = prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface())
+
+    def verify_(self) -> None:
+        _require_positive(self, "hidden_size", "num_experts", "top_k", "expert_ffn_dim")
+        for name in ("latent_dim", "num_shared_experts", "shared_ffn_dim"):
+            if _int(self, name) < 0:
+                raise VerifyException(f"{self.name} @{self.sym_name.data}: {name} must be >= 0, got {_int(self, name)}")
+        if _int(self, "top_k") > _int(self, "num_experts"):
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: top_k ({_int(self, 'top_k')}) must not exceed "
+                f"num_experts ({_int(self, 'num_experts')})"
+            )
+        if _int(self, "latent_dim") >= _int(self, "hidden_size"):
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: latent_dim ({_int(self, 'latent_dim')}) must be "
+                f"smaller than hidden_size ({_int(self, 'hidden_size')}), or 0 for no latent projection"
+            )
+        if _int(self, "num_shared_experts") > 0 and _int(self, "shared_ffn_dim") <= 0:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: shared_ffn_dim must be positive when num_shared_experts > 0"
+            )
+        _require_choice(self, "activation", GLU_ACTIVATIONS)
+        _require_float_in(self, "routed_scaling_factor", 0.0)
+        _require_float_in(self, "eps", 0.0)
+        _require_choice(self, "dtype", DTYPES)
+
+
+K3 = Dialect("k3", [RecurrenceOp, AttnResOp, LatentMoEOp], [])

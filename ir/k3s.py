@@ -1,0 +1,281 @@
+"""The `k3s` schedule dialect: how a layer runs, as Python entry points launching kernels of stages.
+
+A lowered module is a list of entries:
+
+    k3s.entry @recurrent {                         the Python function of the compiled module
+      k3s.tensor_arg @q <shape = "B,T,4,64", ...>  its arguments, with shapes and dtype classes
+      k3s.kernel @kda_recurrent <...> {            one Triton kernel it launches
+        k3s.state_tile ...                         stages, in program order; nested loops are
+        k3s.token_loop { k3s.decay ... }           region ops
+      }
+    }
+
+Passes in passes/ build these from `k3` ops; the Triton backend prints one block of code per
+stage. Shape strings use the symbols B (batch), T (tokens per sequence), N (sequences: B, or
+len(cu_seqlens) - 1), R (rows) and S (sources); everything else is a number.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import I64, FloatAttr, IntegerAttr, StringAttr
+from xdsl.ir import Dialect
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    traits_def,
+)
+from xdsl.traits import HasParent, NoTerminator, SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.syntax import KeywordSyntax
+
+ARG_DTYPES = ("float", "float32", "offsets")
+ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output")
+STATE_LAYOUTS = ("kv", "vk")
+GATES = ("channel", "scalar")
+TOKEN_TENSORS = ("q", "k", "v")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S")
+
+
+def _choice(op: IRDLOperation, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(op, name).data
+    if value not in allowed:
+        raise VerifyException(f"{op.name}: {name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+@irdl_op_definition
+class EntryOp(KeywordSyntax):
+    """A Python function of the compiled module: checks its arguments, launches its kernels."""
+
+    name = "k3s.entry"
+    sym_name = prop_def(StringAttr)
+    source = prop_def(StringAttr)  # the k3 op this entry was lowered from
+    max_sources = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol S
+    body = region_def("single_block")
+    traits = traits_def(SymbolOpInterface(), NoTerminator())
+
+
+@irdl_op_definition
+class TensorArgOp(KeywordSyntax):
+    """A tensor argument: its shape pattern, dtype class and whether the caller passes it.
+
+    Roles: input (required), optional_input (may be None), forbidden (must be None: the
+    member has no such input, e.g. g of DeltaNet), output / optional_output (allocated by
+    the entry; an optional one only when the caller passes output_<name>=True). Dtype classes:
+    float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
+    offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1).
+    """
+
+    name = "k3s.tensor_arg"
+    sym_name = prop_def(StringAttr)
+    shape = prop_def(StringAttr)
+    dtype = prop_def(StringAttr)
+    role = prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+    def verify_(self) -> None:
+        _choice(self, "dtype", ARG_DTYPES)
+        _choice(self, "role", ARG_ROLES)
+        dims = self.shape.data.split(",")
+        for dim in dims:
+            if not (dim.isdigit() and int(dim) > 0) and dim not in SHAPE_SYMBOLS:
+                raise VerifyException(f"{self.name} @{self.sym_name.data}: bad dimension {dim!r} in shape")
+
+
+@irdl_op_definition
+class ScalarArgOp(KeywordSyntax):
+    """A float argument with a default (e.g. the recurrence's scale)."""
+
+    name = "k3s.scalar_arg"
+    sym_name = prop_def(StringAttr)
+    default = prop_def(FloatAttr)
+    traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+
+@irdl_op_definition
+class KernelOp(KeywordSyntax):
+    """One GPU kernel: a grid of programs, each running the stages of its body in order.
+
+    `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
+    sequence_head (sequence x value head), row (one token row).
+    """
+
+    name = "k3s.kernel"
+    sym_name = prop_def(StringAttr)
+    grid = prop_def(StringAttr)
+    num_warps = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
+
+
+# --- stages of the recurrent (token-by-token) schedule -------------------------------------
+
+
+@irdl_op_definition
+class StateTileOp(KeywordSyntax):
+    """A [K, V-block] fp32 state tile kept on chip, loaded from initial_state when given."""
+
+    name = "k3s.state_tile"
+    head_k_dim = prop_def(IntegerAttr[I64])
+    head_v_dim = prop_def(IntegerAttr[I64])
+    block_v = prop_def(IntegerAttr[I64])
+    layout = prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _choice(self, "layout", STATE_LAYOUTS)
+        if self.block_v.value.data & (self.block_v.value.data - 1):
+            raise VerifyException(f"{self.name}: block_v must be a power of two, got {self.block_v.value.data}")
+
+
+@irdl_op_definition
+class TokenLoopOp(KeywordSyntax):
+    """Sequential loop over the tokens of one sequence (varlen through cu_seqlens)."""
+
+    name = "k3s.token_loop"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasParent(KernelOp))
+
+
+@irdl_op_definition
+class LoadTokenOp(KeywordSyntax):
+    """Load one token's q, k or v vector of the current head into fp32 registers."""
+
+    name = "k3s.load_token"
+    tensor = prop_def(StringAttr)
+    traits = traits_def(HasParent(TokenLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "tensor", TOKEN_TENSORS)
+
+
+@irdl_op_definition
+class DecayOp(KeywordSyntax):
+    """S <- Diag(exp g_t) S, g a log-space gate per key channel or per head."""
+
+    name = "k3s.decay"
+    gate = prop_def(StringAttr)
+    traits = traits_def(HasParent(TokenLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+
+
+@irdl_op_definition
+class DeltaCorrectOp(KeywordSyntax):
+    """The delta rule's correction: u = beta_t (v_t - S^T k_t), replacing v_t."""
+
+    name = "k3s.delta_correct"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class Rank1UpdateOp(KeywordSyntax):
+    """S <- S + k_t u_t^T (u = v without the delta rule)."""
+
+    name = "k3s.rank1_update"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class ReadoutOp(KeywordSyntax):
+    """o_t = S^T (scale q_t), read after the update, stored in the output dtype."""
+
+    name = "k3s.readout"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class StoreStateOp(KeywordSyntax):
+    """Write the state tile to final_state (when the caller asked for it)."""
+
+    name = "k3s.store_state"
+    layout = prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _choice(self, "layout", STATE_LAYOUTS)
+
+
+# --- stages of the fused AttnRes schedule --------------------------------------------------
+
+
+@irdl_op_definition
+class FoldQueryOp(KeywordSyntax):
+    """q = w * gain: the RMSNorm gain folded into the pseudo-query, so normalised sources
+    are never materialised."""
+
+    name = "k3s.fold_query"
+    hidden_size = prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class SourceLoopOp(KeywordSyntax):
+    """Loop over the depth sources of one row, reading each source row once."""
+
+    name = "k3s.source_loop"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasParent(KernelOp))
+
+
+@irdl_op_definition
+class RmsScoreOp(KeywordSyntax):
+    """score_i = q . x_i / sqrt(mean(x_i^2) + eps): the RMS folded into the score."""
+
+    name = "k3s.rms_score"
+    eps = prop_def(FloatAttr)
+    traits = traits_def(HasParent(SourceLoopOp))
+
+
+@irdl_op_definition
+class OnlineSoftmaxOp(KeywordSyntax):
+    """Running max and normaliser of the softmax over sources (fp32)."""
+
+    name = "k3s.online_softmax"
+    traits = traits_def(HasParent(SourceLoopOp))
+
+
+@irdl_op_definition
+class MixAccumulateOp(KeywordSyntax):
+    """acc <- acc * rescale + p_i x_i: the mix of un-normalised sources."""
+
+    name = "k3s.mix_accumulate"
+    traits = traits_def(HasParent(SourceLoopOp))
+
+
+@irdl_op_definition
+class NormalizeStoreOp(KeywordSyntax):
+    """h = acc / normaliser, stored in the output dtype."""
+
+    name = "k3s.normalize_store"
+    traits = traits_def(HasParent(KernelOp))
+
+
+K3S = Dialect(
+    "k3s",
+    [
+        EntryOp,
+        TensorArgOp,
+        ScalarArgOp,
+        KernelOp,
+        StateTileOp,
+        TokenLoopOp,
+        LoadTokenOp,
+        DecayOp,
+        DeltaCorrectOp,
+        Rank1UpdateOp,
+        ReadoutOp,
+        StoreStateOp,
+        FoldQueryOp,
+        SourceLoopOp,
+        RmsScoreOp,
+        OnlineSoftmaxOp,
+        MixAccumulateOp,
+        NormalizeStoreOp,
+    ],
+    [],
+)

@@ -1,0 +1,120 @@
+"""Executable reference semantics of the `k3` ops: plain torch, float64, on the CPU.
+
+This is the oracle every generated kernel is verified against. It is written from the
+definitions (token-by-token recurrence, unfused AttnRes with materialised RMSNorm keys,
+dense per-expert MoE loop) and shares no code with the kernels or the schedules.
+Arguments follow the conventions of the compiled module (fla's layouts).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+f64 = torch.float64
+
+
+def _sequences(batch: int, length: int, cu_seqlens: torch.Tensor | None):
+    """(batch index, start, end) of every sequence."""
+    if cu_seqlens is None:
+        return [(b, 0, length) for b in range(batch)]
+    bounds = cu_seqlens.tolist()
+    return [(0, bounds[n], bounds[n + 1]) for n in range(len(bounds) - 1)]
+
+
+def recurrence(op, q, k, v, g=None, beta=None, scale=None, initial_state=None,
+               output_final_state=False, cu_seqlens=None):
+    """Token-by-token k3.recurrence. Returns (o [B,T,HV,V] float64, final_state [N,HV,K,V] or None)."""
+    gate = op.gate.data
+    delta_rule = bool(op.delta_rule.value.data)
+    layout = op.state_layout.data
+    scale = op.scale.value.data if scale is None else scale
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    group = HV // H
+    q, k, v = (x.to(f64).cpu() for x in (q, k, v))
+    q = q.repeat_interleave(group, dim=2)
+    k = k.repeat_interleave(group, dim=2)
+    g = None if g is None else g.to(f64).cpu()
+    beta = None if beta is None else beta.to(f64).cpu()
+    o = torch.zeros(B, T, HV, V, dtype=f64)
+    finals = []
+    for n, (b, start, end) in enumerate(_sequences(B, T, cu_seqlens)):
+        if initial_state is None:
+            S = torch.zeros(HV, K, V, dtype=f64)
+        else:
+            S = initial_state[n].to(f64).cpu()
+            S = S.transpose(-1, -2).clone() if layout == "vk" else S.clone()
+        for t in range(start, end):
+            if gate == "channel":
+                S = torch.exp(g[b, t])[:, :, None] * S
+            elif gate == "scalar":
+                S = torch.exp(g[b, t])[:, None, None] * S
+            if delta_rule:
+                u = beta[b, t][:, None] * (v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t]))
+            else:
+                u = v[b, t]
+            S = S + k[b, t][:, :, None] * u[:, None, :]
+            o[b, t] = torch.einsum("hkv,hk->hv", S, scale * q[b, t])
+        finals.append(S.transpose(-1, -2) if layout == "vk" else S)
+    final_state = torch.stack(finals) if output_final_state else None
+    return o, final_state
+
+
+def attnres(op, sources, query, gain):
+    """k3.attnres over sources [S, ..., D] -> [..., D] float64 (unfused: keys are materialised)."""
+    eps = op.eps.value.data
+    x = sources.to(f64).cpu()
+    keys = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain.to(f64).cpu()
+    scores = keys @ query.to(f64).cpu()
+    weights = torch.softmax(scores, dim=0)
+    return (weights[..., None] * x).sum(0)
+
+
+def glu(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if activation == "swiglu":
+        return F.silu(gate) * up
+    # SiTU-GLU: bounded gate and linear branch, |out| < 100
+    return 4 * torch.tanh(gate / 4) * torch.sigmoid(gate) * 25 * torch.tanh(up / 25)
+
+
+def _expert(activation, x, gate_up, down):
+    gate, up = (x @ gate_up.T).chunk(2, dim=-1)
+    return glu(activation, gate, up) @ down.T
+
+
+def latent_moe(op, x, router_weight, router_bias, expert_gate_up, expert_down,
+               latent_down=None, latent_up=None, latent_norm_gain=None,
+               shared_gate_up=None, shared_down=None):
+    """k3.latent_moe on tokens x [R, d] -> [R, d] float64, one expert at a time.
+
+    expert_gate_up [E, 2F, w] (gate rows first), expert_down [E, w, F] with w the latent width
+    (or d); latent_down [l, d], latent_up [d, l], latent_norm_gain [l];
+    shared_gate_up [Ns, 2Fs, d], shared_down [Ns, d, Fs].
+    """
+    to64 = lambda t: None if t is None else t.to(f64).cpu()  # noqa: E731
+    x, router_weight, router_bias = to64(x), to64(router_weight), to64(router_bias)
+    expert_gate_up, expert_down = to64(expert_gate_up), to64(expert_down)
+    activation = op.activation.data
+    top_k = op.top_k.value.data
+    scores = torch.sigmoid(x @ router_weight.T)
+    chosen = torch.topk(scores + router_bias, top_k, dim=-1).indices
+    weights = scores.gather(-1, chosen)
+    if op.norm_topk_prob.value.data:
+        weights = weights / weights.sum(-1, keepdim=True)
+    weights = weights * op.routed_scaling_factor.value.data
+    latent = op.latent_dim.value.data > 0
+    h = x @ to64(latent_down).T if latent else x
+    combined = torch.zeros_like(h)
+    for row in range(x.shape[0]):
+        for slot in range(top_k):
+            e = int(chosen[row, slot])
+            combined[row] += weights[row, slot] * _expert(activation, h[row], expert_gate_up[e], expert_down[e])
+    if latent:
+        eps = op.eps.value.data
+        combined = combined / torch.sqrt(combined.pow(2).mean(-1, keepdim=True) + eps) * to64(latent_norm_gain)
+        combined = combined @ to64(latent_up).T
+    out = combined
+    for s in range(op.num_shared_experts.value.data):
+        out = out + _expert(activation, x, to64(shared_gate_up)[s], to64(shared_down)[s])
+    return out

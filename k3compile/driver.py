@@ -1,0 +1,115 @@
+"""The compile driver: spec -> k3 IR -> passes -> Triton source -> importable module."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from xdsl.dialects.builtin import ModuleOp
+
+from k3compile.errors import UnsupportedError
+from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, run_pipeline
+from k3compile.spec import LayerSpec, load_spec
+
+
+@dataclass
+class Compilation:
+    """Everything one compile produced: the IR before and after the passes, and the source."""
+
+    spec: LayerSpec
+    pipeline: str
+    layer_ir: str
+    scheduled: ModuleOp
+    source: str
+    run: PipelineRun
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+
+def as_spec(spec: LayerSpec | str | Path) -> LayerSpec:
+    return spec if isinstance(spec, LayerSpec) else load_spec(spec)
+
+
+def lower(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool = False) -> Compilation:
+    """Build the IR of a spec, run its pipeline and print the Triton module."""
+    from k3compile.backends.triton.printer import print_triton
+    from k3compile.frontend import spec_to_module
+
+    timings = []
+    start = time.perf_counter()
+    module = spec_to_module(spec)
+    layer_ir = str(module)
+    timings.append(("build-ir", time.perf_counter() - start))
+    pipeline = DEFAULT_PIPELINES[spec.kind] if pipeline is None else pipeline
+    run = run_pipeline(module, pipeline, keep_snapshots=keep_snapshots)
+    timings += run.timings
+    leftover = [op.name for op in module.ops if op.name.startswith("k3.")]
+    if leftover:
+        raise UnsupportedError(
+            f"{spec.source}: no kernel lowering for {leftover[0]} (kind '{spec.kind}') in pipeline "
+            f"'{pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
+        )
+    start = time.perf_counter()
+    title = f"{spec.name}: compiled {spec.kind} layer (k3compile). Needs only torch and triton."
+    source = print_triton(module, str(module), title)
+    timings.append(("print-triton", time.perf_counter() - start))
+    return Compilation(spec, pipeline, layer_ir, module, source, run, timings)
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import a generated module from its file (the file must stay, Triton reads the source)."""
+    module_name = f"k3compiled_{name}_{abs(hash(str(path))):x}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class CompiledLayer:
+    """A compiled layer: its generated module's entries as attributes (`layer.recurrent(...)`)."""
+
+    def __init__(self, compilation: Compilation, path: Path) -> None:
+        self.compilation = compilation
+        self.spec = compilation.spec
+        self.path = path
+        self.module = load_module(path, compilation.spec.name)
+
+    @property
+    def entries(self) -> list[str]:
+        return list(self.module.__all__)
+
+    def __getattr__(self, name: str):
+        module = self.__dict__.get("module")
+        if module is not None and name in getattr(module, "__all__", ()):
+            return getattr(module, name)
+        raise AttributeError(f"compiled layer '{self.spec.name}' has no entry '{name}'")
+
+
+def default_cache_dir() -> Path:
+    import os
+
+    root = os.environ.get("K3C_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "k3compile")
+    return Path(root) / "modules"
+
+
+def compile(spec: LayerSpec | str | Path, out_dir: str | Path | None = None, pipeline: str | None = None) -> CompiledLayer:
+    """Compile a layer spec (path or LayerSpec) and import the result.
+
+    Writes `<out_dir>/<name>.py` (default: a per-user cache folder) and returns a CompiledLayer
+    whose attributes are the module's entries, e.g. `layer.recurrent(q, k, v, g, beta)`.
+    Raises SpecError, IRError or UnsupportedError (all K3Error) with a one-line message.
+    """
+    compilation = lower(as_spec(spec), pipeline)
+    path = write_module(compilation, Path(out_dir) if out_dir is not None else default_cache_dir())
+    return CompiledLayer(compilation, path)
+
+
+def write_module(compilation: Compilation, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{compilation.spec.name}.py"
+    path.write_text(compilation.source)
+    return path

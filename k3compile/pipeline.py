@@ -1,0 +1,66 @@
+"""Pass pipelines: named defaults per layer kind, parsing of `-p a,b{opt=v}`, timing and dumps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass, PassPipeline
+from xdsl.utils.exceptions import DiagnosticException
+
+from k3compile.errors import IRError
+
+# The default pipeline of each spec kind (passes run in order).
+DEFAULT_PIPELINES = {
+    "kda": "lower-recurrent",
+    "gated_deltanet": "lower-recurrent",
+    "deltanet": "lower-recurrent",
+    "gla": "lower-recurrent",
+    "attnres": "fuse-attnres",
+    "latent_moe": "",
+}
+
+
+def available_passes() -> dict[str, Callable[[], type[ModulePass]]]:
+    from k3compile.passes import PASSES
+
+    return PASSES
+
+
+@dataclass
+class PipelineRun:
+    """What running a pipeline produced: per-pass timings and (optionally) the IR after each."""
+
+    timings: list[tuple[str, float]] = field(default_factory=list)
+    snapshots: list[tuple[str, str]] = field(default_factory=list)
+
+
+def run_pipeline(module: ModuleOp, spec_text: str, keep_snapshots: bool = False) -> PipelineRun:
+    """Run `spec_text` (e.g. "lower-recurrent{block-v=64}") over module in place, verifying after each pass."""
+    from k3compile.ir.dialects import make_context
+
+    ctx = make_context()
+    result = PipelineRun()
+    if not spec_text.strip():
+        return result
+    last = [time.perf_counter()]
+
+    def after_pass(done: ModulePass | None, mod: ModuleOp, _next: ModulePass | None) -> None:
+        if done is not None:  # xDSL also calls back once before the first pass
+            result.timings.append((done.name, time.perf_counter() - last[0]))
+            mod.verify()
+            if keep_snapshots:
+                result.snapshots.append((done.name, str(mod)))
+        last[0] = time.perf_counter()
+
+    try:
+        pipeline = PassPipeline.parse_spec(available_passes(), spec_text, after_pass)
+    except Exception as err:  # xDSL raises plain Exceptions for unknown passes and bad options
+        raise IRError(f"pipeline '{spec_text}': {str(err).splitlines()[0]}; passes: {', '.join(available_passes())}") from None
+    try:
+        pipeline.apply(ctx, module)
+    except (DiagnosticException, ValueError) as err:
+        raise IRError(f"pipeline '{spec_text}': {str(err).splitlines()[0]}") from None
+    return result

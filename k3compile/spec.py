@@ -1,0 +1,161 @@
+"""Layer specs: one TOML file, one `[layer]` table, validated against the schema of its kind."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3compile.errors import SpecError
+
+REQUIRED = object()
+
+# The KDA family: each kind is the recurrence op with its gate and delta-rule attributes.
+RECURRENCE_KINDS = {
+    "kda": {"gate": "channel", "delta_rule": True},
+    "gated_deltanet": {"gate": "scalar", "delta_rule": True},
+    "deltanet": {"gate": "none", "delta_rule": True},
+    "gla": {"gate": "channel", "delta_rule": False},
+}
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: type  # int, float, str or bool
+    default: Any = REQUIRED
+    choices: tuple = ()
+    minimum: float | None = 1  # for numbers: the smallest allowed value
+    exclusive: bool = False  # minimum itself not allowed (floats that must be > 0)
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        if self.kind in (int, float) and self.minimum is not None:
+            word = "an integer" if self.kind is int else "a number"
+            return f"{word} {'>' if self.exclusive else '>='} {self.minimum:g}"
+        return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.kind]
+
+
+_RECURRENCE_SCHEMA = {
+    "num_heads": Key(int),
+    "head_k_dim": Key(int),
+    "head_v_dim": Key(int),
+    "num_v_heads": Key(int, default=None),  # default: num_heads
+    "scale": Key(float, default=None, minimum=0, exclusive=True),  # default: head_k_dim ** -0.5
+    "state_layout": Key(str, default="kv", choices=("kv", "vk")),
+    "dtype": Key(str, default="bfloat16", choices=DTYPES),
+}
+SCHEMAS = {kind: _RECURRENCE_SCHEMA for kind in RECURRENCE_KINDS}
+SCHEMAS["attnres"] = {
+    "hidden_size": Key(int),
+    "num_blocks": Key(int),
+    "block_size": Key(int),
+    "eps": Key(float, default=1e-6, minimum=0, exclusive=True),
+    "dtype": Key(str, default="bfloat16", choices=DTYPES),
+}
+SCHEMAS["latent_moe"] = {
+    "hidden_size": Key(int),
+    "latent_dim": Key(int, default=0, minimum=0),
+    "num_experts": Key(int),
+    "top_k": Key(int),
+    "expert_ffn_dim": Key(int),
+    "num_shared_experts": Key(int, default=0, minimum=0),
+    "shared_ffn_dim": Key(int, default=0, minimum=0),
+    "activation": Key(str, default="swiglu", choices=("swiglu", "situ_glu")),
+    "norm_topk_prob": Key(bool, default=True),
+    "routed_scaling_factor": Key(float, default=1.0, minimum=0, exclusive=True),
+    "eps": Key(float, default=1e-6, minimum=0, exclusive=True),
+    "dtype": Key(str, default="bfloat16", choices=DTYPES),
+}
+KINDS = tuple(SCHEMAS)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """A validated layer: its name, kind and every parameter (defaults filled in)."""
+
+    name: str
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+    source: str = "<spec>"
+
+    @property
+    def is_recurrence(self) -> bool:
+        return self.kind in RECURRENCE_KINDS
+
+
+def _check_value(where: str, key: str, rule: Key, value: Any) -> Any:
+    ok_type = {
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+    }[rule.kind]
+    if rule.kind is float and ok_type:
+        value = float(value)
+        ok_type = math.isfinite(value)
+    if ok_type and rule.choices:
+        ok_type = value in rule.choices
+    if ok_type and rule.kind in (int, float) and rule.minimum is not None:
+        ok_type = value > rule.minimum if rule.exclusive else value >= rule.minimum
+    if not ok_type:
+        raise SpecError(f"{where}: key '{key}': expected {rule.describe()}, got {value!r}")
+    return value
+
+
+def spec_from_table(table: dict[str, Any], source: str = "<spec>") -> LayerSpec:
+    """Validate a `[layer]` table (already parsed) into a LayerSpec."""
+    where = f"{source}: [layer]"
+    for key in ("name", "kind"):
+        if key not in table:
+            raise SpecError(f"{where}: missing key '{key}'")
+    name, kind = table["name"], table["kind"]
+    if not isinstance(name, str) or not name.isidentifier():
+        raise SpecError(f"{where}: key 'name': expected a Python identifier (letters, digits, _), got {name!r}")
+    if kind not in SCHEMAS:
+        raise SpecError(f"{where}: key 'kind': expected one of {', '.join(KINDS)}, got {kind!r}")
+    schema = SCHEMAS[kind]
+    unknown = sorted(set(table) - set(schema) - {"name", "kind"})
+    if unknown:
+        raise SpecError(
+            f"{where}: unknown key '{unknown[0]}' for kind '{kind}'; allowed: name, kind, {', '.join(schema)}"
+        )
+    params: dict[str, Any] = {}
+    for key, rule in schema.items():
+        if key in table:
+            params[key] = _check_value(where, key, rule, table[key])
+        elif rule.default is REQUIRED:
+            raise SpecError(f"{where}: missing key '{key}' ({rule.describe()}) for kind '{kind}'")
+        else:
+            params[key] = rule.default
+    if kind in RECURRENCE_KINDS:
+        if params["num_v_heads"] is None:
+            params["num_v_heads"] = params["num_heads"]
+        if params["scale"] is None:
+            params["scale"] = params["head_k_dim"] ** -0.5
+    return LayerSpec(name=name, kind=kind, params=params, source=source)
+
+
+def load_spec(path: str | Path) -> LayerSpec:
+    """Read and validate a layer spec file; raises SpecError with a one-line message."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read spec file ({err.strerror})") from None
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path}: not valid TOML ({err})") from None
+    extra = sorted(set(document) - {"layer"})
+    if extra:
+        raise SpecError(f"{path}: unknown table or key '{extra[0]}'; a spec holds one [layer] table")
+    table = document.get("layer")
+    if not isinstance(table, dict):
+        raise SpecError(f"{path}: missing [layer] table")
+    return spec_from_table(table, source=str(path))

@@ -1,0 +1,30 @@
+"""Module passes over the k3/k3s IR, registered by name and imported lazily.
+
+Each pass is one idea, named for what it derives:
+- lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
+- fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.passes import ModulePass
+
+
+def _lower_recurrent() -> type[ModulePass]:
+    from k3compile.passes.lower_recurrent import LowerRecurrentPass
+
+    return LowerRecurrentPass
+
+
+def _fuse_attnres() -> type[ModulePass]:
+    from k3compile.passes.fuse_attnres import FuseAttnResPass
+
+    return FuseAttnResPass
+
+
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "lower-recurrent": _lower_recurrent,
+    "fuse-attnres": _fuse_attnres,
+}

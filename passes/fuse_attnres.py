@@ -1,0 +1,83 @@
+"""fuse-attnres: k3.attnres -> one kernel per token row that scores and mixes in a single read.
+
+The gain is folded into the pseudo-query and the RMS into the score, so the normalised keys
+are never materialised; an online softmax over the sources lets each source row be read once
+for both its score and its contribution to the mix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import AttnResOp
+from k3compile.passes.common import make
+
+
+def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
+    D = op.hidden_size.value.data
+
+    def arg(sym_name: str, shape: str, role: str = "input"):
+        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype="float", role=role)
+
+    kernel = make(
+        k3s.KernelOp,
+        [
+            make(k3s.FoldQueryOp, hidden_size=D),
+            make(
+                k3s.SourceLoopOp,
+                [
+                    make(k3s.RmsScoreOp, eps=op.eps.value.data),
+                    make(k3s.OnlineSoftmaxOp),
+                    make(k3s.MixAccumulateOp),
+                ],
+            ),
+            make(k3s.NormalizeStoreOp),
+        ],
+        sym_name=f"{op.sym_name.data}_aggregate",
+        grid="row",
+        num_warps=num_warps,
+    )
+    return make(
+        k3s.EntryOp,
+        [
+            arg("sources", f"S,B,T,{D}"),
+            arg("query", f"{D}"),
+            arg("gain", f"{D}"),
+            arg("out", f"B,T,{D}", "output"),
+            kernel,
+        ],
+        sym_name="aggregate",
+        source=op.sym_name.data,
+        max_sources=op.max_sources,
+    )
+
+
+@dataclass
+class _FuseAttnRes(RewritePattern):
+    num_warps: int
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: AttnResOp, rewriter: PatternRewriter) -> None:
+        rewriter.replace(op, fused_attnres_entry(op, self.num_warps), [])
+
+
+@dataclass(frozen=True)
+class FuseAttnResPass(ModulePass):
+    """Lower every k3.attnres to a fused score+mix kernel."""
+
+    name = "fuse-attnres"
+    num_warps: int = 8
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        PatternRewriteWalker(_FuseAttnRes(self.num_warps)).rewrite_module(op)
