@@ -33,30 +33,35 @@ def as_spec(spec: LayerSpec | str | Path) -> LayerSpec:
     return spec if isinstance(spec, LayerSpec) else load_spec(spec)
 
 
-def lower(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool = False) -> Compilation:
-    """Build the IR of a spec, run its pipeline and print the Triton module."""
-    from k3compile.backends.triton.printer import print_triton
+def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool = False) -> Compilation:
+    """Build the IR of a spec and run its pipeline (no code printed yet)."""
     from k3compile.frontend import spec_to_module
 
-    timings = []
     start = time.perf_counter()
     module = spec_to_module(spec)
     layer_ir = str(module)
-    timings.append(("build-ir", time.perf_counter() - start))
+    timings = [("build-ir", time.perf_counter() - start)]
     pipeline = DEFAULT_PIPELINES[spec.kind] if pipeline is None else pipeline
     run = run_pipeline(module, pipeline, keep_snapshots=keep_snapshots)
-    timings += run.timings
-    leftover = [op.name for op in module.ops if op.name.startswith("k3.")]
+    return Compilation(spec, pipeline, layer_ir, module, "", run, timings + run.timings)
+
+
+def lower(spec: LayerSpec, pipeline: str | None = None) -> Compilation:
+    """Schedule a spec and print its Triton module."""
+    from k3compile.backends.triton.printer import print_triton
+
+    compilation = schedule(spec, pipeline)
+    leftover = [op.name for op in compilation.scheduled.ops if op.name.startswith("k3.")]
     if leftover:
         raise UnsupportedError(
             f"{spec.source}: no kernel lowering for {leftover[0]} (kind '{spec.kind}') in pipeline "
-            f"'{pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
+            f"'{compilation.pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
         )
     start = time.perf_counter()
     title = f"{spec.name}: compiled {spec.kind} layer (k3compile). Needs only torch and triton."
-    source = print_triton(module, str(module), title)
-    timings.append(("print-triton", time.perf_counter() - start))
-    return Compilation(spec, pipeline, layer_ir, module, source, run, timings)
+    compilation.source = print_triton(compilation.scheduled, str(compilation.scheduled), title)
+    compilation.timings.append(("print-triton", time.perf_counter() - start))
+    return compilation
 
 
 def load_module(path: Path, name: str) -> ModuleType:

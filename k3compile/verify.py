@@ -1,0 +1,216 @@
+"""Differential verification: compiled kernels against the float64 reference semantics.
+
+Each case draws fresh random inputs (never zeros), runs the compiled entry (whose outputs
+start NaN-filled, so an unwritten element fails), runs `k3compile.ir.reference` on the same
+inputs in float64 on the CPU, and compares by max abs error and the RMS ratio
+||out - ref|| / ||ref|| (the measure fla's tests use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from k3compile.driver import CompiledLayer, lower, write_module
+from k3compile.spec import RECURRENCE_KINDS, LayerSpec
+
+# RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use no tensor-core
+# dots, so only fp32 rounding of the sums over K and over tokens remains.
+RMS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-3}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class CaseResult:
+    layer: str
+    case: str
+    dtype: str
+    tensor: str
+    max_abs: float
+    rms_ratio: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return math.isfinite(self.rms_ratio) and math.isfinite(self.max_abs) and self.rms_ratio <= self.tolerance
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    out = out.detach().to("cpu", torch.float64)
+    if out.shape != ref.shape:
+        return math.inf, math.inf
+    if not torch.isfinite(out).all():  # NaN: an element the kernel never wrote, or a blow-up
+        return math.nan, math.nan
+    diff = out - ref
+    norm = ref.norm().item()
+    return diff.abs().max().item() if diff.numel() else 0.0, diff.norm().item() / max(norm, 1e-30)
+
+
+def variant(spec: LayerSpec, suffix: str, **changes) -> LayerSpec:
+    params = {**spec.params, **changes}
+    return dataclasses.replace(spec, name=f"{spec.name}_{suffix}", params=params)
+
+
+def not_power_of_two(dim: int) -> int:
+    """A nearby size that is not a power of two (exercises the masks)."""
+    return max(3, dim - dim // 4 - 1)
+
+
+# --- the KDA family ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecurrenceCase:
+    name: str
+    batch: int
+    length: int
+    seqlens: tuple[int, ...] | None = None  # varlen: lengths of the packed sequences
+    initial_state: bool = True
+
+
+def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dict:
+    H, HV = layer_op.num_heads.value.data, layer_op.num_v_heads.value.data
+    K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
+    B, T = (1, sum(case.seqlens)) if case.seqlens else (case.batch, case.length)
+    N = len(case.seqlens) if case.seqlens else B
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    inputs = {
+        "q": F.normalize(randn(B, T, H, K), dim=-1),
+        "k": F.normalize(randn(B, T, H, K), dim=-1),
+        "v": randn(B, T, HV, V),
+    }
+    gate = layer_op.gate.data
+    if gate != "none":  # realistic log-decays: logsigmoid, clamped at -5 like K3's bounded gate
+        shape = (B, T, HV, K) if gate == "channel" else (B, T, HV)
+        inputs["g"] = F.logsigmoid(randn(*shape)).clamp(min=-5)
+    if layer_op.delta_rule.value.data:
+        inputs["beta"] = torch.sigmoid(randn(B, T, HV))
+    inputs = {k: v.to(device, dtype) for k, v in inputs.items()}
+    if case.initial_state:
+        shape = (N, HV, K, V) if layer_op.state_layout.data == "kv" else (N, HV, V, K)
+        inputs["initial_state"] = (0.5 * randn(*shape)).to(device, torch.float32)
+    if case.seqlens:
+        offsets = [0]
+        for length in case.seqlens:
+            offsets.append(offsets[-1] + length)
+        inputs["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int64, device=device)
+    return inputs
+
+
+def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, list[RecurrenceCase]]]:
+    # the interpreter runs each (program, token) step in numpy: keep CPU cases short
+    long = 257 if on_gpu else 19
+    yield spec, [
+        RecurrenceCase(f"B2 T{long} (odd T), initial state", 2, long),
+        RecurrenceCase("B3 T9, zero start", 3, 9, initial_state=False),
+        RecurrenceCase("B1 T1 (one decode step)", 1, 1),
+        RecurrenceCase(f"varlen {(7, 0, 1, long)}", 1, 0, seqlens=(7, 0, 1, long)),
+    ]
+    p = spec.params
+    if p["num_v_heads"] == p["num_heads"]:
+        yield variant(spec, "grouped", num_v_heads=2 * p["num_heads"]), [
+            RecurrenceCase(f"grouped value heads HV = 2H, varlen (5, {long})", 1, 0, seqlens=(5, long))
+        ]
+    K, V = not_power_of_two(p["head_k_dim"]), not_power_of_two(p["head_v_dim"])
+    yield variant(spec, "npow2", head_k_dim=K, head_v_dim=V, scale=K**-0.5), [
+        RecurrenceCase(f"K={K} V={V} (not powers of two), B2 T{long}", 2, long)
+    ]
+
+
+def run_recurrence_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
+    from k3compile.ir import reference
+
+    inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
+    o, final = layer.recurrent(**inputs, output_final_state=True)
+    ref_o, ref_final = reference.recurrence(layer_op, **inputs, output_final_state=True)
+    return [("o", o, ref_o), ("final_state", final, ref_final)]
+
+
+# --- AttnRes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttnResCase:
+    name: str
+    sources: int
+    batch: int
+    length: int
+
+
+def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, list[AttnResCase]]]:
+    most = spec.params["num_blocks"] + 1
+    length = 1023 if on_gpu else 5
+    yield spec, [
+        AttnResCase(f"S={most} (all blocks + partial), B2 T{length}", most, 2, length),
+        AttnResCase("S=1 (first block)", 1, 1, 3),
+        AttnResCase(f"S={max(1, most // 2)}, B3 T7", max(1, most // 2), 3, 7),
+    ]
+    D = not_power_of_two(spec.params["hidden_size"])
+    yield variant(spec, "npow2", hidden_size=D), [AttnResCase(f"D={D} (not a power of two), S={most}", most, 2, 3)]
+
+
+def run_attnres_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
+    from k3compile.ir import reference
+
+    D = layer_op.hidden_size.value.data
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    # sources of different scales, as block sums grow with depth; a non-zero query so the
+    # softmax is not uniform
+    scales = torch.linspace(0.5, 4.0, case.sources, dtype=torch.float64)[:, None, None, None]
+    sources = (randn(case.sources, case.batch, case.length, D) * scales).to(device, dtype)
+    query = (randn(D) * 2 / math.sqrt(D)).to(device, dtype)
+    gain = (1 + 0.1 * randn(D)).to(device, dtype)
+    out = layer.aggregate(sources, query, gain)[0]
+    return [("out", out, reference.attnres(layer_op, sources, query, gain))]
+
+
+FAMILIES: dict[str, tuple[Callable, Callable]] = {kind: (recurrence_cases, run_recurrence_case) for kind in RECURRENCE_KINDS}
+FAMILIES["attnres"] = (attnres_cases, run_attnres_case)
+
+
+def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None = None,
+           seed: int | None = None, out_dir: Path | None = None,
+           progress: Callable[[str], None] | None = None) -> list[CaseResult]:
+    """Run the verification grid of a spec. On a CPU: Triton's interpreter in fp32; on a GPU:
+    native, in bf16 and fp32 (unless `dtypes` says otherwise)."""
+    from k3compile.errors import UnsupportedError
+    from k3compile.frontend import spec_to_module
+
+    if spec.kind not in FAMILIES:
+        raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no compiled kernels to verify yet")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
+    on_gpu = device != "cpu"
+    dtypes = dtypes or (["bfloat16", "float32"] if on_gpu else ["float32"])
+    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="k3c-verify-"))
+    make_cases, run_case = FAMILIES[spec.kind]
+    results = []
+    for layer_spec, cases in make_cases(spec, on_gpu):
+        layer_op = next(iter(spec_to_module(layer_spec).ops))
+        compilation = lower(layer_spec)
+        layer = CompiledLayer(compilation, write_module(compilation, out_dir))
+        for case in cases:
+            for dtype_name in dtypes:
+                if progress:
+                    progress(f"{layer_spec.name}: {case.name} [{dtype_name}]")
+                dtype = DTYPES[dtype_name]
+                for tensor, out, ref in run_case(layer, layer_op, case, dtype, device, gen):
+                    max_abs, rms = compare(out, ref)
+                    results.append(CaseResult(layer_spec.name, case.name, dtype_name, tensor, max_abs, rms, RMS_TOLERANCE[dtype]))
+    return results
