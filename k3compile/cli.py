@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `k3c ir ... | head`
+        sys.stderr.close()
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ def spec_to_module(spec: LayerSpec) -> ModuleOp:
         params.update(RECURRENCE_KINDS[spec.kind])
     else:
         op_type = {"attnres": AttnResOp, "latent_moe": LatentMoEOp}[spec.kind]
-    properties = {"sym_name": StringAttr(spec.name)}
-    properties.update({key: _attr(value) for key, value in params.items()})
+    params["sym_name"] = spec.name
+    # in the op's declaration order, so printed IR reads the same for every spec
+    order = op_type.get_irdl_definition().properties
+    properties = {key: _attr(params[key]) for key in order}
     op = op_type.create(properties=properties)
     module = ModuleOp([op])
     try:
