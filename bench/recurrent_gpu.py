@@ -186,6 +186,7 @@ def main(argv=None):
 
     import torch
     import triton
+    import triton.testing
 
     if not on_cpu and not torch.cuda.is_available():
         sys.exit("no CUDA device; use --device cpu --tiny for a smoke test")

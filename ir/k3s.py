@@ -17,7 +17,7 @@ len(cu_seqlens) - 1), R (rows) and S (sources); everything else is a number.
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, FloatAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
 from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
@@ -200,6 +200,147 @@ class StoreStateOp(KeywordSyntax):
         _choice(self, "layout", STATE_LAYOUTS)
 
 
+# --- stages of the chunkwise (WY/UT) schedule ----------------------------------------------
+# A chunk is C consecutive tokens of one sequence and value head. The stages read and write
+# per-chunk quantities by fixed names: G (cumulative log-gate, [C, K] or [C]; Gamma = exp G),
+# A (gated key Gram), T (UT transform), W, U (WY factors), P (query-key scores), Vr (the
+# residual values V' the state update uses), O (output) and S (the carried state, [K, V]).
+
+CHUNK_OPERANDS = ("key", "value")
+GRAM_LHS = ("q", "k")
+MASKS = ("strict", "inclusive")
+
+
+@irdl_op_definition
+class ChunkedOp(KeywordSyntax):
+    """The chunkwise form of a recurrence: per-chunk stages, then a scan over chunks."""
+
+    name = "k3s.chunked"
+    chunk_size = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def verify_(self) -> None:
+        if self.chunk_size.value.data <= 0:
+            raise VerifyException(f"{self.name}: chunk_size must be positive, got {self.chunk_size.value.data}")
+
+
+@irdl_op_definition
+class ChunkLocalOp(KeywordSyntax):
+    """Stages with no dependency between chunks (token-parallel)."""
+
+    name = "k3s.chunk_local"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasParent(ChunkedOp))
+
+
+@irdl_op_definition
+class ChunkScanOp(KeywordSyntax):
+    """Stages run chunk after chunk, carrying the state S (initial_state, or zero)."""
+
+    name = "k3s.chunk_scan"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasParent(ChunkedOp))
+
+
+@irdl_op_definition
+class GateCumsumOp(KeywordSyntax):
+    """G_r = sum_{i<=r} g_i within the chunk (per key channel or per head)."""
+
+    name = "k3s.gate_cumsum"
+    gate = prop_def(StringAttr)
+    traits = traits_def(HasParent(ChunkLocalOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+
+
+@irdl_op_definition
+class GramOp(KeywordSyntax):
+    """A gated Gram matrix of the chunk, masked lower-triangular:
+
+        lhs = k: A = Tril_mask( Diag(beta) (Gamma*K) (K/Gamma)^T )     (the delta rule's A)
+        lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
+
+    mask strict excludes the diagonal, inclusive keeps it; `gated` false means Gamma = 1;
+    `beta` scales the rows by beta.
+    """
+
+    name = "k3s.gram"
+    lhs = prop_def(StringAttr)
+    mask = prop_def(StringAttr)
+    gated = prop_def(BoolAttr)
+    beta = prop_def(BoolAttr)
+    traits = traits_def(HasParent(ChunkLocalOp))
+
+    def verify_(self) -> None:
+        _choice(self, "lhs", GRAM_LHS)
+        _choice(self, "mask", MASKS)
+
+
+@irdl_op_definition
+class ForwardSubstitutionOp(KeywordSyntax):
+    """T = (I + A)^{-1} Diag(beta), A strictly lower triangular: solved row by row."""
+
+    name = "k3s.forward_substitution"
+    traits = traits_def(HasParent(ChunkLocalOp))
+
+
+@irdl_op_definition
+class WYApplyOp(KeywordSyntax):
+    """The WY factors: operand key gives W = T (Gamma*K), operand value gives U = T V."""
+
+    name = "k3s.wy_apply"
+    operand = prop_def(StringAttr)
+    gated = prop_def(BoolAttr)
+    traits = traits_def(HasParent(ChunkLocalOp))
+
+    def verify_(self) -> None:
+        _choice(self, "operand", CHUNK_OPERANDS)
+
+
+@irdl_op_definition
+class DeltaResidualOp(KeywordSyntax):
+    """Vr = U - W S: the values the delta rule actually writes, given the carried state."""
+
+    name = "k3s.delta_residual"
+    traits = traits_def(HasParent(ChunkScanOp))
+
+
+@irdl_op_definition
+class ChunkOutputOp(KeywordSyntax):
+    """O = scale ((Gamma*Q) S + P Vr), with Vr = V when there is no delta rule."""
+
+    name = "k3s.chunk_output"
+    gated = prop_def(BoolAttr)
+    residual = prop_def(BoolAttr)  # Vr from delta_residual (true) or the raw V (false)
+    traits = traits_def(HasParent(ChunkScanOp))
+
+
+@irdl_op_definition
+class StateAdvanceOp(KeywordSyntax):
+    """S <- Diag(gamma_C) S + ((gamma_C / Gamma) * K)^T Vr, gamma_C the whole chunk's decay."""
+
+    name = "k3s.state_advance"
+    gated = prop_def(BoolAttr)
+    residual = prop_def(BoolAttr)
+    traits = traits_def(HasParent(ChunkScanOp))
+
+
+CHUNK_STAGES = [
+    ChunkedOp,
+    ChunkLocalOp,
+    ChunkScanOp,
+    GateCumsumOp,
+    GramOp,
+    ForwardSubstitutionOp,
+    WYApplyOp,
+    DeltaResidualOp,
+    ChunkOutputOp,
+    StateAdvanceOp,
+]
+
+
 # --- stages of the fused AttnRes schedule --------------------------------------------------
 
 
@@ -276,6 +417,7 @@ K3S = Dialect(
         OnlineSoftmaxOp,
         MixAccumulateOp,
         NormalizeStoreOp,
+        *CHUNK_STAGES,
     ],
     [],
 )

@@ -51,10 +51,10 @@ def lower(spec: LayerSpec, pipeline: str | None = None) -> Compilation:
     from k3compile.backends.triton.printer import print_triton
 
     compilation = schedule(spec, pipeline)
-    leftover = [op.name for op in compilation.scheduled.ops if op.name.startswith("k3.")]
-    if leftover:
+    if not any(op.name == "k3s.entry" for op in compilation.scheduled.ops):
+        layer_op = next(iter(compilation.scheduled.ops)).name
         raise UnsupportedError(
-            f"{spec.source}: no kernel lowering for {leftover[0]} (kind '{spec.kind}') in pipeline "
+            f"{spec.source}: no kernel lowering for {layer_op} (kind '{spec.kind}') in pipeline "
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
         )
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Differential verification: compiled kernels against the float64 reference semantics.
 
-Each case draws fresh random inputs (never zeros), runs the compiled entry (whose outputs
-start NaN-filled, so an unwritten element fails), runs `k3compile.ir.reference` on the same
+Each case draws fresh random inputs (never zeros), runs the compiled entry with its outputs
+NaN-filled (POISON_OUTPUTS, so an unwritten element fails), runs `k3compile.ir.reference` on the same
 inputs in float64 on the CPU, and compares by max abs error and the RMS ratio
 ||out - ref|| / ||ref|| (the measure fla's tests use).
 """
@@ -205,6 +205,7 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
         layer_op = next(iter(spec_to_module(layer_spec).ops))
         compilation = lower(layer_spec)
         layer = CompiledLayer(compilation, write_module(compilation, out_dir))
+        layer.module.POISON_OUTPUTS = True
         for case in cases:
             for dtype_name in dtypes:
                 if progress:

@@ -1,17 +1,22 @@
-"""Small builders shared by the lowering passes."""
+"""Builders shared by the passes."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, StringAttr, f64, i64
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.ir import Attribute, Block, Operation, Region
+from xdsl.rewriter import InsertPoint, Rewriter
 
 
 def props(**values) -> dict[str, Attribute]:
-    """Python values -> property attributes (str, int, float)."""
+    """Python values -> property attributes (str, bool, int, float)."""
     out: dict[str, Attribute] = {}
     for key, value in values.items():
         if isinstance(value, str):
             out[key] = StringAttr(value)
+        elif isinstance(value, bool):
+            out[key] = BoolAttr.from_bool(value)
         elif isinstance(value, int):
             out[key] = IntegerAttr(value, i64)
         else:
@@ -19,10 +24,57 @@ def props(**values) -> dict[str, Attribute]:
     return out
 
 
-def region(ops: list[Operation]) -> Region:
-    return Region(Block(ops))
-
-
 def make(op_type: type[Operation], body: list[Operation] | None = None, **values) -> Operation:
-    """Create a k3s op from keyword properties (`sym_name` for the symbol) and an optional body."""
-    return op_type.create(properties=props(**values), regions=[region(body)] if body is not None else [])
+    """Create an op from keyword properties (`sym_name` for the symbol) and an optional body."""
+    return op_type.create(properties=props(**values), regions=[Region(Block(body))] if body is not None else [])
+
+
+def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]) -> None:
+    """Insert build(op) after every layer op of layer_type. The layer op stays: it is the
+    declaration every entry of the layer is derived from (`source = @name`)."""
+    from k3compile.ir.k3s import EntryOp
+
+    existing = {(op.source.data, op.sym_name.data) for op in module.ops if isinstance(op, EntryOp)}
+    for op in list(module.ops):
+        if isinstance(op, layer_type):
+            entry = build(op)
+            if (entry.source.data, entry.sym_name.data) not in existing:
+                Rewriter.insert_op(entry, InsertPoint.after(last_entry_of(module, op)))
+
+
+def last_entry_of(module: ModuleOp, layer_op: Operation) -> Operation:
+    """The last op in the run of entries that follows layer_op (or layer_op itself)."""
+    from k3compile.ir.k3s import EntryOp
+
+    anchor = layer_op
+    while isinstance(anchor.next_op, EntryOp) and anchor.next_op.source.data == layer_op.sym_name.data:
+        anchor = anchor.next_op
+    return anchor
+
+
+def recurrence_arguments(op) -> list[Operation]:
+    """The tensor interface every entry of a k3.recurrence shares (fla's layouts)."""
+    from k3compile.ir import k3s
+
+    gate = op.gate.data
+    delta_rule = bool(op.delta_rule.value.data)
+    H, HV = op.num_heads.value.data, op.num_v_heads.value.data
+    K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+    state_shape = f"N,{HV},{K},{V}" if op.state_layout.data == "kv" else f"N,{HV},{V},{K}"
+    gate_shape = f"B,T,{HV},{K}" if gate == "channel" else f"B,T,{HV}"
+
+    def arg(sym_name: str, shape: str, dtype: str, role: str) -> Operation:
+        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role)
+
+    return [
+        arg("q", f"B,T,{H},{K}", "float", "input"),
+        arg("k", f"B,T,{H},{K}", "float", "input"),
+        arg("v", f"B,T,{HV},{V}", "float", "input"),
+        arg("g", gate_shape, "float", "forbidden" if gate == "none" else "input"),
+        arg("beta", f"B,T,{HV}", "float", "input" if delta_rule else "forbidden"),
+        make(k3s.ScalarArgOp, sym_name="scale", default=op.scale.value.data),
+        arg("initial_state", state_shape, "float32", "optional_input"),
+        arg("o", f"B,T,{HV},{V}", "float", "output"),
+        arg("final_state", state_shape, "float32", "optional_output"),
+        arg("cu_seqlens", "N+1", "offsets", "optional_input"),
+    ]

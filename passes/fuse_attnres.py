@@ -12,16 +12,10 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import (
-    PatternRewriter,
-    PatternRewriteWalker,
-    RewritePattern,
-    op_type_rewrite_pattern,
-)
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
-from k3compile.passes.common import make
+from k3compile.passes.common import add_entries, make
 
 
 def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
@@ -63,21 +57,12 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
     )
 
 
-@dataclass
-class _FuseAttnRes(RewritePattern):
-    num_warps: int
-
-    @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: AttnResOp, rewriter: PatternRewriter) -> None:
-        rewriter.replace(op, fused_attnres_entry(op, self.num_warps), [])
-
-
 @dataclass(frozen=True)
 class FuseAttnResPass(ModulePass):
-    """Lower every k3.attnres to a fused score+mix kernel."""
+    """Add an `aggregate` entry (fused score+mix kernel) for every k3.attnres."""
 
     name = "fuse-attnres"
     num_warps: int = 8
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(_FuseAttnRes(self.num_warps)).rewrite_module(op)
+        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.num_warps))

@@ -177,8 +177,7 @@ class TritonPrinter:
         first = view.tensors[0].sym_name.data
         sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.shape.data.split(","))
         dtype = "torch.float32" if out.dtype.data == "float32" else f"{first}.dtype"
-        # NaN-filled so that an element the kernel fails to write can never pass as a value
-        alloc = f"torch.full(({sizes}{',' if ',' not in sizes else ''}), float('nan'), dtype={dtype}, device={first}.device)"
+        alloc = f"_alloc(({sizes}{',' if ',' not in sizes else ''}), {dtype}, {first}.device)"
         if out.role.data == "optional_output":
             c(f"{name} = {alloc} if output_{name} else None")
         else:

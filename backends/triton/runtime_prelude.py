@@ -4,6 +4,16 @@ and triton). They are generic: each entry calls them with the shape patterns of 
 PRELUDE = r'''
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
+# Tests and `k3c verify` set this so that every output starts NaN-filled: an element a kernel
+# fails to write can then never pass as a value. Off by default: the fill costs a full write.
+POISON_OUTPUTS = os.environ.get("K3C_POISON_OUTPUTS") == "1"
+
+
+def _alloc(shape, dtype, device):
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
 
 def _bind(name, dim, size, dims):
     """Check one dimension of a shape pattern: numbers must match, symbols bind on first use."""
