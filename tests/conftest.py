@@ -1,0 +1,165 @@
+"""Shared fixtures of the k3compile test suite.
+
+Kernels run in Triton's interpreter on the CPU (fp32, small shapes). TRITON_INTERPRET must be
+set before triton is imported *and* when a generated module is imported (that is when
+`@triton.jit` decides between the interpreter and the GPU compiler), so it is set here first.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+
+import dataclasses  # noqa: E402
+import secrets  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+EXAMPLE_SPECS = sorted(EXAMPLES.glob("*.toml"))
+RECURRENCE_KINDS = ("kda", "gated_deltanet", "deltanet", "gla")
+GATE_OF_KIND = {"kda": "channel", "gated_deltanet": "scalar", "deltanet": "none", "gla": "channel"}
+DELTA_OF_KIND = {"kda": True, "gated_deltanet": True, "deltanet": True, "gla": False}
+
+
+# --- fresh random inputs, reproducible on failure ------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed():
+    """Every test draws fresh random inputs; the seed is printed so a failure can be replayed
+    with K3C_TEST_SEED=<seed>."""
+    seed = int(os.environ.get("K3C_TEST_SEED") or secrets.randbits(31))
+    torch.manual_seed(seed)
+    print(f"K3C_TEST_SEED={seed}")
+    yield seed
+
+
+# --- compiling small layers (cheap) once per parameter set ---------------------------------
+
+
+class LayerCache:
+    """Compiles each distinct (table, pipeline) once per session into its own folder."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.layers: dict = {}
+
+    def __call__(self, pipeline: str | None = None, **table):
+        from k3compile.driver import compile as k3_compile
+        from k3compile.spec import spec_from_table
+
+        key = (pipeline, tuple(sorted(table.items())))
+        if key not in self.layers:
+            spec = spec_from_table(dict(table), source=f"<test {table.get('name')}>")
+            out_dir = self.factory.mktemp(f"layer_{table['name']}")
+            self.layers[key] = k3_compile(spec, out_dir=out_dir, pipeline=pipeline)
+        return self.layers[key]
+
+
+@pytest.fixture(scope="session")
+def compile_layer(tmp_path_factory):
+    """compile_layer(pipeline=None, name=..., kind=..., ...) -> CompiledLayer (cached)."""
+    return LayerCache(tmp_path_factory)
+
+
+def layer_op(layer):
+    """The k3 op (with verified attributes) of a compiled layer's spec, for the reference."""
+    from k3compile.frontend import spec_to_module
+
+    return next(iter(spec_to_module(layer.spec).ops))
+
+
+def recurrence_table(kind: str, layout: str = "kv", H: int = 2, HV: int | None = None, K: int = 16,
+                     V: int = 16, name: str | None = None, **extra) -> dict:
+    table = dict(
+        name=name or f"{kind}_{layout}_h{H}_hv{HV or H}_k{K}_v{V}",
+        kind=kind,
+        num_heads=H,
+        num_v_heads=HV or H,
+        head_k_dim=K,
+        head_v_dim=V,
+        state_layout=layout,
+        dtype="float32",
+    )
+    table.update(extra)
+    return table
+
+
+# --- inputs of the KDA family (fla layouts) ------------------------------------------------
+
+
+@dataclasses.dataclass
+class RecurrenceShape:
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    seqlens: tuple[int, ...] | None = None
+
+    @property
+    def N(self) -> int:
+        return len(self.seqlens) if self.seqlens else self.B
+
+
+def recurrence_inputs(kind: str, layout: str, shape: RecurrenceShape, initial_state: bool = True,
+                      dtype=torch.float32) -> dict:
+    """Fresh random inputs (never zeros): unit q/k, log-sigmoid decays, beta in (0, 1)."""
+    B, T, H, HV, K, V = shape.B, shape.T, shape.H, shape.HV, shape.K, shape.V
+    if shape.seqlens is not None:
+        assert B == 1 and sum(shape.seqlens) == T
+    inputs = {
+        "q": F.normalize(torch.randn(B, T, H, K), dim=-1).to(dtype),
+        "k": F.normalize(torch.randn(B, T, H, K), dim=-1).to(dtype),
+        "v": torch.randn(B, T, HV, V).to(dtype),
+    }
+    gate = GATE_OF_KIND[kind]
+    if gate == "channel":
+        inputs["g"] = F.logsigmoid(torch.randn(B, T, HV, K)).clamp(min=-5).to(dtype)
+    elif gate == "scalar":
+        inputs["g"] = F.logsigmoid(torch.randn(B, T, HV)).clamp(min=-5).to(dtype)
+    if DELTA_OF_KIND[kind]:
+        inputs["beta"] = torch.sigmoid(torch.randn(B, T, HV)).to(dtype)
+    if initial_state:
+        state = (shape.N, HV, K, V) if layout == "kv" else (shape.N, HV, V, K)
+        inputs["initial_state"] = 0.5 * torch.randn(*state, dtype=torch.float32)
+    if shape.seqlens is not None:
+        offsets = [0]
+        for n in shape.seqlens:
+            offsets.append(offsets[-1] + n)
+        inputs["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int64)
+    return inputs
+
+
+# --- comparisons ---------------------------------------------------------------------------
+
+
+def rms_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().to(torch.float64), ref.detach().to(torch.float64)
+    return (out - ref).norm().item() / max(ref.norm().item(), 1e-30)
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, what: str, rms_tol: float = 1e-5, atol: float = 1e-5,
+                   rtol: float = 1e-5) -> None:
+    """out (kernel) against ref (float64 reference): shape, finiteness, RMS ratio and allclose."""
+    assert out is not None, f"{what}: kernel returned None"
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten NaN-filled elements?)"
+    assert torch.isfinite(ref).all(), f"{what}: the reference itself is not finite"
+    ratio = rms_ratio(out, ref)
+    assert ratio < rms_tol, f"{what}: RMS ratio {ratio:.3e} >= {rms_tol:.0e}"
+    out64 = out.detach().to(torch.float64)
+    err = (out64 - ref).abs().max().item() if ref.numel() else 0.0
+    assert torch.allclose(out64, ref, rtol=rtol, atol=atol), f"{what}: max abs error {err:.3e}"
+
+
+def one_line(message: str) -> bool:
+    return "\n" not in message.strip() and message.strip() != ""
+

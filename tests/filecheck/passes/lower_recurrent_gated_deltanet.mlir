@@ -1,0 +1,22 @@
+// lower-recurrent on Gated DeltaNet (scalar gate + delta rule): the decay is per head
+// (decay <gate = scalar>), so g has no key-channel dimension; beta is an input.
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
+
+builtin.module {
+  k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
+}
+
+// CHECK:      k3s.entry @recurrent <source = gdn> {
+// CHECK:        k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
+// CHECK:        k3s.kernel @gdn_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK:          k3s.token_loop {
+// CHECK-NEXT:       k3s.load_token <tensor = q>
+// CHECK-NEXT:       k3s.load_token <tensor = k>
+// CHECK-NEXT:       k3s.load_token <tensor = v>
+// CHECK-NEXT:       k3s.decay <gate = scalar>
+// CHECK-NEXT:       k3s.delta_correct
+// CHECK-NEXT:       k3s.rank1_update
+// CHECK-NEXT:       k3s.readout
+// CHECK-NEXT:     }

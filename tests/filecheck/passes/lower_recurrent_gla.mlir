@@ -1,0 +1,22 @@
+// lower-recurrent on GLA (channel gate, no delta rule): decay per key channel, then the plain
+// rank-1 update k v^T with no delta correction; beta is forbidden, g is an input.
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
+
+builtin.module {
+  k3.recurrence @gla <gate = channel, delta_rule = false, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
+}
+
+// CHECK:      k3s.entry @recurrent <source = gla> {
+// CHECK:        k3s.tensor_arg @g <shape = "B,T,4,64", dtype = float, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = forbidden>
+// CHECK-NOT:    k3s.delta_correct
+// CHECK:        k3s.token_loop {
+// CHECK-NEXT:     k3s.load_token <tensor = q>
+// CHECK-NEXT:     k3s.load_token <tensor = k>
+// CHECK-NEXT:     k3s.load_token <tensor = v>
+// CHECK-NEXT:     k3s.decay <gate = channel>
+// CHECK-NEXT:     k3s.rank1_update
+// CHECK-NEXT:     k3s.readout
+// CHECK-NEXT:   }
+// CHECK-NOT:    k3s.delta_correct

@@ -1,0 +1,41 @@
+// lower-recurrent on a KDA layer (channel gate + delta rule): the layer op stays and a
+// `recurrent` entry is added after it, with fla's tensor interface and one kernel whose token
+// loop loads q, k, v, decays the state per key channel, applies the delta correction, then the
+// rank-1 update and the readout. Default options: block_v = 32, num_warps = 4.
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s
+// The lowered IR re-parses (custom -> custom, and generic -> custom) to the same text.
+// RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent --generic | k3c opt - | filecheck %s
+
+builtin.module {
+  k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
+}
+
+// CHECK:      builtin.module {
+// CHECK-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
+// CHECK-NEXT:   k3s.entry @recurrent <source = kda> {
+// CHECK-NEXT:     k3s.tensor_arg @q <shape = "B,T,4,64", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @k <shape = "B,T,4,64", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @v <shape = "B,T,4,32", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @g <shape = "B,T,4,64", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
+// CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.125>
+// CHECK-NEXT:     k3s.tensor_arg @initial_state <shape = "N,4,64,32", dtype = float32, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @o <shape = "B,T,4,32", dtype = float, role = output>
+// CHECK-NEXT:     k3s.tensor_arg @final_state <shape = "N,4,64,32", dtype = float32, role = optional_output>
+// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK-NEXT:       k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>
+// CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:         k3s.load_token <tensor = q>
+// CHECK-NEXT:         k3s.load_token <tensor = k>
+// CHECK-NEXT:         k3s.load_token <tensor = v>
+// CHECK-NEXT:         k3s.decay <gate = channel>
+// CHECK-NEXT:         k3s.delta_correct
+// CHECK-NEXT:         k3s.rank1_update
+// CHECK-NEXT:         k3s.readout
+// CHECK-NEXT:       }
+// CHECK-NEXT:       k3s.store_state <layout = kv>
+// CHECK-NEXT:     }
+// CHECK-NEXT:   }
+// CHECK-NEXT: }

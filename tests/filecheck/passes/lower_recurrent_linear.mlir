@@ -1,0 +1,20 @@
+// lower-recurrent on plain linear attention (no gate, no delta rule): the token loop is only
+// loads, the rank-1 update and the readout; both g and beta are forbidden.
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
+
+builtin.module {
+  k3.recurrence @linear <gate = none, delta_rule = false, num_heads = 2, num_v_heads = 2, head_k_dim = 16, head_v_dim = 16, scale = 0.25, state_layout = kv, dtype = float32>
+}
+
+// CHECK:      k3s.entry @recurrent <source = linear> {
+// CHECK:        k3s.tensor_arg @g <shape = "B,T,2", dtype = float, role = forbidden>
+// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,2", dtype = float, role = forbidden>
+// CHECK-NEXT:   k3s.scalar_arg @scale <default = 0.25>
+// CHECK:        k3s.token_loop {
+// CHECK-NEXT:     k3s.load_token <tensor = q>
+// CHECK-NEXT:     k3s.load_token <tensor = k>
+// CHECK-NEXT:     k3s.load_token <tensor = v>
+// CHECK-NEXT:     k3s.rank1_update
+// CHECK-NEXT:     k3s.readout
+// CHECK-NEXT:   }

@@ -1,0 +1,16 @@
+// lower-recurrent with a vk state layout (serving stacks): the state tensors are [N, HV, V, K]
+// and the on-chip tile and the final store use layout vk. K = 64 != V = 32.
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
+
+builtin.module {
+  k3.recurrence @kda_vk <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = vk, dtype = bfloat16>
+}
+
+// CHECK:      k3s.entry @recurrent <source = kda_vk> {
+// CHECK:        k3s.tensor_arg @initial_state <shape = "N,4,32,64", dtype = float32, role = optional_input>
+// CHECK:        k3s.tensor_arg @final_state <shape = "N,4,32,64", dtype = float32, role = optional_output>
+// CHECK:        k3s.kernel @kda_vk_recurrent
+// CHECK-NEXT:     k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = vk>
+// CHECK:          k3s.store_state <layout = vk>
+// CHECK-NOT:    layout = kv

@@ -1,0 +1,41 @@
+// Each pass lowers only its own layer kind: lower-recurrent leaves k3.attnres alone,
+// fuse-attnres leaves k3.recurrence alone, both in one pipeline lower both, and no pass
+// touches k3.latent_moe. Each entry follows its own layer op.
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s --check-prefix=REC
+// RUN: k3c opt %s -p fuse-attnres | filecheck %s --check-prefix=AR
+// RUN: k3c opt %s -p lower-recurrent,fuse-attnres | filecheck %s --check-prefix=BOTH
+// RUN: k3c opt %s -p fuse-attnres,lower-recurrent | filecheck %s --check-prefix=BOTH
+// RUN: k3c opt %s -p lower-recurrent,fuse-attnres | k3c opt - | filecheck %s --check-prefix=BOTH
+// With no -p, k3c opt only parses, verifies and prints.
+// RUN: k3c opt %s | filecheck %s --check-prefix=NONE
+
+builtin.module {
+  k3.recurrence @rec <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 16, head_v_dim = 16, scale = 0.25, state_layout = kv, dtype = float32>
+  k3.attnres @ar <hidden_size = 64, num_blocks = 2, block_size = 3, eps = 0.001, dtype = float32>
+  k3.latent_moe @moe <hidden_size = 64, latent_dim = 32, num_experts = 4, top_k = 2, expert_ffn_dim = 32, num_shared_experts = 1, shared_ffn_dim = 32, activation = swiglu, norm_topk_prob = true, routed_scaling_factor = 1.0, eps = 0.001, dtype = float32>
+}
+
+// REC:      k3.recurrence @rec
+// REC-NEXT: k3s.entry @recurrent <source = rec> {
+// REC:      k3s.decay <gate = scalar>
+// REC:      k3.attnres @ar
+// REC-NEXT: k3.latent_moe @moe
+// REC-NOT:  k3s.entry
+
+// AR-NOT:  k3s.entry
+// AR:      k3.recurrence @rec
+// AR-NEXT: k3.attnres @ar
+// AR-NEXT: k3s.entry @aggregate <source = ar, max_sources = 3> {
+// AR:      k3.latent_moe @moe
+// AR-NOT:  k3s.entry
+
+// BOTH:      k3.recurrence @rec
+// BOTH-NEXT: k3s.entry @recurrent <source = rec> {
+// BOTH:      k3s.kernel @rec_recurrent
+// BOTH:      k3.attnres @ar
+// BOTH-NEXT: k3s.entry @aggregate <source = ar, max_sources = 3> {
+// BOTH:      k3s.kernel @ar_aggregate
+// BOTH:      k3.latent_moe @moe
+// BOTH-NOT:  k3s.entry
+
+// NONE-NOT: k3s.

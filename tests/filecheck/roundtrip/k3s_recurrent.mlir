@@ -1,0 +1,81 @@
+// The k3s schedule dialect, written by hand: a recurrent entry with its arguments, a kernel and
+// nested stage regions. Custom form prints back unchanged; generic form re-parses to it.
+// RUN: k3c opt %s | filecheck %s --match-full-lines
+// RUN: k3c opt %s --generic | k3c opt - | filecheck %s --match-full-lines
+// RUN: k3c opt %s --generic | filecheck %s --check-prefix=GENERIC
+// RUN: k3c opt %s > %t.once && k3c opt %t.once > %t.twice && diff %t.once %t.twice
+
+builtin.module {
+  k3s.entry @recurrent <source = layer> {
+    k3s.tensor_arg @q <shape = "B,T,2,16", dtype = float, role = input>
+    k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = forbidden>
+    k3s.scalar_arg @scale <default = 0.25>
+    k3s.tensor_arg @initial_state <shape = "N,4,8,16", dtype = float32, role = optional_input>
+    k3s.tensor_arg @o <shape = "B,T,4,8", dtype = float, role = output>
+    k3s.tensor_arg @final_state <shape = "N,4,8,16", dtype = float32, role = optional_output>
+    k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+    k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+      k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
+      k3s.token_loop {
+        k3s.load_token <tensor = q>
+        k3s.load_token <tensor = k>
+        k3s.load_token <tensor = v>
+        k3s.decay <gate = scalar>
+        k3s.delta_correct
+        k3s.rank1_update
+        k3s.readout
+      }
+      k3s.store_state <layout = vk>
+    }
+  }
+}
+
+// CHECK:      builtin.module {
+// CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
+// CHECK-NEXT:     k3s.tensor_arg @q <shape = "B,T,2,16", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = forbidden>
+// CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.25>
+// CHECK-NEXT:     k3s.tensor_arg @initial_state <shape = "N,4,8,16", dtype = float32, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @o <shape = "B,T,4,8", dtype = float, role = output>
+// CHECK-NEXT:     k3s.tensor_arg @final_state <shape = "N,4,8,16", dtype = float32, role = optional_output>
+// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+// CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
+// CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:         k3s.load_token <tensor = q>
+// CHECK-NEXT:         k3s.load_token <tensor = k>
+// CHECK-NEXT:         k3s.load_token <tensor = v>
+// CHECK-NEXT:         k3s.decay <gate = scalar>
+// CHECK-NEXT:         k3s.delta_correct
+// CHECK-NEXT:         k3s.rank1_update
+// CHECK-NEXT:         k3s.readout
+// CHECK-NEXT:       }
+// CHECK-NEXT:       k3s.store_state <layout = vk>
+// CHECK-NEXT:     }
+// CHECK-NEXT:   }
+// CHECK-NEXT: }
+
+// GENERIC:      "builtin.module"() ({
+// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "recurrent", source = "layer"}> ({
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "q", shape = "B,T,2,16", dtype = "float", role = "input"}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "g", shape = "B,T,4", dtype = "float", role = "forbidden"}> : () -> ()
+// GENERIC-NEXT:     "k3s.scalar_arg"() <{sym_name = "scale", default = 2.500000e-01 : f64}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "initial_state", shape = "N,4,8,16", dtype = "float32", role = "optional_input"}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "o", shape = "B,T,4,8", dtype = "float", role = "output"}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "final_state", shape = "N,4,8,16", dtype = "float32", role = "optional_output"}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "cu_seqlens", shape = "N+1", dtype = "offsets", role = "optional_input"}> : () -> ()
+// GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = "value_block,sequence_head", num_warps = 2 : i64}> ({
+// GENERIC-NEXT:       "k3s.state_tile"() <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = "vk"}> : () -> ()
+// GENERIC-NEXT:       "k3s.token_loop"() ({
+// GENERIC-NEXT:         "k3s.load_token"() <{tensor = "q"}> : () -> ()
+// GENERIC-NEXT:         "k3s.load_token"() <{tensor = "k"}> : () -> ()
+// GENERIC-NEXT:         "k3s.load_token"() <{tensor = "v"}> : () -> ()
+// GENERIC-NEXT:         "k3s.decay"() <{gate = "scalar"}> : () -> ()
+// GENERIC-NEXT:         "k3s.delta_correct"() : () -> ()
+// GENERIC-NEXT:         "k3s.rank1_update"() : () -> ()
+// GENERIC-NEXT:         "k3s.readout"() : () -> ()
+// GENERIC-NEXT:       }) : () -> ()
+// GENERIC-NEXT:       "k3s.store_state"() <{layout = "vk"}> : () -> ()
+// GENERIC-NEXT:     }) : () -> ()
+// GENERIC-NEXT:   }) : () -> ()
+// GENERIC-NEXT: }) : () -> ()

@@ -1,0 +1,130 @@
+"""The compiled AttnRes `aggregate(sources, query, gain)` against reference.attnres."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import assert_matches, layer_op
+from k3compile.ir import reference
+
+NUM_BLOCKS = 4
+MAX_SOURCES = NUM_BLOCKS + 1
+
+
+@pytest.fixture(scope="module", params=[100, 64, 7], ids=["D100", "D64", "D7"])
+def layer(request, compile_layer):
+    D = request.param
+    return compile_layer(name=f"attnres_d{D}", kind="attnres", hidden_size=D, num_blocks=NUM_BLOCKS, block_size=3,
+                         dtype="float32")
+
+
+def inputs(S: int, B: int, T: int, D: int):
+    # sources of different scales (block sums grow with depth); a non-zero query, so the
+    # softmax over sources is far from uniform
+    scales = torch.linspace(0.5, 4.0, S)[:, None, None, None]
+    sources = torch.randn(S, B, T, D) * scales + 0.3 * torch.randn(S, 1, 1, D)
+    query = torch.randn(D) * 3 / math.sqrt(D)
+    gain = 1 + 0.3 * torch.randn(D)
+    return sources, query, gain
+
+
+def softmax_weights(op, sources, query, gain):
+    eps = op.eps.value.data
+    x = sources.double()
+    keys = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain.double()
+    return torch.softmax(keys @ query.double(), dim=0)
+
+
+@pytest.mark.parametrize("S", [1, 3, MAX_SOURCES])
+@pytest.mark.parametrize("B,T", [(3, 5), (1, 1), (2, 3)])
+def test_matches_reference(layer, S, B, T):
+    D = layer.spec.params["hidden_size"]
+    op = layer_op(layer)
+    sources, query, gain = inputs(S, B, T, D)
+    result = layer.aggregate(sources, query, gain)
+    assert isinstance(result, tuple) and len(result) == 1
+    (out,) = result
+    assert out.dtype == sources.dtype
+    ref = reference.attnres(op, sources, query, gain)
+    assert_matches(out, ref, "out")
+    if S > 1:
+        weights = softmax_weights(op, sources, query, gain)
+        spread = (weights.max(0).values - weights.min(0).values).max().item()
+        assert spread > 0.05, "test inputs should give a non-uniform softmax"
+        assert not torch.allclose(ref, sources.double().mean(0), atol=1e-3), "not trivially the mean"
+
+
+def test_single_source_is_identity(layer):
+    D = layer.spec.params["hidden_size"]
+    sources, query, gain = inputs(1, 2, 3, D)
+    (out,) = layer.aggregate(sources, query, gain)
+    assert_matches(out, sources[0].double(), "out with one source")
+
+
+def test_softmax_is_shift_safe(layer):
+    """Large scores (big query) must not overflow the online softmax."""
+    D = layer.spec.params["hidden_size"]
+    sources, _, gain = inputs(MAX_SOURCES, 2, 3, D)
+    query = torch.randn(D) * 50
+    (out,) = layer.aggregate(sources, query, gain)
+    assert_matches(out, reference.attnres(layer_op(layer), sources, query, gain), "out, large scores",
+                   rms_tol=1e-5, atol=1e-4)
+
+
+def test_eps_from_spec_is_used(compile_layer):
+    """Tiny rows: with a large eps the RMS is dominated by eps, so a wrong eps shows."""
+    D = 12
+    layer = compile_layer(name="attnres_big_eps", kind="attnres", hidden_size=D, num_blocks=2, block_size=1,
+                          eps=0.5, dtype="float32")
+    sources = 0.2 * torch.randn(3, 1, 4, D)
+    query, gain = torch.randn(D) * 4, 1 + 0.3 * torch.randn(D)
+    (out,) = layer.aggregate(sources, query, gain)
+    ref = reference.attnres(layer_op(layer), sources, query, gain)
+    assert_matches(out, ref, "out with eps = 0.5")
+
+
+def test_gain_matters(layer):
+    D = layer.spec.params["hidden_size"]
+    sources, query, gain = inputs(3, 1, 2, D)
+    (a,) = layer.aggregate(sources, query, gain)
+    (b,) = layer.aggregate(sources, query, torch.ones(D))
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    assert not torch.allclose(a, b)
+    assert_matches(b, reference.attnres(layer_op(layer), sources, query, torch.ones(D)), "out with unit gain")
+
+
+# --- reference sanity: independent identities ------------------------------------------------
+
+
+@pytest.mark.parametrize("S", [1, 2, 5])
+def test_reference_zero_query_is_mean(layer, S):
+    D = layer.spec.params["hidden_size"]
+    sources, _, gain = inputs(S, 2, 3, D)
+    ref = reference.attnres(layer_op(layer), sources, torch.zeros(D), gain)
+    torch.testing.assert_close(ref, sources.double().mean(0), rtol=1e-12, atol=1e-12)
+
+
+def test_reference_is_scale_invariant_in_scores(layer):
+    """RMSNorm keys: scaling one source scales its contribution but not its score."""
+    D = layer.spec.params["hidden_size"]
+    sources, query, gain = inputs(3, 1, 2, D)
+    op = layer_op(layer)
+    w1 = softmax_weights(op, sources, query, gain)
+    scaled = sources.clone()
+    scaled[1] *= 7.0
+    ref = reference.attnres(op, scaled, query, gain)
+    expected = (w1[..., None] * scaled.double()).sum(0)
+    torch.testing.assert_close(ref, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_reference_picks_dominant_source(layer):
+    """A query aligned with one source's direction puts almost all weight on it."""
+    D = layer.spec.params["hidden_size"]
+    sources = -(torch.randn(3, 1, 1, D).abs() + 0.5)  # all-negative rows: negative scores
+    sources[2] = -sources[2]  # the one all-positive row: a large positive score
+    query = torch.ones(D) * 100.0 / math.sqrt(D)
+    ref = reference.attnres(layer_op(layer), sources, query, torch.ones(D))
+    torch.testing.assert_close(ref, sources[2].double(), rtol=1e-4, atol=1e-4)
