@@ -1,4 +1,4 @@
-"""`k3c`: compile, inspect, transform and verify k3 layers.
+"""`k3c`: compile, inspect, transform, verify and prove k3 layers.
 
 Exit codes: 0 ok, 1 verification failed, 2 bad input (spec, IR, pipeline, arguments).
 Imports of xDSL, torch and triton are deferred to the subcommand that needs them.
@@ -140,6 +140,30 @@ def cmd_verify(args) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def cmd_prove(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from k3compile.errors import UnsupportedError
+    from k3compile.prove import prove_chunkwise
+    from k3compile.spec import load_spec
+
+    spec = load_spec(args.spec)
+    if not spec.is_recurrence:
+        raise UnsupportedError(f"{args.spec}: kind '{spec.kind}' has no derived schedule to prove")
+    results = [r for size in args.chunk_size or [3, 16, 32, 64] for r in prove_chunkwise(spec, size, seed=args.seed)]
+    table = Table(title=f"k3c prove {args.spec}: derived schedule == token recurrence, exact rationals (K=2, V=3)")
+    for column in ("schedule", "T", "outputs", "final state", "result"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r.schedule, str(r.length), "equal" if r.outputs_equal else "DIFFER",
+                      "equal" if r.state_equal else "DIFFER", "proved" if r.holds else f"[bold red]FAILED[/] {r.first_mismatch}")
+    Console(width=140).print(table)
+    failed = sum(not r.holds for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="k3c", description="k3compile: Kimi K3-style layers -> Triton kernels")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
@@ -173,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input dtype (repeatable; default fp32 on CPU, bf16 and fp32 on GPU)")
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.set_defaults(run=cmd_verify)
+
+    p = sub.add_parser("prove", help="prove the derived chunkwise schedule equal to the token recurrence (sympy)")
+    p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
+    p.add_argument("--chunk-size", type=int, action="append", help="chunk size (repeatable; default 3, 16, 32, 64)")
+    p.add_argument("--seed", type=int, help="seed for the random rationals (default: fresh each run)")
+    p.set_defaults(run=cmd_prove)
     return parser
 
 

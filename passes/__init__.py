@@ -2,7 +2,8 @@
 
 Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
-- fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read.
+- fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
+- derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ def _fuse_attnres() -> type[ModulePass]:
     return FuseAttnResPass
 
 
+def _derive_chunkwise() -> type[ModulePass]:
+    from k3compile.passes.derive_chunkwise import DeriveChunkwisePass
+
+    return DeriveChunkwisePass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-recurrent": _lower_recurrent,
     "fuse-attnres": _fuse_attnres,
+    "derive-chunkwise": _derive_chunkwise,
 }

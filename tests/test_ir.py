@@ -100,7 +100,7 @@ def test_layer_ir_holds_the_spec():
                                 head_v_dim=9, state_layout="vk"))
     op = next(iter(spec_to_module(spec).ops))
     assert op.name == "k3.recurrence" and op.sym_name.data == "abc"
-    assert op.gate.data == "scalar" and op.delta_rule.value.data == 1
+    assert op.gate.data == "scalar" and bool(op.delta_rule.value.data)
     assert (op.num_heads.value.data, op.num_v_heads.value.data) == (3, 6)
     assert (op.head_k_dim.value.data, op.head_v_dim.value.data) == (7, 9)
     assert op.state_layout.data == "vk"
@@ -113,7 +113,8 @@ def test_lowered_stages_follow_the_member(kind, gate, delta):
     spec = spec_from_table(dict(name="m", kind=kind, num_heads=1, head_k_dim=4, head_v_dim=4))
     module = schedule(spec).scheduled
     names = [op.name for op in module.walk()]
-    assert "k3.recurrence" not in names
+    entries = [op for op in module.ops if op.name == "k3s.entry"]
+    assert [e.sym_name.data for e in entries] == ["recurrent"] and entries[0].source.data == "m"
     decays = [op for op in module.walk() if op.name == "k3s.decay"]
     assert [d.gate.data for d in decays] == ([gate] if gate else [])
     assert names.count("k3s.delta_correct") == (1 if delta else 0)

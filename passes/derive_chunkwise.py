@@ -1,0 +1,78 @@
+"""derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule.
+
+Unrolling the recurrence over a chunk of C tokens, the stages that exist follow from the op:
+- a gate makes the decays inside a chunk cumulative products, so a `gate_cumsum` stage comes
+  first and every Gram/apply/advance stage is `gated` (channel or scalar from the gate);
+- the delta rule makes each token's write depend on the state the earlier tokens of the chunk
+  produced. Solving that triangular system gives A (a strict gated key Gram scaled by beta),
+  T = (I + A)^{-1} Diag(beta) by forward substitution, the WY factors W = T (Gamma K) and
+  U = T V, and in the scan the residual Vr = U - W S. Without it Vr = V and those stages vanish;
+- every member reads its output through the inclusive query Gram P and the carried state, and
+  advances the state by the chunk's decay and its keys.
+`k3c prove` checks the result against the token recurrence in exact arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.passes import ModulePass
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import RecurrenceOp
+from k3compile.passes.common import add_entries, make, recurrence_arguments
+
+
+def chunkwise_schedule(op: RecurrenceOp, chunk_size: int) -> k3s.ChunkedOp:
+    gate = op.gate.data
+    gated = gate != "none"
+    delta_rule = bool(op.delta_rule.value.data)
+
+    local: list[Operation] = []
+    if gated:
+        local.append(make(k3s.GateCumsumOp, gate=gate))
+    if delta_rule:
+        local += [
+            make(k3s.GramOp, lhs="k", mask="strict", gated=gated, beta=True),
+            make(k3s.ForwardSubstitutionOp),
+            make(k3s.WYApplyOp, operand="key", gated=gated),
+            make(k3s.WYApplyOp, operand="value", gated=False),
+        ]
+    local.append(make(k3s.GramOp, lhs="q", mask="inclusive", gated=gated, beta=False))
+
+    scan: list[Operation] = []
+    if delta_rule:
+        scan.append(make(k3s.DeltaResidualOp))
+    scan += [
+        make(k3s.ChunkOutputOp, gated=gated, residual=delta_rule),
+        make(k3s.StateAdvanceOp, gated=gated, residual=delta_rule),
+    ]
+    return make(
+        k3s.ChunkedOp,
+        [make(k3s.ChunkLocalOp, local), make(k3s.ChunkScanOp, scan)],
+        chunk_size=chunk_size,
+    )
+
+
+@dataclass(frozen=True)
+class DeriveChunkwisePass(ModulePass):
+    """Add a `chunk` entry holding the chunkwise schedule of every k3.recurrence."""
+
+    name = "derive-chunkwise"
+    chunk_size: int = 64
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.chunk_size <= 0:
+            raise ValueError(f"derive-chunkwise: chunk-size must be positive, got {self.chunk_size}")
+        add_entries(op, RecurrenceOp, self.build)
+
+    def build(self, op: RecurrenceOp) -> k3s.EntryOp:
+        return make(
+            k3s.EntryOp,
+            [*recurrence_arguments(op), chunkwise_schedule(op, self.chunk_size)],
+            sym_name="chunk",
+            source=op.sym_name.data,
+        )

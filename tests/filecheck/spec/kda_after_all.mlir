@@ -1,0 +1,64 @@
+// Spec-driven: `k3c ir --after-all` on the KDA example prints the layer IR built from the spec
+// (scale defaulted to head_k_dim ** -0.5, kind kda = channel gate + delta rule) and the IR after
+// its default pipeline (lower-recurrent) with the derived stages.
+// RUN: k3c ir %examples/kda.toml --after-all | filecheck %s
+// A pipeline given with -p replaces the default one.
+// RUN: k3c ir %examples/kda.toml --after-all -p 'lower-recurrent{block-v=64 num-warps=8}' | filecheck %s --check-prefix=OPTS
+// Without --after-all only the layer IR is printed.
+// RUN: k3c ir %examples/kda.toml | filecheck %s --check-prefix=LAYER
+// The layer IR and the lowered IR both re-parse (k3c ir output is valid k3c opt input).
+// RUN: k3c ir %examples/kda.toml | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=REPARSED
+
+// CHECK-LABEL: // -----// IR of spec {{.*}}examples/kda.toml //----- //
+// CHECK-NEXT:  builtin.module {
+// CHECK-NEXT:    k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 32, num_v_heads = 32, head_k_dim = 128, head_v_dim = 128, scale = 0.08838834764831845, state_layout = kv, dtype = bfloat16>
+// CHECK-NEXT:  }
+// CHECK-LABEL: // -----// IR after lower-recurrent //----- //
+// CHECK-NEXT:  builtin.module {
+// CHECK-NEXT:    k3.recurrence @kda
+// CHECK-NEXT:    k3s.entry @recurrent <source = kda> {
+// CHECK-NEXT:      k3s.tensor_arg @q <shape = "B,T,32,128", dtype = float, role = input>
+// CHECK-NEXT:      k3s.tensor_arg @k <shape = "B,T,32,128", dtype = float, role = input>
+// CHECK-NEXT:      k3s.tensor_arg @v <shape = "B,T,32,128", dtype = float, role = input>
+// CHECK-NEXT:      k3s.tensor_arg @g <shape = "B,T,32,128", dtype = float, role = input>
+// CHECK-NEXT:      k3s.tensor_arg @beta <shape = "B,T,32", dtype = float, role = input>
+// CHECK-NEXT:      k3s.scalar_arg @scale <default = 0.08838834764831845>
+// CHECK-NEXT:      k3s.tensor_arg @initial_state <shape = "N,32,128,128", dtype = float32, role = optional_input>
+// CHECK-NEXT:      k3s.tensor_arg @o <shape = "B,T,32,128", dtype = float, role = output>
+// CHECK-NEXT:      k3s.tensor_arg @final_state <shape = "N,32,128,128", dtype = float32, role = optional_output>
+// CHECK-NEXT:      k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK-NEXT:        k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = kv>
+// CHECK-NEXT:        k3s.token_loop {
+// CHECK-NEXT:          k3s.load_token <tensor = q>
+// CHECK-NEXT:          k3s.load_token <tensor = k>
+// CHECK-NEXT:          k3s.load_token <tensor = v>
+// CHECK-NEXT:          k3s.decay <gate = channel>
+// CHECK-NEXT:          k3s.delta_correct
+// CHECK-NEXT:          k3s.rank1_update
+// CHECK-NEXT:          k3s.readout
+// CHECK-NEXT:        }
+// CHECK-NEXT:        k3s.store_state <layout = kv>
+// CHECK-NEXT:      }
+// CHECK-NEXT:    }
+// CHECK-NEXT:  }
+
+// OPTS-LABEL: // -----// IR after lower-recurrent //----- //
+// OPTS:       k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 8> {
+// OPTS-NEXT:    k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 64, layout = kv>
+
+// LAYER-NOT:  // -----//
+// LAYER:      builtin.module {
+// LAYER-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true,
+// LAYER-NEXT: }
+// LAYER-NOT:  k3s.
+
+// REPARSED:      k3s.token_loop {
+// REPARSED-NEXT:   k3s.load_token <tensor = q>
+// REPARSED-NEXT:   k3s.load_token <tensor = k>
+// REPARSED-NEXT:   k3s.load_token <tensor = v>
+// REPARSED-NEXT:   k3s.decay <gate = channel>
+// REPARSED-NEXT:   k3s.delta_correct
+// REPARSED-NEXT:   k3s.rank1_update
+// REPARSED-NEXT:   k3s.readout
+// REPARSED-NEXT: }

@@ -1,0 +1,59 @@
+// Spec-driven: each recurrence example's kind picks gate and delta rule, and lower-recurrent
+// derives that member's stages and interface.
+// RUN: k3c ir %examples/gated_deltanet.toml --after-all | filecheck %s --check-prefix=GDN
+// RUN: k3c ir %examples/deltanet.toml --after-all | filecheck %s --check-prefix=DN
+// RUN: k3c ir %examples/gla.toml --after-all | filecheck %s --check-prefix=GLA
+
+// Gated DeltaNet: scalar gate, delta rule, 16 query/key heads and 32 value heads.
+// GDN-LABEL: // -----// IR of spec
+// GDN:       k3.recurrence @gated_deltanet <gate = scalar, delta_rule = true, num_heads = 16, num_v_heads = 32, head_k_dim = 128, head_v_dim = 128,
+// GDN-LABEL: // -----// IR after lower-recurrent //----- //
+// GDN:       k3s.tensor_arg @q <shape = "B,T,16,128", dtype = float, role = input>
+// GDN:       k3s.tensor_arg @v <shape = "B,T,32,128", dtype = float, role = input>
+// GDN-NEXT:  k3s.tensor_arg @g <shape = "B,T,32", dtype = float, role = input>
+// GDN-NEXT:  k3s.tensor_arg @beta <shape = "B,T,32", dtype = float, role = input>
+// GDN:       k3s.token_loop {
+// GDN-NEXT:    k3s.load_token <tensor = q>
+// GDN-NEXT:    k3s.load_token <tensor = k>
+// GDN-NEXT:    k3s.load_token <tensor = v>
+// GDN-NEXT:    k3s.decay <gate = scalar>
+// GDN-NEXT:    k3s.delta_correct
+// GDN-NEXT:    k3s.rank1_update
+// GDN-NEXT:    k3s.readout
+// GDN-NEXT:  }
+
+// DeltaNet: no gate (no decay stage, g forbidden), delta rule (beta input).
+// DN-LABEL: // -----// IR of spec
+// DN:       k3.recurrence @deltanet <gate = none, delta_rule = true,
+// DN-LABEL: // -----// IR after lower-recurrent //----- //
+// DN:       k3s.tensor_arg @g <shape = "B,T,16", dtype = float, role = forbidden>
+// DN-NEXT:  k3s.tensor_arg @beta <shape = "B,T,16", dtype = float, role = input>
+// DN-NOT:   k3s.decay
+// DN:       k3s.token_loop {
+// DN-NEXT:    k3s.load_token <tensor = q>
+// DN-NEXT:    k3s.load_token <tensor = k>
+// DN-NEXT:    k3s.load_token <tensor = v>
+// DN-NEXT:    k3s.delta_correct
+// DN-NEXT:    k3s.rank1_update
+// DN-NEXT:    k3s.readout
+// DN-NEXT:  }
+// DN-NOT:   k3s.decay
+
+// GLA: channel gate, no delta rule (beta forbidden, no delta_correct), vk state.
+// GLA-LABEL: // -----// IR of spec
+// GLA:       k3.recurrence @gla <gate = channel, delta_rule = false, {{.*}} state_layout = vk,
+// GLA-LABEL: // -----// IR after lower-recurrent //----- //
+// GLA:       k3s.tensor_arg @g <shape = "B,T,16,128", dtype = float, role = input>
+// GLA-NEXT:  k3s.tensor_arg @beta <shape = "B,T,16", dtype = float, role = forbidden>
+// GLA-NOT:   k3s.delta_correct
+// GLA:       k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = vk>
+// GLA-NEXT:  k3s.token_loop {
+// GLA-NEXT:    k3s.load_token <tensor = q>
+// GLA-NEXT:    k3s.load_token <tensor = k>
+// GLA-NEXT:    k3s.load_token <tensor = v>
+// GLA-NEXT:    k3s.decay <gate = channel>
+// GLA-NEXT:    k3s.rank1_update
+// GLA-NEXT:    k3s.readout
+// GLA-NEXT:  }
+// GLA-NEXT:  k3s.store_state <layout = vk>
+// GLA-NOT:   k3s.delta_correct

@@ -1,0 +1,47 @@
+// k3s verifiers: enum-like properties and shapes of the schedule dialect are checked.
+// RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ROLE
+// RUN: sed 's/role = maybe/role = input/; s/"B,T,4,16"/"B,T,H,16"/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SHAPE
+// RUN: sed 's/role = maybe/role = input/; s/block_v = 16/block_v = 24/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=BLOCKV
+// RUN: sed 's/role = maybe/role = input/; s/gate = scalar/gate = none/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATE
+// RUN: sed 's/role = maybe/role = input/; s/tensor = q/tensor = o/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TENSOR
+// RUN: sed 's/role = maybe/role = input/; s/layout = vk/layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
+// RUN: sed 's/role = maybe/role = input/' %s | k3c opt - | filecheck %s --check-prefix=VALID
+
+builtin.module {
+  k3s.entry @recurrent <source = r> {
+    k3s.tensor_arg @q <shape = "B,T,4,16", dtype = float, role = maybe>
+    k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+      k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
+      k3s.token_loop {
+        k3s.load_token <tensor = q>
+        k3s.decay <gate = scalar>
+      }
+    }
+  }
+}
+
+// ROLE-NOT: {{\n}}
+// ROLE: {{^}}k3c opt: error: {{.*}}k3s_values.mlir: k3s.tensor_arg: role must be one of input, optional_input, forbidden, output, optional_output; got 'maybe'{{$}}
+// ROLE-NOT: {{.}}
+
+// SHAPE-NOT: {{\n}}
+// SHAPE: {{^}}k3c opt: error: <stdin>: k3s.tensor_arg @q: bad dimension 'H' in shape{{$}}
+// SHAPE-NOT: {{.}}
+
+// BLOCKV-NOT: {{\n}}
+// BLOCKV: {{^}}k3c opt: error: <stdin>: k3s.state_tile: block_v must be a power of two, got 24{{$}}
+// BLOCKV-NOT: {{.}}
+
+// GATE-NOT: {{\n}}
+// GATE: {{^}}k3c opt: error: <stdin>: k3s.decay: gate must be one of channel, scalar; got 'none'{{$}}
+// GATE-NOT: {{.}}
+
+// TENSOR-NOT: {{\n}}
+// TENSOR: {{^}}k3c opt: error: <stdin>: k3s.load_token: tensor must be one of q, k, v; got 'o'{{$}}
+// TENSOR-NOT: {{.}}
+
+// LAYOUT-NOT: {{\n}}
+// LAYOUT: {{^}}k3c opt: error: <stdin>: k3s.state_tile: layout must be one of kv, vk; got 'kk'{{$}}
+// LAYOUT-NOT: {{.}}
+
+// VALID: k3s.tensor_arg @q <shape = "B,T,4,16", dtype = float, role = input>

@@ -1,0 +1,33 @@
+// k3s stage ops only live inside their parent region: a decay at the top level of the module
+// is rejected, naming the op and the parent it needs. The sed variants move other stages out
+// of place (a token stage directly in a kernel, a kernel stage inside the token loop, an
+// AttnRes stage in a token loop, an argument outside any entry).
+// RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ERR
+// RUN: sed 's/^  k3s.decay <gate = channel>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.load_token <tensor = q> } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
+// RUN: sed 's/^  k3s.decay <gate = channel>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.token_loop { k3s.state_tile <head_k_dim = 4, head_v_dim = 4, block_v = 4, layout = kv> } } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TILE
+// RUN: sed 's/^  k3s.decay <gate = channel>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.token_loop { k3s.rms_score <eps = 0.1> } } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCORE
+// RUN: sed 's/^  k3s.decay <gate = channel>$/  k3s.tensor_arg @q <shape = "B,T", dtype = float, role = input>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ARG
+
+builtin.module {
+  k3s.decay <gate = channel>
+}
+
+// ERR-NOT: {{\n}}
+// ERR: {{^}}k3c opt: error: {{.*}}stage_outside_parent.mlir: 'k3s.decay' expects parent op 'k3s.token_loop'{{$}}
+// ERR-NOT: {{.}}
+
+// LOAD-NOT: {{\n}}
+// LOAD: {{^}}k3c opt: error: <stdin>: 'k3s.load_token' expects parent op 'k3s.token_loop'{{$}}
+// LOAD-NOT: {{.}}
+
+// TILE-NOT: {{\n}}
+// TILE: {{^}}k3c opt: error: <stdin>: 'k3s.state_tile' expects parent op 'k3s.kernel'{{$}}
+// TILE-NOT: {{.}}
+
+// SCORE-NOT: {{\n}}
+// SCORE: {{^}}k3c opt: error: <stdin>: 'k3s.rms_score' expects parent op 'k3s.source_loop'{{$}}
+// SCORE-NOT: {{.}}
+
+// ARG-NOT: {{\n}}
+// ARG: {{^}}k3c opt: error: <stdin>: 'k3s.tensor_arg' expects parent op 'k3s.entry'{{$}}
+// ARG-NOT: {{.}}
