@@ -87,8 +87,8 @@ class Chunk:
             raise KeyError(f"stage reads {name}, which no earlier stage produced")
         return self.values[name]
 
-    def gamma(self, gated: bool) -> Matrix:
-        return self["Gamma"] if gated else sympy.ones(*self.K.shape)
+    def gamma(self, op) -> Matrix:
+        return self["Gamma"] if op.gate.data != "none" else sympy.ones(*self.K.shape)
 
 
 def gate_cumsum(op, c: Chunk, S: Matrix) -> Matrix:
@@ -100,7 +100,7 @@ def gate_cumsum(op, c: Chunk, S: Matrix) -> Matrix:
 
 
 def gram(op: k3s.GramOp, c: Chunk, S: Matrix) -> Matrix:
-    gamma = c.gamma(op.gated.value.data)
+    gamma = c.gamma(op)
     lhs = c.Q if op.lhs.data == "q" else c.K
     right = c.K.applyfunc(lambda x: x)  # copy
     for i in range(right.rows):
@@ -129,7 +129,7 @@ def forward_substitution(op, c: Chunk, S: Matrix) -> Matrix:
 
 def wy_apply(op: k3s.WYApplyOp, c: Chunk, S: Matrix) -> Matrix:
     if op.operand.data == "key":
-        c.values["W"] = c["T"] * c.K.multiply_elementwise(c.gamma(op.gated.value.data))
+        c.values["W"] = c["T"] * c.K.multiply_elementwise(c.gamma(op))
     else:
         c.values["U"] = c["T"] * c.V
     return S
@@ -142,13 +142,13 @@ def delta_residual(op, c: Chunk, S: Matrix) -> Matrix:
 
 def chunk_output(op: k3s.ChunkOutputOp, c: Chunk, S: Matrix) -> Matrix:
     values = c["Vr"] if op.residual.value.data else c.V
-    c.values["O"] = c.scale * (c.Q.multiply_elementwise(c.gamma(op.gated.value.data)) * S + c["P"] * values)
+    c.values["O"] = c.scale * (c.Q.multiply_elementwise(c.gamma(op)) * S + c["P"] * values)
     return S
 
 
 def state_advance(op: k3s.StateAdvanceOp, c: Chunk, S: Matrix) -> Matrix:
     values = c["Vr"] if op.residual.value.data else c.V
-    gamma = c.gamma(op.gated.value.data)
+    gamma = c.gamma(op)
     last = gamma[gamma.rows - 1, :]
     carried = Matrix(gamma.rows, gamma.cols, lambda i, j: last[0, j] / gamma[i, j])
     return sympy.diag(*last) * S + c.K.multiply_elementwise(carried).T * values

@@ -33,7 +33,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.syntax import KeywordSyntax
 
 ARG_DTYPES = ("float", "float32", "offsets")
-ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output")
+ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace")
 STATE_LAYOUTS = ("kv", "vk")
 GATES = ("channel", "scalar")
 TOKEN_TENSORS = ("q", "k", "v")
@@ -64,7 +64,8 @@ class TensorArgOp(KeywordSyntax):
 
     Roles: input (required), optional_input (may be None), forbidden (must be None: the
     member has no such input, e.g. g of DeltaNet), output / optional_output (allocated by
-    the entry; an optional one only when the caller passes output_<name>=True). Dtype classes:
+    the entry; an optional one only when the caller passes output_<name>=True), workspace
+    (allocated by the entry for kernels to pass data between them; not returned). Dtype classes:
     float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
     offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1).
     """
@@ -209,6 +210,8 @@ class StoreStateOp(KeywordSyntax):
 CHUNK_OPERANDS = ("key", "value")
 GRAM_LHS = ("q", "k")
 MASKS = ("strict", "inclusive")
+SPILLED = ("W", "U", "P")
+CHUNK_GATES = ("channel", "scalar", "none")
 
 
 @irdl_op_definition
@@ -244,12 +247,70 @@ class ChunkScanOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class ChunkLoopOp(KeywordSyntax):
+    """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule)."""
+
+    name = "k3s.chunk_loop"
+    chunk_size = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasParent(KernelOp))
+
+
+@irdl_op_definition
+class ChunkTileOp(KeywordSyntax):
+    """In a kernel over chunks: the token rows of this program's chunk (C rows, the last
+    chunk of a sequence masked) and the key/value ranges."""
+
+    name = "k3s.chunk_tile"
+    chunk_size = prop_def(IntegerAttr[I64])
+    head_k_dim = prop_def(IntegerAttr[I64])
+    head_v_dim = prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class LoadChunkOp(KeywordSyntax):
+    """Load the chunk's rows of q, k or v (v: the program's value columns)."""
+
+    name = "k3s.load_chunk"
+    tensor = prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "tensor", TOKEN_TENSORS)
+
+
+@irdl_op_definition
+class SpillOp(KeywordSyntax):
+    """Store a per-chunk quantity (W, U or P) to its workspace for a later kernel."""
+
+    name = "k3s.spill"
+    value = prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "value", SPILLED)
+
+
+@irdl_op_definition
+class ReloadOp(KeywordSyntax):
+    """Load a per-chunk quantity an earlier kernel spilled."""
+
+    name = "k3s.reload"
+    value = prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "value", SPILLED)
+
+
+@irdl_op_definition
 class GateCumsumOp(KeywordSyntax):
     """G_r = sum_{i<=r} g_i within the chunk (per key channel or per head)."""
 
     name = "k3s.gate_cumsum"
     gate = prop_def(StringAttr)
-    traits = traits_def(HasParent(ChunkLocalOp))
+    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
 
     def verify_(self) -> None:
         _choice(self, "gate", GATES)
@@ -262,20 +323,27 @@ class GramOp(KeywordSyntax):
         lhs = k: A = Tril_mask( Diag(beta) (Gamma*K) (K/Gamma)^T )     (the delta rule's A)
         lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
 
-    mask strict excludes the diagonal, inclusive keeps it; `gated` false means Gamma = 1;
-    `beta` scales the rows by beta.
+    mask strict excludes the diagonal, inclusive keeps it; gate none means Gamma = 1;
+    `beta` scales the rows by beta. With a channel gate the gate ratios are evaluated per
+    column block of `sub_chunk` rows, referenced at the block's first row: every exponent is
+    <= 0 except inside one block (at most sub_chunk - 1 tokens of decay), and no reference lies
+    after the row it serves, so outputs never depend on later gates.
     """
 
     name = "k3s.gram"
     lhs = prop_def(StringAttr)
     mask = prop_def(StringAttr)
-    gated = prop_def(BoolAttr)
+    gate = prop_def(StringAttr)
     beta = prop_def(BoolAttr)
-    traits = traits_def(HasParent(ChunkLocalOp))
+    sub_chunk = prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
 
     def verify_(self) -> None:
         _choice(self, "lhs", GRAM_LHS)
         _choice(self, "mask", MASKS)
+        _choice(self, "gate", CHUNK_GATES)
+        if self.sub_chunk.value.data <= 0:
+            raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
 
 
 @irdl_op_definition
@@ -283,7 +351,7 @@ class ForwardSubstitutionOp(KeywordSyntax):
     """T = (I + A)^{-1} Diag(beta), A strictly lower triangular: solved row by row."""
 
     name = "k3s.forward_substitution"
-    traits = traits_def(HasParent(ChunkLocalOp))
+    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
 
 
 @irdl_op_definition
@@ -292,11 +360,12 @@ class WYApplyOp(KeywordSyntax):
 
     name = "k3s.wy_apply"
     operand = prop_def(StringAttr)
-    gated = prop_def(BoolAttr)
-    traits = traits_def(HasParent(ChunkLocalOp))
+    gate = prop_def(StringAttr)
+    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
 
     def verify_(self) -> None:
         _choice(self, "operand", CHUNK_OPERANDS)
+        _choice(self, "gate", CHUNK_GATES)
 
 
 @irdl_op_definition
@@ -304,7 +373,7 @@ class DeltaResidualOp(KeywordSyntax):
     """Vr = U - W S: the values the delta rule actually writes, given the carried state."""
 
     name = "k3s.delta_residual"
-    traits = traits_def(HasParent(ChunkScanOp))
+    traits = traits_def(HasParent(ChunkScanOp, ChunkLoopOp))
 
 
 @irdl_op_definition
@@ -312,9 +381,12 @@ class ChunkOutputOp(KeywordSyntax):
     """O = scale ((Gamma*Q) S + P Vr), with Vr = V when there is no delta rule."""
 
     name = "k3s.chunk_output"
-    gated = prop_def(BoolAttr)
+    gate = prop_def(StringAttr)
     residual = prop_def(BoolAttr)  # Vr from delta_residual (true) or the raw V (false)
-    traits = traits_def(HasParent(ChunkScanOp))
+    traits = traits_def(HasParent(ChunkScanOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
 
 
 @irdl_op_definition
@@ -322,15 +394,43 @@ class StateAdvanceOp(KeywordSyntax):
     """S <- Diag(gamma_C) S + ((gamma_C / Gamma) * K)^T Vr, gamma_C the whole chunk's decay."""
 
     name = "k3s.state_advance"
-    gated = prop_def(BoolAttr)
+    gate = prop_def(StringAttr)
     residual = prop_def(BoolAttr)
-    traits = traits_def(HasParent(ChunkScanOp))
+    traits = traits_def(HasParent(ChunkScanOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
+
+
+def stage_dataflow(op) -> tuple[set[str], str]:
+    """(names a chunk stage reads, the name it writes). Inputs q, k, v, g, beta; state S."""
+    gamma = set() if getattr(op, "gate", None) is None or op.gate.data == "none" else {"Gamma"}
+    if isinstance(op, GateCumsumOp):
+        return {"g"}, "Gamma"
+    if isinstance(op, GramOp):
+        return {op.lhs.data, "k"} | gamma | ({"beta"} if op.beta.value.data else set()), "A" if op.lhs.data == "k" else "P"
+    if isinstance(op, ForwardSubstitutionOp):
+        return {"A", "beta"}, "T"
+    if isinstance(op, WYApplyOp):
+        return ({"T", "k"} | gamma, "W") if op.operand.data == "key" else ({"T", "v"}, "U")
+    if isinstance(op, DeltaResidualOp):
+        return {"U", "W", "S"}, "Vr"
+    if isinstance(op, ChunkOutputOp):
+        return {"q", "P", "S", "Vr" if op.residual.value.data else "v"} | gamma, "O"
+    if isinstance(op, StateAdvanceOp):
+        return {"k", "S", "Vr" if op.residual.value.data else "v"} | gamma, "S"
+    raise TypeError(f"{op.name} is not a chunk stage")
 
 
 CHUNK_STAGES = [
     ChunkedOp,
     ChunkLocalOp,
     ChunkScanOp,
+    ChunkLoopOp,
+    ChunkTileOp,
+    LoadChunkOp,
+    SpillOp,
+    ReloadOp,
     GateCumsumOp,
     GramOp,
     ForwardSubstitutionOp,

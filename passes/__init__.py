@@ -3,7 +3,8 @@
 Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
-- derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages.
+- derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
+- fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled).
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ def _derive_chunkwise() -> type[ModulePass]:
     return DeriveChunkwisePass
 
 
+def _fuse_chunkwise() -> type[ModulePass]:
+    from k3compile.passes.fuse_chunkwise import FuseChunkwisePass
+
+    return FuseChunkwisePass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-recurrent": _lower_recurrent,
     "fuse-attnres": _fuse_attnres,
     "derive-chunkwise": _derive_chunkwise,
+    "fuse-chunkwise": _fuse_chunkwise,
 }

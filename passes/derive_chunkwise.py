@@ -2,7 +2,7 @@
 
 Unrolling the recurrence over a chunk of C tokens, the stages that exist follow from the op:
 - a gate makes the decays inside a chunk cumulative products, so a `gate_cumsum` stage comes
-  first and every Gram/apply/advance stage is `gated` (channel or scalar from the gate);
+  first and every Gram/apply/advance stage carries the gate (channel or scalar);
 - the delta rule makes each token's write depend on the state the earlier tokens of the chunk
   produced. Solving that triangular system gives A (a strict gated key Gram scaled by beta),
   T = (I + A)^{-1} Diag(beta) by forward substitution, the WY factors W = T (Gamma K) and
@@ -26,29 +26,28 @@ from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import add_entries, make, recurrence_arguments
 
 
-def chunkwise_schedule(op: RecurrenceOp, chunk_size: int) -> k3s.ChunkedOp:
+def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -> k3s.ChunkedOp:
     gate = op.gate.data
-    gated = gate != "none"
     delta_rule = bool(op.delta_rule.value.data)
 
     local: list[Operation] = []
-    if gated:
+    if gate != "none":
         local.append(make(k3s.GateCumsumOp, gate=gate))
     if delta_rule:
         local += [
-            make(k3s.GramOp, lhs="k", mask="strict", gated=gated, beta=True),
+            make(k3s.GramOp, lhs="k", mask="strict", gate=gate, beta=True, sub_chunk=sub_chunk),
             make(k3s.ForwardSubstitutionOp),
-            make(k3s.WYApplyOp, operand="key", gated=gated),
-            make(k3s.WYApplyOp, operand="value", gated=False),
+            make(k3s.WYApplyOp, operand="key", gate=gate),
+            make(k3s.WYApplyOp, operand="value", gate="none"),
         ]
-    local.append(make(k3s.GramOp, lhs="q", mask="inclusive", gated=gated, beta=False))
+    local.append(make(k3s.GramOp, lhs="q", mask="inclusive", gate=gate, beta=False, sub_chunk=sub_chunk))
 
     scan: list[Operation] = []
     if delta_rule:
         scan.append(make(k3s.DeltaResidualOp))
     scan += [
-        make(k3s.ChunkOutputOp, gated=gated, residual=delta_rule),
-        make(k3s.StateAdvanceOp, gated=gated, residual=delta_rule),
+        make(k3s.ChunkOutputOp, gate=gate, residual=delta_rule),
+        make(k3s.StateAdvanceOp, gate=gate, residual=delta_rule),
     ]
     return make(
         k3s.ChunkedOp,
@@ -63,16 +62,19 @@ class DeriveChunkwisePass(ModulePass):
 
     name = "derive-chunkwise"
     chunk_size: int = 64
+    sub_chunk: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.chunk_size <= 0:
-            raise ValueError(f"derive-chunkwise: chunk-size must be positive, got {self.chunk_size}")
+        if self.chunk_size <= 0 or self.sub_chunk <= 0:
+            raise ValueError(
+                f"derive-chunkwise: chunk-size and sub-chunk must be positive, got {self.chunk_size}, {self.sub_chunk}"
+            )
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
         return make(
             k3s.EntryOp,
-            [*recurrence_arguments(op), chunkwise_schedule(op, self.chunk_size)],
+            [*recurrence_arguments(op), chunkwise_schedule(op, self.chunk_size, self.sub_chunk)],
             sym_name="chunk",
             source=op.sym_name.data,
         )

@@ -72,11 +72,16 @@ def test_compile_writes_module(capsys, tmp_path):
     assert err == ""
 
 
-def test_compile_timing(capsys, tmp_path):
-    code, out, err = run(capsys, "compile", EXAMPLES / "kda.toml", "-o", tmp_path, "--timing")
+@pytest.mark.parametrize("pipeline", [None, "lower-recurrent"])
+def test_compile_timing(capsys, tmp_path, pipeline):
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
+    extra = ["-p", pipeline] if pipeline else []
+    code, out, err = run(capsys, "compile", EXAMPLES / "kda.toml", "-o", tmp_path, "--timing", *extra)
     assert code == 0
     lines = err.splitlines()
-    for name in ("build-ir", "lower-recurrent", "print-triton", "total"):
+    passes = [step.split("{")[0] for step in (pipeline or DEFAULT_PIPELINES["kda"]).split(",")]
+    for name in ("build-ir", *passes, "print-triton", "total"):
         matching = [line for line in lines if line.split() and line.split()[0] == name]
         assert len(matching) == 1, f"no timing line for {name}: {lines!r}"
         assert matching[0].rstrip().endswith("ms")
@@ -162,8 +167,18 @@ def test_ir_prints_layer_op(capsys):
     assert "IR after" not in out
 
 
-def test_ir_after_all(capsys):
+def test_ir_after_all_default_pipeline(capsys):
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
     code, out, err = run(capsys, "ir", EXAMPLES / "kda.toml", "--after-all")
+    assert code == 0, err
+    assert "IR of spec" in out
+    for step in DEFAULT_PIPELINES["kda"].split(","):
+        assert f"IR after {step.split('{')[0]}" in out
+
+
+def test_ir_after_all(capsys):
+    code, out, err = run(capsys, "ir", EXAMPLES / "kda.toml", "--after-all", "-p", "lower-recurrent")
     assert code == 0, err
     assert "IR of spec" in out
     assert "IR after lower-recurrent" in out
@@ -172,7 +187,7 @@ def test_ir_after_all(capsys):
 
 
 def test_ir_after_all_timing(capsys):
-    code, out, err = run(capsys, "ir", EXAMPLES / "gla.toml", "--after-all", "--timing")
+    code, out, err = run(capsys, "ir", EXAMPLES / "gla.toml", "--after-all", "--timing", "-p", "lower-recurrent")
     assert code == 0
     assert any(line.split()[:1] == ["lower-recurrent"] for line in err.splitlines())
 

@@ -182,3 +182,70 @@ def test_bad_block_v_is_ir_error(block_v):
     module = spec_to_module(spec_from_table(dict(name="m", kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4)))
     with pytest.raises(IRError, match="block-v"):
         run_pipeline(module, f"lower-recurrent{{block-v={block_v}}}")
+
+
+def test_lowering_twice_adds_one_entry():
+    spec = spec_from_table(dict(name="m", kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4))
+    module = schedule(spec, "lower-recurrent,lower-recurrent").scheduled
+    entries = [op for op in module.ops if op.name == "k3s.entry"]
+    assert len(entries) == 1
+
+
+def test_recurrence_pass_leaves_attnres_alone():
+    spec = spec_from_table(dict(name="a", kind="attnres", hidden_size=8, num_blocks=2, block_size=1))
+    module = schedule(spec, "lower-recurrent").scheduled
+    assert [op.name for op in module.ops] == ["k3.attnres"]
+
+
+TWO_LAYERS = """builtin.module {
+  k3.recurrence @a <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 8, scale = 0.5, state_layout = kv, dtype = float32>
+  k3.recurrence @b <gate = none, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 8, scale = 0.5, state_layout = kv, dtype = float32>
+}
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: lower-recurrent names every entry @recurrent, so a module with two "
+                   "k3.recurrence layers fails with 'Redefinition of symbol \"recurrent\"' although the pass "
+                   "promises an entry for every k3.recurrence")
+def test_two_recurrence_layers_lower():
+    module = parse(TWO_LAYERS)
+    run_pipeline(module, "lower-recurrent")
+    sources = sorted(op.source.data for op in module.ops if op.name == "k3s.entry")
+    assert sources == ["a", "b"]
+
+
+# --- the driver's public API ------------------------------------------------------------------
+
+
+def test_public_compile_from_path(tmp_path):
+    import k3compile
+    from conftest import EXAMPLES
+
+    layer = k3compile.compile(EXAMPLES / "gla.toml", out_dir=tmp_path)
+    assert layer.path == tmp_path / "gla.py" and layer.path.is_file()
+    assert layer.entries == ["recurrent"]
+    assert callable(layer.recurrent)
+    with pytest.raises(AttributeError, match="no entry"):
+        layer.aggregate  # noqa: B018
+    assert layer.spec.kind == "gla"
+
+
+def test_compile_default_cache_dir(tmp_path, monkeypatch):
+    from k3compile.driver import compile as k3_compile
+
+    monkeypatch.setenv("K3C_CACHE_DIR", str(tmp_path / "cache"))
+    spec = spec_from_table(dict(name="cached", kind="deltanet", num_heads=1, head_k_dim=4, head_v_dim=4))
+    layer = k3_compile(spec)
+    assert layer.path.is_file() and (tmp_path / "cache") in layer.path.parents
+
+
+def test_compile_errors_are_k3_errors(tmp_path):
+    from k3compile.driver import compile as k3_compile
+    from k3compile.errors import K3Error, UnsupportedError
+    from conftest import EXAMPLES
+
+    with pytest.raises(UnsupportedError, match="no kernel lowering"):
+        k3_compile(EXAMPLES / "latent_moe.toml", out_dir=tmp_path)
+    with pytest.raises(K3Error):
+        k3_compile(EXAMPLES / "kda.toml", out_dir=tmp_path, pipeline="no-such-pass")
+    assert not list(tmp_path.iterdir())

@@ -13,17 +13,17 @@ B, T, H, K, V = 2, 5, 2, 8, 12
 
 @pytest.fixture(scope="module")
 def kda(compile_layer):
-    return compile_layer(**recurrence_table("kda", "kv", H=H, K=K, V=V, name="kda_errors"))
+    return compile_layer(pipeline="lower-recurrent", **recurrence_table("kda", "kv", H=H, K=K, V=V, name="kda_errors"))
 
 
 @pytest.fixture(scope="module")
 def deltanet(compile_layer):
-    return compile_layer(**recurrence_table("deltanet", "kv", H=H, K=K, V=V, name="deltanet_errors"))
+    return compile_layer(pipeline="lower-recurrent", **recurrence_table("deltanet", "kv", H=H, K=K, V=V, name="deltanet_errors"))
 
 
 @pytest.fixture(scope="module")
 def gla_vk(compile_layer):
-    return compile_layer(**recurrence_table("gla", "vk", H=H, K=K, V=V, name="gla_vk_errors"))
+    return compile_layer(pipeline="lower-recurrent", **recurrence_table("gla", "vk", H=H, K=K, V=V, name="gla_vk_errors"))
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +259,7 @@ def test_device_mismatch():
     saved = os_env.pop("TRITON_INTERPRET", None)
     try:
         layer = k3_compile(spec_from_table(recurrence_table("kda", "kv", H=H, K=K, V=V, name="kda_devices")),
-                           out_dir=tempfile.mkdtemp())
+                           out_dir=tempfile.mkdtemp(), pipeline="lower-recurrent")
         inputs = {n: x.cuda() for n, x in kda_inputs().items()}
         inputs["k"] = inputs["k"].cpu()
         expect_error(layer.recurrent, "k", **inputs)

@@ -21,6 +21,7 @@ CASES = [(kind, layout) for kind in RECURRENCE_KINDS for layout in LAYOUTS]
 IDS = [f"{kind}-{layout}" for kind, layout in CASES]
 
 H, K, V = 2, 16, 16
+RECURRENT = "lower-recurrent"  # the pipeline that derives the `recurrent` entry
 
 
 @pytest.fixture(params=CASES, ids=IDS)
@@ -31,7 +32,7 @@ def member(request):
 @pytest.fixture
 def base_layer(member, compile_layer):
     kind, layout = member
-    return compile_layer(**recurrence_table(kind, layout, H=H, K=K, V=V))
+    return compile_layer(pipeline=RECURRENT, **recurrence_table(kind, layout, H=H, K=K, V=V))
 
 
 def run_both(layer, inputs, **kwargs):
@@ -81,14 +82,14 @@ def test_varlen_with_empty_and_single_token_sequences(member, base_layer, offset
 
 def test_grouped_value_heads(member, compile_layer):
     kind, layout = member
-    layer = compile_layer(**recurrence_table(kind, layout, H=H, HV=2 * H, K=K, V=V))
+    layer = compile_layer(pipeline=RECURRENT, **recurrence_table(kind, layout, H=H, HV=2 * H, K=K, V=V))
     inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=2, T=7, H=H, HV=2 * H, K=K, V=V))
     check(layer, inputs)
 
 
 def test_grouped_value_heads_varlen(member, compile_layer):
     kind, layout = member
-    layer = compile_layer(**recurrence_table(kind, layout, H=1, HV=2, K=K, V=V))
+    layer = compile_layer(pipeline=RECURRENT, **recurrence_table(kind, layout, H=1, HV=2, K=K, V=V))
     seqlens = (3, 5)
     inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=1, T=8, H=1, HV=2, K=K, V=V, seqlens=seqlens))
     check(layer, inputs)
@@ -114,7 +115,8 @@ def test_scale_override(member, base_layer):
 
 def test_scale_from_spec(member, compile_layer):
     kind, layout = member
-    layer = compile_layer(**recurrence_table(kind, layout, H=1, K=8, V=8, name=f"{kind}_{layout}_scaled", scale=1.5))
+    layer = compile_layer(pipeline=RECURRENT,
+                          **recurrence_table(kind, layout, H=1, K=8, V=8, name=f"{kind}_{layout}_scaled", scale=1.5))
     inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=1, T=4, H=1, HV=1, K=8, V=8))
     (o, _), (ref_o, _) = run_both(layer, inputs)
     assert_matches(o, ref_o, "o")
@@ -205,3 +207,35 @@ def test_state_carries_over_between_calls(member, base_layer):
     ref_o, ref_final = reference.recurrence(layer_op(base_layer), **inputs, output_final_state=True)
     assert_matches(torch.cat([o1, o2], dim=1), ref_o, "o over two calls")
     assert_matches(s2, ref_final, "final_state over two calls")
+
+
+def test_default_pipeline_has_recurrent_entry(member, compile_layer):
+    """The kind's default pipeline (what `k3c compile` runs) also yields a correct `recurrent`."""
+    kind, layout = member
+    layer = compile_layer(**recurrence_table(kind, layout, H=1, K=8, V=8, name=f"{kind}_{layout}_default"))
+    assert "recurrent" in layer.entries
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=2, T=3, H=1, HV=1, K=8, V=8))
+    check(layer, inputs)
+
+
+def test_outputs_poisoned_in_tests(base_layer):
+    """conftest sets K3C_POISON_OUTPUTS=1: outputs start NaN-filled, so an unwritten element
+    would fail the isfinite checks above."""
+    assert base_layer.module.POISON_OUTPUTS is True
+    empty = base_layer.module._alloc((3, 2), torch.float32, torch.device("cpu"))
+    assert torch.isnan(empty).all()
+
+
+def test_unpoisoned_outputs_also_right(member, base_layer):
+    kind, layout = member
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=2, T=4, H=H, HV=H, K=K, V=V))
+    module = base_layer.module
+    saved = module.POISON_OUTPUTS
+    module.POISON_OUTPUTS = False
+    try:
+        o, final = base_layer.recurrent(**inputs, output_final_state=True)
+    finally:
+        module.POISON_OUTPUTS = saved
+    ref_o, ref_final = reference.recurrence(layer_op(base_layer), **inputs, output_final_state=True)
+    assert_matches(o, ref_o, "o")
+    assert_matches(final, ref_final, "final_state")

@@ -18,6 +18,8 @@ from k3compile.backends.triton.runtime_prelude import PRELUDE
 from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
+CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
+
 
 def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
@@ -136,8 +138,9 @@ class TritonPrinter:
             for arg in view.scalars:
                 name = arg.sym_name.data
                 c(f"{name} = {attr_to_literal(arg.default)} if {name} is None else float({name})")
-            for out in outputs:
-                self.print_allocation(out, view)
+            for out in view.tensors:
+                if out.role.data in ("output", "optional_output", "workspace"):
+                    self.print_allocation(out, view)
             for kernel in view.kernels:
                 self.print_launch(kernel, view)
             c(f"return {', '.join(o.sym_name.data for o in outputs)}" + ("," if len(outputs) == 1 else ""))
@@ -189,6 +192,8 @@ class TritonPrinter:
         "value_block": "triton.cdiv(V, BV)",
         "sequence_head": 'dims["N"] * HV',
         "row": 'dims["B"] * dims["T"]',
+        "chunk": "num_chunks",
+        "value_head": "HV",
     }
 
     def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
@@ -205,6 +210,14 @@ class TritonPrinter:
                     BK=next_power_of_2(K),
                     BV=min(next_power_of_2(V), op.block_v.value.data),
                 )
+            elif isinstance(op, k3s.ChunkTileOp):  # a whole chunk, all value columns
+                K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+                constants.update(
+                    H=int(view.dims("q")[2]), HV=int(view.dims("v")[2]), K=K, V=V,
+                    BK=next_power_of_2(K), BV=next_power_of_2(V), BC=op.chunk_size.value.data,
+                )
+            elif isinstance(op, k3s.ChunkLoopOp):
+                constants.update(BC=op.chunk_size.value.data)
             elif isinstance(op, k3s.FoldQueryOp):
                 D = op.hidden_size.value.data
                 constants.update(D=D, BD=next_power_of_2(D))
@@ -213,7 +226,7 @@ class TritonPrinter:
     def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
         """Sizes known only at run time that a kernel reads (the token count, rows, sources)."""
         sizes = []
-        if any(isinstance(op, k3s.TokenLoopOp) for op in kernel.walk()):
+        if any(isinstance(op, (k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)) for op in kernel.walk()):
             sizes.append("T")
         if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
             sizes += ["S", "R"]
@@ -222,38 +235,49 @@ class TritonPrinter:
     def kernel_name(self, kernel: k3s.KernelOp) -> str:
         return f"{kernel.sym_name.data}_kernel"
 
+    def kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
+        """(parameter declaration, launch argument) of every kernel parameter, in order."""
+        params = [(a.sym_name.data, a.sym_name.data) for a in view.args]
+        if "chunk" in kernel.grid.data.split(","):
+            params.append(("chunk_table", "chunk_table"))
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]'}
+        params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
+        params += [(f"{n}: tl.constexpr", f"{n}={n}") for n in self.kernel_constants(kernel, view)]
+        params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
+        if any(isinstance(op, CHUNK_STAGE_TYPES) for op in kernel.walk()):
+            first = view.tensors[0].sym_name.data
+            # bf16 inputs: bf16 tensor-core dots; fp16/fp32 inputs: fp32 dots (fp16 cannot hold
+            # the gate ratios of a sub-chunk)
+            params.append(("DOT_BF16: tl.constexpr", f"DOT_BF16={first}.dtype == torch.bfloat16"))
+        return params
+
     def print_launch(self, kernel: k3s.KernelOp, view: EntryView) -> None:
         c = self.code
         constants = self.kernel_constants(kernel, view)
         axes = kernel.grid.data.split(",")
-        grid = ", ".join(self.GRID_AXES[axis] for axis in axes)
         c(f"# {describe(kernel)}: launch")
         for name, value in constants.items():
             c(f"{name} = {value}")
+        if "chunk" in axes:
+            first = view.tensors[0].sym_name.data
+            c(f"num_chunks, chunk_table = _chunks(cu_seqlens, dims, BC, {first}.device)")
+        grid = ", ".join(self.GRID_AXES[axis] for axis in axes)
         c(f"grid = ({grid}{',' if len(axes) == 1 else ''})")
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]'}
-        args = [a.sym_name.data for a in view.args]
-        args += [runtime[s] for s in self.runtime_sizes(kernel)]
-        args += [f"{n}={n}" for n in constants]
-        args += [f"HAS_{n.upper()}={n} is not None" for n in view.optional()]
-        args.append(f"num_warps={kernel.num_warps.value.data}")
         c("if all(grid):")
         with c.indent():
             c(f"{self.kernel_name(kernel)}[grid](")
             with c.indent():
-                for arg in args:
+                for _, arg in self.kernel_params(kernel, view):
                     c(f"{arg},")
+                c(f"num_warps={kernel.num_warps.value.data},")
             c(")")
 
     def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:
         c = self.code
-        params = [a.sym_name.data for a in view.args] + self.runtime_sizes(kernel)
-        params += [f"{n}: tl.constexpr" for n in self.kernel_constants(kernel, view)]
-        params += [f"HAS_{n.upper()}: tl.constexpr" for n in view.optional()]
         c("@triton.jit")
         c(f"def {self.kernel_name(kernel)}(")
         with c.indent():
-            for param in params:
+            for param, _ in self.kernel_params(kernel, view):
                 c(f"{param},")
         c("):")
         with c.indent():
@@ -282,6 +306,25 @@ class TritonPrinter:
             f"i_nh = tl.program_id({axis}).to(tl.int64)",
             "i_n = i_nh // HV",
             "i_hv = i_nh % HV",
+            "i_h = i_hv // (HV // H)",
+        )
+
+    def print_axis_chunk(self, axis: int) -> None:
+        c = self.code
+        c(f"# grid axis {axis}: one chunk of BC tokens (varlen: its row of chunk_table)",
+          f"i_c = tl.program_id({axis}).to(tl.int64)", "if HAS_CU_SEQLENS:")
+        with c.indent():
+            c("i_n = tl.load(chunk_table + 2 * i_c).to(tl.int64)",
+              "start = tl.load(chunk_table + 2 * i_c + 1).to(tl.int64)",
+              "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
+        c("else:")
+        with c.indent():
+            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+
+    def print_axis_value_head(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one value head; value heads share q/k heads in groups of HV // H",
+            f"i_hv = tl.program_id({axis}).to(tl.int64)",
             "i_h = i_hv // (HV // H)",
         )
 
@@ -365,6 +408,153 @@ class TritonPrinter:
         self.code("if HAS_FINAL_STATE:")
         with self.code.indent():
             self.code("tl.store(final_state + p_state, b_S, mask=m_kv)")
+
+    # --- chunkwise stages ---------------------------------------------------------------------
+    # Tiles: b_q, b_k [BC, BK], b_v [BC, BV] fp32; b_G the cumulative gate in log2 units
+    # ([BC, BK] for a channel gate, [BC] for a scalar one); Gamma = exp2(b_G).
+
+    def gamma(self, gate: str, exponent: str = "b_G") -> str:
+        """Gamma (or exp2 of another log2 expression) broadcast against a [BC, BK] tile."""
+        return f"tl.exp2({exponent})" if gate == "channel" else f"tl.exp2({exponent})[:, None]"
+
+    def print_k3s_chunk_tile(self, op: k3s.ChunkTileOp) -> None:
+        self.code.comment(op, "this program's token rows, all key and value columns")
+        self.code(
+            "o_c = tl.arange(0, BC)", "t_c = start + o_c", "m_c = t_c < eos",
+            "o_k = tl.arange(0, BK)", "m_k = o_k < K", "o_v = tl.arange(0, BV)", "m_v = o_v < V",
+        )
+
+    def print_k3s_chunk_loop(self, op: k3s.ChunkLoopOp) -> None:
+        c = self.code
+        c.comment(op, "the chunks of sequence i_n, in order, carrying b_S")
+        c("o_c = tl.arange(0, BC)", "if HAS_CU_SEQLENS:")
+        with c.indent():
+            c("bos = tl.load(cu_seqlens + i_n).to(tl.int64)", "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
+        c("else:")
+        with c.indent():
+            c("bos = i_n * T", "eos = bos + T")
+        c("for start in range(bos, eos, BC):")
+        with c.indent():
+            c("t_c = start + o_c", "m_c = t_c < eos")
+            self.print_ops(op)
+
+    def print_k3s_load_chunk(self, op: k3s.LoadChunkOp) -> None:
+        name = op.tensor.data
+        heads, width, head, offsets, mask = {
+            "q": ("H", "K", "i_h", "o_k", "m_k"),
+            "k": ("H", "K", "i_h", "o_k", "m_k"),
+            "v": ("HV", "V", "i_hv", "o_v", "m_v"),
+        }[name]
+        self.code.comment(op)
+        self.code(
+            f"b_{name} = tl.load({name} + (t_c[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
+            f"mask=m_c[:, None] & {mask}[None, :], other=0.0).to(tl.float32)"
+        )
+
+    def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
+        self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")
+        if op.gate.data == "channel":
+            load = "tl.load(g + (t_c[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)"
+        else:
+            load = "tl.load(g + t_c * HV + i_hv, mask=m_c, other=0.0)"
+        self.code(f"b_G = tl.cumsum({load}.to(tl.float32) * 1.4426950408889634, axis=0)")
+
+    def print_k3s_gram(self, op: k3s.GramOp) -> None:
+        c = self.code
+        lhs, gate = f"b_{op.lhs.data}", op.gate.data
+        out = "b_A" if op.lhs.data == "k" else "b_P"
+        keep = "o_c[:, None] > o_c[None, :]" if op.mask.data == "strict" else "o_c[:, None] >= o_c[None, :]"
+        c.comment(op)
+        if gate == "channel":
+            sub = op.sub_chunk.value.data
+            c(f"# gate ratios per column block of {sub} rows, referenced at the block's first row:",
+              "# exponents <= 0 outside the block, and no reference after the row it serves (causal)",
+              f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
+              f"for i_b in tl.static_range(0, BC, {sub}):")
+            with c.indent():
+                c("b_ref = tl.sum(tl.where((o_c == i_b)[:, None], b_G, 0.0), axis=0)",
+                  f"b_left = tl.where((o_c >= i_b)[:, None], {lhs} * tl.exp2(b_G - b_ref[None, :]), 0.0)",
+                  f"b_in_block = (o_c >= i_b) & (o_c < i_b + {sub})",
+                  "b_right = tl.where(b_in_block[:, None], b_k * tl.exp2(b_ref[None, :] - b_G), 0.0)",
+                  f"{out} += _mm(b_left, tl.trans(b_right), DOT_BF16)")
+        elif gate == "scalar":
+            c(f"{out} = _mm({lhs}, tl.trans(b_k), DOT_BF16)",
+              f"{out} = {out} * tl.exp2(tl.where({keep}, b_G[:, None] - b_G[None, :], 0.0))")
+        else:
+            c(f"{out} = _mm({lhs}, tl.trans(b_k), DOT_BF16)")
+        c(f"{out} = tl.where({keep}, {out}, 0.0)")
+        if op.beta.value.data:
+            c("b_beta = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)",
+              f"{out} = {out} * b_beta[:, None]")
+
+    def print_k3s_forward_substitution(self, op: k3s.ForwardSubstitutionOp) -> None:
+        c = self.code
+        c.comment(op, "T = (I + A)^-1 Diag(beta), one row at a time")
+        c("b_T = tl.zeros([BC, BC], dtype=tl.float32)", "for i_row in range(0, BC):")
+        with c.indent():
+            c("b_a = tl.sum(tl.where((o_c == i_row)[:, None], b_A, 0.0), axis=0)",
+              "b_diag = tl.sum(tl.where(o_c == i_row, b_a, 0.0))",
+              "b_row = (tl.where(o_c == i_row, b_beta, 0.0) - tl.sum(b_a[:, None] * b_T, axis=0)) / (1.0 + b_diag)",
+              "b_T = tl.where((o_c == i_row)[:, None], b_row[None, :], b_T)")
+
+    def print_k3s_wy_apply(self, op: k3s.WYApplyOp) -> None:
+        self.code.comment(op)
+        if op.operand.data == "key":
+            keys = "b_k" if op.gate.data == "none" else f"b_k * {self.gamma(op.gate.data)}"
+            self.code(f"b_W = _mm(b_T, {keys}, DOT_BF16)")
+        else:
+            self.code("b_U = _mm(b_T, b_v, DOT_BF16)")
+
+    SPILL_LAYOUT = {"W": ("K", "o_k", "m_k"), "U": ("V", "o_v", "m_v"), "P": ("BC", "o_c", None)}
+
+    def spill_address(self, value: str) -> tuple[str, str]:
+        width, offsets, mask = self.SPILL_LAYOUT[value]
+        address = f"{value} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
+        return address, "m_c[:, None]" + (f" & {mask}[None, :]" if mask else "")
+
+    def print_k3s_spill(self, op: k3s.SpillOp) -> None:
+        value = op.value.data
+        address, mask = self.spill_address(value)
+        self.code.comment(op)
+        self.code(f"tl.store({address}, b_{value}.to({value}.dtype.element_ty), mask={mask})")
+
+    def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
+        value = op.value.data
+        address, mask = self.spill_address(value)
+        self.code.comment(op)
+        self.code(f"b_{value} = tl.load({address}, mask={mask}, other=0.0).to(tl.float32)")
+
+    def print_k3s_delta_residual(self, op: k3s.DeltaResidualOp) -> None:
+        self.code.comment(op, "Vr = U - W S")
+        self.code("b_vr = b_U - _mm(b_W, b_S, DOT_BF16)")
+
+    def print_k3s_chunk_output(self, op: k3s.ChunkOutputOp) -> None:
+        values = "b_vr" if op.residual.value.data else "b_v"
+        queries = "b_q" if op.gate.data == "none" else f"b_q * {self.gamma(op.gate.data)}"
+        self.code.comment(op, "O = scale ((Gamma Q) S + P Vr)")
+        self.code(
+            f"b_o = scale * (_mm({queries}, b_S, DOT_BF16) + _mm(b_P, {values}, DOT_BF16))",
+            "tl.store(o + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty), "
+            "mask=m_c[:, None] & m_v[None, :])",
+        )
+
+    def print_k3s_state_advance(self, op: k3s.StateAdvanceOp) -> None:
+        c = self.code
+        values = "b_vr" if op.residual.value.data else "b_v"
+        c.comment(op, "S <- Diag(gamma_C) S + ((gamma_C / Gamma) K)^T Vr")
+        gate = op.gate.data
+        if gate == "none":
+            c(f"b_S = b_S + _mm(tl.trans(b_k), {values}, DOT_BF16)")
+            return
+        if gate == "channel":
+            c("b_last = tl.sum(tl.where((o_c == BC - 1)[:, None], b_G, 0.0), axis=0)",
+              "b_decay = tl.exp2(b_last)[:, None]",
+              "b_carried = b_k * tl.exp2(b_last[None, :] - b_G)")
+        else:
+            c("b_last = tl.sum(tl.where(o_c == BC - 1, b_G, 0.0))",
+              "b_decay = tl.exp2(b_last)",
+              "b_carried = b_k * tl.exp2(b_last - b_G)[:, None]")
+        c(f"b_S = b_S * b_decay + _mm(tl.trans(b_carried), {values}, DOT_BF16)")
 
     # --- AttnRes stages ----------------------------------------------------------------------
 

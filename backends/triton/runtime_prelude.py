@@ -70,6 +70,25 @@ def _check_offsets(name, offsets, dims, device):
         raise ValueError(f"{name}: offsets must be non-decreasing, got {values}")
 
 
+def _chunks(offsets, dims, chunk_size, device):
+    """The number of chunks of all sequences and, for varlen input, each chunk's
+    (sequence, first token) as an int32 [num_chunks, 2] table."""
+    if offsets is None:
+        return dims["B"] * triton.cdiv(dims["T"], chunk_size), None
+    bounds = offsets.tolist()
+    table = [(n, s) for n in range(len(bounds) - 1) for s in range(bounds[n], bounds[n + 1], chunk_size)]
+    return len(table), torch.tensor(table, dtype=torch.int32, device=device).reshape(-1, 2)
+
+
+@triton.jit
+def _mm(a, b, DOT_BF16: tl.constexpr):
+    """a @ b with fp32 accumulation: bf16 tensor-core operands, or exact fp32 ones."""
+    if DOT_BF16:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
 def _check_none(name, x, why):
     if x is not None:
         raise ValueError(f"{name}: must be None ({why})")

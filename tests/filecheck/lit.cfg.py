@@ -12,6 +12,9 @@ config.test_format = lit.formats.ShTest()
 config.suffixes = [".mlir", ".toml"]
 config.test_source_root = os.path.dirname(os.path.abspath(__file__))
 config.excludes = ["lit.cfg.py", "Output"]
+# Temporaries (%t) and lit's timing cache go under tests/filecheck/Output/ (git-ignored), not
+# into an Output/ folder beside every test.
+config.test_exec_root = os.path.join(config.test_source_root, "Output")
 
 # k3c and filecheck come from the caller's PATH.
 config.environment["PATH"] = os.environ.get("PATH", "")

@@ -39,7 +39,7 @@
 // DN-NEXT:  }
 // DN-NOT:   k3s.decay
 
-// GLA: channel gate, no delta rule (beta forbidden, no delta_correct), vk state.
+// Gated linear attention: channel gate, no delta rule (beta forbidden, no delta_correct), vk state.
 // GLA-LABEL: // -----// IR of spec
 // GLA:       k3.recurrence @gla <gate = channel, delta_rule = false, {{.*}} state_layout = vk,
 // GLA-LABEL: // -----// IR after lower-recurrent //----- //

@@ -1,0 +1,111 @@
+"""fuse-chunkwise: group the stages of a k3s.chunked schedule into Triton kernels.
+
+grouping = split (FlashKDA's split): a token-parallel `prepare` kernel, one program per
+(chunk, value head), runs the chunk-local stages and spills what the scan reads (W, U, P) to
+workspaces; a head-parallel `scan` kernel, one program per (value block, sequence, value
+head), carries the state through the chunks. Quantities the scan needs that are cheap to
+rebuild (the cumulative gate) are recomputed there instead of spilled; the data each stage
+reads and writes comes from `k3s.stage_dataflow`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import RecurrenceOp
+from k3compile.passes.common import make
+
+RECOMPUTED = (k3s.GateCumsumOp,)  # cheaper to redo in the scan than to spill and reload
+TILES = ("q", "k", "v")
+
+
+def clone_stage(op: Operation) -> Operation:
+    return type(op).create(properties=dict(op.properties))
+
+
+def tile_loads(stages: list[Operation]) -> list[Operation]:
+    reads = set().union(*(k3s.stage_dataflow(op)[0] for op in stages)) if stages else set()
+    return [make(k3s.LoadChunkOp, tensor=t) for t in TILES if t in reads]
+
+
+def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int):
+    local_region, scan_region = list(chunked.body.ops)
+    local = list(local_region.body.ops)
+    scan = list(scan_region.body.ops)
+    producers = {k3s.stage_dataflow(op)[1]: op for op in local}
+    scan_reads = set().union(*(k3s.stage_dataflow(op)[0] for op in scan))
+    scan_writes = {k3s.stage_dataflow(op)[1] for op in scan}
+    needed = sorted(name for name in scan_reads - scan_writes if name in producers)
+    recomputed = [clone_stage(producers[n]) for n in needed if isinstance(producers[n], RECOMPUTED)]
+    spilled = [n for n in needed if not isinstance(producers[n], RECOMPUTED)]
+
+    K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
+    HV = layer_op.num_v_heads.value.data
+    C = chunked.chunk_size.value.data
+    layout = layer_op.state_layout.data
+    widths = {"W": K, "U": V, "P": C}
+    workspaces = [
+        make(k3s.TensorArgOp, sym_name=n, shape=f"B,T,{HV},{widths[n]}", dtype="float", role="workspace")
+        for n in spilled
+    ]
+    name = entry.source.data
+    for op in local:
+        op.detach()
+    for op in scan:
+        op.detach()
+    prepare = make(
+        k3s.KernelOp,
+        [
+            make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V),
+            *tile_loads(local),
+            *local,
+            *(make(k3s.SpillOp, value=n) for n in spilled),
+        ],
+        sym_name=f"{name}_chunk_prepare",
+        grid="chunk,value_head",
+        num_warps=num_warps,
+    )
+    loop_body = [*recomputed, *(make(k3s.ReloadOp, value=n) for n in spilled), *scan]
+    scan_kernel = make(
+        k3s.KernelOp,
+        [
+            make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout),
+            make(k3s.ChunkLoopOp, [*tile_loads([*recomputed, *scan]), *loop_body], chunk_size=C),
+            make(k3s.StoreStateOp, layout=layout),
+        ],
+        sym_name=f"{name}_chunk_scan",
+        grid="value_block,sequence_head",
+        num_warps=num_warps,
+    )
+    return workspaces, [prepare, scan_kernel]
+
+
+@dataclass(frozen=True)
+class FuseChunkwisePass(ModulePass):
+    """Replace every k3s.chunked schedule by the kernels of its grouping."""
+
+    name = "fuse-chunkwise"
+    grouping: str = "split"
+    block_v: int = 64
+    num_warps: int = 4
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.grouping != "split":
+            raise ValueError(f"fuse-chunkwise: unknown grouping '{self.grouping}'; allowed: split")
+        if self.block_v <= 0 or self.block_v & (self.block_v - 1):
+            raise ValueError(f"fuse-chunkwise: block-v must be a power of two, got {self.block_v}")
+        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
+        for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp)]:
+            entry = chunked.parent_op()
+            layer = layers[entry.source.data]
+            workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps)
+            Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(chunked))
+            chunked.detach()
+            chunked.erase()
