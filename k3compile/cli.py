@@ -129,10 +129,10 @@ def cmd_verify(args) -> int:
             progress=lambda text: status.update(f"verifying {text}"),
         )
     table = Table(title=f"k3c verify {args.spec}")
-    for column in ("layer", "case", "dtype", "tensor", "max abs err", "RMS ratio", "tolerance", "result"):
+    for column in ("layer", "entry", "case", "dtype", "tensor", "max abs err", "RMS ratio", "tolerance", "result"):
         table.add_column(column, justify="right" if column in ("max abs err", "RMS ratio", "tolerance") else "left")
     for r in results:
-        table.add_row(r.layer, r.case, r.dtype, r.tensor, f"{r.max_abs:.2e}", f"{r.rms_ratio:.2e}",
+        table.add_row(r.layer, r.entry, r.case, r.dtype, r.tensor, f"{r.max_abs:.2e}", f"{r.rms_ratio:.2e}",
                       f"{r.tolerance:.0e}", "pass" if r.passed else "[bold red]FAIL[/]")
     Console(width=160).print(table)
     failed = sum(not r.passed for r in results)

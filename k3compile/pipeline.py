@@ -13,11 +13,12 @@ from xdsl.utils.exceptions import DiagnosticException
 from k3compile.errors import IRError
 
 # The default pipeline of each spec kind (passes run in order).
+RECURRENCE_PIPELINE = "lower-recurrent,derive-chunkwise,fuse-chunkwise"
 DEFAULT_PIPELINES = {
-    "kda": "lower-recurrent",
-    "gated_deltanet": "lower-recurrent",
-    "deltanet": "lower-recurrent",
-    "gla": "lower-recurrent",
+    "kda": RECURRENCE_PIPELINE,
+    "gated_deltanet": RECURRENCE_PIPELINE,
+    "deltanet": RECURRENCE_PIPELINE,
+    "gla": RECURRENCE_PIPELINE,
     "attnres": "fuse-attnres",
     "latent_moe": "",
 }

@@ -292,7 +292,10 @@ def test_opt_bad_pass_option(capsys, tmp_path):
 # --- verify ---------------------------------------------------------------------------------
 
 
-def test_verify_tiny_spec_passes(capsys, tiny_spec):
+def test_verify_tiny_spec_passes(capsys, tiny_spec, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # verify writes its modules to a temp folder
     code, out, err = run(capsys, "verify", tiny_spec, "--device", "cpu", "--dtype", "float32")
     assert code == 0, out + err
     assert "passed" in out and " 0 failed" in out

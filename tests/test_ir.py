@@ -87,6 +87,21 @@ def test_small_scale_round_trips():
     assert_round_trips(custom(spec_to_module(spec)))
 
 
+@pytest.mark.xfail(strict=True, reason="BUG: string properties print bare when they look like identifiers, so a "
+                   "layer named 'true' gives `k3s.entry @recurrent <source = true>`, which re-parses as a BoolAttr "
+                   "and fails verification (ir/syntax.py attr_to_literal / literal_to_attr)")
+@pytest.mark.parametrize("name", ["true", "false"])
+def test_layer_named_like_a_bool_round_trips(name):
+    spec = spec_from_table(dict(name=name, kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4))
+    assert_round_trips(custom(schedule(spec, "lower-recurrent").scheduled))
+
+
+@pytest.mark.parametrize("name", ["inf", "nan", "True", "layer_1"])
+def test_other_layer_names_round_trip(name):
+    spec = spec_from_table(dict(name=name, kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4))
+    assert_round_trips(custom(schedule(spec, "lower-recurrent").scheduled))
+
+
 @pytest.mark.parametrize("scale", [0.5, 0.1, 0.08838834764831845, 3.0, 123.25])
 def test_plain_float_scales_round_trip(scale):
     spec = spec_from_table(dict(name="s", kind="gla", num_heads=1, head_k_dim=4, head_v_dim=4, scale=scale))
@@ -111,7 +126,7 @@ def test_layer_ir_holds_the_spec():
                                               ("deltanet", None, True), ("gla", "channel", False)])
 def test_lowered_stages_follow_the_member(kind, gate, delta):
     spec = spec_from_table(dict(name="m", kind=kind, num_heads=1, head_k_dim=4, head_v_dim=4))
-    module = schedule(spec).scheduled
+    module = schedule(spec, "lower-recurrent").scheduled
     names = [op.name for op in module.walk()]
     entries = [op for op in module.ops if op.name == "k3s.entry"]
     assert [e.sym_name.data for e in entries] == ["recurrent"] and entries[0].source.data == "m"
@@ -223,7 +238,7 @@ def test_public_compile_from_path(tmp_path):
 
     layer = k3compile.compile(EXAMPLES / "gla.toml", out_dir=tmp_path)
     assert layer.path == tmp_path / "gla.py" and layer.path.is_file()
-    assert layer.entries == ["recurrent"]
+    assert "recurrent" in layer.entries
     assert callable(layer.recurrent)
     with pytest.raises(AttributeError, match="no entry"):
         layer.aggregate  # noqa: B018
