@@ -40,9 +40,14 @@ def attr_to_literal(attr: Attribute) -> str:
             return "true" if attr.value.data else "false"
         return str(attr.value.data)
     if isinstance(attr, FloatAttr):
-        return repr(float(attr.value.data))
+        text = repr(float(attr.value.data))
+        mantissa, _, exponent = text.partition("e")
+        if "." not in mantissa and mantissa.lstrip("-").isdigit():  # 1e-06 -> 1.0e-06: lexes as a float
+            text = mantissa + ".0" + ("e" + exponent if exponent else "")
+        return text
     if isinstance(attr, StringAttr):
-        return attr.data if _IDENTIFIER.fullmatch(attr.data) else json.dumps(attr.data)
+        bare = _IDENTIFIER.fullmatch(attr.data) and attr.data not in ("true", "false")
+        return attr.data if bare else json.dumps(attr.data)
     raise TypeError(f"no keyword syntax for attribute {attr}")
 
 

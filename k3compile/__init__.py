@@ -6,10 +6,19 @@
 Heavy imports (xDSL, torch, triton) happen on first use, so `import k3compile` is cheap.
 """
 
-from k3compile.errors import IRError, K3Error, SpecError, UnsupportedError, VerificationError
+from k3compile.errors import IRError, K3Error, OutputError, SpecError, UnsupportedError, VerificationError
 
 __version__ = "0.1.0"
-__all__ = ["compile", "load_spec", "K3Error", "SpecError", "IRError", "UnsupportedError", "VerificationError"]
+__all__ = [
+    "compile",
+    "load_spec",
+    "K3Error",
+    "SpecError",
+    "IRError",
+    "UnsupportedError",
+    "OutputError",
+    "VerificationError",
+]
 
 
 def compile(spec, out_dir=None, pipeline=None):  # noqa: A001 - the public verb

@@ -11,7 +11,7 @@ from types import ModuleType
 
 from xdsl.dialects.builtin import ModuleOp
 
-from k3compile.errors import UnsupportedError
+from k3compile.errors import OutputError, UnsupportedError
 from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, run_pipeline
 from k3compile.spec import LayerSpec, load_spec
 
@@ -113,8 +113,12 @@ def compile(spec: LayerSpec | str | Path, out_dir: str | Path | None = None, pip
     return CompiledLayer(compilation, path)
 
 
-def write_module(compilation: Compilation, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def write_module(compilation: Compilation, out_dir: str | Path) -> Path:
+    out_dir = Path(out_dir)
     path = out_dir / f"{compilation.spec.name}.py"
-    path.write_text(compilation.source)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(compilation.source)
+    except OSError as err:
+        raise OutputError(f"{out_dir}: cannot write {path.name} there ({err.strerror})") from None
     return path

@@ -19,3 +19,7 @@ class UnsupportedError(K3Error):
 
 class VerificationError(K3Error):
     """Compiled kernels disagreed with the reference semantics."""
+
+
+class OutputError(K3Error, OSError):
+    """The compiled module could not be written where asked."""

@@ -148,6 +148,8 @@ def load_spec(path: str | Path) -> LayerSpec:
         raise SpecError(f"{path}: no such spec file") from None
     except OSError as err:
         raise SpecError(f"{path}: cannot read spec file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not UTF-8 text (byte {err.start})") from None
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -35,9 +35,12 @@ def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[
     from k3compile.ir.k3s import EntryOp
 
     existing = {(op.source.data, op.sym_name.data) for op in module.ops if isinstance(op, EntryOp)}
+    layers = [op for op in module.ops if op.name.startswith("k3.")]
     for op in list(module.ops):
         if isinstance(op, layer_type):
             entry = build(op)
+            if len(layers) > 1:  # entries become module-level functions: keep their names apart
+                entry.properties["sym_name"] = StringAttr(f"{op.sym_name.data}_{entry.sym_name.data}")
             if (entry.source.data, entry.sym_name.data) not in existing:
                 Rewriter.insert_op(entry, InsertPoint.after(last_entry_of(module, op)))
 

@@ -139,8 +139,6 @@ def test_compile_unknown_pass(capsys, tmp_path):
     assert_bad_input(code, out, err, "no-such-pass")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `k3c compile -o FILE` (an existing file) dies with a FileExistsError "
-                                       "traceback instead of a one-line error and exit code 2")
 def test_compile_output_is_a_file(capsys, tmp_path):
     target = tmp_path / "a_file"
     target.write_text("")
@@ -148,8 +146,6 @@ def test_compile_output_is_a_file(capsys, tmp_path):
     assert_bad_input(code, out, err, "a_file")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a non-UTF-8 spec raises UnicodeDecodeError (traceback, exit 1) "
-                                       "instead of a SpecError (exit 2)")
 def test_compile_not_utf8_spec(capsys, tmp_path):
     path = tmp_path / "binary.toml"
     path.write_bytes(b"[layer]\nname = \"\xff\"\n")
@@ -198,8 +194,6 @@ def test_ir_generic(capsys):
     assert '"k3.recurrence"' in out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `k3c ir examples/attnres.toml --generic` crashes with a ParseError "
-                                       "traceback: eps prints as 1e-06, which does not re-parse")
 def test_ir_generic_attnres(capsys):
     code, out, err = run(capsys, "ir", EXAMPLES / "attnres.toml", "--generic")
     assert code == 0 and '"k3.attnres"' in out

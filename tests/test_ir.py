@@ -19,18 +19,10 @@ from k3compile.ir.dialects import make_context
 from k3compile.pipeline import DEFAULT_PIPELINES, run_pipeline
 from k3compile.spec import load_spec, spec_from_table
 
-EXPONENT_FLOAT_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: floats printed in exponent form without '.' (repr(1e-6) == '1e-06', e.g. eps) do not "
-    "re-parse: ir/syntax.py attr_to_literal uses repr(float)",
-)
-# examples whose IR holds such a float (eps = 1e-6)
-HAS_EXPONENT_FLOAT = {"attnres", "latent_moe"}
 
 
 def example_params():
-    return [pytest.param(p, id=p.stem, marks=[EXPONENT_FLOAT_BUG] if p.stem in HAS_EXPONENT_FLOAT else [])
-            for p in EXAMPLE_SPECS]
+    return [pytest.param(p, id=p.stem) for p in EXAMPLE_SPECS]
 
 
 def parse(text: str):
@@ -71,7 +63,7 @@ def test_scheduled_ir_round_trips(path):
     assert_round_trips(custom(compilation.scheduled))
 
 
-@pytest.mark.parametrize("path", [p for p in EXAMPLE_SPECS if p.stem not in HAS_EXPONENT_FLOAT], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", EXAMPLE_SPECS, ids=lambda p: p.stem)
 def test_passes_on_reparsed_ir_give_the_same_schedule(path):
     """Running the kind's pipeline on re-parsed IR gives what the driver gives."""
     spec = load_spec(path)
@@ -80,16 +72,12 @@ def test_passes_on_reparsed_ir_give_the_same_schedule(path):
     assert custom(module) == custom(schedule(spec).scheduled)
 
 
-@EXPONENT_FLOAT_BUG
 def test_small_scale_round_trips():
     """Minimal reproducer: a recurrence whose scale prints as 1e-05."""
     spec = spec_from_table(dict(name="s", kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4, scale=1e-5))
     assert_round_trips(custom(spec_to_module(spec)))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: string properties print bare when they look like identifiers, so a "
-                   "layer named 'true' gives `k3s.entry @recurrent <source = true>`, which re-parses as a BoolAttr "
-                   "and fails verification (ir/syntax.py attr_to_literal / literal_to_attr)")
 @pytest.mark.parametrize("name", ["true", "false"])
 def test_layer_named_like_a_bool_round_trips(name):
     spec = spec_from_table(dict(name=name, kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4))
@@ -219,9 +207,6 @@ TWO_LAYERS = """builtin.module {
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: lower-recurrent names every entry @recurrent, so a module with two "
-                   "k3.recurrence layers fails with 'Redefinition of symbol \"recurrent\"' although the pass "
-                   "promises an entry for every k3.recurrence")
 def test_two_recurrence_layers_lower():
     module = parse(TWO_LAYERS)
     run_pipeline(module, "lower-recurrent")

@@ -207,7 +207,6 @@ def test_directory_instead_of_file(tmp_path):
     spec_error(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a spec file that is not UTF-8 raises UnicodeDecodeError, not SpecError")
 def test_not_utf8(tmp_path):
     path = tmp_path / "binary.toml"
     path.write_bytes(b'[layer]\nname = "\xff\xfe"\n')
