@@ -19,15 +19,28 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
+from common import (  # noqa: E402
+    compare,
+    cpu_time_ms,
+    device_name as get_device_name,
+    fmt,
+    git_commit,
+    import_file,
+    import_fla,
+    ints,
+    io_bytes,
+    make_inputs,
+    reference,
+    short_error,
+)
 
 
 def parse_args(argv=None):
@@ -52,126 +65,6 @@ def parse_args(argv=None):
     p.add_argument("--no-ref", action="store_true", help="skip the fp32 torch token-loop reference check")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
-
-
-def ints(text):
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def import_file(path: Path, name: str):
-    """Import a generated module from its file (kept on disk: Triton reads the kernel source)."""
-    module_name = f"bench_generated_{name}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def import_fla():
-    """fla.ops.kda.fused_recurrent_kda. `import fla` also imports fla.layers/fla.models (transformers);
-    if that fails, load fla.ops.kda under a bare `fla` package that skips fla/__init__.py."""
-    try:
-        import fla
-        from fla.ops.kda import fused_recurrent_kda
-
-        return fused_recurrent_kda, getattr(fla, "__version__", "?"), None
-    except ModuleNotFoundError as err:
-        if err.name in ("fla", "fla.ops", "fla.ops.kda"):
-            raise
-        first = short_error(err)
-    except ImportError as err:
-        first = short_error(err)
-    import importlib.metadata
-    import types
-
-    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
-        del sys.modules[name]
-    spec = importlib.util.find_spec("fla")
-    package = types.ModuleType("fla")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__file__ = spec.origin
-    package.__version__ = importlib.metadata.version("fla-core")
-    sys.modules["fla"] = package
-    from fla.ops.kda import fused_recurrent_kda
-
-    return fused_recurrent_kda, package.__version__, f"`import fla` failed ({first}); loaded fla.ops.kda without fla/__init__"
-
-
-def short_error(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".replace("\n", " ").replace("|", "/")
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def make_inputs(torch, B, T, H, HV, K, V, device, seed):
-    import torch.nn.functional as F
-
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(device)
-
-    q = F.normalize(randn(B, T, H, K), p=2, dim=-1).to(torch.bfloat16)
-    k = F.normalize(randn(B, T, H, K), p=2, dim=-1).to(torch.bfloat16)
-    v = randn(B, T, HV, V).to(torch.bfloat16)
-    g = F.logsigmoid(randn(B, T, HV, K)).clamp(min=-5.0).float().contiguous()
-    beta = torch.sigmoid(randn(B, T, HV)).to(torch.bfloat16)
-    h0 = (randn(B, HV, K, V) * 0.1).float().contiguous()
-    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
-
-
-def reference(torch, inp, scale):
-    """fp32 token recurrence: S <- Diag(exp g) S; u = beta (v - S^T k); S += k u^T; o = S^T (scale q)."""
-    q, k, v, g, beta, S = (inp[n].float() for n in ("q", "k", "v", "g", "beta", "initial_state"))
-    B, T, H, K = q.shape
-    HV = v.shape[2]
-    if HV != H:
-        q = q.repeat_interleave(HV // H, dim=2)
-        k = k.repeat_interleave(HV // H, dim=2)
-    S = S.clone()
-    o = torch.empty(B, T, HV, v.shape[-1], dtype=torch.float32, device=q.device)
-    for t in range(T):
-        S = S * g[:, t].exp()[..., None]
-        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
-        S = S + k[:, t, :, :, None] * u[:, :, None, :]
-        o[:, t] = torch.einsum("bhkv,bhk->bhv", S, q[:, t] * scale)
-    return o, S
-
-
-def compare(torch, out, ref):
-    """(max |out - ref|, ||out - ref|| / ||ref||) in fp32."""
-    out, ref = out.float(), ref.float()
-    diff = out - ref
-    return float(diff.abs().max()), float(diff.norm() / ref.norm().clamp_min(1e-30))
-
-
-def io_bytes(inp, B, T, HV, V, out_elem):
-    state = 2 * B * HV * inp["initial_state"].shape[-2] * V * 4  # fp32 state read + write
-    ins = sum(inp[n].numel() * inp[n].element_size() for n in ("q", "k", "v", "g", "beta"))
-    outs = B * T * HV * V * out_elem
-    return state + ins + outs
-
-
-def cpu_time_ms(fn, reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def fmt(x, digits=1, unit=""):
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    if x != 0 and (abs(x) < 10 ** (-digits) or abs(x) >= 1e6):
-        return f"{x:.2e}{unit}"
-    return f"{x:.{digits}f}{unit}"
 
 
 def main(argv=None):
@@ -207,7 +100,7 @@ def main(argv=None):
     else:
         start = time.perf_counter()
         try:
-            fla_fn, fla_version, fla_note = import_fla()
+            fla_fn, fla_version, fla_note = import_fla("fla.ops.kda", "fused_recurrent_kda")
         except Exception as err:  # noqa: BLE001 - any import failure: still time ours
             fla_fn, fla_error, fla_note = None, short_error(err), None
         fla_import_s = time.perf_counter() - start
@@ -283,11 +176,8 @@ def main(argv=None):
                 torch.cuda.empty_cache()
 
     # ---- report ----
-    device_name = torch.cuda.get_device_name() if not on_cpu else "cpu (TRITON_INTERPRET=1)"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        commit = None
+    device_name = get_device_name(torch, on_cpu)
+    commit = git_commit()
     meta = dict(
         device=device_name,
         torch=torch.__version__,

@@ -1,0 +1,176 @@
+"""Helpers shared by the GPU benchmark scripts (bench/recurrent_gpu.py, bench/chunk_gpu.py).
+
+Standalone like the scripts: needs torch (passed in, so that importing this module imports
+nothing heavy and TRITON_INTERPRET can still be set first), never k3compile or xDSL.
+The scripts import it as `common` from their own folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import statistics
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def import_file(path: Path, name: str):
+    """Import a generated module from its file (kept on disk: Triton reads the kernel source)."""
+    module_name = f"bench_generated_{name}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def short_error(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".replace("\n", " ").replace("|", "/")
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def import_fla(module: str, name: str):
+    """`from <module> import <name>` for an fla op (e.g. "fla.ops.kda", "chunk_kda").
+
+    Returns (function, fla-core version, note). `import fla` also imports fla.layers/fla.models
+    (transformers); if that fails, the op module is loaded under a bare `fla` package that skips
+    fla/__init__.py, and the note says so. Raises if fla or the op module itself is missing."""
+    bare = getattr(sys.modules.get("fla"), "_bench_bare_package", False)
+    if not bare:
+        try:
+            import fla
+
+            return getattr(importlib.import_module(module), name), getattr(fla, "__version__", "?"), None
+        except ModuleNotFoundError as err:
+            parts = module.split(".")
+            if err.name in {".".join(parts[: i + 1]) for i in range(len(parts))}:
+                raise
+            first = short_error(err)
+        except ImportError as err:
+            first = short_error(err)
+        for loaded in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+            del sys.modules[loaded]
+        spec = importlib.util.find_spec("fla")
+        package = types.ModuleType("fla")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__file__ = spec.origin
+        package.__version__ = importlib.metadata.version("fla-core")
+        package._bench_bare_package = True
+        package._bench_import_error = first
+        sys.modules["fla"] = package
+    package = sys.modules["fla"]
+    note = f"`import fla` failed ({package._bench_import_error}); loaded {module} without fla/__init__"
+    return getattr(importlib.import_module(module), name), package.__version__, note
+
+
+def make_inputs(torch, B, T, H, HV, K, V, device, seed, gate="channel", beta=True, dtype=None):
+    """Random inputs in fla's layouts: q, k L2-normalised over K; v; g fp32 logsigmoid(randn)
+    clamped at -5, [B,T,HV,K] (gate="channel"), [B,T,HV] (gate="scalar") or absent (gate=None);
+    beta sigmoid(randn) [B,T,HV] or None; initial_state randn*0.1 fp32. q, k, v, beta in `dtype`
+    (default bf16). With the defaults the draws (and so the tensors) are those recurrent_gpu.py
+    always used."""
+    import torch.nn.functional as F
+
+    dtype = dtype or torch.bfloat16
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    q = F.normalize(randn(B, T, H, K), p=2, dim=-1).to(dtype)
+    k = F.normalize(randn(B, T, H, K), p=2, dim=-1).to(dtype)
+    v = randn(B, T, HV, V).to(dtype)
+    gate_shape = {"channel": (B, T, HV, K), "scalar": (B, T, HV), None: None}[gate]
+    g = F.logsigmoid(randn(*gate_shape)).clamp(min=-5.0).float().contiguous() if gate_shape else None
+    b = torch.sigmoid(randn(B, T, HV)).to(dtype) if beta else None
+    h0 = (randn(B, HV, K, V) * 0.1).float().contiguous()
+    return dict(q=q, k=k, v=v, g=g, beta=b, initial_state=h0)
+
+
+def reference(torch, inp, scale):
+    """fp32 token recurrence: S <- Diag(exp g) S; then with beta (delta rule) u = beta (v - S^T k),
+    S += k u^T, without beta S += k v^T; o = S^T (scale q). g is per channel [B,T,HV,K], a scalar
+    per head [B,T,HV], or None (no decay)."""
+    q, k, v, S = (inp[n].float() for n in ("q", "k", "v", "initial_state"))
+    g = inp["g"].float() if inp.get("g") is not None else None
+    beta = inp["beta"].float() if inp.get("beta") is not None else None
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if HV != H:
+        q = q.repeat_interleave(HV // H, dim=2)
+        k = k.repeat_interleave(HV // H, dim=2)
+    S = S.clone()
+    o = torch.empty(B, T, HV, v.shape[-1], dtype=torch.float32, device=q.device)
+    for t in range(T):
+        if g is not None:
+            decay = g[:, t].exp()
+            S = S * (decay[..., None] if decay.dim() == 3 else decay[..., None, None])
+        if beta is not None:
+            u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        else:
+            u = v[:, t]
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]
+        o[:, t] = torch.einsum("bhkv,bhk->bhv", S, q[:, t] * scale)
+    return o, S
+
+
+def compare(torch, out, ref):
+    """(max |out - ref|, ||out - ref|| / ||ref||) in fp32."""
+    out, ref = out.float(), ref.float()
+    diff = out - ref
+    return float(diff.abs().max()), float(diff.norm() / ref.norm().clamp_min(1e-30))
+
+
+def tensor_bytes(inp, names=("q", "k", "v", "g", "beta")):
+    """Bytes of each input present (None-valued or missing ones are skipped)."""
+    return {n: inp[n].numel() * inp[n].element_size() for n in names if inp.get(n) is not None}
+
+
+def io_bytes(inp, B, T, HV, V, out_elem):
+    """Minimal HBM traffic of one call: the fp32 state read + written, each input read once, o written."""
+    state = 2 * B * HV * inp["initial_state"].shape[-2] * V * 4  # fp32 state read + write
+    ins = sum(tensor_bytes(inp).values())
+    outs = B * T * HV * V * out_elem
+    return state + ins + outs
+
+
+def cpu_time_ms(fn, reps):
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def fmt(x, digits=1, unit=""):
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if x != 0 and (abs(x) < 10 ** (-digits) or abs(x) >= 1e6):
+        return f"{x:.2e}{unit}"
+    return f"{x:.{digits}f}{unit}"
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def device_name(torch, on_cpu):
+    return "cpu (TRITON_INTERPRET=1)" if on_cpu else torch.cuda.get_device_name()
