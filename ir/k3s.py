@@ -108,6 +108,7 @@ class KernelOp(KeywordSyntax):
     sym_name = prop_def(StringAttr)
     grid = prop_def(StringAttr)
     num_warps = prop_def(IntegerAttr[I64])
+    num_stages = opt_prop_def(IntegerAttr[I64])  # software-pipelining depth of its loops (Triton's default if absent)
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
 

@@ -35,7 +35,8 @@ def tile_loads(stages: list[Operation]) -> list[Operation]:
     return [make(k3s.LoadChunkOp, tensor=t) for t in TILES if t in reads]
 
 
-def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int):
+def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
+                  scan_stages: int):
     local_region, scan_region = list(chunked.body.ops)
     local = list(local_region.body.ops)
     scan = list(scan_region.body.ops)
@@ -83,6 +84,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
         sym_name=f"{name}_chunk_scan",
         grid="value_block,sequence_head",
         num_warps=num_warps,
+        num_stages=scan_stages,
     )
     return workspaces, [prepare, scan_kernel]
 
@@ -95,6 +97,8 @@ class FuseChunkwisePass(ModulePass):
     grouping: str = "split"
     block_v: int = 64
     num_warps: int = 4
+    # each pipelining stage of the scan buffers a chunk of q, k, g, W, U and P in shared memory
+    scan_stages: int = 2
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.grouping != "split":
@@ -105,7 +109,7 @@ class FuseChunkwisePass(ModulePass):
         for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp)]:
             entry = chunked.parent_op()
             layer = layers[entry.source.data]
-            workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps)
+            workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps, self.scan_stages)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(chunked))
             chunked.detach()
             chunked.erase()

@@ -270,6 +270,8 @@ class TritonPrinter:
                 for _, arg in self.kernel_params(kernel, view):
                     c(f"{arg},")
                 c(f"num_warps={kernel.num_warps.value.data},")
+                if kernel.num_stages is not None:
+                    c(f"num_stages={kernel.num_stages.value.data},")
             c(")")
 
     def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:
