@@ -7,9 +7,9 @@ builtin.module {
   k3.attnres @ar <hidden_size = 64, num_blocks = 2, block_size = 3, eps = 0.001, dtype = float32>
 }
 
-// CHECK:     k3.recurrence @rec
-// CHECK-NEXT: k3s.entry @recurrent <source = rec> {
-// CHECK-NOT: k3s.entry @recurrent
-// CHECK:     k3.attnres @ar
-// CHECK-NEXT: k3s.entry @aggregate <source = ar, max_sources = 3> {
-// CHECK-NOT: k3s.entry
+// CHECK:      k3.recurrence @rec
+// CHECK-NEXT: k3s.entry @rec_recurrent <source = rec> {
+// CHECK-NOT:  k3s.entry
+// CHECK:      k3.attnres @ar
+// CHECK-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 3> {
+// CHECK-NOT:  k3s.entry

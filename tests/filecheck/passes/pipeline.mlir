@@ -1,6 +1,7 @@
 // Each pass lowers only its own layer kind: lower-recurrent leaves k3.attnres alone,
 // fuse-attnres leaves k3.recurrence alone, both in one pipeline lower both, and no pass
-// touches k3.latent_moe. Each entry follows its own layer op.
+// touches k3.latent_moe. Each entry follows its own layer op and, the module holding more than
+// one layer, is named <layer>_<entry> so that module-level names stay distinct.
 // RUN: k3c opt %s -p lower-recurrent | filecheck %s --check-prefix=REC
 // RUN: k3c opt %s -p fuse-attnres | filecheck %s --check-prefix=AR
 // RUN: k3c opt %s -p lower-recurrent,fuse-attnres | filecheck %s --check-prefix=BOTH
@@ -16,7 +17,7 @@ builtin.module {
 }
 
 // REC:      k3.recurrence @rec
-// REC-NEXT: k3s.entry @recurrent <source = rec> {
+// REC-NEXT: k3s.entry @rec_recurrent <source = rec> {
 // REC:      k3s.decay <gate = scalar>
 // REC:      k3.attnres @ar
 // REC-NEXT: k3.latent_moe @moe
@@ -25,15 +26,15 @@ builtin.module {
 // AR-NOT:  k3s.entry
 // AR:      k3.recurrence @rec
 // AR-NEXT: k3.attnres @ar
-// AR-NEXT: k3s.entry @aggregate <source = ar, max_sources = 3> {
+// AR-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 3> {
 // AR:      k3.latent_moe @moe
 // AR-NOT:  k3s.entry
 
 // BOTH:      k3.recurrence @rec
-// BOTH-NEXT: k3s.entry @recurrent <source = rec> {
+// BOTH-NEXT: k3s.entry @rec_recurrent <source = rec> {
 // BOTH:      k3s.kernel @rec_recurrent
 // BOTH:      k3.attnres @ar
-// BOTH-NEXT: k3s.entry @aggregate <source = ar, max_sources = 3> {
+// BOTH-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 3> {
 // BOTH:      k3s.kernel @ar_aggregate
 // BOTH:      k3.latent_moe @moe
 // BOTH-NOT:  k3s.entry

@@ -1,5 +1,4 @@
-// k3.attnres (Block AttnRes). eps is written without an exponent here: see
-// float_exponent.mlir for the (failing) case of eps = 1e-06.
+// k3.attnres (Block AttnRes); float_exponent.mlir covers eps in exponent form (1e-06).
 // RUN: k3c opt %s | filecheck %s --match-full-lines
 // RUN: k3c opt %s --generic | k3c opt - | filecheck %s --match-full-lines
 // RUN: k3c opt %s --generic | filecheck %s --check-prefix=GENERIC

@@ -1,7 +1,8 @@
 // KNOWN BUG (XFAIL): ir/syntax.py promises "the keyword list holds the op's properties in
 // declaration order", but KeywordSyntax.parse keeps the order they were written in, so the
 // same op prints two ways (here dtype first) and output depends on the input's spelling.
-// A repeated key is also accepted silently (the last one wins). Remove XFAIL once fixed.
+// (A repeated key is accepted silently too: verify/duplicate_property.mlir.) Remove XFAIL once
+// fixed.
 // XFAIL: *
 // RUN: k3c opt %s | filecheck %s --match-full-lines
 

@@ -5,14 +5,14 @@
 // RUN: k3c ir %examples/latent_moe.toml --after-all | filecheck %s --check-prefix=MOE
 
 // AR-LABEL: // -----// IR of spec
-// AR:       k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = {{1(\.0)?e-0?6}}, dtype = bfloat16>
+// AR:       k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
 // AR-LABEL: // -----// IR after fuse-attnres //----- //
 // AR:       k3s.entry @aggregate <source = attnres, max_sources = 9> {
 // AR-NEXT:    k3s.tensor_arg @sources <shape = "S,B,T,7168", dtype = float, role = input>
 // AR:         k3s.kernel @attnres_aggregate <grid = row, num_warps = 8> {
 // AR-NEXT:      k3s.fold_query <hidden_size = 7168>
 // AR-NEXT:      k3s.source_loop {
-// AR-NEXT:        k3s.rms_score <eps = {{1(\.0)?e-0?6}}>
+// AR-NEXT:        k3s.rms_score <eps = 1.0e-06>
 // AR-NEXT:        k3s.online_softmax
 // AR-NEXT:        k3s.mix_accumulate
 // AR-NEXT:      }
@@ -21,7 +21,7 @@
 
 // MOE:      // -----// IR of spec
 // MOE-NEXT: builtin.module {
-// MOE-NEXT:   k3.latent_moe @latent_moe <hidden_size = 7168, latent_dim = 3584, num_experts = 896, top_k = 16, expert_ffn_dim = 3072, num_shared_experts = 2, shared_ffn_dim = 3072, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 2.5, eps = {{1(\.0)?e-0?6}}, dtype = bfloat16>
+// MOE-NEXT:   k3.latent_moe @latent_moe <hidden_size = 7168, latent_dim = 3584, num_experts = 896, top_k = 16, expert_ffn_dim = 3072, num_shared_experts = 2, shared_ffn_dim = 3072, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 2.5, eps = 1.0e-06, dtype = bfloat16>
 // MOE-NEXT: }
 // MOE-NOT:  IR after
 // MOE-NOT:  k3s.
