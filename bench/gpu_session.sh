@@ -4,6 +4,7 @@
 #   verify     k3c verify of the examples in $SPECS on the GPU, bf16 and fp32
 #   recurrent  decode timing of the recurrent entry vs fla's fused_recurrent_kda
 #   chunk      prefill timing of the chunk entry vs fla's chunk_kda / chunk_gated_delta_rule / chunk_gla
+#   profile    per-kernel GPU time of the chunk entry at B1 T8192 H96
 # Run from the repo root with OUT set.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -23,6 +24,9 @@ for phase in ${PHASES:-verify recurrent chunk}; do
     recurrent)
       $K3C compile bench/kda_bench.toml -o bench/generated
       python3 bench/recurrent_gpu.py --out "$OUT" ${RECURRENT_ARGS:-} ;;
+    profile)
+      for spec in bench/specs/kda_h96.toml; do $K3C compile "$spec" -o bench/generated; done
+      python3 bench/chunk_profile.py --module bench/generated/kda_h96.py 2>&1 | tee "$OUT/profile.txt" ;;
     chunk)
       for spec in bench/specs/*.toml; do $K3C compile "$spec" -o bench/generated --timing; done
       python3 bench/chunk_gpu.py --out "$OUT" ${CHUNK_ARGS:-} ;;

@@ -30,9 +30,21 @@ def clone_stage(op: Operation) -> Operation:
     return type(op).create(properties=dict(op.properties))
 
 
-def tile_loads(stages: list[Operation]) -> list[Operation]:
-    reads = set().union(*(k3s.stage_dataflow(op)[0] for op in stages)) if stages else set()
-    return [make(k3s.LoadChunkOp, tensor=t) for t in TILES if t in reads]
+def with_late_loads_and_early_spills(stages: list[Operation], spilled: list[str]) -> list[Operation]:
+    """Each tile load right before its first reader, each spill right after its producer:
+    short live ranges keep the [C, K] tiles in registers instead of local memory."""
+    ordered: list[Operation] = []
+    loaded: set[str] = set()
+    for op in stages:
+        reads, writes = k3s.stage_dataflow(op)
+        for tile in TILES:
+            if tile in reads and tile not in loaded:
+                ordered.append(make(k3s.LoadChunkOp, tensor=tile))
+                loaded.add(tile)
+        ordered.append(op)
+        if writes in spilled:
+            ordered.append(make(k3s.SpillOp, value=writes))
+    return ordered
 
 
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
@@ -65,20 +77,21 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
         k3s.KernelOp,
         [
             make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V),
-            *tile_loads(local),
-            *local,
-            *(make(k3s.SpillOp, value=n) for n in spilled),
+            *with_late_loads_and_early_spills(local, spilled),
         ],
         sym_name=f"{name}_chunk_prepare",
         grid="chunk,value_head",
         num_warps=num_warps,
     )
-    loop_body = [*recomputed, *(make(k3s.ReloadOp, value=n) for n in spilled), *scan]
+    loop_body = [
+        *(make(k3s.ReloadOp, value=n) for n in spilled),
+        *with_late_loads_and_early_spills([*recomputed, *scan], []),
+    ]
     scan_kernel = make(
         k3s.KernelOp,
         [
             make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout),
-            make(k3s.ChunkLoopOp, [*tile_loads([*recomputed, *scan]), *loop_body], chunk_size=C),
+            make(k3s.ChunkLoopOp, loop_body, chunk_size=C),
             make(k3s.StoreStateOp, layout=layout),
         ],
         sym_name=f"{name}_chunk_scan",
@@ -96,7 +109,8 @@ class FuseChunkwisePass(ModulePass):
     name = "fuse-chunkwise"
     grouping: str = "split"
     block_v: int = 64
-    num_warps: int = 4
+    # [C, K] fp32 tiles: 4 warps spill them to local memory on sm_90, 8 keep them in registers
+    num_warps: int = 8
     # each pipelining stage of the scan buffers a chunk of q, k, g, W, U and P in shared memory
     scan_stages: int = 2
 

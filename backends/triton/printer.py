@@ -447,10 +447,10 @@ class TritonPrinter:
             "k": ("H", "K", "i_h", "o_k", "m_k"),
             "v": ("HV", "V", "i_hv", "o_v", "m_v"),
         }[name]
-        self.code.comment(op)
+        self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
         self.code(
             f"b_{name} = tl.load({name} + (t_c[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
-            f"mask=m_c[:, None] & {mask}[None, :], other=0.0).to(tl.float32)"
+            f"mask=m_c[:, None] & {mask}[None, :], other=0.0)"
         )
 
     def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
@@ -524,7 +524,7 @@ class TritonPrinter:
         value = op.value.data
         address, mask = self.spill_address(value)
         self.code.comment(op)
-        self.code(f"b_{value} = tl.load({address}, mask={mask}, other=0.0).to(tl.float32)")
+        self.code(f"b_{value} = tl.load({address}, mask={mask}, other=0.0)")
 
     def print_k3s_delta_residual(self, op: k3s.DeltaResidualOp) -> None:
         self.code.comment(op, "Vr = U - W S")

@@ -86,7 +86,7 @@ def _mm(a, b, DOT_BF16: tl.constexpr):
     if DOT_BF16:
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     else:
-        return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
 def _check_none(name, x, why):

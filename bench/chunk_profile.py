@@ -1,0 +1,52 @@
+"""Per-kernel GPU time of a generated `chunk` entry (torch.profiler), to see where time goes.
+
+    python3 bench/chunk_profile.py --module bench/generated/kda_h96.py --batch 1 --tokens 8192 --heads 96
+"""
+
+import argparse
+import importlib.util
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", required=True)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=96)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--iters", type=int, default=10)
+    args = parser.parse_args()
+    spec = importlib.util.spec_from_file_location("generated", args.module)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    B, T, H, D = args.batch, args.tokens, args.heads, args.dim
+    dev = "cuda"
+    q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).bfloat16()
+    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).bfloat16()
+    v = torch.randn(B, T, H, D, device=dev).bfloat16()
+    g = F.logsigmoid(torch.randn(B, T, H, D, device=dev)).clamp(min=-5)
+    beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).bfloat16()
+    h0 = 0.1 * torch.randn(B, H, D, D, device=dev)
+    run = lambda: module.chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True)  # noqa: E731
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.iters):
+            run()
+        torch.cuda.synchronize()
+    totals = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time / args.iters
+    print(f"{args.module} B{B} T{T} H{H} D{D}: per-call GPU time by kernel (us)")
+    for name, us in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {us:10.1f}  {name[:90]}")
+
+
+if __name__ == "__main__":
+    main()
