@@ -38,6 +38,11 @@ STATE_LAYOUTS = ("kv", "vk")
 GATES = ("channel", "scalar")
 TOKEN_TENSORS = ("q", "k", "v")
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S")
+MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and not value & (value - 1)  # 0 & -1 is 0 as well: 0 needs the sign test
 
 
 def _choice(op: IRDLOperation, name: str, allowed: tuple[str, ...]) -> None:
@@ -112,6 +117,18 @@ class KernelOp(KeywordSyntax):
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
 
+    def verify_(self) -> None:
+        warps = self.num_warps.value.data
+        if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: num_warps must be a power of two in 1..{MAX_NUM_WARPS}, "
+                f"got {warps}"
+            )
+        if self.num_stages is not None and self.num_stages.value.data < 1:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: num_stages must be >= 1, got {self.num_stages.value.data}"
+            )
+
 
 # --- stages of the recurrent (token-by-token) schedule -------------------------------------
 
@@ -129,7 +146,7 @@ class StateTileOp(KeywordSyntax):
 
     def verify_(self) -> None:
         _choice(self, "layout", STATE_LAYOUTS)
-        if self.block_v.value.data & (self.block_v.value.data - 1):
+        if not is_power_of_two(self.block_v.value.data):
             raise VerifyException(f"{self.name}: block_v must be a power of two, got {self.block_v.value.data}")
 
 
@@ -349,9 +366,11 @@ class GramOp(KeywordSyntax):
 
 @irdl_op_definition
 class ForwardSubstitutionOp(KeywordSyntax):
-    """T = (I + A)^{-1} Diag(beta), A strictly lower triangular: solved row by row."""
+    """T = (I + A)^{-1} Diag(beta), A lower triangular. The diagonal blocks of `block` rows
+    are solved row by row (all blocks at once), the rest by log2(blocks) products."""
 
     name = "k3s.forward_substitution"
+    block = prop_def(IntegerAttr[I64])
     traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
 
 

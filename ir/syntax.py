@@ -6,8 +6,10 @@ Every op prints as
 
 where the symbol and region are present only if the op has them, and the keyword list holds
 the op's properties in declaration order. Values are integers, floats (always printed with a
-'.' or an exponent, so they re-parse as floats), booleans bare identifiers (enum values) and
-quoted strings.
+'.', so they re-parse as floats), booleans, bare identifiers (enum values) and quoted strings.
+The parser rejects a repeated key, and reads each value as its property's declared constraint
+asks: an integer literal for a float property is that float; anything else that does not fit
+is a parse error naming the op and the property.
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ from xdsl.printer import Printer
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
+# MLIR lexes `1e-06` as the integer 1 and an identifier: a float literal needs its '.'
+_FLOAT_WITHOUT_DOT = re.compile(r"(-?[0-9]+)([eE][-+]?[0-9]+)")
+# A literal of each kind, to name what a property's constraint accepts in errors.
+_LITERAL_KINDS = (
+    ("an integer", IntegerAttr(0, i64)),
+    ("a float", FloatAttr(0.0, f64)),
+    ("true or false", BoolAttr.from_bool(False)),
+    ("a string or keyword", StringAttr("")),
+)
 
 
 def attr_to_literal(attr: Attribute) -> str:
@@ -52,6 +63,11 @@ def attr_to_literal(attr: Attribute) -> str:
 
 
 def literal_to_attr(parser: Parser) -> Attribute:
+    start = parser.pos
+    if (match := _FLOAT_WITHOUT_DOT.match(parser.lexer.input.content, start)) is not None:
+        parser.raise_error(
+            f"float literals need a '.': write {match[1]}.0{match[2]}", start, start + len(match[0])
+        )
     number = parser.parse_optional_number()
     if number is not None:
         return FloatAttr(number, f64) if isinstance(number, float) else IntegerAttr(number, i64)
@@ -64,6 +80,20 @@ def literal_to_attr(parser: Parser) -> Attribute:
     return StringAttr(word)
 
 
+def fit_to_property(op_type: type[IRDLOperation], key: str, attr: Attribute) -> Attribute:
+    """attr as key's declared constraint takes it: unchanged, or an integer literal read as the
+    float it declares. Raises ValueError naming the op, the property and what it expects."""
+    prop = op_type.get_irdl_definition().properties.get(key)
+    if prop is None or prop.constr.verifies(attr):
+        return attr  # an unknown key is left to the verifier, which names it
+    if isinstance(attr, IntegerAttr) and attr.type == i64:  # `scale = 1` is 1.0; true/false only are booleans
+        as_float = FloatAttr(float(attr.value.data), f64)
+        if prop.constr.verifies(as_float):
+            return as_float
+    expected = " or ".join(kind for kind, sample in _LITERAL_KINDS if prop.constr.verifies(sample))
+    raise ValueError(f"{op_type.name}: property '{key}' expects {expected or prop.constr}, got {attr_to_literal(attr)}")
+
+
 class KeywordSyntax(IRDLOperation):
     """Mixin giving an op the `@symbol <key = value, ...> {region}` syntax."""
 
@@ -74,7 +104,11 @@ class KeywordSyntax(IRDLOperation):
         if isinstance(symbol, StringAttr):
             printer.print_string(" ")
             printer.print_symbol_name(symbol.data)
-        items = [(k, v) for k, v in self.properties.items() if k != self.SYMBOL_PROP]
+        # declaration order, so an op prints one way whatever order it was written or built in;
+        # undeclared keys (the verifier rejects them) still print, last
+        declared = type(self).get_irdl_definition().properties
+        order = [*declared, *(k for k in self.properties if k not in declared)]
+        items = [(k, self.properties[k]) for k in order if k in self.properties and k != self.SYMBOL_PROP]
         if items:
             printer.print_string(" <")
             printer.print_list(
@@ -94,9 +128,17 @@ class KeywordSyntax(IRDLOperation):
         if parser.parse_optional_punctuation("<") is not None:
 
             def parse_item() -> None:
+                key_start = parser.pos
                 key = parser.parse_identifier(" (a property name)")
+                if key in properties:  # a dict would silently keep the last value
+                    parser.raise_error(f"{cls.name}: property '{key}' is given twice", key_start, key_start + len(key))
                 parser.parse_punctuation("=")
-                properties[key] = literal_to_attr(parser)
+                value_start = parser.pos
+                value = literal_to_attr(parser)
+                try:
+                    properties[key] = fit_to_property(cls, key, value)
+                except ValueError as err:
+                    parser.raise_error(str(err), value_start, parser.pos)
 
             parser.parse_comma_separated_list(parser.Delimiter.NONE, parse_item)
             parser.parse_punctuation(">")

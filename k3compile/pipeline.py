@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
-from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
 from k3compile.errors import IRError
 
@@ -58,6 +59,12 @@ def run_pipeline(module: ModuleOp, spec_text: str, keep_snapshots: bool = False)
 
     try:
         pipeline = PassPipeline.parse_spec(available_passes(), spec_text, after_pass)
+    except ArgSpecParseError as err:  # a BaseException; its first line is a header, the message its last
+        where = re.search(r"^pass-pipeline:\d+:(\d+)$", str(err), re.MULTILINE)
+        raise IRError(
+            f"pipeline '{spec_text}': {f'column {where[1]}: ' if where else ''}{str(err).splitlines()[-1].strip()} "
+            "(passes are separated by commas, a pass's options by spaces: 'lower-recurrent{block-v=64 num-warps=8}')"
+        ) from None
     except Exception as err:  # xDSL raises plain Exceptions for unknown passes and bad options
         raise IRError(f"pipeline '{spec_text}': {str(err).splitlines()[0]}; passes: {', '.join(available_passes())}") from None
     try:

@@ -24,6 +24,22 @@ def props(**values) -> dict[str, Attribute]:
     return out
 
 
+def check_power_of_two(pass_name: str, option: str, value: int, most: int | None = None) -> None:
+    """Reject a pass option that is not a power of two (at most `most`) before anything is
+    built; the pipeline reports the ValueError as a one-line error."""
+    from k3compile.ir.k3s import is_power_of_two
+
+    if not is_power_of_two(value) or (most is not None and value > most):
+        bound = f" in 1..{most}" if most is not None else ""
+        raise ValueError(f"{pass_name}: {option} must be a power of two{bound}, got {value}")
+
+
+def check_num_warps(pass_name: str, num_warps: int) -> None:
+    from k3compile.ir.k3s import MAX_NUM_WARPS
+
+    check_power_of_two(pass_name, "num-warps", num_warps, MAX_NUM_WARPS)
+
+
 def make(op_type: type[Operation], body: list[Operation] | None = None, **values) -> Operation:
     """Create an op from keyword properties (`sym_name` for the symbol) and an optional body."""
     return op_type.create(properties=props(**values), regions=[Region(Block(body))] if body is not None else [])

@@ -36,7 +36,7 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -
     if delta_rule:
         local += [
             make(k3s.GramOp, lhs="k", mask="strict", gate=gate, beta=True, sub_chunk=sub_chunk),
-            make(k3s.ForwardSubstitutionOp),
+            make(k3s.ForwardSubstitutionOp, block=min(sub_chunk, chunk_size)),
             make(k3s.WYApplyOp, operand="key", gate=gate),
             make(k3s.WYApplyOp, operand="value", gate="none"),
         ]

@@ -15,7 +15,7 @@ from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
-from k3compile.passes.common import add_entries, make
+from k3compile.passes.common import add_entries, check_num_warps, make
 
 
 def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
@@ -65,4 +65,5 @@ class FuseAttnResPass(ModulePass):
     num_warps: int = 8
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_num_warps(self.name, self.num_warps)
         add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.num_warps))

@@ -20,7 +20,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import make
+from k3compile.passes.common import check_num_warps, check_power_of_two, make
 
 RECOMPUTED = (k3s.GateCumsumOp,)  # cheaper to redo in the scan than to spill and reload
 TILES = ("q", "k", "v")
@@ -117,8 +117,8 @@ class FuseChunkwisePass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.grouping != "split":
             raise ValueError(f"fuse-chunkwise: unknown grouping '{self.grouping}'; allowed: split")
-        if self.block_v <= 0 or self.block_v & (self.block_v - 1):
-            raise ValueError(f"fuse-chunkwise: block-v must be a power of two, got {self.block_v}")
+        check_power_of_two(self.name, "block-v", self.block_v)
+        check_num_warps(self.name, self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp)]:
             entry = chunked.parent_op()

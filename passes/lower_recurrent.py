@@ -15,7 +15,7 @@ from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, make, recurrence_arguments
+from k3compile.passes.common import add_entries, check_num_warps, check_power_of_two, make, recurrence_arguments
 
 
 def recurrent_stages(op: RecurrenceOp) -> list:
@@ -36,8 +36,8 @@ class LowerRecurrentPass(ModulePass):
     num_warps: int = 4
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.block_v <= 0 or self.block_v & (self.block_v - 1):
-            raise ValueError(f"lower-recurrent: block-v must be a power of two, got {self.block_v}")
+        check_power_of_two(self.name, "block-v", self.block_v)
+        check_num_warps(self.name, self.num_warps)
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:

@@ -187,6 +187,25 @@ def test_bad_block_v_is_ir_error(block_v):
         run_pipeline(module, f"lower-recurrent{{block-v={block_v}}}")
 
 
+@pytest.mark.parametrize("pipeline", ["lower-recurrent{num-warps=0}", "lower-recurrent{num-warps=3}",
+                                      "lower-recurrent{num-warps=64}", "fuse-attnres{num-warps=0}"])
+def test_bad_num_warps_is_ir_error(pipeline):
+    from k3compile.errors import IRError
+
+    module = spec_to_module(spec_from_table(dict(name="m", kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4)))
+    with pytest.raises(IRError, match="num-warps must be a power of two in 1..32"):
+        run_pipeline(module, pipeline)
+
+
+def test_malformed_pipeline_is_ir_error():
+    """xDSL's ArgSpecParseError is a BaseException; it must still come out as an IRError."""
+    from k3compile.errors import IRError
+
+    module = spec_to_module(spec_from_table(dict(name="m", kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4)))
+    with pytest.raises(IRError, match="options by spaces"):
+        run_pipeline(module, "lower-recurrent{block-v=64,num-warps=8}")
+
+
 def test_lowering_twice_adds_one_entry():
     spec = spec_from_table(dict(name="m", kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4))
     module = schedule(spec, "lower-recurrent,lower-recurrent").scheduled

@@ -15,10 +15,13 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
 from k3compile.backends.triton.runtime_prelude import PRELUDE
+from k3compile.errors import UnsupportedError
 from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
+
+
 
 
 def next_power_of_2(n: int) -> int:
@@ -420,6 +423,9 @@ class TritonPrinter:
         return f"tl.exp2({exponent})" if gate == "channel" else f"tl.exp2({exponent})[:, None]"
 
     def print_k3s_chunk_tile(self, op: k3s.ChunkTileOp) -> None:
+        self.chunk_size = op.chunk_size.value.data
+        if self.chunk_size not in (16, 32, 64):  # tl.dot tiles: powers of two, at least 16
+            raise UnsupportedError(f"Triton backend: chunk size must be 16, 32 or 64, got {self.chunk_size}")
         self.code.comment(op, "this program's token rows, all key and value columns")
         self.code(
             "o_c = tl.arange(0, BC)", "t_c = start + o_c", "m_c = t_c < eos",
@@ -428,6 +434,7 @@ class TritonPrinter:
 
     def print_k3s_chunk_loop(self, op: k3s.ChunkLoopOp) -> None:
         c = self.code
+        self.chunk_size = op.chunk_size.value.data
         c.comment(op, "the chunks of sequence i_n, in order, carrying b_S")
         c("o_c = tl.arange(0, BC)", "if HAS_CU_SEQLENS:")
         with c.indent():
@@ -469,6 +476,8 @@ class TritonPrinter:
         c.comment(op)
         if gate == "channel":
             sub = op.sub_chunk.value.data
+            if self.chunk_size % sub:
+                raise UnsupportedError(f"Triton backend: sub-chunk {sub} must divide the chunk size {self.chunk_size}")
             c(f"# gate ratios per column block of {sub} rows, referenced at the block's first row:",
               "# exponents <= 0 outside the block, and no reference after the row it serves (causal)",
               f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
@@ -491,13 +500,38 @@ class TritonPrinter:
 
     def print_k3s_forward_substitution(self, op: k3s.ForwardSubstitutionOp) -> None:
         c = self.code
-        c.comment(op, "T = (I + A)^-1 Diag(beta), one row at a time")
-        c("b_T = tl.zeros([BC, BC], dtype=tl.float32)", "for i_row in range(0, BC):")
+        sub = op.block.value.data
+        if sub & (sub - 1) or self.chunk_size % sub:
+            raise UnsupportedError(f"Triton backend: forward-substitution block {sub} must be a power of two "
+                                   f"dividing the chunk size {self.chunk_size}")
+        c.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
+        c(f"# 1. the {sub} x {sub} diagonal blocks of I + A, inverted together: step r solves row r of every block",
+          f"SUB: tl.constexpr = {sub}",
+          "NB: tl.constexpr = BC // SUB",
+          "o_b = tl.arange(0, NB)",
+          "o_r = tl.arange(0, SUB)",
+          "b_same = (o_c[:, None] // SUB) == (o_c[None, :] // SUB)",
+          "b_A3 = tl.reshape(tl.where(b_same, b_A, 0.0), [NB, SUB, BC])",
+          "b_X = tl.zeros([NB, SUB, BC], dtype=tl.float32)",
+          "for r in range(0, SUB):")
         with c.indent():
-            c("b_a = tl.sum(tl.where((o_c == i_row)[:, None], b_A, 0.0), axis=0)",
-              "b_diag = tl.sum(tl.where(o_c == i_row, b_a, 0.0))",
-              "b_row = (tl.where(o_c == i_row, b_beta, 0.0) - tl.sum(b_a[:, None] * b_T, axis=0)) / (1.0 + b_diag)",
-              "b_T = tl.where((o_c == i_row)[:, None], b_row[None, :], b_T)")
+            c("b_a = tl.sum(tl.where((o_r == r)[None, :, None], b_A3, 0.0), axis=1)",
+              "b_eye_r = tl.where(o_c[None, :] == o_b[:, None] * SUB + r, 1.0, 0.0)",
+              "b_diag = tl.sum(b_eye_r * b_a, axis=1)",
+              "b_a_blk = tl.sum(tl.where((o_b[:, None, None] == o_b[None, :, None]), tl.reshape(b_a, [NB, NB, SUB]), 0.0), axis=1)",
+              "b_row = (b_eye_r - tl.sum(b_a_blk[:, :, None] * b_X, axis=1)) / (1.0 + b_diag[:, None])",
+              "b_X = tl.where((o_r == r)[None, :, None], b_row[:, None, :], b_X)")
+        c("b_Dinv = tl.reshape(b_X, [BC, BC])",
+          "# 2. M = Dinv N, N the blocks below the diagonal: M is nilpotent (M^NB = 0), so",
+          "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors",
+          "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
+          "b_M = _mm_accurate(b_Dinv, tl.where(b_same, 0.0, b_A), DOT_BF16)",
+          "b_Linv = b_eye - b_M")
+        power = 2
+        while power < self.chunk_size // sub:
+            c("b_M = _mm_accurate(b_M, b_M, DOT_BF16)", "b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT_BF16)")
+            power *= 2
+        c("b_T = _mm_accurate(b_Linv, b_Dinv, DOT_BF16) * b_beta[None, :]")
 
     def print_k3s_wy_apply(self, op: k3s.WYApplyOp) -> None:
         self.code.comment(op)

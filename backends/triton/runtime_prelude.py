@@ -89,6 +89,16 @@ def _mm(a, b, DOT_BF16: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
+@triton.jit
+def _mm_accurate(a, b, DOT_BF16: tl.constexpr):
+    """a @ b for fp32 intermediates (the triangular inverse): tf32 tensor cores next to bf16
+    data, whose rounding is coarser; exact fp32 otherwise."""
+    if DOT_BF16:
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
 def _check_none(name, x, why):
     if x is not None:
         raise ValueError(f"{name}: must be None ({why})")

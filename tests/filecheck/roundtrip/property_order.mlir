@@ -1,9 +1,6 @@
-// KNOWN BUG (XFAIL): ir/syntax.py promises "the keyword list holds the op's properties in
-// declaration order", but KeywordSyntax.parse keeps the order they were written in, so the
-// same op prints two ways (here dtype first) and output depends on the input's spelling.
-// (A repeated key is accepted silently too: verify/duplicate_property.mlir.) Remove XFAIL once
-// fixed.
-// XFAIL: *
+// Properties print in the op's declaration order, whatever order they were written in (here
+// dtype first), so the same op always prints one way. (A repeated key is a parse error:
+// verify/duplicate_property.mlir.)
 // RUN: k3c opt %s | filecheck %s --match-full-lines
 
 builtin.module {

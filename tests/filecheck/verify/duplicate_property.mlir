@@ -1,8 +1,5 @@
-// KNOWN BUG (XFAIL): a property written twice is accepted silently and the last value wins
-// (ir/syntax.py KeywordSyntax.parse stores into a dict), so `gate = bogus, gate = channel`
-// verifies as a channel gate. It should be a parse error naming the repeated key.
-// Remove XFAIL once fixed.
-// XFAIL: *
+// A property written twice is a parse error naming the repeated key (not last-one-wins, which
+// would let `gate = bogus, gate = channel` verify as a channel gate).
 // RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ERR
 
 builtin.module {

@@ -5,6 +5,8 @@
 // RUN: sed 's/role = maybe/role = input/; s/gate = scalar/gate = none/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATE
 // RUN: sed 's/role = maybe/role = input/; s/tensor = q/tensor = o/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TENSOR
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk/layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
+// RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 3/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=WARPS
+// RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, num_stages = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STAGES
 // RUN: sed 's/role = maybe/role = input/' %s | k3c opt - | filecheck %s --check-prefix=VALID
 
 builtin.module {
@@ -43,5 +45,13 @@ builtin.module {
 // LAYOUT-NOT: {{\n}}
 // LAYOUT: {{^}}k3c opt: error: <stdin>: k3s.state_tile: layout must be one of kv, vk; got 'kk'{{$}}
 // LAYOUT-NOT: {{.}}
+
+// WARPS-NOT: {{\n}}
+// WARPS: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: num_warps must be a power of two in 1..32, got 3{{$}}
+// WARPS-NOT: {{.}}
+
+// STAGES-NOT: {{\n}}
+// STAGES: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: num_stages must be >= 1, got 0{{$}}
+// STAGES-NOT: {{.}}
 
 // VALID: k3s.tensor_arg @q <shape = "B,T,4,16", dtype = float, role = input>

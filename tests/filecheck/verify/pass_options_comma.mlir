@@ -1,10 +1,7 @@
-// KNOWN BUG (XFAIL): a malformed pipeline (here options separated by a comma instead of a
-// space, an easy mistake) makes xDSL 0.74 raise ArgSpecParseError, which derives from
-// BaseException, not Exception; k3compile/pipeline.py's `except Exception` misses it, so k3c
-// dies with a Python traceback and exit status 1 instead of a one-line error and status 2.
-// (Catching it is not enough either: its first line is only "Error parsing pass pipeline
-// specification:"; the useful text is on the following lines.) Remove XFAIL once fixed.
-// XFAIL: *
+// A malformed pipeline (here options separated by a comma instead of a space, an easy mistake)
+// is a one-line error and exit status 2. xDSL 0.74 raises ArgSpecParseError, a BaseException
+// whose first line is only "Error parsing pass pipeline specification:", so pipeline.py catches
+// it by name and reports the column, xDSL's message and the right form.
 // RUN: sh -c 'k3c opt "$1" -p "lower-recurrent{block-v=64,num-warps=8}" 2>/dev/null; test $? -eq 2' sh %s
 // RUN: not k3c opt %s -p 'lower-recurrent{block-v=64,num-warps=8}' 2>&1 | filecheck %s --check-prefix=ERR
 

@@ -1,8 +1,6 @@
-// KNOWN BUG (XFAIL): k3s.state_tile checks "block_v must be a power of two" with
-// `block_v & (block_v - 1)`, which is 0 for block_v = 0, so a zero-width tile verifies
-// (negative values are caught by accident). The pass rejects block-v=0 itself, but
-// hand-written or edited k3s IR is not checked. Remove XFAIL once fixed.
-// XFAIL: *
+// k3s.state_tile rejects block_v = 0: a zero-width tile (`block_v & (block_v - 1)` alone is 0
+// for 0, so the power-of-two test needs the sign test too). The pass checks its block-v option,
+// but hand-written or edited k3s IR is checked here.
 // RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ERR
 
 builtin.module {

@@ -1,0 +1,93 @@
+"""Compile a generated module's kernels for sm_90 on a machine without a GPU, with the Triton
+(and its bundled ptxas) installed here, and report what decides speed before any device time:
+shared memory, registers, spill traffic (STL/LDL), tensor-core instructions, and the size of
+each loop body in SASS.
+
+    python bench/sm90_resources.py bench/generated/kda_h16.py --num-warps 8 --num-stages 2
+
+Pointer arguments are taken as bf16 except those named in --fp32 (default: the states and g),
+and as 16-byte aligned, as the launches on the GPU specialise them. Use the Triton version of
+the GPU (3.6 on the H200 machine) for figures that match it: shared memory differs by version.
+"""
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+RUNTIME_INTS = {"T", "S", "R"}
+FLAGS_TRUE = {"HAS_INITIAL_STATE", "HAS_FINAL_STATE", "DOT_BF16"}
+
+
+def sass_loops(sass: str) -> list[int]:
+    """Instruction counts of the bodies of backward branches (loops)."""
+    sizes = []
+    for line in sass.splitlines():
+        match = re.search(r"/\*([0-9a-f]{4,})\*/.*?BRA\s+0x([0-9a-f]+)", line)
+        if match and int(match.group(2), 16) < int(match.group(1), 16):
+            sizes.append((int(match.group(1), 16) - int(match.group(2), 16)) // 16 + 1)
+    return sizes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("module")
+    parser.add_argument("--num-warps", type=int, default=8)
+    parser.add_argument("--num-stages", type=int, default=2)
+    parser.add_argument("--fp32", default="initial_state,final_state,g", help="pointer args that are fp32")
+    parser.add_argument("--launch-constants", default="", help="override constexprs, e.g. BV=32")
+    args = parser.parse_args()
+    spec = importlib.util.spec_from_file_location("generated", args.module)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = open(args.module).read()
+    fp32 = set(args.fp32.split(","))
+    overrides = dict(kv.split("=") for kv in args.launch_constants.split(",") if kv)
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name in re.findall(r"^def (\w+_kernel)\(", source, flags=re.M):
+        kernel = getattr(module, name)
+        # the constexpr values printed at the kernel's launch site
+        launch = source[source.index(f"{name}[grid]") - 2000 : source.index(f"{name}[grid]")]
+        values = {k: int(v) for k, v in re.findall(r"^\s+(\w+) = (\d+)$", launch, flags=re.M)}
+        values.update({k: int(v) for k, v in overrides.items()})
+        signature, constexprs = {}, {}
+        for index, arg in enumerate(kernel.arg_names):
+            if arg in values:
+                signature[arg], constexprs[(index,)] = "constexpr", values[arg]
+            elif arg.startswith("HAS_") or arg == "DOT_BF16":
+                signature[arg], constexprs[(index,)] = "constexpr", arg in FLAGS_TRUE
+            elif arg == "scale":
+                signature[arg] = "fp32"
+            elif arg in RUNTIME_INTS:
+                signature[arg] = "i32"
+            elif arg in ("cu_seqlens", "chunk_table"):
+                signature[arg] = "*i32"
+            else:
+                signature[arg] = "*fp32" if arg in fp32 else "*bf16"
+        aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
+                   if signature[a].startswith("*") or a in RUNTIME_INTS}
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": args.num_warps, "num_stages": args.num_stages},
+        )
+        cubin = f"/tmp/{name}.cubin"
+        with open(cubin, "wb") as handle:
+            handle.write(compiled.asm["cubin"])
+        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
+        sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+        registers = re.search(r"REG:(\d+)", usage)
+        stack = re.search(r"STACK:(\d+)", usage)
+        print(f"{name}: warps {args.num_warps}, stages {args.num_stages}: shared {compiled.metadata.shared} B, "
+              f"registers {registers.group(1) if registers else '?'}, stack {stack.group(1) if stack else '?'} B, "
+              f"STL {sass.count('STL')}, LDL {sass.count('LDL')}, MMA {sass.count('HMMA') + sass.count('HGMMA')}, "
+              f"loops (instructions per iteration) {sass_loops(sass)}")
+
+
+if __name__ == "__main__":
+    main()
