@@ -99,16 +99,19 @@ class KeywordSyntax(IRDLOperation):
 
     SYMBOL_PROP: ClassVar[str] = "sym_name"
 
+    def keyword_items(self) -> list[tuple[str, Attribute]]:
+        """The properties but the symbol, in declaration order, so an op prints one way whatever
+        order it was written or built in; undeclared keys (the verifier rejects them) come last."""
+        declared = type(self).get_irdl_definition().properties
+        order = [*declared, *(k for k in self.properties if k not in declared)]
+        return [(k, self.properties[k]) for k in order if k in self.properties and k != self.SYMBOL_PROP]
+
     def print(self, printer: Printer) -> None:
         symbol = self.properties.get(self.SYMBOL_PROP)
         if isinstance(symbol, StringAttr):
             printer.print_string(" ")
             printer.print_symbol_name(symbol.data)
-        # declaration order, so an op prints one way whatever order it was written or built in;
-        # undeclared keys (the verifier rejects them) still print, last
-        declared = type(self).get_irdl_definition().properties
-        order = [*declared, *(k for k in self.properties if k not in declared)]
-        items = [(k, self.properties[k]) for k in order if k in self.properties and k != self.SYMBOL_PROP]
+        items = self.keyword_items()
         if items:
             printer.print_string(" <")
             printer.print_list(

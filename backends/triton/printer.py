@@ -30,7 +30,7 @@ def next_power_of_2(n: int) -> int:
 
 def describe(op: Operation) -> str:
     """`k3s.decay <gate = channel>`: the op as a one-line comment, without its regions."""
-    items = [f"{k} = {attr_to_literal(v)}" for k, v in op.properties.items() if k != "sym_name"]
+    items = [f"{k} = {attr_to_literal(v)}" for k, v in op.keyword_items()]
     symbol = f" @{op.properties['sym_name'].data}" if "sym_name" in op.properties else ""
     return op.name + symbol + (f" <{', '.join(items)}>" if items else "")
 
