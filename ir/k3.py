@@ -6,9 +6,11 @@ Reference semantics for every op live in `k3compile.ir.reference`.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
 from xdsl.ir import Dialect
-from xdsl.irdl import irdl_op_definition, prop_def, traits_def
+from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, traits_def
 from xdsl.traits import SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
@@ -18,6 +20,9 @@ GATES = ("channel", "scalar", "none")
 STATE_LAYOUTS = ("kv", "vk")
 DTYPES = ("bfloat16", "float16", "float32")
 GLU_ACTIVATIONS = ("swiglu", "situ_glu")
+# g as given (log-decay), -exp(A_log) softplus(g + dt_bias), or lower_bound sigmoid(exp(A_log) (g + dt_bias))
+GATE_INPUTS = ("log", "softplus", "bounded")
+BETA_INPUTS = ("probability", "logits")  # beta itself, or sigmoid(beta)
 
 
 def _int(op, name: str) -> int:
@@ -57,6 +62,11 @@ class RecurrenceOp(KeywordSyntax):
     (g = 0: DeltaNet, linear attention). Value head h reads query/key head
     h // (num_v_heads / num_heads). `state_layout` is the memory order of a head's state:
     kv = [K, V] (fla), vk = [V, K] (serving stacks).
+
+    What the inputs mean: qk_l2norm normalises q and k per head (x / sqrt(|x|^2 + 1e-6));
+    gate_input log takes g as the log-decay, softplus computes g = -exp(A_log) softplus(g +
+    dt_bias), bounded g = gate_lower_bound sigmoid(exp(A_log) (g + dt_bias)); beta_input logits
+    takes beta = sigmoid(beta).
     """
 
     name = "k3.recurrence"
@@ -70,10 +80,35 @@ class RecurrenceOp(KeywordSyntax):
     scale = prop_def(FloatAttr)
     state_layout = prop_def(StringAttr)
     dtype = prop_def(StringAttr)
+    # what the inputs mean; absent means the default (fla's plain inputs)
+    qk_l2norm = opt_prop_def(BoolAttr)
+    gate_input = opt_prop_def(StringAttr)
+    gate_lower_bound = opt_prop_def(FloatAttr)
+    beta_input = opt_prop_def(StringAttr)
     traits = traits_def(SymbolOpInterface())
+
+    INPUT_DEFAULTS: ClassVar[dict] = {"qk_l2norm": False, "gate_input": "log", "gate_lower_bound": -5.0, "beta_input": "probability"}
+
+    def input_option(self, name: str):
+        """The value of an input-meaning property, or its default when absent."""
+        attr = self.properties.get(name)
+        if attr is None:
+            return self.INPUT_DEFAULTS[name]
+        return attr.data if isinstance(attr, StringAttr) else attr.value.data
 
     def verify_(self) -> None:
         _require_choice(self, "gate", GATES)
+        where = f"{self.name} @{self.sym_name.data}"
+        gate_input, beta_input = self.input_option("gate_input"), self.input_option("beta_input")
+        if gate_input not in GATE_INPUTS or beta_input not in BETA_INPUTS:
+            raise VerifyException(f"{where}: gate_input must be one of {', '.join(GATE_INPUTS)} and beta_input "
+                                  f"one of {', '.join(BETA_INPUTS)}; got {gate_input!r}, {beta_input!r}")
+        if self.gate.data == "none" and gate_input != "log":
+            raise VerifyException(f"{where}: gate_input must be log without a gate, got {gate_input!r}")
+        if not self.delta_rule.value.data and beta_input != "probability":
+            raise VerifyException(f"{where}: beta_input must be probability without the delta rule (no beta)")
+        if self.input_option("gate_lower_bound") >= 0:
+            raise VerifyException(f"{where}: gate_lower_bound must be < 0, got {self.input_option('gate_lower_bound')}")
         _require_choice(self, "state_layout", STATE_LAYOUTS)
         _require_choice(self, "dtype", DTYPES)
         _require_positive(self, "num_heads", "num_v_heads", "head_k_dim", "head_v_dim")

@@ -37,6 +37,8 @@ ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output"
 STATE_LAYOUTS = ("kv", "vk")
 GATES = ("channel", "scalar")
 TOKEN_TENSORS = ("q", "k", "v")
+GATE_INPUTS = ("log", "softplus", "bounded")
+BETA_INPUTS = ("probability", "logits")
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 
@@ -161,19 +163,32 @@ class TokenLoopOp(KeywordSyntax):
 
 @irdl_op_definition
 class LoadTokenOp(KeywordSyntax):
-    """Load one token's q, k or v vector of the current head into fp32 registers."""
+    """Load one token's q, k or v vector of the current head into fp32 registers
+    (q and k optionally L2-normalised: x / sqrt(|x|^2 + 1e-6))."""
 
     name = "k3s.load_token"
     tensor = prop_def(StringAttr)
+    l2norm = opt_prop_def(BoolAttr)  # absent: false
     traits = traits_def(HasParent(TokenLoopOp))
 
     def verify_(self) -> None:
         _choice(self, "tensor", TOKEN_TENSORS)
+        _no_l2norm_of_values(self)
+
+
+def normalises(op) -> bool:
+    """Whether a load_token / load_chunk L2-normalises what it loads."""
+    return op.l2norm is not None and bool(op.l2norm.value.data)
+
+
+def _no_l2norm_of_values(op) -> None:
+    if op.tensor.data == "v" and normalises(op):
+        raise VerifyException(f"{op.name}: l2norm applies to q and k only")
 
 
 @irdl_op_definition
 class DecayOp(KeywordSyntax):
-    """S <- Diag(exp g_t) S, g a log-space gate per key channel or per head."""
+    """S <- Diag(exp g_t) S, g (from load_gate) a log-decay per key channel or per head."""
 
     name = "k3s.decay"
     gate = prop_def(StringAttr)
@@ -185,7 +200,7 @@ class DecayOp(KeywordSyntax):
 
 @irdl_op_definition
 class DeltaCorrectOp(KeywordSyntax):
-    """The delta rule's correction: u = beta_t (v_t - S^T k_t), replacing v_t."""
+    """The delta rule's correction: u = beta_t (v_t - S^T k_t), replacing v_t (beta from load_beta)."""
 
     name = "k3s.delta_correct"
     traits = traits_def(HasParent(TokenLoopOp))
@@ -288,14 +303,46 @@ class ChunkTileOp(KeywordSyntax):
 
 @irdl_op_definition
 class LoadChunkOp(KeywordSyntax):
-    """Load the chunk's rows of q, k or v (v: the program's value columns)."""
+    """Load the chunk's rows of q, k or v (v: the program's value columns); q and k optionally
+    L2-normalised per row."""
 
     name = "k3s.load_chunk"
     tensor = prop_def(StringAttr)
+    l2norm = opt_prop_def(BoolAttr)  # absent: false
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
 
     def verify_(self) -> None:
         _choice(self, "tensor", TOKEN_TENSORS)
+        _no_l2norm_of_values(self)
+
+
+@irdl_op_definition
+class LoadGateOp(KeywordSyntax):
+    """Load the gate as a log-decay g into registers (per token, or a chunk's rows; rows past
+    the end read 0). input log: g as given; softplus: -exp(A_log) softplus(g + dt_bias);
+    bounded: lower_bound sigmoid(exp(A_log) (g + dt_bias))."""
+
+    name = "k3s.load_gate"
+    gate = prop_def(StringAttr)
+    input = prop_def(StringAttr)
+    lower_bound = prop_def(FloatAttr)
+    traits = traits_def(HasParent(TokenLoopOp, KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+        _choice(self, "input", GATE_INPUTS)
+
+
+@irdl_op_definition
+class LoadBetaOp(KeywordSyntax):
+    """Load beta into registers: as given (probability) or sigmoid(beta) (logits)."""
+
+    name = "k3s.load_beta"
+    input = prop_def(StringAttr)
+    traits = traits_def(HasParent(TokenLoopOp, KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "input", BETA_INPUTS)
 
 
 @irdl_op_definition
@@ -526,6 +573,8 @@ K3S = Dialect(
         StateTileOp,
         TokenLoopOp,
         LoadTokenOp,
+        LoadGateOp,
+        LoadBetaOp,
         DecayOp,
         DeltaCorrectOp,
         Rank1UpdateOp,

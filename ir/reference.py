@@ -22,8 +22,35 @@ def _sequences(batch: int, length: int, cu_seqlens: torch.Tensor | None):
     return [(0, bounds[n], bounds[n + 1]) for n in range(len(bounds) - 1)]
 
 
+def recurrence_inputs(op, q, k, g, beta, A_log=None, dt_bias=None):
+    """What the inputs mean (the op's qk_l2norm, gate_input, beta_input), in float64:
+    returns q, k, the log-decay g and beta as the recurrence uses them."""
+    q, k = q.to(f64).cpu(), k.to(f64).cpu()
+    if op.input_option("qk_l2norm"):
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    if g is not None:
+        g = g.to(f64).cpu()
+        form = op.input_option("gate_input")
+        if form != "log":
+            HV = g.shape[2]
+            a = torch.exp(A_log.to(f64).cpu())
+            bias = dt_bias.to(f64).cpu()
+            if op.gate.data == "channel":
+                a, bias = a[:, None], bias.reshape(HV, -1)
+            if form == "softplus":
+                g = -a * F.softplus(g + bias)
+            else:
+                g = op.input_option("gate_lower_bound") * torch.sigmoid(a * (g + bias))
+    if beta is not None:
+        beta = beta.to(f64).cpu()
+        if op.input_option("beta_input") == "logits":
+            beta = torch.sigmoid(beta)
+    return q, k, g, beta
+
+
 def recurrence(op, q, k, v, g=None, beta=None, scale=None, initial_state=None,
-               output_final_state=False, cu_seqlens=None):
+               output_final_state=False, cu_seqlens=None, A_log=None, dt_bias=None):
     """Token-by-token k3.recurrence. Returns (o [B,T,HV,V] float64, final_state [N,HV,K,V] or None)."""
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
@@ -32,11 +59,10 @@ def recurrence(op, q, k, v, g=None, beta=None, scale=None, initial_state=None,
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     group = HV // H
-    q, k, v = (x.to(f64).cpu() for x in (q, k, v))
+    q, k, g, beta = recurrence_inputs(op, q, k, g, beta, A_log, dt_bias)
+    v = v.to(f64).cpu()
     q = q.repeat_interleave(group, dim=2)
     k = k.repeat_interleave(group, dim=2)
-    g = None if g is None else g.to(f64).cpu()
-    beta = None if beta is None else beta.to(f64).cpu()
     o = torch.zeros(B, T, HV, V, dtype=f64)
     finals = []
     for n, (b, start, end) in enumerate(_sequences(B, T, cu_seqlens)):

@@ -32,7 +32,8 @@ def spec_to_module(spec: LayerSpec) -> ModuleOp:
     params["sym_name"] = spec.name
     # in the op's declaration order, so printed IR reads the same for every spec
     order = op_type.get_irdl_definition().properties
-    properties = {key: _attr(params[key]) for key in order}
+    defaults = getattr(op_type, "INPUT_DEFAULTS", {})  # optional properties: left out at their defaults
+    properties = {key: _attr(params[key]) for key in order if key not in defaults or params[key] != defaults[key]}
     op = op_type.create(properties=properties)
     module = ModuleOp([op])
     try:

@@ -20,6 +20,8 @@ RECURRENCE_KINDS = {
     "gla": {"gate": "channel", "delta_rule": False},
 }
 DTYPES = ("bfloat16", "float16", "float32")
+GATE_INPUTS = ("log", "softplus", "bounded")
+BETA_INPUTS = ("probability", "logits")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ _RECURRENCE_SCHEMA = {
     "scale": Key(float, default=None, minimum=0, exclusive=True),  # default: head_k_dim ** -0.5
     "state_layout": Key(str, default="kv", choices=("kv", "vk")),
     "dtype": Key(str, default="bfloat16", choices=DTYPES),
+    # what the kernels' inputs mean (fla's use_qk_l2norm_in_kernel, use_gate_in_kernel, beta as logits)
+    "qk_l2norm": Key(bool, default=False),
+    "gate_input": Key(str, default="log", choices=GATE_INPUTS),
+    "gate_lower_bound": Key(float, default=-5.0, minimum=None),
+    "beta_input": Key(str, default="probability", choices=BETA_INPUTS),
 }
 SCHEMAS = {kind: _RECURRENCE_SCHEMA for kind in RECURRENCE_KINDS}
 SCHEMAS["attnres"] = {

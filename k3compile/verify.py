@@ -92,17 +92,24 @@ def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dic
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
+    normalised = not layer_op.input_option("qk_l2norm")  # else the kernel normalises raw q, k
     inputs = {
-        "q": F.normalize(randn(B, T, H, K), dim=-1),
-        "k": F.normalize(randn(B, T, H, K), dim=-1),
+        "q": F.normalize(randn(B, T, H, K), dim=-1) if normalised else randn(B, T, H, K),
+        "k": F.normalize(randn(B, T, H, K), dim=-1) if normalised else randn(B, T, H, K),
         "v": randn(B, T, HV, V),
     }
     gate = layer_op.gate.data
-    if gate != "none":  # realistic log-decays: logsigmoid, clamped at -5 like K3's bounded gate
+    if gate != "none":
         shape = (B, T, HV, K) if gate == "channel" else (B, T, HV)
-        inputs["g"] = F.logsigmoid(randn(*shape)).clamp(min=-5)
+        if layer_op.input_option("gate_input") == "log":  # realistic log-decays: logsigmoid, clamped at -5
+            inputs["g"] = F.logsigmoid(randn(*shape)).clamp(min=-5)
+        else:  # raw gate projections and the gate's parameters (decays of exp(-0.5 .. -4) or so)
+            inputs["g"] = randn(*shape)
+            inputs["A_log"] = -0.5 + 0.3 * randn(HV)
+            inputs["dt_bias"] = 0.5 * randn(HV * K if gate == "channel" else HV)
     if layer_op.delta_rule.value.data:
-        inputs["beta"] = torch.sigmoid(randn(B, T, HV))
+        beta = randn(B, T, HV)
+        inputs["beta"] = beta if layer_op.input_option("beta_input") == "logits" else torch.sigmoid(beta)
     inputs = {k: v.to(device, dtype) for k, v in inputs.items()}
     if case.initial_state:
         shape = (N, HV, K, V) if layer_op.state_layout.data == "kv" else (N, HV, V, K)

@@ -81,6 +81,7 @@ def recurrence_arguments(op) -> list[Operation]:
     K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
     state_shape = f"N,{HV},{K},{V}" if op.state_layout.data == "kv" else f"N,{HV},{V},{K}"
     gate_shape = f"B,T,{HV},{K}" if gate == "channel" else f"B,T,{HV}"
+    gate_parameter_role = "forbidden" if op.input_option("gate_input") == "log" else "input"
 
     def arg(sym_name: str, shape: str, dtype: str, role: str) -> Operation:
         return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role)
@@ -96,4 +97,23 @@ def recurrence_arguments(op) -> list[Operation]:
         arg("o", f"B,T,{HV},{V}", "float", "output"),
         arg("final_state", state_shape, "float32", "optional_output"),
         arg("cu_seqlens", "N+1", "offsets", "optional_input"),
+        # the in-kernel gate's parameters (fla's A_log [HV] and dt_bias [HV * K], or [HV] for a scalar gate)
+        arg("A_log", f"{HV}", "float", gate_parameter_role),
+        arg("dt_bias", f"{HV * K}" if gate == "channel" else f"{HV}", "float", gate_parameter_role),
     ]
+
+
+def input_loads(op) -> dict[str, Callable[[type[Operation]], Operation]]:
+    """Builders of the load stage of each input of a k3.recurrence, by input name; the load
+    op type (per token or per chunk) is the argument. They carry what the input means."""
+    from k3compile.ir import k3s
+
+    normalised = {"l2norm": True} if op.input_option("qk_l2norm") else {}
+    return {
+        "q": lambda load: make(load, tensor="q", **normalised),
+        "k": lambda load: make(load, tensor="k", **normalised),
+        "v": lambda load: make(load, tensor="v"),
+        "g": lambda _: make(k3s.LoadGateOp, gate=op.gate.data, input=op.input_option("gate_input"),
+                            lower_bound=op.input_option("gate_lower_bound")),
+        "beta": lambda _: make(k3s.LoadBetaOp, input=op.input_option("beta_input")),
+    }

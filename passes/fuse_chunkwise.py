@@ -20,27 +20,28 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import check_num_warps, check_power_of_two, make
+from k3compile.passes.common import check_num_warps, check_power_of_two, input_loads, make
 
 RECOMPUTED = (k3s.GateCumsumOp,)  # cheaper to redo in the scan than to spill and reload
-TILES = ("q", "k", "v")
+INPUTS = ("q", "k", "v", "g", "beta")
 
 
 def clone_stage(op: Operation) -> Operation:
     return type(op).create(properties=dict(op.properties))
 
 
-def with_late_loads_and_early_spills(stages: list[Operation], spilled: list[str]) -> list[Operation]:
-    """Each tile load right before its first reader, each spill right after its producer:
+def with_late_loads_and_early_spills(layer_op, stages: list[Operation], spilled: list[str]) -> list[Operation]:
+    """Each input load right before its first reader, each spill right after its producer:
     short live ranges keep the [C, K] tiles in registers instead of local memory."""
+    load = input_loads(layer_op)
     ordered: list[Operation] = []
     loaded: set[str] = set()
     for op in stages:
         reads, writes = k3s.stage_dataflow(op)
-        for tile in TILES:
-            if tile in reads and tile not in loaded:
-                ordered.append(make(k3s.LoadChunkOp, tensor=tile))
-                loaded.add(tile)
+        for name in INPUTS:
+            if name in reads and name not in loaded:
+                ordered.append(load[name](k3s.LoadChunkOp))
+                loaded.add(name)
         ordered.append(op)
         if writes in spilled:
             ordered.append(make(k3s.SpillOp, value=writes))
@@ -77,7 +78,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
         k3s.KernelOp,
         [
             make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V),
-            *with_late_loads_and_early_spills(local, spilled),
+            *with_late_loads_and_early_spills(layer_op, local, spilled),
         ],
         sym_name=f"{name}_chunk_prepare",
         grid="chunk,value_head",
@@ -85,7 +86,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     )
     loop_body = [
         *(make(k3s.ReloadOp, value=n) for n in spilled),
-        *with_late_loads_and_early_spills([*recomputed, *scan], []),
+        *with_late_loads_and_early_spills(layer_op, [*recomputed, *scan], []),
     ]
     scan_kernel = make(
         k3s.KernelOp,

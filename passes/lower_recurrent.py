@@ -15,15 +15,23 @@ from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, check_num_warps, check_power_of_two, make, recurrence_arguments
+from k3compile.passes.common import (
+    add_entries,
+    check_num_warps,
+    check_power_of_two,
+    input_loads,
+    make,
+    recurrence_arguments,
+)
 
 
 def recurrent_stages(op: RecurrenceOp) -> list:
-    stages = [make(k3s.LoadTokenOp, tensor=t) for t in ("q", "k", "v")]
+    load = input_loads(op)
+    stages = [load[t](k3s.LoadTokenOp) for t in ("q", "k", "v")]
     if op.gate.data != "none":
-        stages.append(make(k3s.DecayOp, gate=op.gate.data))
+        stages += [load["g"](k3s.LoadTokenOp), make(k3s.DecayOp, gate=op.gate.data)]
     if op.delta_rule.value.data:
-        stages.append(make(k3s.DeltaCorrectOp))
+        stages += [load["beta"](k3s.LoadTokenOp), make(k3s.DeltaCorrectOp)]
     return stages + [make(k3s.Rank1UpdateOp), make(k3s.ReadoutOp)]
 
 

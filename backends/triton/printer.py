@@ -380,22 +380,17 @@ class TritonPrinter:
             f"b_{name} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
             ".to(tl.float32)"
         )
+        if k3s.normalises(op):
+            self.code(f"b_{name} = b_{name} / tl.sqrt(tl.sum(b_{name} * b_{name}) + 1e-6)")
 
     def print_k3s_decay(self, op: k3s.DecayOp) -> None:
         c = self.code
         c.comment(op, "S <- Diag(exp g_t) S")
-        if op.gate.data == "channel":
-            c("b_g = tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)")
-            c("b_S = b_S * tl.exp(b_g)[:, None]")
-        else:
-            c("b_g = tl.load(g + t * HV + i_hv).to(tl.float32)", "b_S = b_S * tl.exp(b_g)")
+        c("b_S = b_S * tl.exp(b_g)[:, None]" if op.gate.data == "channel" else "b_S = b_S * tl.exp(b_g)")
 
     def print_k3s_delta_correct(self, op: k3s.DeltaCorrectOp) -> None:
         self.code.comment(op, "u = beta_t (v_t - S^T k_t), kept in b_v")
-        self.code(
-            "b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)",
-            "b_v = b_beta * (b_v - tl.sum(b_S * b_k[:, None], axis=0))",
-        )
+        self.code("b_v = b_beta * (b_v - tl.sum(b_S * b_k[:, None], axis=0))")
 
     def print_k3s_rank1_update(self, op: k3s.Rank1UpdateOp) -> None:
         self.code.comment(op, "S <- S + k_t u_t^T")
@@ -459,14 +454,46 @@ class TritonPrinter:
             f"b_{name} = tl.load({name} + (t_c[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
             f"mask=m_c[:, None] & {mask}[None, :], other=0.0)"
         )
+        if k3s.normalises(op):
+            self.code(f"b_{name} = b_{name}.to(tl.float32)",
+                      f"b_{name} = b_{name} / tl.sqrt(tl.sum(b_{name} * b_{name}, axis=1) + 1e-6)[:, None]")
+
+    def print_k3s_load_gate(self, op: k3s.LoadGateOp) -> None:
+        c = self.code
+        per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
+        rows, row_mask = ("t", None) if per_token else ("t_c", "m_c")
+        if op.gate.data == "channel":
+            cols = "o_k" if per_token else "o_k[None, :]"
+            address = f"g + ({rows if per_token else rows + '[:, None]'} * HV + i_hv) * K + {cols}"
+            mask = "m_k" if per_token else "m_c[:, None] & m_k[None, :]"
+            bias = f"tl.load(dt_bias + i_hv * K + {cols}, mask={'m_k' if per_token else 'm_k[None, :]'}, other=0.0)"
+        else:
+            address, mask, bias = f"g + {rows} * HV + i_hv", row_mask, "tl.load(dt_bias + i_hv)"
+        c.comment(op, "the log-decay g")
+        c(f"b_g = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''}).to(tl.float32)")
+        form = op.input.data
+        if form != "log":
+            c("b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))", f"b_g = b_g + {bias}.to(tl.float32)")
+            if form == "softplus":
+                c("b_g = -b_a * tl.where(b_g > 20.0, b_g, tl.log(1.0 + tl.exp(tl.minimum(b_g, 20.0))))")
+            else:
+                c(f"b_g = {op.lower_bound.value.data!r} * tl.sigmoid(b_a * b_g)")
+            if mask:  # rows or channels past the end must not decay: the cumsum relies on it
+                c(f"b_g = tl.where({mask}, b_g, 0.0)")
+
+    def print_k3s_load_beta(self, op: k3s.LoadBetaOp) -> None:
+        per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
+        self.code.comment(op)
+        if per_token:
+            self.code("b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)")
+        else:
+            self.code("b_beta = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)")
+        if op.input.data == "logits":
+            self.code("b_beta = tl.sigmoid(b_beta)" if per_token else "b_beta = tl.where(m_c, tl.sigmoid(b_beta), 0.0)")
 
     def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")
-        if op.gate.data == "channel":
-            load = "tl.load(g + (t_c[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)"
-        else:
-            load = "tl.load(g + t_c * HV + i_hv, mask=m_c, other=0.0)"
-        self.code(f"b_G = tl.cumsum({load}.to(tl.float32) * 1.4426950408889634, axis=0)")
+        self.code("b_G = tl.cumsum(b_g * 1.4426950408889634, axis=0)")
 
     def print_k3s_gram(self, op: k3s.GramOp) -> None:
         c = self.code
@@ -495,8 +522,7 @@ class TritonPrinter:
             c(f"{out} = _mm({lhs}, tl.trans(b_k), DOT_BF16)")
         c(f"{out} = tl.where({keep}, {out}, 0.0)")
         if op.beta.value.data:
-            c("b_beta = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)",
-              f"{out} = {out} * b_beta[:, None]")
+            c(f"{out} = {out} * b_beta[:, None]")
 
     def print_k3s_forward_substitution(self, op: k3s.ForwardSubstitutionOp) -> None:
         c = self.code
