@@ -104,6 +104,20 @@ class ScalarArgOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class CheckpointArgOp(KeywordSyntax):
+    """Optional states along the sequence (prefix caching): the argument `checkpoint_every`
+    (None, or a positive multiple of `chunk_size`) and, when given, one more returned tensor
+    `checkpoints` of the states after every checkpoint_every tokens of each sequence, shaped
+    [N, T // every, *state] (varlen: [sum of len_n // every, *state], in sequence order)."""
+
+    name = "k3s.checkpoint_arg"
+    sym_name = prop_def(StringAttr)
+    chunk_size = prop_def(IntegerAttr[I64])
+    state_shape = prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+
+@irdl_op_definition
 class KernelOp(KeywordSyntax):
     """One GPU kernel: a grid of programs, each running the stages of its body in order.
 
@@ -346,6 +360,19 @@ class LoadBetaOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class StoreCheckpointOp(KeywordSyntax):
+    """After a chunk: if the tokens done so far are a multiple of checkpoint_every, write the
+    state to its checkpoint slot."""
+
+    name = "k3s.store_checkpoint"
+    layout = prop_def(StringAttr)
+    traits = traits_def(HasParent(ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "layout", STATE_LAYOUTS)
+
+
+@irdl_op_definition
 class SpillOp(KeywordSyntax):
     """Store a per-chunk quantity (W, U or P) to its workspace for a later kernel."""
 
@@ -496,6 +523,7 @@ CHUNK_STAGES = [
     ChunkLoopOp,
     ChunkTileOp,
     LoadChunkOp,
+    StoreCheckpointOp,
     SpillOp,
     ReloadOp,
     GateCumsumOp,
@@ -569,6 +597,7 @@ K3S = Dialect(
         EntryOp,
         TensorArgOp,
         ScalarArgOp,
+        CheckpointArgOp,
         KernelOp,
         StateTileOp,
         TokenLoopOp,

@@ -50,8 +50,10 @@ def recurrence_inputs(op, q, k, g, beta, A_log=None, dt_bias=None):
 
 
 def recurrence(op, q, k, v, g=None, beta=None, scale=None, initial_state=None,
-               output_final_state=False, cu_seqlens=None, A_log=None, dt_bias=None):
-    """Token-by-token k3.recurrence. Returns (o [B,T,HV,V] float64, final_state [N,HV,K,V] or None)."""
+               output_final_state=False, cu_seqlens=None, A_log=None, dt_bias=None, checkpoint_every=None):
+    """Token-by-token k3.recurrence. Returns (o [B,T,HV,V] float64, final_state [N,HV,K,V] or None),
+    and with checkpoint_every the states after every that many tokens of each sequence, stacked
+    in sequence order ([count, HV, K, V])."""
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
     layout = op.state_layout.data
@@ -64,7 +66,7 @@ def recurrence(op, q, k, v, g=None, beta=None, scale=None, initial_state=None,
     q = q.repeat_interleave(group, dim=2)
     k = k.repeat_interleave(group, dim=2)
     o = torch.zeros(B, T, HV, V, dtype=f64)
-    finals = []
+    finals, checkpoints = [], []
     for n, (b, start, end) in enumerate(_sequences(B, T, cu_seqlens)):
         if initial_state is None:
             S = torch.zeros(HV, K, V, dtype=f64)
@@ -82,8 +84,12 @@ def recurrence(op, q, k, v, g=None, beta=None, scale=None, initial_state=None,
                 u = v[b, t]
             S = S + k[b, t][:, :, None] * u[:, None, :]
             o[b, t] = torch.einsum("hkv,hk->hv", S, scale * q[b, t])
+            if checkpoint_every and (t + 1 - start) % checkpoint_every == 0:
+                checkpoints.append(S.transpose(-1, -2) if layout == "vk" else S)
         finals.append(S.transpose(-1, -2) if layout == "vk" else S)
     final_state = torch.stack(finals) if output_final_state else None
+    if checkpoint_every:
+        return o, final_state, torch.stack(checkpoints) if checkpoints else torch.zeros(0, *S.shape, dtype=f64)
     return o, final_state
 
 

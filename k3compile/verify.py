@@ -81,6 +81,7 @@ class RecurrenceCase:
     length: int
     seqlens: tuple[int, ...] | None = None  # varlen: lengths of the packed sequences
     initial_state: bool = True
+    checkpoint_every: int | None = None  # chunk entry: also compare the states kept along the way
 
 
 def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dict:
@@ -139,6 +140,9 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
             RecurrenceCase("B1 T1 (one token)", 1, 1),
             RecurrenceCase(f"varlen {(64, 0, 1, long)}", 1, 0, seqlens=(64, 0, 1, long)),
         ]
+        if entry == "chunk":  # states kept every 64 tokens (prefix caching) equal the recurrence's
+            yield spec, entry, [RecurrenceCase(f"varlen (64, 1, {long}), checkpoints every 64", 1, 0,
+                                               seqlens=(64, 1, long), checkpoint_every=64)]
         for layer_spec, label in variants[1:]:
             yield layer_spec, entry, [RecurrenceCase(f"{label}varlen (5, {long})", 1, 0, seqlens=(5, long))]
 
@@ -147,6 +151,11 @@ def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype,
     from k3compile.ir import reference
 
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
+    if case.checkpoint_every:
+        inputs["checkpoint_every"] = case.checkpoint_every
+        o, final, kept = getattr(layer, entry)(**inputs, output_final_state=True)
+        ref_o, ref_final, ref_kept = reference.recurrence(layer_op, **inputs, output_final_state=True)
+        return [("o", o, ref_o), ("final_state", final, ref_final), ("checkpoints", kept, ref_kept)]
     o, final = getattr(layer, entry)(**inputs, output_final_state=True)
     ref_o, ref_final = reference.recurrence(layer_op, **inputs, output_final_state=True)
     return [("o", o, ref_o), ("final_state", final, ref_final)]

@@ -71,6 +71,12 @@ def last_entry_of(module: ModuleOp, layer_op: Operation) -> Operation:
     return anchor
 
 
+def recurrence_state_shape(op) -> list[str]:
+    """One sequence's state: [HV, K, V], or [HV, V, K] for the vk layout."""
+    HV, K, V = op.num_v_heads.value.data, op.head_k_dim.value.data, op.head_v_dim.value.data
+    return [str(HV), *((str(K), str(V)) if op.state_layout.data == "kv" else (str(V), str(K)))]
+
+
 def recurrence_arguments(op) -> list[Operation]:
     """The tensor interface every entry of a k3.recurrence shares (fla's layouts)."""
     from k3compile.ir import k3s
@@ -79,7 +85,7 @@ def recurrence_arguments(op) -> list[Operation]:
     delta_rule = bool(op.delta_rule.value.data)
     H, HV = op.num_heads.value.data, op.num_v_heads.value.data
     K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
-    state_shape = f"N,{HV},{K},{V}" if op.state_layout.data == "kv" else f"N,{HV},{V},{K}"
+    state_shape = ",".join(["N", *recurrence_state_shape(op)])
     gate_shape = f"B,T,{HV},{K}" if gate == "channel" else f"B,T,{HV}"
     gate_parameter_role = "forbidden" if op.input_option("gate_input") == "log" else "input"
 

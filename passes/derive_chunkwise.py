@@ -23,7 +23,7 @@ from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, make, recurrence_arguments
+from k3compile.passes.common import add_entries, make, recurrence_arguments, recurrence_state_shape
 
 
 def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -> k3s.ChunkedOp:
@@ -74,7 +74,14 @@ class DeriveChunkwisePass(ModulePass):
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
         return make(
             k3s.EntryOp,
-            [*recurrence_arguments(op), chunkwise_schedule(op, self.chunk_size, self.sub_chunk)],
+            [
+                *recurrence_arguments(op),
+                # the chunked form passes through the state at every chunk boundary: any
+                # multiple of the chunk size can be kept for prefix caching
+                make(k3s.CheckpointArgOp, sym_name="checkpoint_every", chunk_size=self.chunk_size,
+                     state_shape=",".join(recurrence_state_shape(op))),
+                chunkwise_schedule(op, self.chunk_size, self.sub_chunk),
+            ],
             sym_name="chunk",
             source=op.sym_name.data,
         )

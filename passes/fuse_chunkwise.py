@@ -92,7 +92,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
         k3s.KernelOp,
         [
             make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout),
-            make(k3s.ChunkLoopOp, loop_body, chunk_size=C),
+            make(k3s.ChunkLoopOp, [*loop_body, make(k3s.StoreCheckpointOp, layout=layout)], chunk_size=C),
             make(k3s.StoreStateOp, layout=layout),
         ],
         sym_name=f"{name}_chunk_scan",

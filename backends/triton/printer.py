@@ -70,6 +70,7 @@ class EntryView:
         self.scalars = [op for op in entry.body.ops if isinstance(op, k3s.ScalarArgOp)]
         self.kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
         self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
+        self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
 
     def tensor(self, name: str) -> k3s.TensorArgOp:
         return next(op for op in self.tensors if op.sym_name.data == name)
@@ -125,6 +126,8 @@ class TritonPrinter:
                 params.append(f"{name}=None")
             elif arg.role.data == "optional_output":
                 params.append(f"output_{name}=False")
+        if view.checkpoint:
+            params.append("checkpoint_every=None")
         outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
         c(f"def {entry.sym_name.data}({', '.join(params)}):")
         with c.indent():
@@ -135,7 +138,11 @@ class TritonPrinter:
                     c(f"    {arg.sym_name.data}: float, default {attr_to_literal(arg.default)}")
                 else:
                     c(f"    {arg.sym_name.data}: [{arg.shape.data}] {arg.dtype.data} ({arg.role.data})")
-            c(f"Returns ({', '.join(o.sym_name.data for o in outputs)}); optional outputs are None unless asked for.")
+            if view.checkpoint:
+                c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
+                  "also return the states after every that many tokens of each sequence")
+            c(f"Returns ({', '.join(o.sym_name.data for o in outputs)}"
+              f"{'[, checkpoints]' if view.checkpoint else ''}); optional outputs are None unless asked for.")
             c('"""')
             self.print_argument_checks(view)
             for arg in view.scalars:
@@ -144,9 +151,19 @@ class TritonPrinter:
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)
+            if view.checkpoint:
+                first = view.tensors[0].sym_name.data
+                c(f"# {describe(view.checkpoint)}",
+                  f"checkpoints, checkpoint_base = _checkpoints(checkpoint_every, {view.checkpoint.chunk_size.value.data}, "
+                  f"cu_seqlens, dims, ({view.checkpoint.state_shape.data},), {first}.device)")
             for kernel in view.kernels:
                 self.print_launch(kernel, view)
-            c(f"return {', '.join(o.sym_name.data for o in outputs)}" + ("," if len(outputs) == 1 else ""))
+            returned = ", ".join(o.sym_name.data for o in outputs) + ("," if len(outputs) == 1 else "")
+            if view.checkpoint:
+                c("if checkpoint_every is not None:")
+                with c.indent():
+                    c(f"return {returned} checkpoints" if returned.endswith(",") else f"return {returned}, checkpoints")
+            c(f"return {returned}")
 
     def print_argument_checks(self, view: EntryView) -> None:
         c = self.code
@@ -245,8 +262,14 @@ class TritonPrinter:
             params.append(("chunk_table", "chunk_table"))
         runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
+        checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
+        if checkpointing:
+            params += [("checkpoints", "checkpoints"), ("checkpoint_base", "checkpoint_base"),
+                       ("checkpoint_every", "checkpoint_every or 0")]
         params += [(f"{n}: tl.constexpr", f"{n}={n}") for n in self.kernel_constants(kernel, view)]
         params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
+        if checkpointing:
+            params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
         if any(isinstance(op, CHUNK_STAGE_TYPES) for op in kernel.walk()):
             first = view.tensors[0].sym_name.data
             # bf16 inputs: bf16 tensor-core dots; fp16/fp32 inputs: fp32 dots (fp16 cannot hold
@@ -573,6 +596,21 @@ class TritonPrinter:
         width, offsets, mask = self.SPILL_LAYOUT[value]
         address = f"{value} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
         return address, "m_c[:, None]" + (f" & {mask}[None, :]" if mask else "")
+
+    def print_k3s_store_checkpoint(self, op: k3s.StoreCheckpointOp) -> None:
+        c = self.code
+        c.comment(op, "the state after a multiple of checkpoint_every tokens")
+        c("if HAS_CHECKPOINTS:")
+        with c.indent():
+            c("done = start + BC - bos", "if (done % checkpoint_every == 0) & (start + BC <= eos):")
+            with c.indent():
+                c("if HAS_CU_SEQLENS:")
+                with c.indent():
+                    c("slot = tl.load(checkpoint_base + i_n).to(tl.int64) + done // checkpoint_every - 1")
+                c("else:")
+                with c.indent():
+                    c("slot = i_n * (T // checkpoint_every) + done // checkpoint_every - 1")
+                c("tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), b_S, mask=m_kv)")
 
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
         value = op.value.data

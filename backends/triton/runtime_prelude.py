@@ -99,6 +99,21 @@ def _mm_accurate(a, b, DOT_BF16: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
 
 
+def _checkpoints(every, chunk_size, offsets, dims, state_shape, device):
+    """The checkpoints tensor of a chunk entry and, for varlen input, each sequence's first slot."""
+    if every is None:
+        return None, None
+    if isinstance(every, bool) or not isinstance(every, int) or every <= 0 or every % chunk_size:
+        raise ValueError(f"checkpoint_every: expected a positive multiple of the chunk size {chunk_size}, got {every!r}")
+    if offsets is None:
+        return _alloc((dims["N"], dims["T"] // every, *state_shape), torch.float32, device), None
+    bounds = offsets.tolist()
+    counts = [(end - start) // every for start, end in zip(bounds, bounds[1:])]
+    first_slots = [sum(counts[:n]) for n in range(len(counts))]
+    checkpoints = _alloc((sum(counts), *state_shape), torch.float32, device)
+    return checkpoints, torch.tensor(first_slots, dtype=torch.int32, device=device)
+
+
 def _check_none(name, x, why):
     if x is not None:
         raise ValueError(f"{name}: must be None ({why})")
