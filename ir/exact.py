@@ -16,6 +16,13 @@ from sympy import Matrix, Rational, eye, zeros
 from k3compile.ir import k3s
 
 
+class IncompleteSchedule(KeyError):
+    """The schedule is missing a stage: some stage reads a quantity nothing produced."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 @dataclass
 class ExactInputs:
     """One value head's sequence: q, k [T, K]; v [T, V]; decays a [T, K] (all ones without a
@@ -84,7 +91,7 @@ class Chunk:
 
     def __getitem__(self, name: str) -> Matrix:
         if name not in self.values:
-            raise KeyError(f"stage reads {name}, which no earlier stage produced")
+            raise IncompleteSchedule(f"a stage reads {name}, which no earlier stage produced")
         return self.values[name]
 
     def gamma(self, op) -> Matrix:

@@ -1,0 +1,336 @@
+"""The compiled `chunk` entry (default pipeline lower-recurrent,derive-chunkwise,fuse-chunkwise)
+of every KDA-family member, in both state layouts and at several chunk sizes, against the
+float64 token recurrence of k3compile.ir.reference.
+
+Triton interpreter, fp32 only (the interpreter computes bf16 tl.dot wrongly), small non-power-
+of-two dims (K = 24, V = 40) with block-v 16, so the scan runs 3 value blocks per head and value
+heads are grouped (HV = 2 H). The chunk form reassociates sums, so the tolerance is an RMS ratio
+of 1e-4 (observed: ~1e-7) instead of test_recurrent's 1e-5 allclose.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import (
+    DELTA_OF_KIND,
+    GATE_OF_KIND,
+    RECURRENCE_KINDS,
+    RecurrenceShape,
+    layer_op,
+    recurrence_inputs,
+    recurrence_table,
+    rms_ratio,
+)
+from k3compile.driver import schedule
+from k3compile.ir import k3s, reference
+from k3compile.spec import spec_from_table
+
+LAYOUTS = ("kv", "vk")
+CHUNK_SIZES = (16, 32, 64)
+H, HV, K, V = 2, 4, 24, 40  # grouped value heads (2 per qk head), K and V not powers of two
+BLOCK_V = 16  # V = 40 -> 3 value blocks in the scan, the last one partial
+RMS_TOL = 1e-4
+
+FULL = [(kind, layout, C) for kind in RECURRENCE_KINDS for layout in LAYOUTS for C in CHUNK_SIZES]
+# To keep the interpreter's runtime small, the other cases cover a subset: the layout only
+# changes how the state is loaded and stored (covered in full above), the chunk size does not
+# change argument handling. Each list still reaches every member and both layouts.
+MEMBERS = [(kind, layout, 16) for kind in RECURRENCE_KINDS for layout in LAYOUTS]
+SIZES = [(kind, LAYOUTS[(i + j) % 2], C) for i, kind in enumerate(RECURRENCE_KINDS) for j, C in enumerate(CHUNK_SIZES)]
+ONE_LAYOUT = [(kind, LAYOUTS[i % 2], 16) for i, kind in enumerate(RECURRENCE_KINDS)]
+
+
+def ids(cases):
+    return [f"{kind}-{layout}-C{C}" for kind, layout, C in cases]
+
+
+def chunk_pipeline(chunk_size: int, sub_chunk: int = 16) -> str:
+    return (f"lower-recurrent,derive-chunkwise{{chunk-size={chunk_size} sub-chunk={sub_chunk}}},"
+            f"fuse-chunkwise{{block-v={BLOCK_V} num-warps=4}}")
+
+
+def chunk_layer(compile_layer, kind, layout, chunk_size, sub_chunk=16, **dims):
+    dims = {"H": H, "HV": HV, "K": K, "V": V, **dims}
+    name = f"{kind}_{layout}_c{chunk_size}_s{sub_chunk}_h{dims['H']}_hv{dims['HV']}_k{dims['K']}_v{dims['V']}"
+    return compile_layer(pipeline=chunk_pipeline(chunk_size, sub_chunk),
+                         **recurrence_table(kind, layout, name=name, **dims))
+
+
+@pytest.fixture
+def case(request, compile_layer):
+    kind, layout, C = request.param
+    return kind, layout, C, chunk_layer(compile_layer, kind, layout, C)
+
+
+def assert_rms(out: torch.Tensor, ref: torch.Tensor, what: str, tol: float = RMS_TOL) -> None:
+    assert out is not None, f"{what}: kernel returned None"
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten NaN-filled elements?)"
+    assert torch.isfinite(ref).all(), f"{what}: the reference itself is not finite"
+    ratio = rms_ratio(out, ref)
+    assert ratio < tol, f"{what}: RMS ratio {ratio:.3e} >= {tol:.0e}"
+
+
+def check(layer, inputs, **kwargs):
+    """chunk(...) with output_final_state=True against the reference; returns (o, final)."""
+    o, final = layer.chunk(**inputs, output_final_state=True, **kwargs)
+    ref_o, ref_final = reference.recurrence(layer_op(layer), **inputs, output_final_state=True, **kwargs)
+    assert o.dtype == inputs["q"].dtype
+    assert final is not None and final.dtype == torch.float32
+    assert_rms(o, ref_o, "o")
+    assert_rms(final, ref_final, "final_state")
+    return o, final
+
+
+def varlen_shape(seqlens, **dims) -> RecurrenceShape:
+    dims = {"H": H, "HV": HV, "K": K, "V": V, **dims}
+    return RecurrenceShape(B=1, T=sum(seqlens), seqlens=tuple(seqlens), **dims)
+
+
+# --- every member x layout x chunk size (varlen: every member x chunk size) ----------------
+
+
+@pytest.mark.parametrize("case", FULL, ids=ids(FULL), indirect=True)
+def test_batch_several_chunks_and_a_partial_one(case):
+    """B = 2, T = 2C + 3 (two full chunks and a partial one per sequence), initial and final
+    state, grouped value heads, 3 value blocks."""
+    kind, layout, C, layer = case
+    assert "chunk" in layer.entries and "recurrent" in layer.entries
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=2, T=2 * C + 3, H=H, HV=HV, K=K, V=V))
+    check(layer, inputs)
+
+
+@pytest.mark.parametrize("case", SIZES, ids=ids(SIZES), indirect=True)
+def test_varlen_short_exact_empty_and_long_sequences(case):
+    """Sequences shorter than a chunk, exactly one chunk, empty, several chunks with a partial
+    tail and a single token, packed back to back (their chunks start mid-chunk of the packing)."""
+    kind, layout, C, layer = case
+    seqlens = (C // 2 + 1, C, 0, 2 * C + 3, 1)
+    inputs = recurrence_inputs(kind, layout, varlen_shape(seqlens))
+    o, final = check(layer, inputs)
+    assert final.shape[0] == len(seqlens)
+    # the empty sequence's final state is its initial state, untouched
+    assert torch.equal(final[2], inputs["initial_state"][2])
+
+
+# --- cheaper cases, at one chunk size -------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", MEMBERS, ids=ids(MEMBERS), indirect=True)
+def test_no_initial_state_and_no_final_state_unless_asked(case):
+    kind, layout, C, layer = case
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=1, T=C + 3, H=H, HV=HV, K=K, V=V),
+                               initial_state=False)
+    o, final = check(layer, inputs)  # the final state from a zero state
+    out = layer.chunk(**inputs)  # output_final_state defaults to False
+    assert isinstance(out, tuple) and len(out) == 2
+    o2, final2 = out
+    assert final2 is None
+    assert torch.equal(o, o2)
+
+
+@pytest.mark.parametrize("case", ONE_LAYOUT, ids=ids(ONE_LAYOUT), indirect=True)
+def test_scale_override(case):
+    kind, layout, C, layer = case
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=1, T=C + 5, H=H, HV=HV, K=K, V=V))
+    scale = 0.7  # not the default K ** -0.5
+    o, _ = check(layer, inputs, scale=scale)
+    ref_default, _ = reference.recurrence(layer_op(layer), **inputs)
+    assert rms_ratio(o, ref_default) > 1e-2, "the scale argument must matter"
+
+
+@pytest.mark.parametrize("case", MEMBERS, ids=ids(MEMBERS), indirect=True)
+def test_chunk_and_recurrent_of_one_module_agree(case):
+    kind, layout, C, layer = case
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=1, T=C + 5, H=H, HV=HV, K=K, V=V))
+    o_c, s_c = layer.chunk(**inputs, output_final_state=True)
+    o_r, s_r = layer.recurrent(**inputs, output_final_state=True)
+    assert_rms(o_c, o_r.to(torch.float64), "chunk o vs recurrent o")
+    assert_rms(s_c, s_r.to(torch.float64), "chunk final_state vs recurrent final_state")
+
+
+@pytest.mark.parametrize("case", ONE_LAYOUT, ids=ids(ONE_LAYOUT), indirect=True)
+def test_varlen_sequences_isolated(case):
+    """NaN in one sequence's v reaches neither the outputs nor the final states of the others,
+    which stay bit-identical to a run without the NaN."""
+    kind, layout, C, layer = case
+    seqlens = (C // 2 + 1, 2 * C + 3, C, 0, 3)
+    T = sum(seqlens)
+    inputs = recurrence_inputs(kind, layout, varlen_shape(seqlens))
+    start, end = seqlens[0], seqlens[0] + seqlens[1]  # sequence 1, several chunks, between two others
+    poisoned = dict(inputs)
+    poisoned["v"] = inputs["v"].clone()
+    poisoned["v"][:, start:end] = float("nan")
+    o, final = layer.chunk(**inputs, output_final_state=True)
+    o_p, final_p = layer.chunk(**poisoned, output_final_state=True)
+    others = torch.ones(T, dtype=torch.bool)
+    others[start:end] = False
+    assert torch.isfinite(o_p[:, others]).all(), "NaN leaked into another sequence's output"
+    assert torch.equal(o_p[:, others], o[:, others])
+    for n in (0, 2, 3, 4):
+        assert torch.isfinite(final_p[n]).all(), f"NaN leaked into the final state of sequence {n}"
+        assert torch.equal(final_p[n], final[n])
+    assert torch.isnan(o_p[:, start:end]).any(), "the poisoned sequence itself should be NaN"
+    ref_o, ref_final = reference.recurrence(layer_op(layer), **inputs, output_final_state=True)
+    assert_rms(o, ref_o, "o")
+    assert_rms(final, ref_final, "final_state")
+
+
+# --- causality: every member x chunk size -------------------------------------------------
+
+
+@pytest.mark.parametrize("case", SIZES, ids=ids(SIZES), indirect=True)
+def test_causal_inside_a_chunk(case):
+    """Changing q, k, v, g, beta at t >= t0 leaves o[:, :t0] bit-identical, with t0 inside the
+    second chunk and inside a sub-chunk (not at a boundary of either)."""
+    kind, layout, C, layer = case
+    T = 2 * C + 5
+    t0 = C + C // 2 + 3  # C=16: 27, C=32: 51, C=64: 99 -- none a multiple of 16
+    assert t0 % 16 and t0 % C
+    shape = RecurrenceShape(B=1, T=T, H=H, HV=HV, K=K, V=V)
+    inputs = recurrence_inputs(kind, layout, shape)
+    future = recurrence_inputs(kind, layout, shape)
+    changed = dict(inputs)
+    for name in ("q", "k", "v", "g", "beta"):
+        if name in inputs:
+            changed[name] = inputs[name].clone()
+            changed[name][:, t0:] = future[name][:, t0:]
+    o1, _ = layer.chunk(**inputs)
+    o2, _ = layer.chunk(**changed)
+    assert torch.isfinite(o1).all() and torch.isfinite(o2).all()
+    assert torch.equal(o1[:, :t0], o2[:, :t0]), "outputs before t0 depend on later inputs"
+    assert not torch.allclose(o1[:, t0:], o2[:, t0:]), "the change at t >= t0 must show after t0"
+
+
+STRONG_DECAY_BUG = (
+    "BUG: with a channel gate (KDA, GLA) the key/query Gram factors the gate ratio of a sub-chunk "
+    "as exp2(G_i - G_ref) * exp2(G_ref - G_j); once a channel decays by more than ~88.7 nats "
+    "(fp32's exp range) within one sub-chunk (g < -88.7/15 ~ -5.9 per token at sub-chunk 16) the "
+    "second factor overflows to inf and `chunk` returns NaN where `recurrent` and the reference "
+    "are finite. Inputs with the unbounded gate -exp(A_log) softplus(.) reach this."
+)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy warns about inf * 0
+@pytest.mark.parametrize("kind", [
+    pytest.param("kda", marks=pytest.mark.xfail(strict=True, reason=STRONG_DECAY_BUG)),
+    pytest.param("gla", marks=pytest.mark.xfail(strict=True, reason=STRONG_DECAY_BUG)),
+    "gated_deltanet",
+])
+def test_strong_decay(kind, compile_layer):
+    """One fast-decaying gate channel (g = -7 per token: 105 nats over a 16-token sub-chunk, the
+    state forgets it within a few tokens) is a valid input; the output must stay finite and right."""
+    C = 16
+    layer = chunk_layer(compile_layer, kind, "kv", C)
+    inputs = recurrence_inputs(kind, "kv", RecurrenceShape(B=1, T=C + 3, H=H, HV=HV, K=K, V=V))
+    inputs["g"][..., 0] = -7.0  # channel gate: key channel 0 of every value head; scalar: value head 0
+    check(layer, inputs)
+
+
+# --- pipeline variants --------------------------------------------------------------------
+
+
+def test_smaller_sub_chunk_than_chunk(compile_layer):
+    """sub-chunk 8 in chunks of 32: 4 gate-ratio blocks in the Gram and 4 diagonal blocks in the
+    triangular solve (the off-diagonal part by products)."""
+    kind, layout, C = "kda", "kv", 32
+    layer = chunk_layer(compile_layer, kind, layout, C, sub_chunk=8)
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=1, T=2 * C + 3, H=H, HV=HV, K=K, V=V))
+    check(layer, inputs)
+
+
+def test_default_pipeline_chunk_entry(compile_layer):
+    """The kind's default pipeline (chunk size 64, block-v 64) yields a correct `chunk` too."""
+    kind, layout = "kda", "vk"
+    layer = compile_layer(**recurrence_table(kind, layout, H=1, HV=2, K=K, V=V, name="kda_vk_chunk_default"))
+    assert "chunk" in layer.entries
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=1, T=70, H=1, HV=2, K=K, V=V))
+    check(layer, inputs)
+
+
+# --- fuse-chunkwise: what crosses from the prepare kernel to the scan -----------------------
+
+
+def chunk_entry(kind: str, pipeline: str) -> k3s.EntryOp:
+    spec = spec_from_table(recurrence_table(kind, "kv", H=H, HV=HV, K=K, V=V, name=f"{kind}_ir"))
+    module = schedule(spec, pipeline).scheduled
+    entries = [op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == "chunk"]
+    assert len(entries) == 1
+    return entries[0]
+
+
+# input loads of a kernel, by op name -> the input they make available
+INPUT_LOADS = {
+    "k3s.load_chunk": lambda op: op.tensor.data,
+    "k3s.load_gate": lambda op: "g",
+    "k3s.load_beta": lambda op: "beta",
+}
+NOT_STAGES = (k3s.ChunkTileOp, k3s.StateTileOp, k3s.StoreStateOp)
+
+
+def dataflow_closed(kernel: k3s.KernelOp, available: set[str]) -> None:
+    """In program order, every stage reads only what is loaded, reloaded or produced before it
+    in the same kernel. g and beta count as read in place unless the kernel loads them."""
+    loaded = {INPUT_LOADS[op.name](op) for op in kernel.walk() if op.name in INPUT_LOADS}
+    available = set(available) | ({"g", "beta"} - loaded)
+    where = kernel.sym_name.data
+
+    def walk(ops):
+        for op in ops:
+            if op.name in INPUT_LOADS:
+                available.add(INPUT_LOADS[op.name](op))
+            elif isinstance(op, k3s.ReloadOp):
+                available.add(op.value.data)
+            elif isinstance(op, k3s.SpillOp):
+                assert op.value.data in available, f"{where}: spills {op.value.data} before producing it"
+            elif isinstance(op, k3s.ChunkLoopOp):
+                walk(list(op.body.ops))
+            elif not isinstance(op, NOT_STAGES):
+                reads, writes = k3s.stage_dataflow(op)
+                assert reads <= available, f"{where}: {op.name} reads {sorted(reads - available)} that it never gets"
+                available.add(writes)
+
+    walk(list(kernel.body.ops))
+
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+def test_fuse_chunkwise_spills_exactly_what_the_scan_reads(kind):
+    """The prepare kernel spills W, U, P with the delta rule and only P without; the scan reloads
+    exactly those, recomputes the cumulative gate, and nothing else crosses between them."""
+    C = 32
+    expected = {"W", "U", "P"} if DELTA_OF_KIND[kind] else {"P"}
+    gated = GATE_OF_KIND[kind] != "none"
+
+    # what the scan stages of the unfused schedule read from its chunk-local stages
+    unfused = chunk_entry(kind, f"derive-chunkwise{{chunk-size={C}}}")
+    (chunked,) = [op for op in unfused.body.ops if isinstance(op, k3s.ChunkedOp)]
+    local, scan = list(chunked.body.ops)
+    local_writes = {k3s.stage_dataflow(op)[1] for op in local.body.ops}
+    scan_reads = set().union(*(k3s.stage_dataflow(op)[0] for op in scan.body.ops))
+    assert scan_reads & local_writes == expected | ({"Gamma"} if gated else set())
+
+    entry = chunk_entry(kind, f"derive-chunkwise{{chunk-size={C}}},fuse-chunkwise{{block-v={BLOCK_V}}}")
+    assert not any(isinstance(op, k3s.ChunkedOp) for op in entry.walk())
+    kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+    assert [k.grid.data for k in kernels] == ["chunk,value_head", "value_block,sequence_head"]
+    prepare, scan_kernel = kernels
+    spills = [op.value.data for op in prepare.walk() if isinstance(op, k3s.SpillOp)]
+    reloads = [op.value.data for op in scan_kernel.walk() if isinstance(op, k3s.ReloadOp)]
+    assert sorted(spills) == sorted(expected), f"prepare spills {spills}"
+    assert sorted(reloads) == sorted(expected), f"scan reloads {reloads}"
+    assert not any(isinstance(op, k3s.ReloadOp) for op in prepare.walk())
+    assert not any(isinstance(op, k3s.SpillOp) for op in scan_kernel.walk())
+
+    widths = {"W": K, "U": V, "P": C}
+    workspaces = {op.sym_name.data: op.shape.data for op in entry.body.ops
+                  if isinstance(op, k3s.TensorArgOp) and op.role.data == "workspace"}
+    assert workspaces == {n: f"B,T,{HV},{widths[n]}" for n in expected}
+
+    # the cumulative gate is rebuilt in the scan, not spilled
+    recomputed = [op for op in scan_kernel.walk() if isinstance(op, k3s.GateCumsumOp)]
+    assert len(recomputed) == (1 if gated else 0)
+    # each kernel's stages only read what it loads, reloads or computes itself
+    dataflow_closed(prepare, set())
+    dataflow_closed(scan_kernel, {"S"})
