@@ -511,6 +511,8 @@ def stage_dataflow(op) -> tuple[set[str], str]:
         return {"U", "W", "S"}, "Vr"
     if isinstance(op, ChunkOutputOp):
         return {"q", "P", "S", "Vr" if op.residual.value.data else "v"} | gamma, "O"
+    if isinstance(op, StoreCheckpointOp):
+        return {"S"}, "checkpoints"
     if isinstance(op, StateAdvanceOp):
         return {"k", "S", "Vr" if op.residual.value.data else "v"} | gamma, "S"
     raise TypeError(f"{op.name} is not a chunk stage")

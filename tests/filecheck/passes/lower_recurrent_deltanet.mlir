@@ -1,5 +1,6 @@
-// lower-recurrent on DeltaNet (no gate, delta rule): no decay stage at all, g is forbidden
-// (the member has no gate input) and beta is a required input.
+// lower-recurrent on DeltaNet (no gate, delta rule): no gate load and no decay stage at all, g
+// and the gate's parameters A_log and dt_bias are forbidden (the member has no gate input); beta
+// is a required input, loaded as given before the delta correction.
 // RUN: k3c opt %s -p lower-recurrent | filecheck %s
 // RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
 
@@ -10,13 +11,18 @@ builtin.module {
 // CHECK:      k3s.entry @recurrent <source = deltanet> {
 // CHECK:        k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = forbidden>
 // CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
+// CHECK:        k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
+// CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = forbidden>
+// CHECK-NOT:    k3s.load_gate
 // CHECK-NOT:    k3s.decay
 // CHECK:        k3s.token_loop {
 // CHECK-NEXT:     k3s.load_token <tensor = q>
 // CHECK-NEXT:     k3s.load_token <tensor = k>
 // CHECK-NEXT:     k3s.load_token <tensor = v>
+// CHECK-NEXT:     k3s.load_beta <input = probability>
 // CHECK-NEXT:     k3s.delta_correct
 // CHECK-NEXT:     k3s.rank1_update
 // CHECK-NEXT:     k3s.readout
 // CHECK-NEXT:   }
+// CHECK-NOT:    k3s.load_gate
 // CHECK-NOT:    k3s.decay

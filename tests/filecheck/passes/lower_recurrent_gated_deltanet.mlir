@@ -1,5 +1,6 @@
 // lower-recurrent on Gated DeltaNet (scalar gate + delta rule): the decay is per head
-// (decay <gate = scalar>), so g has no key-channel dimension; beta is an input.
+// (load_gate and decay <gate = scalar>), so g has no key-channel dimension and dt_bias (forbidden
+// with a log-space gate input, like A_log) has one entry per value head; beta is an input.
 // RUN: k3c opt %s -p lower-recurrent | filecheck %s
 // RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
 
@@ -10,12 +11,16 @@ builtin.module {
 // CHECK:      k3s.entry @recurrent <source = gdn> {
 // CHECK:        k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = input>
 // CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
+// CHECK:        k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
+// CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = forbidden>
 // CHECK:        k3s.kernel @gdn_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK:          k3s.token_loop {
 // CHECK-NEXT:       k3s.load_token <tensor = q>
 // CHECK-NEXT:       k3s.load_token <tensor = k>
 // CHECK-NEXT:       k3s.load_token <tensor = v>
+// CHECK-NEXT:       k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>
 // CHECK-NEXT:       k3s.decay <gate = scalar>
+// CHECK-NEXT:       k3s.load_beta <input = probability>
 // CHECK-NEXT:       k3s.delta_correct
 // CHECK-NEXT:       k3s.rank1_update
 // CHECK-NEXT:       k3s.readout

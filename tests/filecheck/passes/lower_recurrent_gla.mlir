@@ -1,5 +1,6 @@
-// lower-recurrent on GLA (channel gate, no delta rule): decay per key channel, then the plain
-// rank-1 update k v^T with no delta correction; beta is forbidden, g is an input.
+// lower-recurrent on GLA (channel gate, no delta rule): the gate is loaded (log-decay, as given)
+// and decays the state per key channel, then the plain rank-1 update k v^T with no beta load and
+// no delta correction; beta is forbidden, g is an input, A_log and dt_bias [HV * K] are forbidden.
 // RUN: k3c opt %s -p lower-recurrent | filecheck %s
 // RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
 
@@ -10,13 +11,18 @@ builtin.module {
 // CHECK:      k3s.entry @recurrent <source = gla> {
 // CHECK:        k3s.tensor_arg @g <shape = "B,T,4,64", dtype = float, role = input>
 // CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = forbidden>
+// CHECK:        k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
+// CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "256", dtype = float, role = forbidden>
+// CHECK-NOT:    k3s.load_beta
 // CHECK-NOT:    k3s.delta_correct
 // CHECK:        k3s.token_loop {
 // CHECK-NEXT:     k3s.load_token <tensor = q>
 // CHECK-NEXT:     k3s.load_token <tensor = k>
 // CHECK-NEXT:     k3s.load_token <tensor = v>
+// CHECK-NEXT:     k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
 // CHECK-NEXT:     k3s.decay <gate = channel>
 // CHECK-NEXT:     k3s.rank1_update
 // CHECK-NEXT:     k3s.readout
 // CHECK-NEXT:   }
+// CHECK-NOT:    k3s.load_beta
 // CHECK-NOT:    k3s.delta_correct

@@ -1,7 +1,9 @@
 // lower-recurrent on a KDA layer (channel gate + delta rule): the layer op stays and a
 // `recurrent` entry is added after it, with fla's tensor interface and one kernel whose token
-// loop loads q, k, v, decays the state per key channel, applies the delta correction, then the
-// rank-1 update and the readout. Default options: block_v = 32, num_warps = 4.
+// loop loads q, k, v, loads the gate (log-decay, as given) and decays the state per key channel,
+// loads beta (a probability, as given) and applies the delta correction, then the rank-1 update
+// and the readout. The in-kernel gate's parameters A_log and dt_bias are forbidden with a
+// log-space gate input. Default options: block_v = 32, num_warps = 4.
 // RUN: k3c opt %s -p lower-recurrent | filecheck %s
 // The lowered IR re-parses (custom -> custom, and generic -> custom) to the same text.
 // RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
@@ -24,13 +26,17 @@ builtin.module {
 // CHECK-NEXT:     k3s.tensor_arg @o <shape = "B,T,4,32", dtype = float, role = output>
 // CHECK-NEXT:     k3s.tensor_arg @final_state <shape = "N,4,64,32", dtype = float32, role = optional_output>
 // CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
+// CHECK-NEXT:     k3s.tensor_arg @dt_bias <shape = "256", dtype = float, role = forbidden>
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {
 // CHECK-NEXT:         k3s.load_token <tensor = q>
 // CHECK-NEXT:         k3s.load_token <tensor = k>
 // CHECK-NEXT:         k3s.load_token <tensor = v>
+// CHECK-NEXT:         k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
 // CHECK-NEXT:         k3s.decay <gate = channel>
+// CHECK-NEXT:         k3s.load_beta <input = probability>
 // CHECK-NEXT:         k3s.delta_correct
 // CHECK-NEXT:         k3s.rank1_update
 // CHECK-NEXT:         k3s.readout

@@ -11,11 +11,15 @@ builtin.module {
 
 // CHECK:      k3.recurrence @first
 // CHECK-NEXT: k3s.entry @first_recurrent <source = first> {
-// CHECK:      k3s.decay <gate = channel>
+// CHECK:      k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
+// CHECK-NEXT: k3s.decay <gate = channel>
+// CHECK-NEXT: k3s.load_beta <input = probability>
 // CHECK-NEXT: k3s.delta_correct
 // CHECK:      k3.recurrence @second
 // CHECK-NEXT: k3s.entry @second_recurrent <source = second> {
+// CHECK-NOT:  k3s.load_gate
 // CHECK-NOT:  k3s.decay
+// CHECK-NOT:  k3s.load_beta
 // CHECK-NOT:  k3s.delta_correct
 // CHECK:      k3s.token_loop {
 // CHECK-NEXT:   k3s.load_token <tensor = q>

@@ -27,13 +27,17 @@
 // CHECK-NEXT:      k3s.tensor_arg @o <shape = "B,T,32,128", dtype = float, role = output>
 // CHECK-NEXT:      k3s.tensor_arg @final_state <shape = "N,32,128,128", dtype = float32, role = optional_output>
 // CHECK-NEXT:      k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:      k3s.tensor_arg @A_log <shape = "32", dtype = float, role = forbidden>
+// CHECK-NEXT:      k3s.tensor_arg @dt_bias <shape = "4096", dtype = float, role = forbidden>
 // CHECK-NEXT:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:        k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = kv>
 // CHECK-NEXT:        k3s.token_loop {
 // CHECK-NEXT:          k3s.load_token <tensor = q>
 // CHECK-NEXT:          k3s.load_token <tensor = k>
 // CHECK-NEXT:          k3s.load_token <tensor = v>
+// CHECK-NEXT:          k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
 // CHECK-NEXT:          k3s.decay <gate = channel>
+// CHECK-NEXT:          k3s.load_beta <input = probability>
 // CHECK-NEXT:          k3s.delta_correct
 // CHECK-NEXT:          k3s.rank1_update
 // CHECK-NEXT:          k3s.readout
@@ -57,7 +61,9 @@
 // REPARSED-NEXT:   k3s.load_token <tensor = q>
 // REPARSED-NEXT:   k3s.load_token <tensor = k>
 // REPARSED-NEXT:   k3s.load_token <tensor = v>
+// REPARSED-NEXT:   k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
 // REPARSED-NEXT:   k3s.decay <gate = channel>
+// REPARSED-NEXT:   k3s.load_beta <input = probability>
 // REPARSED-NEXT:   k3s.delta_correct
 // REPARSED-NEXT:   k3s.rank1_update
 // REPARSED-NEXT:   k3s.readout

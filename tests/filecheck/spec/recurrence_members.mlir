@@ -12,48 +12,64 @@
 // GDN:       k3s.tensor_arg @v <shape = "B,T,32,128", dtype = float, role = input>
 // GDN-NEXT:  k3s.tensor_arg @g <shape = "B,T,32", dtype = float, role = input>
 // GDN-NEXT:  k3s.tensor_arg @beta <shape = "B,T,32", dtype = float, role = input>
+// GDN:       k3s.tensor_arg @A_log <shape = "32", dtype = float, role = forbidden>
+// GDN-NEXT:  k3s.tensor_arg @dt_bias <shape = "32", dtype = float, role = forbidden>
 // GDN:       k3s.token_loop {
 // GDN-NEXT:    k3s.load_token <tensor = q>
 // GDN-NEXT:    k3s.load_token <tensor = k>
 // GDN-NEXT:    k3s.load_token <tensor = v>
+// GDN-NEXT:    k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>
 // GDN-NEXT:    k3s.decay <gate = scalar>
+// GDN-NEXT:    k3s.load_beta <input = probability>
 // GDN-NEXT:    k3s.delta_correct
 // GDN-NEXT:    k3s.rank1_update
 // GDN-NEXT:    k3s.readout
 // GDN-NEXT:  }
 
-// DeltaNet: no gate (no decay stage, g forbidden), delta rule (beta input).
+// DeltaNet: no gate (no gate load or decay stage; g, A_log and dt_bias forbidden), delta rule
+// (beta input, loaded before the delta correction).
 // DN-LABEL: // -----// IR of spec
 // DN:       k3.recurrence @deltanet <gate = none, delta_rule = true,
 // DN-LABEL: // -----// IR after lower-recurrent //----- //
 // DN:       k3s.tensor_arg @g <shape = "B,T,16", dtype = float, role = forbidden>
 // DN-NEXT:  k3s.tensor_arg @beta <shape = "B,T,16", dtype = float, role = input>
+// DN:       k3s.tensor_arg @A_log <shape = "16", dtype = float, role = forbidden>
+// DN-NEXT:  k3s.tensor_arg @dt_bias <shape = "16", dtype = float, role = forbidden>
+// DN-NOT:   k3s.load_gate
 // DN-NOT:   k3s.decay
 // DN:       k3s.token_loop {
 // DN-NEXT:    k3s.load_token <tensor = q>
 // DN-NEXT:    k3s.load_token <tensor = k>
 // DN-NEXT:    k3s.load_token <tensor = v>
+// DN-NEXT:    k3s.load_beta <input = probability>
 // DN-NEXT:    k3s.delta_correct
 // DN-NEXT:    k3s.rank1_update
 // DN-NEXT:    k3s.readout
 // DN-NEXT:  }
+// DN-NOT:   k3s.load_gate
 // DN-NOT:   k3s.decay
 
-// Gated linear attention: channel gate, no delta rule (beta forbidden, no delta_correct), vk state.
+// Gated linear attention: channel gate, no delta rule (beta forbidden, no load_beta or
+// delta_correct), vk state.
 // GLA-LABEL: // -----// IR of spec
 // GLA:       k3.recurrence @gla <gate = channel, delta_rule = false, {{.*}} state_layout = vk,
 // GLA-LABEL: // -----// IR after lower-recurrent //----- //
 // GLA:       k3s.tensor_arg @g <shape = "B,T,16,128", dtype = float, role = input>
 // GLA-NEXT:  k3s.tensor_arg @beta <shape = "B,T,16", dtype = float, role = forbidden>
+// GLA:       k3s.tensor_arg @A_log <shape = "16", dtype = float, role = forbidden>
+// GLA-NEXT:  k3s.tensor_arg @dt_bias <shape = "2048", dtype = float, role = forbidden>
+// GLA-NOT:   k3s.load_beta
 // GLA-NOT:   k3s.delta_correct
 // GLA:       k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = vk>
 // GLA-NEXT:  k3s.token_loop {
 // GLA-NEXT:    k3s.load_token <tensor = q>
 // GLA-NEXT:    k3s.load_token <tensor = k>
 // GLA-NEXT:    k3s.load_token <tensor = v>
+// GLA-NEXT:    k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
 // GLA-NEXT:    k3s.decay <gate = channel>
 // GLA-NEXT:    k3s.rank1_update
 // GLA-NEXT:    k3s.readout
 // GLA-NEXT:  }
 // GLA-NEXT:  k3s.store_state <layout = vk>
+// GLA-NOT:   k3s.load_beta
 // GLA-NOT:   k3s.delta_correct
