@@ -94,7 +94,11 @@ class RecurrenceOp(KeywordSyntax):
         attr = self.properties.get(name)
         if attr is None:
             return self.INPUT_DEFAULTS[name]
-        return attr.data if isinstance(attr, StringAttr) else attr.value.data
+        if isinstance(attr, StringAttr):
+            return attr.data
+        if isinstance(self.INPUT_DEFAULTS[name], bool):  # i1 stores true as -1
+            return bool(attr.value.data)
+        return attr.value.data
 
     def verify_(self) -> None:
         _require_choice(self, "gate", GATES)

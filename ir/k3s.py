@@ -345,6 +345,8 @@ class LoadGateOp(KeywordSyntax):
     def verify_(self) -> None:
         _choice(self, "gate", GATES)
         _choice(self, "input", GATE_INPUTS)
+        if self.lower_bound.value.data >= 0:
+            raise VerifyException(f"{self.name}: lower_bound must be < 0, got {self.lower_bound.value.data}")
 
 
 @irdl_op_definition

@@ -1,0 +1,108 @@
+// lower-recurrent on a KDA layer whose inputs are fla's raw ones: qk_l2norm (q and k are
+// L2-normalised in the kernel, v is not), gate_input = softplus (g = -exp(A_log) softplus(g +
+// dt_bias), so the gate's parameters A_log [HV] and dt_bias [HV * K] become inputs) and
+// beta_input = logits (beta = sigmoid(beta)). Every load stage carries what its input means; the
+// stages themselves (decay, delta correction) are the same as with plain inputs. The chunk
+// pipeline's loads carry the same meanings (load_chunk l2norm, load_gate, load_beta).
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent --generic | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent --generic | filecheck %s --check-prefix=GENERIC
+// RUN: k3c opt %s -p 'lower-recurrent,derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=16}' | filecheck %s --check-prefix=CHUNK
+// Each option on its own: only its load stage changes.
+// RUN: sed 's/qk_l2norm = true, gate_input = softplus, beta_input = logits/qk_l2norm = true/' %s | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=L2ONLY
+// RUN: sed 's/qk_l2norm = true, gate_input = softplus, beta_input = logits/beta_input = logits/' %s | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=BETAONLY
+
+builtin.module {
+  k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 32, scale = 0.25, state_layout = kv, dtype = bfloat16, qk_l2norm = true, gate_input = softplus, beta_input = logits>
+}
+
+// CHECK:      builtin.module {
+// CHECK-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 32, scale = 0.25, state_layout = kv, dtype = bfloat16, qk_l2norm = true, gate_input = softplus, beta_input = logits>
+// CHECK-NEXT:   k3s.entry @recurrent <source = kda> {
+// CHECK-NEXT:     k3s.tensor_arg @q <shape = "B,T,2,16", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @k <shape = "B,T,2,16", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @v <shape = "B,T,4,32", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @g <shape = "B,T,4,16", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
+// CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.25>
+// CHECK-NEXT:     k3s.tensor_arg @initial_state <shape = "N,4,16,32", dtype = float32, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @o <shape = "B,T,4,32", dtype = float, role = output>
+// CHECK-NEXT:     k3s.tensor_arg @final_state <shape = "N,4,16,32", dtype = float32, role = optional_output>
+// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = input>
+// CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
+// CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:         k3s.load_token <tensor = q, l2norm = true>
+// CHECK-NEXT:         k3s.load_token <tensor = k, l2norm = true>
+// CHECK-NEXT:         k3s.load_token <tensor = v>
+// CHECK-NEXT:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// CHECK-NEXT:         k3s.decay <gate = channel>
+// CHECK-NEXT:         k3s.load_beta <input = logits>
+// CHECK-NEXT:         k3s.delta_correct
+// CHECK-NEXT:         k3s.rank1_update
+// CHECK-NEXT:         k3s.readout
+// CHECK-NEXT:       }
+// CHECK-NEXT:       k3s.store_state <layout = kv>
+// CHECK-NEXT:     }
+// CHECK-NEXT:   }
+// CHECK-NEXT: }
+
+// GENERIC:      "k3.recurrence"() <{sym_name = "kda", {{.*}}, dtype = "bfloat16", qk_l2norm = true, gate_input = "softplus", beta_input = "logits"}> : () -> ()
+// GENERIC:      "k3s.tensor_arg"() <{sym_name = "A_log", shape = "4", dtype = "float", role = "input"}> : () -> ()
+// GENERIC-NEXT: "k3s.tensor_arg"() <{sym_name = "dt_bias", shape = "64", dtype = "float", role = "input"}> : () -> ()
+// GENERIC:      "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> ()
+// GENERIC-NEXT: "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> ()
+// GENERIC-NEXT: "k3s.load_token"() <{tensor = "v"}> : () -> ()
+// GENERIC-NEXT: "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> ()
+// GENERIC-NEXT: "k3s.decay"() <{gate = "channel"}> : () -> ()
+// GENERIC-NEXT: "k3s.load_beta"() <{input = "logits"}> : () -> ()
+// GENERIC-NEXT: "k3s.delta_correct"() : () -> ()
+
+// Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels
+// normalises, v's never does, and every gate and beta load has the layer's input form.
+// CHUNK:       k3s.entry @chunk <source = kda> {
+// CHUNK:         k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+// CHUNK-NEXT:    k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = input>
+// CHUNK:         k3s.kernel @kda_chunk_prepare
+// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
+// CHUNK-NOT:     k3s.load_chunk <tensor = v, l2norm
+// CHUNK-NOT:     input = log,
+// CHUNK-NOT:     input = probability
+// CHUNK:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
+// CHUNK:         k3s.load_chunk <tensor = k, l2norm = true>
+// CHUNK:         k3s.load_beta <input = logits>
+// CHUNK:         k3s.load_chunk <tensor = v>
+// CHUNK:         k3s.load_chunk <tensor = q, l2norm = true>
+// CHUNK:         k3s.kernel @kda_chunk_scan
+// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
+// CHUNK-NOT:     input = log,
+// CHUNK:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
+// CHUNK:         k3s.load_chunk <tensor = q, l2norm = true>
+// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
+// CHUNK:         k3s.load_chunk <tensor = k, l2norm = true>
+// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
+// CHUNK-NOT:     k3s.load_chunk <tensor = v, l2norm
+
+// L2ONLY:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
+// L2ONLY-NEXT: k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = forbidden>
+// L2ONLY:      k3s.load_token <tensor = q, l2norm = true>
+// L2ONLY-NEXT: k3s.load_token <tensor = k, l2norm = true>
+// L2ONLY-NEXT: k3s.load_token <tensor = v>
+// L2ONLY-NEXT: k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
+// L2ONLY-NEXT: k3s.decay <gate = channel>
+// L2ONLY-NEXT: k3s.load_beta <input = probability>
+
+// BETAONLY:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
+// BETAONLY-NEXT: k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = forbidden>
+// BETAONLY:      k3s.load_token <tensor = q>
+// BETAONLY-NEXT: k3s.load_token <tensor = k>
+// BETAONLY-NEXT: k3s.load_token <tensor = v>
+// BETAONLY-NEXT: k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
+// BETAONLY-NEXT: k3s.decay <gate = channel>
+// BETAONLY-NEXT: k3s.load_beta <input = logits>
+// BETAONLY-NEXT: k3s.delta_correct

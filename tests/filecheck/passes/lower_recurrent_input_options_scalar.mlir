@@ -1,0 +1,63 @@
+// lower-recurrent on Gated DeltaNet (scalar gate) with an in-kernel gate: A_log and dt_bias are
+// per value head ([HV] each: one bias per head, not per key channel), and load_gate carries the
+// scalar gate, its input form and the bounded form's lower bound.
+// RUN: k3c opt %s -p lower-recurrent | filecheck %s
+// RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
+// softplus: the lower bound is not written, so load_gate carries the default -5.0.
+// RUN: sed 's/gate_input = bounded, gate_lower_bound = -3.0/gate_input = softplus/' %s | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=SOFTPLUS
+// The chunk entry: the same parameters, the same gate load in both kernels.
+// RUN: k3c opt %s -p 'lower-recurrent,derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=16}' | filecheck %s --check-prefix=CHUNK
+// GLA (channel gate, no delta rule) with a softplus gate: dt_bias is per key channel [HV * K],
+// beta stays forbidden and there is no beta load.
+// RUN: sed 's/gate = scalar, delta_rule = true/gate = channel, delta_rule = false/; s/gate_input = bounded, gate_lower_bound = -3.0/gate_input = softplus/' %s | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=GLA
+
+builtin.module {
+  k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 24, head_v_dim = 40, scale = 0.25, state_layout = vk, dtype = float32, gate_input = bounded, gate_lower_bound = -3.0>
+}
+
+// CHECK:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = bounded, gate_lower_bound = -3.0>
+// CHECK-NEXT: k3s.entry @recurrent <source = gdn> {
+// CHECK:        k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
+// CHECK:        k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:   k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
+// CHECK-NEXT:   k3s.kernel @gdn_recurrent
+// CHECK:        k3s.token_loop {
+// CHECK-NEXT:     k3s.load_token <tensor = q>
+// CHECK-NEXT:     k3s.load_token <tensor = k>
+// CHECK-NEXT:     k3s.load_token <tensor = v>
+// CHECK-NEXT:     k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0>
+// CHECK-NEXT:     k3s.decay <gate = scalar>
+// CHECK-NEXT:     k3s.load_beta <input = probability>
+// CHECK-NEXT:     k3s.delta_correct
+// CHECK-NEXT:     k3s.rank1_update
+// CHECK-NEXT:     k3s.readout
+// CHECK-NEXT:   }
+
+// SOFTPLUS:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = softplus>
+// SOFTPLUS:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+// SOFTPLUS-NEXT: k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
+// SOFTPLUS:      k3s.load_gate <gate = scalar, input = softplus, lower_bound = -5.0>
+// SOFTPLUS-NEXT: k3s.decay <gate = scalar>
+
+// CHUNK:       k3s.entry @chunk <source = gdn> {
+// CHUNK:         k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+// CHUNK-NEXT:    k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
+// CHUNK:         k3s.kernel @gdn_chunk_prepare
+// CHUNK-NEXT:      k3s.chunk_tile
+// CHUNK-NEXT:      k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0>
+// CHUNK-NEXT:      k3s.gate_cumsum <gate = scalar>
+// CHUNK:         k3s.kernel @gdn_chunk_scan
+// CHUNK:           k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0>
+// CHUNK-NEXT:      k3s.gate_cumsum <gate = scalar>
+
+// GLA:      k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = forbidden>
+// GLA:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+// GLA-NEXT: k3s.tensor_arg @dt_bias <shape = "96", dtype = float, role = input>
+// GLA-NOT:  k3s.load_beta
+// GLA:      k3s.load_token <tensor = v>
+// GLA-NEXT: k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// GLA-NEXT: k3s.decay <gate = channel>
+// GLA-NEXT: k3s.rank1_update
+// GLA-NOT:  k3s.load_beta

@@ -1,0 +1,79 @@
+// The k3s load stages that carry what an input means, written by hand: load_token / load_chunk
+// with and without l2norm, load_gate (gate, input form, lower bound) and load_beta (input
+// form). Custom form prints back unchanged; generic form re-parses to it; printing is a fixed point.
+// RUN: k3c opt %s | filecheck %s --match-full-lines
+// RUN: k3c opt %s --generic | k3c opt - | filecheck %s --match-full-lines
+// RUN: k3c opt %s --generic | filecheck %s --check-prefix=GENERIC
+// RUN: k3c opt %s > %t.once && k3c opt %t.once > %t.twice && diff %t.once %t.twice
+
+builtin.module {
+  k3s.entry @recurrent <source = layer> {
+    k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+    k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = input>
+    k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+      k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
+      k3s.token_loop {
+        k3s.load_token <tensor = q, l2norm = true>
+        k3s.load_token <tensor = k, l2norm = true>
+        k3s.load_token <tensor = v>
+        k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+        k3s.decay <gate = channel>
+        k3s.load_beta <input = logits>
+        k3s.delta_correct
+        k3s.rank1_update
+        k3s.readout
+      }
+      k3s.store_state <layout = kv>
+    }
+    k3s.kernel @layer_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+      k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 8>
+      k3s.load_gate <gate = scalar, input = bounded, lower_bound = -2.5>
+      k3s.load_chunk <tensor = k, l2norm = true>
+      k3s.load_beta <input = probability>
+      k3s.load_chunk <tensor = v>
+      k3s.load_chunk <tensor = q>
+    }
+  }
+}
+
+// CHECK:      builtin.module {
+// CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
+// CHECK-NEXT:     k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = input>
+// CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+// CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
+// CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:         k3s.load_token <tensor = q, l2norm = true>
+// CHECK-NEXT:         k3s.load_token <tensor = k, l2norm = true>
+// CHECK-NEXT:         k3s.load_token <tensor = v>
+// CHECK-NEXT:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// CHECK-NEXT:         k3s.decay <gate = channel>
+// CHECK-NEXT:         k3s.load_beta <input = logits>
+// CHECK-NEXT:         k3s.delta_correct
+// CHECK-NEXT:         k3s.rank1_update
+// CHECK-NEXT:         k3s.readout
+// CHECK-NEXT:       }
+// CHECK-NEXT:       k3s.store_state <layout = kv>
+// CHECK-NEXT:     }
+// CHECK-NEXT:     k3s.kernel @layer_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+// CHECK-NEXT:       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 8>
+// CHECK-NEXT:       k3s.load_gate <gate = scalar, input = bounded, lower_bound = -2.5>
+// CHECK-NEXT:       k3s.load_chunk <tensor = k, l2norm = true>
+// CHECK-NEXT:       k3s.load_beta <input = probability>
+// CHECK-NEXT:       k3s.load_chunk <tensor = v>
+// CHECK-NEXT:       k3s.load_chunk <tensor = q>
+// CHECK-NEXT:     }
+// CHECK-NEXT:   }
+// CHECK-NEXT: }
+
+// GENERIC:      "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> ()
+// GENERIC-NEXT: "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> ()
+// GENERIC-NEXT: "k3s.load_token"() <{tensor = "v"}> : () -> ()
+// GENERIC-NEXT: "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> ()
+// GENERIC-NEXT: "k3s.decay"() <{gate = "channel"}> : () -> ()
+// GENERIC-NEXT: "k3s.load_beta"() <{input = "logits"}> : () -> ()
+// GENERIC:      "k3s.load_gate"() <{gate = "scalar", input = "bounded", lower_bound = -2.500000e+00 : f64}> : () -> ()
+// GENERIC-NEXT: "k3s.load_chunk"() <{tensor = "k", l2norm = true}> : () -> ()
+// GENERIC-NEXT: "k3s.load_beta"() <{input = "probability"}> : () -> ()
+// GENERIC-NEXT: "k3s.load_chunk"() <{tensor = "v"}> : () -> ()
+// GENERIC-NEXT: "k3s.load_chunk"() <{tensor = "q"}> : () -> ()

@@ -1,0 +1,85 @@
+// k3s load stages that carry what their input means: l2norm applies to q and k only (on
+// load_token and load_chunk), load_gate's gate and input and load_beta's input take their listed
+// values, and both need their properties. Each error is one line naming the op.
+// RUN: k3c opt %s | filecheck %s --check-prefix=VALID
+// RUN: sed 's/load_token <tensor = v>/load_token <tensor = v, l2norm = true>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TOKENV
+// RUN: sed 's/load_chunk <tensor = v>/load_chunk <tensor = v, l2norm = true>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=CHUNKV
+// RUN: sed 's/input = bounded/input = exp/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATEINPUT
+// RUN: sed 's/load_gate <gate = channel/load_gate <gate = none/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATENONE
+// RUN: sed 's/load_beta <input = logits>/load_beta <input = sigmoid>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=BETAINPUT
+// RUN: sed 's/, lower_bound = -3.0//' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=NOBOUND
+// RUN: sed 's/load_beta <input = logits>/load_beta/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=NOBETAINPUT
+// RUN: sed 's/tensor = q, l2norm = true/tensor = q, l2norm = 1/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=L2BOOL
+// l2norm = false on v is the default written out, not a normalisation, so it verifies.
+// RUN: sed 's/load_token <tensor = v>/load_token <tensor = v, l2norm = false>/' %s | k3c opt - | filecheck %s --check-prefix=VFALSE
+// RUN: sed 's/lower_bound = -3.0/lower_bound = 2.0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=POSBOUND
+
+builtin.module {
+  k3s.entry @recurrent <source = r> {
+    k3s.tensor_arg @q <shape = "B,T,2,16", dtype = float, role = input>
+    k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+      k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = kv>
+      k3s.token_loop {
+        k3s.load_token <tensor = q, l2norm = true>
+        k3s.load_token <tensor = k, l2norm = true>
+        k3s.load_token <tensor = v>
+        k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0>
+        k3s.decay <gate = channel>
+        k3s.load_beta <input = logits>
+        k3s.delta_correct
+        k3s.rank1_update
+        k3s.readout
+      }
+    }
+    k3s.kernel @r_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+      k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 16>
+      k3s.load_chunk <tensor = k, l2norm = true>
+      k3s.load_chunk <tensor = v>
+    }
+  }
+}
+
+// VALID:      k3s.load_token <tensor = q, l2norm = true>
+// VALID-NEXT: k3s.load_token <tensor = k, l2norm = true>
+// VALID-NEXT: k3s.load_token <tensor = v>
+// VALID-NEXT: k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0>
+// VALID-NEXT: k3s.decay <gate = channel>
+// VALID-NEXT: k3s.load_beta <input = logits>
+// VALID:      k3s.load_chunk <tensor = k, l2norm = true>
+// VALID-NEXT: k3s.load_chunk <tensor = v>
+
+// TOKENV-NOT: {{\n}}
+// TOKENV: {{^}}k3c opt: error: <stdin>: k3s.load_token: l2norm applies to q and k only{{$}}
+// TOKENV-NOT: {{.}}
+
+// CHUNKV-NOT: {{\n}}
+// CHUNKV: {{^}}k3c opt: error: <stdin>: k3s.load_chunk: l2norm applies to q and k only{{$}}
+// CHUNKV-NOT: {{.}}
+
+// GATEINPUT-NOT: {{\n}}
+// GATEINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_gate: input must be one of log, softplus, bounded; got 'exp'{{$}}
+// GATEINPUT-NOT: {{.}}
+
+// GATENONE-NOT: {{\n}}
+// GATENONE: {{^}}k3c opt: error: <stdin>: k3s.load_gate: gate must be one of channel, scalar; got 'none'{{$}}
+// GATENONE-NOT: {{.}}
+
+// BETAINPUT-NOT: {{\n}}
+// BETAINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_beta: input must be one of probability, logits; got 'sigmoid'{{$}}
+// BETAINPUT-NOT: {{.}}
+
+// NOBOUND-NOT: {{\n}}
+// NOBOUND: {{^}}k3c opt: error: <stdin>: {{.*}}'lower_bound'{{.*}}k3s.load_gate{{.*$}}
+// NOBOUND-NOT: {{.}}
+
+// NOBETAINPUT-NOT: {{\n}}
+// NOBETAINPUT: {{^}}k3c opt: error: <stdin>: {{.*}}'input'{{.*}}k3s.load_beta{{.*$}}
+// NOBETAINPUT-NOT: {{.}}
+
+// L2BOOL-NOT: {{\n}}
+// L2BOOL: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.load_token: property 'l2norm' expects true or false, got 1{{$}}
+// L2BOOL-NOT: {{.}}
+
+// VFALSE: k3s.load_token <tensor = v, l2norm = false>
+
+// POSBOUND: {{^}}k3c opt: error: <stdin>: k3s.load_gate: lower_bound must be < 0, got 2.0{{$}}
