@@ -381,23 +381,31 @@ class TritonPrinter:
     def print_k3s_token_loop(self, op: k3s.TokenLoopOp) -> None:
         c = self.code
         c.comment(op, "the tokens of sequence i_n, in order")
+        self.print_sequence_bounds()
+        c("for t in range(bos, eos):")
+        with c.indent():
+            self.print_ops(op)
+
+    def print_sequence_bounds(self) -> None:
+        """bos, eos: the token range of sequence i_n (varlen: from cu_seqlens)."""
+        c = self.code
         c("if HAS_CU_SEQLENS:")
         with c.indent():
             c("bos = tl.load(cu_seqlens + i_n).to(tl.int64)", "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
         c("else:")
         with c.indent():
             c("bos = i_n * T", "eos = bos + T")
-        c("for t in range(bos, eos):")
-        with c.indent():
-            self.print_ops(op)
+
+    # where a token's q, k or v row lives: (heads, width, head index, column offsets, column mask)
+    TOKEN_ROWS = {
+        "q": ("H", "K", "i_h", "o_k", "m_k"),
+        "k": ("H", "K", "i_h", "o_k", "m_k"),
+        "v": ("HV", "V", "i_hv", "o_v", "m_v"),
+    }
 
     def print_k3s_load_token(self, op: k3s.LoadTokenOp) -> None:
         name = op.tensor.data
-        heads, width, head, offsets, mask = {
-            "q": ("H", "K", "i_h", "o_k", "m_k"),
-            "k": ("H", "K", "i_h", "o_k", "m_k"),
-            "v": ("HV", "V", "i_hv", "o_v", "m_v"),
-        }[name]
+        heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
         self.code.comment(op)
         self.code(
             f"b_{name} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
@@ -454,12 +462,8 @@ class TritonPrinter:
         c = self.code
         self.chunk_size = op.chunk_size.value.data
         c.comment(op, "the chunks of sequence i_n, in order, carrying b_S")
-        c("o_c = tl.arange(0, BC)", "if HAS_CU_SEQLENS:")
-        with c.indent():
-            c("bos = tl.load(cu_seqlens + i_n).to(tl.int64)", "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
-        c("else:")
-        with c.indent():
-            c("bos = i_n * T", "eos = bos + T")
+        c("o_c = tl.arange(0, BC)")
+        self.print_sequence_bounds()
         c("for start in range(bos, eos, BC):")
         with c.indent():
             c("t_c = start + o_c", "m_c = t_c < eos")
@@ -467,11 +471,7 @@ class TritonPrinter:
 
     def print_k3s_load_chunk(self, op: k3s.LoadChunkOp) -> None:
         name = op.tensor.data
-        heads, width, head, offsets, mask = {
-            "q": ("H", "K", "i_h", "o_k", "m_k"),
-            "k": ("H", "K", "i_h", "o_k", "m_k"),
-            "v": ("HV", "V", "i_hv", "o_v", "m_v"),
-        }[name]
+        heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
         self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
         self.code(
             f"b_{name} = tl.load({name} + (t_c[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
