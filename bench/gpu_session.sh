@@ -5,6 +5,7 @@
 #   recurrent  decode timing of the recurrent entry vs fla's fused_recurrent_kda
 #   chunk      prefill timing of the chunk entry vs fla's chunk_kda / chunk_gated_delta_rule / chunk_gla
 #   profile    per-kernel GPU time of the chunk entry at B1 T8192 H96
+#   sweep      the chunk entry under several pipelines (schedule choices), checked and timed
 # Run from the repo root with OUT set.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -27,6 +28,8 @@ for phase in ${PHASES:-verify recurrent chunk}; do
     profile)
       for spec in bench/specs/kda_h96.toml; do $K3C compile "$spec" -o bench/generated; done
       python3 bench/chunk_profile.py --module bench/generated/kda_h96.py 2>&1 | tee "$OUT/profile.txt" ;;
+    sweep)
+      python3 -P bench/chunk_sweep.py --spec bench/specs/kda_h96.toml --out "$OUT" ${SWEEP_ARGS:-} ;;
     chunk)
       for spec in bench/specs/*.toml; do $K3C compile "$spec" -o bench/generated --timing; done
       python3 bench/chunk_gpu.py --out "$OUT" ${CHUNK_ARGS:-} ;;
