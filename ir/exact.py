@@ -184,3 +184,63 @@ def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]
                 S = STAGES[type(stage)](stage, chunk, S)
         outputs.append(chunk["O"])
     return Matrix.vstack(*outputs), S
+
+
+# --- the speculative (verify + replay) schedule ----------------------------------------------
+
+
+class Token:
+    """One token's registers while the token stages run."""
+
+    def __init__(self, x: ExactInputs, t: int) -> None:
+        self.q, self.k, self.v = x.q[t, :].T, x.k[t, :].T, x.v[t, :].T
+        self.a, self.beta, self.scale = x.a[t, :], x.beta[t], x.scale
+        self.o = None
+
+
+def _token_stage(op, tok: Token, S: Matrix, cache: list) -> Matrix:
+    if isinstance(op, (k3s.LoadTokenOp, k3s.LoadGateOp, k3s.LoadBetaOp)):
+        return S  # inputs are given exactly; what a load does to them is not the schedule's algebra
+    if isinstance(op, k3s.DecayOp):
+        return sympy.diag(*tok.a) * S
+    if isinstance(op, k3s.DeltaCorrectOp):
+        tok.v = tok.beta * (tok.v - S.T * tok.k)
+        return S
+    if isinstance(op, k3s.Rank1UpdateOp):
+        return S + tok.k * tok.v.T
+    if isinstance(op, k3s.ReadoutOp):
+        tok.o = (S.T * (tok.scale * tok.q)).T
+        return S
+    if isinstance(op, k3s.CacheUpdateOp):
+        cache.append((tok.k, tok.a, tok.v))
+        return S
+    raise TypeError(f"{op.name} is not a token stage")
+
+
+def run_verify(speculative: k3s.SpeculativeOp, x: ExactInputs) -> tuple[Matrix, Matrix, list]:
+    """The verify pass: (O [n, V], S_n, the cache of (k, decays, u) per token)."""
+    loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
+    S, cache, rows = x.S0, [], []
+    for t in range(x.q.rows):
+        tok = Token(x, t)
+        for stage in loop.body.ops:
+            S = _token_stage(stage, tok, S, cache)
+        rows.append(tok.o)
+    return Matrix.vstack(*rows), S, cache
+
+
+def run_replay(speculative: k3s.SpeculativeOp, S0: Matrix, cache: list, accepted: int) -> Matrix:
+    """The replay stage: the state after the first `accepted` cached tokens."""
+    replay = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
+    K = S0.rows
+    if replay.gate.data == "none":
+        gamma = [sympy.ones(1, K) for _ in range(accepted + 1)]
+    else:  # Gamma_j = product of the first j decays
+        gamma = [sympy.ones(1, K)]
+        for k_j, a_j, u_j in cache[:accepted]:
+            gamma.append(gamma[-1].multiply_elementwise(a_j))
+    S = sympy.diag(*gamma[accepted]) * S0
+    for j, (k_j, a_j, u_j) in enumerate(cache[:accepted], start=1):
+        ratio = [gamma[accepted][c] / gamma[j][c] for c in range(K)]
+        S = S + sympy.diag(*ratio) * k_j * u_j.T
+    return S

@@ -167,12 +167,50 @@ class StateTileOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class SpeculativeOp(KeywordSyntax):
+    """Speculative decoding without state snapshots: a verify pass over `draft_tokens` tokens
+    (a token loop that also caches each token's k, gate and update u), then a replay that
+    rebuilds the state after any accepted prefix from the committed state and the cache."""
+
+    name = "k3s.speculative"
+    draft_tokens = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def verify_(self) -> None:
+        if self.draft_tokens.value.data <= 0:
+            raise VerifyException(f"{self.name}: draft_tokens must be positive, got {self.draft_tokens.value.data}")
+
+
+@irdl_op_definition
 class TokenLoopOp(KeywordSyntax):
     """Sequential loop over the tokens of one sequence (varlen through cu_seqlens)."""
 
     name = "k3s.token_loop"
     body = region_def("single_block")
-    traits = traits_def(NoTerminator(), HasParent(KernelOp))
+    traits = traits_def(NoTerminator(), HasParent(KernelOp, SpeculativeOp))
+
+
+@irdl_op_definition
+class CacheUpdateOp(KeywordSyntax):
+    """Cache the token's k, its gate and the update u it wrote (u = beta (v - S^T k) with the
+    delta rule, v without): what a replay needs instead of the state itself."""
+
+    name = "k3s.cache_update"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class ReplayOp(KeywordSyntax):
+    """S_m = Diag(Gamma_m) S_0 + sum_{j<=m} Diag(Gamma_m / Gamma_j) k_j u_j^T from the cache
+    (Gamma_j the product of the first j decays; all ones without a gate): no serial dependency."""
+
+    name = "k3s.replay"
+    gate = prop_def(StringAttr)
+    traits = traits_def(HasParent(SpeculativeOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
 
 
 @irdl_op_definition
@@ -602,6 +640,9 @@ K3S = Dialect(
         TensorArgOp,
         ScalarArgOp,
         CheckpointArgOp,
+        SpeculativeOp,
+        CacheUpdateOp,
+        ReplayOp,
         KernelOp,
         StateTileOp,
         TokenLoopOp,

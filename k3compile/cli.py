@@ -145,14 +145,15 @@ def cmd_prove(args) -> int:
     from rich.table import Table
 
     from k3compile.errors import UnsupportedError
-    from k3compile.prove import prove_chunkwise
+    from k3compile.prove import prove_chunkwise, prove_replay
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
     if not spec.is_recurrence:
         raise UnsupportedError(f"{args.spec}: kind '{spec.kind}' has no derived schedule to prove")
     results = [r for size in args.chunk_size or [3, 16, 32, 64] for r in prove_chunkwise(spec, size, seed=args.seed)]
-    table = Table(title=f"k3c prove {args.spec}: derived schedule == token recurrence, exact rationals (K=2, V=3)")
+    results += prove_replay(spec, args.draft_tokens, seed=args.seed)
+    table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence, exact rationals (K=2, V=3)")
     for column in ("schedule", "T", "outputs", "final state", "result"):
         table.add_column(column)
     for r in results:
@@ -198,9 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.set_defaults(run=cmd_verify)
 
-    p = sub.add_parser("prove", help="prove the derived chunkwise schedule equal to the token recurrence (sympy)")
+    p = sub.add_parser("prove", help="prove the derived chunkwise and replay schedules equal to the token recurrence (sympy)")
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
     p.add_argument("--chunk-size", type=int, action="append", help="chunk size (repeatable; default 3, 16, 32, 64)")
+    p.add_argument("--draft-tokens", type=int, default=4, help="tokens of the speculative verify/replay proof (default 4)")
     p.add_argument("--seed", type=int, help="seed for the random rationals (default: fresh each run)")
     p.set_defaults(run=cmd_prove)
     return parser

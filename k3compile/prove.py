@@ -83,3 +83,35 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
             mismatch = "final state differs"
         results.append(ProofResult(spec.name, pipeline, length, outputs_equal, state_equal, mismatch))
     return results
+
+
+def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) -> list[ProofResult]:
+    """Prove `derive-replay{draft-tokens=n}`: the verify pass's outputs equal the token
+    recurrence's, and the replay of every accepted count m = 0..n equals the recurrence's state
+    after m tokens."""
+    from k3compile.ir import exact, k3s
+    from k3compile.pipeline import run_pipeline
+
+    rng = random.Random(seed)
+    module = small_op(spec)
+    layer_op = next(iter(module.ops))
+    pipeline = f"derive-replay{{draft-tokens={draft_tokens}}}"
+    run_pipeline(module, pipeline)
+    speculative = next(op for op in module.walk() if isinstance(op, k3s.SpeculativeOp))
+    delta_rule = bool(layer_op.delta_rule.value.data)
+    x = exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data)
+    want_o, _ = exact.token_recurrence(x, delta_rule)
+    got_o, _, cache = exact.run_verify(speculative, x)
+    outputs_equal = (got_o - want_o).is_zero_matrix
+    results = []
+    for accepted in range(draft_tokens + 1):
+        prefix = exact.ExactInputs(x.q[:accepted, :], x.k[:accepted, :], x.v[:accepted, :], x.a[:accepted, :],
+                                   x.beta[:accepted], x.S0, x.scale)
+        want_s = exact.token_recurrence(prefix, delta_rule)[1] if accepted else x.S0
+        state_equal = (exact.run_replay(speculative, x.S0, cache, accepted) - want_s).is_zero_matrix
+        mismatch = "" if state_equal else f"replayed state after {accepted} accepted tokens differs"
+        if not outputs_equal:
+            mismatch = "verify outputs differ"
+        results.append(ProofResult(spec.name, f"{pipeline}, accept {accepted}", draft_tokens, outputs_equal,
+                                   state_equal, mismatch))
+    return results

@@ -4,7 +4,9 @@ Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
-- fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled).
+- fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
+- derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
+  projected updates, replay of any accepted prefix); proved, not yet lowered to kernels.
 """
 
 from __future__ import annotations
@@ -38,9 +40,16 @@ def _fuse_chunkwise() -> type[ModulePass]:
     return FuseChunkwisePass
 
 
+def _derive_replay() -> type[ModulePass]:
+    from k3compile.passes.derive_replay import DeriveReplayPass
+
+    return DeriveReplayPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-recurrent": _lower_recurrent,
     "fuse-attnres": _fuse_attnres,
     "derive-chunkwise": _derive_chunkwise,
     "fuse-chunkwise": _fuse_chunkwise,
+    "derive-replay": _derive_replay,
 }

@@ -15,7 +15,7 @@ from conftest import DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, on
 from k3compile.cli import main
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
-from k3compile.prove import prove_chunkwise
+from k3compile.prove import prove_replay, prove_chunkwise
 from k3compile.spec import load_spec, spec_from_table
 
 DELTA_KINDS = [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]]
@@ -72,9 +72,10 @@ def test_derived_schedule_proved_chunk_64(fresh_seed):
 
 @pytest.mark.parametrize("kind", RECURRENCE_KINDS)
 def test_cli_prove_passes(capsys, kind, fresh_seed):
-    code, out, err = run(capsys, "prove", EXAMPLES / f"{kind}.toml", "--chunk-size", 3, "--seed", fresh_seed)
+    code, out, err = run(capsys, "prove", EXAMPLES / f"{kind}.toml", "--chunk-size", 3, "--draft-tokens", 1,
+                         "--seed", fresh_seed)
     assert code == 0, f"exit code {code}: {out}\n{err}"
-    assert "3 passed, 0 failed" in out
+    assert "5 passed, 0 failed" in out  # 3 chunkwise lengths, replay of 0 and 1 accepted tokens
     assert "FAILED" not in out
 
 
@@ -189,15 +190,17 @@ def test_schedule_missing_a_stage_reported_as_failed_proof(monkeypatch, op_type,
 
 def test_cli_prove_missing_stage_exits_1(capsys, monkeypatch, fresh_seed):
     patch_schedule(monkeypatch, drop(k3s.ForwardSubstitutionOp))
-    code, out, err = run(capsys, "prove", EXAMPLES / "kda.toml", "--chunk-size", 3, "--seed", fresh_seed)
-    assert code == 1 and "0 passed, 3 failed" in out and "Traceback" not in err
+    code, out, err = run(capsys, "prove", EXAMPLES / "kda.toml", "--chunk-size", 3, "--draft-tokens", 1,
+                         "--seed", fresh_seed)
+    assert code == 1 and "2 passed, 3 failed" in out and "Traceback" not in err
 
 
 def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
     patch_schedule(monkeypatch, query_gram_strict)
-    code, out, err = run(capsys, "prove", EXAMPLES / "gla.toml", "--chunk-size", 3, "--seed", fresh_seed)
+    code, out, err = run(capsys, "prove", EXAMPLES / "gla.toml", "--chunk-size", 3, "--draft-tokens", 1,
+                         "--seed", fresh_seed)
     assert code == 1, f"exit code {code}: {out}\n{err}"
-    assert "FAILED" in out and "0 passed, 3 failed" in out
+    assert "FAILED" in out and "2 passed, 3 failed" in out
 
 
 # --- the two oracles agree ------------------------------------------------------------------
@@ -235,3 +238,64 @@ def test_exact_token_recurrence_matches_reference(kind, layout, fresh_seed):
         scale = max(want.abs().max().item(), 1.0)
         error = (got - want).abs().max().item()
         assert error <= 1e-9 * scale, f"{what}: max abs error {error:.3e} at magnitude {scale:.3e}"
+
+
+# --- derive-replay: speculative decoding without snapshots ------------------------------------
+
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+@pytest.mark.parametrize("draft_tokens", [1, 2, 5])
+def test_replay_proof_holds_for_every_accepted_count(kind, draft_tokens, fresh_seed):
+    results = prove_replay(spec_of(kind), draft_tokens, seed=fresh_seed)
+    assert [r.schedule.rsplit(" ", 1)[-1] for r in results] == [str(m) for m in range(draft_tokens + 1)]
+    assert all(r.holds for r in results), [r.first_mismatch for r in results if not r.holds]
+
+
+def patch_replay(monkeypatch, mutate):
+    from k3compile.passes import derive_replay
+
+    original = derive_replay.speculative_schedule
+
+    def wrong(op, draft_tokens):
+        schedule = original(op, draft_tokens)
+        mutate(schedule)
+        return schedule
+
+    monkeypatch.setattr(derive_replay, "speculative_schedule", wrong)
+
+
+def replay_ignores_the_gate(schedule):
+    for op in schedule.walk():
+        if isinstance(op, k3s.ReplayOp):
+            op.properties["gate"] = StringAttr("none")
+
+
+def verify_caches_nothing(schedule):
+    for op in list(schedule.walk()):
+        if isinstance(op, k3s.CacheUpdateOp):
+            op.detach()
+            op.erase()
+
+
+def cache_before_the_correction(schedule):
+    """Cache u before the delta rule corrects it: the replay then adds beta-less raw values."""
+    for op in list(schedule.walk()):
+        if isinstance(op, k3s.CacheUpdateOp):
+            loop = op.parent_op()
+            correction = next(o for o in loop.body.ops if isinstance(o, k3s.DeltaCorrectOp))
+            op.detach()
+            loop.body.block.insert_op_before(op, correction)
+
+
+@pytest.mark.parametrize("kind, mutate", [
+    ("kda", replay_ignores_the_gate),
+    ("gated_deltanet", replay_ignores_the_gate),
+    ("gla", replay_ignores_the_gate),
+    ("deltanet", verify_caches_nothing),
+    ("kda", cache_before_the_correction),
+])
+def test_wrong_replay_schedule_fails_the_proof(monkeypatch, kind, mutate, fresh_seed):
+    patch_replay(monkeypatch, mutate)
+    results = prove_replay(spec_of(kind), 3, seed=fresh_seed)
+    assert results[0].state_equal  # nothing accepted: the committed state, whatever the schedule
+    assert not all(r.holds for r in results[1:])

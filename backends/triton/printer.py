@@ -20,6 +20,7 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
+ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp)
 
 
 
@@ -113,6 +114,13 @@ class TritonPrinter:
     def print_entry(self, view: EntryView) -> None:
         c = self.code
         entry = view.entry
+        unlowered = [op.name for op in entry.body.ops if not isinstance(op, ENTRY_PARTS)]
+        if unlowered or not view.kernels:
+            what = f"its schedule {unlowered[0]} is not grouped into kernels" if unlowered else "it has no kernels"
+            raise UnsupportedError(
+                f"entry @{entry.sym_name.data} of @{entry.source.data}: {what}; add the pass that does "
+                "(fuse-chunkwise after derive-chunkwise) to the pipeline"
+            )
         params = []
         for arg in view.args:
             name = arg.sym_name.data
