@@ -21,6 +21,8 @@ from k3compile.ir.syntax import attr_to_literal
 
 CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp)
+# the pass that turns each kind of schedule into kernels
+KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 
 
 
@@ -117,10 +119,8 @@ class TritonPrinter:
         unlowered = [op.name for op in entry.body.ops if not isinstance(op, ENTRY_PARTS)]
         if unlowered or not view.kernels:
             what = f"its schedule {unlowered[0]} is not grouped into kernels" if unlowered else "it has no kernels"
-            raise UnsupportedError(
-                f"entry @{entry.sym_name.data} of @{entry.source.data}: {what}; add the pass that does "
-                "(fuse-chunkwise after derive-chunkwise) to the pipeline"
-            )
+            hint = KERNEL_GROUPINGS.get(unlowered[0] if unlowered else "", "no pass groups it into kernels yet")
+            raise UnsupportedError(f"entry @{entry.sym_name.data} of @{entry.source.data}: {what} ({hint})")
         params = []
         for arg in view.args:
             name = arg.sym_name.data
