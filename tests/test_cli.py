@@ -345,3 +345,15 @@ def test_console_script_bad_spec(tmp_path, bad_spec):
     assert len(lines) == 1 and one_line(lines[0]), lines
     assert str(bad_spec) in lines[0] and "head_dim" in lines[0]
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("pipeline, schedule", [
+    ("derive-chunkwise", "k3s.chunked"),
+    ("lower-recurrent,derive-replay", "k3s.speculative"),
+])
+def test_compile_refuses_a_schedule_not_grouped_into_kernels(capsys, tmp_path, pipeline, schedule):
+    """A module whose entry would launch nothing must not be written: exit 2, one line."""
+    code = main(["compile", str(EXAMPLES / "kda.toml"), "-o", str(tmp_path), "-p", pipeline])
+    err = capsys.readouterr().err
+    assert code == 2 and schedule in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "kda.py").exists()
