@@ -32,14 +32,14 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.syntax import KeywordSyntax
 
-ARG_DTYPES = ("float", "float32", "offsets")
-ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace")
+ARG_DTYPES = ("float", "float32", "offsets", "state", "index")
+ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace", "inout")
 STATE_LAYOUTS = ("kv", "vk")
 GATES = ("channel", "scalar")
 TOKEN_TENSORS = ("q", "k", "v")
 GATE_INPUTS = ("log", "softplus", "bounded")
 BETA_INPUTS = ("probability", "logits")
-SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 
 
@@ -72,9 +72,11 @@ class TensorArgOp(KeywordSyntax):
     Roles: input (required), optional_input (may be None), forbidden (must be None: the
     member has no such input, e.g. g of DeltaNet), output / optional_output (allocated by
     the entry; an optional one only when the caller passes output_<name>=True), workspace
-    (allocated by the entry for kernels to pass data between them; not returned). Dtype classes:
+    (allocated by the entry for kernels to pass data between them; not returned), inout (passed
+    in and updated in place, e.g. a state pool). Dtype classes:
     float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
-    offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1).
+    offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1),
+    state (fp32 or bf16 state storage), index (int32/int64 slot numbers).
     """
 
     name = "k3s.tensor_arg"
@@ -151,17 +153,21 @@ class KernelOp(KeywordSyntax):
 
 @irdl_op_definition
 class StateTileOp(KeywordSyntax):
-    """A [K, V-block] fp32 state tile kept on chip, loaded from initial_state when given."""
+    """A [K, V-block] fp32 state tile kept on chip. Its home: initial_state (when given; the
+    default) or a pool row, `state[state_indices[n]]` (serving: a slot table over a state pool;
+    a slot outside the pool, e.g. -1 for padding, starts from zero and is never written)."""
 
     name = "k3s.state_tile"
     head_k_dim = prop_def(IntegerAttr[I64])
     head_v_dim = prop_def(IntegerAttr[I64])
     block_v = prop_def(IntegerAttr[I64])
     layout = prop_def(StringAttr)
+    home = opt_prop_def(StringAttr)  # absent: initial_state
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
         _choice(self, "layout", STATE_LAYOUTS)
+        _home(self)
         if not is_power_of_two(self.block_v.value.data):
             raise VerifyException(f"{self.name}: block_v must be a power of two, got {self.block_v.value.data}")
 
@@ -276,14 +282,30 @@ class ReadoutOp(KeywordSyntax):
 
 @irdl_op_definition
 class StoreStateOp(KeywordSyntax):
-    """Write the state tile to final_state (when the caller asked for it)."""
+    """Write the state tile to final_state (when the caller asked for it), or back to its pool
+    row in place (home = pool)."""
 
     name = "k3s.store_state"
     layout = prop_def(StringAttr)
+    home = opt_prop_def(StringAttr)  # absent: final_state
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
         _choice(self, "layout", STATE_LAYOUTS)
+        _home(self)
+
+
+STATE_HOMES = ("pool",)
+
+
+def _home(op) -> None:
+    if op.home is not None and op.home.data not in STATE_HOMES:
+        raise VerifyException(f"{op.name}: home must be pool (or absent), got {op.home.data!r}")
+
+
+def in_pool(op) -> bool:
+    """Whether a state tile lives in a pool row indexed through state_indices."""
+    return op.home is not None and op.home.data == "pool"
 
 
 # --- stages of the chunkwise (WY/UT) schedule ----------------------------------------------

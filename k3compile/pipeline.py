@@ -14,7 +14,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 from k3compile.errors import IRError
 
 # The default pipeline of each spec kind (passes run in order).
-RECURRENCE_PIPELINE = "lower-recurrent,derive-chunkwise,fuse-chunkwise"
+RECURRENCE_PIPELINE = "lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise"
 DEFAULT_PIPELINES = {
     "kda": RECURRENCE_PIPELINE,
     "gated_deltanet": RECURRENCE_PIPELINE,

@@ -140,6 +140,9 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
             RecurrenceCase("B1 T1 (one token)", 1, 1),
             RecurrenceCase(f"varlen {(64, 0, 1, long)}", 1, 0, seqlens=(64, 0, 1, long)),
         ]
+        if entry == "recurrent":  # serving: a slot table over a state pool, updated in place
+            yield spec, "decode", [RecurrenceCase("B4 T1 over a pool of 6 slots, one padding row", 4, 1),
+                                   RecurrenceCase("B3 T3 (verify-sized steps)", 3, 3)]
         if entry == "chunk":  # states kept every 64 tokens (prefix caching) equal the recurrence's
             yield spec, entry, [RecurrenceCase(f"varlen (64, 1, {long}), checkpoints every 64", 1, 0,
                                                seqlens=(64, 1, long), checkpoint_every=64)]
@@ -147,9 +150,39 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
             yield layer_spec, entry, [RecurrenceCase(f"{label}varlen (5, {long})", 1, 0, seqlens=(5, long))]
 
 
+def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
+    """decode over a state pool: the rows named by state_indices advance in place (padding -1
+    starts from zero), every other row stays bit-identical."""
+    from k3compile.ir import reference
+
+    inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
+    pool_rows = case.batch + 2
+    pool = inputs.pop("initial_state")[:1].repeat(pool_rows, 1, 1, 1)
+    pool = pool + 0.5 * torch.randn(pool.shape, generator=gen, dtype=torch.float64).to(pool.device, pool.dtype)
+    slots = torch.randperm(pool_rows, generator=gen)[: case.batch]
+    if case.batch > 1:
+        slots[1] = -1  # a padding row of a continuous batch
+    before = pool.clone()
+    starts = torch.stack([before[i] if i >= 0 else torch.zeros_like(before[0]) for i in slots.tolist()])
+    (o,) = layer.decode(**inputs, state=pool, state_indices=slots.to(device))
+    ref_o, ref_final = reference.recurrence(layer_op, **inputs, initial_state=starts, output_final_state=True)
+    used = [i for i in slots.tolist() if i >= 0]
+    untouched = [i for i in range(pool_rows) if i not in used]
+    changed = (pool[untouched] != before[untouched]).sum().item()
+    rows = [b for b, i in enumerate(slots.tolist()) if i >= 0]
+    return [
+        ("o", o, ref_o),
+        ("state (slots)", pool[used], ref_final[rows]),
+        # other rows: compared with themselves, so any write shows as an error
+        ("state (others)", pool[untouched], before[untouched].double() + (math.nan if changed else 0.0)),
+    ]
+
+
 def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, device, gen):
     from k3compile.ir import reference
 
+    if entry == "decode":
+        return run_decode_case(layer, layer_op, case, dtype, device, gen)
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
     if case.checkpoint_every:
         inputs["checkpoint_every"] = case.checkpoint_every

@@ -2,6 +2,7 @@
 
 Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
+- lower-decode: the same token stages over a slot-indexed state pool, updated in place;
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
@@ -46,10 +47,17 @@ def _derive_replay() -> type[ModulePass]:
     return DeriveReplayPass
 
 
+def _lower_decode() -> type[ModulePass]:
+    from k3compile.passes.lower_decode import LowerDecodePass
+
+    return LowerDecodePass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-recurrent": _lower_recurrent,
     "fuse-attnres": _fuse_attnres,
     "derive-chunkwise": _derive_chunkwise,
     "fuse-chunkwise": _fuse_chunkwise,
     "derive-replay": _derive_replay,
+    "lower-decode": _lower_decode,
 }

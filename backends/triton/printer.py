@@ -74,6 +74,7 @@ class EntryView:
         self.kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
         self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
         self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
+        self.names = {op.sym_name.data for op in self.args}
 
     def tensor(self, name: str) -> k3s.TensorArgOp:
         return next(op for op in self.tensors if op.sym_name.data == name)
@@ -126,7 +127,7 @@ class TritonPrinter:
             name = arg.sym_name.data
             if isinstance(arg, k3s.ScalarArgOp):
                 params.append(f"{name}=None")
-            elif arg.role.data == "input":
+            elif arg.role.data in ("input", "inout"):
                 # once a parameter has a default, later required ones default to None and are
                 # rejected by the checks (fla's signatures do the same: g=None, beta=None)
                 params.append(f"{name}=None" if any("=" in p for p in params) else name)
@@ -177,7 +178,7 @@ class TritonPrinter:
         c = self.code
         c(f"# {describe(view.entry)}: argument checks", "dims = {}")
         first = view.tensors[0].sym_name.data
-        order = {"input": 0, "forbidden": 1, "optional_input": 2}
+        order = {"input": 0, "inout": 0, "forbidden": 1, "optional_input": 2}
         inputs = [t for t in view.tensors if t.role.data in order]
         # offsets bind N before the optional tensors shaped by it are checked
         inputs.sort(key=lambda t: (order[t.role.data], t.dtype.data != "offsets"))
@@ -187,7 +188,7 @@ class TritonPrinter:
             check = f'_check_tensor("{name}", {name}, "{arg.shape.data}", "{arg.dtype.data}", dims, {device})'
             if arg.dtype.data == "offsets":
                 c(f'_check_offsets("{name}", {name}, dims, {device})')
-            elif role == "input":
+            elif role in ("input", "inout"):
                 c(check)
             elif role == "forbidden":
                 c(f'_check_none("{name}", {name}, "k3 op @{view.entry.source.data} has no {name} input")')
@@ -195,6 +196,8 @@ class TritonPrinter:
                 c(f"if {name} is not None:")
                 with c.indent():
                     c(check)
+        if not any(t.dtype.data == "offsets" for t in view.tensors):
+            c('dims["N"] = dims["B"]  # one sequence per batch row')
         limit = view.entry.max_sources
         if limit is not None:
             c(f'if not 1 <= dims["S"] <= {limit.value.data}:')
@@ -258,6 +261,8 @@ class TritonPrinter:
             sizes.append("T")
         if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
             sizes += ["S", "R"]
+        if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
+            sizes.append("P")
         return sizes
 
     def kernel_name(self, kernel: k3s.KernelOp) -> str:
@@ -268,7 +273,7 @@ class TritonPrinter:
         params = [(a.sym_name.data, a.sym_name.data) for a in view.args]
         if "chunk" in kernel.grid.data.split(","):
             params.append(("chunk_table", "chunk_table"))
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]'}
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]', "P": 'dims["P"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
         checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
         if checkpointing:
@@ -316,6 +321,7 @@ class TritonPrinter:
             for param, _ in self.kernel_params(kernel, view):
                 c(f"{param},")
         c("):")
+        self.view = view
         with c.indent():
             c(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
             for axis_index, axis in enumerate(kernel.grid.data.split(",")):
@@ -378,11 +384,17 @@ class TritonPrinter:
         c = self.code
         c.comment(op, "fp32 state tile [K, BV] kept in registers for the whole sequence")
         c("o_k = tl.arange(0, BK)", "m_k = o_k < K", "m_kv = m_k[:, None] & m_v[None, :]")
-        if op.layout.data == "kv":
-            c("p_state = i_nh * K * V + o_k[:, None] * V + o_v[None, :]")
-        else:
-            c("p_state = i_nh * K * V + o_v[None, :] * K + o_k[:, None]  # [V, K] in memory")
-        c("b_S = tl.zeros([BK, BV], dtype=tl.float32)", "if HAS_INITIAL_STATE:")
+        local = "o_k[:, None] * V + o_v[None, :]" if op.layout.data == "kv" else "o_v[None, :] * K + o_k[:, None]"
+        if k3s.in_pool(op):
+            c("i_slot = tl.load(state_indices + i_n).to(tl.int64)",
+              "# a slot outside the pool (-1: padding) reads zeros and is never written; the test is",
+              "# made on a vector (Triton's interpreter rejects masks combined from scalar conditions)",
+              "i_slot_v = i_slot + 0 * o_v",
+              "m_kv = m_kv & ((i_slot_v >= 0) & (i_slot_v < P))[None, :]",
+              f"p_state = (i_slot * HV + i_hv) * K * V + {local}",
+              "b_S = tl.load(state + p_state, mask=m_kv, other=0.0).to(tl.float32)")
+            return
+        c(f"p_state = i_nh * K * V + {local}", "b_S = tl.zeros([BK, BV], dtype=tl.float32)", "if HAS_INITIAL_STATE:")
         with c.indent():
             c("b_S += tl.load(initial_state + p_state, mask=m_kv, other=0.0)")
 
@@ -397,6 +409,9 @@ class TritonPrinter:
     def print_sequence_bounds(self) -> None:
         """bos, eos: the token range of sequence i_n (varlen: from cu_seqlens)."""
         c = self.code
+        if "cu_seqlens" not in self.view.names:
+            c("bos = i_n * T", "eos = bos + T")
+            return
         c("if HAS_CU_SEQLENS:")
         with c.indent():
             c("bos = tl.load(cu_seqlens + i_n).to(tl.int64)", "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
@@ -444,6 +459,9 @@ class TritonPrinter:
 
     def print_k3s_store_state(self, op: k3s.StoreStateOp) -> None:
         self.code.comment(op)
+        if k3s.in_pool(op):
+            self.code("tl.store(state + p_state, b_S.to(state.dtype.element_ty), mask=m_kv)")
+            return
         self.code("if HAS_FINAL_STATE:")
         with self.code.indent():
             self.code("tl.store(final_state + p_state, b_S, mask=m_kv)")

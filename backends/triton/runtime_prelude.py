@@ -42,7 +42,13 @@ def _check_tensor(name, x, shape, dtype_class, dims, device):
         problem = _bind(name, dim, size, dims)
         if problem:
             raise ValueError(f"{name}: dim {axis} of shape [{shape}] must be {problem}, got {list(x.shape)}")
-    allowed = {"float": _FLOAT_DTYPES, "float32": (torch.float32,), "offsets": (torch.int32, torch.int64)}[dtype_class]
+    allowed = {
+        "float": _FLOAT_DTYPES,
+        "float32": (torch.float32,),
+        "offsets": (torch.int32, torch.int64),
+        "state": (torch.float32, torch.bfloat16),
+        "index": (torch.int32, torch.int64),
+    }[dtype_class]
     if x.dtype not in allowed:
         raise ValueError(f"{name}: expected dtype {' or '.join(str(d) for d in allowed)}, got {x.dtype}")
     if device is not None and x.device != device:

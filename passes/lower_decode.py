@@ -1,0 +1,67 @@
+"""lower-decode: k3.recurrence -> a serving decode schedule over a state pool.
+
+The recurrent token stages (the same derivation as lower-recurrent), with the state's home a
+pool row chosen by a slot table (`state_indices`, so one pool serves continuous batching) and
+written back in place: no initial/final-state copies, no host synchronisation (a padding slot
+-1 or any slot outside the pool is masked in the kernel, never written), so a step can be
+captured in a CUDA graph. The pool may store the state in fp32 or bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import RecurrenceOp
+from k3compile.passes.common import (
+    add_entries,
+    check_num_warps,
+    check_power_of_two,
+    make,
+    recurrence_arguments,
+    recurrence_state_shape,
+)
+from k3compile.passes.lower_recurrent import recurrent_stages
+
+# the recurrent entry's state arguments are replaced by the pool and its slot table
+NOT_IN_DECODE = ("initial_state", "final_state", "cu_seqlens")
+
+
+@dataclass(frozen=True)
+class LowerDecodePass(ModulePass):
+    """Add a `decode` entry (token stages over a slot-indexed state pool, in place)."""
+
+    name = "lower-decode"
+    block_v: int = 32
+    num_warps: int = 4
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_power_of_two("lower-decode", "block-v", self.block_v)
+        check_num_warps("lower-decode", self.num_warps)
+        add_entries(op, RecurrenceOp, self.build)
+
+    def build(self, op: RecurrenceOp) -> k3s.EntryOp:
+        K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+        layout = op.state_layout.data
+        args = [a for a in recurrence_arguments(op) if a.sym_name.data not in NOT_IN_DECODE]
+        args += [
+            make(k3s.TensorArgOp, sym_name="state", shape=",".join(["P", *recurrence_state_shape(op)]),
+                 dtype="state", role="inout"),
+            make(k3s.TensorArgOp, sym_name="state_indices", shape="B", dtype="index", role="input"),
+        ]
+        kernel = make(
+            k3s.KernelOp,
+            [
+                make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout, home="pool"),
+                make(k3s.TokenLoopOp, recurrent_stages(op)),
+                make(k3s.StoreStateOp, layout=layout, home="pool"),
+            ],
+            sym_name=f"{op.sym_name.data}_decode",
+            grid="value_block,sequence_head",
+            num_warps=self.num_warps,
+        )
+        return make(k3s.EntryOp, [*args, kernel], sym_name="decode", source=op.sym_name.data)
