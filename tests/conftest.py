@@ -149,15 +149,20 @@ def rms_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out - ref).norm().item() / max(ref.norm().item(), 1e-30)
 
 
-def assert_matches(out: torch.Tensor, ref: torch.Tensor, what: str, rms_tol: float = 1e-5, atol: float = 1e-5,
-                   rtol: float = 1e-5) -> None:
-    """out (kernel) against ref (float64 reference): shape, finiteness, RMS ratio and allclose."""
+def assert_rms(out: torch.Tensor, ref: torch.Tensor, what: str, tol: float) -> None:
+    """out (kernel) against ref (float64 reference): shape, finiteness and RMS ratio."""
     assert out is not None, f"{what}: kernel returned None"
     assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten NaN-filled elements?)"
     assert torch.isfinite(ref).all(), f"{what}: the reference itself is not finite"
     ratio = rms_ratio(out, ref)
-    assert ratio < rms_tol, f"{what}: RMS ratio {ratio:.3e} >= {rms_tol:.0e}"
+    assert ratio < tol, f"{what}: RMS ratio {ratio:.3e} >= {tol:.0e}"
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, what: str, rms_tol: float = 1e-5, atol: float = 1e-5,
+                   rtol: float = 1e-5) -> None:
+    """out (kernel) against ref (float64 reference): shape, finiteness, RMS ratio and allclose."""
+    assert_rms(out, ref, what, rms_tol)
     out64 = out.detach().to(torch.float64)
     err = (out64 - ref).abs().max().item() if ref.numel() else 0.0
     assert torch.allclose(out64, ref, rtol=rtol, atol=atol), f"{what}: max abs error {err:.3e}"
@@ -166,3 +171,31 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, what: str, rms_tol: flo
 def one_line(message: str) -> bool:
     return "\n" not in message.strip() and message.strip() != ""
 
+
+
+def run_cli(capsys, *argv):
+    """k3c main(argv) in-process -> (exit code, stdout, stderr)."""
+    from k3compile.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_causal(entry, kind: str, layout: str, shape, t0: int) -> None:
+    """Changing every input at t >= t0 leaves o[:, :t0] of entry(**inputs) bit-identical."""
+    inputs = recurrence_inputs(kind, layout, shape)
+    future = recurrence_inputs(kind, layout, shape)
+    changed = dict(inputs)
+    for name in ("q", "k", "v", "g", "beta"):
+        if name in inputs:
+            changed[name] = inputs[name].clone()
+            changed[name][:, t0:] = future[name][:, t0:]
+    o1, _ = entry(**inputs)
+    o2, _ = entry(**changed)
+    assert torch.isfinite(o1).all() and torch.isfinite(o2).all()
+    assert torch.equal(o1[:, :t0], o2[:, :t0]), "outputs before t0 depend on later inputs"
+    assert not torch.allclose(o1[:, t0:], o2[:, t0:]), "the change at t >= t0 must show after t0"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import assert_rms as shared_assert_rms
+from conftest import assert_causal
 from conftest import (
     DELTA_OF_KIND,
     GATE_OF_KIND,
@@ -65,12 +67,7 @@ def case(request, compile_layer):
 
 
 def assert_rms(out: torch.Tensor, ref: torch.Tensor, what: str, tol: float = RMS_TOL) -> None:
-    assert out is not None, f"{what}: kernel returned None"
-    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten NaN-filled elements?)"
-    assert torch.isfinite(ref).all(), f"{what}: the reference itself is not finite"
-    ratio = rms_ratio(out, ref)
-    assert ratio < tol, f"{what}: RMS ratio {ratio:.3e} >= {tol:.0e}"
+    shared_assert_rms(out, ref, what, tol)
 
 
 def check(layer, inputs, **kwargs):
@@ -189,19 +186,7 @@ def test_causal_inside_a_chunk(case):
     T = 2 * C + 5
     t0 = C + C // 2 + 3  # C=16: 27, C=32: 51, C=64: 99 -- none a multiple of 16
     assert t0 % 16 and t0 % C
-    shape = RecurrenceShape(B=1, T=T, H=H, HV=HV, K=K, V=V)
-    inputs = recurrence_inputs(kind, layout, shape)
-    future = recurrence_inputs(kind, layout, shape)
-    changed = dict(inputs)
-    for name in ("q", "k", "v", "g", "beta"):
-        if name in inputs:
-            changed[name] = inputs[name].clone()
-            changed[name][:, t0:] = future[name][:, t0:]
-    o1, _ = layer.chunk(**inputs)
-    o2, _ = layer.chunk(**changed)
-    assert torch.isfinite(o1).all() and torch.isfinite(o2).all()
-    assert torch.equal(o1[:, :t0], o2[:, :t0]), "outputs before t0 depend on later inputs"
-    assert not torch.allclose(o1[:, t0:], o2[:, t0:]), "the change at t >= t0 must show after t0"
+    assert_causal(layer.chunk, kind, layout, RecurrenceShape(B=1, T=T, H=H, HV=HV, K=K, V=V), t0)
 
 
 STRONG_DECAY_BUG = (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, REPO, one_line
+from conftest import run_cli, EXAMPLES, REPO, one_line
 from k3compile.cli import main
 
 TINY = """\
@@ -23,14 +23,7 @@ dtype = "float32"
 """
 
 
-def run(capsys, *argv):
-    """main(argv) in-process -> (exit code, stdout, stderr)."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:  # argparse
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 def assert_bad_input(code, out, err, *words):

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import assert_rms as shared_assert_rms
 from conftest import layer_op, one_line, recurrence_table, rms_ratio
 from k3compile.errors import K3Error, SpecError
 from k3compile.ir import reference
@@ -74,12 +75,7 @@ def raw_inputs(layer, seed: int, batch: int = 2, length: int = 2 * C + 3, seqlen
 
 
 def assert_rms(out, ref, what: str, tol: float = RMS_TOL) -> None:
-    assert out is not None, f"{what}: kernel returned None"
-    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten NaN-filled elements?)"
-    assert torch.isfinite(ref).all(), f"{what}: the reference itself is not finite"
-    ratio = rms_ratio(out, ref)
-    assert ratio < tol, f"{what}: RMS ratio {ratio:.3e} >= {tol:.0e}"
+    shared_assert_rms(out, ref, what, tol)
 
 
 # --- transforms written out by hand (independent of k3compile.ir.reference) ----------------

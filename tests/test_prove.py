@@ -11,7 +11,7 @@ import torch
 from xdsl.dialects.builtin import StringAttr
 
 import k3compile.passes.derive_chunkwise as derive_chunkwise
-from conftest import DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, one_line, recurrence_table
+from conftest import run_cli, DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, one_line, recurrence_table
 from k3compile.cli import main
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
@@ -25,14 +25,7 @@ def spec_of(kind: str):
     return load_spec(EXAMPLES / f"{kind}.toml")
 
 
-def run(capsys, *argv):
-    """k3c main(argv) in-process -> (exit code, stdout, stderr)."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:  # argparse
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 # --- the derived schedules hold -----------------------------------------------------------

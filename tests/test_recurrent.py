@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import assert_causal
 from conftest import (
     RECURRENCE_KINDS,
     RecurrenceShape,
@@ -141,19 +142,7 @@ def test_causal(member, base_layer):
     """Changing every input at t >= t0 leaves o[:, :t0] bit-identical."""
     kind, layout = member
     T, t0 = 10, 4
-    shape = RecurrenceShape(B=2, T=T, H=H, HV=H, K=K, V=V)
-    inputs = recurrence_inputs(kind, layout, shape)
-    future = recurrence_inputs(kind, layout, shape)
-    changed = dict(inputs)
-    for name in ("q", "k", "v", "g", "beta"):
-        if name in inputs:
-            changed[name] = inputs[name].clone()
-            changed[name][:, t0:] = future[name][:, t0:]
-    o1, _ = base_layer.recurrent(**inputs)
-    o2, _ = base_layer.recurrent(**changed)
-    assert torch.isfinite(o1).all() and torch.isfinite(o2).all()
-    assert torch.equal(o1[:, :t0], o2[:, :t0]), "outputs before t0 depend on later inputs"
-    assert not torch.allclose(o1[:, t0:], o2[:, t0:]), "the change at t >= t0 must show after t0"
+    assert_causal(base_layer.recurrent, kind, layout, RecurrenceShape(B=2, T=T, H=H, HV=H, K=K, V=V), t0)
 
 
 def test_varlen_sequences_independent(member, base_layer):
