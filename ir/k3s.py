@@ -61,6 +61,7 @@ class EntryOp(KeywordSyntax):
     sym_name = prop_def(StringAttr)
     source = prop_def(StringAttr)  # the k3 op this entry was lowered from
     max_sources = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol S
+    max_tokens = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol T
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator())
 
@@ -203,7 +204,11 @@ class CacheUpdateOp(KeywordSyntax):
     delta rule, v without): what a replay needs instead of the state itself."""
 
     name = "k3s.cache_update"
+    gate = prop_def(StringAttr)
     traits = traits_def(HasParent(TokenLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
 
 
 @irdl_op_definition
@@ -213,7 +218,7 @@ class ReplayOp(KeywordSyntax):
 
     name = "k3s.replay"
     gate = prop_def(StringAttr)
-    traits = traits_def(HasParent(SpeculativeOp))
+    traits = traits_def(HasParent(SpeculativeOp, KernelOp))
 
     def verify_(self) -> None:
         _choice(self, "gate", CHUNK_GATES)

@@ -7,7 +7,9 @@ Each pass is one idea, named for what it derives:
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
-  projected updates, replay of any accepted prefix); proved, not yet lowered to kernels.
+  projected updates, replay of any accepted prefix), proved;
+- lower-speculative: that schedule -> a `verify` entry (outputs + cache) and a `commit` entry
+  (replay of the accepted tokens into the pool).
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def _lower_decode() -> type[ModulePass]:
     return LowerDecodePass
 
 
+def _lower_speculative() -> type[ModulePass]:
+    from k3compile.passes.lower_speculative import LowerSpeculativePass
+
+    return LowerSpeculativePass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-recurrent": _lower_recurrent,
     "fuse-attnres": _fuse_attnres,
@@ -60,4 +68,5 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fuse-chunkwise": _fuse_chunkwise,
     "derive-replay": _derive_replay,
     "lower-decode": _lower_decode,
+    "lower-speculative": _lower_speculative,
 }

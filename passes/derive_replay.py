@@ -25,7 +25,7 @@ from k3compile.passes.lower_recurrent import recurrent_stages
 
 
 def speculative_schedule(op: RecurrenceOp, draft_tokens: int) -> k3s.SpeculativeOp:
-    verify = [*recurrent_stages(op), make(k3s.CacheUpdateOp)]
+    verify = [*recurrent_stages(op), make(k3s.CacheUpdateOp, gate=op.gate.data)]
     return make(
         k3s.SpeculativeOp,
         [make(k3s.TokenLoopOp, verify), make(k3s.ReplayOp, gate=op.gate.data)],

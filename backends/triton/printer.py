@@ -198,6 +198,12 @@ class TritonPrinter:
                     c(check)
         if not any(t.dtype.data == "offsets" for t in view.tensors):
             c('dims["N"] = dims["B"]  # one sequence per batch row')
+        tokens = view.entry.max_tokens
+        if tokens is not None:
+            c(f'if dims["T"] > {tokens.value.data}:')
+            with c.indent():
+                c(f'raise ValueError(f"{view.tensors[0].sym_name.data}: at most {tokens.value.data} tokens per step '
+                  "(the cache depth), got T = {dims['T']}\")")
         limit = view.entry.max_sources
         if limit is not None:
             c(f'if not 1 <= dims["S"] <= {limit.value.data}:')
@@ -233,9 +239,11 @@ class TritonPrinter:
         for op in kernel.walk():
             if isinstance(op, k3s.StateTileOp):
                 K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+                # a commit kernel has no q or v: its heads come from the state pool
+                HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
                 constants.update(
-                    H=int(view.dims("q")[2]),
-                    HV=int(view.dims("v")[2]),
+                    H=int(view.dims("q")[2]) if "q" in view.names else HV,
+                    HV=HV,
                     K=K,
                     V=V,
                     BK=next_power_of_2(K),
@@ -252,6 +260,8 @@ class TritonPrinter:
             elif isinstance(op, k3s.FoldQueryOp):
                 D = op.hidden_size.value.data
                 constants.update(D=D, BD=next_power_of_2(D))
+        if "cache" in view.names:
+            constants["DEPTH"] = int(view.dims("cache")[1])
         return constants
 
     def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
@@ -387,10 +397,11 @@ class TritonPrinter:
         local = "o_k[:, None] * V + o_v[None, :]" if op.layout.data == "kv" else "o_v[None, :] * K + o_k[:, None]"
         if k3s.in_pool(op):
             c("i_slot = tl.load(state_indices + i_n).to(tl.int64)",
-              "# a slot outside the pool (-1: padding) reads zeros and is never written; the test is",
-              "# made on a vector (Triton's interpreter rejects masks combined from scalar conditions)",
-              "i_slot_v = i_slot + 0 * o_v",
-              "m_kv = m_kv & ((i_slot_v >= 0) & (i_slot_v < P))[None, :]",
+              "# a slot outside the pool (-1: padding) reads zeros and is never written; the tests are",
+              "# made on vectors (Triton's interpreter rejects masks combined from scalar conditions)",
+              "m_slot_k = ((i_slot + 0 * o_k) >= 0) & ((i_slot + 0 * o_k) < P)",
+              "m_slot_v = ((i_slot + 0 * o_v) >= 0) & ((i_slot + 0 * o_v) < P)",
+              "m_kv = m_kv & m_slot_v[None, :]",
               f"p_state = (i_slot * HV + i_hv) * K * V + {local}",
               "b_S = tl.load(state + p_state, mask=m_kv, other=0.0).to(tl.float32)")
             return
@@ -637,6 +648,35 @@ class TritonPrinter:
                 with c.indent():
                     c("slot = i_n * (T // checkpoint_every) + done // checkpoint_every - 1")
                 c("tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), b_S, mask=m_kv)")
+
+    # --- speculative decoding stages ----------------------------------------------------------
+    # cache [P, depth, HV, 2K + V] fp32 per slot and token: k (the value head's key), the
+    # log-decay g (channel: [K]; scalar: repeated over K; none: 0), then u (the written update)
+
+    def print_k3s_cache_update(self, op: k3s.CacheUpdateOp) -> None:
+        c = self.code
+        c.comment(op, "what a replay needs: k, the log-decay and the update u this token wrote")
+        g = {"channel": "b_g", "scalar": "b_g + 0.0 * b_k", "none": "0.0 * b_k"}[op.gate.data]
+        c("p_cache = ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * (2 * K + V)",
+          "# k and g are the same for every value block: the first one writes them",
+          "m_cache_k = m_k & m_slot_k & ((i_v + 0 * o_k) == 0)",
+          "tl.store(cache + p_cache + o_k, b_k, mask=m_cache_k)",
+          f"tl.store(cache + p_cache + K + o_k, {g}, mask=m_cache_k)",
+          "tl.store(cache + p_cache + 2 * K + o_v, b_v, mask=m_v & m_slot_v)")
+
+    def print_k3s_replay(self, op: k3s.ReplayOp) -> None:
+        c = self.code
+        c.comment(op, "the closed form's sum, accumulated token by token: S <- Diag(exp g_j) S + k_j u_j^T")
+        c("# counts outside 0..DEPTH are clamped: the cache holds no more tokens",
+          "n_accepted = tl.minimum(tl.maximum(tl.load(accepted + i_n).to(tl.int64), 0), DEPTH)",
+          "for j in range(0, n_accepted):")
+        with c.indent():
+            c("p_cache = ((i_slot * DEPTH + j) * HV + i_hv) * (2 * K + V)",
+              "b_k = tl.load(cache + p_cache + o_k, mask=m_k, other=0.0)",
+              "b_u = tl.load(cache + p_cache + 2 * K + o_v, mask=m_v, other=0.0)")
+            if op.gate.data != "none":
+                c("b_g = tl.load(cache + p_cache + K + o_k, mask=m_k, other=0.0)", "b_S = b_S * tl.exp(b_g)[:, None]")
+            c("b_S = b_S + b_k[:, None] * b_u[None, :]")
 
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
         value = op.value.data

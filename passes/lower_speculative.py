@@ -1,0 +1,113 @@
+"""lower-speculative: the speculative schedule (derive-replay) -> two serving entries.
+
+- verify: the token loop from the committed pool state (read, never written), writing each
+  token's output and its (k, log-decay, u) to a per-slot cache of depth draft_tokens;
+- commit: the replay stage: rebuild the state after `accepted[b]` tokens from the committed
+  state and the cache, and write it to the pool row in place. One state write per round,
+  no snapshot per draft token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import RecurrenceOp
+from k3compile.passes.common import (
+    check_num_warps,
+    check_power_of_two,
+    make,
+    recurrence_arguments,
+    recurrence_state_shape,
+)
+
+NOT_IN_VERIFY = ("initial_state", "final_state", "cu_seqlens")
+
+
+def clone(op):
+    return type(op).create(properties=dict(op.properties))
+
+
+def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int):
+    name = layer.sym_name.data
+    K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
+    layout = layer.state_layout.data
+    depth = speculative.draft_tokens.value.data
+    loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
+    replay = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
+
+    def arg(sym_name, shape, dtype, role):
+        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role)
+
+    def tile():
+        return make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout, home="pool")
+
+    state_shape = ",".join(["P", *recurrence_state_shape(layer)])
+    cache_shape = f"P,{depth},{HV},{2 * K + V}"
+    verify = make(
+        k3s.EntryOp,
+        [
+            *(a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY),
+            arg("state", state_shape, "state", "input"),
+            arg("state_indices", "B", "index", "input"),
+            arg("cache", cache_shape, "float32", "inout"),
+            make(
+                k3s.KernelOp,
+                [tile(), make(k3s.TokenLoopOp, [clone(op) for op in loop.body.ops])],
+                sym_name=f"{name}_verify",
+                grid="value_block,sequence_head",
+                num_warps=num_warps,
+            ),
+        ],
+        sym_name="verify",
+        source=name,
+        max_tokens=depth,
+    )
+    commit = make(
+        k3s.EntryOp,
+        [
+            arg("state", state_shape, "state", "inout"),
+            arg("state_indices", "B", "index", "input"),
+            arg("cache", cache_shape, "float32", "input"),
+            arg("accepted", "B", "index", "input"),
+            make(
+                k3s.KernelOp,
+                [tile(), clone(replay), make(k3s.StoreStateOp, layout=layout, home="pool")],
+                sym_name=f"{name}_commit",
+                grid="value_block,sequence_head",
+                num_warps=num_warps,
+            ),
+        ],
+        sym_name="commit",
+        source=name,
+    )
+    return verify, commit
+
+
+@dataclass(frozen=True)
+class LowerSpeculativePass(ModulePass):
+    """Replace every `speculative` entry by its `verify` and `commit` entries."""
+
+    name = "lower-speculative"
+    block_v: int = 32
+    num_warps: int = 4
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_power_of_two("lower-speculative", "block-v", self.block_v)
+        check_num_warps("lower-speculative", self.num_warps)
+        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
+        for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
+            entry = speculative.parent_op()
+            verify, commit = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps)
+            if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
+                prefix = entry.sym_name.data.removesuffix("speculative")
+                for new in (verify, commit):
+                    new.properties["sym_name"] = type(entry.sym_name)(prefix + new.sym_name.data)
+            Rewriter.insert_op([verify, commit], InsertPoint.before(entry))
+            entry.detach()
+            entry.erase()

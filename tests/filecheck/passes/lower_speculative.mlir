@@ -1,0 +1,27 @@
+// lower-speculative: the speculative schedule becomes two serving entries. verify reads the
+// committed pool row (no store_state) and caches each token; commit replays the accepted
+// tokens and writes the row back in place.
+// RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative' | filecheck %s
+// RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative' | k3c opt - | filecheck %s
+
+builtin.module {
+  k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 8, head_v_dim = 16, scale = 0.5, state_layout = kv, dtype = float32>
+}
+
+// CHECK: k3s.entry @verify <source = gdn, max_tokens = 4> {
+// CHECK-DAG: k3s.tensor_arg @state <shape = "P,4,8,16", dtype = state, role = input>
+// CHECK-DAG: k3s.tensor_arg @cache <shape = "P,4,4,32", dtype = float32, role = inout>
+// CHECK: k3s.kernel @gdn_verify
+// CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
+// CHECK-NEXT: k3s.token_loop {
+// CHECK: k3s.decay <gate = scalar>
+// CHECK: k3s.cache_update <gate = scalar>
+// CHECK-NEXT: }
+// CHECK-NOT: k3s.store_state
+// CHECK: k3s.entry @commit <source = gdn> {
+// CHECK-DAG: k3s.tensor_arg @state <shape = "P,4,8,16", dtype = state, role = inout>
+// CHECK-DAG: k3s.tensor_arg @accepted <shape = B, dtype = index, role = input>
+// CHECK: k3s.kernel @gdn_commit
+// CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
+// CHECK-NEXT: k3s.replay <gate = scalar>
+// CHECK-NEXT: k3s.store_state <layout = kv, home = pool>

@@ -1,0 +1,72 @@
+"""Speculative decoding without snapshots (derive-replay + lower-speculative): verify reads the
+committed pool state and caches (k, log-decay, u) per token; commit replays the accepted tokens
+into the pool in place. Checked against the token recurrence over several rounds.
+
+Interpreter, fp32, H=2, HV=4, K=24, V=40, block-v 16 (three value blocks), draft depth 4.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import RECURRENCE_KINDS, assert_rms, recurrence_table
+from k3compile.driver import compile as compile_layer
+from k3compile.frontend import spec_to_module
+from k3compile.ir import reference
+from k3compile.spec import spec_from_table
+from k3compile.verify import RecurrenceCase, recurrence_inputs
+
+DEPTH = 4
+PIPELINE = f"derive-replay{{draft-tokens={DEPTH}}},lower-speculative{{block-v=16}}"
+TOKEN_INPUTS = ("q", "k", "v", "g", "beta")
+
+
+@pytest.fixture(scope="module", params=[(k, lay) for k in RECURRENCE_KINDS for lay in ("kv", "vk")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def layer(request, tmp_path_factory):
+    kind, layout = request.param
+    spec = spec_from_table(recurrence_table(kind, layout, H=2, HV=4, K=24, V=40, name=f"spec_{kind}_{layout}"))
+    compiled = compile_layer(spec, out_dir=tmp_path_factory.mktemp("speculative"), pipeline=PIPELINE)
+    compiled.module.POISON_OUTPUTS = True
+    return compiled, next(iter(spec_to_module(spec).ops))
+
+
+def test_rounds_of_verify_and_commit_follow_the_accepted_tokens(layer, fresh_seed):
+    compiled, op = layer
+    gen = torch.Generator().manual_seed(fresh_seed)
+    pool_rows, batch = 5, 3
+    state_shape = (4, 24, 40) if op.state_layout.data == "kv" else (4, 40, 24)
+    pool = torch.randn((pool_rows, *state_shape), generator=gen)
+    cache = torch.full((pool_rows, DEPTH, 4, 2 * 24 + 40), float("nan"))
+    slots = torch.tensor([4, -1, 1])
+    for accepted in ([2, 3, 4], [0, 1, DEPTH], [DEPTH, 0, 1]):  # partial, none, all, mixed
+        inputs = recurrence_inputs(op, RecurrenceCase("round", batch, DEPTH), torch.float32, "cpu", gen)
+        inputs.pop("initial_state")
+        before = pool.clone()
+        starts = torch.stack([before[i] if i >= 0 else torch.zeros(state_shape) for i in slots.tolist()])
+        (o,) = compiled.verify(**inputs, state=pool, state_indices=slots, cache=cache)
+        assert torch.equal(pool, before), "verify must not write the committed state"
+        assert_rms(o, reference.recurrence(op, **inputs, initial_state=starts)[0], "verify o", 1e-5)
+        compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=torch.tensor(accepted))
+        for b, (slot, m) in enumerate(zip(slots.tolist(), accepted)):
+            if slot < 0:
+                continue
+            prefix = {k: v[b:b + 1, :m] for k, v in inputs.items() if k in TOKEN_INPUTS and v is not None}
+            rest = {k: v for k, v in inputs.items() if k not in TOKEN_INPUTS}
+            want = before[slot:slot + 1].double() if m == 0 else reference.recurrence(
+                op, **prefix, **rest, initial_state=before[slot:slot + 1], output_final_state=True)[1]
+            assert_rms(pool[slot:slot + 1], want, f"slot {slot} after {m} accepted", 1e-5)
+        untouched = [i for i in range(pool_rows) if i not in slots.tolist()]
+        assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_more_tokens_than_the_cache_holds_is_refused(layer, fresh_seed):
+    compiled, op = layer
+    inputs = recurrence_inputs(op, RecurrenceCase("long", 1, DEPTH + 1), torch.float32, "cpu",
+                               torch.Generator().manual_seed(fresh_seed))
+    inputs.pop("initial_state")
+    pool = torch.zeros((1, 4, 24, 40) if op.state_layout.data == "kv" else (1, 4, 40, 24))
+    cache = torch.zeros((1, DEPTH, 4, 88))
+    with pytest.raises(ValueError, match="at most 4 tokens"):
+        compiled.verify(**inputs, state=pool, state_indices=torch.tensor([0]), cache=cache)
