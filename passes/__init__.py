@@ -14,59 +14,25 @@ Each pass is one idea, named for what it derives:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from xdsl.passes import ModulePass
 
-
-def _lower_recurrent() -> type[ModulePass]:
-    from k3compile.passes.lower_recurrent import LowerRecurrentPass
-
-    return LowerRecurrentPass
-
-
-def _fuse_attnres() -> type[ModulePass]:
-    from k3compile.passes.fuse_attnres import FuseAttnResPass
-
-    return FuseAttnResPass
-
-
-def _derive_chunkwise() -> type[ModulePass]:
-    from k3compile.passes.derive_chunkwise import DeriveChunkwisePass
-
-    return DeriveChunkwisePass
-
-
-def _fuse_chunkwise() -> type[ModulePass]:
-    from k3compile.passes.fuse_chunkwise import FuseChunkwisePass
-
-    return FuseChunkwisePass
-
-
-def _derive_replay() -> type[ModulePass]:
-    from k3compile.passes.derive_replay import DeriveReplayPass
-
-    return DeriveReplayPass
-
-
-def _lower_decode() -> type[ModulePass]:
-    from k3compile.passes.lower_decode import LowerDecodePass
-
-    return LowerDecodePass
-
-
-def _lower_speculative() -> type[ModulePass]:
-    from k3compile.passes.lower_speculative import LowerSpeculativePass
-
-    return LowerSpeculativePass
-
-
-PASSES: dict[str, Callable[[], type[ModulePass]]] = {
-    "lower-recurrent": _lower_recurrent,
-    "fuse-attnres": _fuse_attnres,
-    "derive-chunkwise": _derive_chunkwise,
-    "fuse-chunkwise": _fuse_chunkwise,
-    "derive-replay": _derive_replay,
-    "lower-decode": _lower_decode,
-    "lower-speculative": _lower_speculative,
+# pass name -> (module in k3compile.passes, class): imported only when a pipeline names it
+_WHERE = {
+    "lower-recurrent": ("lower_recurrent", "LowerRecurrentPass"),
+    "lower-decode": ("lower_decode", "LowerDecodePass"),
+    "fuse-attnres": ("fuse_attnres", "FuseAttnResPass"),
+    "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),
+    "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
+    "derive-replay": ("derive_replay", "DeriveReplayPass"),
+    "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
 }
+
+
+def _loader(module: str, cls: str) -> Callable[[], type[ModulePass]]:
+    return lambda: getattr(importlib.import_module(f"k3compile.passes.{module}"), cls)
+
+
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {name: _loader(*where) for name, where in _WHERE.items()}
