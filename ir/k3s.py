@@ -212,6 +212,24 @@ class CacheUpdateOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class SnapshotStateOp(KeywordSyntax):
+    """The snapshot baseline of speculative decoding (what engines do today): write the whole
+    state after every verified token to the slot's snapshot buffer."""
+
+    name = "k3s.snapshot_state"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class RestoreSnapshotOp(KeywordSyntax):
+    """The snapshot baseline's commit: the state after `accepted` tokens is the snapshot taken
+    after token `accepted` (none accepted: the committed state stays)."""
+
+    name = "k3s.restore_snapshot"
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
 class ReplayOp(KeywordSyntax):
     """S_m = Diag(Gamma_m) S_0 + sum_{j<=m} Diag(Gamma_m / Gamma_j) k_j u_j^T from the cache
     (Gamma_j the product of the first j decays; all ones without a gate): no serial dependency."""
@@ -670,6 +688,8 @@ K3S = Dialect(
         SpeculativeOp,
         CacheUpdateOp,
         ReplayOp,
+        SnapshotStateOp,
+        RestoreSnapshotOp,
         KernelOp,
         StateTileOp,
         TokenLoopOp,

@@ -5,6 +5,8 @@
 - commit: the replay stage: rebuild the state after `accepted[b]` tokens from the committed
   state and the cache, and write it to the pool row in place. One state write per round,
   no snapshot per draft token.
+mode = snapshot compiles today's engines' way from the same schedule, for side-by-side
+comparison: verify writes the whole state after every token, commit copies the one accepted.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def clone(op):
     return type(op).create(properties=dict(op.properties))
 
 
-def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int):
+def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int,
+                    mode: str):
     name = layer.sym_name.data
     K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
     layout = layer.state_layout.data
@@ -48,17 +51,25 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
         return make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout, home="pool")
 
     state_shape = ",".join(["P", *recurrence_state_shape(layer)])
-    cache_shape = f"P,{depth},{HV},{2 * K + V}"
+    if mode == "replay":
+        buffer, buffer_shape = "cache", f"P,{depth},{HV},{2 * K + V}"
+        verify_stages = [clone(op) for op in loop.body.ops]
+        commit_stage = clone(replay)
+    else:  # the baseline: the same verify, but a whole state written after every token
+        buffer, buffer_shape = "snapshots", ",".join(["P", str(depth), *recurrence_state_shape(layer)])
+        verify_stages = [make(k3s.SnapshotStateOp) if isinstance(op, k3s.CacheUpdateOp) else clone(op)
+                         for op in loop.body.ops]
+        commit_stage = make(k3s.RestoreSnapshotOp)
     verify = make(
         k3s.EntryOp,
         [
             *(a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY),
             arg("state", state_shape, "state", "input"),
             arg("state_indices", "B", "index", "input"),
-            arg("cache", cache_shape, "float32", "inout"),
+            arg(buffer, buffer_shape, "float32", "inout"),
             make(
                 k3s.KernelOp,
-                [tile(), make(k3s.TokenLoopOp, [clone(op) for op in loop.body.ops])],
+                [tile(), make(k3s.TokenLoopOp, verify_stages)],
                 sym_name=f"{name}_verify",
                 grid="value_block,sequence_head",
                 num_warps=num_warps,
@@ -73,11 +84,11 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
         [
             arg("state", state_shape, "state", "inout"),
             arg("state_indices", "B", "index", "input"),
-            arg("cache", cache_shape, "float32", "input"),
+            arg(buffer, buffer_shape, "float32", "input"),
             arg("accepted", "B", "index", "input"),
             make(
                 k3s.KernelOp,
-                [tile(), clone(replay), make(k3s.StoreStateOp, layout=layout, home="pool")],
+                [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")],
                 sym_name=f"{name}_commit",
                 grid="value_block,sequence_head",
                 num_warps=num_warps,
@@ -96,14 +107,18 @@ class LowerSpeculativePass(ModulePass):
     name = "lower-speculative"
     block_v: int = 32
     num_warps: int = 4
+    mode: str = "replay"  # or snapshot: the baseline of today's engines, for comparison
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.mode not in ("replay", "snapshot"):
+            raise ValueError(f"lower-speculative: mode must be replay or snapshot, got {self.mode!r}")
         check_power_of_two("lower-speculative", "block-v", self.block_v)
         check_num_warps("lower-speculative", self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
             entry = speculative.parent_op()
-            verify, commit = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps)
+            verify, commit = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps,
+                                             self.mode)
             if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
                 prefix = entry.sym_name.data.removesuffix("speculative")
                 for new in (verify, commit):

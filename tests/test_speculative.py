@@ -110,3 +110,28 @@ def test_worked_example_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     worst = float(done.stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1])
     assert worst < 1e-5
+
+
+def test_snapshot_baseline_gives_the_same_states(tmp_path, fresh_seed):
+    """mode=snapshot (today's engines: a state written after every token) from the same schedule
+    commits the same states as the replay."""
+    spec = spec_from_table(recurrence_table("kda", "vk", H=2, HV=4, K=24, V=40, name="baseline"))
+    replay = compile_layer(spec, out_dir=tmp_path / "replay", pipeline=PIPELINE)
+    snapshot = compile_layer(spec, out_dir=tmp_path / "snapshot",
+                             pipeline=f"derive-replay{{draft-tokens={DEPTH}}},lower-speculative{{block-v=16 mode=snapshot}}")
+    op = next(iter(spec_to_module(spec).ops))
+    gen = torch.Generator().manual_seed(fresh_seed)
+    pools = [torch.randn((4, 4, 40, 24), generator=gen)] * 2
+    pools = [p.clone() for p in pools]
+    cache = torch.zeros((4, DEPTH, 4, 88))
+    snaps = torch.full((4, DEPTH, 4, 40, 24), float("nan"))
+    slots = torch.tensor([2, -1, 0])
+    for accepted in ([1, 2, DEPTH], [0, 3, 2]):
+        inputs = recurrence_inputs(op, RecurrenceCase("round", 3, DEPTH), torch.float32, "cpu", gen)
+        inputs.pop("initial_state")
+        (o1,) = replay.verify(**inputs, state=pools[0], state_indices=slots, cache=cache)
+        (o2,) = snapshot.verify(**inputs, state=pools[1], state_indices=slots, snapshots=snaps)
+        assert torch.equal(o1, o2)
+        replay.commit(state=pools[0], state_indices=slots, cache=cache, accepted=torch.tensor(accepted))
+        snapshot.commit(state=pools[1], state_indices=slots, snapshots=snaps, accepted=torch.tensor(accepted))
+        assert_rms(pools[1], pools[0].double(), "snapshot vs replay", 1e-6)

@@ -260,8 +260,9 @@ class TritonPrinter:
             elif isinstance(op, k3s.FoldQueryOp):
                 D = op.hidden_size.value.data
                 constants.update(D=D, BD=next_power_of_2(D))
-        if "cache" in view.names:
-            constants["DEPTH"] = int(view.dims("cache")[1])
+        for buffer in ("cache", "snapshots"):
+            if buffer in view.names:
+                constants["DEPTH"] = int(view.dims(buffer)[1])
         return constants
 
     def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
@@ -402,7 +403,8 @@ class TritonPrinter:
               "m_slot_k = ((i_slot + 0 * o_k) >= 0) & ((i_slot + 0 * o_k) < P)",
               "m_slot_v = ((i_slot + 0 * o_v) >= 0) & ((i_slot + 0 * o_v) < P)",
               "m_kv = m_kv & m_slot_v[None, :]",
-              f"p_state = (i_slot * HV + i_hv) * K * V + {local}",
+              f"p_local = {local}",
+              "p_state = (i_slot * HV + i_hv) * K * V + p_local",
               "b_S = tl.load(state + p_state, mask=m_kv, other=0.0).to(tl.float32)")
             return
         c(f"p_state = i_nh * K * V + {local}", "b_S = tl.zeros([BK, BV], dtype=tl.float32)", "if HAS_INITIAL_STATE:")
@@ -663,6 +665,19 @@ class TritonPrinter:
           "tl.store(cache + p_cache + o_k, b_k, mask=m_cache_k)",
           f"tl.store(cache + p_cache + K + o_k, {g}, mask=m_cache_k)",
           "tl.store(cache + p_cache + 2 * K + o_v, b_v, mask=m_v & m_slot_v)")
+
+    def print_k3s_snapshot_state(self, op: k3s.SnapshotStateOp) -> None:
+        self.code.comment(op, "the whole state after this token")
+        self.code("tl.store(snapshots + ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * K * V + p_local, b_S, mask=m_kv)")
+
+    def print_k3s_restore_snapshot(self, op: k3s.RestoreSnapshotOp) -> None:
+        c = self.code
+        c.comment(op, "the snapshot after the last accepted token")
+        c("n_accepted = tl.minimum(tl.maximum(tl.load(accepted + i_n).to(tl.int64), 0), DEPTH)",
+          "if n_accepted > 0:")
+        with c.indent():
+            c("b_S = tl.load(snapshots + ((i_slot * DEPTH + n_accepted - 1) * HV + i_hv) * K * V + p_local, "
+              "mask=m_kv, other=0.0)")
 
     def print_k3s_replay(self, op: k3s.ReplayOp) -> None:
         c = self.code

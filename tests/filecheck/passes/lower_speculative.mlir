@@ -3,6 +3,9 @@
 // tokens and writes the row back in place.
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative' | filecheck %s
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative' | k3c opt - | filecheck %s
+// mode=snapshot, the baseline: a whole state per verified token instead of the cache.
+// RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative{mode=snapshot}' | filecheck %s --check-prefix=SNAP
+// RUN: not k3c opt %s -p 'derive-replay,lower-speculative{mode=copy}' 2>&1 | filecheck %s --check-prefix=BADMODE
 
 builtin.module {
   k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 8, head_v_dim = 16, scale = 0.5, state_layout = kv, dtype = float32>
@@ -25,3 +28,13 @@ builtin.module {
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.replay <gate = scalar>
 // CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
+
+// SNAP: k3s.tensor_arg @snapshots <shape = "P,4,4,8,16", dtype = float32, role = inout>
+// SNAP: k3s.decay <gate = scalar>
+// SNAP: k3s.snapshot_state
+// SNAP-NOT: k3s.cache_update
+// SNAP: k3s.kernel @gdn_commit
+// SNAP-NEXT: k3s.state_tile
+// SNAP-NEXT: k3s.restore_snapshot
+// SNAP-NEXT: k3s.store_state <layout = kv, home = pool>
+// BADMODE: {{^}}k3c opt: error: {{.*}}mode must be replay or snapshot, got 'copy'{{.*$}}
