@@ -199,3 +199,19 @@ def assert_causal(entry, kind: str, layout: str, shape, t0: int) -> None:
     assert torch.isfinite(o1).all() and torch.isfinite(o2).all()
     assert torch.equal(o1[:, :t0], o2[:, :t0]), "outputs before t0 depend on later inputs"
     assert not torch.allclose(o1[:, t0:], o2[:, t0:]), "the change at t >= t0 must show after t0"
+
+
+MEMBERS_AND_LAYOUTS = [(kind, layout) for kind in RECURRENCE_KINDS for layout in ("kv", "vk")]
+
+
+def compile_member(kind: str, layout: str, pipeline: str, out_dir, prefix: str):
+    """A member at H=2, HV=4, K=24, V=40 (grouped heads, no powers of two) compiled with
+    `pipeline`, its outputs poisoned: (compiled layer, its k3.recurrence op)."""
+    from k3compile.driver import compile as compile_layer
+    from k3compile.frontend import spec_to_module
+    from k3compile.spec import spec_from_table
+
+    spec = spec_from_table(recurrence_table(kind, layout, H=2, HV=4, K=24, V=40, name=f"{prefix}_{kind}_{layout}"))
+    compiled = compile_layer(spec, out_dir=out_dir, pipeline=pipeline)
+    compiled.module.POISON_OUTPUTS = True
+    return compiled, next(iter(spec_to_module(spec).ops))

@@ -8,24 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import RECURRENCE_KINDS, recurrence_table
-from k3compile.driver import compile as compile_layer
-from k3compile.frontend import spec_to_module
+from conftest import MEMBERS_AND_LAYOUTS, compile_member
 from k3compile.ir import reference
-from k3compile.spec import spec_from_table
 from k3compile.verify import RecurrenceCase, compare, recurrence_inputs
 
 PIPELINE = "lower-decode{block-v=16}"
 
 
-@pytest.fixture(scope="module", params=[(k, lay) for k in RECURRENCE_KINDS for lay in ("kv", "vk")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=MEMBERS_AND_LAYOUTS, ids=lambda p: f"{p[0]}-{p[1]}")
 def layer(request, tmp_path_factory):
-    kind, layout = request.param
-    spec = spec_from_table(recurrence_table(kind, layout, H=2, HV=4, K=24, V=40, name=f"decode_{kind}_{layout}"))
-    compiled = compile_layer(spec, out_dir=tmp_path_factory.mktemp("decode"), pipeline=PIPELINE)
-    compiled.module.POISON_OUTPUTS = True
-    return compiled, next(iter(spec_to_module(spec).ops))
+    return compile_member(*request.param, PIPELINE, tmp_path_factory.mktemp("decode"), "decode")
 
 
 def pool_and_inputs(op, batch, tokens, pool_rows, seed):

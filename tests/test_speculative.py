@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from conftest import RECURRENCE_KINDS, assert_rms, recurrence_table
+from conftest import MEMBERS_AND_LAYOUTS, assert_rms, compile_member, recurrence_table
 from k3compile.driver import compile as compile_layer
 from k3compile.frontend import spec_to_module
 from k3compile.ir import reference
@@ -24,14 +24,9 @@ PIPELINE = f"derive-replay{{draft-tokens={DEPTH}}},lower-speculative{{block-v=16
 TOKEN_INPUTS = ("q", "k", "v", "g", "beta")
 
 
-@pytest.fixture(scope="module", params=[(k, lay) for k in RECURRENCE_KINDS for lay in ("kv", "vk")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=MEMBERS_AND_LAYOUTS, ids=lambda p: f"{p[0]}-{p[1]}")
 def layer(request, tmp_path_factory):
-    kind, layout = request.param
-    spec = spec_from_table(recurrence_table(kind, layout, H=2, HV=4, K=24, V=40, name=f"spec_{kind}_{layout}"))
-    compiled = compile_layer(spec, out_dir=tmp_path_factory.mktemp("speculative"), pipeline=PIPELINE)
-    compiled.module.POISON_OUTPUTS = True
-    return compiled, next(iter(spec_to_module(spec).ops))
+    return compile_member(*request.param, PIPELINE, tmp_path_factory.mktemp("speculative"), "speculative")
 
 
 def test_rounds_of_verify_and_commit_follow_the_accepted_tokens(layer, fresh_seed):
