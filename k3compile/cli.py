@@ -7,6 +7,7 @@ Imports of xDSL, torch and triton are deferred to the subcommand that needs them
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -208,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def first_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -220,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `k3c ir ... | head`
         sys.stderr.close()
         return EXIT_OK
+    except Exception as err:  # a bug in k3compile or the toolchain: one line, the traceback on request
+        if os.environ.get("K3C_TRACEBACK"):
+            raise
+        print(f"k3c {args.command}: internal error: {type(err).__name__}: {first_line(err)} "
+              "(set K3C_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ class CaseResult:
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     out = out.detach().to("cpu", torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
     if out.shape != ref.shape:
         return math.inf, math.inf
     if not torch.isfinite(out).all():  # NaN: an element the kernel never wrote, or a blow-up

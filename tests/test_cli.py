@@ -350,3 +350,20 @@ def test_compile_refuses_a_schedule_not_grouped_into_kernels(capsys, tmp_path, p
     err = capsys.readouterr().err
     assert code == 2 and schedule in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "kda.py").exists()
+
+
+def test_internal_error_is_one_line(capsys, tmp_path, monkeypatch):
+    """A bug below the CLI (here: a failing module writer) is reported in one line, exit 1;
+    K3C_TRACEBACK=1 re-raises it for the bug report."""
+    import k3compile.driver
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("writer exploded\nsecond line")
+
+    monkeypatch.setattr(k3compile.driver, "write_module", broken)
+    assert main(["compile", str(EXAMPLES / "kda.toml"), "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert one_line(err) and "internal error: RuntimeError: writer exploded" in err
+    monkeypatch.setenv("K3C_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="writer exploded"):
+        main(["compile", str(EXAMPLES / "kda.toml"), "-o", str(tmp_path)])
