@@ -85,6 +85,8 @@ class TensorArgOp(KeywordSyntax):
     shape = prop_def(StringAttr)
     dtype = prop_def(StringAttr)
     role = prop_def(StringAttr)
+    # another argument this one must not overlap in memory (a kernel reads one while writing the other)
+    distinct_from = opt_prop_def(StringAttr)
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
     def verify_(self) -> None:
@@ -177,7 +179,9 @@ class StateTileOp(KeywordSyntax):
 class SpeculativeOp(KeywordSyntax):
     """Speculative decoding without state snapshots: a verify pass over `draft_tokens` tokens
     (a token loop that also caches each token's k, gate and update u), then a replay that
-    rebuilds the state after any accepted prefix from the committed state and the cache."""
+    rebuilds the state after any accepted prefix from the committed state and the cache.
+    Lowerings run the two apart (verify, then commit) or fused, replay first: one launch that
+    commits the previous round's accepted tokens and verifies the next round."""
 
     name = "k3s.speculative"
     draft_tokens = prop_def(IntegerAttr[I64])
@@ -205,6 +209,7 @@ class CacheUpdateOp(KeywordSyntax):
 
     name = "k3s.cache_update"
     gate = prop_def(StringAttr)
+    buffer = opt_prop_def(StringAttr)  # the tensor argument it writes (absent: cache)
     traits = traits_def(HasParent(TokenLoopOp))
 
     def verify_(self) -> None:
@@ -236,10 +241,16 @@ class ReplayOp(KeywordSyntax):
 
     name = "k3s.replay"
     gate = prop_def(StringAttr)
+    buffer = opt_prop_def(StringAttr)  # the tensor argument it reads (absent: cache)
     traits = traits_def(HasParent(SpeculativeOp, KernelOp))
 
     def verify_(self) -> None:
         _choice(self, "gate", CHUNK_GATES)
+
+
+def cache_buffer(op: CacheUpdateOp | ReplayOp) -> str:
+    """The tensor argument a cache_update writes or a replay reads."""
+    return "cache" if op.buffer is None else op.buffer.data
 
 
 @irdl_op_definition

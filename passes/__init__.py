@@ -8,8 +8,9 @@ Each pass is one idea, named for what it derives:
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
   projected updates, replay of any accepted prefix), proved;
-- lower-speculative: that schedule -> a `verify` entry (outputs + cache) and a `commit` entry
-  (replay of the accepted tokens into the pool).
+- lower-speculative: that schedule -> a `verify` entry (outputs + cache), a `commit` entry
+  (replay of the accepted tokens into the pool) and a `spec_step` entry (both in one launch:
+  the previous round's commit, then the next round's verify).
 """
 
 from __future__ import annotations

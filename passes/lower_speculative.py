@@ -1,10 +1,16 @@
-"""lower-speculative: the speculative schedule (derive-replay) -> two serving entries.
+"""lower-speculative: the speculative schedule (derive-replay) -> its serving entries.
 
 - verify: the token loop from the committed pool state (read, never written), writing each
   token's output and its (k, log-decay, u) to a per-slot cache of depth draft_tokens;
 - commit: the replay stage: rebuild the state after `accepted[b]` tokens from the committed
   state and the cache, and write it to the pool row in place. One state write per round,
-  no snapshot per draft token.
+  no snapshot per draft token;
+- spec_step: the two fused, replay first: one launch per round commits the previous round's
+  accepted tokens (read from `cache`), writes the pool row once, and verifies the new round
+  from that state into `next_cache`. Two buffers because the kernel is split over value
+  blocks: the first block of a (sequence, head) writes the new tokens' k and log-decay while
+  the other blocks may still be reading the previous ones for their replay. The caller swaps
+  cache and next_cache every round; the entry refuses overlapping ones.
 mode = snapshot compiles today's engines' way from the same schedule, for side-by-side
 comparison: verify writes the whole state after every token, commit copies the one accepted.
 """
@@ -24,6 +30,7 @@ from k3compile.passes.common import (
     check_num_warps,
     check_power_of_two,
     make,
+    props,
     recurrence_arguments,
     recurrence_state_shape,
 )
@@ -31,12 +38,12 @@ from k3compile.passes.common import (
 NOT_IN_VERIFY = ("initial_state", "final_state", "cu_seqlens")
 
 
-def clone(op):
-    return type(op).create(properties=dict(op.properties))
+def clone(op, **changes):
+    return type(op).create(properties={**op.properties, **props(**changes)})
 
 
 def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int,
-                    mode: str):
+                    mode: str) -> list[k3s.EntryOp]:
     name = layer.sym_name.data
     K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
     layout = layer.state_layout.data
@@ -44,8 +51,8 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
     loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
     replay = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
 
-    def arg(sym_name, shape, dtype, role):
-        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role)
+    def arg(sym_name, shape, dtype, role, **distinct_from):
+        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role, **distinct_from)
 
     def tile():
         return make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout, home="pool")
@@ -60,10 +67,13 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
         verify_stages = [make(k3s.SnapshotStateOp) if isinstance(op, k3s.CacheUpdateOp) else clone(op)
                          for op in loop.body.ops]
         commit_stage = make(k3s.RestoreSnapshotOp)
+    def token_arguments():
+        return [a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY]
+
     verify = make(
         k3s.EntryOp,
         [
-            *(a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY),
+            *token_arguments(),
             arg("state", state_shape, "state", "input"),
             arg("state_indices", "B", "index", "input"),
             arg(buffer, buffer_shape, "float32", "inout"),
@@ -97,12 +107,41 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
         sym_name="commit",
         source=name,
     )
-    return verify, commit
+    if mode == "snapshot":
+        return [verify, commit]
+    step = make(
+        k3s.EntryOp,
+        [
+            *token_arguments(),
+            arg("state", state_shape, "state", "inout"),
+            arg("state_indices", "B", "index", "input"),
+            arg("cache", buffer_shape, "float32", "input"),
+            arg("accepted", "B", "index", "input"),
+            arg("next_cache", buffer_shape, "float32", "inout", distinct_from="cache"),
+            make(
+                k3s.KernelOp,
+                [
+                    tile(),
+                    clone(replay, buffer="cache"),
+                    make(k3s.StoreStateOp, layout=layout, home="pool"),
+                    make(k3s.TokenLoopOp, [clone(op, buffer="next_cache") if isinstance(op, k3s.CacheUpdateOp)
+                                           else clone(op) for op in loop.body.ops]),
+                ],
+                sym_name=f"{name}_spec_step",
+                grid="value_block,sequence_head",
+                num_warps=num_warps,
+            ),
+        ],
+        sym_name="spec_step",
+        source=name,
+        max_tokens=depth,
+    )
+    return [verify, commit, step]
 
 
 @dataclass(frozen=True)
 class LowerSpeculativePass(ModulePass):
-    """Replace every `speculative` entry by its `verify` and `commit` entries."""
+    """Replace every `speculative` entry by its `verify`, `commit` and (replay mode) `spec_step` entries."""
 
     name = "lower-speculative"
     block_v: int = 32
@@ -117,12 +156,11 @@ class LowerSpeculativePass(ModulePass):
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
             entry = speculative.parent_op()
-            verify, commit = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps,
-                                             self.mode)
+            entries = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps, self.mode)
             if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
                 prefix = entry.sym_name.data.removesuffix("speculative")
-                for new in (verify, commit):
+                for new in entries:
                     new.properties["sym_name"] = type(entry.sym_name)(prefix + new.sym_name.data)
-            Rewriter.insert_op([verify, commit], InsertPoint.before(entry))
+            Rewriter.insert_op(entries, InsertPoint.before(entry))
             entry.detach()
             entry.erase()

@@ -1,6 +1,8 @@
 """Speculative decoding without snapshots (derive-replay + lower-speculative): verify reads the
 committed pool state and caches (k, log-decay, u) per token; commit replays the accepted tokens
-into the pool in place. Checked against the token recurrence over several rounds.
+into the pool in place; spec_step does both in one launch (the previous round's commit, then the
+new round's verify, with two caches swapped every round). Checked against the token recurrence
+over several rounds.
 
 Interpreter, fp32, H=2, HV=4, K=24, V=40, block-v 16 (three value blocks), draft depth 4.
 """
@@ -29,66 +31,174 @@ def layer(request, tmp_path_factory):
     return compile_member(*request.param, PIPELINE, tmp_path_factory.mktemp("speculative"), "speculative")
 
 
+def round_inputs(op, batch, gen, tokens=DEPTH):
+    inputs = recurrence_inputs(op, RecurrenceCase("round", batch, tokens), torch.float32, "cpu", gen)
+    inputs.pop("initial_state")
+    return inputs
+
+
+def advance(op, state, inputs, b, m):
+    """The float64 state after the first m tokens of batch row b of inputs, from state."""
+    if m == 0:
+        return state
+    prefix = {k: v[b:b + 1, :m] for k, v in inputs.items() if k in TOKEN_INPUTS and v is not None}
+    rest = {k: v for k, v in inputs.items() if k not in TOKEN_INPUTS}
+    return reference.recurrence(op, **prefix, **rest, initial_state=state, output_final_state=True)[1]
+
+
+def state_shape_of(op):
+    return (4, 24, 40) if op.state_layout.data == "kv" else (4, 40, 24)
+
+
 def test_rounds_of_verify_and_commit_follow_the_accepted_tokens(layer, fresh_seed):
     compiled, op = layer
     gen = torch.Generator().manual_seed(fresh_seed)
     pool_rows, batch = 5, 3
-    state_shape = (4, 24, 40) if op.state_layout.data == "kv" else (4, 40, 24)
-    pool = torch.randn((pool_rows, *state_shape), generator=gen)
+    pool = torch.randn((pool_rows, *state_shape_of(op)), generator=gen)
     cache = torch.full((pool_rows, DEPTH, 4, 2 * 24 + 40), float("nan"))
     slots = torch.tensor([4, -1, 1])
     for accepted in ([2, 3, 4], [0, 1, DEPTH], [DEPTH, 0, 1]):  # partial, none, all, mixed
-        inputs = recurrence_inputs(op, RecurrenceCase("round", batch, DEPTH), torch.float32, "cpu", gen)
-        inputs.pop("initial_state")
+        inputs = round_inputs(op, batch, gen)
         before = pool.clone()
-        starts = torch.stack([before[i] if i >= 0 else torch.zeros(state_shape) for i in slots.tolist()])
+        starts = torch.stack([before[i] if i >= 0 else torch.zeros(state_shape_of(op)) for i in slots.tolist()])
         (o,) = compiled.verify(**inputs, state=pool, state_indices=slots, cache=cache)
         assert torch.equal(pool, before), "verify must not write the committed state"
         assert_rms(o, reference.recurrence(op, **inputs, initial_state=starts)[0], "verify o", 1e-5)
         compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=torch.tensor(accepted))
         for b, (slot, m) in enumerate(zip(slots.tolist(), accepted)):
-            if slot < 0:
-                continue
-            prefix = {k: v[b:b + 1, :m] for k, v in inputs.items() if k in TOKEN_INPUTS and v is not None}
-            rest = {k: v for k, v in inputs.items() if k not in TOKEN_INPUTS}
-            want = before[slot:slot + 1].double() if m == 0 else reference.recurrence(
-                op, **prefix, **rest, initial_state=before[slot:slot + 1], output_final_state=True)[1]
-            assert_rms(pool[slot:slot + 1], want, f"slot {slot} after {m} accepted", 1e-5)
+            if slot >= 0:
+                want = advance(op, before[slot:slot + 1].double(), inputs, b, m)
+                assert_rms(pool[slot:slot + 1], want, f"slot {slot} after {m} accepted", 1e-5)
         untouched = [i for i in range(pool_rows) if i not in slots.tolist()]
         assert torch.equal(pool[untouched], before[untouched])
 
 
+def test_spec_step_rounds_follow_the_accepted_tokens(layer, fresh_seed):
+    """Each spec_step commits the previous round's accepted prefix (none in the first round: its
+    NaN cache is never read) and verifies the new round from that state; a last commit flushes
+    the final round. Against the float64 chain over the accepted tokens, round after round."""
+    compiled, op = layer
+    gen = torch.Generator().manual_seed(fresh_seed)
+    pool_rows, batch = 6, 4
+    pool = torch.randn((pool_rows, *state_shape_of(op)), generator=gen)
+    caches = torch.full((2, pool_rows, DEPTH, 4, 2 * 24 + 40), float("nan"))  # the pair, in one allocation
+    cache, next_cache = caches[0], caches[1]
+    slots = torch.tensor([4, -1, 1, 2])
+    exact = {s: pool[s:s + 1].double() for s in slots.tolist() if s >= 0}
+    unused = [0, 3, 5]
+    before_unused = pool[unused].clone()
+    accepted = torch.zeros(batch, dtype=torch.int64)
+    for verdict in ([2, 3, DEPTH, 0], [0, 1, DEPTH, DEPTH], [DEPTH, 0, 1, 2], [1, 2, 0, 3]):
+        inputs = round_inputs(op, batch, gen)
+        starts = torch.cat([exact[s] if s >= 0 else torch.zeros((1, *state_shape_of(op)), dtype=torch.float64)
+                            for s in slots.tolist()])
+        (o,) = compiled.spec_step(**inputs, state=pool, state_indices=slots, cache=cache, accepted=accepted,
+                                  next_cache=next_cache)
+        assert_rms(o, reference.recurrence(op, **inputs, initial_state=starts)[0], "spec_step o", 1e-5)
+        for s, want in exact.items():
+            assert_rms(pool[s:s + 1], want, f"slot {s} committed by spec_step", 1e-5)
+        assert torch.equal(pool[unused], before_unused)
+        accepted = torch.tensor(verdict)  # the sampler's verdict on this round, committed by the next step
+        for b, s in enumerate(slots.tolist()):
+            if s >= 0:
+                exact[s] = advance(op, exact[s], inputs, b, verdict[b])
+        cache, next_cache = next_cache, cache
+    compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=accepted)
+    for s, want in exact.items():
+        assert_rms(pool[s:s + 1], want, f"slot {s} after the last commit", 1e-5)
+    assert torch.equal(pool[unused], before_unused)
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16], ids=["fp32_pool", "bf16_pool"])
+def test_spec_step_is_commit_then_verify(layer, pool_dtype, fresh_seed):
+    """The fused launch gives bit for bit what commit followed by verify gives (with a bf16 pool
+    too: the new round starts from the state as the pool holds it)."""
+    compiled, op = layer
+    gen = torch.Generator().manual_seed(fresh_seed)
+    pool = torch.randn((4, *state_shape_of(op)), generator=gen).to(pool_dtype)
+    slots = torch.tensor([3, -1, 0])
+    cache, apart_cache, fused_cache = (torch.full((4, DEPTH, 4, 88), float("nan")) for _ in range(3))
+    compiled.verify(**round_inputs(op, 3, gen), state=pool, state_indices=slots, cache=cache)
+    accepted = torch.randint(0, DEPTH + 1, (3,), generator=gen)
+    inputs = round_inputs(op, 3, gen)
+    apart, fused = pool.clone(), pool.clone()
+    compiled.commit(state=apart, state_indices=slots, cache=cache, accepted=accepted)
+    (want_o,) = compiled.verify(**inputs, state=apart, state_indices=slots, cache=apart_cache)
+    (o,) = compiled.spec_step(**inputs, state=fused, state_indices=slots, cache=cache, accepted=accepted,
+                              next_cache=fused_cache)
+    assert torch.isfinite(o).all()
+    assert torch.equal(o, want_o)
+    assert torch.equal(fused, apart)
+    assert torch.equal(fused_cache[[3, 0]], apart_cache[[3, 0]])
+
+
+def test_spec_step_refuses_overlapping_caches(layer, fresh_seed):
+    compiled, op = layer
+    gen = torch.Generator().manual_seed(fresh_seed)
+    pool = torch.randn((2, *state_shape_of(op)), generator=gen)
+    storage = torch.zeros((3, DEPTH, 4, 88))
+    args = dict(round_inputs(op, 1, gen), state=pool, state_indices=torch.tensor([1]), accepted=torch.tensor([2]))
+    for cache, next_cache in ((storage[:2], storage[:2]), (storage[:2], storage[1:])):
+        with pytest.raises(ValueError, match=r"^next_cache: must not overlap cache"):
+            compiled.spec_step(**args, cache=cache, next_cache=next_cache)
+
+
+def test_slots_outside_the_pool_touch_no_memory(layer, fresh_seed):
+    """Padding (-1) and slots past the pool read no cache or pool row (the rows around the views
+    hold NaN, which would reach o) and write none, whatever their accept counts."""
+    compiled, op = layer
+    gen = torch.Generator().manual_seed(fresh_seed)
+    guarded = torch.randn((5, *state_shape_of(op)), generator=gen)  # the pool is rows 1, 2
+    caches = torch.randn((2, 5, DEPTH, 4, 88), generator=gen)
+    guarded[[0, 3, 4]] = caches[:, [0, 3, 4]] = float("nan")
+    before = guarded.clone(), caches.clone()
+    slots, accepted = torch.tensor([-1, 3]), torch.tensor([DEPTH, DEPTH])
+    compiled.commit(state=guarded[1:3], state_indices=slots, cache=caches[0, 1:3], accepted=accepted)
+    (o,) = compiled.spec_step(**round_inputs(op, 2, gen), state=guarded[1:3], state_indices=slots,
+                              cache=caches[0, 1:3], accepted=accepted, next_cache=caches[1, 1:3])
+    assert torch.isfinite(o).all()
+    for now, then in zip((guarded, caches), before):
+        torch.testing.assert_close(now, then, rtol=0, atol=0, equal_nan=True)
+
+
 def test_more_tokens_than_the_cache_holds_is_refused(layer, fresh_seed):
     compiled, op = layer
-    inputs = recurrence_inputs(op, RecurrenceCase("long", 1, DEPTH + 1), torch.float32, "cpu",
-                               torch.Generator().manual_seed(fresh_seed))
-    inputs.pop("initial_state")
-    pool = torch.zeros((1, 4, 24, 40) if op.state_layout.data == "kv" else (1, 4, 40, 24))
-    cache = torch.zeros((1, DEPTH, 4, 88))
+    inputs = round_inputs(op, 1, torch.Generator().manual_seed(fresh_seed), tokens=DEPTH + 1)
+    args = dict(inputs, state=torch.zeros((1, *state_shape_of(op))), state_indices=torch.tensor([0]))
+    cache, next_cache = torch.zeros((1, DEPTH, 4, 88)), torch.zeros((1, DEPTH, 4, 88))
     with pytest.raises(ValueError, match="at most 4 tokens"):
-        compiled.verify(**inputs, state=pool, state_indices=torch.tensor([0]), cache=cache)
+        compiled.verify(**args, cache=cache)
+    with pytest.raises(ValueError, match="at most 4 tokens"):
+        compiled.spec_step(**args, cache=cache, accepted=torch.tensor([0]), next_cache=next_cache)
 
 
-def test_fifty_rounds_do_not_drift(tmp_path, fresh_seed):
-    """State drift over many rounds stays at fp32 rounding: the pool after 50 verify/commit rounds
-    with random acceptance equals the float64 recurrence over the accepted tokens."""
+@pytest.mark.parametrize("fused", [False, True], ids=["verify_commit", "spec_step"])
+def test_fifty_rounds_do_not_drift(tmp_path, fused, fresh_seed):
+    """State drift over many rounds stays at fp32 rounding: the pool after 50 rounds with random
+    acceptance (verify then commit, or one spec_step per round and a last commit) equals the
+    float64 recurrence over the accepted tokens."""
     spec = spec_from_table(recurrence_table("kda", "kv", H=1, HV=2, K=16, V=16, name="drift"))
     compiled = compile_layer(spec, out_dir=tmp_path, pipeline=PIPELINE)
     op = next(iter(spec_to_module(spec).ops))
     gen = torch.Generator().manual_seed(fresh_seed)
     pool = 0.5 * torch.randn((2, 2, 16, 16), generator=gen)
-    cache = torch.zeros((2, DEPTH, 2, 48))
-    slots = torch.tensor([1])
+    cache, next_cache = torch.zeros((2, DEPTH, 2, 48)), torch.zeros((2, DEPTH, 2, 48))
+    slots, accepted = torch.tensor([1]), torch.tensor([0])
     exact = pool[1:2].double()
     for _ in range(50):
-        inputs = recurrence_inputs(op, RecurrenceCase("round", 1, DEPTH), torch.float32, "cpu", gen)
-        inputs.pop("initial_state")
-        m = int(torch.randint(0, DEPTH + 1, (1,), generator=gen))
-        compiled.verify(**inputs, state=pool, state_indices=slots, cache=cache)
-        compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=torch.tensor([m]))
-        if m:
-            prefix = {k: v[:, :m] for k, v in inputs.items() if k in TOKEN_INPUTS and v is not None}
-            exact = reference.recurrence(op, **prefix, initial_state=exact, output_final_state=True)[1]
+        inputs = round_inputs(op, 1, gen)
+        verdict = torch.randint(0, DEPTH + 1, (1,), generator=gen)
+        if fused:  # commits the previous round's verdict, then verifies this round
+            compiled.spec_step(**inputs, state=pool, state_indices=slots, cache=cache, accepted=accepted,
+                               next_cache=next_cache)
+            cache, next_cache = next_cache, cache
+        else:
+            compiled.verify(**inputs, state=pool, state_indices=slots, cache=cache)
+            compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=verdict)
+        accepted = verdict
+        exact = advance(op, exact, inputs, 0, int(verdict))
+    if fused:
+        compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=accepted)
     assert_rms(pool[1:2], exact, "state after 50 rounds", 1e-5)
 
 
@@ -122,8 +232,7 @@ def test_snapshot_baseline_gives_the_same_states(tmp_path, fresh_seed):
     snaps = torch.full((4, DEPTH, 4, 40, 24), float("nan"))
     slots = torch.tensor([2, -1, 0])
     for accepted in ([1, 2, DEPTH], [0, 3, 2]):
-        inputs = recurrence_inputs(op, RecurrenceCase("round", 3, DEPTH), torch.float32, "cpu", gen)
-        inputs.pop("initial_state")
+        inputs = round_inputs(op, 3, gen)
         (o1,) = replay.verify(**inputs, state=pools[0], state_indices=slots, cache=cache)
         (o2,) = snapshot.verify(**inputs, state=pools[1], state_indices=slots, snapshots=snaps)
         assert torch.equal(o1, o2)

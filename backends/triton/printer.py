@@ -146,7 +146,8 @@ class TritonPrinter:
                 if isinstance(arg, k3s.ScalarArgOp):
                     c(f"    {arg.sym_name.data}: float, default {attr_to_literal(arg.default)}")
                 else:
-                    c(f"    {arg.sym_name.data}: [{arg.shape.data}] {arg.dtype.data} ({arg.role.data})")
+                    apart = f", must not overlap {arg.distinct_from.data}" if arg.distinct_from is not None else ""
+                    c(f"    {arg.sym_name.data}: [{arg.shape.data}] {arg.dtype.data} ({arg.role.data}{apart})")
             if view.checkpoint:
                 c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
                   "also return the states after every that many tokens of each sequence")
@@ -190,6 +191,9 @@ class TritonPrinter:
                 c(f'_check_offsets("{name}", {name}, dims, {device})')
             elif role in ("input", "inout"):
                 c(check)
+                if arg.distinct_from is not None:
+                    other = arg.distinct_from.data
+                    c(f'_check_distinct("{name}", {name}, "{other}", {other})')
             elif role == "forbidden":
                 c(f'_check_none("{name}", {name}, "k3 op @{view.entry.source.data} has no {name} input")')
             else:
@@ -474,6 +478,8 @@ class TritonPrinter:
         self.code.comment(op)
         if k3s.in_pool(op):
             self.code("tl.store(state + p_state, b_S.to(state.dtype.element_ty), mask=m_kv)")
+            if op.next_op is not None:  # later stages go on from the state as the pool now holds it
+                self.code("b_S = b_S.to(state.dtype.element_ty).to(tl.float32)")
             return
         self.code("if HAS_FINAL_STATE:")
         with self.code.indent():
@@ -657,14 +663,15 @@ class TritonPrinter:
 
     def print_k3s_cache_update(self, op: k3s.CacheUpdateOp) -> None:
         c = self.code
+        cache = k3s.cache_buffer(op)
         c.comment(op, "what a replay needs: k, the log-decay and the update u this token wrote")
         g = {"channel": "b_g", "scalar": "b_g + 0.0 * b_k", "none": "0.0 * b_k"}[op.gate.data]
         c("p_cache = ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * (2 * K + V)",
           "# k and g are the same for every value block: the first one writes them",
           "m_cache_k = m_k & m_slot_k & ((i_v + 0 * o_k) == 0)",
-          "tl.store(cache + p_cache + o_k, b_k, mask=m_cache_k)",
-          f"tl.store(cache + p_cache + K + o_k, {g}, mask=m_cache_k)",
-          "tl.store(cache + p_cache + 2 * K + o_v, b_v, mask=m_v & m_slot_v)")
+          f"tl.store({cache} + p_cache + o_k, b_k, mask=m_cache_k)",
+          f"tl.store({cache} + p_cache + K + o_k, {g}, mask=m_cache_k)",
+          f"tl.store({cache} + p_cache + 2 * K + o_v, b_v, mask=m_v & m_slot_v)")
 
     def print_k3s_snapshot_state(self, op: k3s.SnapshotStateOp) -> None:
         self.code.comment(op, "the whole state after this token")
@@ -681,16 +688,19 @@ class TritonPrinter:
 
     def print_k3s_replay(self, op: k3s.ReplayOp) -> None:
         c = self.code
+        cache = k3s.cache_buffer(op)
         c.comment(op, "the closed form's sum, accumulated token by token: S <- Diag(exp g_j) S + k_j u_j^T")
-        c("# counts outside 0..DEPTH are clamped: the cache holds no more tokens",
+        c("# counts outside 0..DEPTH are clamped: the cache holds no more tokens; a slot outside the",
+          "# pool reads nothing",
           "n_accepted = tl.minimum(tl.maximum(tl.load(accepted + i_n).to(tl.int64), 0), DEPTH)",
           "for j in range(0, n_accepted):")
         with c.indent():
             c("p_cache = ((i_slot * DEPTH + j) * HV + i_hv) * (2 * K + V)",
-              "b_k = tl.load(cache + p_cache + o_k, mask=m_k, other=0.0)",
-              "b_u = tl.load(cache + p_cache + 2 * K + o_v, mask=m_v, other=0.0)")
+              f"b_k = tl.load({cache} + p_cache + o_k, mask=m_k & m_slot_k, other=0.0)",
+              f"b_u = tl.load({cache} + p_cache + 2 * K + o_v, mask=m_v & m_slot_v, other=0.0)")
             if op.gate.data != "none":
-                c("b_g = tl.load(cache + p_cache + K + o_k, mask=m_k, other=0.0)", "b_S = b_S * tl.exp(b_g)[:, None]")
+                c(f"b_g = tl.load({cache} + p_cache + K + o_k, mask=m_k & m_slot_k, other=0.0)",
+                  "b_S = b_S * tl.exp(b_g)[:, None]")
             c("b_S = b_S + b_k[:, None] * b_u[None, :]")
 
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:

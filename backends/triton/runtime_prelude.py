@@ -123,4 +123,12 @@ def _checkpoints(every, chunk_size, offsets, dims, state_shape, device):
 def _check_none(name, x, why):
     if x is not None:
         raise ValueError(f"{name}: must be None ({why})")
+
+
+def _check_distinct(name, x, other_name, other):
+    """x and other (contiguous, checked) must not share memory: a kernel reads one while writing the other."""
+    start, end = x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()
+    other_start = other.data_ptr()
+    if start < other_start + other.numel() * other.element_size() and other_start < end:
+        raise ValueError(f"{name}: must not overlap {other_name} in memory (pass the other buffer of the pair)")
 '''

@@ -1,6 +1,8 @@
-// lower-speculative: the speculative schedule becomes two serving entries. verify reads the
+// lower-speculative: the speculative schedule becomes its serving entries. verify reads the
 // committed pool row (no store_state) and caches each token; commit replays the accepted
-// tokens and writes the row back in place.
+// tokens and writes the row back in place; spec_step fuses them, replay first: it replays the
+// previous round from `cache`, writes the row once, then verifies into `next_cache` (a second
+// buffer: other value blocks may still read the first).
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative' | filecheck %s
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative' | k3c opt - | filecheck %s
 // mode=snapshot, the baseline: a whole state per verified token instead of the cache.
@@ -28,6 +30,19 @@ builtin.module {
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.replay <gate = scalar>
 // CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
+// CHECK: k3s.entry @spec_step <source = gdn, max_tokens = 4> {
+// CHECK-DAG: k3s.tensor_arg @state <shape = "P,4,8,16", dtype = state, role = inout>
+// CHECK-DAG: k3s.tensor_arg @cache <shape = "P,4,4,32", dtype = float32, role = input>
+// CHECK-DAG: k3s.tensor_arg @accepted <shape = B, dtype = index, role = input>
+// CHECK-DAG: k3s.tensor_arg @next_cache <shape = "P,4,4,32", dtype = float32, role = inout, distinct_from = cache>
+// CHECK: k3s.kernel @gdn_spec_step
+// CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
+// CHECK-NEXT: k3s.replay <gate = scalar, buffer = cache>
+// CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
+// CHECK-NEXT: k3s.token_loop {
+// CHECK: k3s.decay <gate = scalar>
+// CHECK: k3s.cache_update <gate = scalar, buffer = next_cache>
+// CHECK-NEXT: }
 
 // SNAP: k3s.tensor_arg @snapshots <shape = "P,4,4,8,16", dtype = float32, role = inout>
 // SNAP: k3s.decay <gate = scalar>
@@ -37,4 +52,5 @@ builtin.module {
 // SNAP-NEXT: k3s.state_tile
 // SNAP-NEXT: k3s.restore_snapshot
 // SNAP-NEXT: k3s.store_state <layout = kv, home = pool>
+// SNAP-NOT: k3s.entry @spec_step
 // BADMODE: {{^}}k3c opt: error: {{.*}}mode must be replay or snapshot, got 'copy'{{.*$}}
