@@ -5,12 +5,14 @@
 
 Each round, for every sequence of a continuous batch:
 1. the draft model proposes up to n tokens (here: random projections stand in for them);
-2. `verify` runs the target's KDA layer over those tokens from the committed pool state and
-   caches, per token, k, the log-decay and the update u (the pool is not written);
-3. the sampler accepts a prefix of m tokens (here: random m per sequence, 0..n);
-4. `commit` rebuilds each state after its m accepted tokens from the committed state and the
-   cache and writes it to the pool: one state write per round, whatever n is.
-At the end the pool is compared with the plain recurrence run over the accepted tokens only.
+2. one `spec_step` launch commits the previous round's accepted tokens into the pool (a replay
+   from the committed state and the cache that round wrote: one state write, whatever n is),
+   then runs the target's KDA layer over the new tokens from that state and caches, per token,
+   k, the log-decay and the update u into the other cache of the pair;
+3. the sampler accepts a prefix of m tokens (here: random m per sequence, 0..n); the next
+   `spec_step` commits them, and the two caches swap roles.
+After the last round `commit` flushes the last accepted tokens, and the pool is compared with
+the plain recurrence run over the accepted tokens only.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ def main() -> None:
 
     pool_size = 2 * B  # a state pool shared by the serving engine; each sequence owns one slot
     pool = 0.1 * torch.randn(pool_size, H, D, D, device=dev)
-    cache = torch.empty(pool_size, n, H, 2 * D + D, device=dev)  # [P, n, HV, 2K + V] fp32
+    # two caches [P, n, HV, 2K + V] fp32: spec_step reads one (the last round's) and writes the other
+    cache, next_cache = torch.empty(2, pool_size, n, H, 2 * D + D, device=dev)
     slots = torch.randperm(pool_size, device=dev)[:B]
     start = pool[slots].clone()
+    accepted = torch.zeros(B, dtype=torch.int64, device=dev)  # first round: nothing to commit
     accepted_tokens = {name: [] for name in ("q", "k", "v", "g", "beta")}
 
     for round_ in range(args.rounds):
@@ -58,15 +62,17 @@ def main() -> None:
         v = torch.randn(B, n, H, D, device=dev).to(dtype)
         g = F.logsigmoid(torch.randn(B, n, H, D, device=dev)).clamp(min=-5)
         beta = torch.sigmoid(torch.randn(B, n, H, device=dev)).to(dtype)
-        # 2. verify: outputs for every drafted position, cache for the replay
-        (o,) = layer.verify(q, k, v, g, beta, state=pool, state_indices=slots, cache=cache)
+        # 2. commit last round's `accepted`, verify this round: outputs for every drafted position
+        (o,) = layer.spec_step(q, k, v, g, beta, state=pool, state_indices=slots, cache=cache, accepted=accepted,
+                               next_cache=next_cache)
+        cache, next_cache = next_cache, cache
         # 3. accept a prefix per sequence (a real sampler compares o's logits with the draft's)
         accepted = torch.randint(0, n + 1, (B,), device=dev)
-        # 4. commit: one state write per sequence
-        layer.commit(state=pool, state_indices=slots, cache=cache, accepted=accepted)
         for name, x in zip(accepted_tokens, (q, k, v, g, beta)):
             accepted_tokens[name].append([x[b, : int(accepted[b])] for b in range(B)])
         print(f"round {round_}: accepted {accepted.tolist()} of {n}")
+    # a sequence that leaves the batch (or the loop's end) flushes its last accepted tokens
+    layer.commit(state=pool, state_indices=slots, cache=cache, accepted=accepted)
 
     # the pool now holds the states of the accepted tokens only: check against the recurrence
     worst = 0.0
