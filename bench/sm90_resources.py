@@ -39,7 +39,8 @@ def main() -> None:
     parser.add_argument("module")
     parser.add_argument("--num-warps", type=int, default=8)
     parser.add_argument("--num-stages", type=int, default=2)
-    parser.add_argument("--fp32", default="initial_state,final_state,g", help="pointer args that are fp32")
+    parser.add_argument("--fp32", default="initial_state,final_state,g,gamma_C", help="pointer args that are fp32")
+    parser.add_argument("--kernels", default="", help="only kernels whose name contains one of these (comma-separated)")
     parser.add_argument("--launch-constants", default="", help="override constexprs, e.g. BV=32")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("generated", args.module)
@@ -50,6 +51,8 @@ def main() -> None:
     overrides = dict(kv.split("=") for kv in args.launch_constants.split(",") if kv)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for name in re.findall(r"^def (\w+_kernel)\(", source, flags=re.M):
+        if args.kernels and not any(part in name for part in args.kernels.split(",")):
+            continue
         kernel = getattr(module, name)
         # the constexpr values printed at the kernel's launch site
         launch = source[source.index(f"{name}[grid]") - 2000 : source.index(f"{name}[grid]")]
@@ -63,14 +66,14 @@ def main() -> None:
                 signature[arg], constexprs[(index,)] = "constexpr", arg in FLAGS_TRUE
             elif arg == "scale":
                 signature[arg] = "fp32"
-            elif arg in RUNTIME_INTS:
+            elif arg in RUNTIME_INTS or (arg == "P" and "state_indices" in kernel.arg_names):  # P: pool rows
                 signature[arg] = "i32"
             elif arg in ("cu_seqlens", "chunk_table"):
                 signature[arg] = "*i32"
             else:
                 signature[arg] = "*fp32" if arg in fp32 else "*bf16"
         aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
-                   if signature[a].startswith("*") or a in RUNTIME_INTS}
+                   if signature[a].startswith("*") or signature[a] == "i32"}
         compiled = triton.compile(
             ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
             target=GPUTarget("cuda", 90, 32),

@@ -8,7 +8,7 @@ backend's business, not the schedule's algebra.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 from sympy import Matrix, Rational, eye, zeros
@@ -35,6 +35,11 @@ class ExactInputs:
     beta: list
     S0: Matrix
     scale: Rational
+
+    def tokens(self, start: int, end: int, S0: Matrix | None = None) -> ExactInputs:
+        """Tokens start..end-1 as a sequence of their own, from S0 (default: this one's)."""
+        return ExactInputs(self.q[start:end, :], self.k[start:end, :], self.v[start:end, :], self.a[start:end, :],
+                           self.beta[start:end], self.S0 if S0 is None else S0, self.scale)
 
 
 def random_inputs(rng, length: int, K: int, V: int, gate: str) -> ExactInputs:
@@ -142,6 +147,23 @@ def wy_apply(op: k3s.WYApplyOp, c: Chunk, S: Matrix) -> Matrix:
     return S
 
 
+def gate_apply(op: k3s.GateApplyOp, c: Chunk, S: Matrix) -> Matrix:
+    gamma = c["Gamma"]
+    if op.operand.data == "q":
+        c.values["QG"] = c.Q.multiply_elementwise(gamma)
+    else:
+        last = gamma[gamma.rows - 1, :]
+        until_end = Matrix(gamma.rows, gamma.cols, lambda i, j: last[0, j] / gamma[i, j])
+        c.values["KG"] = c.K.multiply_elementwise(until_end)
+    return S
+
+
+def chunk_decay(op, c: Chunk, S: Matrix) -> Matrix:
+    gamma = c["Gamma"]
+    c.values["gamma_C"] = gamma[gamma.rows - 1, :]
+    return S
+
+
 def delta_residual(op, c: Chunk, S: Matrix) -> Matrix:
     c.values["Vr"] = c["U"] - c["W"] * S
     return S
@@ -149,16 +171,16 @@ def delta_residual(op, c: Chunk, S: Matrix) -> Matrix:
 
 def chunk_output(op: k3s.ChunkOutputOp, c: Chunk, S: Matrix) -> Matrix:
     values = c["Vr"] if op.residual.value.data else c.V
-    c.values["O"] = c.scale * (c.Q.multiply_elementwise(c.gamma(op)) * S + c["P"] * values)
+    queries = c.Q if op.gate.data == "none" else c["QG"]
+    c.values["O"] = c.scale * (queries * S + c["P"] * values)
     return S
 
 
 def state_advance(op: k3s.StateAdvanceOp, c: Chunk, S: Matrix) -> Matrix:
     values = c["Vr"] if op.residual.value.data else c.V
-    gamma = c.gamma(op)
-    last = gamma[gamma.rows - 1, :]
-    carried = Matrix(gamma.rows, gamma.cols, lambda i, j: last[0, j] / gamma[i, j])
-    return sympy.diag(*last) * S + c.K.multiply_elementwise(carried).T * values
+    if op.gate.data == "none":
+        return S + c.K.T * values
+    return sympy.diag(*c["gamma_C"]) * S + c["KG"].T * values
 
 
 STAGES = {
@@ -166,27 +188,38 @@ STAGES = {
     k3s.GramOp: gram,
     k3s.ForwardSubstitutionOp: forward_substitution,
     k3s.WYApplyOp: wy_apply,
+    k3s.GateApplyOp: gate_apply,
+    k3s.ChunkDecayOp: chunk_decay,
     k3s.DeltaResidualOp: delta_residual,
     k3s.ChunkOutputOp: chunk_output,
     k3s.StateAdvanceOp: state_advance,
 }
 
 
-def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]:
-    """Interpret a k3s.chunked schedule on one head's sequence. Returns (O [T, V], S_T)."""
+def run_stages(chunked: k3s.ChunkedOp, stages: list, x: ExactInputs) -> tuple[list[Chunk], Matrix]:
+    """Run `stages` of a k3s.chunked schedule chunk after chunk from x.S0. Returns (the chunks
+    with their quantities, S_T)."""
     C = chunked.chunk_size.value.data
     S = x.S0
-    outputs = []
+    chunks = []
     for start in range(0, x.q.rows, C):
         chunk = Chunk(x, start, min(start + C, x.q.rows))
-        for region_op in chunked.body.ops:  # chunk_local, then chunk_scan
-            for stage in region_op.body.ops:
-                S = STAGES[type(stage)](stage, chunk, S)
-        outputs.append(chunk["O"])
-    return Matrix.vstack(*outputs), S
+        for stage in stages:
+            S = STAGES[type(stage)](stage, chunk, S)
+        chunks.append(chunk)
+    return chunks, S
+
+
+def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]:
+    """Interpret a k3s.chunked schedule on one head's sequence from x.S0. Returns (O [T, V], S_T)."""
+    stages = [stage for region_op in chunked.body.ops for stage in region_op.body.ops]  # chunk_local, chunk_scan
+    chunks, S = run_stages(chunked, stages, x)
+    return Matrix.vstack(*(chunk["O"] for chunk in chunks)), S
 
 
 # --- the speculative (verify + replay) schedule ----------------------------------------------
+# A cache is a list of (k, decays, u) per token; cache_update ops append to the buffer they
+# name, replay ops read theirs (k3s.cache_buffer).
 
 
 class Token:
@@ -198,7 +231,7 @@ class Token:
         self.o = None
 
 
-def _token_stage(op, tok: Token, S: Matrix, cache: list) -> Matrix:
+def _token_stage(op, tok: Token, S: Matrix, buffers: dict[str, list]) -> Matrix:
     if isinstance(op, (k3s.LoadTokenOp, k3s.LoadGateOp, k3s.LoadBetaOp)):
         return S  # inputs are given exactly; what a load does to them is not the schedule's algebra
     if isinstance(op, k3s.DecayOp):
@@ -212,28 +245,34 @@ def _token_stage(op, tok: Token, S: Matrix, cache: list) -> Matrix:
         tok.o = (S.T * (tok.scale * tok.q)).T
         return S
     if isinstance(op, k3s.CacheUpdateOp):
-        cache.append((tok.k, tok.a, tok.v))
+        buffers.setdefault(k3s.cache_buffer(op), []).append((tok.k, tok.a, tok.v))
         return S
     raise TypeError(f"{op.name} is not a token stage")
+
+
+def run_token_loop(loop: k3s.TokenLoopOp, x: ExactInputs, S: Matrix, buffers: dict[str, list]) -> tuple[Matrix, Matrix]:
+    """x's tokens through the loop's stages from the state S: (O [T, V], the state after them)."""
+    rows = []
+    for t in range(x.q.rows):
+        tok = Token(x, t)
+        for stage in loop.body.ops:
+            S = _token_stage(stage, tok, S, buffers)
+        rows.append(tok.o)
+    return Matrix.vstack(*rows), S
 
 
 def run_verify(speculative: k3s.SpeculativeOp, x: ExactInputs) -> tuple[Matrix, Matrix, list]:
     """The verify pass: (O [n, V], S_n, the cache of (k, decays, u) per token)."""
     loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
-    S, cache, rows = x.S0, [], []
-    for t in range(x.q.rows):
-        tok = Token(x, t)
-        for stage in loop.body.ops:
-            S = _token_stage(stage, tok, S, cache)
-        rows.append(tok.o)
-    return Matrix.vstack(*rows), S, cache
+    buffers: dict[str, list] = {}
+    O, S = run_token_loop(loop, x, x.S0, buffers)
+    return O, S, buffers.get("cache", [])
 
 
-def run_replay(speculative: k3s.SpeculativeOp, S0: Matrix, cache: list, accepted: int) -> Matrix:
-    """The replay stage: the state after the first `accepted` cached tokens."""
-    replay = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
+def replay(op: k3s.ReplayOp, S0: Matrix, cache: list, accepted: int) -> Matrix:
+    """The replay stage: the state after the first `accepted` cached tokens, from S0."""
     K = S0.rows
-    if replay.gate.data == "none":
+    if op.gate.data == "none":
         gamma = [sympy.ones(1, K) for _ in range(accepted + 1)]
     else:  # Gamma_j = product of the first j decays
         gamma = [sympy.ones(1, K)]
@@ -244,3 +283,88 @@ def run_replay(speculative: k3s.SpeculativeOp, S0: Matrix, cache: list, accepted
         ratio = [gamma[accepted][c] / gamma[j][c] for c in range(K)]
         S = S + sympy.diag(*ratio) * k_j * u_j.T
     return S
+
+
+def run_replay(speculative: k3s.SpeculativeOp, S0: Matrix, cache: list, accepted: int) -> Matrix:
+    """The schedule's replay stage on the cache of a verify pass."""
+    return replay(next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp)), S0, cache, accepted)
+
+
+def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, list], accepted: int) -> tuple:
+    """A lowered speculative kernel's stages in program order on one pool row that holds x.S0:
+    replays read `accepted` tokens of their buffer, cache updates append to theirs. Returns (O of
+    x's tokens, or None without a token loop; the row as the kernel leaves it)."""
+    S, row, O = None, x.S0, None
+    for op in kernel.body.ops:
+        if isinstance(op, k3s.StateTileOp):
+            S = x.S0
+        elif isinstance(op, k3s.ReplayOp):
+            S = replay(op, S, buffers.get(k3s.cache_buffer(op), []), accepted)
+        elif isinstance(op, k3s.StoreStateOp):
+            row = S
+        elif isinstance(op, k3s.TokenLoopOp):
+            O, S = run_token_loop(op, x, S, buffers)
+        else:
+            raise TypeError(f"{op.name} is not a stage of a pool kernel")
+    return O, row
+
+
+# --- the segment-scan schedule (context parallelism) ----------------------------------------
+# A summary is (M, N), M held in its transition form: full a K x K matrix, diagonal a K x 1
+# column (the diagonal), scalar a number, identity None. M and N may also be symbols: the
+# combine's algebra is the same (`k3c prove` checks its associativity that way).
+
+
+def transition_apply(form: str, M, X):
+    """M X, for M held in the given transition form."""
+    if form == "identity":
+        return X
+    if form == "diagonal":
+        return sympy.diag(*M) * X
+    return M * X  # full, scalar
+
+
+def segment_summary(scan: k3s.SegmentScanOp, x: ExactInputs) -> tuple:
+    """The summary (M, N) of the token range x (x.S0 unused) as the segment_summary op states it:
+    N by the chunked schedule's state pass from a zero state; a full M by the same pass on the
+    state [M | N] from [I | 0] with values [0 | V]; a diagonal or scalar M the decays' product."""
+    summary, _, chunked = scan.body.ops
+    form = summary.transition.data
+    K, V = x.k.cols, x.v.cols
+    stages = k3s.state_pass(chunked)
+    if form == "full":
+        augmented = replace(x, v=Matrix.hstack(zeros(x.v.rows, K), x.v),
+                                        S0=Matrix.hstack(eye(K), zeros(K, V)))
+        MN = run_stages(chunked, stages, augmented)[1]
+        return MN[:, :K], MN[:, K:]
+    N = run_stages(chunked, stages, replace(x, S0=zeros(K, V)))[1]
+    decays = Matrix(K, 1, lambda c, _: sympy.prod(x.a[:, c]))
+    return {"diagonal": decays, "scalar": decays[0], "identity": None}[form], N
+
+
+def apply_summary(form: str, summary: tuple, S: Matrix) -> Matrix:
+    """The state after a segment from the state S before it: M S + N."""
+    return transition_apply(form, summary[0], S) + summary[1]
+
+
+def combine_summaries(combine: k3s.SummaryCombineOp, later: tuple, earlier: tuple) -> tuple:
+    """(M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2) in the combine op's transition form."""
+    (M2, N2), (M1, N1) = later, earlier
+    form = combine.transition.data
+    return transition_apply(form, M2, M1), transition_apply(form, M2, N1) + N2
+
+
+def run_segment_scan(scan: k3s.SegmentScanOp, x: ExactInputs, cuts: list[int]) -> tuple[Matrix, Matrix]:
+    """Interpret a k3s.segment_scan on one head's sequence cut before each token in `cuts`:
+    every segment's summary; each segment's initial state, the combine of the summaries before
+    it applied to x.S0; every segment finished by the chunked schedule from that state.
+    Returns (O [T, V], the final state by the combine of all summaries)."""
+    summary, combine, chunked = scan.body.ops
+    edges = [0, *cuts, x.q.rows]
+    prefix, outputs = None, []  # prefix: the combine of the summaries so far
+    for start, end in zip(edges, edges[1:]):
+        S = x.S0 if prefix is None else apply_summary(combine.transition.data, prefix, x.S0)
+        outputs.append(run_chunked(chunked, x.tokens(start, end, S))[0])
+        sigma = segment_summary(scan, x.tokens(start, end))
+        prefix = sigma if prefix is None else combine_summaries(combine, sigma, prefix)
+    return Matrix.vstack(*outputs), apply_summary(combine.transition.data, prefix, x.S0)

@@ -21,7 +21,7 @@ STATE_LAYOUTS = ("kv", "vk")
 DTYPES = ("bfloat16", "float16", "float32")
 GLU_ACTIVATIONS = ("swiglu", "situ_glu")
 # g as given (log-decay), -exp(A_log) softplus(g + dt_bias), or lower_bound sigmoid(exp(A_log) (g + dt_bias))
-GATE_INPUTS = ("log", "softplus", "bounded")
+GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
 BETA_INPUTS = ("probability", "logits")  # beta itself, or sigmoid(beta)
 
 
@@ -64,8 +64,9 @@ class RecurrenceOp(KeywordSyntax):
     kv = [K, V] (fla), vk = [V, K] (serving stacks).
 
     What the inputs mean: qk_l2norm normalises q and k per head (x / sqrt(|x|^2 + 1e-6));
-    gate_input log takes g as the log-decay, softplus computes g = -exp(A_log) softplus(g +
-    dt_bias), bounded g = gate_lower_bound sigmoid(exp(A_log) (g + dt_bias)); beta_input logits
+    gate_input log takes g as the log-decay, clamped takes max(g, gate_lower_bound) (fla's
+    safe_gate contract, enforced), softplus computes g = -exp(A_log) softplus(g + dt_bias),
+    bounded g = gate_lower_bound sigmoid(exp(A_log) (g + dt_bias)); beta_input logits
     takes beta = sigmoid(beta).
     """
 

@@ -12,7 +12,9 @@ A lowered module is a list of entries:
 
 Passes in passes/ build these from `k3` ops; the Triton backend prints one block of code per
 stage. Shape strings use the symbols B (batch), T (tokens per sequence), N (sequences: B, or
-len(cu_seqlens) - 1), R (rows) and S (sources); everything else is a number.
+len(cu_seqlens) - 1), R (rows), S (sources), P (state pool rows) and NC (per-chunk slots of a
+chunk entry: cdiv(B T, C) + N, enough for every chunk of any varlen split); everything else is a
+number.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output"
 STATE_LAYOUTS = ("kv", "vk")
 GATES = ("channel", "scalar")
 TOKEN_TENSORS = ("q", "k", "v")
-GATE_INPUTS = ("log", "softplus", "bounded")
+GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
 BETA_INPUTS = ("probability", "logits")
-SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 
 
@@ -351,7 +353,12 @@ def in_pool(op) -> bool:
 CHUNK_OPERANDS = ("key", "value")
 GRAM_LHS = ("q", "k")
 MASKS = ("strict", "inclusive")
-SPILLED = ("W", "U", "P")
+SPILLED = ("W", "U", "P", "QG", "KG", "gamma_C")
+GATE_ANCHORS = ("start", "end")
+# how a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two tensor-core
+# factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or elementwise
+# (exp of differences, exponents <= 0 for any gate)
+GRAM_DIAGONALS = ("factored", "elementwise")
 CHUNK_GATES = ("channel", "scalar", "none")
 
 
@@ -470,7 +477,7 @@ class StoreCheckpointOp(KeywordSyntax):
 
 @irdl_op_definition
 class SpillOp(KeywordSyntax):
-    """Store a per-chunk quantity (W, U or P) to its workspace for a later kernel."""
+    """Store a chunk-local quantity (one of SPILLED) to its workspace for a later kernel."""
 
     name = "k3s.spill"
     value = prop_def(StringAttr)
@@ -512,10 +519,12 @@ class GramOp(KeywordSyntax):
         lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
 
     mask strict excludes the diagonal, inclusive keeps it; gate none means Gamma = 1;
-    `beta` scales the rows by beta. With a channel gate the gate ratios are evaluated per
-    column block of `sub_chunk` rows, referenced at the block's first row: every exponent is
-    <= 0 except inside one block (at most sub_chunk - 1 tokens of decay), and no reference lies
-    after the row it serves, so outputs never depend on later gates.
+    `beta` scales the rows by beta. With a channel gate the ratio Gamma_i / Gamma_j is split at
+    a reference per row block of `sub_chunk` rows: the cumulative gate just before the block.
+    Blocks below the diagonal factor into K_i Gamma_i / Gamma_ref (<= 1) and K_j Gamma_ref /
+    Gamma_j (<= 1): no exponent is positive, and no reference lies after a row it serves, so
+    outputs never depend on later gates. `diagonal` says how the blocks on the diagonal are
+    evaluated (GRAM_DIAGONALS); only a channel gate has it.
     """
 
     name = "k3s.gram"
@@ -524,6 +533,7 @@ class GramOp(KeywordSyntax):
     gate = prop_def(StringAttr)
     beta = prop_def(BoolAttr)
     sub_chunk = prop_def(IntegerAttr[I64])
+    diagonal = opt_prop_def(StringAttr)
     traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
 
     def verify_(self) -> None:
@@ -532,6 +542,11 @@ class GramOp(KeywordSyntax):
         _choice(self, "gate", CHUNK_GATES)
         if self.sub_chunk.value.data <= 0:
             raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
+        if (self.diagonal is not None) != (self.gate.data == "channel"):
+            raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
+                                  f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
+        if self.diagonal is not None:
+            _choice(self, "diagonal", GRAM_DIAGONALS)
 
 
 @irdl_op_definition
@@ -567,8 +582,45 @@ class DeltaResidualOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class GateApplyOp(KeywordSyntax):
+    """A chunk operand with the gate's decay applied, for the state pass:
+
+        operand = q, anchor = start:  QG = Gamma * Q            (decay since the chunk's start)
+        operand = k, anchor = end:    KG = (gamma_C / Gamma) * K  (decay until the chunk's end)
+
+    Both exponents are <= 0: no overflow for any gate."""
+
+    name = "k3s.gate_apply"
+    operand = prop_def(StringAttr)
+    anchor = prop_def(StringAttr)
+    gate = prop_def(StringAttr)
+    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "operand", GRAM_LHS)
+        _choice(self, "anchor", GATE_ANCHORS)
+        _choice(self, "gate", GATES)
+        expected = {"q": "start", "k": "end"}[self.operand.data]
+        if self.anchor.data != expected:
+            raise VerifyException(f"{self.name}: operand {self.operand.data} is read from the chunk's "
+                                  f"{expected}, got anchor {self.anchor.data!r}")
+
+
+@irdl_op_definition
+class ChunkDecayOp(KeywordSyntax):
+    """gamma_C: the decay of the whole chunk (the last row of Gamma), per key channel or per head."""
+
+    name = "k3s.chunk_decay"
+    gate = prop_def(StringAttr)
+    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+
+
+@irdl_op_definition
 class ChunkOutputOp(KeywordSyntax):
-    """O = scale ((Gamma*Q) S + P Vr), with Vr = V when there is no delta rule."""
+    """O = scale (QG S + P Vr), with QG = Q without a gate and Vr = V without a delta rule."""
 
     name = "k3s.chunk_output"
     gate = prop_def(StringAttr)
@@ -581,7 +633,7 @@ class ChunkOutputOp(KeywordSyntax):
 
 @irdl_op_definition
 class StateAdvanceOp(KeywordSyntax):
-    """S <- Diag(gamma_C) S + ((gamma_C / Gamma) * K)^T Vr, gamma_C the whole chunk's decay."""
+    """S <- Diag(gamma_C) S + KG^T Vr (gate_apply, chunk_decay); without a gate S <- S + K^T Vr."""
 
     name = "k3s.state_advance"
     gate = prop_def(StringAttr)
@@ -605,12 +657,17 @@ def stage_dataflow(op) -> tuple[set[str], str]:
         return ({"T", "k"} | gamma, "W") if op.operand.data == "key" else ({"T", "v"}, "U")
     if isinstance(op, DeltaResidualOp):
         return {"U", "W", "S"}, "Vr"
+    if isinstance(op, GateApplyOp):
+        return {op.operand.data, "Gamma"}, op.operand.data.upper() + "G"
+    if isinstance(op, ChunkDecayOp):
+        return {"Gamma"}, "gamma_C"
     if isinstance(op, ChunkOutputOp):
-        return {"q", "P", "S", "Vr" if op.residual.value.data else "v"} | gamma, "O"
+        return {"QG" if gamma else "q", "P", "S", "Vr" if op.residual.value.data else "v"}, "O"
     if isinstance(op, StoreCheckpointOp):
         return {"S"}, "checkpoints"
     if isinstance(op, StateAdvanceOp):
-        return {"k", "S", "Vr" if op.residual.value.data else "v"} | gamma, "S"
+        gated = {"KG", "gamma_C"} if gamma else {"k"}
+        return gated | {"S", "Vr" if op.residual.value.data else "v"}, "S"
     raise TypeError(f"{op.name} is not a chunk stage")
 
 
@@ -628,6 +685,8 @@ CHUNK_STAGES = [
     GramOp,
     ForwardSubstitutionOp,
     WYApplyOp,
+    GateApplyOp,
+    ChunkDecayOp,
     DeltaResidualOp,
     ChunkOutputOp,
     StateAdvanceOp,
@@ -689,6 +748,84 @@ class NormalizeStoreOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp))
 
 
+
+# --- the segment-scan schedule (context parallelism) ---------------------------------------
+# Every token is an affine map of the state, S_t = A_t S_{t-1} + B_t with A_t = (I - beta_t k_t
+# k_t^T) Diag(a_t) and B_t = beta_t k_t v_t^T (A_t = Diag(a_t), B_t = k_t v_t^T without the delta
+# rule). A segment of consecutive tokens of one sequence and value head composes to its summary
+# (M, N): S_end = M S_start + N, M the product of its A_t and N its state from a zero start.
+# Summaries compose associatively: (M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2). The transition
+# form is how M is held: full (K x K), diagonal (K numbers), scalar (one number) or identity (no M).
+
+TRANSITIONS = ("full", "diagonal", "scalar", "identity")
+
+
+@irdl_op_definition
+class SegmentScanOp(KeywordSyntax):
+    """The segments of a sequence run in parallel. Its body, in order: segment_summary (every
+    segment's (M, N)), summary_combine (each segment's initial state from the summaries before
+    it) and the chunked schedule that finishes every segment from that state."""
+
+    name = "k3s.segment_scan"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def verify_(self) -> None:
+        ops = list(self.body.ops)
+        if [type(op) for op in ops] != [SegmentSummaryOp, SummaryCombineOp, ChunkedOp]:
+            got = ", ".join(op.name for op in ops) or "nothing"
+            raise VerifyException(f"{self.name}: body must be segment_summary, summary_combine, chunked; got {got}")
+        if ops[0].transition.data != ops[1].transition.data:
+            raise VerifyException(f"{self.name}: summary and combine disagree on the transition form "
+                                  f"({ops[0].transition.data} vs {ops[1].transition.data})")
+
+
+@irdl_op_definition
+class SegmentSummaryOp(KeywordSyntax):
+    """Every segment's summary (M, N), all segments in parallel. N is the state the chunked
+    schedule beside it leaves from a zero start, by its state pass alone (`state_pass`: the
+    stages the carried state depends on). A full M rides along in the same pass as K more state
+    columns: [M | N] from [I | 0] with values [0 | V] (the columns evolve independently); a
+    diagonal or scalar M is the segment's product of decays; identity has no M."""
+
+    name = "k3s.segment_summary"
+    transition = prop_def(StringAttr)
+    traits = traits_def(HasParent(SegmentScanOp))
+
+    def verify_(self) -> None:
+        _choice(self, "transition", TRANSITIONS)
+
+
+@irdl_op_definition
+class SummaryCombineOp(KeywordSyntax):
+    """The initial state of segment p: (sigma_{p-1} o ... o sigma_0)(S_0) from the summaries
+    sigma before it and the sequence's initial state, with (M2, N2) o (M1, N1) = (M2 M1, M2 N1 +
+    N2) in the transition form (diagonal: elementwise; identity: N1 + N2). Associative, so any
+    scan order (serial, tree, one prefix per rank after an all-gather) gives the same states."""
+
+    name = "k3s.summary_combine"
+    transition = prop_def(StringAttr)
+    traits = traits_def(HasParent(SegmentScanOp))
+
+    def verify_(self) -> None:
+        _choice(self, "transition", TRANSITIONS)
+
+
+def state_pass(chunked: ChunkedOp) -> list[IRDLOperation]:
+    """The stages of a chunked schedule the carried state S depends on, in program order: what
+    a segment summary runs (no query Gram, no output)."""
+    stages = [op for region in chunked.body.ops for op in region.body.ops]
+    needed, kept = {"S"}, []
+    for op in reversed(stages):
+        reads, writes = stage_dataflow(op)
+        if writes in needed:
+            kept.append(op)
+            needed |= reads
+    return kept[::-1]
+
+
+SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp]
+
 K3S = Dialect(
     "k3s",
     [
@@ -719,6 +856,7 @@ K3S = Dialect(
         MixAccumulateOp,
         NormalizeStoreOp,
         *CHUNK_STAGES,
+        *SEGMENT_SCAN_OPS,
     ],
     [],
 )

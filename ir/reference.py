@@ -32,7 +32,9 @@ def recurrence_inputs(op, q, k, g, beta, A_log=None, dt_bias=None):
     if g is not None:
         g = g.to(f64).cpu()
         form = op.input_option("gate_input")
-        if form != "log":
+        if form == "clamped":
+            g = g.clamp(min=op.input_option("gate_lower_bound"))
+        elif form != "log":
             HV = g.shape[2]
             a = torch.exp(A_log.to(f64).cpu())
             bias = dt_bias.to(f64).cpu()
@@ -91,6 +93,81 @@ def recurrence(op, q, k, v, g=None, beta=None, scale=None, initial_state=None,
     if checkpoint_every:
         return o, final_state, torch.stack(checkpoints) if checkpoints else torch.zeros(0, *S.shape, dtype=f64)
     return o, final_state
+
+
+
+# --- segment summaries: the oracle of context parallelism ---------------------------------------
+# A segment of tokens maps the state before it to the state after it: S_end = M S_start + N per
+# value head, M the product of its token transitions (I - beta k k^T) Diag(exp g) (Diag(exp g)
+# without the delta rule) and N its state from a zero start. M is held as the op allows: a
+# [K, K] matrix with the delta rule, else the [K] diagonal (channel gate), a number (scalar
+# gate) or None (no gate). States (N included) are in the op's state layout; M acts on K.
+
+
+def _transition_form(op) -> str:
+    return "full" if op.delta_rule.value.data else {"channel": "diagonal", "scalar": "scalar", "none": "identity"}[op.gate.data]
+
+
+def segment_summaries(op, k, v, g=None, beta=None, segments=None, cu_seqlens=None, A_log=None, dt_bias=None):
+    """(M, N) of every segment, from the definition. `segments`: token offsets [P + 1] into
+    the tokens of the batch laid end to end (b * T + t; varlen: the packed tokens of cu_seqlens),
+    from 0 to their count, holding every sequence boundary (T, 2T, ... or cu_seqlens) so that a
+    segment lies within one sequence. Returns M [P, HV, K, K] / [P, HV, K] / [P, HV] / None and
+    N [P, HV, K, V] ([P, HV, V, K] for the vk layout), float64."""
+    B, T, H, K = k.shape
+    HV = v.shape[2]
+    bounds = torch.as_tensor(segments).tolist()
+    sequence_edges = set(cu_seqlens.tolist()) if cu_seqlens is not None else {b * T for b in range(B + 1)}
+    if bounds != sorted(set(bounds)) or bounds[0] != 0 or bounds[-1] != B * T or not sequence_edges <= set(bounds):
+        raise ValueError(f"segments must rise from 0 to {B * T} through every sequence boundary, got {bounds}")
+    flat = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
+    # N: every segment as a sequence of its own from a zero state (q is not read by the state)
+    _, N = recurrence(op, flat(k), flat(k), flat(v), g=flat(g), beta=flat(beta), cu_seqlens=torch.tensor(bounds),
+                      output_final_state=True, A_log=A_log, dt_bias=dt_bias)
+    form = _transition_form(op)
+    if form == "identity":
+        return None, N
+    # M: the product of the token transitions, then held in the op's form
+    _, k, g, beta = recurrence_inputs(op, flat(k), flat(k), flat(g), flat(beta), A_log, dt_bias)
+    k = k[0].repeat_interleave(HV // H, dim=1)  # [tokens, HV, K]
+    if op.gate.data == "none":
+        log_decays = torch.zeros(B * T, HV, K, dtype=f64)
+    else:
+        log_decays = g[0] if op.gate.data == "channel" else g[0][:, :, None].expand(-1, -1, K)
+    Ms = []
+    for start, end in zip(bounds, bounds[1:]):
+        M = torch.eye(K, dtype=f64).repeat(HV, 1, 1)
+        for t in range(start, end):
+            M = torch.exp(log_decays[t])[:, :, None] * M
+            if form == "full":
+                M = M - beta[0, t][:, None, None] * k[t][:, :, None] * torch.einsum("hk,hkj->hj", k[t], M)[:, None, :]
+        Ms.append(M)
+    M = torch.stack(Ms)
+    return {"full": M, "diagonal": torch.diagonal(M, dim1=-2, dim2=-1), "scalar": M[..., 0, 0]}[form], N
+
+
+def apply_summary(op, summary, state):
+    """M S + N: the state after a segment from the state before it (batched over leading dims)."""
+    M, N = summary
+    form = _transition_form(op)
+    vk = op.state_layout.data == "vk"  # a state is S^T: M S is S^T M^T
+    if form == "full":
+        moved = state @ M.transpose(-1, -2) if vk else M @ state
+    elif form == "diagonal":
+        moved = state * M[..., None, :] if vk else M[..., :, None] * state
+    elif form == "scalar":
+        moved = M[..., None, None] * state
+    else:
+        moved = state
+    return moved + N
+
+
+def combine_summaries(op, later, earlier):
+    """(M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2): the summary of two consecutive segments."""
+    M2, M1 = later[0], earlier[0]
+    form = _transition_form(op)
+    M = None if form == "identity" else M2 @ M1 if form == "full" else M2 * M1
+    return M, apply_summary(op, later, earlier[1])
 
 
 def attnres(op, sources, query, gain):

@@ -20,7 +20,7 @@ RECURRENCE_KINDS = {
     "gla": {"gate": "channel", "delta_rule": False},
 }
 DTYPES = ("bfloat16", "float16", "float32")
-GATE_INPUTS = ("log", "softplus", "bounded")
+GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
 BETA_INPUTS = ("probability", "logits")
 
 

@@ -105,6 +105,8 @@ def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dic
         shape = (B, T, HV, K) if gate == "channel" else (B, T, HV)
         if layer_op.input_option("gate_input") == "log":  # realistic log-decays: logsigmoid, clamped at -5
             inputs["g"] = F.logsigmoid(randn(*shape)).clamp(min=-5)
+        elif layer_op.input_option("gate_input") == "clamped":  # the kernel clamps: some below the bound
+            inputs["g"] = F.logsigmoid(3 * randn(*shape))
         else:  # raw gate projections and the gate's parameters (decays of exp(-0.5 .. -4) or so)
             inputs["g"] = randn(*shape)
             inputs["A_log"] = -0.5 + 0.3 * randn(HV)

@@ -87,7 +87,7 @@ def recurrence_arguments(op) -> list[Operation]:
     K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
     state_shape = ",".join(["N", *recurrence_state_shape(op)])
     gate_shape = f"B,T,{HV},{K}" if gate == "channel" else f"B,T,{HV}"
-    gate_parameter_role = "forbidden" if op.input_option("gate_input") == "log" else "input"
+    gate_parameter_role = "forbidden" if op.input_option("gate_input") in ("log", "clamped") else "input"
 
     def arg(sym_name: str, shape: str, dtype: str, role: str) -> Operation:
         return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role)

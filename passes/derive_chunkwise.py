@@ -8,7 +8,12 @@ Unrolling the recurrence over a chunk of C tokens, the stages that exist follow 
   T = (I + A)^{-1} Diag(beta) by forward substitution, the WY factors W = T (Gamma K) and
   U = T V, and in the scan the residual Vr = U - W S. Without it Vr = V and those stages vanish;
 - every member reads its output through the inclusive query Gram P and the carried state, and
-  advances the state by the chunk's decay and its keys.
+  advances the state by the chunk's decay and its keys; with a gate, the queries decayed since
+  the chunk's start (QG), the keys decayed until its end (KG) and the chunk's decay gamma_C are
+  chunk-local, so they are computed with the other chunk-local stages, not in the state pass.
+- a channel gate's Gram blocks on the diagonal factor into two tensor-core operands only when
+  the gate is bounded below (sub_chunk tokens of decay must fit the fp32/bf16 exponent range);
+  otherwise they are evaluated elementwise, which is exact for any gate.
 `k3c prove` checks the result against the token recurrence in exact arithmetic.
 """
 
@@ -25,22 +30,43 @@ from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import add_entries, make, recurrence_arguments, recurrence_state_shape
 
+# the largest decay (nats) a factored diagonal block may span: exp(80) * |k| stays inside the
+# fp32 and bf16 range (exp(88.7)) for keys up to |k| ~ 1e3
+FACTORED_DECAY_LIMIT = 80.0
+BOUNDED_GATE_INPUTS = ("bounded", "clamped")  # g >= gate_lower_bound by construction
+
+
+def gram_diagonal(op: RecurrenceOp, sub_chunk: int) -> str:
+    bounded = op.input_option("gate_input") in BOUNDED_GATE_INPUTS
+    if bounded and sub_chunk * -op.input_option("gate_lower_bound") <= FACTORED_DECAY_LIMIT:
+        return "factored"
+    return "elementwise"
+
 
 def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -> k3s.ChunkedOp:
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
+    gram = {"gate": gate, "sub_chunk": sub_chunk}
+    if gate == "channel":
+        gram["diagonal"] = gram_diagonal(op, sub_chunk)
 
     local: list[Operation] = []
     if gate != "none":
         local.append(make(k3s.GateCumsumOp, gate=gate))
     if delta_rule:
         local += [
-            make(k3s.GramOp, lhs="k", mask="strict", gate=gate, beta=True, sub_chunk=sub_chunk),
+            make(k3s.GramOp, lhs="k", mask="strict", beta=True, **gram),
             make(k3s.ForwardSubstitutionOp, block=min(sub_chunk, chunk_size)),
             make(k3s.WYApplyOp, operand="key", gate=gate),
             make(k3s.WYApplyOp, operand="value", gate="none"),
         ]
-    local.append(make(k3s.GramOp, lhs="q", mask="inclusive", gate=gate, beta=False, sub_chunk=sub_chunk))
+    local.append(make(k3s.GramOp, lhs="q", mask="inclusive", beta=False, **gram))
+    if gate != "none":
+        local += [
+            make(k3s.GateApplyOp, operand="q", anchor="start", gate=gate),
+            make(k3s.GateApplyOp, operand="k", anchor="end", gate=gate),
+            make(k3s.ChunkDecayOp, gate=gate),
+        ]
 
     scan: list[Operation] = []
     if delta_rule:

@@ -1,8 +1,8 @@
 """fuse-chunkwise: group the stages of a k3s.chunked schedule into Triton kernels.
 
 grouping = split (FlashKDA's split): a token-parallel `prepare` kernel, one program per
-(chunk, value head), runs the chunk-local stages and spills what the scan reads (W, U, P) to
-workspaces; a head-parallel `scan` kernel, one program per (value block, sequence, value
+(chunk, value head), runs the chunk-local stages and spills what the scan reads (W, U, P, and
+with a gate the decayed QG, KG and the chunk's decay gamma_C) to workspaces; a head-parallel `scan` kernel, one program per (value block, sequence, value
 head), carries the state through the chunks. Quantities the scan needs that are cheap to
 rebuild (the cumulative gate) are recomputed there instead of spilled; the data each stage
 reads and writes comes from `k3s.stage_dataflow`.
@@ -48,6 +48,37 @@ def with_late_loads_and_early_spills(layer_op, stages: list[Operation], spilled:
     return ordered
 
 
+def with_grams_together(stages: list[Operation]) -> list[Operation]:
+    """The query Gram right after the key Gram: both read the same gate references and key
+    factors, which then die before the triangular solve instead of living through it."""
+    grams = [op for op in stages if isinstance(op, k3s.GramOp)]
+    if len(grams) < 2:
+        return stages
+    rest = [op for op in stages if op is not grams[1]]
+    at = rest.index(grams[0]) + 1
+    return [*rest[:at], grams[1], *rest[at:]]
+
+
+def with_spilled_sinks_early(stages: list[Operation], spilled: set[str]) -> list[Operation]:
+    """A stage whose result is only spilled runs as soon as everything it reads is live (produced,
+    or an input an earlier stage loaded): its operands then need not stay live for it."""
+    ordered = list(stages)
+    read_later = set().union(*(k3s.stage_dataflow(op)[0] for op in stages))
+    for sink in [op for op in stages if k3s.stage_dataflow(op)[1] in spilled - read_later]:
+        reads = k3s.stage_dataflow(sink)[0]
+        at = ordered.index(sink)
+        ordered.remove(sink)
+        live: set[str] = set()
+        for index, op in enumerate(ordered[:at]):
+            op_reads, op_writes = k3s.stage_dataflow(op)
+            live |= op_reads | {op_writes}
+            if reads <= live:
+                at = index + 1
+                break
+        ordered.insert(at, sink)
+    return ordered
+
+
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
                   scan_stages: int):
     local_region, scan_region = list(chunked.body.ops)
@@ -59,14 +90,19 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     needed = sorted(name for name in scan_reads - scan_writes if name in producers)
     recomputed = [clone_stage(producers[n]) for n in needed if isinstance(producers[n], RECOMPUTED)]
     spilled = [n for n in needed if not isinstance(producers[n], RECOMPUTED)]
+    local = with_spilled_sinks_early(with_grams_together(local), set(spilled))
 
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
     HV = layer_op.num_v_heads.value.data
     C = chunked.chunk_size.value.data
     layout = layer_op.state_layout.data
-    widths = {"W": K, "U": V, "P": C}
+    per_token = {"W": K, "U": V, "P": C, "QG": K, "KG": K}  # [B, T, HV, width], the input dtype
+    # one fp32 row per chunk: it multiplies the fp32 state at every chunk, bf16 would compound
+    per_chunk = {"gamma_C": f"NC,{HV},{K}" if layer_op.gate.data == "channel" else f"NC,{HV}"}
     workspaces = [
-        make(k3s.TensorArgOp, sym_name=n, shape=f"B,T,{HV},{widths[n]}", dtype="float", role="workspace")
+        make(k3s.TensorArgOp, sym_name=n, shape=f"B,T,{HV},{per_token[n]}", dtype="float", role="workspace")
+        if n in per_token else
+        make(k3s.TensorArgOp, sym_name=n, shape=per_chunk[n], dtype="float32", role="workspace")
         for n in spilled
     ]
     name = entry.source.data

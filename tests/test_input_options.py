@@ -39,6 +39,8 @@ CASES = [
     ("gated_deltanet", "vk", dict(qk_l2norm=True, gate_input="bounded")),
     ("gla", "vk", dict(qk_l2norm=True, gate_input="softplus")),
     ("gla", "kv", dict(gate_input="bounded", gate_lower_bound=-3.0)),
+    ("kda", "kv", dict(gate_input="clamped", gate_lower_bound=-2.0)),
+    ("gla", "vk", dict(gate_input="clamped")),
     ("deltanet", "kv", dict(qk_l2norm=True, beta_input="logits")),
 ]
 
@@ -115,7 +117,10 @@ def hand_transformed(inputs: dict, options: dict) -> dict:
     out = {name: x for name, x in inputs.items() if name not in ("A_log", "dt_bias")}
     if options.get("qk_l2norm"):
         out["q"], out["k"] = hand_l2norm(inputs["q"]), hand_l2norm(inputs["k"])
-    if options.get("gate_input", "log") != "log":
+    if options.get("gate_input") == "clamped":
+        lower_bound = options.get("gate_lower_bound", -5.0)
+        out["g"] = torch.where(inputs["g"] < lower_bound, torch.full_like(inputs["g"], lower_bound), inputs["g"])
+    elif options.get("gate_input", "log") != "log":
         out["g"] = hand_gate(inputs["g"], inputs["A_log"], inputs["dt_bias"], options["gate_input"],
                              options.get("gate_lower_bound", -5.0))
     if options.get("beta_input") == "logits":
@@ -141,7 +146,7 @@ def test_entries_match_reference(case, entry, fresh_seed):
     final state of both entries against the float64 reference on the same raw inputs."""
     kind, layout, options, layer = case
     inputs = raw_inputs(layer, fresh_seed)
-    assert ("A_log" in inputs) == (options.get("gate_input", "log") != "log")
+    assert ("A_log" in inputs) == (options.get("gate_input", "log") in ("softplus", "bounded"))
     expected_bias = HV * K if kind in ("kda", "gla") else HV
     if "dt_bias" in inputs:
         assert inputs["A_log"].shape == (HV,) and inputs["dt_bias"].shape == (expected_bias,)
@@ -175,8 +180,8 @@ def test_entries_match_plain_reference_on_hand_transformed_inputs(case, entry, f
         other, _ = reference.recurrence(plain, **twice)
         assert rms_ratio(o, other) > 1e-3, "beta_input = logits must be applied once"
     form = options.get("gate_input", "log")
-    if form != "log":  # the other in-kernel form gives other decays
-        other_form = {"softplus": "bounded", "bounded": "softplus"}[form]
+    if form != "log":  # the other in-kernel form (or no clamp) gives other decays
+        other_form = {"softplus": "bounded", "bounded": "softplus", "clamped": "log"}[form]
         swapped = hand_transformed(inputs, {**options, "gate_input": other_form})
         other, _ = reference.recurrence(plain, **swapped)
         assert rms_ratio(o, other) > 1e-3, f"gate_input = {form} must matter"
@@ -206,8 +211,8 @@ def test_varlen_matches_reference(case, entry, fresh_seed):
 ], ids=["gated_deltanet-softplus", "kda-bounded"])
 def test_large_gate_projections_stay_finite(compile_layer, kind, options, fresh_seed):
     """Large |g + dt_bias| and |beta| (softplus past its linear threshold, sigmoids saturated):
-    finite outputs that match the reference. (A scalar gate, or a channel gate bounded at the
-    default -5; for unbounded channel-gate decays see the xfail below.)"""
+    finite outputs that match the reference (a scalar gate, or a channel gate bounded at the
+    default -5; unbounded channel-gate decays: the test below)."""
     layer = options_layer(compile_layer, kind, "kv", **options)
     inputs = raw_inputs(layer, fresh_seed, batch=1, length=C + 3)
     inputs["g"] = inputs["g"] * 30.0
@@ -219,13 +224,7 @@ def test_large_gate_projections_stay_finite(compile_layer, kind, options, fresh_
         assert_rms(final, ref_final, f"{entry} final_state")
 
 
-@pytest.mark.parametrize("entry", [
-    "recurrent",
-    pytest.param("chunk", marks=pytest.mark.xfail(strict=True, reason=(
-        "compiler bug: the chunk kernels of a channel gate overflow (NaN) once a token's log-decay "
-        "is below about -5.5 (exp2 of a 16-token sub-chunk's cumulative gate leaves fp32's range); "
-        "softplus gates are unbounded below, so fla-like A_log (exp(A_log) up to 16) reaches it"))),
-])
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_channel_softplus_gate_with_strong_decays(compile_layer, entry, fresh_seed):
     """KDA with a softplus gate and fla's A_log range (A = exp(A_log) = 16): per-token decays of
     about -11, a state that forgets fast but stays finite in the reference."""

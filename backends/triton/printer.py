@@ -23,8 +23,14 @@ CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
+# constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
+LAUNCH_CONSTANTS = ("BV",)
 
 
+
+
+def launch_table_name(entry: str) -> str:
+    return f"TUNED_{entry.upper()}"
 
 
 def next_power_of_2(n: int) -> int:
@@ -92,8 +98,11 @@ class EntryView:
 class TritonPrinter:
     """One method per k3s op. `print_module` returns the source of the compiled module."""
 
-    def __init__(self) -> None:
+    def __init__(self, launch_tables: dict | None = None) -> None:
         self.code = Code()
+        # entry name -> {(dtype, N*HV bucket, tokens bucket): {kernel: launch config}}: the
+        # entries listed launch through a module-level table (docs/autotuning.md), others statically
+        self.launch_tables = dict(launch_tables or {})
 
     # --- module and entries ------------------------------------------------------------------
 
@@ -138,6 +147,8 @@ class TritonPrinter:
         if view.checkpoint:
             params.append("checkpoint_every=None")
         outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
+        if entry.sym_name.data in self.launch_tables:
+            self.print_launch_table(view)
         c(f"def {entry.sym_name.data}({', '.join(params)}):")
         with c.indent():
             c(f'"""{describe(entry)}, lowered from k3 op @{entry.source.data}.', "")
@@ -158,6 +169,11 @@ class TritonPrinter:
             for arg in view.scalars:
                 name = arg.sym_name.data
                 c(f"{name} = {attr_to_literal(arg.default)} if {name} is None else float({name})")
+            if any("NC" in t.shape.data.split(",") for t in view.tensors):
+                chunk_size = next(op.chunk_size.value.data for op in view.entry.walk() if isinstance(op, k3s.ChunkTileOp))
+                c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
+                  "# below cdiv(B T, C) + N for any split into sequences",
+                  f'dims["NC"] = triton.cdiv(dims["B"] * dims["T"], {chunk_size}) + dims["N"]')
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)
@@ -305,6 +321,28 @@ class TritonPrinter:
             params.append(("DOT_BF16: tl.constexpr", f"DOT_BF16={first}.dtype == torch.bfloat16"))
         return params
 
+    def launch_config(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """What a launch table may set for this kernel (its block-size constexprs, num_warps,
+        num_stages), with the values of the IR: the heuristic default, or a tuned candidate's."""
+        constants = self.kernel_constants(kernel, view)
+        config = {name: constants[name] for name in LAUNCH_CONSTANTS if name in constants}
+        config["num_warps"] = kernel.num_warps.value.data
+        if kernel.num_stages is not None:
+            config["num_stages"] = kernel.num_stages.value.data
+        return config
+
+    def print_launch_table(self, view: EntryView) -> None:
+        """TUNED_<ENTRY>: the module-level table the entry's launches read (docs/autotuning.md)."""
+        c = self.code
+        entry = view.entry.sym_name.data
+        c(f"# launch configs of @{entry}'s kernels per (input dtype, bucket of N*HV, bucket of tokens per sequence)",
+          "# (k3c tune; buckets are powers of two, rounded up); sizes in no bucket launch with the defaults",
+          f"{launch_table_name(entry)} = {{")
+        with c.indent():
+            for key, kernels in sorted(self.launch_tables[entry].items()):
+                c(f"{tuple(key)!r}: {{{', '.join(f'{k!r}: {dict(sorted(v.items()))!r}' for k, v in sorted(kernels.items()))}}},")
+        c("}", "", "")
+
     def print_launch(self, kernel: k3s.KernelOp, view: EntryView) -> None:
         c = self.code
         constants = self.kernel_constants(kernel, view)
@@ -312,6 +350,16 @@ class TritonPrinter:
         c(f"# {describe(kernel)}: launch")
         for name, value in constants.items():
             c(f"{name} = {value}")
+        tabled = view.entry.sym_name.data in self.launch_tables
+        if tabled:  # the tuned config of this call's bucket, else the IR's values
+            default = self.launch_config(kernel, view)
+            first = view.tensors[0].sym_name.data
+            c(f"launch = _tuned_launch({launch_table_name(view.entry.sym_name.data)}, {kernel.sym_name.data!r}, "
+              f"{first}.dtype, dims, {'HV' if 'HV' in constants else 1}, "
+              f"{{{', '.join(f'{k!r}: {k if k in constants else v}' for k, v in default.items())}}})")
+            for name in LAUNCH_CONSTANTS:
+                if name in default:
+                    c(f'{name} = launch["{name}"]')
         if "chunk" in axes:
             first = view.tensors[0].sym_name.data
             c(f"num_chunks, chunk_table = _chunks(cu_seqlens, dims, BC, {first}.device)")
@@ -323,9 +371,14 @@ class TritonPrinter:
             with c.indent():
                 for _, arg in self.kernel_params(kernel, view):
                     c(f"{arg},")
-                c(f"num_warps={kernel.num_warps.value.data},")
-                if kernel.num_stages is not None:
-                    c(f"num_stages={kernel.num_stages.value.data},")
+                if tabled:
+                    c('num_warps=launch["num_warps"],')
+                    if kernel.num_stages is not None:
+                        c('num_stages=launch["num_stages"],')
+                else:
+                    c(f"num_warps={kernel.num_warps.value.data},")
+                    if kernel.num_stages is not None:
+                        c(f"num_stages={kernel.num_stages.value.data},")
             c(")")
 
     def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:
@@ -337,6 +390,7 @@ class TritonPrinter:
                 c(f"{param},")
         c("):")
         self.view = view
+        self.defined: set[str] = set()
         with c.indent():
             c(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
             for axis_index, axis in enumerate(kernel.grid.data.split(",")):
@@ -540,7 +594,9 @@ class TritonPrinter:
         c.comment(op, "the log-decay g")
         c(f"b_g = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''}).to(tl.float32)")
         form = op.input.data
-        if form != "log":
+        if form == "clamped":
+            c(f"b_g = tl.maximum(b_g, {op.lower_bound.value.data!r})")
+        elif form != "log":
             c("b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))", f"b_g = b_g + {bias}.to(tl.float32)")
             if form == "softplus":
                 c("b_g = -b_a * tl.where(b_g > 20.0, b_g, tl.log(1.0 + tl.exp(tl.minimum(b_g, 20.0))))")
@@ -563,31 +619,81 @@ class TritonPrinter:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")
         self.code("b_G = tl.cumsum(b_g * 1.4426950408889634, axis=0)")
 
+    def once(self, name: str, *lines: str) -> None:
+        """Print the lines defining `name` unless this kernel already has it (tiles that several
+        stages share, such as the gate references of the two Grams)."""
+        if name not in self.defined:
+            self.defined.add(name)
+            self.code(*lines)
+
+    def print_gate_references(self, sub: int) -> None:
+        """Per row block of `sub` rows: G at its last row (b_Gend) and just before its first row
+        (b_Gstart, 0 for the first block), as [NB, BK]; b_G3 is b_G as [NB, SUB, BK]."""
+        self.once(
+            "b_G3",
+            f"# gate references per row block of {sub} rows: G just before the block (b_Gstart) and at",
+            "# its last row (b_Gend); a row only ever meets references at or before itself (causal)",
+            f"SUB: tl.constexpr = {sub}",
+            "NB: tl.constexpr = BC // SUB",
+            "o_b = tl.arange(0, NB)",
+            "o_r = tl.arange(0, SUB)",
+            "o_blk = o_c // SUB",
+            "b_G3 = tl.reshape(b_G, [NB, SUB, BK])",
+            "b_Gend = tl.sum(tl.where((o_r == SUB - 1)[None, :, None], b_G3, 0.0), axis=1)",
+            "b_Gstart = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + 1)[:, :, None], b_Gend[None, :, :], 0.0), axis=1)",
+        )
+
+    def print_gram_factored(self, lhs: str, out: str, keep: str, diagonal: str) -> None:
+        """Blocks below the diagonal: left factor lhs_i Gamma_i / Gamma_start(I) and right factor
+        k_j Gamma_end(J) / Gamma_j, both <= 1, bridged by the decay between the two references."""
+        c = self.code
+        # the factors are tensor-core operands: kept in the input dtype (bf16: half the registers)
+        self.once("b_kr", "# right factor k_j Gamma_end / Gamma_j of each column block (<= 1)",
+                  "b_kr = tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gend[:, None, :] - b_G3), [BC, BK]).to(b_k.dtype)")
+        left = f"b_{lhs}l"
+        self.once(left, f"# left factor {lhs}_i Gamma_i / Gamma_start of each row block (<= 1)",
+                  f"{left} = tl.reshape(tl.reshape(b_{lhs}, [NB, SUB, BK]) * tl.exp2(b_G3 - b_Gstart[:, None, :]), [BC, BK]).to(b_k.dtype)")
+        c(f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
+          "# row block I meets column block I - d through the decay between their references",
+          "for d in tl.static_range(1, NB):")
+        with c.indent():
+            c("b_from = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + d)[:, :, None], b_Gend[None, :, :], 0.0), axis=1)",
+              f"b_left = tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2(b_Gstart - b_from)[:, None, :], [BC, BK]).to(b_k.dtype)",
+              f"{out} += tl.where((o_blk[:, None] - o_blk[None, :]) == d, _mm(b_left, tl.trans(b_kr), DOT_BF16), 0.0)")
+        same = f"(o_blk[:, None] == o_blk[None, :]) & ({keep})"
+        if diagonal == "factored":
+            self.once("b_kd", "# diagonal blocks: the right factor referenced at the block's start (>= 1, bounded",
+                      "# by the gate's lower bound over SUB tokens)",
+                      "b_kd = tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gstart[:, None, :] - b_G3), [BC, BK]).to(b_k.dtype)")
+            c(f"{out} += tl.where({same}, _mm({left}, tl.trans(b_kd), DOT_BF16), 0.0)")
+            return
+        c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block",
+          "for r in range(0, SUB):")
+        with c.indent():
+            c("b_kj = tl.sum(tl.where((o_r == r)[None, :, None], tl.reshape(b_k, [NB, SUB, BK]).to(tl.float32), 0.0), axis=1)",
+              "b_Gj = tl.sum(tl.where((o_r == r)[None, :, None], b_G3, 0.0), axis=1)",
+              f"b_ratio = tl.exp2(tl.minimum(b_G3 - b_Gj[:, None, :], 0.0))",
+              f"b_col = tl.reshape(tl.sum(tl.reshape(b_{lhs}, [NB, SUB, BK]) * b_kj[:, None, :] * b_ratio, axis=2), [BC])",
+              f"{out} += tl.where({same} & ((o_c % SUB) == r)[None, :], b_col[:, None], 0.0)")
+
     def print_k3s_gram(self, op: k3s.GramOp) -> None:
         c = self.code
-        lhs, gate = f"b_{op.lhs.data}", op.gate.data
-        out = "b_A" if op.lhs.data == "k" else "b_P"
+        lhs, gate = op.lhs.data, op.gate.data
+        out = "b_A" if lhs == "k" else "b_P"
         keep = "o_c[:, None] > o_c[None, :]" if op.mask.data == "strict" else "o_c[:, None] >= o_c[None, :]"
         c.comment(op)
         if gate == "channel":
             sub = op.sub_chunk.value.data
-            if self.chunk_size % sub:
-                raise UnsupportedError(f"Triton backend: sub-chunk {sub} must divide the chunk size {self.chunk_size}")
-            c(f"# gate ratios per column block of {sub} rows, referenced at the block's first row:",
-              "# exponents <= 0 outside the block, and no reference after the row it serves (causal)",
-              f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
-              f"for i_b in tl.static_range(0, BC, {sub}):")
-            with c.indent():
-                c("b_ref = tl.sum(tl.where((o_c == i_b)[:, None], b_G, 0.0), axis=0)",
-                  f"b_left = tl.where((o_c >= i_b)[:, None], {lhs} * tl.exp2(b_G - b_ref[None, :]), 0.0)",
-                  f"b_in_block = (o_c >= i_b) & (o_c < i_b + {sub})",
-                  "b_right = tl.where(b_in_block[:, None], b_k * tl.exp2(b_ref[None, :] - b_G), 0.0)",
-                  f"{out} += _mm(b_left, tl.trans(b_right), DOT_BF16)")
+            if sub & (sub - 1) or self.chunk_size % sub:
+                raise UnsupportedError(f"Triton backend: sub-chunk {sub} must be a power of two dividing the chunk "
+                                       f"size {self.chunk_size}")
+            self.print_gate_references(sub)
+            self.print_gram_factored(lhs, out, keep, op.diagonal.data)
         elif gate == "scalar":
-            c(f"{out} = _mm({lhs}, tl.trans(b_k), DOT_BF16)",
+            c(f"{out} = _mm(b_{lhs}, tl.trans(b_k), DOT_BF16)",
               f"{out} = {out} * tl.exp2(tl.where({keep}, b_G[:, None] - b_G[None, :], 0.0))")
         else:
-            c(f"{out} = _mm({lhs}, tl.trans(b_k), DOT_BF16)")
+            c(f"{out} = _mm(b_{lhs}, tl.trans(b_k), DOT_BF16)")
         c(f"{out} = tl.where({keep}, {out}, 0.0)")
         if op.beta.value.data:
             c(f"{out} = {out} * b_beta[:, None]")
@@ -599,27 +705,26 @@ class TritonPrinter:
             raise UnsupportedError(f"Triton backend: forward-substitution block {sub} must be a power of two "
                                    f"dividing the chunk size {self.chunk_size}")
         c.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
-        c(f"# 1. the {sub} x {sub} diagonal blocks of I + A, inverted together: step r solves row r of every block",
-          f"SUB: tl.constexpr = {sub}",
-          "NB: tl.constexpr = BC // SUB",
-          "o_b = tl.arange(0, NB)",
-          "o_r = tl.arange(0, SUB)",
-          "b_same = (o_c[:, None] // SUB) == (o_c[None, :] // SUB)",
-          "b_A3 = tl.reshape(tl.where(b_same, b_A, 0.0), [NB, SUB, BC])",
-          "b_X = tl.zeros([NB, SUB, BC], dtype=tl.float32)",
-          "for r in range(0, SUB):")
+        c(f"# 1. the {sub} x {sub} diagonal blocks of I + A as [NB, SUB, SUB], inverted together: step r",
+          "#    solves row r of every block (A is strictly lower: unit diagonal)",
+          f"SUB_T: tl.constexpr = {sub}",
+          "NB_T: tl.constexpr = BC // SUB_T",
+          "o_bt = tl.arange(0, NB_T)",
+          "o_rt = tl.arange(0, SUB_T)",
+          "b_on_diagonal = (o_bt[:, None, None, None] == o_bt[None, None, :, None])",
+          "b_Ad = tl.sum(tl.where(b_on_diagonal, tl.reshape(b_A, [NB_T, SUB_T, NB_T, SUB_T]), 0.0), axis=2)",
+          "b_X = tl.zeros([NB_T, SUB_T, SUB_T], dtype=tl.float32)",
+          "for r in range(0, SUB_T):")
         with c.indent():
-            c("b_a = tl.sum(tl.where((o_r == r)[None, :, None], b_A3, 0.0), axis=1)",
-              "b_eye_r = tl.where(o_c[None, :] == o_b[:, None] * SUB + r, 1.0, 0.0)",
-              "b_diag = tl.sum(b_eye_r * b_a, axis=1)",
-              "b_a_blk = tl.sum(tl.where((o_b[:, None, None] == o_b[None, :, None]), tl.reshape(b_a, [NB, NB, SUB]), 0.0), axis=1)",
-              "b_row = (b_eye_r - tl.sum(b_a_blk[:, :, None] * b_X, axis=1)) / (1.0 + b_diag[:, None])",
-              "b_X = tl.where((o_r == r)[None, :, None], b_row[:, None, :], b_X)")
-        c("b_Dinv = tl.reshape(b_X, [BC, BC])",
+            c("b_a = tl.sum(tl.where((o_rt == r)[None, :, None], b_Ad, 0.0), axis=1)",
+              "b_row = tl.where(o_rt[None, :] == r, 1.0, 0.0) - tl.sum(b_a[:, :, None] * b_X, axis=1)",
+              "b_X = tl.where((o_rt == r)[None, :, None], b_row[:, None, :], b_X)")
+        c("b_Dinv = tl.reshape(tl.where(b_on_diagonal, b_X[:, :, None, :], 0.0), [BC, BC])",
           "# 2. M = Dinv N, N the blocks below the diagonal: M is nilpotent (M^NB = 0), so",
           "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors",
           "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
-          "b_M = _mm_accurate(b_Dinv, tl.where(b_same, 0.0, b_A), DOT_BF16)",
+          "b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
+          "b_M = _mm_accurate(b_Dinv, tl.where(b_below, b_A, 0.0), DOT_BF16)",
           "b_Linv = b_eye - b_M")
         power = 2
         while power < self.chunk_size // sub:
@@ -635,9 +740,33 @@ class TritonPrinter:
         else:
             self.code("b_U = _mm(b_T, b_v, DOT_BF16)")
 
-    SPILL_LAYOUT = {"W": ("K", "o_k", "m_k"), "U": ("V", "o_v", "m_v"), "P": ("BC", "o_c", None)}
+    def print_last_gate_row(self, gate: str) -> None:
+        """b_Glast: G at the chunk's last row (rows past the end add 0, so the last token's)."""
+        self.once("b_Glast", "b_Glast = tl.sum(tl.where((o_c == BC - 1)[:, None], b_G, 0.0), axis=0)" if gate == "channel"
+                  else "b_Glast = tl.sum(tl.where(o_c == BC - 1, b_G, 0.0))")
+
+    def print_k3s_gate_apply(self, op: k3s.GateApplyOp) -> None:
+        gate = op.gate.data
+        self.code.comment(op)
+        if op.operand.data == "q":
+            self.code(f"b_QG = b_q * {self.gamma(gate)}")
+            return
+        self.print_last_gate_row(gate)
+        self.code(f"b_KG = b_k * {self.gamma(gate, 'b_Glast[None, :] - b_G' if gate == 'channel' else 'b_Glast - b_G')}")
+
+    def print_k3s_chunk_decay(self, op: k3s.ChunkDecayOp) -> None:
+        self.code.comment(op)
+        self.print_last_gate_row(op.gate.data)
+        self.code("b_gamma_C = tl.exp2(b_Glast)")
+
+    SPILL_LAYOUT = {"W": ("K", "o_k", "m_k"), "U": ("V", "o_v", "m_v"), "P": ("BC", "o_c", None),
+                    "QG": ("K", "o_k", "m_k"), "KG": ("K", "o_k", "m_k")}
 
     def spill_address(self, value: str) -> tuple[str, str]:
+        if value == "gamma_C":  # one row per chunk, at slot start // BC + i_n (unique, see NC)
+            if len(self.view.dims("gamma_C")) == 3:  # a channel gate: [NC, HV, K]
+                return "gamma_C + ((start // BC + i_n) * HV + i_hv) * K + o_k", "m_k"
+            return "gamma_C + (start // BC + i_n) * HV + i_hv", ""
         width, offsets, mask = self.SPILL_LAYOUT[value]
         address = f"{value} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
         return address, "m_c[:, None]" + (f" & {mask}[None, :]" if mask else "")
@@ -707,13 +836,13 @@ class TritonPrinter:
         value = op.value.data
         address, mask = self.spill_address(value)
         self.code.comment(op)
-        self.code(f"tl.store({address}, b_{value}.to({value}.dtype.element_ty), mask={mask})")
+        self.code(f"tl.store({address}, b_{value}.to({value}.dtype.element_ty){f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
         value = op.value.data
         address, mask = self.spill_address(value)
         self.code.comment(op)
-        self.code(f"b_{value} = tl.load({address}, mask={mask}, other=0.0)")
+        self.code(f"b_{value} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 
     def print_k3s_delta_residual(self, op: k3s.DeltaResidualOp) -> None:
         self.code.comment(op, "Vr = U - W S")
@@ -721,8 +850,8 @@ class TritonPrinter:
 
     def print_k3s_chunk_output(self, op: k3s.ChunkOutputOp) -> None:
         values = "b_vr" if op.residual.value.data else "b_v"
-        queries = "b_q" if op.gate.data == "none" else f"b_q * {self.gamma(op.gate.data)}"
-        self.code.comment(op, "O = scale ((Gamma Q) S + P Vr)")
+        queries = "b_q" if op.gate.data == "none" else "b_QG"
+        self.code.comment(op, "O = scale (QG S + P Vr)")
         self.code(
             f"b_o = scale * (_mm({queries}, b_S, DOT_BF16) + _mm(b_P, {values}, DOT_BF16))",
             "tl.store(o + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty), "
@@ -730,22 +859,14 @@ class TritonPrinter:
         )
 
     def print_k3s_state_advance(self, op: k3s.StateAdvanceOp) -> None:
-        c = self.code
         values = "b_vr" if op.residual.value.data else "b_v"
-        c.comment(op, "S <- Diag(gamma_C) S + ((gamma_C / Gamma) K)^T Vr")
         gate = op.gate.data
+        self.code.comment(op, "S <- Diag(gamma_C) S + KG^T Vr")
         if gate == "none":
-            c(f"b_S = b_S + _mm(tl.trans(b_k), {values}, DOT_BF16)")
-            return
-        if gate == "channel":
-            c("b_last = tl.sum(tl.where((o_c == BC - 1)[:, None], b_G, 0.0), axis=0)",
-              "b_decay = tl.exp2(b_last)[:, None]",
-              "b_carried = b_k * tl.exp2(b_last[None, :] - b_G)")
+            self.code(f"b_S = b_S + _mm(tl.trans(b_k), {values}, DOT_BF16)")
         else:
-            c("b_last = tl.sum(tl.where(o_c == BC - 1, b_G, 0.0))",
-              "b_decay = tl.exp2(b_last)",
-              "b_carried = b_k * tl.exp2(b_last - b_G)[:, None]")
-        c(f"b_S = b_S * b_decay + _mm(tl.trans(b_carried), {values}, DOT_BF16)")
+            decay = "b_gamma_C[:, None]" if gate == "channel" else "b_gamma_C"
+            self.code(f"b_S = b_S * {decay} + _mm(tl.trans(b_KG), {values}, DOT_BF16)")
 
     # --- AttnRes stages ----------------------------------------------------------------------
 
@@ -790,5 +911,5 @@ class TritonPrinter:
         self.code("tl.store(out + i_r * D + o_d, (b_acc / b_sum).to(out.dtype.element_ty), mask=m_d)")
 
 
-def print_triton(module: ModuleOp, ir_text: str, title: str) -> str:
-    return TritonPrinter().print_module(module, ir_text, title)
+def print_triton(module: ModuleOp, ir_text: str, title: str, launch_tables: dict | None = None) -> str:
+    return TritonPrinter(launch_tables).print_module(module, ir_text, title)

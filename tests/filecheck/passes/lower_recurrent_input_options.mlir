@@ -75,18 +75,13 @@ builtin.module {
 // CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
 // CHUNK:         k3s.load_chunk <tensor = k, l2norm = true>
 // CHUNK:         k3s.load_beta <input = logits>
+// CHUNK:         k3s.load_chunk <tensor = q, l2norm = true>
 // CHUNK:         k3s.load_chunk <tensor = v>
-// CHUNK:         k3s.load_chunk <tensor = q, l2norm = true>
+// The scan reads the decayed queries and keys the prepare kernel spilled: no input loads.
 // CHUNK:         k3s.kernel @kda_chunk_scan
-// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
-// CHUNK-NOT:     input = log,
-// CHUNK:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
-// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
-// CHUNK:         k3s.load_chunk <tensor = q, l2norm = true>
-// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
-// CHUNK:         k3s.load_chunk <tensor = k, l2norm = true>
-// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
-// CHUNK-NOT:     k3s.load_chunk <tensor = v, l2norm
+// CHUNK-NOT:     k3s.load_chunk
+// CHUNK-NOT:     k3s.load_gate
+// CHUNK:         k3s.store_state
 
 // L2ONLY:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
 // L2ONLY-NEXT: k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = forbidden>

@@ -49,8 +49,10 @@ builtin.module {
 // CHUNK-NEXT:      k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0>
 // CHUNK-NEXT:      k3s.gate_cumsum <gate = scalar>
 // CHUNK:         k3s.kernel @gdn_chunk_scan
-// CHUNK:           k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0>
-// CHUNK-NEXT:      k3s.gate_cumsum <gate = scalar>
+// CHUNK-NOT:       k3s.load_gate
+// CHUNK:           k3s.reload <value = gamma_C>
+// CHUNK-NOT:       k3s.load_gate
+// CHUNK:         k3s.store_state
 
 // GLA:      k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = forbidden>
 // GLA:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>

@@ -43,7 +43,7 @@ builtin.module {
 // BOUNDPOS-NOT: {{.}}
 
 // GATEVALUE-NOT: {{\n}}
-// GATEVALUE: {{^}}k3c opt: error: <stdin>: k3.recurrence @r: gate_input must be one of log, softplus, bounded {{.*}}; got 'exp', 'logits'{{$}}
+// GATEVALUE: {{^}}k3c opt: error: <stdin>: k3.recurrence @r: gate_input must be one of log, clamped, softplus, bounded {{.*}}; got 'exp', 'logits'{{$}}
 // GATEVALUE-NOT: {{.}}
 
 // BETAVALUE-NOT: {{\n}}

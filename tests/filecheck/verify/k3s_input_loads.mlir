@@ -57,7 +57,7 @@ builtin.module {
 // CHUNKV-NOT: {{.}}
 
 // GATEINPUT-NOT: {{\n}}
-// GATEINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_gate: input must be one of log, softplus, bounded; got 'exp'{{$}}
+// GATEINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_gate: input must be one of log, clamped, softplus, bounded; got 'exp'{{$}}
 // GATEINPUT-NOT: {{.}}
 
 // GATENONE-NOT: {{\n}}
