@@ -1,4 +1,4 @@
-"""`k3c`: compile, inspect, transform, verify and prove k3 layers.
+"""`k3c`: compile, inspect, transform, verify, prove and tune k3 layers.
 
 Exit codes: 0 ok, 1 verification failed, 2 bad input (spec, IR, pipeline, arguments).
 Imports of xDSL, torch and triton are deferred to the subcommand that needs them.
@@ -28,12 +28,119 @@ def print_timings(timings: list[tuple[str, float]]) -> None:
         print(f"  {name:<24} {seconds * 1e3:8.1f} ms", file=sys.stderr)
 
 
+def parse_shape(text: str) -> tuple[int, int]:
+    try:
+        batch, tokens = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B,T (two integers), got {text!r}") from None
+    if batch < 1 or tokens < 1:
+        raise argparse.ArgumentTypeError(f"B and T must be positive, got {text!r}")
+    return batch, tokens
+
+
+def tune_progress(console):
+    """A rich progress bar for autotune.tune: configs tried and the best so far."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
+                   TimeElapsedColumn(), console=console, transient=True)
+    return bar
+
+
+def run_tune(spec, shape, dtype, args, console):
+    from k3compile.autotune import TuneCache, tune
+
+    with tune_progress(console) as bar:
+        task = bar.add_task(f"tuning {spec.name} B,T={shape[0]},{shape[1]} {dtype}", total=None, best="")
+
+        def progress(done, total, best):
+            bar.update(task, completed=done, total=total, best=best)
+
+        return tune(spec, shape, dtype, pipeline=args.pipeline, cache=TuneCache(args.cache_dir),
+                    retune=getattr(args, "retune", False), progress=progress)
+
+
+def print_tune_result(spec, shape, dtype, result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from k3compile.autotune import Bucket
+
+    key = result.record["key"]
+    where = f"{spec.name} B,T={shape[0]},{shape[1]} {dtype} (bucket {Bucket(key['heads_bucket'], key['tokens_bucket'])}) on {key['gpu']}"
+    cands = result.candidates
+    winner, default = result.winner, result.default
+    options = list(cands[0].options) if cands else []
+    table = Table(title=f"k3c tune {where}{' (cached)' if result.cached else ''}")
+    table.add_column("#", justify="right")
+    for option in options:
+        table.add_column(option, justify="right")
+    for column in ("status", "ms", "vs default"):
+        table.add_column(column, justify="right" if column != "status" else "left")
+    for c in cands:
+        status = c.status + (f": {c.detail}" if c.detail and c.status not in ("ok",) and not c.status.startswith("same") else "")
+        if winner is not None and c.index == winner.index:
+            status = "[bold green]winner[/]"
+        elif c.status in ("wrong", "unwritten", "error", "compile error"):
+            status = f"[red]{status}[/]"
+        speedup = (f"{default.ms / c.ms:.2f}x" if default is not None and default.status == "ok" and c.status == "ok" else "")
+        table.add_row(str(c.index), *(str(c.options[o]) for o in options), status,
+                      f"{c.ms:.3f}" if c.status == "ok" else "inf" if not c.status.startswith("same") else "", speedup)
+    Console(width=160).print(table)
+    if winner is None:
+        print(f"no candidate passed for {where}: compiles there use the heuristic default")
+    else:
+        versus = (f", {default.ms / winner.ms:.2f}x the default's {default.ms:.3f} ms" if default is not None
+                  and default.status == "ok" else ", the default failed")
+        print(f"winner: {winner.label}: {winner.ms:.3f} ms{versus}")
+    if result.cached:
+        print(f"from the cache: 0 s of tuning, nothing timed ({result.path})")
+    else:
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in result.record.get("phases", {}).items())
+        print(f"tuned in {result.seconds:.1f} s ({len(cands)} candidates, {result.timed} timed; {phases}); cached at {result.path}")
+    for message in result.messages:
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def cmd_tune(args) -> int:
+    from rich.console import Console
+
+    from k3compile.spec import load_spec
+
+    spec = load_spec(args.spec)
+    console = Console(stderr=True)
+    failed = 0
+    for shape in args.shape:
+        for dtype in args.dtype or ["bfloat16"]:
+            result = run_tune(spec, shape, dtype, args, console)
+            print_tune_result(spec, shape, dtype, result)
+            failed += result.winner is None
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def cmd_compile(args) -> int:
-    from k3compile.driver import lower, write_module
+    from k3compile.autotune import TuneCache, compile_tuned
+    from k3compile.driver import write_module
     from k3compile.spec import load_spec
 
     start = time.perf_counter()
-    compilation = lower(load_spec(args.spec), args.pipeline)
+    mode = "off" if args.no_autotune else "frozen" if args.frozen else "auto"
+
+    def tune_missing(spec, shape, dtype):
+        from rich.console import Console
+
+        result = run_tune(spec, shape, dtype, args, Console(stderr=True))
+        print_tune_result(spec, shape, dtype, result)
+        return result
+
+    compilation, plan = compile_tuned(load_spec(args.spec), args.pipeline, mode=mode, gpu=args.gpu, shapes=args.shape or (),
+                                      dtypes=args.dtype or ["bfloat16"], cache=TuneCache(args.cache_dir),
+                                      tune_missing=tune_missing)
+    for message in plan.messages:
+        print(f"k3c compile: note: {message}", file=sys.stderr)
+    if plan.records:
+        table = plan.launch_tables.get("chunk", {})
+        print(f"k3c compile: tuned configs for {len(table)} bucket(s) embedded ({plan.pipeline})", file=sys.stderr)
     path = write_module(compilation, Path(args.output))
     if args.timing:
         print("pass timings:", file=sys.stderr)
@@ -175,7 +282,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output directory (gets <name>.py)")
     p.add_argument("-p", "--pipeline", help="pass pipeline, e.g. 'lower-recurrent{block-v=64}' (default: the kind's)")
     p.add_argument("--timing", action="store_true", help="print how long each pass took")
+    tuning = p.add_mutually_exclusive_group()
+    tuning.add_argument("--no-autotune", action="store_true", help="the heuristic default schedule, ignoring the tuning cache")
+    tuning.add_argument("--frozen", action="store_true",
+                        help="use only cached tuning results; fail (exit 2) if one is missing (see --shape)")
+    p.add_argument("--shape", type=parse_shape, action="append", metavar="B,T",
+                   help="a shape the module must be tuned for (repeatable): tuned now on this GPU if not cached, "
+                        "an error with --frozen (default: embed every cached bucket of this GPU)")
+    p.add_argument("--dtype", action="append", choices=("bfloat16", "float16", "float32"),
+                   help="input dtype of --shape (repeatable; default bfloat16)")
+    p.add_argument("--gpu", help="embed the cached tuning of this GPU (name as torch reports it; default: this machine's)")
+    p.add_argument("--cache-dir", help="k3compile cache folder (default $K3C_CACHE_DIR, else $XDG_CACHE_HOME/k3compile "
+                                       "or ~/.cache/k3compile); tuning results live in its autotune/")
     p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("tune", help="autotune the chunk entry's schedule on this GPU for some shapes; fills the cache")
+    p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
+    p.add_argument("--shape", type=parse_shape, action="append", required=True, metavar="B,T",
+                   help="batch and tokens per sequence to tune for (repeatable; one bucket each, powers of two)")
+    p.add_argument("--dtype", action="append", choices=("bfloat16", "float16", "float32"),
+                   help="input dtype (repeatable; default bfloat16)")
+    p.add_argument("-p", "--pipeline", help="base pass pipeline (default: the kind's); options it sets are not searched")
+    p.add_argument("--cache-dir", help="k3compile cache folder (default $K3C_CACHE_DIR, else $XDG_CACHE_HOME/k3compile "
+                                       "or ~/.cache/k3compile); tuning results live in its autotune/")
+    p.add_argument("--retune", action="store_true", help="tune again even if the cache has the bucket")
+    p.set_defaults(run=cmd_tune)
 
     p = sub.add_parser("ir", help="print the IR of a layer spec (and after every pass)")
     p.add_argument("spec", help="layer spec (.toml)")

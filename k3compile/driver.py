@@ -46,8 +46,11 @@ def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool 
     return Compilation(spec, pipeline, layer_ir, module, "", run, timings + run.timings)
 
 
-def lower(spec: LayerSpec, pipeline: str | None = None) -> Compilation:
-    """Schedule a spec and print its Triton module."""
+def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | None = None,
+          note: str = "") -> Compilation:
+    """Schedule a spec and print its Triton module. launch_tables: entry -> tuned launch configs
+    per bucket, embedded in the module (k3compile.autotune; docs/autotuning.md); note: added
+    to the module's docstring."""
     from k3compile.backends.triton.printer import print_triton
 
     compilation = schedule(spec, pipeline)
@@ -59,7 +62,9 @@ def lower(spec: LayerSpec, pipeline: str | None = None) -> Compilation:
         )
     start = time.perf_counter()
     title = f"{spec.name}: compiled {spec.kind} layer (k3compile). Needs only torch and triton."
-    compilation.source = print_triton(compilation.scheduled, str(compilation.scheduled), title)
+    if note:
+        title += "\n\n" + note.strip()
+    compilation.source = print_triton(compilation.scheduled, str(compilation.scheduled), title, launch_tables)
     compilation.timings.append(("print-triton", time.perf_counter() - start))
     return compilation
 

@@ -120,6 +120,21 @@ def _checkpoints(every, chunk_size, offsets, dims, state_shape, device):
     return checkpoints, torch.tensor(first_slots, dtype=torch.int32, device=device)
 
 
+def _bucket(n):
+    """The power-of-two bucket of a size (k3c tune tunes per bucket): the smallest 2**k >= n."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _tuned_launch(table, kernel, dtype, dims, heads, default):
+    """The launch config of `kernel` for this call: the tuned one of its bucket (input dtype,
+    N*heads, tokens per sequence; see TUNED_* above the entry), else `default`."""
+    if not table:
+        return default
+    tokens = dims["B"] * dims["T"] // max(dims["N"], 1)
+    tuned = table.get((str(dtype).removeprefix("torch."), _bucket(dims["N"] * heads), _bucket(tokens)))
+    return {**default, **tuned[kernel]} if tuned and kernel in tuned else default
+
+
 def _check_none(name, x, why):
     if x is not None:
         raise ValueError(f"{name}: must be None ({why})")

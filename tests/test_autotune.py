@@ -1,0 +1,331 @@
+"""The autotuner (k3compile.autotune, `k3c tune`, `k3c compile --frozen/--no-autotune`) on the CPU.
+
+The search runs for real in Triton's interpreter (compile, NaN-poisoned check against the float64
+reference, the all-written check at the target shape); only the timer and the GPU name are fakes.
+Tiny layers and search spaces keep it fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import one_line, recurrence_inputs, recurrence_table, run_cli, RecurrenceShape
+from k3compile import autotune
+from k3compile.autotune import Bucket, Choice, TuneCache
+
+GPU = "Fake GPU 80GB"
+# V = 32: block-v 32 and 16 are different launches of the scan kernel
+TABLE = recurrence_table("kda", H=1, K=16, V=32, name="tuned")
+SPACE = (
+    Choice("derive-chunkwise", "chunk-size", (64, 32), launch_only=False),
+    Choice("fuse-chunkwise", "num-warps", (8, 4), launch_only=True),
+    Choice("fuse-chunkwise", "block-v", (32, 16), launch_only=True),
+)
+SMALL_SPACE = SPACE[1:]  # one chunk size: one module
+CHECK = (1, 40)
+SHAPE = (1, 48)  # bucket N*HV<=1, T<=64
+
+
+def write_spec(path: Path, table: dict = TABLE) -> Path:
+    lines = ["[layer]"] + [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def spec_of(table: dict = TABLE):
+    from k3compile.spec import spec_from_table
+
+    return spec_from_table(dict(table), source=f"<test {table['name']}>")
+
+
+class FakeTimer:
+    """ms by candidate options; counts its calls (it never runs the candidate)."""
+
+    def __init__(self, fastest: dict | None = None) -> None:
+        self.calls = 0
+        self.fastest = fastest or {"num-warps": 4, "block-v": 16}
+
+    def __call__(self, fn, candidate) -> float:
+        self.calls += 1
+        matches = sum(candidate.options.get(k) == v for k, v in self.fastest.items())
+        return 1.0 - 0.2 * matches + 0.01 * 64 / candidate.options.get("chunk-size", 64)  # C64 a bit faster
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One real tune (interpreter, fake timer) into a fresh cache, shared by the tests below."""
+    cache = TuneCache(tmp_path_factory.mktemp("k3c-cache"))
+    timer = FakeTimer()
+    result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=timer, cache=cache, space=SPACE,
+                           check_shape=CHECK)
+    return cache, result, timer
+
+
+# --- the search space and buckets -----------------------------------------------------------
+
+
+def test_search_space_starts_at_the_pass_defaults():
+    """The first value of every choice is the pass's default: the heuristic default is always
+    a candidate (index 0), and --no-autotune compiles exactly it."""
+    from k3compile.passes import PASSES
+
+    for choice in autotune.SEARCH_SPACE:
+        pass_type = PASSES[choice.pass_name]()
+        field = choice.option.replace("-", "_")
+        assert getattr(pass_type, field) == choice.values[0], choice
+    options = [c.option for c in autotune.SEARCH_SPACE]
+    assert len(options) == len(set(options))
+    first = autotune.candidates("lower-recurrent,derive-chunkwise,fuse-chunkwise")[0]
+    assert first.options == {c.option: c.values[0] for c in autotune.SEARCH_SPACE}
+
+
+def test_candidates_keep_options_the_pipeline_sets():
+    found = autotune.candidates("lower-recurrent,derive-chunkwise{chunk-size=32},fuse-chunkwise{num-warps=4}")
+    sizes = [len(c.values) for c in autotune.SEARCH_SPACE if c.option not in ("chunk-size", "num-warps")]
+    assert len(found) == math.prod(sizes)
+    assert {c.options["chunk-size"] for c in found} == {32}
+    assert {c.options["num-warps"] for c in found} == {4}
+    assert all("derive-chunkwise{chunk-size=32}" in c.pipeline for c in found)
+    assert autotune.candidates("lower-recurrent") == []
+    assert [name for name, _ in autotune.split_pipeline(found[0].pipeline)] == ["lower-recurrent", "derive-chunkwise", "fuse-chunkwise"]
+
+
+def test_buckets_are_powers_of_two_and_match_the_module(compile_layer):
+    assert [autotune.bucket(n) for n in (1, 2, 3, 4, 5, 4096, 4097)] == [1, 2, 4, 4, 8, 4096, 8192]
+    assert Bucket.of(1, 3000, 96) == Bucket.of(1, 4096, 96) == Bucket(128, 4096)
+    assert Bucket.of(3, 100, 2) == Bucket.of(4, 128, 2) != Bucket.of(5, 128, 2)
+    module = compile_layer(**recurrence_table("kda", H=1, K=8, V=8, name="bucket")).module
+    assert all(module._bucket(n) == autotune.bucket(n) for n in range(0, 5000, 7))
+
+
+def test_cache_key_changes_with_schedule_bucket_dtype_gpu_versions(monkeypatch):
+    spec = spec_of()
+    base = autotune.key_for(spec, None, (2, 3000), "bfloat16", GPU)
+    digest = autotune.key_digest
+    same = [
+        autotune.key_for(spec, None, (2, 4096), "bfloat16", GPU),  # T inside the bucket
+        autotune.key_for(spec, None, (2, 2049), "bfloat16", GPU),
+    ]
+    assert all(digest(k) == digest(base) for k in same)
+    other_spec = spec_of(recurrence_table("kda", H=1, K=16, V=64, name="tuned"))
+    changed = {
+        "layer IR": autotune.key_for(other_spec, None, (2, 3000), "bfloat16", GPU),
+        "pipeline": autotune.key_for(spec, "lower-recurrent,derive-chunkwise,fuse-chunkwise", (2, 3000), "bfloat16", GPU),
+        "tokens bucket": autotune.key_for(spec, None, (2, 4097), "bfloat16", GPU),
+        "heads bucket": autotune.key_for(spec, None, (3, 3000), "bfloat16", GPU),
+        "dtype": autotune.key_for(spec, None, (2, 3000), "float32", GPU),
+        "GPU": autotune.key_for(spec, None, (2, 3000), "bfloat16", "NVIDIA H200"),
+    }
+    monkeypatch.setattr(autotune, "triton_version", lambda: "99.0.0")
+    changed["triton"] = autotune.key_for(spec, None, (2, 3000), "bfloat16", GPU)
+    monkeypatch.undo()
+    monkeypatch.setattr(autotune, "k3compile_version", lambda: "9.9.9+src.0")
+    changed["k3compile"] = autotune.key_for(spec, None, (2, 3000), "bfloat16", GPU)
+    for what, key in changed.items():
+        assert digest(key) != digest(base), what
+    assert len({digest(k) for k in changed.values()}) == len(changed)
+
+
+def test_cache_writes_are_atomic_and_unreadable_records_are_misses(tmp_path):
+    cache = TuneCache(tmp_path)
+    key = autotune.key_for(spec_of(), None, SHAPE, "float32", GPU)
+    path = cache.put({"key": key, "candidates": [], "winner": None})
+    assert cache.get(key)["winner"] is None
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+    path.write_text("{ half a rec")
+    assert cache.get(key) is None
+
+
+def test_cache_root_from_env_and_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("K3C_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert autotune.cache_root() == tmp_path / "xdg" / "k3compile"
+    monkeypatch.setenv("K3C_CACHE_DIR", str(tmp_path / "env"))
+    assert TuneCache().root == tmp_path / "env" / "autotune"
+    assert TuneCache(tmp_path / "flag").root == tmp_path / "flag" / "autotune"
+
+
+# --- tuning ---------------------------------------------------------------------------------
+
+
+def test_tune_checks_times_and_picks_the_fastest(tuned):
+    cache, result, timer = tuned
+    assert not result.cached and result.timed == timer.calls > 0
+    cands = result.candidates
+    assert len(cands) == 8 and cands[0].options == {"chunk-size": 64, "num-warps": 8, "block-v": 32}
+    assert all(c.status == "ok" for c in cands), [(c.label, c.status, c.detail) for c in cands]
+    assert result.winner.options == {"chunk-size": 64, "num-warps": 4, "block-v": 16}
+    assert result.winner.launch["tuned_chunk_scan"] == {"BV": 16, "num_warps": 4, "num_stages": 2}
+    # chunk size changes kernel code, num-warps and block-v do not (launch-only, as declared)
+    hashes = {c.options["chunk-size"]: c.code_hash for c in cands}
+    assert all(c.code_hash == hashes[c.options["chunk-size"]] for c in cands) and len(set(hashes.values())) == 2
+    assert result.path.is_file() and json.loads(result.path.read_text())["winner"] == result.winner.index
+
+
+def test_second_tune_hits_the_cache_without_timing_or_compiling(tuned, monkeypatch):
+    cache, first, _ = tuned
+    timer = FakeTimer()
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a cached tune compiled something")
+
+    monkeypatch.setattr("k3compile.driver.lower", no_compiling)
+    again = autotune.tune(spec_of(), (1, 33), "float32", gpu=GPU, timer=timer, cache=cache, space=SPACE,
+                          check_shape=CHECK)  # another T in the same bucket
+    assert again.cached and again.timed == 0 and timer.calls == 0
+    assert again.winner.options == first.winner.options
+
+
+def test_a_wrong_candidate_can_never_win(tmp_path, monkeypatch):
+    """Candidates made to return garbage, leave outputs unwritten (NaN) or fail to launch are
+    timed fastest by the fake timer, yet score infinity and are reported."""
+    real = autotune.run_entry
+    sabotage = {(4, 16): "garbage", (4, 32): "unwritten", (8, 16): "raise"}
+
+    def run_entry(module, inputs, candidate, entry_name="chunk"):
+        o, state = real(module, inputs, candidate, entry_name)
+        what = sabotage.get((candidate.options["num-warps"], candidate.options["block-v"]))
+        if what == "garbage":
+            o = o + 0.1 * torch.randn_like(o)
+        elif what == "unwritten":
+            o = o.clone()
+            o[:, -1] = float("nan")
+        elif what == "raise":
+            raise RuntimeError("out of resource: shared memory, Required: 300000, Hardware limit: 232448")
+        return o, state
+
+    monkeypatch.setattr(autotune, "run_entry", run_entry)
+    timer = FakeTimer({"num-warps": 4})
+    result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=timer, cache=TuneCache(tmp_path),
+                           space=SMALL_SPACE, check_shape=CHECK)
+    status = {(c.options["num-warps"], c.options["block-v"]): c for c in result.candidates}
+    assert status[(4, 16)].status == "wrong" and "RMS ratio" in status[(4, 16)].detail
+    assert status[(4, 32)].status == "wrong" and "NaN" in status[(4, 32)].detail
+    assert status[(8, 16)].status == "error" and "out of resource" in status[(8, 16)].detail
+    assert all(math.isinf(status[k].ms) for k in sabotage)
+    assert result.winner.options == {"num-warps": 8, "block-v": 32}
+    assert timer.calls == 1  # only the candidate that passed was timed
+
+
+def test_candidates_that_do_not_compile_score_infinity(tmp_path):
+    space = (Choice("fuse-chunkwise", "num-warps", (8, 3), launch_only=True),)  # 3 warps: rejected by the pass
+    result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=FakeTimer(), cache=TuneCache(tmp_path),
+                           space=space, check_shape=CHECK)
+    bad = result.candidates[1]
+    assert bad.status == "compile error" and math.isinf(bad.ms) and "num-warps" in bad.detail
+    assert result.winner.index == 0
+
+
+def test_tune_refuses_without_a_gpu_or_a_chunk_entry(monkeypatch, tmp_path):
+    monkeypatch.setattr(autotune, "gpu_name", lambda: None)
+    with pytest.raises(autotune.TuningError, match="no CUDA GPU"):
+        autotune.tune(spec_of(), SHAPE, "float32", cache=TuneCache(tmp_path))
+    with pytest.raises(autotune.TuningError, match="none of the tuned passes"):
+        autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, pipeline="lower-recurrent", cache=TuneCache(tmp_path))
+
+
+# --- compiling with the tuned configs ---------------------------------------------------------
+
+
+class LaunchRecorder:
+    """Stands in for a kernel of a generated module: records the launch, then runs it."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.launches: list[dict] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append({"grid": grid, **{k: kwargs[k] for k in ("BV", "num_warps", "num_stages") if k in kwargs}})
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_compiled_module_embeds_and_uses_the_tuned_launch(tuned, capsys, tmp_path, monkeypatch):
+    from k3compile.driver import load_module
+    from k3compile.frontend import spec_to_module
+    from k3compile.ir import reference
+
+    cache, result, _ = tuned
+    spec_path = write_spec(tmp_path / "tuned.toml")
+    code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "out", "--frozen", "--gpu", GPU,
+                             "--cache-dir", cache.root.parent)
+    assert code == 0, err
+    source = Path(out.strip()).read_text()
+    assert "TUNED_CHUNK = {" in source and f"Autotuned (k3c tune) on '{GPU}'" in source
+    assert "('float32', 1, 64): {" in source and "'num_warps': 4" in source
+    module = load_module(Path(out.strip()), "tuned_embedded")
+    assert module.TUNED_CHUNK[("float32", 1, 64)]["tuned_chunk_scan"] == {"BV": 16, "num_stages": 2, "num_warps": 4}
+    scan = LaunchRecorder(module.tuned_chunk_scan_kernel)
+    monkeypatch.setattr(module, "tuned_chunk_scan_kernel", scan)
+    op = next(iter(spec_to_module(spec_of()).ops))
+    for T, expected in ((37, {"BV": 16, "num_warps": 4, "num_stages": 2}),  # the tuned bucket (T <= 64)
+                        (70, {"BV": 32, "num_warps": 8, "num_stages": 2})):  # not tuned: the heuristic default
+        inputs = recurrence_inputs("kda", "kv", RecurrenceShape(1, T, 1, 1, 16, 32))
+        o, state = module.chunk(**inputs, output_final_state=True)
+        launch = scan.launches[-1]
+        assert {k: launch[k] for k in expected} == expected, (T, launch)
+        assert launch["grid"][0] == 32 // expected["BV"]
+        ref_o, ref_state = reference.recurrence(op, **inputs, output_final_state=True)
+        from conftest import assert_rms
+
+        assert_rms(o, ref_o, f"o (T={T})", 1e-4)
+        assert_rms(state, ref_state, f"state (T={T})", 1e-4)
+
+
+def test_no_autotune_is_the_untuned_module(tuned, capsys, tmp_path):
+    cache, _, _ = tuned
+    spec_path = write_spec(tmp_path / "tuned.toml")
+    code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "a", "--no-autotune", "--gpu", GPU,
+                             "--cache-dir", cache.root.parent)
+    assert code == 0 and err == ""
+    plain = Path(out.strip()).read_text()
+    code, out, _ = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "b")
+    assert "TUNED_CHUNK" not in plain and Path(out.strip()).read_text() == plain
+
+
+def test_frozen_fails_in_one_line_naming_what_is_missing(capsys, tmp_path):
+    spec_path = write_spec(tmp_path / "tuned.toml")
+    empty = tmp_path / "empty-cache"
+    code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "out", "--frozen", "--gpu", GPU,
+                             "--cache-dir", empty, "--shape", "2,5000", "--dtype", "float32")
+    assert code == 2 and out == "" and one_line(err), err
+    for word in ("frozen", "tuned", str(spec_path), "N*HV<=2 T<=8192", "float32", f"GPU '{GPU}'", "k3c tune"):
+        assert word in err, (word, err)
+    code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "out", "--frozen", "--gpu", GPU,
+                             "--cache-dir", empty)
+    assert code == 2 and one_line(err) and "any bucket" in err and GPU in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_frozen_without_a_gpu_fails_cleanly(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(autotune, "gpu_name", lambda: None)
+    code, out, err = run_cli(capsys, "compile", write_spec(tmp_path / "tuned.toml"), "-o", tmp_path / "out", "--frozen",
+                             "--cache-dir", tmp_path / "c")
+    assert code == 2 and one_line(err) and "no GPU" in err
+
+
+def test_cli_tune_prints_the_table_then_hits_the_cache(capsys, tmp_path, monkeypatch):
+    timer = FakeTimer({"num-warps": 4})
+    monkeypatch.setattr(autotune, "gpu_name", lambda: GPU)
+    monkeypatch.setattr(autotune, "time_candidate", timer)
+    monkeypatch.setattr(autotune, "SEARCH_SPACE", SMALL_SPACE)
+    monkeypatch.setattr(autotune, "DEFAULT_CHECK_SHAPE", CHECK)
+    spec_path = write_spec(tmp_path / "tuned.toml")
+    args = ("tune", spec_path, "--shape", "1,48", "--dtype", "float32", "--cache-dir", tmp_path / "cache")
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    assert "k3c tune tuned B,T=1,48 float32" in out and "num-warps" in out and "block-v" in out
+    assert "winner: num-warps=4" in out and "tuned in" in out and timer.calls == 4
+    code, out, err = run_cli(capsys, *args[:3], "1,64", *args[4:])
+    assert code == 0 and "(cached)" in out and "0 s of tuning, nothing timed" in out and timer.calls == 4
+    # a compile on this "GPU" now embeds the winner without being told the shape
+    code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "out", "--cache-dir", tmp_path / "cache")
+    assert code == 0 and "tuned configs for 1 bucket(s)" in err
+    assert "'num_warps': 4" in Path(out.strip()).read_text()
