@@ -8,6 +8,10 @@
 #   chunk      prefill timing of the chunk entry vs fla's chunk_kda / chunk_gated_delta_rule / chunk_gla
 #   profile    per-kernel GPU time of the chunk entry at B1 T8192 H96
 #   sweep      the chunk entry under several pipelines (schedule choices), checked and timed
+#   tune       k3c tune of every bench spec at its chunk_gpu.py shape, bf16: cold (fresh tuning and
+#              Triton caches), a second shape of each spec (new bucket, Triton cache warm), then all
+#              again from the cache (0 s); seconds per shape in $OUT/tune_times.txt. Exports
+#              K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
 # Run from the repo root with OUT set.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -41,6 +45,28 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       python3 bench/chunk_profile.py --module bench/generated/kda_h96.py 2>&1 | tee "$OUT/profile.txt" ;;
     sweep)
       python3 -P bench/chunk_sweep.py --spec bench/specs/kda_h96.toml --out "$OUT" ${SWEEP_ARGS:-} ;;
+    tune)
+      rm -rf /tmp/k3c-tune-cache /tmp/k3c-tune-triton
+      export K3C_CACHE_DIR=/tmp/k3c-tune-cache
+      # name:B,T of every case of bench/chunk_gpu.py, and a second shape (T/2: another bucket)
+      cases=$(python3 -c 'import sys; sys.path.insert(0, "bench"); from chunk_gpu import CASES; print(" ".join("%s:%d,%d:%d,%d" % (n, c["B"], c["T"], c["B"], c["T"] // 2) for n, c in CASES.items()))')
+      for round in cold second cached; do
+        for case in $cases; do
+          IFS=: read -r name shape second <<< "$case"
+          [ "$round" = second ] && shape=$second
+          start=$(date +%s.%N)
+          TRITON_CACHE_DIR=/tmp/k3c-tune-triton $K3C tune "bench/specs/$name.toml" --shape "$shape" --dtype bfloat16 \
+            2>&1 | tee -a "$OUT/tune.txt" | grep -E "^(winner|tuned in|from the cache|no candidate)"
+          wall=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
+          tuned=$(grep -E "^(tuned in|from the cache)" "$OUT/tune.txt" | tail -1)
+          echo "$round $name B,T=$shape: ${wall} s wall (process start included) | $tuned" | tee -a "$OUT/tune_times.txt"
+        done
+      done
+      for case in $cases; do  # the modules embed the winners; --frozen: nothing may be missing
+        IFS=: read -r name shape second <<< "$case"
+        $K3C compile "bench/specs/$name.toml" -o "$OUT/tuned_modules" --frozen --shape "$shape" --shape "$second" \
+          2>&1 | tee -a "$OUT/tune.txt"
+      done ;;
     chunk)
       for spec in bench/specs/*.toml; do $K3C compile "$spec" -o bench/generated --timing; done
       python3 bench/chunk_gpu.py --out "$OUT" ${CHUNK_ARGS:-} ;;
