@@ -11,6 +11,8 @@ Each pass is one idea, named for what it derives:
 - lower-speculative: that schedule -> a `verify` entry (outputs + cache), a `commit` entry
   (replay of the accepted tokens into the pool) and a `spec_step` entry (both in one launch:
   the previous round's commit, then the next round's verify).
+- derive-segment-scan: k3.recurrence -> its segment-scan schedule (context parallelism: segment
+  summaries (M, N), their associative combine, each segment finished chunkwise), proved.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _WHERE = {
     "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
     "derive-replay": ("derive_replay", "DeriveReplayPass"),
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
+    "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),
 }
 
 
