@@ -253,19 +253,22 @@ def cmd_prove(args) -> int:
     from rich.table import Table
 
     from k3compile.errors import UnsupportedError
-    from k3compile.prove import prove_chunkwise, prove_replay
+    from k3compile.prove import prove_chunkwise, prove_replay, prove_segment_scan
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
     if not spec.is_recurrence:
         raise UnsupportedError(f"{args.spec}: kind '{spec.kind}' has no derived schedule to prove")
-    results = [r for size in args.chunk_size or [3, 16, 32, 64] for r in prove_chunkwise(spec, size, seed=args.seed)]
+    sizes = args.chunk_size or [3, 16, 32, 64]
+    results = [r for size in sizes for r in prove_chunkwise(spec, size, seed=args.seed)]
     results += prove_replay(spec, args.draft_tokens, seed=args.seed)
+    results += prove_segment_scan(spec, min(sizes), seed=args.seed)
     table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence, exact rationals (K=2, V=3)")
     for column in ("schedule", "T", "outputs", "final state", "result"):
         table.add_column(column)
     for r in results:
-        table.add_row(r.schedule, str(r.length), "equal" if r.outputs_equal else "DIFFER",
+        table.add_row(r.schedule, "-" if r.length is None else str(r.length),
+                      {None: "-", True: "equal", False: "DIFFER"}[r.outputs_equal],
                       "equal" if r.state_equal else "DIFFER", "proved" if r.holds else f"[bold red]FAILED[/] {r.first_mismatch}")
     Console(width=140).print(table)
     failed = sum(not r.holds for r in results)
@@ -331,9 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.set_defaults(run=cmd_verify)
 
-    p = sub.add_parser("prove", help="prove the derived chunkwise and replay schedules equal to the token recurrence (sympy)")
+    p = sub.add_parser("prove", help="prove the derived chunkwise, replay and segment-scan schedules equal to the "
+                                     "token recurrence (sympy)")
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
-    p.add_argument("--chunk-size", type=int, action="append", help="chunk size (repeatable; default 3, 16, 32, 64)")
+    p.add_argument("--chunk-size", type=int, action="append",
+                   help="chunk size (repeatable; default 3, 16, 32, 64; the segment-scan proof uses the smallest)")
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens of the speculative verify/replay proof (default 4)")
     p.add_argument("--seed", type=int, help="seed for the random rationals (default: fresh each run)")
     p.set_defaults(run=cmd_prove)

@@ -141,6 +141,26 @@ def recurrence_inputs(kind: str, layout: str, shape: RecurrenceShape, initial_st
     return inputs
 
 
+def as_tensor(matrix) -> torch.Tensor:
+    """A sympy matrix of rationals as a float64 tensor."""
+    return torch.tensor([[float(matrix[i, j]) for j in range(matrix.cols)] for i in range(matrix.rows)],
+                        dtype=torch.float64)
+
+
+def exact_as_torch(x, gate: str, delta_rule: bool) -> dict:
+    """ir/exact.py's rational inputs of one head (decays as factors) as float64 tensors in fla's
+    layouts, B = H = 1: q, k, v, the log-decay g (None without a gate), beta (None without the
+    delta rule) and S0 [K, V]."""
+    decays = as_tensor(x.a)
+    return {
+        **{name: as_tensor(getattr(x, name))[None, :, None, :] for name in ("q", "k", "v")},
+        "g": {"channel": torch.log(decays)[None, :, None, :], "scalar": torch.log(decays[:, 0])[None, :, None],
+              "none": None}[gate],
+        "beta": torch.tensor([float(b) for b in x.beta], dtype=torch.float64)[None, :, None] if delta_rule else None,
+        "S0": as_tensor(x.S0),
+    }
+
+
 # --- comparisons ---------------------------------------------------------------------------
 
 
