@@ -329,3 +329,71 @@ def test_cli_tune_prints_the_table_then_hits_the_cache(capsys, tmp_path, monkeyp
     code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "out", "--cache-dir", tmp_path / "cache")
     assert code == 0 and "tuned configs for 1 bucket(s)" in err
     assert "'num_warps': 4" in Path(out.strip()).read_text()
+
+
+@pytest.mark.parametrize("kind", ["kda", "gated_deltanet", "deltanet", "gla"])
+def test_launch_only_choices_do_not_change_kernel_code(kind):
+    """What SEARCH_SPACE declares launch-only must leave the @triton.jit code alone: one module
+    then serves all its values. (Code choices get a module each even where the @triton.jit code
+    happens to be equal, as for gla's chunk sizes: the host code differs.)"""
+    from k3compile.driver import lower
+
+    spec = spec_of(recurrence_table(kind, H=2, K=16, V=48, name=f"space_{kind}"))
+    hashes: dict[tuple, set] = {}
+    for cand in autotune.candidates(autotune.base_pipeline(spec, None)):
+        source = lower(spec, cand.pipeline, launch_tables={"chunk": {}}).source
+        hashes.setdefault(tuple(sorted(cand.code_options.items())), set()).add(autotune.kernel_code_hash(source))
+    assert len(hashes) == 2 and all(len(h) == 1 for h in hashes.values()), hashes
+
+
+def synthetic_record(spec, shape, ms_of, gpu=GPU):
+    """A cache record as tune writes it, with made-up times: ms_of(candidate) -> ms or None (failed)."""
+    from k3compile.driver import lower
+
+    cands = autotune.candidates(autotune.base_pipeline(spec, None), SPACE)
+    for c in cands:
+        compilation = lower(spec, c.pipeline, launch_tables={"chunk": {}})
+        c.code_hash, c.launch = autotune.kernel_code_hash(compilation.source), autotune.launch_configs(compilation)
+        ms = ms_of(c)
+        c.status, c.ms = ("ok", ms) if ms is not None else ("wrong", math.inf)
+    ok = [c for c in cands if c.status == "ok"]
+    return {"key": autotune.key_for(spec, None, shape, "float32", gpu), "pipeline": autotune.base_pipeline(spec, None),
+            "space": [{"pass": c.pass_name, "option": c.option, "values": list(c.values), "launch_only": c.launch_only}
+                      for c in SPACE],
+            "candidates": [c.to_json() for c in cands], "default": 0,
+            "winner": min(ok, key=lambda c: c.ms).index if ok else None}
+
+
+def test_module_takes_one_chunk_size_and_the_launch_winners_of_its_code(tmp_path):
+    """Bucket A: C32 wins by 10%; bucket B: C64 wins by 2x. The module takes C64 (least
+    geometric-mean slowdown) and, in bucket A, the best launch among the C64 candidates."""
+    spec = spec_of()
+    cache = TuneCache(tmp_path)
+
+    def bucket_a(c):
+        return (0.9 if c.options["chunk-size"] == 32 else 1.0) - 0.1 * (c.options["num-warps"] == 4)
+
+    def bucket_b(c):
+        return (2.0 if c.options["chunk-size"] == 32 else 1.0) - 0.1 * (c.options["block-v"] == 16)
+
+    cache.put(synthetic_record(spec, (1, 1000), bucket_a))
+    cache.put(synthetic_record(spec, (4, 100), bucket_b))
+    cache.put(synthetic_record(spec, (1, 1000), bucket_b, gpu="Another GPU"))  # not this GPU: ignored
+    compilation, plan = autotune.compile_tuned(spec, gpu=GPU, cache=cache)
+    assert "chunk-size=64" in plan.pipeline and not plan.messages
+    table = plan.launch_tables["chunk"]
+    assert table[("float32", 1, 1024)]["tuned_chunk_scan"] == {"BV": 32, "num_warps": 4, "num_stages": 2}
+    assert table[("float32", 4, 128)]["tuned_chunk_scan"] == {"BV": 16, "num_warps": 8, "num_stages": 2}
+    assert "chunk-size=64" in compilation.source and "TUNED_CHUNK = {" in compilation.source
+    # asking for one bucket embeds only that one
+    _, plan = autotune.compile_tuned(spec, gpu=GPU, cache=cache, shapes=[(1, 600)], dtypes=["float32"])
+    assert list(plan.launch_tables["chunk"]) == [("float32", 1, 1024)]
+    # a bucket where nothing passed: not in the table, said so
+    cache.put(synthetic_record(spec, (1, 5000), lambda c: None))
+    _, plan = autotune.compile_tuned(spec, gpu=GPU, cache=cache)
+    assert ("float32", 1, 8192) not in plan.launch_tables["chunk"] and "chunk-size=64" in plan.pipeline
+    assert any("heuristic default there" in m and "T<=8192" in m for m in plan.messages)
+    # a bucket where only C32 passes: C64 would be wrong there, so the module takes C32
+    cache.put(synthetic_record(spec, (2, 5000), lambda c: 1.0 if c.options["chunk-size"] == 32 else None))
+    _, plan = autotune.compile_tuned(spec, gpu=GPU, cache=cache)
+    assert "chunk-size=32" in plan.pipeline and len(plan.launch_tables["chunk"]) == 3
