@@ -417,10 +417,11 @@ def short(err: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def precompile(module, entry_name: str, group: list[Candidate], input_sets: list[dict], jobs: int) -> None:
-    """Compile the kernels of every candidate of a module in parallel threads (Triton's
-    AsyncCompileMode; LLVM and ptxas run without the GIL): the launches are replaced by warmups,
-    so nothing runs. Errors are left for the real run to report. GPU only."""
+def precompile(modules: list[tuple[object, list[Candidate]]], entry_name: str, input_sets: list[dict],
+               jobs: int) -> None:
+    """Compile the kernels of every candidate of every (module, its candidates) in parallel
+    threads (Triton's AsyncCompileMode; LLVM and ptxas run without the GIL): the launches are
+    replaced by warmups, so nothing runs. Errors are left for the real runs to report. GPU only."""
     from concurrent.futures import ThreadPoolExecutor
 
     import triton
@@ -432,23 +433,27 @@ def precompile(module, entry_name: str, group: list[Candidate], input_sets: list
         def __getitem__(self, grid):
             return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
 
-    kernels = {name: obj for name, obj in vars(module).items() if name.endswith("_kernel") and hasattr(obj, "warmup")}
-    poison = module.POISON_OUTPUTS
+    saved = [(module, module.POISON_OUTPUTS,
+              {name: obj for name, obj in vars(module).items() if name.endswith("_kernel") and hasattr(obj, "warmup")})
+             for module, _ in modules]
     try:
-        module.POISON_OUTPUTS = False
-        for name, kernel in kernels.items():
-            setattr(module, name, WarmupOnly(kernel))
+        for module, _, kernels in saved:
+            module.POISON_OUTPUTS = False
+            for name, kernel in kernels.items():
+                setattr(module, name, WarmupOnly(kernel))
         with ThreadPoolExecutor(jobs) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
-            for candidate in group:
-                for inputs in input_sets:
-                    try:
-                        run_entry(module, inputs, candidate, entry_name)
-                    except Exception:  # noqa: BLE001 - reported by the real run
-                        pass
+            for module, group in modules:
+                for candidate in group:
+                    for inputs in input_sets:
+                        try:
+                            run_entry(module, inputs, candidate, entry_name)
+                        except Exception:  # noqa: BLE001 - reported by the real run
+                            pass
     finally:
-        for name, kernel in kernels.items():
-            setattr(module, name, kernel)
-        module.POISON_OUTPUTS = poison
+        for module, poison, kernels in saved:
+            for name, kernel in kernels.items():
+                setattr(module, name, kernel)
+            module.POISON_OUTPUTS = poison
 
 
 @dataclass
@@ -591,19 +596,21 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     tol = tolerance(TUNED_ENTRY, torch_dtype)
     done = sum(c.status != "pending" for c in found)
     with tempfile.TemporaryDirectory(prefix="k3c-tune-") as tmp:
+        t0 = time.perf_counter()
+        modules = []
         for number, group in enumerate(groups.values()):
-            t0 = time.perf_counter()
             path = Path(tmp) / f"{spec.name}_tune{number}.py"
             path.write_text(sources[group[0].index])
-            module = load_module(path, f"{spec.name}_tune{number}")
-            phases["compile"] += time.perf_counter() - t0
-            if device == "cuda":
-                t0 = time.perf_counter()
-                try:
-                    precompile(module, TUNED_ENTRY, group, [check, target], jobs or min(32, os.cpu_count() or 1))
-                except Exception:  # noqa: BLE001 - only a speed-up: the runs below compile what is missing
-                    pass
-                phases["precompile"] += time.perf_counter() - t0
+            modules.append((load_module(path, f"{spec.name}_tune{number}"), group))
+        phases["compile"] += time.perf_counter() - t0
+        if device == "cuda":
+            t0 = time.perf_counter()
+            try:
+                precompile(modules, TUNED_ENTRY, [check, target], jobs or min(32, os.cpu_count() or 1))
+            except Exception:  # noqa: BLE001 - only a speed-up: the runs below compile what is missing
+                pass
+            phases["precompile"] += time.perf_counter() - t0
+        for module, group in modules:
             for cand in group:
                 t0 = time.perf_counter()
                 try:
@@ -637,7 +644,6 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
                 done += 1
                 report(done)
             sys.modules.pop(module.__name__, None)
-            del module
     if device == "cuda":
         torch.cuda.synchronize()
     report(total)

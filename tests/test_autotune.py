@@ -397,3 +397,49 @@ def test_module_takes_one_chunk_size_and_the_launch_winners_of_its_code(tmp_path
     cache.put(synthetic_record(spec, (2, 5000), lambda c: 1.0 if c.options["chunk-size"] == 32 else None))
     _, plan = autotune.compile_tuned(spec, gpu=GPU, cache=cache)
     assert "chunk-size=32" in plan.pipeline and len(plan.launch_tables["chunk"]) == 3
+
+
+FAKE_MODULE = '''
+POISON_OUTPUTS = True
+TUNED_CHUNK = {}
+
+
+class Kernel:
+    def __init__(self):
+        self.warmups, self.launches = [], 0
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append((grid, kwargs["num_warps"]))
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches += 1
+        return launch
+
+
+fake_scan_kernel = Kernel()
+
+
+def chunk(x, output_final_state=False):
+    launch = TUNED_CHUNK.get(None)["fake_scan"]
+    fake_scan_kernel[(x,)](x, num_warps=launch["num_warps"])
+    if x == 2:
+        raise RuntimeError("a launch that fails")
+    return None, None
+'''
+
+
+def test_precompile_warms_every_candidate_up_without_launching():
+    """The GPU-only parallel precompile (exercised here with a stand-in kernel): every candidate's
+    launches become warmups, nothing runs, failures are left for the real run, and the module's
+    kernels and POISON_OUTPUTS are restored."""
+    import types
+
+    module = types.ModuleType("fake_tuned_module")
+    exec(FAKE_MODULE, module.__dict__)
+    kernel = module.fake_scan_kernel
+    group = [autotune.Candidate(i, {"num-warps": w}, "", {}, launch={"fake_scan": {"num_warps": w}})
+             for i, w in enumerate((8, 4))]
+    autotune.precompile([(module, group)], "chunk", [{"x": 1}, {"x": 2}], jobs=2)
+    assert sorted(kernel.warmups) == [((1,), 4), ((1,), 8), ((2,), 4), ((2,), 8)]
+    assert kernel.launches == 0 and module.fake_scan_kernel is kernel and module.POISON_OUTPUTS is True
