@@ -309,6 +309,11 @@ def test_frozen_without_a_gpu_fails_cleanly(capsys, tmp_path, monkeypatch):
     code, out, err = run_cli(capsys, "compile", write_spec(tmp_path / "tuned.toml"), "-o", tmp_path / "out", "--frozen",
                              "--cache-dir", tmp_path / "c")
     assert code == 2 and one_line(err) and "no GPU" in err
+    code, out, err = run_cli(capsys, "tune", write_spec(tmp_path / "tuned.toml"), "--shape", "1,64",
+                             "--cache-dir", tmp_path / "c")
+    assert code == 2 and one_line(err) and "no CUDA GPU" in err
+    code, out, err = run_cli(capsys, "tune", write_spec(tmp_path / "tuned.toml"), "--shape", "1,x")
+    assert code == 2 and "B,T" in err
 
 
 def test_cli_tune_prints_the_table_then_hits_the_cache(capsys, tmp_path, monkeypatch):
