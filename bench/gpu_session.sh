@@ -44,7 +44,9 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       for spec in bench/specs/kda_h96.toml; do $K3C compile "$spec" -o bench/generated; done
       python3 bench/chunk_profile.py --module bench/generated/kda_h96.py 2>&1 | tee "$OUT/profile.txt" ;;
     sweep)
-      python3 -P bench/chunk_sweep.py --spec bench/specs/kda_h96.toml --out "$OUT" ${SWEEP_ARGS:-} ;;
+      # SWEEP_PIPELINES: ';'-separated pipelines, passed as one argument (options hold spaces)
+      python3 -P bench/chunk_sweep.py --spec bench/specs/kda_h96.toml --out "$OUT" \
+        ${SWEEP_PIPELINES:+--pipelines "$SWEEP_PIPELINES"} ;;
     tune)
       rm -rf /tmp/k3c-tune-cache /tmp/k3c-tune-triton
       export K3C_CACHE_DIR=/tmp/k3c-tune-cache
