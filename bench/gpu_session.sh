@@ -15,8 +15,10 @@
 # Run from the repo root with OUT set.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
+if [ -z "${SKIP_INSTALL:-}" ]; then  # SKIP_INSTALL=1: sessions running side by side share one install
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
+fi
 export PYTHONPATH=/tmp/site  # -P below: the installed package, not the source folders
 K3C="python3 -P -m k3compile.cli"
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
