@@ -253,7 +253,7 @@ def cmd_prove(args) -> int:
     from rich.table import Table
 
     from k3compile.errors import UnsupportedError
-    from k3compile.prove import prove_chunkwise, prove_replay, prove_segment_scan
+    from k3compile.prove import prove_chunkwise, prove_replay, prove_segment_scan, prove_spec_step
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -262,6 +262,7 @@ def cmd_prove(args) -> int:
     sizes = args.chunk_size or [3, 16, 32, 64]
     results = [r for size in sizes for r in prove_chunkwise(spec, size, seed=args.seed)]
     results += prove_replay(spec, args.draft_tokens, seed=args.seed)
+    results += prove_spec_step(spec, args.draft_tokens, seed=args.seed)
     results += prove_segment_scan(spec, min(sizes), seed=args.seed)
     table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence, exact rationals (K=2, V=3)")
     for column in ("schedule", "T", "outputs", "final state", "result"):
@@ -339,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
     p.add_argument("--chunk-size", type=int, action="append",
                    help="chunk size (repeatable; default 3, 16, 32, 64; the segment-scan proof uses the smallest)")
-    p.add_argument("--draft-tokens", type=int, default=4, help="tokens of the speculative verify/replay proof (default 4)")
+    p.add_argument("--draft-tokens", type=int, default=4, help="tokens per round of the speculative proofs (verify/replay, spec_step; default 4)")
     p.add_argument("--seed", type=int, help="seed for the random rationals (default: fresh each run)")
     p.set_defaults(run=cmd_prove)
     return parser

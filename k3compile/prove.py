@@ -127,6 +127,52 @@ def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) ->
     return results
 
 
+def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None) -> list[ProofResult]:
+    """Prove the fused `spec_step` kernel that `lower-speculative` builds, stage by stage, over two
+    rounds on a pool row holding S_0: the first launch (nothing accepted before, `cache` never
+    read) verifies round 1 like the token recurrence from S_0; the second, keeping m = 0..n of
+    round 1's tokens, leaves the row at the recurrence's state S_m after them, verifies round 2
+    from S_m like the recurrence, and caches what the `commit` kernel (the last round's flush)
+    replays to the state after all of round 2."""
+    from k3compile.ir import exact, k3s
+    from k3compile.pipeline import run_pipeline
+
+    rng = random.Random(seed)
+    module = small_op(spec)
+    layer_op = next(iter(module.ops))
+    pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative"
+    run_pipeline(module, pipeline)
+
+    def kernel_of(name: str) -> k3s.KernelOp:
+        entry = next(op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == name)
+        return next(op for op in entry.body.ops if isinstance(op, k3s.KernelOp))
+
+    kernel, commit = kernel_of("spec_step"), kernel_of("commit")
+    delta_rule = bool(layer_op.delta_rule.value.data)
+    first, second = (exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data) for _ in range(2))
+    first_round = {"cache": []}
+    got_o, left = exact.run_pool_kernel(kernel, first, first_round, 0)  # left: the row as round 1 leaves it
+    first_equal = (got_o - exact.token_recurrence(first, delta_rule)[0]).is_zero_matrix
+    results = []
+    for accepted in range(draft_tokens + 1):
+        S_m = exact.token_recurrence(first.tokens(0, accepted), delta_rule)[1] if accepted else first.S0
+        x_from_S_m = second.tokens(0, draft_tokens, S_m)
+        want_o, want_s = exact.token_recurrence(x_from_S_m, delta_rule)
+        buffers = {"cache": first_round.get("next_cache", [])}  # the caller swaps the pair
+        got_o, row = exact.run_pool_kernel(kernel, second.tokens(0, draft_tokens, left), buffers, accepted)
+        outputs_equal = first_equal and (got_o - want_o).is_zero_matrix
+        row_equal = (row - S_m).is_zero_matrix
+        flushed = exact.run_pool_kernel(commit, x_from_S_m, {"cache": buffers.get("next_cache", [])}, draft_tokens)[1]
+        cached_equal = (flushed - want_s).is_zero_matrix
+        mismatch = ("round 1 outputs differ" if not first_equal else "round 2 outputs differ" if not outputs_equal
+                    else "" if row_equal else f"committed row after {accepted} accepted differs")
+        if not cached_equal and not mismatch:
+            mismatch = "round 2's cache does not replay to its state"
+        results.append(ProofResult(spec.name, f"{pipeline}: spec_step, accept {accepted}", draft_tokens,
+                                   outputs_equal, row_equal and cached_equal, mismatch))
+    return results
+
+
 def _same(left, right) -> bool:
     """Whether two summary parts (matrices, symbols or None) are identically equal."""
     if left is None or right is None:

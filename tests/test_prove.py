@@ -15,7 +15,7 @@ from conftest import (run_cli, DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE
 from k3compile.cli import main
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
-from k3compile.prove import prove_replay, prove_chunkwise
+from k3compile.prove import prove_replay, prove_chunkwise, prove_spec_step
 from k3compile.spec import load_spec, spec_from_table
 
 DELTA_KINDS = [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]]
@@ -68,8 +68,10 @@ def test_cli_prove_passes(capsys, kind, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / f"{kind}.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 0, f"exit code {code}: {out}\n{err}"
-    # 3 chunkwise lengths, replay of 0 and 1 accepted tokens, segment scan: associativity and 5 splits
-    assert "11 passed, 0 failed" in out
+    # 3 chunkwise lengths, replay of 0 and 1 accepted tokens, spec_step after 0 and 1 accepted,
+    # segment scan: associativity and 5 splits
+    assert "13 passed, 0 failed" in out
+    assert "spec_step, accept 1" in out
     assert "FAILED" not in out
 
 
@@ -186,8 +188,9 @@ def test_cli_prove_missing_stage_exits_1(capsys, monkeypatch, fresh_seed):
     patch_schedule(monkeypatch, drop(k3s.ForwardSubstitutionOp))
     code, out, err = run(capsys, "prove", EXAMPLES / "kda.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
-    # the segment scan finishes its segments with the same schedule: its 5 splits fail too
-    assert code == 1 and "3 passed, 8 failed" in out and "Traceback" not in err
+    # the segment scan finishes its segments with the same schedule: its 5 splits fail too; the
+    # replay and spec_step proofs (2 + 2) and the combine's associativity still pass
+    assert code == 1 and "5 passed, 8 failed" in out and "Traceback" not in err
 
 
 def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
@@ -195,7 +198,7 @@ def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / "gla.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 1, f"exit code {code}: {out}\n{err}"
-    assert "FAILED" in out and "3 passed, 8 failed" in out
+    assert "FAILED" in out and "5 passed, 8 failed" in out
 
 
 # --- the two oracles agree ------------------------------------------------------------------
@@ -284,3 +287,48 @@ def test_wrong_replay_schedule_fails_the_proof(monkeypatch, kind, mutate, fresh_
     results = prove_replay(spec_of(kind), 3, seed=fresh_seed)
     assert results[0].state_equal  # nothing accepted: the committed state, whatever the schedule
     assert not all(r.holds for r in results[1:])
+
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+@pytest.mark.parametrize("draft_tokens", [1, 3])
+def test_spec_step_proof_holds_for_every_accepted_count(kind, draft_tokens, fresh_seed):
+    results = prove_spec_step(spec_of(kind), draft_tokens, seed=fresh_seed)
+    assert [r.schedule.rsplit(" ", 1)[-1] for r in results] == [str(m) for m in range(draft_tokens + 1)]
+    assert all(r.holds for r in results), [r.first_mismatch for r in results if not r.holds]
+
+
+def patch_spec_step(monkeypatch, mutate):
+    """lower-speculative with `mutate` applied to the body of the spec_step kernel it builds."""
+    from k3compile.passes import lower_speculative
+
+    original = lower_speculative.serving_entries
+
+    def wrong(*args):
+        entries = original(*args)
+        step = next(e for e in entries if e.sym_name.data == "spec_step")
+        mutate(next(op for op in step.body.ops if isinstance(op, k3s.KernelOp)).body.block)
+        return entries
+
+    monkeypatch.setattr(lower_speculative, "serving_entries", wrong)
+
+
+def commit_after_verifying(block):
+    store = next(op for op in block.ops if isinstance(op, k3s.StoreStateOp))
+    store.detach()
+    block.add_op(store)
+
+
+def verify_without_committing(block):
+    replay = next(op for op in block.ops if isinstance(op, k3s.ReplayOp))
+    replay.detach()
+    replay.erase()
+
+
+@pytest.mark.parametrize("mutate", [commit_after_verifying, verify_without_committing])
+def test_wrong_spec_step_fails_the_proof(monkeypatch, mutate, fresh_seed):
+    patch_spec_step(monkeypatch, mutate)
+    results = prove_spec_step(spec_of("kda"), 2, seed=fresh_seed)
+    if mutate is commit_after_verifying:  # the row holds the state after round 2, whatever m
+        assert not any(r.holds for r in results)
+    else:  # nothing accepted needs no replay
+        assert results[0].holds and not any(r.holds for r in results[1:])
