@@ -87,7 +87,7 @@ class DeriveChunkwisePass(ModulePass):
     """Add a `chunk` entry holding the chunkwise schedule of every k3.recurrence."""
 
     name = "derive-chunkwise"
-    chunk_size: int = 64
+    chunk_size: int = 32  # fastest on the H200 with fuse-chunkwise's defaults (bench/RESULTS.md)
     sub_chunk: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

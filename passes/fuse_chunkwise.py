@@ -146,9 +146,10 @@ class FuseChunkwisePass(ModulePass):
     name = "fuse-chunkwise"
     grouping: str = "split"
     block_v: int = 64
-    # [C, K] fp32 tiles: 4 warps spill them to local memory on sm_90, 8 keep them in registers
-    num_warps: int = 8
-    # each pipelining stage of the scan buffers a chunk of q, k, g, W, U and P in shared memory
+    # with the default chunk of 32 tokens, 4 warps keep the tiles in registers at two programs per
+    # SM (H200, bench/RESULTS.md: 2.5 ms vs 5.7 ms for 8 warps and chunks of 64 at B1 T8192 H96)
+    num_warps: int = 4
+    # each pipelining stage of the scan buffers a chunk of W, U, P, QG and KG in shared memory
     scan_stages: int = 2
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

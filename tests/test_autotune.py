@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import one_line, recurrence_inputs, recurrence_table, run_cli, RecurrenceShape
+from k3compile.passes.fuse_chunkwise import FuseChunkwisePass
 from k3compile import autotune
 from k3compile.autotune import Bucket, Choice, TuneCache
 
@@ -29,6 +30,7 @@ SPACE = (
 SMALL_SPACE = SPACE[1:]  # one chunk size: one module
 CHECK = (1, 40)
 SHAPE = (1, 48)  # bucket N*HV<=1, T<=64
+DEFAULT_WARPS = FuseChunkwisePass.num_warps  # the heuristic default of an untuned bucket
 
 
 def write_spec(path: Path, table: dict = TABLE) -> Path:
@@ -266,7 +268,7 @@ def test_compiled_module_embeds_and_uses_the_tuned_launch(tuned, capsys, tmp_pat
     monkeypatch.setattr(module, "tuned_chunk_scan_kernel", scan)
     op = next(iter(spec_to_module(spec_of()).ops))
     for T, expected in ((37, {"BV": 16, "num_warps": 4, "num_stages": 2}),  # the tuned bucket (T <= 64)
-                        (70, {"BV": 32, "num_warps": 8, "num_stages": 2})):  # not tuned: the heuristic default
+                        (70, {"BV": 32, "num_warps": DEFAULT_WARPS, "num_stages": 2})):  # not tuned: the default
         inputs = recurrence_inputs("kda", "kv", RecurrenceShape(1, T, 1, 1, 16, 32))
         o, state = module.chunk(**inputs, output_final_state=True)
         launch = scan.launches[-1]
