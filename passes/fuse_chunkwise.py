@@ -158,7 +158,8 @@ class FuseChunkwisePass(ModulePass):
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
-        for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp)]:
+        # a chunked schedule nested in another (a segment scan's finish) is lowered with its owner
+        for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp) and isinstance(o.parent_op(), k3s.EntryOp)]:
             entry = chunked.parent_op()
             layer = layers[entry.source.data]
             workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps, self.scan_stages)

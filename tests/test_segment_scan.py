@@ -320,3 +320,16 @@ def test_exact_summary_matches_reference(monkeypatch, member, fresh_seed):
         want = {"full": lambda: as_tensor(M_exact), "diagonal": lambda: as_tensor(M_exact)[:, 0],
                 "scalar": lambda: torch.tensor(float(M_exact), dtype=f64)}[form]()
         torch.testing.assert_close(M[0, 0], want, rtol=1e-10, atol=1e-10)
+
+
+def test_fuse_chunkwise_leaves_the_segment_scans_schedule_to_its_owner():
+    """fuse-chunkwise lowers the chunk entry's schedule and leaves the one nested in a segment
+    scan (its finish) in place, in either pass order."""
+    from k3compile.spec import load_spec
+
+    for pipeline in ("derive-segment-scan,derive-chunkwise,fuse-chunkwise", "derive-chunkwise,fuse-chunkwise,derive-segment-scan"):
+        module = spec_to_module(load_spec(EXAMPLES / "kda.toml"))
+        run_pipeline(module, pipeline)
+        nested = [op for op in module.walk() if isinstance(op, k3s.ChunkedOp)]
+        assert len(nested) == 1 and isinstance(nested[0].parent_op(), k3s.SegmentScanOp), pipeline
+        assert sum(isinstance(op, k3s.KernelOp) for op in module.walk()) == 2, pipeline
