@@ -24,6 +24,7 @@ from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
+    lazy_traits_def,
     opt_prop_def,
     prop_def,
     region_def,
@@ -160,7 +161,9 @@ class KernelOp(KeywordSyntax):
 class StateTileOp(KeywordSyntax):
     """A [K, V-block] fp32 state tile kept on chip. Its home: initial_state (when given; the
     default) or a pool row, `state[state_indices[n]]` (serving: a slot table over a state pool;
-    a slot outside the pool, e.g. -1 for padding, starts from zero and is never written)."""
+    a slot outside the pool, e.g. -1 for padding, starts from zero and is never written).
+    `start` instead fixes where it starts: zero, or identity (a square K x K tile: the columns
+    of a segment's transition M, head_v_dim = head_k_dim)."""
 
     name = "k3s.state_tile"
     head_k_dim = prop_def(IntegerAttr[I64])
@@ -168,11 +171,19 @@ class StateTileOp(KeywordSyntax):
     block_v = prop_def(IntegerAttr[I64])
     layout = prop_def(StringAttr)
     home = opt_prop_def(StringAttr)  # absent: initial_state
+    start = opt_prop_def(StringAttr)  # absent: the home's state
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
         _choice(self, "layout", STATE_LAYOUTS)
         _home(self)
+        if self.start is not None:
+            _choice(self, "start", STATE_STARTS)
+            if self.home is not None:
+                raise VerifyException(f"{self.name}: start and home exclude each other")
+            if self.start.data == "identity" and self.head_v_dim.value.data != self.head_k_dim.value.data:
+                raise VerifyException(f"{self.name}: an identity start needs a square tile, got K = "
+                                      f"{self.head_k_dim.value.data}, V = {self.head_v_dim.value.data}")
         if not is_power_of_two(self.block_v.value.data):
             raise VerifyException(f"{self.name}: block_v must be a power of two, got {self.block_v.value.data}")
 
@@ -207,12 +218,16 @@ class TokenLoopOp(KeywordSyntax):
 @irdl_op_definition
 class CacheUpdateOp(KeywordSyntax):
     """Cache the token's k, its gate and the update u it wrote (u = beta (v - S^T k) with the
-    delta rule, v without): what a replay needs instead of the state itself."""
+    delta rule, v without): what a replay needs instead of the state itself. In a chunk (the
+    chunked verify) it caches every row of the chunk, u the rows of Vr = U - W S (`residual`,
+    the delta rule) or of v."""
 
     name = "k3s.cache_update"
     gate = prop_def(StringAttr)
     buffer = opt_prop_def(StringAttr)  # the tensor argument it writes (absent: cache)
-    traits = traits_def(HasParent(TokenLoopOp))
+    residual = opt_prop_def(BoolAttr)  # in a chunk: u = Vr (true) or v
+    # lazy: the chunk regions are defined further down
+    traits = lazy_traits_def(lambda: (HasParent(TokenLoopOp, ChunkScanOp, ChunkLoopOp),))
 
     def verify_(self) -> None:
         _choice(self, "gate", CHUNK_GATES)
@@ -318,20 +333,24 @@ class ReadoutOp(KeywordSyntax):
 
 @irdl_op_definition
 class StoreStateOp(KeywordSyntax):
-    """Write the state tile to final_state (when the caller asked for it), or back to its pool
-    row in place (home = pool)."""
+    """Write the state tile to final_state (when the caller asked for it), back to its pool row in
+    place (home = pool), or to the output `tensor` (a segment's N or M)."""
 
     name = "k3s.store_state"
     layout = prop_def(StringAttr)
     home = opt_prop_def(StringAttr)  # absent: final_state
+    tensor = opt_prop_def(StringAttr)
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
         _choice(self, "layout", STATE_LAYOUTS)
         _home(self)
+        if self.tensor is not None and self.home is not None:
+            raise VerifyException(f"{self.name}: tensor and home exclude each other")
 
 
 STATE_HOMES = ("pool",)
+STATE_STARTS = ("zero", "identity")
 
 
 def _home(op) -> None:
@@ -575,9 +594,11 @@ class WYApplyOp(KeywordSyntax):
 
 @irdl_op_definition
 class DeltaResidualOp(KeywordSyntax):
-    """Vr = U - W S: the values the delta rule actually writes, given the carried state."""
+    """Vr = U - W S: the values the delta rule actually writes, given the carried state. With
+    zero_values the value input is zero (U = 0): the columns of a segment's transition M."""
 
     name = "k3s.delta_residual"
+    zero_values = opt_prop_def(BoolAttr)
     traits = traits_def(HasParent(ChunkScanOp, ChunkLoopOp))
 
 
@@ -656,7 +677,9 @@ def stage_dataflow(op) -> tuple[set[str], str]:
     if isinstance(op, WYApplyOp):
         return ({"T", "k"} | gamma, "W") if op.operand.data == "key" else ({"T", "v"}, "U")
     if isinstance(op, DeltaResidualOp):
-        return {"U", "W", "S"}, "Vr"
+        return ({"W", "S"} if op.zero_values is not None and op.zero_values.value.data else {"U", "W", "S"}), "Vr"
+    if isinstance(op, DecayProductOp):
+        return {"gamma_C", "M"}, "M"
     if isinstance(op, GateApplyOp):
         return {op.operand.data, "Gamma"}, op.operand.data.upper() + "G"
     if isinstance(op, ChunkDecayOp):
@@ -665,6 +688,9 @@ def stage_dataflow(op) -> tuple[set[str], str]:
         return {"QG" if gamma else "q", "P", "S", "Vr" if op.residual.value.data else "v"}, "O"
     if isinstance(op, StoreCheckpointOp):
         return {"S"}, "checkpoints"
+    if isinstance(op, CacheUpdateOp):  # a chunk's rows of k, the log-decay g and u
+        residual = op.residual is not None and op.residual.value.data
+        return {"k", "Vr" if residual else "v"} | ({"g"} if gamma else set()), "cache"
     if isinstance(op, StateAdvanceOp):
         gated = {"KG", "gamma_C"} if gamma else {"k"}
         return gated | {"S", "Vr" if op.residual.value.data else "v"}, "S"
@@ -811,6 +837,33 @@ class SummaryCombineOp(KeywordSyntax):
         _choice(self, "transition", TRANSITIONS)
 
 
+@irdl_op_definition
+class DecayProductOp(KeywordSyntax):
+    """M <- Diag(gamma_C) M over the chunks of a segment: a diagonal or scalar transition, the
+    product of the segment's decays (M starts at 1)."""
+
+    name = "k3s.decay_product"
+    transition = prop_def(StringAttr)
+    traits = traits_def(HasParent(ChunkLoopOp))
+
+    def verify_(self) -> None:
+        if self.transition.data not in ("diagonal", "scalar"):
+            raise VerifyException(f"{self.name}: transition must be diagonal or scalar, got {self.transition.data!r}")
+
+
+@irdl_op_definition
+class StoreTransitionOp(KeywordSyntax):
+    """Write the decay product M of a segment to the output M ([N, HV, K] or [N, HV])."""
+
+    name = "k3s.store_transition"
+    transition = prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        if self.transition.data not in ("diagonal", "scalar"):
+            raise VerifyException(f"{self.name}: transition must be diagonal or scalar, got {self.transition.data!r}")
+
+
 def state_pass(chunked: ChunkedOp) -> list[IRDLOperation]:
     """The stages of a chunked schedule the carried state S depends on, in program order: what
     a segment summary runs (no query Gram, no output)."""
@@ -824,7 +877,7 @@ def state_pass(chunked: ChunkedOp) -> list[IRDLOperation]:
     return kept[::-1]
 
 
-SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp]
+SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp, DecayProductOp, StoreTransitionOp]
 
 K3S = Dialect(
     "k3s",

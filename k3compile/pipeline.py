@@ -14,7 +14,9 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 from k3compile.errors import IRError
 
 # The default pipeline of each spec kind (passes run in order).
-RECURRENCE_PIPELINE = "lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise"
+# the segment summaries (context parallelism) come with every recurrence: the chunk entry finishes
+# the segments, so CP needs no recompilation
+RECURRENCE_PIPELINE = "lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan"
 DEFAULT_PIPELINES = {
     "kda": RECURRENCE_PIPELINE,
     "gated_deltanet": RECURRENCE_PIPELINE,

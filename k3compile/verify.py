@@ -29,8 +29,11 @@ RMS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-3}
 CHUNK_FP32_TOLERANCE = 1e-4
 
 
+CHUNKED_ENTRIES = ("chunk", "segment_summary")  # reassociated sums and a triangular solve
+
+
 def tolerance(entry: str, dtype) -> float:
-    return CHUNK_FP32_TOLERANCE if entry == "chunk" and dtype == torch.float32 else RMS_TOLERANCE[dtype]
+    return CHUNK_FP32_TOLERANCE if entry in CHUNKED_ENTRIES and dtype == torch.float32 else RMS_TOLERANCE[dtype]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -151,6 +154,14 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
                                                seqlens=(64, 1, long), checkpoint_every=64)]
         for layer_spec, label in variants[1:]:
             yield layer_spec, entry, [RecurrenceCase(f"{label}varlen (5, {long})", 1, 0, seqlens=(5, long))]
+    # context parallelism: every segment's (M, N), segments shorter than, equal to and longer than a chunk
+    yield spec, "segment_summary", [
+        RecurrenceCase(f"segments {(5, 32, long, 1)}", 1, 0, seqlens=(5, 32, long, 1), initial_state=False),
+        RecurrenceCase("B3 T9 (batch rows as segments)", 3, 9, initial_state=False),
+    ]
+    for layer_spec, label in variants[1:]:
+        yield layer_spec, "segment_summary", [
+            RecurrenceCase(f"{label}segments (5, {long})", 1, 0, seqlens=(5, long), initial_state=False)]
 
 
 def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
@@ -181,12 +192,30 @@ def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
     ]
 
 
+def run_summary_case(layer: CompiledLayer, layer_op, inputs: dict):
+    """segment_summary: (M, N) of every segment (each sequence of cu_seqlens, or batch row)
+    against the float64 definition."""
+    from k3compile.ir import reference
+
+    B, T = inputs["k"].shape[:2]
+    kept = {n: x for n, x in inputs.items() if n in ("k", "v", "g", "beta", "cu_seqlens", "A_log", "dt_bias")}
+    segments = inputs.get("cu_seqlens", torch.arange(0, B * T + 1, T))
+    out = layer.segment_summary(**kept)
+    ref_M, ref_N = reference.segment_summaries(layer_op, segments=segments.cpu(), **{
+        n: x.cpu() if isinstance(x, torch.Tensor) else x for n, x in kept.items()})
+    if ref_M is None:
+        return [("N", out[0], ref_N)]
+    return [("M", out[0], ref_M), ("N", out[1], ref_N)]
+
+
 def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, device, gen):
     from k3compile.ir import reference
 
     if entry == "decode":
         return run_decode_case(layer, layer_op, case, dtype, device, gen)
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
+    if entry == "segment_summary":
+        return run_summary_case(layer, layer_op, inputs)
     if case.checkpoint_every:
         inputs["checkpoint_every"] = case.checkpoint_every
         o, final, kept = getattr(layer, entry)(**inputs, output_final_state=True)

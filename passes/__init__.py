@@ -32,6 +32,7 @@ _WHERE = {
     "derive-replay": ("derive_replay", "DeriveReplayPass"),
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),
+    "lower-segment-scan": ("lower_segment_scan", "LowerSegmentScanPass"),
 }
 
 

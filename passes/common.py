@@ -10,10 +10,12 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 
 def props(**values) -> dict[str, Attribute]:
-    """Python values -> property attributes (str, bool, int, float)."""
+    """Python values -> property attributes (str, bool, int, float; attributes pass through)."""
     out: dict[str, Attribute] = {}
     for key, value in values.items():
-        if isinstance(value, str):
+        if isinstance(value, Attribute):
+            out[key] = value
+        elif isinstance(value, str):
             out[key] = StringAttr(value)
         elif isinstance(value, bool):
             out[key] = BoolAttr.from_bool(value)

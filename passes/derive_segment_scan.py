@@ -52,7 +52,7 @@ class DeriveSegmentScanPass(ModulePass):
     """Add a `segment_scan` entry holding the segment-scan schedule of every k3.recurrence."""
 
     name = "derive-segment-scan"
-    chunk_size: int = 64
+    chunk_size: int = 32  # as derive-chunkwise's
     sub_chunk: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

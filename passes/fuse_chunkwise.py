@@ -80,7 +80,7 @@ def with_spilled_sinks_early(stages: list[Operation], spilled: set[str]) -> list
 
 
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
-                  scan_stages: int):
+                  scan_stages: int, kernel_prefix: str | None = None):
     local_region, scan_region = list(chunked.body.ops)
     local = list(local_region.body.ops)
     scan = list(scan_region.body.ops)
@@ -105,7 +105,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
         make(k3s.TensorArgOp, sym_name=n, shape=per_chunk[n], dtype="float32", role="workspace")
         for n in spilled
     ]
-    name = entry.source.data
+    name = kernel_prefix or f"{entry.source.data}_chunk"
     for op in local:
         op.detach()
     for op in scan:
@@ -116,7 +116,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
             make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V),
             *with_late_loads_and_early_spills(layer_op, local, spilled),
         ],
-        sym_name=f"{name}_chunk_prepare",
+        sym_name=f"{name}_prepare",
         grid="chunk,value_head",
         num_warps=num_warps,
     )
@@ -131,7 +131,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
             make(k3s.ChunkLoopOp, [*loop_body, make(k3s.StoreCheckpointOp, layout=layout)], chunk_size=C),
             make(k3s.StoreStateOp, layout=layout),
         ],
-        sym_name=f"{name}_chunk_scan",
+        sym_name=f"{name}_scan",
         grid="value_block,sequence_head",
         num_warps=num_warps,
         num_stages=scan_stages,

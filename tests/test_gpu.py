@@ -169,3 +169,57 @@ def test_serving_entries_replay_in_cuda_graphs(tmp_path, fresh_seed):
     assert sum("graph == eager" in what for what, _, _ in checks) == 10  # 2 rounds x (decode 2, spec_step 3)
     failed = [f"{what}: {error:.2e} > {tol:.0e}" for what, error, tol in checks if not error <= tol]
     assert not failed, "\n".join(failed)
+
+
+CAUSAL_SCRIPT = """
+import json, sys, pathlib, torch
+import torch.nn.functional as F
+from k3compile.driver import compile as k3_compile
+from k3compile.spec import spec_from_table
+out, seed = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(seed)
+checks = []
+for gate_input in ("log", "clamped"):  # elementwise and factored Gram diagonal blocks
+    spec = spec_from_table(dict(name=f"causal_{gate_input}", kind="kda", num_heads=2, num_v_heads=4, head_k_dim=128,
+                                head_v_dim=128, gate_input=gate_input), source="<gpu causality test>")
+    layer = k3_compile(spec, out_dir=out / gate_input)
+    B, T, H, HV, K = 1, 300, 2, 4, 128
+    def draw():
+        return dict(q=F.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1).bfloat16(),
+                    k=F.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1).bfloat16(),
+                    v=torch.randn(B, T, HV, K, device="cuda").bfloat16(),
+                    g=F.logsigmoid(torch.randn(B, T, HV, K, device="cuda")).clamp(min=-5),
+                    beta=torch.rand(B, T, HV, device="cuda").bfloat16())
+    inputs, future = draw(), draw()
+    for t0 in (37, 64, 129):  # inside a 16-token block, at a chunk edge, one past one
+        changed = {n: torch.cat([x[:, :t0], future[n][:, t0:]], dim=1) for n, x in inputs.items()}
+        o1 = layer.chunk(**inputs)[0]
+        o2 = layer.chunk(**changed)[0]
+        checks.append((f"{gate_input} t0={t0}: o[:t0] bit-identical", bool(torch.equal(o1[:, :t0], o2[:, :t0]))))
+        checks.append((f"{gate_input} t0={t0}: o[t0:] changed", not torch.equal(o1[:, t0:], o2[:, t0:])))
+    # varlen: NaN in one sequence's v stays in that sequence
+    cu = torch.tensor([0, 70, 150, 300], device="cuda")
+    clean = layer.chunk(**inputs, cu_seqlens=cu, output_final_state=True)
+    poisoned = dict(inputs, v=inputs["v"].clone())
+    poisoned["v"][:, 70:150] = float("nan")
+    dirty = layer.chunk(**poisoned, cu_seqlens=cu, output_final_state=True)
+    others = torch.cat([torch.arange(0, 70), torch.arange(150, 300)]).cuda()
+    checks.append((f"{gate_input} varlen NaN: other sequences bit-identical",
+                   bool(torch.equal(clean[0][:, others], dirty[0][:, others]))
+                   and bool(torch.equal(clean[1][[0, 2]], dirty[1][[0, 2]]))))
+print(json.dumps(checks))
+"""
+
+
+def test_chunk_is_causal_and_isolates_sequences_on_cuda(tmp_path, fresh_seed):
+    """On the GPU in bf16 (fla issue #1240 is this bug in fla): changing the inputs at t >= t0
+    leaves o[:t0] bit-identical, for both Gram diagonal forms and t0 inside a sub-chunk block;
+    NaN in one sequence of a varlen batch leaves the others bit-identical."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "K3C_POISON_OUTPUTS")}
+    result = subprocess.run([sys.executable, "-c", CAUSAL_SCRIPT, str(tmp_path), str(fresh_seed)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    checks = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(checks) == 14
+    failed = [what for what, ok in checks if not ok]
+    assert not failed, "\n".join(failed)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
+from k3compile.backends.triton import context_parallel
 from k3compile.backends.triton.runtime_prelude import PRELUDE
 from k3compile.errors import UnsupportedError
 from k3compile.ir import k3s
@@ -103,6 +104,7 @@ class TritonPrinter:
         # entry name -> {(dtype, N*HV bucket, tokens bucket): {kernel: launch config}}: the
         # entries listed launch through a module-level table (docs/autotuning.md), others statically
         self.launch_tables = dict(launch_tables or {})
+        self.signatures: dict[str, list[str]] = {}  # entry -> its printed parameters
 
     # --- module and entries ------------------------------------------------------------------
 
@@ -113,17 +115,23 @@ class TritonPrinter:
         c('"""', "", "import os", "", "import torch", "import triton", "import triton.language as tl", "")
         c(*PRELUDE.strip("\n").splitlines())
         entries = [op for op in module.ops if isinstance(op, k3s.EntryOp)]
+        # context parallelism (docs/context-parallel.md): with a segment_summary entry, the chunk
+        # entry is printed as _chunk_single and wrapped by a `chunk` that takes segments / cp_group
+        cp = context_parallel.cp_entries(module)
         for entry in entries:
             view = EntryView(entry)
             for kernel in view.kernels:
                 c("", "")
                 self.print_kernel(kernel, view)
             c("", "")
-            self.print_entry(view)
+            self.print_entry(view, context_parallel.PLAIN_CHUNK if cp and entry is cp[0] else None)
+        if cp:
+            c("", "")
+            context_parallel.print_context_parallel(self, module, EntryView(cp[0]), EntryView(cp[1]))
         c("", "", f"__all__ = {[e.sym_name.data for e in entries]!r}")
         return c.text()
 
-    def print_entry(self, view: EntryView) -> None:
+    def print_entry(self, view: EntryView, def_name: str | None = None) -> None:
         c = self.code
         entry = view.entry
         unlowered = [op.name for op in entry.body.ops if not isinstance(op, ENTRY_PARTS)]
@@ -149,7 +157,8 @@ class TritonPrinter:
         outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
         if entry.sym_name.data in self.launch_tables:
             self.print_launch_table(view)
-        c(f"def {entry.sym_name.data}({', '.join(params)}):")
+        self.signatures[entry.sym_name.data] = params
+        c(f"def {def_name or entry.sym_name.data}({', '.join(params)}):")
         with c.indent():
             c(f'"""{describe(entry)}, lowered from k3 op @{entry.source.data}.', "")
             c("Arguments (shapes in the symbols B, T, N, S; see the IR above):")
@@ -262,7 +271,7 @@ class TritonPrinter:
                 # a commit kernel has no q or v: its heads come from the state pool
                 HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
                 constants.update(
-                    H=int(view.dims("q")[2]) if "q" in view.names else HV,
+                    H=int(view.dims("q" if "q" in view.names else "k")[2]) if {"q", "k"} & set(view.names) else HV,
                     HV=HV,
                     K=K,
                     V=V,
@@ -272,7 +281,7 @@ class TritonPrinter:
             elif isinstance(op, k3s.ChunkTileOp):  # a whole chunk, all value columns
                 K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
                 constants.update(
-                    H=int(view.dims("q")[2]), HV=int(view.dims("v")[2]), K=K, V=V,
+                    H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=K, V=V,
                     BK=next_power_of_2(K), BV=next_power_of_2(V), BC=op.chunk_size.value.data,
                 )
             elif isinstance(op, k3s.ChunkLoopOp):
@@ -293,7 +302,7 @@ class TritonPrinter:
         if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
             sizes += ["S", "R"]
         if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
-            sizes.append("P")
+            sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
         return sizes
 
     def kernel_name(self, kernel: k3s.KernelOp) -> str:
@@ -304,7 +313,7 @@ class TritonPrinter:
         params = [(a.sym_name.data, a.sym_name.data) for a in view.args]
         if "chunk" in kernel.grid.data.split(","):
             params.append(("chunk_table", "chunk_table"))
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]', "P": 'dims["P"]'}
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]', "NSLOTS": 'dims["P"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
         checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
         if checkpointing:
@@ -362,7 +371,8 @@ class TritonPrinter:
                     c(f'{name} = launch["{name}"]')
         if "chunk" in axes:
             first = view.tensors[0].sym_name.data
-            c(f"num_chunks, chunk_table = _chunks(cu_seqlens, dims, BC, {first}.device)")
+            offsets = "cu_seqlens" if "cu_seqlens" in view.names else "None"  # a verify: rows of a batch
+            c(f"num_chunks, chunk_table = _chunks({offsets}, dims, BC, {first}.device)")
         grid = ", ".join(self.GRID_AXES[axis] for axis in axes)
         c(f"grid = ({grid}{',' if len(axes) == 1 else ''})")
         c("if all(grid):")
@@ -423,7 +433,11 @@ class TritonPrinter:
     def print_axis_chunk(self, axis: int) -> None:
         c = self.code
         c(f"# grid axis {axis}: one chunk of BC tokens (varlen: its row of chunk_table)",
-          f"i_c = tl.program_id({axis}).to(tl.int64)", "if HAS_CU_SEQLENS:")
+          f"i_c = tl.program_id({axis}).to(tl.int64)")
+        if "cu_seqlens" not in self.view.names:  # a batch of equal rows (the chunked verify)
+            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+            return
+        c("if HAS_CU_SEQLENS:")
         with c.indent():
             c("i_n = tl.load(chunk_table + 2 * i_c).to(tl.int64)",
               "start = tl.load(chunk_table + 2 * i_c + 1).to(tl.int64)",
@@ -458,14 +472,19 @@ class TritonPrinter:
             c("i_slot = tl.load(state_indices + i_n).to(tl.int64)",
               "# a slot outside the pool (-1: padding) reads zeros and is never written; the tests are",
               "# made on vectors (Triton's interpreter rejects masks combined from scalar conditions)",
-              "m_slot_k = ((i_slot + 0 * o_k) >= 0) & ((i_slot + 0 * o_k) < P)",
-              "m_slot_v = ((i_slot + 0 * o_v) >= 0) & ((i_slot + 0 * o_v) < P)",
+              "m_slot_k = ((i_slot + 0 * o_k) >= 0) & ((i_slot + 0 * o_k) < NSLOTS)",
+              "m_slot_v = ((i_slot + 0 * o_v) >= 0) & ((i_slot + 0 * o_v) < NSLOTS)",
               "m_kv = m_kv & m_slot_v[None, :]",
               f"p_local = {local}",
               "p_state = (i_slot * HV + i_hv) * K * V + p_local",
               "b_S = tl.load(state + p_state, mask=m_kv, other=0.0).to(tl.float32)")
             return
-        c(f"p_state = i_nh * K * V + {local}", "b_S = tl.zeros([BK, BV], dtype=tl.float32)", "if HAS_INITIAL_STATE:")
+        c(f"p_state = i_nh * K * V + {local}", "b_S = tl.zeros([BK, BV], dtype=tl.float32)")
+        if op.start is not None:
+            if op.start.data == "identity":  # the columns of a transition M: M = I before any token
+                c("b_S = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)")
+            return
+        c("if HAS_INITIAL_STATE:")
         with c.indent():
             c("b_S += tl.load(initial_state + p_state, mask=m_kv, other=0.0)")
 
@@ -535,6 +554,9 @@ class TritonPrinter:
             if op.next_op is not None:  # later stages go on from the state as the pool now holds it
                 self.code("b_S = b_S.to(state.dtype.element_ty).to(tl.float32)")
             return
+        if op.tensor is not None:
+            self.code(f"tl.store({op.tensor.data} + p_state, b_S, mask=m_kv)")
+            return
         self.code("if HAS_FINAL_STATE:")
         with self.code.indent():
             self.code("tl.store(final_state + p_state, b_S, mask=m_kv)")
@@ -562,6 +584,9 @@ class TritonPrinter:
         self.chunk_size = op.chunk_size.value.data
         c.comment(op, "the chunks of sequence i_n, in order, carrying b_S")
         c("o_c = tl.arange(0, BC)")
+        for product in [o for o in op.body.ops if isinstance(o, k3s.DecayProductOp)]:
+            c("b_M = tl.full([BK], 1.0, tl.float32)" if product.transition.data == "diagonal"
+              else "b_M = tl.full([], 1.0, tl.float32)")
         self.print_sequence_bounds()
         c("for start in range(bos, eos, BC):")
         with c.indent():
@@ -794,6 +819,9 @@ class TritonPrinter:
         c = self.code
         cache = k3s.cache_buffer(op)
         c.comment(op, "what a replay needs: k, the log-decay and the update u this token wrote")
+        if isinstance(op.parent_op(), k3s.ChunkLoopOp):
+            self.print_chunk_cache_update(op, cache)
+            return
         g = {"channel": "b_g", "scalar": "b_g + 0.0 * b_k", "none": "0.0 * b_k"}[op.gate.data]
         c("p_cache = ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * (2 * K + V)",
           "# k and g are the same for every value block: the first one writes them",
@@ -801,6 +829,18 @@ class TritonPrinter:
           f"tl.store({cache} + p_cache + o_k, b_k, mask=m_cache_k)",
           f"tl.store({cache} + p_cache + K + o_k, {g}, mask=m_cache_k)",
           f"tl.store({cache} + p_cache + 2 * K + o_v, b_v, mask=m_v & m_slot_v)")
+
+    def print_chunk_cache_update(self, op: k3s.CacheUpdateOp, cache: str) -> None:
+        """The chunked verify's cache: every row of the chunk, u the row of Vr (or v)."""
+        c = self.code
+        g = {"channel": "b_g", "scalar": "b_g[:, None] + 0.0 * b_k", "none": "0.0 * b_k"}[op.gate.data]
+        u = "b_vr" if op.residual is not None and op.residual.value.data else "b_v"
+        c("p_cache = ((i_slot * DEPTH + (t_c - bos)) * HV + i_hv) * (2 * K + V)",
+          "# k and g are the same for every value block: the first one writes them",
+          "m_cache_k = m_c[:, None] & (m_k & m_slot_k & ((i_v + 0 * o_k) == 0))[None, :]",
+          f"tl.store({cache} + p_cache[:, None] + o_k[None, :], b_k, mask=m_cache_k)",
+          f"tl.store({cache} + p_cache[:, None] + K + o_k[None, :], {g}, mask=m_cache_k)",
+          f"tl.store({cache} + p_cache[:, None] + 2 * K + o_v[None, :], {u}, mask=m_c[:, None] & (m_v & m_slot_v)[None, :])")
 
     def print_k3s_snapshot_state(self, op: k3s.SnapshotStateOp) -> None:
         self.code.comment(op, "the whole state after this token")
@@ -832,6 +872,19 @@ class TritonPrinter:
                   "b_S = b_S * tl.exp(b_g)[:, None]")
             c("b_S = b_S + b_k[:, None] * b_u[None, :]")
 
+    def print_k3s_decay_product(self, op: k3s.DecayProductOp) -> None:
+        self.code.comment(op, "M <- Diag(gamma_C) M")
+        self.code("b_M = b_M * b_gamma_C")
+
+    def print_k3s_store_transition(self, op: k3s.StoreTransitionOp) -> None:
+        self.code.comment(op, "every value block holds the same M: the first one writes it")
+        if op.transition.data == "diagonal":
+            self.code("tl.store(M + i_nh * K + o_k, b_M, mask=m_k & ((i_v + 0 * o_k) == 0))")
+        else:
+            self.code("if i_v == 0:")
+            with self.code.indent():
+                self.code("tl.store(M + i_nh, b_M)")
+
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
         value = op.value.data
         address, mask = self.spill_address(value)
@@ -845,6 +898,10 @@ class TritonPrinter:
         self.code(f"b_{value} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 
     def print_k3s_delta_residual(self, op: k3s.DeltaResidualOp) -> None:
+        if op.zero_values is not None and op.zero_values.value.data:
+            self.code.comment(op, "Vr = -W S (no value input)")
+            self.code("b_vr = -_mm(b_W, b_S, DOT_BF16)")
+            return
         self.code.comment(op, "Vr = U - W S")
         self.code("b_vr = b_U - _mm(b_W, b_S, DOT_BF16)")
 

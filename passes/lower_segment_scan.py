@@ -1,0 +1,125 @@
+"""lower-segment-scan: a segment-scan schedule -> the `segment_summary` entry (its kernels).
+
+The summary (M, N) of every segment runs the chunked schedule's state pass only (`state_pass`:
+no query Gram, no output), grouped as fuse-chunkwise groups the chunk entry:
+- a token-parallel prepare kernel for the chunk-local stages the state depends on;
+- a scan from a zero state that stores each segment's N (segments are the sequences of
+  cu_seqlens); with a diagonal or scalar transition it also multiplies up the chunk decays into M;
+- with a full transition, a second scan over K more state columns that start at the identity
+  with a zero value input (Vr = -W S): their final state is M.
+The combine and the finish of every segment from its true initial state (the chunk entry) are
+the runtime's: they need no kernels of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import RecurrenceOp
+from k3compile.passes.common import check_num_warps, check_power_of_two, make, recurrence_arguments
+from k3compile.passes.fuse_chunkwise import clone_stage, split_kernels
+
+SUMMARY_INPUTS = ("k", "v", "g", "beta", "cu_seqlens", "A_log", "dt_bias")
+
+
+def with_props(op: Operation, **changes) -> Operation:
+    """A copy of a stage with some properties set."""
+    kept = {name: attr for name, attr in op.properties.items() if name not in changes}
+    return make(type(op), **kept, **changes)
+
+
+def state_pass_schedule(chunked: k3s.ChunkedOp) -> k3s.ChunkedOp:
+    """The chunked schedule cut down to the stages the carried state depends on."""
+    kept = {id(op) for op in k3s.state_pass(chunked)}
+    local, scan = (region.body.ops for region in chunked.body.ops)
+    return make(
+        k3s.ChunkedOp,
+        [make(k3s.ChunkLocalOp, [clone_stage(op) for op in local if id(op) in kept]),
+         make(k3s.ChunkScanOp, [clone_stage(op) for op in scan if id(op) in kept])],
+        chunk_size=chunked.chunk_size.value.data,
+    )
+
+
+def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3s.KernelOp]:
+    """From the state pass's scan kernel: the N scan (zero start, N stored; a diagonal/scalar M
+    multiplied up alongside) and, for a full M, the scan of the identity columns."""
+    K = layer.head_k_dim.value.data
+    tile, loop, _ = list(scan.body.ops)
+    stages = [op for op in loop.body.ops if not isinstance(op, k3s.StoreCheckpointOp)]
+
+    def kernel(suffix: str, tile_op, loop_stages, stores):
+        return make(
+            k3s.KernelOp,
+            [tile_op, make(k3s.ChunkLoopOp, loop_stages, chunk_size=loop.chunk_size.value.data), *stores],
+            sym_name=f"{scan.sym_name.data}_{suffix}",
+            grid=scan.grid.data,
+            num_warps=scan.num_warps.value.data,
+            num_stages=scan.num_stages.value.data,
+        )
+
+    layout = layer.state_layout.data
+    n_loop = [clone_stage(op) for op in stages]
+    n_stores = [make(k3s.StoreStateOp, layout=layout, tensor="N")]
+    if form in ("diagonal", "scalar"):
+        n_loop.append(make(k3s.DecayProductOp, transition=form))
+        n_stores.append(make(k3s.StoreTransitionOp, transition=form))
+    kernels = [kernel("N", with_props(tile, start="zero"), n_loop, n_stores)]
+    if form == "full":
+        m_loop = [
+            with_props(op, zero_values=True) if isinstance(op, k3s.DeltaResidualOp) else clone_stage(op)
+            for op in stages
+            if not (isinstance(op, k3s.ReloadOp) and op.value.data == "U")
+        ]
+        m_tile = with_props(tile, start="identity", head_v_dim=K, layout="kv")
+        kernels.append(kernel("M", m_tile, m_loop, [make(k3s.StoreStateOp, layout="kv", tensor="M")]))
+    return kernels
+
+
+def summary_outputs(layer: RecurrenceOp, form: str) -> list[Operation]:
+    HV, K, V = (layer.num_v_heads.value.data, layer.head_k_dim.value.data, layer.head_v_dim.value.data)
+    n_shape = f"N,{HV},{K},{V}" if layer.state_layout.data == "kv" else f"N,{HV},{V},{K}"
+    m_shape = {"full": f"N,{HV},{K},{K}", "diagonal": f"N,{HV},{K}", "scalar": f"N,{HV}"}.get(form)
+    outputs = [make(k3s.TensorArgOp, sym_name="M", shape=m_shape, dtype="float32", role="output")] if m_shape else []
+    return [*outputs, make(k3s.TensorArgOp, sym_name="N", shape=n_shape, dtype="float32", role="output")]
+
+
+@dataclass(frozen=True)
+class LowerSegmentScanPass(ModulePass):
+    """Replace every `segment_scan` entry by the `segment_summary` entry that computes (M, N)."""
+
+    name = "lower-segment-scan"
+    block_v: int = 64
+    num_warps: int = 4
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_power_of_two(self.name, "block-v", self.block_v)
+        check_num_warps(self.name, self.num_warps)
+        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
+        for scan in [o for o in op.walk() if isinstance(o, k3s.SegmentScanOp)]:
+            entry = scan.parent_op()
+            layer = layers[entry.source.data]
+            summary, _, chunked = scan.body.ops
+            form = summary.transition.data
+            arguments = [a for a in recurrence_arguments(layer) if a.sym_name.data in SUMMARY_INPUTS]
+            # a segment is a sequence of cu_seqlens: its summary is the state its sequence leaves
+            workspaces, (prepare, scan_kernel) = split_kernels(
+                layer, entry, state_pass_schedule(chunked), self.block_v, self.num_warps, scan_stages=2,
+                kernel_prefix=f"{entry.source.data}_summary")
+            lowered = make(
+                k3s.EntryOp,
+                [*arguments, *summary_outputs(layer, form), *workspaces, prepare,
+                 *summary_scans(layer, scan_kernel, form)],
+                # derive-segment-scan named it segment_scan (layer-prefixed in a module of several)
+                sym_name=entry.sym_name.data.replace("segment_scan", "segment_summary"),
+                source=entry.source.data,
+            )
+            Rewriter.insert_op(lowered, InsertPoint.before(entry))
+            entry.detach()
+            entry.erase()

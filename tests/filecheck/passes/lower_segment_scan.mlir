@@ -1,0 +1,47 @@
+// lower-segment-scan: the segment_scan entry becomes `segment_summary`, the state pass of the
+// chunked schedule (no query Gram, no output) as a prepare kernel and a scan from zero storing
+// N; a full transition adds a scan of K identity columns with a zero value input storing M, a
+// diagonal one multiplies the chunk decays up in the N scan, and the identity has no M.
+// RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8}' | filecheck %s
+// RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8}' | k3c opt - | filecheck %s
+// RUN: not k3c opt %s -p 'derive-segment-scan,lower-segment-scan{block-v=3}' 2>&1 | filecheck %s --check-prefix=BAD
+
+builtin.module {
+  k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.5, state_layout = kv, dtype = float32>
+  k3.recurrence @gla <gate = channel, delta_rule = false, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 8, scale = 0.5, state_layout = vk, dtype = float32>
+  k3.recurrence @linear <gate = none, delta_rule = false, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 8, scale = 0.5, state_layout = kv, dtype = float32>
+}
+
+// CHECK:      k3s.entry @kda_segment_summary <source = kda> {
+// CHECK-NOT:    k3s.tensor_arg @q
+// CHECK:        k3s.tensor_arg @M <shape = "N,2,8,8", dtype = float32, role = output>
+// CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,4", dtype = float32, role = output>
+// CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head"
+// CHECK-NOT:      k3s.gram <lhs = q
+// CHECK-NOT:      k3s.load_chunk <tensor = q>
+// CHECK:        k3s.kernel @kda_summary_scan_N
+// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv, start = zero>
+// CHECK-NOT:      k3s.chunk_output
+// CHECK:          k3s.delta_residual
+// CHECK:        k3s.store_state <layout = kv, tensor = N>
+// CHECK:        k3s.kernel @kda_summary_scan_M
+// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 8, block_v = 8, layout = kv, start = identity>
+// CHECK-NOT:      k3s.reload <value = U>
+// CHECK:          k3s.delta_residual <zero_values = true>
+// CHECK:        k3s.store_state <layout = kv, tensor = M>
+
+// CHECK:      k3s.entry @gla_segment_summary <source = gla> {
+// CHECK:        k3s.tensor_arg @M <shape = "N,2,8", dtype = float32, role = output>
+// CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,8", dtype = float32, role = output>
+// CHECK:        k3s.kernel @gla_summary_scan_N
+// CHECK:          k3s.decay_product <transition = diagonal>
+// CHECK:        k3s.store_state <layout = vk, tensor = N>
+// CHECK-NEXT:   k3s.store_transition <transition = diagonal>
+// CHECK-NOT:    k3s.kernel @gla_summary_scan_M
+
+// CHECK:      k3s.entry @linear_segment_summary <source = linear> {
+// CHECK-NOT:    k3s.tensor_arg @M
+// CHECK:        k3s.tensor_arg @N
+// CHECK-NOT:    k3s.decay_product
+
+// BAD: k3c opt: error: pipeline {{.*}}: lower-segment-scan: block-v must be a power of two, got 3
