@@ -1,0 +1,364 @@
+"""Context parallelism in the compiled module (docs/context-parallel.md): host code only.
+
+A module that has both a `chunk` entry and a `segment_summary` entry (lower-segment-scan) gets
+its chunk entry printed as `_chunk_single`, the runtime below printed verbatim, and a `chunk`
+wrapper with two more parameters:
+
+- `segments=P`: split every sequence into P segments on this device, all summaries from one
+  segment_summary call, a prefix of the combine per sequence, one call of the chunk kernels
+  from every segment's true entering state (P = 1 or None: exactly `_chunk_single`);
+- `cp_group=group`: this rank holds a contiguous slice of the packed token stream; one
+  all-gather of fixed size carries the summary of the piece that continues into the next rank.
+
+The math is derive-segment-scan's (the k3s.segment_scan schedule); the runtime needs no kernels
+of its own: the combine runs in fp32 torch.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import ModuleOp
+
+from k3compile.ir import k3s
+
+PLAIN_CHUNK = "_chunk_single"  # the name the plain chunk entry is printed under
+
+RUNTIME = r'''
+# --- context parallelism (docs/context-parallel.md) ----------------------------------------------
+# A segment of a sequence maps the state entering it to the state leaving it, S -> M S + N: its
+# summary (segment_summary). Summaries compose: (M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2). So the
+# segments of a sequence run in parallel: their summaries (one segment_summary call), a prefix of
+# the combine per sequence for every segment's true entering state, then one call of the chunk
+# kernels that finishes every segment from it. Across ranks the same, the summaries of the pieces
+# that continue into the next rank exchanged by one all-gather of fixed size.
+
+
+class _ContextParallel:
+    """The host side of context parallelism for one layer. transition: how a summary's M is held
+    ("full": [HV, K, K]; "diagonal": [HV, K]; "scalar": [HV]; "identity": no M); vk: states are
+    held transposed ([HV, V, K]); state_shape: one sequence's state; chunk_fn: the plain chunk
+    entry; summary_fn: segment_summary, called with the arguments named in summary_args."""
+
+    def __init__(self, chunk_fn, summary_fn, summary_args, transition, vk, state_shape, chunk_size):
+        self.chunk_fn, self.summary_fn, self.summary_args = chunk_fn, summary_fn, summary_args
+        self.transition, self.vk, self.state_shape, self.chunk_size = transition, vk, state_shape, chunk_size
+
+    # --- the math -------------------------------------------------------------------------------
+
+    def apply(self, M, N, S):
+        """M S + N over leading dims: the state after a segment from the state before it (a vk
+        state is S^T, so M S is S^T M^T)."""
+        if self.transition == "full":
+            moved = torch.matmul(S, M.transpose(-1, -2)) if self.vk else torch.matmul(M, S)
+        elif self.transition == "diagonal":
+            moved = S * (M[..., None, :] if self.vk else M[..., :, None])
+        elif self.transition == "scalar":
+            moved = S * M[..., None, None]
+        else:
+            moved = S
+        return moved + N
+
+    def summaries(self, tokens, params, start, end, bounds):
+        """(M, N) of the segments `bounds` (offsets from 0 to end - start) of tokens start..end of
+        the packed stream ([1, tokens, ...]: a slice is a contiguous view), fp32; M None for the
+        identity form."""
+        device = next(iter(tokens.values())).device
+        args = {name: tokens[name][:, start:end] if name in tokens else params[name] for name in self.summary_args}
+        out = self.summary_fn(**args, cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device))
+        return (None, out[0]) if len(out) == 1 else (out[0], out[1])
+
+    # --- checks ---------------------------------------------------------------------------------
+
+    def check_states(self, states, count, device, what):
+        if states is None:
+            return
+        if not isinstance(states, torch.Tensor) or states.dim() != 1 + len(self.state_shape):
+            got = list(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__
+            raise ValueError(f"initial_state: expected [{count},{','.join(map(str, self.state_shape))}] ({what}), got {got}")
+        if states.shape[0] != count:
+            raise ValueError(f"initial_state: expected {count} states ({what}), got {states.shape[0]}")
+        _check_tensor("initial_state", states, ",".join(map(str, (count, *self.state_shape))), "float32", {}, device)
+
+    @staticmethod
+    def check_segments(segments):
+        if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
+            raise ValueError(f"segments: expected a positive int (the segments per sequence; 1: no split), got {segments!r}")
+
+    # --- segments on one device -----------------------------------------------------------------
+
+    @staticmethod
+    def split(start, end, segments, unit, whole_units):
+        """The cuts of one sequence into at most `segments` near-equal segments: at multiples of
+        `unit` tokens from its start while it has that many units (or when whole_units), else at
+        single tokens (segments shorter than a unit; one token each at the least). An empty
+        sequence stays one empty segment."""
+        length = end - start
+        units = -(-length // unit)
+        if length == 0:
+            return [start, end]
+        if units >= segments or whole_units:
+            parts = min(segments, units)
+            return sorted({min(start + (p * units // parts) * unit, end) for p in range(parts + 1)})
+        return sorted({start + p * length // segments for p in range(segments + 1)})
+
+    def run_segments(self, dims, tokens, params, initial_state, output_final_state, cu_seqlens, checkpoint_every,
+                     segments):
+        """chunk(...) with every sequence split into `segments` segments (see `chunk`)."""
+        B, T = dims["B"], dims["T"]
+        device = next(iter(tokens.values())).device
+        _check_offsets("cu_seqlens", cu_seqlens, dict(B=B, T=T), device)
+        if cu_seqlens is None:
+            sequences = [(b * T, (b + 1) * T) for b in range(B)]
+        else:
+            offsets = cu_seqlens.tolist()
+            sequences = list(zip(offsets, offsets[1:]))
+        self.check_states(initial_state, len(sequences), device, "one per sequence")
+        unit = self.chunk_size
+        if checkpoint_every is not None:  # checkpoints count from a segment's start: cut at their multiples
+            if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every <= 0 \
+                    or checkpoint_every % self.chunk_size:
+                raise ValueError(f"checkpoint_every: expected a positive multiple of the chunk size {self.chunk_size}, "
+                                 f"got {checkpoint_every!r}")
+            unit = checkpoint_every
+        # the segments, sequence after sequence: edges[s] .. edges[s + 1]; sequence n's are
+        # first[n] .. first[n] + count[n] - 1
+        edges, first, count = [0], [], []
+        for start, end in sequences:
+            cuts = self.split(start, end, segments, unit, checkpoint_every is not None)
+            first.append(len(edges) - 1)
+            count.append(len(cuts) - 1)
+            edges += cuts[1:]
+        last = [f + c - 1 for f, c in zip(first, count)]
+        flat = {name: x.reshape(1, B * T, *x.shape[2:]) for name, x in tokens.items()}
+        entering = initial_state
+        # the summaries of the segments that have a successor: the tokens up to the end of the
+        # last of them (a prefix of the stream), empty segments left out
+        ends = [edges[s + 1] for f, c in zip(first, count) for s in range(f, f + c - 1)]
+        if ends:
+            bounds = sorted({e for e in edges if e <= ends[-1]})
+            M, N = self.summaries(flat, params, 0, ends[-1], bounds)
+            summary_of = {b: i for i, b in enumerate(bounds)}  # a segment's summary by its first token
+            entering = torch.zeros(len(edges) - 1, *self.state_shape, dtype=torch.float32, device=device)
+            if initial_state is not None:
+                entering[first] = initial_state
+            for j in range(1, max(count)):  # the j-th segment of every sequence that has one
+                later = [f + j for f, c in zip(first, count) if c > j]
+                earlier = torch.tensor([summary_of[edges[s - 1]] for s in later], device=device)
+                later = torch.tensor(later, device=device)
+                entering[later] = self.apply(None if M is None else M[earlier], N[earlier], entering[later - 1])
+        result = self.chunk_fn(**flat, **params, initial_state=entering, output_final_state=output_final_state,
+                               cu_seqlens=torch.tensor(edges, dtype=torch.int64, device=device),
+                               checkpoint_every=checkpoint_every)
+        o, final_state = result[0].reshape(B, T, *result[0].shape[2:]), result[1]
+        if final_state is not None:
+            final_state = final_state[last]
+        if checkpoint_every is None:
+            return o, final_state
+        checkpoints = result[2]
+        if cu_seqlens is None:  # the plain entry's [N, T // every, ...]
+            checkpoints = checkpoints.reshape(B, T // checkpoint_every, *checkpoints.shape[1:])
+        return o, final_state, checkpoints
+
+    # --- ranks of a process group ---------------------------------------------------------------
+
+    def summary_numel(self):
+        HV = self.state_shape[0]
+        K = self.state_shape[2] if self.vk else self.state_shape[1]
+        M = {"full": HV * K * K, "diagonal": HV * K, "scalar": HV, "identity": 0}[self.transition]
+        return M, HV * self.state_shape[1] * self.state_shape[2]
+
+    def run_group(self, group, check, tokens, params, initial_state, output_final_state, cu_seqlens,
+                  checkpoint_every, segments):
+        """chunk(...) over the ranks of `group` (see `chunk`). check() checks the per-token inputs
+        and returns their dims. A ValueError on one rank is raised on every rank after the
+        all-gather (no rank is left waiting in it)."""
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("cp_group: torch.distributed is not initialized (call init_process_group first)")
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        M_numel, N_numel = self.summary_numel()
+        try:
+            dims = check()
+            plan = self.plan_group(rank, world, dims, tokens, params, initial_state, cu_seqlens, checkpoint_every,
+                                   segments)
+            error, payload = None, plan["payload"]
+        except ValueError as raised:
+            error = raised
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+            payload = torch.zeros(4 + M_numel + N_numel, dtype=torch.float32, device=device)
+            payload[:4] = torch.tensor([1, 0, 0, 0], dtype=torch.int32).view(torch.float32).to(device)
+        gathered = [torch.empty_like(payload) for _ in range(world)]
+        dist.all_gather(gathered, payload, group=group)
+        headers = [row[:4].cpu().view(torch.int32).tolist() for row in gathered]
+        if error is not None:
+            raise error
+        failed = [j for j, h in enumerate(headers) if h[0]]
+        if failed:
+            raise ValueError(f"cp_group: rank {failed[0]} rejected its arguments (its ValueError says which)")
+        if any(h != headers[0] for h in headers):
+            raise ValueError(f"cp_group: the ranks disagree on T or cu_seqlens (T, offsets, checksum per rank: "
+                             f"{[h[1:] for h in headers]})")
+        # the entering state of the first piece: the prefix combine of the pieces of its
+        # sequence on the earlier ranks (the first of them holds its initial state in N)
+        pieces, T, device = plan["pieces"], dims["T"], payload.device
+        entering = initial_state
+        if pieces[0][0] < rank * T:
+            S = None
+            for j in range(pieces[0][0] // T, rank):
+                N = gathered[j][4 + M_numel:].reshape(self.state_shape)
+                S = N if S is None else self.apply(self.held(gathered[j][4:4 + M_numel]), N, S)
+            rest = initial_state if initial_state is not None else \
+                torch.zeros(len(pieces) - 1, *self.state_shape, dtype=torch.float32, device=device)
+            entering = torch.cat([S[None], rest])
+        local = torch.tensor([0] + [min(e, (rank + 1) * T) - rank * T for _, e in pieces], dtype=torch.int64,
+                             device=device)
+        o, final_state = self.run_segments(dims, tokens, params, entering, output_final_state, local, None, segments)
+        if final_state is not None and pieces[-1][1] > (rank + 1) * T:
+            final_state = final_state[:-1]  # the last piece's sequence ends on a later rank
+        return o, final_state
+
+    def plan_group(self, rank, world, dims, tokens, params, initial_state, cu_seqlens, checkpoint_every, segments):
+        """This rank's pieces of sequences and its part of the all-gather: a header (no error, T,
+        the offsets' count and checksum, as int32 bits) and the summary of the piece that
+        continues into the next rank, with the sequence's initial state folded into N where the
+        sequence starts on this rank. Raises ValueError for bad arguments."""
+        self.check_segments(segments)
+        B, T = dims["B"], dims["T"]
+        if B != 1:
+            raise ValueError(f"cp_group: expects this rank's slice of the packed tokens (batch size 1), got B = {B}")
+        if T < 1:
+            raise ValueError("cp_group: every rank must hold at least one token, got T = 0")
+        if checkpoint_every is not None:
+            raise ValueError("checkpoint_every: not supported with cp_group")
+        device = next(iter(tokens.values())).device
+        lo, hi, total = rank * T, (rank + 1) * T, world * T
+        offsets = [0, total] if cu_seqlens is None else self.global_offsets(cu_seqlens, total, world, T)
+        # the pieces of sequences on this rank, in order; an empty sequence belongs to the rank of its offset
+        pieces = [(s, e) for s, e in zip(offsets, offsets[1:])
+                  if (s < hi and e > lo) or (s == e and min(s // T, world - 1) == rank)]
+        starting = len(pieces) - (pieces[0][0] < lo)
+        self.check_states(initial_state, starting, device, "one per sequence starting on this rank")
+        M_numel, N_numel = self.summary_numel()
+        checksum = sum((i + 1) * x for i, x in enumerate(offsets)) % (2**31 - 1)
+        payload = torch.zeros(4 + M_numel + N_numel, dtype=torch.float32, device=device)
+        payload[:4] = torch.tensor([0, T, len(offsets), checksum], dtype=torch.int32).view(torch.float32).to(device)
+        if pieces[-1][1] > hi:  # the last piece continues into the next rank
+            start = max(pieces[-1][0], lo) - lo
+            M, N = self.summaries(tokens, params, start, T, [0, T - start])
+            if pieces[-1][0] >= lo and initial_state is not None:
+                N = self.apply(None if M is None else M[0], N[0], initial_state[-1])
+            if M is not None:
+                payload[4:4 + M_numel] = M.reshape(-1)
+            payload[4 + M_numel:] = N.reshape(-1)
+        return dict(pieces=pieces, payload=payload)
+
+    def held(self, flat):
+        """A gathered M ([numel]) in its form's shape."""
+        HV = self.state_shape[0]
+        K = self.state_shape[2] if self.vk else self.state_shape[1]
+        shape = {"full": (HV, K, K), "diagonal": (HV, K), "scalar": (HV,), "identity": None}[self.transition]
+        return None if shape is None else flat.reshape(shape)
+
+    @staticmethod
+    def global_offsets(cu_seqlens, total, world, T):
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
+                or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            got = list(cu_seqlens.shape) if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__
+            raise ValueError(f"cu_seqlens: with cp_group, expected [N+1] int32/int64 offsets into all ranks' tokens, got {got}")
+        offsets = cu_seqlens.tolist()
+        if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"cu_seqlens: with cp_group, global offsets rising from 0 to world size * T = {world} * {T} "
+                             f"= {total} (the same on every rank), got {offsets[0]} .. {offsets[-1]}")
+        return offsets
+'''
+
+
+def transition_form(layer) -> str:
+    """How a segment's M is held (derive-segment-scan's transition_form, read from the k3 op)."""
+    if layer.delta_rule.value.data:
+        return "full"
+    return {"channel": "diagonal", "scalar": "scalar", "none": "identity"}[layer.gate.data]
+
+
+def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp, k3s.EntryOp] | None:
+    """The (chunk, segment_summary) entries of one layer, or None: context parallelism needs both."""
+    entries = {op.sym_name.data: op for op in module.ops if isinstance(op, k3s.EntryOp)}
+    chunk, summary = entries.get("chunk"), entries.get("segment_summary")
+    if chunk is None or summary is None or chunk.source.data != summary.source.data:
+        return None
+    return chunk, summary
+
+
+def print_context_parallel(printer, module: ModuleOp, chunk_view, summary_view) -> None:
+    """Print the runtime, its instance for this layer and the `chunk` wrapper (after every entry:
+    the instance holds _chunk_single and segment_summary)."""
+    from k3compile.ir.k3 import RecurrenceOp
+
+    c = printer.code
+    chunk = chunk_view.entry
+    layer = next(op for op in module.ops if isinstance(op, RecurrenceOp) and op.sym_name.data == chunk.source.data)
+    tokens = [t.sym_name.data for t in chunk_view.tensors if t.role.data == "input"]
+    handled = {"initial_state", "cu_seqlens", "final_state"}  # the runtime maps them to segments / ranks
+    passed = ("optional_input", "forbidden")  # beside the tokens: scalars, A_log / dt_bias, absent inputs
+    params = [a.sym_name.data for a in chunk_view.args if a.sym_name.data not in handled
+              and (isinstance(a, k3s.ScalarArgOp) or a.role.data in passed)]
+    summary_args = tuple(t.sym_name.data for t in summary_view.tensors
+                         if t.sym_name.data != "cu_seqlens" and t.role.data in ("input", *passed))
+    state_shape = tuple(int(d) for d in chunk_view.dims("initial_state")[1:])
+    chunk_size = next(op.chunk_size.value.data for op in chunk.walk() if isinstance(op, k3s.ChunkTileOp))
+    transition, vk = transition_form(layer), layer.state_layout.data == "vk"
+    first = chunk_view.tensors[0].sym_name.data
+    c(*RUNTIME.strip("\n").splitlines())
+    c("", "")
+    c(f"# k3s.entry @chunk <source = {chunk.source.data}> with context parallelism: transition {transition}, "
+      f"states {layer.state_layout.data}",
+      f"_CHUNK_CP = _ContextParallel({PLAIN_CHUNK}, segment_summary, {summary_args!r}, {transition!r}, {vk}, "
+      f"{state_shape!r}, {chunk_size})", "", "")
+    signature = printer.signatures["chunk"] + ["segments=None", "cp_group=None"]
+    c(f"def chunk({', '.join(signature)}):")
+    with c.indent():
+        c(f'"""{printer_describe(chunk)} with context parallelism (docs/context-parallel.md).', "",
+          f"Arguments and returns as {PLAIN_CHUNK} (the plain entry, above), and:",
+          "    segments: None or 1: the plain entry, exactly. P > 1: every sequence split into P near-equal",
+          f"        segments (cut at multiples of the chunk size {chunk_size} where the sequence has P chunks,",
+          "        at single tokens where it is shorter; at multiples of checkpoint_every when checkpoints are",
+          "        asked for) that run in parallel: their summaries (one segment_summary call), a prefix",
+          "        combine per sequence (fp32), one chunk call from every segment's true entering state.",
+          "    cp_group: None, or a torch.distributed process group the token stream is split over. Every",
+          "        rank holds T tokens of the packed stream (B = 1, the same T on every rank; rank r the",
+          "        tokens r*T .. (r+1)*T - 1); cu_seqlens None (one sequence) or the global offsets",
+          "        (0 .. world*T, the same on every rank), sequences may span ranks; initial_state: one",
+          "        state per sequence that starts on this rank (None: zeros); final_state: one per",
+          "        sequence that ends on this rank. One all_gather of 4 + (the summary) fp32 numbers per",
+          "        rank, independent of T. Combines with segments; no checkpoint_every.",
+          '"""')
+        c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1)):")
+        with c.indent():
+            plain = [f"{n}={n}" for n in (p.split("=")[0] for p in printer.signatures["chunk"])]
+            c(f"return {PLAIN_CHUNK}({', '.join(plain)})")
+        c("def check():  # the per-token inputs, checked before any work (the entries check the rest)")
+        with c.indent():
+            c("dims = {}")
+            for arg in chunk_view.tensors:
+                name = arg.sym_name.data
+                device = "None" if name == first else f"{first}.device"
+                if arg.role.data == "input":
+                    c(f'_check_tensor("{name}", {name}, "{arg.shape.data}", "{arg.dtype.data}", dims, {device})')
+                elif arg.role.data == "forbidden":
+                    c(f'_check_none("{name}", {name}, "k3 op @{chunk.source.data} has no {name} input")')
+            c("return dims")
+        c("", f"tokens = dict({', '.join(f'{n}={n}' for n in tokens)})",
+          f"params = dict({', '.join(f'{n}={n}' for n in params)})",
+          "if cp_group is not None:")
+        with c.indent():
+            c("return _CHUNK_CP.run_group(cp_group, check, tokens, params, initial_state, output_final_state, cu_seqlens,",
+              "                             checkpoint_every, 1 if segments is None else segments)")
+        c("_CHUNK_CP.check_segments(segments)",
+          "return _CHUNK_CP.run_segments(check(), tokens, params, initial_state, output_final_state, cu_seqlens,",
+          "                              checkpoint_every, segments)")
+
+
+def printer_describe(op) -> str:
+    from k3compile.backends.triton.printer import describe
+
+    return describe(op)

@@ -1,0 +1,52 @@
+"""One rank of the distributed context-parallel tests (tests/test_context_parallel.py).
+
+    python tests/cp_worker.py RANK WORLD WORKDIR
+
+Joins a gloo process group (rendezvous through a file in WORKDIR), reads WORKDIR/cases.pt,
+calls every case's compiled module (imported from its file: the module needs only torch and
+triton) with `cp_group` on this rank's inputs, and writes WORKDIR/out<RANK>.pt: per case the
+returned tensors, or the ValueError's message. Kernels run in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def load(path: str):
+    spec = importlib.util.spec_from_file_location(f"cp_layer_{abs(hash(path)):x}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.POISON_OUTPUTS = True  # every element a kernel fails to write stays NaN
+    return module
+
+
+def main(rank: int, world: int, workdir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    cases = torch.load(os.path.join(workdir, "cases.pt"))
+    modules, results = {}, []
+    for case in cases:
+        path = case["module"]
+        if path not in modules:
+            modules[path] = load(path)
+        try:
+            out = modules[path].chunk(**case["inputs"][rank], **case["options"], cp_group=dist.group.WORLD)
+            results.append(tuple(out))
+        except ValueError as error:
+            results.append(str(error))
+    torch.save(results, os.path.join(workdir, f"out{rank}.pt"))
+    dist.barrier()  # no rank tears the group down while another still uses it
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
