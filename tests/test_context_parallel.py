@@ -305,3 +305,20 @@ def test_three_ranks(compile_layer, tmp_path):
         expect(gla, varlen("gla", "vk", (20, 25, 15)), world, dict(output_final_state=True, segments=2)),
     ]
     check_ranks(world, expected, run_ranks(world, [e["case"] for e in expected], tmp_path))
+
+
+@pytest.mark.slow
+def test_torchrun_example(tmp_path):
+    """examples/cp_torchrun.py under torchrun on the CPU (gloo, 2 processes, on-device segments
+    inside each rank): every rank's slice and final states equal the single-device call."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    env.pop("TRITON_INTERPRET", None)  # the example sets it for --device cpu
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           str(REPO / "examples" / "cp_torchrun.py"), "--device", "cpu", "--segments", "2"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "RMS vs one device" in line]
+    assert len(lines) == 2, done.stdout
+    for line in lines:
+        errors = [float(x.split()[-1].rstrip(",")) for x in line.split("RMS vs one device: ")[1].split(", final")]
+        assert all(e < 1e-5 for e in errors), line
