@@ -3,7 +3,7 @@
 # fla-core 0.6.0) and k3compile, then run the phases named in PHASES (default: all):
 #   verify     k3c verify of the examples in $SPECS on the GPU, bf16 and fp32
 #   recurrent  decode timing of the recurrent entry vs fla's fused_recurrent_kda
-#   spec       decode and speculative decoding (verify + commit, spec_step, the snapshot baseline)
+#   spec       decode and speculative decoding (verify + commit, spec_step, their chunked verify, the snapshot baseline)
 #              vs fla's fused_recurrent_kda, bench/speculative_gpu.py; then the CUDA-graph test
 #   chunk      prefill timing of the chunk entry vs fla's chunk_kda / chunk_gated_delta_rule / chunk_gla
 #   profile    per-kernel GPU time of the chunk entry at B1 T8192 H96
@@ -42,6 +42,8 @@ for phase in ${PHASES:-verify recurrent chunk}; do
         -p 'lower-decode,derive-replay{draft-tokens=16},lower-speculative'
       $K3C compile bench/kda_bench.toml -o bench/generated/snapshot \
         -p 'derive-replay{draft-tokens=16},lower-speculative{mode=snapshot}'
+      $K3C compile bench/kda_bench.toml -o bench/generated/chunked \
+        -p 'derive-replay{draft-tokens=16},lower-speculative{verify=chunked}'
       python3 bench/speculative_gpu.py --out "$OUT" ${SPEC_ARGS:-}
       if python3 -c "import pytest" 2>/dev/null; then  # -P: k3compile from /tmp/site, not the source folder
         python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu.py -k cuda_graphs 2>&1 | tee "$OUT/spec_graph_test.txt"

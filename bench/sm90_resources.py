@@ -66,7 +66,7 @@ def main() -> None:
                 signature[arg], constexprs[(index,)] = "constexpr", arg in FLAGS_TRUE
             elif arg == "scale":
                 signature[arg] = "fp32"
-            elif arg in RUNTIME_INTS or (arg == "P" and "state_indices" in kernel.arg_names):  # P: pool rows
+            elif arg in RUNTIME_INTS or arg == "NSLOTS":  # NSLOTS: pool rows
                 signature[arg] = "i32"
             elif arg in ("cu_seqlens", "chunk_table"):
                 signature[arg] = "*i32"

@@ -9,10 +9,13 @@ already generated from bench/kda_bench.toml (H = 32, K = V = 128):
         -p 'lower-decode,derive-replay{draft-tokens=16},lower-speculative'
     k3c compile bench/kda_bench.toml -o bench/generated/snapshot \\
         -p 'derive-replay{draft-tokens=16},lower-speculative{mode=snapshot}'
+    k3c compile bench/kda_bench.toml -o bench/generated/chunked \\
+        -p 'derive-replay{draft-tokens=16},lower-speculative{verify=chunked}'
     python3 bench/speculative_gpu.py --out DIR        # on the GPU machine, from the repo root
     python bench/speculative_gpu.py --smoke --out /tmp/sb    # CPU smoke test (Triton's interpreter)
 
-(`PHASES=spec OUT=DIR bash bench/gpu_session.sh` does all three on the device machine.)
+(`PHASES=spec OUT=DIR bash bench/gpu_session.sh` does all of them on the device machine; without the
+chunked module the two chunked methods are reported as not compiled.)
 
 (a) decode, T = 1, over an fp32 state pool with a permuted slot table: ours `decode` (in place)
     vs fla's fused_recurrent_kda (initial_state -> final_state) and fla's in-place pool path
@@ -24,6 +27,9 @@ already generated from bench/kda_bench.toml (H = 32, K = V = 128):
     - replay:    verify + commit (two launches, no snapshots);
     - spec_step: the fused launch (commit of the previous round, then verify);
     - snapshot:  verify writing a state per token + commit copying one (mode=snapshot);
+    - chunked:   verify=chunked (the round as one chunk of the chunkwise schedule: a prepare and a
+                 scan kernel, issue 4's sub-linear target) + the same commit;
+    - chunked_step: spec_step with the chunked verify half (prepare, then replay + one chunk);
     - fla:       fused_recurrent_kda over the n tokens (initial -> final state: no rollback);
     - fla-spec:  fused_recurrent_kda_fwd in vLLM's spec-decoding mode (reads the state of the
                  accepted token, writes one state per token to the slot table [B, n]).
@@ -62,13 +68,17 @@ from common import (  # noqa: E402
     tensor_bytes,
 )
 
-METHODS = ("replay", "spec_step", "snapshot", "fla", "fla_spec")
-LAUNCHES = dict(replay=2, spec_step=1, snapshot=2, fla=1, fla_spec=1)
+METHODS = ("replay", "spec_step", "chunked", "chunked_step", "snapshot", "fla", "fla_spec")
+OURS = ("replay", "spec_step", "chunked", "chunked_step")
+LAUNCHES = dict(replay=2, spec_step=1, chunked=3, chunked_step=2, snapshot=2, fla=1, fla_spec=1)
 # per sequence and round: S the fp32 state of all value heads, c one token's cache (k, log-decay, u),
 # n tokens verified, m accepted (committed by the round); inputs and outputs come on top
 BYTES = dict(
     replay="3 S + (n + m) c: verify reads S, writes n c; commit reads S and m c, writes S",
     spec_step="2 S + (n + m) c: reads S and the previous round's m c, writes S and n c",
+    chunked="3 S + (n + m) c + 2 n w: replay's, plus the prepare's workspaces (w = HV (2K + V + C) 4 bytes "
+            "per token of W, QG, U, P in fp32) written once and read once",
+    chunked_step="2 S + (n + m) c + 2 n w: spec_step's, plus the workspaces",
     snapshot="(3 + n) S + S [m > 0]: verify reads S, writes n S; commit reads S and the snapshot, writes S",
     fla="2 S: reads the initial state, writes the final one (no rollback possible)",
     fla_spec="(1 + n) S: reads the accepted token's state, writes one state per token",
@@ -76,7 +86,9 @@ BYTES = dict(
 TOLERANCES = dict(o=5e-3, state=1e-5, fla_state=1e-4)  # rms ratios: bf16 outputs, fp32 states
 SMOKE = dict(num_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, depth=2)
 PIPELINES = dict(speculative="lower-decode,derive-replay{{draft-tokens={depth}}},lower-speculative",
-                 snapshot="derive-replay{{draft-tokens={depth}}},lower-speculative{{mode=snapshot}}")
+                 snapshot="derive-replay{{draft-tokens={depth}}},lower-speculative{{mode=snapshot}}",
+                 chunked="derive-replay{{draft-tokens={depth}}},lower-speculative{{verify=chunked}}")
+CHUNK = 16  # the chunked verify's chunk at depth 16 (n rounded up to 16, 32 or 64)
 
 
 def parse_args(argv=None):
@@ -84,7 +96,7 @@ def parse_args(argv=None):
                                             "fused_recurrent_kda (issue 4).")
     p.add_argument("--out", required=True, help="folder for speculative_bench.md and speculative_bench.json")
     p.add_argument("--modules", default="bench/generated",
-                   help="folder with speculative/<module>.py and snapshot/<module>.py (default: bench/generated)")
+                   help="folder with speculative/, snapshot/ and (optional) chunked/<module>.py (default: bench/generated)")
     p.add_argument("--module", default="kda_bench", help="module name (default: kda_bench)")
     p.add_argument("--batches", default="1,64,256", help="comma-separated B (default 1,64,256)")
     p.add_argument("--drafts", default="1,2,4,8,16", help="comma-separated n, tokens per round (default 1,2,4,8,16)")
@@ -139,6 +151,13 @@ def main(argv=None):
     paths = {mode: modules / mode / f"{args.module}.py" for mode in PIPELINES}
     ours = import_file(paths["speculative"], f"{args.module}_speculative")
     snap = import_file(paths["snapshot"], f"{args.module}_snapshot")
+    chunked, chunked_error = None, None
+    if paths["chunked"].exists():
+        chunked = import_file(paths["chunked"], f"{args.module}_chunked")
+        if int(argument_shapes(chunked.verify)["cache"][1]) < max(drafts):
+            chunked, chunked_error = None, "chunked module's cache depth below n"
+    else:
+        chunked_error = f"not compiled ({paths['chunked']} missing)"
     shapes = argument_shapes(ours.spec_step)
     H, K = int(shapes["q"][2]), int(shapes["q"][3])
     HV, V = int(shapes["v"][2]), int(shapes["v"][3])
@@ -286,7 +305,10 @@ def main(argv=None):
             S, c = HV * K * V * 4, HV * (2 * K + V) * 4
             io = sum(tensor_bytes(inp).values()) + B * n * HV * V * 2
             row["m"] = m
+            w = HV * (2 * K + V + CHUNK) * 4
             row["bytes"] = dict(replay=B * (3 * S + (n + m) * c) + io, spec_step=B * (2 * S + (n + m) * c) + io,
+                                chunked=B * (3 * S + (n + m) * c + 2 * n * w) + io,
+                                chunked_step=B * (2 * S + (n + m) * c + 2 * n * w) + io,
                                 snapshot=B * ((3 + n) * S + S) + io, fla=B * 2 * S + io, fla_spec=B * (1 + n) * S + io)
 
             # correctness: every method from the same pool, against ours replay and the fp32 loop
@@ -295,6 +317,7 @@ def main(argv=None):
                                                                    state_indices=slots, cache=cache_r)) or (None,)
             first_call(row, "replay", lambda: ours.commit(state=pool_r, state_indices=slots, cache=cache_r,
                                                           accepted=accepted))
+            cache_r0 = cache_r[slots, :n].clone()  # the token verify's cache, for the chunked one
             o_ref, s_ref = reference(torch, inp, scale)
             check(row, "replay o vs fp32 loop", o_r, o_ref, TOLERANCES["o"])
             if args.accept == "all":
@@ -320,10 +343,36 @@ def main(argv=None):
             if o_r is not None:
                 (o_again,) = ours.verify(**tok, scale=scale, state=pool_r, state_indices=slots, cache=cache_r)
                 check(row, "spec_step round 2 o vs verify", o_f2, o_again, TOLERANCES["o"])
+            # the chunked verify (one chunk of the chunkwise schedule) and spec_step built on it
+            pool_c, cache_c = pool0.clone(), torch.zeros(B, depth, HV, 2 * K + V, device=device)
+            pool_cf, caches_c = pool0.clone(), torch.zeros(2, B, depth, HV, 2 * K + V, device=device)
+            if chunked is None:
+                row["chunked_error"] = row["chunked_step_error"] = chunked_error
+            else:
+                (o_c,) = first_call(row, "chunked", lambda: chunked.verify(
+                    **tok, scale=scale, state=pool_c, state_indices=slots, cache=cache_c)) or (None,)
+                first_call(row, "chunked", lambda: chunked.commit(state=pool_c, state_indices=slots, cache=cache_c,
+                                                                  accepted=accepted))
+                check(row, "chunked o vs replay", o_c, o_r, TOLERANCES["o"])
+                check(row, "chunked cache vs replay", cache_c[slots, :n], cache_r0, TOLERANCES["state"])
+                check(row, "chunked state vs replay", pool_c, pool_r, TOLERANCES["state"])
+                chunked_step = lambda cache, count, next_cache: chunked.spec_step(  # noqa: E731
+                    **tok, scale=scale, state=pool_cf, state_indices=slots, cache=cache, accepted=count,
+                    next_cache=next_cache)
+                (o_cf,) = first_call(row, "chunked_step", lambda: chunked_step(caches_c[0], zeros, caches_c[1])) or (None,)
+                (o_cf2,) = first_call(row, "chunked_step",
+                                      lambda: chunked_step(caches_c[1], accepted, caches_c[0])) or (None,)
+                check(row, "chunked_step o vs replay", o_cf, o_r, TOLERANCES["o"])
+                check(row, "chunked_step state vs replay", pool_cf, pool_r, TOLERANCES["state"])
+                check(row, "chunked_step round 2 o vs spec_step", o_cf2, o_f2, TOLERANCES["o"])
             methods = {
                 "replay": lambda: (ours.verify(**tok, scale=scale, state=pool_r, state_indices=slots, cache=cache_r),
                                    ours.commit(state=pool_r, state_indices=slots, cache=cache_r, accepted=accepted)),
                 "spec_step": lambda: step(caches[0], accepted, caches[1]),
+                "chunked": None if chunked is None else lambda: (
+                    chunked.verify(**tok, scale=scale, state=pool_c, state_indices=slots, cache=cache_c),
+                    chunked.commit(state=pool_c, state_indices=slots, cache=cache_c, accepted=accepted)),
+                "chunked_step": None if chunked is None else lambda: chunked_step(caches_c[0], accepted, caches_c[1]),
                 "snapshot": lambda: (snap.verify(**tok, scale=scale, state=pool_s, state_indices=slots, snapshots=snaps),
                                      snap.commit(state=pool_s, state_indices=slots, snapshots=snaps, accepted=accepted)),
             }
@@ -356,6 +405,7 @@ def main(argv=None):
             print(f"spec B={B} n={n}: " + ", ".join(f"{k} {fmt(row.get(f'{k}_ms'), 4)} ms" for k in methods)
                   + ("; CHECKS FAILED" if row.get("failed") else ""), flush=True)
             del inp, tok, h0, pool0, pool_r, pool_s, pool_f, cache_r, caches, snaps, o_ref, s_ref
+            del pool_c, cache_c, pool_cf, caches_c, cache_r0
             if fla_fn is not None:
                 del fla_pool
             if not on_cpu:
@@ -364,8 +414,9 @@ def main(argv=None):
     meta = dict(
         device=get_device_name(torch, on_cpu), torch=torch.__version__, triton=triton.__version__,
         fla=fla_version, fla_error=fla_error, fla_import_note=fla_note, python=sys.version.split()[0],
-        git_commit=git_commit(), modules={mode: str(path) for mode, path in paths.items()},
-        module_sha256={mode: hashlib.sha256(path.read_bytes()).hexdigest() for mode, path in paths.items()},
+        git_commit=git_commit(), modules={mode: str(path) for mode, path in paths.items() if path.exists()},
+        module_sha256={mode: hashlib.sha256(path.read_bytes()).hexdigest() for mode, path in paths.items()
+                       if path.exists()},
         H=H, HV=HV, K=K, V=V, cache_depth=depth, accept=args.accept,
         timing="cpu perf_counter, one rep (smoke test)" if on_cpu else
         f"triton.testing.do_bench median, warmup {args.warmup} ms, rep {args.rep} ms",
@@ -381,7 +432,8 @@ def main(argv=None):
         json.dumps(dict(meta=meta, decode=decode_rows, spec=spec_rows), indent=1, default=str) + "\n")
     print(f"wrote {out / 'speculative_bench.md'} and {out / 'speculative_bench.json'}")
     failed = [r for r in decode_rows + spec_rows if r.get("failed") or r.get("ours_error") or r.get("replay_error")
-              or r.get("spec_step_error") or r.get("snapshot_error")]
+              or r.get("spec_step_error") or r.get("snapshot_error")
+              or (chunked is not None and (r.get("chunked_error") or r.get("chunked_step_error")))]
     return 1 if failed else 0
 
 
@@ -429,7 +481,7 @@ def report(meta, decode_rows, spec_rows) -> str:
     header = ["B", "n"] + [f"{n} µs" for n in METHODS]
     if graphs:
         header += [f"{n} graph µs" for n in METHODS]
-    header += ["replay /snap", "spec_step /snap", "replay ×n=1", "spec_step ×n=1", "snapshot ×n=1", "checks"]
+    header += ["replay /snap", "spec_step /snap"] + [f"{n} ×n=1" for n in (*OURS, "snapshot")] + ["checks"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     at_n1 = {(r["B"], name): r.get(f"{name}_ms") for r in spec_rows if r["n"] == 1 for name in METHODS}
 
@@ -442,7 +494,7 @@ def report(meta, decode_rows, spec_rows) -> str:
         if graphs:
             cells += [fmt(us(r.get(f"{n}_graph_ms")), 1) for n in METHODS]
         cells += [ratio(r.get("replay_ms"), r.get("snapshot_ms")), ratio(r.get("spec_step_ms"), r.get("snapshot_ms"))]
-        cells += [ratio(r.get(f"{n}_ms"), at_n1.get((r["B"], n))) for n in ("replay", "spec_step", "snapshot")]
+        cells += [ratio(r.get(f"{n}_ms"), at_n1.get((r["B"], n))) for n in (*OURS, "snapshot")]
         cells.append("FAILED" if r.get("failed") else "ok")
         lines.append("| " + " | ".join(cells) + " |")
 
@@ -450,11 +502,11 @@ def report(meta, decode_rows, spec_rows) -> str:
               "Per sequence: S = HV K V 4 bytes of state, c = HV (2K + V) 4 bytes of cache per token; inputs "
               "(q, k, v, g, beta of n tokens) and outputs (o, bf16) are added to every method."]
     lines += [f"- {name}: {text}" for name, text in BYTES.items()]
-    header = ["B", "n", "m"] + [f"{n} MB" for n in METHODS] + [f"{n} TB/s" for n in ("replay", "spec_step", "snapshot")]
+    header = ["B", "n", "m"] + [f"{n} MB" for n in METHODS] + [f"{n} TB/s" for n in (*OURS, "snapshot")]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in spec_rows:
         cells = [str(r["B"]), str(r["n"]), fmt(r["m"], 1)] + [fmt(r["bytes"][n] / 1e6, 2) for n in METHODS]
-        for n in ("replay", "spec_step", "snapshot"):
+        for n in (*OURS, "snapshot"):
             ms = r.get(f"{n}_ms")
             cells.append(fmt(r["bytes"][n] / (ms * 1e-3) / 1e12, 2) if isinstance(ms, float) else "-")
         lines.append("| " + " | ".join(cells) + " |")
@@ -485,7 +537,7 @@ def targets(meta, decode_rows, spec_rows) -> list[str]:
                    + ("yes" if not slower else "no (" + ", ".join(slower) + ")"))
     by = {(r["B"], r["n"]): r for r in spec_rows}
     if (256, 1) in by and (256, 8) in by:
-        for name in ("replay", "spec_step"):
+        for name in OURS:
             a, b = by[(256, 8)].get(f"{name}_ms"), by[(256, 1)].get(f"{name}_ms")
             if isinstance(a, float) and isinstance(b, float):
                 out.append(f"- {name} B=256: n=8 costs {a / b:.2f}× n=1 (target <= 1.3×)")

@@ -290,10 +290,12 @@ def run_replay(speculative: k3s.SpeculativeOp, S0: Matrix, cache: list, accepted
     return replay(next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp)), S0, cache, accepted)
 
 
-def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, list], accepted: int) -> tuple:
+def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, list], accepted: int,
+                    workspaces: dict | None = None) -> tuple:
     """A lowered speculative kernel's stages in program order on one pool row that holds x.S0:
-    replays read `accepted` tokens of their buffer, cache updates append to theirs. Returns (O of
-    x's tokens, or None without a token loop; the row as the kernel leaves it)."""
+    replays read `accepted` tokens of their buffer, cache updates append to theirs; a chunk loop
+    (the chunked verify) reloads what a prepare kernel spilled to `workspaces`. Returns (O of
+    x's tokens, or None without a token or chunk loop; the row as the kernel leaves it)."""
     S, row, O = None, x.S0, None
     for op in kernel.body.ops:
         if isinstance(op, k3s.StateTileOp):
@@ -304,9 +306,64 @@ def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, lis
             row = S
         elif isinstance(op, k3s.TokenLoopOp):
             O, S = run_token_loop(op, x, S, buffers)
+        elif isinstance(op, k3s.ChunkLoopOp):
+            O, S = run_chunk_loop(op, x, S, workspaces or {}, buffers)
         else:
             raise TypeError(f"{op.name} is not a stage of a pool kernel")
     return O, row
+
+
+def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int) -> dict:
+    """A token-parallel chunk kernel (fuse-chunkwise's prepare) on x's chunks: its stages in
+    program order; returns the workspaces, {(chunk start, name): what it spilled}."""
+    workspaces = {}
+    for start in range(0, x.q.rows, chunk_size):
+        chunk = Chunk(x, start, min(start + chunk_size, x.q.rows))
+        for op in kernel.body.ops:
+            if isinstance(op, (k3s.ChunkTileOp, k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)):
+                continue
+            if isinstance(op, k3s.SpillOp):
+                workspaces[(start, op.value.data)] = chunk[op.value.data]
+            else:
+                STAGES[type(op)](op, chunk, None)
+    return workspaces
+
+
+def run_chunk_loop(loop: k3s.ChunkLoopOp, x: ExactInputs, S: Matrix, workspaces: dict,
+                   buffers: dict[str, list]) -> tuple[Matrix, Matrix]:
+    """A chunk loop of a lowered kernel from the state S: each chunk starts with only what it
+    reloads from the workspaces; cache updates append the chunk's rows (k, decays, u = Vr or v)
+    to their buffer. Returns (O of x's tokens, the state after them)."""
+    C = loop.chunk_size.value.data
+    outputs = []
+    for start in range(0, x.q.rows, C):
+        chunk = Chunk(x, start, min(start + C, x.q.rows))
+        for op in loop.body.ops:
+            if isinstance(op, (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp, k3s.StoreCheckpointOp)):
+                continue
+            if isinstance(op, k3s.ReloadOp):
+                if (start, op.value.data) not in workspaces:
+                    raise IncompleteSchedule(f"a chunk loop reloads {op.value.data}, which no kernel spilled")
+                chunk.values[op.value.data] = workspaces[(start, op.value.data)]
+            elif isinstance(op, k3s.CacheUpdateOp):
+                u = chunk["Vr"] if op.residual is not None and op.residual.value.data else chunk.V
+                buffers.setdefault(k3s.cache_buffer(op), []).extend(
+                    (chunk.K[i, :].T, chunk.decays[i, :], u[i, :].T) for i in range(chunk.K.rows))
+            else:
+                S = STAGES[type(op)](op, chunk, S)
+        outputs.append(chunk["O"])
+    return Matrix.vstack(*outputs), S
+
+
+def run_pool_entry(kernels: list, x: ExactInputs, buffers: dict[str, list], accepted: int) -> tuple:
+    """A lowered speculative entry's kernels in launch order on one pool row that holds x.S0:
+    prepare kernels (a chunk tile, no state) fill the workspaces the pool kernel's chunk loop
+    reloads. Returns run_pool_kernel's (O, the row as the entry leaves it)."""
+    workspaces: dict = {}
+    for kernel in kernels[:-1]:
+        tile = next(op for op in kernel.body.ops if isinstance(op, k3s.ChunkTileOp))
+        workspaces.update(run_prepare_kernel(kernel, x, tile.chunk_size.value.data))
+    return run_pool_kernel(kernels[-1], x, buffers, accepted, workspaces)
 
 
 # --- the segment-scan schedule (context parallelism) ----------------------------------------

@@ -138,10 +138,16 @@ class KernelOp(KeywordSyntax):
     grid = prop_def(StringAttr)
     num_warps = prop_def(IntegerAttr[I64])
     num_stages = opt_prop_def(IntegerAttr[I64])  # software-pipelining depth of its loops (Triton's default if absent)
+    # the operands of its chunk stages' matrix products: absent, those of the input dtype (bf16
+    # tensor cores for bf16 inputs); fp32: exact fp32 whatever the inputs (the chunked verify,
+    # whose products feed the committed state)
+    dots = opt_prop_def(StringAttr)
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
 
     def verify_(self) -> None:
+        if self.dots is not None:
+            _choice(self, "dots", ("fp32",))
         warps = self.num_warps.value.data
         if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
             raise VerifyException(

@@ -253,7 +253,7 @@ def cmd_prove(args) -> int:
     from rich.table import Table
 
     from k3compile.errors import UnsupportedError
-    from k3compile.prove import prove_chunkwise, prove_replay, prove_segment_scan, prove_spec_step
+    from k3compile.prove import prove_chunked_verify, prove_chunkwise, prove_replay, prove_segment_scan, prove_spec_step
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -263,6 +263,8 @@ def cmd_prove(args) -> int:
     results = [r for size in sizes for r in prove_chunkwise(spec, size, seed=args.seed)]
     results += prove_replay(spec, args.draft_tokens, seed=args.seed)
     results += prove_spec_step(spec, args.draft_tokens, seed=args.seed)
+    results += prove_chunked_verify(spec, args.draft_tokens, seed=args.seed)  # lower-speculative{verify=chunked}
+    results += prove_spec_step(spec, args.draft_tokens, seed=args.seed, verify="chunked")
     results += prove_segment_scan(spec, min(sizes), seed=args.seed)
     table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence, exact rationals (K=2, V=3)")
     for column in ("schedule", "T", "outputs", "final state", "result"):

@@ -97,6 +97,51 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
     return results
 
 
+def entry_kernels(module, name: str) -> list:
+    """The kernels of a lowered entry, in launch order."""
+    from k3compile.ir import k3s
+
+    entry = next(op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == name)
+    return [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+
+
+def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = None) -> list[ProofResult]:
+    """Prove `lower-speculative{verify=chunked}`'s verify as lowered (the prepare kernel, then the
+    scan kernel's one chunk from the pool row S_0): its outputs equal the token recurrence's, and
+    the commit kernel's replay of its cached (k, decays, u) for every accepted count m = 0..n
+    equals the recurrence's state after m tokens."""
+    from k3compile.ir import exact
+    from k3compile.pipeline import run_pipeline
+
+    rng = random.Random(seed)
+    module = small_op(spec)
+    layer_op = next(iter(module.ops))
+    pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative{{verify=chunked}}"
+    run_pipeline(module, pipeline)
+    delta_rule = bool(layer_op.delta_rule.value.data)
+    x = exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data)
+    want_o, _ = exact.token_recurrence(x, delta_rule)
+    buffers: dict[str, list] = {}
+    try:
+        got_o, row = exact.run_pool_entry(entry_kernels(module, "verify"), x, buffers, 0)
+    except exact.IncompleteSchedule as err:  # a stage reads what nothing produced: every row fails
+        return [ProofResult(spec.name, f"{pipeline}: verify, accept {m}", draft_tokens, False, False, str(err))
+                for m in range(draft_tokens + 1)]
+    outputs_equal = got_o.shape == want_o.shape and (got_o - want_o).is_zero_matrix
+    results = []
+    for accepted in range(draft_tokens + 1):
+        want_s = exact.token_recurrence(x.tokens(0, accepted), delta_rule)[1] if accepted else x.S0
+        replayed = exact.run_pool_entry(entry_kernels(module, "commit"), x, {"cache": buffers.get("cache", [])},
+                                        accepted)[1]
+        row_kept = (row - x.S0).is_zero_matrix
+        state_equal = row_kept and (replayed - want_s).is_zero_matrix
+        mismatch = ("verify outputs differ" if not outputs_equal else "verify wrote the pool row" if not row_kept
+                    else "" if state_equal else f"replayed state after {accepted} accepted tokens differs")
+        results.append(ProofResult(spec.name, f"{pipeline}: verify, accept {accepted}", draft_tokens, outputs_equal,
+                                   state_equal, mismatch))
+    return results
+
+
 def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) -> list[ProofResult]:
     """Prove `derive-replay{draft-tokens=n}`: the verify pass's outputs equal the token
     recurrence's, and the replay of every accepted count m = 0..n equals the recurrence's state
@@ -127,31 +172,34 @@ def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) ->
     return results
 
 
-def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None) -> list[ProofResult]:
+def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None,
+                    verify: str = "token") -> list[ProofResult]:
     """Prove the fused `spec_step` kernel that `lower-speculative` builds, stage by stage, over two
     rounds on a pool row holding S_0: the first launch (nothing accepted before, `cache` never
     read) verifies round 1 like the token recurrence from S_0; the second, keeping m = 0..n of
     round 1's tokens, leaves the row at the recurrence's state S_m after them, verifies round 2
     from S_m like the recurrence, and caches what the `commit` kernel (the last round's flush)
-    replays to the state after all of round 2."""
-    from k3compile.ir import exact, k3s
+    replays to the state after all of round 2. verify = chunked: the same for the entry lowered
+    with `verify=chunked` (its prepare kernel, then the step kernel: replay, store, one chunk)."""
+    from k3compile.ir import exact
     from k3compile.pipeline import run_pipeline
 
     rng = random.Random(seed)
     module = small_op(spec)
     layer_op = next(iter(module.ops))
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative"
+    if verify != "token":
+        pipeline += f"{{verify={verify}}}"
     run_pipeline(module, pipeline)
-
-    def kernel_of(name: str) -> k3s.KernelOp:
-        entry = next(op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == name)
-        return next(op for op in entry.body.ops if isinstance(op, k3s.KernelOp))
-
-    kernel, commit = kernel_of("spec_step"), kernel_of("commit")
+    kernel, commit = entry_kernels(module, "spec_step"), entry_kernels(module, "commit")
     delta_rule = bool(layer_op.delta_rule.value.data)
     first, second = (exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data) for _ in range(2))
     first_round = {"cache": []}
-    got_o, left = exact.run_pool_kernel(kernel, first, first_round, 0)  # left: the row as round 1 leaves it
+    try:
+        got_o, left = exact.run_pool_entry(kernel, first, first_round, 0)  # left: the row as round 1 leaves it
+    except exact.IncompleteSchedule as err:  # a stage reads what nothing produced: every row fails
+        return [ProofResult(spec.name, f"{pipeline}: spec_step, accept {m}", draft_tokens, False, False, str(err))
+                for m in range(draft_tokens + 1)]
     first_equal = (got_o - exact.token_recurrence(first, delta_rule)[0]).is_zero_matrix
     results = []
     for accepted in range(draft_tokens + 1):
@@ -159,10 +207,10 @@ def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None)
         x_from_S_m = second.tokens(0, draft_tokens, S_m)
         want_o, want_s = exact.token_recurrence(x_from_S_m, delta_rule)
         buffers = {"cache": first_round.get("next_cache", [])}  # the caller swaps the pair
-        got_o, row = exact.run_pool_kernel(kernel, second.tokens(0, draft_tokens, left), buffers, accepted)
+        got_o, row = exact.run_pool_entry(kernel, second.tokens(0, draft_tokens, left), buffers, accepted)
         outputs_equal = first_equal and (got_o - want_o).is_zero_matrix
         row_equal = (row - S_m).is_zero_matrix
-        flushed = exact.run_pool_kernel(commit, x_from_S_m, {"cache": buffers.get("next_cache", [])}, draft_tokens)[1]
+        flushed = exact.run_pool_entry(commit, x_from_S_m, {"cache": buffers.get("next_cache", [])}, draft_tokens)[1]
         cached_equal = (flushed - want_s).is_zero_matrix
         mismatch = ("round 1 outputs differ" if not first_equal else "round 2 outputs differ" if not outputs_equal
                     else "" if row_equal else f"committed row after {accepted} accepted differs")

@@ -13,6 +13,16 @@
   cache and next_cache every round; the entry refuses overlapping ones.
 mode = snapshot compiles today's engines' way from the same schedule, for side-by-side
 comparison: verify writes the whole state after every token, commit copies the one accepted.
+
+verify = chunked (replay mode) builds the verify (and spec_step's verify half) from the stages
+of derive-chunkwise's schedule instead of the token loop: the n <= C drafts of a round are one
+chunk of C (n rounded up to 16, 32 or 64) from the committed state S_0, so O = scale (QG S_0 +
+P Vr) and the update every token writes is row t of Vr = U - W S_0 (the WY form's corrected
+values), which is what the cache holds. fuse-chunkwise's split gives a prepare kernel (one
+program per (sequence, value head): W, U, P, QG spilled, in fp32 like all its products, since
+the cached u become the committed state) and a scan kernel whose state tile is
+the pool row (read, never written in verify) and whose one chunk writes o and the cache rows; the
+state advance and what only it reads (KG, gamma_C) are dropped. The commit (replay) stays.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
+from k3compile.passes import derive_chunkwise, fuse_chunkwise
 from k3compile.passes.common import (
     check_num_warps,
     check_power_of_two,
@@ -42,8 +53,60 @@ def clone(op, **changes):
     return type(op).create(properties={**op.properties, **props(**changes)})
 
 
+CHUNKED_VERIFY_SIZES = (16, 32, 64)  # the chunk tiles the Triton backend prints
+
+
+def verify_chunk_size(depth: int) -> int:
+    """The draft depth rounded up to a chunk tile: a round is one chunk."""
+    size = next((c for c in CHUNKED_VERIFY_SIZES if c >= depth), None)
+    if size is None:
+        raise ValueError(f"lower-speculative: verify=chunked needs draft-tokens <= {CHUNKED_VERIFY_SIZES[-1]}, got {depth}")
+    return size
+
+
+def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v: int, num_warps: int,
+                   buffer: str, name: str) -> tuple[list, k3s.KernelOp, k3s.KernelOp]:
+    """derive-chunkwise's schedule of one chunk from the pool row, split by fuse-chunkwise: (its
+    workspaces, the prepare kernel, the scan kernel with its pool state tile and its chunk loop,
+    which writes o and caches every row's k, log-decay and u into `buffer`)."""
+    gate, delta_rule = layer.gate.data, bool(layer.delta_rule.value.data)
+    chunked = derive_chunkwise.chunkwise_schedule(layer, verify_chunk_size(depth))
+    local_region, scan_region = list(chunked.body.ops)
+    # the verify needs the outputs and the updates the tokens write, not the state after them
+    for op in [o for o in scan_region.body.ops if isinstance(o, k3s.StateAdvanceOp)]:
+        op.detach()
+        op.erase()
+    extra = {} if buffer == "cache" else {"buffer": buffer}
+    scan_region.body.block.add_op(make(k3s.CacheUpdateOp, gate=gate, residual=delta_rule, **extra))
+    needed = set().union(*(k3s.stage_dataflow(op)[0] for op in scan_region.body.ops))
+    for op in reversed(list(local_region.body.ops)):  # chunk-local stages nothing reads any more
+        reads, writes = k3s.stage_dataflow(op)
+        if writes in needed:
+            needed |= reads
+        else:
+            op.detach()
+            op.erase()
+    workspaces, (prepare, scan) = fuse_chunkwise.split_kernels(layer, entry, chunked, block_v, num_warps, 1)
+    chunked.erase()
+    for op in list(scan.walk()):
+        if isinstance(op, (k3s.StoreCheckpointOp, k3s.StoreStateOp)):  # no state leaves a verify
+            op.detach()
+            op.erase()
+    old_tile = next(op for op in scan.body.ops if isinstance(op, k3s.StateTileOp))
+    Rewriter.insert_op(clone(old_tile, home="pool", block_v=block_v), InsertPoint.before(old_tile))
+    old_tile.detach()
+    old_tile.erase()
+    # fp32 products and workspaces whatever the inputs: the cached u are the committed state's
+    # updates (a chunk of n <= 64 tokens costs little in fp32 next to the state traffic)
+    for kernel, kernel_name in ((prepare, f"{name}_prepare"), (scan, name)):
+        kernel.properties.update(props(sym_name=kernel_name, dots="fp32"))
+    for workspace in workspaces:
+        workspace.properties.update(props(dtype="float32"))
+    return workspaces, prepare, scan
+
+
 def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int,
-                    mode: str) -> list[k3s.EntryOp]:
+                    mode: str, verify_schedule: str = "token") -> list[k3s.EntryOp]:
     name = layer.sym_name.data
     K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
     layout = layer.state_layout.data
@@ -70,6 +133,19 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
     def token_arguments():
         return [a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY]
 
+    chunked = verify_schedule == "chunked"
+    if chunked:
+        workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
+                                                   "cache", f"{name}_verify")
+        verify_kernels = [*workspaces, prepare, scan]
+    else:
+        verify_kernels = [make(
+            k3s.KernelOp,
+            [tile(), make(k3s.TokenLoopOp, verify_stages)],
+            sym_name=f"{name}_verify",
+            grid="value_block,sequence_head",
+            num_warps=num_warps,
+        )]
     verify = make(
         k3s.EntryOp,
         [
@@ -77,13 +153,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
             arg("state", state_shape, "state", "input"),
             arg("state_indices", "B", "index", "input"),
             arg(buffer, buffer_shape, "float32", "inout"),
-            make(
-                k3s.KernelOp,
-                [tile(), make(k3s.TokenLoopOp, verify_stages)],
-                sym_name=f"{name}_verify",
-                grid="value_block,sequence_head",
-                num_warps=num_warps,
-            ),
+            *verify_kernels,
         ],
         sym_name="verify",
         source=name,
@@ -109,6 +179,26 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
     )
     if mode == "snapshot":
         return [verify, commit]
+    committed = [clone(replay, buffer="cache"), make(k3s.StoreStateOp, layout=layout, home="pool")]
+    if chunked:  # the prepare reads only the inputs; the scan commits the row, then verifies from it
+        workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
+                                                   "next_cache", f"{name}_spec_step")
+        Rewriter.insert_op(committed, InsertPoint.after(next(op for op in scan.body.ops
+                                                             if isinstance(op, k3s.StateTileOp))))
+        step_kernels = [*workspaces, prepare, scan]
+    else:
+        step_kernels = [make(
+            k3s.KernelOp,
+            [
+                tile(),
+                *committed,
+                make(k3s.TokenLoopOp, [clone(op, buffer="next_cache") if isinstance(op, k3s.CacheUpdateOp)
+                                       else clone(op) for op in loop.body.ops]),
+            ],
+            sym_name=f"{name}_spec_step",
+            grid="value_block,sequence_head",
+            num_warps=num_warps,
+        )]
     step = make(
         k3s.EntryOp,
         [
@@ -118,19 +208,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
             arg("cache", buffer_shape, "float32", "input"),
             arg("accepted", "B", "index", "input"),
             arg("next_cache", buffer_shape, "float32", "inout", distinct_from="cache"),
-            make(
-                k3s.KernelOp,
-                [
-                    tile(),
-                    clone(replay, buffer="cache"),
-                    make(k3s.StoreStateOp, layout=layout, home="pool"),
-                    make(k3s.TokenLoopOp, [clone(op, buffer="next_cache") if isinstance(op, k3s.CacheUpdateOp)
-                                           else clone(op) for op in loop.body.ops]),
-                ],
-                sym_name=f"{name}_spec_step",
-                grid="value_block,sequence_head",
-                num_warps=num_warps,
-            ),
+            *step_kernels,
         ],
         sym_name="spec_step",
         source=name,
@@ -147,16 +225,22 @@ class LowerSpeculativePass(ModulePass):
     block_v: int = 32
     num_warps: int = 4
     mode: str = "replay"  # or snapshot: the baseline of today's engines, for comparison
+    verify: str = "token"  # or chunked: a round's drafts as one chunk of the chunkwise schedule
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.mode not in ("replay", "snapshot"):
             raise ValueError(f"lower-speculative: mode must be replay or snapshot, got {self.mode!r}")
+        if self.verify not in ("token", "chunked"):
+            raise ValueError(f"lower-speculative: verify must be token or chunked, got {self.verify!r}")
+        if self.verify == "chunked" and self.mode != "replay":
+            raise ValueError("lower-speculative: verify=chunked needs mode=replay (the snapshot baseline is token by token)")
         check_power_of_two("lower-speculative", "block-v", self.block_v)
         check_num_warps("lower-speculative", self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
             entry = speculative.parent_op()
-            entries = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps, self.mode)
+            entries = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps, self.mode,
+                                      self.verify)
             if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
                 prefix = entry.sym_name.data.removesuffix("speculative")
                 for new in entries:

@@ -15,7 +15,7 @@ from conftest import (run_cli, DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE
 from k3compile.cli import main
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
-from k3compile.prove import prove_replay, prove_chunkwise, prove_spec_step
+from k3compile.prove import prove_chunked_verify, prove_replay, prove_chunkwise, prove_spec_step
 from k3compile.spec import load_spec, spec_from_table
 
 DELTA_KINDS = [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]]
@@ -69,8 +69,9 @@ def test_cli_prove_passes(capsys, kind, fresh_seed):
                          "--seed", fresh_seed)
     assert code == 0, f"exit code {code}: {out}\n{err}"
     # 3 chunkwise lengths, replay of 0 and 1 accepted tokens, spec_step after 0 and 1 accepted,
-    # segment scan: associativity and 5 splits
-    assert "13 passed, 0 failed" in out
+    # the same two for verify=chunked, segment scan: associativity and 5 splits
+    assert "17 passed, 0 failed" in out
+    assert "lower-speculative{verify=chunked}: spec_step, accept 1" in out
     assert "spec_step, accept 1" in out
     assert "FAILED" not in out
 
@@ -188,9 +189,10 @@ def test_cli_prove_missing_stage_exits_1(capsys, monkeypatch, fresh_seed):
     patch_schedule(monkeypatch, drop(k3s.ForwardSubstitutionOp))
     code, out, err = run(capsys, "prove", EXAMPLES / "kda.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
-    # the segment scan finishes its segments with the same schedule: its 5 splits fail too; the
-    # replay and spec_step proofs (2 + 2) and the combine's associativity still pass
-    assert code == 1 and "5 passed, 8 failed" in out and "Traceback" not in err
+    # the segment scan finishes its segments with the same schedule: its 5 splits fail too, and so
+    # do the chunked verify's (2 + 2: it is built from that schedule); the token replay and
+    # spec_step proofs (2 + 2) and the combine's associativity still pass
+    assert code == 1 and "5 passed, 12 failed" in out and "Traceback" not in err
 
 
 def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
@@ -198,7 +200,7 @@ def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / "gla.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 1, f"exit code {code}: {out}\n{err}"
-    assert "FAILED" in out and "5 passed, 8 failed" in out
+    assert "FAILED" in out and "5 passed, 12 failed" in out
 
 
 # --- the two oracles agree ------------------------------------------------------------------
@@ -332,3 +334,65 @@ def test_wrong_spec_step_fails_the_proof(monkeypatch, mutate, fresh_seed):
         assert not any(r.holds for r in results)
     else:  # nothing accepted needs no replay
         assert results[0].holds and not any(r.holds for r in results[1:])
+
+
+# --- lower-speculative{verify=chunked}: a round's drafts as one chunk ------------------------
+
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+@pytest.mark.parametrize("draft_tokens", [1, 2, 5])
+def test_chunked_verify_proof_holds_for_every_accepted_count(kind, draft_tokens, fresh_seed):
+    results = prove_chunked_verify(spec_of(kind), draft_tokens, seed=fresh_seed)
+    assert [r.schedule.rsplit(" ", 1)[-1] for r in results] == [str(m) for m in range(draft_tokens + 1)]
+    assert all(r.holds for r in results), [r.first_mismatch for r in results if not r.holds]
+
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+@pytest.mark.parametrize("draft_tokens", [1, 3])
+def test_chunked_spec_step_proof_holds_for_every_accepted_count(kind, draft_tokens, fresh_seed):
+    results = prove_spec_step(spec_of(kind), draft_tokens, seed=fresh_seed, verify="chunked")
+    assert [r.schedule.rsplit(" ", 1)[-1] for r in results] == [str(m) for m in range(draft_tokens + 1)]
+    assert all("verify=chunked" in r.schedule and r.holds for r in results), [r.first_mismatch for r in results]
+
+
+def patch_chunked_kernels(monkeypatch, mutate):
+    """lower-speculative{verify=chunked} with `mutate` applied to every chunked verify it builds
+    ((workspaces, prepare kernel, scan kernel))."""
+    from k3compile.passes import lower_speculative
+
+    original = lower_speculative.chunked_verify
+
+    def wrong(*args):
+        built = original(*args)
+        mutate(*built)
+        return built
+
+    monkeypatch.setattr(lower_speculative, "chunked_verify", wrong)
+
+
+def cache_the_raw_values(workspaces, prepare, scan):
+    """Cache v instead of the corrected rows of Vr: the replay adds beta-less raw values."""
+    for op in scan.walk():
+        if isinstance(op, k3s.CacheUpdateOp):
+            op.properties.pop("residual")
+
+
+def spill_no_queries(workspaces, prepare, scan):
+    for op in list(prepare.walk()):
+        if isinstance(op, k3s.SpillOp) and op.value.data in ("QG", "P"):
+            op.detach()
+            op.erase()
+
+
+@pytest.mark.parametrize("mutate", [cache_the_raw_values, spill_no_queries])
+def test_wrong_chunked_verify_fails_the_proof(monkeypatch, mutate, fresh_seed):
+    patch_chunked_kernels(monkeypatch, mutate)
+    results = prove_chunked_verify(spec_of("kda"), 3, seed=fresh_seed)
+    if mutate is cache_the_raw_values:  # the outputs are right; what it caches is not
+        assert all(r.outputs_equal for r in results) and results[0].holds
+        # (a random k_j of zeros, ~1% per token at K = 2, makes u_j irrelevant to S_j: the last
+        # state still carries every earlier token's wrong u)
+        assert not results[-1].holds
+    else:
+        assert not any(r.holds for r in results) and "reloads" in results[0].first_mismatch
+    assert not all(r.holds for r in prove_spec_step(spec_of("kda"), 2, seed=fresh_seed, verify="chunked"))

@@ -327,7 +327,8 @@ class TritonPrinter:
             first = view.tensors[0].sym_name.data
             # bf16 inputs: bf16 tensor-core dots; fp16/fp32 inputs: fp32 dots (fp16 cannot hold
             # the gate ratios of a sub-chunk)
-            params.append(("DOT_BF16: tl.constexpr", f"DOT_BF16={first}.dtype == torch.bfloat16"))
+            bf16 = "False" if kernel.dots is not None else f"{first}.dtype == torch.bfloat16"  # dots = fp32
+            params.append(("DOT_BF16: tl.constexpr", f"DOT_BF16={bf16}"))
         return params
 
     def launch_config(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:

@@ -1,0 +1,53 @@
+// lower-speculative{verify=chunked}: the verify (and spec_step's verify half) from the stages of
+// derive-chunkwise's schedule, one chunk of 16 per round (4 drafts rounded up). fuse-chunkwise's
+// split gives a prepare kernel (W, U, P, QG spilled in fp32, fp32 products: the cached u become
+// the committed state; KG and gamma_C, read only by the dropped
+// state advance, are not computed) and a scan kernel whose state tile is the pool row, read and
+// never written in verify; its chunk caches every row's k, log-decay and u = Vr. The commit stays.
+// RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative{verify=chunked}' | filecheck %s
+// RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative{verify=chunked}' | k3c opt - | filecheck %s
+// RUN: not k3c opt %s -p 'derive-replay,lower-speculative{verify=chunks}' 2>&1 | filecheck %s --check-prefix=BADVERIFY
+// RUN: not k3c opt %s -p 'derive-replay{draft-tokens=65},lower-speculative{verify=chunked}' 2>&1 | filecheck %s --check-prefix=DEEP
+
+builtin.module {
+  k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 8, head_v_dim = 16, scale = 0.5, state_layout = kv, dtype = float32>
+}
+
+// CHECK: k3s.entry @verify <source = gdn, max_tokens = 4> {
+// CHECK-DAG: k3s.tensor_arg @state <shape = "P,4,8,16", dtype = state, role = input>
+// CHECK-DAG: k3s.tensor_arg @cache <shape = "P,4,4,32", dtype = float32, role = inout>
+// CHECK-DAG: k3s.tensor_arg @W <shape = "B,T,4,8", dtype = float32, role = workspace>
+// CHECK: k3s.kernel @gdn_verify_prepare <grid = "chunk,value_head", num_warps = 4, dots = fp32>
+// CHECK-NEXT: k3s.chunk_tile <chunk_size = 16
+// CHECK-NOT: k3s.chunk_decay
+// CHECK-NOT: anchor = end
+// CHECK: k3s.spill <value = U>
+// CHECK-NEXT: }
+// CHECK-NEXT: k3s.kernel @gdn_verify <grid = "value_block,sequence_head", num_warps = 4, num_stages = 1, dots = fp32>
+// CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
+// CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
+// CHECK: k3s.delta_residual
+// CHECK-NEXT: k3s.chunk_output <gate = scalar, residual = true>
+// CHECK-NOT: k3s.state_advance
+// CHECK: k3s.cache_update <gate = scalar, residual = true>
+// CHECK-NEXT: }
+// CHECK-NEXT: }
+// CHECK-NEXT: }
+// CHECK-NEXT: k3s.entry @commit <source = gdn> {
+// CHECK: k3s.kernel @gdn_commit
+// CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
+// CHECK-NEXT: k3s.replay <gate = scalar>
+// CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
+// CHECK: k3s.entry @spec_step <source = gdn, max_tokens = 4> {
+// CHECK: k3s.kernel @gdn_spec_step_prepare <grid = "chunk,value_head"
+// CHECK: k3s.kernel @gdn_spec_step <grid = "value_block,sequence_head"
+// CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
+// CHECK-NEXT: k3s.replay <gate = scalar, buffer = cache>
+// CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
+// CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
+// CHECK: k3s.cache_update <gate = scalar, buffer = next_cache, residual = true>
+// CHECK-NEXT: }
+// CHECK-NEXT: }
+
+// BADVERIFY: {{^}}k3c opt: error: {{.*}}verify must be token or chunked, got 'chunks'{{.*$}}
+// DEEP: {{^}}k3c opt: error: {{.*}}verify=chunked needs draft-tokens <= 64, got 65{{.*$}}
