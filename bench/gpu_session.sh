@@ -12,6 +12,8 @@
 #              Triton caches), a second shape of each spec (new bucket, Triton cache warm), then all
 #              again from the cache (0 s); seconds per shape in $OUT/tune_times.txt. Exports
 #              K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
+#   cp         context parallelism: bench/cp_gpu.py intra (segments=P vs the plain entry and fla at
+#              B1 T131072 / B2 T16384 H16), and on a machine of several GPUs multi (torchrun, T = 1M)
 # Run from the repo root with OUT set.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -80,5 +82,12 @@ for phase in ${PHASES:-verify recurrent chunk}; do
     chunk)
       for spec in bench/specs/*.toml; do $K3C compile "$spec" -o bench/generated --timing; done
       python3 bench/chunk_gpu.py --out "$OUT" ${CHUNK_ARGS:-} ;;
+    cp)
+      $K3C compile bench/specs/kda_h16.toml -o bench/generated
+      python3 bench/cp_gpu.py intra --module bench/generated/kda_h16.py --out "$OUT" ${CP_ARGS:-}
+      gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      if [ "$gpus" -ge 2 ]; then
+        torchrun --nproc-per-node "$gpus" bench/cp_gpu.py multi --module bench/generated/kda_h16.py --out "$OUT"
+      fi ;;
   esac
 done
