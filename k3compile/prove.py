@@ -67,26 +67,30 @@ def small_op(spec: LayerSpec):
     return module
 
 
-def derive(module, pipeline: str):
-    """Run the derivation pipeline on a module and return its k3s.chunked schedule."""
-    from k3compile.ir import k3s
+def derived(spec: LayerSpec, pipeline: str):
+    """(the layer's small k3.recurrence, the module after `pipeline`): what every proof interprets."""
     from k3compile.pipeline import run_pipeline
 
+    module = small_op(spec)
+    layer_op = next(iter(module.ops))
     run_pipeline(module, pipeline)
-    return next(op for op in module.walk() if isinstance(op, k3s.ChunkedOp))
+    return layer_op, module
+
+
+def first_op(module, op_type):
+    return next(op for op in module.walk() if isinstance(op, op_type))
 
 
 def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | None = None,
                     seed: int | None = None) -> list[ProofResult]:
     """Prove `derive-chunkwise{chunk-size=C}` for a recurrence spec at several sequence lengths
     (by default: one partial chunk, an exact multiple, and several chunks with a partial tail)."""
-    from k3compile.ir import exact
+    from k3compile.ir import exact, k3s
 
     rng = random.Random(seed)
-    module = small_op(spec)
-    layer_op = next(iter(module.ops))
     pipeline = f"derive-chunkwise{{chunk-size={chunk_size}}}"
-    chunked = derive(module, pipeline)
+    layer_op, module = derived(spec, pipeline)
+    chunked = first_op(module, k3s.ChunkedOp)
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
     gate, delta_rule = layer_op.gate.data, bool(layer_op.delta_rule.value.data)
     results = []
@@ -111,13 +115,10 @@ def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = 
     the commit kernel's replay of its cached (k, decays, u) for every accepted count m = 0..n
     equals the recurrence's state after m tokens."""
     from k3compile.ir import exact
-    from k3compile.pipeline import run_pipeline
 
     rng = random.Random(seed)
-    module = small_op(spec)
-    layer_op = next(iter(module.ops))
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative{{verify=chunked}}"
-    run_pipeline(module, pipeline)
+    layer_op, module = derived(spec, pipeline)
     delta_rule = bool(layer_op.delta_rule.value.data)
     x = exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data)
     want_o, _ = exact.token_recurrence(x, delta_rule)
@@ -147,14 +148,11 @@ def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) ->
     recurrence's, and the replay of every accepted count m = 0..n equals the recurrence's state
     after m tokens."""
     from k3compile.ir import exact, k3s
-    from k3compile.pipeline import run_pipeline
 
     rng = random.Random(seed)
-    module = small_op(spec)
-    layer_op = next(iter(module.ops))
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}}"
-    run_pipeline(module, pipeline)
-    speculative = next(op for op in module.walk() if isinstance(op, k3s.SpeculativeOp))
+    layer_op, module = derived(spec, pipeline)
+    speculative = first_op(module, k3s.SpeculativeOp)
     delta_rule = bool(layer_op.delta_rule.value.data)
     x = exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data)
     want_o, _ = exact.token_recurrence(x, delta_rule)
@@ -182,15 +180,12 @@ def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None,
     replays to the state after all of round 2. verify = chunked: the same for the entry lowered
     with `verify=chunked` (its prepare kernel, then the step kernel: replay, store, one chunk)."""
     from k3compile.ir import exact
-    from k3compile.pipeline import run_pipeline
 
     rng = random.Random(seed)
-    module = small_op(spec)
-    layer_op = next(iter(module.ops))
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative"
     if verify != "token":
         pipeline += f"{{verify={verify}}}"
-    run_pipeline(module, pipeline)
+    layer_op, module = derived(spec, pipeline)
     kernel, commit = entry_kernels(module, "spec_step"), entry_kernels(module, "commit")
     delta_rule = bool(layer_op.delta_rule.value.data)
     first, second = (exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data) for _ in range(2))
@@ -263,14 +258,11 @@ def prove_segment_scan(spec: LayerSpec, chunk_size: int, length: int | None = No
     segment) the combined summaries take the initial state to the token recurrence's final state
     and the segments finished from their combined initial states give every output."""
     from k3compile.ir import exact, k3s
-    from k3compile.pipeline import run_pipeline
 
     rng = random.Random(seed)
-    module = small_op(spec)
-    layer_op = next(iter(module.ops))
     pipeline = f"derive-segment-scan{{chunk-size={chunk_size}}}"
-    run_pipeline(module, pipeline)
-    scan = next(op for op in module.walk() if isinstance(op, k3s.SegmentScanOp))
+    layer_op, module = derived(spec, pipeline)
+    scan = first_op(module, k3s.SegmentScanOp)
     combine = next(op for op in scan.body.ops if isinstance(op, k3s.SummaryCombineOp))
     results = [prove_associative(spec.name, pipeline, combine)]
     length = length or 2 * chunk_size + 3

@@ -133,19 +133,18 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
     def token_arguments():
         return [a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY]
 
+    def pool_kernel(suffix: str, body: list) -> k3s.KernelOp:
+        """A kernel of one program per (value block, sequence, value head) over the pool rows."""
+        return make(k3s.KernelOp, body, sym_name=f"{name}_{suffix}", grid="value_block,sequence_head",
+                    num_warps=num_warps)
+
     chunked = verify_schedule == "chunked"
     if chunked:
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
                                                    "cache", f"{name}_verify")
         verify_kernels = [*workspaces, prepare, scan]
     else:
-        verify_kernels = [make(
-            k3s.KernelOp,
-            [tile(), make(k3s.TokenLoopOp, verify_stages)],
-            sym_name=f"{name}_verify",
-            grid="value_block,sequence_head",
-            num_warps=num_warps,
-        )]
+        verify_kernels = [pool_kernel("verify", [tile(), make(k3s.TokenLoopOp, verify_stages)])]
     verify = make(
         k3s.EntryOp,
         [
@@ -166,13 +165,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
             arg("state_indices", "B", "index", "input"),
             arg(buffer, buffer_shape, "float32", "input"),
             arg("accepted", "B", "index", "input"),
-            make(
-                k3s.KernelOp,
-                [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")],
-                sym_name=f"{name}_commit",
-                grid="value_block,sequence_head",
-                num_warps=num_warps,
-            ),
+            pool_kernel("commit", [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")]),
         ],
         sym_name="commit",
         source=name,
@@ -187,18 +180,12 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
                                                              if isinstance(op, k3s.StateTileOp))))
         step_kernels = [*workspaces, prepare, scan]
     else:
-        step_kernels = [make(
-            k3s.KernelOp,
-            [
-                tile(),
-                *committed,
-                make(k3s.TokenLoopOp, [clone(op, buffer="next_cache") if isinstance(op, k3s.CacheUpdateOp)
-                                       else clone(op) for op in loop.body.ops]),
-            ],
-            sym_name=f"{name}_spec_step",
-            grid="value_block,sequence_head",
-            num_warps=num_warps,
-        )]
+        step_kernels = [pool_kernel("spec_step", [
+            tile(),
+            *committed,
+            make(k3s.TokenLoopOp, [clone(op, buffer="next_cache") if isinstance(op, k3s.CacheUpdateOp)
+                                   else clone(op) for op in loop.body.ops]),
+        ])]
     step = make(
         k3s.EntryOp,
         [

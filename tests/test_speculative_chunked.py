@@ -17,7 +17,7 @@ from k3compile.driver import compile as compile_layer
 from k3compile.frontend import spec_to_module
 from k3compile.ir import reference
 from k3compile.spec import spec_from_table
-from test_speculative import DEPTH, PIPELINE, advance, round_inputs, state_shape_of
+from test_speculative import DEPTH, PIPELINE, advance, assert_spec_step_is_commit_then_verify, round_inputs, state_shape_of
 
 CHUNKED = f"derive-replay{{draft-tokens={DEPTH}}},lower-speculative{{block-v=16 verify=chunked}}"
 WIDTH = 2 * 24 + 40  # a cache row: k, log-decay, u
@@ -155,22 +155,7 @@ def test_chunked_spec_step_is_commit_then_chunked_verify(layers, pool_dtype, fre
     """The fused entry gives what commit followed by the chunked verify gives (bit for bit: the
     same stages on the same state, with a bf16 pool the state as the pool holds it)."""
     _, chunked, op = layers
-    gen = torch.Generator().manual_seed(fresh_seed)
-    pool = torch.randn((4, *state_shape_of(op)), generator=gen).to(pool_dtype)
-    slots = torch.tensor([3, -1, 0])
-    cache, apart_cache, fused_cache = (torch.full((4, DEPTH, 4, WIDTH), float("nan")) for _ in range(3))
-    chunked.verify(**round_inputs(op, 3, gen), state=pool, state_indices=slots, cache=cache)
-    accepted = torch.randint(0, DEPTH + 1, (3,), generator=gen)
-    inputs = round_inputs(op, 3, gen)
-    apart, fused = pool.clone(), pool.clone()
-    chunked.commit(state=apart, state_indices=slots, cache=cache, accepted=accepted)
-    (want_o,) = chunked.verify(**inputs, state=apart, state_indices=slots, cache=apart_cache)
-    (o,) = chunked.spec_step(**inputs, state=fused, state_indices=slots, cache=cache, accepted=accepted,
-                             next_cache=fused_cache)
-    assert torch.isfinite(o).all()
-    assert torch.equal(o, want_o)
-    assert torch.equal(fused, apart)
-    torch.testing.assert_close(fused_cache, apart_cache, rtol=0, atol=0, equal_nan=True)
+    assert_spec_step_is_commit_then_verify(chunked, op, pool_dtype, fresh_seed, width=WIDTH)
 
 
 def test_chunked_slots_outside_the_pool_touch_no_memory(layers, fresh_seed):
