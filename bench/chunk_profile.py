@@ -1,10 +1,15 @@
 """Per-kernel GPU time of a generated `chunk` entry (torch.profiler), to see where time goes.
 
     python3 bench/chunk_profile.py --module bench/generated/kda_h96.py --batch 1 --tokens 8192 --heads 96
+    python3 bench/chunk_profile.py --module bench/generated/kda_h16.py --tokens 131072 --heads 16 --segments 8
+
+Also prints the wall time of a call (synchronised): above the sum of the kernels, the GPU waited
+for the host (Python, synchronising copies).
 """
 
 import argparse
 import importlib.util
+import time
 from collections import defaultdict
 
 import torch
@@ -19,6 +24,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=96)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--segments", type=int, default=None, help="chunk(..., segments=P): context parallelism")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("generated", args.module)
     module = importlib.util.module_from_spec(spec)
@@ -31,10 +37,16 @@ def main() -> None:
     g = F.logsigmoid(torch.randn(B, T, H, D, device=dev)).clamp(min=-5)
     beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).bfloat16()
     h0 = 0.1 * torch.randn(B, H, D, D, device=dev)
-    run = lambda: module.chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True)  # noqa: E731
+    run = lambda: module.chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True,  # noqa: E731
+                                   **({} if args.segments is None else {"segments": args.segments}))
     for _ in range(3):
         run()
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        run()
+    torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - start) / args.iters * 1e6
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.iters):
             run()
@@ -43,7 +55,8 @@ def main() -> None:
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name] += event.device_time / args.iters
-    print(f"{args.module} B{B} T{T} H{H} D{D}: per-call GPU time by kernel (us)")
+    print(f"{args.module} B{B} T{T} H{H} D{D} segments={args.segments}: per-call GPU time by kernel (us); "
+          f"kernels {sum(totals.values()):.1f} us, wall {wall_us:.1f} us")
     for name, us in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"  {us:10.1f}  {name[:90]}")
 
