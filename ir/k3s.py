@@ -36,7 +36,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.syntax import KeywordSyntax
 
 ARG_DTYPES = ("float", "float32", "offsets", "state", "index")
-ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace", "inout")
+ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace", "inout", "combined")
 STATE_LAYOUTS = ("kv", "vk")
 GATES = ("channel", "scalar")
 TOKEN_TENSORS = ("q", "k", "v")
@@ -77,7 +77,8 @@ class TensorArgOp(KeywordSyntax):
     member has no such input, e.g. g of DeltaNet), output / optional_output (allocated by
     the entry; an optional one only when the caller passes output_<name>=True), workspace
     (allocated by the entry for kernels to pass data between them; not returned), inout (passed
-    in and updated in place, e.g. a state pool). Dtype classes:
+    in and updated in place, e.g. a state pool), combined (the states an entry's summary_combine
+    step makes between its kernels: the entering state of every segment). Dtype classes:
     float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
     offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1),
     state (fp32 or bf16 state storage), index (int32/int64 slot numbers).
@@ -837,7 +838,9 @@ class SummaryCombineOp(KeywordSyntax):
 
     name = "k3s.summary_combine"
     transition = prop_def(StringAttr)
-    traits = traits_def(HasParent(SegmentScanOp))
+    # in a lowered entry (lower-segment-scan): the host step between the summary kernels and the
+    # finish, its scan order the caller's (one device: a prefix per sequence; ranks: an all-gather)
+    traits = traits_def(HasParent(SegmentScanOp, EntryOp))
 
     def verify_(self) -> None:
         _choice(self, "transition", TRANSITIONS)

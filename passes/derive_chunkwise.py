@@ -82,6 +82,13 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -
     )
 
 
+def checkpoint_argument(op: RecurrenceOp, chunk_size: int) -> k3s.CheckpointArgOp:
+    """checkpoint_every: the chunked form passes through the state at every chunk boundary, so any
+    multiple of the chunk size can be kept for prefix caching."""
+    return make(k3s.CheckpointArgOp, sym_name="checkpoint_every", chunk_size=chunk_size,
+                state_shape=",".join(recurrence_state_shape(op)))
+
+
 @dataclass(frozen=True)
 class DeriveChunkwisePass(ModulePass):
     """Add a `chunk` entry holding the chunkwise schedule of every k3.recurrence."""
@@ -102,10 +109,7 @@ class DeriveChunkwisePass(ModulePass):
             k3s.EntryOp,
             [
                 *recurrence_arguments(op),
-                # the chunked form passes through the state at every chunk boundary: any
-                # multiple of the chunk size can be kept for prefix caching
-                make(k3s.CheckpointArgOp, sym_name="checkpoint_every", chunk_size=self.chunk_size,
-                     state_shape=",".join(recurrence_state_shape(op))),
+                checkpoint_argument(op, self.chunk_size),
                 chunkwise_schedule(op, self.chunk_size, self.sub_chunk),
             ],
             sym_name="chunk",

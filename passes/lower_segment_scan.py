@@ -1,4 +1,4 @@
-"""lower-segment-scan: a segment-scan schedule -> the `segment_summary` entry (its kernels).
+"""lower-segment-scan: a segment-scan schedule -> two entries, `segment_summary` and `chunk_segments`.
 
 The summary (M, N) of every segment runs the chunked schedule's state pass only (`state_pass`:
 no query Gram, no output), grouped as fuse-chunkwise groups the chunk entry:
@@ -7,8 +7,12 @@ no query Gram, no output), grouped as fuse-chunkwise groups the chunk entry:
   cu_seqlens); with a diagonal or scalar transition it also multiplies up the chunk decays into M;
 - with a full transition, a second scan over K more state columns that start at the identity
   with a zero value input (Vr = -W S): their final state is M.
-The combine and the finish of every segment from its true initial state (the chunk entry) are
-the runtime's: they need no kernels of their own.
+`segment_summary` is that alone. `chunk_segments` is the whole schedule with one prepare: the
+chunk entry's prepare kernel over every segment, the summary scans reading its workspaces (the
+state pass spills a subset of what the full prepare spills, under the same names), the combine
+as a host step whose scan order the caller gives (a prefix per sequence on one device, an
+all-gather across ranks), and the chunk entry's scan finishing every segment from its entering
+state.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import check_num_warps, check_power_of_two, make, recurrence_arguments
+from k3compile.passes.derive_chunkwise import checkpoint_argument
 from k3compile.passes.fuse_chunkwise import clone_stage, split_kernels
 
 SUMMARY_INPUTS = ("k", "v", "g", "beta", "cu_seqlens", "A_log", "dt_bias")
@@ -82,21 +87,65 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3
     return kernels
 
 
-def summary_outputs(layer: RecurrenceOp, form: str) -> list[Operation]:
+def summary_outputs(layer: RecurrenceOp, form: str, role: str = "output") -> list[Operation]:
     HV, K, V = (layer.num_v_heads.value.data, layer.head_k_dim.value.data, layer.head_v_dim.value.data)
     n_shape = f"N,{HV},{K},{V}" if layer.state_layout.data == "kv" else f"N,{HV},{V},{K}"
     m_shape = {"full": f"N,{HV},{K},{K}", "diagonal": f"N,{HV},{K}", "scalar": f"N,{HV}"}.get(form)
-    outputs = [make(k3s.TensorArgOp, sym_name="M", shape=m_shape, dtype="float32", role="output")] if m_shape else []
-    return [*outputs, make(k3s.TensorArgOp, sym_name="N", shape=n_shape, dtype="float32", role="output")]
+    outputs = [make(k3s.TensorArgOp, sym_name="M", shape=m_shape, dtype="float32", role=role)] if m_shape else []
+    return [*outputs, make(k3s.TensorArgOp, sym_name="N", shape=n_shape, dtype="float32", role=role)]
+
+
+def summary_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, form: str, block_v: int,
+                  num_warps: int) -> k3s.EntryOp:
+    """segment_summary(k, v, g, beta, cu_seqlens) -> (M, N): the summaries alone."""
+    arguments = [a for a in recurrence_arguments(layer) if a.sym_name.data in SUMMARY_INPUTS]
+    # a segment is a sequence of cu_seqlens: its summary is the state its sequence leaves
+    workspaces, (prepare, scan_kernel) = split_kernels(
+        layer, entry, state_pass_schedule(chunked), block_v, num_warps, scan_stages=2,
+        kernel_prefix=f"{entry.source.data}_summary")
+    return make(
+        k3s.EntryOp,
+        [*arguments, *summary_outputs(layer, form), *workspaces, prepare, *summary_scans(layer, scan_kernel, form)],
+        # derive-segment-scan named it segment_scan (layer-prefixed in a module of several)
+        sym_name=entry.sym_name.data.replace("segment_scan", "segment_summary"),
+        source=entry.source.data,
+    )
+
+
+def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, combine: k3s.SummaryCombineOp,
+                   form: str, block_v: int, num_warps: int, scan_stages: int) -> k3s.EntryOp:
+    """chunk_segments(q, k, v, g, beta, ..., cu_seqlens, entering_states) -> (o, final_state): the
+    chunk entry over segments (the sequences of cu_seqlens), whose initial states the combine
+    makes from the summaries after the one prepare."""
+    prefix = f"{entry.source.data}_segments"
+    read, (_, state_scan) = split_kernels(layer, entry, state_pass_schedule(chunked), block_v, num_warps,
+                                          scan_stages, kernel_prefix=f"{prefix}_summary")
+    workspaces, (prepare, finish) = split_kernels(layer, entry, chunked, block_v, num_warps, scan_stages,
+                                                  kernel_prefix=prefix)
+    missing = {w.sym_name.data for w in read} - {w.sym_name.data for w in workspaces}
+    if missing:  # the derivations disagree: the summary scans would read what no prepare wrote
+        raise ValueError(f"lower-segment-scan: the state pass reads {sorted(missing)}, which the prepare of "
+                         f"@{entry.source.data}'s chunked schedule does not spill")
+    arguments = [with_props(a, role="combined") if a.sym_name.data == "initial_state" else a
+                 for a in recurrence_arguments(layer)]
+    return make(
+        k3s.EntryOp,
+        [*arguments, checkpoint_argument(layer, chunked.chunk_size.value.data), *workspaces,
+         *summary_outputs(layer, form, role="workspace"),
+         prepare, *summary_scans(layer, state_scan, form), clone_stage(combine), finish],
+        sym_name=entry.sym_name.data.replace("segment_scan", "chunk_segments"),
+        source=entry.source.data,
+    )
 
 
 @dataclass(frozen=True)
 class LowerSegmentScanPass(ModulePass):
-    """Replace every `segment_scan` entry by the `segment_summary` entry that computes (M, N)."""
+    """Replace every `segment_scan` entry by its `segment_summary` and `chunk_segments` entries."""
 
     name = "lower-segment-scan"
     block_v: int = 64
     num_warps: int = 4
+    scan_stages: int = 2
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_power_of_two(self.name, "block-v", self.block_v)
@@ -105,21 +154,12 @@ class LowerSegmentScanPass(ModulePass):
         for scan in [o for o in op.walk() if isinstance(o, k3s.SegmentScanOp)]:
             entry = scan.parent_op()
             layer = layers[entry.source.data]
-            summary, _, chunked = scan.body.ops
+            summary, combine, chunked = scan.body.ops
             form = summary.transition.data
-            arguments = [a for a in recurrence_arguments(layer) if a.sym_name.data in SUMMARY_INPUTS]
-            # a segment is a sequence of cu_seqlens: its summary is the state its sequence leaves
-            workspaces, (prepare, scan_kernel) = split_kernels(
-                layer, entry, state_pass_schedule(chunked), self.block_v, self.num_warps, scan_stages=2,
-                kernel_prefix=f"{entry.source.data}_summary")
-            lowered = make(
-                k3s.EntryOp,
-                [*arguments, *summary_outputs(layer, form), *workspaces, prepare,
-                 *summary_scans(layer, scan_kernel, form)],
-                # derive-segment-scan named it segment_scan (layer-prefixed in a module of several)
-                sym_name=entry.sym_name.data.replace("segment_scan", "segment_summary"),
-                source=entry.source.data,
-            )
+            lowered = [
+                summary_entry(layer, entry, chunked, form, self.block_v, self.num_warps),
+                segments_entry(layer, entry, chunked, combine, form, self.block_v, self.num_warps, self.scan_stages),
+            ]
             Rewriter.insert_op(lowered, InsertPoint.before(entry))
             entry.detach()
             entry.erase()

@@ -145,18 +145,49 @@ def test_a_wrong_combine_fails(compile_layer, monkeypatch):
             check_against_recurrence(layer, inputs, out, what)
 
 
+def forbid_kernels(monkeypatch, module, suffix: str) -> None:
+    """Make every kernel of `module` whose name ends in `suffix` fail when launched."""
+    class Forbidden:
+        def __getitem__(self, grid):
+            raise AssertionError(f"a *{suffix} kernel was launched")
+
+    for name in [n for n in dir(module) if n.endswith(suffix)]:
+        monkeypatch.setattr(module, name, Forbidden())
+
+
 def test_segments_one_never_summarises(compile_layer, monkeypatch):
     """P = 1 is the plain entry; a sequence of one token is never cut (so none needs a summary)."""
     layer = cp_layer(compile_layer, "kda")
     inputs = varlen("kda", "kv", (1, 1, 1))
-
-    def no_summaries(**_):
-        raise AssertionError("segment_summary called")
-
-    monkeypatch.setattr(layer.module._CHUNK_CP, "summary_fn", no_summaries)
+    forbid_kernels(monkeypatch, layer.module, "_summary_scan_N_kernel")
     for segments in (1, 2):
         o, final = layer.chunk(**inputs, output_final_state=True, segments=segments)
         check_against_recurrence(layer, inputs, (o, final), f"P = {segments}")
+
+
+def test_segments_prepare_once(compile_layer, monkeypatch):
+    """One device: the summaries come from chunk_segments' one prepare, never from a second
+    (segment_summary's) prepare."""
+    layer = cp_layer(compile_layer, "kda")
+    inputs = varlen("kda", "kv", (2 * C + 3, 7))
+    forbid_kernels(monkeypatch, layer.module, "_summary_prepare_kernel")
+    check_against_recurrence(layer, inputs, layer.chunk(**inputs, output_final_state=True, segments=3), "P = 3")
+
+
+def test_chunk_segments_checks_its_combine(compile_layer):
+    """chunk_segments rejects a combine that is not callable (before any kernel) and entering
+    states of the wrong shape, naming them."""
+    layer = cp_layer(compile_layer, "kda")
+    inputs = varlen("kda", "kv", (C + 1, 5), initial_state=False)
+    with pytest.raises(ValueError, match="entering_states: expected a callable") as error:
+        layer.chunk_segments(**inputs, entering_states=None)
+    assert one_line(str(error.value))
+    with pytest.raises(ValueError, match="initial_state: expected dtype") as error:
+        layer.chunk_segments(**inputs, entering_states=lambda M, N: N.double())
+    assert one_line(str(error.value))
+    with pytest.raises(ValueError, match="initial_state: dim 0") as error:
+        layer.chunk_segments(**inputs, entering_states=lambda M, N: N[:1].contiguous())
+    assert one_line(str(error.value))
 
 
 @pytest.mark.parametrize("arguments, match", [

@@ -4,14 +4,15 @@ A module that has both a `chunk` entry and a `segment_summary` entry (lower-segm
 its chunk entry printed as `_chunk_single`, the runtime below printed verbatim, and a `chunk`
 wrapper with two more parameters:
 
-- `segments=P`: split every sequence into P segments on this device, all summaries from one
-  segment_summary call, a prefix of the combine per sequence, one call of the chunk kernels
-  from every segment's true entering state (P = 1 or None: exactly `_chunk_single`);
+- `segments=P`: split every sequence into P segments on this device and run them through the
+  `chunk_segments` entry: one prepare, every segment's summary, a prefix of the combine per
+  sequence (the host step between its kernels, given below), the finish of every segment from
+  its true entering state (P = 1 or None: exactly `_chunk_single`);
 - `cp_group=group`: this rank holds a contiguous slice of the packed token stream; one
   all-gather of fixed size carries the summary of the piece that continues into the next rank.
 
 The math is derive-segment-scan's (the k3s.segment_scan schedule); the runtime needs no kernels
-of its own: the combine runs in fp32 torch.
+of its own: the combine runs in fp32 torch, its index plan copied to the device once per call.
 """
 
 from __future__ import annotations
@@ -26,20 +27,20 @@ RUNTIME = r'''
 # --- context parallelism (docs/context-parallel.md) ----------------------------------------------
 # A segment of a sequence maps the state entering it to the state leaving it, S -> M S + N: its
 # summary (segment_summary). Summaries compose: (M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2). So the
-# segments of a sequence run in parallel: their summaries (one segment_summary call), a prefix of
-# the combine per sequence for every segment's true entering state, then one call of the chunk
-# kernels that finishes every segment from it. Across ranks the same, the summaries of the pieces
-# that continue into the next rank exchanged by one all-gather of fixed size.
+# segments of a sequence run in parallel (chunk_segments): one prepare, their summaries, a prefix
+# of the combine per sequence for every segment's true entering state, then the scan that
+# finishes every segment from it. Across ranks the same, the summaries of the pieces that
+# continue into the next rank exchanged by one all-gather of fixed size.
 
 
 class _ContextParallel:
     """The host side of context parallelism for one layer. transition: how a summary's M is held
     ("full": [HV, K, K]; "diagonal": [HV, K]; "scalar": [HV]; "identity": no M); vk: states are
     held transposed ([HV, V, K]); state_shape: one sequence's state; chunk_fn: the plain chunk
-    entry; summary_fn: segment_summary, called with the arguments named in summary_args."""
+    entry; segments_fn: chunk_segments (one prepare, the summaries, the combine, the finish)."""
 
-    def __init__(self, chunk_fn, summary_fn, summary_args, transition, vk, state_shape, chunk_size):
-        self.chunk_fn, self.summary_fn, self.summary_args = chunk_fn, summary_fn, summary_args
+    def __init__(self, chunk_fn, segments_fn, transition, vk, state_shape, chunk_size):
+        self.chunk_fn, self.segments_fn = chunk_fn, segments_fn
         self.transition, self.vk, self.state_shape, self.chunk_size = transition, vk, state_shape, chunk_size
 
     # --- the math -------------------------------------------------------------------------------
@@ -56,15 +57,6 @@ class _ContextParallel:
         else:
             moved = S
         return moved + N
-
-    def summaries(self, tokens, params, start, end, bounds):
-        """(M, N) of the segments `bounds` (offsets from 0 to end - start) of tokens start..end of
-        the packed stream ([1, tokens, ...]: a slice is a contiguous view), fp32; M None for the
-        identity form."""
-        device = next(iter(tokens.values())).device
-        args = {name: tokens[name][:, start:end] if name in tokens else params[name] for name in self.summary_args}
-        out = self.summary_fn(**args, cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device))
-        return (None, out[0]) if len(out) == 1 else (out[0], out[1])
 
     # --- checks ---------------------------------------------------------------------------------
 
@@ -100,9 +92,22 @@ class _ContextParallel:
             return sorted({min(start + (p * units // parts) * unit, end) for p in range(parts + 1)})
         return sorted({start + p * length // segments for p in range(segments + 1)})
 
+    def compose(self, later, earlier):
+        """The summary of two segments in a row, (M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2)."""
+        (M2, N2), (M1, N1) = later, earlier
+        if M2 is None:
+            M = None
+        elif self.transition == "full":
+            M = torch.matmul(M2, M1)
+        else:
+            M = M2 * M1
+        return M, self.apply(M2, N2, N1)
+
     def run_segments(self, dims, tokens, params, initial_state, output_final_state, cu_seqlens, checkpoint_every,
-                     segments):
-        """chunk(...) with every sequence split into `segments` segments (see `chunk`)."""
+                     segments, exchange=None):
+        """chunk(...) with every sequence split into `segments` segments (see `chunk`). exchange
+        (ranks): called in the combine step with the summary of the last sequence (its segments
+        composed), returns the initial states of the sequences (this rank's pieces)."""
         B, T = dims["B"], dims["T"]
         device = next(iter(tokens.values())).device
         _check_offsets("cu_seqlens", cu_seqlens, dict(B=B, T=T), device)
@@ -129,25 +134,35 @@ class _ContextParallel:
             edges += cuts[1:]
         last = [f + c - 1 for f, c in zip(first, count)]
         flat = {name: x.reshape(1, B * T, *x.shape[2:]) for name, x in tokens.items()}
-        entering = initial_state
-        # the summaries of the segments that have a successor: the tokens up to the end of the
-        # last of them (a prefix of the stream), empty segments left out
-        ends = [edges[s + 1] for f, c in zip(first, count) for s in range(f, f + c - 1)]
-        if ends:
-            bounds = sorted({e for e in edges if e <= ends[-1]})
-            M, N = self.summaries(flat, params, 0, ends[-1], bounds)
-            summary_of = {b: i for i, b in enumerate(bounds)}  # a segment's summary by its first token
-            entering = torch.zeros(len(edges) - 1, *self.state_shape, dtype=torch.float32, device=device)
-            if initial_state is not None:
-                entering[first] = initial_state
-            for j in range(1, max(count)):  # the j-th segment of every sequence that has one
-                later = [f + j for f, c in zip(first, count) if c > j]
-                earlier = torch.tensor([summary_of[edges[s - 1]] for s in later], device=device)
-                later = torch.tensor(later, device=device)
-                entering[later] = self.apply(None if M is None else M[earlier], N[earlier], entering[later - 1])
-        result = self.chunk_fn(**flat, **params, initial_state=entering, output_final_state=output_final_state,
-                               cu_seqlens=torch.tensor(edges, dtype=torch.int64, device=device),
-                               checkpoint_every=checkpoint_every)
+        edges_tensor = torch.tensor(edges, dtype=torch.int64, device=device)
+        if max(count) == 1 and exchange is None:  # no sequence was split: nothing to combine
+            result = self.chunk_fn(**flat, **params, initial_state=initial_state, output_final_state=output_final_state,
+                                   cu_seqlens=edges_tensor, checkpoint_every=checkpoint_every)
+        else:
+            # the combine's index plan, one copy to the device: each sequence's first segment, then
+            # for j = 1, 2, ... the segments that are the j-th of their sequence
+            steps = [[f + j for f, c in zip(first, count) if c > j] for j in range(1, max(count))]
+            plan = torch.tensor(first + [s for step in steps for s in step], dtype=torch.int64, device=device)
+            firsts, later = plan[:len(first)], plan[len(first):].split([len(step) for step in steps]) if steps else ()
+
+            def entering_states(M, N):
+                starts = initial_state
+                if exchange is not None:
+                    summary = (None if M is None else M[first[-1]], N[first[-1]])
+                    for segment in range(first[-1] + 1, last[-1] + 1):
+                        summary = self.compose((None if M is None else M[segment], N[segment]), summary)
+                    starts = exchange(*summary)
+                entering = torch.zeros(len(edges) - 1, *self.state_shape, dtype=torch.float32, device=device)
+                if starts is not None:
+                    entering[firsts] = starts
+                for segment in later:  # the summary of the segment before it
+                    entering[segment] = self.apply(None if M is None else M[segment - 1], N[segment - 1],
+                                                   entering[segment - 1])
+                return entering
+
+            result = self.segments_fn(**flat, **params, output_final_state=output_final_state,
+                                      cu_seqlens=edges_tensor, checkpoint_every=checkpoint_every,
+                                      entering_states=entering_states)
         o, final_state = result[0].reshape(B, T, *result[0].shape[2:]), result[1]
         if final_state is not None:
             final_state = final_state[last]
@@ -177,51 +192,62 @@ class _ContextParallel:
             raise ValueError("cp_group: torch.distributed is not initialized (call init_process_group first)")
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         M_numel, N_numel = self.summary_numel()
+        device = next(iter(tokens.values())).device
         try:
             dims = check()
-            plan = self.plan_group(rank, world, dims, tokens, params, initial_state, cu_seqlens, checkpoint_every,
-                                   segments)
-            error, payload = None, plan["payload"]
-        except ValueError as raised:
-            error = raised
+            pieces, header = self.plan_group(rank, world, dims, device, initial_state, cu_seqlens, checkpoint_every,
+                                             segments)
+        except ValueError as raised:  # the others wait in the all-gather: join it, then raise
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
             payload = torch.zeros(4 + M_numel + N_numel, dtype=torch.float32, device=device)
             payload[:4] = torch.tensor([1, 0, 0, 0], dtype=torch.int32).view(torch.float32).to(device)
-        gathered = [torch.empty_like(payload) for _ in range(world)]
-        dist.all_gather(gathered, payload, group=group)
-        headers = [row[:4].cpu().view(torch.int32).tolist() for row in gathered]
-        if error is not None:
-            raise error
-        failed = [j for j, h in enumerate(headers) if h[0]]
-        if failed:
-            raise ValueError(f"cp_group: rank {failed[0]} rejected its arguments (its ValueError says which)")
-        if any(h != headers[0] for h in headers):
-            raise ValueError(f"cp_group: the ranks disagree on T or cu_seqlens (T, offsets, checksum per rank: "
-                             f"{[h[1:] for h in headers]})")
-        # the entering state of the first piece: the prefix combine of the pieces of its
-        # sequence on the earlier ranks (the first of them holds its initial state in N)
-        pieces, T, device = plan["pieces"], dims["T"], payload.device
-        entering = initial_state
-        if pieces[0][0] < rank * T:
+            dist.all_gather([torch.empty_like(payload) for _ in range(world)], payload, group=group)
+            raise
+        T = dims["T"]
+        lo, hi = rank * T, (rank + 1) * T
+
+        def exchange(M, N):
+            """The all-gather of the summary of the piece that continues into the next rank (its
+            sequence's initial state folded into N where it starts here), then the prefix combine
+            of the earlier ranks' pieces of the first piece's sequence: every piece's initial state."""
+            payload = torch.zeros(4 + M_numel + N_numel, dtype=torch.float32, device=device)
+            payload[:4] = header.to(device)
+            if pieces[-1][1] > hi:
+                if pieces[-1][0] >= lo and initial_state is not None:
+                    N = self.apply(M, N, initial_state[-1])
+                if M is not None:
+                    payload[4:4 + M_numel] = M.reshape(-1)
+                payload[4 + M_numel:] = N.reshape(-1)
+            gathered = [torch.empty_like(payload) for _ in range(world)]
+            dist.all_gather(gathered, payload, group=group)
+            headers = [row[:4].cpu().view(torch.int32).tolist() for row in gathered]
+            failed = [j for j, h in enumerate(headers) if h[0]]
+            if failed:
+                raise ValueError(f"cp_group: rank {failed[0]} rejected its arguments (its ValueError says which)")
+            if any(h != headers[0] for h in headers):
+                raise ValueError(f"cp_group: the ranks disagree on T or cu_seqlens (T, offsets, checksum per rank: "
+                                 f"{[h[1:] for h in headers]})")
+            if pieces[0][0] >= lo:
+                return initial_state
             S = None
             for j in range(pieces[0][0] // T, rank):
-                N = gathered[j][4 + M_numel:].reshape(self.state_shape)
-                S = N if S is None else self.apply(self.held(gathered[j][4:4 + M_numel]), N, S)
+                N_j = gathered[j][4 + M_numel:].reshape(self.state_shape)
+                S = N_j if S is None else self.apply(self.held(gathered[j][4:4 + M_numel]), N_j, S)
             rest = initial_state if initial_state is not None else \
                 torch.zeros(len(pieces) - 1, *self.state_shape, dtype=torch.float32, device=device)
-            entering = torch.cat([S[None], rest])
-        local = torch.tensor([0] + [min(e, (rank + 1) * T) - rank * T for _, e in pieces], dtype=torch.int64,
-                             device=device)
-        o, final_state = self.run_segments(dims, tokens, params, entering, output_final_state, local, None, segments)
-        if final_state is not None and pieces[-1][1] > (rank + 1) * T:
+            return torch.cat([S[None], rest])
+
+        local = torch.tensor([0] + [min(e, hi) - lo for _, e in pieces], dtype=torch.int64, device=device)
+        o, final_state = self.run_segments(dims, tokens, params, None, output_final_state, local, None, segments,
+                                           exchange=exchange)
+        if final_state is not None and pieces[-1][1] > hi:
             final_state = final_state[:-1]  # the last piece's sequence ends on a later rank
         return o, final_state
 
-    def plan_group(self, rank, world, dims, tokens, params, initial_state, cu_seqlens, checkpoint_every, segments):
-        """This rank's pieces of sequences and its part of the all-gather: a header (no error, T,
-        the offsets' count and checksum, as int32 bits) and the summary of the piece that
-        continues into the next rank, with the sequence's initial state folded into N where the
-        sequence starts on this rank. Raises ValueError for bad arguments."""
+    def plan_group(self, rank, world, dims, device, initial_state, cu_seqlens, checkpoint_every, segments):
+        """This rank's pieces of sequences and the header of its part of the all-gather (no
+        error, T, the offsets' count and checksum, as int32 bits). Raises ValueError for bad
+        arguments."""
         self.check_segments(segments)
         B, T = dims["B"], dims["T"]
         if B != 1:
@@ -230,7 +256,6 @@ class _ContextParallel:
             raise ValueError("cp_group: every rank must hold at least one token, got T = 0")
         if checkpoint_every is not None:
             raise ValueError("checkpoint_every: not supported with cp_group")
-        device = next(iter(tokens.values())).device
         lo, hi, total = rank * T, (rank + 1) * T, world * T
         offsets = [0, total] if cu_seqlens is None else self.global_offsets(cu_seqlens, total, world, T)
         # the pieces of sequences on this rank, in order; an empty sequence belongs to the rank of its offset
@@ -238,19 +263,8 @@ class _ContextParallel:
                   if (s < hi and e > lo) or (s == e and min(s // T, world - 1) == rank)]
         starting = len(pieces) - (pieces[0][0] < lo)
         self.check_states(initial_state, starting, device, "one per sequence starting on this rank")
-        M_numel, N_numel = self.summary_numel()
         checksum = sum((i + 1) * x for i, x in enumerate(offsets)) % (2**31 - 1)
-        payload = torch.zeros(4 + M_numel + N_numel, dtype=torch.float32, device=device)
-        payload[:4] = torch.tensor([0, T, len(offsets), checksum], dtype=torch.int32).view(torch.float32).to(device)
-        if pieces[-1][1] > hi:  # the last piece continues into the next rank
-            start = max(pieces[-1][0], lo) - lo
-            M, N = self.summaries(tokens, params, start, T, [0, T - start])
-            if pieces[-1][0] >= lo and initial_state is not None:
-                N = self.apply(None if M is None else M[0], N[0], initial_state[-1])
-            if M is not None:
-                payload[4:4 + M_numel] = M.reshape(-1)
-            payload[4 + M_numel:] = N.reshape(-1)
-        return dict(pieces=pieces, payload=payload)
+        return pieces, torch.tensor([0, T, len(offsets), checksum], dtype=torch.int32).view(torch.float32)
 
     def held(self, flat):
         """A gathered M ([numel]) in its form's shape."""
@@ -280,18 +294,21 @@ def transition_form(layer) -> str:
     return {"channel": "diagonal", "scalar": "scalar", "none": "identity"}[layer.gate.data]
 
 
-def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp, k3s.EntryOp] | None:
-    """The (chunk, segment_summary) entries of one layer, or None: context parallelism needs both."""
+CP_ENTRIES = ("chunk", "chunk_segments")
+
+
+def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp, ...] | None:
+    """The (chunk, chunk_segments) entries of one layer, or None: context parallelism needs both."""
     entries = {op.sym_name.data: op for op in module.ops if isinstance(op, k3s.EntryOp)}
-    chunk, summary = entries.get("chunk"), entries.get("segment_summary")
-    if chunk is None or summary is None or chunk.source.data != summary.source.data:
+    found = tuple(entries.get(name) for name in CP_ENTRIES)
+    if None in found or len({entry.source.data for entry in found}) != 1:
         return None
-    return chunk, summary
+    return found
 
 
-def print_context_parallel(printer, module: ModuleOp, chunk_view, summary_view) -> None:
+def print_context_parallel(printer, module: ModuleOp, chunk_view) -> None:
     """Print the runtime, its instance for this layer and the `chunk` wrapper (after every entry:
-    the instance holds _chunk_single and segment_summary)."""
+    the instance holds _chunk_single and chunk_segments)."""
     from k3compile.ir.k3 import RecurrenceOp
 
     c = printer.code
@@ -302,8 +319,6 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, summary_view) 
     passed = ("optional_input", "forbidden")  # beside the tokens: scalars, A_log / dt_bias, absent inputs
     params = [a.sym_name.data for a in chunk_view.args if a.sym_name.data not in handled
               and (isinstance(a, k3s.ScalarArgOp) or a.role.data in passed)]
-    summary_args = tuple(t.sym_name.data for t in summary_view.tensors
-                         if t.sym_name.data != "cu_seqlens" and t.role.data in ("input", *passed))
     state_shape = tuple(int(d) for d in chunk_view.dims("initial_state")[1:])
     chunk_size = next(op.chunk_size.value.data for op in chunk.walk() if isinstance(op, k3s.ChunkTileOp))
     transition, vk = transition_form(layer), layer.state_layout.data == "vk"
@@ -312,7 +327,7 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, summary_view) 
     c("", "")
     c(f"# k3s.entry @chunk <source = {chunk.source.data}> with context parallelism: transition {transition}, "
       f"states {layer.state_layout.data}",
-      f"_CHUNK_CP = _ContextParallel({PLAIN_CHUNK}, segment_summary, {summary_args!r}, {transition!r}, {vk}, "
+      f"_CHUNK_CP = _ContextParallel({PLAIN_CHUNK}, chunk_segments, {transition!r}, {vk}, "
       f"{state_shape!r}, {chunk_size})", "", "")
     signature = printer.signatures["chunk"] + ["segments=None", "cp_group=None"]
     c(f"def chunk({', '.join(signature)}):")
@@ -322,8 +337,8 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, summary_view) 
           "    segments: None or 1: the plain entry, exactly. P > 1: every sequence split into P near-equal",
           f"        segments (cut at multiples of the chunk size {chunk_size} where the sequence has P chunks,",
           "        at single tokens where it is shorter; at multiples of checkpoint_every when checkpoints are",
-          "        asked for) that run in parallel: their summaries (one segment_summary call), a prefix",
-          "        combine per sequence (fp32), one chunk call from every segment's true entering state.",
+          "        asked for) that run in parallel (chunk_segments): one prepare, their summaries, a prefix",
+          "        combine per sequence (fp32), the finish of every segment from its true entering state.",
           "    cp_group: None, or a torch.distributed process group the token stream is split over. Every",
           "        rank holds T tokens of the packed stream (B = 1, the same T on every rank; rank r the",
           "        tokens r*T .. (r+1)*T - 1); cu_seqlens None (one sequence) or the global offsets",

@@ -21,7 +21,7 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
-ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp)
+ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
@@ -81,6 +81,7 @@ class EntryView:
         self.kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
         self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
         self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
+        self.combine = next((op for op in entry.body.ops if isinstance(op, k3s.SummaryCombineOp)), None)
         self.names = {op.sym_name.data for op in self.args}
 
     def tensor(self, name: str) -> k3s.TensorArgOp:
@@ -93,7 +94,9 @@ class EntryView:
         return op.role.data
 
     def optional(self) -> list[str]:
-        return [op.sym_name.data for op in self.tensors if op.role.data in ("optional_input", "optional_output")]
+        # a combined tensor is None until the entry's combine step: kernels before it see it absent
+        return [op.sym_name.data for op in self.tensors
+                if op.role.data in ("optional_input", "optional_output", "combined")]
 
 
 class TritonPrinter:
@@ -115,7 +118,7 @@ class TritonPrinter:
         c('"""', "", "import os", "", "import torch", "import triton", "import triton.language as tl", "")
         c(*PRELUDE.strip("\n").splitlines())
         entries = [op for op in module.ops if isinstance(op, k3s.EntryOp)]
-        # context parallelism (docs/context-parallel.md): with a segment_summary entry, the chunk
+        # context parallelism (docs/context-parallel.md): with a chunk_segments entry, the chunk
         # entry is printed as _chunk_single and wrapped by a `chunk` that takes segments / cp_group
         cp = context_parallel.cp_entries(module)
         for entry in entries:
@@ -127,7 +130,7 @@ class TritonPrinter:
             self.print_entry(view, context_parallel.PLAIN_CHUNK if cp and entry is cp[0] else None)
         if cp:
             c("", "")
-            context_parallel.print_context_parallel(self, module, EntryView(cp[0]), EntryView(cp[1]))
+            context_parallel.print_context_parallel(self, module, EntryView(cp[0]))
         c("", "", f"__all__ = {[e.sym_name.data for e in entries]!r}")
         return c.text()
 
@@ -154,6 +157,8 @@ class TritonPrinter:
                 params.append(f"output_{name}=False")
         if view.checkpoint:
             params.append("checkpoint_every=None")
+        if view.combine:
+            params.append("entering_states=None")
         outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
         if entry.sym_name.data in self.launch_tables:
             self.print_launch_table(view)
@@ -171,6 +176,9 @@ class TritonPrinter:
             if view.checkpoint:
                 c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
                   "also return the states after every that many tokens of each sequence")
+            if view.combine:
+                c("    entering_states: (M, N) -> [N, ...] float32: the state entering every segment (sequence of",
+                  "        cu_seqlens), from all segments' summaries (M None for the identity transition)")
             c(f"Returns ({', '.join(o.sym_name.data for o in outputs)}"
               f"{'[, checkpoints]' if view.checkpoint else ''}); optional outputs are None unless asked for.")
             c('"""')
@@ -186,19 +194,35 @@ class TritonPrinter:
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)
+            for arg in view.tensors:
+                if arg.role.data == "combined":
+                    c(f"{arg.sym_name.data} = None  # made by the summary_combine step below")
             if view.checkpoint:
                 first = view.tensors[0].sym_name.data
                 c(f"# {describe(view.checkpoint)}",
                   f"checkpoints, checkpoint_base = _checkpoints(checkpoint_every, {view.checkpoint.chunk_size.value.data}, "
                   f"cu_seqlens, dims, ({view.checkpoint.state_shape.data},), {first}.device)")
-            for kernel in view.kernels:
-                self.print_launch(kernel, view)
+            for op in view.entry.body.ops:
+                if isinstance(op, k3s.KernelOp):
+                    self.print_launch(op, view)
+                elif isinstance(op, k3s.SummaryCombineOp):
+                    self.print_combine(op, view)
             returned = ", ".join(o.sym_name.data for o in outputs) + ("," if len(outputs) == 1 else "")
             if view.checkpoint:
                 c("if checkpoint_every is not None:")
                 with c.indent():
                     c(f"return {returned} checkpoints" if returned.endswith(",") else f"return {returned}, checkpoints")
             c(f"return {returned}")
+
+    def print_combine(self, op: k3s.SummaryCombineOp, view: EntryView) -> None:
+        """The host step of a segments entry: the caller's combine of the summaries."""
+        c = self.code
+        first = view.tensors[0].sym_name.data
+        made = next(t for t in view.tensors if t.role.data == "combined")
+        name = made.sym_name.data
+        c(f"# {describe(op)}: every segment's entering state from the summaries (the caller's scan order)",
+          f"{name} = entering_states({'M' if 'M' in view.names else 'None'}, N)",
+          f'_check_tensor("{name}", {name}, "{made.shape.data}", "{made.dtype.data}", dims, {first}.device)')
 
     def print_argument_checks(self, view: EntryView) -> None:
         c = self.code
@@ -227,6 +251,11 @@ class TritonPrinter:
                     c(check)
         if not any(t.dtype.data == "offsets" for t in view.tensors):
             c('dims["N"] = dims["B"]  # one sequence per batch row')
+        if view.combine:
+            c("if not callable(entering_states):")
+            with c.indent():
+                c('raise ValueError(f"entering_states: expected a callable (M, N) -> the entering states, '
+                  'got {type(entering_states).__name__}")')
         tokens = view.entry.max_tokens
         if tokens is not None:
             c(f'if dims["T"] > {tokens.value.data}:')

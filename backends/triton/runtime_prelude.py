@@ -81,9 +81,14 @@ def _chunks(offsets, dims, chunk_size, device):
     (sequence, first token) as an int32 [num_chunks, 2] table."""
     if offsets is None:
         return dims["B"] * triton.cdiv(dims["T"], chunk_size), None
-    bounds = offsets.tolist()
-    table = [(n, s) for n in range(len(bounds) - 1) for s in range(bounds[n], bounds[n + 1], chunk_size)]
-    return len(table), torch.tensor(table, dtype=torch.int32, device=device).reshape(-1, 2)
+    # built on the host with tensor ops (a Python loop costs ~1 ms at 4096 chunks), copied once
+    bounds = offsets.to("cpu", torch.int64)
+    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
+    counts = (lengths + chunk_size - 1) // chunk_size
+    sequence = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    index = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    table = torch.stack([sequence, starts[sequence] + index * chunk_size], dim=1)
+    return len(table), table.to(device=device, dtype=torch.int32)
 
 
 @triton.jit

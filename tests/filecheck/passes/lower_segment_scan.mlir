@@ -1,7 +1,9 @@
 // lower-segment-scan: the segment_scan entry becomes `segment_summary`, the state pass of the
 // chunked schedule (no query Gram, no output) as a prepare kernel and a scan from zero storing
 // N; a full transition adds a scan of K identity columns with a zero value input storing M, a
-// diagonal one multiplies the chunk decays up in the N scan, and the identity has no M.
+// diagonal one multiplies the chunk decays up in the N scan, and the identity has no M. And
+// `chunk_segments`: the full prepare once, the same summary scans reading its workspaces, the
+// combine as a host step making the entering states, the chunk scan finishing from them.
 // RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8}' | filecheck %s
 // RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8}' | k3c opt - | filecheck %s
 // RUN: not k3c opt %s -p 'derive-segment-scan,lower-segment-scan{block-v=3}' 2>&1 | filecheck %s --check-prefix=BAD
@@ -30,6 +32,22 @@ builtin.module {
 // CHECK:          k3s.delta_residual <zero_values = true>
 // CHECK:        k3s.store_state <layout = kv, tensor = M>
 
+// CHECK:      k3s.entry @kda_chunk_segments <source = kda> {
+// CHECK:        k3s.tensor_arg @initial_state <shape = "N,2,8,4", dtype = float32, role = combined>
+// CHECK:        k3s.tensor_arg @M <shape = "N,2,8,8", dtype = float32, role = workspace>
+// CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,4", dtype = float32, role = workspace>
+// CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
+// CHECK:          k3s.gram <lhs = q
+// CHECK-NOT:    k3s.kernel @kda_segments_prepare
+// CHECK:        k3s.kernel @kda_segments_summary_scan_N
+// CHECK:        k3s.store_state <layout = kv, tensor = N>
+// CHECK:        k3s.kernel @kda_segments_summary_scan_M
+// CHECK:        k3s.store_state <layout = kv, tensor = M>
+// CHECK:        k3s.summary_combine <transition = full>
+// CHECK-NEXT:   k3s.kernel @kda_segments_scan
+// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv>
+// CHECK:            k3s.chunk_output
+
 // CHECK:      k3s.entry @gla_segment_summary <source = gla> {
 // CHECK:        k3s.tensor_arg @M <shape = "N,2,8", dtype = float32, role = output>
 // CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,8", dtype = float32, role = output>
@@ -38,6 +56,8 @@ builtin.module {
 // CHECK:        k3s.store_state <layout = vk, tensor = N>
 // CHECK-NEXT:   k3s.store_transition <transition = diagonal>
 // CHECK-NOT:    k3s.kernel @gla_summary_scan_M
+// CHECK:      k3s.entry @gla_chunk_segments <source = gla> {
+// CHECK:        k3s.summary_combine <transition = diagonal>
 
 // CHECK:      k3s.entry @linear_segment_summary <source = linear> {
 // CHECK-NOT:    k3s.tensor_arg @M
