@@ -174,6 +174,23 @@ def test_segments_prepare_once(compile_layer, monkeypatch):
     check_against_recurrence(layer, inputs, layer.chunk(**inputs, output_final_state=True, segments=3), "P = 3")
 
 
+def test_auto_segments(compile_layer, monkeypatch):
+    """segments='auto' is the plain entry, bit for bit, where the GPU is full (here: one
+    multiprocessor), and splits, matching the recurrence, where programs are wanted."""
+    layer = cp_layer(compile_layer, "kda")
+    inputs = varlen("kda", "kv", (3 * C + 2, 2 * C))
+    cp = layer.module._CHUNK_CP
+    o_auto, s_auto = layer.chunk(**inputs, output_final_state=True, segments="auto")
+    o_plain, s_plain = layer.chunk(**inputs, output_final_state=True)
+    assert torch.equal(o_auto, o_plain) and torch.equal(s_auto, s_plain)
+    assert cp.auto_segments([3 * C + 2, 2 * C], torch.device("cpu")) == 1
+    monkeypatch.setattr(cp, "PROGRAMS_PER_SM", 64)
+    monkeypatch.setattr(cp, "MIN_SEGMENT_CHUNKS", 1)
+    # min(64 programs // (2 sequences * 2 value heads), the longest has 3 whole chunks)
+    assert cp.auto_segments([3 * C + 2, 2 * C], torch.device("cpu")) == 3
+    check_against_recurrence(layer, inputs, layer.chunk(**inputs, output_final_state=True, segments="auto"), "auto")
+
+
 def test_chunk_segments_checks_its_combine(compile_layer):
     """chunk_segments rejects a combine that is not callable (before any kernel) and entering
     states of the wrong shape, naming them."""

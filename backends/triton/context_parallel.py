@@ -37,10 +37,11 @@ class _ContextParallel:
     """The host side of context parallelism for one layer. transition: how a summary's M is held
     ("full": [HV, K, K]; "diagonal": [HV, K]; "scalar": [HV]; "identity": no M); vk: states are
     held transposed ([HV, V, K]); state_shape: one sequence's state; chunk_fn: the plain chunk
-    entry; segments_fn: chunk_segments (one prepare, the summaries, the combine, the finish)."""
+    entry; segments_fn: chunk_segments (one prepare, the summaries, the combine, the finish);
+    scan_programs: the programs its scan launches per sequence."""
 
-    def __init__(self, chunk_fn, segments_fn, transition, vk, state_shape, chunk_size):
-        self.chunk_fn, self.segments_fn = chunk_fn, segments_fn
+    def __init__(self, chunk_fn, segments_fn, transition, vk, state_shape, chunk_size, scan_programs):
+        self.chunk_fn, self.segments_fn, self.scan_programs = chunk_fn, segments_fn, scan_programs
         self.transition, self.vk, self.state_shape, self.chunk_size = transition, vk, state_shape, chunk_size
 
     # --- the math -------------------------------------------------------------------------------
@@ -72,8 +73,23 @@ class _ContextParallel:
 
     @staticmethod
     def check_segments(segments):
+        if segments == "auto":
+            return
         if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-            raise ValueError(f"segments: expected a positive int (the segments per sequence; 1: no split), got {segments!r}")
+            raise ValueError(f"segments: expected a positive int (the segments per sequence; 1: no split) or 'auto', "
+                             f"got {segments!r}")
+
+    # segments="auto": scan programs for PROGRAMS_PER_SM per multiprocessor (the scan kernel holds
+    # two per SM on the H200), and segments of at least MIN_SEGMENT_CHUNKS chunks (below that the
+    # summary's two scans cost more than the shorter serial pass saves)
+    PROGRAMS_PER_SM = 2
+    MIN_SEGMENT_CHUNKS = 16
+
+    def auto_segments(self, lengths, device):
+        """P for segments='auto': 1 when the sequences' scan programs already fill the GPU."""
+        processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        P = max(1, self.PROGRAMS_PER_SM * processors // max(1, len(lengths) * self.scan_programs))
+        return max(1, min(P, max(lengths, default=0) // (self.MIN_SEGMENT_CHUNKS * self.chunk_size)))
 
     # --- segments on one device -----------------------------------------------------------------
 
@@ -117,6 +133,8 @@ class _ContextParallel:
             offsets = cu_seqlens.tolist()
             sequences = list(zip(offsets, offsets[1:]))
         self.check_states(initial_state, len(sequences), device, "one per sequence")
+        if segments == "auto":
+            segments = self.auto_segments([end - start for start, end in sequences], device)
         unit = self.chunk_size
         if checkpoint_every is not None:  # checkpoints count from a segment's start: cut at their multiples
             if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every <= 0 \
@@ -306,7 +324,7 @@ def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp, ...] | None:
     return found
 
 
-def print_context_parallel(printer, module: ModuleOp, chunk_view) -> None:
+def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry) -> None:
     """Print the runtime, its instance for this layer and the `chunk` wrapper (after every entry:
     the instance holds _chunk_single and chunk_segments)."""
     from k3compile.ir.k3 import RecurrenceOp
@@ -322,19 +340,23 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view) -> None:
     state_shape = tuple(int(d) for d in chunk_view.dims("initial_state")[1:])
     chunk_size = next(op.chunk_size.value.data for op in chunk.walk() if isinstance(op, k3s.ChunkTileOp))
     transition, vk = transition_form(layer), layer.state_layout.data == "vk"
+    tile = next(op for op in segments_entry.walk() if isinstance(op, k3s.StateTileOp) and op.start is None)
+    V, block_v = tile.head_v_dim.value.data, tile.block_v.value.data
+    scan_programs = layer.num_v_heads.value.data * -(-V // min(block_v, 1 << (V - 1).bit_length()))
     first = chunk_view.tensors[0].sym_name.data
     c(*RUNTIME.strip("\n").splitlines())
     c("", "")
     c(f"# k3s.entry @chunk <source = {chunk.source.data}> with context parallelism: transition {transition}, "
       f"states {layer.state_layout.data}",
       f"_CHUNK_CP = _ContextParallel({PLAIN_CHUNK}, chunk_segments, {transition!r}, {vk}, "
-      f"{state_shape!r}, {chunk_size})", "", "")
+      f"{state_shape!r}, {chunk_size}, {scan_programs})", "", "")
     signature = printer.signatures["chunk"] + ["segments=None", "cp_group=None"]
     c(f"def chunk({', '.join(signature)}):")
     with c.indent():
         c(f'"""{printer_describe(chunk)} with context parallelism (docs/context-parallel.md).', "",
           f"Arguments and returns as {PLAIN_CHUNK} (the plain entry, above), and:",
-          "    segments: None or 1: the plain entry, exactly. P > 1: every sequence split into P near-equal",
+          "    segments: None or 1: the plain entry, exactly. 'auto': P from the GPU's size (1 where the",
+          "        sequences' scans already fill it; _ContextParallel.auto_segments). P > 1: every sequence split into P near-equal",
           f"        segments (cut at multiples of the chunk size {chunk_size} where the sequence has P chunks,",
           "        at single tokens where it is shorter; at multiples of checkpoint_every when checkpoints are",
           "        asked for) that run in parallel (chunk_segments): one prepare, their summaries, a prefix",

@@ -130,7 +130,7 @@ class TritonPrinter:
             self.print_entry(view, context_parallel.PLAIN_CHUNK if cp and entry is cp[0] else None)
         if cp:
             c("", "")
-            context_parallel.print_context_parallel(self, module, EntryView(cp[0]))
+            context_parallel.print_context_parallel(self, module, EntryView(cp[0]), cp[1])
         c("", "", f"__all__ = {[e.sym_name.data for e in entries]!r}")
         return c.text()
 
