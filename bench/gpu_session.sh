@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call (see bench/RESULTS.md): install the carried wheels (.whl: xdsl and its deps,
 # fla-core 0.6.0) and k3compile, then run the phases named in PHASES (default: all):
-#   verify     k3c verify of the examples in $SPECS on the GPU, bf16 and fp32
+#   verify     k3c verify of the examples in $SPECS on the GPU, bf16 and fp32: every spec in
+#              $VERIFY_SHARDS shards (default 6, --shard), all side by side; the shards' output
+#              in $OUT/verify.txt, a passed/failed line per spec and the phase's wall time
 #   recurrent  decode timing of the recurrent entry vs fla's fused_recurrent_kda
 #   spec       decode and speculative decoding (verify + commit, spec_step, their chunked verify, the snapshot baseline)
 #              vs fla's fused_recurrent_kda, bench/speculative_gpu.py; then the CUDA-graph test
@@ -29,13 +31,26 @@ git rev-parse HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 for phase in ${PHASES:-verify recurrent chunk}; do
   case $phase in
     verify)
-      # one process per spec, side by side: the time goes into compiling the grid's kernels (CPU)
+      # every spec's grid in $VERIFY_SHARDS shards (k3c verify --shard), all processes side by side:
+      # the time goes into compiling the grid's kernels (CPU, a core each); one torch thread per
+      # process, else each of the 30 would start a thread per core for the float64 references
+      start=$SECONDS
+      shards=${VERIFY_SHARDS:-6}
       for spec in ${SPECS:-kda gated_deltanet deltanet gla attnres}; do
-        $K3C verify "examples/$spec.toml" > "/tmp/verify_$spec.txt" 2>&1 &
+        for ((i = 0; i < shards; i++)); do
+          OMP_NUM_THREADS=1 $K3C verify "examples/$spec.toml" --shard "$i/$shards" > "/tmp/verify_${spec}_$i.txt" 2>&1 &
+        done
       done
       wait
-      for spec in ${SPECS:-kda gated_deltanet deltanet gla attnres}; do cat "/tmp/verify_$spec.txt"; done \
-        | tee -a "$OUT/verify.txt" | grep -E "passed|failed|error" ;;
+      for spec in ${SPECS:-kda gated_deltanet deltanet gla attnres}; do
+        # a shard ends in "N passed, M failed"; one without that line stopped on an error
+        for ((i = 0; i < shards; i++)); do cat "/tmp/verify_${spec}_$i.txt"; done | tee -a "$OUT/verify.txt" \
+          | awk -v spec="$spec" -v shards="$shards" '
+          / passed, [0-9]+ failed$/ { passed += $1; failed += $3; done++ }
+          /error/ { print spec ": " $0 }
+          END { printf "%s: %d passed, %d failed (%d/%d shards finished)\n", spec, passed, failed, done, shards }'
+      done
+      echo "verify: $((SECONDS - start)) s wall ($shards shards per spec)" ;;
     recurrent)
       $K3C compile bench/kda_bench.toml -o bench/generated
       python3 bench/recurrent_gpu.py --out "$OUT" ${RECURRENT_ARGS:-} ;;

@@ -38,6 +38,16 @@ def parse_shape(text: str) -> tuple[int, int]:
     return batch, tokens
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N (two integers), got {text!r}") from None
+    if count < 1 or not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"expected 0 <= I < N, got {text!r}")
+    return index, count
+
+
 def tune_progress(console):
     """A rich progress bar for autotune.tune: configs tried and the best so far."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -227,16 +237,22 @@ def cmd_verify(args) -> int:
     from rich.table import Table
 
     from k3compile.spec import load_spec
-    from k3compile.verify import verify
+    from k3compile.verify import defaults, grid, verify
 
     spec = load_spec(args.spec)
     console = Console(stderr=True)
     with console.status("verifying") as status:
         results = verify(
-            spec, device=args.device, dtypes=args.dtype, seed=args.seed,
+            spec, device=args.device, dtypes=args.dtype, seed=args.seed, shard=args.shard,
             progress=lambda text: status.update(f"verifying {text}"),
         )
-    table = Table(title=f"k3c verify {args.spec}")
+    title = f"k3c verify {args.spec}"
+    if args.shard:
+        index, count = args.shard
+        device, dtypes = defaults(args.device, args.dtype)
+        total = len(grid(spec, device != "cpu", dtypes))
+        title += f" (shard {index}/{count}: {len(range(index, total, count))} of {total} cases)"
+    table = Table(title=title)
     for column in ("layer", "entry", "case", "dtype", "tensor", "max abs err", "RMS ratio", "tolerance", "result"):
         table.add_column(column, justify="right" if column in ("max abs err", "RMS ratio", "tolerance") else "left")
     for r in results:
@@ -335,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", action="append", choices=("float32", "float16", "bfloat16"),
                    help="input dtype (repeatable; default fp32 on CPU, bf16 and fp32 on GPU)")
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
+    p.add_argument("--shard", type=parse_shard, metavar="I/N",
+                   help="run only the cases at positions p of the grid with p %% N == I (0 <= I < N); "
+                        "the N shards, e.g. run side by side, cover the grid once")
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser("prove", help="prove the derived chunkwise, replay and segment-scan schedules equal to the "

@@ -275,40 +275,56 @@ FAMILIES: dict[str, tuple[Callable, Callable]] = {kind: (recurrence_cases, run_r
 FAMILIES["attnres"] = (attnres_cases, run_attnres_case)
 
 
+def defaults(device: str | None, dtypes: list[str] | None) -> tuple[str, list[str]]:
+    """The device (cuda if available) and dtypes (CPU: fp32 in the interpreter; GPU: bf16 and fp32) of a run."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return device, dtypes or (["bfloat16", "float32"] if device != "cpu" else ["float32"])
+
+
+def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str]) -> list[tuple[LayerSpec, str, RecurrenceCase | AttnResCase, str]]:
+    """Every (layer, entry, case, dtype) of a run, in a fixed order: the positions --shard splits.
+    Cheap: it builds the variants' specs, nothing is lowered."""
+    make_cases, _ = FAMILIES[spec.kind]
+    return [(layer_spec, entry, case, dtype_name) for layer_spec, entry, cases in make_cases(spec, on_gpu)
+            for case in cases for dtype_name in dtypes]
+
+
 def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None = None,
            seed: int | None = None, out_dir: Path | None = None,
-           progress: Callable[[str], None] | None = None) -> list[CaseResult]:
+           progress: Callable[[str], None] | None = None,
+           shard: tuple[int, int] | None = None) -> list[CaseResult]:
     """Run the verification grid of a spec. On a CPU: Triton's interpreter in fp32; on a GPU:
-    native, in bf16 and fp32 (unless `dtypes` says otherwise)."""
+    native, in bf16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
+    positions p of `grid` with p % N == I."""
     from k3compile.errors import UnsupportedError
     from k3compile.frontend import spec_to_module
 
     if spec.kind not in FAMILIES:
         raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no compiled kernels to verify yet")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device, dtypes = defaults(device, dtypes)
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
     on_gpu = device != "cpu"
-    dtypes = dtypes or (["bfloat16", "float32"] if on_gpu else ["float32"])
     gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="k3c-verify-"))
-    make_cases, run_case = FAMILIES[spec.kind]
+    _, run_case = FAMILIES[spec.kind]
+    index, count = shard or (0, 1)
     results = []
     layers: dict[str, tuple] = {}
-    for layer_spec, entry, cases in make_cases(spec, on_gpu):
+    # a shard lowers a layer only when one of its own cases needs it and launches (so Triton
+    # compiles) only its own cases' kernels: the others' compile time is what sharding saves
+    for layer_spec, entry, case, dtype_name in grid(spec, on_gpu, dtypes)[index::count]:
         if layer_spec.name not in layers:
             compilation = lower(layer_spec)
             layer = CompiledLayer(compilation, write_module(compilation, out_dir))
             layer.module.POISON_OUTPUTS = True
             layers[layer_spec.name] = (layer, next(iter(spec_to_module(layer_spec).ops)))
         layer, layer_op = layers[layer_spec.name]
-        for case in cases:
-            for dtype_name in dtypes:
-                if progress:
-                    progress(f"{layer_spec.name}.{entry}: {case.name} [{dtype_name}]")
-                dtype = DTYPES[dtype_name]
-                for tensor, out, ref in run_case(layer, entry, layer_op, case, dtype, device, gen):
-                    max_abs, rms = compare(out, ref)
-                    results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
-                                              tolerance(entry, dtype)))
+        if progress:
+            progress(f"{layer_spec.name}.{entry}: {case.name} [{dtype_name}]")
+        dtype = DTYPES[dtype_name]
+        for tensor, out, ref in run_case(layer, entry, layer_op, case, dtype, device, gen):
+            max_abs, rms = compare(out, ref)
+            results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
+                                      tolerance(entry, dtype)))
     return results

@@ -289,6 +289,56 @@ def test_verify_tiny_spec_passes(capsys, tiny_spec, tmp_path, monkeypatch):
     assert "FAIL" not in out
 
 
+def verified_cases(spec, shard=None) -> list[tuple]:
+    from k3compile.verify import verify
+
+    return sorted((r.layer, r.entry, r.case, r.dtype, r.tensor) for r in verify(spec, device="cpu", seed=0, shard=shard))
+
+
+def test_verify_shards_cover_the_grid_once(tiny_spec, tmp_path, monkeypatch):
+    """--shard 0/2 and 1/2 together run exactly the unsharded run's cases, none twice."""
+    import tempfile
+
+    from k3compile.spec import load_spec
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    spec = load_spec(tiny_spec)
+    first, second = verified_cases(spec, (0, 2)), verified_cases(spec, (1, 2))
+    assert first and second
+    assert sorted(first + second) == verified_cases(spec)
+
+
+def test_verify_shard_lowers_only_its_cases(capsys, tiny_spec, tmp_path, monkeypatch):
+    """The one case of shard last/N: only its layer is lowered (the point: skipped cases cost no
+    compile), and the title says which shard ran."""
+    import tempfile
+
+    from k3compile import verify as verify_module
+    from k3compile.spec import load_spec
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lowered = []
+    lower = verify_module.lower
+    monkeypatch.setattr(verify_module, "lower", lambda spec: lowered.append(spec.name) or lower(spec))
+    grid = verify_module.grid(load_spec(tiny_spec), False, ["float32"])
+    layer_spec, entry, case, _ = grid[-1]
+    assert layer_spec.name != grid[0][0].name  # else the check below could not tell
+    code, out, err = run(capsys, "verify", tiny_spec, "--device", "cpu", "--shard", f"{len(grid) - 1}/{len(grid)}")
+    assert code == 0, out + err
+    assert lowered == [layer_spec.name]
+    assert f"shard {len(grid) - 1}/{len(grid)}: 1 of {len(grid)} cases" in out
+    assert case.name in out and " 0 failed" in out
+
+
+@pytest.mark.parametrize("shard", ["x", "1", "2/2", "3/2", "-1/2", "0/0", "1/2/3", "a/b"])
+def test_verify_bad_shard(capsys, tiny_spec, shard):
+    code, out, err = run(capsys, "verify", tiny_spec, "--device", "cpu", f"--shard={shard}")
+    assert code == 2 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error" in line]  # argparse's usage lines before it
+    assert len(errors) == 1, err
+    assert "--shard" in errors[0] and repr(shard) in errors[0]
+
+
 def test_verify_latent_moe_is_bad_input(capsys):
     code, out, err = run(capsys, "verify", EXAMPLES / "latent_moe.toml", "--device", "cpu")
     assert_bad_input(code, out, err, "latent_moe")
