@@ -64,7 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--cases", default=None, help=f"comma-separated `intra` cases of {list(INTRA_CASES)}")
     p.add_argument("--tokens", type=int, default=None, help="`multi`: tokens of the stream (default 1048576)")
     p.add_argument("--check-tokens", type=int, default=None, help="`multi`: stream length of the check (default 65536)")
-    p.add_argument("--rank-segments", type=int, default=1, help="`multi`: segments per rank's piece")
+    p.add_argument("--rank-segments", type=lambda x: x if x == "auto" else int(x), default="auto",
+                   help="`multi`: segments per rank's piece (an int, or auto)")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rep", type=int, default=100)
@@ -169,6 +170,10 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
                 per_P[P] = dict(error=short_error(err))
                 traceback.print_exc()
         row["per_P"] = per_P
+        # segments="auto" (the runtime's heuristic): its P and time
+        row["auto_P"] = module._CHUNK_CP.auto_segments([T] * B, torch.device(device))
+        row["auto_ms"] = timer(lambda: ours("auto"))
+        row["auto_vs_plain"] = row["plain_ms"] / row["auto_ms"]
         timed = {P: r["ms"] for P, r in per_P.items() if "ms" in r}
         if timed:
             best = min(timed, key=timed.get)
@@ -182,6 +187,7 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
                 row["fla_ms"] = timer(lambda: fla(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], scale=K**-0.5,
                                                   initial_state=inp["initial_state"], output_final_state=True, **FLA_KDA))
                 row["fla_over_best"] = row["fla_ms"] / row["best_ms"] if "best_ms" in row else None
+                row["fla_over_auto"] = row["fla_ms"] / row["auto_ms"]
             except Exception as err:  # noqa: BLE001
                 row["fla_error"] = short_error(err)
                 traceback.print_exc()
@@ -190,7 +196,8 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
         if not on_cpu:
             torch.cuda.empty_cache()
         text = write(args.out, "cp_intra", meta, rows,
-                     ["case", "plain_ms", "best_P", "best_ms", "best_vs_plain", "fla_ms", "fla_over_best",
+                     ["case", "plain_ms", "best_P", "best_ms", "best_vs_plain", "auto_P", "auto_ms", "auto_vs_plain",
+                      "fla_ms", "fla_over_best", "fla_over_auto",
                       "best_o_rms_vs_plain", "fla_o_rms_vs_plain"])
     print(text)
     return 0
@@ -295,6 +302,9 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
             row["one_device_ms"] = timer(lambda: module._chunk_single(**whole, output_final_state=True))
             row["scaling_efficiency"] = row["one_device_ms"] / (world * row["cp_ms"])
             row["speedup"] = row["one_device_ms"] / row["cp_ms"]
+            # the best one device does: its own segments
+            row["one_device_auto_ms"] = timer(lambda: module.chunk(**whole, output_final_state=True, segments="auto"))
+            row["speedup_vs_auto"] = row["one_device_auto_ms"] / row["cp_ms"]
         except Exception as err:  # noqa: BLE001
             row["one_device_error"] = short_error(err)
             traceback.print_exc()
@@ -305,7 +315,8 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
                        timing="median wall time of the call between barriers (all ranks synchronised)",
                        fla_call="fla.ops.kda.chunk_kda(..., cp_context=fla.ops.cp.build_cp_context(cu_seqlens, group))")
         print(write(args.out, f"cp_multi_w{world}", meta, [row],
-                    ["world", "T", "cp_ms", "one_device_ms", "speedup", "scaling_efficiency", "all_gather_bytes_per_rank",
+                    ["world", "T", "rank_segments", "cp_ms", "one_device_ms", "speedup", "scaling_efficiency",
+                     "one_device_auto_ms", "speedup_vs_auto", "all_gather_bytes_per_rank",
                      "all_gather_ms", "fla_cp_ms", "check_o_rms_max", "check_state_rms"]))
     dist.destroy_process_group()
     return 0
