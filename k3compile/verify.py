@@ -86,6 +86,7 @@ class RecurrenceCase:
     seqlens: tuple[int, ...] | None = None  # varlen: lengths of the packed sequences
     initial_state: bool = True
     checkpoint_every: int | None = None  # chunk entry: also compare the states kept along the way
+    segments: int | None = None  # chunk entry: context parallelism, every sequence split in this many
 
 
 def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dict:
@@ -154,7 +155,10 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
                                    RecurrenceCase("B3 T3 (verify-sized steps)", 3, 3)]
         if entry == "chunk":  # states kept every 64 tokens (prefix caching) equal the recurrence's
             yield spec, entry, [RecurrenceCase(f"varlen (64, 1, {long}), checkpoints every 64", 1, 0,
-                                               seqlens=(64, 1, long), checkpoint_every=64)]
+                                               seqlens=(64, 1, long), checkpoint_every=64),
+                                # context parallelism on one device (chunk_segments)
+                                RecurrenceCase(f"varlen (5, {long}, 40), 3 segments each", 1, 0,
+                                               seqlens=(5, long, 40), segments=3)]
         for layer_spec, label in variants[1:] + ([bounded] if entry == "chunk" and has_other_gram else []):
             yield layer_spec, entry, [RecurrenceCase(f"{label}varlen (5, {long})", 1, 0, seqlens=(5, long))]
     # context parallelism: every segment's (M, N), segments shorter than, equal to and longer than
@@ -225,7 +229,8 @@ def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype,
         o, final, kept = getattr(layer, entry)(**inputs, output_final_state=True)
         ref_o, ref_final, ref_kept = reference.recurrence(layer_op, **inputs, output_final_state=True)
         return [("o", o, ref_o), ("final_state", final, ref_final), ("checkpoints", kept, ref_kept)]
-    o, final = getattr(layer, entry)(**inputs, output_final_state=True)
+    split = {} if case.segments is None else {"segments": case.segments}
+    o, final = getattr(layer, entry)(**inputs, **split, output_final_state=True)
     ref_o, ref_final = reference.recurrence(layer_op, **inputs, output_final_state=True)
     return [("o", o, ref_o), ("final_state", final, ref_final)]
 
