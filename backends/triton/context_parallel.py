@@ -135,6 +135,9 @@ class _ContextParallel:
         self.check_states(initial_state, len(sequences), device, "one per sequence")
         if segments == "auto":
             segments = self.auto_segments([end - start for start, end in sequences], device)
+        if segments == 1 and exchange is None:  # the plain entry, on the caller's own layout
+            return self.chunk_fn(**tokens, **params, initial_state=initial_state, output_final_state=output_final_state,
+                                 cu_seqlens=cu_seqlens, checkpoint_every=checkpoint_every)
         unit = self.chunk_size
         if checkpoint_every is not None:  # checkpoints count from a segment's start: cut at their multiples
             if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every <= 0 \
