@@ -80,10 +80,11 @@ class _ContextParallel:
                              f"got {segments!r}")
 
     # segments="auto": scan programs for PROGRAMS_PER_SM per multiprocessor (the scan kernel holds
-    # two per SM on the H200), and segments of at least MIN_SEGMENT_CHUNKS chunks (below that the
-    # summary's two scans cost more than the shorter serial pass saves)
+    # two per SM on the H200), and segments of at least MIN_SEGMENT_CHUNKS chunks: on the H200
+    # (bench/RESULTS.md) segments of 512 chunks paid (B1 T131072 H16, P = 8: 9.5 ms vs 13.7 plain),
+    # of 128 did not (B2 T16384, P = 4: 3.3 ms vs 2.3): the summary's scans and the combine cost more
     PROGRAMS_PER_SM = 2
-    MIN_SEGMENT_CHUNKS = 16
+    MIN_SEGMENT_CHUNKS = 512
 
     def auto_segments(self, lengths, device):
         """P for segments='auto': 1 when the sequences' scan programs already fill the GPU."""

@@ -81,14 +81,18 @@ def _chunks(offsets, dims, chunk_size, device):
     (sequence, first token) as an int32 [num_chunks, 2] table."""
     if offsets is None:
         return dims["B"] * triton.cdiv(dims["T"], chunk_size), None
-    # built on the host with tensor ops (a Python loop costs ~1 ms at 4096 chunks), copied once
-    bounds = offsets.to("cpu", torch.int64)
-    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
-    counts = (lengths + chunk_size - 1) // chunk_size
-    sequence = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    index = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    # the count from the host's offsets (the checks already read them); the table built on the
+    # device, without a synchronisation (repeat_interleave is told its output size): host-side
+    # table building cost 1 to 5 ms per call at 4096 chunks on the H200 machine
+    bounds = offsets.tolist()
+    total = sum(-(-(b - a) // chunk_size) for a, b in zip(bounds, bounds[1:]))
+    offsets = offsets.to(device=device, dtype=torch.int64)
+    starts = offsets[:-1]
+    counts = (offsets[1:] - starts + chunk_size - 1) // chunk_size
+    sequence = torch.repeat_interleave(torch.arange(len(counts), device=device), counts, output_size=total)
+    index = torch.arange(total, device=device) - (torch.cumsum(counts, 0) - counts)[sequence]
     table = torch.stack([sequence, starts[sequence] + index * chunk_size], dim=1)
-    return len(table), table.to(device=device, dtype=torch.int32)
+    return total, table.to(torch.int32)
 
 
 @triton.jit
