@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from k3compile.errors import K3Error
@@ -61,6 +61,11 @@ SEARCH_SPACE: tuple[Choice, ...] = (
     Choice("fuse-chunkwise", "num-warps", (4, 8), launch_only=True),
     Choice("fuse-chunkwise", "scan-stages", (2, 3), launch_only=True),
 )
+
+# The context-parallel stage after the search (a module with chunk_segments): the winner's launch
+# config with every sequence split into P segments (chunk(..., segments=P)), each P checked
+# before it is timed; P = 1 is the winner itself. The bucket's best P is what segments="auto" uses.
+SEGMENTS: tuple[int, ...] = (2, 4, 8, 16)
 
 DEFAULT_CHECK_SHAPE = None  # (B, T) of the reference check; None: check_shape_for(the target)
 BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40  # triton.testing.do_bench per candidate
@@ -398,11 +403,11 @@ def set_launch(module, launch: dict, entry_name: str = TUNED_ENTRY) -> None:
     setattr(module, launch_table_name(entry_name), EveryBucket(launch))
 
 
-def run_entry(module, inputs: dict, candidate: Candidate, entry_name: str = TUNED_ENTRY):
+def run_entry(module, inputs: dict, candidate: Candidate, entry_name: str = TUNED_ENTRY, **options):
     """One call of the tuned entry with the candidate's launch config set: (o, final_state).
-    Tests replace this to make a candidate wrong."""
+    options: more arguments of the call (segments=P). Tests replace this to make a candidate wrong."""
     set_launch(module, candidate.launch, entry_name)
-    return getattr(module, entry_name)(**inputs, output_final_state=True)
+    return getattr(module, entry_name)(**inputs, output_final_state=True, **options)
 
 
 def time_candidate(fn: Callable[[], object], candidate: Candidate) -> float:
@@ -509,10 +514,11 @@ def parse_dtype(name: str):
 def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str | None = None,
          gpu: str | None = None, timer: Callable | None = None, cache: TuneCache | None = None,
          space: Sequence[Choice] | None = None, check_shape: tuple[int, int] | None = None,
-         retune: bool = False, jobs: int | None = None,
+         retune: bool = False, jobs: int | None = None, segments: Sequence[int] | None = None,
          progress: Callable[[int, int, str], None] | None = None) -> TuneResult:
-    """Tune the chunk entry of `spec` for the bucket of shape (B, T) and dtype; cached results
-    are returned without compiling or timing anything (unless retune)."""
+    """Tune the chunk entry of `spec` for the bucket of shape (B, T) and dtype, then the
+    context-parallel stage (P of `segments`, default SEGMENTS); cached results are returned
+    without compiling or timing anything (unless retune)."""
     from k3compile.driver import load_module, lower
     from k3compile.frontend import spec_to_module
 
@@ -611,45 +617,62 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
             except Exception:  # noqa: BLE001 - only a speed-up: the runs below compile what is missing
                 pass
             phases["precompile"] += time.perf_counter() - t0
+        def check_and_time(module, cand: Candidate, **options) -> tuple[str, float, str]:
+            """(status, ms, detail) of one call of the entry: NaN-poisoned outputs checked against the
+            reference, every output written at the target shape, only then timed; any error scores
+            infinity (out of resources, launch errors)."""
+            t0 = time.perf_counter()
+            try:
+                module.POISON_OUTPUTS = True  # unwritten elements stay NaN and fail
+                o, state = run_entry(module, check, cand, **options)
+                errors = [(name, compare(out, ref)) for name, out, ref in (("o", o, ref_o), ("final_state", state, ref_state))]
+                bad = [(name, rms) for name, (_, rms) in errors if not (math.isfinite(rms) and rms <= tol)]
+                if bad:
+                    name, rms = bad[0]
+                    return "wrong", math.inf, (f"{name}: NaN (unwritten elements or a blow-up)" if math.isnan(rms)
+                                               else f"{name}: RMS ratio {rms:.1e} > {tol:.0e}")
+                o, state = run_entry(module, target, cand, **options)
+                if not (bool(torch.isfinite(o).all()) and bool(torch.isfinite(state).all())):
+                    return "unwritten", math.inf, "NaN in the outputs at the target shape"
+            except Exception as err:  # noqa: BLE001
+                return "error", math.inf, short(err)
+            finally:
+                phases["check"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            try:
+                module.POISON_OUTPUTS = False
+                timed_as = replace(cand, options={**cand.options, **options})  # what the timer is told
+                ms = float(timed_call(lambda: run_entry(module, target, cand, **options), timed_as))
+            except Exception as err:  # noqa: BLE001
+                return "error", math.inf, short(err)
+            finally:
+                phases["time"] += time.perf_counter() - t0
+            if math.isfinite(ms) and ms > 0:
+                return "ok", ms, ""
+            return "error", math.inf, f"timer returned {ms}"
+
         for module, group in modules:
             for cand in group:
-                t0 = time.perf_counter()
-                try:
-                    module.POISON_OUTPUTS = True  # unwritten elements stay NaN and fail
-                    o, state = run_entry(module, check, cand)
-                    errors = [(name, compare(out, ref)) for name, out, ref in (("o", o, ref_o), ("final_state", state, ref_state))]
-                    bad = [(name, rms) for name, (_, rms) in errors if not (math.isfinite(rms) and rms <= tol)]
-                    if bad:
-                        name, rms = bad[0]
-                        cand.status = "wrong"
-                        cand.detail = (f"{name}: NaN (unwritten elements or a blow-up)" if math.isnan(rms)
-                                       else f"{name}: RMS ratio {rms:.1e} > {tol:.0e}")
-                    else:
-                        o, state = run_entry(module, target, cand)
-                        if not (bool(torch.isfinite(o).all()) and bool(torch.isfinite(state).all())):
-                            cand.status, cand.detail = "unwritten", "NaN in the outputs at the target shape"
-                    phases["check"] += time.perf_counter() - t0
-                    if cand.status == "pending":
-                        t0 = time.perf_counter()
-                        module.POISON_OUTPUTS = False
-                        ms = float(timed_call(lambda: run_entry(module, target, cand), cand))
-                        phases["time"] += time.perf_counter() - t0
-                        if math.isfinite(ms) and ms > 0:
-                            cand.status, cand.ms = "ok", ms
-                            best.append(cand)
-                        else:
-                            cand.status, cand.detail = "error", f"timer returned {ms}"
-                except Exception as err:  # noqa: BLE001 - out of resources, launch errors: infinity
-                    cand.status, cand.detail = "error", short(err)
-                    cand.ms = math.inf
+                cand.status, cand.ms, cand.detail = check_and_time(module, cand)
+                if cand.status == "ok":
+                    best.append(cand)
                 done += 1
                 report(done)
             sys.modules.pop(module.__name__, None)
+        ok = [c for c in found if c.status == "ok"]
+        winner = min(ok, key=lambda c: c.ms) if ok else None
+        segments_record = None
+        module = next((m for m, group in modules if winner in group), None)
+        if winner is not None and hasattr(module, "_CHUNK_CP"):
+            rows = [{"P": 1, "status": "ok", "ms": winner.ms, "detail": "the winner"}]
+            for P in SEGMENTS if segments is None else segments:
+                status, ms, detail = check_and_time(module, winner, segments=P)
+                rows.append({"P": P, "status": status, "ms": ms if math.isfinite(ms) else None, "detail": detail})
+            fastest = min((r for r in rows if r["status"] == "ok"), key=lambda r: r["ms"])
+            segments_record = {"candidates": rows, "winner": fastest["P"]}
     if device == "cuda":
         torch.cuda.synchronize()
     report(total)
-    ok = [c for c in found if c.status == "ok"]
-    winner = min(ok, key=lambda c: c.ms) if ok else None
     record = {
         "key": key,
         "spec": {"name": spec.name, "source": str(spec.source), "kind": spec.kind},
@@ -659,6 +682,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
                   for c in space],
         "candidates": [c.to_json() for c in found],
         "winner": None if winner is None else winner.index,
+        "segments": segments_record,  # the context-parallel stage (SEGMENTS), None without one
         "default": 0,  # the first value of every choice: the heuristic default
         "seconds": round(time.perf_counter() - start, 3),
         "phases": {k: round(v, 3) for k, v in phases.items()},
@@ -789,7 +813,10 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
         cands = [Candidate.from_json(c) for c in record["candidates"]]
         mine = [c for c in cands if c.status == "ok" and c.code_options == code_options and c.code_hash == code_hash]
         if mine:
-            table[(key["dtype"], key["heads_bucket"], key["tokens_bucket"])] = min(mine, key=lambda c: c.ms).launch
+            launch = min(mine, key=lambda c: c.ms).launch
+            if record.get("segments"):  # the bucket's P for segments="auto", beside the kernels' configs
+                launch = {**launch, "segments": {"P": record["segments"]["winner"]}}
+            table[(key["dtype"], key["heads_bucket"], key["tokens_bucket"])] = launch
         else:
             untuned.append(describe_record(spec, record))
     for what in untuned:
@@ -803,6 +830,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
         f"Kernel code (one choice for the whole module, {code}): the code whose best candidate is\n"
         "closest to each tuned bucket's winner. Launch configs (block sizes, num_warps, num_stages) per\n"
         f"bucket in {launch_table_name(TUNED_ENTRY)}, read by the launches of `{TUNED_ENTRY}`; other sizes use the heuristic\n"
-        "default. docs/autotuning.md has the design."
+        "default; the bucket's P of segments=\"auto\" (context parallelism) under 'segments'. docs/autotuning.md\n"
+        "has the design."
     )
     return lower(spec, plan.pipeline, launch_tables=plan.launch_tables, note=plan.note), plan

@@ -103,6 +103,11 @@ def print_tune_result(spec, shape, dtype, result) -> None:
         versus = (f", {default.ms / winner.ms:.2f}x the default's {default.ms:.3f} ms" if default is not None
                   and default.status == "ok" else ", the default failed")
         print(f"winner: {winner.label}: {winner.ms:.3f} ms{versus}")
+    stage = result.record.get("segments")
+    if stage:  # context parallelism: the winner with every sequence in P segments
+        rows = ", ".join(f"P={r['P']} " + (f"{r['ms']:.3f} ms" if r["status"] == "ok" else f"{r['status']} ({r['detail']})")
+                         for r in stage["candidates"])
+        print(f"segments (chunk(..., segments='auto') uses P={stage['winner']} here): {rows}")
     if result.cached:
         print(f"from the cache: 0 s of tuning, nothing timed ({result.path})")
     else:

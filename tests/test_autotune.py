@@ -189,8 +189,8 @@ def test_a_wrong_candidate_can_never_win(tmp_path, monkeypatch):
     real = autotune.run_entry
     sabotage = {(4, 16): "garbage", (4, 32): "unwritten", (8, 16): "raise"}
 
-    def run_entry(module, inputs, candidate, entry_name="chunk"):
-        o, state = real(module, inputs, candidate, entry_name)
+    def run_entry(module, inputs, candidate, entry_name="chunk", **options):
+        o, state = real(module, inputs, candidate, entry_name, **options)
         what = sabotage.get((candidate.options["num-warps"], candidate.options["block-v"]))
         if what == "garbage":
             o = o + 0.1 * torch.randn_like(o)
@@ -211,7 +211,42 @@ def test_a_wrong_candidate_can_never_win(tmp_path, monkeypatch):
     assert status[(8, 16)].status == "error" and "out of resource" in status[(8, 16)].detail
     assert all(math.isinf(status[k].ms) for k in sabotage)
     assert result.winner.options == {"num-warps": 8, "block-v": 32}
-    assert timer.calls == 1  # only the candidate that passed was timed
+    assert timer.calls == 1 + len(autotune.SEGMENTS)  # only the candidate that passed, then its segments stage
+
+
+def test_segments_stage_picks_a_checked_P_and_auto_uses_it(tmp_path, capsys, monkeypatch):
+    """The context-parallel stage times the winner with every sequence in P segments, each P
+    checked first: a P made wrong never wins though timed fastest; the compiled module embeds
+    the bucket's P, and chunk(..., segments="auto") in that bucket runs with it."""
+    from k3compile.driver import load_module
+
+    real = autotune.run_entry
+
+    def run_entry(module, inputs, candidate, entry_name="chunk", **options):
+        o, state = real(module, inputs, candidate, entry_name, **options)
+        return (o + 0.1 * torch.randn_like(o) if options.get("segments") == 8 else o), state
+
+    class SegmentTimer(FakeTimer):
+        def __call__(self, fn, candidate) -> float:
+            return super().__call__(fn, candidate) - {2: 0.05, 4: 0.1, 8: 0.5}.get(candidate.options.get("segments"), 0)
+
+    monkeypatch.setattr(autotune, "run_entry", run_entry)
+    cache = TuneCache(tmp_path / "cache")
+    result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=SegmentTimer(), cache=cache, space=SMALL_SPACE,
+                           check_shape=CHECK, segments=(2, 4, 8))
+    stage = {r["P"]: r for r in result.record["segments"]["candidates"]}
+    assert stage[8]["status"] == "wrong" and "RMS ratio" in stage[8]["detail"] and stage[8]["ms"] is None
+    assert stage[1]["ms"] == result.winner.ms and stage[2]["status"] == stage[4]["status"] == "ok"
+    assert result.record["segments"]["winner"] == 4
+    code, out, err = run_cli(capsys, "compile", write_spec(tmp_path / "tuned.toml"), "-o", tmp_path / "out",
+                             "--frozen", "--gpu", GPU, "--cache-dir", cache.root.parent)
+    assert code == 0, err
+    module = load_module(Path(out.strip()), "tuned_segments")
+    assert module.TUNED_CHUNK[("float32", 1, 64)]["segments"] == {"P": 4}
+    cp = module._CHUNK_CP
+    assert cp.auto_segments([37], torch.device("cpu"), torch.float32) == 4  # the tuned bucket (T <= 64)
+    assert cp.auto_segments([37], torch.device("cpu"), torch.float16) == 1  # untuned: the heuristic
+    assert cp.auto_segments([70], torch.device("cpu"), torch.float32) == 1
 
 
 def test_candidates_that_do_not_compile_score_infinity(tmp_path):
@@ -329,9 +364,11 @@ def test_cli_tune_prints_the_table_then_hits_the_cache(capsys, tmp_path, monkeyp
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err
     assert "k3c tune tuned B,T=1,48 float32" in out and "num-warps" in out and "block-v" in out
-    assert "winner: num-warps=4" in out and "tuned in" in out and timer.calls == 4
+    assert "winner: num-warps=4" in out and "tuned in" in out and timer.calls == 4 + len(autotune.SEGMENTS)
+    assert "segments (chunk(..., segments='auto') uses P=1 here): P=1 " in out  # the fake timer ties: P = 1
     code, out, err = run_cli(capsys, *args[:3], "1,64", *args[4:])
-    assert code == 0 and "(cached)" in out and "0 s of tuning, nothing timed" in out and timer.calls == 4
+    assert code == 0 and "(cached)" in out and "0 s of tuning, nothing timed" in out
+    assert timer.calls == 4 + len(autotune.SEGMENTS)
     # a compile on this "GPU" now embeds the winner without being told the shape
     code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "out", "--cache-dir", tmp_path / "cache")
     assert code == 0 and "tuned configs for 1 bucket(s)" in err

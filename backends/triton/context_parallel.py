@@ -38,10 +38,12 @@ class _ContextParallel:
     ("full": [HV, K, K]; "diagonal": [HV, K]; "scalar": [HV]; "identity": no M); vk: states are
     held transposed ([HV, V, K]); state_shape: one sequence's state; chunk_fn: the plain chunk
     entry; segments_fn: chunk_segments (one prepare, the summaries, the combine, the finish);
-    scan_programs: the programs its scan launches per sequence."""
+    scan_programs: the programs its scan launches per sequence; tuned: () -> the chunk entry's
+    launch table (k3c tune; its buckets may hold a tuned P under "segments"), or None."""
 
-    def __init__(self, chunk_fn, segments_fn, transition, vk, state_shape, chunk_size, scan_programs):
+    def __init__(self, chunk_fn, segments_fn, transition, vk, state_shape, chunk_size, scan_programs, tuned):
         self.chunk_fn, self.segments_fn, self.scan_programs = chunk_fn, segments_fn, scan_programs
+        self.tuned = tuned
         self.transition, self.vk, self.state_shape, self.chunk_size = transition, vk, state_shape, chunk_size
 
     # --- the math -------------------------------------------------------------------------------
@@ -86,8 +88,14 @@ class _ContextParallel:
     PROGRAMS_PER_SM = 2
     MIN_SEGMENT_CHUNKS = 512
 
-    def auto_segments(self, lengths, device):
-        """P for segments='auto': 1 when the sequences' scan programs already fill the GPU."""
+    def auto_segments(self, lengths, device, dtype=None):
+        """P for segments='auto': the tuned P of this call's bucket (k3c tune), else the heuristic:
+        1 when the sequences' scan programs already fill the GPU."""
+        if self.tuned is not None and lengths:
+            dims = dict(B=1, T=sum(lengths), N=len(lengths))
+            tuned = _tuned_launch(self.tuned(), "segments", dtype, dims, self.state_shape[0], {})
+            if "P" in tuned:
+                return tuned["P"]
         processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         P = max(1, self.PROGRAMS_PER_SM * processors // max(1, len(lengths) * self.scan_programs))
         return max(1, min(P, max(lengths, default=0) // (self.MIN_SEGMENT_CHUNKS * self.chunk_size)))
@@ -135,7 +143,8 @@ class _ContextParallel:
             sequences = list(zip(offsets, offsets[1:]))
         self.check_states(initial_state, len(sequences), device, "one per sequence")
         if segments == "auto":
-            segments = self.auto_segments([end - start for start, end in sequences], device)
+            dtype = next(iter(tokens.values())).dtype
+            segments = self.auto_segments([end - start for start, end in sequences], device, dtype)
         if segments == 1 and exchange is None:  # the plain entry, on the caller's own layout
             return self.chunk_fn(**tokens, **params, initial_state=initial_state, output_final_state=output_final_state,
                                  cu_seqlens=cu_seqlens, checkpoint_every=checkpoint_every)
@@ -331,6 +340,7 @@ def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp, ...] | None:
 def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry) -> None:
     """Print the runtime, its instance for this layer and the `chunk` wrapper (after every entry:
     the instance holds _chunk_single and chunk_segments)."""
+    from k3compile.backends.triton.printer import launch_table_name
     from k3compile.ir.k3 import RecurrenceOp
 
     c = printer.code
@@ -346,6 +356,8 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry
     transition, vk = transition_form(layer), layer.state_layout.data == "vk"
     tile = next(op for op in segments_entry.walk() if isinstance(op, k3s.StateTileOp) and op.start is None)
     V, block_v = tile.head_v_dim.value.data, tile.block_v.value.data
+    # the chunk entry's launch table, read at call time (the tuner swaps it per candidate)
+    tuned = f"lambda: {launch_table_name(chunk.sym_name.data)}" if chunk.sym_name.data in printer.launch_tables else None
     scan_programs = layer.num_v_heads.value.data * -(-V // min(block_v, 1 << (V - 1).bit_length()))
     first = chunk_view.tensors[0].sym_name.data
     c(*RUNTIME.strip("\n").splitlines())
@@ -353,7 +365,7 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry
     c(f"# k3s.entry @chunk <source = {chunk.source.data}> with context parallelism: transition {transition}, "
       f"states {layer.state_layout.data}",
       f"_CHUNK_CP = _ContextParallel({PLAIN_CHUNK}, chunk_segments, {transition!r}, {vk}, "
-      f"{state_shape!r}, {chunk_size}, {scan_programs})", "", "")
+      f"{state_shape!r}, {chunk_size}, {scan_programs}, {tuned})", "", "")
     signature = printer.signatures["chunk"] + ["segments=None", "cp_group=None"]
     c(f"def chunk({', '.join(signature)}):")
     with c.indent():
