@@ -69,6 +69,7 @@ CASES = {
     "kda_h32_d64": dict(kind="kda", B=8, T=2048, H=32, K=64, V=64),
     "gdn_h32": dict(kind="gated_deltanet", B=4, T=4096, H=32, K=128, V=128),
     "gla_h32": dict(kind="gla", B=4, T=4096, H=32, K=128, V=128),
+    "gla_h32_log": dict(kind="gla", B=4, T=4096, H=32, K=128, V=128),  # unbounded gate: elementwise diagonal
 }
 TINY_CASES = {"kda_h16": dict(CASES["kda_h16"], B=1, T=128)}
 
