@@ -1,7 +1,7 @@
 """Context-parallel benchmark (issue 5 §2-§3) of a k3compile-generated module, against fla.
 
 Standalone: needs torch and triton (fla-core for the comparison), NOT k3compile or xDSL. The
-module is generated with the default pipeline (it then has `segment_summary` and its `chunk`
+module is generated with the default pipeline (it then has `chunk_segments` and its `chunk`
 takes `segments=` and `cp_group=`; docs/context-parallel.md):
 
     k3c compile bench/specs/kda_h16.toml -o bench/generated
@@ -333,7 +333,7 @@ def main(argv=None):
         sys.exit("no CUDA device; use --device cpu --tiny for a smoke test")
     module = import_file(Path(args.module), Path(args.module).stem)
     if not hasattr(module, "_CHUNK_CP"):
-        sys.exit(f"{args.module}: no context parallelism (compile with the default pipeline: it adds segment_summary)")
+        sys.exit(f"{args.module}: no context parallelism (compile with the default pipeline: it adds chunk_segments)")
     HV, K, V = module._CHUNK_CP.state_shape if not module._CHUNK_CP.vk else (
         module._CHUNK_CP.state_shape[0], module._CHUNK_CP.state_shape[2], module._CHUNK_CP.state_shape[1])
     H = args.heads or HV

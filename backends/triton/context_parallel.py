@@ -1,6 +1,6 @@
 """Context parallelism in the compiled module (docs/context-parallel.md): host code only.
 
-A module that has both a `chunk` entry and a `segment_summary` entry (lower-segment-scan) gets
+A module that has both a `chunk` entry and a `chunk_segments` entry (lower-segment-scan) gets
 its chunk entry printed as `_chunk_single`, the runtime below printed verbatim, and a `chunk`
 wrapper with two more parameters:
 
