@@ -379,7 +379,13 @@ def in_pool(op) -> bool:
 CHUNK_OPERANDS = ("key", "value")
 GRAM_LHS = ("q", "k")
 MASKS = ("strict", "inclusive")
-SPILLED = ("W", "U", "P", "QG", "KG", "gamma_C")
+SPILLED = ("W", "U", "P", "QG", "KG", "gamma_C", "T")
+
+
+def workspace_name(value: str) -> str:
+    """The workspace tensor a spilled value lives in: its own name, except T (every kernel's token
+    count is T)."""
+    return "T_ut" if value == "T" else value
 GATE_ANCHORS = ("start", "end")
 # how a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two tensor-core
 # factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or elementwise

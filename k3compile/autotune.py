@@ -46,14 +46,16 @@ class Choice:
 
     pass_name: str
     option: str
-    values: tuple[int, ...]
+    values: tuple[int, ...] | tuple[str, ...]
     launch_only: bool
 
 
 # The search space of the chunk entry: the product of these values (options that a pipeline
 # already sets, e.g. `-p '...,fuse-chunkwise{num-warps=4}'`, stay as set). To extend it, add a
-# row: e.g. Choice("derive-chunkwise", "sub-chunk", (16, 32), launch_only=False), or a
-# fuse-chunkwise grouping when a second one exists.
+# row: e.g. Choice("derive-chunkwise", "sub-chunk", (16, 32), launch_only=False), or
+# Choice("fuse-chunkwise", "grouping", ("split", "split-prepare"), launch_only=False) (left out
+# for now: statically its gram kernel still holds 239 registers, two programs per SM, and it
+# doubles a cold tune; docs/chunk-performance.md).
 SEARCH_SPACE: tuple[Choice, ...] = (
     # the choices the H200 sweep showed to matter (bench/RESULTS.md); few, so that a new shape
     # tunes in seconds
@@ -174,9 +176,9 @@ def join_pipeline(passes: list[tuple[str, dict[str, str]]]) -> str:
 @dataclass
 class Candidate:
     index: int
-    options: dict[str, int]  # option -> value, one per Choice
+    options: dict[str, int | str]  # option -> value, one per Choice
     pipeline: str
-    code_options: dict[str, int]  # the options that change kernel code (one module per value)
+    code_options: dict[str, int | str]  # the options that change kernel code (one module per value)
     code_hash: str = ""  # hash of the generated @triton.jit functions
     launch: dict | None = None  # kernel -> launch config read from the IR
     status: str = "pending"  # ok, wrong, unwritten, error, compile error, same as #i
@@ -210,7 +212,7 @@ def candidates(pipeline: str, space: Sequence[Choice] | None = None) -> list[Can
         if choice.pass_name not in names:
             continue
         given = passes[names.index(choice.pass_name)][1].get(choice.option)
-        axes.append((choice, (int(given),) if given is not None else choice.values))
+        axes.append((choice, (type(choice.values[0])(given),) if given is not None else choice.values))
     if not axes:
         return []
     result = []

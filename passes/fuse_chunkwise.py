@@ -2,10 +2,17 @@
 
 grouping = split (FlashKDA's split): a token-parallel `prepare` kernel, one program per
 (chunk, value head), runs the chunk-local stages and spills what the scan reads (W, U, P, and
-with a gate the decayed QG, KG and the chunk's decay gamma_C) to workspaces; a head-parallel `scan` kernel, one program per (value block, sequence, value
-head), carries the state through the chunks. Quantities the scan needs that are cheap to
-rebuild (the cumulative gate) are recomputed there instead of spilled; the data each stage
-reads and writes comes from `k3s.stage_dataflow`.
+with a gate the decayed QG, KG and the chunk's decay gamma_C) to workspaces; a head-parallel
+`scan` kernel, one program per (value block, sequence, value head), carries the state through
+the chunks.
+
+grouping = split-prepare: the prepare as two token-parallel kernels, `gram` (the gate cumsum,
+the Grams and the triangular solve, spilling T = (I + A)^-1 Diag(beta) as a [C, C] block per
+chunk) and `wy` (the WY products and the gate applications, reloading T): fewer tiles live in
+each, so more programs per SM, for one more [C, C] workspace and a second read of k and g.
+
+Quantities a kernel needs that are cheap to rebuild (the cumulative gate) are recomputed there
+instead of spilled; the data each stage reads and writes comes from `k3s.stage_dataflow`.
 """
 
 from __future__ import annotations
@@ -79,47 +86,64 @@ def with_spilled_sinks_early(stages: list[Operation], spilled: set[str]) -> list
     return ordered
 
 
+GROUPINGS = ("split", "split-prepare")
+WY_STAGES = (k3s.WYApplyOp, k3s.GateApplyOp)  # the second prepare kernel of split-prepare
+
+
+def crossing(producers: list[Operation], consumers: list[Operation]) -> tuple[list[Operation], list[str]]:
+    """What `consumers` read of what `producers` write: the stages to recompute on their side
+    (RECOMPUTED) and the names to spill and reload."""
+    made = {k3s.stage_dataflow(op)[1]: op for op in producers}
+    reads = set().union(*(k3s.stage_dataflow(op)[0] for op in consumers))
+    writes = {k3s.stage_dataflow(op)[1] for op in consumers}
+    needed = sorted(name for name in reads - writes if name in made)
+    return ([clone_stage(made[n]) for n in needed if isinstance(made[n], RECOMPUTED)],
+            [n for n in needed if not isinstance(made[n], RECOMPUTED)])
+
+
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
-                  scan_stages: int, kernel_prefix: str | None = None):
+                  scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split"):
     local_region, scan_region = list(chunked.body.ops)
     local = list(local_region.body.ops)
     scan = list(scan_region.body.ops)
-    producers = {k3s.stage_dataflow(op)[1]: op for op in local}
-    scan_reads = set().union(*(k3s.stage_dataflow(op)[0] for op in scan))
-    scan_writes = {k3s.stage_dataflow(op)[1] for op in scan}
-    needed = sorted(name for name in scan_reads - scan_writes if name in producers)
-    recomputed = [clone_stage(producers[n]) for n in needed if isinstance(producers[n], RECOMPUTED)]
-    spilled = [n for n in needed if not isinstance(producers[n], RECOMPUTED)]
-    local = with_spilled_sinks_early(with_grams_together(local), set(spilled))
+    recomputed, spilled = crossing(local, scan)
+    # split-prepare: the WY products and gate applications (and what they recompute) in a second kernel
+    wy = [op for op in local if isinstance(op, WY_STAGES)] if grouping == "split-prepare" else []
+    gram = [op for op in local if op not in wy]
+    wy_recomputed, handed = crossing(gram, wy)
+    spilled_by_gram = sorted({n for n in spilled if any(k3s.stage_dataflow(op)[1] == n for op in gram)} | set(handed))
+    spilled_by_wy = [n for n in spilled if any(k3s.stage_dataflow(op)[1] == n for op in wy)]
+    local = with_spilled_sinks_early(with_grams_together(gram), set(spilled_by_gram))
 
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
     HV = layer_op.num_v_heads.value.data
     C = chunked.chunk_size.value.data
     layout = layer_op.state_layout.data
-    per_token = {"W": K, "U": V, "P": C, "QG": K, "KG": K}  # [B, T, HV, width], the input dtype
+    # [B, T, HV, width] in the input dtype (T: what the WY products' dots read, cast to it anyway)
+    per_token = {"W": K, "U": V, "P": C, "QG": K, "KG": K, "T": C}
     # one fp32 row per chunk: it multiplies the fp32 state at every chunk, bf16 would compound
     per_chunk = {"gamma_C": f"NC,{HV},{K}" if layer_op.gate.data == "channel" else f"NC,{HV}"}
     workspaces = [
-        make(k3s.TensorArgOp, sym_name=n, shape=f"B,T,{HV},{per_token[n]}", dtype="float", role="workspace")
+        make(k3s.TensorArgOp, sym_name=k3s.workspace_name(n), shape=f"B,T,{HV},{per_token[n]}", dtype="float",
+             role="workspace")
         if n in per_token else
         make(k3s.TensorArgOp, sym_name=n, shape=per_chunk[n], dtype="float32", role="workspace")
-        for n in spilled
+        for n in sorted(set(spilled) | set(handed))
     ]
     name = kernel_prefix or f"{entry.source.data}_chunk"
-    for op in local:
+    for op in [*gram, *wy, *scan]:
         op.detach()
-    for op in scan:
-        op.detach()
-    prepare = make(
-        k3s.KernelOp,
-        [
-            make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V),
-            *with_late_loads_and_early_spills(layer_op, local, spilled),
-        ],
-        sym_name=f"{name}_prepare",
-        grid="chunk,value_head",
-        num_warps=num_warps,
-    )
+
+    def chunk_kernel(suffix: str, stages: list[Operation]) -> k3s.KernelOp:
+        return make(k3s.KernelOp, [make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V), *stages],
+                    sym_name=f"{name}_{suffix}", grid="chunk,value_head", num_warps=num_warps)
+
+    prepares = [chunk_kernel("gram" if wy else "prepare",
+                             with_late_loads_and_early_spills(layer_op, local, spilled_by_gram))]
+    if wy:
+        prepares.append(chunk_kernel("wy", [
+            *(make(k3s.ReloadOp, value=n) for n in handed),
+            *with_late_loads_and_early_spills(layer_op, [*wy_recomputed, *wy], spilled_by_wy)]))
     loop_body = [
         *(make(k3s.ReloadOp, value=n) for n in spilled),
         *with_late_loads_and_early_spills(layer_op, [*recomputed, *scan], []),
@@ -136,7 +160,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
         num_warps=num_warps,
         num_stages=scan_stages,
     )
-    return workspaces, [prepare, scan_kernel]
+    return workspaces, [*prepares, scan_kernel]
 
 
 @dataclass(frozen=True)
@@ -153,8 +177,8 @@ class FuseChunkwisePass(ModulePass):
     scan_stages: int = 2
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.grouping != "split":
-            raise ValueError(f"fuse-chunkwise: unknown grouping '{self.grouping}'; allowed: split")
+        if self.grouping not in GROUPINGS:
+            raise ValueError(f"fuse-chunkwise: unknown grouping '{self.grouping}'; allowed: {', '.join(GROUPINGS)}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
@@ -162,7 +186,8 @@ class FuseChunkwisePass(ModulePass):
         for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp) and isinstance(o.parent_op(), k3s.EntryOp)]:
             entry = chunked.parent_op()
             layer = layers[entry.source.data]
-            workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps, self.scan_stages)
+            workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps, self.scan_stages,
+                                                grouping=self.grouping)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(chunked))
             chunked.detach()
             chunked.erase()

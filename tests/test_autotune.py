@@ -249,6 +249,34 @@ def test_segments_stage_picks_a_checked_P_and_auto_uses_it(tmp_path, capsys, mon
     assert cp.auto_segments([70], torch.device("cpu"), torch.float32) == 1
 
 
+def test_the_grouping_is_a_choice_the_tuner_can_make(tmp_path, capsys):
+    """A string-valued row (fuse-chunkwise's grouping): both groupings are checked and timed, the
+    faster wins, and the compiled module is that grouping's (the prepare as gram + wy kernels)."""
+    from k3compile.driver import load_module
+    from k3compile.frontend import spec_to_module
+    from k3compile.ir import reference
+
+    space = (Choice("fuse-chunkwise", "grouping", ("split", "split-prepare"), launch_only=False),)
+    cache = TuneCache(tmp_path / "cache")
+    result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=FakeTimer({"grouping": "split-prepare"}),
+                           cache=cache, space=space, check_shape=CHECK, segments=())
+    assert [c.status for c in result.candidates] == ["ok", "ok"]
+    assert result.winner.options == {"grouping": "split-prepare"}
+    assert result.candidates[0].code_hash != result.candidates[1].code_hash
+    code, out, err = run_cli(capsys, "compile", write_spec(tmp_path / "tuned.toml"), "-o", tmp_path / "out",
+                             "--frozen", "--gpu", GPU, "--cache-dir", cache.root.parent)
+    assert code == 0, err
+    module = load_module(Path(out.strip()), "tuned_grouping")
+    assert hasattr(module, "tuned_chunk_gram_kernel") and hasattr(module, "tuned_chunk_wy_kernel")
+    inputs = recurrence_inputs("kda", "kv", RecurrenceShape(1, 37, 1, 1, 16, 32))
+    o, state = module.chunk(**inputs, output_final_state=True)
+    ref_o, ref_state = reference.recurrence(next(iter(spec_to_module(spec_of()).ops)), **inputs, output_final_state=True)
+    from conftest import assert_rms
+
+    assert_rms(o, ref_o, "o", 1e-4)
+    assert_rms(state, ref_state, "state", 1e-4)
+
+
 def test_candidates_that_do_not_compile_score_infinity(tmp_path):
     space = (Choice("fuse-chunkwise", "num-warps", (8, 3), launch_only=True),)  # 3 warps: rejected by the pass
     result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=FakeTimer(), cache=TuneCache(tmp_path),

@@ -308,3 +308,50 @@ def test_fuse_chunkwise_spills_exactly_what_the_scan_reads(kind):
     # each kernel's stages only read what it loads, reloads or computes itself
     dataflow_closed(prepare, set())
     dataflow_closed(scan_kernel, {"S"})
+
+
+# --- fuse-chunkwise{grouping=split-prepare}: the prepare as two kernels --------------------------
+
+
+def split_prepare_pipeline(chunk_size: int) -> str:
+    return chunk_pipeline(chunk_size).replace("fuse-chunkwise{", "fuse-chunkwise{grouping=split-prepare ")
+
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+def test_split_prepare_kernels_hand_over_T_only(kind):
+    """split-prepare: a gram kernel (Grams, solve) spilling T beside what the scan reads of it, a
+    wy kernel reloading T and rebuilding the gate's cumsum (WY products, gate applications), then
+    the scan; every kernel's dataflow is closed. Without a delta rule (GLA) nothing is handed over:
+    the wy kernel only applies the gate."""
+    C = 32
+    entry = chunk_entry(kind, f"derive-chunkwise{{chunk-size={C}}},fuse-chunkwise{{grouping=split-prepare block-v={BLOCK_V}}}")
+    kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+    gated, delta = GATE_OF_KIND[kind] != "none", DELTA_OF_KIND[kind]
+    gram, wy, scan_kernel = kernels
+    assert [k.sym_name.data for k in kernels] == [f"{kind}_ir_chunk_gram", f"{kind}_ir_chunk_wy", f"{kind}_ir_chunk_scan"]
+    spills = {kernel.sym_name.data: sorted(op.value.data for op in kernel.walk() if isinstance(op, k3s.SpillOp))
+              for kernel in kernels}
+    reloads = {kernel.sym_name.data: sorted(op.value.data for op in kernel.walk() if isinstance(op, k3s.ReloadOp))
+               for kernel in kernels}
+    handed = ["T"] if delta else []
+    assert spills[gram.sym_name.data] == sorted(["P", *handed, *(["gamma_C"] if gated else [])])
+    assert reloads[wy.sym_name.data] == handed
+    assert spills[wy.sym_name.data] == sorted([*(["U", "W"] if delta else []), *(["KG", "QG"] if gated else [])])
+    assert not any(isinstance(op, (k3s.GramOp, k3s.ForwardSubstitutionOp)) for op in wy.walk())
+    assert not any(isinstance(op, (k3s.WYApplyOp, k3s.GateApplyOp)) for op in gram.walk())
+    workspaces = {op.sym_name.data: op.shape.data for op in entry.body.ops
+                  if isinstance(op, k3s.TensorArgOp) and op.role.data == "workspace"}
+    assert ("T_ut" in workspaces) == delta and workspaces.get("T_ut", f"B,T,{HV},{C}") == f"B,T,{HV},{C}"
+    dataflow_closed(gram, set())
+    dataflow_closed(wy, set())
+    dataflow_closed(scan_kernel, {"S"})
+
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+def test_split_prepare_matches_the_recurrence(kind, compile_layer):
+    """The split-prepare grouping, varlen (shorter than a chunk, several chunks and a partial
+    one), initial states, grouped value heads, K and V not powers of two."""
+    layout, C = "kv", 16
+    layer = compile_layer(pipeline=split_prepare_pipeline(C),
+                          **recurrence_table(kind, layout, name=f"{kind}_split_prepare", H=H, HV=HV, K=K, V=V))
+    check(layer, recurrence_inputs(kind, layout, varlen_shape((5, 2 * C + 3))))

@@ -833,7 +833,7 @@ class TritonPrinter:
         self.code("b_gamma_C = tl.exp2(b_Glast)")
 
     SPILL_LAYOUT = {"W": ("K", "o_k", "m_k"), "U": ("V", "o_v", "m_v"), "P": ("BC", "o_c", None),
-                    "QG": ("K", "o_k", "m_k"), "KG": ("K", "o_k", "m_k")}
+                    "QG": ("K", "o_k", "m_k"), "KG": ("K", "o_k", "m_k"), "T": ("BC", "o_c", None)}
 
     def spill_address(self, value: str) -> tuple[str, str]:
         if value == "gamma_C":  # one row per chunk, at slot start // BC + i_n (unique, see NC)
@@ -841,7 +841,7 @@ class TritonPrinter:
                 return "gamma_C + ((start // BC + i_n) * HV + i_hv) * K + o_k", "m_k"
             return "gamma_C + (start // BC + i_n) * HV + i_hv", ""
         width, offsets, mask = self.SPILL_LAYOUT[value]
-        address = f"{value} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
+        address = f"{k3s.workspace_name(value)} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
         return address, "m_c[:, None]" + (f" & {mask}[None, :]" if mask else "")
 
     def print_k3s_store_checkpoint(self, op: k3s.StoreCheckpointOp) -> None:
@@ -937,7 +937,8 @@ class TritonPrinter:
         value = op.value.data
         address, mask = self.spill_address(value)
         self.code.comment(op)
-        self.code(f"tl.store({address}, b_{value}.to({value}.dtype.element_ty){f', mask={mask}' if mask else ''})")
+        self.code(f"tl.store({address}, b_{value}.to({k3s.workspace_name(value)}.dtype.element_ty)"
+                  f"{f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
         value = op.value.data

@@ -1,0 +1,33 @@
+// fuse-chunkwise{grouping=split-prepare}: the prepare as two token-parallel kernels. gram runs
+// the gate cumsum, the Grams and the triangular solve and spills T (workspace T_ut, a [C, C]
+// block per chunk; the solve runs as soon as the key Gram is done: T is only spilled) beside the
+// query Gram and the chunk decay; wy reloads T, rebuilds the gate's
+// cumsum and runs the WY products and gate applications; the scan is the split grouping's.
+// RUN: k3c opt %s -p 'derive-chunkwise{chunk-size=16},fuse-chunkwise{grouping=split-prepare block-v=8}' | filecheck %s
+// RUN: k3c opt %s -p 'derive-chunkwise{chunk-size=16},fuse-chunkwise{grouping=split-prepare block-v=8}' | k3c opt - | filecheck %s
+// RUN: not k3c opt %s -p 'derive-chunkwise,fuse-chunkwise{grouping=fused}' 2>&1 | filecheck %s --check-prefix=BAD
+
+builtin.module {
+  k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.5, state_layout = kv, dtype = float32>
+}
+
+// CHECK:      k3s.entry @chunk <source = kda> {
+// CHECK:        k3s.tensor_arg @T_ut <shape = "B,T,2,16", dtype = float, role = workspace>
+// CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
+// CHECK:          k3s.gram <lhs = k
+// CHECK-NEXT:     k3s.forward_substitution
+// CHECK-NEXT:     k3s.spill <value = T>
+// CHECK:          k3s.gram <lhs = q
+// CHECK-NOT:      k3s.wy_apply
+// CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
+// CHECK-NEXT:     k3s.chunk_tile
+// CHECK-NEXT:     k3s.reload <value = T>
+// CHECK:          k3s.gate_cumsum
+// CHECK-NOT:      k3s.gram
+// CHECK:          k3s.wy_apply <operand = key
+// CHECK:          k3s.spill <value = W>
+// CHECK:          k3s.wy_apply <operand = value
+// CHECK:          k3s.spill <value = U>
+// CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head"
+
+// BAD: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: unknown grouping 'fused'; allowed: split, split-prepare
