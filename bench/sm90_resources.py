@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--fp32", default="initial_state,final_state,g,gamma_C", help="pointer args that are fp32")
     parser.add_argument("--kernels", default="", help="only kernels whose name contains one of these (comma-separated)")
     parser.add_argument("--launch-constants", default="", help="override constexprs, e.g. BV=32")
+    parser.add_argument("--maxnreg", type=int, default=None, help="cap the registers per thread (ptxas)")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("generated", args.module)
     module = importlib.util.module_from_spec(spec)
@@ -77,7 +78,8 @@ def main() -> None:
         compiled = triton.compile(
             ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
             target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": args.num_warps, "num_stages": args.num_stages},
+            options={"num_warps": args.num_warps, "num_stages": args.num_stages,
+                     **({"maxnreg": args.maxnreg} if args.maxnreg else {})},
         )
         cubin = f"/tmp/{name}.cubin"
         with open(cubin, "wb") as handle:
