@@ -44,6 +44,7 @@ GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
 BETA_INPUTS = ("probability", "logits")
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
+MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
 
 def is_power_of_two(value: int) -> bool:
@@ -143,6 +144,8 @@ class KernelOp(KeywordSyntax):
     # tensor cores for bf16 inputs); fp32: exact fp32 whatever the inputs (the chunked verify,
     # whose products feed the committed state)
     dots = opt_prop_def(StringAttr)
+    # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
+    maxnreg = opt_prop_def(IntegerAttr[I64])
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
 
@@ -158,6 +161,11 @@ class KernelOp(KeywordSyntax):
         if self.num_stages is not None and self.num_stages.value.data < 1:
             raise VerifyException(
                 f"{self.name} @{self.sym_name.data}: num_stages must be >= 1, got {self.num_stages.value.data}"
+            )
+        if self.maxnreg is not None and not MIN_MAXNREG <= self.maxnreg.value.data <= MAX_MAXNREG:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
+                f"got {self.maxnreg.value.data}"
             )
 
 

@@ -102,7 +102,8 @@ def crossing(producers: list[Operation], consumers: list[Operation]) -> tuple[li
 
 
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
-                  scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split"):
+                  scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split",
+                  prepare_maxnreg: int = 0):
     local_region, scan_region = list(chunked.body.ops)
     local = list(local_region.body.ops)
     scan = list(scan_region.body.ops)
@@ -136,7 +137,8 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
 
     def chunk_kernel(suffix: str, stages: list[Operation]) -> k3s.KernelOp:
         return make(k3s.KernelOp, [make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V), *stages],
-                    sym_name=f"{name}_{suffix}", grid="chunk,value_head", num_warps=num_warps)
+                    sym_name=f"{name}_{suffix}", grid="chunk,value_head", num_warps=num_warps,
+                    **({"maxnreg": prepare_maxnreg} if prepare_maxnreg else {}))
 
     prepares = [chunk_kernel("gram" if wy else "prepare",
                              with_late_loads_and_early_spills(layer_op, local, spilled_by_gram))]
@@ -175,19 +177,25 @@ class FuseChunkwisePass(ModulePass):
     num_warps: int = 4
     # each pipelining stage of the scan buffers a chunk of W, U, P, QG and KG in shared memory
     scan_stages: int = 2
+    # registers per thread of the token-parallel kernels, 0: no cap (at 252 the fused prepare
+    # fits two programs per SM; 168 fits three but spills, docs/chunk-performance.md)
+    prepare_maxnreg: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.grouping not in GROUPINGS:
             raise ValueError(f"fuse-chunkwise: unknown grouping '{self.grouping}'; allowed: {', '.join(GROUPINGS)}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
+        if self.prepare_maxnreg and not k3s.MIN_MAXNREG <= self.prepare_maxnreg <= k3s.MAX_MAXNREG:
+            raise ValueError(f"{self.name}: prepare-maxnreg must be 0 (no cap) or in {k3s.MIN_MAXNREG}..{k3s.MAX_MAXNREG}, "
+                             f"got {self.prepare_maxnreg}")
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         # a chunked schedule nested in another (a segment scan's finish) is lowered with its owner
         for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp) and isinstance(o.parent_op(), k3s.EntryOp)]:
             entry = chunked.parent_op()
             layer = layers[entry.source.data]
             workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps, self.scan_stages,
-                                                grouping=self.grouping)
+                                                grouping=self.grouping, prepare_maxnreg=self.prepare_maxnreg)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(chunked))
             chunked.detach()
             chunked.erase()

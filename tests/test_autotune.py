@@ -277,6 +277,30 @@ def test_the_grouping_is_a_choice_the_tuner_can_make(tmp_path, capsys):
     assert_rms(state, ref_state, "state", 1e-4)
 
 
+def test_a_register_cap_is_a_launch_only_choice(tmp_path, capsys, monkeypatch):
+    """fuse-chunkwise's prepare-maxnreg: one module serves both values (launch-only), the tuned
+    cap lands in the prepare kernel's launch of its bucket, and none elsewhere."""
+    from k3compile.driver import load_module
+
+    space = (Choice("fuse-chunkwise", "prepare-maxnreg", (0, 168), launch_only=True),)
+    cache = TuneCache(tmp_path / "cache")
+    result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=FakeTimer({"prepare-maxnreg": 168}),
+                           cache=cache, space=space, check_shape=CHECK, segments=())
+    first, capped = result.candidates
+    assert first.code_hash == capped.code_hash and result.winner.options == {"prepare-maxnreg": 168}
+    assert capped.launch["tuned_chunk_prepare"]["maxnreg"] == 168 and "maxnreg" not in first.launch["tuned_chunk_prepare"]
+    assert "maxnreg" not in capped.launch["tuned_chunk_scan"]
+    code, out, err = run_cli(capsys, "compile", write_spec(tmp_path / "tuned.toml"), "-o", tmp_path / "out",
+                             "--frozen", "--gpu", GPU, "--cache-dir", cache.root.parent)
+    assert code == 0, err
+    module = load_module(Path(out.strip()), "tuned_maxnreg")
+    prepare = LaunchRecorder(module.tuned_chunk_prepare_kernel)
+    monkeypatch.setattr(module, "tuned_chunk_prepare_kernel", prepare)
+    for T, cap in ((37, 168), (70, None)):  # the tuned bucket (T <= 64), then an untuned one
+        module.chunk(**recurrence_inputs("kda", "kv", RecurrenceShape(1, T, 1, 1, 16, 32)), output_final_state=True)
+        assert prepare.launches[-1]["maxnreg"] == cap, (T, prepare.launches[-1])
+
+
 def test_candidates_that_do_not_compile_score_infinity(tmp_path):
     space = (Choice("fuse-chunkwise", "num-warps", (8, 3), launch_only=True),)  # 3 warps: rejected by the pass
     result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=FakeTimer(), cache=TuneCache(tmp_path),
@@ -306,7 +330,8 @@ class LaunchRecorder:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.launches.append({"grid": grid, **{k: kwargs[k] for k in ("BV", "num_warps", "num_stages") if k in kwargs}})
+            self.launches.append({"grid": grid, **{k: kwargs[k] for k in ("BV", "num_warps", "num_stages", "maxnreg")
+                                                   if k in kwargs}})
             return self.kernel[grid](*args, **kwargs)
 
         return launch

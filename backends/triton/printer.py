@@ -368,6 +368,8 @@ class TritonPrinter:
         config["num_warps"] = kernel.num_warps.value.data
         if kernel.num_stages is not None:
             config["num_stages"] = kernel.num_stages.value.data
+        if kernel.maxnreg is not None:
+            config["maxnreg"] = kernel.maxnreg.value.data
         return config
 
     def print_launch_table(self, view: EntryView) -> None:
@@ -415,10 +417,14 @@ class TritonPrinter:
                     c('num_warps=launch["num_warps"],')
                     if kernel.num_stages is not None:
                         c('num_stages=launch["num_stages"],')
+                    if "chunk" in axes:  # a tuned cap on the token-parallel kernels' registers (None: none)
+                        c('maxnreg=launch.get("maxnreg"),')
                 else:
                     c(f"num_warps={kernel.num_warps.value.data},")
                     if kernel.num_stages is not None:
                         c(f"num_stages={kernel.num_stages.value.data},")
+                    if kernel.maxnreg is not None:
+                        c(f"maxnreg={kernel.maxnreg.value.data},")
             c(")")
 
     def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:

@@ -6,6 +6,9 @@
 // RUN: k3c opt %s -p 'derive-chunkwise{chunk-size=16},fuse-chunkwise{grouping=split-prepare block-v=8}' | filecheck %s
 // RUN: k3c opt %s -p 'derive-chunkwise{chunk-size=16},fuse-chunkwise{grouping=split-prepare block-v=8}' | k3c opt - | filecheck %s
 // RUN: not k3c opt %s -p 'derive-chunkwise,fuse-chunkwise{grouping=fused}' 2>&1 | filecheck %s --check-prefix=BAD
+// prepare-maxnreg caps the token-parallel kernels' registers (both of split-prepare), not the scan's.
+// RUN: k3c opt %s -p 'derive-chunkwise,fuse-chunkwise{grouping=split-prepare prepare-maxnreg=168}' | filecheck %s --check-prefix=CAP
+// RUN: not k3c opt %s -p 'derive-chunkwise,fuse-chunkwise{prepare-maxnreg=16}' 2>&1 | filecheck %s --check-prefix=BADCAP
 
 builtin.module {
   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.5, state_layout = kv, dtype = float32>
@@ -31,3 +34,9 @@ builtin.module {
 // CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head"
 
 // BAD: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: unknown grouping 'fused'; allowed: split, split-prepare
+
+// CAP: k3s.kernel @kda_chunk_gram <grid = "chunk,value_head", num_warps = 4, maxnreg = 168>
+// CAP: k3s.kernel @kda_chunk_wy <grid = "chunk,value_head", num_warps = 4, maxnreg = 168>
+// CAP: k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
+
+// BADCAP: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: prepare-maxnreg must be 0 (no cap) or in 24..255, got 16

@@ -7,6 +7,7 @@
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk/layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 3/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=WARPS
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, num_stages = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STAGES
+// RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, maxnreg = 300/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=MAXNREG
 // RUN: sed 's/role = maybe/role = input/' %s | k3c opt - | filecheck %s --check-prefix=VALID
 
 builtin.module {
@@ -52,6 +53,7 @@ builtin.module {
 
 // STAGES-NOT: {{\n}}
 // STAGES: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: num_stages must be >= 1, got 0{{$}}
+// MAXNREG: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: maxnreg must be in 24..255, got 300{{$}}
 // STAGES-NOT: {{.}}
 
 // VALID: k3s.tensor_arg @q <shape = "B,T,4,16", dtype = float, role = input>
