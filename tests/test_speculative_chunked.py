@@ -17,7 +17,8 @@ from k3compile.driver import compile as compile_layer
 from k3compile.frontend import spec_to_module
 from k3compile.ir import reference
 from k3compile.spec import spec_from_table
-from test_speculative import DEPTH, PIPELINE, advance, assert_spec_step_is_commit_then_verify, round_inputs, state_shape_of
+from test_speculative import (DEPTH, PIPELINE, advance, assert_spec_step_is_commit_then_verify, fifty_rounds,
+                             round_inputs, state_shape_of)
 
 CHUNKED = f"derive-replay{{draft-tokens={DEPTH}}},lower-speculative{{block-v=16 verify=chunked}}"
 WIDTH = 2 * 24 + 40  # a cache row: k, log-decay, u
@@ -188,29 +189,7 @@ def test_chunked_refuses_more_tokens_than_the_cache_holds(layers, fresh_seed):
 def test_fifty_chunked_rounds_do_not_drift(tmp_path, fused, fresh_seed):
     """50 rounds with random acceptance through the chunked verify (apart, or in spec_step) stay
     at fp32 rounding of the float64 recurrence over the accepted tokens."""
-    spec = spec_from_table(recurrence_table("kda", "kv", H=1, HV=2, K=16, V=16, name="chunked_drift"))
-    compiled = compile_layer(spec, out_dir=tmp_path, pipeline=CHUNKED)
-    op = next(iter(spec_to_module(spec).ops))
-    gen = torch.Generator().manual_seed(fresh_seed)
-    pool = 0.5 * torch.randn((2, 2, 16, 16), generator=gen)
-    cache, next_cache = torch.zeros((2, DEPTH, 2, 48)), torch.zeros((2, DEPTH, 2, 48))
-    slots, accepted = torch.tensor([1]), torch.tensor([0])
-    exact = pool[1:2].double()
-    for _ in range(50):
-        inputs = round_inputs(op, 1, gen)
-        verdict = torch.randint(0, DEPTH + 1, (1,), generator=gen)
-        if fused:
-            compiled.spec_step(**inputs, state=pool, state_indices=slots, cache=cache, accepted=accepted,
-                               next_cache=next_cache)
-            cache, next_cache = next_cache, cache
-        else:
-            compiled.verify(**inputs, state=pool, state_indices=slots, cache=cache)
-            compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=verdict)
-        accepted = verdict
-        exact = advance(op, exact, inputs, 0, int(verdict))
-    if fused:
-        compiled.commit(state=pool, state_indices=slots, cache=cache, accepted=accepted)
-    assert_rms(pool[1:2], exact, "state after 50 chunked rounds", 1e-5)
+    fifty_rounds(tmp_path, CHUNKED, fused, fresh_seed)
 
 
 @pytest.mark.parametrize("depth", [8, 20])
