@@ -112,8 +112,9 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     wy = [op for op in local if isinstance(op, WY_STAGES)] if grouping == "split-prepare" else []
     gram = [op for op in local if op not in wy]
     wy_recomputed, handed = crossing(gram, wy)
-    spilled_by_gram = sorted({n for n in spilled if any(k3s.stage_dataflow(op)[1] == n for op in gram)} | set(handed))
-    spilled_by_wy = [n for n in spilled if any(k3s.stage_dataflow(op)[1] == n for op in wy)]
+    gram_writes = {k3s.stage_dataflow(op)[1] for op in gram}
+    spilled_by_gram = sorted({n for n in spilled if n in gram_writes} | set(handed))
+    spilled_by_wy = [n for n in spilled if n not in gram_writes]
     local = with_spilled_sinks_early(with_grams_together(gram), set(spilled_by_gram))
 
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
