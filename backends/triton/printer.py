@@ -630,41 +630,50 @@ class TritonPrinter:
             self.print_ops(op)
 
     def print_k3s_load_chunk(self, op: k3s.LoadChunkOp) -> None:
+        self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
+        self.print_rows(op, "t_c", "m_c", f"b_{op.tensor.data}")
+
+    def print_rows(self, op: k3s.LoadChunkOp, rows: str, row_mask: str, target: str) -> None:
+        """The rows `rows` (token indices, masked by `row_mask`) of a chunk input into `target`."""
         name = op.tensor.data
         heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
-        self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
         self.code(
-            f"b_{name} = tl.load({name} + (t_c[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
-            f"mask=m_c[:, None] & {mask}[None, :], other=0.0)"
+            f"{target} = tl.load({name} + ({rows}[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
+            f"mask={row_mask}[:, None] & {mask}[None, :], other=0.0)"
         )
         if k3s.normalises(op):
-            self.code(f"b_{name} = b_{name}.to(tl.float32)",
-                      f"b_{name} = b_{name} / tl.sqrt(tl.sum(b_{name} * b_{name}, axis=1) + 1e-6)[:, None]")
+            self.code(f"{target} = {target}.to(tl.float32)",
+                      f"{target} = {target} / tl.sqrt(tl.sum({target} * {target}, axis=1) + 1e-6)[:, None]")
 
     def print_k3s_load_gate(self, op: k3s.LoadGateOp) -> None:
-        c = self.code
+        self.code.comment(op, "the log-decay g")
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
-        rows, row_mask = ("t", None) if per_token else ("t_c", "m_c")
+        self.print_gate_rows(op, *(("t", None) if per_token else ("t_c", "m_c")), "b_g")
+
+    def print_gate_rows(self, op: k3s.LoadGateOp, rows: str, row_mask: str | None, target: str) -> None:
+        """The log-decay of the token(s) `rows` (one token without a row mask) into `target`, in
+        the op's input form."""
+        c = self.code
+        per_token = row_mask is None
         if op.gate.data == "channel":
             cols = "o_k" if per_token else "o_k[None, :]"
             address = f"g + ({rows if per_token else rows + '[:, None]'} * HV + i_hv) * K + {cols}"
-            mask = "m_k" if per_token else "m_c[:, None] & m_k[None, :]"
+            mask = "m_k" if per_token else f"{row_mask}[:, None] & m_k[None, :]"
             bias = f"tl.load(dt_bias + i_hv * K + {cols}, mask={'m_k' if per_token else 'm_k[None, :]'}, other=0.0)"
         else:
             address, mask, bias = f"g + {rows} * HV + i_hv", row_mask, "tl.load(dt_bias + i_hv)"
-        c.comment(op, "the log-decay g")
-        c(f"b_g = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''}).to(tl.float32)")
+        c(f"{target} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''}).to(tl.float32)")
         form = op.input.data
         if form == "clamped":
-            c(f"b_g = tl.maximum(b_g, {op.lower_bound.value.data!r})")
+            c(f"{target} = tl.maximum({target}, {op.lower_bound.value.data!r})")
         elif form != "log":
-            c("b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))", f"b_g = b_g + {bias}.to(tl.float32)")
+            c("b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))", f"{target} = {target} + {bias}.to(tl.float32)")
             if form == "softplus":
-                c("b_g = -b_a * tl.where(b_g > 20.0, b_g, tl.log(1.0 + tl.exp(tl.minimum(b_g, 20.0))))")
+                c(f"{target} = -b_a * tl.where({target} > 20.0, {target}, tl.log(1.0 + tl.exp(tl.minimum({target}, 20.0))))")
             else:
-                c(f"b_g = {op.lower_bound.value.data!r} * tl.sigmoid(b_a * b_g)")
+                c(f"{target} = {op.lower_bound.value.data!r} * tl.sigmoid(b_a * {target})")
             if mask:  # rows or channels past the end must not decay: the cumsum relies on it
-                c(f"b_g = tl.where({mask}, b_g, 0.0)")
+                c(f"{target} = tl.where({mask}, {target}, 0.0)")
 
     def print_k3s_load_beta(self, op: k3s.LoadBetaOp) -> None:
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
@@ -704,7 +713,7 @@ class TritonPrinter:
             "b_Gstart = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + 1)[:, :, None], b_Gend[None, :, :], 0.0), axis=1)",
         )
 
-    def print_gram_factored(self, lhs: str, out: str, keep: str, diagonal: str) -> None:
+    def print_gram_factored(self, gram: k3s.GramOp, lhs: str, out: str, keep: str, diagonal: str) -> None:
         """Blocks below the diagonal: left factor lhs_i Gamma_i / Gamma_start(I) and right factor
         k_j Gamma_end(J) / Gamma_j, both <= 1, bridged by the decay between the two references."""
         c = self.code
@@ -728,11 +737,20 @@ class TritonPrinter:
                       "b_kd = tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gstart[:, None, :] - b_G3), [BC, BK]).to(b_k.dtype)")
             c(f"{out} += tl.where({same}, _mm({left}, tl.trans(b_kd), DOT_BF16), 0.0)")
             return
-        c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block",
+        kernel = gram.parent_op()
+        load_k = next(o for o in kernel.walk() if isinstance(o, k3s.LoadChunkOp) and o.tensor.data == "k")
+        load_g = next(o for o in kernel.walk() if isinstance(o, k3s.LoadGateOp))
+        c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,",
+          "# its key row and log-decay reloaded (cache-resident: cheaper than picking a row out of the",
+          "# [NB, SUB, BK] tiles) and its G accumulated from the block's reference",
+          "b_Gj = b_Gstart",
           "for r in range(0, SUB):")
         with c.indent():
-            c("b_kj = tl.sum(tl.where((o_r == r)[None, :, None], tl.reshape(b_k, [NB, SUB, BK]).to(tl.float32), 0.0), axis=1)",
-              "b_Gj = tl.sum(tl.where((o_r == r)[None, :, None], b_G3, 0.0), axis=1)",
+            c("t_j = start + o_b * SUB + r", "m_j = t_j < eos")
+            self.print_rows(load_k, "t_j", "m_j", "b_kj")
+            self.print_gate_rows(load_g, "t_j", "m_j", "b_gj")
+            c("b_kj = b_kj.to(tl.float32)",
+              "b_Gj = b_Gj + b_gj * 1.4426950408889634",
               f"b_ratio = tl.exp2(tl.minimum(b_G3 - b_Gj[:, None, :], 0.0))",
               f"b_col = tl.reshape(tl.sum(tl.reshape(b_{lhs}, [NB, SUB, BK]) * b_kj[:, None, :] * b_ratio, axis=2), [BC])",
               f"{out} += tl.where({same} & ((o_c % SUB) == r)[None, :], b_col[:, None], 0.0)")
@@ -749,7 +767,7 @@ class TritonPrinter:
                 raise UnsupportedError(f"Triton backend: sub-chunk {sub} must be a power of two dividing the chunk "
                                        f"size {self.chunk_size}")
             self.print_gate_references(sub)
-            self.print_gram_factored(lhs, out, keep, op.diagonal.data)
+            self.print_gram_factored(op, lhs, out, keep, op.diagonal.data)
         elif gate == "scalar":
             c(f"{out} = _mm(b_{lhs}, tl.trans(b_k), DOT_BF16)",
               f"{out} = {out} * tl.exp2(tl.where({keep}, b_G[:, None] - b_G[None, :], 0.0))")
