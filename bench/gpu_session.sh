@@ -10,7 +10,7 @@
 #   chunk      prefill timing of the chunk entry vs fla's chunk_kda / chunk_gated_delta_rule / chunk_gla
 #   profile    per-kernel GPU time of the chunk entry at B1 T8192 H96
 #   sweep      the chunk entry under several pipelines (schedule choices), checked and timed
-#   tune       k3c tune of every bench spec at its chunk_gpu.py shape, bf16: cold (fresh tuning and
+#   tune       k3c tune of every bench spec ($BENCH_CASES: those named) at its chunk_gpu.py shape, bf16: cold (fresh tuning and
 #              Triton caches), a second shape of each spec (new bucket, Triton cache warm), then all
 #              again from the cache (0 s); seconds per shape in $OUT/tune_times.txt. Exports
 #              K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
@@ -73,16 +73,18 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       python3 -P bench/chunk_sweep.py --spec bench/specs/kda_h96.toml --out "$OUT" \
         ${SWEEP_PIPELINES:+--pipelines "$SWEEP_PIPELINES"} ;;
     tune)
-      rm -rf /tmp/k3c-tune-cache /tmp/k3c-tune-triton
-      export K3C_CACHE_DIR=/tmp/k3c-tune-cache
-      # name:B,T of every case of bench/chunk_gpu.py, and a second shape (T/2: another bucket)
-      cases=$(python3 -c 'import sys; sys.path.insert(0, "bench"); from chunk_gpu import CASES; print(" ".join("%s:%d,%d:%d,%d" % (n, c["B"], c["T"], c["B"], c["T"] // 2) for n, c in CASES.items()))')
+      tune_dir=${TUNE_DIR:-/tmp/k3c-tune}  # sessions side by side: one folder each
+      rm -rf "$tune_dir"
+      export K3C_CACHE_DIR=$tune_dir/cache
+      # name:B,T of every case of bench/chunk_gpu.py (or those in $BENCH_CASES), and a second
+      # shape (T/2: another bucket)
+      cases=$(BENCH_CASES="${BENCH_CASES:-}" python3 -c 'import os, sys; sys.path.insert(0, "bench"); from chunk_gpu import CASES; only = os.environ["BENCH_CASES"].split(); print(" ".join("%s:%d,%d:%d,%d" % (n, c["B"], c["T"], c["B"], c["T"] // 2) for n, c in CASES.items() if not only or n in only))')
       for round in cold second cached; do
         for case in $cases; do
           IFS=: read -r name shape second <<< "$case"
           [ "$round" = second ] && shape=$second
           start=$(date +%s.%N)
-          TRITON_CACHE_DIR=/tmp/k3c-tune-triton $K3C tune "bench/specs/$name.toml" --shape "$shape" --dtype bfloat16 \
+          TRITON_CACHE_DIR=$tune_dir/triton $K3C tune "bench/specs/$name.toml" --shape "$shape" --dtype bfloat16 \
             2>&1 | tee -a "$OUT/tune.txt" | grep -E "^(winner|tuned in|from the cache|no candidate)"
           wall=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
           tuned=$(grep -E "^(tuned in|from the cache)" "$OUT/tune.txt" | tail -1)
@@ -95,8 +97,11 @@ for phase in ${PHASES:-verify recurrent chunk}; do
           2>&1 | tee -a "$OUT/tune.txt"
       done ;;
     chunk)
-      for spec in bench/specs/*.toml; do $K3C compile "$spec" -o bench/generated --timing; done
-      python3 bench/chunk_gpu.py --out "$OUT" ${CHUNK_ARGS:-} ;;
+      # BENCH_CASES: the cases of bench/chunk_gpu.py to run (default: all), each compiled from
+      # bench/specs/<case>.toml into $OUT/generated (with the tuned winners after the tune phase)
+      names=${BENCH_CASES:-$(cd bench/specs && ls *.toml | sed 's/\.toml$//')}
+      for name in $names; do $K3C compile "bench/specs/$name.toml" -o "$OUT/generated" --timing; done
+      python3 bench/chunk_gpu.py --out "$OUT" --modules "$OUT/generated" --cases "$(echo $names | tr ' ' ,)" ${CHUNK_ARGS:-} ;;
     cp)
       $K3C compile bench/specs/kda_h16.toml -o bench/generated
       python3 bench/cp_gpu.py intra --module bench/generated/kda_h16.py --out "$OUT" ${CP_ARGS:-}

@@ -59,7 +59,7 @@ class Choice:
 SEARCH_SPACE: tuple[Choice, ...] = (
     # the choices the H200 sweep showed to matter (bench/RESULTS.md); few, so that a new shape
     # tunes in seconds
-    Choice("derive-chunkwise", "chunk-size", (32, 64), launch_only=False),
+    Choice("derive-chunkwise", "chunk-size", (32, 16, 64), launch_only=False),
     Choice("fuse-chunkwise", "num-warps", (4, 8), launch_only=True),
     Choice("fuse-chunkwise", "scan-stages", (2, 3), launch_only=True),
 )
