@@ -94,7 +94,9 @@ class DeriveChunkwisePass(ModulePass):
     """Add a `chunk` entry holding the chunkwise schedule of every k3.recurrence."""
 
     name = "derive-chunkwise"
-    chunk_size: int = 32  # fastest on the H200 with fuse-chunkwise's defaults (bench/RESULTS.md)
+    # fastest on the H200 with fuse-chunkwise's defaults at every bench shape (bench/RESULTS.md:
+    # 1.3x chunks of 32, whose prepare holds 252 registers); the tuner also tries 32
+    chunk_size: int = 16
     sub_chunk: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

@@ -173,11 +173,12 @@ class FuseChunkwisePass(ModulePass):
     name = "fuse-chunkwise"
     grouping: str = "split"
     block_v: int = 64
-    # with the default chunk of 32 tokens, 4 warps keep the tiles in registers at two programs per
-    # SM (H200, bench/RESULTS.md: 2.5 ms vs 5.7 ms for 8 warps and chunks of 64 at B1 T8192 H96)
+    # 4 warps: the H200 tuner's winner at every bench shape, chunks of 16 or 32 (8 warps: 0.5-0.7x,
+    # bench/RESULTS.md)
     num_warps: int = 4
-    # each pipelining stage of the scan buffers a chunk of W, U, P, QG and KG in shared memory
-    scan_stages: int = 2
+    # each pipelining stage of the scan buffers a chunk of W, U, P, QG and KG in shared memory;
+    # with chunks of 16, 3 stages hide the loads best (1.13x 2 stages at B1 T8192 H96)
+    scan_stages: int = 3
     # registers per thread of the token-parallel kernels, 0: no cap (at 252 the fused prepare
     # fits two programs per SM; 168 fits three but spills, docs/chunk-performance.md)
     prepare_maxnreg: int = 0

@@ -31,6 +31,7 @@ SMALL_SPACE = SPACE[1:]  # one chunk size: one module
 CHECK = (1, 40)
 SHAPE = (1, 48)  # bucket N*HV<=1, T<=64
 DEFAULT_WARPS = FuseChunkwisePass.num_warps  # the heuristic default of an untuned bucket
+DEFAULT_STAGES = FuseChunkwisePass.scan_stages  # the scan's, where the space leaves it out
 
 
 def write_spec(path: Path, table: dict = TABLE) -> Path:
@@ -162,7 +163,7 @@ def test_tune_checks_times_and_picks_the_fastest(tuned):
     assert len(cands) == 8 and cands[0].options == {"chunk-size": 64, "num-warps": 8, "block-v": 32}
     assert all(c.status == "ok" for c in cands), [(c.label, c.status, c.detail) for c in cands]
     assert result.winner.options == {"chunk-size": 64, "num-warps": 4, "block-v": 16}
-    assert result.winner.launch["tuned_chunk_scan"] == {"BV": 16, "num_warps": 4, "num_stages": 2}
+    assert result.winner.launch["tuned_chunk_scan"] == {"BV": 16, "num_warps": 4, "num_stages": DEFAULT_STAGES}
     # chunk size changes kernel code, num-warps and block-v do not (launch-only, as declared)
     hashes = {c.options["chunk-size"]: c.code_hash for c in cands}
     assert all(c.code_hash == hashes[c.options["chunk-size"]] for c in cands) and len(set(hashes.values())) == 2
@@ -351,12 +352,12 @@ def test_compiled_module_embeds_and_uses_the_tuned_launch(tuned, capsys, tmp_pat
     assert "TUNED_CHUNK = {" in source and f"Autotuned (k3c tune) on '{GPU}'" in source
     assert "('float32', 1, 64): {" in source and "'num_warps': 4" in source
     module = load_module(Path(out.strip()), "tuned_embedded")
-    assert module.TUNED_CHUNK[("float32", 1, 64)]["tuned_chunk_scan"] == {"BV": 16, "num_stages": 2, "num_warps": 4}
+    assert module.TUNED_CHUNK[("float32", 1, 64)]["tuned_chunk_scan"] == {"BV": 16, "num_stages": DEFAULT_STAGES, "num_warps": 4}
     scan = LaunchRecorder(module.tuned_chunk_scan_kernel)
     monkeypatch.setattr(module, "tuned_chunk_scan_kernel", scan)
     op = next(iter(spec_to_module(spec_of()).ops))
-    for T, expected in ((37, {"BV": 16, "num_warps": 4, "num_stages": 2}),  # the tuned bucket (T <= 64)
-                        (70, {"BV": 32, "num_warps": DEFAULT_WARPS, "num_stages": 2})):  # not tuned: the default
+    for T, expected in ((37, {"BV": 16, "num_warps": 4, "num_stages": DEFAULT_STAGES}),  # the tuned bucket (T <= 64)
+                        (70, {"BV": 32, "num_warps": DEFAULT_WARPS, "num_stages": DEFAULT_STAGES})):  # not tuned: the default
         inputs = recurrence_inputs("kda", "kv", RecurrenceShape(1, T, 1, 1, 16, 32))
         o, state = module.chunk(**inputs, output_final_state=True)
         launch = scan.launches[-1]
@@ -480,8 +481,8 @@ def test_module_takes_one_chunk_size_and_the_launch_winners_of_its_code(tmp_path
     compilation, plan = autotune.compile_tuned(spec, gpu=GPU, cache=cache)
     assert "chunk-size=64" in plan.pipeline and not plan.messages
     table = plan.launch_tables["chunk"]
-    assert table[("float32", 1, 1024)]["tuned_chunk_scan"] == {"BV": 32, "num_warps": 4, "num_stages": 2}
-    assert table[("float32", 4, 128)]["tuned_chunk_scan"] == {"BV": 16, "num_warps": 8, "num_stages": 2}
+    assert table[("float32", 1, 1024)]["tuned_chunk_scan"] == {"BV": 32, "num_warps": 4, "num_stages": DEFAULT_STAGES}
+    assert table[("float32", 4, 128)]["tuned_chunk_scan"] == {"BV": 16, "num_warps": 8, "num_stages": DEFAULT_STAGES}
     assert "chunk-size=64" in compilation.source and "TUNED_CHUNK = {" in compilation.source
     # asking for one bucket embeds only that one
     _, plan = autotune.compile_tuned(spec, gpu=GPU, cache=cache, shapes=[(1, 600)], dtypes=["float32"])

@@ -37,6 +37,6 @@ builtin.module {
 
 // CAP: k3s.kernel @kda_chunk_gram <grid = "chunk,value_head", num_warps = 4, maxnreg = 168>
 // CAP: k3s.kernel @kda_chunk_wy <grid = "chunk,value_head", num_warps = 4, maxnreg = 168>
-// CAP: k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
+// CAP: k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 3> {
 
 // BADCAP: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: prepare-maxnreg must be 0 (no cap) or in 24..255, got 16
