@@ -219,6 +219,12 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     if total % world or check_total % world:
         sys.exit(f"--tokens {total} and --check-tokens {check_total} must split evenly over {world} ranks")
 
+    started = time.perf_counter()
+
+    def log(message):  # where the call's minutes go
+        if rank == 0:
+            print(f"[{time.perf_counter() - started:6.1f} s] {message}", flush=True)
+
     def sync():
         if not on_cpu:
             torch.cuda.synchronize()
@@ -245,6 +251,7 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     row["check_T"] = check_total
     row["check_o_rms_max"] = max(c[0] for c in checks)
     row["check_state_rms"] = checks[-1][1]
+    log(f"checked at T = {check_total}")
     del full, o, s, ref_o, ref_s
     # the timing at T tokens
     T = total // world
@@ -268,10 +275,48 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     payload = torch.zeros(4 + M_numel + N_numel, dtype=torch.float32, device=device)
     bucket = [torch.empty_like(payload) for _ in range(world)]
     row["all_gather_bytes_per_rank"] = payload.numel() * 4
-    row["all_gather_ms"] = timer(lambda: dist.all_gather(bucket, payload, group=group))
+    # a fixed count on every rank: do_bench sizes its loop from a per-rank estimate, and ranks
+    # that issue different numbers of collectives hang
+    sync()
+    start = time.perf_counter()
+    for _ in range(20):
+        dist.all_gather(bucket, payload, group=group)
+    sync()
+    row["all_gather_ms"] = (time.perf_counter() - start) * 1e3 / 20
+    log(f"ours timed: {row['cp_ms']:.3f} ms")
+
+    def report():  # rank 0 writes what is measured so far: fla's first call autotunes for minutes
+        dist.barrier()
+        if rank == 0:
+            meta = meta_of(torch, args, on_cpu, module, dtype=str(dtype), H=H, HV=HV, K=K, V=V, backend=dist.get_backend(group),
+                           timing="median wall time of the call between barriers (all ranks synchronised)",
+                           fla_call="fla.ops.kda.chunk_kda(..., cp_context=fla.ops.cp.build_cp_context(cu_seqlens, group))")
+            print(write(args.out, f"cp_multi_w{world}", meta, [row],
+                        ["world", "T", "rank_segments", "cp_ms", "one_device_ms", "speedup", "scaling_efficiency",
+                         "one_device_auto_ms", "speedup_vs_auto", "all_gather_bytes_per_rank",
+                         "all_gather_ms", "fla_cp_ms", "check_o_rms_max", "check_state_rms"]), flush=True)
+
+    del inp
+    # the 1-device run of the whole stream, on rank 0 while the others wait
+    if rank == 0:
+        whole = make_slice(torch, args.seed + 2000, 1, total, H, HV, K, V, device, dtype)
+        try:
+            row["one_device_ms"] = timer(lambda: module._chunk_single(**whole, output_final_state=True))
+            row["scaling_efficiency"] = row["one_device_ms"] / (world * row["cp_ms"])
+            row["speedup"] = row["one_device_ms"] / row["cp_ms"]
+            # the best one device does: its own segments
+            row["one_device_auto_ms"] = timer(lambda: module.chunk(**whole, output_final_state=True, segments="auto"))
+            row["speedup_vs_auto"] = row["one_device_auto_ms"] / row["cp_ms"]
+        except Exception as err:  # noqa: BLE001
+            row["one_device_error"] = short_error(err)
+            traceback.print_exc()
+        del whole
+        log("one device timed")
+    report()
     # fla's CP (no initial or final state there)
     fla, fla_error = fla_chunk(args, on_cpu)
     row["fla_error"] = fla_error
+    inp = make_slice(torch, args.seed + 1000 + rank, 1, T, H, HV, K, V, device, dtype)
     if fla is not None:
         try:
             from fla.ops.cp import build_cp_context
@@ -295,29 +340,8 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
             row["fla_error"] = short_error(err)
             traceback.print_exc()
     del inp
-    # the 1-device run of the whole stream, on rank 0 while the others wait
-    if rank == 0:
-        whole = make_slice(torch, args.seed + 2000, 1, total, H, HV, K, V, device, dtype)
-        try:
-            row["one_device_ms"] = timer(lambda: module._chunk_single(**whole, output_final_state=True))
-            row["scaling_efficiency"] = row["one_device_ms"] / (world * row["cp_ms"])
-            row["speedup"] = row["one_device_ms"] / row["cp_ms"]
-            # the best one device does: its own segments
-            row["one_device_auto_ms"] = timer(lambda: module.chunk(**whole, output_final_state=True, segments="auto"))
-            row["speedup_vs_auto"] = row["one_device_auto_ms"] / row["cp_ms"]
-        except Exception as err:  # noqa: BLE001
-            row["one_device_error"] = short_error(err)
-            traceback.print_exc()
-        del whole
-    dist.barrier()
-    if rank == 0:
-        meta = meta_of(torch, args, on_cpu, module, dtype=str(dtype), H=H, HV=HV, K=K, V=V, backend=dist.get_backend(group),
-                       timing="median wall time of the call between barriers (all ranks synchronised)",
-                       fla_call="fla.ops.kda.chunk_kda(..., cp_context=fla.ops.cp.build_cp_context(cu_seqlens, group))")
-        print(write(args.out, f"cp_multi_w{world}", meta, [row],
-                    ["world", "T", "rank_segments", "cp_ms", "one_device_ms", "speedup", "scaling_efficiency",
-                     "one_device_auto_ms", "speedup_vs_auto", "all_gather_bytes_per_rank",
-                     "all_gather_ms", "fla_cp_ms", "check_o_rms_max", "check_state_rms"]))
+    log("fla timed")
+    report()
     dist.destroy_process_group()
     return 0
 
