@@ -313,10 +313,10 @@ def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, lis
     return O, row
 
 
-def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int) -> dict:
-    """A token-parallel chunk kernel (fuse-chunkwise's prepare) on x's chunks: its stages in
-    program order; returns the workspaces, {(chunk start, name): what it spilled}."""
-    workspaces = {}
+def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int, workspaces: dict) -> None:
+    """A token-parallel chunk kernel (fuse-chunkwise's prepare, gram or wy) on x's chunks: its
+    stages in program order; what it spills goes into `workspaces`, {(chunk start, name): value},
+    and what it reloads must be there (an earlier kernel's spill)."""
     for start in range(0, x.q.rows, chunk_size):
         chunk = Chunk(x, start, min(start + chunk_size, x.q.rows))
         for op in kernel.body.ops:
@@ -324,9 +324,16 @@ def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int) ->
                 continue
             if isinstance(op, k3s.SpillOp):
                 workspaces[(start, op.value.data)] = chunk[op.value.data]
+            elif isinstance(op, k3s.ReloadOp):
+                chunk.values[op.value.data] = reloaded(workspaces, start, op.value.data)
             else:
                 STAGES[type(op)](op, chunk, None)
-    return workspaces
+
+
+def reloaded(workspaces: dict, start: int, name: str) -> Matrix:
+    if (start, name) not in workspaces:
+        raise IncompleteSchedule(f"a kernel reloads {name}, which no earlier kernel spilled")
+    return workspaces[(start, name)]
 
 
 def run_chunk_loop(loop: k3s.ChunkLoopOp, x: ExactInputs, S: Matrix, workspaces: dict,
@@ -342,9 +349,7 @@ def run_chunk_loop(loop: k3s.ChunkLoopOp, x: ExactInputs, S: Matrix, workspaces:
             if isinstance(op, (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp, k3s.StoreCheckpointOp)):
                 continue
             if isinstance(op, k3s.ReloadOp):
-                if (start, op.value.data) not in workspaces:
-                    raise IncompleteSchedule(f"a chunk loop reloads {op.value.data}, which no kernel spilled")
-                chunk.values[op.value.data] = workspaces[(start, op.value.data)]
+                chunk.values[op.value.data] = reloaded(workspaces, start, op.value.data)
             elif isinstance(op, k3s.CacheUpdateOp):
                 u = chunk["Vr"] if op.residual is not None and op.residual.value.data else chunk.V
                 buffers.setdefault(k3s.cache_buffer(op), []).extend(
@@ -355,15 +360,16 @@ def run_chunk_loop(loop: k3s.ChunkLoopOp, x: ExactInputs, S: Matrix, workspaces:
     return Matrix.vstack(*outputs), S
 
 
-def run_pool_entry(kernels: list, x: ExactInputs, buffers: dict[str, list], accepted: int) -> tuple:
-    """A lowered speculative entry's kernels in launch order on one pool row that holds x.S0:
-    prepare kernels (a chunk tile, no state) fill the workspaces the pool kernel's chunk loop
-    reloads. Returns run_pool_kernel's (O, the row as the entry leaves it)."""
+def run_lowered_entry(kernels: list, x: ExactInputs, buffers: dict[str, list] | None = None, accepted: int = 0) -> tuple:
+    """A lowered entry's kernels in launch order on one sequence whose state (or pool row) starts
+    at x.S0: the token-parallel kernels (a chunk tile, no state) fill the workspaces that later
+    kernels reload; the last kernel owns the state (the chunk entry's scan, a speculative pool
+    kernel). Returns run_pool_kernel's (O, the state as the entry leaves it)."""
     workspaces: dict = {}
     for kernel in kernels[:-1]:
         tile = next(op for op in kernel.body.ops if isinstance(op, k3s.ChunkTileOp))
-        workspaces.update(run_prepare_kernel(kernel, x, tile.chunk_size.value.data))
-    return run_pool_kernel(kernels[-1], x, buffers, accepted, workspaces)
+        run_prepare_kernel(kernel, x, tile.chunk_size.value.data, workspaces)
+    return run_pool_kernel(kernels[-1], x, buffers if buffers is not None else {}, accepted, workspaces)
 
 
 # --- the segment-scan schedule (context parallelism) ----------------------------------------

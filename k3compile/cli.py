@@ -274,7 +274,9 @@ def cmd_prove(args) -> int:
     from rich.table import Table
 
     from k3compile.errors import UnsupportedError
-    from k3compile.prove import prove_chunked_verify, prove_chunkwise, prove_replay, prove_segment_scan, prove_spec_step
+    from k3compile.passes.fuse_chunkwise import GROUPINGS
+    from k3compile.prove import (prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay,
+                                 prove_segment_scan, prove_spec_step)
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -282,6 +284,8 @@ def cmd_prove(args) -> int:
         raise UnsupportedError(f"{args.spec}: kind '{spec.kind}' has no derived schedule to prove")
     sizes = args.chunk_size or [3, 16, 32, 64]
     results = [r for size in sizes for r in prove_chunkwise(spec, size, seed=args.seed)]
+    # the kernels fuse-chunkwise makes of it, every grouping (the schedule is the same at every size)
+    results += [r for grouping in GROUPINGS for r in prove_fused_chunkwise(spec, min(sizes), grouping, seed=args.seed)]
     results += prove_replay(spec, args.draft_tokens, seed=args.seed)
     results += prove_spec_step(spec, args.draft_tokens, seed=args.seed)
     results += prove_chunked_verify(spec, args.draft_tokens, seed=args.seed)  # lower-speculative{verify=chunked}

@@ -101,6 +101,28 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
     return results
 
 
+def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "split",
+                          lengths: tuple[int, ...] | None = None, seed: int | None = None) -> list[ProofResult]:
+    """Prove the kernels `fuse-chunkwise{grouping=G}` makes of the chunkwise schedule: the
+    token-parallel kernels run first and hand their results over only through what they spill,
+    then the scan kernel's chunk loop runs from the initial state on what it reloads. A stage
+    left out of every kernel, or a value read but never spilled, fails the proof."""
+    from k3compile.ir import exact
+
+    rng = random.Random(seed)
+    pipeline = f"derive-chunkwise{{chunk-size={chunk_size}}},fuse-chunkwise{{grouping={grouping}}}"
+    layer_op, module = derived(spec, pipeline)
+    kernels = entry_kernels(module, "chunk")
+    lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size + 1)
+    delta_rule = bool(layer_op.delta_rule.value.data)
+    results = []
+    for length in lengths:
+        x = exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data)
+        results.append(checked(spec.name, pipeline, exact.token_recurrence(x, delta_rule),
+                               lambda: exact.run_lowered_entry(kernels, x)))
+    return results
+
+
 def entry_kernels(module, name: str) -> list:
     """The kernels of a lowered entry, in launch order."""
     from k3compile.ir import k3s
@@ -124,7 +146,7 @@ def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = 
     want_o, _ = exact.token_recurrence(x, delta_rule)
     buffers: dict[str, list] = {}
     try:
-        got_o, row = exact.run_pool_entry(entry_kernels(module, "verify"), x, buffers, 0)
+        got_o, row = exact.run_lowered_entry(entry_kernels(module, "verify"), x, buffers, 0)
     except exact.IncompleteSchedule as err:  # a stage reads what nothing produced: every row fails
         return [ProofResult(spec.name, f"{pipeline}: verify, accept {m}", draft_tokens, False, False, str(err))
                 for m in range(draft_tokens + 1)]
@@ -132,7 +154,7 @@ def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = 
     results = []
     for accepted in range(draft_tokens + 1):
         want_s = exact.token_recurrence(x.tokens(0, accepted), delta_rule)[1] if accepted else x.S0
-        replayed = exact.run_pool_entry(entry_kernels(module, "commit"), x, {"cache": buffers.get("cache", [])},
+        replayed = exact.run_lowered_entry(entry_kernels(module, "commit"), x, {"cache": buffers.get("cache", [])},
                                         accepted)[1]
         row_kept = (row - x.S0).is_zero_matrix
         state_equal = row_kept and (replayed - want_s).is_zero_matrix
@@ -191,7 +213,7 @@ def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None,
     first, second = (exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data) for _ in range(2))
     first_round = {"cache": []}
     try:
-        got_o, left = exact.run_pool_entry(kernel, first, first_round, 0)  # left: the row as round 1 leaves it
+        got_o, left = exact.run_lowered_entry(kernel, first, first_round, 0)  # left: the row as round 1 leaves it
     except exact.IncompleteSchedule as err:  # a stage reads what nothing produced: every row fails
         return [ProofResult(spec.name, f"{pipeline}: spec_step, accept {m}", draft_tokens, False, False, str(err))
                 for m in range(draft_tokens + 1)]
@@ -202,10 +224,10 @@ def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None,
         x_from_S_m = second.tokens(0, draft_tokens, S_m)
         want_o, want_s = exact.token_recurrence(x_from_S_m, delta_rule)
         buffers = {"cache": first_round.get("next_cache", [])}  # the caller swaps the pair
-        got_o, row = exact.run_pool_entry(kernel, second.tokens(0, draft_tokens, left), buffers, accepted)
+        got_o, row = exact.run_lowered_entry(kernel, second.tokens(0, draft_tokens, left), buffers, accepted)
         outputs_equal = first_equal and (got_o - want_o).is_zero_matrix
         row_equal = (row - S_m).is_zero_matrix
-        flushed = exact.run_pool_entry(commit, x_from_S_m, {"cache": buffers.get("next_cache", [])}, draft_tokens)[1]
+        flushed = exact.run_lowered_entry(commit, x_from_S_m, {"cache": buffers.get("next_cache", [])}, draft_tokens)[1]
         cached_equal = (flushed - want_s).is_zero_matrix
         mismatch = ("round 1 outputs differ" if not first_equal else "round 2 outputs differ" if not outputs_equal
                     else "" if row_equal else f"committed row after {accepted} accepted differs")

@@ -10,12 +10,13 @@ import pytest
 from xdsl.dialects.builtin import StringAttr
 
 import k3compile.passes.derive_chunkwise as derive_chunkwise
+import k3compile.passes.fuse_chunkwise as fuse_chunkwise
 from conftest import (run_cli, DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, as_tensor, exact_as_torch,
                       one_line, recurrence_table)
 from k3compile.cli import main
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
-from k3compile.prove import prove_chunked_verify, prove_replay, prove_chunkwise, prove_spec_step
+from k3compile.prove import prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay, prove_spec_step
 from k3compile.spec import load_spec, spec_from_table
 
 DELTA_KINDS = [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]]
@@ -60,6 +61,72 @@ def test_derived_schedule_proved_chunk_64(fresh_seed):
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
 
 
+# --- the kernels fuse-chunkwise makes of the schedule ----------------------------------------
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 16])
+@pytest.mark.parametrize("grouping", fuse_chunkwise.GROUPINGS)
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+def test_fused_kernels_proved(kind, grouping, chunk_size, fresh_seed):
+    """The lowered kernels, run one after the other and handing over only what they spill and
+    reload, equal the token recurrence (a partial chunk, and several chunks with a tail)."""
+    results = prove_fused_chunkwise(spec_of(kind), chunk_size, grouping, seed=fresh_seed)
+    assert [r.length for r in results] == [max(1, chunk_size - 1), 2 * chunk_size + 1]
+    assert all(f"grouping={grouping}" in r.schedule for r in results)
+    assert all(r.holds for r in results), [r.first_mismatch for r in results]
+
+
+def patch_fusion(monkeypatch, mutate) -> list:
+    """Make fuse-chunkwise produce its real kernels with `mutate(kernels)` applied to them."""
+    original = fuse_chunkwise.split_kernels
+    mutated = []
+
+    def wrong_kernels(*args, **kwargs):
+        workspaces, kernels = original(*args, **kwargs)
+        mutated.append(mutate(kernels))
+        return workspaces, mutated[-1]
+
+    monkeypatch.setattr(fuse_chunkwise, "split_kernels", wrong_kernels)
+    return mutated
+
+
+def drop_spill(value):
+    def mutate(kernels):
+        spill = next(op for kernel in kernels for op in kernel.body.ops
+                     if isinstance(op, k3s.SpillOp) and op.value.data == value)
+        spill.detach()
+        spill.erase()
+        return kernels
+
+    return mutate
+
+
+@pytest.mark.parametrize("grouping, value", [("split", "W"), ("split", "U"), ("split", "P"), ("split-prepare", "T")])
+def test_fused_kernels_missing_a_spill_not_proved(monkeypatch, grouping, value, fresh_seed):
+    """A kernel that reloads what no earlier kernel spilled is a wrong fusion: reported with the
+    value's name, never 'holds'."""
+    mutated = patch_fusion(monkeypatch, drop_spill(value))
+    results = prove_fused_chunkwise(spec_of("kda"), 3, grouping, seed=fresh_seed)
+    assert mutated, "the proof did not go through fuse_chunkwise.split_kernels"
+    assert results and not any(r.holds for r in results)
+    assert all(f"reloads {value}," in r.first_mismatch for r in results)
+
+
+def test_fused_kernels_in_the_wrong_order_not_proved(monkeypatch, fresh_seed):
+    """split-prepare's wy kernel launched before the gram kernel reloads a T not yet spilled."""
+    patch_fusion(monkeypatch, lambda kernels: [kernels[1], kernels[0], *kernels[2:]])
+    results = prove_fused_chunkwise(spec_of("gated_deltanet"), 3, "split-prepare", seed=fresh_seed)
+    assert results and not any(r.holds for r in results)
+    assert all("reloads T," in r.first_mismatch for r in results)
+
+
+def test_fused_kernels_of_a_wrong_schedule_not_proved(monkeypatch, fresh_seed):
+    """A wrong derivation stays wrong after fusion: the fused proof sees it too."""
+    patch_schedule(monkeypatch, query_gram_strict)
+    results = prove_fused_chunkwise(spec_of("gla"), 3, seed=fresh_seed)
+    assert not all(r.holds for r in results)
+
+
 # --- k3c prove ------------------------------------------------------------------------------
 
 
@@ -68,9 +135,11 @@ def test_cli_prove_passes(capsys, kind, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / f"{kind}.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 0, f"exit code {code}: {out}\n{err}"
-    # 3 chunkwise lengths, replay of 0 and 1 accepted tokens, spec_step after 0 and 1 accepted,
-    # the same two for verify=chunked, segment scan: associativity and 5 splits
-    assert "17 passed, 0 failed" in out
+    # 3 chunkwise lengths, the fused kernels of both groupings at 2 lengths each, replay of 0 and
+    # 1 accepted tokens, spec_step after 0 and 1 accepted, the same two for verify=chunked,
+    # segment scan: associativity and 5 splits
+    assert "21 passed, 0 failed" in out
+    assert "fuse-chunkwise{grouping=split-prepare}" in out
     assert "lower-speculative{verify=chunked}: spec_step, accept 1" in out
     assert "spec_step, accept 1" in out
     assert "FAILED" not in out
@@ -190,9 +259,10 @@ def test_cli_prove_missing_stage_exits_1(capsys, monkeypatch, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / "kda.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     # the segment scan finishes its segments with the same schedule: its 5 splits fail too, and so
-    # do the chunked verify's (2 + 2: it is built from that schedule); the token replay and
-    # spec_step proofs (2 + 2) and the combine's associativity still pass
-    assert code == 1 and "5 passed, 12 failed" in out and "Traceback" not in err
+    # do the fused kernels' (2 groupings x 2) and the chunked verify's (2 + 2: they are built from
+    # that schedule); the token replay and spec_step proofs (2 + 2) and the combine's
+    # associativity still pass
+    assert code == 1 and "5 passed, 16 failed" in out and "Traceback" not in err
 
 
 def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
@@ -200,7 +270,7 @@ def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / "gla.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 1, f"exit code {code}: {out}\n{err}"
-    assert "FAILED" in out and "5 passed, 12 failed" in out
+    assert "FAILED" in out and "5 passed, 16 failed" in out
 
 
 # --- the two oracles agree ------------------------------------------------------------------
