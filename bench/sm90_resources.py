@@ -1,7 +1,7 @@
 """Compile a generated module's kernels for sm_90 on a machine without a GPU, with the Triton
 (and its bundled ptxas) installed here, and report what decides speed before any device time:
-shared memory, registers, spill traffic (STL/LDL), tensor-core instructions, and the size of
-each loop body in SASS.
+shared memory, registers, spill traffic (STL/LDL), tensor-core instructions, the static
+instruction count, and the size of each loop body in SASS.
 
     python bench/sm90_resources.py bench/generated/kda_h16.py --num-warps 8 --num-stages 2
 
@@ -91,6 +91,7 @@ def main() -> None:
         print(f"{name}: warps {args.num_warps}, stages {args.num_stages}: shared {compiled.metadata.shared} B, "
               f"registers {registers.group(1) if registers else '?'}, stack {stack.group(1) if stack else '?'} B, "
               f"STL {sass.count('STL')}, LDL {sass.count('LDL')}, MMA {sass.count('HMMA') + sass.count('HGMMA')}, "
+              f"instructions {len(re.findall(r'/[*][0-9a-f]{4,}[*]/', sass))}, "
               f"loops (instructions per iteration) {sass_loops(sass)}")
 
 

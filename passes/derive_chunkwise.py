@@ -43,7 +43,7 @@ def gram_diagonal(op: RecurrenceOp, sub_chunk: int) -> str:
     return "elementwise"
 
 
-def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -> k3s.ChunkedOp:
+def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, solve_block: int = 16) -> k3s.ChunkedOp:
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
     gram = {"gate": gate, "sub_chunk": sub_chunk}
@@ -56,7 +56,7 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -
     if delta_rule:
         local += [
             make(k3s.GramOp, lhs="k", mask="strict", beta=True, **gram),
-            make(k3s.ForwardSubstitutionOp, block=min(sub_chunk, chunk_size)),
+            make(k3s.ForwardSubstitutionOp, block=min(solve_block, chunk_size)),
             make(k3s.WYApplyOp, operand="key", gate=gate),
             make(k3s.WYApplyOp, operand="value", gate="none"),
         ]
@@ -98,11 +98,15 @@ class DeriveChunkwisePass(ModulePass):
     # 1.3x chunks of 32, whose prepare holds 252 registers); the tuner also tries 32
     chunk_size: int = 16
     sub_chunk: int = 16
+    # rows of the triangular solve's diagonal blocks solved row by row; the rest by products of
+    # nilpotent factors (1: all of it by products, tensor-core dots instead of a serial loop)
+    solve_block: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.chunk_size <= 0 or self.sub_chunk <= 0:
+        if self.chunk_size <= 0 or self.sub_chunk <= 0 or self.solve_block <= 0:
             raise ValueError(
-                f"derive-chunkwise: chunk-size and sub-chunk must be positive, got {self.chunk_size}, {self.sub_chunk}"
+                f"derive-chunkwise: chunk-size, sub-chunk and solve-block must be positive, got "
+                f"{self.chunk_size}, {self.sub_chunk}, {self.solve_block}"
             )
         add_entries(op, RecurrenceOp, self.build)
 
@@ -112,7 +116,7 @@ class DeriveChunkwisePass(ModulePass):
             [
                 *recurrence_arguments(op),
                 checkpoint_argument(op, self.chunk_size),
-                chunkwise_schedule(op, self.chunk_size, self.sub_chunk),
+                chunkwise_schedule(op, self.chunk_size, self.sub_chunk, self.solve_block),
             ],
             sym_name="chunk",
             source=op.sym_name.data,

@@ -52,7 +52,9 @@ class DeriveSegmentScanPass(ModulePass):
     """Add a `segment_scan` entry holding the segment-scan schedule of every k3.recurrence."""
 
     name = "derive-segment-scan"
-    chunk_size: int = 32  # as derive-chunkwise's
+    # the context-parallel path was measured with chunks of 32 (bench/RESULTS.md, third session);
+    # derive-chunkwise's 16 is not measured here yet (twice the steps of every summary scan)
+    chunk_size: int = 32
     sub_chunk: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

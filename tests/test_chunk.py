@@ -355,3 +355,21 @@ def test_split_prepare_matches_the_recurrence(kind, compile_layer):
     layer = compile_layer(pipeline=split_prepare_pipeline(C),
                           **recurrence_table(kind, layout, name=f"{kind}_split_prepare", H=H, HV=HV, K=K, V=V))
     check(layer, recurrence_inputs(kind, layout, varlen_shape((5, 2 * C + 3))))
+
+
+# --- derive-chunkwise{solve-block=N}: how much of the triangular solve runs row by row ------------
+
+
+@pytest.mark.parametrize("kind", [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]])
+@pytest.mark.parametrize("chunk_size, solve_block", [(16, 1), (32, 1), (32, 4)])
+def test_solve_block_matches_the_recurrence(kind, chunk_size, solve_block, compile_layer):
+    """solve-block=1 inverts I + A by products of nilpotent factors only (no row loop); 4 solves
+    4 x 4 diagonal blocks by rows and the rest by products. Varlen with a partial chunk, initial
+    states, grouped value heads, K and V not powers of two."""
+    layout = "kv"
+    pipeline = chunk_pipeline(chunk_size).replace("sub-chunk=16}", f"sub-chunk=16 solve-block={solve_block}}}")
+    layer = compile_layer(pipeline=pipeline, **recurrence_table(kind, layout, name=f"{kind}_solve_{chunk_size}_{solve_block}",
+                                                               H=H, HV=HV, K=K, V=V))
+    source = layer.compilation.source
+    assert ("for r in range(0, SUB_T)" in source) == (solve_block > 1)
+    check(layer, recurrence_inputs(kind, layout, varlen_shape((5, 2 * chunk_size + 3))))

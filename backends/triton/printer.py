@@ -784,6 +784,28 @@ class TritonPrinter:
             raise UnsupportedError(f"Triton backend: forward-substitution block {sub} must be a power of two "
                                    f"dividing the chunk size {self.chunk_size}")
         c.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
+        if sub == 1:  # unit diagonal blocks: all of the inverse by the products of step 2
+            c("SUB_T: tl.constexpr = 1",
+              "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
+              "b_Dinv = b_eye")
+        else:
+            self.print_diagonal_block_inverse(sub)
+        c("# 2. M = Dinv N, N the blocks below the diagonal: M is nilpotent (M^NB = 0), so",
+          "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors")
+        if sub > 1:
+            c("b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)")
+        c("b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
+          "b_M = _mm_accurate(b_Dinv, tl.where(b_below, b_A, 0.0), DOT_BF16)",
+          "b_Linv = b_eye - b_M")
+        power = 2
+        while power < self.chunk_size // sub:
+            c("b_M = _mm_accurate(b_M, b_M, DOT_BF16)", "b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT_BF16)")
+            power *= 2
+        c("b_T = " + ("b_Linv" if sub == 1 else "_mm_accurate(b_Linv, b_Dinv, DOT_BF16)") + " * b_beta[None, :]")
+
+    def print_diagonal_block_inverse(self, sub: int) -> None:
+        """b_Dinv: the inverse of I + A's diagonal blocks of `sub` rows, solved row by row."""
+        c = self.code
         c(f"# 1. the {sub} x {sub} diagonal blocks of I + A as [NB, SUB, SUB], inverted together: step r",
           "#    solves row r of every block (A is strictly lower: unit diagonal)",
           f"SUB_T: tl.constexpr = {sub}",
@@ -798,18 +820,7 @@ class TritonPrinter:
             c("b_a = tl.sum(tl.where((o_rt == r)[None, :, None], b_Ad, 0.0), axis=1)",
               "b_row = tl.where(o_rt[None, :] == r, 1.0, 0.0) - tl.sum(b_a[:, :, None] * b_X, axis=1)",
               "b_X = tl.where((o_rt == r)[None, :, None], b_row[:, None, :], b_X)")
-        c("b_Dinv = tl.reshape(tl.where(b_on_diagonal, b_X[:, :, None, :], 0.0), [BC, BC])",
-          "# 2. M = Dinv N, N the blocks below the diagonal: M is nilpotent (M^NB = 0), so",
-          "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors",
-          "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
-          "b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
-          "b_M = _mm_accurate(b_Dinv, tl.where(b_below, b_A, 0.0), DOT_BF16)",
-          "b_Linv = b_eye - b_M")
-        power = 2
-        while power < self.chunk_size // sub:
-            c("b_M = _mm_accurate(b_M, b_M, DOT_BF16)", "b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT_BF16)")
-            power *= 2
-        c("b_T = _mm_accurate(b_Linv, b_Dinv, DOT_BF16) * b_beta[None, :]")
+        c("b_Dinv = tl.reshape(tl.where(b_on_diagonal, b_X[:, :, None, :], 0.0), [BC, BC])")
 
     def print_k3s_wy_apply(self, op: k3s.WYApplyOp) -> None:
         self.code.comment(op)
