@@ -32,6 +32,7 @@ OUT/cp_intra.{md,json} or OUT/cp_multi_w<world>.{md,json}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -114,6 +115,16 @@ class Timer:
         return triton.testing.do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, return_mode="median")
 
 
+@contextlib.contextmanager
+def errors_into(row, key):
+    """A failure of the block is recorded in row[key] (and its traceback printed): the run goes on."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001
+        row[key] = short_error(err)
+        traceback.print_exc()
+
+
 def write(out_dir, name, meta, rows, columns):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -161,14 +172,12 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
         row["plain_ms"] = timer(lambda: ours(1))
         per_P = {}
         for P in P_values:
-            try:
+            per_P[P] = {}
+            with errors_into(per_P[P], "error"):
                 o, s = ours(P)
                 o_rms, s_rms = compare(torch, o, plain[0])[1], compare(torch, s, plain[1])[1]
-                per_P[P] = dict(ms=timer(lambda: ours(P)), o_rms_vs_plain=o_rms, state_rms_vs_plain=s_rms)
+                per_P[P].update(ms=timer(lambda: ours(P)), o_rms_vs_plain=o_rms, state_rms_vs_plain=s_rms)
                 print(f"   P={P}: {per_P[P]['ms']:.3f} ms, rms vs P=1 o {o_rms:.2e} S {s_rms:.2e}", flush=True)
-            except Exception as err:  # noqa: BLE001
-                per_P[P] = dict(error=short_error(err))
-                traceback.print_exc()
         row["per_P"] = per_P
         # segments="auto" (the runtime's heuristic): its P and time
         row["auto_P"] = module._CHUNK_CP.auto_segments([T] * B, torch.device(device))
@@ -180,7 +189,7 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
             row.update(best_P=best, best_ms=timed[best], best_vs_plain=row["plain_ms"] / timed[best],
                        best_o_rms_vs_plain=per_P[best]["o_rms_vs_plain"])
         if fla is not None:
-            try:
+            with errors_into(row, "fla_error"):
                 fo, fs = fla(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], scale=K**-0.5,
                              initial_state=inp["initial_state"], output_final_state=True, **FLA_KDA)
                 row["fla_o_rms_vs_plain"] = compare(torch, fo, plain[0])[1]
@@ -188,9 +197,6 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
                                                   initial_state=inp["initial_state"], output_final_state=True, **FLA_KDA))
                 row["fla_over_best"] = row["fla_ms"] / row["best_ms"] if "best_ms" in row else None
                 row["fla_over_auto"] = row["fla_ms"] / row["auto_ms"]
-            except Exception as err:  # noqa: BLE001
-                row["fla_error"] = short_error(err)
-                traceback.print_exc()
         rows.append(row)
         del inp, plain
         if not on_cpu:
@@ -230,6 +236,19 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
             torch.cuda.synchronize()
         dist.barrier()
 
+    def median_ms(fn):  # a first call, then the median of calls between barriers: the same count on every rank
+        sync()
+        fn()
+        sync()
+        times = []
+        for _ in range(3 if on_cpu else 10):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        return sorted(times)[len(times) // 2]
+
     def mine(full, T):  # this rank's slice and states (one sequence: its initial state on rank 0)
         out = {n: full[n][:, rank * T:(rank + 1) * T].contiguous() for n in ("q", "k", "v", "g", "beta")}
         out["initial_state"] = full["initial_state"] if rank == 0 else full["initial_state"][:0].contiguous()
@@ -258,17 +277,7 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     inp = make_slice(torch, args.seed + 1000 + rank, 1, T, H, HV, K, V, device, dtype)
     if rank:
         inp["initial_state"] = inp["initial_state"][:0].contiguous()
-    sync()
-    ours(inp)
-    sync()
-    times = []
-    for _ in range(3 if on_cpu else 10):
-        sync()
-        start = time.perf_counter()
-        ours(inp)
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    row["cp_ms"] = sorted(times)[len(times) // 2]
+    row["cp_ms"] = median_ms(lambda: ours(inp))
     # the all_gather alone: its bytes and time
     cp = module._CHUNK_CP
     M_numel, N_numel = cp.summary_numel()
@@ -300,16 +309,13 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     # the 1-device run of the whole stream, on rank 0 while the others wait
     if rank == 0:
         whole = make_slice(torch, args.seed + 2000, 1, total, H, HV, K, V, device, dtype)
-        try:
+        with errors_into(row, "one_device_error"):
             row["one_device_ms"] = timer(lambda: module._chunk_single(**whole, output_final_state=True))
             row["scaling_efficiency"] = row["one_device_ms"] / (world * row["cp_ms"])
             row["speedup"] = row["one_device_ms"] / row["cp_ms"]
             # the best one device does: its own segments
             row["one_device_auto_ms"] = timer(lambda: module.chunk(**whole, output_final_state=True, segments="auto"))
             row["speedup_vs_auto"] = row["one_device_auto_ms"] / row["cp_ms"]
-        except Exception as err:  # noqa: BLE001
-            row["one_device_error"] = short_error(err)
-            traceback.print_exc()
         del whole
         log("one device timed")
     report()
@@ -318,27 +324,12 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     row["fla_error"] = fla_error
     inp = make_slice(torch, args.seed + 1000 + rank, 1, T, H, HV, K, V, device, dtype)
     if fla is not None:
-        try:
+        with errors_into(row, "fla_error"):
             from fla.ops.cp import build_cp_context
 
             ctx = build_cp_context(torch.tensor([0, total], dtype=torch.long, device=device), group=group)
-
-            def fla_cp():
-                return fla(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], scale=K**-0.5, cp_context=ctx, **FLA_KDA)
-
-            fla_cp()
-            sync()
-            times = []
-            for _ in range(10):
-                sync()
-                start = time.perf_counter()
-                fla_cp()
-                sync()
-                times.append((time.perf_counter() - start) * 1e3)
-            row["fla_cp_ms"] = sorted(times)[len(times) // 2]
-        except Exception as err:  # noqa: BLE001
-            row["fla_error"] = short_error(err)
-            traceback.print_exc()
+            row["fla_cp_ms"] = median_ms(lambda: fla(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], scale=K**-0.5,
+                                                     cp_context=ctx, **FLA_KDA))
     del inp
     log("fla timed")
     report()
