@@ -131,9 +131,9 @@ def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dic
 
 
 def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[RecurrenceCase]]]:
-    """Per entry: the token loop (recurrent) and the chunked schedule (chunk, C = 64). The
-    interpreter runs each (program, token) step of `recurrent` in numpy, so its CPU cases
-    are short; `chunk` cases always span several chunks with a partial one."""
+    """Per entry: the token loop (recurrent) and the chunked schedule (chunk, at the default
+    pipeline's chunk size). The interpreter runs each (program, token) step of `recurrent` in
+    numpy, so its CPU cases are short; `chunk` cases always span several chunks with a partial one."""
     p = spec.params
     variants = [(spec, "")]
     if p["num_v_heads"] == p["num_heads"]:
