@@ -237,6 +237,29 @@ def cmd_opt(args) -> int:
     return EXIT_OK
 
 
+def cmd_passes(args) -> int:
+    import dataclasses
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from k3compile.passes import PASSES
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
+    table = Table(title="k3c passes: what `-p` takes (pass{option=value ...}), options at their defaults")
+    for column in ("pass", "options", "what it does"):
+        table.add_column(column)
+    for name, load in PASSES.items():
+        pass_type = load()
+        options = " ".join(f"{f.name.replace('_', '-')}={f.default}" for f in dataclasses.fields(pass_type))
+        table.add_row(name, options or "-", (pass_type.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
+    console = Console(width=160)
+    console.print(table)
+    for kind, pipeline in DEFAULT_PIPELINES.items():
+        console.print(f"default pipeline of kind {kind}: {pipeline or '(none: no kernels yet)'}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
 def cmd_verify(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -353,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generic", action="store_true", help="print MLIR's generic form")
     p.add_argument("--timing", action="store_true", help="print how long each pass took")
     p.set_defaults(run=cmd_opt)
+
+    p = sub.add_parser("passes", help="list the passes, their options and defaults, and the default pipelines")
+    p.set_defaults(run=cmd_passes)
 
     p = sub.add_parser("verify", help="run the compiled kernels against the float64 reference")
     p.add_argument("spec", help="layer spec (.toml)")

@@ -276,6 +276,38 @@ def test_opt_bad_pass_option(capsys, tmp_path):
     assert_bad_input(code, out, err, "block-v")
 
 
+# --- passes ---------------------------------------------------------------------------------
+
+
+def test_passes_lists_every_pass_with_its_defaults(capsys):
+    import dataclasses
+
+    from k3compile.passes import PASSES
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
+    code, out, err = run(capsys, "passes")
+    assert code == 0 and err == ""
+    for name, load in PASSES.items():
+        assert name in out
+        for field in dataclasses.fields(load()):  # every option, spelled as -p takes it, at its default
+            assert f"{field.name.replace('_', '-')}={field.default}" in out, (name, field.name)
+    for kind, pipeline in DEFAULT_PIPELINES.items():
+        assert f"default pipeline of kind {kind}: {pipeline or '(none'}" in out
+
+
+def test_passes_options_as_listed_are_accepted(capsys, tmp_path):
+    """What `k3c passes` prints for a pass is a valid -p spelling of it."""
+    import re
+
+    code, out, _ = run(capsys, "passes")
+    row = next(line for line in out.splitlines() if "derive-chunkwise" in line)
+    options = " ".join(re.findall(r"[a-z-]+=\w+", row))
+    path = write_ir(capsys, tmp_path)
+    code, out, err = run(capsys, "opt", path, "-p", f"lower-recurrent,derive-chunkwise{{{options}}}")
+    assert code == 0, err
+    assert "k3s.chunked <chunk_size = 16>" in out
+
+
 # --- verify ---------------------------------------------------------------------------------
 
 
