@@ -81,24 +81,35 @@ def first_op(module, op_type):
     return next(op for op in module.walk() if isinstance(op, op_type))
 
 
+def proved_at_lengths(spec: LayerSpec, pipeline: str, lengths: tuple[int, ...], seed: int | None,
+                      runner) -> list[ProofResult]:
+    """The schedule `pipeline` derives, interpreted by runner(module) -> run(x) -> (O, S_T), against
+    the token recurrence on fresh random inputs of each length."""
+    from k3compile.ir import exact
+
+    rng = random.Random(seed)
+    layer_op, module = derived(spec, pipeline)
+    run = runner(module)
+    delta_rule = bool(layer_op.delta_rule.value.data)
+    results = []
+    for length in lengths:
+        x = exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data)
+        results.append(checked(spec.name, pipeline, exact.token_recurrence(x, delta_rule), lambda: run(x)))
+    return results
+
+
 def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | None = None,
                     seed: int | None = None) -> list[ProofResult]:
     """Prove `derive-chunkwise{chunk-size=C}` for a recurrence spec at several sequence lengths
     (by default: one partial chunk, an exact multiple, and several chunks with a partial tail)."""
     from k3compile.ir import exact, k3s
 
-    rng = random.Random(seed)
-    pipeline = f"derive-chunkwise{{chunk-size={chunk_size}}}"
-    layer_op, module = derived(spec, pipeline)
-    chunked = first_op(module, k3s.ChunkedOp)
+    def runner(module):
+        chunked = first_op(module, k3s.ChunkedOp)
+        return lambda x: exact.run_chunked(chunked, x)
+
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
-    gate, delta_rule = layer_op.gate.data, bool(layer_op.delta_rule.value.data)
-    results = []
-    for length in lengths:
-        x = exact.random_inputs(rng, length, PROOF_K, PROOF_V, gate)
-        results.append(checked(spec.name, pipeline, exact.token_recurrence(x, delta_rule),
-                               lambda: exact.run_chunked(chunked, x)))
-    return results
+    return proved_at_lengths(spec, f"derive-chunkwise{{chunk-size={chunk_size}}}", lengths, seed, runner)
 
 
 def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "split",
@@ -109,18 +120,13 @@ def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "spl
     left out of every kernel, or a value read but never spilled, fails the proof."""
     from k3compile.ir import exact
 
-    rng = random.Random(seed)
-    pipeline = f"derive-chunkwise{{chunk-size={chunk_size}}},fuse-chunkwise{{grouping={grouping}}}"
-    layer_op, module = derived(spec, pipeline)
-    kernels = entry_kernels(module, "chunk")
+    def runner(module):
+        kernels = entry_kernels(module, "chunk")
+        return lambda x: exact.run_lowered_entry(kernels, x)
+
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size + 1)
-    delta_rule = bool(layer_op.delta_rule.value.data)
-    results = []
-    for length in lengths:
-        x = exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data)
-        results.append(checked(spec.name, pipeline, exact.token_recurrence(x, delta_rule),
-                               lambda: exact.run_lowered_entry(kernels, x)))
-    return results
+    pipeline = f"derive-chunkwise{{chunk-size={chunk_size}}},fuse-chunkwise{{grouping={grouping}}}"
+    return proved_at_lengths(spec, pipeline, lengths, seed, runner)
 
 
 def entry_kernels(module, name: str) -> list:
