@@ -8,6 +8,7 @@
 #   spec       decode and speculative decoding (verify + commit, spec_step, their chunked verify, the snapshot baseline)
 #              vs fla's fused_recurrent_kda, bench/speculative_gpu.py; then the CUDA-graph test
 #   chunk      prefill timing of the chunk entry vs fla's chunk_kda / chunk_gated_delta_rule / chunk_gla
+#              (the cases in $BENCH_CASES, default all; modules compiled into $OUT/generated)
 #   profile    per-kernel GPU time of the chunk entry at B1 T8192 H96
 #   sweep      the chunk entry under several pipelines (schedule choices), checked and timed
 #   tune       k3c tune of every bench spec ($BENCH_CASES: those named) at its chunk_gpu.py shape, bf16: cold (fresh tuning and
