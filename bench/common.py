@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,11 @@ def import_file(path: Path, name: str):
 def short_error(err: BaseException) -> str:
     text = f"{type(err).__name__}: {err}".replace("\n", " ").replace("|", "/")
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def argument_shapes(entry) -> dict[str, list[str]]:
+    """An entry's argument shapes, read from its generated docstring ("q: [B,T,32,128] float (input)")."""
+    return {m[1]: m[2].split(",") for m in re.finditer(r"^\s+(\w+): \[([^\]]+)\]", entry.__doc__, re.MULTILINE)}
 
 
 def import_fla(module: str, name: str):

@@ -54,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
 from common import (  # noqa: E402
+    argument_shapes,
     compare,
     cpu_time_ms,
     device_name as get_device_name,
@@ -124,11 +125,6 @@ def compile_smoke_modules(out: Path) -> Path:
     for mode, pipeline in PIPELINES.items():
         k3_compile(spec, out_dir=out / mode, pipeline=pipeline.format(depth=SMOKE["depth"]))
     return out
-
-
-def argument_shapes(entry) -> dict[str, list[str]]:
-    """An entry's argument shapes, read from its generated docstring ("q: [B,T,32,128] float (input)")."""
-    return {m[1]: m[2].split(",") for m in re.finditer(r"^\s+(\w+): \[([^\]]+)\]", entry.__doc__, re.MULTILINE)}
 
 
 def main(argv=None):

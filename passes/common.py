@@ -42,6 +42,21 @@ def check_num_warps(pass_name: str, num_warps: int) -> None:
     check_power_of_two(pass_name, "num-warps", num_warps, MAX_NUM_WARPS)
 
 
+def check_token_stages(pass_name: str, token_stages: int) -> None:
+    if token_stages < 0:
+        raise ValueError(f"{pass_name}: token-stages must be >= 0 (0: no prefetch), got {token_stages}")
+
+
+def token_kernel(body: list[Operation], sym_name: str, num_warps: int, token_stages: int) -> Operation:
+    """A kernel of one program per (value block, sequence, value head) walking tokens; token_stages
+    > 0 pipelines its token loops that deep (the next tokens' loads issued while one is computed)."""
+    from k3compile.ir import k3s
+
+    stages = {"num_stages": token_stages} if token_stages else {}
+    return make(k3s.KernelOp, body, sym_name=sym_name, grid="value_block,sequence_head", num_warps=num_warps,
+                **stages)
+
+
 def make(op_type: type[Operation], body: list[Operation] | None = None, **values) -> Operation:
     """Create an op from keyword properties (`sym_name` for the symbol) and an optional body."""
     return op_type.create(properties=props(**values), regions=[Region(Block(body))] if body is not None else [])

@@ -21,8 +21,10 @@ from k3compile.passes.common import (
     add_entries,
     check_num_warps,
     check_power_of_two,
+    check_token_stages,
     make,
     recurrence_arguments,
+    token_kernel,
     recurrence_state_shape,
 )
 from k3compile.passes.lower_recurrent import recurrent_stages
@@ -38,10 +40,12 @@ class LowerDecodePass(ModulePass):
     name = "lower-decode"
     block_v: int = 32
     num_warps: int = 4
+    token_stages: int = 0  # > 0: the token loop prefetches that many tokens ahead
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_power_of_two("lower-decode", "block-v", self.block_v)
         check_num_warps("lower-decode", self.num_warps)
+        check_token_stages("lower-decode", self.token_stages)
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
@@ -53,15 +57,12 @@ class LowerDecodePass(ModulePass):
                  dtype="state", role="inout"),
             make(k3s.TensorArgOp, sym_name="state_indices", shape="B", dtype="index", role="input"),
         ]
-        kernel = make(
-            k3s.KernelOp,
+        kernel = token_kernel(
             [
                 make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout, home="pool"),
                 make(k3s.TokenLoopOp, recurrent_stages(op)),
                 make(k3s.StoreStateOp, layout=layout, home="pool"),
             ],
-            sym_name=f"{op.sym_name.data}_decode",
-            grid="value_block,sequence_head",
-            num_warps=self.num_warps,
+            f"{op.sym_name.data}_decode", self.num_warps, self.token_stages,
         )
         return make(k3s.EntryOp, [*args, kernel], sym_name="decode", source=op.sym_name.data)

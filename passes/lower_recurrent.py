@@ -19,9 +19,11 @@ from k3compile.passes.common import (
     add_entries,
     check_num_warps,
     check_power_of_two,
+    check_token_stages,
     input_loads,
     make,
     recurrence_arguments,
+    token_kernel,
 )
 
 
@@ -42,24 +44,23 @@ class LowerRecurrentPass(ModulePass):
     name = "lower-recurrent"
     block_v: int = 32
     num_warps: int = 4
+    token_stages: int = 0  # > 0: the token loop prefetches that many tokens ahead
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
+        check_token_stages(self.name, self.token_stages)
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
         K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
         layout = op.state_layout.data
-        kernel = make(
-            k3s.KernelOp,
+        kernel = token_kernel(
             [
                 make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout),
                 make(k3s.TokenLoopOp, recurrent_stages(op)),
                 make(k3s.StoreStateOp, layout=layout),
             ],
-            sym_name=f"{op.sym_name.data}_recurrent",
-            grid="value_block,sequence_head",
-            num_warps=self.num_warps,
+            f"{op.sym_name.data}_recurrent", self.num_warps, self.token_stages,
         )
         return make(k3s.EntryOp, [*recurrence_arguments(op), kernel], sym_name="recurrent", source=op.sym_name.data)

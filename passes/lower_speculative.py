@@ -40,10 +40,12 @@ from k3compile.passes import derive_chunkwise, fuse_chunkwise
 from k3compile.passes.common import (
     check_num_warps,
     check_power_of_two,
+    check_token_stages,
     make,
     props,
     recurrence_arguments,
     recurrence_state_shape,
+    token_kernel,
 )
 
 NOT_IN_VERIFY = ("initial_state", "final_state", "cu_seqlens")
@@ -106,7 +108,7 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
 
 
 def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int,
-                    mode: str, verify_schedule: str = "token") -> list[k3s.EntryOp]:
+                    mode: str, verify_schedule: str = "token", token_stages: int = 0) -> list[k3s.EntryOp]:
     name = layer.sym_name.data
     K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
     layout = layer.state_layout.data
@@ -135,8 +137,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
 
     def pool_kernel(suffix: str, body: list) -> k3s.KernelOp:
         """A kernel of one program per (value block, sequence, value head) over the pool rows."""
-        return make(k3s.KernelOp, body, sym_name=f"{name}_{suffix}", grid="value_block,sequence_head",
-                    num_warps=num_warps)
+        return token_kernel(body, f"{name}_{suffix}", num_warps, token_stages)
 
     chunked = verify_schedule == "chunked"
     if chunked:
@@ -213,6 +214,7 @@ class LowerSpeculativePass(ModulePass):
     num_warps: int = 4
     mode: str = "replay"  # or snapshot: the baseline of today's engines, for comparison
     verify: str = "token"  # or chunked: a round's drafts as one chunk of the chunkwise schedule
+    token_stages: int = 0  # > 0: the token and replay loops prefetch that many tokens ahead
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.mode not in ("replay", "snapshot"):
@@ -223,11 +225,12 @@ class LowerSpeculativePass(ModulePass):
             raise ValueError("lower-speculative: verify=chunked needs mode=replay (the snapshot baseline is token by token)")
         check_power_of_two("lower-speculative", "block-v", self.block_v)
         check_num_warps("lower-speculative", self.num_warps)
+        check_token_stages("lower-speculative", self.token_stages)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
             entry = speculative.parent_op()
             entries = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps, self.mode,
-                                      self.verify)
+                                      self.verify, self.token_stages)
             if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
                 prefix = entry.sym_name.data.removesuffix("speculative")
                 for new in entries:

@@ -528,9 +528,20 @@ class TritonPrinter:
         c = self.code
         c.comment(op, "the tokens of sequence i_n, in order")
         self.print_sequence_bounds()
-        c("for t in range(bos, eos):")
+        c(f"for t in {self.token_range(op, 'bos', 'eos')}:")
         with c.indent():
             self.print_ops(op)
+
+    @staticmethod
+    def token_range(op: Operation, start: str, stop: str) -> str:
+        """The loop over tokens: its kernel's num_stages asks Triton to prefetch the next tokens'
+        loads (it pipelines a loop without matrix products only when the loop itself says so)."""
+        kernel = op.parent_op()
+        while not isinstance(kernel, k3s.KernelOp):
+            kernel = kernel.parent_op()
+        if kernel.num_stages is None:
+            return f"range({start}, {stop})"
+        return f"tl.range({start}, {stop}, num_stages={kernel.num_stages.value.data})"
 
     def print_sequence_bounds(self) -> None:
         """bos, eos: the token range of sequence i_n (varlen: from cu_seqlens)."""
@@ -927,7 +938,7 @@ class TritonPrinter:
         c("# counts outside 0..DEPTH are clamped: the cache holds no more tokens; a slot outside the",
           "# pool reads nothing",
           "n_accepted = tl.minimum(tl.maximum(tl.load(accepted + i_n).to(tl.int64), 0), DEPTH)",
-          "for j in range(0, n_accepted):")
+          f"for j in {self.token_range(op, '0', 'n_accepted')}:")
         with c.indent():
             c("p_cache = ((i_slot * DEPTH + j) * HV + i_hv) * (2 * K + V)",
               f"b_k = tl.load({cache} + p_cache + o_k, mask=m_k & m_slot_k, other=0.0)",
