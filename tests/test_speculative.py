@@ -213,6 +213,17 @@ def test_fifty_rounds_do_not_drift(tmp_path, fused, fresh_seed):
     fifty_rounds(tmp_path, PIPELINE, fused, fresh_seed)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["verify_commit", "spec_step"])
+def test_prefetching_token_loops_do_not_drift(tmp_path, fused, fresh_seed):
+    """token-stages: the verify and replay loops print as Triton pipelined loops (prefetching the
+    next tokens' loads, a GPU-only difference) and compute the same rounds."""
+    pipeline = f"derive-replay{{draft-tokens={DEPTH}}},lower-speculative{{block-v=16 token-stages=2}}"
+    fifty_rounds(tmp_path, pipeline, fused, fresh_seed)
+    source = next(tmp_path.glob("*.py")).read_text()
+    assert source.count("for t in tl.range(bos, eos, num_stages=2):") == 2  # verify, spec_step
+    assert source.count("for j in tl.range(0, n_accepted, num_stages=2):") == 2  # commit, spec_step
+
+
 def test_worked_example_runs(tmp_path):
     """docs/speculative-decoding.md's example: a full draft/verify/accept loop, checked at the end."""
     import subprocess
