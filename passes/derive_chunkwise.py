@@ -43,7 +43,7 @@ def gram_diagonal(op: RecurrenceOp, sub_chunk: int) -> str:
     return "elementwise"
 
 
-def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, solve_block: int = 16) -> k3s.ChunkedOp:
+def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, solve_block: int = 1) -> k3s.ChunkedOp:
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
     gram = {"gate": gate, "sub_chunk": sub_chunk}
@@ -99,8 +99,9 @@ class DeriveChunkwisePass(ModulePass):
     chunk_size: int = 16
     sub_chunk: int = 16
     # rows of the triangular solve's diagonal blocks solved row by row; the rest by products of
-    # nilpotent factors (1: all of it by products, tensor-core dots instead of a serial loop)
-    solve_block: int = 16
+    # nilpotent factors. 1: all of it by products, tensor-core dots instead of a serial loop:
+    # the prepare 1.6x faster on the H200 than 16 (B1 T8192 H96: 0.75 vs 1.20 ms; bench/RESULTS.md)
+    solve_block: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.chunk_size <= 0 or self.sub_chunk <= 0 or self.solve_block <= 0:

@@ -52,9 +52,9 @@ class DeriveSegmentScanPass(ModulePass):
     """Add a `segment_scan` entry holding the segment-scan schedule of every k3.recurrence."""
 
     name = "derive-segment-scan"
-    # the context-parallel path was measured with chunks of 32 (bench/RESULTS.md, third session);
-    # derive-chunkwise's 16 is not measured here yet (twice the steps of every summary scan)
-    chunk_size: int = 32
+    # chunks of 16 as derive-chunkwise: on the H200 at B1 T131072 H16 the plain entry 10.3 ms vs
+    # 13.7 and the best split 9.0 vs 9.5 ms with chunks of 32 (bench/RESULTS.md, fifth session)
+    chunk_size: int = 16
     sub_chunk: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

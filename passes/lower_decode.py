@@ -38,9 +38,12 @@ class LowerDecodePass(ModulePass):
     """Add a `decode` entry (token stages over a slot-indexed state pool, in place)."""
 
     name = "lower-decode"
-    block_v: int = 32
+    # the fastest of block-v 16/32/64 x num-warps 2/4/8 x token-stages 0/3 on the H200 at B = 64 and
+    # 256 (H32 K = V = 128): B = 256 at 93% of the copy bandwidth, 278 us vs 305 (32, 4, 0);
+    # bench/RESULTS.md, fifth session
+    block_v: int = 64
     num_warps: int = 4
-    token_stages: int = 0  # > 0: the token loop prefetches that many tokens ahead
+    token_stages: int = 3  # > 0: the token loop prefetches that many tokens ahead
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_power_of_two("lower-decode", "block-v", self.block_v)

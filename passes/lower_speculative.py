@@ -210,11 +210,14 @@ class LowerSpeculativePass(ModulePass):
     """Replace every `speculative` entry by its `verify`, `commit` and (replay mode) `spec_step` entries."""
 
     name = "lower-speculative"
-    block_v: int = 32
-    num_warps: int = 4
+    # the fastest rounds of block-v 16/32/64 x num-warps 2/4/8 x token-stages 0/3 on the H200 at
+    # B = 64 and 256, n = 1 and 8 (H32 K = V = 128): spec_step at B = 256, n = 8 758 us vs 1188 with
+    # (32, 4, 0); bench/RESULTS.md, fifth session
+    block_v: int = 64
+    num_warps: int = 2
     mode: str = "replay"  # or snapshot: the baseline of today's engines, for comparison
     verify: str = "token"  # or chunked: a round's drafts as one chunk of the chunkwise schedule
-    token_stages: int = 0  # > 0: the token and replay loops prefetch that many tokens ahead
+    token_stages: int = 3  # > 0: the token and replay loops prefetch that many tokens ahead
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.mode not in ("replay", "snapshot"):

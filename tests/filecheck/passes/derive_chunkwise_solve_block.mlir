@@ -1,8 +1,8 @@
 // derive-chunkwise{solve-block=N}: the rows of the triangular solve's diagonal blocks solved row
 // by row (the rest by products of nilpotent factors); at most the chunk.
 // RUN: k3c opt %s -p 'derive-chunkwise' | filecheck %s --check-prefix=DEFAULT
-// RUN: k3c opt %s -p 'derive-chunkwise{solve-block=1}' | filecheck %s --check-prefix=ONE
-// RUN: k3c opt %s -p 'derive-chunkwise{chunk-size=4}' | filecheck %s --check-prefix=CHUNK
+// RUN: k3c opt %s -p 'derive-chunkwise{solve-block=16}' | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p 'derive-chunkwise{chunk-size=4 solve-block=16}' | filecheck %s --check-prefix=CHUNK
 // RUN: not k3c opt %s -p 'derive-chunkwise{solve-block=0}' 2>&1 | filecheck %s --check-prefix=BAD
 
 builtin.module {
@@ -10,7 +10,7 @@ builtin.module {
 }
 
 // DEFAULT: k3s.chunked <chunk_size = 16>
-// DEFAULT: k3s.forward_substitution <block = 16>
-// ONE: k3s.forward_substitution <block = 1>
+// DEFAULT: k3s.forward_substitution <block = 1>
+// ROWS: k3s.forward_substitution <block = 16>
 // CHUNK: k3s.forward_substitution <block = 4>
 // BAD: k3c opt: error: pipeline {{.*}}: derive-chunkwise: chunk-size, sub-chunk and solve-block must be positive, got 16, 16, 0

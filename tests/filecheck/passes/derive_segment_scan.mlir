@@ -68,7 +68,7 @@ builtin.module {
 // SPEC:         k3s.segment_scan {
 // SPEC-NEXT:      k3s.segment_summary <transition = diagonal>
 // SPEC-NEXT:      k3s.summary_combine <transition = diagonal>
-// SPEC-NEXT:      k3s.chunked <chunk_size = 32> {
+// SPEC-NEXT:      k3s.chunked <chunk_size = 16> {
 
 // ZERO-NOT: {{\n}}
 // ZERO: {{^}}k3c opt: error: pipeline 'derive-segment-scan{chunk-size=0}': derive-segment-scan: chunk-size and sub-chunk must be positive, got 0, 16{{$}}

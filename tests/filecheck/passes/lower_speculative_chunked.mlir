@@ -17,13 +17,13 @@ builtin.module {
 // CHECK-DAG: k3s.tensor_arg @state <shape = "P,4,8,16", dtype = state, role = input>
 // CHECK-DAG: k3s.tensor_arg @cache <shape = "P,4,4,32", dtype = float32, role = inout>
 // CHECK-DAG: k3s.tensor_arg @W <shape = "B,T,4,8", dtype = float32, role = workspace>
-// CHECK: k3s.kernel @gdn_verify_prepare <grid = "chunk,value_head", num_warps = 4, dots = fp32>
+// CHECK: k3s.kernel @gdn_verify_prepare <grid = "chunk,value_head", num_warps = 2, dots = fp32>
 // CHECK-NEXT: k3s.chunk_tile <chunk_size = 16
 // CHECK-NOT: k3s.chunk_decay
 // CHECK-NOT: anchor = end
 // CHECK: k3s.spill <value = U>
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.kernel @gdn_verify <grid = "value_block,sequence_head", num_warps = 4, num_stages = 1, dots = fp32>
+// CHECK-NEXT: k3s.kernel @gdn_verify <grid = "value_block,sequence_head", num_warps = 2, num_stages = 1, dots = fp32>
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
 // CHECK: k3s.delta_residual
