@@ -185,8 +185,8 @@ def test_auto_segments(compile_layer, monkeypatch):
     assert torch.equal(o_auto, o_plain) and torch.equal(s_auto, s_plain)
     assert cp.auto_segments([3 * C + 2, 2 * C], torch.device("cpu")) == 1
     monkeypatch.setattr(cp, "PROGRAMS_PER_SM", 64)
-    monkeypatch.setattr(cp, "MIN_SEGMENT_CHUNKS", 1)
-    # min(64 programs // (2 sequences * 2 value heads), the longest has 3 whole chunks)
+    monkeypatch.setattr(cp, "MIN_SEGMENT_TOKENS", C)
+    # min(64 programs // (2 sequences * 2 value heads), the longest holds 3 segments of C tokens)
     assert cp.auto_segments([3 * C + 2, 2 * C], torch.device("cpu")) == 3
     check_against_recurrence(layer, inputs, layer.chunk(**inputs, output_final_state=True, segments="auto"), "auto")
 

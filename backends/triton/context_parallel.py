@@ -82,11 +82,12 @@ class _ContextParallel:
                              f"got {segments!r}")
 
     # segments="auto": scan programs for PROGRAMS_PER_SM per multiprocessor (the scan kernel holds
-    # two per SM on the H200), and segments of at least MIN_SEGMENT_CHUNKS chunks: on the H200
-    # (bench/RESULTS.md) segments of 512 chunks paid (B1 T131072 H16, P = 8: 9.5 ms vs 13.7 plain),
-    # of 128 did not (B2 T16384, P = 4: 3.3 ms vs 2.3): the summary's scans and the combine cost more
+    # two per SM on the H200), and segments of at least MIN_SEGMENT_TOKENS tokens: on the H200
+    # (bench/RESULTS.md, fifth session, chunks of 16) segments of 16384 tokens paid (B1 T131072 H16,
+    # P = 8: 7.6 ms vs 9.2 plain), of 8192 did not at B2 T16384 (P = 2: 3.4 ms vs 1.4): the
+    # summary's scans and the combine cost more than a short scan saves
     PROGRAMS_PER_SM = 2
-    MIN_SEGMENT_CHUNKS = 512
+    MIN_SEGMENT_TOKENS = 16384
 
     def auto_segments(self, lengths, device, dtype=None):
         """P for segments='auto': the tuned P of this call's bucket (k3c tune), else the heuristic:
@@ -98,7 +99,7 @@ class _ContextParallel:
                 return tuned["P"]
         processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         P = max(1, self.PROGRAMS_PER_SM * processors // max(1, len(lengths) * self.scan_programs))
-        return max(1, min(P, max(lengths, default=0) // (self.MIN_SEGMENT_CHUNKS * self.chunk_size)))
+        return max(1, min(P, max(lengths, default=0) // self.MIN_SEGMENT_TOKENS))
 
     # --- segments on one device -----------------------------------------------------------------
 
