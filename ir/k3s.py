@@ -127,6 +127,9 @@ class CheckpointArgOp(KeywordSyntax):
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
 
+KERNEL_DOTS = ("fp32", "tf32x3")
+
+
 @irdl_op_definition
 class KernelOp(KeywordSyntax):
     """One GPU kernel: a grid of programs, each running the stages of its body in order.
@@ -142,7 +145,8 @@ class KernelOp(KeywordSyntax):
     num_stages = opt_prop_def(IntegerAttr[I64])  # software-pipelining depth of its loops (Triton's default if absent)
     # the operands of its chunk stages' matrix products: absent, those of the input dtype (bf16
     # tensor cores for bf16 inputs); fp32: exact fp32 whatever the inputs (the chunked verify,
-    # whose products feed the committed state)
+    # whose products feed the committed state); tf32x3: fp32-accurate products on tensor cores
+    # (three tf32 products: a x b ~ ah bh + ah bl + al bh)
     dots = opt_prop_def(StringAttr)
     # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
     maxnreg = opt_prop_def(IntegerAttr[I64])
@@ -151,7 +155,7 @@ class KernelOp(KeywordSyntax):
 
     def verify_(self) -> None:
         if self.dots is not None:
-            _choice(self, "dots", ("fp32",))
+            _choice(self, "dots", KERNEL_DOTS)
         warps = self.num_warps.value.data
         if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
             raise VerifyException(

@@ -67,7 +67,7 @@ def verify_chunk_size(depth: int) -> int:
 
 
 def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v: int, num_warps: int,
-                   buffer: str, name: str) -> tuple[list, k3s.KernelOp, k3s.KernelOp]:
+                   buffer: str, name: str, dots: str) -> tuple[list, k3s.KernelOp, k3s.KernelOp]:
     """derive-chunkwise's schedule of one chunk from the pool row, split by fuse-chunkwise: (its
     workspaces, the prepare kernel, the scan kernel with its pool state tile and its chunk loop,
     which writes o and caches every row's k, log-decay and u into `buffer`)."""
@@ -98,17 +98,18 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     Rewriter.insert_op(clone(old_tile, home="pool", block_v=block_v), InsertPoint.before(old_tile))
     old_tile.detach()
     old_tile.erase()
-    # fp32 products and workspaces whatever the inputs: the cached u are the committed state's
-    # updates (a chunk of n <= 64 tokens costs little in fp32 next to the state traffic)
+    # fp32-accurate products (`dots`: exact fp32, or 3xTF32 on tensor cores) and fp32 workspaces
+    # whatever the inputs: the cached u are the committed state's updates
     for kernel, kernel_name in ((prepare, f"{name}_prepare"), (scan, name)):
-        kernel.properties.update(props(sym_name=kernel_name, dots="fp32"))
+        kernel.properties.update(props(sym_name=kernel_name, dots=dots))
     for workspace in workspaces:
         workspace.properties.update(props(dtype="float32"))
     return workspaces, prepare, scan
 
 
 def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int,
-                    mode: str, verify_schedule: str = "token", token_stages: int = 0) -> list[k3s.EntryOp]:
+                    mode: str, verify_schedule: str = "token", token_stages: int = 0,
+                    verify_dots: str = "fp32") -> list[k3s.EntryOp]:
     name = layer.sym_name.data
     K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
     layout = layer.state_layout.data
@@ -142,7 +143,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
     chunked = verify_schedule == "chunked"
     if chunked:
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   "cache", f"{name}_verify")
+                                                   "cache", f"{name}_verify", verify_dots)
         verify_kernels = [*workspaces, prepare, scan]
     else:
         verify_kernels = [pool_kernel("verify", [tile(), make(k3s.TokenLoopOp, verify_stages)])]
@@ -176,7 +177,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
     committed = [clone(replay, buffer="cache"), make(k3s.StoreStateOp, layout=layout, home="pool")]
     if chunked:  # the prepare reads only the inputs; the scan commits the row, then verifies from it
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   "next_cache", f"{name}_spec_step")
+                                                   "next_cache", f"{name}_spec_step", verify_dots)
         Rewriter.insert_op(committed, InsertPoint.after(next(op for op in scan.body.ops
                                                              if isinstance(op, k3s.StateTileOp))))
         step_kernels = [*workspaces, prepare, scan]
@@ -218,12 +219,20 @@ class LowerSpeculativePass(ModulePass):
     mode: str = "replay"  # or snapshot: the baseline of today's engines, for comparison
     verify: str = "token"  # or chunked: a round's drafts as one chunk of the chunkwise schedule
     token_stages: int = 3  # > 0: the token and replay loops prefetch that many tokens ahead
+    # the chunked verify's products: fp32 (exact, FMA: its scan kernel took 9.7 ms at B = 256 on
+    # the H200) or tf32x3 (fp32-accurate on tensor cores; not yet timed on the GPU)
+    verify_dots: str = "fp32"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.mode not in ("replay", "snapshot"):
             raise ValueError(f"lower-speculative: mode must be replay or snapshot, got {self.mode!r}")
         if self.verify not in ("token", "chunked"):
             raise ValueError(f"lower-speculative: verify must be token or chunked, got {self.verify!r}")
+        if self.verify_dots not in k3s.KERNEL_DOTS:
+            raise ValueError(f"lower-speculative: verify-dots must be {' or '.join(k3s.KERNEL_DOTS)}, "
+                             f"got {self.verify_dots!r}")
+        if self.verify_dots != "fp32" and self.verify != "chunked":
+            raise ValueError("lower-speculative: verify-dots applies to verify=chunked (the token verify has no products)")
         if self.verify == "chunked" and self.mode != "replay":
             raise ValueError("lower-speculative: verify=chunked needs mode=replay (the snapshot baseline is token by token)")
         check_power_of_two("lower-speculative", "block-v", self.block_v)
@@ -233,7 +242,7 @@ class LowerSpeculativePass(ModulePass):
         for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
             entry = speculative.parent_op()
             entries = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps, self.mode,
-                                      self.verify, self.token_stages)
+                                      self.verify, self.token_stages, self.verify_dots)
             if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
                 prefix = entry.sym_name.data.removesuffix("speculative")
                 for new in entries:

@@ -192,6 +192,17 @@ def test_fifty_chunked_rounds_do_not_drift(tmp_path, fused, fresh_seed):
     fifty_rounds(tmp_path, CHUNKED, fused, fresh_seed)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["verify_commit", "spec_step"])
+def test_tf32x3_products_do_not_drift(tmp_path, fused, fresh_seed):
+    """verify-dots=tf32x3: every product of the chunked verify (prepare and scan, the triangular
+    inverse too) through three tf32 products; 50 rounds stay at fp32 rounding all the same."""
+    pipeline = CHUNKED.replace("verify=chunked", "verify=chunked verify-dots=tf32x3")
+    fifty_rounds(tmp_path, pipeline, fused, fresh_seed)
+    source = next(tmp_path.glob("*.py")).read_text()
+    kernels = source[source.index("@triton.jit\ndef drift_verify_prepare_kernel"):source.index("\ndef spec_step(")]
+    assert "_mm_tf32x3(" in kernels and "_mm(" not in kernels and "_mm_accurate(" not in kernels
+
+
 @pytest.mark.parametrize("depth", [8, 20])
 def test_deeper_rounds_round_up_to_a_chunk(tmp_path, depth, fresh_seed):
     """n = 8 verifies as a chunk of 16, n = 20 as one of 32: the same outputs and cache as the
@@ -218,7 +229,9 @@ def test_chunked_verify_options_are_checked(tmp_path):
 
     spec = spec_from_table(recurrence_table("kda", "kv", H=1, HV=1, K=16, V=16, name="opts"))
     for options, message in (("verify=chunks", "verify must be token or chunked"),
-                             ("verify=chunked mode=snapshot", "needs mode=replay")):
+                             ("verify=chunked mode=snapshot", "needs mode=replay"),
+                             ("verify=chunked verify-dots=bf16", "verify-dots must be fp32 or tf32x3"),
+                             ("verify-dots=tf32x3", "verify-dots applies to verify=chunked")):
         with pytest.raises((ValueError, K3Error), match=message):
             compile_layer(spec, out_dir=tmp_path, pipeline=f"derive-replay,lower-speculative{{{options}}}")
     with pytest.raises((ValueError, K3Error), match="draft-tokens <= 64"):

@@ -105,6 +105,13 @@ def _mm(a, b, DOT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _mm_tf32x3(a, b, DOT_BF16: tl.constexpr):
+    """a @ b of fp32 operands to about fp32 accuracy on tensor cores (three tf32 products), for
+    kernels whose products must be fp32-accurate (dots = tf32x3); DOT_BF16 is not read."""
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+
+
+@triton.jit
 def _mm_accurate(a, b, DOT_BF16: tl.constexpr):
     """a @ b for fp32 intermediates (the triangular inverse): tf32 tensor cores next to bf16
     data, whose rounding is coarser; exact fp32 otherwise."""

@@ -8,6 +8,8 @@
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative{verify=chunked}' | k3c opt - | filecheck %s
 // RUN: not k3c opt %s -p 'derive-replay,lower-speculative{verify=chunks}' 2>&1 | filecheck %s --check-prefix=BADVERIFY
 // RUN: not k3c opt %s -p 'derive-replay{draft-tokens=65},lower-speculative{verify=chunked}' 2>&1 | filecheck %s --check-prefix=DEEP
+// verify-dots=tf32x3: the same kernels with fp32-accurate tensor-core products
+// RUN: k3c opt %s -p 'derive-replay{draft-tokens=4},lower-speculative{verify=chunked verify-dots=tf32x3}' | filecheck %s --check-prefix=TF32X3
 
 builtin.module {
   k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 8, head_v_dim = 16, scale = 0.5, state_layout = kv, dtype = float32>
@@ -51,3 +53,6 @@ builtin.module {
 
 // BADVERIFY: {{^}}k3c opt: error: {{.*}}verify must be token or chunked, got 'chunks'{{.*$}}
 // DEEP: {{^}}k3c opt: error: {{.*}}verify=chunked needs draft-tokens <= 64, got 65{{.*$}}
+
+// TF32X3: k3s.kernel @gdn_verify_prepare <grid = "chunk,value_head", num_warps = 2, dots = tf32x3>
+// TF32X3: k3s.kernel @gdn_verify <grid = "value_block,sequence_head", num_warps = 2, num_stages = 1, dots = tf32x3>
