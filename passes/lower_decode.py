@@ -24,8 +24,8 @@ from k3compile.passes.common import (
     check_token_stages,
     make,
     recurrence_arguments,
-    token_kernel,
     recurrence_state_shape,
+    token_kernel,
 )
 from k3compile.passes.lower_recurrent import recurrent_stages
 
