@@ -74,10 +74,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def make_slice(torch, seed, B, T, H, HV, K, V, device, dtype):
+def make_slice(torch, seed, B, T, H, HV, K, V, device, dtype, gate_scale=1.0):
     """Random KDA inputs (fla layouts) drawn on the device: q, k L2-normalised; g fp32
-    logsigmoid(randn) clamped at -5; beta sigmoid(randn); initial_state randn * 0.1 fp32.
-    A stream drawn as slices with seeds seed, seed + 1, ... is the same whatever the ranks."""
+    logsigmoid(randn) clamped at -5, times gate_scale; beta sigmoid(randn); initial_state
+    randn * 0.1 fp32. A stream drawn as slices with seeds seed, seed + 1, ... is the same
+    whatever the ranks."""
     import torch.nn.functional as F
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -89,15 +90,15 @@ def make_slice(torch, seed, B, T, H, HV, K, V, device, dtype):
         q=F.normalize(randn(B, T, H, K), dim=-1).to(dtype),
         k=F.normalize(randn(B, T, H, K), dim=-1).to(dtype),
         v=randn(B, T, HV, V).to(dtype),
-        g=F.logsigmoid(randn(B, T, HV, K)).clamp(min=-5.0).float(),
+        g=(F.logsigmoid(randn(B, T, HV, K)).clamp(min=-5.0) * gate_scale).float(),
         beta=torch.sigmoid(randn(B, T, HV)).to(dtype),
         initial_state=(randn(B, HV, K, V) * 0.1).float(),
     )
 
 
-def stream(torch, seed, slices, T_slice, H, HV, K, V, device, dtype):
+def stream(torch, seed, slices, T_slice, H, HV, K, V, device, dtype, gate_scale=1.0):
     """The B = 1 stream of `slices` slices of T_slice tokens; initial_state of slice 0."""
-    parts = [make_slice(torch, seed + r, 1, T_slice, H, HV, K, V, device, dtype) for r in range(slices)]
+    parts = [make_slice(torch, seed + r, 1, T_slice, H, HV, K, V, device, dtype, gate_scale) for r in range(slices)]
     out = {n: torch.cat([p[n] for p in parts], dim=1) for n in ("q", "k", "v", "g", "beta")}
     out["initial_state"] = parts[0]["initial_state"]
     return out
@@ -258,8 +259,12 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
         return module.chunk(**inp, output_final_state=True, cp_group=group, segments=args.rank_segments)
 
     row = dict(world=world, T=total, T_per_rank=total // world, rank_segments=args.rank_segments)
-    # the check: every rank's slice of the CP result against the plain entry on the whole stream
-    full = stream(torch, args.seed, world, check_total // world, H, HV, K, V, device, dtype)
+    # the check: every rank's slice of the CP result against the plain entry on the whole stream,
+    # with gates slow enough (a decay of about e^-1.6 over a rank's tokens) that the state entering
+    # a rank still holds the stream's initial state: with the timed inputs' gates it has decayed to
+    # zero there, and the check could not see the transition M of the combine
+    full = stream(torch, args.seed, world, check_total // world, H, HV, K, V, device, dtype,
+                  gate_scale=2.0 * world / check_total)
     o, s = ours(mine(full, check_total // world))
     ref_o, ref_s = module._chunk_single(**full, output_final_state=True)
     T = check_total // world
