@@ -107,9 +107,10 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     return workspaces, prepare, scan
 
 
-def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v: int, num_warps: int,
-                    mode: str, verify_schedule: str = "token", token_stages: int = 0,
-                    verify_dots: str = "fp32") -> list[k3s.EntryOp]:
+def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
+                    options: LowerSpeculativePass) -> list[k3s.EntryOp]:
+    """verify, commit and (replay mode) spec_step of one layer, with the pass's options."""
+    block_v, num_warps, mode = options.block_v, options.num_warps, options.mode
     name = layer.sym_name.data
     K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
     layout = layer.state_layout.data
@@ -138,12 +139,12 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
 
     def pool_kernel(suffix: str, body: list) -> k3s.KernelOp:
         """A kernel of one program per (value block, sequence, value head) over the pool rows."""
-        return token_kernel(body, f"{name}_{suffix}", num_warps, token_stages)
+        return token_kernel(body, f"{name}_{suffix}", num_warps, options.token_stages)
 
-    chunked = verify_schedule == "chunked"
+    chunked = options.verify == "chunked"
     if chunked:
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   "cache", f"{name}_verify", verify_dots)
+                                                   "cache", f"{name}_verify", options.verify_dots)
         verify_kernels = [*workspaces, prepare, scan]
     else:
         verify_kernels = [pool_kernel("verify", [tile(), make(k3s.TokenLoopOp, verify_stages)])]
@@ -177,7 +178,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp, block_v
     committed = [clone(replay, buffer="cache"), make(k3s.StoreStateOp, layout=layout, home="pool")]
     if chunked:  # the prepare reads only the inputs; the scan commits the row, then verifies from it
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   "next_cache", f"{name}_spec_step", verify_dots)
+                                                   "next_cache", f"{name}_spec_step", options.verify_dots)
         Rewriter.insert_op(committed, InsertPoint.after(next(op for op in scan.body.ops
                                                              if isinstance(op, k3s.StateTileOp))))
         step_kernels = [*workspaces, prepare, scan]
@@ -241,8 +242,7 @@ class LowerSpeculativePass(ModulePass):
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
             entry = speculative.parent_op()
-            entries = serving_entries(layers[entry.source.data], speculative, self.block_v, self.num_warps, self.mode,
-                                      self.verify, self.token_stages, self.verify_dots)
+            entries = serving_entries(layers[entry.source.data], speculative, self)
             if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
                 prefix = entry.sym_name.data.removesuffix("speculative")
                 for new in entries:
