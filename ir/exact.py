@@ -42,7 +42,8 @@ class ExactInputs:
                            self.beta[start:end], self.S0 if S0 is None else S0, self.scale)
 
 
-def random_inputs(rng, length: int, K: int, V: int, gate: str) -> ExactInputs:
+def random_inputs(rng, length: int, K: int, V: int, gate: str, beta_max: int = 1) -> ExactInputs:
+    """Random rationals for one value head; beta in (0, beta_max) (2: negative eigenvalues)."""
     def rational(low: int, high: int, den: int = 7) -> Rational:
         # nonzero numerators from a range 8x wider: a wrong schedule agrees with the recurrence
         # only at roots of their difference, which a wide draw hits rarely (Schwartz-Zippel); with
@@ -65,7 +66,7 @@ def random_inputs(rng, length: int, K: int, V: int, gate: str) -> ExactInputs:
         k=Matrix(length, K, lambda *_: rational(-5, 5)),
         v=Matrix(length, V, lambda *_: rational(-5, 5)),
         a=a,
-        beta=[fraction() for _ in range(length)],
+        beta=[beta_max * fraction() for _ in range(length)],
         S0=Matrix(K, V, lambda *_: rational(-3, 3)),
         scale=Rational(1, 2),
     )

@@ -14,15 +14,9 @@ from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, traits_def
 from xdsl.traits import SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
+from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GATES, GLU_ACTIVATIONS, STATE_LAYOUTS
 from k3compile.ir.syntax import KeywordSyntax
 
-GATES = ("channel", "scalar", "none")
-STATE_LAYOUTS = ("kv", "vk")
-DTYPES = ("bfloat16", "float16", "float32")
-GLU_ACTIVATIONS = ("swiglu", "situ_glu")
-# g as given (log-decay), -exp(A_log) softplus(g + dt_bias), or lower_bound sigmoid(exp(A_log) (g + dt_bias))
-GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
-BETA_INPUTS = ("probability", "logits")  # beta itself, or sigmoid(beta)
 
 
 def _int(op, name: str) -> int:
@@ -67,7 +61,8 @@ class RecurrenceOp(KeywordSyntax):
     gate_input log takes g as the log-decay, clamped takes max(g, gate_lower_bound) (fla's
     safe_gate contract, enforced), softplus computes g = -exp(A_log) softplus(g + dt_bias),
     bounded g = gate_lower_bound sigmoid(exp(A_log) (g + dt_bias)); beta_input logits
-    takes beta = sigmoid(beta).
+    takes beta = sigmoid(beta), logits_neg_eigval beta = 2 sigmoid(beta) (in (0, 2): the
+    transition I - beta k k^T may have a negative eigenvalue, fla's allow_neg_eigval).
     """
 
     name = "k3.recurrence"

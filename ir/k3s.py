@@ -33,15 +33,14 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
+from k3compile.ir.choices import BETA_INPUTS, GATE_INPUTS, STATE_LAYOUTS
+from k3compile.ir.choices import GATES as CHUNK_GATES  # chunk stages exist with any gate
 from k3compile.ir.syntax import KeywordSyntax
 
 ARG_DTYPES = ("float", "float32", "offsets", "state", "index")
 ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace", "inout", "combined")
-STATE_LAYOUTS = ("kv", "vk")
 GATES = ("channel", "scalar")
 TOKEN_TENSORS = ("q", "k", "v")
-GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
-BETA_INPUTS = ("probability", "logits")
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
@@ -403,7 +402,6 @@ GATE_ANCHORS = ("start", "end")
 # factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or elementwise
 # (exp of differences, exponents <= 0 for any gate)
 GRAM_DIAGONALS = ("factored", "elementwise")
-CHUNK_GATES = ("channel", "scalar", "none")
 
 
 @irdl_op_definition
@@ -496,7 +494,8 @@ class LoadGateOp(KeywordSyntax):
 
 @irdl_op_definition
 class LoadBetaOp(KeywordSyntax):
-    """Load beta into registers: as given (probability) or sigmoid(beta) (logits)."""
+    """Load beta into registers: as given (probability), sigmoid(beta) (logits) or 2 sigmoid(beta)
+    (logits_neg_eigval)."""
 
     name = "k3s.load_beta"
     input = prop_def(StringAttr)

@@ -47,8 +47,11 @@ def recurrence_inputs(op, q, k, g, beta, A_log=None, dt_bias=None):
                 g = op.input_option("gate_lower_bound") * torch.sigmoid(a * (g + bias))
     if beta is not None:
         beta = beta.to(device, f64)
-        if op.input_option("beta_input") == "logits":
+        form = op.input_option("beta_input")
+        if form == "logits":
             beta = torch.sigmoid(beta)
+        elif form == "logits_neg_eigval":
+            beta = 2 * torch.sigmoid(beta)
     return q, k, g, beta
 
 

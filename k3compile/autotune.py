@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from k3compile.errors import K3Error
+from k3compile.ir.choices import DTYPES
 
 TUNED_ENTRY = "chunk"  # the entry whose schedule choices are tuned
 
@@ -71,7 +72,6 @@ SEGMENTS: tuple[int, ...] = (2, 4, 8, 16)
 
 DEFAULT_CHECK_SHAPE = None  # (B, T) of the reference check; None: check_shape_for(the target)
 BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40  # triton.testing.do_bench per candidate
-DTYPES = ("bfloat16", "float16", "float32")
 
 
 class TuningError(K3Error):
@@ -375,7 +375,7 @@ def timing_inputs(layer_op, batch: int, tokens: int, dtype, device: str, seed: i
             inputs["g"] = F.logsigmoid(randn(*shape)).clamp(min=lower)
     if layer_op.delta_rule.value.data:
         beta = randn(batch, tokens, HV)
-        inputs["beta"] = beta if layer_op.input_option("beta_input") == "logits" else torch.sigmoid(beta)
+        inputs["beta"] = beta if layer_op.input_option("beta_input") != "probability" else torch.sigmoid(beta)
     inputs = {name: x.to(dtype) for name, x in inputs.items()}
     state = (batch, HV, K, V) if layer_op.state_layout.data == "kv" else (batch, HV, V, K)
     inputs["initial_state"] = 0.5 * randn(*state)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,8 +103,6 @@ class CompiledLayer:
 
 
 def default_cache_dir() -> Path:
-    import os
-
     root = os.environ.get("K3C_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "k3compile")
     return Path(root) / "modules"
 
@@ -109,21 +110,33 @@ def default_cache_dir() -> Path:
 def compile(spec: LayerSpec | str | Path, out_dir: str | Path | None = None, pipeline: str | None = None) -> CompiledLayer:
     """Compile a layer spec (path or LayerSpec) and import the result.
 
-    Writes `<out_dir>/<name>.py` (default: a per-user cache folder) and returns a CompiledLayer
-    whose attributes are the module's entries, e.g. `layer.recurrent(q, k, v, g, beta)`.
+    Writes `<out_dir>/<name>.py`, or by default `<name>-<hash of the source>.py` in a per-user
+    cache folder (so layers of the same name never overwrite each other), and returns a
+    CompiledLayer whose attributes are the module's entries, e.g. `layer.recurrent(q, k, v, g, beta)`.
     Raises SpecError, IRError or UnsupportedError (all K3Error) with a one-line message.
     """
     compilation = lower(as_spec(spec), pipeline)
-    path = write_module(compilation, Path(out_dir) if out_dir is not None else default_cache_dir())
+    if out_dir is None:
+        digest = hashlib.sha256(compilation.source.encode()).hexdigest()[:16]
+        path = write_module(compilation, default_cache_dir(), f"{compilation.spec.name}-{digest}.py")
+    else:
+        path = write_module(compilation, Path(out_dir))
     return CompiledLayer(compilation, path)
 
 
-def write_module(compilation: Compilation, out_dir: str | Path) -> Path:
+def write_module(compilation: Compilation, out_dir: str | Path, file_name: str | None = None) -> Path:
+    """Write the module as out_dir/<name>.py (or file_name) atomically: a process that imports
+    it while another writes it sees the old file or the new one, never half of one."""
     out_dir = Path(out_dir)
-    path = out_dir / f"{compilation.spec.name}.py"
+    path = out_dir / (file_name or f"{compilation.spec.name}.py")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(compilation.source)
+        if path.exists() and path.read_text() == compilation.source:
+            return path
+        fd, scratch = tempfile.mkstemp(dir=out_dir, prefix=f".{path.stem}-", suffix=".tmp")
+        with os.fdopen(fd, "w") as stream:
+            stream.write(compilation.source)
+        os.replace(scratch, path)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write {path.name} there ({err.strerror})") from None
     return path

@@ -77,6 +77,15 @@ def derived(spec: LayerSpec, pipeline: str):
     return layer_op, module
 
 
+def proof_inputs(rng, layer_op, length: int):
+    """Exact random inputs of one value head for layer_op: beta in (0, 2) where its beta input
+    allows negative eigenvalues, so the proofs cover that range too."""
+    from k3compile.ir import exact
+
+    beta_max = 2 if layer_op.input_option("beta_input") == "logits_neg_eigval" else 1
+    return exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data, beta_max)
+
+
 def first_op(module, op_type):
     return next(op for op in module.walk() if isinstance(op, op_type))
 
@@ -93,7 +102,7 @@ def proved_at_lengths(spec: LayerSpec, pipeline: str, lengths: tuple[int, ...], 
     delta_rule = bool(layer_op.delta_rule.value.data)
     results = []
     for length in lengths:
-        x = exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data)
+        x = proof_inputs(rng, layer_op, length)
         results.append(checked(spec.name, pipeline, exact.token_recurrence(x, delta_rule), lambda: run(x)))
     return results
 
@@ -148,7 +157,7 @@ def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = 
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative{{verify=chunked}}"
     layer_op, module = derived(spec, pipeline)
     delta_rule = bool(layer_op.delta_rule.value.data)
-    x = exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data)
+    x = proof_inputs(rng, layer_op, draft_tokens)
     want_o, _ = exact.token_recurrence(x, delta_rule)
     buffers: dict[str, list] = {}
     try:
@@ -182,7 +191,7 @@ def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) ->
     layer_op, module = derived(spec, pipeline)
     speculative = first_op(module, k3s.SpeculativeOp)
     delta_rule = bool(layer_op.delta_rule.value.data)
-    x = exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data)
+    x = proof_inputs(rng, layer_op, draft_tokens)
     want_o, _ = exact.token_recurrence(x, delta_rule)
     got_o, _, cache = exact.run_verify(speculative, x)
     outputs_equal = (got_o - want_o).is_zero_matrix
@@ -216,7 +225,7 @@ def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None,
     layer_op, module = derived(spec, pipeline)
     kernel, commit = entry_kernels(module, "spec_step"), entry_kernels(module, "commit")
     delta_rule = bool(layer_op.delta_rule.value.data)
-    first, second = (exact.random_inputs(rng, draft_tokens, PROOF_K, PROOF_V, layer_op.gate.data) for _ in range(2))
+    first, second = (proof_inputs(rng, layer_op, draft_tokens) for _ in range(2))
     first_round = {"cache": []}
     try:
         got_o, left = exact.run_lowered_entry(kernel, first, first_round, 0)  # left: the row as round 1 leaves it
@@ -297,7 +306,7 @@ def prove_segment_scan(spec: LayerSpec, chunk_size: int, length: int | None = No
     if cuts is None:
         inner = rng.randrange(1, length - 1)
         cuts = [[], [1], sorted(rng.sample(range(1, length), 2)), [inner, inner + 1], list(range(1, length))]
-    x = exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data)
+    x = proof_inputs(rng, layer_op, length)
     want = exact.token_recurrence(x, bool(layer_op.delta_rule.value.data))
     for split in cuts:
         sizes = "+".join(str(end - start) for start, end in zip([0, *split], [*split, length]))

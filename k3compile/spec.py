@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from k3compile.errors import SpecError
+from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GLU_ACTIVATIONS, STATE_LAYOUTS
 
 REQUIRED = object()
 
@@ -19,9 +20,6 @@ RECURRENCE_KINDS = {
     "deltanet": {"gate": "none", "delta_rule": True},
     "gla": {"gate": "channel", "delta_rule": False},
 }
-DTYPES = ("bfloat16", "float16", "float32")
-GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
-BETA_INPUTS = ("probability", "logits")
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ _RECURRENCE_SCHEMA = {
     "head_v_dim": Key(int),
     "num_v_heads": Key(int, default=None),  # default: num_heads
     "scale": Key(float, default=None, minimum=0, exclusive=True),  # default: head_k_dim ** -0.5
-    "state_layout": Key(str, default="kv", choices=("kv", "vk")),
+    "state_layout": Key(str, default="kv", choices=STATE_LAYOUTS),
     "dtype": Key(str, default="bfloat16", choices=DTYPES),
     # what the kernels' inputs mean (fla's use_qk_l2norm_in_kernel, use_gate_in_kernel, beta as logits)
     "qk_l2norm": Key(bool, default=False),
@@ -71,7 +69,7 @@ SCHEMAS["latent_moe"] = {
     "expert_ffn_dim": Key(int),
     "num_shared_experts": Key(int, default=0, minimum=0),
     "shared_ffn_dim": Key(int, default=0, minimum=0),
-    "activation": Key(str, default="swiglu", choices=("swiglu", "situ_glu")),
+    "activation": Key(str, default="swiglu", choices=GLU_ACTIVATIONS),
     "norm_topk_prob": Key(bool, default=True),
     "routed_scaling_factor": Key(float, default=1.0, minimum=0, exclusive=True),
     "eps": Key(float, default=1e-6, minimum=0, exclusive=True),

@@ -117,7 +117,7 @@ def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dic
             inputs["dt_bias"] = 0.5 * randn(HV * K if gate == "channel" else HV)
     if layer_op.delta_rule.value.data:
         beta = randn(B, T, HV)
-        inputs["beta"] = beta if layer_op.input_option("beta_input") == "logits" else torch.sigmoid(beta)
+        inputs["beta"] = beta if layer_op.input_option("beta_input") != "probability" else torch.sigmoid(beta)
     inputs = {k: v.to(device, dtype) for k, v in inputs.items()}
     if case.initial_state:
         shape = (N, HV, K, V) if layer_op.state_layout.data == "kv" else (N, HV, V, K)
@@ -138,6 +138,9 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
     variants = [(spec, "")]
     if p["num_v_heads"] == p["num_heads"]:
         variants.append((variant(spec, "grouped", num_v_heads=2 * p["num_heads"]), "grouped value heads HV = 2H, "))
+    if RECURRENCE_KINDS[spec.kind]["delta_rule"] and p["beta_input"] != "logits_neg_eigval":
+        variants.append((variant(spec, "neg_eigval", beta_input="logits_neg_eigval"),
+                         "beta = 2 sigmoid(logits) (negative eigenvalues), "))
     K, V = not_power_of_two(p["head_k_dim"]), not_power_of_two(p["head_v_dim"])
     variants.append((variant(spec, "npow2", head_k_dim=K, head_v_dim=V, scale=K**-0.5), f"K={K} V={V}, "))
     # a bounded channel gate takes the other form of the chunked Grams' diagonal blocks (factored)

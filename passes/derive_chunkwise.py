@@ -27,13 +27,13 @@ from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.ir.choices import BOUNDED_GATE_INPUTS
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import add_entries, make, recurrence_arguments, recurrence_state_shape
 
 # the largest decay (nats) a factored diagonal block may span: exp(80) * |k| stays inside the
 # fp32 and bf16 range (exp(88.7)) for keys up to |k| ~ 1e3
 FACTORED_DECAY_LIMIT = 80.0
-BOUNDED_GATE_INPUTS = ("bounded", "clamped")  # g >= gate_lower_bound by construction
 
 
 def gram_diagonal(op: RecurrenceOp, sub_chunk: int) -> str:

@@ -42,6 +42,10 @@ CASES = [
     ("kda", "kv", dict(gate_input="clamped", gate_lower_bound=-2.0)),
     ("gla", "vk", dict(gate_input="clamped", gate_lower_bound=-1.0)),  # a bound the inputs often cross
     ("deltanet", "kv", dict(qk_l2norm=True, beta_input="logits")),
+    # negative eigenvalues (fla's allow_neg_eigval): beta = 2 sigmoid(logits) in (0, 2)
+    ("deltanet", "vk", dict(beta_input="logits_neg_eigval")),
+    ("kda", "kv", dict(qk_l2norm=True, gate_input="bounded", beta_input="logits_neg_eigval")),
+    ("gated_deltanet", "kv", dict(gate_input="softplus", beta_input="logits_neg_eigval")),
 ]
 
 
@@ -123,8 +127,9 @@ def hand_transformed(inputs: dict, options: dict) -> dict:
     elif options.get("gate_input", "log") != "log":
         out["g"] = hand_gate(inputs["g"], inputs["A_log"], inputs["dt_bias"], options["gate_input"],
                              options.get("gate_lower_bound", -5.0))
-    if options.get("beta_input") == "logits":
-        out["beta"] = 1.0 / (1.0 + torch.exp(-inputs["beta"].to(torch.float64)))
+    if options.get("beta_input", "probability") != "probability":
+        squashed = 1.0 / (1.0 + torch.exp(-inputs["beta"].to(torch.float64)))
+        out["beta"] = 2 * squashed if options["beta_input"] == "logits_neg_eigval" else squashed
     return out
 
 
@@ -174,11 +179,15 @@ def test_entries_match_plain_reference_on_hand_transformed_inputs(case, entry, f
         untransformed = hand_transformed(inputs, {**options, "qk_l2norm": False})
         other, _ = reference.recurrence(plain, **untransformed)
         assert rms_ratio(o, other) > 1e-2, "qk_l2norm must matter"
-    if options.get("beta_input") == "logits":
+    if options.get("beta_input", "probability") != "probability":  # applied once, and with its factor
+        form = options["beta_input"]
         twice = hand_transformed(inputs, options)
         twice["beta"] = torch.sigmoid(twice["beta"])
         other, _ = reference.recurrence(plain, **twice)
-        assert rms_ratio(o, other) > 1e-3, "beta_input = logits must be applied once"
+        assert rms_ratio(o, other) > 1e-3, f"beta_input = {form} must be applied once"
+        other_form = {"logits": "logits_neg_eigval", "logits_neg_eigval": "logits"}[form]
+        other, _ = reference.recurrence(plain, **hand_transformed(inputs, {**options, "beta_input": other_form}))
+        assert rms_ratio(o, other) > 1e-3, f"beta_input = {form} must differ from {other_form}"
     form = options.get("gate_input", "log")
     if form != "log":  # the other in-kernel form (or no clamp) gives other decays
         other_form = {"softplus": "bounded", "bounded": "softplus", "clamped": "log"}[form]
@@ -187,7 +196,7 @@ def test_entries_match_plain_reference_on_hand_transformed_inputs(case, entry, f
         assert rms_ratio(o, other) > 1e-3, f"gate_input = {form} must matter"
 
 
-VARLEN = [CASES[0], CASES[3], CASES[4]]
+VARLEN = [CASES[0], CASES[3], CASES[4], CASES[10]]
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -430,8 +439,17 @@ def test_spec_unknown_beta_input():
     assert "beta_input" in message and "probability" in message and "logits" in message
 
 
-def test_spec_beta_logits_needs_the_delta_rule():
-    assert "beta_input" in spec_error(recurrence_table("gla", beta_input="logits"))
+@pytest.mark.parametrize("form", ["logits", "logits_neg_eigval"])
+def test_spec_beta_logits_needs_the_delta_rule(form):
+    assert "beta_input" in spec_error(recurrence_table("gla", beta_input=form))
+
+
+def test_reference_negative_eigenvalue_beta_reaches_two():
+    """beta = 2 sigmoid(logits): large logits give beta near 2, so I - beta k k^T reflects a unit key."""
+    q = k = torch.nn.functional.normalize(torch.randn(1, 2, H, K), dim=-1)
+    g, beta = torch.zeros(1, 2, HV, K), torch.full((1, 2, HV), 30.0)
+    _, _, _, ref_beta = reference.recurrence_inputs(op_of("kda", beta_input="logits_neg_eigval"), q, k, g, beta)
+    assert torch.allclose(ref_beta, torch.full_like(ref_beta, 2.0))
 
 
 @pytest.mark.parametrize("bound", [0.0, 0, 1.5])

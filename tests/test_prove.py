@@ -54,6 +54,21 @@ def test_derived_schedule_proved_at_other_lengths(kind, chunk_size, fresh_seed):
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
 
 
+@pytest.mark.parametrize("kind", DELTA_KINDS)
+def test_negative_eigenvalue_schedules_proved_with_beta_up_to_two(kind, fresh_seed):
+    """beta_input = logits_neg_eigval: the proofs draw beta in (0, 2), so they cover the
+    transitions I - beta k k^T with a negative eigenvalue; chunkwise, fused, replay, segment scan."""
+    from k3compile.prove import proof_inputs, prove_segment_scan
+
+    spec = spec_from_table(recurrence_table(kind, beta_input="logits_neg_eigval", name=f"neg_{kind}"))
+    op = next(iter(spec_to_module(spec).ops))
+    betas = [b for _ in range(20) for b in proof_inputs(random.Random(fresh_seed), op, 8).beta]
+    assert max(betas) > 1 and min(betas) > 0 and max(betas) < 2
+    results = (prove_chunkwise(spec, 3, seed=fresh_seed) + prove_fused_chunkwise(spec, 3, seed=fresh_seed)
+               + prove_replay(spec, 3, seed=fresh_seed) + prove_segment_scan(spec, 3, seed=fresh_seed))
+    assert results and all(r.holds for r in results), [r.first_mismatch for r in results if not r.holds]
+
+
 def test_derived_schedule_proved_chunk_64(fresh_seed):
     """The production chunk size, for the richest member only (sympy is slow at 129 tokens)."""
     results = prove_chunkwise(spec_of("kda"), 64, seed=fresh_seed)

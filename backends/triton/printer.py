@@ -698,8 +698,9 @@ class TritonPrinter:
             self.code("b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)")
         else:
             self.code("b_beta = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)")
-        if op.input.data == "logits":
-            self.code("b_beta = tl.sigmoid(b_beta)" if per_token else "b_beta = tl.where(m_c, tl.sigmoid(b_beta), 0.0)")
+        if op.input.data != "probability":  # logits: sigmoid(beta); logits_neg_eigval: 2 sigmoid(beta)
+            beta = "2.0 * tl.sigmoid(b_beta)" if op.input.data == "logits_neg_eigval" else "tl.sigmoid(b_beta)"
+            self.code(f"b_beta = {beta}" if per_token else f"b_beta = tl.where(m_c, {beta}, 0.0)")
 
     def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")

@@ -12,6 +12,8 @@
 // Each option on its own: only its load stage changes.
 // RUN: sed 's/qk_l2norm = true, gate_input = softplus, beta_input = logits/qk_l2norm = true/' %s | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=L2ONLY
 // RUN: sed 's/qk_l2norm = true, gate_input = softplus, beta_input = logits/beta_input = logits/' %s | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=BETAONLY
+// Negative eigenvalues (beta = 2 sigmoid(beta), fla's allow_neg_eigval): only load_beta says so.
+// RUN: sed 's/qk_l2norm = true, gate_input = softplus, beta_input = logits/beta_input = logits_neg_eigval/' %s | k3c opt - -p lower-recurrent | filecheck %s --check-prefix=NEGEIG
 
 builtin.module {
   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 32, scale = 0.25, state_layout = kv, dtype = bfloat16, qk_l2norm = true, gate_input = softplus, beta_input = logits>
@@ -101,3 +103,8 @@ builtin.module {
 // BETAONLY-NEXT: k3s.decay <gate = channel>
 // BETAONLY-NEXT: k3s.load_beta <input = logits>
 // BETAONLY-NEXT: k3s.delta_correct
+
+// NEGEIG:      k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
+// NEGEIG-NEXT: k3s.decay <gate = channel>
+// NEGEIG-NEXT: k3s.load_beta <input = logits_neg_eigval>
+// NEGEIG-NEXT: k3s.delta_correct

@@ -47,7 +47,7 @@ builtin.module {
 // GATEVALUE-NOT: {{.}}
 
 // BETAVALUE-NOT: {{\n}}
-// BETAVALUE: {{^}}k3c opt: error: <stdin>: k3.recurrence @r: {{.*}}beta_input one of probability, logits; got 'softplus', 'sigmoid'{{$}}
+// BETAVALUE: {{^}}k3c opt: error: <stdin>: k3.recurrence @r: {{.*}}beta_input one of probability, logits, logits_neg_eigval; got 'softplus', 'sigmoid'{{$}}
 // BETAVALUE-NOT: {{.}}
 
 // L2BOOL-NOT: {{\n}}

@@ -65,7 +65,7 @@ builtin.module {
 // GATENONE-NOT: {{.}}
 
 // BETAINPUT-NOT: {{\n}}
-// BETAINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_beta: input must be one of probability, logits; got 'sigmoid'{{$}}
+// BETAINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_beta: input must be one of probability, logits, logits_neg_eigval; got 'sigmoid'{{$}}
 // BETAINPUT-NOT: {{.}}
 
 // NOBOUND-NOT: {{\n}}
