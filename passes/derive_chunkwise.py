@@ -12,7 +12,8 @@ Unrolling the recurrence over a chunk of C tokens, the stages that exist follow 
   the chunk's start (QG), the keys decayed until its end (KG) and the chunk's decay gamma_C are
   chunk-local, so they are computed with the other chunk-local stages, not in the state pass.
 - a channel gate's Gram blocks on the diagonal factor into two tensor-core operands only when
-  the gate is bounded below (sub_chunk tokens of decay must fit the fp32/bf16 exponent range);
+  the gate is bounded below (sub_chunk tokens of decay must fit the fp32/bf16 exponent range, in
+  which backends form them for any input dtype);
   otherwise they are evaluated elementwise, which is exact for any gate.
 `k3c prove` checks the result against the token recurrence in exact arithmetic.
 """
@@ -32,7 +33,9 @@ from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import add_entries, make, recurrence_arguments, recurrence_state_shape
 
 # the largest decay (nats) a factored diagonal block may span: exp(80) * |k| stays inside the
-# fp32 and bf16 range (exp(88.7)) for keys up to |k| ~ 1e3
+# fp32 and bf16 range (exp(88.7)) for keys up to |k| ~ 1e3. Backends form the factored operands
+# in a dtype of that range whatever the inputs (Triton: bf16 or fp32, tf32 products for fp16
+# inputs, whose own range ends at exp(11))
 FACTORED_DECAY_LIMIT = 80.0
 
 

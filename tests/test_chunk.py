@@ -202,6 +202,44 @@ def test_strong_decay(kind, compile_layer):
     check(layer, inputs)
 
 
+@pytest.mark.parametrize("kind,gate_input,qk_l2norm", [("kda", "clamped", False), ("kda", "bounded", True),
+                                                      ("gla", "clamped", False)])
+def test_float16_bounded_gates_at_the_bound_stay_finite(kind, gate_input, qk_l2norm, compile_layer, fresh_seed):
+    """fp16 inputs with gates at (or below) the bound, so every sub-chunk spans 16 x 5 = 80 nats:
+    the factored Gram diagonal's operands reach e^80, far past fp16's 65504, so they must be
+    formed in a dtype with fp32's range (once they were cast to fp16 and the output was NaN).
+    Keys as fla's tests draw them (torch.rand, |k| ~ sqrt(K / 3)): raw for GLA, unit (normalised
+    outside) or raw through the in-kernel L2 norm for KDA (the delta rule needs |k| <= 1).
+    B2 T50, K = V = 60. With fp16 inputs the products are tf32, which the interpreter computes in
+    fp32: compared with the float64 recurrence on the same fp16 inputs at the fp16 tolerance."""
+    options = dict(gate_input=gate_input, qk_l2norm=qk_l2norm)
+    table = recurrence_table(kind, "kv", H=2, K=60, V=60, name=f"fp16_{kind}_{gate_input}_{qk_l2norm}", **options)
+    layer = compile_layer(pipeline=chunk_pipeline(16), **table)
+    op = layer_op(layer)
+    assert any(isinstance(o, k3s.GramOp) and o.diagonal.data == "factored" for o in layer.compilation.scheduled.walk())
+    gen = torch.Generator().manual_seed(fresh_seed)
+    B, T = 2, 50
+    inputs = {"q": torch.rand(B, T, 2, 60, generator=gen), "k": torch.rand(B, T, 2, 60, generator=gen),
+              "v": torch.rand(B, T, 2, 60, generator=gen)}
+    if kind == "kda" and not qk_l2norm:
+        inputs["q"], inputs["k"] = (torch.nn.functional.normalize(inputs[n], dim=-1) for n in ("q", "k"))
+    if gate_input == "clamped":  # at the bound and below it (the kernel clamps)
+        inputs["g"] = -5.0 - 3 * torch.rand(B, T, 2, 60, generator=gen)
+    else:  # saturated projections: the bounded gate's sigmoid near 1, g near -5
+        inputs["g"] = 20 + torch.rand(B, T, 2, 60, generator=gen)
+        inputs["A_log"] = torch.zeros(2)
+        inputs["dt_bias"] = torch.zeros(2 * 60)
+    if kind == "kda":
+        inputs["beta"] = torch.rand(B, T, 2, generator=gen)
+    inputs = {n: x.half() if n not in ("A_log", "dt_bias") else x for n, x in inputs.items()}
+    inputs["initial_state"] = torch.randn(B, 2, 60, 60, generator=gen)
+    o, final = layer.chunk(**inputs, output_final_state=True)
+    assert o.dtype == torch.float16 and torch.isfinite(o).all() and torch.isfinite(final).all()
+    ref_o, ref_final = reference.recurrence(op, **inputs, output_final_state=True)
+    shared_assert_rms(o, ref_o, "o", 2e-3)
+    shared_assert_rms(final, ref_final, "final_state", 2e-3)
+
+
 # --- pipeline variants --------------------------------------------------------------------
 
 

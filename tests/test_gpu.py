@@ -1,4 +1,4 @@
-"""On a CUDA GPU: the verification grid of every example with kernels, natively in bf16 (and fp32),
+"""On a CUDA GPU: the verification grid of every example with kernels, natively in bf16, fp16 and fp32,
 and the serving entries (decode, spec_step) captured in CUDA graphs.
 
 Skipped without CUDA. On the GPU machine: `pytest -m gpu tests`.
@@ -48,7 +48,7 @@ def run_verify(example: str, dtype: str, tmp_path) -> list[dict]:
 
 
 @pytest.mark.parametrize("example", EXAMPLES_WITH_KERNELS)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_verify_on_cuda(example, dtype, tmp_path):
     results = run_verify(example, dtype, tmp_path)
     assert results, "no cases ran"

@@ -30,6 +30,10 @@ LAUNCH_CONSTANTS = ("BV",)
 
 
 
+# k3s.kernel <dots = ...> as the DOT constexpr of the runtime prelude's _mm (Triton's input_precision)
+DOT_PRECISION = {"fp32": "ieee", "tf32x3": "tf32x3"}
+
+
 def launch_table_name(entry: str) -> str:
     return f"TUNED_{entry.upper()}"
 
@@ -354,10 +358,9 @@ class TritonPrinter:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
         if any(isinstance(op, CHUNK_STAGE_TYPES) for op in kernel.walk()):
             first = view.tensors[0].sym_name.data
-            # bf16 inputs: bf16 tensor-core dots; fp16/fp32 inputs: fp32 dots (fp16 cannot hold
-            # the gate ratios of a sub-chunk)
-            bf16 = "False" if kernel.dots is not None else f"{first}.dtype == torch.bfloat16"  # dots = fp32
-            params.append(("DOT_BF16: tl.constexpr", f"DOT_BF16={bf16}"))
+            # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
+            dot = repr(DOT_PRECISION[kernel.dots.data]) if kernel.dots is not None else f"_DOT_OF_DTYPE[{first}.dtype]"
+            params.append(("DOT: tl.constexpr", f"DOT={dot}"))
         return params
 
     def launch_config(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
@@ -437,11 +440,6 @@ class TritonPrinter:
         c("):")
         self.view = view
         self.defined: set[str] = set()
-        # the matrix products' helpers (runtime prelude): tf32x3 kernels take fp32-accurate
-        # tensor-core products for all of them, the others _mm / _mm_accurate by DOT_BF16
-        tf32x3 = kernel.dots is not None and kernel.dots.data == "tf32x3"
-        self.mm = "_mm_tf32x3" if tf32x3 else "_mm"
-        self.mm_accurate = "_mm_tf32x3" if tf32x3 else "_mm_accurate"
         with c.indent():
             c(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
             for axis_index, axis in enumerate(kernel.grid.data.split(",")):
@@ -734,25 +732,26 @@ class TritonPrinter:
         """Blocks below the diagonal: left factor lhs_i Gamma_i / Gamma_start(I) and right factor
         k_j Gamma_end(J) / Gamma_j, both <= 1, bridged by the decay between the two references."""
         c = self.code
-        # the factors are tensor-core operands: kept in the input dtype (bf16: half the registers)
+        # the factors are tensor-core operands, kept as _mm takes them: bf16 (half the registers)
+        # next to bf16 inputs, else fp32 (a diagonal factor spans e^80: never fp16)
         self.once("b_kr", "# right factor k_j Gamma_end / Gamma_j of each column block (<= 1)",
-                  "b_kr = tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gend[:, None, :] - b_G3), [BC, BK]).to(b_k.dtype)")
+                  "b_kr = _dot_operand(tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gend[:, None, :] - b_G3), [BC, BK]), DOT)")
         left = f"b_{lhs}l"
         self.once(left, f"# left factor {lhs}_i Gamma_i / Gamma_start of each row block (<= 1)",
-                  f"{left} = tl.reshape(tl.reshape(b_{lhs}, [NB, SUB, BK]) * tl.exp2(b_G3 - b_Gstart[:, None, :]), [BC, BK]).to(b_k.dtype)")
+                  f"{left} = _dot_operand(tl.reshape(tl.reshape(b_{lhs}, [NB, SUB, BK]) * tl.exp2(b_G3 - b_Gstart[:, None, :]), [BC, BK]), DOT)")
         c(f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
           "# row block I meets column block I - d through the decay between their references",
           "for d in tl.static_range(1, NB):")
         with c.indent():
             c("b_from = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + d)[:, :, None], b_Gend[None, :, :], 0.0), axis=1)",
-              f"b_left = tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2(b_Gstart - b_from)[:, None, :], [BC, BK]).to(b_k.dtype)",
-              f"{out} += tl.where((o_blk[:, None] - o_blk[None, :]) == d, {self.mm}(b_left, tl.trans(b_kr), DOT_BF16), 0.0)")
+              f"b_left = _dot_operand(tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2(b_Gstart - b_from)[:, None, :], [BC, BK]), DOT)",
+              f"{out} += tl.where((o_blk[:, None] - o_blk[None, :]) == d, _mm(b_left, tl.trans(b_kr), DOT), 0.0)")
         same = f"(o_blk[:, None] == o_blk[None, :]) & ({keep})"
         if diagonal == "factored":
             self.once("b_kd", "# diagonal blocks: the right factor referenced at the block's start (>= 1, bounded",
                       "# by the gate's lower bound over SUB tokens)",
-                      "b_kd = tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gstart[:, None, :] - b_G3), [BC, BK]).to(b_k.dtype)")
-            c(f"{out} += tl.where({same}, {self.mm}({left}, tl.trans(b_kd), DOT_BF16), 0.0)")
+                      "b_kd = _dot_operand(tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gstart[:, None, :] - b_G3), [BC, BK]), DOT)")
+            c(f"{out} += tl.where({same}, _mm({left}, tl.trans(b_kd), DOT), 0.0)")
             return
         kernel = gram.parent_op()
         load_k = next(o for o in kernel.walk() if isinstance(o, k3s.LoadChunkOp) and o.tensor.data == "k")
@@ -786,10 +785,10 @@ class TritonPrinter:
             self.print_gate_references(sub)
             self.print_gram_factored(op, lhs, out, keep, op.diagonal.data)
         elif gate == "scalar":
-            c(f"{out} = {self.mm}(b_{lhs}, tl.trans(b_k), DOT_BF16)",
+            c(f"{out} = _mm(b_{lhs}, tl.trans(b_k), DOT)",
               f"{out} = {out} * tl.exp2(tl.where({keep}, b_G[:, None] - b_G[None, :], 0.0))")
         else:
-            c(f"{out} = {self.mm}(b_{lhs}, tl.trans(b_k), DOT_BF16)")
+            c(f"{out} = _mm(b_{lhs}, tl.trans(b_k), DOT)")
         c(f"{out} = tl.where({keep}, {out}, 0.0)")
         if op.beta.value.data:
             c(f"{out} = {out} * b_beta[:, None]")
@@ -812,13 +811,13 @@ class TritonPrinter:
         if sub > 1:
             c("b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)")
         c("b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
-          f"b_M = {self.mm_accurate}(b_Dinv, tl.where(b_below, b_A, 0.0), DOT_BF16)",
+          f"b_M = _mm_accurate(b_Dinv, tl.where(b_below, b_A, 0.0), DOT)",
           "b_Linv = b_eye - b_M")
         power = 2
         while power < self.chunk_size // sub:
-            c(f"b_M = {self.mm_accurate}(b_M, b_M, DOT_BF16)", f"b_Linv = {self.mm_accurate}(b_Linv, b_eye + b_M, DOT_BF16)")
+            c(f"b_M = _mm_accurate(b_M, b_M, DOT)", f"b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT)")
             power *= 2
-        c("b_T = " + ("b_Linv" if sub == 1 else f"{self.mm_accurate}(b_Linv, b_Dinv, DOT_BF16)") + " * b_beta[None, :]")
+        c("b_T = " + ("b_Linv" if sub == 1 else f"_mm_accurate(b_Linv, b_Dinv, DOT)") + " * b_beta[None, :]")
 
     def print_diagonal_block_inverse(self, sub: int) -> None:
         """b_Dinv: the inverse of I + A's diagonal blocks of `sub` rows, solved row by row."""
@@ -843,9 +842,9 @@ class TritonPrinter:
         self.code.comment(op)
         if op.operand.data == "key":
             keys = "b_k" if op.gate.data == "none" else f"b_k * {self.gamma(op.gate.data)}"
-            self.code(f"b_W = {self.mm}(b_T, {keys}, DOT_BF16)")
+            self.code(f"b_W = _mm(b_T, {keys}, DOT)")
         else:
-            self.code(f"b_U = {self.mm}(b_T, b_v, DOT_BF16)")
+            self.code(f"b_U = _mm(b_T, b_v, DOT)")
 
     def print_last_gate_row(self, gate: str) -> None:
         """b_Glast: G at the chunk's last row (rows past the end add 0, so the last token's)."""
@@ -983,17 +982,17 @@ class TritonPrinter:
     def print_k3s_delta_residual(self, op: k3s.DeltaResidualOp) -> None:
         if op.zero_values is not None and op.zero_values.value.data:
             self.code.comment(op, "Vr = -W S (no value input)")
-            self.code(f"b_vr = -{self.mm}(b_W, b_S, DOT_BF16)")
+            self.code(f"b_vr = -_mm(b_W, b_S, DOT)")
             return
         self.code.comment(op, "Vr = U - W S")
-        self.code(f"b_vr = b_U - {self.mm}(b_W, b_S, DOT_BF16)")
+        self.code(f"b_vr = b_U - _mm(b_W, b_S, DOT)")
 
     def print_k3s_chunk_output(self, op: k3s.ChunkOutputOp) -> None:
         values = "b_vr" if op.residual.value.data else "b_v"
         queries = "b_q" if op.gate.data == "none" else "b_QG"
         self.code.comment(op, "O = scale (QG S + P Vr)")
         self.code(
-            f"b_o = scale * ({self.mm}({queries}, b_S, DOT_BF16) + {self.mm}(b_P, {values}, DOT_BF16))",
+            f"b_o = scale * (_mm({queries}, b_S, DOT) + _mm(b_P, {values}, DOT))",
             "tl.store(o + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty), "
             "mask=m_c[:, None] & m_v[None, :])",
         )
@@ -1003,10 +1002,10 @@ class TritonPrinter:
         gate = op.gate.data
         self.code.comment(op, "S <- Diag(gamma_C) S + KG^T Vr")
         if gate == "none":
-            self.code(f"b_S = b_S + {self.mm}(tl.trans(b_k), {values}, DOT_BF16)")
+            self.code(f"b_S = b_S + _mm(tl.trans(b_k), {values}, DOT)")
         else:
             decay = "b_gamma_C[:, None]" if gate == "channel" else "b_gamma_C"
-            self.code(f"b_S = b_S * {decay} + {self.mm}(tl.trans(b_KG), {values}, DOT_BF16)")
+            self.code(f"b_S = b_S * {decay} + _mm(tl.trans(b_KG), {values}, DOT)")
 
     # --- AttnRes stages ----------------------------------------------------------------------
 

@@ -95,30 +95,39 @@ def _chunks(offsets, dims, chunk_size, device):
     return total, table.to(torch.int32)
 
 
+# The precision of the chunked kernels' matrix products, by input dtype (their constexpr DOT):
+# bf16 operands for bf16 inputs; tf32 for fp16 inputs (fp16's 10 mantissa bits with fp32's
+# exponent range: a factored Gram operand spans up to e^80 of decay, far past fp16's 65504);
+# exact fp32 for fp32 inputs. A kernel whose products must be fp32-accurate takes "tf32x3".
+_DOT_OF_DTYPE = {torch.bfloat16: "bf16", torch.float16: "tf32", torch.float32: "ieee"}
+
+
 @triton.jit
-def _mm(a, b, DOT_BF16: tl.constexpr):
-    """a @ b with fp32 accumulation: bf16 tensor-core operands, or exact fp32 ones."""
-    if DOT_BF16:
+def _dot_operand(x, DOT: tl.constexpr):
+    """x in the dtype _mm multiplies it in: bf16 for bf16 products, else fp32 (never fp16)."""
+    if DOT == "bf16":
+        return x.to(tl.bfloat16)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _mm(a, b, DOT: tl.constexpr):
+    """a @ b with fp32 accumulation at the precision DOT (see _DOT_OF_DTYPE)."""
+    if DOT == "bf16":
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT)
 
 
 @triton.jit
-def _mm_tf32x3(a, b, DOT_BF16: tl.constexpr):
-    """a @ b of fp32 operands to about fp32 accuracy on tensor cores (three tf32 products), for
-    kernels whose products must be fp32-accurate (dots = tf32x3); DOT_BF16 is not read."""
-    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
-
-
-@triton.jit
-def _mm_accurate(a, b, DOT_BF16: tl.constexpr):
-    """a @ b for fp32 intermediates (the triangular inverse): tf32 tensor cores next to bf16
-    data, whose rounding is coarser; exact fp32 otherwise."""
-    if DOT_BF16:
+def _mm_accurate(a, b, DOT: tl.constexpr):
+    """a @ b for fp32 intermediates (the triangular inverse): tf32 tensor cores next to bf16 data,
+    whose rounding is coarser; DOT itself where it is at least as fine (tf32, ieee, tf32x3)."""
+    if DOT == "bf16":
         return tl.dot(a, b, input_precision="tf32")
     else:
-        return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b, input_precision=DOT)
 
 
 def _checkpoints(every, chunk_size, offsets, dims, state_shape, device):
