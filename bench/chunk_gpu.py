@@ -93,12 +93,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", required=True, help="folder for chunk_bench.md and chunk_bench.json")
     p.add_argument("--modules", default="bench/generated", help="folder of generated <variant>.py (default: bench/generated)")
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated cases (default: all: {','.join(CASES)})")
+    p.add_argument("--cases", help=f"comma-separated cases (default: all: {','.join(CASES)})")
     p.add_argument("--pairings", default=",".join(PAIRINGS),
                    help="comma-separated gate pairings (default: bounded,unbounded; a case runs those it has)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU smoke test: compile tiny modules with k3compile into OUT/modules, Triton's interpreter, "
-                        "fp32, one timing rep")
+                        "fp32, one timed call")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"),
                    help="q, k, v, beta and o (default bf16; fp32 with --smoke: Triton's interpreter computes bf16 "
                         "tl.dot wrongly, triton 3.9 multiplies the raw uint16 bits)")
@@ -114,22 +114,18 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("fp32" if args.smoke else "bf16")
+    if args.smoke and args.cases:
+        p.error("--cases: --smoke runs its own tiny cases")
     try:
         args.pairings = names(args.pairings, PAIRINGS, "--pairings")
-        args.cases = list(SMOKE_CASES) if args.smoke else names(args.cases, CASES, "--cases")
+        # name -> (layer table, (B, T)): the smoke layers, or the specs of bench/specs/
+        args.cases = dict(SMOKE_CASES) if args.smoke else {
+            name: (read_layer(name), CASES[name]) for name in names(args.cases or ",".join(CASES), CASES, "--cases")}
     except ValueError as err:
         p.error(str(err))
+    if not any(set(pairings_of(layer["kind"])) & set(args.pairings) for layer, _ in args.cases.values()):
+        p.error(f"--pairings: none of the cases {', '.join(args.cases)} runs {', '.join(args.pairings)}")
     return args
-
-
-def load_cases(args):
-    """name -> (layer table, (B, T)): the smoke layers, or the specs of bench/specs/."""
-    if args.smoke:
-        return dict(SMOKE_CASES)
-    try:
-        return {name: (read_layer(name), CASES[name]) for name in args.cases}
-    except ValueError as err:
-        sys.exit(f"chunk_gpu: {err}")
 
 
 def compile_smoke_modules(cases, pairings, out: Path) -> Path:
@@ -168,7 +164,7 @@ def main(argv=None):
     if on_cpu:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
         os.environ["K3C_POISON_OUTPUTS"] = "1"  # outputs NaN-filled: an element never written fails the check
-    cases = load_cases(args)
+    cases = args.cases
     copy_mib = args.copy_mib or (4 if on_cpu else 2048)
 
     import torch
