@@ -1,8 +1,8 @@
 """Per-kernel GPU time of a generated `chunk` entry (torch.profiler), to see where time goes.
 
-    python3 bench/chunk_profile.py --module bench/generated/kda_h96.py --batch 1 --tokens 8192 --heads 96
-    python3 bench/chunk_profile.py --module bench/generated/kda_h16.py --tokens 131072 --heads 16 --segments 8
-    python3 bench/chunk_profile.py --module bench/generated/gdn_h32.py --batch 4 --tokens 4096 --heads 32 --scalar-gate
+    python3 bench/chunk_profile.py --module bench/generated/kda_h96_clamped.py --batch 1 --tokens 8192 --heads 96
+    python3 bench/chunk_profile.py --module bench/generated/kda_h16_clamped.py --tokens 131072 --heads 16 --segments 8
+    python3 bench/chunk_profile.py --module bench/generated/gdn_h32_log.py --batch 4 --tokens 4096 --heads 32 --scalar-gate
 
 Also prints the wall time of a call (synchronised): above the sum of the kernels, the GPU waited
 for the host (Python, synchronising copies).

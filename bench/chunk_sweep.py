@@ -1,11 +1,12 @@
-"""Sweep schedule choices of the chunk entry on the GPU in one run: compile the same spec with
-several pipelines (pass options), check each against an fp32 token loop on a small shape with
-NaN-poisoned outputs, time it at a prefill shape with per-kernel times, and print a table.
+"""Sweep schedule choices of the chunk entry on the GPU in one run: compile one bench case's gate
+variant (bench/chunk_cases.py) with several pipelines (pass options), check each against an fp32
+token loop on a small shape with NaN-poisoned outputs, time it at the case's prefill shape with
+per-kernel times, and print a table.
 
-    python3 -P bench/chunk_sweep.py --spec bench/specs/kda_h96.toml --batch 1 --tokens 8192 --out DIR
+    python3 -P bench/chunk_sweep.py --case kda_h96 [--pairing bounded] [--batch 1 --tokens 8192] --out DIR
 
-Needs k3compile installed (bench/gpu_session.sh does it). A poor man's autotuner until issue 3's
-tuner lands: its rows say which grouping and sizes to build the tuner's search space from.
+Needs k3compile installed (bench/device_run.sh does it). Its rows say which grouping and sizes
+the tuner's search space is built from (k3c tune searches the space it settled on).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chunk_cases import CASES, PAIRINGS, gate_floor, pairings_of, read_layer, variant_table  # noqa: E402
 from common import compare, make_inputs, reference  # noqa: E402
 
 PIPELINES = [
@@ -48,23 +50,31 @@ def kernel_times(fn, iters=5):
 
 def main() -> None:
     import k3compile
-    from k3compile.spec import load_spec
+    from k3compile.spec import spec_from_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--case", required=True, choices=CASES, help="a case of bench/chunk_cases.py")
+    parser.add_argument("--pairing", default="bounded", choices=PAIRINGS,
+                        help="its gate variant: bounded (gate_input clamped, gates clamped at -5; default) or unbounded")
+    parser.add_argument("--batch", type=int, help="B (default: the case's)")
+    parser.add_argument("--tokens", type=int, help="T (default: the case's)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--pipelines", help="';'-separated pipelines (default: the built-in list)")
     args = parser.parse_args()
-    spec = load_spec(args.spec)
+    layer = read_layer(args.case)
+    if args.pairing not in pairings_of(layer["kind"]):
+        parser.error(f"--pairing: {args.case} ({layer['kind']}) runs {', '.join(pairings_of(layer['kind']))} only")
+    spec = spec_from_table(variant_table(layer, args.pairing), source=f"bench/specs/{args.case}.toml [{args.pairing}]")
+    args.batch = args.batch or CASES[args.case][0]
+    args.tokens = args.tokens or CASES[args.case][1]
     p = spec.params
     H, HV, K, V = p["num_heads"], p["num_v_heads"], p["head_k_dim"], p["head_v_dim"]
     gate = {"kda": "channel", "gla": "channel", "gated_deltanet": "scalar", "deltanet": None}[spec.kind]
     delta = spec.kind != "gla"
-    small = make_inputs(torch, 1, 300, H, HV, K, V, "cuda", 1, gate=gate, beta=delta)
+    floor = gate_floor(args.pairing)
+    small = make_inputs(torch, 1, 300, H, HV, K, V, "cuda", 1, gate=gate, beta=delta, gate_floor=floor)
     ref = reference(torch, small, K ** -0.5)
-    big = make_inputs(torch, args.batch, args.tokens, H, HV, K, V, "cuda", 2, gate=gate, beta=delta)
+    big = make_inputs(torch, args.batch, args.tokens, H, HV, K, V, "cuda", 2, gate=gate, beta=delta, gate_floor=floor)
     rows = []
     for pipeline in args.pipelines.split(";") if args.pipelines else PIPELINES:
         row = {"pipeline": pipeline}
@@ -86,9 +96,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "chunk_sweep.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "spec": args.spec, "batch": args.batch, "tokens": args.tokens,
-         "rows": rows}, indent=1))
-    print(f"\n{spec.name} B{args.batch} T{args.tokens} on {torch.cuda.get_device_name()}")
+        {"device": torch.cuda.get_device_name(), "case": args.case, "pairing": args.pairing, "spec": spec.name,
+         "command": " ".join(["python3", *sys.argv]), "batch": args.batch, "tokens": args.tokens, "rows": rows}, indent=1))
+    print(f"\n{spec.name} ({args.pairing} pairing) B{args.batch} T{args.tokens} on {torch.cuda.get_device_name()}")
     print("| pipeline | ms | kernels ms | rms o | rms S | first call s |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -45,6 +45,19 @@ def argument_shapes(entry) -> dict[str, list[str]]:
     return {m[1]: m[2].split(",") for m in re.finditer(r"^\s+(\w+): \[([^\]]+)\]", entry.__doc__, re.MULTILINE)}
 
 
+RECURRENCE_INPUT_DEFAULTS = {"qk_l2norm": "false", "gate_input": "log", "gate_lower_bound": "-5.0", "beta_input": "probability"}
+
+
+def recurrence_options(module) -> dict[str, str]:
+    """The attributes of the `k3.recurrence` op a generated module was compiled from, read from its
+    docstring, the input options (gate_input, ...) filled in with their defaults where not printed."""
+    found = re.search(r"k3\.recurrence @\w+ <([^>]*)>", module.__doc__ or "")
+    if found is None:
+        raise ValueError(f"{module.__file__}: no k3.recurrence op in its docstring (not a generated recurrence module?)")
+    attributes = dict(item.split(" = ", 1) for item in found[1].split(", "))
+    return {**RECURRENCE_INPUT_DEFAULTS, **attributes}
+
+
 def import_fla(module: str, name: str):
     """`from <module> import <name>` for an fla op (e.g. "fla.ops.kda", "chunk_kda").
 
@@ -79,12 +92,12 @@ def import_fla(module: str, name: str):
     return getattr(importlib.import_module(module), name), package.__version__, note
 
 
-def make_inputs(torch, B, T, H, HV, K, V, device, seed, gate="channel", beta=True, dtype=None):
+def make_inputs(torch, B, T, H, HV, K, V, device, seed, gate="channel", beta=True, dtype=None, gate_floor=-5.0):
     """Random inputs in fla's layouts: q, k L2-normalised over K; v; g fp32 logsigmoid(randn)
-    clamped at -5, [B,T,HV,K] (gate="channel"), [B,T,HV] (gate="scalar") or absent (gate=None);
-    beta sigmoid(randn) [B,T,HV] or None; initial_state randn*0.1 fp32. q, k, v, beta in `dtype`
-    (default bf16). With the defaults the draws (and so the tensors) are those recurrent_gpu.py
-    always used."""
+    clamped at gate_floor (None: not clamped), [B,T,HV,K] (gate="channel"), [B,T,HV]
+    (gate="scalar") or absent (gate=None); beta sigmoid(randn) [B,T,HV] or None; initial_state
+    randn*0.1 fp32. q, k, v, beta in `dtype` (default bf16). With the defaults the draws (and so
+    the tensors) are those recurrent_gpu.py always used; gate_floor changes no other tensor."""
     import torch.nn.functional as F
 
     dtype = dtype or torch.bfloat16
@@ -98,7 +111,9 @@ def make_inputs(torch, B, T, H, HV, K, V, device, seed, gate="channel", beta=Tru
     k = F.normalize(randn(B, T, H, K), p=2, dim=-1).to(dtype)
     v = randn(B, T, HV, V).to(dtype)
     gate_shape = {"channel": (B, T, HV, K), "scalar": (B, T, HV), None: None}[gate]
-    g = F.logsigmoid(randn(*gate_shape)).clamp(min=-5.0).float().contiguous() if gate_shape else None
+    g = F.logsigmoid(randn(*gate_shape)) if gate_shape else None
+    if g is not None:
+        g = (g if gate_floor is None else g.clamp(min=gate_floor)).float().contiguous()
     b = torch.sigmoid(randn(B, T, HV)).to(dtype) if beta else None
     h0 = (randn(B, HV, K, V) * 0.1).float().contiguous()
     return dict(q=q, k=k, v=v, g=g, beta=b, initial_state=h0)

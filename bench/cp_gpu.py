@@ -2,22 +2,28 @@
 
 Standalone: needs torch and triton (fla-core for the comparison), NOT k3compile or xDSL. The
 module is generated with the default pipeline (it then has `chunk_segments` and its `chunk`
-takes `segments=` and `cp_group=`; docs/context-parallel.md):
+takes `segments=` and `cp_group=`; docs/context-parallel.md) from a gate variant of
+bench/specs/kda_h16.toml (bench/chunk_cases.py):
 
-    k3c compile bench/specs/kda_h16.toml -o bench/generated
+    python3 bench/chunk_cases.py specs bench/generated/specs --cases kda_h16 --pairings bounded
+    k3c compile bench/generated/specs/kda_h16_clamped.toml -o bench/generated
+
+fla is called with the gate contract of the module's gate_input (clamped: chunk_kda(...,
+safe_gate=True, lower_bound=-5); log: its default), and both are stated in the report; the
+gates are logsigmoid(randn) clamped at -5, valid for both.
 
 Two modes, run from the repo root on the GPU machine:
 
     # §2 one GPU: B1 T131072 H16 and B2 T16384 H16 (bf16, K = V = 128), every P of --segments
     # against the plain entry (P = 1) and fla's chunk_kda; B8 T8192 (a shape that fills the GPU)
     # checks that the best P is never slower than P = 1
-    python bench/cp_gpu.py intra --module bench/generated/kda_h16.py --out bench/results/cp
+    python bench/cp_gpu.py intra --module bench/generated/kda_h16_clamped.py --out OUT
 
     # §3 ranks: T = 1M tokens (B1 H16) over the ranks of a NCCL group, one sequence, an initial
     # state on rank 0 and the final state on the last rank; rank 0 also times the 1-GPU plain
     # entry on all T tokens (scaling efficiency), the all_gather alone (bytes and time) and fla's CP
     # (fla.ops.cp.build_cp_context + chunk_kda(cp_context=...), which has no initial/final state)
-    torchrun --nproc-per-node 2 bench/cp_gpu.py multi --module bench/generated/kda_h16.py --out bench/results/cp
+    torchrun --nproc-per-node 2 bench/cp_gpu.py multi --module bench/generated/kda_h16_clamped.py --out OUT
 
     # CPU smoke tests (Triton interpreter, a small module, e.g. H=2 K=V=16 float32):
     python bench/cp_gpu.py intra --device cpu --tiny --module /tmp/m/kda_small.py --out /tmp/cpb
@@ -41,7 +47,19 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
-from common import compare, cpu_time_ms, device_name, fmt, git_commit, import_file, import_fla, ints, short_error  # noqa: E402
+from chunk_cases import GATE_INPUT, fla_gate_options, fla_semantics, ours_semantics  # noqa: E402
+from common import (  # noqa: E402
+    compare,
+    cpu_time_ms,
+    device_name,
+    fmt,
+    git_commit,
+    import_file,
+    import_fla,
+    ints,
+    recurrence_options,
+    short_error,
+)
 
 INTRA_CASES = {  # name -> (B, T); H from --heads
     "B1_T131072": (1, 131072),
@@ -50,6 +68,7 @@ INTRA_CASES = {  # name -> (B, T); H from --heads
 }
 TINY_INTRA = {"B1_T96": (1, 96), "B2_T48": (2, 48)}
 FLA_KDA = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False)
+PAIRING_OF_GATE = {gate_input: pairing for pairing, gate_input in GATE_INPUT.items()}
 
 
 def parse_args(argv=None):
@@ -138,10 +157,23 @@ def write(out_dir, name, meta, rows, columns):
     return text
 
 
-def meta_of(torch, args, on_cpu, module, **extra):
+def gate_pairing(module_path, module):
+    """The gate pairing of bench/chunk_cases.py that the module's gate_input belongs to: fla is
+    called with the same contract (bounded: safe_gate; unbounded: its default)."""
+    gate_input = recurrence_options(module)["gate_input"]
+    if gate_input not in PAIRING_OF_GATE:
+        sys.exit(f"{module_path}: gate_input {gate_input} takes raw gate inputs; compile the spec with gate_input "
+                 f"{' or '.join(PAIRING_OF_GATE)} (fla gets the log-space g)")
+    return PAIRING_OF_GATE[gate_input]
+
+
+def meta_of(torch, args, on_cpu, module, pairing, **extra):
     return dict(module=args.module, device=device_name(torch, on_cpu), torch=torch.__version__,
-                triton=__import__("triton").__version__, git_commit=git_commit(), transition=module._CHUNK_CP.transition,
-                chunk_size=module._CHUNK_CP.chunk_size, time=time.strftime("%Y-%m-%d %H:%M:%S"), **extra)
+                triton=__import__("triton").__version__, git_commit=git_commit(), command=" ".join(["python3", *sys.argv]),
+                transition=module._CHUNK_CP.transition, chunk_size=module._CHUNK_CP.chunk_size,
+                gates="g fp32 logsigmoid(randn) clamped at -5 (multi's check: times a small scale)",
+                ours_gate=ours_semantics(pairing), fla_gate=fla_semantics("kda", pairing),
+                time=time.strftime("%Y-%m-%d %H:%M:%S"), **extra)
 
 
 def fla_chunk(args, on_cpu):
@@ -153,12 +185,14 @@ def fla_chunk(args, on_cpu):
         return None, short_error(err)
 
 
-def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
+def intra(torch, args, module, pairing, on_cpu, device, dtype, H, HV, K, V):
     timer = Timer(torch, on_cpu, args)
+    fla_kwargs = {**FLA_KDA, **fla_gate_options("kda", pairing)}
     cases = TINY_INTRA if args.tiny else {n: INTRA_CASES[n] for n in (args.cases or ",".join(INTRA_CASES)).split(",")}
     P_values = args.segments or ([2, 3, 5] if args.tiny else [2, 4, 8, 16, 32, 64])
     fla, fla_error = fla_chunk(args, on_cpu)
-    meta = meta_of(torch, args, on_cpu, module, dtype=str(dtype), H=H, HV=HV, K=K, V=V, segments=P_values, fla_error=fla_error,
+    meta = meta_of(torch, args, on_cpu, module, pairing, dtype=str(dtype), H=H, HV=HV, K=K, V=V, segments=P_values,
+                   fla_error=fla_error,
                    timing="cpu median" if on_cpu else f"do_bench median, warmup {args.warmup} ms, rep {args.rep} ms")
     rows = []
     for name, (B, T) in cases.items():
@@ -192,10 +226,10 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
         if fla is not None:
             with errors_into(row, "fla_error"):
                 fo, fs = fla(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], scale=K**-0.5,
-                             initial_state=inp["initial_state"], output_final_state=True, **FLA_KDA)
+                             initial_state=inp["initial_state"], output_final_state=True, **fla_kwargs)
                 row["fla_o_rms_vs_plain"] = compare(torch, fo, plain[0])[1]
                 row["fla_ms"] = timer(lambda: fla(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], scale=K**-0.5,
-                                                  initial_state=inp["initial_state"], output_final_state=True, **FLA_KDA))
+                                                  initial_state=inp["initial_state"], output_final_state=True, **fla_kwargs))
                 row["fla_over_best"] = row["fla_ms"] / row["best_ms"] if "best_ms" in row else None
                 row["fla_over_auto"] = row["fla_ms"] / row["auto_ms"]
         rows.append(row)
@@ -210,7 +244,7 @@ def intra(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     return 0
 
 
-def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
+def multi(torch, args, module, pairing, on_cpu, device, dtype, H, HV, K, V):
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -302,7 +336,8 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
     def report():  # rank 0 writes what is measured so far: fla's first call autotunes for minutes
         dist.barrier()
         if rank == 0:
-            meta = meta_of(torch, args, on_cpu, module, dtype=str(dtype), H=H, HV=HV, K=K, V=V, backend=dist.get_backend(group),
+            meta = meta_of(torch, args, on_cpu, module, pairing, dtype=str(dtype), H=H, HV=HV, K=K, V=V,
+                           backend=dist.get_backend(group),
                            timing="median wall time of the call between barriers (all ranks synchronised)",
                            fla_call="fla.ops.kda.chunk_kda(..., cp_context=fla.ops.cp.build_cp_context(cu_seqlens, group))")
             print(write(args.out, f"cp_multi_w{world}", meta, [row],
@@ -334,7 +369,7 @@ def multi(torch, args, module, on_cpu, device, dtype, H, HV, K, V):
 
             ctx = build_cp_context(torch.tensor([0, total], dtype=torch.long, device=device), group=group)
             row["fla_cp_ms"] = median_ms(lambda: fla(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], scale=K**-0.5,
-                                                     cp_context=ctx, **FLA_KDA))
+                                                     cp_context=ctx, **FLA_KDA, **fla_gate_options("kda", pairing)))
     del inp
     log("fla timed")
     report()
@@ -356,10 +391,11 @@ def main(argv=None):
         sys.exit(f"{args.module}: no context parallelism (compile with the default pipeline: it adds chunk_segments)")
     HV, K, V = module._CHUNK_CP.state_shape if not module._CHUNK_CP.vk else (
         module._CHUNK_CP.state_shape[0], module._CHUNK_CP.state_shape[2], module._CHUNK_CP.state_shape[1])
+    pairing = gate_pairing(args.module, module)
     H = args.heads or HV
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("fp32" if on_cpu else "bf16")]
     device = torch.device(args.device)
-    return (intra if args.mode == "intra" else multi)(torch, args, module, on_cpu, device, dtype, H, HV, K, V)
+    return (intra if args.mode == "intra" else multi)(torch, args, module, pairing, on_cpu, device, dtype, H, HV, K, V)
 
 
 if __name__ == "__main__":

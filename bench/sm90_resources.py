@@ -3,7 +3,7 @@
 shared memory, registers, spill traffic (STL/LDL), tensor-core instructions, the static
 instruction count, and the size of each loop body in SASS.
 
-    python bench/sm90_resources.py bench/generated/kda_h16.py --num-warps 8 --num-stages 2
+    python bench/sm90_resources.py bench/generated/kda_h16_clamped.py --num-warps 8 --num-stages 2
 
 Pointer arguments are taken as bf16 except those named in --fp32 (default: the states and g),
 and as 16-byte aligned, as the launches on the GPU specialise them. Use the Triton version of

@@ -14,7 +14,7 @@ already generated from bench/kda_bench.toml (H = 32, K = V = 128):
     python3 bench/speculative_gpu.py --out DIR        # on the GPU machine, from the repo root
     python bench/speculative_gpu.py --smoke --out /tmp/sb    # CPU smoke test (Triton's interpreter)
 
-(`PHASES=spec OUT=DIR bash bench/gpu_session.sh` does all of them on the device machine; without the
+(`PHASES=spec OUT=DIR bash bench/device_run.sh` does all of them on the device machine; without the
 chunked module the two chunked methods are reported as not compiled.)
 
 (a) decode, T = 1, over an fp32 state pool with a permuted slot table: ours `decode` (in place)

@@ -53,7 +53,8 @@ class DeriveSegmentScanPass(ModulePass):
 
     name = "derive-segment-scan"
     # chunks of 16 as derive-chunkwise: on the H200 at B1 T131072 H16 the plain entry 10.3 ms vs
-    # 13.7 and the best split 9.0 vs 9.5 ms with chunks of 32 (bench/RESULTS.md, fifth session)
+    # 13.7 and the best split 9.0 vs 9.5 ms with chunks of 32 (bench/RESULTS.md, "Context
+    # parallelism": tree 1d20b26 against c766b77)
     chunk_size: int = 16
     sub_chunk: int = 16
 

@@ -40,7 +40,7 @@ class LowerDecodePass(ModulePass):
     name = "lower-decode"
     # the fastest of block-v 16/32/64 x num-warps 2/4/8 x token-stages 0/3 on the H200 at B = 64 and
     # 256 (H32 K = V = 128): B = 256 at 93% of the copy bandwidth, 278 us vs 305 (32, 4, 0);
-    # bench/RESULTS.md, fifth session
+    # bench/serving_sweep.py at 1d20b26 (bench/results/issue4_serving_sweep_v1.md)
     block_v: int = 64
     num_warps: int = 4
     token_stages: int = 3  # > 0: the token loop prefetches that many tokens ahead

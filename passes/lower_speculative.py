@@ -214,7 +214,7 @@ class LowerSpeculativePass(ModulePass):
     name = "lower-speculative"
     # the fastest rounds of block-v 16/32/64 x num-warps 2/4/8 x token-stages 0/3 on the H200 at
     # B = 64 and 256, n = 1 and 8 (H32 K = V = 128): spec_step at B = 256, n = 8 758 us vs 1188 with
-    # (32, 4, 0); bench/RESULTS.md, fifth session
+    # (32, 4, 0); bench/serving_sweep.py at 1d20b26 (bench/results/issue4_serving_sweep_v1.md)
     block_v: int = 64
     num_warps: int = 2
     mode: str = "replay"  # or snapshot: the baseline of today's engines, for comparison

@@ -1,10 +1,12 @@
 """The GPU benchmarks' CPU smoke modes (Triton's interpreter, tiny layers): each compiles its
 modules, checks every method against an fp32 token loop before timing, and exits non-zero when a
 check fails, so a change that breaks a bench script (or the entries it calls) fails here rather
-than in a device session."""
+than on the device machine. Also the chunk benchmark's gate pairings: the variant specs it derives
+and the module check that keeps a row from timing another gate than it says."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,18 +15,71 @@ import pytest
 
 from conftest import REPO
 
+sys.path.insert(0, str(REPO / "bench"))
+import chunk_cases  # noqa: E402
+import chunk_gpu  # noqa: E402
+
 SMOKE_RUNS = {
     "serving_sweep": ["bench/serving_sweep.py", "--smoke", "--choices", "16:4:0,16:2:2"],
     "speculative_gpu": ["bench/speculative_gpu.py", "--smoke", "--no-fla"],
+    "chunk_gpu": ["bench/chunk_gpu.py", "--smoke", "--no-fla"],
 }
 
 
-@pytest.mark.parametrize("name", sorted(SMOKE_RUNS))
-def test_bench_smoke_mode_checks_and_writes_its_table(name, tmp_path):
+def run_smoke(name, tmp_path):
     env = dict(os.environ, K3C_CACHE_DIR=str(tmp_path / "cache"))
     done = subprocess.run([sys.executable, *SMOKE_RUNS[name], "--out", str(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    table = next(tmp_path.glob("*.md")).read_text()
+    return next(tmp_path.glob("*.md")).read_text()
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE_RUNS))
+def test_bench_smoke_mode_checks_and_writes_its_table(name, tmp_path):
+    table = run_smoke(name, tmp_path)
     checked = [line for line in table.splitlines() if line.endswith("| ok |")]  # a row's checks column
     assert checked and "FAILED" not in table, table
+    if name == "chunk_gpu":  # both gate pairings ran, each row naming both sides' semantics
+        rows = json.loads((tmp_path / "chunk_bench.json").read_text())["rows"]
+        assert {(r["case"], r["pairing"]) for r in rows} == {
+            ("kda_smoke", "bounded"), ("kda_smoke", "unbounded"), ("gdn_smoke", "unbounded")}
+        for r in rows:
+            assert r["ours_gate"].startswith(f'gate_input = "{chunk_cases.GATE_INPUT[r["pairing"]]}"')
+            assert r["ours_ms"] > 0 and not r["failed"], r
+        bounded, unbounded = table.split("## unbounded")
+        assert "safe_gate=True, lower_bound=-5" in bounded and 'gate_input = "clamped"' in bounded
+        assert "safe_gate" not in unbounded and 'gate_input = "log"' in unbounded
+
+
+def test_chunk_cases_derive_one_valid_spec_per_gate_pairing(tmp_path):
+    from k3compile.spec import load_spec
+
+    listed = list(chunk_cases.write_variant_specs(tmp_path, chunk_cases.CASES))
+    assert {case for _, case, _ in listed} == set(chunk_cases.CASES)
+    for variant, case, pairing in listed:
+        spec = load_spec(tmp_path / f"{variant}.toml")
+        base = chunk_cases.read_layer(case)  # the shape's one spec, no gate of its own
+        assert spec.name == variant == f"{case}_{chunk_cases.GATE_INPUT[pairing]}"
+        assert spec.params["gate_input"] == chunk_cases.GATE_INPUT[pairing]
+        assert (spec.kind, spec.params["num_heads"], spec.params["head_k_dim"]) == (
+            base["kind"], base["num_heads"], base["head_k_dim"])
+    pairings = {case: {p for _, c, p in listed if c == case} for case in chunk_cases.CASES}
+    assert pairings["gdn_h32"] == {"unbounded"}  # fla 0.6.0 has no bounded scalar-gate path
+    assert all(pairings[case] == {"bounded", "unbounded"} for case in chunk_cases.CASES if case != "gdn_h32")
+    assert chunk_cases.fla_gate_options("kda", "bounded") == dict(safe_gate=True, lower_bound=-5.0)
+    assert chunk_cases.fla_gate_options("gla", "bounded") == {} == chunk_cases.fla_gate_options("kda", "unbounded")
+    assert "no bounded path" in chunk_cases.fla_semantics("gla", "bounded")
+
+
+def test_chunk_cases_cli_rejects_unknown_case_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "bench/chunk_cases.py", "specs", str(tmp_path), "--cases", "kda_h96,nope"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "nope" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_chunk_bench_refuses_a_module_of_another_gate(compile_layer):
+    layer = compile_layer(name="gdn_gate_log", kind="gated_deltanet", num_heads=1, head_k_dim=8, head_v_dim=8,
+                          dtype="float32")
+    assert chunk_gpu.import_variant(layer.path, "unbounded").chunk
+    with pytest.raises(ValueError, match="compiled with gate_input log, the bounded pairing times clamped"):
+        chunk_gpu.import_variant(layer.path, "bounded")

@@ -83,7 +83,7 @@ class _ContextParallel:
 
     # segments="auto": scan programs for PROGRAMS_PER_SM per multiprocessor (the scan kernel holds
     # two per SM on the H200), and segments of at least MIN_SEGMENT_TOKENS tokens: on the H200
-    # (bench/RESULTS.md, fifth session, chunks of 16) segments of 16384 tokens paid (B1 T131072 H16,
+    # (bench/RESULTS.md, "Context parallelism", tree 5e769da) segments of 16384 tokens paid (B1 T131072 H16,
     # P = 8: 7.6 ms vs 9.2 plain), of 8192 did not at B2 T16384 (P = 2: 3.4 ms vs 1.4): the
     # summary's scans and the combine cost more than a short scan saves
     PROGRAMS_PER_SM = 2

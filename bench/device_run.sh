@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The GPU measurements of bench/RESULTS.md in one call on the device machine. Installs the carried
+# wheels (.whl: xdsl and its deps, fla-core 0.6.0) and k3compile into /tmp/site, then runs the
+# phases named in PHASES (default: verify recurrent chunk; PHASES=none only installs):
+#   verify         k3c verify of the examples in $SPECS on the GPU, bf16 and fp32: every spec in
+#                  $VERIFY_SHARDS shards (default 6, --shard), all side by side; the shards' output
+#                  in $OUT/verify.txt, a passed/failed line per spec and the phase's wall time
+#   gpu-tests      pytest -m gpu tests/test_gpu.py, then tests/test_gpu_cp.py ($GPU_TESTS_ARGS: more
+#                  pytest arguments, e.g. -k two_gpus); $OUT/gpu_tests.txt
+#   recurrent      decode timing of the recurrent entry vs fla's fused_recurrent_kda
+#   spec           decode and speculative decoding (verify + commit, spec_step, their chunked verify, the
+#                  snapshot baseline) vs fla's fused_recurrent_kda, bench/speculative_gpu.py; then the
+#                  CUDA-graph test
+#   serving        the serving kernels' launch sweep (block-v x num-warps x token-stages), bench/serving_sweep.py
+#   verify-profile per-kernel profile of the chunked verify (lower-speculative{verify=chunked}), bench/verify_profile.py
+#   chunk          prefill timing of the chunk entry vs fla's chunk_kda / chunk_gated_delta_rule / chunk_gla,
+#                  every case of $BENCH_CASES (default all) under each gate pairing of $PAIRINGS (default
+#                  both; bench/chunk_cases.py), the variants compiled into $OUT/generated
+#   profile        per-kernel GPU time of the chunk entry of $PROFILE_CASE (default kda_h96) at its shape
+#   sweep          the chunk entry of each case in $SWEEP_CASES (default kda_h96) under several pipelines
+#                  ($SWEEP_PIPELINES: ';'-separated), checked and timed; $OUT/sweep_<case>/
+#   tune           k3c tune of every variant of $BENCH_CASES / $PAIRINGS at its chunk_gpu.py shape, bf16: cold
+#                  (fresh tuning and Triton caches), a second shape of each (T/2: a new bucket, Triton cache
+#                  warm), then all again from the cache (0 s); seconds per shape in $OUT/tune_times.txt.
+#                  Exports K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
+#   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
+#                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
+# $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
+# phases. Run from the repo root with OUT set. Two runs side by side, one per GPU, share one install:
+#   OUT=$OUT PHASES=none bash bench/device_run.sh
+#   CUDA_VISIBLE_DEVICES=0 SKIP_INSTALL=1 OUT=$OUT/a PHASES=... bash bench/device_run.sh &
+#   CUDA_VISIBLE_DEVICES=1 SKIP_INSTALL=1 TUNE_DIR=/tmp/tune1 OUT=$OUT/b PHASES=... bash bench/device_run.sh &
+#   wait
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+if [ -z "${SKIP_INSTALL:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
+fi
+export PYTHONPATH=/tmp/site  # -P below: the installed package, not the source folders
+K3C="python3 -P -m k3compile.cli"
+PAIRING=${GATE_PAIRING:-bounded}
+nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+git rev-parse HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+
+# variants CASES PAIRINGS: writes the cases' gate variants into $OUT/specs, prints
+# "<variant> <case> <pairing> <B> <T>" per line (bench/chunk_cases.py)
+variants() {
+  python3 bench/chunk_cases.py specs "$OUT/specs" --cases "$(echo $1 | tr ' ' ,)" --pairings "$(echo $2 | tr ' ' ,)"
+}
+# variant CASE: the spec of CASE's $PAIRING variant
+variant() { variants "$1" "$PAIRING" | { read -r name _ && echo "$OUT/specs/$name.toml"; }; }
+all_cases=$(python3 -c 'import sys; sys.path.insert(0, "bench"); from chunk_cases import CASES; print(*CASES)')
+
+for phase in ${PHASES:-verify recurrent chunk}; do
+  echo "== phase $phase ($(date -u +%FT%TZ))"
+  case $phase in
+    none) ;;
+    verify)
+      # every spec's grid in $VERIFY_SHARDS shards (k3c verify --shard), all processes side by side:
+      # the time goes into compiling the grid's kernels (CPU, a core each); one torch thread per
+      # process, else each of the 30 would start a thread per core for the float64 references
+      start=$SECONDS
+      shards=${VERIFY_SHARDS:-6}
+      for spec in ${SPECS:-kda gated_deltanet deltanet gla attnres}; do
+        for ((i = 0; i < shards; i++)); do
+          OMP_NUM_THREADS=1 $K3C verify "examples/$spec.toml" --shard "$i/$shards" > "/tmp/verify_${spec}_$i.txt" 2>&1 &
+        done
+      done
+      wait
+      for spec in ${SPECS:-kda gated_deltanet deltanet gla attnres}; do
+        # a shard ends in "N passed, M failed"; one without that line stopped on an error
+        for ((i = 0; i < shards; i++)); do cat "/tmp/verify_${spec}_$i.txt"; done | tee -a "$OUT/verify.txt" \
+          | awk -v spec="$spec" -v shards="$shards" '
+          / passed, [0-9]+ failed$/ { passed += $1; failed += $3; done++ }
+          /error/ { print spec ": " $0 }
+          END { printf "%s: %d passed, %d failed (%d/%d shards finished)\n", spec, passed, failed, done, shards }'
+      done
+      echo "verify: $((SECONDS - start)) s wall ($shards shards per spec)" ;;
+    gpu-tests)
+      for file in tests/test_gpu.py tests/test_gpu_cp.py; do  # -P: k3compile from /tmp/site
+        echo "\$ pytest -m gpu $file ${GPU_TESTS_ARGS:-}" | tee -a "$OUT/gpu_tests.txt"
+        python3 -P -m pytest -q -p no:cacheprovider -m gpu "$file" ${GPU_TESTS_ARGS:-} 2>&1 | tee -a "$OUT/gpu_tests.txt"
+      done ;;
+    recurrent)
+      $K3C compile bench/kda_bench.toml -o bench/generated
+      python3 bench/recurrent_gpu.py --out "$OUT" ${RECURRENT_ARGS:-} ;;
+    spec)
+      $K3C compile bench/kda_bench.toml -o bench/generated/speculative \
+        -p 'lower-decode,derive-replay{draft-tokens=16},lower-speculative'
+      $K3C compile bench/kda_bench.toml -o bench/generated/snapshot \
+        -p 'derive-replay{draft-tokens=16},lower-speculative{mode=snapshot}'
+      $K3C compile bench/kda_bench.toml -o bench/generated/chunked \
+        -p 'derive-replay{draft-tokens=16},lower-speculative{verify=chunked}'
+      python3 bench/speculative_gpu.py --out "$OUT" ${SPEC_ARGS:-}
+      if python3 -c "import pytest" 2>/dev/null; then  # -P: k3compile from /tmp/site, not the source folder
+        python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu.py -k cuda_graphs 2>&1 | tee "$OUT/spec_graph_test.txt"
+      fi ;;
+    serving)
+      python3 -P bench/serving_sweep.py --out "$OUT/serving" ${SERVING_ARGS:-} ;;
+    verify-profile)
+      $K3C compile bench/kda_bench.toml -o bench/generated/chunked \
+        -p "derive-replay{draft-tokens=16},lower-speculative{verify=chunked${VERIFY_OPTIONS:+ $VERIFY_OPTIONS}}"
+      python3 bench/verify_profile.py --module bench/generated/chunked/kda_bench.py ${VERIFY_PROFILE_ARGS:-} \
+        2>&1 | tee "$OUT/verify_profile.txt" ;;
+    profile)
+      case_name=${PROFILE_CASE:-kda_h96}
+      spec=$(variant "$case_name")
+      $K3C compile "$spec" -o bench/generated
+      read -r B T < <(python3 -c "import sys; sys.path.insert(0, 'bench'); from chunk_cases import CASES; print(*CASES['$case_name'])")
+      heads=$(python3 -c "import tomllib; print(tomllib.load(open('$spec', 'rb'))['layer']['num_heads'])")
+      python3 bench/chunk_profile.py --module "bench/generated/$(basename "$spec" .toml).py" --batch "$B" --tokens "$T" \
+        --heads "$heads" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.txt" ;;
+    sweep)
+      # SWEEP_PIPELINES: ';'-separated pipelines, passed as one argument (options hold spaces)
+      for case_name in ${SWEEP_CASES:-kda_h96}; do
+        python3 -P bench/chunk_sweep.py --case "$case_name" --pairing "$PAIRING" --out "$OUT/sweep_$case_name" \
+          ${SWEEP_PIPELINES:+--pipelines "$SWEEP_PIPELINES"} 2>&1 | tee "$OUT/sweep_$case_name.txt"
+      done ;;
+    tune)
+      tune_dir=${TUNE_DIR:-/tmp/k3c-tune}  # runs side by side: one folder each
+      rm -rf "$tune_dir"
+      export K3C_CACHE_DIR=$tune_dir/cache
+      listed=$(variants "${BENCH_CASES:-$all_cases}" "${PAIRINGS:-bounded unbounded}") || exit 1
+      for round in cold second cached; do
+        while read -r name _ _ B T; do
+          shape=$B,$T
+          [ "$round" = second ] && shape=$B,$((T / 2))
+          start=$(date +%s.%N)
+          TRITON_CACHE_DIR=$tune_dir/triton $K3C tune "$OUT/specs/$name.toml" --shape "$shape" --dtype bfloat16 \
+            2>&1 | tee -a "$OUT/tune.txt" | grep -E "^(winner|tuned in|from the cache|no candidate)"
+          wall=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
+          tuned=$(grep -E "^(tuned in|from the cache)" "$OUT/tune.txt" | tail -1)
+          echo "$round $name B,T=$shape: ${wall} s wall (process start included) | $tuned" | tee -a "$OUT/tune_times.txt"
+        done <<< "$listed"
+      done
+      while read -r name _ _ B T; do  # the modules embed the winners; --frozen: nothing may be missing
+        $K3C compile "$OUT/specs/$name.toml" -o "$OUT/tuned_modules" --frozen --shape "$B,$T" --shape "$B,$((T / 2))" \
+          2>&1 | tee -a "$OUT/tune.txt"
+      done <<< "$listed" ;;
+    chunk)
+      # every variant compiled into $OUT/generated (with the tuned winners after the tune phase)
+      cases=${BENCH_CASES:-$all_cases}
+      pairings=${PAIRINGS:-bounded unbounded}
+      listed=$(variants "$cases" "$pairings") || exit 1
+      while read -r name _; do $K3C compile "$OUT/specs/$name.toml" -o "$OUT/generated" --timing; done <<< "$listed"
+      python3 bench/chunk_gpu.py --out "$OUT" --modules "$OUT/generated" --cases "$(echo $cases | tr ' ' ,)" \
+        --pairings "$(echo $pairings | tr ' ' ,)" ${CHUNK_ARGS:-} ;;
+    cp)
+      spec=$(variant "${CP_CASE:-kda_h16}")
+      module="bench/generated/$(basename "$spec" .toml).py"
+      $K3C compile "$spec" -o bench/generated
+      python3 bench/cp_gpu.py intra --module "$module" --out "$OUT" ${CP_ARGS:-}
+      gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      if [ "$gpus" -ge 2 ]; then
+        torchrun --nproc-per-node "$gpus" bench/cp_gpu.py multi --module "$module" --out "$OUT" ${CP_MULTI_ARGS:-}
+      fi ;;
+    *) echo "unknown phase '$phase'" >&2; exit 2 ;;
+  esac
+done
