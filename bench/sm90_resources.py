@@ -21,7 +21,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 RUNTIME_INTS = {"T", "S", "R"}
-FLAGS_TRUE = {"HAS_INITIAL_STATE", "HAS_FINAL_STATE", "DOT_BF16"}
+FLAGS_TRUE = {"HAS_INITIAL_STATE", "HAS_FINAL_STATE"}
+DOT = "bf16"  # the chunked kernels' product precision for bf16 inputs (runtime prelude _DOT_OF_DTYPE)
 
 
 def sass_loops(sass: str) -> list[int]:
@@ -63,8 +64,10 @@ def main() -> None:
         for index, arg in enumerate(kernel.arg_names):
             if arg in values:
                 signature[arg], constexprs[(index,)] = "constexpr", values[arg]
-            elif arg.startswith("HAS_") or arg == "DOT_BF16":
+            elif arg.startswith("HAS_"):
                 signature[arg], constexprs[(index,)] = "constexpr", arg in FLAGS_TRUE
+            elif arg == "DOT":
+                signature[arg], constexprs[(index,)] = "constexpr", DOT
             elif arg == "scale":
                 signature[arg] = "fp32"
             elif arg in RUNTIME_INTS or arg == "NSLOTS":  # NSLOTS: pool rows
