@@ -474,6 +474,7 @@ ARGUMENT_ERRORS = [
     ("chunk_kda", KDA, dict(return_intermediate_states=True), ValueError, "inference mode"),
     ("chunk_kda", KDA, dict(cu_seqlens=torch.tensor([0, 3, 5])), ValueError, "batch size"),
     ("chunk_kda", KDA, dict(cu_seqlens_cpu=torch.tensor([0, 5])), ValueError, "cu_seqlens_cpu"),
+    ("chunk_kda", KDA, dict(q=torch.randn(2, 5, 2, 257), k=torch.randn(2, 5, 2, 257)), ValueError, "256"),
     ("fused_recurrent_kda", KDA, dict(safe_gate=True), TypeError, "safe_gate"),
     ("fused_recurrent_kda", KDA, dict(dt_bias=torch.zeros(2 * K)), ValueError, "dt_bias"),
     ("chunk_gated_delta_rule", GDN, dict(head_first=True), NotImplementedError, "head_first"),
@@ -482,6 +483,7 @@ ARGUMENT_ERRORS = [
     ("chunk_gated_delta_rule", GDN, dict(use_gate_in_kernel=True), ValueError, "A_log"),
     ("chunk_gated_delta_rule", GDN, dict(chunk_indices=torch.zeros(3, 2)), ValueError, "chunk_indices"),
     ("chunk_gated_delta_rule", GDN, dict(gk=None), TypeError, "gk"),
+    ("chunk_gated_delta_rule", GDN, dict(v=torch.randn(2, 5, 3, V)), ValueError, "num_v_heads (HV=3)"),
     ("fused_recurrent_gated_delta_rule", GDN, dict(gv=torch.zeros(2, 5, 2, V)), NotImplementedError, "gv"),
     ("fused_recurrent_gated_delta_rule", GDN, dict(use_gate_in_kernel=True, A_log=torch.zeros(2),
                                                    gk=torch.zeros(2, 5, 2, K)), NotImplementedError, "gk"),
@@ -519,6 +521,16 @@ def test_bad_arguments_name_themselves(function, kind, extra, error, name):
         getattr(ops, function)(**{**call_inputs(function, kind), **extra})
     message = str(info.value)
     assert name in message and one_line(message), message
+
+
+@pytest.mark.parametrize("name", ["chunk_kda", "fused_recurrent_gla"])
+def test_varlen_needs_one_initial_state_per_sequence(name):
+    x = draw(kind_of(name), seqlens=SEQLENS)
+    x["initial_state"] = x["initial_state"][:3]
+    if name == "fused_recurrent_gla":
+        x["gk"] = x.pop("g")
+    with pytest.raises(ValueError, match="i.e., 4 rather than 3"):
+        getattr(ops, name)(**x)
 
 
 def test_every_kwargs_function_rejects_unknown_keywords():

@@ -30,12 +30,13 @@ def reject(name: str, why: str) -> None:
 
 
 def check_keywords(function: str, kwargs: dict, read: tuple[str, ...]) -> None:
-    """fla's **kwargs swallow any name; ours take only those fla's function body reads."""
+    """fla's **kwargs swallow any name; ours take only the keywords fla's function body reads
+    (and the serving ones of its kernel-level form)."""
     for name in kwargs:
         if name not in read:
-            raise TypeError(f"{function}() got an unexpected keyword argument '{name}' (fla's {function} "
-                            f"reads only {', '.join(read) or 'its named parameters'}; k3compile.ops rejects "
-                            f"what fla would ignore)")
+            raise TypeError(f"{function}() got an unexpected keyword argument '{name}' (besides its named "
+                            f"parameters it takes {', '.join(read)}; fla would ignore '{name}' silently, "
+                            f"k3compile.ops does not)")
 
 
 def state_v_first_of(state_v_first: bool, kwargs: dict) -> bool:
@@ -195,18 +196,26 @@ def run_pool(key: LayerKey, tensors: dict, *, scale, pool, ssm_state_indices, cu
     its state there, in place (-1: a padding row, read as zeros and never written). The decode
     entry takes B rows of T tokens each, so a varlen batch runs as its non-empty sequences when
     they have one length (empty ones touch nothing, as in fla). Returns (o, pool)."""
-    if pool is None:
-        raise ValueError("ssm_state_indices: needs initial_state, the state pool it indexes [P, HV, K, V]")
-    if not isinstance(ssm_state_indices, torch.Tensor):
+    if not isinstance(pool, torch.Tensor):
+        raise ValueError(f"ssm_state_indices: needs initial_state, the state pool [P, HV, K, V] it indexes, "
+                         f"got {described(pool)}")
+    if pool.dtype not in (torch.float32, torch.bfloat16) or not pool.is_contiguous():
+        raise ValueError(f"initial_state: as the state pool of ssm_state_indices (updated in place), expected a "
+                         f"contiguous float32 or bfloat16 tensor, got {pool.dtype}"
+                         f"{'' if pool.is_contiguous() else ', not contiguous'}")
+    if not isinstance(ssm_state_indices, torch.Tensor) or ssm_state_indices.dim() not in (1, 2):
         raise ValueError(f"ssm_state_indices: expected a 1-D tensor of pool rows, got {described(ssm_state_indices)}")
     if ssm_state_indices.dim() == 2:
         reject("ssm_state_indices", f"2-D per-token state slots: {SPECULATIVE}")
-    decode = layer_module(key).decode
     scale = key.head_k_dim ** -0.5 if scale is None else scale
+    decode = layer_module(key).decode
     if cu_seqlens is None:
         (o,) = decode(**tensors, scale=scale, state=pool, state_indices=ssm_state_indices)
         return o, pool
+    T = tensors["q"].shape[1]
     bounds = host_offsets(cu_seqlens)
+    if bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {T}, got {bounds}")
     lengths = [end - start for start, end in zip(bounds, bounds[1:])]
     if tuple(ssm_state_indices.shape) != (len(lengths),):
         raise ValueError(f"ssm_state_indices: expected shape [{len(lengths)}] (one pool row per sequence of "
@@ -215,13 +224,16 @@ def run_pool(key: LayerKey, tensors: dict, *, scale, pool, ssm_state_indices, cu
     if len({lengths[n] for n in rows}) > 1:
         reject("cu_seqlens", f"the decode entry takes sequences of one length over a state pool, got lengths "
                              f"{lengths}; run each length as its own call")
+    per_token = {name: x for name, x in tensors.items() if name not in ("A_log", "dt_bias") and x is not None}
+    for name, x in per_token.items():
+        if not isinstance(x, torch.Tensor) or x.dim() < 3 or x.shape[:2] != (1, T):
+            raise ValueError(f"{name}: expected [1, T = {T}, ...] like q (varlen), got {described(x)}")
     length = lengths[rows[0]] if rows else 0
-    batched = {name: x if name in ("A_log", "dt_bias") or x is None else x.reshape(len(rows), length, *x.shape[2:])
-               for name, x in tensors.items()}
+    batched = {**tensors, **{name: x.reshape(len(rows), length, *x.shape[2:]) for name, x in per_token.items()}}
     if len(rows) < len(lengths):
         ssm_state_indices = ssm_state_indices[torch.tensor(rows, dtype=torch.long, device=ssm_state_indices.device)]
     (o,) = decode(**batched, scale=scale, state=pool, state_indices=ssm_state_indices)
-    return o.reshape(1, bounds[-1], *o.shape[2:]), pool
+    return o.reshape(1, T, *o.shape[2:]), pool
 
 
 def run_recurrent(key: LayerKey, tensors: dict, *, scale, initial_state, output_final_state, cu_seqlens,
