@@ -34,16 +34,11 @@ SEQLENS = (5, 0, 1, 13)  # an empty and a one-token sequence, T = 19
 
 @pytest.fixture(autouse=True, scope="module")
 def ops_cache(tmp_path_factory):
-    """The ops' disk cache in a folder of this module's own (and an empty in-process cache)."""
-    old = os.environ.get("K3C_CACHE_DIR")
-    os.environ["K3C_CACHE_DIR"] = str(tmp_path_factory.mktemp("ops_cache"))
-    layers._LOADED.clear()
-    yield os.environ["K3C_CACHE_DIR"]
-    layers._LOADED.clear()
-    if old is None:
-        del os.environ["K3C_CACHE_DIR"]
-    else:
-        os.environ["K3C_CACHE_DIR"] = old
+    """The ops' disk cache in a folder of this module's own, and an in-process cache of its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("K3C_CACHE_DIR", str(tmp_path_factory.mktemp("ops_cache")))
+        patch.setattr(layers, "_LOADED", {})
+        yield
 
 
 @functools.cache
