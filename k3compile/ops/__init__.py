@@ -1,0 +1,26 @@
+"""fla's functions, compiled on demand: `from k3compile.ops.kda import chunk_kda` in place of
+`from fla.ops.kda import chunk_kda` (and likewise gated_delta_rule, delta_rule, gla).
+
+Each call derives the layer its arguments describe (kind, heads, head dims, state layout, what
+the inputs mean), compiles it once — cached in process and on disk under
+$K3C_CACHE_DIR/modules/ops (default ~/.cache/k3compile) — and runs the generated module's
+`chunk`, `recurrent` or `decode` entry. A new batch size, sequence length, dtype or scale never
+recompiles; a warm disk cache imports the module without xDSL. Forward only.
+docs/fla-compat.md maps every keyword of fla-core 0.6.0.
+"""
+
+from k3compile.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
+from k3compile.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from k3compile.ops.gla import chunk_gla, fused_recurrent_gla
+from k3compile.ops.kda import chunk_kda, fused_recurrent_kda
+
+__all__ = [
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_gla",
+    "chunk_kda",
+    "fused_recurrent_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gla",
+    "fused_recurrent_kda",
+]
