@@ -5,8 +5,9 @@
 #   verify         k3c verify of the examples in $SPECS on the GPU, bf16 and fp32: every spec in
 #                  $VERIFY_SHARDS shards (default 6, --shard), all side by side; the shards' output
 #                  in $OUT/verify.txt, a passed/failed line per spec and the phase's wall time
-#   gpu-tests      pytest -m gpu tests/test_gpu.py, then tests/test_gpu_cp.py ($GPU_TESTS_ARGS: more
-#                  pytest arguments, e.g. -k two_gpus); $OUT/gpu_tests.txt
+#   gpu-tests      pytest -m gpu of each file in $GPU_TEST_FILES (default tests/test_gpu.py, test_gpu_numerics.py,
+#                  test_gpu_ops.py, test_gpu_cp.py; $GPU_TESTS_ARGS: more pytest arguments, e.g. -k two_gpus);
+#                  $OUT/gpu_tests.txt
 #   recurrent      decode timing of the recurrent entry vs fla's fused_recurrent_kda
 #   spec           decode and speculative decoding (verify + commit, spec_step, their chunked verify, the
 #                  snapshot baseline) vs fla's fused_recurrent_kda, bench/speculative_gpu.py; then the
@@ -80,7 +81,7 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       done
       echo "verify: $((SECONDS - start)) s wall ($shards shards per spec)" ;;
     gpu-tests)
-      for file in tests/test_gpu.py tests/test_gpu_cp.py; do  # -P: k3compile from /tmp/site
+      for file in ${GPU_TEST_FILES:-tests/test_gpu.py tests/test_gpu_numerics.py tests/test_gpu_ops.py tests/test_gpu_cp.py}; do  # -P: k3compile from /tmp/site
         echo "\$ pytest -m gpu $file ${GPU_TESTS_ARGS:-}" | tee -a "$OUT/gpu_tests.txt"
         python3 -P -m pytest -q -p no:cacheprovider -m gpu "$file" ${GPU_TESTS_ARGS:-} 2>&1 | tee -a "$OUT/gpu_tests.txt"
       done ;;
