@@ -99,10 +99,10 @@ def test_plain_float_scales_round_trip(scale):
 
 
 def test_layer_ir_holds_the_spec():
-    spec = spec_from_table(dict(name="abc", kind="gated_deltanet", num_heads=3, num_v_heads=6, head_k_dim=7,
+    spec = spec_from_table(dict(name="abc_layer", kind="gated_deltanet", num_heads=3, num_v_heads=6, head_k_dim=7,
                                 head_v_dim=9, state_layout="vk"))
     op = next(iter(spec_to_module(spec).ops))
-    assert op.name == "k3.recurrence" and op.sym_name.data == "abc"
+    assert op.name == "k3.recurrence" and op.sym_name.data == "abc_layer"
     assert op.gate.data == "scalar" and bool(op.delta_rule.value.data)
     assert (op.num_heads.value.data, op.num_v_heads.value.data) == (3, 6)
     assert (op.head_k_dim.value.data, op.head_v_dim.value.data) == (7, 9)
