@@ -373,13 +373,16 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
     native, in bf16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
     positions p of `grid` with p % N == I; quick: one case per entry (see `grid`).
     progress(done, total, case) is called before each case and once at the end (case "").
-    Raises UnsupportedError for a kind without kernels, ArgumentError for a device this machine lacks."""
-    from k3compile.errors import UnsupportedError
+    Raises UnsupportedError for a kind without kernels, ArgumentError for a device this machine
+    lacks or a seed torch cannot take."""
+    from k3compile.errors import ArgumentError, UnsupportedError
     from k3compile.frontend import spec_to_module
 
     if spec.kind not in FAMILIES:
         raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no compiled kernels to verify yet")
     device, dtypes = defaults(device, dtypes)
+    if seed is not None and not -2**63 <= seed < 2**64:  # what torch.Generator takes
+        raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
     on_gpu = device != "cpu"

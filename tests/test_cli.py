@@ -192,6 +192,27 @@ def test_ir_bad_pipeline(capsys, pipeline, after_all):
     assert out == ""
 
 
+def test_readme_ir_sample_is_the_real_output(capsys, monkeypatch):
+    """The README's `k3c ir` sample, line for line; its one '... (N more ...)' line stands for N lines."""
+    import re
+
+    command = "$ .venv/bin/k3c ir examples/kda.toml --after-all -p lower-recurrent\n"
+    sample = (REPO / "README.md").read_text().split(command, 1)[1].split("```", 1)[0].splitlines()
+    monkeypatch.chdir(REPO)
+    code, out, err = run(capsys, "ir", "examples/kda.toml", "--after-all", "-p", "lower-recurrent")
+    assert code == 0, err
+    real = out.rstrip("\n").splitlines()
+    at = 0
+    for line in sample:
+        skipped = re.match(r"^\s*\.\.\. \((\d+) more ", line)
+        if skipped:
+            at += int(skipped[1])
+            continue
+        assert at < len(real) and real[at] == line, f"README line {line!r} != real line {real[at:at + 1]}"
+        at += 1
+    assert at == len(real), f"the README leaves out the last {len(real) - at} lines"
+
+
 def test_ir_after_all_timing(capsys):
     code, out, err = run(capsys, "ir", EXAMPLES / "gla.toml", "--after-all", "--timing", "-p", "lower-recurrent")
     assert code == 0

@@ -105,6 +105,11 @@ def test_verify_device_is_an_argument_error():
     assert isinstance(info.value, ValueError)
 
 
+def test_verify_seed_torch_cannot_take(capsys, tmp_path):
+    message = bad_input(capsys, "verify", write_spec(tmp_path), "--device", "cpu", "--seed", str(2**70))
+    assert message == f"k3c verify: error: seed: expected an integer in -2**63 .. 2**64 - 1, got {2**70}"
+
+
 def test_tune_without_a_gpu_prints_one_line(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
