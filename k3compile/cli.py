@@ -56,15 +56,20 @@ def progress_bar(console, description: str, *fields: str):
     """A transient rich progress bar (done/total, elapsed, the `fields`), shown from the first
     update(done, total, **fields) on: a run that fails or finishes before it leaves no trace."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Column
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   *(TextColumn(f"{{task.fields[{name}]}}") for name in fields), console=console, transient=True)
+    fixed = Column(no_wrap=True)  # the bar and the counts keep their width; the fields are cut to fit
+    cut = Column(ratio=1, no_wrap=True, overflow="ellipsis")
+    bar = Progress(TextColumn("{task.description}", table_column=fixed), BarColumn(bar_width=20, table_column=fixed),
+                   MofNCompleteColumn(table_column=fixed), TimeElapsedColumn(table_column=fixed),
+                   *(TextColumn(f"{{task.fields[{name}]}}", table_column=cut) for name in fields),
+                   console=console, transient=True, expand=True)
     task = bar.add_task(description, total=None, **dict.fromkeys(fields, ""))
 
     def update(done: int, total: int, **values: str) -> None:
+        bar.update(task, completed=done, total=total, **values)
         if not bar.live.is_started:
             bar.start()
-        bar.update(task, completed=done, total=total, **values)
 
     try:
         yield update

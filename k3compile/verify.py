@@ -157,7 +157,8 @@ def quick_recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[Laye
                        checkpoint_every=16),
         RecurrenceCase("varlen (1, 22), initial states, 2 segments each", 1, 0, seqlens=(1, 22), segments=2),
     ]
-    yield layer, "segment_summary", [RecurrenceCase("segments (5, 17, 1)", 1, 0, seqlens=(5, 17, 1), initial_state=False)]
+    yield layer, "segment_summary", [RecurrenceCase("segments (5, 17, 1)", 1, 0, seqlens=(5, 17, 1),
+                                                    initial_state=False)]
 
 
 def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[RecurrenceCase]]]:

@@ -84,7 +84,7 @@ def test_layer_named_like_a_bool_round_trips(name):
     assert_round_trips(custom(schedule(spec, "lower-recurrent").scheduled))
 
 
-@pytest.mark.parametrize("name", ["inf", "nan", "True", "layer_1"])
+@pytest.mark.parametrize("name", ["inf", "nan", "TRUE", "layer_1"])
 def test_other_layer_names_round_trip(name):
     spec = spec_from_table(dict(name=name, kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4))
     assert_round_trips(custom(schedule(spec, "lower-recurrent").scheduled))

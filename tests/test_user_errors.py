@@ -160,6 +160,13 @@ def test_dims_within_the_limits_compile(tmp_path, K, V, pipeline):
     assert "def recurrent(" in lower(load_spec(write_spec(tmp_path, kind="kda", K=K, V=V)), pipeline).source
 
 
+def test_state_tile_past_tritons_block_size(capsys, tmp_path):
+    """[256, block-v 8192] is 2**21 elements: Triton refuses a block of more than 2**20."""
+    message = bad_input(capsys, "compile", write_spec(tmp_path, kind="kda", K=256, V=8192), "-o", tmp_path / "out",
+                        "-p", "lower-recurrent{block-v=8192}")
+    assert "the state tile [256, 8192] of kernel @tiny_recurrent exceeds Triton's 1048576 elements per block" in message
+
+
 def test_attnres_hidden_size_by_the_warps(tmp_path):
     from k3compile.driver import lower
     from k3compile.errors import UnsupportedError
@@ -167,8 +174,8 @@ def test_attnres_hidden_size_by_the_warps(tmp_path):
 
     path = tmp_path / "wide.toml"
     path.write_text('[layer]\nname = "wide"\nkind = "attnres"\nhidden_size = 20000\nnum_blocks = 2\nblock_size = 2\n')
-    with pytest.raises(UnsupportedError, match=r"key 'hidden_size' = 20000 exceeds the Triton kernels' limit of 16384 "
-                                               r"\(kernel @wide_aggregate holds its rows in the registers of its 8 warps"):
+    limit = r"key 'hidden_size' = 20000 exceeds the Triton kernels' limit of 16384 \(kernel @wide_aggregate holds its rows"
+    with pytest.raises(UnsupportedError, match=limit + " in the registers of its 8 warps"):
         lower(load_spec(path))
     assert "def aggregate(" in lower(load_spec(path), "fuse-attnres{num-warps=16}").source
 

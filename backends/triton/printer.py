@@ -263,7 +263,8 @@ class TritonPrinter:
         if "accepted" in view.names:
             depth = next(int(view.dims(b)[1]) for b in ("cache", "snapshots") if b in view.names)
             c(f'_check_counts("accepted", accepted, {depth}, check_indices)')
-        heads = {self.kernel_constants(k, view).get("HV") for k in view.kernels if "sequence_head" in k.grid.data.split(",")[1:]}
+        heads = {self.kernel_constants(k, view).get("HV") for k in view.kernels
+                 if "sequence_head" in k.grid.data.split(",")[1:]}
         rows = "state_indices" if "state_indices" in view.names else first  # what sets the sequence count
         for HV in sorted(heads - {None}):
             c(f'_check_grid_axis("{rows}", dims["N"], {HV})')
