@@ -153,9 +153,8 @@ def cmd_tune(args) -> int:
 def cmd_compile(args) -> int:
     from k3compile.autotune import TuneCache, compile_tuned
     from k3compile.driver import write_module
-    from k3compile.spec import load_spec
-
     from k3compile.errors import ArgumentError
+    from k3compile.spec import load_spec
 
     start = time.perf_counter()
     if not args.output.strip():
@@ -410,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input dtype (repeatable; default fp32 on CPU, bf16 and fp32 on GPU)")
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.add_argument("--quick", action="store_true",
-                   help="one case per entry of the spec as given (varlen with empty, one-token and odd-length "
-                        "sequences, initial states), instead of the full grid of variants and lengths")
+                   help="one case per entry (varlen with empty, one-token and odd-length sequences, initial "
+                        "states; on a CPU at 2 of the spec's heads) instead of the full grid of variants and lengths")
     p.add_argument("--shard", type=parse_shard, metavar="I/N",
                    help="run only the cases at positions p of the grid with p %% N == I (0 <= I < N); "
                         "the N shards, e.g. run side by side, cover the grid once")

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from k3compile.driver import CompiledLayer, lower, write_module
+from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
 
 # RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
@@ -331,8 +332,6 @@ FAMILIES["attnres"] = Family(attnres_cases, quick_attnres_cases, run_attnres_cas
 def check_device(device: str) -> str:
     """The device as torch names it, or ArgumentError: only cpu (the interpreter) and a CUDA GPU
     that this machine has run the kernels."""
-    from k3compile.errors import ArgumentError
-
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
@@ -358,8 +357,8 @@ def defaults(device: str | None, dtypes: list[str] | None) -> tuple[str, list[st
 def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
          ) -> list[tuple[LayerSpec, str, RecurrenceCase | AttnResCase, str]]:
     """Every (layer, entry, case, dtype) of a run, in a fixed order: the positions --shard splits.
-    quick: one case per entry of the spec as given. Cheap: it builds the variants' specs, nothing
-    is lowered."""
+    quick: one case per entry (quick_recurrence_cases). Cheap: it builds the variants' specs,
+    nothing is lowered."""
     family = FAMILIES[spec.kind]
     make_cases = family.quick if quick else family.full
     return [(layer_spec, entry, case, dtype_name) for layer_spec, entry, cases in make_cases(spec, on_gpu)
@@ -376,7 +375,6 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
     progress(done, total, case) is called before each case and once at the end (case "").
     Raises UnsupportedError for a kind without kernels, ArgumentError for a device this machine
     lacks or a seed torch cannot take."""
-    from k3compile.errors import ArgumentError, UnsupportedError
     from k3compile.frontend import spec_to_module
 
     if spec.kind not in FAMILIES:

@@ -121,8 +121,8 @@ def test_frozen_without_a_gpu(capsys, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
     message = bad_input(capsys, "compile", EXAMPLES / "kda.toml", "-o", tmp_path, "--frozen", "--shape", "1,64")
-    assert message == ("k3c compile: error: --frozen: no CUDA GPU here, and tuned configs are cached per GPU: "
-                       f"pass --gpu NAME to embed those of GPU NAME for kda ({EXAMPLES / 'kda.toml'})")
+    assert message == ("k3c compile: error: --frozen: no GPU here (torch sees no CUDA device), and tuned configs are "
+                       f"cached per GPU: pass --gpu NAME to embed those of GPU NAME for kda ({EXAMPLES / 'kda.toml'})")
 
 
 def test_latent_moe_says_it_has_no_kernels_yet(capsys, tmp_path):
