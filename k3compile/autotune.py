@@ -767,8 +767,8 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     gpu = gpu if gpu is not None else gpu_name()
     if gpu is None:
         if mode == "frozen":
-            raise TuningError(f"frozen: no GPU here to look up tuned configs of {spec.name} ({spec.source}) for "
-                              "(pass --gpu NAME to use another GPU's cached configs)")
+            raise TuningError(f"--frozen: no GPU here (torch sees no CUDA device), and tuned configs are cached per "
+                              f"GPU: pass --gpu NAME to embed those of GPU NAME for {spec.name} ({spec.source})")
         if shapes:
             plan.messages.append("no CUDA GPU here and no --gpu: the heuristic default, untuned")
         return lower(spec, pipeline), plan

@@ -1,6 +1,8 @@
 """`k3c`: compile, inspect, transform, verify, prove and tune k3 layers.
 
-Exit codes: 0 ok, 1 verification failed, 2 bad input (spec, IR, pipeline, arguments).
+Exit codes: 0 ok, 1 verification (or a proof, or every tuning candidate) failed, 2 bad input
+(spec, IR, pipeline, arguments; one line naming the problem), 3 an internal error (a bug in
+k3compile or its toolchain: one line, K3C_TRACEBACK=1 for the traceback).
 Imports of xDSL, torch and triton are deferred to the subcommand that needs them.
 """
 
@@ -10,11 +12,12 @@ import argparse
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from k3compile.errors import K3Error
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -48,26 +51,40 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def tune_progress(console):
-    """A rich progress bar for autotune.tune: configs tried and the best so far."""
+@contextmanager
+def progress_bar(console, description: str, *fields: str):
+    """A transient rich progress bar (done/total, elapsed, the `fields`), shown from the first
+    update(done, total, **fields) on: a run that fails or finishes before it leaves no trace."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Column
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
-                   TimeElapsedColumn(), console=console, transient=True)
-    return bar
+    fixed = Column(no_wrap=True)  # the bar and the counts keep their width; the fields are cut to fit
+    cut = Column(ratio=1, no_wrap=True, overflow="ellipsis")
+    bar = Progress(TextColumn("{task.description}", table_column=fixed), BarColumn(bar_width=20, table_column=fixed),
+                   MofNCompleteColumn(table_column=fixed), TimeElapsedColumn(table_column=fixed),
+                   *(TextColumn(f"{{task.fields[{name}]}}", table_column=cut) for name in fields),
+                   console=console, transient=True, expand=True)
+    task = bar.add_task(description, total=None, **dict.fromkeys(fields, ""))
+
+    def update(done: int, total: int, **values: str) -> None:
+        bar.update(task, completed=done, total=total, **values)
+        if not bar.live.is_started:
+            bar.start()
+
+    try:
+        yield update
+    finally:
+        if bar.live.is_started:
+            bar.stop()
 
 
 def run_tune(spec, shape, dtype, args, console):
     from k3compile.autotune import TuneCache, tune
 
-    with tune_progress(console) as bar:
-        task = bar.add_task(f"tuning {spec.name} B,T={shape[0]},{shape[1]} {dtype}", total=None, best="")
-
-        def progress(done, total, best):
-            bar.update(task, completed=done, total=total, best=best)
-
+    with progress_bar(console, f"tuning {spec.name} B,T={shape[0]},{shape[1]} {dtype}", "best") as update:
         return tune(spec, shape, dtype, pipeline=args.pipeline, cache=TuneCache(args.cache_dir),
-                    retune=getattr(args, "retune", False), progress=progress)
+                    retune=getattr(args, "retune", False),
+                    progress=lambda done, total, best: update(done, total, best=best))
 
 
 def print_tune_result(spec, shape, dtype, result) -> None:
@@ -136,9 +153,14 @@ def cmd_tune(args) -> int:
 def cmd_compile(args) -> int:
     from k3compile.autotune import TuneCache, compile_tuned
     from k3compile.driver import write_module
+    from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
 
     start = time.perf_counter()
+    if not args.output.strip():
+        raise ArgumentError("-o: expected an output directory, got an empty path")
+    if args.dtype and not args.shape:
+        raise ArgumentError("--dtype is the input dtype of --shape (the shapes to tune for); give --shape B,T too")
     mode = "off" if args.no_autotune else "frozen" if args.frozen else "auto"
 
     def tune_missing(spec, shape, dtype):
@@ -183,17 +205,17 @@ def cmd_ir(args) -> int:
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
-    if not args.after_all:
-        from k3compile.frontend import spec_to_module
-
-        print(print_module(str(spec_to_module(spec)), args.generic))
-        return EXIT_OK
-    compilation = schedule(spec, args.pipeline, keep_snapshots=True)
-    print(f"// -----// IR of spec {spec.source} //----- //")
-    print(print_module(compilation.layer_ir, args.generic))
-    for name, text in compilation.run.snapshots:
-        print(f"\n// -----// IR after {name} //----- //")
-        print(print_module(text, args.generic))
+    # the spec's IR alone, unless a pipeline is asked for: -p (the IR after it) or --after-all
+    pipeline = args.pipeline if args.pipeline is not None or args.after_all else ""
+    compilation = schedule(spec, pipeline, keep_snapshots=args.after_all)
+    if args.after_all:
+        print(f"// -----// IR of spec {spec.source} //----- //")
+        print(print_module(compilation.layer_ir, args.generic))
+        for name, text in compilation.run.snapshots:
+            print(f"\n// -----// IR after {name} //----- //")
+            print(print_module(text, args.generic))
+    else:
+        print(print_module(str(compilation.scheduled), args.generic))
     if args.timing:
         print_timings(compilation.timings)
     return EXIT_OK
@@ -222,13 +244,13 @@ def cmd_opt(args) -> int:
     from k3compile.errors import IRError
     from k3compile.pipeline import run_pipeline
 
-    if args.file == "-":
-        text, source = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, source = Path(args.file).read_text(), args.file
-        except OSError as err:
-            raise IRError(f"{args.file}: cannot read ({err.strerror})") from None
+    source = "<stdin>" if args.file == "-" else args.file
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except OSError as err:
+        raise IRError(f"{source}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise IRError(f"{source}: not UTF-8 text (byte {err.start}); expected IR (.mlir)") from None
     module = parse_ir(text, source)
     run = run_pipeline(module, args.passes or "")
     if args.timing:
@@ -268,17 +290,16 @@ def cmd_verify(args) -> int:
     from k3compile.verify import defaults, grid, verify
 
     spec = load_spec(args.spec)
-    console = Console(stderr=True)
-    with console.status("verifying") as status:
+    with progress_bar(Console(stderr=True), f"verifying {spec.name}", "case") as update:
         results = verify(
-            spec, device=args.device, dtypes=args.dtype, seed=args.seed, shard=args.shard,
-            progress=lambda text: status.update(f"verifying {text}"),
+            spec, device=args.device, dtypes=args.dtype, seed=args.seed, shard=args.shard, quick=args.quick,
+            progress=lambda done, total, case: update(done, total, case=case),
         )
-    title = f"k3c verify {args.spec}"
+    title = f"k3c verify {args.spec}" + (" --quick (one case per entry)" if args.quick else "")
     if args.shard:
         index, count = args.shard
         device, dtypes = defaults(args.device, args.dtype)
-        total = len(grid(spec, device != "cpu", dtypes))
+        total = len(grid(spec, device != "cpu", dtypes, args.quick))
         title += f" (shard {index}/{count}: {len(range(index, total, count))} of {total} cases)"
     table = Table(title=title)
     for column in ("layer", "entry", "case", "dtype", "tensor", "max abs err", "RMS ratio", "tolerance", "result"):
@@ -364,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ir", help="print the IR of a layer spec (and after every pass)")
     p.add_argument("spec", help="layer spec (.toml)")
-    p.add_argument("--after-all", action="store_true", help="also print the IR after every pass")
-    p.add_argument("-p", "--pipeline", help="pass pipeline (default: the kind's)")
+    p.add_argument("--after-all", action="store_true", help="print the spec's IR and the IR after every pass")
+    p.add_argument("-p", "--pipeline", help="pass pipeline to run: prints the IR after it (with --after-all, "
+                                           "default: the kind's)")
     p.add_argument("--generic", action="store_true", help="print MLIR's generic form")
     p.add_argument("--timing", action="store_true", help="print how long each pass took")
     p.set_defaults(run=cmd_ir)
@@ -382,10 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="run the compiled kernels against the float64 reference")
     p.add_argument("spec", help="layer spec (.toml)")
-    p.add_argument("--device", help="cpu (Triton interpreter) or cuda (default: cuda if available)")
+    p.add_argument("--device", help="cpu (Triton's interpreter) or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", action="append", choices=("float32", "float16", "bfloat16"),
                    help="input dtype (repeatable; default fp32 on CPU, bf16 and fp32 on GPU)")
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
+    p.add_argument("--quick", action="store_true",
+                   help="one case per entry (varlen with empty, one-token and odd-length sequences, initial "
+                        "states; on a CPU at 2 of the spec's heads) instead of the full grid of variants and lengths")
     p.add_argument("--shard", type=parse_shard, metavar="I/N",
                    help="run only the cases at positions p of the grid with p %% N == I (0 <= I < N); "
                         "the N shards, e.g. run side by side, cover the grid once")
@@ -424,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"k3c {args.command}: internal error: {type(err).__name__}: {first_line(err)} "
               "(set K3C_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -54,15 +54,20 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
     """Schedule a spec and print its Triton module. launch_tables: entry -> tuned launch configs
     per bucket, embedded in the module (k3compile.autotune; docs/autotuning.md); note: added
     to the module's docstring."""
+    from k3compile.backends.triton.limits import check_limits
     from k3compile.backends.triton.printer import print_triton
 
     compilation = schedule(spec, pipeline)
     if not any(op.name == "k3s.entry" for op in compilation.scheduled.ops):
         layer_op = next(iter(compilation.scheduled.ops)).name
+        if not DEFAULT_PIPELINES[spec.kind]:
+            raise UnsupportedError(f"{spec.source}: there is no kernel lowering for kind '{spec.kind}' yet; "
+                                   f"`k3c ir` shows its IR ({layer_op}) and k3compile.ir.reference runs it")
         raise UnsupportedError(
             f"{spec.source}: no kernel lowering for {layer_op} (kind '{spec.kind}') in pipeline "
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
         )
+    check_limits(compilation.scheduled, spec.source)
     start = time.perf_counter()
     title = f"{spec.name}: compiled {spec.kind} layer (k3compile). Needs only torch and triton."
     if note:

@@ -23,3 +23,7 @@ class VerificationError(K3Error):
 
 class OutputError(K3Error, OSError):
     """The compiled module could not be written where asked."""
+
+
+class ArgumentError(K3Error, ValueError):
+    """An argument of a command or function is invalid (e.g. a device this machine lacks)."""

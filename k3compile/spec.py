@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import keyword
 import math
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,20 @@ SCHEMAS["latent_moe"] = {
     "dtype": Key(str, default="bfloat16", choices=DTYPES),
 }
 KINDS = tuple(SCHEMAS)
+# A layer's name is its module's file name (<name>.py): one of these would shadow the module it
+# names for any Python started in the output folder (numpy: Triton's interpreter imports it)
+IMPORTED_BY_MODULES = ("torch", "triton", "numpy")
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a layer (its module file), or None."""
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return "a Python keyword"
+    if name in IMPORTED_BY_MODULES:
+        return f"a module the compiled module imports: {name}.py in the output folder would shadow it"
+    if name in sys.stdlib_module_names:
+        return f"a standard-library module: {name}.py in the output folder would shadow it"
+    return None
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,8 @@ def spec_from_table(table: dict[str, Any], source: str = "<spec>") -> LayerSpec:
     name, kind = table["name"], table["kind"]
     if not isinstance(name, str) or not name.isidentifier():
         raise SpecError(f"{where}: key 'name': expected a Python identifier (letters, digits, _), got {name!r}")
+    if name_problem(name):
+        raise SpecError(f"{where}: key 'name': {name!r} is {name_problem(name)}; choose another name")
     if kind not in SCHEMAS:
         raise SpecError(f"{where}: key 'kind': expected one of {', '.join(KINDS)}, got {kind!r}")
     schema = SCHEMAS[kind]

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from k3compile.driver import CompiledLayer, lower, write_module
+from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
 
 # RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
@@ -128,6 +129,37 @@ def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dic
             offsets.append(offsets[-1] + length)
         inputs["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int64, device=device)
     return inputs
+
+
+# --quick on a CPU: the interpreter runs every program of a grid in Python (about 0.5 s for one
+# program of a chunk prepare), one per (chunk, value head), so the spec's layer there has this
+# many query/key heads (value heads in the spec's ratio): the kernels' code is the same at any
+# count, and two heads still catch a wrong head offset
+QUICK_CPU_HEADS = 2
+
+
+def quick_layer(spec: LayerSpec, on_gpu: bool) -> LayerSpec:
+    """The layer --quick verifies: the spec itself, or on a CPU the spec with QUICK_CPU_HEADS heads."""
+    H, HV = spec.params["num_heads"], spec.params["num_v_heads"]
+    if on_gpu or H <= QUICK_CPU_HEADS:
+        return spec
+    return variant(spec, f"{QUICK_CPU_HEADS}heads", num_heads=QUICK_CPU_HEADS, num_v_heads=QUICK_CPU_HEADS * (HV // H))
+
+
+def quick_recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[RecurrenceCase]]]:
+    """One case per entry (`k3c verify --quick`): varlen with an empty, a one-token and
+    odd-length sequences, initial states, the chunk entries over several chunks with a partial
+    one. Each compares outputs and states against the reference, so a wrong kernel still fails."""
+    layer = quick_layer(spec, on_gpu)
+    yield layer, "recurrent", [RecurrenceCase("varlen (3, 0, 1, 3), initial states", 1, 0, seqlens=(3, 0, 1, 3))]
+    yield layer, "decode", [RecurrenceCase("B3 T1 over a pool of 5 slots, one padding row", 3, 1)]
+    yield layer, "chunk", [
+        RecurrenceCase("varlen (17, 0, 1, 5), initial states, checkpoints every 16", 1, 0, seqlens=(17, 0, 1, 5),
+                       checkpoint_every=16),
+        RecurrenceCase("varlen (1, 22), initial states, 2 segments each", 1, 0, seqlens=(1, 22), segments=2),
+    ]
+    yield layer, "segment_summary", [RecurrenceCase("segments (5, 17, 1)", 1, 0, seqlens=(5, 17, 1),
+                                                    initial_state=False)]
 
 
 def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[RecurrenceCase]]]:
@@ -249,6 +281,12 @@ class AttnResCase:
     length: int
 
 
+def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
+    """`k3c verify --quick`: the most sources (all blocks + the partial one), an odd row count."""
+    most = spec.params["num_blocks"] + 1
+    yield spec, "aggregate", [AttnResCase(f"S={most} (all blocks + partial), B3 T5", most, 3, 5)]
+
+
 def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
     most = spec.params["num_blocks"] + 1
     length = 1023 if on_gpu else 5
@@ -279,60 +317,97 @@ def run_attnres_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, de
     return [("out", out, reference.attnres(layer_op, sources, query, gain))]
 
 
-FAMILIES: dict[str, tuple[Callable, Callable]] = {kind: (recurrence_cases, run_recurrence_case) for kind in RECURRENCE_KINDS}
-FAMILIES["attnres"] = (attnres_cases, run_attnres_case)
+@dataclass(frozen=True)
+class Family:
+    full: Callable  # (spec, on_gpu) -> (layer spec, entry, cases) of the full grid
+    quick: Callable  # the same, one case per entry (--quick)
+    run: Callable  # (layer, entry, layer op, case, dtype, device, generator) -> [(tensor, out, ref)]
+
+
+FAMILIES: dict[str, Family] = {kind: Family(recurrence_cases, quick_recurrence_cases, run_recurrence_case)
+                               for kind in RECURRENCE_KINDS}
+FAMILIES["attnres"] = Family(attnres_cases, quick_attnres_cases, run_attnres_case)
+
+
+def check_device(device: str) -> str:
+    """The device as torch names it, or ArgumentError: only cpu (the interpreter) and a CUDA GPU
+    that this machine has run the kernels."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ArgumentError(f"device {device!r}: expected cpu or cuda (cuda:N for the N-th GPU)") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ArgumentError(f"device {device!r}: the kernels run on cpu (Triton's interpreter) or cuda, not {parsed.type}")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"device {device!r}: no CUDA GPU here (torch.cuda.is_available() is False); "
+                                "use cpu for Triton's interpreter")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ArgumentError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return str(parsed)
 
 
 def defaults(device: str | None, dtypes: list[str] | None) -> tuple[str, list[str]]:
-    """The device (cuda if available) and dtypes (CPU: fp32 in the interpreter; GPU: bf16 and fp32) of a run."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    """The device (cuda if available; ArgumentError if this machine lacks the one asked for) and
+    dtypes (CPU: fp32 in the interpreter; GPU: bf16 and fp32) of a run."""
+    device = check_device(device) if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
     return device, dtypes or (["bfloat16", "float32"] if device != "cpu" else ["float32"])
 
 
-def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str]) -> list[tuple[LayerSpec, str, RecurrenceCase | AttnResCase, str]]:
+def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
+         ) -> list[tuple[LayerSpec, str, RecurrenceCase | AttnResCase, str]]:
     """Every (layer, entry, case, dtype) of a run, in a fixed order: the positions --shard splits.
-    Cheap: it builds the variants' specs, nothing is lowered."""
-    make_cases, _ = FAMILIES[spec.kind]
+    quick: one case per entry (quick_recurrence_cases). Cheap: it builds the variants' specs,
+    nothing is lowered."""
+    family = FAMILIES[spec.kind]
+    make_cases = family.quick if quick else family.full
     return [(layer_spec, entry, case, dtype_name) for layer_spec, entry, cases in make_cases(spec, on_gpu)
             for case in cases for dtype_name in dtypes]
 
 
 def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None = None,
            seed: int | None = None, out_dir: Path | None = None,
-           progress: Callable[[str], None] | None = None,
-           shard: tuple[int, int] | None = None) -> list[CaseResult]:
+           progress: Callable[[int, int, str], None] | None = None,
+           shard: tuple[int, int] | None = None, quick: bool = False) -> list[CaseResult]:
     """Run the verification grid of a spec. On a CPU: Triton's interpreter in fp32; on a GPU:
     native, in bf16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
-    positions p of `grid` with p % N == I."""
-    from k3compile.errors import UnsupportedError
+    positions p of `grid` with p % N == I; quick: one case per entry (see `grid`).
+    progress(done, total, case) is called before each case and once at the end (case "").
+    Raises UnsupportedError for a kind without kernels, ArgumentError for a device this machine
+    lacks or a seed torch cannot take."""
     from k3compile.frontend import spec_to_module
 
     if spec.kind not in FAMILIES:
         raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no compiled kernels to verify yet")
     device, dtypes = defaults(device, dtypes)
+    if seed is not None and not -2**63 <= seed < 2**64:  # what torch.Generator takes
+        raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
     on_gpu = device != "cpu"
     gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="k3c-verify-"))
-    _, run_case = FAMILIES[spec.kind]
+    run_case = FAMILIES[spec.kind].run
     index, count = shard or (0, 1)
     results = []
     layers: dict[str, tuple] = {}
+    cases = grid(spec, on_gpu, dtypes, quick)[index::count]
     # a shard lowers a layer only when one of its own cases needs it and launches (so Triton
     # compiles) only its own cases' kernels: the others' compile time is what sharding saves
-    for layer_spec, entry, case, dtype_name in grid(spec, on_gpu, dtypes)[index::count]:
+    for done, (layer_spec, entry, case, dtype_name) in enumerate(cases):
+        if progress:
+            progress(done, len(cases), f"{layer_spec.name}.{entry}: {case.name} [{dtype_name}]")
         if layer_spec.name not in layers:
             compilation = lower(layer_spec)
             layer = CompiledLayer(compilation, write_module(compilation, out_dir))
             layer.module.POISON_OUTPUTS = True
             layers[layer_spec.name] = (layer, next(iter(spec_to_module(layer_spec).ops)))
         layer, layer_op = layers[layer_spec.name]
-        if progress:
-            progress(f"{layer_spec.name}.{entry}: {case.name} [{dtype_name}]")
         dtype = DTYPES[dtype_name]
         for tensor, out, ref in run_case(layer, entry, layer_op, case, dtype, device, gen):
             max_abs, rms = compare(out, ref)
             results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
                                       tolerance(entry, dtype)))
+    if progress:
+        progress(len(cases), len(cases), "")
     return results

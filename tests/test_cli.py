@@ -1,4 +1,4 @@
-"""`k3c`: compile, ir, opt, verify; exit codes 0 ok, 1 verification failed, 2 bad input."""
+"""`k3c`: compile, ir, opt, verify; exit codes 0 ok, 1 verification failed, 2 bad input, 3 internal error."""
 
 from __future__ import annotations
 
@@ -173,6 +173,44 @@ def test_ir_after_all(capsys):
     assert "IR after lower-recurrent" in out
     after = out.split("IR after lower-recurrent", 1)[1]
     assert "k3s.entry @recurrent" in after and "k3s.token_loop" in after
+
+
+def test_ir_runs_the_pipeline_without_after_all(capsys):
+    """-p alone prints the IR after the pipeline (no headers), not the spec's IR."""
+    code, out, err = run(capsys, "ir", EXAMPLES / "kda.toml", "-p", "lower-recurrent{block-v=16}")
+    assert code == 0, err
+    assert out.startswith("builtin.module {") and "IR after" not in out and "IR of spec" not in out
+    assert "k3s.entry @recurrent" in out and "block_v = 16" in out
+    assert "k3s.entry @decode" not in out  # only the pipeline asked for, not the kind's
+
+
+@pytest.mark.parametrize("after_all", [[], ["--after-all"]])
+@pytest.mark.parametrize("pipeline", ["no-such-pass{x=1}", "lower-recurrent{blok-v=16}"])
+def test_ir_bad_pipeline(capsys, pipeline, after_all):
+    code, out, err = run(capsys, "ir", EXAMPLES / "kda.toml", "-p", pipeline, *after_all)
+    assert_bad_input(code, out, err, "k3c ir", pipeline.split("{")[0], pipeline.split("{")[1].split("=")[0])
+    assert out == ""
+
+
+def test_readme_ir_sample_is_the_real_output(capsys, monkeypatch):
+    """The README's `k3c ir` sample, line for line; its one '... (N more ...)' line stands for N lines."""
+    import re
+
+    command = "$ .venv/bin/k3c ir examples/kda.toml --after-all -p lower-recurrent\n"
+    sample = (REPO / "README.md").read_text().split(command, 1)[1].split("```", 1)[0].splitlines()
+    monkeypatch.chdir(REPO)
+    code, out, err = run(capsys, "ir", "examples/kda.toml", "--after-all", "-p", "lower-recurrent")
+    assert code == 0, err
+    real = out.rstrip("\n").splitlines()
+    at = 0
+    for line in sample:
+        skipped = re.match(r"^\s*\.\.\. \((\d+) more ", line)
+        if skipped:
+            at += int(skipped[1])
+            continue
+        assert at < len(real) and real[at] == line, f"README line {line!r} != real line {real[at:at + 1]}"
+        at += 1
+    assert at == len(real), f"the README leaves out the last {len(real) - at} lines"
 
 
 def test_ir_after_all_timing(capsys):
@@ -371,6 +409,70 @@ def test_verify_bad_shard(capsys, tiny_spec, shard):
     assert "--shard" in errors[0] and repr(shard) in errors[0]
 
 
+def test_verify_quick_runs_one_case_per_entry(capsys, tiny_spec, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out, err = run(capsys, "verify", tiny_spec, "--device", "cpu", "--quick")
+    assert code == 0, out + err
+    assert "--quick (one case per entry)" in out and " 0 failed" in out
+    entries = {line.split("│")[2].strip() for line in out.splitlines() if line.count("│") > 8} - {""}
+    # every entry of the module (chunk_segments through chunk(..., segments=2))
+    assert entries == {"recurrent", "decode", "chunk", "segment_summary"}
+
+
+def test_quick_grid_covers_varlen_initial_states_and_odd_lengths():
+    """Each recurrence case of --quick is varlen with an empty and a one-token sequence and an
+    odd length (or a batch with a padding row, decode), with initial states wherever the entry
+    takes them; the chunk cases span several 16-token chunks with a partial one. On a CPU a
+    4-head spec is verified at 2 heads, the value heads in the same ratio."""
+    from k3compile.spec import spec_from_table
+    from k3compile.verify import grid
+
+    spec = spec_from_table(dict(name="wide", kind="kda", num_heads=4, num_v_heads=8, head_k_dim=8, head_v_dim=8))
+    cases = grid(spec, False, ["float32"], quick=True)
+    assert {layer.params["num_heads"] for layer, *_ in cases} == {2}
+    assert {layer.params["num_v_heads"] for layer, *_ in cases} == {4}
+    assert {(layer.params["head_k_dim"], layer.params["head_v_dim"]) for layer, *_ in cases} == {(8, 8)}
+    for _, entry, case, _ in cases:
+        if entry == "decode":
+            assert case.batch > 1 and case.initial_state  # run_decode_case pads row 1 and starts from the pool
+            continue
+        assert case.seqlens and sum(case.seqlens) % 2 == 1 and any(n % 2 for n in case.seqlens), case
+        assert case.initial_state == (entry != "segment_summary"), case
+        if entry in ("chunk", "segment_summary"):
+            assert max(case.seqlens) > 16 and max(case.seqlens) % 16, case
+    lengths = [case.seqlens for _, entry, case, _ in cases if entry == "recurrent"][0]
+    assert 0 in lengths and 1 in lengths
+    assert grid(spec, True, ["float32"], quick=True)[0][0] is spec  # on a GPU, the spec as given
+
+
+@pytest.mark.parametrize("old, new, broken", [
+    ("HAS_INITIAL_STATE=initial_state is not None", "HAS_INITIAL_STATE=False", {"recurrent", "chunk"}),
+    ("m_c = t_c < eos", "m_c = t_c < eos - 1", {"chunk", "segment_summary"}),  # a chunk mask off by one
+    ("tl.store(state + p_state, b_S.to(state.dtype.element_ty), mask=m_kv)", "pass", {"decode"}),
+], ids=["initial-state-ignored", "last-token-masked", "pool-not-written"])
+def test_verify_quick_catches_a_broken_kernel(tiny_spec, tmp_path, monkeypatch, old, new, broken):
+    """--quick can fail: with one fault printed into the module, the entries it breaks fail."""
+    import tempfile
+
+    from k3compile import verify as verify_module
+    from k3compile.spec import load_spec
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lower = verify_module.lower
+
+    def faulty(spec):
+        compilation = lower(spec)
+        assert old in compilation.source
+        compilation.source = compilation.source.replace(old, new)
+        return compilation
+
+    monkeypatch.setattr(verify_module, "lower", faulty)
+    results = verify_module.verify(load_spec(tiny_spec), device="cpu", quick=True)
+    assert broken <= {r.entry for r in results if not r.passed}
+
+
 def test_verify_latent_moe_is_bad_input(capsys):
     code, out, err = run(capsys, "verify", EXAMPLES / "latent_moe.toml", "--device", "cpu")
     assert_bad_input(code, out, err, "latent_moe")
@@ -435,15 +537,15 @@ def test_compile_refuses_a_schedule_not_grouped_into_kernels(capsys, tmp_path, p
 
 
 def test_internal_error_is_one_line(capsys, tmp_path, monkeypatch):
-    """A bug below the CLI (here: a failing module writer) is reported in one line, exit 1;
-    K3C_TRACEBACK=1 re-raises it for the bug report."""
+    """A bug below the CLI (here: a failing module writer) is reported in one line, exit 3 (not
+    1, which says the kernels disagreed with the reference); K3C_TRACEBACK=1 re-raises it."""
     import k3compile.driver
 
     def broken(*args, **kwargs):
         raise RuntimeError("writer exploded\nsecond line")
 
     monkeypatch.setattr(k3compile.driver, "write_module", broken)
-    assert main(["compile", str(EXAMPLES / "kda.toml"), "-o", str(tmp_path)]) == 1
+    assert main(["compile", str(EXAMPLES / "kda.toml"), "-o", str(tmp_path)]) == 3
     err = capsys.readouterr().err
     assert one_line(err) and "internal error: RuntimeError: writer exploded" in err
     monkeypatch.setenv("K3C_TRACEBACK", "1")

@@ -84,7 +84,7 @@ def test_layer_named_like_a_bool_round_trips(name):
     assert_round_trips(custom(schedule(spec, "lower-recurrent").scheduled))
 
 
-@pytest.mark.parametrize("name", ["inf", "nan", "True", "layer_1"])
+@pytest.mark.parametrize("name", ["inf", "nan", "TRUE", "layer_1"])
 def test_other_layer_names_round_trip(name):
     spec = spec_from_table(dict(name=name, kind="kda", num_heads=1, head_k_dim=4, head_v_dim=4))
     assert_round_trips(custom(schedule(spec, "lower-recurrent").scheduled))
@@ -99,10 +99,10 @@ def test_plain_float_scales_round_trip(scale):
 
 
 def test_layer_ir_holds_the_spec():
-    spec = spec_from_table(dict(name="abc", kind="gated_deltanet", num_heads=3, num_v_heads=6, head_k_dim=7,
+    spec = spec_from_table(dict(name="abc_layer", kind="gated_deltanet", num_heads=3, num_v_heads=6, head_k_dim=7,
                                 head_v_dim=9, state_layout="vk"))
     op = next(iter(spec_to_module(spec).ops))
-    assert op.name == "k3.recurrence" and op.sym_name.data == "abc"
+    assert op.name == "k3.recurrence" and op.sym_name.data == "abc_layer"
     assert op.gate.data == "scalar" and bool(op.delta_rule.value.data)
     assert (op.num_heads.value.data, op.num_v_heads.value.data) == (3, 6)
     assert (op.head_k_dim.value.data, op.head_v_dim.value.data) == (7, 9)

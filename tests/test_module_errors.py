@@ -248,6 +248,31 @@ def test_initial_state_in_the_other_layout(gla_vk):
     expect_error(gla_vk.recurrent, "initial_state", **inputs)
 
 
+@pytest.mark.parametrize("scale, shown", [("abc", "'abc'"), (float("nan"), "nan"), (float("inf"), "inf"),
+                                          (True, "True"), (torch.ones(2), "Tensor"), ([0.5], "list")])
+def test_scale_not_a_number(kda, scale, shown):
+    message = expect_error(kda.recurrent, "scale", **kda_inputs(), scale=scale)
+    assert message.endswith(f"got {shown}")
+
+
+def test_scale_given_is_used(kda):
+    """The control: a number (or a one-element tensor) is the scale the kernel applies."""
+    inputs = kda_inputs()
+    (o_half, _), (o_tensor, _) = kda.recurrent(**inputs, scale=0.5), kda.recurrent(**inputs, scale=torch.tensor(0.5))
+    (o_default, _) = kda.recurrent(**inputs)
+    assert torch.equal(o_half, o_tensor) and not torch.allclose(o_half, o_default)
+
+
+def test_more_sequences_than_grid_axis_1_holds(kda):
+    """One program per (sequence, value head) on CUDA's grid axis 1 (at most 65535): a call
+    with more is refused before any launch, naming the sizes (here 32768 sequences x 2 heads)."""
+    inputs = kda_inputs(B=1, T=1)
+    del inputs["initial_state"]
+    inputs["cu_seqlens"] = torch.tensor([0] + [1] * 32768)  # one token, then empty sequences
+    message = expect_error(kda.recurrent, "q", **inputs)
+    assert "32768 sequences x 2 value heads = 65536" in message and "at most 32767" in message
+
+
 @pytest.mark.gpu
 def test_device_mismatch(tmp_path, monkeypatch):
     if not torch.cuda.is_available():

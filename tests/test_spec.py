@@ -183,6 +183,24 @@ def test_bad_name(tmp_path, name):
     assert "'name'" in message
 
 
+@pytest.mark.parametrize("name, why", [
+    ("class", "a Python keyword"), ("match", "a Python keyword"), ("case", "a Python keyword"),
+    ("torch", "a module the compiled module imports: torch.py in the output folder would shadow it"),
+    ("triton", "a module the compiled module imports"), ("numpy", "a module the compiled module imports"),
+    ("os", "a standard-library module: os.py in the output folder would shadow it"), ("math", "a standard-library"),
+])
+def test_name_that_would_shadow_or_not_parse(tmp_path, name, why):
+    """The name is the module's file name: a keyword cannot be imported by name, and out/torch.py
+    (or any module the generated one or Python itself imports) shadows it in that folder."""
+    message = spec_error(write(tmp_path, replace_line(KDA, "name", f'name = "{name}"')))
+    assert f"key 'name': {name!r} is {why}" in message
+
+
+@pytest.mark.parametrize("name", ["torch_kda", "kda_os", "classy", "Match"])
+def test_names_near_reserved_ones_are_fine(tmp_path, name):
+    assert load_spec(write(tmp_path, replace_line(KDA, "name", f'name = "{name}"'))).name == name
+
+
 def test_name_not_a_string(tmp_path):
     message = spec_error(write(tmp_path, replace_line(KDA, "name", "name = 3")))
     assert "'name'" in message

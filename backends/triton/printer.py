@@ -163,6 +163,8 @@ class TritonPrinter:
             params.append("checkpoint_every=None")
         if view.combine:
             params.append("entering_states=None")
+        if "state_indices" in view.names:
+            params.append("check_indices=True")
         outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
         if entry.sym_name.data in self.launch_tables:
             self.print_launch_table(view)
@@ -183,13 +185,18 @@ class TritonPrinter:
             if view.combine:
                 c("    entering_states: (M, N) -> [N, ...] float32: the state entering every segment (sequence of",
                   "        cu_seqlens), from all segments' summaries (M None for the identity transition)")
+            if "state_indices" in view.names:
+                counts = " and accepted in 0..the cache depth" if "accepted" in view.names else ""
+                c("    check_indices: check on the host (a synchronisation, skipped while a CUDA graph is captured)",
+                  f"        that every state_indices entry is a pool slot or -1 (padding) and none repeats{counts};",
+                  "        False for hot loops: the kernels still never touch memory outside the pool")
             c(f"Returns ({', '.join(o.sym_name.data for o in outputs)}"
               f"{'[, checkpoints]' if view.checkpoint else ''}); optional outputs are None unless asked for.")
             c('"""')
             self.print_argument_checks(view)
             for arg in view.scalars:
                 name = arg.sym_name.data
-                c(f"{name} = {attr_to_literal(arg.default)} if {name} is None else float({name})")
+                c(f'{name} = _scalar("{name}", {name}, {attr_to_literal(arg.default)})')
             if any("NC" in t.shape.data.split(",") for t in view.tensors):
                 chunk_size = next(op.chunk_size.value.data for op in view.entry.walk() if isinstance(op, k3s.ChunkTileOp))
                 c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
@@ -255,6 +262,16 @@ class TritonPrinter:
                     c(check)
         if not any(t.dtype.data == "offsets" for t in view.tensors):
             c('dims["N"] = dims["B"]  # one sequence per batch row')
+        if "state_indices" in view.names:
+            c('_check_slots("state_indices", state_indices, dims["P"], check_indices)')
+        if "accepted" in view.names:
+            depth = next(int(view.dims(b)[1]) for b in ("cache", "snapshots") if b in view.names)
+            c(f'_check_counts("accepted", accepted, {depth}, check_indices)')
+        heads = {self.kernel_constants(k, view).get("HV") for k in view.kernels
+                 if "sequence_head" in k.grid.data.split(",")[1:]}
+        rows = "state_indices" if "state_indices" in view.names else first  # what sets the sequence count
+        for HV in sorted(heads - {None}):
+            c(f'_check_grid_axis("{rows}", dims["N"], {HV})')
         if view.combine:
             c("if not callable(entering_states):")
             with c.indent():

@@ -160,6 +160,62 @@ def _tuned_launch(table, kernel, dtype, dims, heads, default):
     return {**default, **tuned[kernel]} if tuned and kernel in tuned else default
 
 
+def _scalar(name, x, default):
+    """A number argument as a Python float (None: its default), or ValueError naming it."""
+    if x is None:
+        return default
+    try:
+        value = float(x)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of more than one element
+        value = None
+    if value is None or isinstance(x, bool) or not abs(value) < float("inf"):  # also rejects NaN
+        shown = repr(x) if isinstance(x, (str, int, float)) else type(x).__name__
+        raise ValueError(f"{name}: expected a finite number, got {shown}")
+    return value
+
+
+def _host_checks(check, x):
+    """Whether to run the checks that read a tensor on the host (a synchronisation): not with
+    check_indices=False, nor while a CUDA graph is captured (no copy to the host is allowed then)."""
+    return check and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _check_slots(name, slots, pool_rows, check):
+    """state_indices: each row's pool slot, 0..P-1, or -1 for a padding row; no slot twice (two
+    programs would advance it at once). The kernels mask any other slot either way (nothing is
+    read or written outside the pool), so check_indices=False only skips the host's reading."""
+    if not _host_checks(check, slots):
+        return
+    values = slots.tolist()
+    for row, slot in enumerate(values):
+        if slot != -1 and not 0 <= slot < pool_rows:
+            raise ValueError(f"{name}: row {row} is slot {slot}, outside the pool of {pool_rows} slots "
+                             f"(0..{pool_rows - 1}; -1 marks a padding row)")
+    seen = {}
+    for row, slot in enumerate(values):
+        if slot != -1 and slot in seen:
+            raise ValueError(f"{name}: slot {slot} is in rows {seen[slot]} and {row}; a pool slot may be "
+                             "advanced by one row per call")
+        seen[slot] = row
+
+
+def _check_counts(name, counts, most, check):
+    """accepted: each row's accepted draft tokens, 0..most (the cache depth); the kernels clamp
+    any other count, so a wrong one would pass silently."""
+    if not _host_checks(check, counts):
+        return
+    for row, count in enumerate(counts.tolist()):
+        if not 0 <= count <= most:
+            raise ValueError(f"{name}: row {row} accepts {count} tokens; expected 0..{most} (the cache depth)")
+
+
+def _check_grid_axis(name, sequences, heads):
+    """One program per (sequence, value head) on grid axis 1, which CUDA caps at 65535."""
+    if sequences * heads > 65535:
+        raise ValueError(f"{name}: {sequences} sequences x {heads} value heads = {sequences * heads} programs on "
+                         f"grid axis 1, above CUDA's 65535; at most {65535 // heads} sequences per call")
+
+
 def _check_none(name, x, why):
     if x is not None:
         raise ValueError(f"{name}: must be None ({why})")

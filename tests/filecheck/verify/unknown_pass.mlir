@@ -8,9 +8,9 @@ builtin.module {
 }
 
 // ERR-NOT: {{\n}}
-// ERR: {{^}}k3c opt: error: pipeline 'lower-chunky': Unrecognized passes: ['lower-chunky']; passes: {{.*}}lower-recurrent{{.*}}{{$}}
+// ERR: {{^}}k3c opt: error: pipeline 'lower-chunky': unknown pass 'lower-chunky'; passes: {{.*}}lower-recurrent{{.*}}{{$}}
 // ERR-NOT: {{.}}
 
 // LATER-NOT: {{\n}}
-// LATER: {{^}}k3c opt: error: pipeline 'lower-recurrent,fuse-attnres,no-such-pass': Unrecognized passes: ['no-such-pass']; passes: {{.*}}fuse-attnres{{.*}}{{$}}
+// LATER: {{^}}k3c opt: error: pipeline 'lower-recurrent,fuse-attnres,no-such-pass': unknown pass 'no-such-pass'; passes: {{.*}}fuse-attnres{{.*}}{{$}}
 // LATER-NOT: {{.}}

@@ -1,0 +1,84 @@
+"""What the Triton kernels can hold, checked before a module is printed.
+
+The IR and the reference run a layer of any size; these bounds belong to this backend's tiles
+and launch grids. Each is read off the kernels of the scheduled module (a recurrent-only
+pipeline has no chunk tiles, so no bound on V), and the shared-memory and register figures
+were measured by compiling the kernels for sm_90 (bench/sm90_resources.py, Triton 3.9).
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import ModuleOp
+
+from k3compile.backends.triton.printer import next_power_of_2
+from k3compile.errors import UnsupportedError
+from k3compile.ir import k3s
+from k3compile.ir.k3 import RecurrenceOp
+
+MAX_TENSOR_NUMEL = 2**20  # triton.language: TRITON_MAX_TENSOR_NUMEL, the most elements of a block
+MAX_GRID_AXIS = 65535  # CUDA caps grid axes 1 and 2 (axis 0: 2**31 - 1)
+# key rows are held whole (next_pow2(K) wide) by every kernel: fla's chunk_kda has the same
+# bound; at K = 512 the decode kernel's state tile spills (3.5 KB of stack per thread) and the
+# chunk scan needs 130 KB of shared memory
+MAX_HEAD_K_DIM = 256
+# a chunk kernel's [chunk, next_pow2(V)] tiles (V whole) go through shared memory: 128 KB at
+# 16 x 4096 on sm_90, of the 227 KB a program may have; 8192 columns would not fit
+MAX_CHUNK_TILE = 16 * 4096
+# AttnRes holds its rows (the source row, the accumulator, query and gain) of next_pow2(D) fp32
+# in registers across its warps: no spill at 2048 per warp (D = 16384 with 8 warps), 4 KB of
+# stack per thread at 8192 per warp
+MAX_ROW_PER_WARP = 2048
+
+
+def exceeds(source: str, key: str, value: int, limit: int, why: str) -> UnsupportedError:
+    return UnsupportedError(f"{source}: key '{key}' = {value} exceeds the Triton kernels' limit of {limit} ({why})")
+
+
+def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
+    name = f"@{kernel.sym_name.data}"
+    for op in kernel.walk():
+        if isinstance(op, (k3s.StateTileOp, k3s.ChunkTileOp)) and op.head_k_dim.value.data > MAX_HEAD_K_DIM:
+            raise exceeds(source, "head_k_dim", op.head_k_dim.value.data, MAX_HEAD_K_DIM,
+                          "every kernel holds whole key rows on chip, as fla's chunk_kda does")
+        if isinstance(op, k3s.StateTileOp):
+            shape = (next_power_of_2(op.head_k_dim.value.data),
+                     min(next_power_of_2(op.head_v_dim.value.data), op.block_v.value.data))
+            if shape[0] * shape[1] > MAX_TENSOR_NUMEL:
+                raise UnsupportedError(f"{source}: the state tile {list(shape)} of kernel {name} exceeds Triton's "
+                                       f"{MAX_TENSOR_NUMEL} elements per block; lower its pass's block-v")
+        if isinstance(op, k3s.ChunkTileOp):
+            chunk, V = op.chunk_size.value.data, op.head_v_dim.value.data
+            if chunk * next_power_of_2(V) > MAX_CHUNK_TILE:
+                most = MAX_CHUNK_TILE // chunk
+                raise exceeds(source, "head_v_dim", V, most,
+                              f"at chunk size {chunk}, kernel {name} holds [chunk, V] tiles with V whole, "
+                              f"{MAX_CHUNK_TILE} elements at most in shared memory; a smaller chunk-size allows more")
+        if isinstance(op, k3s.FoldQueryOp):
+            most = MAX_ROW_PER_WARP * kernel.num_warps.value.data
+            if next_power_of_2(op.hidden_size.value.data) > most:
+                raise exceeds(source, "hidden_size", op.hidden_size.value.data, most,
+                              f"kernel {name} holds its rows in the registers of its {kernel.num_warps.value.data} "
+                              f"warps, {MAX_ROW_PER_WARP} columns per warp; fuse-attnres{{num-warps=...}} allows more")
+
+
+def check_heads(layer: RecurrenceOp, kernels: list[k3s.KernelOp], source: str) -> None:
+    """A kernel of one program per value head (or per sequence and value head) on grid axis 1
+    launches at least num_v_heads programs there."""
+    heads = layer.num_v_heads.value.data
+    on_axis_1 = [k for k in kernels if {"value_head", "sequence_head"} & set(k.grid.data.split(",")[1:])]
+    if on_axis_1 and heads > MAX_GRID_AXIS:
+        raise exceeds(source, "num_v_heads", heads, MAX_GRID_AXIS,
+                      f"num_heads when not given; kernel @{on_axis_1[0].sym_name.data} launches a program per "
+                      "value head on grid axis 1, which CUDA caps")
+
+
+def check_limits(module: ModuleOp, source: str) -> None:
+    """Raise UnsupportedError ("<source>: key 'head_k_dim' = ... exceeds ...") if a kernel of the
+    scheduled module cannot hold its layer."""
+    layers = {op.sym_name.data: op for op in module.ops if isinstance(op, RecurrenceOp)}
+    for entry in [op for op in module.ops if isinstance(op, k3s.EntryOp)]:
+        kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+        for kernel in kernels:
+            check_kernel(kernel, source)
+        if entry.source.data in layers:
+            check_heads(layers[entry.source.data], kernels, source)
