@@ -2,7 +2,7 @@
 # The GPU measurements of bench/RESULTS.md in one call on the device machine. Installs the carried
 # wheels (.whl: xdsl and its deps, fla-core 0.6.0) and k3compile into /tmp/site, then runs the
 # phases named in PHASES (default: verify recurrent chunk; PHASES=none only installs):
-#   verify         k3c verify of the examples in $SPECS on the GPU, bf16 and fp32: every spec in
+#   verify         k3c verify of the examples in $SPECS on the GPU, bf16, fp16 and fp32: every spec in
 #                  $VERIFY_SHARDS shards (default 6, --shard), all side by side; the shards' output
 #                  in $OUT/verify.txt, a passed/failed line per spec and the phase's wall time
 #   gpu-tests      pytest -m gpu of each file in $GPU_TEST_FILES (default tests/test_gpu.py, test_gpu_numerics.py,

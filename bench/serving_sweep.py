@@ -102,22 +102,22 @@ def main(argv=None):
                 zero = torch.zeros_like(accepted)
                 # check: verify + commit, and spec_step (committing nothing) then commit, from the pool
                 pool = pool0.clone()
-                (o,) = mod.verify(**tok, scale=scale, state=pool, state_indices=slots, cache=cache)
-                mod.commit(state=pool, state_indices=slots, cache=cache, accepted=accepted)
+                (o,) = mod.verify(**tok, scale=scale, state=pool, state_indices=slots, check_indices=False, cache=cache)
+                mod.commit(state=pool, state_indices=slots, check_indices=False, cache=cache, accepted=accepted)
                 check(f"replay B{B} n{n} o", o, o_ref, TOLERANCE["o"])
                 check(f"replay B{B} n{n} state", pool[slots], s_ref, TOLERANCE["state"])
                 pool = pool0.clone()
-                (o,) = mod.spec_step(**tok, scale=scale, state=pool, state_indices=slots, cache=cache,
+                (o,) = mod.spec_step(**tok, scale=scale, state=pool, state_indices=slots, check_indices=False, cache=cache,
                                      accepted=zero, next_cache=next_cache)
-                mod.commit(state=pool, state_indices=slots, cache=next_cache, accepted=accepted)
+                mod.commit(state=pool, state_indices=slots, check_indices=False, cache=next_cache, accepted=accepted)
                 check(f"spec_step B{B} n{n} o", o, o_ref, TOLERANCE["o"])
                 check(f"spec_step B{B} n{n} state", pool[slots], s_ref, TOLERANCE["state"])
                 if n == 1:
                     pool = pool0.clone()
-                    (o,) = mod.decode(**tok, scale=scale, state=pool, state_indices=slots)
+                    (o,) = mod.decode(**tok, scale=scale, state=pool, state_indices=slots, check_indices=False)
                     check(f"decode B{B} o", o, o_ref, TOLERANCE["o"])
                     check(f"decode B{B} state", pool[slots], s_ref, TOLERANCE["state"])
-                    ms = bench(lambda: mod.decode(**tok, scale=scale, state=pool, state_indices=slots))
+                    ms = bench(lambda: mod.decode(**tok, scale=scale, state=pool, state_indices=slots, check_indices=False))
                     row[f"decode_B{B}_us"] = ms * 1e3
                     row[f"decode_B{B}_copy"] = 2 * B * HV * K * V * 4 / (ms * 1e-3) / copy_Bps
                 if n not in drafts:
@@ -125,11 +125,11 @@ def main(argv=None):
                 # timing: every round commits the n tokens the previous one cached (the cache above)
                 pool = pool0.clone()
                 row[f"replay_B{B}_n{n}_us"] = 1e3 * bench(lambda: (
-                    mod.verify(**tok, scale=scale, state=pool, state_indices=slots, cache=cache),
-                    mod.commit(state=pool, state_indices=slots, cache=cache, accepted=accepted)))
+                    mod.verify(**tok, scale=scale, state=pool, state_indices=slots, check_indices=False, cache=cache),
+                    mod.commit(state=pool, state_indices=slots, check_indices=False, cache=cache, accepted=accepted)))
                 pool = pool0.clone()
                 row[f"spec_step_B{B}_n{n}_us"] = 1e3 * bench(lambda: mod.spec_step(
-                    **tok, scale=scale, state=pool, state_indices=slots, cache=next_cache, accepted=accepted,
+                    **tok, scale=scale, state=pool, state_indices=slots, check_indices=False, cache=next_cache, accepted=accepted,
                     next_cache=cache))
             if not args.smoke:
                 del inp, pool0, pool, cache, next_cache

@@ -252,11 +252,11 @@ def main(argv=None):
         row["state_bytes"] = 2 * B * HV * K * V * 4
         row["bytes"] = row["state_bytes"] + sum(tensor_bytes(inp).values()) + B * HV * V * 2
         first = pool.clone()
-        (o,) = first_call(row, "ours", lambda: ours.decode(**tok, scale=scale, state=first, state_indices=slots)) or (None,)
+        (o,) = first_call(row, "ours", lambda: ours.decode(**tok, scale=scale, state=first, state_indices=slots, check_indices=False)) or (None,)
         o_ref, s_ref = reference(torch, inp, scale)
         check(row, "ours o vs fp32 loop", o, o_ref, TOLERANCES["o"])
         check(row, "ours state vs fp32 loop", first[slots], s_ref, TOLERANCES["state"])
-        methods = {"ours": lambda: ours.decode(**tok, scale=scale, state=pool, state_indices=slots)}
+        methods = {"ours": lambda: ours.decode(**tok, scale=scale, state=pool, state_indices=slots, check_indices=False)}
         if fla_fn is not None:
             result = first_call(row, "fla", lambda: fla_fn(**tok, scale=scale, initial_state=h0,
                                                              output_final_state=True, **FLA_FLAGS))
@@ -310,8 +310,8 @@ def main(argv=None):
             # correctness: every method from the same pool, against ours replay and the fp32 loop
             pool_r, cache_r = pool0.clone(), torch.zeros(B, depth, HV, 2 * K + V, device=device)
             (o_r,) = first_call(row, "replay", lambda: ours.verify(**tok, scale=scale, state=pool_r,
-                                                                   state_indices=slots, cache=cache_r)) or (None,)
-            first_call(row, "replay", lambda: ours.commit(state=pool_r, state_indices=slots, cache=cache_r,
+                                                                   state_indices=slots, check_indices=False, cache=cache_r)) or (None,)
+            first_call(row, "replay", lambda: ours.commit(state=pool_r, state_indices=slots, check_indices=False, cache=cache_r,
                                                           accepted=accepted))
             cache_r0 = cache_r[slots, :n].clone()  # the token verify's cache, for the chunked one
             o_ref, s_ref = reference(torch, inp, scale)
@@ -321,8 +321,8 @@ def main(argv=None):
             pool_s = pool0.clone()
             snaps = torch.empty(B, snapshot_depth, HV, K, V, device=device)
             (o_s,) = first_call(row, "snapshot", lambda: snap.verify(**tok, scale=scale, state=pool_s,
-                                                                     state_indices=slots, snapshots=snaps)) or (None,)
-            first_call(row, "snapshot", lambda: snap.commit(state=pool_s, state_indices=slots, snapshots=snaps,
+                                                                     state_indices=slots, check_indices=False, snapshots=snaps)) or (None,)
+            first_call(row, "snapshot", lambda: snap.commit(state=pool_s, state_indices=slots, check_indices=False, snapshots=snaps,
                                                             accepted=accepted))
             check(row, "snapshot o vs replay", o_s, o_r, TOLERANCES["o"])
             check(row, "snapshot state vs replay", pool_s, pool_r, TOLERANCES["state"])
@@ -330,14 +330,14 @@ def main(argv=None):
             # verify; the second commits them (like commit) and verifies again from there
             pool_f, caches = pool0.clone(), torch.zeros(2, B, depth, HV, 2 * K + V, device=device)
             step = lambda cache, count, next_cache: ours.spec_step(  # noqa: E731
-                **tok, scale=scale, state=pool_f, state_indices=slots, cache=cache, accepted=count,
+                **tok, scale=scale, state=pool_f, state_indices=slots, check_indices=False, cache=cache, accepted=count,
                 next_cache=next_cache)
             (o_f,) = first_call(row, "spec_step", lambda: step(caches[0], zeros, caches[1])) or (None,)
             (o_f2,) = first_call(row, "spec_step", lambda: step(caches[1], accepted, caches[0])) or (None,)
             check(row, "spec_step o vs replay", o_f, o_r, TOLERANCES["o"])
             check(row, "spec_step state vs replay", pool_f, pool_r, TOLERANCES["state"])
             if o_r is not None:
-                (o_again,) = ours.verify(**tok, scale=scale, state=pool_r, state_indices=slots, cache=cache_r)
+                (o_again,) = ours.verify(**tok, scale=scale, state=pool_r, state_indices=slots, check_indices=False, cache=cache_r)
                 check(row, "spec_step round 2 o vs verify", o_f2, o_again, TOLERANCES["o"])
             # the chunked verify (one chunk of the chunkwise schedule) and spec_step built on it
             pool_c, cache_c = pool0.clone(), torch.zeros(B, depth, HV, 2 * K + V, device=device)
@@ -346,14 +346,14 @@ def main(argv=None):
                 row["chunked_error"] = row["chunked_step_error"] = chunked_error
             else:
                 (o_c,) = first_call(row, "chunked", lambda: chunked.verify(
-                    **tok, scale=scale, state=pool_c, state_indices=slots, cache=cache_c)) or (None,)
-                first_call(row, "chunked", lambda: chunked.commit(state=pool_c, state_indices=slots, cache=cache_c,
+                    **tok, scale=scale, state=pool_c, state_indices=slots, check_indices=False, cache=cache_c)) or (None,)
+                first_call(row, "chunked", lambda: chunked.commit(state=pool_c, state_indices=slots, check_indices=False, cache=cache_c,
                                                                   accepted=accepted))
                 check(row, "chunked o vs replay", o_c, o_r, TOLERANCES["o"])
                 check(row, "chunked cache vs replay", cache_c[slots, :n], cache_r0, TOLERANCES["state"])
                 check(row, "chunked state vs replay", pool_c, pool_r, TOLERANCES["state"])
                 chunked_step = lambda cache, count, next_cache: chunked.spec_step(  # noqa: E731
-                    **tok, scale=scale, state=pool_cf, state_indices=slots, cache=cache, accepted=count,
+                    **tok, scale=scale, state=pool_cf, state_indices=slots, check_indices=False, cache=cache, accepted=count,
                     next_cache=next_cache)
                 (o_cf,) = first_call(row, "chunked_step", lambda: chunked_step(caches_c[0], zeros, caches_c[1])) or (None,)
                 (o_cf2,) = first_call(row, "chunked_step",
@@ -362,15 +362,15 @@ def main(argv=None):
                 check(row, "chunked_step state vs replay", pool_cf, pool_r, TOLERANCES["state"])
                 check(row, "chunked_step round 2 o vs spec_step", o_cf2, o_f2, TOLERANCES["o"])
             methods = {
-                "replay": lambda: (ours.verify(**tok, scale=scale, state=pool_r, state_indices=slots, cache=cache_r),
-                                   ours.commit(state=pool_r, state_indices=slots, cache=cache_r, accepted=accepted)),
+                "replay": lambda: (ours.verify(**tok, scale=scale, state=pool_r, state_indices=slots, check_indices=False, cache=cache_r),
+                                   ours.commit(state=pool_r, state_indices=slots, check_indices=False, cache=cache_r, accepted=accepted)),
                 "spec_step": lambda: step(caches[0], accepted, caches[1]),
                 "chunked": None if chunked is None else lambda: (
-                    chunked.verify(**tok, scale=scale, state=pool_c, state_indices=slots, cache=cache_c),
-                    chunked.commit(state=pool_c, state_indices=slots, cache=cache_c, accepted=accepted)),
+                    chunked.verify(**tok, scale=scale, state=pool_c, state_indices=slots, check_indices=False, cache=cache_c),
+                    chunked.commit(state=pool_c, state_indices=slots, check_indices=False, cache=cache_c, accepted=accepted)),
                 "chunked_step": None if chunked is None else lambda: chunked_step(caches_c[0], accepted, caches_c[1]),
-                "snapshot": lambda: (snap.verify(**tok, scale=scale, state=pool_s, state_indices=slots, snapshots=snaps),
-                                     snap.commit(state=pool_s, state_indices=slots, snapshots=snaps, accepted=accepted)),
+                "snapshot": lambda: (snap.verify(**tok, scale=scale, state=pool_s, state_indices=slots, check_indices=False, snapshots=snaps),
+                                     snap.commit(state=pool_s, state_indices=slots, check_indices=False, snapshots=snaps, accepted=accepted)),
             }
             if fla_fn is not None:
                 result = first_call(row, "fla", lambda: fla_fn(**tok, scale=scale, initial_state=h0,

@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="layer spec (.toml)")
     p.add_argument("--device", help="cpu (Triton's interpreter) or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", action="append", choices=("float32", "float16", "bfloat16"),
-                   help="input dtype (repeatable; default fp32 on CPU, bf16 and fp32 on GPU)")
+                   help="input dtype (repeatable; default fp32 on CPU, bf16, fp16 and fp32 on GPU)")
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.add_argument("--quick", action="store_true",
                    help="one case per entry (varlen with empty, one-token and odd-length sequences, initial "

@@ -349,9 +349,9 @@ def check_device(device: str) -> str:
 
 def defaults(device: str | None, dtypes: list[str] | None) -> tuple[str, list[str]]:
     """The device (cuda if available; ArgumentError if this machine lacks the one asked for) and
-    dtypes (CPU: fp32 in the interpreter; GPU: bf16 and fp32) of a run."""
+    dtypes (CPU: fp32 in the interpreter; GPU: bf16, fp16 and fp32) of a run."""
     device = check_device(device) if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
-    return device, dtypes or (["bfloat16", "float32"] if device != "cpu" else ["float32"])
+    return device, dtypes or (["bfloat16", "float16", "float32"] if device != "cpu" else ["float32"])
 
 
 def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
@@ -370,7 +370,7 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
            progress: Callable[[int, int, str], None] | None = None,
            shard: tuple[int, int] | None = None, quick: bool = False) -> list[CaseResult]:
     """Run the verification grid of a spec. On a CPU: Triton's interpreter in fp32; on a GPU:
-    native, in bf16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
+    native, in bf16, fp16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
     positions p of `grid` with p % N == I; quick: one case per entry (see `grid`).
     progress(done, total, case) is called before each case and once at the end (case "").
     Raises UnsupportedError for a kind without kernels, ArgumentError for a device this machine
