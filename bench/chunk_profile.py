@@ -10,11 +10,15 @@ for the host (Python, synchronising copies).
 
 import argparse
 import importlib.util
-import time
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
+from common import wall_then_profile  # noqa: E402
 
 
 def main() -> None:
@@ -41,18 +45,8 @@ def main() -> None:
     h0 = 0.1 * torch.randn(B, H, D, D, device=dev)
     run = lambda: module.chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True,  # noqa: E731
                                    **({} if args.segments is None else {"segments": args.segments}))
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(args.iters):
-        run()
-    torch.cuda.synchronize()
-    wall_us = (time.perf_counter() - start) / args.iters * 1e6
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.iters):
-            run()
-        torch.cuda.synchronize()
+    wall, prof = wall_then_profile(torch, run, args.iters, warmup=3)
+    wall_us = wall * 1e6
     totals = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

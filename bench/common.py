@@ -176,6 +176,26 @@ def cpu_time_ms(fn, reps):
     return statistics.median(times)
 
 
+def wall_then_profile(torch, run, calls: int, warmup: int = 1):
+    """Time `calls` calls of run() (after `warmup`), then profile as many: (wall seconds per call,
+    the torch profiler with CPU and CUDA activities)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / calls
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    return wall, prof
+
+
 def fmt(x, digits=1, unit=""):
     if x is None:
         return "-"

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
-from common import argument_shapes, import_file, make_inputs  # noqa: E402
+from common import argument_shapes, import_file, make_inputs, wall_then_profile  # noqa: E402
 
 
 def shapes(text):
@@ -37,7 +36,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
         sys.exit("no CUDA device: the profile is of GPU kernels")
@@ -59,17 +57,8 @@ def main(argv=None) -> int:
         def verify():
             return module.verify(**tokens, state=pool, state_indices=slots, cache=cache)
 
-        verify()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.calls):
-            verify()
-        torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - start) / args.calls * 1e3
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.calls):
-                verify()
-            torch.cuda.synchronize()
+        wall, prof = wall_then_profile(torch, verify, args.calls)
+        wall_ms = wall * 1e3
         print(f"== B={B} n={n}: wall {wall_ms:.3f} ms per verify call")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60), flush=True)
     return 0
