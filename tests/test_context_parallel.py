@@ -60,11 +60,9 @@ def check_against_recurrence(layer, inputs, out, what: str) -> None:
 
 
 def test_split_cuts_at_chunks_where_it_can():
-    from k3compile.backends.triton.context_parallel import RUNTIME
+    from k3compile.backends.triton.runtime.context_parallel import _ContextParallel
 
-    scope = {"torch": torch}
-    exec(RUNTIME, scope)  # noqa: S102  (the runtime printed into every module with CP)
-    split = scope["_ContextParallel"].split
+    split = _ContextParallel.split
     assert split(0, 100, 3, 16, False) == [0, 32, 64, 100]  # 7 chunks: 2 + 2 + 3 (the last partial)
     assert split(10, 40, 3, 16, False) == [10, 20, 30, 40]  # 2 chunks < 3 segments: single tokens
     assert split(5, 7, 5, 16, False) == [5, 6, 7]  # at most a token per segment

@@ -1,7 +1,17 @@
-"""Argument checks printed verbatim into every compiled module (which may import only torch
-and triton). They are generic: each entry calls them with the shape patterns of its IR."""
+"""Argument checks, allocation and launch helpers of the compiled modules: host code (and the
+matrix-product helpers the chunked kernels call), generic over the entries, which call them with
+the shape patterns of their IR. A real module, imported by the tests; the printer emits
+everything below the marker into each compiled module, which may import only torch and triton.
+"""
 
-PRELUDE = r'''
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# --- emitted into every compiled module (above: what this file needs to be imported) ---
+
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # Tests and `k3c verify` set this so that every output starts NaN-filled: an element a kernel
@@ -227,4 +237,3 @@ def _check_distinct(name, x, other_name, other):
     other_start = other.data_ptr()
     if start < other_start + other.numel() * other.element_size() and other_start < end:
         raise ValueError(f"{name}: must not overlap {other_name} in memory (pass the other buffer of the pair)")
-'''
