@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -69,12 +70,28 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
         )
     check_limits(compilation.scheduled, spec.source)
     start = time.perf_counter()
-    title = f"{spec.name}: compiled {spec.kind} layer (k3compile). Needs only torch and triton."
-    if note:
-        title += "\n\n" + note.strip()
-    compilation.source = print_triton(compilation.scheduled, str(compilation.scheduled), title, launch_tables)
+    compilation.source = print_triton(compilation.scheduled, provenance(compilation, note), launch_tables)
     compilation.timings.append(("print-triton", time.perf_counter() - start))
     return compilation
+
+
+def spec_digest(spec: LayerSpec) -> str:
+    """sha256 of what the spec says (name, kind, every parameter with its default filled in)."""
+    content = json.dumps({"name": spec.name, "kind": spec.kind, "params": spec.params}, sort_keys=True)
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def provenance(compilation: Compilation, note: str = "") -> str:
+    """The compiled module's docstring: what it was compiled from, and how to see its IR."""
+    from k3compile import __version__
+
+    spec = compilation.spec
+    lines = [f"{spec.name}: compiled {spec.kind} layer (k3compile {__version__}). Needs only torch and triton.", "",
+             f"spec: {spec.source} (content sha256 {spec_digest(spec)[:16]})",
+             f"layer: {compilation.layer_ir.strip().splitlines()[1].strip()}",
+             f"pipeline: {compilation.pipeline}",
+             "the schedule IR it was printed from: k3c ir SPEC -p 'PIPELINE' (every block below names its IR op)"]
+    return "\n".join(lines + (["", note.strip()] if note else []))
 
 
 def load_module(path: Path, name: str) -> ModuleType:
