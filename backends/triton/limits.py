@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import ModuleOp
 
-from k3compile.backends.triton.printer import next_power_of_2
+from k3compile.backends.triton.printer.common import next_power_of_2
 from k3compile.errors import UnsupportedError
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp

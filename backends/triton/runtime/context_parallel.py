@@ -215,7 +215,7 @@ class _ContextParallel:
             dims = check()
             pieces, header = self.plan_group(rank, world, dims, device, initial_state, cu_seqlens, checkpoint_every,
                                              segments)
-        except ValueError as raised:  # the others wait in the all-gather: join it, then raise
+        except ValueError:  # the others wait in the all-gather: join it, then raise
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
             payload = torch.zeros(4 + M_numel + N_numel, dtype=torch.float32, device=device)
             payload[:4] = torch.tensor([1, 0, 0, 0], dtype=torch.int32).view(torch.float32).to(device)

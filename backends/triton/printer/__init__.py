@@ -1,0 +1,33 @@
+"""Print a scheduled (`k3s`) module as a standalone Python module of Triton kernels.
+
+The printer makes no scheduling decisions: every block of generated code is the printing of
+one IR op (named in a comment above it), with constants read from the op's properties.
+Entries become host functions (argument checks, allocation, launch), kernels become
+@triton.jit functions, stages become the statements of those functions. One file per op
+family: entries.py (module, entries, kernels, grid axes), loads.py, token_stages.py,
+chunk_stages.py, serving.py (speculative decoding), segments.py (context parallelism),
+attnres.py; common.py holds what they share.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import ModuleOp
+
+from k3compile.backends.triton.printer.attnres import AttnRes
+from k3compile.backends.triton.printer.chunk_stages import ChunkStages
+from k3compile.backends.triton.printer.common import EntryView, describe, launch_table_name
+from k3compile.backends.triton.printer.entries import Entries
+from k3compile.backends.triton.printer.loads import Loads
+from k3compile.backends.triton.printer.segments import Segments
+from k3compile.backends.triton.printer.serving import Serving
+from k3compile.backends.triton.printer.token_stages import TokenStages
+
+__all__ = ["EntryView", "TritonPrinter", "describe", "launch_table_name", "print_triton"]
+
+
+class TritonPrinter(Entries, Loads, TokenStages, ChunkStages, Serving, Segments, AttnRes):
+    """One method per k3s op. `print_module` returns the source of the compiled module."""
+
+
+def print_triton(module: ModuleOp, docstring: str, launch_tables: dict | None = None) -> str:
+    return TritonPrinter(launch_tables).print_module(module, docstring)

@@ -1,0 +1,94 @@
+"""What the printer's parts share: the code buffer, a view of an entry's arguments, names and
+the constants that the IR's attributes are printed with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from xdsl.ir import Operation
+
+from k3compile.ir import k3s
+from k3compile.ir.syntax import attr_to_literal
+
+CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
+ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp)
+# the pass that turns each kind of schedule into kernels
+KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
+# constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
+LAUNCH_CONSTANTS = ("BV",)
+
+
+
+
+# k3s.kernel <dots = ...> as the DOT constexpr of the runtime prelude's _mm (Triton's input_precision)
+DOT_PRECISION = {"fp32": "ieee", "tf32x3": "tf32x3"}
+
+
+def launch_table_name(entry: str) -> str:
+    return f"TUNED_{entry.upper()}"
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def describe(op: Operation) -> str:
+    """`k3s.decay <gate = channel>`: the op as a one-line comment, without its regions."""
+    items = [f"{k} = {attr_to_literal(v)}" for k, v in op.keyword_items()]
+    symbol = f" @{op.properties['sym_name'].data}" if "sym_name" in op.properties else ""
+    return op.name + symbol + (f" <{', '.join(items)}>" if items else "")
+
+
+class Code:
+    """Lines of Python with an indentation level."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.level = 0
+
+    def __call__(self, *lines: str) -> None:
+        for line in lines:
+            self.lines.append("    " * self.level + line if line else "")
+
+    @contextmanager
+    def indent(self) -> Iterator[None]:
+        self.level += 1
+        try:
+            yield
+        finally:
+            self.level -= 1
+
+    def comment(self, op: Operation, why: str = "") -> None:
+        self(f"# {describe(op)}" + (f": {why}" if why else ""))
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class EntryView:
+    """Read-only helpers over a k3s.entry: its arguments by name and role."""
+
+    def __init__(self, entry: k3s.EntryOp) -> None:
+        self.entry = entry
+        self.tensors = [op for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)]
+        self.scalars = [op for op in entry.body.ops if isinstance(op, k3s.ScalarArgOp)]
+        self.kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+        self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
+        self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
+        self.combine = next((op for op in entry.body.ops if isinstance(op, k3s.SummaryCombineOp)), None)
+        self.names = {op.sym_name.data for op in self.args}
+
+    def tensor(self, name: str) -> k3s.TensorArgOp:
+        return next(op for op in self.tensors if op.sym_name.data == name)
+
+    def dims(self, name: str) -> list[str]:
+        return self.tensor(name).shape.data.split(",")
+
+    def role(self, op: k3s.TensorArgOp) -> str:
+        return op.role.data
+
+    def optional(self) -> list[str]:
+        # a combined tensor is None until the entry's combine step: kernels before it see it absent
+        return [op.sym_name.data for op in self.tensors
+                if op.role.data in ("optional_input", "optional_output", "combined")]

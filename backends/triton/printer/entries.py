@@ -1,0 +1,422 @@
+"""Module, entries and kernels: the host functions (argument checks, allocation, launch), the
+@triton.jit signatures and the grid axes."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+
+from k3compile.backends.triton import context_parallel
+from k3compile.backends.triton.printer.common import (
+    CHUNK_STAGE_TYPES,
+    DOT_PRECISION,
+    ENTRY_PARTS,
+    KERNEL_GROUPINGS,
+    LAUNCH_CONSTANTS,
+    Code,
+    EntryView,
+    describe,
+    launch_table_name,
+    next_power_of_2,
+)
+from k3compile.backends.triton.runtime import emitted
+from k3compile.errors import UnsupportedError
+from k3compile.ir import k3s
+from k3compile.ir.syntax import attr_to_literal
+
+
+class Entries:
+    """TritonPrinter's methods for entries (one per k3s op, and their helpers)."""
+
+    GRID_AXES = {
+        "value_block": "triton.cdiv(V, BV)",
+        "sequence_head": 'dims["N"] * HV',
+        "row": 'dims["B"] * dims["T"]',
+        "chunk": "num_chunks",
+        "value_head": "HV",
+    }
+
+    def __init__(self, launch_tables: dict | None = None) -> None:
+        self.code = Code()
+        # entry name -> {(dtype, N*HV bucket, tokens bucket): {kernel: launch config}}: the
+        # entries listed launch through a module-level table (docs/autotuning.md), others statically
+        self.launch_tables = dict(launch_tables or {})
+        self.signatures: dict[str, list[str]] = {}  # entry -> its printed parameters
+
+    def print_module(self, module: ModuleOp, docstring: str) -> str:
+        c = self.code
+        c(f'"""{docstring}', '"""', "", "import os", "", "import torch", "import triton", "import triton.language as tl", "")
+        c(*emitted("checks"))
+        entries = [op for op in module.ops if isinstance(op, k3s.EntryOp)]
+        # context parallelism (docs/context-parallel.md): with a chunk_segments entry, the chunk
+        # entry is printed as _chunk_single and wrapped by a `chunk` that takes segments / cp_group
+        cp = context_parallel.cp_entries(module)
+        for entry in entries:
+            view = EntryView(entry)
+            for kernel in view.kernels:
+                c("", "")
+                self.print_kernel(kernel, view)
+            c("", "")
+            self.print_entry(view, context_parallel.PLAIN_CHUNK if cp and entry is cp[0] else None)
+        if cp:
+            c("", "")
+            context_parallel.print_context_parallel(self, module, EntryView(cp[0]), cp[1])
+        c("", "", f"__all__ = {[e.sym_name.data for e in entries]!r}")
+        return c.text()
+
+    def print_entry(self, view: EntryView, def_name: str | None = None) -> None:
+        c = self.code
+        entry = view.entry
+        unlowered = [op.name for op in entry.body.ops if not isinstance(op, ENTRY_PARTS)]
+        if unlowered or not view.kernels:
+            what = f"its schedule {unlowered[0]} is not grouped into kernels" if unlowered else "it has no kernels"
+            hint = KERNEL_GROUPINGS.get(unlowered[0] if unlowered else "", "no pass groups it into kernels yet")
+            raise UnsupportedError(f"entry @{entry.sym_name.data} of @{entry.source.data}: {what} ({hint})")
+        params = []
+        for arg in view.args:
+            name = arg.sym_name.data
+            if isinstance(arg, k3s.ScalarArgOp):
+                params.append(f"{name}=None")
+            elif arg.role.data in ("input", "inout"):
+                # once a parameter has a default, later required ones default to None and are
+                # rejected by the checks (fla's signatures do the same: g=None, beta=None)
+                params.append(f"{name}=None" if any("=" in p for p in params) else name)
+            elif arg.role.data in ("optional_input", "forbidden"):
+                params.append(f"{name}=None")
+            elif arg.role.data == "optional_output":
+                params.append(f"output_{name}=False")
+        if view.checkpoint:
+            params.append("checkpoint_every=None")
+        if view.combine:
+            params.append("entering_states=None")
+        if "state_indices" in view.names:
+            params.append("check_indices=True")
+        outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
+        if entry.sym_name.data in self.launch_tables:
+            self.print_launch_table(view)
+        self.signatures[entry.sym_name.data] = params
+        c(f"def {def_name or entry.sym_name.data}({', '.join(params)}):")
+        with c.indent():
+            c(f'"""{describe(entry)}, lowered from k3 op @{entry.source.data}.', "")
+            c("Arguments (shapes in the symbols B, T, N, S of the schedule IR, `k3c ir`):")
+            for arg in view.args:
+                if isinstance(arg, k3s.ScalarArgOp):
+                    c(f"    {arg.sym_name.data}: float, default {attr_to_literal(arg.default)}")
+                else:
+                    apart = f", must not overlap {arg.distinct_from.data}" if arg.distinct_from is not None else ""
+                    c(f"    {arg.sym_name.data}: [{arg.shape.data}] {arg.dtype.data} ({arg.role.data}{apart})")
+            if view.checkpoint:
+                c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
+                  "also return the states after every that many tokens of each sequence")
+            if view.combine:
+                c("    entering_states: (M, N) -> [N, ...] float32: the state entering every segment (sequence of",
+                  "        cu_seqlens), from all segments' summaries (M None for the identity transition)")
+            if "state_indices" in view.names:
+                counts = " and accepted in 0..the cache depth" if "accepted" in view.names else ""
+                c("    check_indices: check on the host (a synchronisation, skipped while a CUDA graph is captured)",
+                  f"        that every state_indices entry is a pool slot or -1 (padding) and none repeats{counts};",
+                  "        False for hot loops: the kernels still never touch memory outside the pool")
+            c(f"Returns ({', '.join(o.sym_name.data for o in outputs)}"
+              f"{'[, checkpoints]' if view.checkpoint else ''}); optional outputs are None unless asked for.")
+            c('"""')
+            self.print_argument_checks(view)
+            for arg in view.scalars:
+                name = arg.sym_name.data
+                c(f'{name} = _scalar("{name}", {name}, {attr_to_literal(arg.default)})')
+            if any("NC" in t.shape.data.split(",") for t in view.tensors):
+                chunk_size = next(op.chunk_size.value.data for op in view.entry.walk() if isinstance(op, k3s.ChunkTileOp))
+                c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
+                  "# below cdiv(B T, C) + N for any split into sequences",
+                  f'dims["NC"] = triton.cdiv(dims["B"] * dims["T"], {chunk_size}) + dims["N"]')
+            for out in view.tensors:
+                if out.role.data in ("output", "optional_output", "workspace"):
+                    self.print_allocation(out, view)
+            for arg in view.tensors:
+                if arg.role.data == "combined":
+                    c(f"{arg.sym_name.data} = None  # made by the summary_combine step below")
+            if view.checkpoint:
+                first = view.tensors[0].sym_name.data
+                c(f"# {describe(view.checkpoint)}",
+                  f"checkpoints, checkpoint_base = _checkpoints(checkpoint_every, {view.checkpoint.chunk_size.value.data}, "
+                  f"cu_seqlens, dims, ({view.checkpoint.state_shape.data},), {first}.device)")
+            for op in view.entry.body.ops:
+                if isinstance(op, k3s.KernelOp):
+                    self.print_launch(op, view)
+                elif isinstance(op, k3s.SummaryCombineOp):
+                    self.print_combine(op, view)
+            returned = ", ".join(o.sym_name.data for o in outputs) + ("," if len(outputs) == 1 else "")
+            if view.checkpoint:
+                c("if checkpoint_every is not None:")
+                with c.indent():
+                    c(f"return {returned} checkpoints" if returned.endswith(",") else f"return {returned}, checkpoints")
+            c(f"return {returned}")
+
+    def print_argument_checks(self, view: EntryView) -> None:
+        c = self.code
+        c(f"# {describe(view.entry)}: argument checks", "dims = {}")
+        first = view.tensors[0].sym_name.data
+        order = {"input": 0, "inout": 0, "forbidden": 1, "optional_input": 2}
+        inputs = [t for t in view.tensors if t.role.data in order]
+        # offsets bind N before the optional tensors shaped by it are checked
+        inputs.sort(key=lambda t: (order[t.role.data], t.dtype.data != "offsets"))
+        for arg in inputs:
+            name, role = arg.sym_name.data, arg.role.data
+            device = "None" if name == first else f"{first}.device"
+            check = f'_check_tensor("{name}", {name}, "{arg.shape.data}", "{arg.dtype.data}", dims, {device})'
+            if arg.dtype.data == "offsets":
+                c(f'_check_offsets("{name}", {name}, dims, {device})')
+            elif role in ("input", "inout"):
+                c(check)
+                if arg.distinct_from is not None:
+                    other = arg.distinct_from.data
+                    c(f'_check_distinct("{name}", {name}, "{other}", {other})')
+            elif role == "forbidden":
+                c(f'_check_none("{name}", {name}, "k3 op @{view.entry.source.data} has no {name} input")')
+            else:
+                c(f"if {name} is not None:")
+                with c.indent():
+                    c(check)
+        if not any(t.dtype.data == "offsets" for t in view.tensors):
+            c('dims["N"] = dims["B"]  # one sequence per batch row')
+        if "state_indices" in view.names:
+            c('_check_slots("state_indices", state_indices, dims["P"], check_indices)')
+        if "accepted" in view.names:
+            depth = next(int(view.dims(b)[1]) for b in ("cache", "snapshots") if b in view.names)
+            c(f'_check_counts("accepted", accepted, {depth}, check_indices)')
+        heads = {self.kernel_constants(k, view).get("HV") for k in view.kernels
+                 if "sequence_head" in k.grid.data.split(",")[1:]}
+        rows = "state_indices" if "state_indices" in view.names else first  # what sets the sequence count
+        for HV in sorted(heads - {None}):
+            c(f'_check_grid_axis("{rows}", dims["N"], {HV})')
+        if view.combine:
+            c("if not callable(entering_states):")
+            with c.indent():
+                c('raise ValueError(f"entering_states: expected a callable (M, N) -> the entering states, '
+                  'got {type(entering_states).__name__}")')
+        tokens = view.entry.max_tokens
+        if tokens is not None:
+            c(f'if dims["T"] > {tokens.value.data}:')
+            with c.indent():
+                c(f'raise ValueError(f"{view.tensors[0].sym_name.data}: at most {tokens.value.data} tokens per step '
+                  "(the cache depth), got T = {dims['T']}\")")
+        limit = view.entry.max_sources
+        if limit is not None:
+            c(f'if not 1 <= dims["S"] <= {limit.value.data}:')
+            with c.indent():
+                c(f'raise ValueError(f"{view.tensors[0].sym_name.data}: expected 1 to {limit.value.data} '
+                  f'sources (dim 0), got {{dims[\'S\']}}")')
+
+    def print_allocation(self, out: k3s.TensorArgOp, view: EntryView) -> None:
+        c = self.code
+        name = out.sym_name.data
+        first = view.tensors[0].sym_name.data
+        sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.shape.data.split(","))
+        dtype = "torch.float32" if out.dtype.data == "float32" else f"{first}.dtype"
+        alloc = f"_alloc(({sizes}{',' if ',' not in sizes else ''}), {dtype}, {first}.device)"
+        if out.role.data == "optional_output":
+            c(f"{name} = {alloc} if output_{name} else None")
+        else:
+            c(f"{name} = {alloc}")
+
+    def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """Compile-time constants of a kernel, read from its stages and argument shapes."""
+        constants: dict[str, int] = {}
+        for op in kernel.walk():
+            if isinstance(op, k3s.StateTileOp):
+                K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+                # a commit kernel has no q or v: its heads come from the state pool
+                HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
+                constants.update(
+                    H=int(view.dims("q" if "q" in view.names else "k")[2]) if {"q", "k"} & set(view.names) else HV,
+                    HV=HV,
+                    K=K,
+                    V=V,
+                    BK=next_power_of_2(K),
+                    BV=min(next_power_of_2(V), op.block_v.value.data),
+                )
+            elif isinstance(op, k3s.ChunkTileOp):  # a whole chunk, all value columns
+                K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+                constants.update(
+                    H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=K, V=V,
+                    BK=next_power_of_2(K), BV=next_power_of_2(V), BC=op.chunk_size.value.data,
+                )
+            elif isinstance(op, k3s.ChunkLoopOp):
+                constants.update(BC=op.chunk_size.value.data)
+            elif isinstance(op, k3s.FoldQueryOp):
+                D = op.hidden_size.value.data
+                constants.update(D=D, BD=next_power_of_2(D))
+        for buffer in ("cache", "snapshots"):
+            if buffer in view.names:
+                constants["DEPTH"] = int(view.dims(buffer)[1])
+        return constants
+
+    def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
+        """Sizes known only at run time that a kernel reads (the token count, rows, sources)."""
+        sizes = []
+        if any(isinstance(op, (k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)) for op in kernel.walk()):
+            sizes.append("T")
+        if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
+            sizes += ["S", "R"]
+        if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
+            sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
+        return sizes
+
+    def kernel_name(self, kernel: k3s.KernelOp) -> str:
+        return f"{kernel.sym_name.data}_kernel"
+
+    def kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
+        """(parameter declaration, launch argument) of every kernel parameter, in order."""
+        params = [(a.sym_name.data, a.sym_name.data) for a in view.args]
+        if "chunk" in kernel.grid.data.split(","):
+            params.append(("chunk_table", "chunk_table"))
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]', "NSLOTS": 'dims["P"]'}
+        params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
+        checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
+        if checkpointing:
+            params += [("checkpoints", "checkpoints"), ("checkpoint_base", "checkpoint_base"),
+                       ("checkpoint_every", "checkpoint_every or 0")]
+        params += [(f"{n}: tl.constexpr", f"{n}={n}") for n in self.kernel_constants(kernel, view)]
+        params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
+        if checkpointing:
+            params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
+        if any(isinstance(op, CHUNK_STAGE_TYPES) for op in kernel.walk()):
+            first = view.tensors[0].sym_name.data
+            # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
+            dot = repr(DOT_PRECISION[kernel.dots.data]) if kernel.dots is not None else f"_DOT_OF_DTYPE[{first}.dtype]"
+            params.append(("DOT: tl.constexpr", f"DOT={dot}"))
+        return params
+
+    def launch_config(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """What a launch table may set for this kernel (its block-size constexprs, num_warps,
+        num_stages), with the values of the IR: the heuristic default, or a tuned candidate's."""
+        constants = self.kernel_constants(kernel, view)
+        config = {name: constants[name] for name in LAUNCH_CONSTANTS if name in constants}
+        config["num_warps"] = kernel.num_warps.value.data
+        if kernel.num_stages is not None:
+            config["num_stages"] = kernel.num_stages.value.data
+        if kernel.maxnreg is not None:
+            config["maxnreg"] = kernel.maxnreg.value.data
+        return config
+
+    def print_launch_table(self, view: EntryView) -> None:
+        """TUNED_<ENTRY>: the module-level table the entry's launches read (docs/autotuning.md)."""
+        c = self.code
+        entry = view.entry.sym_name.data
+        c(f"# launch configs of @{entry}'s kernels per (input dtype, bucket of N*HV, bucket of tokens per sequence)",
+          "# (k3c tune; buckets are powers of two, rounded up); sizes in no bucket launch with the defaults",
+          f"{launch_table_name(entry)} = {{")
+        with c.indent():
+            for key, kernels in sorted(self.launch_tables[entry].items()):
+                c(f"{tuple(key)!r}: {{{', '.join(f'{k!r}: {dict(sorted(v.items()))!r}' for k, v in sorted(kernels.items()))}}},")
+        c("}", "", "")
+
+    def print_launch(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+        c = self.code
+        constants = self.kernel_constants(kernel, view)
+        axes = kernel.grid.data.split(",")
+        c(f"# {describe(kernel)}: launch")
+        for name, value in constants.items():
+            c(f"{name} = {value}")
+        tabled = view.entry.sym_name.data in self.launch_tables
+        if tabled:  # the tuned config of this call's bucket, else the IR's values
+            default = self.launch_config(kernel, view)
+            first = view.tensors[0].sym_name.data
+            c(f"launch = _tuned_launch({launch_table_name(view.entry.sym_name.data)}, {kernel.sym_name.data!r}, "
+              f"{first}.dtype, dims, {'HV' if 'HV' in constants else 1}, "
+              f"{{{', '.join(f'{k!r}: {k if k in constants else v}' for k, v in default.items())}}})")
+            for name in LAUNCH_CONSTANTS:
+                if name in default:
+                    c(f'{name} = launch["{name}"]')
+        if "chunk" in axes:
+            first = view.tensors[0].sym_name.data
+            offsets = "cu_seqlens" if "cu_seqlens" in view.names else "None"  # a verify: rows of a batch
+            c(f"num_chunks, chunk_table = _chunks({offsets}, dims, BC, {first}.device)")
+        grid = ", ".join(self.GRID_AXES[axis] for axis in axes)
+        c(f"grid = ({grid}{',' if len(axes) == 1 else ''})")
+        c("if all(grid):")
+        with c.indent():
+            c(f"{self.kernel_name(kernel)}[grid](")
+            with c.indent():
+                for _, arg in self.kernel_params(kernel, view):
+                    c(f"{arg},")
+                if tabled:
+                    c('num_warps=launch["num_warps"],')
+                    if kernel.num_stages is not None:
+                        c('num_stages=launch["num_stages"],')
+                    if "chunk" in axes:  # a tuned cap on the token-parallel kernels' registers (None: none)
+                        c('maxnreg=launch.get("maxnreg"),')
+                else:
+                    c(f"num_warps={kernel.num_warps.value.data},")
+                    if kernel.num_stages is not None:
+                        c(f"num_stages={kernel.num_stages.value.data},")
+                    if kernel.maxnreg is not None:
+                        c(f"maxnreg={kernel.maxnreg.value.data},")
+            c(")")
+
+    def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+        c = self.code
+        c("@triton.jit")
+        c(f"def {self.kernel_name(kernel)}(")
+        with c.indent():
+            for param, _ in self.kernel_params(kernel, view):
+                c(f"{param},")
+        c("):")
+        self.view = view
+        self.defined: set[str] = set()
+        with c.indent():
+            c(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
+            for axis_index, axis in enumerate(kernel.grid.data.split(",")):
+                getattr(self, f"print_axis_{axis}")(axis_index)
+            self.print_ops(kernel)
+
+    def print_ops(self, parent: Operation) -> None:
+        for op in parent.regions[0].ops:
+            getattr(self, "print_" + op.name.replace(".", "_"))(op)
+
+    def print_axis_value_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BV value columns",
+            f"i_v = tl.program_id({axis})",
+            "o_v = i_v * BV + tl.arange(0, BV)",
+            "m_v = o_v < V",
+        )
+
+    def print_axis_sequence_head(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one (sequence, value head); value heads share q/k heads in groups of HV // H",
+            f"i_nh = tl.program_id({axis}).to(tl.int64)",
+            "i_n = i_nh // HV",
+            "i_hv = i_nh % HV",
+            "i_h = i_hv // (HV // H)",
+        )
+
+    def print_axis_chunk(self, axis: int) -> None:
+        c = self.code
+        c(f"# grid axis {axis}: one chunk of BC tokens (varlen: its row of chunk_table)",
+          f"i_c = tl.program_id({axis}).to(tl.int64)")
+        if "cu_seqlens" not in self.view.names:  # a batch of equal rows (the chunked verify)
+            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+            return
+        c("if HAS_CU_SEQLENS:")
+        with c.indent():
+            c("i_n = tl.load(chunk_table + 2 * i_c).to(tl.int64)",
+              "start = tl.load(chunk_table + 2 * i_c + 1).to(tl.int64)",
+              "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
+        c("else:")
+        with c.indent():
+            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+
+    def print_axis_value_head(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one value head; value heads share q/k heads in groups of HV // H",
+            f"i_hv = tl.program_id({axis}).to(tl.int64)",
+            "i_h = i_hv // (HV // H)",
+        )
+
+    def print_axis_row(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one token row of width D",
+            f"i_r = tl.program_id({axis}).to(tl.int64)",
+            "o_d = tl.arange(0, BD)",
+            "m_d = o_d < D",
+        )

@@ -1,0 +1,85 @@
+"""The input loads of token and chunk kernels (k3s.load_token, load_chunk, load_gate,
+load_beta), each with what its input means (l2norm, the in-kernel gate forms, beta's form)."""
+
+from __future__ import annotations
+
+from k3compile.ir import k3s
+
+
+class Loads:
+    """TritonPrinter's methods for loads (one per k3s op, and their helpers)."""
+
+    # where a token's q, k or v row lives: (heads, width, head index, column offsets, column mask)
+    TOKEN_ROWS = {
+        "q": ("H", "K", "i_h", "o_k", "m_k"),
+        "k": ("H", "K", "i_h", "o_k", "m_k"),
+        "v": ("HV", "V", "i_hv", "o_v", "m_v"),
+    }
+
+    def print_k3s_load_token(self, op: k3s.LoadTokenOp) -> None:
+        name = op.tensor.data
+        heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
+        self.code.comment(op)
+        self.code(
+            f"b_{name} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
+            ".to(tl.float32)"
+        )
+        if k3s.normalises(op):
+            self.code(f"b_{name} = b_{name} / tl.sqrt(tl.sum(b_{name} * b_{name}) + 1e-6)")
+
+    def print_k3s_load_chunk(self, op: k3s.LoadChunkOp) -> None:
+        self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
+        self.print_rows(op, "t_c", "m_c", f"b_{op.tensor.data}")
+
+    def print_rows(self, op: k3s.LoadChunkOp, rows: str, row_mask: str, target: str) -> None:
+        """The rows `rows` (token indices, masked by `row_mask`) of a chunk input into `target`."""
+        name = op.tensor.data
+        heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
+        self.code(
+            f"{target} = tl.load({name} + ({rows}[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
+            f"mask={row_mask}[:, None] & {mask}[None, :], other=0.0)"
+        )
+        if k3s.normalises(op):
+            self.code(f"{target} = {target}.to(tl.float32)",
+                      f"{target} = {target} / tl.sqrt(tl.sum({target} * {target}, axis=1) + 1e-6)[:, None]")
+
+    def print_k3s_load_gate(self, op: k3s.LoadGateOp) -> None:
+        self.code.comment(op, "the log-decay g")
+        per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
+        self.print_gate_rows(op, *(("t", None) if per_token else ("t_c", "m_c")), "b_g")
+
+    def print_gate_rows(self, op: k3s.LoadGateOp, rows: str, row_mask: str | None, target: str) -> None:
+        """The log-decay of the token(s) `rows` (one token without a row mask) into `target`, in
+        the op's input form."""
+        c = self.code
+        per_token = row_mask is None
+        if op.gate.data == "channel":
+            cols = "o_k" if per_token else "o_k[None, :]"
+            address = f"g + ({rows if per_token else rows + '[:, None]'} * HV + i_hv) * K + {cols}"
+            mask = "m_k" if per_token else f"{row_mask}[:, None] & m_k[None, :]"
+            bias = f"tl.load(dt_bias + i_hv * K + {cols}, mask={'m_k' if per_token else 'm_k[None, :]'}, other=0.0)"
+        else:
+            address, mask, bias = f"g + {rows} * HV + i_hv", row_mask, "tl.load(dt_bias + i_hv)"
+        c(f"{target} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''}).to(tl.float32)")
+        form = op.input.data
+        if form == "clamped":
+            c(f"{target} = tl.maximum({target}, {op.lower_bound.value.data!r})")
+        elif form != "log":
+            c("b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))", f"{target} = {target} + {bias}.to(tl.float32)")
+            if form == "softplus":
+                c(f"{target} = -b_a * tl.where({target} > 20.0, {target}, tl.log(1.0 + tl.exp(tl.minimum({target}, 20.0))))")
+            else:
+                c(f"{target} = {op.lower_bound.value.data!r} * tl.sigmoid(b_a * {target})")
+            if mask:  # rows or channels past the end must not decay: the cumsum relies on it
+                c(f"{target} = tl.where({mask}, {target}, 0.0)")
+
+    def print_k3s_load_beta(self, op: k3s.LoadBetaOp) -> None:
+        per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
+        self.code.comment(op)
+        if per_token:
+            self.code("b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)")
+        else:
+            self.code("b_beta = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)")
+        if op.input.data != "probability":  # logits: sigmoid(beta); logits_neg_eigval: 2 sigmoid(beta)
+            beta = "2.0 * tl.sigmoid(b_beta)" if op.input.data == "logits_neg_eigval" else "tl.sigmoid(b_beta)"
+            self.code(f"b_beta = {beta}" if per_token else f"b_beta = tl.where(m_c, {beta}, 0.0)")

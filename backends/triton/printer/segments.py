@@ -1,0 +1,34 @@
+"""Context parallelism's stages: the summary combine (a host step of the entry), the decay
+product and the transition's store."""
+
+from __future__ import annotations
+
+from k3compile.backends.triton.printer.common import EntryView, describe
+from k3compile.ir import k3s
+
+
+class Segments:
+    """TritonPrinter's methods for segments (one per k3s op, and their helpers)."""
+
+    def print_combine(self, op: k3s.SummaryCombineOp, view: EntryView) -> None:
+        """The host step of a segments entry: the caller's combine of the summaries."""
+        c = self.code
+        first = view.tensors[0].sym_name.data
+        made = next(t for t in view.tensors if t.role.data == "combined")
+        name = made.sym_name.data
+        c(f"# {describe(op)}: every segment's entering state from the summaries (the caller's scan order)",
+          f"{name} = entering_states({'M' if 'M' in view.names else 'None'}, N)",
+          f'_check_tensor("{name}", {name}, "{made.shape.data}", "{made.dtype.data}", dims, {first}.device)')
+
+    def print_k3s_decay_product(self, op: k3s.DecayProductOp) -> None:
+        self.code.comment(op, "M <- Diag(gamma_C) M")
+        self.code("b_M = b_M * b_gamma_C")
+
+    def print_k3s_store_transition(self, op: k3s.StoreTransitionOp) -> None:
+        self.code.comment(op, "every value block holds the same M: the first one writes it")
+        if op.transition.data == "diagonal":
+            self.code("tl.store(M + i_nh * K + o_k, b_M, mask=m_k & ((i_v + 0 * o_k) == 0))")
+        else:
+            self.code("if i_v == 0:")
+            with self.code.indent():
+                self.code("tl.store(M + i_nh, b_M)")

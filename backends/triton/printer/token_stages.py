@@ -1,0 +1,103 @@
+"""The token-by-token stages: the state tile kept on chip, the token loop, decay, the delta
+rule's correction, the rank-1 update, the readout, the state's store."""
+
+from __future__ import annotations
+
+from xdsl.ir import Operation
+
+from k3compile.ir import k3s
+
+
+class TokenStages:
+    """TritonPrinter's methods for tokenstages (one per k3s op, and their helpers)."""
+
+    def print_k3s_state_tile(self, op: k3s.StateTileOp) -> None:
+        c = self.code
+        c.comment(op, "fp32 state tile [K, BV] kept in registers for the whole sequence")
+        c("o_k = tl.arange(0, BK)", "m_k = o_k < K", "m_kv = m_k[:, None] & m_v[None, :]")
+        local = "o_k[:, None] * V + o_v[None, :]" if op.layout.data == "kv" else "o_v[None, :] * K + o_k[:, None]"
+        if k3s.in_pool(op):
+            c("i_slot = tl.load(state_indices + i_n).to(tl.int64)",
+              "# a slot outside the pool (-1: padding) reads zeros and is never written; the tests are",
+              "# made on vectors (Triton's interpreter rejects masks combined from scalar conditions)",
+              "m_slot_k = ((i_slot + 0 * o_k) >= 0) & ((i_slot + 0 * o_k) < NSLOTS)",
+              "m_slot_v = ((i_slot + 0 * o_v) >= 0) & ((i_slot + 0 * o_v) < NSLOTS)",
+              "m_kv = m_kv & m_slot_v[None, :]",
+              f"p_local = {local}",
+              "p_state = (i_slot * HV + i_hv) * K * V + p_local",
+              "b_S = tl.load(state + p_state, mask=m_kv, other=0.0).to(tl.float32)")
+            return
+        c(f"p_state = i_nh * K * V + {local}", "b_S = tl.zeros([BK, BV], dtype=tl.float32)")
+        if op.start is not None:
+            if op.start.data == "identity":  # the columns of a transition M: M = I before any token
+                c("b_S = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)")
+            return
+        c("if HAS_INITIAL_STATE:")
+        with c.indent():
+            c("b_S += tl.load(initial_state + p_state, mask=m_kv, other=0.0)")
+
+    def print_k3s_token_loop(self, op: k3s.TokenLoopOp) -> None:
+        c = self.code
+        c.comment(op, "the tokens of sequence i_n, in order")
+        self.print_sequence_bounds()
+        c(f"for t in {self.token_range(op, 'bos', 'eos')}:")
+        with c.indent():
+            self.print_ops(op)
+
+    @staticmethod
+    def token_range(op: Operation, start: str, stop: str) -> str:
+        """The loop over tokens: its kernel's num_stages asks Triton to prefetch the next tokens'
+        loads (it pipelines a loop without matrix products only when the loop itself says so)."""
+        kernel = op.parent_op()
+        while not isinstance(kernel, k3s.KernelOp):
+            kernel = kernel.parent_op()
+        if kernel.num_stages is None:
+            return f"range({start}, {stop})"
+        return f"tl.range({start}, {stop}, num_stages={kernel.num_stages.value.data})"
+
+    def print_sequence_bounds(self) -> None:
+        """bos, eos: the token range of sequence i_n (varlen: from cu_seqlens)."""
+        c = self.code
+        if "cu_seqlens" not in self.view.names:
+            c("bos = i_n * T", "eos = bos + T")
+            return
+        c("if HAS_CU_SEQLENS:")
+        with c.indent():
+            c("bos = tl.load(cu_seqlens + i_n).to(tl.int64)", "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
+        c("else:")
+        with c.indent():
+            c("bos = i_n * T", "eos = bos + T")
+
+    def print_k3s_decay(self, op: k3s.DecayOp) -> None:
+        c = self.code
+        c.comment(op, "S <- Diag(exp g_t) S")
+        c("b_S = b_S * tl.exp(b_g)[:, None]" if op.gate.data == "channel" else "b_S = b_S * tl.exp(b_g)")
+
+    def print_k3s_delta_correct(self, op: k3s.DeltaCorrectOp) -> None:
+        self.code.comment(op, "u = beta_t (v_t - S^T k_t), kept in b_v")
+        self.code("b_v = b_beta * (b_v - tl.sum(b_S * b_k[:, None], axis=0))")
+
+    def print_k3s_rank1_update(self, op: k3s.Rank1UpdateOp) -> None:
+        self.code.comment(op, "S <- S + k_t u_t^T")
+        self.code("b_S = b_S + b_k[:, None] * b_v[None, :]")
+
+    def print_k3s_readout(self, op: k3s.ReadoutOp) -> None:
+        self.code.comment(op, "o_t = S^T (scale q_t)")
+        self.code(
+            "b_o = tl.sum(b_S * (scale * b_q)[:, None], axis=0)",
+            "tl.store(o + (t * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)",
+        )
+
+    def print_k3s_store_state(self, op: k3s.StoreStateOp) -> None:
+        self.code.comment(op)
+        if k3s.in_pool(op):
+            self.code("tl.store(state + p_state, b_S.to(state.dtype.element_ty), mask=m_kv)")
+            if op.next_op is not None:  # later stages go on from the state as the pool now holds it
+                self.code("b_S = b_S.to(state.dtype.element_ty).to(tl.float32)")
+            return
+        if op.tensor is not None:
+            self.code(f"tl.store({op.tensor.data} + p_state, b_S, mask=m_kv)")
+            return
+        self.code("if HAS_FINAL_STATE:")
+        with self.code.indent():
+            self.code("tl.store(final_state + p_state, b_S, mask=m_kv)")
