@@ -157,7 +157,7 @@ def cmd_compile(args) -> int:
     from k3compile.spec import load_spec
 
     start = time.perf_counter()
-    if not args.output.strip():
+    if args.output is not None and not args.output.strip():
         raise ArgumentError("-o: expected an output directory, got an empty path")
     if args.dtype and not args.shape:
         raise ArgumentError("--dtype is the input dtype of --shape (the shapes to tune for); give --shape B,T too")
@@ -178,12 +178,14 @@ def cmd_compile(args) -> int:
     if plan.records:
         table = plan.launch_tables.get("chunk", {})
         print(f"k3c compile: tuned configs for {len(table)} bucket(s) embedded ({plan.pipeline})", file=sys.stderr)
-    path = write_module(compilation, Path(args.output))
+    if args.stdout:  # the module itself, e.g. for FileCheck tests of the printed Triton
+        sys.stdout.write(compilation.source)
+    else:
+        print(write_module(compilation, Path(args.output)))
     if args.timing:
         print("pass timings:", file=sys.stderr)
         print_timings(compilation.timings)
         print(f"  {'total':<24} {(time.perf_counter() - start) * 1e3:8.1f} ms", file=sys.stderr)
-    print(path)
     return EXIT_OK
 
 
@@ -354,7 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile a layer spec to a standalone Python module of Triton kernels")
     p.add_argument("spec", help="layer spec (.toml)")
-    p.add_argument("-o", "--output", required=True, help="output directory (gets <name>.py)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("-o", "--output", help="output directory (gets <name>.py)")
+    where.add_argument("--stdout", action="store_true", help="print the module instead of writing it")
     p.add_argument("-p", "--pipeline", help="pass pipeline, e.g. 'lower-recurrent{block-v=64}' (default: the kind's)")
     p.add_argument("--timing", action="store_true", help="print how long each pass took")
     tuning = p.add_mutually_exclusive_group()

@@ -1,0 +1,18 @@
+// The printed Triton of an AttnRes spec: one fused kernel that scores and mixes each row in a
+// single read of its sources (k3c compile --stdout).
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s
+
+// CHECK:      attnres: compiled attnres layer (k3compile {{[0-9.]+}}). Needs only torch and triton.
+// CHECK:      layer: k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
+// CHECK:      pipeline: fuse-attnres
+// CHECK-LABEL: def attnres_aggregate_kernel(
+// CHECK:      # k3s.fold_query <hidden_size = 7168>: RMSNorm gain folded into the pseudo-query
+// CHECK:      # k3s.source_loop: each source row is read once
+// CHECK:      # k3s.rms_score <eps = 1.0e-06>: score = q . x / rms(x)
+// CHECK:      # k3s.online_softmax
+// CHECK:      # k3s.mix_accumulate
+// CHECK:      # k3s.normalize_store
+// CHECK-LABEL: def aggregate(sources, query, gain):
+// CHECK:      # k3s.entry @aggregate <source = attnres, max_sources = 9>: argument checks
+// CHECK:      # k3s.kernel @attnres_aggregate <grid = row, num_warps = 8>: launch
+// CHECK:      __all__ = ['aggregate']

@@ -1,0 +1,85 @@
+// The printed Triton of each recurrence member (k3c compile --stdout): the provenance header,
+// the kernels in order with the provenance comment of each block, and the entries' signatures.
+// Which token stages exist follows from the member: DeltaNet no gate load nor decay, GLA no
+// beta nor delta correction; chunk kernels likewise (no triangular solve without the delta rule).
+// RUN: k3c compile %examples/kda.toml --stdout --no-autotune | filecheck %s --check-prefixes=ALL,KDA
+// RUN: k3c compile %examples/gated_deltanet.toml --stdout --no-autotune | filecheck %s --check-prefixes=ALL,GDN
+// RUN: k3c compile %examples/deltanet.toml --stdout --no-autotune | filecheck %s --check-prefixes=ALL,DN
+// RUN: k3c compile %examples/gla.toml --stdout --no-autotune | filecheck %s --check-prefixes=ALL,GLA
+
+// ALL:      compiled {{[a-z_]+}} layer (k3compile {{[0-9.]+}}). Needs only torch and triton.
+// ALL:      spec: {{.*}}examples/{{[a-z_]+}}.toml (content sha256 {{[0-9a-f]+}})
+// KDA:      layer: k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 32,
+// GDN:      layer: k3.recurrence @gated_deltanet <gate = scalar, delta_rule = true, num_heads = 16, num_v_heads = 32,
+// DN:       layer: k3.recurrence @deltanet <gate = none, delta_rule = true,
+// GLA:      layer: k3.recurrence @gla <gate = channel, delta_rule = false,
+// ALL:      pipeline: lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan
+// ALL:      import torch
+// ALL-NEXT: import triton
+// ALL-NEXT: import triton.language as tl
+
+// The token kernel of `recurrent`: its stages as the member has them.
+// ALL-LABEL: def {{[a-z_]+}}_recurrent_kernel(
+// ALL:       HAS_CU_SEQLENS: tl.constexpr,
+// ALL-NEXT:  ):
+// ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = "value_block,sequence_head", num_warps = 4>
+// ALL:       # k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
+// ALL:       # k3s.token_loop: the tokens of sequence i_n, in order
+// ALL:       # k3s.load_token <tensor = q>
+// ALL:       # k3s.load_token <tensor = k>
+// ALL:       # k3s.load_token <tensor = v>
+// KDA:       # k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// KDA-NEXT:  b_g = tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+// KDA-NEXT:  # k3s.decay <gate = channel>: S <- Diag(exp g_t) S
+// GDN:       # k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>: the log-decay g
+// GDN:       # k3s.decay <gate = scalar>: S <- Diag(exp g_t) S
+// GLA:       # k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// GLA:       # k3s.decay <gate = channel>: S <- Diag(exp g_t) S
+// DN-NOT:    k3s.decay
+// GLA-NOT:   k3s.load_beta
+// KDA:       # k3s.load_beta <input = probability>
+// GDN:       # k3s.load_beta <input = probability>
+// DN:        # k3s.load_beta <input = probability>
+// KDA-NEXT:  b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
+// KDA-NEXT:  # k3s.delta_correct: u = beta_t (v_t - S^T k_t), kept in b_v
+// GDN:       # k3s.delta_correct
+// DN:        # k3s.delta_correct
+// GLA-NOT:   k3s.delta_correct
+// ALL:       # k3s.rank1_update: S <- S + k_t u_t^T
+// ALL:       # k3s.readout: o_t = S^T (scale q_t)
+// ALL:       # k3s.store_state <layout = {{kv|vk}}>
+// ALL-LABEL: def recurrent(q, k, v,
+// ALL:       # k3s.entry @recurrent <source = {{[a-z_]+}}>: argument checks
+// ALL:       # k3s.kernel @{{[a-z_]+}}_recurrent <grid = "value_block,sequence_head", num_warps = 4>: launch
+
+// The pool kernel of `decode`, then the chunk kernels: prepare (token-parallel), scan.
+// ALL-LABEL: def {{[a-z_]+}}_decode_kernel(
+// ALL:       # k3s.state_tile <{{.*}}home = pool>
+// ALL-LABEL: def decode(q, k, v, {{.*}}state=None, state_indices=None, check_indices=True):
+// ALL-LABEL: def {{[a-z_]+}}_chunk_prepare_kernel(
+// ALL:       DOT: tl.constexpr,
+// ALL-NEXT:  ):
+// KDA:       # k3s.gram <lhs = k, mask = strict, gate = channel, beta = true, sub_chunk = 16, diagonal = elementwise>
+// KDA:       # k3s.forward_substitution <block = 1>: T = (I + A)^-1 Diag(beta), blocked
+// KDA:       # k3s.wy_apply <operand = key, gate = channel>
+// GDN:       # k3s.gram <lhs = k, mask = strict, gate = scalar, beta = true, sub_chunk = 16>
+// GDN:       # k3s.forward_substitution <block = 1>
+// DN:        # k3s.gram <lhs = k, mask = strict, gate = none, beta = true, sub_chunk = 16>
+// DN:        # k3s.forward_substitution <block = 1>
+// GLA-NOT:   k3s.forward_substitution
+// GLA:       # k3s.gram <lhs = q, mask = inclusive, gate = channel, beta = false, sub_chunk = 16, diagonal = elementwise>
+// ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
+// ALL:       # k3s.chunk_loop <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
+// KDA:       # k3s.delta_residual: Vr = U - W S
+// GLA-NOT:   k3s.delta_residual
+// ALL:       # k3s.chunk_output <gate = {{[a-z]+}}, residual = {{true|false}}>
+// ALL:       # k3s.state_advance <gate = {{[a-z]+}}, residual = {{true|false}}>
+// ALL-LABEL: def _chunk_single(q, k, v,
+// ALL:       DOT=_DOT_OF_DTYPE[q.dtype],
+
+// Context parallelism: the summary kernels, chunk_segments, and the `chunk` that takes segments / cp_group.
+// ALL-LABEL: def segment_summary(k, v,
+// ALL-LABEL: def chunk_segments(q, k, v,
+// ALL:       _CHUNK_CP = _ContextParallel(_chunk_single, chunk_segments,
+// ALL-LABEL: def chunk(q, k, v, {{.*}}checkpoint_every=None, segments=None, cp_group=None):
+// ALL:       __all__ = ['recurrent', 'decode', 'chunk', 'segment_summary', 'chunk_segments']
