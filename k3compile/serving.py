@@ -204,13 +204,12 @@ def token_bytes(token_ids: Any) -> bytes:
             raise ValueError(f"token_ids: expected a 1-D integer tensor, got {_describe(token_ids)}")
         ids = token_ids.detach().to("cpu", torch.int64)
     elif isinstance(token_ids, Sequence) and not isinstance(token_ids, (str, bytes)):
-        bad = next((x for x in token_ids if isinstance(x, bool) or not isinstance(x, numbers.Integral)), None)
-        if bad is not None:
-            raise ValueError(f"token_ids: expected integers, got an element {bad!r}")
-        try:
-            ids = torch.tensor([int(x) for x in token_ids], dtype=torch.int64)
-        except (OverflowError, RuntimeError):
-            raise ValueError("token_ids: expected integers in 0..2**63-1, got one beyond") from None
+        for x in token_ids:
+            if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+                raise ValueError(f"token_ids: expected integers, got an element {x!r}")
+            if x >= 2 ** 63:
+                raise ValueError(f"token_ids: expected integers in 0..2**63-1, got {x}")
+        ids = torch.tensor([int(x) for x in token_ids], dtype=torch.int64)
     else:
         raise TypeError(f"token_ids: expected a 1-D integer tensor or a sequence of ints, got {_describe(token_ids)}")
     if ids.numel() and int(ids.min()) < 0:
