@@ -7,7 +7,7 @@ fixed [HV, K, V] matrix per layer. `PrefixCache` decouples the two (docs/prefix-
   (blake2b of the previous block's digest and this block's token ids), so a block's digest names
   its whole prefix and a cached block is reachable only through its cached parent;
 - attention pages stay the engine's: each block records an opaque page entry (a page id, a
-  tuple of them, anything) that `insert` is given and `evict` hands back;
+  tuple of them: any value compared with ==) that `insert` is given and `evict` hands back;
 - KDA state checkpoints are kept only where the `CheckpointPolicy` says (every n-th block end
   and the end of every inserted prompt), within a byte budget with LRU eviction;
 - `lookup` matches the hash chain, then resumes from the latest checkpoint at or before the
@@ -29,12 +29,18 @@ Semantics where the issue is silent:
   per layer when they gave a list of dicts; the first insert with checkpoints fixes the form,
   and each layer's shape, dtype and device.
 - `insert` copies the checkpoints the policy keeps (the chunk entry's output is a view of one
-  large tensor), and keeps the existing checkpoint or page entry of a block already cached:
-  the caller's page entries for such blocks come back in `Inserted.unused_pages` to free.
-- Checkpoints are evicted by the byte budget alone (least recently used first, at every insert
-  and release); blocks only by `evict(blocks=n)`, which returns their page entries, least
-  recently used leaves first (a block with cached children is never evicted: it is their prefix).
-  A block evicted takes its checkpoint with it.
+  large tensor), and keeps the existing checkpoint or page entry of a block already cached. For
+  such a block the caller passes the entry its hit returned (then nothing comes back) or pages
+  of its own, which come back in `Inserted.unused_pages` for it to free. Insert before releasing
+  the hit whose entries it passes: once released, its blocks may be evicted and their pages
+  handed back.
+- Checkpoints are evicted by the byte budget (at every insert and release) and by
+  `evict(checkpoint_bytes=n)`, least recently used first; blocks only by `evict(blocks=n)`,
+  which returns their page entries, least recently used leaves first (a block with cached
+  children is never evicted: it is their prefix), each taking its checkpoint with it. The
+  engine's KV allocator decides when pages are short; the cache never frees one on its own.
+- `split_checkpoints` turns a compiled chunk entry's `checkpoints` output (rows or varlen) into
+  the {position: state} dicts `insert` takes, positions counted from each prompt's start.
 - Hash collisions (two prefixes with one 128-bit digest) are not guarded against.
 
 Concurrency: one lock guards all state; hashing token ids happens outside it. Invariants, held
@@ -49,7 +55,7 @@ whenever the lock is free (`check_invariants` verifies them):
 3. budget: `checkpoint_bytes` is the sum of the held checkpoints' sizes, and at most
    `max_checkpoint_bytes` unless every held checkpoint is pinned;
 4. every page entry is handed back to the caller exactly once: by `evict` for a block that was
-   cached, or at once in `Inserted.unused_pages` for a block that already was.
+   cached, or at once in `Inserted.unused_pages` when its block already was under another entry.
 """
 
 from __future__ import annotations
@@ -155,7 +161,8 @@ class PrefixHit:
 @dataclass(frozen=True)
 class Inserted:
     """What `PrefixCache.insert` did: blocks added, checkpoint positions stored, and the caller's
-    page entries of blocks that were already cached (the cache keeps its own; free these)."""
+    page entries of blocks that were already cached under other entries (the cache keeps its
+    own; free these)."""
 
     new_blocks: int
     checkpoint_positions: tuple[int, ...]
@@ -349,7 +356,8 @@ class PrefixCache:
             block_tokens..(full blocks) * block_tokens, as `split_checkpoints` gives a compiled
             chunk entry's output (one layer), or a list of such dicts with the same positions
             (one per layer); None or {} for none.
-        pages: None, or one opaque page entry per full block, in order.
+        pages: None, or one opaque page entry per full block, in order; for a block already
+            cached, its cached entry (as a hit returned it) or one that comes back as unused.
         Validates everything before changing anything: a bad insert leaves the cache as it was.
         """
         keys = block_keys(token_ids, self.block_tokens)
@@ -373,7 +381,7 @@ class PrefixCache:
                     if parent is not None:
                         parent.children += 1
                     new_blocks += 1
-                elif pages is not None:
+                elif pages is not None and entry != block.pages:
                     unused.append(entry)
                 block.used = next(self._ticks)
                 if block.end in states and self.policy.keeps(i + 1, len(keys)):

@@ -123,6 +123,10 @@ def test_existing_blocks_keep_their_pages_and_checkpoints():
     with cache.lookup(tokens) as hit:
         assert hit.pages == ("a0", "a1", "b2", "b3")
         assert torch.equal(hit.state, state_of(tokens))
+        # an engine that passes the entries of its hit gets nothing back for them
+        longer = tokens + prompt(BT)
+        third = cache.insert(longer, all_checkpoints(longer), pages=[*hit.pages, "c4"])
+    assert (third.new_blocks, third.unused_pages) == (1, ())
 
 
 def test_checkpoints_of_several_layers():
@@ -386,10 +390,14 @@ def test_concurrent_lookup_insert_release_evict_keep_the_invariants(fresh_seed):
                     check_hit(hit, tokens)
                     held.append((hit, tokens))
                 elif op < 0.65:
-                    pages = [next(page_ids) for _ in range(len(tokens) // BT)]
-                    with ledger:
-                        inserted_pages.update(pages)
-                    inserted = cache.insert(tokens, all_checkpoints(tokens), pages=pages)
+                    # half the time an engine's flow: the hit's pages for what it matched, new
+                    # pages for the rest; else new pages for every block (some already cached)
+                    with cache.lookup(tokens if rng.random() < 0.5 else []) as hit:
+                        check_hit(hit, tokens)
+                        fresh = [next(page_ids) for _ in range(len(tokens) // BT - len(hit.pages))]
+                        with ledger:
+                            inserted_pages.update(fresh)
+                        inserted = cache.insert(tokens, all_checkpoints(tokens), pages=[*hit.pages, *fresh])
                     give_back(inserted.unused_pages, "insert")
                 elif op < 0.9 and held:
                     hit, tokens = held.pop(rng.randrange(len(held)))
