@@ -450,7 +450,7 @@ class PrefixCache:
                                        f"{checkpoint_pins.get(key, 0)}")
                 if (block.checkpoint is not None) != (key in self._checkpoints):
                     raise RuntimeError(f"budget: the checkpoint at {block.end} is not in the LRU order")
-            held = [b for b in self._checkpoints.values()]
+            held = list(self._checkpoints.values())
             if any(self._blocks.get(b.key) is not b for b in held):
                 raise RuntimeError("budget: a held checkpoint's block is not cached")
             total = sum(b.checkpoint_bytes for b in held)
