@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (see README.md):
 #   make demo   set up .venv (runtime only), compile examples/kda.toml to out/, verify it quickly
-#   make test   set up .venv with the test tools, run the IR tests (lit + filecheck) and the suite (pytest)
+#   make test   set up .venv with the test tools, run the IR tests (lit + filecheck) and the suite (pytest,
+#               two workers: one per core of a CI machine)
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
@@ -19,7 +20,7 @@ $(VENV)/.runtime: pyproject.toml
 	$(PIP) torch==2.13.0 -e .
 	touch $@
 
-# the test tools on top (pytest, lit, filecheck: the project's `test` extra)
+# the test tools on top (pytest, pytest-xdist, lit, filecheck: the project's `test` extra)
 $(VENV)/.installed: $(VENV)/.runtime
 	$(PIP) torch==2.13.0 -e '.[test]'
 	touch $@
@@ -32,7 +33,7 @@ demo: $(VENV)/.runtime
 
 test: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lit -sv tests/filecheck
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q -n 2 tests
 
 clean:
 	rm -rf $(VENV) out tests/filecheck/Output

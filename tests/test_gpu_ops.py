@@ -2,7 +2,7 @@
 identical arguments, in bf16 and fp16, and both against the float64 reference (so an error the
 two share cannot pass). Skipped without CUDA or fla. On the GPU machine: `pytest -m gpu tests`.
 
-The cases run in worker processes (this file run as a script, one process per function, side
+The cases run in worker processes (this file run as a script, one process per case, side
 by side): conftest turns Triton's interpreter on for the CPU tests, and a process that has used
 it cannot compile for the GPU. fla autotunes on its first call per shape, so every case of a
 module uses one shape: B = 2, T = 301, or varlen (100, 0, 1, 200); H = 2, HV = 4 (grouped value
@@ -16,6 +16,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,23 +272,19 @@ def run_case(c: Case, dtype: str, seed: int, fla_module, ours_module, device="cu
     return {"tensors": tensors, "checks": checks}
 
 
-def worker(function: str, seed: int, out: str) -> None:
+def worker(case_id: str, seed: int, out: str) -> None:
     import importlib
 
     from k3compile import ops
 
-    results = {}
+    c, dtype = CASE_OF[case_id]
+    fla_module = importlib.import_module(f"fla.ops.{c.family}")
     with torch.inference_mode():
-        for index, case_id in enumerate(CASE_IDS):
-            c, dtype = CASE_OF[case_id]
-            if c.function != function:
-                continue
-            fla_module = importlib.import_module(f"fla.ops.{c.family}")
-            try:
-                results[case_id] = run_case(c, dtype, seed + index, fla_module, ops)
-            except Exception as err:  # reported per case by the test
-                results[case_id] = {"error": f"{type(err).__name__}: {err}"[:2000]}
-    Path(out).write_text(json.dumps(results))
+        try:
+            result = run_case(c, dtype, seed + CASE_IDS.index(case_id), fla_module, ops)
+        except Exception as err:  # reported per case by the test
+            result = {"error": f"{type(err).__name__}: {err}"[:2000]}
+    Path(out).write_text(json.dumps({case_id: result}))
 
 
 # --- the tests ------------------------------------------------------------------------------------
@@ -300,25 +297,34 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """All cases, one worker process per function, side by side (fla's autotuning and Triton's
-    compiles take most of the time, on a core each; inputs from one seed, K3C_TEST_SEED to replay)."""
+    """All cases, one worker process per case, as many side by side as the machine has cores
+    less two (fla's autotuning and Triton's compiles take most of the time, each on a core: one
+    process per function took over 9 minutes); inputs from one seed, K3C_TEST_SEED to replay."""
     pytest.importorskip("fla")
     folder = tmp_path_factory.mktemp("gpu_ops")
     seed = int(os.environ.get("K3C_TEST_SEED") or secrets.randbits(31))
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env.update(K3C_POISON_OUTPUTS="1", K3C_CACHE_DIR=str(folder / "cache"))
-    functions = sorted({c.function for c in CASES})
-    workers = {}
-    for name in functions:  # output to files: a full pipe would stall a worker
-        with open(folder / f"{name}.log", "w") as log:
-            workers[name] = subprocess.Popen([sys.executable, __file__, name, str(seed), str(folder / f"{name}.json")],
-                                             env=env, stdout=log, stderr=subprocess.STDOUT)
-    merged = {}
-    for name, process in workers.items():
-        process.wait(timeout=600)
-        output = (folder / f"{name}.log").read_text()
-        assert process.returncode == 0, f"{name} worker failed (K3C_TEST_SEED={seed}):\n{output[-4000:]}"
-        merged.update(json.loads((folder / f"{name}.json").read_text()))
+    env.update(K3C_POISON_OUTPUTS="1", K3C_CACHE_DIR=str(folder / "cache"), OMP_NUM_THREADS="1")
+    pending, running, merged = list(CASE_IDS), {}, {}
+    slots = max(1, (os.cpu_count() or 4) - 2)
+
+    def finish(case_id: str, process: subprocess.Popen) -> None:
+        output = (folder / f"{case_id}.log").read_text()
+        assert process.returncode == 0, f"{case_id} worker failed (K3C_TEST_SEED={seed}):\n{output[-4000:]}"
+        merged.update(json.loads((folder / f"{case_id}.json").read_text()))
+
+    while pending or running:
+        while pending and len(running) < slots:  # output to files: a full pipe would stall a worker
+            case_id = pending.pop(0)
+            with open(folder / f"{case_id}.log", "w") as log:
+                running[case_id] = subprocess.Popen(
+                    [sys.executable, __file__, case_id, str(seed), str(folder / f"{case_id}.json")],
+                    env=env, stdout=log, stderr=subprocess.STDOUT)
+        done = [case_id for case_id, process in running.items() if process.poll() is not None]
+        for case_id in done:
+            finish(case_id, running.pop(case_id))
+        if not done:
+            time.sleep(0.5)
     return seed, merged
 
 
