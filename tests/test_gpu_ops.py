@@ -27,7 +27,11 @@ FAMILIES = ("kda", "gated_delta_rule", "delta_rule", "gla")
 HEADS = {"kda": (2, 4), "gated_delta_rule": (2, 4), "delta_rule": (4, 4), "gla": (4, 4)}
 K = V = 64
 BATCH, LENGTH, SEQLENS = 2, 301, (100, 0, 1, 200)
-TOL = 5e-3  # fla's tests' RMS ratio, for o, final_state and h: ours against fla's and the reference
+TOL = 5e-3  # fla's tests' RMS ratio, for o, final_state and h: ours against the float64 reference
+# ours against fla: two bf16 computations each within TOL of the truth, with independent rounding,
+# lie up to 2 TOL apart (on the H200 at d9a6dca, ours 4.4e-3 and fla 5.0e-3 from the reference were
+# 5.4e-3 apart); the reference check is the one that binds
+TOL_VS_FLA = 2 * TOL
 
 
 @dataclass(frozen=True)
@@ -338,8 +342,8 @@ def test_against_fla_and_the_reference(results, case_id):
         if ratios["vs_ref"] > TOL:
             failures.append(f"{name}: RMS ratio {ratios['vs_ref']:.2e} against the reference > {TOL:.0e} "
                             f"(fla's: {ratios.get('fla_vs_ref', float('nan')):.2e})")
-        if ratios.get("vs_fla", 0.0) > TOL:
-            failures.append(f"{name}: RMS ratio {ratios['vs_fla']:.2e} against fla > {TOL:.0e} (fla against "
+        if ratios.get("vs_fla", 0.0) > TOL_VS_FLA:
+            failures.append(f"{name}: RMS ratio {ratios['vs_fla']:.2e} against fla > {TOL_VS_FLA:.0e} (fla against "
                             f"the reference: {ratios['fla_vs_ref']:.2e})")
     assert not failures, f"K3C_TEST_SEED={seed}: " + "; ".join(failures)
 
