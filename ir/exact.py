@@ -8,10 +8,12 @@ backend's business, not the schedule's algebra.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import sympy
 from sympy import Matrix, Rational, eye, zeros
+from xdsl.ir import Block, SSAValue
 
 from k3compile.ir import k3s
 
@@ -87,139 +89,192 @@ def token_recurrence(x: ExactInputs, delta_rule: bool) -> tuple[Matrix, Matrix]:
 
 
 # --- the chunkwise stages ------------------------------------------------------------------
+# Each chunk op's exact meaning, as a function of its operands' values (one per op type, in the
+# manner of xDSL's interpreter functions); a ChunkRun walks a block of them for one chunk.
 
 
 class Chunk:
-    """The named per-chunk quantities the stages read and write."""
+    """The exact inputs of one chunk: what its loads read."""
 
     def __init__(self, x: ExactInputs, start: int, end: int) -> None:
+        self.start = start
         self.Q, self.K, self.V = x.q[start:end, :], x.k[start:end, :], x.v[start:end, :]
         self.decays = x.a[start:end, :]
         self.beta = x.beta[start:end]
         self.scale = x.scale
-        self.values: dict[str, Matrix] = {}
-
-    def __getitem__(self, name: str) -> Matrix:
-        if name not in self.values:
-            raise IncompleteSchedule(f"a stage reads {name}, which no earlier stage produced")
-        return self.values[name]
-
-    def gamma(self, op) -> Matrix:
-        return self["Gamma"] if op.gate.data != "none" else sympy.ones(*self.K.shape)
 
 
-def gate_cumsum(op, c: Chunk, S: Matrix) -> Matrix:
-    gamma = c.decays.copy()
+SEMANTICS: dict[type, Callable] = {}
+
+
+def semantics(op_type: type) -> Callable:
+    """Register the exact meaning of an op type: f(run, op, *operand values) -> its result (or
+    None for an op without one)."""
+    def register(function: Callable) -> Callable:
+        SEMANTICS[op_type] = function
+        return function
+
+    return register
+
+
+class ChunkRun:
+    """Runs chunk ops on x's chunks: the values of the block being run, what spills left in
+    `workspaces` ({(chunk start, name): value}), the outputs of the chunks and the cache rows."""
+
+    def __init__(self, x: ExactInputs, workspaces: dict | None = None, buffers: dict | None = None) -> None:
+        self.x = x
+        self.workspaces = {} if workspaces is None else workspaces
+        self.buffers = {} if buffers is None else buffers
+        self.values: dict[SSAValue, object] = {}
+        self.outputs: list[Matrix] = []
+        self.chunk: Chunk | None = None
+
+    def value(self, value: SSAValue):
+        if value not in self.values:
+            raise IncompleteSchedule(f"a stage reads {value.name_hint}, which no earlier stage produced")
+        return self.values[value]
+
+    def run_block(self, block: Block, args: tuple = ()):
+        """The block's ops in order; returns what its next_chunk passes on (or None)."""
+        self.values.update(zip(block.args, args))
+        for op in block.ops:
+            if isinstance(op, k3s.NextChunkOp):
+                return self.value(op.state)
+            if type(op) not in SEMANTICS:
+                raise TypeError(f"{op.name} has no exact semantics")
+            result = SEMANTICS[type(op)](self, op, *(self.value(v) for v in op.operands))
+            if op.results:
+                self.values[op.results[0]] = result
+        return None
+
+    def chunks(self, size: int):
+        for start in range(0, self.x.q.rows, size):
+            self.chunk = Chunk(self.x, start, min(start + size, self.x.q.rows))
+            yield self.chunk
+
+    def run_chunked(self, chunked: k3s.ChunkedOp, S: Matrix) -> Matrix:
+        """Every chunk through the schedule from the state S; returns the state after the last."""
+        for _ in self.chunks(chunked.chunk_size.value.data):
+            self.state = S
+            self.run_block(chunked.body.block)
+            S = self.state
+        return S
+
+
+@semantics(k3s.LoadChunkOp)
+def load_chunk(run: ChunkRun, op):
+    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[op.tensor.data]
+
+
+@semantics(k3s.LoadGateOp)
+def load_gate(run: ChunkRun, op):  # the decays as factors a = exp(g): inputs are given exactly
+    return run.chunk.decays
+
+
+@semantics(k3s.LoadBetaOp)
+def load_beta(run: ChunkRun, op):
+    return run.chunk.beta
+
+
+@semantics(k3s.GateCumsumOp)
+def gate_cumsum(run: ChunkRun, op, decays: Matrix) -> Matrix:
+    gamma = decays.copy()
     for r in range(1, gamma.rows):
-        gamma[r, :] = gamma[r - 1, :].multiply_elementwise(c.decays[r, :])
-    c.values["Gamma"] = gamma
-    return S
+        gamma[r, :] = gamma[r - 1, :].multiply_elementwise(decays[r, :])
+    return gamma
 
 
-def gram(op: k3s.GramOp, c: Chunk, S: Matrix) -> Matrix:
-    gamma = c.gamma(op)
-    lhs = c.Q if op.lhs.data == "q" else c.K
-    right = c.K.applyfunc(lambda x: x)  # copy
-    for i in range(right.rows):
-        for j in range(right.cols):
-            right[i, j] = right[i, j] / gamma[i, j]
+@semantics(k3s.GramOp)
+def gram(run: ChunkRun, op: k3s.GramOp, lhs: Matrix, keys: Matrix, *rest) -> Matrix:
+    gamma = rest[0] if op.cumulative_gate is not None else sympy.ones(*keys.shape)
+    right = Matrix(keys.rows, keys.cols, lambda i, j: keys[i, j] / gamma[i, j])
     M = lhs.multiply_elementwise(gamma) * right.T
     keep_diagonal = op.mask.data == "inclusive"
     M = Matrix(M.rows, M.cols, lambda i, j: M[i, j] if (j < i or (keep_diagonal and j == i)) else 0)
-    if op.beta.value.data:
-        M = sympy.diag(*c.beta) * M
-    c.values["A" if op.lhs.data == "k" else "P"] = M
-    return S
+    return sympy.diag(*rest[-1]) * M if op.row_scale is not None else M
 
 
-def forward_substitution(op, c: Chunk, S: Matrix) -> Matrix:
-    A = c["A"]
+@semantics(k3s.ForwardSubstitutionOp)
+def forward_substitution(run: ChunkRun, op, A: Matrix, beta: list) -> Matrix:
     n = A.rows
     T = zeros(n, n)
     for i in range(n):  # row i of (I + A) T = Diag(beta), A lower triangular
         row = -sum((A[i, j] * T[j, :] for j in range(i)), zeros(1, n))
-        row[0, i] += c.beta[i]
+        row[0, i] += beta[i]
         T[i, :] = row / (1 + A[i, i])
-    c.values["T"] = T
-    return S
+    return T
 
 
-def wy_apply(op: k3s.WYApplyOp, c: Chunk, S: Matrix) -> Matrix:
-    if op.operand.data == "key":
-        c.values["W"] = c["T"] * c.K.multiply_elementwise(c.gamma(op))
-    else:
-        c.values["U"] = c["T"] * c.V
-    return S
+@semantics(k3s.WYApplyOp)
+def wy_apply(run: ChunkRun, op, T: Matrix, rows: Matrix, gamma: Matrix | None = None) -> Matrix:
+    return T * (rows if gamma is None else rows.multiply_elementwise(gamma))
 
 
-def gate_apply(op: k3s.GateApplyOp, c: Chunk, S: Matrix) -> Matrix:
-    gamma = c["Gamma"]
-    if op.operand.data == "q":
-        c.values["QG"] = c.Q.multiply_elementwise(gamma)
-    else:
-        last = gamma[gamma.rows - 1, :]
-        until_end = Matrix(gamma.rows, gamma.cols, lambda i, j: last[0, j] / gamma[i, j])
-        c.values["KG"] = c.K.multiply_elementwise(until_end)
-    return S
+@semantics(k3s.GateApplyOp)
+def gate_apply(run: ChunkRun, op: k3s.GateApplyOp, rows: Matrix, gamma: Matrix) -> Matrix:
+    if op.anchor.data == "start":
+        return rows.multiply_elementwise(gamma)
+    last = gamma[gamma.rows - 1, :]
+    return rows.multiply_elementwise(Matrix(gamma.rows, gamma.cols, lambda i, j: last[0, j] / gamma[i, j]))
 
 
-def chunk_decay(op, c: Chunk, S: Matrix) -> Matrix:
-    gamma = c["Gamma"]
-    c.values["gamma_C"] = gamma[gamma.rows - 1, :]
-    return S
+@semantics(k3s.ChunkDecayOp)
+def chunk_decay(run: ChunkRun, op, gamma: Matrix) -> Matrix:
+    return gamma[gamma.rows - 1, :]
 
 
-def delta_residual(op, c: Chunk, S: Matrix) -> Matrix:
-    c.values["Vr"] = c["U"] - c["W"] * S
-    return S
+@semantics(k3s.ChunkScanOp)
+def chunk_scan(run: ChunkRun, op: k3s.ChunkScanOp) -> None:
+    run.state = run.run_block(op.body.block, (run.state,))
 
 
-def chunk_output(op: k3s.ChunkOutputOp, c: Chunk, S: Matrix) -> Matrix:
-    values = c["Vr"] if op.residual.value.data else c.V
-    queries = c.Q if op.gate.data == "none" else c["QG"]
-    c.values["O"] = c.scale * (queries * S + c["P"] * values)
-    return S
+@semantics(k3s.DeltaResidualOp)
+def delta_residual(run: ChunkRun, op, S: Matrix, W: Matrix, U: Matrix | None = None) -> Matrix:
+    return (zeros(W.rows, S.cols) if U is None else U) - W * S
 
 
-def state_advance(op: k3s.StateAdvanceOp, c: Chunk, S: Matrix) -> Matrix:
-    values = c["Vr"] if op.residual.value.data else c.V
-    if op.gate.data == "none":
-        return S + c.K.T * values
-    return sympy.diag(*c["gamma_C"]) * S + c["KG"].T * values
+@semantics(k3s.ChunkOutputOp)
+def chunk_output(run: ChunkRun, op, queries: Matrix, S: Matrix, P: Matrix, values: Matrix) -> Matrix:
+    run.outputs.append(run.chunk.scale * (queries * S + P * values))
+    return run.outputs[-1]
 
 
-STAGES = {
-    k3s.GateCumsumOp: gate_cumsum,
-    k3s.GramOp: gram,
-    k3s.ForwardSubstitutionOp: forward_substitution,
-    k3s.WYApplyOp: wy_apply,
-    k3s.GateApplyOp: gate_apply,
-    k3s.ChunkDecayOp: chunk_decay,
-    k3s.DeltaResidualOp: delta_residual,
-    k3s.ChunkOutputOp: chunk_output,
-    k3s.StateAdvanceOp: state_advance,
-}
+@semantics(k3s.StateAdvanceOp)
+def state_advance(run: ChunkRun, op, S: Matrix, keys: Matrix, values: Matrix, decay: Matrix | None = None) -> Matrix:
+    return (S if decay is None else sympy.diag(*decay) * S) + keys.T * values
 
 
-def run_stages(chunked: k3s.ChunkedOp, stages: list, x: ExactInputs) -> tuple[list[Chunk], Matrix]:
-    """Run `stages` of a k3s.chunked schedule chunk after chunk from x.S0. Returns (the chunks
-    with their quantities, S_T)."""
-    C = chunked.chunk_size.value.data
-    S = x.S0
-    chunks = []
-    for start in range(0, x.q.rows, C):
-        chunk = Chunk(x, start, min(start + C, x.q.rows))
-        for stage in stages:
-            S = STAGES[type(stage)](stage, chunk, S)
-        chunks.append(chunk)
-    return chunks, S
+@semantics(k3s.SpillOp)
+def spill(run: ChunkRun, op: k3s.SpillOp, tile) -> None:
+    run.workspaces[(run.chunk.start, op.value.data)] = tile
+
+
+@semantics(k3s.ReloadOp)
+def reload(run: ChunkRun, op: k3s.ReloadOp):
+    key = (run.chunk.start, op.value.data)
+    if key not in run.workspaces:
+        raise IncompleteSchedule(f"a kernel reloads {op.value.data}, which no earlier kernel spilled")
+    return run.workspaces[key]
+
+
+@semantics(k3s.CacheUpdateOp)
+def chunk_cache_update(run: ChunkRun, op: k3s.CacheUpdateOp, keys: Matrix, updates: Matrix, *gate) -> None:
+    """A chunk's rows of k, the decays and u (vr or v) appended to the op's buffer."""
+    decays = run.chunk.decays
+    run.buffers.setdefault(k3s.cache_buffer(op), []).extend(
+        (keys[i, :].T, decays[i, :], updates[i, :].T) for i in range(keys.rows))
+
+
+@semantics(k3s.StoreCheckpointOp)
+def store_checkpoint(run: ChunkRun, op, S: Matrix) -> None:
+    """Prefix caching's copy of the state: nothing the schedule's algebra reads."""
 
 
 def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]:
     """Interpret a k3s.chunked schedule on one head's sequence from x.S0. Returns (O [T, V], S_T)."""
-    stages = [stage for region_op in chunked.body.ops for stage in region_op.body.ops]  # chunk_local, chunk_scan
-    chunks, S = run_stages(chunked, stages, x)
-    return Matrix.vstack(*(chunk["O"] for chunk in chunks)), S
+    run = ChunkRun(x)
+    S = run.run_chunked(chunked, x.S0)
+    return Matrix.vstack(*run.outputs), S
 
 
 # --- the speculative (verify + replay) schedule ----------------------------------------------
@@ -237,6 +292,7 @@ class Token:
 
 
 def _token_stage(op, tok: Token, S: Matrix, buffers: dict[str, list]) -> Matrix:
+    # the token stages' registers are implicit still (their ops carry no values yet)
     if isinstance(op, (k3s.LoadTokenOp, k3s.LoadGateOp, k3s.LoadBetaOp)):
         return S  # inputs are given exactly; what a load does to them is not the schedule's algebra
     if isinstance(op, k3s.DecayOp):
@@ -318,51 +374,29 @@ def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, lis
     return O, row
 
 
+@semantics(k3s.ChunkTileOp)
+def chunk_tile(run: ChunkRun, op) -> None:
+    """Which rows a program owns: the chunk being run."""
+
+
 def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int, workspaces: dict) -> None:
     """A token-parallel chunk kernel (fuse-chunkwise's prepare, gram or wy) on x's chunks: its
-    stages in program order; what it spills goes into `workspaces`, {(chunk start, name): value},
+    ops in program order; what it spills goes into `workspaces`, {(chunk start, name): value},
     and what it reloads must be there (an earlier kernel's spill)."""
-    for start in range(0, x.q.rows, chunk_size):
-        chunk = Chunk(x, start, min(start + chunk_size, x.q.rows))
-        for op in kernel.body.ops:
-            if isinstance(op, (k3s.ChunkTileOp, k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)):
-                continue
-            if isinstance(op, k3s.SpillOp):
-                workspaces[(start, op.value.data)] = chunk[op.value.data]
-            elif isinstance(op, k3s.ReloadOp):
-                chunk.values[op.value.data] = reloaded(workspaces, start, op.value.data)
-            else:
-                STAGES[type(op)](op, chunk, None)
-
-
-def reloaded(workspaces: dict, start: int, name: str) -> Matrix:
-    if (start, name) not in workspaces:
-        raise IncompleteSchedule(f"a kernel reloads {name}, which no earlier kernel spilled")
-    return workspaces[(start, name)]
+    run = ChunkRun(x, workspaces)
+    for _ in run.chunks(chunk_size):
+        run.run_block(kernel.body.block)
 
 
 def run_chunk_loop(loop: k3s.ChunkLoopOp, x: ExactInputs, S: Matrix, workspaces: dict,
                    buffers: dict[str, list]) -> tuple[Matrix, Matrix]:
     """A chunk loop of a lowered kernel from the state S: each chunk starts with only what it
-    reloads from the workspaces; cache updates append the chunk's rows (k, decays, u = Vr or v)
-    to their buffer. Returns (O of x's tokens, the state after them)."""
-    C = loop.chunk_size.value.data
-    outputs = []
-    for start in range(0, x.q.rows, C):
-        chunk = Chunk(x, start, min(start + C, x.q.rows))
-        for op in loop.body.ops:
-            if isinstance(op, (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp, k3s.StoreCheckpointOp)):
-                continue
-            if isinstance(op, k3s.ReloadOp):
-                chunk.values[op.value.data] = reloaded(workspaces, start, op.value.data)
-            elif isinstance(op, k3s.CacheUpdateOp):
-                u = chunk["Vr"] if op.residual is not None and op.residual.value.data else chunk.V
-                buffers.setdefault(k3s.cache_buffer(op), []).extend(
-                    (chunk.K[i, :].T, chunk.decays[i, :], u[i, :].T) for i in range(chunk.K.rows))
-            else:
-                S = STAGES[type(op)](op, chunk, S)
-        outputs.append(chunk["O"])
-    return Matrix.vstack(*outputs), S
+    reloads from the workspaces and loads; cache updates append the chunk's rows to their
+    buffer. Returns (O of x's tokens, the state after them)."""
+    run = ChunkRun(x, workspaces, buffers)
+    for _ in run.chunks(loop.chunk_size.value.data):
+        S = run.run_block(loop.body.block, (S,))
+    return Matrix.vstack(*run.outputs), S
 
 
 def run_lowered_entry(kernels: list, x: ExactInputs, buffers: dict[str, list] | None = None, accepted: int = 0) -> tuple:
@@ -394,18 +428,17 @@ def transition_apply(form: str, M, X):
 
 def segment_summary(scan: k3s.SegmentScanOp, x: ExactInputs) -> tuple:
     """The summary (M, N) of the token range x (x.S0 unused) as the segment_summary op states it:
-    N by the chunked schedule's state pass from a zero state; a full M by the same pass on the
-    state [M | N] from [I | 0] with values [0 | V]; a diagonal or scalar M the decays' product."""
+    N the state the chunked schedule leaves from a zero state; a full M by the same schedule on
+    the state [M | N] from [I | 0] with values [0 | V]; a diagonal or scalar M the decays' product."""
     summary, _, chunked = scan.body.ops
     form = summary.transition.data
     K, V = x.k.cols, x.v.cols
-    stages = k3s.state_pass(chunked)
     if form == "full":
         augmented = replace(x, v=Matrix.hstack(zeros(x.v.rows, K), x.v),
                                         S0=Matrix.hstack(eye(K), zeros(K, V)))
-        MN = run_stages(chunked, stages, augmented)[1]
+        MN = run_chunked(chunked, augmented)[1]
         return MN[:, :K], MN[:, K:]
-    N = run_stages(chunked, stages, replace(x, S0=zeros(K, V)))[1]
+    N = run_chunked(chunked, replace(x, S0=zeros(K, V)))[1]
     decays = Matrix(K, 1, lambda c, _: sympy.prod(x.a[:, c]))
     return {"diagonal": decays, "scalar": decays[0], "identity": None}[form], N
 

@@ -19,18 +19,33 @@ number.
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
-from xdsl.ir import Dialect
+from xdsl.dialects.builtin import I64, ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, StringAttr
+from xdsl.ir import Dialect, Operation, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
+    irdl_attr_definition,
     irdl_op_definition,
     lazy_traits_def,
+    operand_def,
+    opt_operand_def,
     opt_prop_def,
     prop_def,
     region_def,
+    result_def,
     traits_def,
+    var_operand_def,
 )
-from xdsl.traits import HasParent, NoTerminator, SymbolOpInterface
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.traits import (
+    HasParent,
+    IsolatedFromAbove,
+    IsTerminator,
+    MemoryReadEffect,
+    NoTerminator,
+    Pure,
+    SymbolOpInterface,
+)
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import BETA_INPUTS, GATE_INPUTS, STATE_LAYOUTS
@@ -44,6 +59,42 @@ TOKEN_TENSORS = ("q", "k", "v")
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
+
+
+TILE_DIMS = ("C", "K", "V")
+
+
+@irdl_attr_definition
+class TileType(ParametrizedAttribute, TypeAttribute):
+    """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
+    token rows), K (key channels) and V (the program's value columns); `<C>` one number per row,
+    `<>` one number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
+
+    name = "k3s.tile"
+    dims: ArrayAttr[StringAttr]
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[ArrayAttr[StringAttr]]:
+        parser.parse_punctuation("<")
+        dims: list[StringAttr] = []
+        if parser.parse_optional_punctuation(">") is None:
+            dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, K or V)")))
+            while parser.parse_optional_keyword("x") is not None:
+                dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, K or V)")))
+            parser.parse_punctuation(">")
+        return [ArrayAttr(dims)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<" + " x ".join(d.data for d in self.dims.data) + ">")
+
+    def verify(self) -> None:
+        for dim in self.dims.data:
+            if dim.data not in TILE_DIMS:
+                raise VerifyException(f"{self.name}: unknown dimension {dim.data!r}; allowed: {', '.join(TILE_DIMS)}")
+
+
+def tile(*dims: str) -> TileType:
+    return TileType(ArrayAttr([StringAttr(d) for d in dims]))
 
 
 def is_power_of_two(value: int) -> bool:
@@ -150,7 +201,7 @@ class KernelOp(KeywordSyntax):
     # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
     maxnreg = opt_prop_def(IntegerAttr[I64])
     body = region_def("single_block")
-    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp), IsolatedFromAbove())
 
     def verify_(self) -> None:
         if self.dots is not None:
@@ -237,13 +288,15 @@ class TokenLoopOp(KeywordSyntax):
 class CacheUpdateOp(KeywordSyntax):
     """Cache the token's k, its gate and the update u it wrote (u = beta (v - S^T k) with the
     delta rule, v without): what a replay needs instead of the state itself. In a chunk (the
-    chunked verify) it caches every row of the chunk, u the rows of Vr = U - W S (`residual`,
-    the delta rule) or of v."""
+    chunked verify) it caches every row of the chunk, u the rows of vr = U - W S (the delta
+    rule) or of v."""
 
     name = "k3s.cache_update"
     gate = prop_def(StringAttr)
     buffer = opt_prop_def(StringAttr)  # the tensor argument it writes (absent: cache)
-    residual = opt_prop_def(BoolAttr)  # in a chunk: u = Vr (true) or v
+    # in a chunk: the rows of k, of u (vr or v) and, with a gate, of the log-gate g; in a token
+    # loop none yet (the token stages' registers are implicit)
+    rows = var_operand_def(TileType)
     # lazy: the chunk regions are defined further down
     traits = lazy_traits_def(lambda: (HasParent(TokenLoopOp, ChunkScanOp, ChunkLoopOp),))
 
@@ -296,6 +349,7 @@ class LoadTokenOp(KeywordSyntax):
     name = "k3s.load_token"
     tensor = prop_def(StringAttr)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
+    row = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 
     def verify_(self) -> None:
@@ -382,14 +436,20 @@ def in_pool(op) -> bool:
 
 
 # --- stages of the chunkwise (WY/UT) schedule ----------------------------------------------
-# A chunk is C consecutive tokens of one sequence and value head. The stages read and write
-# per-chunk quantities by fixed names: G (cumulative log-gate, [C, K] or [C]; Gamma = exp G),
-# A (gated key Gram), T (UT transform), W, U (WY factors), P (query-key scores), Vr (the
-# residual values V' the state update uses), O (output) and S (the carried state, [K, V]).
+# A chunk is C consecutive tokens of one sequence and value head. The stages are ops on tile
+# values: what each reads are its operands, what it makes its result. The cumulative log-gate G
+# ([C, K] or [C]; Gamma = exp G), the gated key Gram A, the UT transform T, the WY factors W and
+# U, the query Gram P, the decayed queries and keys QG and KG, the chunk's decay gamma_C; in the
+# scan, the carried state S ([K, V], a block argument of the scan's region), the residual values
+# vr the state update uses and the output o.
 
-CHUNK_OPERANDS = ("key", "value")
-GRAM_LHS = ("q", "k")
 MASKS = ("strict", "inclusive")
+GATE_ANCHORS = ("start", "end")
+# how a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two tensor-core
+# factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or elementwise
+# (exp of differences, exponents <= 0 for any gate)
+GRAM_DIAGONALS = ("factored", "elementwise")
+# the names a value crossing kernels is spilled under (the workspace it lives in, k3s.reload)
 SPILLED = ("W", "U", "P", "QG", "KG", "gamma_C", "T")
 
 
@@ -397,16 +457,18 @@ def workspace_name(value: str) -> str:
     """The workspace tensor a spilled value lives in: its own name, except T (every kernel's token
     count is T)."""
     return "T_ut" if value == "T" else value
-GATE_ANCHORS = ("start", "end")
-# how a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two tensor-core
-# factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or elementwise
-# (exp of differences, exponents <= 0 for any gate)
-GRAM_DIAGONALS = ("factored", "elementwise")
+
+
+def _operand_count(op: IRDLOperation, expected: int) -> None:
+    if len(op.operands) != expected:
+        raise VerifyException(f"{op.name}: expected {expected} operands for its properties, got {len(op.operands)}")
 
 
 @irdl_op_definition
 class ChunkedOp(KeywordSyntax):
-    """The chunkwise form of a recurrence: per-chunk stages, then a scan over chunks."""
+    """The chunkwise form of a recurrence: its body is one chunk. The ops before the chunk_scan
+    are chunk-local (no dependency between chunks: token-parallel); the chunk_scan runs chunk
+    after chunk, carrying the state (initial_state, or zero)."""
 
     name = "k3s.chunked"
     chunk_size = prop_def(IntegerAttr[I64])
@@ -416,34 +478,55 @@ class ChunkedOp(KeywordSyntax):
     def verify_(self) -> None:
         if self.chunk_size.value.data <= 0:
             raise VerifyException(f"{self.name}: chunk_size must be positive, got {self.chunk_size.value.data}")
+        scans = [op for op in self.body.ops if isinstance(op, ChunkScanOp)]
+        if len(scans) != 1 or scans[0] is not self.body.block.last_op:
+            raise VerifyException(f"{self.name}: the body must end in its one chunk_scan")
 
+    @property
+    def scan(self) -> ChunkScanOp:
+        return self.body.block.last_op
 
-@irdl_op_definition
-class ChunkLocalOp(KeywordSyntax):
-    """Stages with no dependency between chunks (token-parallel)."""
-
-    name = "k3s.chunk_local"
-    body = region_def("single_block")
-    traits = traits_def(NoTerminator(), HasParent(ChunkedOp))
+    def local_ops(self) -> list[Operation]:
+        return list(self.body.ops)[:-1]
 
 
 @irdl_op_definition
 class ChunkScanOp(KeywordSyntax):
-    """Stages run chunk after chunk, carrying the state S (initial_state, or zero)."""
+    """The stages run chunk after chunk. Its block argument is the state S entering the chunk;
+    it ends in `next_chunk` with the state the next chunk enters with."""
 
     name = "k3s.chunk_scan"
     body = region_def("single_block")
-    traits = traits_def(NoTerminator(), HasParent(ChunkedOp))
+    traits = traits_def(HasParent(ChunkedOp))
 
 
 @irdl_op_definition
 class ChunkLoopOp(KeywordSyntax):
-    """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule)."""
+    """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule), carrying
+    the kernel's state tile: the block argument S, the operand of the closing `next_chunk`."""
 
     name = "k3s.chunk_loop"
     chunk_size = prop_def(IntegerAttr[I64])
     body = region_def("single_block")
-    traits = traits_def(NoTerminator(), HasParent(KernelOp))
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class NextChunkOp(KeywordSyntax):
+    """The state the next chunk enters with (the loop-carried value of a chunk scan or loop)."""
+
+    name = "k3s.next_chunk"
+    state = operand_def(TileType)
+    traits = traits_def(IsTerminator(), HasParent(ChunkScanOp, ChunkLoopOp))
+
+
+def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
+    """(the state a chunk enters with, the state it leaves)."""
+    return loop.body.block.args[0], loop.body.block.last_op.state
+
+
+CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, ChunkLoopOp)  # before fusion, in a prepare kernel, re-run in a scan
+SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp)
 
 
 @irdl_op_definition
@@ -466,7 +549,8 @@ class LoadChunkOp(KeywordSyntax):
     name = "k3s.load_chunk"
     tensor = prop_def(StringAttr)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
-    traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
+    rows = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
         _choice(self, "tensor", TOKEN_TENSORS)
@@ -483,7 +567,8 @@ class LoadGateOp(KeywordSyntax):
     gate = prop_def(StringAttr)
     input = prop_def(StringAttr)
     lower_bound = prop_def(FloatAttr)
-    traits = traits_def(HasParent(TokenLoopOp, KernelOp, ChunkLoopOp))
+    log_gate = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
         _choice(self, "gate", GATES)
@@ -499,7 +584,8 @@ class LoadBetaOp(KeywordSyntax):
 
     name = "k3s.load_beta"
     input = prop_def(StringAttr)
-    traits = traits_def(HasParent(TokenLoopOp, KernelOp, ChunkLoopOp))
+    beta = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
         _choice(self, "input", BETA_INPUTS)
@@ -512,6 +598,7 @@ class StoreCheckpointOp(KeywordSyntax):
 
     name = "k3s.store_checkpoint"
     layout = prop_def(StringAttr)
+    state = operand_def(TileType)
     traits = traits_def(HasParent(ChunkLoopOp))
 
     def verify_(self) -> None:
@@ -520,10 +607,11 @@ class StoreCheckpointOp(KeywordSyntax):
 
 @irdl_op_definition
 class SpillOp(KeywordSyntax):
-    """Store a chunk-local quantity (one of SPILLED) to its workspace for a later kernel."""
+    """Store a chunk-local value to the workspace `value` names, for a later kernel."""
 
     name = "k3s.spill"
     value = prop_def(StringAttr)
+    tile = operand_def(TileType)
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
 
     def verify_(self) -> None:
@@ -532,11 +620,12 @@ class SpillOp(KeywordSyntax):
 
 @irdl_op_definition
 class ReloadOp(KeywordSyntax):
-    """Load a per-chunk quantity an earlier kernel spilled."""
+    """Load a chunk-local value an earlier kernel spilled to the workspace `value` names."""
 
     name = "k3s.reload"
     value = prop_def(StringAttr)
-    traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
+    tile = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp, ChunkLoopOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _choice(self, "value", SPILLED)
@@ -548,7 +637,9 @@ class GateCumsumOp(KeywordSyntax):
 
     name = "k3s.gate_cumsum"
     gate = prop_def(StringAttr)
-    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+    log_gate = operand_def(TileType)
+    cumulative = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
         _choice(self, "gate", GATES)
@@ -556,7 +647,8 @@ class GateCumsumOp(KeywordSyntax):
 
 @irdl_op_definition
 class GramOp(KeywordSyntax):
-    """A gated Gram matrix of the chunk, masked lower-triangular:
+    """A gated Gram matrix of the chunk, masked lower-triangular. Operands: lhs (q or k), the
+    keys, then G with a gate and beta when `beta`:
 
         lhs = k: A = Tril_mask( Diag(beta) (Gamma*K) (K/Gamma)^T )     (the delta rule's A)
         lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
@@ -571,18 +663,19 @@ class GramOp(KeywordSyntax):
     """
 
     name = "k3s.gram"
-    lhs = prop_def(StringAttr)
     mask = prop_def(StringAttr)
     gate = prop_def(StringAttr)
     beta = prop_def(BoolAttr)
     sub_chunk = prop_def(IntegerAttr[I64])
     diagonal = opt_prop_def(StringAttr)
-    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+    inputs = var_operand_def(TileType)
+    gram = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _choice(self, "lhs", GRAM_LHS)
         _choice(self, "mask", MASKS)
         _choice(self, "gate", CHUNK_GATES)
+        _operand_count(self, 2 + (self.gate.data != "none") + bool(self.beta.value.data))
         if self.sub_chunk.value.data <= 0:
             raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
         if (self.diagonal is not None) != (self.gate.data == "channel"):
@@ -590,6 +683,22 @@ class GramOp(KeywordSyntax):
                                   f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
         if self.diagonal is not None:
             _choice(self, "diagonal", GRAM_DIAGONALS)
+
+    @property
+    def lhs(self) -> SSAValue:
+        return self.inputs[0]
+
+    @property
+    def keys(self) -> SSAValue:
+        return self.inputs[1]
+
+    @property
+    def cumulative_gate(self) -> SSAValue | None:
+        return self.inputs[2] if self.gate.data != "none" else None
+
+    @property
+    def row_scale(self) -> SSAValue | None:
+        return self.inputs[-1] if self.beta.value.data else None
 
 
 @irdl_op_definition
@@ -599,56 +708,63 @@ class ForwardSubstitutionOp(KeywordSyntax):
 
     name = "k3s.forward_substitution"
     block = prop_def(IntegerAttr[I64])
-    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+    gram = operand_def(TileType)
+    beta = operand_def(TileType)
+    transform = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
 
 @irdl_op_definition
 class WYApplyOp(KeywordSyntax):
-    """The WY factors: operand key gives W = T (Gamma*K), operand value gives U = T V."""
+    """A WY factor: T (Gamma * X) with X the keys and G given (W), or T X (U = T V)."""
 
     name = "k3s.wy_apply"
-    operand = prop_def(StringAttr)
     gate = prop_def(StringAttr)
-    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+    transform = operand_def(TileType)
+    rows = operand_def(TileType)
+    cumulative_gate = opt_operand_def(TileType)
+    factor = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _choice(self, "operand", CHUNK_OPERANDS)
         _choice(self, "gate", CHUNK_GATES)
+        if (self.cumulative_gate is None) != (self.gate.data == "none"):
+            raise VerifyException(f"{self.name}: G is an operand exactly when gate is not none")
 
 
 @irdl_op_definition
 class DeltaResidualOp(KeywordSyntax):
-    """Vr = U - W S: the values the delta rule actually writes, given the carried state. With
-    zero_values the value input is zero (U = 0): the columns of a segment's transition M."""
+    """vr = U - W S: the values the delta rule actually writes, given the carried state. Without
+    U the value input is zero (vr = -W S): the columns of a segment's transition M."""
 
     name = "k3s.delta_residual"
-    zero_values = opt_prop_def(BoolAttr)
-    traits = traits_def(HasParent(ChunkScanOp, ChunkLoopOp))
+    state = operand_def(TileType)
+    keys_factor = operand_def(TileType)
+    values_factor = opt_operand_def(TileType)
+    residual = result_def(TileType)
+    traits = traits_def(HasParent(*SCAN_PARENTS), Pure())
 
 
 @irdl_op_definition
 class GateApplyOp(KeywordSyntax):
     """A chunk operand with the gate's decay applied, for the state pass:
 
-        operand = q, anchor = start:  QG = Gamma * Q            (decay since the chunk's start)
-        operand = k, anchor = end:    KG = (gamma_C / Gamma) * K  (decay until the chunk's end)
+        anchor = start:  QG = Gamma * Q            (decay since the chunk's start)
+        anchor = end:    KG = (gamma_C / Gamma) * K  (decay until the chunk's end)
 
     Both exponents are <= 0: no overflow for any gate."""
 
     name = "k3s.gate_apply"
-    operand = prop_def(StringAttr)
     anchor = prop_def(StringAttr)
     gate = prop_def(StringAttr)
-    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+    rows = operand_def(TileType)
+    cumulative_gate = operand_def(TileType)
+    decayed = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _choice(self, "operand", GRAM_LHS)
         _choice(self, "anchor", GATE_ANCHORS)
         _choice(self, "gate", GATES)
-        expected = {"q": "start", "k": "end"}[self.operand.data]
-        if self.anchor.data != expected:
-            raise VerifyException(f"{self.name}: operand {self.operand.data} is read from the chunk's "
-                                  f"{expected}, got anchor {self.anchor.data!r}")
 
 
 @irdl_op_definition
@@ -657,7 +773,9 @@ class ChunkDecayOp(KeywordSyntax):
 
     name = "k3s.chunk_decay"
     gate = prop_def(StringAttr)
-    traits = traits_def(HasParent(ChunkLocalOp, KernelOp, ChunkLoopOp))
+    cumulative_gate = operand_def(TileType)
+    decay = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
         _choice(self, "gate", GATES)
@@ -665,69 +783,46 @@ class ChunkDecayOp(KeywordSyntax):
 
 @irdl_op_definition
 class ChunkOutputOp(KeywordSyntax):
-    """O = scale (QG S + P Vr), with QG = Q without a gate and Vr = V without a delta rule."""
+    """o = scale (Q' S + P V'), stored to the output: Q' the queries as read across chunks (QG,
+    or Q without a gate), V' the values the state takes (vr with the delta rule, else V)."""
 
     name = "k3s.chunk_output"
-    gate = prop_def(StringAttr)
-    residual = prop_def(BoolAttr)  # Vr from delta_residual (true) or the raw V (false)
-    traits = traits_def(HasParent(ChunkScanOp, ChunkLoopOp))
-
-    def verify_(self) -> None:
-        _choice(self, "gate", CHUNK_GATES)
+    queries = operand_def(TileType)
+    state = operand_def(TileType)
+    scores = operand_def(TileType)
+    values = operand_def(TileType)
+    output = result_def(TileType)
+    traits = traits_def(HasParent(*SCAN_PARENTS))
 
 
 @irdl_op_definition
 class StateAdvanceOp(KeywordSyntax):
-    """S <- Diag(gamma_C) S + KG^T Vr (gate_apply, chunk_decay); without a gate S <- S + K^T Vr."""
+    """S' = Diag(gamma_C) S + K'^T V' (K' = KG with a gate, K without; no decay without a gate)."""
 
     name = "k3s.state_advance"
     gate = prop_def(StringAttr)
-    residual = prop_def(BoolAttr)
-    traits = traits_def(HasParent(ChunkScanOp, ChunkLoopOp))
+    state = operand_def(TileType)
+    keys = operand_def(TileType)
+    values = operand_def(TileType)
+    decay = opt_operand_def(TileType)
+    advanced = result_def(TileType)
+    traits = traits_def(HasParent(*SCAN_PARENTS), Pure())
 
     def verify_(self) -> None:
         _choice(self, "gate", CHUNK_GATES)
-
-
-def stage_dataflow(op) -> tuple[set[str], str]:
-    """(names a chunk stage reads, the name it writes). Inputs q, k, v, g, beta; state S."""
-    gamma = set() if getattr(op, "gate", None) is None or op.gate.data == "none" else {"Gamma"}
-    if isinstance(op, GateCumsumOp):
-        return {"g"}, "Gamma"
-    if isinstance(op, GramOp):
-        return {op.lhs.data, "k"} | gamma | ({"beta"} if op.beta.value.data else set()), "A" if op.lhs.data == "k" else "P"
-    if isinstance(op, ForwardSubstitutionOp):
-        return {"A", "beta"}, "T"
-    if isinstance(op, WYApplyOp):
-        return ({"T", "k"} | gamma, "W") if op.operand.data == "key" else ({"T", "v"}, "U")
-    if isinstance(op, DeltaResidualOp):
-        return ({"W", "S"} if op.zero_values is not None and op.zero_values.value.data else {"U", "W", "S"}), "Vr"
-    if isinstance(op, DecayProductOp):
-        return {"gamma_C", "M"}, "M"
-    if isinstance(op, GateApplyOp):
-        return {op.operand.data, "Gamma"}, op.operand.data.upper() + "G"
-    if isinstance(op, ChunkDecayOp):
-        return {"Gamma"}, "gamma_C"
-    if isinstance(op, ChunkOutputOp):
-        return {"QG" if gamma else "q", "P", "S", "Vr" if op.residual.value.data else "v"}, "O"
-    if isinstance(op, StoreCheckpointOp):
-        return {"S"}, "checkpoints"
-    if isinstance(op, CacheUpdateOp):  # a chunk's rows of k, the log-decay g and u
-        residual = op.residual is not None and op.residual.value.data
-        return {"k", "Vr" if residual else "v"} | ({"g"} if gamma else set()), "cache"
-    if isinstance(op, StateAdvanceOp):
-        gated = {"KG", "gamma_C"} if gamma else {"k"}
-        return gated | {"S", "Vr" if op.residual.value.data else "v"}, "S"
-    raise TypeError(f"{op.name} is not a chunk stage")
+        if (self.decay is None) != (self.gate.data == "none"):
+            raise VerifyException(f"{self.name}: gamma_C is an operand exactly when gate is not none")
 
 
 CHUNK_STAGES = [
     ChunkedOp,
-    ChunkLocalOp,
     ChunkScanOp,
     ChunkLoopOp,
+    NextChunkOp,
     ChunkTileOp,
     LoadChunkOp,
+    LoadGateOp,
+    LoadBetaOp,
     StoreCheckpointOp,
     SpillOp,
     ReloadOp,
@@ -833,9 +928,9 @@ class SegmentScanOp(KeywordSyntax):
 @irdl_op_definition
 class SegmentSummaryOp(KeywordSyntax):
     """Every segment's summary (M, N), all segments in parallel. N is the state the chunked
-    schedule beside it leaves from a zero start, by its state pass alone (`state_pass`: the
-    stages the carried state depends on). A full M rides along in the same pass as K more state
-    columns: [M | N] from [I | 0] with values [0 | V] (the columns evolve independently); a
+    schedule beside it leaves from a zero start, by its state pass alone (the chunked
+    schedule without its output, and so without what only the output reads). A full M rides
+    along in the same pass as K more state columns: [M | N] from [I | 0] with values [0 | V] (the columns evolve independently); a
     diagonal or scalar M is the segment's product of decays; identity has no M."""
 
     name = "k3s.segment_summary"
@@ -870,6 +965,7 @@ class DecayProductOp(KeywordSyntax):
 
     name = "k3s.decay_product"
     transition = prop_def(StringAttr)
+    decay = operand_def(TileType)  # gamma_C
     traits = traits_def(HasParent(ChunkLoopOp))
 
     def verify_(self) -> None:
@@ -890,19 +986,6 @@ class StoreTransitionOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: transition must be diagonal or scalar, got {self.transition.data!r}")
 
 
-def state_pass(chunked: ChunkedOp) -> list[IRDLOperation]:
-    """The stages of a chunked schedule the carried state S depends on, in program order: what
-    a segment summary runs (no query Gram, no output)."""
-    stages = [op for region in chunked.body.ops for op in region.body.ops]
-    needed, kept = {"S"}, []
-    for op in reversed(stages):
-        reads, writes = stage_dataflow(op)
-        if writes in needed:
-            kept.append(op)
-            needed |= reads
-    return kept[::-1]
-
-
 SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp, DecayProductOp, StoreTransitionOp]
 
 K3S = Dialect(
@@ -921,8 +1004,6 @@ K3S = Dialect(
         StateTileOp,
         TokenLoopOp,
         LoadTokenOp,
-        LoadGateOp,
-        LoadBetaOp,
         DecayOp,
         DeltaCorrectOp,
         Rank1UpdateOp,
@@ -937,5 +1018,5 @@ K3S = Dialect(
         *CHUNK_STAGES,
         *SEGMENT_SCAN_OPS,
     ],
-    [],
+    [TileType],
 )

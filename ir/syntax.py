@@ -2,10 +2,11 @@
 
 Every op prints as
 
-    k3.op_name @symbol <key = value, ...> { region }
+    %result = k3s.op_name @symbol %operand, ... <key = value, ...> { region } : result types
 
-where the symbol and region are present only if the op has them, and the keyword list holds
-the op's properties in declaration order. Values are integers, floats (always printed with a
+where the results, symbol, operands, region and types are present only if the op has them, and
+the keyword list holds the op's properties in declaration order. Operands are values defined
+before their use (earlier ops of the block, or block arguments of an enclosing region). Values are integers, floats (always printed with a
 '.', so they re-parse as floats), booleans, bare identifiers (enum values) and quoted strings.
 The parser rejects a repeated key, and reads each value as its property's declared constraint
 asks: an integer literal for a float property is that float; anything else that does not fit
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -111,6 +113,9 @@ class KeywordSyntax(IRDLOperation):
         if isinstance(symbol, StringAttr):
             printer.print_string(" ")
             printer.print_symbol_name(symbol.data)
+        if self.operands:
+            printer.print_string(" ")
+            printer.print_list(self.operands, printer.print_operand)
         items = self.keyword_items()
         if items:
             printer.print_string(" <")
@@ -121,6 +126,9 @@ class KeywordSyntax(IRDLOperation):
         for region in self.regions:
             printer.print_string(" ")
             printer.print_region(region)
+        if self.results:
+            printer.print_string(" : ")
+            printer.print_list(self.result_types, printer.print_attribute)
 
     @classmethod
     def parse(cls, parser: Parser):
@@ -128,6 +136,11 @@ class KeywordSyntax(IRDLOperation):
         symbol = parser.parse_optional_symbol_name()
         if symbol is not None:
             properties[cls.SYMBOL_PROP] = symbol
+        operands = []
+        if (first := parse_defined_operand(parser)) is not None:
+            operands.append(first)
+            while parser.parse_optional_punctuation(",") is not None:
+                operands.append(parse_defined_operand(parser, required=True))
         if parser.parse_optional_punctuation("<") is not None:
 
             def parse_item() -> None:
@@ -148,4 +161,19 @@ class KeywordSyntax(IRDLOperation):
         regions: list[Region] = []
         while (region := parser.parse_optional_region()) is not None:
             regions.append(region)
-        return cls.create(properties=properties, regions=regions)
+        result_types = []
+        if parser.parse_optional_punctuation(":") is not None:
+            result_types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+        return cls.create(operands=operands, result_types=result_types, properties=properties, regions=regions)
+
+
+def parse_defined_operand(parser: Parser, required: bool = False):
+    """`%name`, a value defined before this use: our syntax prints no operand types, so the
+    value resolves by name (xDSL's untyped lookup, which needs the definition first)."""
+    start = parser.pos
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        value = parser.parse_optional_operand()
+    if value is None and required:
+        parser.raise_error("expected an operand (%name)", start, parser.pos)
+    return value

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
-from xdsl.ir import Attribute, Block, Operation, Region
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint, Rewriter
 
 
@@ -57,9 +57,18 @@ def token_kernel(body: list[Operation], sym_name: str, num_warps: int, token_sta
                 **stages)
 
 
-def make(op_type: type[Operation], body: list[Operation] | None = None, **values) -> Operation:
-    """Create an op from keyword properties (`sym_name` for the symbol) and an optional body."""
-    return op_type.create(properties=props(**values), regions=[Region(Block(body))] if body is not None else [])
+def make(op_type: type[Operation], body: list[Operation] | Block | None = None, *,
+         operands: Sequence[SSAValue | None] = (), result: tuple[str, Attribute] | None = None, **values) -> Operation:
+    """Create an op from keyword properties (`sym_name` for the symbol), its operands (None: an
+    absent optional one), its result as (name, type) and an optional body (ops, or a block
+    with arguments)."""
+    if isinstance(body, list):
+        body = Block(body)
+    op = op_type.create(operands=[v for v in operands if v is not None], properties=props(**values),
+                        result_types=[result[1]] if result else [], regions=[Region(body)] if body is not None else [])
+    if result:
+        op.results[0].name_hint = result[0]
+    return op
 
 
 def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]) -> None:
@@ -128,15 +137,21 @@ def recurrence_arguments(op) -> list[Operation]:
 
 def input_loads(op) -> dict[str, Callable[[type[Operation]], Operation]]:
     """Builders of the load stage of each input of a k3.recurrence, by input name; the load
-    op type (per token or per chunk) is the argument. They carry what the input means."""
+    op type (per token or per chunk) is the argument. They carry what the input means; their
+    results are named after the input and shaped as a chunk's rows (a token's: one row)."""
     from k3compile.ir import k3s
 
     normalised = {"l2norm": True} if op.input_option("qk_l2norm") else {}
+    gate_dims = ("K",) if op.gate.data == "channel" else ()
+
+    def rows(load: type[Operation], *dims: str) -> Attribute:
+        return k3s.tile(*dims) if load is k3s.LoadTokenOp else k3s.tile("C", *dims)
+
     return {
-        "q": lambda load: make(load, tensor="q", **normalised),
-        "k": lambda load: make(load, tensor="k", **normalised),
-        "v": lambda load: make(load, tensor="v"),
-        "g": lambda _: make(k3s.LoadGateOp, gate=op.gate.data, input=op.input_option("gate_input"),
-                            lower_bound=op.input_option("gate_lower_bound")),
-        "beta": lambda _: make(k3s.LoadBetaOp, input=op.input_option("beta_input")),
+        "q": lambda load: make(load, tensor="q", result=("q", rows(load, "K")), **normalised),
+        "k": lambda load: make(load, tensor="k", result=("k", rows(load, "K")), **normalised),
+        "v": lambda load: make(load, tensor="v", result=("v", rows(load, "V"))),
+        "g": lambda load: make(k3s.LoadGateOp, gate=op.gate.data, input=op.input_option("gate_input"),
+                               lower_bound=op.input_option("gate_lower_bound"), result=("g", rows(load, *gate_dims))),
+        "beta": lambda load: make(k3s.LoadBetaOp, input=op.input_option("beta_input"), result=("beta", rows(load))),
     }

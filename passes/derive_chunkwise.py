@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation
+from xdsl.ir import Block, Operation
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.choices import BOUNDED_GATE_INPUTS
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, make, recurrence_arguments, recurrence_state_shape
+from k3compile.passes.common import add_entries, input_loads, make, recurrence_arguments, recurrence_state_shape
 
 # the largest decay (nats) a factored diagonal block may span: exp(80) * |k| stays inside the
 # fp32 and bf16 range (exp(88.7)) for keys up to |k| ~ 1e3. Backends form the factored operands
@@ -47,42 +47,57 @@ def gram_diagonal(op: RecurrenceOp, sub_chunk: int) -> str:
 
 
 def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, solve_block: int = 1) -> k3s.ChunkedOp:
+    """One chunk of the recurrence as values: the input loads, the chunk-local stages, then the
+    chunk_scan carrying the state. Each stage reads only what it needs, so a schedule's data flow
+    (and what fuse-chunkwise spills between kernels) is its use-def chains."""
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
+    gate_dims = ("K",) if gate == "channel" else ()
     gram = {"gate": gate, "sub_chunk": sub_chunk}
     if gate == "channel":
         gram["diagonal"] = gram_diagonal(op, sub_chunk)
-
     local: list[Operation] = []
-    if gate != "none":
-        local.append(make(k3s.GateCumsumOp, gate=gate))
-    if delta_rule:
-        local += [
-            make(k3s.GramOp, lhs="k", mask="strict", beta=True, **gram),
-            make(k3s.ForwardSubstitutionOp, block=min(solve_block, chunk_size)),
-            make(k3s.WYApplyOp, operand="key", gate=gate),
-            make(k3s.WYApplyOp, operand="value", gate="none"),
-        ]
-    local.append(make(k3s.GramOp, lhs="q", mask="inclusive", beta=False, **gram))
-    if gate != "none":
-        local += [
-            make(k3s.GateApplyOp, operand="q", anchor="start", gate=gate),
-            make(k3s.GateApplyOp, operand="k", anchor="end", gate=gate),
-            make(k3s.ChunkDecayOp, gate=gate),
-        ]
 
-    scan: list[Operation] = []
+    def stage(new: Operation):
+        local.append(new)
+        return new.results[0]
+
+    load = input_loads(op)
+    q, k, v = (stage(load[name](k3s.LoadChunkOp)) for name in ("q", "k", "v"))
+    G = None
+    if gate != "none":
+        g = stage(load["g"](k3s.LoadChunkOp))
+        G = stage(make(k3s.GateCumsumOp, operands=[g], result=("G", k3s.tile("C", *gate_dims)), gate=gate))
     if delta_rule:
-        scan.append(make(k3s.DeltaResidualOp))
-    scan += [
-        make(k3s.ChunkOutputOp, gate=gate, residual=delta_rule),
-        make(k3s.StateAdvanceOp, gate=gate, residual=delta_rule),
-    ]
-    return make(
-        k3s.ChunkedOp,
-        [make(k3s.ChunkLocalOp, local), make(k3s.ChunkScanOp, scan)],
-        chunk_size=chunk_size,
-    )
+        beta = stage(load["beta"](k3s.LoadChunkOp))
+        A = stage(make(k3s.GramOp, operands=[k, k, G, beta], result=("A", k3s.tile("C", "C")),
+                       mask="strict", beta=True, **gram))
+        T = stage(make(k3s.ForwardSubstitutionOp, operands=[A, beta], result=("T", k3s.tile("C", "C")),
+                       block=min(solve_block, chunk_size)))
+        W = stage(make(k3s.WYApplyOp, operands=[T, k, G], result=("W", k3s.tile("C", "K")), gate=gate))
+        U = stage(make(k3s.WYApplyOp, operands=[T, v], result=("U", k3s.tile("C", "V")), gate="none"))
+    P = stage(make(k3s.GramOp, operands=[q, k, G], result=("P", k3s.tile("C", "C")), mask="inclusive", beta=False,
+                   **gram))
+    queries, keys, decay = q, k, None
+    if gate != "none":
+        queries = stage(make(k3s.GateApplyOp, operands=[q, G], result=("QG", k3s.tile("C", "K")), anchor="start",
+                             gate=gate))
+        keys = stage(make(k3s.GateApplyOp, operands=[k, G], result=("KG", k3s.tile("C", "K")), anchor="end",
+                          gate=gate))
+        decay = stage(make(k3s.ChunkDecayOp, operands=[G], result=("gamma_C", k3s.tile(*gate_dims)), gate=gate))
+
+    scan = Block(arg_types=[k3s.tile("K", "V")])
+    S = scan.args[0]
+    S.name_hint = "S"
+    values = v
+    if delta_rule:
+        residual = make(k3s.DeltaResidualOp, operands=[S, W, U], result=("vr", k3s.tile("C", "V")))
+        scan.add_op(residual)
+        values = residual.results[0]
+    scan.add_op(make(k3s.ChunkOutputOp, operands=[queries, S, P, values], result=("o", k3s.tile("C", "V"))))
+    advance = make(k3s.StateAdvanceOp, operands=[S, keys, values, decay], result=("S", k3s.tile("K", "V")), gate=gate)
+    scan.add_ops([advance, make(k3s.NextChunkOp, operands=[advance.results[0]])])
+    return make(k3s.ChunkedOp, [*local, make(k3s.ChunkScanOp, scan)], chunk_size=chunk_size)
 
 
 def checkpoint_argument(op: RecurrenceOp, chunk_size: int) -> k3s.CheckpointArgOp:

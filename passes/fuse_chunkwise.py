@@ -11,8 +11,10 @@ the Grams and the triangular solve, spilling T = (I + A)^-1 Diag(beta) as a [C, 
 chunk) and `wy` (the WY products and the gate applications, reloading T): fewer tiles live in
 each, so more programs per SM, for one more [C, C] workspace and a second read of k and g.
 
-Quantities a kernel needs that are cheap to rebuild (the cumulative gate) are recomputed there
-instead of spilled; the data each stage reads and writes comes from `k3s.stage_dataflow`.
+What crosses a cut between kernels follows from the values: a value one kernel makes and a
+later one reads is spilled after its producer and reloaded before the loop body, unless it is
+cheap to rebuild (the cumulative gate), in which case its producer is cloned into the reader.
+Inputs are loaded in every kernel that reads them, right before their first reader.
 """
 
 from __future__ import annotations
@@ -21,38 +23,40 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import check_num_warps, check_power_of_two, input_loads, make
+from k3compile.passes.common import check_num_warps, check_power_of_two, make
 
 RECOMPUTED = (k3s.GateCumsumOp,)  # cheaper to redo in the scan than to spill and reload
-INPUTS = ("q", "k", "v", "g", "beta")
+LOADS = (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)
+INPUT_ORDER = ("q", "k", "v", "g", "beta")  # several loads before one stage: in this order
+GROUPINGS = ("split", "split-prepare")
+WY_STAGES = (k3s.WYApplyOp, k3s.GateApplyOp)  # the second prepare kernel of split-prepare
 
 
-def clone_stage(op: Operation) -> Operation:
-    return type(op).create(properties=dict(op.properties))
+def producer(value: SSAValue) -> Operation | None:
+    return value.owner if isinstance(value.owner, Operation) else None
 
 
-def with_late_loads_and_early_spills(layer_op, stages: list[Operation], spilled: list[str]) -> list[Operation]:
-    """Each input load right before its first reader, each spill right after its producer:
-    short live ranges keep the [C, K] tiles in registers instead of local memory."""
-    load = input_loads(layer_op)
-    ordered: list[Operation] = []
-    loaded: set[str] = set()
-    for op in stages:
-        reads, writes = k3s.stage_dataflow(op)
-        for name in INPUTS:
-            if name in reads and name not in loaded:
-                ordered.append(load[name](k3s.LoadChunkOp))
-                loaded.add(name)
-        ordered.append(op)
-        if writes in spilled:
-            ordered.append(make(k3s.SpillOp, value=writes))
-    return ordered
+def is_input(value: SSAValue) -> bool:
+    return isinstance(producer(value), LOADS)
+
+
+def reads(op: Operation) -> set[SSAValue]:
+    return set(op.operands)
+
+
+def crossing(producers: list[Operation], consumers: list[Operation]) -> tuple[list[Operation], list[SSAValue]]:
+    """What `consumers` read of what `producers` make: the producers to recompute on the
+    consumers' side (RECOMPUTED) and the values to spill and reload, by name."""
+    made = {result: op for op in producers for result in op.results}
+    needed = sorted({v for op in consumers for v in op.operands if v in made}, key=lambda v: v.name_hint)
+    return ([made[v] for v in needed if isinstance(made[v], RECOMPUTED)],
+            [v for v in needed if not isinstance(made[v], RECOMPUTED)])
 
 
 def with_grams_together(stages: list[Operation]) -> list[Operation]:
@@ -66,56 +70,72 @@ def with_grams_together(stages: list[Operation]) -> list[Operation]:
     return [*rest[:at], grams[1], *rest[at:]]
 
 
-def with_spilled_sinks_early(stages: list[Operation], spilled: set[str]) -> list[Operation]:
-    """A stage whose result is only spilled runs as soon as everything it reads is live (produced,
-    or an input an earlier stage loaded): its operands then need not stay live for it."""
+def with_spilled_sinks_early(stages: list[Operation], spilled: set[SSAValue]) -> list[Operation]:
+    """A stage whose result is only spilled runs as soon as everything it reads is live (made,
+    or an input an earlier stage read): its operands then need not stay live for it."""
     ordered = list(stages)
-    read_later = set().union(*(k3s.stage_dataflow(op)[0] for op in stages))
-    for sink in [op for op in stages if k3s.stage_dataflow(op)[1] in spilled - read_later]:
-        reads = k3s.stage_dataflow(sink)[0]
+    read_here = set().union(*(reads(op) for op in stages))
+    for sink in [op for op in stages if op.results and op.results[0] in spilled - read_here]:
         at = ordered.index(sink)
         ordered.remove(sink)
-        live: set[str] = set()
+        live: set[SSAValue] = set()
         for index, op in enumerate(ordered[:at]):
-            op_reads, op_writes = k3s.stage_dataflow(op)
-            live |= op_reads | {op_writes}
-            if reads <= live:
+            live |= reads(op) | set(op.results)
+            if reads(sink) <= live:
                 at = index + 1
                 break
         ordered.insert(at, sink)
     return ordered
 
 
-GROUPINGS = ("split", "split-prepare")
-WY_STAGES = (k3s.WYApplyOp, k3s.GateApplyOp)  # the second prepare kernel of split-prepare
+class KernelBody:
+    """The ops of one kernel (or its chunk loop), cloned from the schedule: `mapped` takes a
+    schedule value to this kernel's copy; inputs are loaded right before their first reader and
+    spills follow their producers, so the [C, K] tiles live briefly (registers, not local memory)."""
 
+    def __init__(self, mapped: dict[SSAValue, SSAValue] | None = None) -> None:
+        self.ops: list[Operation] = []
+        self.mapped: dict[SSAValue, SSAValue] = dict(mapped or {})
 
-def crossing(producers: list[Operation], consumers: list[Operation]) -> tuple[list[Operation], list[str]]:
-    """What `consumers` read of what `producers` write: the stages to recompute on their side
-    (RECOMPUTED) and the names to spill and reload."""
-    made = {k3s.stage_dataflow(op)[1]: op for op in producers}
-    reads = set().union(*(k3s.stage_dataflow(op)[0] for op in consumers))
-    writes = {k3s.stage_dataflow(op)[1] for op in consumers}
-    needed = sorted(name for name in reads - writes if name in made)
-    return ([clone_stage(made[n]) for n in needed if isinstance(made[n], RECOMPUTED)],
-            [n for n in needed if not isinstance(made[n], RECOMPUTED)])
+    def add(self, op: Operation) -> Operation:
+        self.ops.append(op)
+        return op
+
+    def reload(self, value: SSAValue) -> None:
+        reloaded = self.add(make(k3s.ReloadOp, value=value.name_hint, result=(value.name_hint, value.type)))
+        self.mapped[value] = reloaded.results[0]
+
+    def place(self, stages: list[Operation], spilled: set[SSAValue] = frozenset()) -> None:
+        for op in stages:
+            inputs = sorted({v for v in op.operands if is_input(v) and v not in self.mapped},
+                            key=lambda v: INPUT_ORDER.index(v.name_hint))
+            for value in inputs:
+                self.clone(producer(value))
+            self.clone(op)
+            for value in op.results:
+                if value in spilled:
+                    self.add(make(k3s.SpillOp, operands=[self.mapped[value]], value=value.name_hint))
+
+    def clone(self, op: Operation) -> None:
+        self.add(op.clone(value_mapper=self.mapped))
 
 
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
                   scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split",
                   prepare_maxnreg: int = 0):
-    local_region, scan_region = list(chunked.body.ops)
-    local = list(local_region.body.ops)
-    scan = list(scan_region.body.ops)
+    """(the workspaces, the kernels) of a chunked schedule; the schedule itself is left as is."""
+    local = [op for op in chunked.local_ops() if not isinstance(op, LOADS)]
+    scan_region = chunked.scan
+    scan = list(scan_region.body.ops)[:-1]  # but next_chunk
     recomputed, spilled = crossing(local, scan)
     # split-prepare: the WY products and gate applications (and what they recompute) in a second kernel
     wy = [op for op in local if isinstance(op, WY_STAGES)] if grouping == "split-prepare" else []
     gram = [op for op in local if op not in wy]
     wy_recomputed, handed = crossing(gram, wy)
-    gram_writes = {k3s.stage_dataflow(op)[1] for op in gram}
-    spilled_by_gram = sorted({n for n in spilled if n in gram_writes} | set(handed))
-    spilled_by_wy = [n for n in spilled if n not in gram_writes]
-    local = with_spilled_sinks_early(with_grams_together(gram), set(spilled_by_gram))
+    gram_results = {v for op in gram for v in op.results}
+    spilled_by_gram = {v for v in spilled if v in gram_results} | set(handed)
+    spilled_by_wy = {v for v in spilled if v not in gram_results}
+    local = with_spilled_sinks_early(with_grams_together(gram), spilled_by_gram)
 
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
     HV = layer_op.num_v_heads.value.data
@@ -130,32 +150,39 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
              role="workspace")
         if n in per_token else
         make(k3s.TensorArgOp, sym_name=n, shape=per_chunk[n], dtype="float32", role="workspace")
-        for n in sorted(set(spilled) | set(handed))
+        for n in sorted({v.name_hint for v in [*spilled, *handed]})
     ]
     name = kernel_prefix or f"{entry.source.data}_chunk"
-    for op in [*gram, *wy, *scan]:
-        op.detach()
 
-    def chunk_kernel(suffix: str, stages: list[Operation]) -> k3s.KernelOp:
-        return make(k3s.KernelOp, [make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V), *stages],
+    def chunk_kernel(suffix: str, body: KernelBody) -> k3s.KernelOp:
+        return make(k3s.KernelOp, [make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V), *body.ops],
                     sym_name=f"{name}_{suffix}", grid="chunk,value_head", num_warps=num_warps,
                     **({"maxnreg": prepare_maxnreg} if prepare_maxnreg else {}))
 
-    prepares = [chunk_kernel("gram" if wy else "prepare",
-                             with_late_loads_and_early_spills(layer_op, local, spilled_by_gram))]
+    first = KernelBody()
+    first.place(local, spilled_by_gram)
+    prepares = [chunk_kernel("gram" if wy else "prepare", first)]
     if wy:
-        prepares.append(chunk_kernel("wy", [
-            *(make(k3s.ReloadOp, value=n) for n in handed),
-            *with_late_loads_and_early_spills(layer_op, [*wy_recomputed, *wy], spilled_by_wy)]))
-    loop_body = [
-        *(make(k3s.ReloadOp, value=n) for n in spilled),
-        *with_late_loads_and_early_spills(layer_op, [*recomputed, *scan], []),
-    ]
+        second = KernelBody()
+        for value in handed:
+            second.reload(value)
+        second.place([*wy_recomputed, *wy], spilled_by_wy)
+        prepares.append(chunk_kernel("wy", second))
+
+    entering, leaving = k3s.carried_state(scan_region)
+    loop_block = Block(arg_types=[entering.type])
+    loop_block.args[0].name_hint = entering.name_hint
+    loop = KernelBody({entering: loop_block.args[0]})
+    for value in spilled:
+        loop.reload(value)
+    loop.place([*recomputed, *scan])
+    loop_block.add_ops([*loop.ops, make(k3s.StoreCheckpointOp, operands=[loop.mapped[leaving]], layout=layout),
+                        make(k3s.NextChunkOp, operands=[loop.mapped[leaving]])])
     scan_kernel = make(
         k3s.KernelOp,
         [
             make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout),
-            make(k3s.ChunkLoopOp, [*loop_body, make(k3s.StoreCheckpointOp, layout=layout)], chunk_size=C),
+            make(k3s.ChunkLoopOp, loop_block, chunk_size=C),
             make(k3s.StoreStateOp, layout=layout),
         ],
         sym_name=f"{name}_scan",

@@ -1,7 +1,8 @@
 """lower-segment-scan: a segment-scan schedule -> two entries, `segment_summary` and `chunk_segments`.
 
-The summary (M, N) of every segment runs the chunked schedule's state pass only (`state_pass`:
-no query Gram, no output), grouped as fuse-chunkwise groups the chunk entry:
+The summary (M, N) of every segment runs the chunked schedule's state pass only (the schedule
+without its output, and so, by the values, without the query Gram and the decayed queries that
+only the output reads), grouped as fuse-chunkwise groups the chunk entry:
 - a token-parallel prepare kernel for the chunk-local stages the state depends on;
 - a scan from a zero state that stores each segment's N (segments are the sequences of
   cu_seqlens); with a diagonal or scalar transition it also multiplies up the chunk decays into M;
@@ -24,12 +25,13 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.transforms.dead_code_elimination import region_dce
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import check_num_warps, check_power_of_two, make, recurrence_arguments
 from k3compile.passes.derive_chunkwise import checkpoint_argument
-from k3compile.passes.fuse_chunkwise import clone_stage, split_kernels
+from k3compile.passes.fuse_chunkwise import split_kernels
 
 SUMMARY_INPUTS = ("k", "v", "g", "beta", "cu_seqlens", "A_log", "dt_bias")
 
@@ -41,15 +43,14 @@ def with_props(op: Operation, **changes) -> Operation:
 
 
 def state_pass_schedule(chunked: k3s.ChunkedOp) -> k3s.ChunkedOp:
-    """The chunked schedule cut down to the stages the carried state depends on."""
-    kept = {id(op) for op in k3s.state_pass(chunked)}
-    local, scan = (region.body.ops for region in chunked.body.ops)
-    return make(
-        k3s.ChunkedOp,
-        [make(k3s.ChunkLocalOp, [clone_stage(op) for op in local if id(op) in kept]),
-         make(k3s.ChunkScanOp, [clone_stage(op) for op in scan if id(op) in kept])],
-        chunk_size=chunked.chunk_size.value.data,
-    )
+    """The chunked schedule cut down to what the carried state depends on: without its output,
+    whatever only the output read is dead."""
+    state_pass = chunked.clone()
+    for output in [op for op in state_pass.walk() if isinstance(op, k3s.ChunkOutputOp)]:
+        output.detach()
+        output.erase()
+    region_dce(state_pass.body)
+    return state_pass
 
 
 def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3s.KernelOp]:
@@ -57,12 +58,19 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3
     multiplied up alongside) and, for a full M, the scan of the identity columns."""
     K = layer.head_k_dim.value.data
     tile, loop, _ = list(scan.body.ops)
-    stages = [op for op in loop.body.ops if not isinstance(op, k3s.StoreCheckpointOp)]
 
-    def kernel(suffix: str, tile_op, loop_stages, stores):
+    def summary_loop() -> k3s.ChunkLoopOp:
+        """The chunk loop, keeping no checkpoints."""
+        copy = loop.clone()
+        for store in [op for op in copy.walk() if isinstance(op, k3s.StoreCheckpointOp)]:
+            store.detach()
+            store.erase()
+        return copy
+
+    def kernel(suffix: str, tile_op, chunk_loop, stores):
         return make(
             k3s.KernelOp,
-            [tile_op, make(k3s.ChunkLoopOp, loop_stages, chunk_size=loop.chunk_size.value.data), *stores],
+            [tile_op, chunk_loop, *stores],
             sym_name=f"{scan.sym_name.data}_{suffix}",
             grid=scan.grid.data,
             num_warps=scan.num_warps.value.data,
@@ -70,18 +78,21 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3
         )
 
     layout = layer.state_layout.data
-    n_loop = [clone_stage(op) for op in stages]
+    n_loop = summary_loop()
     n_stores = [make(k3s.StoreStateOp, layout=layout, tensor="N")]
     if form in ("diagonal", "scalar"):
-        n_loop.append(make(k3s.DecayProductOp, transition=form))
+        advance = next(op for op in n_loop.walk() if isinstance(op, k3s.StateAdvanceOp))
+        Rewriter.insert_op(make(k3s.DecayProductOp, operands=[advance.decay], transition=form),
+                           InsertPoint.before(n_loop.body.block.last_op))
         n_stores.append(make(k3s.StoreTransitionOp, transition=form))
     kernels = [kernel("N", with_props(tile, start="zero"), n_loop, n_stores)]
     if form == "full":
-        m_loop = [
-            with_props(op, zero_values=True) if isinstance(op, k3s.DeltaResidualOp) else clone_stage(op)
-            for op in stages
-            if not (isinstance(op, k3s.ReloadOp) and op.value.data == "U")
-        ]
+        m_loop = summary_loop()
+        for residual in [op for op in m_loop.walk() if isinstance(op, k3s.DeltaResidualOp)]:  # zero values: U = 0
+            without_values = make(k3s.DeltaResidualOp, operands=[residual.state, residual.keys_factor],
+                                  result=(residual.residual.name_hint, residual.residual.type))
+            Rewriter.replace_op(residual, without_values)
+        region_dce(m_loop.body)
         m_tile = with_props(tile, start="identity", head_v_dim=K, layout="kv")
         kernels.append(kernel("M", m_tile, m_loop, [make(k3s.StoreStateOp, layout="kv", tensor="M")]))
     return kernels
@@ -132,7 +143,7 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
         k3s.EntryOp,
         [*arguments, checkpoint_argument(layer, chunked.chunk_size.value.data), *workspaces,
          *summary_outputs(layer, form, role="workspace"),
-         prepare, *summary_scans(layer, state_scan, form), clone_stage(combine), finish],
+         prepare, *summary_scans(layer, state_scan, form), combine.clone(), finish],
         sym_name=entry.sym_name.data.replace("segment_scan", "chunk_segments"),
         source=entry.source.data,
     )

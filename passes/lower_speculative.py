@@ -33,6 +33,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.transforms.dead_code_elimination import region_dce
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
@@ -52,7 +53,9 @@ NOT_IN_VERIFY = ("initial_state", "final_state", "cu_seqlens")
 
 
 def clone(op, **changes):
-    return type(op).create(properties={**op.properties, **props(**changes)})
+    copy = op.clone()
+    copy.properties.update(props(**changes))
+    return copy
 
 
 CHUNKED_VERIFY_SIZES = (16, 32, 64)  # the chunk tiles the Triton backend prints
@@ -73,21 +76,21 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     which writes o and caches every row's k, log-decay and u into `buffer`)."""
     gate, delta_rule = layer.gate.data, bool(layer.delta_rule.value.data)
     chunked = derive_chunkwise.chunkwise_schedule(layer, verify_chunk_size(depth))
-    local_region, scan_region = list(chunked.body.ops)
-    # the verify needs the outputs and the updates the tokens write, not the state after them
-    for op in [o for o in scan_region.body.ops if isinstance(o, k3s.StateAdvanceOp)]:
-        op.detach()
-        op.erase()
+    scan_region = chunked.scan
+    # the verify needs the outputs and the updates the tokens write, not the state after them:
+    # each chunk leaves the state as it entered, and what only the state advance read is dead
+    entering, leaving = k3s.carried_state(scan_region)
+    advance = leaving.owner
+    scan_region.body.block.last_op.operands = (entering,)
+    advance.detach()
+    advance.erase()
+    load = {op.results[0].name_hint: op.results[0] for op in chunked.local_ops() if op.results}
+    residual = next((op.residual for op in scan_region.body.ops if isinstance(op, k3s.DeltaResidualOp)), None)
+    updates = [load["k"], residual if delta_rule else load["v"], *([load["g"]] if gate != "none" else [])]
     extra = {} if buffer == "cache" else {"buffer": buffer}
-    scan_region.body.block.add_op(make(k3s.CacheUpdateOp, gate=gate, residual=delta_rule, **extra))
-    needed = set().union(*(k3s.stage_dataflow(op)[0] for op in scan_region.body.ops))
-    for op in reversed(list(local_region.body.ops)):  # chunk-local stages nothing reads any more
-        reads, writes = k3s.stage_dataflow(op)
-        if writes in needed:
-            needed |= reads
-        else:
-            op.detach()
-            op.erase()
+    Rewriter.insert_op(make(k3s.CacheUpdateOp, operands=updates, gate=gate, **extra),
+                       InsertPoint.before(scan_region.body.block.last_op))
+    region_dce(chunked.body)
     workspaces, (prepare, scan) = fuse_chunkwise.split_kernels(layer, entry, chunked, block_v, num_warps, 1)
     chunked.erase()
     for op in list(scan.walk()):

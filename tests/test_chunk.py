@@ -272,38 +272,23 @@ def chunk_entry(kind: str, pipeline: str) -> k3s.EntryOp:
     return entries[0]
 
 
-# input loads of a kernel, by op name -> the input they make available
-INPUT_LOADS = {
-    "k3s.load_chunk": lambda op: op.tensor.data,
-    "k3s.load_gate": lambda op: "g",
-    "k3s.load_beta": lambda op: "beta",
-}
-NOT_STAGES = (k3s.ChunkTileOp, k3s.StateTileOp, k3s.StoreStateOp)
-
-
-def dataflow_closed(kernel: k3s.KernelOp, available: set[str]) -> None:
-    """In program order, every stage reads only what is loaded, reloaded or produced before it
-    in the same kernel. g and beta count as read in place unless the kernel loads them."""
-    loaded = {INPUT_LOADS[op.name](op) for op in kernel.walk() if op.name in INPUT_LOADS}
-    available = set(available) | ({"g", "beta"} - loaded)
+def dataflow_closed(kernel: k3s.KernelOp) -> None:
+    """In program order, every op reads only values defined before it in the same kernel (its
+    loads, reloads, stages and the loop's carried state): a kernel hands nothing to another but
+    through what it spills."""
+    defined: set = set()
     where = kernel.sym_name.data
 
-    def walk(ops):
-        for op in ops:
-            if op.name in INPUT_LOADS:
-                available.add(INPUT_LOADS[op.name](op))
-            elif isinstance(op, k3s.ReloadOp):
-                available.add(op.value.data)
-            elif isinstance(op, k3s.SpillOp):
-                assert op.value.data in available, f"{where}: spills {op.value.data} before producing it"
-            elif isinstance(op, k3s.ChunkLoopOp):
-                walk(list(op.body.ops))
-            elif not isinstance(op, NOT_STAGES):
-                reads, writes = k3s.stage_dataflow(op)
-                assert reads <= available, f"{where}: {op.name} reads {sorted(reads - available)} that it never gets"
-                available.add(writes)
+    def walk(block) -> None:
+        defined.update(block.args)
+        for op in block.ops:
+            missing = [v.name_hint for v in op.operands if v not in defined]
+            assert not missing, f"{where}: {op.name} reads {missing} that it never gets"
+            defined.update(op.results)
+            for region in op.regions:
+                walk(region.block)
 
-    walk(list(kernel.body.ops))
+    walk(kernel.body.block)
 
 
 @pytest.mark.parametrize("kind", RECURRENCE_KINDS)
@@ -318,10 +303,9 @@ def test_fuse_chunkwise_spills_exactly_what_the_scan_reads(kind):
     # what the scan stages of the unfused schedule read from its chunk-local stages
     unfused = chunk_entry(kind, f"derive-chunkwise{{chunk-size={C}}}")
     (chunked,) = [op for op in unfused.body.ops if isinstance(op, k3s.ChunkedOp)]
-    local, scan = list(chunked.body.ops)
-    local_writes = {k3s.stage_dataflow(op)[1] for op in local.body.ops}
-    scan_reads = set().union(*(k3s.stage_dataflow(op)[0] for op in scan.body.ops))
-    assert scan_reads & local_writes == expected
+    local_values = {v for op in chunked.local_ops() if not op.name.startswith("k3s.load") for v in op.results}
+    scan_reads = {v for op in chunked.scan.walk() for v in op.operands}
+    assert {v.name_hint for v in scan_reads & local_values} == expected
 
     entry = chunk_entry(kind, f"derive-chunkwise{{chunk-size={C}}},fuse-chunkwise{{block-v={BLOCK_V}}}")
     assert not any(isinstance(op, k3s.ChunkedOp) for op in entry.walk())
@@ -344,8 +328,8 @@ def test_fuse_chunkwise_spills_exactly_what_the_scan_reads(kind):
     # nothing of the gate is rebuilt in the scan
     assert not any(isinstance(op, (k3s.GateCumsumOp, k3s.LoadGateOp)) for op in scan_kernel.walk())
     # each kernel's stages only read what it loads, reloads or computes itself
-    dataflow_closed(prepare, set())
-    dataflow_closed(scan_kernel, {"S"})
+    dataflow_closed(prepare)
+    dataflow_closed(scan_kernel)
 
 
 # --- fuse-chunkwise{grouping=split-prepare}: the prepare as two kernels --------------------------
@@ -380,9 +364,9 @@ def test_split_prepare_kernels_hand_over_T_only(kind):
     workspaces = {op.sym_name.data: op.shape.data for op in entry.body.ops
                   if isinstance(op, k3s.TensorArgOp) and op.role.data == "workspace"}
     assert ("T_ut" in workspaces) == delta and workspaces.get("T_ut", f"B,T,{HV},{C}") == f"B,T,{HV},{C}"
-    dataflow_closed(gram, set())
-    dataflow_closed(wy, set())
-    dataflow_closed(scan_kernel, {"S"})
+    dataflow_closed(gram)
+    dataflow_closed(wy)
+    dataflow_closed(scan_kernel)
 
 
 @pytest.mark.parametrize("kind", RECURRENCE_KINDS)

@@ -13,8 +13,10 @@ import torch
 from xdsl.dialects.builtin import BoolAttr
 
 import k3compile.passes.derive_segment_scan as derive_segment_scan
+import k3compile.passes.lower_segment_scan as lower_segment_scan
 import k3compile.prove as prove
 from conftest import EXAMPLES, RecurrenceShape, as_tensor, exact_as_torch, recurrence_inputs, recurrence_table, run_cli
+from k3compile.errors import IRError
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
 from k3compile.pipeline import run_pipeline
@@ -87,23 +89,20 @@ def test_segments_finish_with_the_chunk_schedule(member):
 
 @pytest.mark.parametrize("member", MEMBERS)
 def test_state_pass_is_what_the_state_depends_on(member):
-    """A summary runs exactly the stages the carried state depends on, in program order: each
-    reads inputs or what an earlier one wrote, each writes what a later one reads or the state;
-    the outputs' stages (the query Gram, chunk_output) are left out."""
+    """A summary runs exactly the stages the carried state depends on, in program order: the
+    chunked schedule without its output, whose dead values are gone; the query Gram and the
+    decayed queries, which only the output read, are left out."""
     chunked = derived(member_op(member).parent_op()).body.ops.last
-    stages = k3s.state_pass(chunked)
-    every_stage = [op for region in chunked.body.ops for op in region.body.ops]
-    assert [id(op) for op in stages] == [id(op) for op in every_stage if any(op is kept for kept in stages)]
-    flows = [k3s.stage_dataflow(op) for op in stages]
-    written = set()
-    for i, (reads, writes) in enumerate(flows):
-        assert reads <= {"q", "k", "v", "g", "beta", "S"} | written, f"{stages[i].name} reads {reads - written}"
-        assert writes == "S" or any(writes in later for later, _ in flows[i + 1:]), f"{stages[i].name} is dead"
-        written.add(writes)
-    assert isinstance(stages[-1], k3s.StateAdvanceOp)
-    assert not any(isinstance(op, k3s.ChunkOutputOp) or isinstance(op, k3s.GramOp) and op.lhs.data == "q"
-                   for op in stages)
-    assert any(isinstance(op, k3s.ForwardSubstitutionOp) for op in stages) == (MEMBERS[member][2] == "full")
+    state_pass = lower_segment_scan.state_pass_schedule(chunked)
+    kept = [op.name for op in state_pass.walk()]
+    assert kept == [op.name for op in chunked.walk() if op.name in kept and not (
+        isinstance(op, k3s.ChunkOutputOp) or op.results and op.results[0].name_hint in ("P", "QG", "q"))]
+    for op in state_pass.walk():  # each value is read: nothing dead remains
+        for value in op.results:
+            assert value.uses, f"{op.name} makes %{value.name_hint}, which nothing reads"
+    assert not any(isinstance(op, k3s.ChunkOutputOp) or op.results and op.results[0].name_hint in ("P", "QG")
+                   for op in state_pass.walk())
+    assert any(isinstance(op, k3s.ForwardSubstitutionOp) for op in state_pass.walk()) == (MEMBERS[member][2] == "full")
 
 
 # --- the proof holds ----------------------------------------------------------------------------
@@ -182,13 +181,21 @@ def test_wrong_transition_form_fails(monkeypatch, member, wrong, fresh_seed):
     assert not any(r.state_equal for r in results[1:])
 
 
-def test_summary_reading_what_no_stage_produced_is_a_failed_proof(monkeypatch, fresh_seed):
-    state_pass = k3s.state_pass
-    monkeypatch.setattr(k3s, "state_pass", lambda chunked: [op for op in state_pass(chunked)
-                                                            if not isinstance(op, k3s.ForwardSubstitutionOp)])
-    results = prove_segment_scan(load_spec(EXAMPLES / "kda.toml"), 3, seed=fresh_seed)
-    assert not any(r.holds for r in results[1:])
-    assert all("T" in r.first_mismatch and "no earlier stage" in r.first_mismatch for r in results[1:])
+def test_summary_reading_what_no_stage_produced_is_refused(monkeypatch, fresh_seed):
+    """A schedule whose triangular solve is gone while its T is still read is not well formed:
+    the verifier after derive-segment-scan refuses it before any proof."""
+    original = derive_segment_scan.derive_chunkwise.chunkwise_schedule
+
+    def without_solve(*args, **kwargs):
+        chunked = original(*args, **kwargs)
+        solve = next(op for op in chunked.walk() if isinstance(op, k3s.ForwardSubstitutionOp))
+        solve.detach()
+        solve.erase(safe_erase=False)
+        return chunked
+
+    monkeypatch.setattr(derive_segment_scan.derive_chunkwise, "chunkwise_schedule", without_solve)
+    with pytest.raises(IRError, match="derive-segment-scan.*Erased SSA value"):
+        prove_segment_scan(load_spec(EXAMPLES / "kda.toml"), 3, seed=fresh_seed)
 
 
 # --- k3c prove ----------------------------------------------------------------------------------

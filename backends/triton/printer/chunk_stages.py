@@ -4,6 +4,7 @@ output and state advance, checkpoints."""
 
 from __future__ import annotations
 
+from k3compile.backends.triton.printer.common import register
 from k3compile.errors import UnsupportedError
 from k3compile.ir import k3s
 
@@ -14,8 +15,8 @@ class ChunkStages:
     SPILL_LAYOUT = {"W": ("K", "o_k", "m_k"), "U": ("V", "o_v", "m_v"), "P": ("BC", "o_c", None),
                     "QG": ("K", "o_k", "m_k"), "KG": ("K", "o_k", "m_k"), "T": ("BC", "o_c", None)}
 
-    def gamma(self, gate: str, exponent: str = "b_G") -> str:
-        """Gamma (or exp2 of another log2 expression) broadcast against a [BC, BK] tile."""
+    def gamma(self, gate: str, exponent: str) -> str:
+        """exp2 of a log2 expression (Gamma from G) broadcast against a [BC, BK] tile."""
         return f"tl.exp2({exponent})" if gate == "channel" else f"tl.exp2({exponent})[:, None]"
 
     def print_k3s_chunk_tile(self, op: k3s.ChunkTileOp) -> None:
@@ -44,7 +45,7 @@ class ChunkStages:
 
     def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")
-        self.code("b_G = tl.cumsum(b_g * 1.4426950408889634, axis=0)")
+        self.code(f"{register(op.cumulative)} = tl.cumsum({register(op.log_gate)} * 1.4426950408889634, axis=0)")
 
     def once(self, name: str, *lines: str) -> None:
         """Print the lines defining `name` unless this kernel already has it (tiles that several
@@ -53,7 +54,7 @@ class ChunkStages:
             self.defined.add(name)
             self.code(*lines)
 
-    def print_gate_references(self, sub: int) -> None:
+    def print_gate_references(self, sub: int, G: str) -> None:
         """Per row block of `sub` rows: G at its last row (b_Gend) and just before its first row
         (b_Gstart, 0 for the first block), as [NB, BK]; b_G3 is b_G as [NB, SUB, BK]."""
         self.once(
@@ -65,22 +66,23 @@ class ChunkStages:
             "o_b = tl.arange(0, NB)",
             "o_r = tl.arange(0, SUB)",
             "o_blk = o_c // SUB",
-            "b_G3 = tl.reshape(b_G, [NB, SUB, BK])",
+            f"b_G3 = tl.reshape({G}, [NB, SUB, BK])",
             "b_Gend = tl.sum(tl.where((o_r == SUB - 1)[None, :, None], b_G3, 0.0), axis=1)",
             "b_Gstart = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + 1)[:, :, None], b_Gend[None, :, :], 0.0), axis=1)",
         )
 
-    def print_gram_factored(self, gram: k3s.GramOp, lhs: str, out: str, keep: str, diagonal: str) -> None:
+    def print_gram_factored(self, gram: k3s.GramOp, keep: str) -> None:
         """Blocks below the diagonal: left factor lhs_i Gamma_i / Gamma_start(I) and right factor
         k_j Gamma_end(J) / Gamma_j, both <= 1, bridged by the decay between the two references."""
         c = self.code
+        lhs, k, out = (register(v) for v in (gram.lhs, gram.keys, gram.gram))
         # the factors are tensor-core operands, kept as _mm takes them: bf16 (half the registers)
         # next to bf16 inputs, else fp32 (a diagonal factor spans e^80: never fp16)
         self.once("b_kr", "# right factor k_j Gamma_end / Gamma_j of each column block (<= 1)",
-                  "b_kr = _dot_operand(tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gend[:, None, :] - b_G3), [BC, BK]), DOT)")
-        left = f"b_{lhs}l"
-        self.once(left, f"# left factor {lhs}_i Gamma_i / Gamma_start of each row block (<= 1)",
-                  f"{left} = _dot_operand(tl.reshape(tl.reshape(b_{lhs}, [NB, SUB, BK]) * tl.exp2(b_G3 - b_Gstart[:, None, :]), [BC, BK]), DOT)")
+                  f"b_kr = _dot_operand(tl.reshape(tl.reshape({k}, [NB, SUB, BK]) * tl.exp2(b_Gend[:, None, :] - b_G3), [BC, BK]), DOT)")
+        left = f"{lhs}l"
+        self.once(left, f"# left factor {lhs.removeprefix('b_')}_i Gamma_i / Gamma_start of each row block (<= 1)",
+                  f"{left} = _dot_operand(tl.reshape(tl.reshape({lhs}, [NB, SUB, BK]) * tl.exp2(b_G3 - b_Gstart[:, None, :]), [BC, BK]), DOT)")
         c(f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
           "# row block I meets column block I - d through the decay between their references",
           "for d in tl.static_range(1, NB):")
@@ -89,15 +91,15 @@ class ChunkStages:
               f"b_left = _dot_operand(tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2(b_Gstart - b_from)[:, None, :], [BC, BK]), DOT)",
               f"{out} += tl.where((o_blk[:, None] - o_blk[None, :]) == d, _mm(b_left, tl.trans(b_kr), DOT), 0.0)")
         same = f"(o_blk[:, None] == o_blk[None, :]) & ({keep})"
-        if diagonal == "factored":
+        if gram.diagonal.data == "factored":
             self.once("b_kd", "# diagonal blocks: the right factor referenced at the block's start (>= 1, bounded",
                       "# by the gate's lower bound over SUB tokens)",
-                      "b_kd = _dot_operand(tl.reshape(tl.reshape(b_k, [NB, SUB, BK]) * tl.exp2(b_Gstart[:, None, :] - b_G3), [BC, BK]), DOT)")
+                      f"b_kd = _dot_operand(tl.reshape(tl.reshape({k}, [NB, SUB, BK]) * tl.exp2(b_Gstart[:, None, :] - b_G3), [BC, BK]), DOT)")
             c(f"{out} += tl.where({same}, _mm({left}, tl.trans(b_kd), DOT), 0.0)")
             return
-        kernel = gram.parent_op()
-        load_k = next(o for o in kernel.walk() if isinstance(o, k3s.LoadChunkOp) and o.tensor.data == "k")
-        load_g = next(o for o in kernel.walk() if isinstance(o, k3s.LoadGateOp))
+        # the rows are reloaded as the key and gate loads that the Gram's operands come from load them
+        load_k = gram.keys.owner
+        load_g = gram.cumulative_gate.owner.log_gate.owner
         c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,",
           "# its key row and log-decay reloaded (cache-resident: cheaper than picking a row out of the",
           "# [NB, SUB, BK] tiles) and its G accumulated from the block's reference",
@@ -110,13 +112,13 @@ class ChunkStages:
             c("b_kj = b_kj.to(tl.float32)",
               "b_Gj = b_Gj + b_gj * 1.4426950408889634",
               "b_ratio = tl.exp2(tl.minimum(b_G3 - b_Gj[:, None, :], 0.0))",
-              f"b_col = tl.reshape(tl.sum(tl.reshape(b_{lhs}, [NB, SUB, BK]) * b_kj[:, None, :] * b_ratio, axis=2), [BC])",
+              f"b_col = tl.reshape(tl.sum(tl.reshape({lhs}, [NB, SUB, BK]) * b_kj[:, None, :] * b_ratio, axis=2), [BC])",
               f"{out} += tl.where({same} & ((o_c % SUB) == r)[None, :], b_col[:, None], 0.0)")
 
     def print_k3s_gram(self, op: k3s.GramOp) -> None:
         c = self.code
-        lhs, gate = op.lhs.data, op.gate.data
-        out = "b_A" if lhs == "k" else "b_P"
+        gate = op.gate.data
+        lhs, k, out = (register(v) for v in (op.lhs, op.keys, op.gram))
         keep = "o_c[:, None] > o_c[None, :]" if op.mask.data == "strict" else "o_c[:, None] >= o_c[None, :]"
         c.comment(op)
         if gate == "channel":
@@ -124,16 +126,17 @@ class ChunkStages:
             if sub & (sub - 1) or self.chunk_size % sub:
                 raise UnsupportedError(f"Triton backend: sub-chunk {sub} must be a power of two dividing the chunk "
                                        f"size {self.chunk_size}")
-            self.print_gate_references(sub)
-            self.print_gram_factored(op, lhs, out, keep, op.diagonal.data)
+            self.print_gate_references(sub, register(op.cumulative_gate))
+            self.print_gram_factored(op, keep)
         elif gate == "scalar":
-            c(f"{out} = _mm(b_{lhs}, tl.trans(b_k), DOT)",
-              f"{out} = {out} * tl.exp2(tl.where({keep}, b_G[:, None] - b_G[None, :], 0.0))")
+            G = register(op.cumulative_gate)
+            c(f"{out} = _mm({lhs}, tl.trans({k}), DOT)",
+              f"{out} = {out} * tl.exp2(tl.where({keep}, {G}[:, None] - {G}[None, :], 0.0))")
         else:
-            c(f"{out} = _mm(b_{lhs}, tl.trans(b_k), DOT)")
+            c(f"{out} = _mm({lhs}, tl.trans({k}), DOT)")
         c(f"{out} = tl.where({keep}, {out}, 0.0)")
-        if op.beta.value.data:
-            c(f"{out} = {out} * b_beta[:, None]")
+        if op.row_scale is not None:
+            c(f"{out} = {out} * {register(op.row_scale)}[:, None]")
 
     def print_k3s_forward_substitution(self, op: k3s.ForwardSubstitutionOp) -> None:
         c = self.code
@@ -142,26 +145,28 @@ class ChunkStages:
             raise UnsupportedError(f"Triton backend: forward-substitution block {sub} must be a power of two "
                                    f"dividing the chunk size {self.chunk_size}")
         c.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
+        A = register(op.gram)
         if sub == 1:  # unit diagonal blocks: all of the inverse by the products of step 2
             c("SUB_T: tl.constexpr = 1",
               "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
               "b_Dinv = b_eye")
         else:
-            self.print_diagonal_block_inverse(sub)
+            self.print_diagonal_block_inverse(sub, A)
         c("# 2. M = Dinv N, N the blocks below the diagonal: M is nilpotent (M^NB = 0), so",
           "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors")
         if sub > 1:
             c("b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)")
         c("b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
-          "b_M = _mm_accurate(b_Dinv, tl.where(b_below, b_A, 0.0), DOT)",
+          f"b_M = _mm_accurate(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
           "b_Linv = b_eye - b_M")
         power = 2
         while power < self.chunk_size // sub:
             c("b_M = _mm_accurate(b_M, b_M, DOT)", "b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT)")
             power *= 2
-        c("b_T = " + ("b_Linv" if sub == 1 else "_mm_accurate(b_Linv, b_Dinv, DOT)") + " * b_beta[None, :]")
+        c(f"{register(op.transform)} = " + ("b_Linv" if sub == 1 else "_mm_accurate(b_Linv, b_Dinv, DOT)")
+          + f" * {register(op.beta)}[None, :]")
 
-    def print_diagonal_block_inverse(self, sub: int) -> None:
+    def print_diagonal_block_inverse(self, sub: int, A: str) -> None:
         """b_Dinv: the inverse of I + A's diagonal blocks of `sub` rows, solved row by row."""
         c = self.code
         c(f"# 1. the {sub} x {sub} diagonal blocks of I + A as [NB, SUB, SUB], inverted together: step r",
@@ -171,7 +176,7 @@ class ChunkStages:
           "o_bt = tl.arange(0, NB_T)",
           "o_rt = tl.arange(0, SUB_T)",
           "b_on_diagonal = (o_bt[:, None, None, None] == o_bt[None, None, :, None])",
-          "b_Ad = tl.sum(tl.where(b_on_diagonal, tl.reshape(b_A, [NB_T, SUB_T, NB_T, SUB_T]), 0.0), axis=2)",
+          f"b_Ad = tl.sum(tl.where(b_on_diagonal, tl.reshape({A}, [NB_T, SUB_T, NB_T, SUB_T]), 0.0), axis=2)",
           "b_X = tl.zeros([NB_T, SUB_T, SUB_T], dtype=tl.float32)",
           "for r in range(0, SUB_T):")
         with c.indent():
@@ -182,30 +187,30 @@ class ChunkStages:
 
     def print_k3s_wy_apply(self, op: k3s.WYApplyOp) -> None:
         self.code.comment(op)
-        if op.operand.data == "key":
-            keys = "b_k" if op.gate.data == "none" else f"b_k * {self.gamma(op.gate.data)}"
-            self.code(f"b_W = _mm(b_T, {keys}, DOT)")
-        else:
-            self.code("b_U = _mm(b_T, b_v, DOT)")
+        rows = register(op.rows)
+        if op.cumulative_gate is not None:
+            rows = f"{rows} * {self.gamma(op.gate.data, register(op.cumulative_gate))}"
+        self.code(f"{register(op.factor)} = _mm({register(op.transform)}, {rows}, DOT)")
 
-    def print_last_gate_row(self, gate: str) -> None:
+    def print_last_gate_row(self, gate: str, G: str) -> None:
         """b_Glast: G at the chunk's last row (rows past the end add 0, so the last token's)."""
-        self.once("b_Glast", "b_Glast = tl.sum(tl.where((o_c == BC - 1)[:, None], b_G, 0.0), axis=0)" if gate == "channel"
-                  else "b_Glast = tl.sum(tl.where(o_c == BC - 1, b_G, 0.0))")
+        self.once("b_Glast", f"b_Glast = tl.sum(tl.where((o_c == BC - 1)[:, None], {G}, 0.0), axis=0)" if gate == "channel"
+                  else f"b_Glast = tl.sum(tl.where(o_c == BC - 1, {G}, 0.0))")
 
     def print_k3s_gate_apply(self, op: k3s.GateApplyOp) -> None:
-        gate = op.gate.data
+        gate, G = op.gate.data, register(op.cumulative_gate)
+        out, rows = register(op.decayed), register(op.rows)
         self.code.comment(op)
-        if op.operand.data == "q":
-            self.code(f"b_QG = b_q * {self.gamma(gate)}")
+        if op.anchor.data == "start":
+            self.code(f"{out} = {rows} * {self.gamma(gate, G)}")
             return
-        self.print_last_gate_row(gate)
-        self.code(f"b_KG = b_k * {self.gamma(gate, 'b_Glast[None, :] - b_G' if gate == 'channel' else 'b_Glast - b_G')}")
+        self.print_last_gate_row(gate, G)
+        self.code(f"{out} = {rows} * {self.gamma(gate, f'b_Glast[None, :] - {G}' if gate == 'channel' else f'b_Glast - {G}')}")
 
     def print_k3s_chunk_decay(self, op: k3s.ChunkDecayOp) -> None:
         self.code.comment(op)
-        self.print_last_gate_row(op.gate.data)
-        self.code("b_gamma_C = tl.exp2(b_Glast)")
+        self.print_last_gate_row(op.gate.data, register(op.cumulative_gate))
+        self.code(f"{register(op.decay)} = tl.exp2(b_Glast)")
 
     def spill_address(self, value: str) -> tuple[str, str]:
         if value == "gamma_C":  # one row per chunk, at slot start // BC + i_n (unique, see NC)
@@ -220,42 +225,41 @@ class ChunkStages:
         value = op.value.data
         address, mask = self.spill_address(value)
         self.code.comment(op)
-        self.code(f"tl.store({address}, b_{value}.to({k3s.workspace_name(value)}.dtype.element_ty)"
+        self.code(f"tl.store({address}, {register(op.tile)}.to({k3s.workspace_name(value)}.dtype.element_ty)"
                   f"{f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
         value = op.value.data
         address, mask = self.spill_address(value)
         self.code.comment(op)
-        self.code(f"b_{value} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
+        self.code(f"{register(op.tile)} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 
     def print_k3s_delta_residual(self, op: k3s.DeltaResidualOp) -> None:
-        if op.zero_values is not None and op.zero_values.value.data:
+        out, W, S = (register(v) for v in (op.residual, op.keys_factor, op.state))
+        if op.values_factor is None:
             self.code.comment(op, "Vr = -W S (no value input)")
-            self.code("b_vr = -_mm(b_W, b_S, DOT)")
+            self.code(f"{out} = -_mm({W}, {S}, DOT)")
             return
         self.code.comment(op, "Vr = U - W S")
-        self.code("b_vr = b_U - _mm(b_W, b_S, DOT)")
+        self.code(f"{out} = {register(op.values_factor)} - _mm({W}, {S}, DOT)")
 
     def print_k3s_chunk_output(self, op: k3s.ChunkOutputOp) -> None:
-        values = "b_vr" if op.residual.value.data else "b_v"
-        queries = "b_q" if op.gate.data == "none" else "b_QG"
+        out, queries, S, P, values = (register(v) for v in (op.output, op.queries, op.state, op.scores, op.values))
         self.code.comment(op, "O = scale (QG S + P Vr)")
         self.code(
-            f"b_o = scale * (_mm({queries}, b_S, DOT) + _mm(b_P, {values}, DOT))",
-            "tl.store(o + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty), "
+            f"{out} = scale * (_mm({queries}, {S}, DOT) + _mm({P}, {values}, DOT))",
+            f"tl.store(o + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], {out}.to(o.dtype.element_ty), "
             "mask=m_c[:, None] & m_v[None, :])",
         )
 
     def print_k3s_state_advance(self, op: k3s.StateAdvanceOp) -> None:
-        values = "b_vr" if op.residual.value.data else "b_v"
-        gate = op.gate.data
+        out, S, keys, values = (register(v) for v in (op.advanced, op.state, op.keys, op.values))
         self.code.comment(op, "S <- Diag(gamma_C) S + KG^T Vr")
-        if gate == "none":
-            self.code(f"b_S = b_S + _mm(tl.trans(b_k), {values}, DOT)")
+        if op.decay is None:
+            self.code(f"{out} = {S} + _mm(tl.trans({keys}), {values}, DOT)")
         else:
-            decay = "b_gamma_C[:, None]" if gate == "channel" else "b_gamma_C"
-            self.code(f"b_S = b_S * {decay} + _mm(tl.trans(b_KG), {values}, DOT)")
+            decay = register(op.decay) + ("[:, None]" if op.gate.data == "channel" else "")
+            self.code(f"{out} = {S} * {decay} + _mm(tl.trans({keys}), {values}, DOT)")
 
     def print_k3s_store_checkpoint(self, op: k3s.StoreCheckpointOp) -> None:
         c = self.code
@@ -270,4 +274,7 @@ class ChunkStages:
                 c("else:")
                 with c.indent():
                     c("slot = i_n * (T // checkpoint_every) + done // checkpoint_every - 1")
-                c("tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), b_S, mask=m_kv)")
+                c(f"tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), {register(op.state)}, mask=m_kv)")
+
+    def print_k3s_next_chunk(self, op: k3s.NextChunkOp) -> None:
+        """Nothing to print: the state a chunk leaves is already in the loop's state register."""

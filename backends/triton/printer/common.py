@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
@@ -29,15 +29,28 @@ def launch_table_name(entry: str) -> str:
     return f"TUNED_{entry.upper()}"
 
 
+def register(value: SSAValue) -> str:
+    """The register a value lives in: its name, except that the state a chunk leaves lives in
+    the register of the state the loop carries (one tile updated in place)."""
+    use = next((u for u in value.uses if isinstance(u.operation, k3s.NextChunkOp)), None)
+    if use is not None:
+        value = use.operation.parent_block().args[0]
+    return f"b_{value.name_hint}"
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
 def describe(op: Operation) -> str:
-    """`k3s.decay <gate = channel>`: the op as a one-line comment, without its regions."""
+    """`%A = k3s.gram %k, %k, %G, %beta <mask = strict, ...>`: the op as a one-line comment, its
+    values by name, without its regions."""
     items = [f"{k} = {attr_to_literal(v)}" for k, v in op.keyword_items()]
     symbol = f" @{op.properties['sym_name'].data}" if "sym_name" in op.properties else ""
-    return op.name + symbol + (f" <{', '.join(items)}>" if items else "")
+    results = ", ".join(f"%{v.name_hint}" for v in op.results)
+    operands = ", ".join(f"%{v.name_hint}" for v in op.operands)
+    return ((f"{results} = " if results else "") + op.name + symbol + (f" {operands}" if operands else "")
+            + (f" <{', '.join(items)}>" if items else ""))
 
 
 class Code:

@@ -3,6 +3,7 @@ load_beta), each with what its input means (l2norm, the in-kernel gate forms, be
 
 from __future__ import annotations
 
+from k3compile.backends.triton.printer.common import register
 from k3compile.ir import k3s
 
 
@@ -17,19 +18,19 @@ class Loads:
     }
 
     def print_k3s_load_token(self, op: k3s.LoadTokenOp) -> None:
-        name = op.tensor.data
+        name, row = op.tensor.data, register(op.row)
         heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
         self.code.comment(op)
         self.code(
-            f"b_{name} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
+            f"{row} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
             ".to(tl.float32)"
         )
         if k3s.normalises(op):
-            self.code(f"b_{name} = b_{name} / tl.sqrt(tl.sum(b_{name} * b_{name}) + 1e-6)")
+            self.code(f"{row} = {row} / tl.sqrt(tl.sum({row} * {row}) + 1e-6)")
 
     def print_k3s_load_chunk(self, op: k3s.LoadChunkOp) -> None:
         self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
-        self.print_rows(op, "t_c", "m_c", f"b_{op.tensor.data}")
+        self.print_rows(op, "t_c", "m_c", register(op.rows))
 
     def print_rows(self, op: k3s.LoadChunkOp, rows: str, row_mask: str, target: str) -> None:
         """The rows `rows` (token indices, masked by `row_mask`) of a chunk input into `target`."""
@@ -46,7 +47,7 @@ class Loads:
     def print_k3s_load_gate(self, op: k3s.LoadGateOp) -> None:
         self.code.comment(op, "the log-decay g")
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
-        self.print_gate_rows(op, *(("t", None) if per_token else ("t_c", "m_c")), "b_g")
+        self.print_gate_rows(op, *(("t", None) if per_token else ("t_c", "m_c")), register(op.log_gate))
 
     def print_gate_rows(self, op: k3s.LoadGateOp, rows: str, row_mask: str | None, target: str) -> None:
         """The log-decay of the token(s) `rows` (one token without a row mask) into `target`, in
@@ -75,11 +76,12 @@ class Loads:
 
     def print_k3s_load_beta(self, op: k3s.LoadBetaOp) -> None:
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
+        out = register(op.beta)
         self.code.comment(op)
         if per_token:
-            self.code("b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)")
+            self.code(f"{out} = tl.load(beta + t * HV + i_hv).to(tl.float32)")
         else:
-            self.code("b_beta = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)")
+            self.code(f"{out} = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)")
         if op.input.data != "probability":  # logits: sigmoid(beta); logits_neg_eigval: 2 sigmoid(beta)
-            beta = "2.0 * tl.sigmoid(b_beta)" if op.input.data == "logits_neg_eigval" else "tl.sigmoid(b_beta)"
-            self.code(f"b_beta = {beta}" if per_token else f"b_beta = tl.where(m_c, {beta}, 0.0)")
+            beta = f"2.0 * tl.sigmoid({out})" if op.input.data == "logits_neg_eigval" else f"tl.sigmoid({out})"
+            self.code(f"{out} = {beta}" if per_token else f"{out} = tl.where(m_c, {beta}, 0.0)")

@@ -3,7 +3,7 @@ product and the transition's store."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import EntryView, describe
+from k3compile.backends.triton.printer.common import EntryView, describe, register
 from k3compile.ir import k3s
 
 
@@ -22,7 +22,7 @@ class Segments:
 
     def print_k3s_decay_product(self, op: k3s.DecayProductOp) -> None:
         self.code.comment(op, "M <- Diag(gamma_C) M")
-        self.code("b_M = b_M * b_gamma_C")
+        self.code(f"b_M = b_M * {register(op.decay)}")
 
     def print_k3s_store_transition(self, op: k3s.StoreTransitionOp) -> None:
         self.code.comment(op, "every value block holds the same M: the first one writes it")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from k3compile.backends.triton.printer.common import register
 from k3compile.ir import k3s
 
 
@@ -26,12 +27,13 @@ class Serving:
     def print_chunk_cache_update(self, op: k3s.CacheUpdateOp, cache: str) -> None:
         """The chunked verify's cache: every row of the chunk, u the row of Vr (or v)."""
         c = self.code
-        g = {"channel": "b_g", "scalar": "b_g[:, None] + 0.0 * b_k", "none": "0.0 * b_k"}[op.gate.data]
-        u = "b_vr" if op.residual is not None and op.residual.value.data else "b_v"
+        k, u, *g = (register(v) for v in op.rows)
+        g = {"channel": lambda: g[0], "scalar": lambda: f"{g[0]}[:, None] + 0.0 * {k}",
+             "none": lambda: f"0.0 * {k}"}[op.gate.data]()
         c("p_cache = ((i_slot * DEPTH + (t_c - bos)) * HV + i_hv) * (2 * K + V)",
           "# k and g are the same for every value block: the first one writes them",
           "m_cache_k = m_c[:, None] & (m_k & m_slot_k & ((i_v + 0 * o_k) == 0))[None, :]",
-          f"tl.store({cache} + p_cache[:, None] + o_k[None, :], b_k, mask=m_cache_k)",
+          f"tl.store({cache} + p_cache[:, None] + o_k[None, :], {k}, mask=m_cache_k)",
           f"tl.store({cache} + p_cache[:, None] + K + o_k[None, :], {g}, mask=m_cache_k)",
           f"tl.store({cache} + p_cache[:, None] + 2 * K + o_v[None, :], {u}, mask=m_c[:, None] & (m_v & m_slot_v)[None, :])")
 
