@@ -1,0 +1,430 @@
+"""The chunkwise (WY/UT) schedule's stages, as ops on tile values."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
+from xdsl.ir import Operation, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, NoTerminator, Pure
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.choices import BETA_INPUTS, GATE_INPUTS, STATE_LAYOUTS
+from k3compile.ir.choices import (
+    GATES as CHUNK_GATES,  # chunk stages exist with any gate
+)
+from k3compile.ir.k3s.core import GATES, TOKEN_TENSORS, KernelOp, TileType, _choice
+from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
+from k3compile.ir.syntax import KeywordSyntax
+
+# --- stages of the chunkwise (WY/UT) schedule ----------------------------------------------
+# A chunk is C consecutive tokens of one sequence and value head. The stages are ops on tile
+# values: what each reads are its operands, what it makes its result. The cumulative log-gate G
+# ([C, K] or [C]; Gamma = exp G), the gated key Gram A, the UT transform T, the WY factors W and
+# U, the query Gram P, the decayed queries and keys QG and KG, the chunk's decay gamma_C; in the
+# scan, the carried state S ([K, V], a block argument of the scan's region), the residual values
+# vr the state update uses and the output o.
+
+MASKS = ("strict", "inclusive")
+GATE_ANCHORS = ("start", "end")
+# how a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two tensor-core
+# factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or elementwise
+# (exp of differences, exponents <= 0 for any gate)
+GRAM_DIAGONALS = ("factored", "elementwise")
+# the names a value crossing kernels is spilled under (the workspace it lives in, k3s.reload)
+SPILLED = ("W", "U", "P", "QG", "KG", "gamma_C", "T")
+
+
+def workspace_name(value: str) -> str:
+    """The workspace tensor a spilled value lives in: its own name, except T (every kernel's token
+    count is T)."""
+    return "T_ut" if value == "T" else value
+
+
+def _operand_count(op: IRDLOperation, expected: int) -> None:
+    if len(op.operands) != expected:
+        raise VerifyException(f"{op.name}: expected {expected} operands for its properties, got {len(op.operands)}")
+
+
+@irdl_op_definition
+class ChunkedOp(KeywordSyntax):
+    """The chunkwise form of a recurrence: its body is one chunk. The ops before the chunk_scan
+    are chunk-local (no dependency between chunks: token-parallel); the chunk_scan runs chunk
+    after chunk, carrying the state (initial_state, or zero)."""
+
+    name = "k3s.chunked"
+    chunk_size = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def verify_(self) -> None:
+        if self.chunk_size.value.data <= 0:
+            raise VerifyException(f"{self.name}: chunk_size must be positive, got {self.chunk_size.value.data}")
+        scans = [op for op in self.body.ops if isinstance(op, ChunkScanOp)]
+        if len(scans) != 1 or scans[0] is not self.body.block.last_op:
+            raise VerifyException(f"{self.name}: the body must end in its one chunk_scan")
+
+    @property
+    def scan(self) -> ChunkScanOp:
+        return self.body.block.last_op
+
+    def local_ops(self) -> list[Operation]:
+        return list(self.body.ops)[:-1]
+
+
+@irdl_op_definition
+class ChunkScanOp(KeywordSyntax):
+    """The stages run chunk after chunk. Its block argument is the state S entering the chunk;
+    it ends in `next_chunk` with the state the next chunk enters with."""
+
+    name = "k3s.chunk_scan"
+    body = region_def("single_block")
+    traits = traits_def(HasParent(ChunkedOp))
+
+
+@irdl_op_definition
+class ChunkLoopOp(KeywordSyntax):
+    """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule), carrying
+    the kernel's state tile: the block argument S, the operand of the closing `next_chunk`."""
+
+    name = "k3s.chunk_loop"
+    chunk_size = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class NextChunkOp(KeywordSyntax):
+    """The state the next chunk enters with (the loop-carried value of a chunk scan or loop)."""
+
+    name = "k3s.next_chunk"
+    state = operand_def(TileType)
+    traits = traits_def(IsTerminator(), HasParent(ChunkScanOp, ChunkLoopOp))
+
+
+def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
+    """(the state a chunk enters with, the state it leaves)."""
+    return loop.body.block.args[0], loop.body.block.last_op.state
+
+
+CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, ChunkLoopOp)  # before fusion, in a prepare kernel, re-run in a scan
+SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp)
+
+
+@irdl_op_definition
+class ChunkTileOp(KeywordSyntax):
+    """In a kernel over chunks: the token rows of this program's chunk (C rows, the last
+    chunk of a sequence masked) and the key/value ranges."""
+
+    name = "k3s.chunk_tile"
+    chunk_size = prop_def(IntegerAttr[I64])
+    head_k_dim = prop_def(IntegerAttr[I64])
+    head_v_dim = prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class LoadChunkOp(KeywordSyntax):
+    """Load the chunk's rows of q, k or v (v: the program's value columns); q and k optionally
+    L2-normalised per row."""
+
+    name = "k3s.load_chunk"
+    tensor = prop_def(StringAttr)
+    l2norm = opt_prop_def(BoolAttr)  # absent: false
+    rows = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _choice(self, "tensor", TOKEN_TENSORS)
+        _no_l2norm_of_values(self)
+
+
+@irdl_op_definition
+class LoadGateOp(KeywordSyntax):
+    """Load the gate as a log-decay g into registers (per token, or a chunk's rows; rows past
+    the end read 0). input log: g as given; softplus: -exp(A_log) softplus(g + dt_bias);
+    bounded: lower_bound sigmoid(exp(A_log) (g + dt_bias))."""
+
+    name = "k3s.load_gate"
+    gate = prop_def(StringAttr)
+    input = prop_def(StringAttr)
+    lower_bound = prop_def(FloatAttr)
+    log_gate = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+        _choice(self, "input", GATE_INPUTS)
+        if self.lower_bound.value.data >= 0:
+            raise VerifyException(f"{self.name}: lower_bound must be < 0, got {self.lower_bound.value.data}")
+
+
+@irdl_op_definition
+class LoadBetaOp(KeywordSyntax):
+    """Load beta into registers: as given (probability), sigmoid(beta) (logits) or 2 sigmoid(beta)
+    (logits_neg_eigval)."""
+
+    name = "k3s.load_beta"
+    input = prop_def(StringAttr)
+    beta = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _choice(self, "input", BETA_INPUTS)
+
+
+@irdl_op_definition
+class StoreCheckpointOp(KeywordSyntax):
+    """After a chunk: if the tokens done so far are a multiple of checkpoint_every, write the
+    state to its checkpoint slot."""
+
+    name = "k3s.store_checkpoint"
+    layout = prop_def(StringAttr)
+    state = operand_def(TileType)
+    traits = traits_def(HasParent(ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "layout", STATE_LAYOUTS)
+
+
+@irdl_op_definition
+class SpillOp(KeywordSyntax):
+    """Store a chunk-local value to the workspace `value` names, for a later kernel."""
+
+    name = "k3s.spill"
+    value = prop_def(StringAttr)
+    tile = operand_def(TileType)
+    traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "value", SPILLED)
+
+
+@irdl_op_definition
+class ReloadOp(KeywordSyntax):
+    """Load a chunk-local value an earlier kernel spilled to the workspace `value` names."""
+
+    name = "k3s.reload"
+    value = prop_def(StringAttr)
+    tile = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp, ChunkLoopOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _choice(self, "value", SPILLED)
+
+
+@irdl_op_definition
+class GateCumsumOp(KeywordSyntax):
+    """G_r = sum_{i<=r} g_i within the chunk (per key channel or per head)."""
+
+    name = "k3s.gate_cumsum"
+    gate = prop_def(StringAttr)
+    log_gate = operand_def(TileType)
+    cumulative = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+
+
+@irdl_op_definition
+class GramOp(KeywordSyntax):
+    """A gated Gram matrix of the chunk, masked lower-triangular. Operands: lhs (q or k), the
+    keys, then G with a gate and beta when `beta`:
+
+        lhs = k: A = Tril_mask( Diag(beta) (Gamma*K) (K/Gamma)^T )     (the delta rule's A)
+        lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
+
+    mask strict excludes the diagonal, inclusive keeps it; gate none means Gamma = 1;
+    `beta` scales the rows by beta. With a channel gate the ratio Gamma_i / Gamma_j is split at
+    a reference per row block of `sub_chunk` rows: the cumulative gate just before the block.
+    Blocks below the diagonal factor into K_i Gamma_i / Gamma_ref (<= 1) and K_j Gamma_ref /
+    Gamma_j (<= 1): no exponent is positive, and no reference lies after a row it serves, so
+    outputs never depend on later gates. `diagonal` says how the blocks on the diagonal are
+    evaluated (GRAM_DIAGONALS); only a channel gate has it.
+    """
+
+    name = "k3s.gram"
+    mask = prop_def(StringAttr)
+    gate = prop_def(StringAttr)
+    beta = prop_def(BoolAttr)
+    sub_chunk = prop_def(IntegerAttr[I64])
+    diagonal = opt_prop_def(StringAttr)
+    inputs = var_operand_def(TileType)
+    gram = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        _choice(self, "mask", MASKS)
+        _choice(self, "gate", CHUNK_GATES)
+        _operand_count(self, 2 + (self.gate.data != "none") + bool(self.beta.value.data))
+        if self.sub_chunk.value.data <= 0:
+            raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
+        if (self.diagonal is not None) != (self.gate.data == "channel"):
+            raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
+                                  f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
+        if self.diagonal is not None:
+            _choice(self, "diagonal", GRAM_DIAGONALS)
+
+    @property
+    def lhs(self) -> SSAValue:
+        return self.inputs[0]
+
+    @property
+    def keys(self) -> SSAValue:
+        return self.inputs[1]
+
+    @property
+    def cumulative_gate(self) -> SSAValue | None:
+        return self.inputs[2] if self.gate.data != "none" else None
+
+    @property
+    def row_scale(self) -> SSAValue | None:
+        return self.inputs[-1] if self.beta.value.data else None
+
+
+@irdl_op_definition
+class ForwardSubstitutionOp(KeywordSyntax):
+    """T = (I + A)^{-1} Diag(beta), A lower triangular. The diagonal blocks of `block` rows
+    are solved row by row (all blocks at once), the rest by log2(blocks) products."""
+
+    name = "k3s.forward_substitution"
+    block = prop_def(IntegerAttr[I64])
+    gram = operand_def(TileType)
+    beta = operand_def(TileType)
+    transform = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+
+@irdl_op_definition
+class WYApplyOp(KeywordSyntax):
+    """A WY factor: T (Gamma * X) with X the keys and G given (W), or T X (U = T V)."""
+
+    name = "k3s.wy_apply"
+    gate = prop_def(StringAttr)
+    transform = operand_def(TileType)
+    rows = operand_def(TileType)
+    cumulative_gate = opt_operand_def(TileType)
+    factor = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
+        if (self.cumulative_gate is None) != (self.gate.data == "none"):
+            raise VerifyException(f"{self.name}: G is an operand exactly when gate is not none")
+
+
+@irdl_op_definition
+class DeltaResidualOp(KeywordSyntax):
+    """vr = U - W S: the values the delta rule actually writes, given the carried state. Without
+    U the value input is zero (vr = -W S): the columns of a segment's transition M."""
+
+    name = "k3s.delta_residual"
+    state = operand_def(TileType)
+    keys_factor = operand_def(TileType)
+    values_factor = opt_operand_def(TileType)
+    residual = result_def(TileType)
+    traits = traits_def(HasParent(*SCAN_PARENTS), Pure())
+
+
+@irdl_op_definition
+class GateApplyOp(KeywordSyntax):
+    """A chunk operand with the gate's decay applied, for the state pass:
+
+        anchor = start:  QG = Gamma * Q            (decay since the chunk's start)
+        anchor = end:    KG = (gamma_C / Gamma) * K  (decay until the chunk's end)
+
+    Both exponents are <= 0: no overflow for any gate."""
+
+    name = "k3s.gate_apply"
+    anchor = prop_def(StringAttr)
+    gate = prop_def(StringAttr)
+    rows = operand_def(TileType)
+    cumulative_gate = operand_def(TileType)
+    decayed = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        _choice(self, "anchor", GATE_ANCHORS)
+        _choice(self, "gate", GATES)
+
+
+@irdl_op_definition
+class ChunkDecayOp(KeywordSyntax):
+    """gamma_C: the decay of the whole chunk (the last row of Gamma), per key channel or per head."""
+
+    name = "k3s.chunk_decay"
+    gate = prop_def(StringAttr)
+    cumulative_gate = operand_def(TileType)
+    decay = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+
+
+@irdl_op_definition
+class ChunkOutputOp(KeywordSyntax):
+    """o = scale (Q' S + P V'), stored to the output: Q' the queries as read across chunks (QG,
+    or Q without a gate), V' the values the state takes (vr with the delta rule, else V)."""
+
+    name = "k3s.chunk_output"
+    queries = operand_def(TileType)
+    state = operand_def(TileType)
+    scores = operand_def(TileType)
+    values = operand_def(TileType)
+    output = result_def(TileType)
+    traits = traits_def(HasParent(*SCAN_PARENTS))
+
+
+@irdl_op_definition
+class StateAdvanceOp(KeywordSyntax):
+    """S' = Diag(gamma_C) S + K'^T V' (K' = KG with a gate, K without; no decay without a gate)."""
+
+    name = "k3s.state_advance"
+    gate = prop_def(StringAttr)
+    state = operand_def(TileType)
+    keys = operand_def(TileType)
+    values = operand_def(TileType)
+    decay = opt_operand_def(TileType)
+    advanced = result_def(TileType)
+    traits = traits_def(HasParent(*SCAN_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
+        if (self.decay is None) != (self.gate.data == "none"):
+            raise VerifyException(f"{self.name}: gamma_C is an operand exactly when gate is not none")
+
+
+CHUNK_STAGES = [
+    ChunkedOp,
+    ChunkScanOp,
+    ChunkLoopOp,
+    NextChunkOp,
+    ChunkTileOp,
+    LoadChunkOp,
+    LoadGateOp,
+    LoadBetaOp,
+    StoreCheckpointOp,
+    SpillOp,
+    ReloadOp,
+    GateCumsumOp,
+    GramOp,
+    ForwardSubstitutionOp,
+    WYApplyOp,
+    GateApplyOp,
+    ChunkDecayOp,
+    DeltaResidualOp,
+    ChunkOutputOp,
+    StateAdvanceOp,
+]

@@ -1,0 +1,192 @@
+"""What every k3s schedule is made of: the tile type of values, entries (the compiled module's
+Python functions) with their arguments, and kernels."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import I64, ArrayAttr, FloatAttr, IntegerAttr, StringAttr
+from xdsl.ir import ParametrizedAttribute, TypeAttribute
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    traits_def,
+)
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.syntax import KeywordSyntax
+
+ARG_DTYPES = ("float", "float32", "offsets", "state", "index")
+ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace", "inout", "combined")
+GATES = ("channel", "scalar")
+TOKEN_TENSORS = ("q", "k", "v")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC")
+MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
+MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
+
+
+TILE_DIMS = ("C", "K", "V")
+
+
+@irdl_attr_definition
+class TileType(ParametrizedAttribute, TypeAttribute):
+    """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
+    token rows), K (key channels) and V (the program's value columns); `<C>` one number per row,
+    `<>` one number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
+
+    name = "k3s.tile"
+    dims: ArrayAttr[StringAttr]
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[ArrayAttr[StringAttr]]:
+        parser.parse_punctuation("<")
+        dims: list[StringAttr] = []
+        if parser.parse_optional_punctuation(">") is None:
+            dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, K or V)")))
+            while parser.parse_optional_keyword("x") is not None:
+                dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, K or V)")))
+            parser.parse_punctuation(">")
+        return [ArrayAttr(dims)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<" + " x ".join(d.data for d in self.dims.data) + ">")
+
+    def verify(self) -> None:
+        for dim in self.dims.data:
+            if dim.data not in TILE_DIMS:
+                raise VerifyException(f"{self.name}: unknown dimension {dim.data!r}; allowed: {', '.join(TILE_DIMS)}")
+
+
+def tile(*dims: str) -> TileType:
+    return TileType(ArrayAttr([StringAttr(d) for d in dims]))
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and not value & (value - 1)  # 0 & -1 is 0 as well: 0 needs the sign test
+
+
+def _choice(op: IRDLOperation, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(op, name).data
+    if value not in allowed:
+        raise VerifyException(f"{op.name}: {name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+@irdl_op_definition
+class EntryOp(KeywordSyntax):
+    """A Python function of the compiled module: checks its arguments, launches its kernels."""
+
+    name = "k3s.entry"
+    sym_name = prop_def(StringAttr)
+    source = prop_def(StringAttr)  # the k3 op this entry was lowered from
+    max_sources = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol S
+    max_tokens = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol T
+    body = region_def("single_block")
+    traits = traits_def(SymbolOpInterface(), NoTerminator())
+
+
+@irdl_op_definition
+class TensorArgOp(KeywordSyntax):
+    """A tensor argument: its shape pattern, dtype class and whether the caller passes it.
+
+    Roles: input (required), optional_input (may be None), forbidden (must be None: the
+    member has no such input, e.g. g of DeltaNet), output / optional_output (allocated by
+    the entry; an optional one only when the caller passes output_<name>=True), workspace
+    (allocated by the entry for kernels to pass data between them; not returned), inout (passed
+    in and updated in place, e.g. a state pool), combined (the states an entry's summary_combine
+    step makes between its kernels: the entering state of every segment). Dtype classes:
+    float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
+    offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1),
+    state (fp32 or bf16 state storage), index (int32/int64 slot numbers).
+    """
+
+    name = "k3s.tensor_arg"
+    sym_name = prop_def(StringAttr)
+    shape = prop_def(StringAttr)
+    dtype = prop_def(StringAttr)
+    role = prop_def(StringAttr)
+    # another argument this one must not overlap in memory (a kernel reads one while writing the other)
+    distinct_from = opt_prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+    def verify_(self) -> None:
+        _choice(self, "dtype", ARG_DTYPES)
+        _choice(self, "role", ARG_ROLES)
+        dims = self.shape.data.split(",")
+        for dim in dims:
+            if not (dim.isdigit() and int(dim) > 0) and dim not in SHAPE_SYMBOLS:
+                raise VerifyException(f"{self.name} @{self.sym_name.data}: bad dimension {dim!r} in shape")
+
+
+@irdl_op_definition
+class ScalarArgOp(KeywordSyntax):
+    """A float argument with a default (e.g. the recurrence's scale)."""
+
+    name = "k3s.scalar_arg"
+    sym_name = prop_def(StringAttr)
+    default = prop_def(FloatAttr)
+    traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+
+@irdl_op_definition
+class CheckpointArgOp(KeywordSyntax):
+    """Optional states along the sequence (prefix caching): the argument `checkpoint_every`
+    (None, or a positive multiple of `chunk_size`) and, when given, one more returned tensor
+    `checkpoints` of the states after every checkpoint_every tokens of each sequence, shaped
+    [N, T // every, *state] (varlen: [sum of len_n // every, *state], in sequence order)."""
+
+    name = "k3s.checkpoint_arg"
+    sym_name = prop_def(StringAttr)
+    chunk_size = prop_def(IntegerAttr[I64])
+    state_shape = prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+
+KERNEL_DOTS = ("fp32", "tf32x3")
+
+
+@irdl_op_definition
+class KernelOp(KeywordSyntax):
+    """One GPU kernel: a grid of programs, each running the stages of its body in order.
+
+    `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
+    sequence_head (sequence x value head), row (one token row).
+    """
+
+    name = "k3s.kernel"
+    sym_name = prop_def(StringAttr)
+    grid = prop_def(StringAttr)
+    num_warps = prop_def(IntegerAttr[I64])
+    num_stages = opt_prop_def(IntegerAttr[I64])  # software-pipelining depth of its loops (Triton's default if absent)
+    # the operands of its chunk stages' matrix products: absent, those of the input dtype (bf16
+    # tensor cores for bf16 inputs); fp32: exact fp32 whatever the inputs (the chunked verify,
+    # whose products feed the committed state); tf32x3: fp32-accurate products on tensor cores
+    # (three tf32 products: a x b ~ ah bh + ah bl + al bh)
+    dots = opt_prop_def(StringAttr)
+    # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
+    maxnreg = opt_prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp), IsolatedFromAbove())
+
+    def verify_(self) -> None:
+        if self.dots is not None:
+            _choice(self, "dots", KERNEL_DOTS)
+        warps = self.num_warps.value.data
+        if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: num_warps must be a power of two in 1..{MAX_NUM_WARPS}, "
+                f"got {warps}"
+            )
+        if self.num_stages is not None and self.num_stages.value.data < 1:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: num_stages must be >= 1, got {self.num_stages.value.data}"
+            )
+        if self.maxnreg is not None and not MIN_MAXNREG <= self.maxnreg.value.data <= MAX_MAXNREG:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
+                f"got {self.maxnreg.value.data}"
+            )

@@ -1,0 +1,106 @@
+"""The segment-scan schedule (context parallelism)."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import StringAttr
+from xdsl.irdl import irdl_op_definition, operand_def, prop_def, region_def, traits_def
+from xdsl.traits import HasParent, NoTerminator
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.k3s.chunk import ChunkedOp, ChunkLoopOp
+from k3compile.ir.k3s.core import EntryOp, KernelOp, TileType, _choice
+from k3compile.ir.syntax import KeywordSyntax
+
+# --- the segment-scan schedule (context parallelism) ---------------------------------------
+# Every token is an affine map of the state, S_t = A_t S_{t-1} + B_t with A_t = (I - beta_t k_t
+# k_t^T) Diag(a_t) and B_t = beta_t k_t v_t^T (A_t = Diag(a_t), B_t = k_t v_t^T without the delta
+# rule). A segment of consecutive tokens of one sequence and value head composes to its summary
+# (M, N): S_end = M S_start + N, M the product of its A_t and N its state from a zero start.
+# Summaries compose associatively: (M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2). The transition
+# form is how M is held: full (K x K), diagonal (K numbers), scalar (one number) or identity (no M).
+
+TRANSITIONS = ("full", "diagonal", "scalar", "identity")
+
+
+@irdl_op_definition
+class SegmentScanOp(KeywordSyntax):
+    """The segments of a sequence run in parallel. Its body, in order: segment_summary (every
+    segment's (M, N)), summary_combine (each segment's initial state from the summaries before
+    it) and the chunked schedule that finishes every segment from that state."""
+
+    name = "k3s.segment_scan"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def verify_(self) -> None:
+        ops = list(self.body.ops)
+        if [type(op) for op in ops] != [SegmentSummaryOp, SummaryCombineOp, ChunkedOp]:
+            got = ", ".join(op.name for op in ops) or "nothing"
+            raise VerifyException(f"{self.name}: body must be segment_summary, summary_combine, chunked; got {got}")
+        if ops[0].transition.data != ops[1].transition.data:
+            raise VerifyException(f"{self.name}: summary and combine disagree on the transition form "
+                                  f"({ops[0].transition.data} vs {ops[1].transition.data})")
+
+
+@irdl_op_definition
+class SegmentSummaryOp(KeywordSyntax):
+    """Every segment's summary (M, N), all segments in parallel. N is the state the chunked
+    schedule beside it leaves from a zero start, by its state pass alone (the chunked
+    schedule without its output, and so without what only the output reads). A full M rides
+    along in the same pass as K more state columns: [M | N] from [I | 0] with values [0 | V] (the columns evolve independently); a
+    diagonal or scalar M is the segment's product of decays; identity has no M."""
+
+    name = "k3s.segment_summary"
+    transition = prop_def(StringAttr)
+    traits = traits_def(HasParent(SegmentScanOp))
+
+    def verify_(self) -> None:
+        _choice(self, "transition", TRANSITIONS)
+
+
+@irdl_op_definition
+class SummaryCombineOp(KeywordSyntax):
+    """The initial state of segment p: (sigma_{p-1} o ... o sigma_0)(S_0) from the summaries
+    sigma before it and the sequence's initial state, with (M2, N2) o (M1, N1) = (M2 M1, M2 N1 +
+    N2) in the transition form (diagonal: elementwise; identity: N1 + N2). Associative, so any
+    scan order (serial, tree, one prefix per rank after an all-gather) gives the same states."""
+
+    name = "k3s.summary_combine"
+    transition = prop_def(StringAttr)
+    # in a lowered entry (lower-segment-scan): the host step between the summary kernels and the
+    # finish, its scan order the caller's (one device: a prefix per sequence; ranks: an all-gather)
+    traits = traits_def(HasParent(SegmentScanOp, EntryOp))
+
+    def verify_(self) -> None:
+        _choice(self, "transition", TRANSITIONS)
+
+
+@irdl_op_definition
+class DecayProductOp(KeywordSyntax):
+    """M <- Diag(gamma_C) M over the chunks of a segment: a diagonal or scalar transition, the
+    product of the segment's decays (M starts at 1)."""
+
+    name = "k3s.decay_product"
+    transition = prop_def(StringAttr)
+    decay = operand_def(TileType)  # gamma_C
+    traits = traits_def(HasParent(ChunkLoopOp))
+
+    def verify_(self) -> None:
+        if self.transition.data not in ("diagonal", "scalar"):
+            raise VerifyException(f"{self.name}: transition must be diagonal or scalar, got {self.transition.data!r}")
+
+
+@irdl_op_definition
+class StoreTransitionOp(KeywordSyntax):
+    """Write the decay product M of a segment to the output M ([N, HV, K] or [N, HV])."""
+
+    name = "k3s.store_transition"
+    transition = prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        if self.transition.data not in ("diagonal", "scalar"):
+            raise VerifyException(f"{self.name}: transition must be diagonal or scalar, got {self.transition.data!r}")
+
+
+SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp, DecayProductOp, StoreTransitionOp]

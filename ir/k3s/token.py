@@ -1,0 +1,242 @@
+"""The recurrent (token-by-token) schedule's stages: the state tile, the token loop and its
+stages, and speculative decoding's verify cache, snapshot and replay."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import I64, BoolAttr, IntegerAttr, StringAttr
+from xdsl.irdl import (
+    irdl_op_definition,
+    lazy_traits_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.traits import HasParent, NoTerminator
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.choices import (
+    GATES as CHUNK_GATES,  # chunk stages exist with any gate
+)
+from k3compile.ir.choices import STATE_LAYOUTS
+from k3compile.ir.k3s.core import GATES, TOKEN_TENSORS, KernelOp, TileType, _choice, is_power_of_two
+from k3compile.ir.syntax import KeywordSyntax
+
+# --- stages of the recurrent (token-by-token) schedule -------------------------------------
+
+
+@irdl_op_definition
+class StateTileOp(KeywordSyntax):
+    """A [K, V-block] fp32 state tile kept on chip. Its home: initial_state (when given; the
+    default) or a pool row, `state[state_indices[n]]` (serving: a slot table over a state pool;
+    a slot outside the pool, e.g. -1 for padding, starts from zero and is never written).
+    `start` instead fixes where it starts: zero, or identity (a square K x K tile: the columns
+    of a segment's transition M, head_v_dim = head_k_dim)."""
+
+    name = "k3s.state_tile"
+    head_k_dim = prop_def(IntegerAttr[I64])
+    head_v_dim = prop_def(IntegerAttr[I64])
+    block_v = prop_def(IntegerAttr[I64])
+    layout = prop_def(StringAttr)
+    home = opt_prop_def(StringAttr)  # absent: initial_state
+    start = opt_prop_def(StringAttr)  # absent: the home's state
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _choice(self, "layout", STATE_LAYOUTS)
+        _home(self)
+        if self.start is not None:
+            _choice(self, "start", STATE_STARTS)
+            if self.home is not None:
+                raise VerifyException(f"{self.name}: start and home exclude each other")
+            if self.start.data == "identity" and self.head_v_dim.value.data != self.head_k_dim.value.data:
+                raise VerifyException(f"{self.name}: an identity start needs a square tile, got K = "
+                                      f"{self.head_k_dim.value.data}, V = {self.head_v_dim.value.data}")
+        if not is_power_of_two(self.block_v.value.data):
+            raise VerifyException(f"{self.name}: block_v must be a power of two, got {self.block_v.value.data}")
+
+
+@irdl_op_definition
+class SpeculativeOp(KeywordSyntax):
+    """Speculative decoding without state snapshots: a verify pass over `draft_tokens` tokens
+    (a token loop that also caches each token's k, gate and update u), then a replay that
+    rebuilds the state after any accepted prefix from the committed state and the cache.
+    Lowerings run the two apart (verify, then commit) or fused, replay first: one launch that
+    commits the previous round's accepted tokens and verifies the next round."""
+
+    name = "k3s.speculative"
+    draft_tokens = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def verify_(self) -> None:
+        if self.draft_tokens.value.data <= 0:
+            raise VerifyException(f"{self.name}: draft_tokens must be positive, got {self.draft_tokens.value.data}")
+
+
+@irdl_op_definition
+class TokenLoopOp(KeywordSyntax):
+    """Sequential loop over the tokens of one sequence (varlen through cu_seqlens)."""
+
+    name = "k3s.token_loop"
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasParent(KernelOp, SpeculativeOp))
+
+
+@irdl_op_definition
+class CacheUpdateOp(KeywordSyntax):
+    """Cache the token's k, its gate and the update u it wrote (u = beta (v - S^T k) with the
+    delta rule, v without): what a replay needs instead of the state itself. In a chunk (the
+    chunked verify) it caches every row of the chunk, u the rows of vr = U - W S (the delta
+    rule) or of v."""
+
+    name = "k3s.cache_update"
+    gate = prop_def(StringAttr)
+    buffer = opt_prop_def(StringAttr)  # the tensor argument it writes (absent: cache)
+    # in a chunk: the rows of k, of u (vr or v) and, with a gate, of the log-gate g; in a token
+    # loop none yet (the token stages' registers are implicit)
+    rows = var_operand_def(TileType)
+    # lazy: the chunk regions are defined in chunk.py, which builds on this module
+    traits = lazy_traits_def(lambda: (HasParent(TokenLoopOp, *chunk_scans()),))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
+
+
+@irdl_op_definition
+class SnapshotStateOp(KeywordSyntax):
+    """The snapshot baseline of speculative decoding (what engines do today): write the whole
+    state after every verified token to the slot's snapshot buffer."""
+
+    name = "k3s.snapshot_state"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class RestoreSnapshotOp(KeywordSyntax):
+    """The snapshot baseline's commit: the state after `accepted` tokens is the snapshot taken
+    after token `accepted` (none accepted: the committed state stays)."""
+
+    name = "k3s.restore_snapshot"
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class ReplayOp(KeywordSyntax):
+    """S_m = Diag(Gamma_m) S_0 + sum_{j<=m} Diag(Gamma_m / Gamma_j) k_j u_j^T from the cache
+    (Gamma_j the product of the first j decays; all ones without a gate): no serial dependency."""
+
+    name = "k3s.replay"
+    gate = prop_def(StringAttr)
+    buffer = opt_prop_def(StringAttr)  # the tensor argument it reads (absent: cache)
+    traits = traits_def(HasParent(SpeculativeOp, KernelOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", CHUNK_GATES)
+
+
+def cache_buffer(op: CacheUpdateOp | ReplayOp) -> str:
+    """The tensor argument a cache_update writes or a replay reads."""
+    return "cache" if op.buffer is None else op.buffer.data
+
+
+@irdl_op_definition
+class LoadTokenOp(KeywordSyntax):
+    """Load one token's q, k or v vector of the current head into fp32 registers
+    (q and k optionally L2-normalised: x / sqrt(|x|^2 + 1e-6))."""
+
+    name = "k3s.load_token"
+    tensor = prop_def(StringAttr)
+    l2norm = opt_prop_def(BoolAttr)  # absent: false
+    row = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "tensor", TOKEN_TENSORS)
+        _no_l2norm_of_values(self)
+
+
+def normalises(op) -> bool:
+    """Whether a load_token / load_chunk L2-normalises what it loads."""
+    return op.l2norm is not None and bool(op.l2norm.value.data)
+
+
+def _no_l2norm_of_values(op) -> None:
+    if op.tensor.data == "v" and normalises(op):
+        raise VerifyException(f"{op.name}: l2norm applies to q and k only")
+
+
+@irdl_op_definition
+class DecayOp(KeywordSyntax):
+    """S <- Diag(exp g_t) S, g (from load_gate) a log-decay per key channel or per head."""
+
+    name = "k3s.decay"
+    gate = prop_def(StringAttr)
+    traits = traits_def(HasParent(TokenLoopOp))
+
+    def verify_(self) -> None:
+        _choice(self, "gate", GATES)
+
+
+@irdl_op_definition
+class DeltaCorrectOp(KeywordSyntax):
+    """The delta rule's correction: u = beta_t (v_t - S^T k_t), replacing v_t (beta from load_beta)."""
+
+    name = "k3s.delta_correct"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class Rank1UpdateOp(KeywordSyntax):
+    """S <- S + k_t u_t^T (u = v without the delta rule)."""
+
+    name = "k3s.rank1_update"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class ReadoutOp(KeywordSyntax):
+    """o_t = S^T (scale q_t), read after the update, stored in the output dtype."""
+
+    name = "k3s.readout"
+    traits = traits_def(HasParent(TokenLoopOp))
+
+
+@irdl_op_definition
+class StoreStateOp(KeywordSyntax):
+    """Write the state tile to final_state (when the caller asked for it), back to its pool row in
+    place (home = pool), or to the output `tensor` (a segment's N or M)."""
+
+    name = "k3s.store_state"
+    layout = prop_def(StringAttr)
+    home = opt_prop_def(StringAttr)  # absent: final_state
+    tensor = opt_prop_def(StringAttr)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _choice(self, "layout", STATE_LAYOUTS)
+        _home(self)
+        if self.tensor is not None and self.home is not None:
+            raise VerifyException(f"{self.name}: tensor and home exclude each other")
+
+
+STATE_HOMES = ("pool",)
+STATE_STARTS = ("zero", "identity")
+
+
+def _home(op) -> None:
+    if op.home is not None and op.home.data not in STATE_HOMES:
+        raise VerifyException(f"{op.name}: home must be pool (or absent), got {op.home.data!r}")
+
+
+def in_pool(op) -> bool:
+    """Whether a state tile lives in a pool row indexed through state_indices."""
+    return op.home is not None and op.home.data == "pool"
+
+
+def chunk_scans() -> tuple[type, ...]:
+    from k3compile.ir.k3s.chunk import ChunkLoopOp, ChunkScanOp
+
+    return ChunkScanOp, ChunkLoopOp
