@@ -25,25 +25,37 @@ builtin.module {
 // CHECK-NEXT:     k3s.segment_summary <transition = full>
 // CHECK-NEXT:     k3s.summary_combine <transition = full>
 // CHECK-NEXT:     k3s.chunked <chunk_size = 16> {
-// CHECK-NEXT:       k3s.chunk_local {
-// CHECK-NEXT:         k3s.gate_cumsum <gate = channel>
-// CHECK-NEXT:         k3s.gram <lhs = k, mask = strict, gate = channel, beta = true
-// CHECK:            k3s.chunk_scan {
-// CHECK-NEXT:         k3s.delta_residual
-// CHECK-NEXT:         k3s.chunk_output <gate = channel, residual = true>
-// CHECK-NEXT:         k3s.state_advance <gate = channel, residual = true>
+// CHECK-NEXT:       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
+// CHECK-NEXT:       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
+// CHECK-NEXT:       %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
+// CHECK-NEXT:       %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
+// CHECK-NEXT:       %G = k3s.gate_cumsum %g <gate = channel> : !k3s.tile<C x K>
+// CHECK-NEXT:       %beta = k3s.load_beta <input = probability> : !k3s.tile<C>
+// CHECK-NEXT:       %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = channel, beta = true
+// CHECK:            %QG = k3s.gate_apply %q, %G <anchor = start, gate = channel> : !k3s.tile<C x K>
+// CHECK-NEXT:       %KG = k3s.gate_apply %k, %G <anchor = end, gate = channel> : !k3s.tile<C x K>
+// CHECK-NEXT:       %gamma_C = k3s.chunk_decay %G <gate = channel> : !k3s.tile<K>
+// CHECK-NEXT:       k3s.chunk_scan {
+// CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:         %vr = k3s.delta_residual %S, %W, %U : !k3s.tile<C x V>
+// CHECK-NEXT:         %o = k3s.chunk_output %QG, %S, %P, %vr : !k3s.tile<C x V>
+// CHECK-NEXT:         %S_1 = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT:         k3s.next_chunk %S_1
 // CHECK:      k3.recurrence @gdn
 // CHECK-NEXT: k3s.entry @gdn_segment_scan <source = gdn> {
 // CHECK:        k3s.tensor_arg @initial_state <shape = "N,4,8,8", dtype = float32, role = optional_input>
 // CHECK:        k3s.segment_summary <transition = full>
 // CHECK-NEXT:   k3s.summary_combine <transition = full>
-// CHECK:          k3s.gate_cumsum <gate = scalar>
+// CHECK:          %G_1 = k3s.gate_cumsum %g_1 <gate = scalar> : !k3s.tile<C>
 // CHECK:      k3.recurrence @dn
 // CHECK:        k3s.segment_summary <transition = full>
 // CHECK-NEXT:   k3s.summary_combine <transition = full>
 // CHECK-NEXT:   k3s.chunked <chunk_size = 16> {
-// CHECK-NEXT:     k3s.chunk_local {
-// CHECK-NEXT:       k3s.gram <lhs = k, mask = strict, gate = none, beta = true
+// CHECK-NEXT:     %q_2 = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
+// CHECK-NEXT:     %k_2 = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
+// CHECK-NEXT:     %v_2 = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
+// CHECK-NEXT:     %beta_2 = k3s.load_beta <input = probability> : !k3s.tile<C>
+// CHECK-NEXT:     %A_2 = k3s.gram %k_2, %k_2, %beta_2 <mask = strict, gate = none, beta = true
 // CHECK:      k3.recurrence @gla
 // CHECK:        k3s.tensor_arg @beta <shape = "B,T,2", dtype = float, role = forbidden>
 // CHECK:        k3s.segment_summary <transition = diagonal>
@@ -56,12 +68,15 @@ builtin.module {
 // CHECK:        k3s.segment_summary <transition = identity>
 // CHECK-NEXT:   k3s.summary_combine <transition = identity>
 // CHECK-NEXT:   k3s.chunked <chunk_size = 16> {
-// CHECK-NEXT:     k3s.chunk_local {
-// CHECK-NEXT:       k3s.gram <lhs = q, mask = inclusive, gate = none, beta = false
-// CHECK-NEXT:     }
+// CHECK-NEXT:     %q_5 = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
+// CHECK-NEXT:     %k_5 = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
+// CHECK-NEXT:     %v_5 = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
+// CHECK-NEXT:     %P_5 = k3s.gram %q_5, %k_5 <mask = inclusive, gate = none, beta = false
 // CHECK-NEXT:     k3s.chunk_scan {
-// CHECK-NEXT:       k3s.chunk_output <gate = none, residual = false>
-// CHECK-NEXT:       k3s.state_advance <gate = none, residual = false>
+// CHECK-NEXT:     ^bb0(%S_10: !k3s.tile<K x V>):
+// CHECK-NEXT:       %o_5 = k3s.chunk_output %q_5, %S_10, %P_5, %v_5 : !k3s.tile<C x V>
+// CHECK-NEXT:       %S_11 = k3s.state_advance %S_10, %k_5, %v_5 <gate = none> : !k3s.tile<K x V>
+// CHECK-NEXT:       k3s.next_chunk %S_11
 
 // SPEC-LABEL: // -----// IR after derive-segment-scan //----- //
 // SPEC:       k3s.entry @segment_scan <source = gla> {

@@ -17,20 +17,20 @@ builtin.module {
 // CHECK:      k3s.entry @chunk <source = kda> {
 // CHECK:        k3s.tensor_arg @T_ut <shape = "B,T,2,16", dtype = float, role = workspace>
 // CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
-// CHECK:          k3s.gram <lhs = k
-// CHECK-NEXT:     k3s.forward_substitution
-// CHECK-NEXT:     k3s.spill <value = T>
-// CHECK:          k3s.gram <lhs = q
+// CHECK:          %A = k3s.gram %k, %k, %G, %beta <mask = strict
+// CHECK-NEXT:     %T = k3s.forward_substitution %A, %beta
+// CHECK-NEXT:     k3s.spill %T <value = T>
+// CHECK:          %P = k3s.gram %q, %k, %G <mask = inclusive
 // CHECK-NOT:      k3s.wy_apply
 // CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile
-// CHECK-NEXT:     k3s.reload <value = T>
-// CHECK:          k3s.gate_cumsum
+// CHECK-NEXT:     %T = k3s.reload <value = T> : !k3s.tile<C x C>
+// CHECK:          %G = k3s.gate_cumsum %g
 // CHECK-NOT:      k3s.gram
-// CHECK:          k3s.wy_apply <operand = key
-// CHECK:          k3s.spill <value = W>
-// CHECK:          k3s.wy_apply <operand = value
-// CHECK:          k3s.spill <value = U>
+// CHECK:          %W = k3s.wy_apply %T, %k, %G <gate = channel>
+// CHECK:          k3s.spill %W <value = W>
+// CHECK:          %U = k3s.wy_apply %T, %v <gate = none>
+// CHECK:          k3s.spill %U <value = U>
 // CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head"
 
 // BAD: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: unknown grouping 'fused'; allowed: split, split-prepare

@@ -37,12 +37,12 @@ builtin.module {
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {
-// CHECK-NEXT:         k3s.load_token <tensor = q, l2norm = true>
-// CHECK-NEXT:         k3s.load_token <tensor = k, l2norm = true>
-// CHECK-NEXT:         k3s.load_token <tensor = v>
-// CHECK-NEXT:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// CHECK-NEXT:         %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
+// CHECK-NEXT:         %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
+// CHECK-NEXT:         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// CHECK-NEXT:         %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
 // CHECK-NEXT:         k3s.decay <gate = channel>
-// CHECK-NEXT:         k3s.load_beta <input = logits>
+// CHECK-NEXT:         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
 // CHECK-NEXT:         k3s.delta_correct
 // CHECK-NEXT:         k3s.rank1_update
 // CHECK-NEXT:         k3s.readout
@@ -55,12 +55,12 @@ builtin.module {
 // GENERIC:      "k3.recurrence"() <{sym_name = "kda", {{.*}}, dtype = "bfloat16", qk_l2norm = true, gate_input = "softplus", beta_input = "logits"}> : () -> ()
 // GENERIC:      "k3s.tensor_arg"() <{sym_name = "A_log", shape = "4", dtype = "float", role = "input"}> : () -> ()
 // GENERIC-NEXT: "k3s.tensor_arg"() <{sym_name = "dt_bias", shape = "64", dtype = "float", role = "input"}> : () -> ()
-// GENERIC:      "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> ()
-// GENERIC-NEXT: "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> ()
-// GENERIC-NEXT: "k3s.load_token"() <{tensor = "v"}> : () -> ()
-// GENERIC-NEXT: "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> ()
+// GENERIC:      %q = "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
+// GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
 // GENERIC-NEXT: "k3s.decay"() <{gate = "channel"}> : () -> ()
-// GENERIC-NEXT: "k3s.load_beta"() <{input = "logits"}> : () -> ()
+// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "logits"}> : () -> !k3s.tile<>
 // GENERIC-NEXT: "k3s.delta_correct"() : () -> ()
 
 // Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels
@@ -87,24 +87,24 @@ builtin.module {
 
 // L2ONLY:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
 // L2ONLY-NEXT: k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = forbidden>
-// L2ONLY:      k3s.load_token <tensor = q, l2norm = true>
-// L2ONLY-NEXT: k3s.load_token <tensor = k, l2norm = true>
-// L2ONLY-NEXT: k3s.load_token <tensor = v>
-// L2ONLY-NEXT: k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
+// L2ONLY:      %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
+// L2ONLY-NEXT: %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
+// L2ONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// L2ONLY-NEXT: %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
 // L2ONLY-NEXT: k3s.decay <gate = channel>
-// L2ONLY-NEXT: k3s.load_beta <input = probability>
+// L2ONLY-NEXT: %beta = k3s.load_beta <input = probability> : !k3s.tile<>
 
 // BETAONLY:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
 // BETAONLY-NEXT: k3s.tensor_arg @dt_bias <shape = "64", dtype = float, role = forbidden>
-// BETAONLY:      k3s.load_token <tensor = q>
-// BETAONLY-NEXT: k3s.load_token <tensor = k>
-// BETAONLY-NEXT: k3s.load_token <tensor = v>
-// BETAONLY-NEXT: k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
+// BETAONLY:      %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// BETAONLY-NEXT: %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// BETAONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// BETAONLY-NEXT: %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
 // BETAONLY-NEXT: k3s.decay <gate = channel>
-// BETAONLY-NEXT: k3s.load_beta <input = logits>
+// BETAONLY-NEXT: %beta = k3s.load_beta <input = logits> : !k3s.tile<>
 // BETAONLY-NEXT: k3s.delta_correct
 
-// NEGEIG:      k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
+// NEGEIG:      %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
 // NEGEIG-NEXT: k3s.decay <gate = channel>
-// NEGEIG-NEXT: k3s.load_beta <input = logits_neg_eigval>
+// NEGEIG-NEXT: %beta = k3s.load_beta <input = logits_neg_eigval> : !k3s.tile<>
 // NEGEIG-NEXT: k3s.delta_correct

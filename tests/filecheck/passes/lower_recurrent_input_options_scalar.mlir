@@ -24,12 +24,12 @@ builtin.module {
 // CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
 // CHECK-NEXT:   k3s.kernel @gdn_recurrent
 // CHECK:        k3s.token_loop {
-// CHECK-NEXT:     k3s.load_token <tensor = q>
-// CHECK-NEXT:     k3s.load_token <tensor = k>
-// CHECK-NEXT:     k3s.load_token <tensor = v>
-// CHECK-NEXT:     k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0>
+// CHECK-NEXT:     %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// CHECK-NEXT:     %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// CHECK-NEXT:     %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// CHECK-NEXT:     %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<>
 // CHECK-NEXT:     k3s.decay <gate = scalar>
-// CHECK-NEXT:     k3s.load_beta <input = probability>
+// CHECK-NEXT:     %beta = k3s.load_beta <input = probability> : !k3s.tile<>
 // CHECK-NEXT:     k3s.delta_correct
 // CHECK-NEXT:     k3s.rank1_update
 // CHECK-NEXT:     k3s.readout
@@ -38,7 +38,7 @@ builtin.module {
 // SOFTPLUS:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = softplus>
 // SOFTPLUS:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
 // SOFTPLUS-NEXT: k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
-// SOFTPLUS:      k3s.load_gate <gate = scalar, input = softplus, lower_bound = -5.0>
+// SOFTPLUS:      %g = k3s.load_gate <gate = scalar, input = softplus, lower_bound = -5.0> : !k3s.tile<>
 // SOFTPLUS-NEXT: k3s.decay <gate = scalar>
 
 // CHUNK:       k3s.entry @chunk <source = gdn> {
@@ -46,11 +46,11 @@ builtin.module {
 // CHUNK-NEXT:    k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
 // CHUNK:         k3s.kernel @gdn_chunk_prepare
 // CHUNK-NEXT:      k3s.chunk_tile
-// CHUNK-NEXT:      k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0>
-// CHUNK-NEXT:      k3s.gate_cumsum <gate = scalar>
+// CHUNK-NEXT:      %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<C>
+// CHUNK-NEXT:      %G = k3s.gate_cumsum %g <gate = scalar> : !k3s.tile<C>
 // CHUNK:         k3s.kernel @gdn_chunk_scan
 // CHUNK-NOT:       k3s.load_gate
-// CHUNK:           k3s.reload <value = gamma_C>
+// CHUNK:           %gamma_C = k3s.reload <value = gamma_C> : !k3s.tile<>
 // CHUNK-NOT:       k3s.load_gate
 // CHUNK:         k3s.store_state
 
@@ -58,8 +58,8 @@ builtin.module {
 // GLA:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
 // GLA-NEXT: k3s.tensor_arg @dt_bias <shape = "96", dtype = float, role = input>
 // GLA-NOT:  k3s.load_beta
-// GLA:      k3s.load_token <tensor = v>
-// GLA-NEXT: k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// GLA:      %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// GLA-NEXT: %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
 // GLA-NEXT: k3s.decay <gate = channel>
 // GLA-NEXT: k3s.rank1_update
 // GLA-NOT:  k3s.load_beta

@@ -19,17 +19,17 @@ builtin.module {
 // CHECK:        k3s.tensor_arg @M <shape = "N,2,8,8", dtype = float32, role = output>
 // CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,4", dtype = float32, role = output>
 // CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head"
-// CHECK-NOT:      k3s.gram <lhs = q
+// CHECK-NOT:      k3s.gram %q
 // CHECK-NOT:      k3s.load_chunk <tensor = q>
 // CHECK:        k3s.kernel @kda_summary_scan_N
 // CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv, start = zero>
 // CHECK-NOT:      k3s.chunk_output
-// CHECK:          k3s.delta_residual
+// CHECK:          %vr = k3s.delta_residual %S, %W, %U : !k3s.tile<C x V>
 // CHECK:        k3s.store_state <layout = kv, tensor = N>
 // CHECK:        k3s.kernel @kda_summary_scan_M
 // CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 8, block_v = 8, layout = kv, start = identity>
 // CHECK-NOT:      k3s.reload <value = U>
-// CHECK:          k3s.delta_residual <zero_values = true>
+// CHECK:          %vr = k3s.delta_residual %S, %W : !k3s.tile<C x V>
 // CHECK:        k3s.store_state <layout = kv, tensor = M>
 
 // CHECK:      k3s.entry @kda_chunk_segments <source = kda> {
@@ -37,7 +37,7 @@ builtin.module {
 // CHECK:        k3s.tensor_arg @M <shape = "N,2,8,8", dtype = float32, role = workspace>
 // CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,4", dtype = float32, role = workspace>
 // CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
-// CHECK:          k3s.gram <lhs = q
+// CHECK:          %P = k3s.gram %q, %k, %G <mask = inclusive
 // CHECK-NOT:    k3s.kernel @kda_segments_prepare
 // CHECK:        k3s.kernel @kda_segments_summary_scan_N
 // CHECK:        k3s.store_state <layout = kv, tensor = N>
@@ -46,13 +46,13 @@ builtin.module {
 // CHECK:        k3s.summary_combine <transition = full>
 // CHECK-NEXT:   k3s.kernel @kda_segments_scan
 // CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv>
-// CHECK:            k3s.chunk_output
+// CHECK:            %o = k3s.chunk_output %QG, %S, %P, %vr : !k3s.tile<C x V>
 
 // CHECK:      k3s.entry @gla_segment_summary <source = gla> {
 // CHECK:        k3s.tensor_arg @M <shape = "N,2,8", dtype = float32, role = output>
 // CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,8", dtype = float32, role = output>
 // CHECK:        k3s.kernel @gla_summary_scan_N
-// CHECK:          k3s.decay_product <transition = diagonal>
+// CHECK:          k3s.decay_product %gamma_C <transition = diagonal>
 // CHECK:        k3s.store_state <layout = vk, tensor = N>
 // CHECK-NEXT:   k3s.store_transition <transition = diagonal>
 // CHECK-NOT:    k3s.kernel @gla_summary_scan_M

@@ -23,15 +23,16 @@ builtin.module {
 // CHECK-NEXT: k3s.chunk_tile <chunk_size = 16
 // CHECK-NOT: k3s.chunk_decay
 // CHECK-NOT: anchor = end
-// CHECK: k3s.spill <value = U>
+// CHECK: k3s.spill %U <value = U>
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.kernel @gdn_verify <grid = "value_block,sequence_head", num_warps = 2, num_stages = 1, dots = fp32>
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
-// CHECK: k3s.delta_residual
-// CHECK-NEXT: k3s.chunk_output <gate = scalar, residual = true>
+// CHECK: %vr = k3s.delta_residual %S, %W, %U : !k3s.tile<C x V>
+// CHECK-NEXT: %o = k3s.chunk_output %QG, %S, %P, %vr : !k3s.tile<C x V>
 // CHECK-NOT: k3s.state_advance
-// CHECK: k3s.cache_update <gate = scalar, residual = true>
+// CHECK: k3s.cache_update %k, %vr, %g <gate = scalar>
+// CHECK-NEXT: k3s.next_chunk %S{{$}}
 // CHECK-NEXT: }
 // CHECK-NEXT: }
 // CHECK-NEXT: }
@@ -47,7 +48,8 @@ builtin.module {
 // CHECK-NEXT: k3s.replay <gate = scalar, buffer = cache>
 // CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
 // CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
-// CHECK: k3s.cache_update <gate = scalar, buffer = next_cache, residual = true>
+// CHECK: k3s.cache_update %k, %vr, %g <gate = scalar, buffer = next_cache>
+// CHECK-NEXT: k3s.next_chunk %S{{$}}
 // CHECK-NEXT: }
 // CHECK-NEXT: }
 

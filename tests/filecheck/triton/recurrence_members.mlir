@@ -25,21 +25,21 @@
 // ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = "value_block,sequence_head", num_warps = 4>
 // ALL:       # k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
 // ALL:       # k3s.token_loop: the tokens of sequence i_n, in order
-// ALL:       # k3s.load_token <tensor = q>
-// ALL:       # k3s.load_token <tensor = k>
-// ALL:       # k3s.load_token <tensor = v>
-// KDA:       # k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// ALL:       # %q = k3s.load_token <tensor = q>
+// ALL:       # %k = k3s.load_token <tensor = k>
+// ALL:       # %v = k3s.load_token <tensor = v>
+// KDA:       # %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
 // KDA-NEXT:  b_g = tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
 // KDA-NEXT:  # k3s.decay <gate = channel>: S <- Diag(exp g_t) S
-// GDN:       # k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>: the log-decay g
+// GDN:       # %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>: the log-decay g
 // GDN:       # k3s.decay <gate = scalar>: S <- Diag(exp g_t) S
-// GLA:       # k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// GLA:       # %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
 // GLA:       # k3s.decay <gate = channel>: S <- Diag(exp g_t) S
 // DN-NOT:    k3s.decay
 // GLA-NOT:   k3s.load_beta
-// KDA:       # k3s.load_beta <input = probability>
-// GDN:       # k3s.load_beta <input = probability>
-// DN:        # k3s.load_beta <input = probability>
+// KDA:       # %beta = k3s.load_beta <input = probability>
+// GDN:       # %beta = k3s.load_beta <input = probability>
+// DN:        # %beta = k3s.load_beta <input = probability>
 // KDA-NEXT:  b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
 // KDA-NEXT:  # k3s.delta_correct: u = beta_t (v_t - S^T k_t), kept in b_v
 // GDN:       # k3s.delta_correct
@@ -59,21 +59,27 @@
 // ALL-LABEL: def {{[a-z_]+}}_chunk_prepare_kernel(
 // ALL:       DOT: tl.constexpr,
 // ALL-NEXT:  ):
-// KDA:       # k3s.gram <lhs = k, mask = strict, gate = channel, beta = true, sub_chunk = 16, diagonal = elementwise>
-// KDA:       # k3s.forward_substitution <block = 1>: T = (I + A)^-1 Diag(beta), blocked
-// KDA:       # k3s.wy_apply <operand = key, gate = channel>
-// GDN:       # k3s.gram <lhs = k, mask = strict, gate = scalar, beta = true, sub_chunk = 16>
-// GDN:       # k3s.forward_substitution <block = 1>
-// DN:        # k3s.gram <lhs = k, mask = strict, gate = none, beta = true, sub_chunk = 16>
-// DN:        # k3s.forward_substitution <block = 1>
+// KDA:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = channel, beta = true, sub_chunk = 16, diagonal = elementwise>
+// KDA:       # %T = k3s.forward_substitution %A, %beta <block = 1>: T = (I + A)^-1 Diag(beta), blocked
+// KDA:       # %W = k3s.wy_apply %T, %k, %G <gate = channel>
+// GDN:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = scalar, beta = true, sub_chunk = 16>
+// GDN:       # %T = k3s.forward_substitution %A, %beta <block = 1>
+// DN:        # %A = k3s.gram %k, %k, %beta <mask = strict, gate = none, beta = true, sub_chunk = 16>
+// DN:        # %T = k3s.forward_substitution %A, %beta <block = 1>
 // GLA-NOT:   k3s.forward_substitution
-// GLA:       # k3s.gram <lhs = q, mask = inclusive, gate = channel, beta = false, sub_chunk = 16, diagonal = elementwise>
+// GLA:       # %P = k3s.gram %q, %k, %G <mask = inclusive, gate = channel, beta = false, sub_chunk = 16, diagonal = elementwise>
 // ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
 // ALL:       # k3s.chunk_loop <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
-// KDA:       # k3s.delta_residual: Vr = U - W S
+// KDA:       # %vr = k3s.delta_residual %S, %W, %U: Vr = U - W S
 // GLA-NOT:   k3s.delta_residual
-// ALL:       # k3s.chunk_output <gate = {{[a-z]+}}, residual = {{true|false}}>
-// ALL:       # k3s.state_advance <gate = {{[a-z]+}}, residual = {{true|false}}>
+// KDA:       # %o = k3s.chunk_output %QG, %S, %P, %vr: O = scale (QG S + P Vr)
+// GDN:       # %o = k3s.chunk_output %QG, %S, %P, %vr: O = scale (QG S + P Vr)
+// DN:        # %o = k3s.chunk_output %q, %S, %P, %vr: O = scale (QG S + P Vr)
+// GLA:       # %o = k3s.chunk_output %QG, %S, %P, %v: O = scale (QG S + P Vr)
+// KDA:       # %S = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = channel>
+// GDN:       # %S = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = scalar>
+// DN:        # %S = k3s.state_advance %S, %k, %vr <gate = none>
+// GLA:       # %S = k3s.state_advance %S, %KG, %v, %gamma_C <gate = channel>
 // ALL-LABEL: def _chunk_single(q, k, v,
 // ALL:       DOT=_DOT_OF_DTYPE[q.dtype],
 

@@ -14,11 +14,22 @@ builtin.module {
       k3s.segment_summary <transition = full>
       k3s.summary_combine <transition = full>
       k3s.chunked <chunk_size = 4> {
-        k3s.chunk_local {
-          k3s.gate_cumsum <gate = channel>
-        }
+        %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
+        %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
+        %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
+        %G = k3s.gate_cumsum %g <gate = channel> : !k3s.tile<C x K>
+        %beta = k3s.load_beta <input = probability> : !k3s.tile<C>
+        %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = channel, beta = true, sub_chunk = 4, diagonal = elementwise> : !k3s.tile<C x C>
+        %T = k3s.forward_substitution %A, %beta <block = 1> : !k3s.tile<C x C>
+        %W = k3s.wy_apply %T, %k, %G <gate = channel> : !k3s.tile<C x K>
+        %U = k3s.wy_apply %T, %v <gate = none> : !k3s.tile<C x V>
+        %KG = k3s.gate_apply %k, %G <anchor = end, gate = channel> : !k3s.tile<C x K>
+        %gamma_C = k3s.chunk_decay %G <gate = channel> : !k3s.tile<K>
         k3s.chunk_scan {
-          k3s.delta_residual
+        ^bb0(%S: !k3s.tile<K x V>):
+          %vr = k3s.delta_residual %S, %W, %U : !k3s.tile<C x V>
+          %S_1 = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = channel> : !k3s.tile<K x V>
+          k3s.next_chunk %S_1
         }
       }
     }
