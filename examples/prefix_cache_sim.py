@@ -326,7 +326,7 @@ def report(args, traces: dict[str, list[Request]], outcomes: list[Outcome], chec
         "looking up the prompt but its last token;",
         f"- KDA recompute ms / hit = recomputed tokens x {args.kda_layers} layers x "
         f"{KDA_MS_PER_TOKEN_PER_LAYER * 1e6:.1f} ns, one KDA layer's chunk prefill per token on one H200: "
-        f"{CHUNK_ROW}. Not measured separately for this simulation (no device time was left); the attention "
+        f"{CHUNK_ROW}. Not measured separately for this simulation; the attention "
         "and MoE layers of the recomputed tokens are not counted.",
         "",
         "Traces:",

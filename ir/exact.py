@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import sympy
 from sympy import Matrix, Rational, eye, zeros
 from xdsl.ir import Block, SSAValue
+from xdsl.traits import IsTerminator
 
 from k3compile.ir import k3s
 
@@ -135,10 +136,10 @@ class ChunkRun:
         return self.values[value]
 
     def run_block(self, block: Block, args: tuple = ()):
-        """The block's ops in order; returns what its next_chunk passes on (or None)."""
+        """The block's ops in order; returns what its terminator passes on (or None)."""
         self.values.update(zip(block.args, args))
         for op in block.ops:
-            if isinstance(op, k3s.NextChunkOp):
+            if op.has_trait(IsTerminator):  # next_chunk, next_token: the state passed on
                 return self.value(op.state)
             if type(op) not in SEMANTICS:
                 raise TypeError(f"{op.name} has no exact semantics")
@@ -258,8 +259,9 @@ def reload(run: ChunkRun, op: k3s.ReloadOp):
 
 
 @semantics(k3s.CacheUpdateOp)
-def chunk_cache_update(run: ChunkRun, op: k3s.CacheUpdateOp, keys: Matrix, updates: Matrix, *gate) -> None:
-    """A chunk's rows of k, the decays and u (vr or v) appended to the op's buffer."""
+def cache_update(run: ChunkRun, op: k3s.CacheUpdateOp, keys: Matrix, updates: Matrix, *gate) -> None:
+    """The rows of k, the decays and u (per token: beta (v - S^T k) or v; per chunk: vr or v)
+    appended to the op's buffer, one (k, decays, u) per token."""
     decays = run.chunk.decays
     run.buffers.setdefault(k3s.cache_buffer(op), []).extend(
         (keys[i, :].T, decays[i, :], updates[i, :].T) for i in range(keys.rows))
@@ -282,44 +284,41 @@ def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]
 # name, replay ops read theirs (k3s.cache_buffer).
 
 
-class Token:
-    """One token's registers while the token stages run."""
-
-    def __init__(self, x: ExactInputs, t: int) -> None:
-        self.q, self.k, self.v = x.q[t, :].T, x.k[t, :].T, x.v[t, :].T
-        self.a, self.beta, self.scale = x.a[t, :], x.beta[t], x.scale
-        self.o = None
+# The token stages run as one-token chunks: a token's q, k, v are rows, its beta a list of one.
 
 
-def _token_stage(op, tok: Token, S: Matrix, buffers: dict[str, list]) -> Matrix:
-    # the token stages' registers are implicit still (their ops carry no values yet)
-    if isinstance(op, (k3s.LoadTokenOp, k3s.LoadGateOp, k3s.LoadBetaOp)):
-        return S  # inputs are given exactly; what a load does to them is not the schedule's algebra
-    if isinstance(op, k3s.DecayOp):
-        return sympy.diag(*tok.a) * S
-    if isinstance(op, k3s.DeltaCorrectOp):
-        tok.v = tok.beta * (tok.v - S.T * tok.k)
-        return S
-    if isinstance(op, k3s.Rank1UpdateOp):
-        return S + tok.k * tok.v.T
-    if isinstance(op, k3s.ReadoutOp):
-        tok.o = (S.T * (tok.scale * tok.q)).T
-        return S
-    if isinstance(op, k3s.CacheUpdateOp):
-        buffers.setdefault(k3s.cache_buffer(op), []).append((tok.k, tok.a, tok.v))
-        return S
-    raise TypeError(f"{op.name} is not a token stage")
+@semantics(k3s.LoadTokenOp)
+def load_token(run: ChunkRun, op):
+    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[op.tensor.data]
+
+
+@semantics(k3s.DecayOp)
+def decay(run: ChunkRun, op, S: Matrix, decays: Matrix) -> Matrix:
+    return sympy.diag(*decays) * S
+
+
+@semantics(k3s.DeltaCorrectOp)
+def delta_correct(run: ChunkRun, op, S: Matrix, k: Matrix, v: Matrix, beta: list) -> Matrix:
+    return beta[0] * (v - k * S)
+
+
+@semantics(k3s.Rank1UpdateOp)
+def rank1_update(run: ChunkRun, op, S: Matrix, k: Matrix, u: Matrix) -> Matrix:
+    return S + k.T * u
+
+
+@semantics(k3s.ReadoutOp)
+def readout(run: ChunkRun, op, S: Matrix, q: Matrix) -> Matrix:
+    run.outputs.append(run.chunk.scale * q * S)
+    return run.outputs[-1]
 
 
 def run_token_loop(loop: k3s.TokenLoopOp, x: ExactInputs, S: Matrix, buffers: dict[str, list]) -> tuple[Matrix, Matrix]:
     """x's tokens through the loop's stages from the state S: (O [T, V], the state after them)."""
-    rows = []
-    for t in range(x.q.rows):
-        tok = Token(x, t)
-        for stage in loop.body.ops:
-            S = _token_stage(stage, tok, S, buffers)
-        rows.append(tok.o)
-    return Matrix.vstack(*rows), S
+    run = ChunkRun(x, buffers=buffers)
+    for _ in run.chunks(1):
+        S = run.run_block(loop.body.block, (S,))
+    return Matrix.vstack(*run.outputs), S
 
 
 def run_verify(speculative: k3s.SpeculativeOp, x: ExactInputs) -> tuple[Matrix, Matrix, list]:

@@ -21,14 +21,13 @@ from xdsl.passes import ModulePass
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import add_entries, make, recurrence_arguments
-from k3compile.passes.lower_recurrent import recurrent_stages
+from k3compile.passes.lower_recurrent import token_loop
 
 
 def speculative_schedule(op: RecurrenceOp, draft_tokens: int) -> k3s.SpeculativeOp:
-    verify = [*recurrent_stages(op), make(k3s.CacheUpdateOp, gate=op.gate.data)]
     return make(
         k3s.SpeculativeOp,
-        [make(k3s.TokenLoopOp, verify), make(k3s.ReplayOp, gate=op.gate.data)],
+        [token_loop(op, cache_updates=True), make(k3s.ReplayOp, gate=op.gate.data)],
         draft_tokens=draft_tokens,
     )
 

@@ -27,7 +27,7 @@ from k3compile.passes.common import (
     recurrence_state_shape,
     token_kernel,
 )
-from k3compile.passes.lower_recurrent import recurrent_stages
+from k3compile.passes.lower_recurrent import token_loop
 
 # the recurrent entry's state arguments are replaced by the pool and its slot table
 NOT_IN_DECODE = ("initial_state", "final_state", "cu_seqlens")
@@ -63,7 +63,7 @@ class LowerDecodePass(ModulePass):
         kernel = token_kernel(
             [
                 make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout, home="pool"),
-                make(k3s.TokenLoopOp, recurrent_stages(op)),
+                token_loop(op),
                 make(k3s.StoreStateOp, layout=layout, home="pool"),
             ],
             f"{op.sym_name.data}_decode", self.num_warps, self.token_stages,

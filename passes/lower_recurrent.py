@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -27,14 +28,34 @@ from k3compile.passes.common import (
 )
 
 
-def recurrent_stages(op: RecurrenceOp) -> list:
+def token_loop(op: RecurrenceOp, cache_updates: bool = False) -> k3s.TokenLoopOp:
+    """One token of the recurrence as values, carrying the state S; with `cache_updates` it
+    also caches what a replay needs (the token's k, the update u it wrote, its log-gate)."""
     load = input_loads(op)
-    stages = [load[t](k3s.LoadTokenOp) for t in ("q", "k", "v")]
+    block = Block(arg_types=[k3s.tile("K", "V")])
+    S = block.args[0]
+    S.name_hint = "S"
+
+    def stage(new):
+        block.add_op(new)
+        return new.results[0] if new.results else None
+
+    q, k, v = (stage(load[name](k3s.LoadTokenOp)) for name in ("q", "k", "v"))
+    g = None
     if op.gate.data != "none":
-        stages += [load["g"](k3s.LoadTokenOp), make(k3s.DecayOp, gate=op.gate.data)]
+        g = stage(load["g"](k3s.LoadTokenOp))
+        S = stage(make(k3s.DecayOp, operands=[S, g], result=("S", S.type), gate=op.gate.data))
+    u = v
     if op.delta_rule.value.data:
-        stages += [load["beta"](k3s.LoadTokenOp), make(k3s.DeltaCorrectOp)]
-    return stages + [make(k3s.Rank1UpdateOp), make(k3s.ReadoutOp)]
+        beta = stage(load["beta"](k3s.LoadTokenOp))
+        # u lives where v did: the token's v is not read after it
+        u = stage(make(k3s.DeltaCorrectOp, operands=[S, k, v, beta], result=("v", v.type)))
+    S = stage(make(k3s.Rank1UpdateOp, operands=[S, k, u], result=("S", S.type)))
+    stage(make(k3s.ReadoutOp, operands=[S, q], result=("o", k3s.tile("V"))))
+    if cache_updates:
+        stage(make(k3s.CacheUpdateOp, operands=[k, u, g], gate=op.gate.data))
+    stage(make(k3s.NextTokenOp, operands=[S]))
+    return make(k3s.TokenLoopOp, block)
 
 
 @dataclass(frozen=True)
@@ -58,7 +79,7 @@ class LowerRecurrentPass(ModulePass):
         kernel = token_kernel(
             [
                 make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout),
-                make(k3s.TokenLoopOp, recurrent_stages(op)),
+                token_loop(op),
                 make(k3s.StoreStateOp, layout=layout),
             ],
             f"{op.sym_name.data}_recurrent", self.num_warps, self.token_stages,

@@ -58,6 +58,14 @@ def clone(op, **changes):
     return copy
 
 
+def next_cache_loop(loop: k3s.TokenLoopOp) -> k3s.TokenLoopOp:
+    """The verify's token loop caching into next_cache (spec_step reads cache, writes next_cache)."""
+    copy = loop.clone()
+    for cached in [op for op in copy.walk() if isinstance(op, k3s.CacheUpdateOp)]:
+        cached.properties.update(props(buffer="next_cache"))
+    return copy
+
+
 CHUNKED_VERIFY_SIZES = (16, 32, 64)  # the chunk tiles the Triton backend prints
 
 
@@ -130,12 +138,14 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     state_shape = ",".join(["P", *recurrence_state_shape(layer)])
     if mode == "replay":
         buffer, buffer_shape = "cache", f"P,{depth},{HV},{2 * K + V}"
-        verify_stages = [clone(op) for op in loop.body.ops]
+        verify_loop = loop.clone()
         commit_stage = clone(replay)
     else:  # the baseline: the same verify, but a whole state written after every token
         buffer, buffer_shape = "snapshots", ",".join(["P", str(depth), *recurrence_state_shape(layer)])
-        verify_stages = [make(k3s.SnapshotStateOp) if isinstance(op, k3s.CacheUpdateOp) else clone(op)
-                         for op in loop.body.ops]
+        verify_loop = loop.clone()
+        for cached in [op for op in verify_loop.walk() if isinstance(op, k3s.CacheUpdateOp)]:
+            state = verify_loop.body.block.last_op.state  # the state after this token
+            Rewriter.replace_op(cached, make(k3s.SnapshotStateOp, operands=[state]))
         commit_stage = make(k3s.RestoreSnapshotOp)
     def token_arguments():
         return [a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY]
@@ -150,7 +160,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
                                                    "cache", f"{name}_verify", options.verify_dots)
         verify_kernels = [*workspaces, prepare, scan]
     else:
-        verify_kernels = [pool_kernel("verify", [tile(), make(k3s.TokenLoopOp, verify_stages)])]
+        verify_kernels = [pool_kernel("verify", [tile(), verify_loop])]
     verify = make(
         k3s.EntryOp,
         [
@@ -189,8 +199,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         step_kernels = [pool_kernel("spec_step", [
             tile(),
             *committed,
-            make(k3s.TokenLoopOp, [clone(op, buffer="next_cache") if isinstance(op, k3s.CacheUpdateOp)
-                                   else clone(op) for op in loop.body.ops]),
+            next_cache_loop(loop),
         ])]
     step = make(
         k3s.EntryOp,

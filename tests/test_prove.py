@@ -345,13 +345,14 @@ def verify_caches_nothing(schedule):
 
 
 def cache_before_the_correction(schedule):
-    """Cache u before the delta rule corrects it: the replay then adds beta-less raw values."""
+    """Cache v as it is before the delta rule corrects it: the replay then adds beta-less raw values."""
     for op in list(schedule.walk()):
         if isinstance(op, k3s.CacheUpdateOp):
             loop = op.parent_op()
             correction = next(o for o in loop.body.ops if isinstance(o, k3s.DeltaCorrectOp))
             op.detach()
             loop.body.block.insert_op_before(op, correction)
+            op.operands = (op.operands[0], correction.values, *op.operands[2:])
 
 
 @pytest.mark.parametrize("kind, mutate", [

@@ -40,6 +40,7 @@ K3S = Dialect(
         KernelOp,
         StateTileOp,
         TokenLoopOp,
+        NextTokenOp,
         LoadTokenOp,
         DecayOp,
         DeltaCorrectOp,

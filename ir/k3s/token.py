@@ -7,6 +7,7 @@ from xdsl.dialects.builtin import I64, BoolAttr, IntegerAttr, StringAttr
 from xdsl.irdl import (
     irdl_op_definition,
     lazy_traits_def,
+    operand_def,
     opt_prop_def,
     prop_def,
     region_def,
@@ -14,7 +15,7 @@ from xdsl.irdl import (
     traits_def,
     var_operand_def,
 )
-from xdsl.traits import HasParent, NoTerminator
+from xdsl.traits import HasParent, IsTerminator, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import (
@@ -78,11 +79,21 @@ class SpeculativeOp(KeywordSyntax):
 
 @irdl_op_definition
 class TokenLoopOp(KeywordSyntax):
-    """Sequential loop over the tokens of one sequence (varlen through cu_seqlens)."""
+    """Sequential loop over the tokens of one sequence (varlen through cu_seqlens), carrying
+    the kernel's state tile: the block argument S, the operand of the closing `next_token`."""
 
     name = "k3s.token_loop"
     body = region_def("single_block")
-    traits = traits_def(NoTerminator(), HasParent(KernelOp, SpeculativeOp))
+    traits = traits_def(HasParent(KernelOp, SpeculativeOp))
+
+
+@irdl_op_definition
+class NextTokenOp(KeywordSyntax):
+    """The state the next token enters with (the token loop's carried value)."""
+
+    name = "k3s.next_token"
+    state = operand_def(TileType)
+    traits = traits_def(IsTerminator(), HasParent(TokenLoopOp))
 
 
 @irdl_op_definition
@@ -95,8 +106,7 @@ class CacheUpdateOp(KeywordSyntax):
     name = "k3s.cache_update"
     gate = prop_def(StringAttr)
     buffer = opt_prop_def(StringAttr)  # the tensor argument it writes (absent: cache)
-    # in a chunk: the rows of k, of u (vr or v) and, with a gate, of the log-gate g; in a token
-    # loop none yet (the token stages' registers are implicit)
+    # k, u (per token: beta (v - S^T k) or v; per chunk: vr or v) and, with a gate, the log-gate g
     rows = var_operand_def(TileType)
     # lazy: the chunk regions are defined in chunk.py, which builds on this module
     traits = lazy_traits_def(lambda: (HasParent(TokenLoopOp, *chunk_scans()),))
@@ -111,6 +121,7 @@ class SnapshotStateOp(KeywordSyntax):
     state after every verified token to the slot's snapshot buffer."""
 
     name = "k3s.snapshot_state"
+    state = operand_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 
 
@@ -174,7 +185,10 @@ class DecayOp(KeywordSyntax):
 
     name = "k3s.decay"
     gate = prop_def(StringAttr)
-    traits = traits_def(HasParent(TokenLoopOp))
+    state = operand_def(TileType)
+    log_gate = operand_def(TileType)
+    decayed = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp), Pure())
 
     def verify_(self) -> None:
         _choice(self, "gate", GATES)
@@ -182,18 +196,27 @@ class DecayOp(KeywordSyntax):
 
 @irdl_op_definition
 class DeltaCorrectOp(KeywordSyntax):
-    """The delta rule's correction: u = beta_t (v_t - S^T k_t), replacing v_t (beta from load_beta)."""
+    """The delta rule's correction: u = beta_t (v_t - S^T k_t), the values the update writes."""
 
     name = "k3s.delta_correct"
-    traits = traits_def(HasParent(TokenLoopOp))
+    state = operand_def(TileType)
+    keys = operand_def(TileType)
+    values = operand_def(TileType)
+    beta = operand_def(TileType)
+    update = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp), Pure())
 
 
 @irdl_op_definition
 class Rank1UpdateOp(KeywordSyntax):
-    """S <- S + k_t u_t^T (u = v without the delta rule)."""
+    """S' = S + k_t u_t^T (u = v without the delta rule)."""
 
     name = "k3s.rank1_update"
-    traits = traits_def(HasParent(TokenLoopOp))
+    state = operand_def(TileType)
+    keys = operand_def(TileType)
+    values = operand_def(TileType)
+    updated = result_def(TileType)
+    traits = traits_def(HasParent(TokenLoopOp), Pure())
 
 
 @irdl_op_definition
@@ -201,6 +224,9 @@ class ReadoutOp(KeywordSyntax):
     """o_t = S^T (scale q_t), read after the update, stored in the output dtype."""
 
     name = "k3s.readout"
+    state = operand_def(TileType)
+    queries = operand_def(TileType)
+    output = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
@@ -30,11 +30,12 @@ def launch_table_name(entry: str) -> str:
 
 
 def register(value: SSAValue) -> str:
-    """The register a value lives in: its name, except that the state a chunk leaves lives in
-    the register of the state the loop carries (one tile updated in place)."""
-    use = next((u for u in value.uses if isinstance(u.operation, k3s.NextChunkOp)), None)
-    if use is not None:
-        value = use.operation.parent_block().args[0]
+    """The register a value lives in: its name; but a loop carries its state in one register,
+    updated in place, so every value of the state's type in the loop's body lives in the
+    register of the loop's block argument."""
+    block = value.block if isinstance(value, BlockArgument) else value.owner.parent_block()
+    if block is not None and block.args and value.type == block.args[0].type:
+        value = block.args[0]
     return f"b_{value.name_hint}"
 
 

@@ -16,13 +16,14 @@ class Serving:
         if isinstance(op.parent_op(), k3s.ChunkLoopOp):
             self.print_chunk_cache_update(op, cache)
             return
-        g = {"channel": "b_g", "scalar": "b_g + 0.0 * b_k", "none": "0.0 * b_k"}[op.gate.data]
+        k, u, *g = (register(v) for v in op.rows)
+        g = {"channel": lambda: g[0], "scalar": lambda: f"{g[0]} + 0.0 * {k}", "none": lambda: f"0.0 * {k}"}[op.gate.data]()
         c("p_cache = ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * (2 * K + V)",
           "# k and g are the same for every value block: the first one writes them",
           "m_cache_k = m_k & m_slot_k & ((i_v + 0 * o_k) == 0)",
-          f"tl.store({cache} + p_cache + o_k, b_k, mask=m_cache_k)",
+          f"tl.store({cache} + p_cache + o_k, {k}, mask=m_cache_k)",
           f"tl.store({cache} + p_cache + K + o_k, {g}, mask=m_cache_k)",
-          f"tl.store({cache} + p_cache + 2 * K + o_v, b_v, mask=m_v & m_slot_v)")
+          f"tl.store({cache} + p_cache + 2 * K + o_v, {u}, mask=m_v & m_slot_v)")
 
     def print_chunk_cache_update(self, op: k3s.CacheUpdateOp, cache: str) -> None:
         """The chunked verify's cache: every row of the chunk, u the row of Vr (or v)."""
@@ -39,7 +40,8 @@ class Serving:
 
     def print_k3s_snapshot_state(self, op: k3s.SnapshotStateOp) -> None:
         self.code.comment(op, "the whole state after this token")
-        self.code("tl.store(snapshots + ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * K * V + p_local, b_S, mask=m_kv)")
+        self.code(f"tl.store(snapshots + ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * K * V + p_local, {register(op.state)}, "
+                  "mask=m_kv)")
 
     def print_k3s_restore_snapshot(self, op: k3s.RestoreSnapshotOp) -> None:
         c = self.code

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from xdsl.ir import Operation
 
+from k3compile.backends.triton.printer.common import register
 from k3compile.ir import k3s
 
 
@@ -69,24 +70,30 @@ class TokenStages:
             c("bos = i_n * T", "eos = bos + T")
 
     def print_k3s_decay(self, op: k3s.DecayOp) -> None:
-        c = self.code
-        c.comment(op, "S <- Diag(exp g_t) S")
-        c("b_S = b_S * tl.exp(b_g)[:, None]" if op.gate.data == "channel" else "b_S = b_S * tl.exp(b_g)")
+        out, S, g = (register(v) for v in (op.decayed, op.state, op.log_gate))
+        self.code.comment(op, "S <- Diag(exp g_t) S")
+        self.code(f"{out} = {S} * tl.exp({g})[:, None]" if op.gate.data == "channel" else f"{out} = {S} * tl.exp({g})")
 
     def print_k3s_delta_correct(self, op: k3s.DeltaCorrectOp) -> None:
-        self.code.comment(op, "u = beta_t (v_t - S^T k_t), kept in b_v")
-        self.code("b_v = b_beta * (b_v - tl.sum(b_S * b_k[:, None], axis=0))")
+        out, S, k, v, beta = (register(x) for x in (op.update, op.state, op.keys, op.values, op.beta))
+        self.code.comment(op, f"u = beta_t (v_t - S^T k_t), kept in {out}")
+        self.code(f"{out} = {beta} * ({v} - tl.sum({S} * {k}[:, None], axis=0))")
 
     def print_k3s_rank1_update(self, op: k3s.Rank1UpdateOp) -> None:
+        out, S, k, u = (register(v) for v in (op.updated, op.state, op.keys, op.values))
         self.code.comment(op, "S <- S + k_t u_t^T")
-        self.code("b_S = b_S + b_k[:, None] * b_v[None, :]")
+        self.code(f"{out} = {S} + {k}[:, None] * {u}[None, :]")
 
     def print_k3s_readout(self, op: k3s.ReadoutOp) -> None:
+        out, S, q = (register(v) for v in (op.output, op.state, op.queries))
         self.code.comment(op, "o_t = S^T (scale q_t)")
         self.code(
-            "b_o = tl.sum(b_S * (scale * b_q)[:, None], axis=0)",
-            "tl.store(o + (t * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)",
+            f"{out} = tl.sum({S} * (scale * {q})[:, None], axis=0)",
+            f"tl.store(o + (t * HV + i_hv) * V + o_v, {out}.to(o.dtype.element_ty), mask=m_v)",
         )
+
+    def print_k3s_next_token(self, op: k3s.NextTokenOp) -> None:
+        """Nothing to print: the state a token leaves is already in the loop's state register."""
 
     def print_k3s_store_state(self, op: k3s.StoreStateOp) -> None:
         self.code.comment(op)

@@ -13,12 +13,12 @@ builtin.module {
     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
       k3s.token_loop {
-        k3s.load_token <tensor = q, l2norm = true>
-        k3s.load_token <tensor = k, l2norm = true>
-        k3s.load_token <tensor = v>
-        k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+        %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
+        %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
+        %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+        %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
         k3s.decay <gate = channel>
-        k3s.load_beta <input = logits>
+        %beta = k3s.load_beta <input = logits> : !k3s.tile<>
         k3s.delta_correct
         k3s.rank1_update
         k3s.readout
@@ -27,11 +27,11 @@ builtin.module {
     }
     k3s.kernel @layer_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 8>
-      k3s.load_gate <gate = scalar, input = bounded, lower_bound = -2.5>
-      k3s.load_chunk <tensor = k, l2norm = true>
-      k3s.load_beta <input = probability>
-      k3s.load_chunk <tensor = v>
-      k3s.load_chunk <tensor = q>
+      %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -2.5> : !k3s.tile<C>
+      %k = k3s.load_chunk <tensor = k, l2norm = true> : !k3s.tile<C x K>
+      %beta = k3s.load_beta <input = probability> : !k3s.tile<C>
+      %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
+      %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
     }
   }
 }
@@ -43,12 +43,12 @@ builtin.module {
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {
-// CHECK-NEXT:         k3s.load_token <tensor = q, l2norm = true>
-// CHECK-NEXT:         k3s.load_token <tensor = k, l2norm = true>
-// CHECK-NEXT:         k3s.load_token <tensor = v>
-// CHECK-NEXT:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
+// CHECK-NEXT:         %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
+// CHECK-NEXT:         %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
+// CHECK-NEXT:         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// CHECK-NEXT:         %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
 // CHECK-NEXT:         k3s.decay <gate = channel>
-// CHECK-NEXT:         k3s.load_beta <input = logits>
+// CHECK-NEXT:         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
 // CHECK-NEXT:         k3s.delta_correct
 // CHECK-NEXT:         k3s.rank1_update
 // CHECK-NEXT:         k3s.readout
@@ -57,23 +57,23 @@ builtin.module {
 // CHECK-NEXT:     }
 // CHECK-NEXT:     k3s.kernel @layer_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 8>
-// CHECK-NEXT:       k3s.load_gate <gate = scalar, input = bounded, lower_bound = -2.5>
-// CHECK-NEXT:       k3s.load_chunk <tensor = k, l2norm = true>
-// CHECK-NEXT:       k3s.load_beta <input = probability>
-// CHECK-NEXT:       k3s.load_chunk <tensor = v>
-// CHECK-NEXT:       k3s.load_chunk <tensor = q>
+// CHECK-NEXT:       %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -2.5> : !k3s.tile<C>
+// CHECK-NEXT:       %k = k3s.load_chunk <tensor = k, l2norm = true> : !k3s.tile<C x K>
+// CHECK-NEXT:       %beta = k3s.load_beta <input = probability> : !k3s.tile<C>
+// CHECK-NEXT:       %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
+// CHECK-NEXT:       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
-// GENERIC:      "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> ()
-// GENERIC-NEXT: "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> ()
-// GENERIC-NEXT: "k3s.load_token"() <{tensor = "v"}> : () -> ()
-// GENERIC-NEXT: "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> ()
+// GENERIC:      %q = "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
+// GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
 // GENERIC-NEXT: "k3s.decay"() <{gate = "channel"}> : () -> ()
-// GENERIC-NEXT: "k3s.load_beta"() <{input = "logits"}> : () -> ()
-// GENERIC:      "k3s.load_gate"() <{gate = "scalar", input = "bounded", lower_bound = -2.500000e+00 : f64}> : () -> ()
-// GENERIC-NEXT: "k3s.load_chunk"() <{tensor = "k", l2norm = true}> : () -> ()
-// GENERIC-NEXT: "k3s.load_beta"() <{input = "probability"}> : () -> ()
-// GENERIC-NEXT: "k3s.load_chunk"() <{tensor = "v"}> : () -> ()
-// GENERIC-NEXT: "k3s.load_chunk"() <{tensor = "q"}> : () -> ()
+// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "logits"}> : () -> !k3s.tile<>
+// GENERIC:      %g = "k3s.load_gate"() <{gate = "scalar", input = "bounded", lower_bound = -2.500000e+00 : f64}> : () -> !k3s.tile<C>
+// GENERIC-NEXT: %k = "k3s.load_chunk"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<C x K>
+// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "probability"}> : () -> !k3s.tile<C>
+// GENERIC-NEXT: %v = "k3s.load_chunk"() <{tensor = "v"}> : () -> !k3s.tile<C x V>
+// GENERIC-NEXT: %q = "k3s.load_chunk"() <{tensor = "q"}> : () -> !k3s.tile<C x K>

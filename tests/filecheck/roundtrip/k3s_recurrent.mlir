@@ -17,9 +17,9 @@ builtin.module {
     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
       k3s.token_loop {
-        k3s.load_token <tensor = q>
-        k3s.load_token <tensor = k>
-        k3s.load_token <tensor = v>
+        %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+        %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+        %v = k3s.load_token <tensor = v> : !k3s.tile<V>
         k3s.decay <gate = scalar>
         k3s.delta_correct
         k3s.rank1_update
@@ -42,9 +42,9 @@ builtin.module {
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
 // CHECK-NEXT:       k3s.token_loop {
-// CHECK-NEXT:         k3s.load_token <tensor = q>
-// CHECK-NEXT:         k3s.load_token <tensor = k>
-// CHECK-NEXT:         k3s.load_token <tensor = v>
+// CHECK-NEXT:         %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// CHECK-NEXT:         %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// CHECK-NEXT:         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // CHECK-NEXT:         k3s.decay <gate = scalar>
 // CHECK-NEXT:         k3s.delta_correct
 // CHECK-NEXT:         k3s.rank1_update
@@ -67,9 +67,9 @@ builtin.module {
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = "value_block,sequence_head", num_warps = 2 : i64}> ({
 // GENERIC-NEXT:       "k3s.state_tile"() <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = "vk"}> : () -> ()
 // GENERIC-NEXT:       "k3s.token_loop"() ({
-// GENERIC-NEXT:         "k3s.load_token"() <{tensor = "q"}> : () -> ()
-// GENERIC-NEXT:         "k3s.load_token"() <{tensor = "k"}> : () -> ()
-// GENERIC-NEXT:         "k3s.load_token"() <{tensor = "v"}> : () -> ()
+// GENERIC-NEXT:         %q = "k3s.load_token"() <{tensor = "q"}> : () -> !k3s.tile<K>
+// GENERIC-NEXT:         %k = "k3s.load_token"() <{tensor = "k"}> : () -> !k3s.tile<K>
+// GENERIC-NEXT:         %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
 // GENERIC-NEXT:         "k3s.decay"() <{gate = "scalar"}> : () -> ()
 // GENERIC-NEXT:         "k3s.delta_correct"() : () -> ()
 // GENERIC-NEXT:         "k3s.rank1_update"() : () -> ()

@@ -20,12 +20,12 @@ builtin.module {
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = kv>
       k3s.token_loop {
-        k3s.load_token <tensor = q, l2norm = true>
-        k3s.load_token <tensor = k, l2norm = true>
-        k3s.load_token <tensor = v>
-        k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0>
+        %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
+        %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
+        %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+        %g = k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0> : !k3s.tile<K>
         k3s.decay <gate = channel>
-        k3s.load_beta <input = logits>
+        %beta = k3s.load_beta <input = logits> : !k3s.tile<>
         k3s.delta_correct
         k3s.rank1_update
         k3s.readout
@@ -33,20 +33,20 @@ builtin.module {
     }
     k3s.kernel @r_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 16>
-      k3s.load_chunk <tensor = k, l2norm = true>
-      k3s.load_chunk <tensor = v>
+      %k = k3s.load_chunk <tensor = k, l2norm = true> : !k3s.tile<C x K>
+      %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
     }
   }
 }
 
-// VALID:      k3s.load_token <tensor = q, l2norm = true>
-// VALID-NEXT: k3s.load_token <tensor = k, l2norm = true>
-// VALID-NEXT: k3s.load_token <tensor = v>
-// VALID-NEXT: k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0>
+// VALID:      %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
+// VALID-NEXT: %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
+// VALID-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// VALID-NEXT: %g = k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0> : !k3s.tile<K>
 // VALID-NEXT: k3s.decay <gate = channel>
-// VALID-NEXT: k3s.load_beta <input = logits>
-// VALID:      k3s.load_chunk <tensor = k, l2norm = true>
-// VALID-NEXT: k3s.load_chunk <tensor = v>
+// VALID-NEXT: %beta = k3s.load_beta <input = logits> : !k3s.tile<>
+// VALID:      %k = k3s.load_chunk <tensor = k, l2norm = true> : !k3s.tile<C x K>
+// VALID-NEXT: %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
 
 // TOKENV-NOT: {{\n}}
 // TOKENV: {{^}}k3c opt: error: <stdin>: k3s.load_token: l2norm applies to q and k only{{$}}
@@ -80,6 +80,6 @@ builtin.module {
 // L2BOOL: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.load_token: property 'l2norm' expects true or false, got 1{{$}}
 // L2BOOL-NOT: {{.}}
 
-// VFALSE: k3s.load_token <tensor = v, l2norm = false>
+// VFALSE: %v = k3s.load_token <tensor = v, l2norm = false> : !k3s.tile<V>
 
 // POSBOUND: {{^}}k3c opt: error: <stdin>: k3s.load_gate: lower_bound must be < 0, got 2.0{{$}}

@@ -16,7 +16,7 @@ builtin.module {
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
       k3s.token_loop {
-        k3s.load_token <tensor = q>
+        %q = k3s.load_token <tensor = q> : !k3s.tile<K>
         k3s.decay <gate = scalar>
       }
     }
