@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import ModuleOp
 
-from k3compile.backends.triton.printer.common import next_power_of_2
+from k3compile.backends.triton.printer.common import chunk_rows, next_power_of_2
 from k3compile.errors import UnsupportedError
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
@@ -28,6 +28,7 @@ MAX_CHUNK_TILE = 16 * 4096
 # in registers across its warps: no spill at 2048 per warp (D = 16384 with 8 warps), 4 KB of
 # stack per thread at 8192 per warp
 MAX_ROW_PER_WARP = 2048
+CHUNK_SIZES = (16, 32, 64)  # tl.dot tiles: powers of two, at least 16
 
 
 def exceeds(source: str, key: str, value: int, limit: int, why: str) -> UnsupportedError:
@@ -53,6 +54,15 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
                 raise exceeds(source, "head_v_dim", V, most,
                               f"at chunk size {chunk}, kernel {name} holds [chunk, V] tiles with V whole, "
                               f"{MAX_CHUNK_TILE} elements at most in shared memory; a smaller chunk-size allows more")
+        if isinstance(op, (k3s.ChunkTileOp, k3s.ChunkLoopOp)) and op.chunk_size.value.data not in CHUNK_SIZES:
+            raise UnsupportedError(f"Triton backend: chunk size must be 16, 32 or 64, got {op.chunk_size.value.data}")
+        blocks = {k3s.GramOp: ("sub-chunk", lambda o: o.sub_chunk.value.data if o.gate.data == "channel" else None),
+                  k3s.ForwardSubstitutionOp: ("forward-substitution block", lambda o: o.block.value.data)}
+        if type(op) in blocks:  # row blocks of a chunk's [C, C] tiles
+            what, size = blocks[type(op)][0], blocks[type(op)][1](op)
+            if size is not None and (not k3s.is_power_of_two(size) or chunk_rows(op) % size):
+                raise UnsupportedError(f"Triton backend: {what} {size} must be a power of two dividing the chunk "
+                                       f"size {chunk_rows(op)}")
         if isinstance(op, k3s.FoldQueryOp):
             most = MAX_ROW_PER_WARP * kernel.num_warps.value.data
             if next_power_of_2(op.hidden_size.value.data) > most:

@@ -4,8 +4,7 @@ output and state advance, checkpoints."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register
-from k3compile.errors import UnsupportedError
+from k3compile.backends.triton.printer.common import chunk_rows, register
 from k3compile.ir import k3s
 
 
@@ -20,9 +19,6 @@ class ChunkStages:
         return f"tl.exp2({exponent})" if gate == "channel" else f"tl.exp2({exponent})[:, None]"
 
     def print_k3s_chunk_tile(self, op: k3s.ChunkTileOp) -> None:
-        self.chunk_size = op.chunk_size.value.data
-        if self.chunk_size not in (16, 32, 64):  # tl.dot tiles: powers of two, at least 16
-            raise UnsupportedError(f"Triton backend: chunk size must be 16, 32 or 64, got {self.chunk_size}")
         self.code.comment(op, "this program's token rows, all key and value columns")
         self.code(
             "o_c = tl.arange(0, BC)", "t_c = start + o_c", "m_c = t_c < eos",
@@ -31,7 +27,6 @@ class ChunkStages:
 
     def print_k3s_chunk_loop(self, op: k3s.ChunkLoopOp) -> None:
         c = self.code
-        self.chunk_size = op.chunk_size.value.data
         c.comment(op, "the chunks of sequence i_n, in order, carrying b_S")
         c("o_c = tl.arange(0, BC)")
         for product in [o for o in op.body.ops if isinstance(o, k3s.DecayProductOp)]:
@@ -122,11 +117,7 @@ class ChunkStages:
         keep = "o_c[:, None] > o_c[None, :]" if op.mask.data == "strict" else "o_c[:, None] >= o_c[None, :]"
         c.comment(op)
         if gate == "channel":
-            sub = op.sub_chunk.value.data
-            if sub & (sub - 1) or self.chunk_size % sub:
-                raise UnsupportedError(f"Triton backend: sub-chunk {sub} must be a power of two dividing the chunk "
-                                       f"size {self.chunk_size}")
-            self.print_gate_references(sub, register(op.cumulative_gate))
+            self.print_gate_references(op.sub_chunk.value.data, register(op.cumulative_gate))
             self.print_gram_factored(op, keep)
         elif gate == "scalar":
             G = register(op.cumulative_gate)
@@ -141,9 +132,6 @@ class ChunkStages:
     def print_k3s_forward_substitution(self, op: k3s.ForwardSubstitutionOp) -> None:
         c = self.code
         sub = op.block.value.data
-        if sub & (sub - 1) or self.chunk_size % sub:
-            raise UnsupportedError(f"Triton backend: forward-substitution block {sub} must be a power of two "
-                                   f"dividing the chunk size {self.chunk_size}")
         c.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
         A = register(op.gram)
         if sub == 1:  # unit diagonal blocks: all of the inverse by the products of step 2
@@ -160,7 +148,7 @@ class ChunkStages:
           f"b_M = _mm_accurate(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
           "b_Linv = b_eye - b_M")
         power = 2
-        while power < self.chunk_size // sub:
+        while power < chunk_rows(op) // sub:
             c("b_M = _mm_accurate(b_M, b_M, DOT)", "b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT)")
             power *= 2
         c(f"{register(op.transform)} = " + ("b_Linv" if sub == 1 else "_mm_accurate(b_Linv, b_Dinv, DOT)")

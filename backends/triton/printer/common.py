@@ -39,6 +39,14 @@ def register(value: SSAValue) -> str:
     return f"b_{value.name_hint}"
 
 
+def chunk_rows(op: Operation) -> int:
+    """The chunk size of the kernel an op is in (its chunk tile's or chunk loop's)."""
+    kernel = op
+    while not isinstance(kernel, k3s.KernelOp):
+        kernel = kernel.parent_op()
+    return next(o.chunk_size.value.data for o in kernel.body.ops if isinstance(o, (k3s.ChunkTileOp, k3s.ChunkLoopOp)))
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
