@@ -36,6 +36,8 @@ def register(value: SSAValue) -> str:
     block = value.block if isinstance(value, BlockArgument) else value.owner.parent_block()
     if block is not None and block.args and value.type == block.args[0].type:
         value = block.args[0]
+    if not value.name_hint:  # the passes name every value they make
+        raise ValueError(f"a value of {value.owner} reached the Triton printer without a name")
     return f"b_{value.name_hint}"
 
 
