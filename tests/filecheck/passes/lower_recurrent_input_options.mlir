@@ -37,15 +37,17 @@ builtin.module {
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:         %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // CHECK-NEXT:         %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
-// CHECK-NEXT:         k3s.decay <gate = channel>
+// CHECK-NEXT:         %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-// CHECK-NEXT:         k3s.delta_correct
-// CHECK-NEXT:         k3s.rank1_update
-// CHECK-NEXT:         k3s.readout
+// CHECK-NEXT:         %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:         %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// CHECK-NEXT:         k3s.next_token %S_2
 // CHECK-NEXT:       }
 // CHECK-NEXT:       k3s.store_state <layout = kv>
 // CHECK-NEXT:     }
@@ -59,9 +61,9 @@ builtin.module {
 // GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<K>
 // GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
 // GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: "k3s.decay"() <{gate = "channel"}> : () -> ()
+// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = "channel"}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
 // GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "logits"}> : () -> !k3s.tile<>
-// GENERIC-NEXT: "k3s.delta_correct"() : () -> ()
+// GENERIC-NEXT: %v_1 = "k3s.delta_correct"(%S_1, %k, %v, %beta) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
 
 // Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels
 // normalises, v's never does, and every gate and beta load has the layer's input form.
@@ -91,7 +93,7 @@ builtin.module {
 // L2ONLY-NEXT: %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
 // L2ONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // L2ONLY-NEXT: %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
-// L2ONLY-NEXT: k3s.decay <gate = channel>
+// L2ONLY-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // L2ONLY-NEXT: %beta = k3s.load_beta <input = probability> : !k3s.tile<>
 
 // BETAONLY:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
@@ -100,11 +102,11 @@ builtin.module {
 // BETAONLY-NEXT: %k = k3s.load_token <tensor = k> : !k3s.tile<K>
 // BETAONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // BETAONLY-NEXT: %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
-// BETAONLY-NEXT: k3s.decay <gate = channel>
+// BETAONLY-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // BETAONLY-NEXT: %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-// BETAONLY-NEXT: k3s.delta_correct
+// BETAONLY-NEXT: %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
 
 // NEGEIG:      %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
-// NEGEIG-NEXT: k3s.decay <gate = channel>
+// NEGEIG-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // NEGEIG-NEXT: %beta = k3s.load_beta <input = logits_neg_eigval> : !k3s.tile<>
-// NEGEIG-NEXT: k3s.delta_correct
+// NEGEIG-NEXT: %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>

@@ -24,22 +24,24 @@ builtin.module {
 // CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
 // CHECK-NEXT:   k3s.kernel @gdn_recurrent
 // CHECK:        k3s.token_loop {
+// CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:     %q = k3s.load_token <tensor = q> : !k3s.tile<K>
 // CHECK-NEXT:     %k = k3s.load_token <tensor = k> : !k3s.tile<K>
 // CHECK-NEXT:     %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // CHECK-NEXT:     %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<>
-// CHECK-NEXT:     k3s.decay <gate = scalar>
+// CHECK-NEXT:     %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
 // CHECK-NEXT:     %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT:     k3s.delta_correct
-// CHECK-NEXT:     k3s.rank1_update
-// CHECK-NEXT:     k3s.readout
+// CHECK-NEXT:     %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:     %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:     %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// CHECK-NEXT:     k3s.next_token %S_2
 // CHECK-NEXT:   }
 
 // SOFTPLUS:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = softplus>
 // SOFTPLUS:      k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
 // SOFTPLUS-NEXT: k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = input>
 // SOFTPLUS:      %g = k3s.load_gate <gate = scalar, input = softplus, lower_bound = -5.0> : !k3s.tile<>
-// SOFTPLUS-NEXT: k3s.decay <gate = scalar>
+// SOFTPLUS-NEXT: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
 
 // CHUNK:       k3s.entry @chunk <source = gdn> {
 // CHUNK:         k3s.tensor_arg @A_log <shape = "4", dtype = float, role = input>
@@ -60,6 +62,6 @@ builtin.module {
 // GLA-NOT:  k3s.load_beta
 // GLA:      %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // GLA-NEXT: %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
-// GLA-NEXT: k3s.decay <gate = channel>
-// GLA-NEXT: k3s.rank1_update
+// GLA-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
+// GLA-NEXT: %S_2 = k3s.rank1_update %S_1, %k, %v : !k3s.tile<K x V>
 // GLA-NOT:  k3s.load_beta

@@ -12,9 +12,11 @@ builtin.module {
 // CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,2", dtype = float, role = forbidden>
 // CHECK-NEXT:   k3s.scalar_arg @scale <default = 0.25>
 // CHECK:        k3s.token_loop {
-// CHECK-NEXT:     k3s.load_token <tensor = q>
-// CHECK-NEXT:     k3s.load_token <tensor = k>
-// CHECK-NEXT:     k3s.load_token <tensor = v>
-// CHECK-NEXT:     k3s.rank1_update
-// CHECK-NEXT:     k3s.readout
+// CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:     %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// CHECK-NEXT:     %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// CHECK-NEXT:     %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// CHECK-NEXT:     %S_1 = k3s.rank1_update %S, %k, %v : !k3s.tile<K x V>
+// CHECK-NEXT:     %o = k3s.readout %S_1, %q : !k3s.tile<V>
+// CHECK-NEXT:     k3s.next_token %S_1
 // CHECK-NEXT:   }

@@ -19,8 +19,9 @@ builtin.module {
 // CHECK: k3s.kernel @gdn_verify
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.token_loop {
-// CHECK: k3s.decay <gate = scalar>
-// CHECK: k3s.cache_update <gate = scalar>
+// CHECK: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+// CHECK: k3s.cache_update %k, %v_1, %g <gate = scalar>
+// CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 // CHECK-NOT: k3s.store_state
 // CHECK: k3s.entry @commit <source = gdn> {
@@ -40,13 +41,15 @@ builtin.module {
 // CHECK-NEXT: k3s.replay <gate = scalar, buffer = cache>
 // CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
 // CHECK-NEXT: k3s.token_loop {
-// CHECK: k3s.decay <gate = scalar>
-// CHECK: k3s.cache_update <gate = scalar, buffer = next_cache>
+// CHECK: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+// CHECK: k3s.cache_update %k, %v_1, %g <gate = scalar, buffer = next_cache>
+// CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 
 // SNAP: k3s.tensor_arg @snapshots <shape = "P,4,4,8,16", dtype = float32, role = inout>
-// SNAP: k3s.decay <gate = scalar>
-// SNAP: k3s.snapshot_state
+// SNAP: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+// SNAP: k3s.snapshot_state %S_2
+// SNAP-NEXT: k3s.next_token %S_2
 // SNAP-NOT: k3s.cache_update
 // SNAP: k3s.kernel @gdn_commit
 // SNAP-NEXT: k3s.state_tile

@@ -18,7 +18,7 @@ builtin.module {
 
 // REC:      k3.recurrence @rec
 // REC-NEXT: k3s.entry @rec_recurrent <source = rec> {
-// REC:      k3s.decay <gate = scalar>
+// REC:      %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
 // REC:      k3.attnres @ar
 // REC-NEXT: k3.latent_moe @moe
 // REC-NOT:  k3s.entry

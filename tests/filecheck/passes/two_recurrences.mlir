@@ -11,10 +11,10 @@ builtin.module {
 
 // CHECK:      k3.recurrence @first
 // CHECK-NEXT: k3s.entry @first_recurrent <source = first> {
-// CHECK:      k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
-// CHECK-NEXT: k3s.decay <gate = channel>
-// CHECK-NEXT: k3s.load_beta <input = probability>
-// CHECK-NEXT: k3s.delta_correct
+// CHECK:      %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT: %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+// CHECK-NEXT: %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
 // CHECK:      k3.recurrence @second
 // CHECK-NEXT: k3s.entry @second_recurrent <source = second> {
 // CHECK-NOT:  k3s.load_gate
@@ -22,10 +22,12 @@ builtin.module {
 // CHECK-NOT:  k3s.load_beta
 // CHECK-NOT:  k3s.delta_correct
 // CHECK:      k3s.token_loop {
-// CHECK-NEXT:   k3s.load_token <tensor = q>
-// CHECK-NEXT:   k3s.load_token <tensor = k>
-// CHECK-NEXT:   k3s.load_token <tensor = v>
-// CHECK-NEXT:   k3s.rank1_update
-// CHECK-NEXT:   k3s.readout
+// CHECK-NEXT: ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:   %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// CHECK-NEXT:   %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// CHECK-NEXT:   %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// CHECK-NEXT:   %S_1 = k3s.rank1_update %S, %k, %v : !k3s.tile<K x V>
+// CHECK-NEXT:   %o = k3s.readout %S_1, %q : !k3s.tile<V>
+// CHECK-NEXT:   k3s.next_token %S_1
 // CHECK-NEXT: }
 // CHECK-NOT:  k3s.entry

@@ -13,15 +13,17 @@ builtin.module {
     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
       k3s.token_loop {
+      ^bb0(%S: !k3s.tile<K x V>):
         %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
         %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
         %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
-        k3s.decay <gate = channel>
+        %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-        k3s.delta_correct
-        k3s.rank1_update
-        k3s.readout
+        %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+        %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+        %o = k3s.readout %S_2, %q : !k3s.tile<V>
+        k3s.next_token %S_2
       }
       k3s.store_state <layout = kv>
     }
@@ -43,15 +45,17 @@ builtin.module {
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:         %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // CHECK-NEXT:         %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
-// CHECK-NEXT:         k3s.decay <gate = channel>
+// CHECK-NEXT:         %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-// CHECK-NEXT:         k3s.delta_correct
-// CHECK-NEXT:         k3s.rank1_update
-// CHECK-NEXT:         k3s.readout
+// CHECK-NEXT:         %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:         %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// CHECK-NEXT:         k3s.next_token %S_2
 // CHECK-NEXT:       }
 // CHECK-NEXT:       k3s.store_state <layout = kv>
 // CHECK-NEXT:     }
@@ -70,7 +74,7 @@ builtin.module {
 // GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<K>
 // GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
 // GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: "k3s.decay"() <{gate = "channel"}> : () -> ()
+// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = "channel"}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
 // GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "logits"}> : () -> !k3s.tile<>
 // GENERIC:      %g = "k3s.load_gate"() <{gate = "scalar", input = "bounded", lower_bound = -2.500000e+00 : f64}> : () -> !k3s.tile<C>
 // GENERIC-NEXT: %k = "k3s.load_chunk"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<C x K>

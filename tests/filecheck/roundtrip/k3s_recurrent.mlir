@@ -17,13 +17,17 @@ builtin.module {
     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
       k3s.token_loop {
+      ^bb0(%S: !k3s.tile<K x V>):
         %q = k3s.load_token <tensor = q> : !k3s.tile<K>
         %k = k3s.load_token <tensor = k> : !k3s.tile<K>
         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-        k3s.decay <gate = scalar>
-        k3s.delta_correct
-        k3s.rank1_update
-        k3s.readout
+        %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
+        %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+        %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+        %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+        %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+        %o = k3s.readout %S_2, %q : !k3s.tile<V>
+        k3s.next_token %S_2
       }
       k3s.store_state <layout = vk>
     }
@@ -42,13 +46,17 @@ builtin.module {
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
 // CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:         %q = k3s.load_token <tensor = q> : !k3s.tile<K>
 // CHECK-NEXT:         %k = k3s.load_token <tensor = k> : !k3s.tile<K>
 // CHECK-NEXT:         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-// CHECK-NEXT:         k3s.decay <gate = scalar>
-// CHECK-NEXT:         k3s.delta_correct
-// CHECK-NEXT:         k3s.rank1_update
-// CHECK-NEXT:         k3s.readout
+// CHECK-NEXT:         %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
+// CHECK-NEXT:         %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+// CHECK-NEXT:         %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+// CHECK-NEXT:         %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:         %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// CHECK-NEXT:         k3s.next_token %S_2
 // CHECK-NEXT:       }
 // CHECK-NEXT:       k3s.store_state <layout = vk>
 // CHECK-NEXT:     }
@@ -67,13 +75,17 @@ builtin.module {
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = "value_block,sequence_head", num_warps = 2 : i64}> ({
 // GENERIC-NEXT:       "k3s.state_tile"() <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = "vk"}> : () -> ()
 // GENERIC-NEXT:       "k3s.token_loop"() ({
+// GENERIC-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // GENERIC-NEXT:         %q = "k3s.load_token"() <{tensor = "q"}> : () -> !k3s.tile<K>
 // GENERIC-NEXT:         %k = "k3s.load_token"() <{tensor = "k"}> : () -> !k3s.tile<K>
 // GENERIC-NEXT:         %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
-// GENERIC-NEXT:         "k3s.decay"() <{gate = "scalar"}> : () -> ()
-// GENERIC-NEXT:         "k3s.delta_correct"() : () -> ()
-// GENERIC-NEXT:         "k3s.rank1_update"() : () -> ()
-// GENERIC-NEXT:         "k3s.readout"() : () -> ()
+// GENERIC-NEXT:         %g = "k3s.load_gate"() <{gate = "scalar", input = "log", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<>
+// GENERIC-NEXT:         %S_1 = "k3s.decay"(%S, %g) <{gate = "scalar"}> : (!k3s.tile<K x V>, !k3s.tile<>) -> !k3s.tile<K x V>
+// GENERIC-NEXT:         %beta = "k3s.load_beta"() <{input = "probability"}> : () -> !k3s.tile<>
+// GENERIC-NEXT:         %v_1 = "k3s.delta_correct"(%S_1, %k, %v, %beta) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
+// GENERIC-NEXT:         %S_2 = "k3s.rank1_update"(%S_1, %k, %v_1) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>) -> !k3s.tile<K x V>
+// GENERIC-NEXT:         %o = "k3s.readout"(%S_2, %q) : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<V>
+// GENERIC-NEXT:         "k3s.next_token"(%S_2) : (!k3s.tile<K x V>) -> ()
 // GENERIC-NEXT:       }) : () -> ()
 // GENERIC-NEXT:       "k3s.store_state"() <{layout = "vk"}> : () -> ()
 // GENERIC-NEXT:     }) : () -> ()

@@ -32,15 +32,17 @@
 // CHECK-NEXT:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:        k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = kv>
 // CHECK-NEXT:        k3s.token_loop {
-// CHECK-NEXT:          k3s.load_token <tensor = q>
-// CHECK-NEXT:          k3s.load_token <tensor = k>
-// CHECK-NEXT:          k3s.load_token <tensor = v>
-// CHECK-NEXT:          k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
-// CHECK-NEXT:          k3s.decay <gate = channel>
-// CHECK-NEXT:          k3s.load_beta <input = probability>
-// CHECK-NEXT:          k3s.delta_correct
-// CHECK-NEXT:          k3s.rank1_update
-// CHECK-NEXT:          k3s.readout
+// CHECK-NEXT:        ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:          %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// CHECK-NEXT:          %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// CHECK-NEXT:          %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// CHECK-NEXT:          %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT:          %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT:          %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+// CHECK-NEXT:          %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:          %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:          %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// CHECK-NEXT:          k3s.next_token %S_2
 // CHECK-NEXT:        }
 // CHECK-NEXT:        k3s.store_state <layout = kv>
 // CHECK-NEXT:      }
@@ -58,13 +60,15 @@
 // LAYER-NOT:  k3s.
 
 // REPARSED:      k3s.token_loop {
-// REPARSED-NEXT:   k3s.load_token <tensor = q>
-// REPARSED-NEXT:   k3s.load_token <tensor = k>
-// REPARSED-NEXT:   k3s.load_token <tensor = v>
-// REPARSED-NEXT:   k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
-// REPARSED-NEXT:   k3s.decay <gate = channel>
-// REPARSED-NEXT:   k3s.load_beta <input = probability>
-// REPARSED-NEXT:   k3s.delta_correct
-// REPARSED-NEXT:   k3s.rank1_update
-// REPARSED-NEXT:   k3s.readout
+// REPARSED-NEXT: ^bb0(%S: !k3s.tile<K x V>):
+// REPARSED-NEXT:   %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// REPARSED-NEXT:   %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// REPARSED-NEXT:   %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// REPARSED-NEXT:   %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// REPARSED-NEXT:   %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
+// REPARSED-NEXT:   %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+// REPARSED-NEXT:   %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// REPARSED-NEXT:   %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// REPARSED-NEXT:   %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// REPARSED-NEXT:   k3s.next_token %S_2
 // REPARSED-NEXT: }

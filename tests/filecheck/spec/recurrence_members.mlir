@@ -15,15 +15,17 @@
 // GDN:       k3s.tensor_arg @A_log <shape = "32", dtype = float, role = forbidden>
 // GDN-NEXT:  k3s.tensor_arg @dt_bias <shape = "32", dtype = float, role = forbidden>
 // GDN:       k3s.token_loop {
-// GDN-NEXT:    k3s.load_token <tensor = q>
-// GDN-NEXT:    k3s.load_token <tensor = k>
-// GDN-NEXT:    k3s.load_token <tensor = v>
-// GDN-NEXT:    k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>
-// GDN-NEXT:    k3s.decay <gate = scalar>
-// GDN-NEXT:    k3s.load_beta <input = probability>
-// GDN-NEXT:    k3s.delta_correct
-// GDN-NEXT:    k3s.rank1_update
-// GDN-NEXT:    k3s.readout
+// GDN-NEXT:  ^bb0(%S: !k3s.tile<K x V>):
+// GDN-NEXT:    %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// GDN-NEXT:    %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// GDN-NEXT:    %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// GDN-NEXT:    %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
+// GDN-NEXT:    %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+// GDN-NEXT:    %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+// GDN-NEXT:    %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// GDN-NEXT:    %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// GDN-NEXT:    %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// GDN-NEXT:    k3s.next_token %S_2
 // GDN-NEXT:  }
 
 // DeltaNet: no gate (no gate load or decay stage; g, A_log and dt_bias forbidden), delta rule
@@ -38,13 +40,15 @@
 // DN-NOT:   k3s.load_gate
 // DN-NOT:   k3s.decay
 // DN:       k3s.token_loop {
-// DN-NEXT:    k3s.load_token <tensor = q>
-// DN-NEXT:    k3s.load_token <tensor = k>
-// DN-NEXT:    k3s.load_token <tensor = v>
-// DN-NEXT:    k3s.load_beta <input = probability>
-// DN-NEXT:    k3s.delta_correct
-// DN-NEXT:    k3s.rank1_update
-// DN-NEXT:    k3s.readout
+// DN-NEXT:  ^bb0(%S: !k3s.tile<K x V>):
+// DN-NEXT:    %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// DN-NEXT:    %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// DN-NEXT:    %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// DN-NEXT:    %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+// DN-NEXT:    %v_1 = k3s.delta_correct %S, %k, %v, %beta : !k3s.tile<V>
+// DN-NEXT:    %S_1 = k3s.rank1_update %S, %k, %v_1 : !k3s.tile<K x V>
+// DN-NEXT:    %o = k3s.readout %S_1, %q : !k3s.tile<V>
+// DN-NEXT:    k3s.next_token %S_1
 // DN-NEXT:  }
 // DN-NOT:   k3s.load_gate
 // DN-NOT:   k3s.decay
@@ -62,13 +66,15 @@
 // GLA-NOT:   k3s.delta_correct
 // GLA:       k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = vk>
 // GLA-NEXT:  k3s.token_loop {
-// GLA-NEXT:    k3s.load_token <tensor = q>
-// GLA-NEXT:    k3s.load_token <tensor = k>
-// GLA-NEXT:    k3s.load_token <tensor = v>
-// GLA-NEXT:    k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>
-// GLA-NEXT:    k3s.decay <gate = channel>
-// GLA-NEXT:    k3s.rank1_update
-// GLA-NEXT:    k3s.readout
+// GLA-NEXT:  ^bb0(%S: !k3s.tile<K x V>):
+// GLA-NEXT:    %q = k3s.load_token <tensor = q> : !k3s.tile<K>
+// GLA-NEXT:    %k = k3s.load_token <tensor = k> : !k3s.tile<K>
+// GLA-NEXT:    %v = k3s.load_token <tensor = v> : !k3s.tile<V>
+// GLA-NEXT:    %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// GLA-NEXT:    %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
+// GLA-NEXT:    %S_2 = k3s.rank1_update %S_1, %k, %v : !k3s.tile<K x V>
+// GLA-NEXT:    %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// GLA-NEXT:    k3s.next_token %S_2
 // GLA-NEXT:  }
 // GLA-NEXT:  k3s.store_state <layout = vk>
 // GLA-NOT:   k3s.load_beta

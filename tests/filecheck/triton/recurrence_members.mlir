@@ -30,23 +30,23 @@
 // ALL:       # %v = k3s.load_token <tensor = v>
 // KDA:       # %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
 // KDA-NEXT:  b_g = tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-// KDA-NEXT:  # k3s.decay <gate = channel>: S <- Diag(exp g_t) S
+// KDA-NEXT:  # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
 // GDN:       # %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>: the log-decay g
-// GDN:       # k3s.decay <gate = scalar>: S <- Diag(exp g_t) S
+// GDN:       # %S = k3s.decay %S, %g <gate = scalar>: S <- Diag(exp g_t) S
 // GLA:       # %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
-// GLA:       # k3s.decay <gate = channel>: S <- Diag(exp g_t) S
+// GLA:       # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
 // DN-NOT:    k3s.decay
 // GLA-NOT:   k3s.load_beta
 // KDA:       # %beta = k3s.load_beta <input = probability>
 // GDN:       # %beta = k3s.load_beta <input = probability>
 // DN:        # %beta = k3s.load_beta <input = probability>
 // KDA-NEXT:  b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
-// KDA-NEXT:  # k3s.delta_correct: u = beta_t (v_t - S^T k_t), kept in b_v
-// GDN:       # k3s.delta_correct
-// DN:        # k3s.delta_correct
+// KDA-NEXT:  # %v = k3s.delta_correct %S, %k, %v, %beta: u = beta_t (v_t - S^T k_t), kept in b_v
+// GDN:       # %v = k3s.delta_correct %S, %k, %v, %beta
+// DN:        # %v = k3s.delta_correct %S, %k, %v, %beta
 // GLA-NOT:   k3s.delta_correct
-// ALL:       # k3s.rank1_update: S <- S + k_t u_t^T
-// ALL:       # k3s.readout: o_t = S^T (scale q_t)
+// ALL:       # %S = k3s.rank1_update %S, %k, %v: S <- S + k_t u_t^T
+// ALL:       # %o = k3s.readout %S, %q: o_t = S^T (scale q_t)
 // ALL:       # k3s.store_state <layout = {{kv|vk}}>
 // ALL-LABEL: def recurrent(q, k, v,
 // ALL:       # k3s.entry @recurrent <source = {{[a-z_]+}}>: argument checks

@@ -20,15 +20,17 @@ builtin.module {
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = kv>
       k3s.token_loop {
+      ^bb0(%S: !k3s.tile<K x V>):
         %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
         %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
         %g = k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0> : !k3s.tile<K>
-        k3s.decay <gate = channel>
+        %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-        k3s.delta_correct
-        k3s.rank1_update
-        k3s.readout
+        %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+        %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+        %o = k3s.readout %S_2, %q : !k3s.tile<V>
+        k3s.next_token %S_2
       }
     }
     k3s.kernel @r_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
@@ -43,7 +45,7 @@ builtin.module {
 // VALID-NEXT: %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
 // VALID-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // VALID-NEXT: %g = k3s.load_gate <gate = channel, input = bounded, lower_bound = -3.0> : !k3s.tile<K>
-// VALID-NEXT: k3s.decay <gate = channel>
+// VALID-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // VALID-NEXT: %beta = k3s.load_beta <input = logits> : !k3s.tile<>
 // VALID:      %k = k3s.load_chunk <tensor = k, l2norm = true> : !k3s.tile<C x K>
 // VALID-NEXT: %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>

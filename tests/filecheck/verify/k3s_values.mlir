@@ -2,7 +2,7 @@
 // RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ROLE
 // RUN: sed 's/role = maybe/role = input/; s/"B,T,4,16"/"B,T,H,16"/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SHAPE
 // RUN: sed 's/role = maybe/role = input/; s/block_v = 16/block_v = 24/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=BLOCKV
-// RUN: sed 's/role = maybe/role = input/; s/gate = scalar/gate = none/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATE
+// RUN: sed 's/role = maybe/role = input/; s/%g <gate = scalar>/%g <gate = none>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATE
 // RUN: sed 's/role = maybe/role = input/; s/tensor = q/tensor = o/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TENSOR
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk/layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 3/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=WARPS
@@ -16,8 +16,11 @@ builtin.module {
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
       k3s.token_loop {
+      ^bb0(%S: !k3s.tile<K x V>):
         %q = k3s.load_token <tensor = q> : !k3s.tile<K>
-        k3s.decay <gate = scalar>
+        %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
+        %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+        k3s.next_token %S_1
       }
     }
   }
