@@ -1,0 +1,38 @@
+// Chunk stages as ops on values: a tile's dimensions are C, K and V; an op's operands must match
+// what its properties say it reads; a value is defined before its use; a loop's body ends in the
+// op that passes its state on. The valid schedule prints back unchanged.
+// RUN: k3c opt %s | filecheck %s --check-prefix=VALID
+// RUN: sed 's/tile<C x C>/tile<C x Q>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DIM
+// RUN: sed 's/%%P = k3s.gram %%q, %%k </%%P = k3s.gram %%q, %%k, %%v </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
+// RUN: sed 's/<gate = none> : !k3s.tile<K x V>/<gate = scalar> : !k3s.tile<K x V>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DECAY
+// RUN: sed 's/chunk_output %%q, %%S,/chunk_output %%q, %%S_9,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNDEFINED
+// RUN: sed '/k3s.next_chunk/d' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TERMINATOR
+
+builtin.module {
+  k3s.entry @chunk <source = r> {
+    k3s.chunked <chunk_size = 4> {
+      %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
+      %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
+      %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
+      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false, sub_chunk = 16> : !k3s.tile<C x C>
+      k3s.chunk_scan {
+      ^bb0(%S: !k3s.tile<K x V>):
+        %o = k3s.chunk_output %q, %S, %P, %v : !k3s.tile<C x V>
+        %S_1 = k3s.state_advance %S, %k, %v <gate = none> : !k3s.tile<K x V>
+        k3s.next_chunk %S_1
+      }
+    }
+  }
+}
+
+// VALID:      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false, sub_chunk = 16> : !k3s.tile<C x C>
+// VALID:      ^bb0(%S: !k3s.tile<K x V>):
+// VALID-NEXT:   %o = k3s.chunk_output %q, %S, %P, %v : !k3s.tile<C x V>
+// VALID-NEXT:   %S_1 = k3s.state_advance %S, %k, %v <gate = none> : !k3s.tile<K x V>
+// VALID-NEXT:   k3s.next_chunk %S_1
+
+// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Q'; allowed: C, K, V{{$}}
+// COUNT: {{^}}k3c opt: error: <stdin>: k3s.gram: expected 2 operands for its properties, got 3{{$}}
+// DECAY: {{^}}k3c opt: error: <stdin>: k3s.state_advance: gamma_C is an operand exactly when gate is not none{{$}}
+// UNDEFINED: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: SSA value used before assignment{{$}}
+// TERMINATOR: {{^}}k3c opt: error: <stdin>: Operation k3s.state_advance terminates block in single-block region but is not a terminator{{$}}
