@@ -129,6 +129,7 @@ class ChunkRun:
         self.values: dict[SSAValue, object] = {}
         self.outputs: list[Matrix] = []
         self.chunk: Chunk | None = None
+        self.state: Matrix | None = None  # the carried state between a schedule's chunks (chunk_scan)
 
     def value(self, value: SSAValue):
         if value not in self.values:
