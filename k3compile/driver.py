@@ -55,7 +55,9 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
     """Schedule a spec and print its Triton module. launch_tables: entry -> tuned launch configs
     per bucket, embedded in the module (k3compile.autotune; docs/autotuning.md); note: added
     to the module's docstring."""
-    from k3compile.backends.triton.limits import check_limits
+    from xdsl.context import Context
+
+    from k3compile.backends.triton.legalize import LegalizeTritonPass
     from k3compile.backends.triton.printer import print_triton
 
     compilation = schedule(spec, pipeline)
@@ -68,7 +70,7 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
             f"{spec.source}: no kernel lowering for {layer_op} (kind '{spec.kind}') in pipeline "
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
         )
-    check_limits(compilation.scheduled, spec.source)
+    LegalizeTritonPass(source=spec.source).apply(Context(), compilation.scheduled)
     start = time.perf_counter()
     compilation.source = print_triton(compilation.scheduled, provenance(compilation, note), launch_tables)
     compilation.timings.append(("print-triton", time.perf_counter() - start))

@@ -169,6 +169,11 @@ class KernelOp(KeywordSyntax):
     dots = opt_prop_def(StringAttr)
     # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
     maxnreg = opt_prop_def(IntegerAttr[I64])
+    # the block sizes of its tiles (key, value and hidden columns), fixed by a backend's
+    # legalization (backends/triton/legalize.py) before printing
+    block_k = opt_prop_def(IntegerAttr[I64])
+    block_v = opt_prop_def(IntegerAttr[I64])
+    block_d = opt_prop_def(IntegerAttr[I64])
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp), IsolatedFromAbove())
 

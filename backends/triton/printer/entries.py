@@ -17,7 +17,6 @@ from k3compile.backends.triton.printer.common import (
     EntryView,
     describe,
     launch_table_name,
-    next_power_of_2,
 )
 from k3compile.backends.triton.runtime import emitted
 from k3compile.errors import UnsupportedError
@@ -219,32 +218,33 @@ class Entries:
             c(f"{name} = {alloc}")
 
     def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        """Compile-time constants of a kernel, read from its stages and argument shapes."""
+        """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
+        block sizes as legalize-triton fixed them."""
+        if kernel.block_k is None and kernel.block_d is None:
+            raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
         constants: dict[str, int] = {}
         for op in kernel.walk():
             if isinstance(op, k3s.StateTileOp):
-                K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
                 # a commit kernel has no q or v: its heads come from the state pool
                 HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
                 constants.update(
                     H=int(view.dims("q" if "q" in view.names else "k")[2]) if {"q", "k"} & set(view.names) else HV,
                     HV=HV,
-                    K=K,
-                    V=V,
-                    BK=next_power_of_2(K),
-                    BV=min(next_power_of_2(V), op.block_v.value.data),
+                    K=op.head_k_dim.value.data,
+                    V=op.head_v_dim.value.data,
+                    BK=kernel.block_k.value.data,
+                    BV=kernel.block_v.value.data,
                 )
-            elif isinstance(op, k3s.ChunkTileOp):  # a whole chunk, all value columns
-                K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+            elif isinstance(op, k3s.ChunkTileOp):
                 constants.update(
-                    H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=K, V=V,
-                    BK=next_power_of_2(K), BV=next_power_of_2(V), BC=op.chunk_size.value.data,
+                    H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=op.head_k_dim.value.data,
+                    V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data,
+                    BC=op.chunk_size.value.data,
                 )
             elif isinstance(op, k3s.ChunkLoopOp):
                 constants.update(BC=op.chunk_size.value.data)
             elif isinstance(op, k3s.FoldQueryOp):
-                D = op.hidden_size.value.data
-                constants.update(D=D, BD=next_power_of_2(D))
+                constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
         for buffer in ("cache", "snapshots"):
             if buffer in view.names:
                 constants["DEPTH"] = int(view.dims(buffer)[1])

@@ -14,5 +14,5 @@
 // CHECK:      # k3s.normalize_store
 // CHECK-LABEL: def aggregate(sources, query, gain):
 // CHECK:      # k3s.entry @aggregate <source = attnres, max_sources = 9>: argument checks
-// CHECK:      # k3s.kernel @attnres_aggregate <grid = row, num_warps = 8>: launch
+// CHECK:      # k3s.kernel @attnres_aggregate <grid = row, num_warps = 8, block_d = 8192>: launch
 // CHECK:      __all__ = ['aggregate']

@@ -1,0 +1,48 @@
+"""legalize-triton: what the Triton backend decides about a scheduled module, fixed in the IR
+before it is printed, so that the printer only prints.
+
+- The kernels can hold their layer (backends/triton/limits.py: tile sizes, chunk and row-block
+  divisibility, grid axes); otherwise an UnsupportedError names the spec key and the limit.
+- Every kernel's tile block sizes: key columns whole (next power of two of K), value columns a
+  state tile's block (at most its block_v) or, in a chunk kernel, whole; AttnRes rows whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from k3compile.backends.triton.limits import check_limits
+from k3compile.backends.triton.printer.common import next_power_of_2
+from k3compile.ir import k3s
+from k3compile.passes.common import props
+
+
+def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for op in kernel.walk():
+        if isinstance(op, k3s.StateTileOp):
+            sizes.update(block_k=next_power_of_2(op.head_k_dim.value.data),
+                         block_v=min(next_power_of_2(op.head_v_dim.value.data), op.block_v.value.data))
+        elif isinstance(op, k3s.ChunkTileOp):  # a whole chunk, all value columns
+            sizes.update(block_k=next_power_of_2(op.head_k_dim.value.data),
+                         block_v=next_power_of_2(op.head_v_dim.value.data))
+        elif isinstance(op, k3s.FoldQueryOp):
+            sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
+    return sizes
+
+
+@dataclass(frozen=True)
+class LegalizeTritonPass(ModulePass):
+    """Check that the kernels fit and fix their block sizes."""
+
+    name = "legalize-triton"
+    source: str = "module"  # what an error names (the spec's file)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_limits(op, self.source)
+        for kernel in [o for o in op.walk() if isinstance(o, k3s.KernelOp)]:
+            kernel.properties.update(props(**block_sizes(kernel)))
