@@ -13,17 +13,17 @@ builtin.module {
 // CHECK: k3s.speculative <draft_tokens = 4> {
 // CHECK-NEXT: k3s.token_loop {
 // CHECK: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// CHECK: %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
 // CHECK-NEXT: %o = k3s.readout %S_2, %q : !k3s.tile<V>
-// CHECK-NEXT: k3s.cache_update %k, %v_1, %g <gate = channel>
+// CHECK-NEXT: k3s.cache_update %k, %u, %g <gate = channel>
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.replay <gate = channel>
 // CHECK: k3s.entry @dn_speculative <source = dn>
 // CHECK: k3s.token_loop {
 // CHECK-NOT: k3s.decay
-// CHECK: k3s.cache_update %k_1, %v_3 <gate = none>
+// CHECK: k3s.cache_update %k_1, %u_1 <gate = none>
 // CHECK-NEXT: k3s.next_token %S_4
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.replay <gate = none>

@@ -19,13 +19,16 @@ builtin.module {
 // CHECK-NEXT:     k3s.tensor_arg @gain <shape = "96", dtype = float, role = input>
 // CHECK-NEXT:     k3s.tensor_arg @out <shape = "B,T,96", dtype = float, role = output>
 // CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
-// CHECK-NEXT:       k3s.fold_query <hidden_size = 96>
-// CHECK-NEXT:       k3s.source_loop {
-// CHECK-NEXT:         k3s.rms_score <eps = 0.0001>
-// CHECK-NEXT:         k3s.online_softmax
-// CHECK-NEXT:         k3s.mix_accumulate
-// CHECK-NEXT:       }
-// CHECK-NEXT:       k3s.normalize_store
+// CHECK-NEXT:       %q = k3s.fold_query <hidden_size = 96> : !k3s.tile<D>
+// CHECK-NEXT:       %max, %sum, %acc = k3s.source_loop {
+// CHECK-NEXT:       ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
+// CHECK-NEXT:         %x = k3s.load_source : !k3s.tile<D>
+// CHECK-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.0001> : !k3s.tile<>
+// CHECK-NEXT:         %max_2, %sum_2, %p, %rescale = k3s.online_softmax %max_1, %sum_1, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// CHECK-NEXT:         %acc_2 = k3s.mix_accumulate %acc_1, %rescale, %p, %x : !k3s.tile<D>
+// CHECK-NEXT:         k3s.next_source %max_2, %sum_2, %acc_2
+// CHECK-NEXT:       } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// CHECK-NEXT:       k3s.normalize_store %acc, %sum
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }

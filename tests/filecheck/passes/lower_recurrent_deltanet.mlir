@@ -21,8 +21,8 @@ builtin.module {
 // CHECK-NEXT:     %k = k3s.load_token <tensor = k> : !k3s.tile<K>
 // CHECK-NEXT:     %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // CHECK-NEXT:     %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT:     %v_1 = k3s.delta_correct %S, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT:     %S_1 = k3s.rank1_update %S, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:     %u = k3s.delta_correct %S, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:     %S_1 = k3s.rank1_update %S, %k, %u : !k3s.tile<K x V>
 // CHECK-NEXT:     %o = k3s.readout %S_1, %q : !k3s.tile<V>
 // CHECK-NEXT:     k3s.next_token %S_1
 // CHECK-NEXT:   }

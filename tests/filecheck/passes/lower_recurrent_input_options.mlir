@@ -44,8 +44,8 @@ builtin.module {
 // CHECK-NEXT:         %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
 // CHECK-NEXT:         %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-// CHECK-NEXT:         %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:         %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
 // CHECK-NEXT:         %o = k3s.readout %S_2, %q : !k3s.tile<V>
 // CHECK-NEXT:         k3s.next_token %S_2
 // CHECK-NEXT:       }
@@ -63,7 +63,7 @@ builtin.module {
 // GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
 // GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = "channel"}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
 // GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "logits"}> : () -> !k3s.tile<>
-// GENERIC-NEXT: %v_1 = "k3s.delta_correct"(%S_1, %k, %v, %beta) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
+// GENERIC-NEXT: %u = "k3s.delta_correct"(%S_1, %k, %v, %beta) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
 
 // Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels
 // normalises, v's never does, and every gate and beta load has the layer's input form.
@@ -104,9 +104,9 @@ builtin.module {
 // BETAONLY-NEXT: %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
 // BETAONLY-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // BETAONLY-NEXT: %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-// BETAONLY-NEXT: %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// BETAONLY-NEXT: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
 
 // NEGEIG:      %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
 // NEGEIG-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // NEGEIG-NEXT: %beta = k3s.load_beta <input = logits_neg_eigval> : !k3s.tile<>
-// NEGEIG-NEXT: %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// NEGEIG-NEXT: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>

@@ -38,8 +38,8 @@ builtin.module {
 // CHECK-NEXT:         %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
 // CHECK-NEXT:         %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT:         %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// CHECK-NEXT:         %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
 // CHECK-NEXT:         %o = k3s.readout %S_2, %q : !k3s.tile<V>
 // CHECK-NEXT:         k3s.next_token %S_2
 // CHECK-NEXT:       }

@@ -20,7 +20,7 @@ builtin.module {
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.token_loop {
 // CHECK: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
-// CHECK: k3s.cache_update %k, %v_1, %g <gate = scalar>
+// CHECK: k3s.cache_update %k, %u, %g <gate = scalar>
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 // CHECK-NOT: k3s.store_state
@@ -42,7 +42,7 @@ builtin.module {
 // CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
 // CHECK-NEXT: k3s.token_loop {
 // CHECK: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
-// CHECK: k3s.cache_update %k, %v_1, %g <gate = scalar, buffer = next_cache>
+// CHECK: k3s.cache_update %k, %u, %g <gate = scalar, buffer = next_cache>
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 

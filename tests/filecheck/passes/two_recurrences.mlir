@@ -14,7 +14,7 @@ builtin.module {
 // CHECK:      %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
 // CHECK-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT: %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT: %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK-NEXT: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
 // CHECK:      k3.recurrence @second
 // CHECK-NEXT: k3s.entry @second_recurrent <source = second> {
 // CHECK-NOT:  k3s.load_gate

@@ -22,4 +22,4 @@ builtin.module {
 // GENERIC: "k3.attnres"() <{sym_name = "attnres", hidden_size = 64 : i64, num_blocks = 2 : i64, block_size = 3 : i64, eps = 1.000000e-06 : f64, dtype = "float32"}> : () -> ()
 // GENERIC: routed_scaling_factor = 1.000000e+16 : f64, eps = 2.500000e-05 : f64
 
-// FUSED: k3s.rms_score <eps = 1.0e-06>
+// FUSED: %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>

@@ -1,6 +1,7 @@
 // The k3s schedule dialect: a fused AttnRes entry (optional max_sources present) next to an
 // entry without it and with an empty body (printed, as xDSL does, as one
-// empty block `^bb0:`; a bare `{}` would be a region with no block), and the source_loop region.
+// empty block `^bb0:`; a bare `{}` would be a region with no block), and the source_loop region
+// in value form: three carried values as block arguments, results and the closing next_source.
 // RUN: k3c opt %s | filecheck %s --match-full-lines
 // RUN: k3c opt %s --generic | k3c opt - | filecheck %s --match-full-lines
 // RUN: k3c opt %s --generic | filecheck %s --check-prefix=GENERIC
@@ -11,13 +12,16 @@ builtin.module {
     k3s.tensor_arg @sources <shape = "S,B,T,32", dtype = float, role = input>
     k3s.tensor_arg @out <shape = "B,T,32", dtype = float, role = output>
     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
-      k3s.fold_query <hidden_size = 32>
-      k3s.source_loop {
-        k3s.rms_score <eps = 0.001>
-        k3s.online_softmax
-        k3s.mix_accumulate
-      }
-      k3s.normalize_store
+      %q = k3s.fold_query <hidden_size = 32> : !k3s.tile<D>
+      %max, %sum, %acc = k3s.source_loop {
+      ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
+        %x = k3s.load_source : !k3s.tile<D>
+        %score = k3s.rms_score %x, %q <eps = 0.001> : !k3s.tile<>
+        %max_2, %sum_2, %p, %rescale = k3s.online_softmax %max_1, %sum_1, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+        %acc_2 = k3s.mix_accumulate %acc_1, %rescale, %p, %x : !k3s.tile<D>
+        k3s.next_source %max_2, %sum_2, %acc_2
+      } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+      k3s.normalize_store %acc, %sum
     }
   }
   k3s.entry @empty <source = other> {
@@ -30,13 +34,16 @@ builtin.module {
 // CHECK-NEXT:     k3s.tensor_arg @sources <shape = "S,B,T,32", dtype = float, role = input>
 // CHECK-NEXT:     k3s.tensor_arg @out <shape = "B,T,32", dtype = float, role = output>
 // CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
-// CHECK-NEXT:       k3s.fold_query <hidden_size = 32>
-// CHECK-NEXT:       k3s.source_loop {
-// CHECK-NEXT:         k3s.rms_score <eps = 0.001>
-// CHECK-NEXT:         k3s.online_softmax
-// CHECK-NEXT:         k3s.mix_accumulate
-// CHECK-NEXT:       }
-// CHECK-NEXT:       k3s.normalize_store
+// CHECK-NEXT:       %q = k3s.fold_query <hidden_size = 32> : !k3s.tile<D>
+// CHECK-NEXT:       %max, %sum, %acc = k3s.source_loop {
+// CHECK-NEXT:       ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
+// CHECK-NEXT:         %x = k3s.load_source : !k3s.tile<D>
+// CHECK-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.001> : !k3s.tile<>
+// CHECK-NEXT:         %max_2, %sum_2, %p, %rescale = k3s.online_softmax %max_1, %sum_1, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// CHECK-NEXT:         %acc_2 = k3s.mix_accumulate %acc_1, %rescale, %p, %x : !k3s.tile<D>
+// CHECK-NEXT:         k3s.next_source %max_2, %sum_2, %acc_2
+// CHECK-NEXT:       } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// CHECK-NEXT:       k3s.normalize_store %acc, %sum
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT:   k3s.entry @empty <source = other> {
@@ -49,13 +56,16 @@ builtin.module {
 // GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "sources", shape = "S,B,T,32", dtype = "float", role = "input"}> : () -> ()
 // GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "out", shape = "B,T,32", dtype = "float", role = "output"}> : () -> ()
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "ar_aggregate", grid = "row", num_warps = 8 : i64}> ({
-// GENERIC-NEXT:       "k3s.fold_query"() <{hidden_size = 32 : i64}> : () -> ()
-// GENERIC-NEXT:       "k3s.source_loop"() ({
-// GENERIC-NEXT:         "k3s.rms_score"() <{eps = 1.000000e-03 : f64}> : () -> ()
-// GENERIC-NEXT:         "k3s.online_softmax"() : () -> ()
-// GENERIC-NEXT:         "k3s.mix_accumulate"() : () -> ()
-// GENERIC-NEXT:       }) : () -> ()
-// GENERIC-NEXT:       "k3s.normalize_store"() : () -> ()
+// GENERIC-NEXT:       %q = "k3s.fold_query"() <{hidden_size = 32 : i64}> : () -> !k3s.tile<D>
+// GENERIC-NEXT:       %max, %sum, %acc = "k3s.source_loop"() ({
+// GENERIC-NEXT:       ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
+// GENERIC-NEXT:         %x = "k3s.load_source"() : () -> !k3s.tile<D>
+// GENERIC-NEXT:         %score = "k3s.rms_score"(%x, %q) <{eps = 1.000000e-03 : f64}> : (!k3s.tile<D>, !k3s.tile<D>) -> !k3s.tile<>
+// GENERIC-NEXT:         %max_2, %sum_2, %p, %rescale = "k3s.online_softmax"(%max_1, %sum_1, %score) : (!k3s.tile<>, !k3s.tile<>, !k3s.tile<>) -> (!k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>)
+// GENERIC-NEXT:         %acc_2 = "k3s.mix_accumulate"(%acc_1, %rescale, %p, %x) : (!k3s.tile<D>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>) -> !k3s.tile<D>
+// GENERIC-NEXT:         "k3s.next_source"(%max_2, %sum_2, %acc_2) : (!k3s.tile<>, !k3s.tile<>, !k3s.tile<D>) -> ()
+// GENERIC-NEXT:       }) : () -> (!k3s.tile<>, !k3s.tile<>, !k3s.tile<D>)
+// GENERIC-NEXT:       "k3s.normalize_store"(%acc, %sum) : (!k3s.tile<D>, !k3s.tile<>) -> ()
 // GENERIC-NEXT:     }) : () -> ()
 // GENERIC-NEXT:   }) : () -> ()
 // GENERIC-NEXT:   "k3s.entry"() <{sym_name = "empty", source = "other"}> ({

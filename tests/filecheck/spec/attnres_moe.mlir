@@ -10,13 +10,16 @@
 // AR:       k3s.entry @aggregate <source = attnres, max_sources = 9> {
 // AR-NEXT:    k3s.tensor_arg @sources <shape = "S,B,T,7168", dtype = float, role = input>
 // AR:         k3s.kernel @attnres_aggregate <grid = row, num_warps = 8> {
-// AR-NEXT:      k3s.fold_query <hidden_size = 7168>
-// AR-NEXT:      k3s.source_loop {
-// AR-NEXT:        k3s.rms_score <eps = 1.0e-06>
-// AR-NEXT:        k3s.online_softmax
-// AR-NEXT:        k3s.mix_accumulate
-// AR-NEXT:      }
-// AR-NEXT:      k3s.normalize_store
+// AR-NEXT:      %q = k3s.fold_query <hidden_size = 7168> : !k3s.tile<D>
+// AR-NEXT:      %max, %sum, %acc = k3s.source_loop {
+// AR-NEXT:      ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
+// AR-NEXT:        %x = k3s.load_source : !k3s.tile<D>
+// AR-NEXT:        %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>
+// AR-NEXT:        %max_2, %sum_2, %p, %rescale = k3s.online_softmax %max_1, %sum_1, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// AR-NEXT:        %acc_2 = k3s.mix_accumulate %acc_1, %rescale, %p, %x : !k3s.tile<D>
+// AR-NEXT:        k3s.next_source %max_2, %sum_2, %acc_2
+// AR-NEXT:      } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// AR-NEXT:      k3s.normalize_store %acc, %sum
 // AR-NEXT:    }
 
 // MOE:      // -----// IR of spec

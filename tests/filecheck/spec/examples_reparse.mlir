@@ -8,7 +8,7 @@
 // RUN: k3c ir %examples/latent_moe.toml | k3c opt - | filecheck %s --check-prefix=MOE
 // RUN: k3c ir %examples/attnres.toml --after-all --generic | filecheck %s --check-prefix=GENERIC
 
-// AR: k3s.rms_score <eps = 1.0e-06>
+// AR: %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>
 // MOE: k3.latent_moe @latent_moe <{{.*}} eps = 1.0e-06, dtype = bfloat16>
 // GENERIC-LABEL: // -----// IR after fuse-attnres //----- //
-// GENERIC: "k3s.rms_score"() <{eps = 1.000000e-06 : f64}> : () -> ()
+// GENERIC: %score = "k3s.rms_score"(%x, %q) <{eps = 1.000000e-06 : f64}> : (!k3s.tile<D>, !k3s.tile<D>) -> !k3s.tile<>

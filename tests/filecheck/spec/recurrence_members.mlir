@@ -22,8 +22,8 @@
 // GDN-NEXT:    %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
 // GDN-NEXT:    %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
 // GDN-NEXT:    %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// GDN-NEXT:    %v_1 = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// GDN-NEXT:    %S_2 = k3s.rank1_update %S_1, %k, %v_1 : !k3s.tile<K x V>
+// GDN-NEXT:    %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// GDN-NEXT:    %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
 // GDN-NEXT:    %o = k3s.readout %S_2, %q : !k3s.tile<V>
 // GDN-NEXT:    k3s.next_token %S_2
 // GDN-NEXT:  }
@@ -45,8 +45,8 @@
 // DN-NEXT:    %k = k3s.load_token <tensor = k> : !k3s.tile<K>
 // DN-NEXT:    %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // DN-NEXT:    %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// DN-NEXT:    %v_1 = k3s.delta_correct %S, %k, %v, %beta : !k3s.tile<V>
-// DN-NEXT:    %S_1 = k3s.rank1_update %S, %k, %v_1 : !k3s.tile<K x V>
+// DN-NEXT:    %u = k3s.delta_correct %S, %k, %v, %beta : !k3s.tile<V>
+// DN-NEXT:    %S_1 = k3s.rank1_update %S, %k, %u : !k3s.tile<K x V>
 // DN-NEXT:    %o = k3s.readout %S_1, %q : !k3s.tile<V>
 // DN-NEXT:    k3s.next_token %S_1
 // DN-NEXT:  }

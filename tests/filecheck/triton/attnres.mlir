@@ -6,12 +6,12 @@
 // CHECK:      layer: k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
 // CHECK:      pipeline: fuse-attnres
 // CHECK-LABEL: def attnres_aggregate_kernel(
-// CHECK:      # k3s.fold_query <hidden_size = 7168>: RMSNorm gain folded into the pseudo-query
-// CHECK:      # k3s.source_loop: each source row is read once
-// CHECK:      # k3s.rms_score <eps = 1.0e-06>: score = q . x / rms(x)
-// CHECK:      # k3s.online_softmax
-// CHECK:      # k3s.mix_accumulate
-// CHECK:      # k3s.normalize_store
+// CHECK:      # %q = k3s.fold_query <hidden_size = 7168>: RMSNorm gain folded into the pseudo-query
+// CHECK:      # %max, %sum, %acc = k3s.source_loop: each source row is read once
+// CHECK:      # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
+// CHECK:      # %max, %sum, %p, %rescale = k3s.online_softmax %max, %sum, %score
+// CHECK:      # %acc = k3s.mix_accumulate %acc, %rescale, %p, %x
+// CHECK:      # k3s.normalize_store %acc, %sum
 // CHECK-LABEL: def aggregate(sources, query, gain):
 // CHECK:      # k3s.entry @aggregate <source = attnres, max_sources = 9>: argument checks
 // CHECK:      # k3s.kernel @attnres_aggregate <grid = row, num_warps = 8, block_d = 8192>: launch

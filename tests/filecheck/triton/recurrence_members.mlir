@@ -1,7 +1,8 @@
 // The printed Triton of each recurrence member (k3c compile --stdout): the provenance header,
 // the kernels in order with the provenance comment of each block, and the entries' signatures.
 // Which token stages exist follows from the member: DeltaNet no gate load nor decay, GLA no
-// beta nor delta correction; chunk kernels likewise (no triangular solve without the delta rule).
+// beta nor delta correction (its rank-1 update takes v, the delta members the corrected u); chunk
+// kernels likewise (no triangular solve without the delta rule).
 // RUN: k3c compile %examples/kda.toml --stdout --no-autotune | filecheck %s --check-prefixes=ALL,KDA
 // RUN: k3c compile %examples/gated_deltanet.toml --stdout --no-autotune | filecheck %s --check-prefixes=ALL,GDN
 // RUN: k3c compile %examples/deltanet.toml --stdout --no-autotune | filecheck %s --check-prefixes=ALL,DN
@@ -41,11 +42,14 @@
 // GDN:       # %beta = k3s.load_beta <input = probability>
 // DN:        # %beta = k3s.load_beta <input = probability>
 // KDA-NEXT:  b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
-// KDA-NEXT:  # %v = k3s.delta_correct %S, %k, %v, %beta: u = beta_t (v_t - S^T k_t), kept in b_v
-// GDN:       # %v = k3s.delta_correct %S, %k, %v, %beta
-// DN:        # %v = k3s.delta_correct %S, %k, %v, %beta
+// KDA-NEXT:  # %u = k3s.delta_correct %S, %k, %v, %beta: u = beta_t (v_t - S^T k_t), kept in b_v
+// GDN:       # %u = k3s.delta_correct %S, %k, %v, %beta
+// DN:        # %u = k3s.delta_correct %S, %k, %v, %beta
 // GLA-NOT:   k3s.delta_correct
-// ALL:       # %S = k3s.rank1_update %S, %k, %v: S <- S + k_t u_t^T
+// KDA:       # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
+// GDN:       # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
+// DN:        # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
+// GLA:       # %S = k3s.rank1_update %S, %k, %v: S <- S + k_t u_t^T
 // ALL:       # %o = k3s.readout %S, %q: o_t = S^T (scale q_t)
 // ALL:       # k3s.store_state <layout = {{kv|vk}}>
 // ALL-LABEL: def recurrent(q, k, v,

@@ -1,11 +1,12 @@
 // k3s stage ops only live inside their parent region: a decay at the top level of the module
 // (its operands from a cast) is rejected, naming the op and the parent it needs. The sed
 // variants move other stages out of place (a token stage directly in a kernel, a kernel stage
-// inside the token loop, an AttnRes stage in a token loop, an argument outside any entry).
+// inside the token loop, an AttnRes stage in a token loop (its operands from a cast), an
+// argument outside any entry).
 // RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ERR
 // RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { %q = k3s.load_token <tensor = q> : !k3s.tile<K> } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
 // RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.token_loop { ^bb0(%%S: !k3s.tile<K x V>): k3s.state_tile <head_k_dim = 4, head_v_dim = 4, block_v = 4, layout = kv> k3s.next_token %%S } } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TILE
-// RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.token_loop { ^bb0(%%S: !k3s.tile<K x V>): k3s.rms_score <eps = 0.1> k3s.next_token %%S } } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCORE
+// RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.token_loop { ^bb0(%%S: !k3s.tile<K x V>): %%x, %%q = builtin.unrealized_conversion_cast to !k3s.tile<D>, !k3s.tile<D> %%score = k3s.rms_score %%x, %%q <eps = 0.1> : !k3s.tile<> k3s.next_token %%S } } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCORE
 // RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.tensor_arg @q <shape = "B,T", dtype = float, role = input>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ARG
 
 builtin.module {
