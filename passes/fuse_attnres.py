@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Region
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -24,20 +25,30 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
     def arg(sym_name: str, shape: str, role: str = "input"):
         return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype="float", role=role)
 
+    fold = make(k3s.FoldQueryOp, hidden_size=D, result=("q", k3s.tile("D")))
+    q = fold.results[0]
+    # the online softmax carried over the sources: running max, normaliser, mix
+    carried = [k3s.tile(), k3s.tile(), k3s.tile("D")]
+    body = Block(arg_types=carried)
+    running_max, normaliser, mix = body.args
+    for carried_value, name in zip(body.args, ("max", "sum", "acc")):
+        carried_value.name_hint = name
+    x = make(k3s.LoadSourceOp, result=("x", k3s.tile("D")))
+    score = make(k3s.RmsScoreOp, operands=[x.results[0], q], result=("score", k3s.tile()), eps=op.eps.value.data)
+    softmax = k3s.OnlineSoftmaxOp.create(operands=[running_max, normaliser, score.results[0]],
+                                         result_types=[k3s.tile()] * 4)
+    for result, name in zip(softmax.results, ("max", "sum", "p", "rescale")):
+        result.name_hint = name
+    new_max, new_sum, p, rescale = softmax.results
+    mixed = make(k3s.MixAccumulateOp, operands=[mix, rescale, p, x.results[0]], result=("acc", k3s.tile("D")))
+    body.add_ops([x, score, softmax, mixed,
+                  make(k3s.NextSourceOp, operands=[new_max, new_sum, mixed.results[0]])])
+    loop = k3s.SourceLoopOp.create(regions=[Region(body)], result_types=carried)
+    for result, name in zip(loop.results, ("max", "sum", "acc")):
+        result.name_hint = name
     kernel = make(
         k3s.KernelOp,
-        [
-            make(k3s.FoldQueryOp, hidden_size=D),
-            make(
-                k3s.SourceLoopOp,
-                [
-                    make(k3s.RmsScoreOp, eps=op.eps.value.data),
-                    make(k3s.OnlineSoftmaxOp),
-                    make(k3s.MixAccumulateOp),
-                ],
-            ),
-            make(k3s.NormalizeStoreOp),
-        ],
+        [fold, loop, make(k3s.NormalizeStoreOp, operands=[loop.results[2], loop.results[1]])],
         sym_name=f"{op.sym_name.data}_aggregate",
         grid="row",
         num_warps=num_warps,

@@ -48,8 +48,7 @@ def token_loop(op: RecurrenceOp, cache_updates: bool = False) -> k3s.TokenLoopOp
     u = v
     if op.delta_rule.value.data:
         beta = stage(load["beta"](k3s.LoadTokenOp))
-        # u lives where v did: the token's v is not read after it
-        u = stage(make(k3s.DeltaCorrectOp, operands=[S, k, v, beta], result=("v", v.type)))
+        u = stage(make(k3s.DeltaCorrectOp, operands=[S, k, v, beta], result=("u", v.type)))
     S = stage(make(k3s.Rank1UpdateOp, operands=[S, k, u], result=("S", S.type)))
     stage(make(k3s.ReadoutOp, operands=[S, q], result=("o", k3s.tile("V"))))
     if cache_updates:

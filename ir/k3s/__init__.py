@@ -49,6 +49,8 @@ K3S = Dialect(
         StoreStateOp,
         FoldQueryOp,
         SourceLoopOp,
+        NextSourceOp,
+        LoadSourceOp,
         RmsScoreOp,
         OnlineSoftmaxOp,
         MixAccumulateOp,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.irdl import (
@@ -399,6 +401,7 @@ class StateAdvanceOp(KeywordSyntax):
     decay = opt_operand_def(TileType)
     advanced = result_def(TileType)
     traits = traits_def(HasParent(*SCAN_PARENTS), Pure())
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # the state is updated where it is held
 
     def verify_(self) -> None:
         _choice(self, "gate", CHUNK_GATES)

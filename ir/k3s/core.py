@@ -30,13 +30,14 @@ MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
 
-TILE_DIMS = ("C", "K", "V")
+TILE_DIMS = ("C", "K", "V", "D")
 
 
 @irdl_attr_definition
 class TileType(ParametrizedAttribute, TypeAttribute):
     """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
-    token rows), K (key channels) and V (the program's value columns); `<C>` one number per row,
+    token rows), K (key channels), V (the program's value columns) and D (AttnRes's hidden
+    columns); `<C>` one number per row,
     `<>` one number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
 
     name = "k3s.tile"
@@ -60,6 +61,10 @@ class TileType(ParametrizedAttribute, TypeAttribute):
         for dim in self.dims.data:
             if dim.data not in TILE_DIMS:
                 raise VerifyException(f"{self.name}: unknown dimension {dim.data!r}; allowed: {', '.join(TILE_DIMS)}")
+
+
+# An op whose result i takes the storage of its operand j declares IN_PLACE = {i: j} (a state
+# advanced, a running softmax updated): backends keep the two in one register or buffer.
 
 
 def tile(*dims: str) -> TileType:

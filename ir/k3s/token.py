@@ -3,6 +3,8 @@ stages, and speculative decoding's verify cache, snapshot and replay."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from xdsl.dialects.builtin import I64, BoolAttr, IntegerAttr, StringAttr
 from xdsl.irdl import (
     irdl_op_definition,
@@ -189,6 +191,7 @@ class DecayOp(KeywordSyntax):
     log_gate = operand_def(TileType)
     decayed = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp), Pure())
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # the state is updated where it is held
 
     def verify_(self) -> None:
         _choice(self, "gate", GATES)
@@ -205,6 +208,7 @@ class DeltaCorrectOp(KeywordSyntax):
     beta = operand_def(TileType)
     update = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp), Pure())
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 2}  # u takes v's place: the token's v is not read after it
 
 
 @irdl_op_definition
@@ -217,6 +221,7 @@ class Rank1UpdateOp(KeywordSyntax):
     values = operand_def(TileType)
     updated = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp), Pure())
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # the state is updated where it is held
 
 
 @irdl_op_definition

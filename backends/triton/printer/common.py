@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.ir import Operation, OpResult, SSAValue
 
 from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
@@ -30,12 +30,14 @@ def launch_table_name(entry: str) -> str:
 
 
 def register(value: SSAValue) -> str:
-    """The register a value lives in: its name; but a loop carries its state in one register,
-    updated in place, so every value of the state's type in the loop's body lives in the
-    register of the loop's block argument."""
-    block = value.block if isinstance(value, BlockArgument) else value.owner.parent_block()
-    if block is not None and block.args and value.type == block.args[0].type:
-        value = block.args[0]
+    """The register a value lives in: its name; a result an op updates in place (IN_PLACE) lives
+    in its operand's register, and a loop's results in its carried block arguments' registers."""
+    if isinstance(value, OpResult):
+        owner = value.op
+        if value.index in getattr(owner, "IN_PLACE", {}):
+            return register(owner.operands[owner.IN_PLACE[value.index]])
+        if owner.regions and owner.regions[0].blocks:  # a loop's result: what it carried
+            return register(owner.regions[0].block.args[value.index])
     if not value.name_hint:  # the passes name every value they make
         raise ValueError(f"a value of {value.owner} reached the Triton printer without a name")
     return f"b_{value.name_hint}"
