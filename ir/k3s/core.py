@@ -37,8 +37,8 @@ TILE_DIMS = ("C", "K", "V", "D")
 class TileType(ParametrizedAttribute, TypeAttribute):
     """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
     token rows), K (key channels), V (the program's value columns) and D (AttnRes's hidden
-    columns); `<C>` one number per row,
-    `<>` one number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
+    columns); `<C>` one number per row, `<>` one number. Stages compute in fp32; loads keep the
+    input dtype until a stage upcasts."""
 
     name = "k3s.tile"
     dims: ArrayAttr[StringAttr]
