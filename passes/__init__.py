@@ -12,7 +12,9 @@ Each pass is one idea, named for what it derives:
   (replay of the accepted tokens into the pool) and a `spec_step` entry (both in one launch:
   the previous round's commit, then the next round's verify).
 - derive-segment-scan: k3.recurrence -> its segment-scan schedule (context parallelism: segment
-  summaries (M, N), their associative combine, each segment finished chunkwise), proved.
+  summaries (M, N), their associative combine, each segment finished chunkwise), proved;
+- merge-identical-kernels: kernels of different entries with the same code run one code (the
+  backend runs it after fixing block sizes).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ _WHERE = {
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),
     "lower-segment-scan": ("lower_segment_scan", "LowerSegmentScanPass"),
+    "merge-identical-kernels": ("merge_identical_kernels", "MergeIdenticalKernelsPass"),
 }
 
 

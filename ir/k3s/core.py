@@ -179,6 +179,9 @@ class KernelOp(KeywordSyntax):
     block_k = opt_prop_def(IntegerAttr[I64])
     block_v = opt_prop_def(IntegerAttr[I64])
     block_d = opt_prop_def(IntegerAttr[I64])
+    # another kernel of the module whose code this one runs (merge-identical-kernels: the same
+    # body and properties): printed once, launched from both entries with their own configs
+    shares_code_of = opt_prop_def(StringAttr)
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp), IsolatedFromAbove())
 

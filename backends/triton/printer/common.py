@@ -69,9 +69,9 @@ def describe(op: Operation) -> str:
 class Code:
     """Lines of Python with an indentation level."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: int = 0) -> None:
         self.lines: list[str] = []
-        self.level = 0
+        self.level = level
 
     def __call__(self, *lines: str) -> None:
         for line in lines:

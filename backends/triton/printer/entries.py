@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import io
+import tokenize
+
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
@@ -24,6 +27,16 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 
+def names_in(code: str) -> set[str]:
+    """The identifiers that Python code reads (strings and comments are not code)."""
+    tokens = tokenize.generate_tokens(io.StringIO(code).readline)
+    return {token.string for token in tokens if token.type == tokenize.NAME}
+
+
+def param_name(declaration: str) -> str:
+    return declaration.split(":")[0]
+
+
 class Entries:
     """TritonPrinter's methods for entries (one per k3s op, and their helpers)."""
 
@@ -41,6 +54,9 @@ class Entries:
         # entries listed launch through a module-level table (docs/autotuning.md), others statically
         self.launch_tables = dict(launch_tables or {})
         self.signatures: dict[str, list[str]] = {}  # entry -> its printed parameters
+        # kernel -> (its parameters, the lines of its code): what a launch passes, what a kernel
+        # sharing its code must print the same
+        self.kernel_code: dict[str, tuple[list[str], list[str]]] = {}
 
     def print_module(self, module: ModuleOp, docstring: str) -> str:
         c = self.code
@@ -261,8 +277,8 @@ class Entries:
             sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
         return sizes
 
-    def kernel_name(self, kernel: k3s.KernelOp) -> str:
-        return f"{kernel.sym_name.data}_kernel"
+    def kernel_name(self, symbol: str) -> str:
+        return f"{symbol}_kernel"
 
     def kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
         """(parameter declaration, launch argument) of every kernel parameter, in order."""
@@ -333,12 +349,15 @@ class Entries:
             c(f"num_chunks, chunk_table = _chunks({offsets}, dims, BC, {first}.device)")
         grid = ", ".join(self.GRID_AXES[axis] for axis in axes)
         c(f"grid = ({grid}{',' if len(axes) == 1 else ''})")
+        code = kernel.shares_code_of.data if kernel.shares_code_of is not None else kernel.sym_name.data
+        arguments = {param_name(param): arg for param, arg in self.kernel_params(kernel, view)}
+        params = [param_name(param) for param in self.kernel_code[code][0]]
         c("if all(grid):")
         with c.indent():
-            c(f"{self.kernel_name(kernel)}[grid](")
+            c(f"{self.kernel_name(code)}[grid](")
             with c.indent():
-                for _, arg in self.kernel_params(kernel, view):
-                    c(f"{arg},")
+                for name in params:
+                    c(f"{arguments[name]},")
                 if tabled:
                     c('num_warps=launch["num_warps"],')
                     if kernel.num_stages is not None:
@@ -354,20 +373,34 @@ class Entries:
             c(")")
 
     def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+        """The @triton.jit function of a kernel. A kernel that shares another's code (k3s.kernel
+        <shares_code_of>) prints none; its code in its own entry must be the other's."""
         c = self.code
-        c("@triton.jit")
-        c(f"def {self.kernel_name(kernel)}(")
-        with c.indent():
-            for param, _ in self.kernel_params(kernel, view):
-                c(f"{param},")
-        c("):")
         self.view = view
         self.defined: set[str] = set()
+        self.code = body = Code(level=1)
+        body(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
+        for axis_index, axis in enumerate(kernel.grid.data.split(",")):
+            getattr(self, f"print_axis_{axis}")(axis_index)
+        self.print_ops(kernel)
+        self.code = c
+        # its parameters: those of the entry's that its code reads, in the entry's order
+        used = names_in(body.text())
+        params = [param for param, _ in self.kernel_params(kernel, view) if param_name(param) in used]
+        code = (params, body.lines[1:])  # all but the docstring
+        if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
+            twin_params, twin_body = self.kernel_code[kernel.shares_code_of.data]
+            if (sorted(twin_params), twin_body) != (sorted(params), body.lines[1:]):
+                raise ValueError(f"kernel @{kernel.sym_name.data} of @{view.entry.sym_name.data} shares the code "
+                                 f"of @{kernel.shares_code_of.data}, but its code differs (merge-identical-kernels)")
+            return
+        self.kernel_code[kernel.sym_name.data] = code
+        c("@triton.jit", f"def {self.kernel_name(kernel.sym_name.data)}(")
         with c.indent():
-            c(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
-            for axis_index, axis in enumerate(kernel.grid.data.split(",")):
-                getattr(self, f"print_axis_{axis}")(axis_index)
-            self.print_ops(kernel)
+            for param in params:
+                c(f"{param},")
+        c("):")
+        c.lines += body.lines
 
     def print_ops(self, parent: Operation) -> None:
         for op in parent.regions[0].ops:

@@ -1,0 +1,106 @@
+"""The generated modules' kernels: every parameter is read, no two kernels have the same code,
+and the kernels that merge-identical-kernels merges are launched from both entries."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+from xdsl.context import Context
+
+from conftest import EXAMPLE_SPECS
+from k3compile.driver import lower, schedule
+from k3compile.ir import k3s
+from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
+from k3compile.spec import load_spec
+
+PIPELINES = {
+    "default": None,
+    "split-prepare": "derive-chunkwise,fuse-chunkwise{grouping=split-prepare}",
+    "chunked-verify": "derive-replay{draft-tokens=8},lower-speculative{verify=chunked}",
+    "token-verify": "derive-replay{draft-tokens=8},lower-speculative",
+    "chunk-32": "derive-chunkwise{chunk-size=32 solve-block=16},fuse-chunkwise,derive-segment-scan{chunk-size=32},"
+                "lower-segment-scan",
+}
+RECURRENCES = [p for p in EXAMPLE_SPECS if load_spec(p).kind in ("kda", "gated_deltanet", "deltanet", "gla")]
+CASES = [pytest.param(spec, pipeline, id=f"{spec.stem}-{name}") for spec in RECURRENCES
+         for name, pipeline in PIPELINES.items()]
+CASES += [pytest.param(p, None, id=p.stem) for p in EXAMPLE_SPECS if load_spec(p).kind == "attnres"]
+
+
+def jit_functions(source: str) -> list[ast.FunctionDef]:
+    tree = ast.parse(source)
+    return [f for f in tree.body if isinstance(f, ast.FunctionDef)
+            and any(ast.unparse(d) == "triton.jit" for d in f.decorator_list)]
+
+
+def code_of(function: ast.FunctionDef) -> str:
+    """Its statements but the docstring, as an AST dump (names, not formatting)."""
+    body = function.body[1:] if isinstance(function.body[0], ast.Expr) else function.body
+    return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
+@pytest.mark.parametrize("spec, pipeline", CASES)
+def test_kernel_parameters_are_read_and_kernels_differ(spec, pipeline):
+    source = lower(load_spec(spec), pipeline).source
+    kernels = [f for f in jit_functions(source) if f.name.endswith("_kernel")]
+    assert kernels
+    for kernel in kernels:
+        read = {n.id for n in ast.walk(ast.Module(body=kernel.body, type_ignores=[]))
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        unused = [a.arg for a in kernel.args.args if a.arg not in read]
+        assert not unused, f"{kernel.name}: parameters never read: {unused}"
+        assert f"{kernel.name}[grid](" in source, f"{kernel.name} is never launched"
+    codes = [code_of(k) for k in kernels]
+    twins = [(a.name, b.name) for i, a in enumerate(kernels) for b in kernels[i + 1:] if code_of(a) == code_of(b)]
+    assert not twins, f"kernels with the same code: {twins}"
+    assert len(set(codes)) == len(codes)
+
+
+def kernel_map(module) -> dict[str, k3s.KernelOp]:
+    return {op.sym_name.data: op for op in module.walk() if isinstance(op, k3s.KernelOp)}
+
+
+def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
+    spec = next(p for p in RECURRENCES if p.stem == "kda")
+    compilation = lower(load_spec(spec))
+    kernels = kernel_map(compilation.scheduled)
+    shared = {name: k.shares_code_of.data for name, k in kernels.items() if k.shares_code_of is not None}
+    assert shared == {
+        "kda_segments_prepare": "kda_chunk_prepare",
+        "kda_segments_scan": "kda_chunk_scan",
+        "kda_segments_summary_scan_N": "kda_summary_scan_N",
+        "kda_segments_summary_scan_M": "kda_summary_scan_M",
+    }
+    source = compilation.source
+    assert "def kda_segments_scan_kernel(" not in source
+    # each entry launches the shared code with its own launch configuration
+    segments = source[source.index("def chunk_segments("):]
+    launch = segments[segments.index("# k3s.kernel @kda_segments_scan"):]
+    launch = launch[:re.search(r"\n\s*\)\n", launch).start()]
+    assert "kda_chunk_scan_kernel[grid](" in launch
+    assert f"num_stages={kernels['kda_segments_scan'].num_stages.value.data}," in launch
+
+
+def test_merge_needs_the_same_code_properties():
+    spec = next(p for p in RECURRENCES if p.stem == "kda")
+    module = schedule(load_spec(spec)).scheduled
+    from k3compile.backends.triton.legalize import LegalizeTritonPass
+
+    LegalizeTritonPass().apply(Context(), module)
+    kernels = kernel_map(module)
+    # a different launch configuration still shares the code; different block sizes do not
+    kernels["kda_segments_prepare"].properties["num_warps"] = kernels["kda_chunk_prepare"].num_warps.__class__(8, 64)
+    block_v = kernels["kda_chunk_scan"].block_v
+    kernels["kda_segments_scan"].properties["block_v"] = block_v.__class__(block_v.value.data // 2, 64)
+    MergeIdenticalKernelsPass().apply(Context(), module)
+    assert kernels["kda_segments_prepare"].shares_code_of.data == "kda_chunk_prepare"
+    assert kernels["kda_segments_scan"].shares_code_of is None
+    # no kernel shares the code of one in its own entry, and running it again changes nothing
+    before = str(module)
+    MergeIdenticalKernelsPass().apply(Context(), module)
+    assert str(module) == before
+    for kernel in kernels.values():
+        if kernel.shares_code_of is not None:
+            assert kernels[kernel.shares_code_of.data].parent_op() is not kernel.parent_op()
