@@ -13,11 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from conftest import one_line, recurrence_inputs, recurrence_table, run_cli, RecurrenceShape
+from conftest import (
+    RecurrenceShape,
+    one_line,
+    recurrence_inputs,
+    recurrence_table,
+    run_cli,
+)
 from k3compile.passes.fuse_chunkwise import FuseChunkwisePass
+
 from k3compile import autotune
-from k3compile.autotune import Bucket, Choice, TuneCache
+from k3compile.autotune import Bucket, Choice, TuneCache, measure, search
 
 GPU = "Fake GPU 80GB"
 # V = 32: block-v 32 and 16 are different launches of the scan kernel
@@ -38,6 +44,12 @@ def write_spec(path: Path, table: dict = TABLE) -> Path:
     lines = ["[layer]"] + [f"{k} = {json.dumps(v)}" for k, v in table.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def fake_gpu(monkeypatch, name: str | None) -> None:
+    """The GPU name where tune (search.py) and compile_tuned (compile.py) look it up."""
+    for where in ("search", "compile"):
+        monkeypatch.setattr(f"k3compile.autotune.{where}.gpu_name", lambda: name)
 
 
 def spec_of(table: dict = TABLE):
@@ -124,10 +136,10 @@ def test_cache_key_changes_with_schedule_bucket_dtype_gpu_versions(monkeypatch):
         "dtype": autotune.key_for(spec, None, (2, 3000), "float32", GPU),
         "GPU": autotune.key_for(spec, None, (2, 3000), "bfloat16", "NVIDIA H200"),
     }
-    monkeypatch.setattr(autotune, "triton_version", lambda: "99.0.0")
+    monkeypatch.setattr("k3compile.autotune.cache.triton_version", lambda: "99.0.0")
     changed["triton"] = autotune.key_for(spec, None, (2, 3000), "bfloat16", GPU)
     monkeypatch.undo()
-    monkeypatch.setattr(autotune, "k3compile_version", lambda: "9.9.9+src.0")
+    monkeypatch.setattr("k3compile.autotune.cache.k3compile_version", lambda: "9.9.9+src.0")
     changed["k3compile"] = autotune.key_for(spec, None, (2, 3000), "bfloat16", GPU)
     for what, key in changed.items():
         assert digest(key) != digest(base), what
@@ -157,7 +169,7 @@ def test_cache_root_from_env_and_xdg(monkeypatch, tmp_path):
 
 
 def test_tune_checks_times_and_picks_the_fastest(tuned):
-    cache, result, timer = tuned
+    _, result, timer = tuned
     assert not result.cached and result.timed == timer.calls > 0
     cands = result.candidates
     assert len(cands) == 8 and cands[0].options == {"chunk-size": 64, "num-warps": 8, "block-v": 32}
@@ -187,7 +199,7 @@ def test_second_tune_hits_the_cache_without_timing_or_compiling(tuned, monkeypat
 def test_a_wrong_candidate_can_never_win(tmp_path, monkeypatch):
     """Candidates made to return garbage, leave outputs unwritten (NaN) or fail to launch are
     timed fastest by the fake timer, yet score infinity and are reported."""
-    real = autotune.run_entry
+    real = measure.run_entry
     sabotage = {(4, 16): "garbage", (4, 32): "unwritten", (8, 16): "raise"}
 
     def run_entry(module, inputs, candidate, entry_name="chunk", **options):
@@ -202,7 +214,7 @@ def test_a_wrong_candidate_can_never_win(tmp_path, monkeypatch):
             raise RuntimeError("out of resource: shared memory, Required: 300000, Hardware limit: 232448")
         return o, state
 
-    monkeypatch.setattr(autotune, "run_entry", run_entry)
+    monkeypatch.setattr(measure, "run_entry", run_entry)
     timer = FakeTimer({"num-warps": 4})
     result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=timer, cache=TuneCache(tmp_path),
                            space=SMALL_SPACE, check_shape=CHECK)
@@ -221,7 +233,7 @@ def test_segments_stage_picks_a_checked_P_and_auto_uses_it(tmp_path, capsys, mon
     the bucket's P, and chunk(..., segments="auto") in that bucket runs with it."""
     from k3compile.driver import load_module
 
-    real = autotune.run_entry
+    real = measure.run_entry
 
     def run_entry(module, inputs, candidate, entry_name="chunk", **options):
         o, state = real(module, inputs, candidate, entry_name, **options)
@@ -231,7 +243,7 @@ def test_segments_stage_picks_a_checked_P_and_auto_uses_it(tmp_path, capsys, mon
         def __call__(self, fn, candidate) -> float:
             return super().__call__(fn, candidate) - {2: 0.05, 4: 0.1, 8: 0.5}.get(candidate.options.get("segments"), 0)
 
-    monkeypatch.setattr(autotune, "run_entry", run_entry)
+    monkeypatch.setattr(measure, "run_entry", run_entry)
     cache = TuneCache(tmp_path / "cache")
     result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=SegmentTimer(), cache=cache, space=SMALL_SPACE,
                            check_shape=CHECK, segments=(2, 4, 8))
@@ -253,9 +265,10 @@ def test_segments_stage_picks_a_checked_P_and_auto_uses_it(tmp_path, capsys, mon
 def test_the_grouping_is_a_choice_the_tuner_can_make(tmp_path, capsys):
     """A string-valued row (fuse-chunkwise's grouping): both groupings are checked and timed, the
     faster wins, and the compiled module is that grouping's (the prepare as gram + wy kernels)."""
+    from k3compile.ir import reference
+
     from k3compile.driver import load_module
     from k3compile.frontend import spec_to_module
-    from k3compile.ir import reference
 
     space = (Choice("fuse-chunkwise", "grouping", ("split", "split-prepare"), launch_only=False),)
     cache = TuneCache(tmp_path / "cache")
@@ -312,7 +325,7 @@ def test_candidates_that_do_not_compile_score_infinity(tmp_path):
 
 
 def test_tune_refuses_without_a_gpu_or_a_chunk_entry(monkeypatch, tmp_path):
-    monkeypatch.setattr(autotune, "gpu_name", lambda: None)
+    fake_gpu(monkeypatch, None)
     with pytest.raises(autotune.TuningError, match="no CUDA GPU"):
         autotune.tune(spec_of(), SHAPE, "float32", cache=TuneCache(tmp_path))
     with pytest.raises(autotune.TuningError, match="none of the tuned passes"):
@@ -339,11 +352,12 @@ class LaunchRecorder:
 
 
 def test_compiled_module_embeds_and_uses_the_tuned_launch(tuned, capsys, tmp_path, monkeypatch):
-    from k3compile.driver import load_module
-    from k3compile.frontend import spec_to_module
     from k3compile.ir import reference
 
-    cache, result, _ = tuned
+    from k3compile.driver import load_module
+    from k3compile.frontend import spec_to_module
+
+    cache, _, _ = tuned
     spec_path = write_spec(tmp_path / "tuned.toml")
     code, out, err = run_cli(capsys, "compile", spec_path, "-o", tmp_path / "out", "--frozen", "--gpu", GPU,
                              "--cache-dir", cache.root.parent)
@@ -396,23 +410,23 @@ def test_frozen_fails_in_one_line_naming_what_is_missing(capsys, tmp_path):
 
 
 def test_frozen_without_a_gpu_fails_cleanly(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(autotune, "gpu_name", lambda: None)
-    code, out, err = run_cli(capsys, "compile", write_spec(tmp_path / "tuned.toml"), "-o", tmp_path / "out", "--frozen",
-                             "--cache-dir", tmp_path / "c")
+    fake_gpu(monkeypatch, None)
+    code, _, err = run_cli(capsys, "compile", write_spec(tmp_path / "tuned.toml"), "-o", tmp_path / "out", "--frozen",
+                           "--cache-dir", tmp_path / "c")
     assert code == 2 and one_line(err) and "no GPU" in err
-    code, out, err = run_cli(capsys, "tune", write_spec(tmp_path / "tuned.toml"), "--shape", "1,64",
-                             "--cache-dir", tmp_path / "c")
+    code, _, err = run_cli(capsys, "tune", write_spec(tmp_path / "tuned.toml"), "--shape", "1,64",
+                           "--cache-dir", tmp_path / "c")
     assert code == 2 and one_line(err) and "no CUDA GPU" in err
-    code, out, err = run_cli(capsys, "tune", write_spec(tmp_path / "tuned.toml"), "--shape", "1,x")
+    code, _, err = run_cli(capsys, "tune", write_spec(tmp_path / "tuned.toml"), "--shape", "1,x")
     assert code == 2 and "B,T" in err
 
 
 def test_cli_tune_prints_the_table_then_hits_the_cache(capsys, tmp_path, monkeypatch):
     timer = FakeTimer({"num-warps": 4})
-    monkeypatch.setattr(autotune, "gpu_name", lambda: GPU)
-    monkeypatch.setattr(autotune, "time_candidate", timer)
-    monkeypatch.setattr(autotune, "SEARCH_SPACE", SMALL_SPACE)
-    monkeypatch.setattr(autotune, "DEFAULT_CHECK_SHAPE", CHECK)
+    fake_gpu(monkeypatch, GPU)
+    monkeypatch.setattr(search, "time_candidate", timer)  # tune looks these three up in search.py
+    monkeypatch.setattr(search, "SEARCH_SPACE", SMALL_SPACE)
+    monkeypatch.setattr(search, "DEFAULT_CHECK_SHAPE", CHECK)
     spec_path = write_spec(tmp_path / "tuned.toml")
     args = ("tune", spec_path, "--shape", "1,48", "--dtype", "float32", "--cache-dir", tmp_path / "cache")
     code, out, err = run_cli(capsys, *args)
@@ -535,7 +549,7 @@ def test_precompile_warms_every_candidate_up_without_launching():
     import types
 
     module = types.ModuleType("fake_tuned_module")
-    exec(FAKE_MODULE, module.__dict__)
+    exec(FAKE_MODULE, module.__dict__)  # noqa: S102 - the stand-in module's source, above
     kernel = module.fake_scan_kernel
     group = [autotune.Candidate(i, {"num-warps": w}, "", {}, launch={"fake_scan": {"num_warps": w}})
              for i, w in enumerate((8, 4))]

@@ -1,0 +1,68 @@
+"""Autotuning of the chunk entry's schedule choices on the GPU, with an on-disk cache.
+
+The search space is SEARCH_SPACE: a table of pass options that change the chunk entry. For
+every shape bucket (tune) each candidate pipeline is compiled, run with NaN-filled outputs
+(the module's POISON_OUTPUTS) and checked against the float64 reference (k3compile.ir.reference)
+on a small shape, checked to write every output at the target shape, and only then timed
+there; compile failures, out-of-resources and wrong results score infinity and are reported.
+The result of a bucket is cached on disk (TuneCache) under a key of the schedule (layer IR +
+pipeline), the bucket, the dtype, the GPU, and the triton and k3compile versions, so a later
+tune or compile times nothing. compile_tuned() turns cached results into a module: one chunk
+size for the module (it changes kernel code), and a launch table per bucket (block sizes,
+num_warps, num_stages) that the generated launches read. docs/autotuning.md has the design.
+
+The timer and the GPU name are parameters (defaults: `time_candidate`, `gpu_name`) so that the
+CPU tests run the whole search in Triton's interpreter with a fake timer.
+
+    space.py    what is searched: Choice, SEARCH_SPACE, SEGMENTS, Bucket, the candidates
+    cache.py    the on-disk cache: TuneCache, its keys, the versions they hold
+    measure.py  one candidate: its inputs, the poisoned check against the reference, the timer
+    search.py   tune(): the loop over a bucket's candidates
+    compile.py  compile_tuned(): a module from the cached records
+
+The names below are re-exported for `from k3compile.autotune import X`. A test that replaces
+a function patches the submodule that looks it up (tune looks up gpu_name in search.py,
+compile_tuned in compile.py), not this package.
+"""
+
+from k3compile.autotune.cache import TuneCache, cache_root, key_digest, key_for
+from k3compile.autotune.compile import ModulePlan, compile_tuned
+from k3compile.autotune.measure import precompile
+from k3compile.autotune.search import TuneResult, TuningError, tune
+from k3compile.autotune.space import (
+    SEARCH_SPACE,
+    SEGMENTS,
+    Bucket,
+    Candidate,
+    Choice,
+    base_pipeline,
+    bucket,
+    candidates,
+    kernel_code_hash,
+    launch_configs,
+    split_pipeline,
+)
+
+__all__ = [
+    "SEARCH_SPACE",
+    "SEGMENTS",
+    "Bucket",
+    "Candidate",
+    "Choice",
+    "ModulePlan",
+    "TuneCache",
+    "TuneResult",
+    "TuningError",
+    "base_pipeline",
+    "bucket",
+    "cache_root",
+    "candidates",
+    "compile_tuned",
+    "kernel_code_hash",
+    "key_digest",
+    "key_for",
+    "launch_configs",
+    "precompile",
+    "split_pipeline",
+    "tune",
+]

@@ -1,0 +1,168 @@
+"""Compiling with tuned configs: compile_tuned() turns the cached records of a spec's buckets
+into a module, one kernel code for the whole module (the code closest to each bucket's winner,
+choose_code) and a launch table per bucket (block sizes, num_warps, num_stages, the P of
+segments="auto") that the generated launches read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from k3compile.autotune.cache import (
+    TuneCache,
+    k3compile_version,
+    key_for,
+    schedule_hash,
+    triton_version,
+)
+from k3compile.autotune.measure import gpu_name
+from k3compile.autotune.search import TuningError
+from k3compile.autotune.space import (
+    TUNED_ENTRY,
+    Bucket,
+    Candidate,
+    base_pipeline,
+    join_pipeline,
+    kernel_code_hash,
+    split_pipeline,
+    tunable,
+)
+
+
+@dataclass
+class ModulePlan:
+    """What a compile embeds: the pipeline (code choices), the launch tables and a docstring
+    note, plus one-line messages for the user."""
+
+    pipeline: str | None
+    launch_tables: dict = field(default_factory=dict)
+    note: str = ""
+    messages: list[str] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+
+
+def choose_code(records: list[dict]) -> tuple[dict, str] | None:
+    """The kernel code (code options, code hash) for a module serving several buckets: the one
+    whose best candidate is closest to each bucket's winner (least geometric-mean slowdown);
+    ties go to the heuristic default's code."""
+    scores: dict[tuple, list[float]] = {}
+    default_code = None
+    usable = []
+    for record in records:
+        cands = [Candidate.from_json(c) for c in record["candidates"]]
+        ok = [c for c in cands if c.status == "ok"]
+        if ok:
+            usable.append((record, cands, ok, min(c.ms for c in ok)))
+        if default_code is None and record.get("default") is not None:
+            d = cands[record["default"]]
+            default_code = (tuple(sorted(d.code_options.items())), d.code_hash)
+    codes = {(tuple(sorted(c.code_options.items())), c.code_hash) for _, _, ok, _ in usable for c in ok}
+    if not codes:
+        return None
+    for code in codes:
+        for _, _, ok, best in usable:
+            mine = [c.ms for c in ok if (tuple(sorted(c.code_options.items())), c.code_hash) == code]
+            scores.setdefault(code, []).append(math.log(min(mine) / best) if mine else math.inf)
+    chosen = min(codes, key=lambda code: (sum(scores[code]) / len(scores[code]), code != default_code, code))
+    return dict(chosen[0]), chosen[1]
+
+
+def describe_record(spec, record: dict) -> str:
+    key = record["key"]
+    return (f"{spec.name} ({spec.source}), bucket {Bucket(key['heads_bucket'], key['tokens_bucket'])} "
+            f"{key['dtype']}, GPU '{key['gpu']}'")
+
+
+def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu: str | None = None,
+                  shapes: Sequence[tuple[int, int]] = (), dtypes: Sequence[str] = ("bfloat16",),
+                  cache: TuneCache | None = None, tune_missing: Callable | None = None):
+    """Lower `spec` with its cached tuning (docs/autotuning.md). mode: "auto" (cached winners
+    when present; missing requested buckets are tuned by tune_missing(spec, shape, dtype) when
+    given), "frozen" (only cached results; a missing one raises TuningError naming it), "off"
+    (the heuristic default, as without tuning). Returns (Compilation, ModulePlan)."""
+    from k3compile.backends.triton.printer import launch_table_name
+    from k3compile.driver import lower
+    from k3compile.frontend import spec_to_module
+
+    plan = ModulePlan(pipeline)
+    if mode == "off" or not tunable(spec, pipeline):
+        return lower(spec, pipeline), plan
+    base = base_pipeline(spec, pipeline)
+    cache = cache or TuneCache()
+    schedule = schedule_hash(spec, base)
+    if mode == "auto" and not shapes and gpu is None and not (cache.root / schedule[:16]).is_dir():
+        return lower(spec, pipeline), plan  # nothing cached for this schedule (and torch stays unimported)
+    gpu = gpu if gpu is not None else gpu_name()
+    if gpu is None:
+        if mode == "frozen":
+            raise TuningError(f"--frozen: no GPU here (torch sees no CUDA device), and tuned configs are cached per "
+                              f"GPU: pass --gpu NAME to embed those of GPU NAME for {spec.name} ({spec.source})")
+        if shapes:
+            plan.messages.append("no CUDA GPU here and no --gpu: the heuristic default, untuned")
+        return lower(spec, pipeline), plan
+    versions = (triton_version(), k3compile_version())
+    layer_heads = next(iter(spec_to_module(spec).ops)).num_v_heads.value.data
+    records = []
+    for batch, tokens in shapes:
+        for dtype in dtypes:
+            record = cache.get(key_for(spec, pipeline, (batch, tokens), dtype, gpu))
+            if record is None and mode == "frozen":
+                raise TuningError(f"frozen: no tuned config for {spec.name} ({spec.source}), bucket "
+                                  f"{Bucket.of(batch, tokens, layer_heads)} {dtype} (shape {batch},{tokens}), GPU '{gpu}' "
+                                  f"in {cache.root} (run `k3c tune {spec.source} --shape {batch},{tokens} --dtype {dtype}` "
+                                  "on that GPU)")
+            if record is None and tune_missing is not None and gpu == gpu_name():
+                record = tune_missing(spec, (batch, tokens), dtype).record
+            if record is None:
+                plan.messages.append(f"no tuned config for bucket {Bucket.of(batch, tokens, layer_heads)} {dtype} "
+                                     f"on '{gpu}': the heuristic default there")
+            else:
+                records.append(record)
+    if not shapes:
+        records = cache.records(schedule, gpu, *versions)
+        if not records and mode == "frozen":
+            raise TuningError(f"frozen: no tuned config for {spec.name} ({spec.source}), any bucket, GPU '{gpu}' "
+                              f"in {cache.root} (run `k3c tune {spec.source} --shape B,T` on that GPU)")
+    if not records:
+        return lower(spec, pipeline), plan
+    plan.records = records
+    chosen = choose_code(records)
+    code_options = chosen[0] if chosen else {}
+    passes = split_pipeline(base)
+    names = [name for name, _ in passes]
+    owner = {c["option"]: c["pass"] for record in records for c in record.get("space", [])}
+    for option, value in code_options.items():
+        passes[names.index(owner[option])][1][option] = str(value)
+    plan.pipeline = join_pipeline(passes)
+    empty = lower(spec, plan.pipeline, launch_tables={TUNED_ENTRY: {}})
+    code_hash = kernel_code_hash(empty.source)
+    table = {}
+    untuned = []
+    for record in records:
+        key = record["key"]
+        cands = [Candidate.from_json(c) for c in record["candidates"]]
+        mine = [c for c in cands if c.status == "ok" and c.code_options == code_options and c.code_hash == code_hash]
+        if mine:
+            launch = min(mine, key=lambda c: c.ms).launch
+            if record.get("segments"):  # the bucket's P for segments="auto", beside the kernels' configs
+                launch = {**launch, "segments": {"P": record["segments"]["winner"]}}
+            table[(key["dtype"], key["heads_bucket"], key["tokens_bucket"])] = launch
+        else:
+            untuned.append(describe_record(spec, record))
+    for what in untuned:
+        plan.messages.append(f"no passing tuned candidate with this module's kernel code for {what}: the heuristic "
+                             "default there")
+    plan.launch_tables = {TUNED_ENTRY: table}
+    buckets = ", ".join(f"{d} {Bucket(h, t)}" for d, h, t in sorted(table))
+    code = " ".join(f"{k}={v}" for k, v in code_options.items()) or "the pipeline's"
+    plan.note = (
+        f"Autotuned (k3c tune) on '{gpu}' for {len(table)} bucket(s): {buckets or 'none'}.\n"
+        f"Kernel code (one choice for the whole module, {code}): the code whose best candidate is\n"
+        "closest to each tuned bucket's winner. Launch configs (block sizes, num_warps, num_stages) per\n"
+        f"bucket in {launch_table_name(TUNED_ENTRY)}, read by the launches of `{TUNED_ENTRY}`; other sizes use the heuristic\n"
+        "default; the bucket's P of segments=\"auto\" (context parallelism) under 'segments'. docs/autotuning.md\n"
+        "has the design."
+    )
+    return lower(spec, plan.pipeline, launch_tables=plan.launch_tables, note=plan.note), plan

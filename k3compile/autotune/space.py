@@ -1,0 +1,193 @@
+"""What the autotuner searches: the schedule choices (Choice, SEARCH_SPACE), the context-parallel
+stage's segment counts (SEGMENTS), the shape buckets that share tuned configs (Bucket), and the
+candidates: the product of the space's values on top of a pipeline, each with the options it
+sets, its kernel code (hash of its @triton.jit functions) and its launch configs read from the IR.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TUNED_ENTRY = "chunk"  # the entry whose schedule choices are tuned
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One schedule choice: the values a pass option takes in the search, the first being the
+    heuristic default (the pass's own default). launch_only: the option changes only how the
+    kernels are launched (block-size constexprs, num_warps, num_stages; read back per kernel from
+    the IR), so one compiled module serves all its values and a compiled module can switch
+    between them per bucket; otherwise it changes kernel code and is chosen once per module."""
+
+    pass_name: str
+    option: str
+    values: tuple[int, ...] | tuple[str, ...]
+    launch_only: bool
+
+
+# The search space of the chunk entry: the product of these values (options that a pipeline
+# already sets, e.g. `-p '...,fuse-chunkwise{num-warps=4}'`, stay as set). To extend it, add a
+# row: e.g. Choice("derive-chunkwise", "sub-chunk", (16, 32), launch_only=False), or
+# Choice("fuse-chunkwise", "grouping", ("split", "split-prepare"), launch_only=False) (left out
+# for now: statically its gram kernel still holds 239 registers, two programs per SM, and it
+# doubles a cold tune; docs/chunk-performance.md).
+SEARCH_SPACE: tuple[Choice, ...] = (
+    # the choices the H200 sweeps showed to matter (bench/RESULTS.md); few, so that a new shape
+    # tunes in seconds. Chunks of 64 were 0.4-0.6x the default at every bench shape: left out
+    Choice("derive-chunkwise", "chunk-size", (16, 32), launch_only=False),
+    Choice("fuse-chunkwise", "num-warps", (4, 8), launch_only=True),
+    Choice("fuse-chunkwise", "scan-stages", (3, 2), launch_only=True),
+)
+
+# The context-parallel stage after the search (a module with chunk_segments): the winner's launch
+# config with every sequence split into P segments (chunk(..., segments=P)), each P checked
+# before it is timed; P = 1 is the winner itself. The bucket's best P is what segments="auto" uses.
+SEGMENTS: tuple[int, ...] = (2, 4, 8, 16)
+
+
+# --- shape buckets ------------------------------------------------------------------------
+
+
+def bucket(n: int) -> int:
+    """The smallest power of two >= n (the generated module's _bucket is the same function)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Sizes that share tuned configs: N*HV (sequences times value heads, the scan's parallel
+    programs) and the tokens per sequence, each rounded up to a power of two."""
+
+    heads: int
+    tokens: int
+
+    @classmethod
+    def of(cls, batch: int, tokens: int, num_v_heads: int) -> Bucket:
+        return cls(bucket(batch * num_v_heads), bucket(tokens))
+
+    def __str__(self) -> str:
+        return f"N*HV<={self.heads} T<={self.tokens}"
+
+
+# --- pipelines and candidates ---------------------------------------------------------------
+
+
+def split_pipeline(text: str) -> list[tuple[str, dict[str, str]]]:
+    """'a,b{x=1 y=2}' -> [('a', {}), ('b', {'x': '1', 'y': '2'})]."""
+    passes = []
+    for item in re.findall(r"[^,{]+(?:\{[^}]*\})?", text):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, rest = item.partition("{")
+        options = dict(o.split("=", 1) for o in rest.rstrip("}").split() if "=" in o)
+        passes.append((name.strip(), options))
+    return passes
+
+
+def join_pipeline(passes: list[tuple[str, dict[str, str]]]) -> str:
+    return ",".join(name + (f"{{{' '.join(f'{k}={v}' for k, v in opts.items())}}}" if opts else "")
+                    for name, opts in passes)
+
+
+@dataclass
+class Candidate:
+    index: int
+    options: dict[str, int | str]  # option -> value, one per Choice
+    pipeline: str
+    code_options: dict[str, int | str]  # the options that change kernel code (one module per value)
+    code_hash: str = ""  # hash of the generated @triton.jit functions
+    launch: dict | None = None  # kernel -> launch config read from the IR
+    status: str = "pending"  # ok, wrong, unwritten, error, compile error, same as #i
+    ms: float = math.inf
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "options": self.options, "pipeline": self.pipeline,
+                "code_options": self.code_options, "code_hash": self.code_hash, "launch": self.launch,
+                "status": self.status, "ms": self.ms if math.isfinite(self.ms) else None, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Candidate:
+        data = dict(data)
+        data["ms"] = math.inf if data.get("ms") is None else data["ms"]
+        return cls(**data)
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.options.items())
+
+
+def candidates(pipeline: str, space: Sequence[Choice] | None = None) -> list[Candidate]:
+    """Every combination of the space's values on top of `pipeline`; options the pipeline sets
+    itself are kept. Empty when the pipeline has none of the space's passes."""
+    space = SEARCH_SPACE if space is None else space
+    passes = split_pipeline(pipeline)
+    names = [name for name, _ in passes]
+    axes = []
+    for choice in space:
+        if choice.pass_name not in names:
+            continue
+        given = passes[names.index(choice.pass_name)][1].get(choice.option)
+        axes.append((choice, (type(choice.values[0])(given),) if given is not None else choice.values))
+    if not axes:
+        return []
+    result = []
+    for values in itertools.product(*(vals for _, vals in axes)):
+        chosen = [(passes[names.index(c.pass_name)][0], c, v) for (c, _), v in zip(axes, values)]
+        new = [(name, dict(opts)) for name, opts in passes]
+        for pass_name, choice, value in chosen:
+            new[names.index(pass_name)][1][choice.option] = str(value)
+        result.append(Candidate(
+            index=len(result),
+            options={c.option: v for _, c, v in chosen},
+            pipeline=join_pipeline(new),
+            code_options={c.option: v for _, c, v in chosen if not c.launch_only},
+        ))
+    return result
+
+
+def kernel_code_hash(source: str) -> str:
+    """Hash of a module's @triton.jit functions without their docstrings (which describe the
+    kernel op, launch attributes included): equal hashes mean equal kernel code."""
+    parts = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).startswith("triton.jit") for d in node.decorator_list):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+                node.body = body[1:] or [ast.Pass()]
+            parts.append(ast.unparse(node))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def launch_configs(compilation, entry_name: str = TUNED_ENTRY) -> dict[str, dict[str, int]]:
+    """kernel -> launch config (block sizes, num_warps, num_stages) of an entry, from the IR."""
+    from k3compile.backends.triton.printer import EntryView, TritonPrinter
+    from k3compile.ir import k3s
+
+    entry = next(op for op in compilation.scheduled.ops
+                 if isinstance(op, k3s.EntryOp) and op.sym_name.data == entry_name)
+    view, printer = EntryView(entry), TritonPrinter()
+    return {kernel.sym_name.data: printer.launch_config(kernel, view) for kernel in view.kernels}
+
+
+def has_entry(compilation, entry_name: str = TUNED_ENTRY) -> bool:
+    from k3compile.ir import k3s
+
+    return any(isinstance(op, k3s.EntryOp) and op.sym_name.data == entry_name for op in compilation.scheduled.ops)
+
+
+def base_pipeline(spec, pipeline: str | None) -> str:
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
+    return DEFAULT_PIPELINES[spec.kind] if pipeline is None else pipeline
+
+
+def tunable(spec, pipeline: str | None = None) -> bool:
+    return spec.is_recurrence and bool(candidates(base_pipeline(spec, pipeline), SEARCH_SPACE))
