@@ -5,9 +5,9 @@ own entry with its own launch configuration.
 
 Two kernels have the same code when their bodies are structurally equivalent (the same ops, in
 the same order, with the same properties and the same use-def chains) and their properties agree
-but for those that only say how a kernel is launched. Run after the backend fixes block sizes
-(legalize-triton), which are part of the code; the printer checks that the two kernels' code
-agrees in their entries and says so if it does not.
+but for those that only say how a kernel is launched (launch configuration and block sizes, which
+each launch passes as constexprs). The printer checks that the two kernels' code agrees in their
+entries and says so if it does not.
 """
 
 from __future__ import annotations
@@ -16,21 +16,36 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.ir import Region
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 
-# properties that say how a kernel is launched, or name it, rather than what its code is
-LAUNCH_ONLY = ("sym_name", "num_warps", "num_stages", "maxnreg", "shares_code_of")
+# properties that say how a kernel is launched, or name it, rather than what its code is (block
+# sizes are constexprs that each launch passes: a launch table may change them per call)
+LAUNCH_ONLY = ("sym_name", "num_warps", "num_stages", "maxnreg", "block_k", "block_v", "block_d", "shares_code_of")
+
+
+# the same inside a kernel's body: a state tile's value block becomes the kernel's block_v
+LAUNCH_ONLY_IN_BODY = {k3s.StateTileOp: ("block_v",)}
 
 
 def code_properties(kernel: k3s.KernelOp) -> dict:
     return {key: value for key, value in kernel.properties.items() if key not in LAUNCH_ONLY}
 
 
+def code_of(kernel: k3s.KernelOp) -> Region:
+    """A copy of the kernel's body without the properties that only say how it is launched."""
+    body = kernel.body.clone()
+    for op in body.walk():
+        for key in LAUNCH_ONLY_IN_BODY.get(type(op), ()):
+            op.properties.pop(key, None)
+    return body
+
+
 def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
     return (code_properties(kernel) == code_properties(other)
-            and kernel.body.is_structurally_equivalent(other.body))
+            and code_of(kernel).is_structurally_equivalent(code_of(other)))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from xdsl.context import Context
 from conftest import EXAMPLE_SPECS
 from k3compile.driver import lower, schedule
 from k3compile.ir import k3s
+from k3compile.passes.common import props
 from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
 from k3compile.spec import load_spec
 
@@ -90,10 +91,9 @@ def test_merge_needs_the_same_code_properties():
 
     LegalizeTritonPass().apply(Context(), module)
     kernels = kernel_map(module)
-    # a different launch configuration still shares the code; different block sizes do not
-    kernels["kda_segments_prepare"].properties["num_warps"] = kernels["kda_chunk_prepare"].num_warps.__class__(8, 64)
-    block_v = kernels["kda_chunk_scan"].block_v
-    kernels["kda_segments_scan"].properties["block_v"] = block_v.__class__(block_v.value.data // 2, 64)
+    # a different launch configuration (warps, block sizes) still shares the code; other products do not
+    kernels["kda_segments_prepare"].properties.update(props(num_warps=8, block_v=32))
+    kernels["kda_segments_scan"].properties.update(props(dots="fp32"))
     MergeIdenticalKernelsPass().apply(Context(), module)
     assert kernels["kda_segments_prepare"].shares_code_of.data == "kda_chunk_prepare"
     assert kernels["kda_segments_scan"].shares_code_of is None

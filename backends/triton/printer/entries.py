@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import io
-import tokenize
+import ast
+import textwrap
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
@@ -27,10 +27,15 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 
-def names_in(code: str) -> set[str]:
-    """The identifiers that Python code reads (strings and comments are not code)."""
-    tokens = tokenize.generate_tokens(io.StringIO(code).readline)
-    return {token.string for token in tokens if token.type == tokenize.NAME}
+def statements(code: str) -> ast.Module:
+    """Indented Python code parsed, without its docstring (which names launch attributes, e.g. a
+    state tile's block of value columns); comments are gone too."""
+    body = ast.parse(textwrap.dedent(code)).body
+    return ast.Module(body=body[1:] if isinstance(body[0], ast.Expr) else body, type_ignores=[])
+
+
+def names_read(code: ast.Module) -> set[str]:
+    return {node.id for node in ast.walk(code) if isinstance(node, ast.Name)}
 
 
 def param_name(declaration: str) -> str:
@@ -54,8 +59,8 @@ class Entries:
         # entries listed launch through a module-level table (docs/autotuning.md), others statically
         self.launch_tables = dict(launch_tables or {})
         self.signatures: dict[str, list[str]] = {}  # entry -> its printed parameters
-        # kernel -> (its parameters, the lines of its code): what a launch passes, what a kernel
-        # sharing its code must print the same
+        # kernel -> (its parameters, its statements): what a launch passes, what a kernel sharing
+        # its code must print the same
         self.kernel_code: dict[str, tuple[list[str], list[str]]] = {}
 
     def print_module(self, module: ModuleOp, docstring: str) -> str:
@@ -385,16 +390,16 @@ class Entries:
         self.print_ops(kernel)
         self.code = c
         # its parameters: those of the entry's that its code reads, in the entry's order
-        used = names_in(body.text())
+        code = statements(body.text())
+        used = names_read(code)
         params = [param for param, _ in self.kernel_params(kernel, view) if param_name(param) in used]
-        code = (params, body.lines[1:])  # all but the docstring
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
-            twin_params, twin_body = self.kernel_code[kernel.shares_code_of.data]
-            if (sorted(twin_params), twin_body) != (sorted(params), body.lines[1:]):
+            twin_params, twin_code = self.kernel_code[kernel.shares_code_of.data]
+            if (sorted(twin_params), twin_code) != (sorted(params), ast.dump(code)):
                 raise ValueError(f"kernel @{kernel.sym_name.data} of @{view.entry.sym_name.data} shares the code "
                                  f"of @{kernel.shares_code_of.data}, but its code differs (merge-identical-kernels)")
             return
-        self.kernel_code[kernel.sym_name.data] = code
+        self.kernel_code[kernel.sym_name.data] = (params, ast.dump(code))
         c("@triton.jit", f"def {self.kernel_name(kernel.sym_name.data)}(")
         with c.indent():
             for param in params:
