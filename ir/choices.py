@@ -1,14 +1,67 @@
-"""The vocabularies of the IR's string attributes, in one place (no xDSL import, so the spec
-checker and the CLI can read them cheaply). Each tuple lists what a property may say."""
+"""The vocabularies of the IR's enum properties shared by k3 and the spec, in one place (no xDSL
+import, so the spec checker and the CLI can read them cheaply). Each enum lists what a property
+may say; ir/k3.py makes each an xDSL enum attribute."""
 
-DTYPES = ("bfloat16", "float16", "float32")
-STATE_LAYOUTS = ("kv", "vk")  # a head's state as [K, V] (fla) or [V, K] (serving stacks)
-GATES = ("channel", "scalar", "none")
-GLU_ACTIVATIONS = ("swiglu", "situ_glu")
-# what g means: the log-decay as given; max(g, gate_lower_bound) (fla's safe_gate contract);
-# -exp(A_log) softplus(g + dt_bias); gate_lower_bound sigmoid(exp(A_log) (g + dt_bias))
-GATE_INPUTS = ("log", "clamped", "softplus", "bounded")
-BOUNDED_GATE_INPUTS = ("clamped", "bounded")  # g >= gate_lower_bound by construction
-# what beta means: beta as given; sigmoid(beta); 2 sigmoid(beta) (fla's allow_neg_eigval: beta in
-# (0, 2), so I - beta k k^T may have a negative eigenvalue)
-BETA_INPUTS = ("probability", "logits", "logits_neg_eigval")
+from enum import StrEnum
+
+
+class Word(StrEnum):
+    """A vocabulary's word: a str that also reprs as the plain string, so `!r` in messages and
+    printed code reads the same as for the words the IR held as strings."""
+
+    __repr__ = str.__repr__
+
+
+class Dtype(Word):
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+class StateLayout(Word):
+    """A head's state as [K, V] (fla) or [V, K] (serving stacks)."""
+
+    KV = "kv"
+    VK = "vk"
+
+
+class Gate(Word):
+    CHANNEL = "channel"
+    SCALAR = "scalar"
+    NONE = "none"
+
+
+class GluActivation(Word):
+    SWIGLU = "swiglu"
+    SITU_GLU = "situ_glu"
+
+
+class GateInput(Word):
+    """What g means: the log-decay as given; max(g, gate_lower_bound) (fla's safe_gate contract);
+    -exp(A_log) softplus(g + dt_bias); gate_lower_bound sigmoid(exp(A_log) (g + dt_bias))."""
+
+    LOG = "log"
+    CLAMPED = "clamped"
+    SOFTPLUS = "softplus"
+    BOUNDED = "bounded"
+
+
+BOUNDED_GATE_INPUTS = (GateInput.CLAMPED, GateInput.BOUNDED)  # g >= gate_lower_bound by construction
+
+
+class BetaInput(Word):
+    """What beta means: beta as given; sigmoid(beta); 2 sigmoid(beta) (fla's allow_neg_eigval: beta
+    in (0, 2), so I - beta k k^T may have a negative eigenvalue)."""
+
+    PROBABILITY = "probability"
+    LOGITS = "logits"
+    LOGITS_NEG_EIGVAL = "logits_neg_eigval"
+
+
+# The words as tuples for checks of plain strings (the spec's values): `str in EnumClass` raises
+# on Python 3.11.
+DTYPES = tuple(Dtype)
+STATE_LAYOUTS = tuple(StateLayout)
+GLU_ACTIVATIONS = tuple(GluActivation)
+GATE_INPUTS = tuple(GateInput)
+BETA_INPUTS = tuple(BetaInput)

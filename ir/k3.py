@@ -9,14 +9,47 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
-from xdsl.ir import Dialect
-from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, traits_def
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import Dialect, SpacedOpaqueSyntaxAttribute
+from xdsl.irdl import irdl_attr_definition, irdl_op_definition, opt_prop_def, prop_def, traits_def
 from xdsl.traits import SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GATES, GLU_ACTIVATIONS, STATE_LAYOUTS
+from k3compile.ir.choices import BetaInput, Dtype, Gate, GateInput, GluActivation, StateLayout
 from k3compile.ir.syntax import KeywordSyntax
 
+# The shared vocabularies (ir/choices.py) as enum attributes: a property declared with one takes
+# only its words (k3s ops use them too).
+
+
+@irdl_attr_definition
+class DtypeAttr(EnumAttribute[Dtype], SpacedOpaqueSyntaxAttribute):
+    name = "k3.dtype"
+
+
+@irdl_attr_definition
+class StateLayoutAttr(EnumAttribute[StateLayout], SpacedOpaqueSyntaxAttribute):
+    name = "k3.state_layout"
+
+
+@irdl_attr_definition
+class GateAttr(EnumAttribute[Gate], SpacedOpaqueSyntaxAttribute):
+    name = "k3.gate"
+
+
+@irdl_attr_definition
+class GluActivationAttr(EnumAttribute[GluActivation], SpacedOpaqueSyntaxAttribute):
+    name = "k3.glu_activation"
+
+
+@irdl_attr_definition
+class GateInputAttr(EnumAttribute[GateInput], SpacedOpaqueSyntaxAttribute):
+    name = "k3.gate_input"
+
+
+@irdl_attr_definition
+class BetaInputAttr(EnumAttribute[BetaInput], SpacedOpaqueSyntaxAttribute):
+    name = "k3.beta_input"
 
 
 def _int(op, name: str) -> int:
@@ -27,14 +60,6 @@ def _require_positive(op, *names: str) -> None:
     for name in names:
         if _int(op, name) <= 0:
             raise VerifyException(f"{op.name} @{op.sym_name.data}: {name} must be positive, got {_int(op, name)}")
-
-
-def _require_choice(op, name: str, allowed: tuple[str, ...]) -> None:
-    value = getattr(op, name).data
-    if value not in allowed:
-        raise VerifyException(
-            f"{op.name} @{op.sym_name.data}: {name} must be one of {', '.join(allowed)}; got {value!r}"
-        )
 
 
 def _require_float_in(op, name: str, low: float, high: float | None = None) -> None:
@@ -67,50 +92,45 @@ class RecurrenceOp(KeywordSyntax):
 
     name = "k3.recurrence"
     sym_name = prop_def(StringAttr)
-    gate = prop_def(StringAttr)
+    gate = prop_def(GateAttr)
     delta_rule = prop_def(BoolAttr)
     num_heads = prop_def(IntegerAttr[I64])
     num_v_heads = prop_def(IntegerAttr[I64])
     head_k_dim = prop_def(IntegerAttr[I64])
     head_v_dim = prop_def(IntegerAttr[I64])
     scale = prop_def(FloatAttr)
-    state_layout = prop_def(StringAttr)
-    dtype = prop_def(StringAttr)
+    state_layout = prop_def(StateLayoutAttr)
+    dtype = prop_def(DtypeAttr)
     # what the inputs mean; absent means the default (fla's plain inputs)
     qk_l2norm = opt_prop_def(BoolAttr)
-    gate_input = opt_prop_def(StringAttr)
+    gate_input = opt_prop_def(GateInputAttr)
     gate_lower_bound = opt_prop_def(FloatAttr)
-    beta_input = opt_prop_def(StringAttr)
+    beta_input = opt_prop_def(BetaInputAttr)
     traits = traits_def(SymbolOpInterface())
 
-    INPUT_DEFAULTS: ClassVar[dict] = {"qk_l2norm": False, "gate_input": "log", "gate_lower_bound": -5.0, "beta_input": "probability"}
+    INPUT_DEFAULTS: ClassVar[dict] = {"qk_l2norm": False, "gate_input": GateInput.LOG, "gate_lower_bound": -5.0,
+                                      "beta_input": BetaInput.PROBABILITY}
 
     def input_option(self, name: str):
         """The value of an input-meaning property, or its default when absent."""
         attr = self.properties.get(name)
         if attr is None:
             return self.INPUT_DEFAULTS[name]
-        if isinstance(attr, StringAttr):
+        if isinstance(attr, EnumAttribute):
             return attr.data
         if isinstance(self.INPUT_DEFAULTS[name], bool):  # i1 stores true as -1
             return bool(attr.value.data)
         return attr.value.data
 
     def verify_(self) -> None:
-        _require_choice(self, "gate", GATES)
         where = f"{self.name} @{self.sym_name.data}"
         gate_input, beta_input = self.input_option("gate_input"), self.input_option("beta_input")
-        if gate_input not in GATE_INPUTS or beta_input not in BETA_INPUTS:
-            raise VerifyException(f"{where}: gate_input must be one of {', '.join(GATE_INPUTS)} and beta_input "
-                                  f"one of {', '.join(BETA_INPUTS)}; got {gate_input!r}, {beta_input!r}")
         if self.gate.data == "none" and gate_input != "log":
             raise VerifyException(f"{where}: gate_input must be log without a gate, got {gate_input!r}")
         if not self.delta_rule.value.data and beta_input != "probability":
             raise VerifyException(f"{where}: beta_input must be probability without the delta rule (no beta)")
         if self.input_option("gate_lower_bound") >= 0:
             raise VerifyException(f"{where}: gate_lower_bound must be < 0, got {self.input_option('gate_lower_bound')}")
-        _require_choice(self, "state_layout", STATE_LAYOUTS)
-        _require_choice(self, "dtype", DTYPES)
         _require_positive(self, "num_heads", "num_v_heads", "head_k_dim", "head_v_dim")
         if _int(self, "num_v_heads") % _int(self, "num_heads"):
             raise VerifyException(
@@ -138,13 +158,12 @@ class AttnResOp(KeywordSyntax):
     num_blocks = prop_def(IntegerAttr[I64])
     block_size = prop_def(IntegerAttr[I64])
     eps = prop_def(FloatAttr)
-    dtype = prop_def(StringAttr)
+    dtype = prop_def(DtypeAttr)
     traits = traits_def(SymbolOpInterface())
 
     def verify_(self) -> None:
         _require_positive(self, "hidden_size", "num_blocks", "block_size")
         _require_float_in(self, "eps", 0.0)
-        _require_choice(self, "dtype", DTYPES)
 
     @property
     def max_sources(self) -> int:
@@ -173,11 +192,11 @@ class LatentMoEOp(KeywordSyntax):
     expert_ffn_dim = prop_def(IntegerAttr[I64])
     num_shared_experts = prop_def(IntegerAttr[I64])
     shared_ffn_dim = prop_def(IntegerAttr[I64])
-    activation = prop_def(StringAttr)
+    activation = prop_def(GluActivationAttr)
     norm_topk_prob = prop_def(BoolAttr)
     routed_scaling_factor = prop_def(FloatAttr)
     eps = prop_def(FloatAttr)
-    dtype = prop_def(StringAttr)
+    dtype = prop_def(DtypeAttr)
     traits = traits_def(SymbolOpInterface())
 
     def verify_(self) -> None:
@@ -199,10 +218,12 @@ class LatentMoEOp(KeywordSyntax):
             raise VerifyException(
                 f"{self.name} @{self.sym_name.data}: shared_ffn_dim must be positive when num_shared_experts > 0"
             )
-        _require_choice(self, "activation", GLU_ACTIVATIONS)
         _require_float_in(self, "routed_scaling_factor", 0.0)
         _require_float_in(self, "eps", 0.0)
-        _require_choice(self, "dtype", DTYPES)
 
 
-K3 = Dialect("k3", [RecurrenceOp, AttnResOp, LatentMoEOp], [])
+K3 = Dialect(
+    "k3",
+    [RecurrenceOp, AttnResOp, LatentMoEOp],
+    [DtypeAttr, StateLayoutAttr, GateAttr, GluActivationAttr, GateInputAttr, BetaInputAttr],
+)

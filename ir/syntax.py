@@ -9,8 +9,9 @@ the keyword list holds the op's properties in declaration order. Operands are va
 before their use (earlier ops of the block, or block arguments of an enclosing region). Values are integers, floats (always printed with a
 '.', so they re-parse as floats), booleans, bare identifiers (enum values) and quoted strings.
 The parser rejects a repeated key, and reads each value as its property's declared constraint
-asks: an integer literal for a float property is that float; anything else that does not fit
-is a parse error naming the op and the property.
+asks: a word for an enum property is that enum attribute, an integer literal for a float
+property is that float; anything else that does not fit is a parse error naming the op and the
+property (and, for an enum, the words it takes).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from xdsl.dialects.builtin import (
     f64,
     i64,
 )
+from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Attribute, Region
-from xdsl.irdl import IRDLOperation
+from xdsl.irdl import AttrConstraint, IRDLOperation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
@@ -52,6 +54,8 @@ def attr_to_literal(attr: Attribute) -> str:
         if attr.type == IntegerType(1):
             return "true" if attr.value.data else "false"
         return str(attr.value.data)
+    if isinstance(attr, EnumAttribute):
+        return attr.data.value
     if isinstance(attr, FloatAttr):
         text = repr(float(attr.value.data))
         mantissa, _, exponent = text.partition("e")
@@ -82,12 +86,24 @@ def literal_to_attr(parser: Parser) -> Attribute:
     return StringAttr(word)
 
 
+def _enum_of(constraint: AttrConstraint) -> type[EnumAttribute] | None:
+    """The enum attribute a property's constraint takes (all its words or some), if any."""
+    return next((base for base in constraint.get_bases() or () if issubclass(base, EnumAttribute)), None)
+
+
 def fit_to_property(op_type: type[IRDLOperation], key: str, attr: Attribute) -> Attribute:
-    """attr as key's declared constraint takes it: unchanged, or an integer literal read as the
-    float it declares. Raises ValueError naming the op, the property and what it expects."""
+    """attr as key's declared constraint takes it: unchanged, a word read as the enum attribute
+    it declares, or an integer literal read as the float it declares. Raises ValueError naming the
+    op, the property and what it expects."""
     prop = op_type.get_irdl_definition().properties.get(key)
     if prop is None or prop.constr.verifies(attr):
         return attr  # an unknown key is left to the verifier, which names it
+    if (enum := _enum_of(prop.constr)) is not None:
+        allowed = [word for word in enum.enum_type if prop.constr.verifies(enum(word))]
+        if isinstance(attr, StringAttr) and attr.data in allowed:
+            return enum(enum.enum_type(attr.data))
+        raise ValueError(f"{op_type.name}: property '{key}' must be one of {', '.join(allowed)}; "
+                         f"got {attr_to_literal(attr)}")
     if isinstance(attr, IntegerAttr) and attr.type == i64:  # `scale = 1` is 1.0; true/false only are booleans
         as_float = FloatAttr(float(attr.value.data), f64)
         if prop.constr.verifies(as_float):

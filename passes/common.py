@@ -6,11 +6,16 @@ from collections.abc import Callable, Sequence
 
 from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.irdl import IRDLOperation
 from xdsl.rewriter import InsertPoint, Rewriter
 
+from k3compile.ir.syntax import fit_to_property
 
-def props(**values) -> dict[str, Attribute]:
-    """Python values -> property attributes (str, bool, int, float; attributes pass through)."""
+
+def props(op_type: type[IRDLOperation] | None = None, /, **values) -> dict[str, Attribute]:
+    """Python values -> property attributes (str, bool, int, float; attributes pass through); given
+    the op type, values take its properties' types as the parser reads them (a word for an enum
+    property is that enum attribute)."""
     out: dict[str, Attribute] = {}
     for key, value in values.items():
         if isinstance(value, Attribute):
@@ -23,7 +28,9 @@ def props(**values) -> dict[str, Attribute]:
             out[key] = IntegerAttr(value, i64)
         else:
             out[key] = FloatAttr(value, f64)
-    return out
+    if op_type is None:
+        return out
+    return {key: fit_to_property(op_type, key, attr) for key, attr in out.items()}
 
 
 def check_power_of_two(pass_name: str, option: str, value: int, most: int | None = None) -> None:
@@ -57,14 +64,14 @@ def token_kernel(body: list[Operation], sym_name: str, num_warps: int, token_sta
                 **stages)
 
 
-def make(op_type: type[Operation], body: list[Operation] | Block | None = None, *,
+def make(op_type: type[IRDLOperation], body: list[Operation] | Block | None = None, *,
          operands: Sequence[SSAValue | None] = (), result: tuple[str, Attribute] | None = None, **values) -> Operation:
     """Create an op from keyword properties (`sym_name` for the symbol), its operands (None: an
     absent optional one), its result as (name, type) and an optional body (ops, or a block
     with arguments)."""
     if isinstance(body, list):
         body = Block(body)
-    op = op_type.create(operands=[v for v in operands if v is not None], properties=props(**values),
+    op = op_type.create(operands=[v for v in operands if v is not None], properties=props(op_type, **values),
                         result_types=[result[1]] if result else [], regions=[Region(body)] if body is not None else [])
     if result:
         op.results[0].name_hint = result[0]

@@ -54,7 +54,7 @@ NOT_IN_VERIFY = ("initial_state", "final_state", "cu_seqlens")
 
 def clone(op, **changes):
     copy = op.clone()
-    copy.properties.update(props(**changes))
+    copy.properties.update(props(type(op), **changes))
     return copy
 
 
@@ -112,9 +112,9 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     # fp32-accurate products (`dots`: exact fp32, or 3xTF32 on tensor cores) and fp32 workspaces
     # whatever the inputs: the cached u are the committed state's updates
     for kernel, kernel_name in ((prepare, f"{name}_prepare"), (scan, name)):
-        kernel.properties.update(props(sym_name=kernel_name, dots=dots))
+        kernel.properties.update(props(k3s.KernelOp, sym_name=kernel_name, dots=dots))
     for workspace in workspaces:
-        workspace.properties.update(props(dtype="float32"))
+        workspace.properties.update(props(k3s.TensorArgOp, dtype="float32"))
     return workspaces, prepare, scan
 
 
@@ -241,8 +241,8 @@ class LowerSpeculativePass(ModulePass):
             raise ValueError(f"lower-speculative: mode must be replay or snapshot, got {self.mode!r}")
         if self.verify not in ("token", "chunked"):
             raise ValueError(f"lower-speculative: verify must be token or chunked, got {self.verify!r}")
-        if self.verify_dots not in k3s.KERNEL_DOTS:
-            raise ValueError(f"lower-speculative: verify-dots must be {' or '.join(k3s.KERNEL_DOTS)}, "
+        if self.verify_dots not in tuple(k3s.KernelDots):
+            raise ValueError(f"lower-speculative: verify-dots must be {' or '.join(k3s.KernelDots)}, "
                              f"got {self.verify_dots!r}")
         if self.verify_dots != "fp32" and self.verify != "chunked":
             raise ValueError("lower-speculative: verify-dots applies to verify=chunked (the token verify has no products)")

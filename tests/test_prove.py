@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from xdsl.dialects.builtin import StringAttr
 
 import k3compile.passes.derive_chunkwise as derive_chunkwise
 import k3compile.passes.fuse_chunkwise as fuse_chunkwise
@@ -17,7 +16,7 @@ from k3compile.cli import main
 from k3compile.errors import IRError
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
-from k3compile.passes.common import make
+from k3compile.passes.common import make, props
 from k3compile.prove import prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay, prove_spec_step
 from k3compile.spec import load_spec, spec_from_table
 
@@ -182,18 +181,18 @@ def the_stage(chunked: k3s.ChunkedOp, op_type, result: str | None = None):
 
 
 def key_gram_inclusive(chunked):
-    the_stage(chunked, k3s.GramOp, "A").properties["mask"] = StringAttr("inclusive")
+    the_stage(chunked, k3s.GramOp, "A").properties.update(props(k3s.GramOp, mask="inclusive"))
 
 
 def query_gram_strict(chunked):
-    the_stage(chunked, k3s.GramOp, "P").properties["mask"] = StringAttr("strict")
+    the_stage(chunked, k3s.GramOp, "P").properties.update(props(k3s.GramOp, mask="strict"))
 
 
 def wy_key_ungated(chunked):
     """W = T K instead of T (Gamma K): the gate operand dropped."""
     wy = the_stage(chunked, k3s.WYApplyOp, "W")
     wy.operands = wy.operands[:2]
-    wy.properties["gate"] = StringAttr("none")
+    wy.properties.update(props(k3s.WYApplyOp, gate="none"))
 
 
 def drop(op_type):
@@ -334,7 +333,7 @@ def patch_replay(monkeypatch, mutate):
 def replay_ignores_the_gate(schedule):
     for op in schedule.walk():
         if isinstance(op, k3s.ReplayOp):
-            op.properties["gate"] = StringAttr("none")
+            op.properties.update(props(k3s.ReplayOp, gate="none"))
 
 
 def verify_caches_nothing(schedule):

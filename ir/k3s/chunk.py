@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
-from xdsl.ir import Operation, SSAValue
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
+    irdl_attr_definition,
     irdl_op_definition,
     operand_def,
     opt_operand_def,
@@ -21,11 +23,9 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import BETA_INPUTS, GATE_INPUTS, STATE_LAYOUTS
-from k3compile.ir.choices import (
-    GATES as CHUNK_GATES,  # chunk stages exist with any gate
-)
-from k3compile.ir.k3s.core import GATES, TOKEN_TENSORS, KernelOp, TileType, _choice
+from k3compile.ir.choices import Word
+from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
+from k3compile.ir.k3s.core import GATED, KernelOp, TileType, TokenTensorAttr
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -37,14 +37,56 @@ from k3compile.ir.syntax import KeywordSyntax
 # scan, the carried state S ([K, V], a block argument of the scan's region), the residual values
 # vr the state update uses and the output o.
 
-MASKS = ("strict", "inclusive")
-GATE_ANCHORS = ("start", "end")
-# how a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two tensor-core
-# factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or elementwise
-# (exp of differences, exponents <= 0 for any gate)
-GRAM_DIAGONALS = ("factored", "elementwise")
-# the names a value crossing kernels is spilled under (the workspace it lives in, k3s.reload)
-SPILLED = ("W", "U", "P", "QG", "KG", "gamma_C", "T")
+
+class Mask(Word):
+    STRICT = "strict"
+    INCLUSIVE = "inclusive"
+
+
+@irdl_attr_definition
+class MaskAttr(EnumAttribute[Mask], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.mask"
+
+
+class GateAnchor(Word):
+    START = "start"
+    END = "end"
+
+
+@irdl_attr_definition
+class GateAnchorAttr(EnumAttribute[GateAnchor], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.gate_anchor"
+
+
+class GramDiagonal(Word):
+    """How a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two
+    tensor-core factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or
+    elementwise (exp of differences, exponents <= 0 for any gate)."""
+
+    FACTORED = "factored"
+    ELEMENTWISE = "elementwise"
+
+
+@irdl_attr_definition
+class GramDiagonalAttr(EnumAttribute[GramDiagonal], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.gram_diagonal"
+
+
+class Spilled(Word):
+    """The names a value crossing kernels is spilled under (the workspace it lives in, k3s.reload)."""
+
+    W = "W"
+    U = "U"
+    P = "P"
+    QG = "QG"
+    KG = "KG"
+    GAMMA_C = "gamma_C"
+    T = "T"
+
+
+@irdl_attr_definition
+class SpilledAttr(EnumAttribute[Spilled], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.spilled"
 
 
 def workspace_name(value: str) -> str:
@@ -141,13 +183,12 @@ class LoadChunkOp(KeywordSyntax):
     L2-normalised per row."""
 
     name = "k3s.load_chunk"
-    tensor = prop_def(StringAttr)
+    tensor = prop_def(TokenTensorAttr)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
     rows = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
-        _choice(self, "tensor", TOKEN_TENSORS)
         _no_l2norm_of_values(self)
 
 
@@ -158,15 +199,13 @@ class LoadGateOp(KeywordSyntax):
     bounded: lower_bound sigmoid(exp(A_log) (g + dt_bias))."""
 
     name = "k3s.load_gate"
-    gate = prop_def(StringAttr)
-    input = prop_def(StringAttr)
+    gate = prop_def(GATED)
+    input = prop_def(GateInputAttr)
     lower_bound = prop_def(FloatAttr)
     log_gate = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
-        _choice(self, "gate", GATES)
-        _choice(self, "input", GATE_INPUTS)
         if self.lower_bound.value.data >= 0:
             raise VerifyException(f"{self.name}: lower_bound must be < 0, got {self.lower_bound.value.data}")
 
@@ -177,12 +216,9 @@ class LoadBetaOp(KeywordSyntax):
     (logits_neg_eigval)."""
 
     name = "k3s.load_beta"
-    input = prop_def(StringAttr)
+    input = prop_def(BetaInputAttr)
     beta = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
-
-    def verify_(self) -> None:
-        _choice(self, "input", BETA_INPUTS)
 
 
 @irdl_op_definition
@@ -191,12 +227,9 @@ class StoreCheckpointOp(KeywordSyntax):
     state to its checkpoint slot."""
 
     name = "k3s.store_checkpoint"
-    layout = prop_def(StringAttr)
+    layout = prop_def(StateLayoutAttr)
     state = operand_def(TileType)
     traits = traits_def(HasParent(ChunkLoopOp))
-
-    def verify_(self) -> None:
-        _choice(self, "layout", STATE_LAYOUTS)
 
 
 @irdl_op_definition
@@ -204,12 +237,9 @@ class SpillOp(KeywordSyntax):
     """Store a chunk-local value to the workspace `value` names, for a later kernel."""
 
     name = "k3s.spill"
-    value = prop_def(StringAttr)
+    value = prop_def(SpilledAttr)
     tile = operand_def(TileType)
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
-
-    def verify_(self) -> None:
-        _choice(self, "value", SPILLED)
 
 
 @irdl_op_definition
@@ -217,12 +247,9 @@ class ReloadOp(KeywordSyntax):
     """Load a chunk-local value an earlier kernel spilled to the workspace `value` names."""
 
     name = "k3s.reload"
-    value = prop_def(StringAttr)
+    value = prop_def(SpilledAttr)
     tile = result_def(TileType)
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp), MemoryReadEffect())
-
-    def verify_(self) -> None:
-        _choice(self, "value", SPILLED)
 
 
 @irdl_op_definition
@@ -230,13 +257,10 @@ class GateCumsumOp(KeywordSyntax):
     """G_r = sum_{i<=r} g_i within the chunk (per key channel or per head)."""
 
     name = "k3s.gate_cumsum"
-    gate = prop_def(StringAttr)
+    gate = prop_def(GATED)
     log_gate = operand_def(TileType)
     cumulative = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-    def verify_(self) -> None:
-        _choice(self, "gate", GATES)
 
 
 @irdl_op_definition
@@ -253,30 +277,26 @@ class GramOp(KeywordSyntax):
     Blocks below the diagonal factor into K_i Gamma_i / Gamma_ref (<= 1) and K_j Gamma_ref /
     Gamma_j (<= 1): no exponent is positive, and no reference lies after a row it serves, so
     outputs never depend on later gates. `diagonal` says how the blocks on the diagonal are
-    evaluated (GRAM_DIAGONALS); only a channel gate has it.
+    evaluated (GramDiagonal); only a channel gate has it.
     """
 
     name = "k3s.gram"
-    mask = prop_def(StringAttr)
-    gate = prop_def(StringAttr)
+    mask = prop_def(MaskAttr)
+    gate = prop_def(GateAttr)
     beta = prop_def(BoolAttr)
     sub_chunk = prop_def(IntegerAttr[I64])
-    diagonal = opt_prop_def(StringAttr)
+    diagonal = opt_prop_def(GramDiagonalAttr)
     inputs = var_operand_def(TileType)
     gram = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _choice(self, "mask", MASKS)
-        _choice(self, "gate", CHUNK_GATES)
         _operand_count(self, 2 + (self.gate.data != "none") + bool(self.beta.value.data))
         if self.sub_chunk.value.data <= 0:
             raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
         if (self.diagonal is not None) != (self.gate.data == "channel"):
             raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
                                   f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
-        if self.diagonal is not None:
-            _choice(self, "diagonal", GRAM_DIAGONALS)
 
     @property
     def lhs(self) -> SSAValue:
@@ -313,7 +333,7 @@ class WYApplyOp(KeywordSyntax):
     """A WY factor: T (Gamma * X) with X the keys and G given (W), or T X (U = T V)."""
 
     name = "k3s.wy_apply"
-    gate = prop_def(StringAttr)
+    gate = prop_def(GateAttr)
     transform = operand_def(TileType)
     rows = operand_def(TileType)
     cumulative_gate = opt_operand_def(TileType)
@@ -321,7 +341,6 @@ class WYApplyOp(KeywordSyntax):
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _choice(self, "gate", CHUNK_GATES)
         if (self.cumulative_gate is None) != (self.gate.data == "none"):
             raise VerifyException(f"{self.name}: G is an operand exactly when gate is not none")
 
@@ -349,16 +368,12 @@ class GateApplyOp(KeywordSyntax):
     Both exponents are <= 0: no overflow for any gate."""
 
     name = "k3s.gate_apply"
-    anchor = prop_def(StringAttr)
-    gate = prop_def(StringAttr)
+    anchor = prop_def(GateAnchorAttr)
+    gate = prop_def(GATED)
     rows = operand_def(TileType)
     cumulative_gate = operand_def(TileType)
     decayed = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-    def verify_(self) -> None:
-        _choice(self, "anchor", GATE_ANCHORS)
-        _choice(self, "gate", GATES)
 
 
 @irdl_op_definition
@@ -366,13 +381,10 @@ class ChunkDecayOp(KeywordSyntax):
     """gamma_C: the decay of the whole chunk (the last row of Gamma), per key channel or per head."""
 
     name = "k3s.chunk_decay"
-    gate = prop_def(StringAttr)
+    gate = prop_def(GATED)
     cumulative_gate = operand_def(TileType)
     decay = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-    def verify_(self) -> None:
-        _choice(self, "gate", GATES)
 
 
 @irdl_op_definition
@@ -394,7 +406,7 @@ class StateAdvanceOp(KeywordSyntax):
     """S' = Diag(gamma_C) S + K'^T V' (K' = KG with a gate, K without; no decay without a gate)."""
 
     name = "k3s.state_advance"
-    gate = prop_def(StringAttr)
+    gate = prop_def(GateAttr)
     state = operand_def(TileType)
     keys = operand_def(TileType)
     values = operand_def(TileType)
@@ -404,7 +416,6 @@ class StateAdvanceOp(KeywordSyntax):
     IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # the state is updated where it is held
 
     def verify_(self) -> None:
-        _choice(self, "gate", CHUNK_GATES)
         if (self.decay is None) != (self.gate.data == "none"):
             raise VerifyException(f"{self.name}: gamma_C is an operand exactly when gate is not none")
 

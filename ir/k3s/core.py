@@ -4,9 +4,10 @@ Python functions) with their arguments, and kernels."""
 from __future__ import annotations
 
 from xdsl.dialects.builtin import I64, ArrayAttr, FloatAttr, IntegerAttr, StringAttr
-from xdsl.ir import ParametrizedAttribute, TypeAttribute
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, TypeAttribute
 from xdsl.irdl import (
-    IRDLOperation,
+    AnyOf,
     irdl_attr_definition,
     irdl_op_definition,
     opt_prop_def,
@@ -19,12 +20,53 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
+from k3compile.ir.choices import Gate, Word
+from k3compile.ir.k3 import GateAttr
 from k3compile.ir.syntax import KeywordSyntax
 
-ARG_DTYPES = ("float", "float32", "offsets", "state", "index")
-ARG_ROLES = ("input", "optional_input", "forbidden", "output", "optional_output", "workspace", "inout", "combined")
-GATES = ("channel", "scalar")
-TOKEN_TENSORS = ("q", "k", "v")
+
+class ArgDtype(Word):
+    FLOAT = "float"
+    FLOAT32 = "float32"
+    OFFSETS = "offsets"
+    STATE = "state"
+    INDEX = "index"
+
+
+@irdl_attr_definition
+class ArgDtypeAttr(EnumAttribute[ArgDtype], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.arg_dtype"
+
+
+class ArgRole(Word):
+    INPUT = "input"
+    OPTIONAL_INPUT = "optional_input"
+    FORBIDDEN = "forbidden"
+    OUTPUT = "output"
+    OPTIONAL_OUTPUT = "optional_output"
+    WORKSPACE = "workspace"
+    INOUT = "inout"
+    COMBINED = "combined"
+
+
+@irdl_attr_definition
+class ArgRoleAttr(EnumAttribute[ArgRole], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.arg_role"
+
+
+class TokenTensor(Word):
+    Q = "q"
+    K = "k"
+    V = "v"
+
+
+@irdl_attr_definition
+class TokenTensorAttr(EnumAttribute[TokenTensor], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.token_tensor"
+
+
+# the gate of stages that exist only with one (k3.gate's words but none)
+GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
@@ -75,12 +117,6 @@ def is_power_of_two(value: int) -> bool:
     return value > 0 and not value & (value - 1)  # 0 & -1 is 0 as well: 0 needs the sign test
 
 
-def _choice(op: IRDLOperation, name: str, allowed: tuple[str, ...]) -> None:
-    value = getattr(op, name).data
-    if value not in allowed:
-        raise VerifyException(f"{op.name}: {name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
 @irdl_op_definition
 class EntryOp(KeywordSyntax):
     """A Python function of the compiled module: checks its arguments, launches its kernels."""
@@ -112,15 +148,13 @@ class TensorArgOp(KeywordSyntax):
     name = "k3s.tensor_arg"
     sym_name = prop_def(StringAttr)
     shape = prop_def(StringAttr)
-    dtype = prop_def(StringAttr)
-    role = prop_def(StringAttr)
+    dtype = prop_def(ArgDtypeAttr)
+    role = prop_def(ArgRoleAttr)
     # another argument this one must not overlap in memory (a kernel reads one while writing the other)
     distinct_from = opt_prop_def(StringAttr)
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
     def verify_(self) -> None:
-        _choice(self, "dtype", ARG_DTYPES)
-        _choice(self, "role", ARG_ROLES)
         dims = self.shape.data.split(",")
         for dim in dims:
             if not (dim.isdigit() and int(dim) > 0) and dim not in SHAPE_SYMBOLS:
@@ -151,7 +185,14 @@ class CheckpointArgOp(KeywordSyntax):
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
 
-KERNEL_DOTS = ("fp32", "tf32x3")
+class KernelDots(Word):
+    FP32 = "fp32"
+    TF32X3 = "tf32x3"
+
+
+@irdl_attr_definition
+class KernelDotsAttr(EnumAttribute[KernelDots], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.dots"
 
 
 @irdl_op_definition
@@ -171,7 +212,7 @@ class KernelOp(KeywordSyntax):
     # tensor cores for bf16 inputs); fp32: exact fp32 whatever the inputs (the chunked verify,
     # whose products feed the committed state); tf32x3: fp32-accurate products on tensor cores
     # (three tf32 products: a x b ~ ah bh + ah bl + al bh)
-    dots = opt_prop_def(StringAttr)
+    dots = opt_prop_def(KernelDotsAttr)
     # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
     maxnreg = opt_prop_def(IntegerAttr[I64])
     # the block sizes of its tiles (key, value and hidden columns), fixed by a backend's
@@ -186,8 +227,6 @@ class KernelOp(KeywordSyntax):
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp), IsolatedFromAbove())
 
     def verify_(self) -> None:
-        if self.dots is not None:
-            _choice(self, "dots", KERNEL_DOTS)
         warps = self.num_warps.value.data
         if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
             raise VerifyException(

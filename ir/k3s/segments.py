@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import StringAttr
-from xdsl.irdl import irdl_op_definition, operand_def, prop_def, region_def, traits_def
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.irdl import AnyOf, irdl_attr_definition, irdl_op_definition, operand_def, prop_def, region_def, traits_def
 from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
+from k3compile.ir.choices import Word
 from k3compile.ir.k3s.chunk import ChunkedOp, ChunkLoopOp
-from k3compile.ir.k3s.core import EntryOp, KernelOp, TileType, _choice
+from k3compile.ir.k3s.core import EntryOp, KernelOp, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- the segment-scan schedule (context parallelism) ---------------------------------------
@@ -19,7 +21,21 @@ from k3compile.ir.syntax import KeywordSyntax
 # Summaries compose associatively: (M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2). The transition
 # form is how M is held: full (K x K), diagonal (K numbers), scalar (one number) or identity (no M).
 
-TRANSITIONS = ("full", "diagonal", "scalar", "identity")
+
+class Transition(Word):
+    FULL = "full"
+    DIAGONAL = "diagonal"
+    SCALAR = "scalar"
+    IDENTITY = "identity"
+
+
+@irdl_attr_definition
+class TransitionAttr(EnumAttribute[Transition], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.transition"
+
+
+# the transitions that are a product of decays (a decay_product computes, a store_transition writes)
+DECAY_TRANSITIONS = AnyOf.get(TransitionAttr(Transition.DIAGONAL), TransitionAttr(Transition.SCALAR))
 
 
 @irdl_op_definition
@@ -51,11 +67,8 @@ class SegmentSummaryOp(KeywordSyntax):
     diagonal or scalar M is the segment's product of decays; identity has no M."""
 
     name = "k3s.segment_summary"
-    transition = prop_def(StringAttr)
+    transition = prop_def(TransitionAttr)
     traits = traits_def(HasParent(SegmentScanOp))
-
-    def verify_(self) -> None:
-        _choice(self, "transition", TRANSITIONS)
 
 
 @irdl_op_definition
@@ -66,13 +79,10 @@ class SummaryCombineOp(KeywordSyntax):
     scan order (serial, tree, one prefix per rank after an all-gather) gives the same states."""
 
     name = "k3s.summary_combine"
-    transition = prop_def(StringAttr)
+    transition = prop_def(TransitionAttr)
     # in a lowered entry (lower-segment-scan): the host step between the summary kernels and the
     # finish, its scan order the caller's (one device: a prefix per sequence; ranks: an all-gather)
     traits = traits_def(HasParent(SegmentScanOp, EntryOp))
-
-    def verify_(self) -> None:
-        _choice(self, "transition", TRANSITIONS)
 
 
 @irdl_op_definition
@@ -81,13 +91,9 @@ class DecayProductOp(KeywordSyntax):
     product of the segment's decays (M starts at 1)."""
 
     name = "k3s.decay_product"
-    transition = prop_def(StringAttr)
+    transition = prop_def(DECAY_TRANSITIONS)
     decay = operand_def(TileType)  # gamma_C
     traits = traits_def(HasParent(ChunkLoopOp))
-
-    def verify_(self) -> None:
-        if self.transition.data not in ("diagonal", "scalar"):
-            raise VerifyException(f"{self.name}: transition must be diagonal or scalar, got {self.transition.data!r}")
 
 
 @irdl_op_definition
@@ -95,12 +101,8 @@ class StoreTransitionOp(KeywordSyntax):
     """Write the decay product M of a segment to the output M ([N, HV, K] or [N, HV])."""
 
     name = "k3s.store_transition"
-    transition = prop_def(StringAttr)
+    transition = prop_def(DECAY_TRANSITIONS)
     traits = traits_def(HasParent(KernelOp))
-
-    def verify_(self) -> None:
-        if self.transition.data not in ("diagonal", "scalar"):
-            raise VerifyException(f"{self.name}: transition must be diagonal or scalar, got {self.transition.data!r}")
 
 
 SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp, DecayProductOp, StoreTransitionOp]

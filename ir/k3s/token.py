@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, IntegerAttr, StringAttr
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
+    irdl_attr_definition,
     irdl_op_definition,
     lazy_traits_def,
     operand_def,
@@ -20,14 +23,31 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsTerminator, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import (
-    GATES as CHUNK_GATES,  # chunk stages exist with any gate
-)
-from k3compile.ir.choices import STATE_LAYOUTS
-from k3compile.ir.k3s.core import GATES, TOKEN_TENSORS, KernelOp, TileType, _choice, is_power_of_two
+from k3compile.ir.choices import Word
+from k3compile.ir.k3 import GateAttr, StateLayoutAttr
+from k3compile.ir.k3s.core import GATED, KernelOp, TileType, TokenTensorAttr, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- stages of the recurrent (token-by-token) schedule -------------------------------------
+
+
+class StateHome(Word):
+    POOL = "pool"
+
+
+@irdl_attr_definition
+class StateHomeAttr(EnumAttribute[StateHome], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.state_home"
+
+
+class StateStart(Word):
+    ZERO = "zero"
+    IDENTITY = "identity"
+
+
+@irdl_attr_definition
+class StateStartAttr(EnumAttribute[StateStart], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.state_start"
 
 
 @irdl_op_definition
@@ -42,16 +62,13 @@ class StateTileOp(KeywordSyntax):
     head_k_dim = prop_def(IntegerAttr[I64])
     head_v_dim = prop_def(IntegerAttr[I64])
     block_v = prop_def(IntegerAttr[I64])
-    layout = prop_def(StringAttr)
-    home = opt_prop_def(StringAttr)  # absent: initial_state
-    start = opt_prop_def(StringAttr)  # absent: the home's state
+    layout = prop_def(StateLayoutAttr)
+    home = opt_prop_def(StateHomeAttr)  # absent: initial_state
+    start = opt_prop_def(StateStartAttr)  # absent: the home's state
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
-        _choice(self, "layout", STATE_LAYOUTS)
-        _home(self)
         if self.start is not None:
-            _choice(self, "start", STATE_STARTS)
             if self.home is not None:
                 raise VerifyException(f"{self.name}: start and home exclude each other")
             if self.start.data == "identity" and self.head_v_dim.value.data != self.head_k_dim.value.data:
@@ -106,15 +123,12 @@ class CacheUpdateOp(KeywordSyntax):
     rule) or of v."""
 
     name = "k3s.cache_update"
-    gate = prop_def(StringAttr)
+    gate = prop_def(GateAttr)
     buffer = opt_prop_def(StringAttr)  # the tensor argument it writes (absent: cache)
     # k, u (per token: beta (v - S^T k) or v; per chunk: vr or v) and, with a gate, the log-gate g
     rows = var_operand_def(TileType)
     # lazy: the chunk regions are defined in chunk.py, which builds on this module
     traits = lazy_traits_def(lambda: (HasParent(TokenLoopOp, *chunk_scans()),))
-
-    def verify_(self) -> None:
-        _choice(self, "gate", CHUNK_GATES)
 
 
 @irdl_op_definition
@@ -142,12 +156,9 @@ class ReplayOp(KeywordSyntax):
     (Gamma_j the product of the first j decays; all ones without a gate): no serial dependency."""
 
     name = "k3s.replay"
-    gate = prop_def(StringAttr)
+    gate = prop_def(GateAttr)
     buffer = opt_prop_def(StringAttr)  # the tensor argument it reads (absent: cache)
     traits = traits_def(HasParent(SpeculativeOp, KernelOp))
-
-    def verify_(self) -> None:
-        _choice(self, "gate", CHUNK_GATES)
 
 
 def cache_buffer(op: CacheUpdateOp | ReplayOp) -> str:
@@ -161,13 +172,12 @@ class LoadTokenOp(KeywordSyntax):
     (q and k optionally L2-normalised: x / sqrt(|x|^2 + 1e-6))."""
 
     name = "k3s.load_token"
-    tensor = prop_def(StringAttr)
+    tensor = prop_def(TokenTensorAttr)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
     row = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 
     def verify_(self) -> None:
-        _choice(self, "tensor", TOKEN_TENSORS)
         _no_l2norm_of_values(self)
 
 
@@ -186,15 +196,12 @@ class DecayOp(KeywordSyntax):
     """S <- Diag(exp g_t) S, g (from load_gate) a log-decay per key channel or per head."""
 
     name = "k3s.decay"
-    gate = prop_def(StringAttr)
+    gate = prop_def(GATED)
     state = operand_def(TileType)
     log_gate = operand_def(TileType)
     decayed = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp), Pure())
     IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # the state is updated where it is held
-
-    def verify_(self) -> None:
-        _choice(self, "gate", GATES)
 
 
 @irdl_op_definition
@@ -241,30 +248,20 @@ class StoreStateOp(KeywordSyntax):
     place (home = pool), or to the output `tensor` (a segment's N or M)."""
 
     name = "k3s.store_state"
-    layout = prop_def(StringAttr)
-    home = opt_prop_def(StringAttr)  # absent: final_state
+    layout = prop_def(StateLayoutAttr)
+    home = opt_prop_def(StateHomeAttr)  # absent: final_state
     tensor = opt_prop_def(StringAttr)
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
-        _choice(self, "layout", STATE_LAYOUTS)
-        _home(self)
         if self.tensor is not None and self.home is not None:
             raise VerifyException(f"{self.name}: tensor and home exclude each other")
 
 
-STATE_HOMES = ("pool",)
-STATE_STARTS = ("zero", "identity")
-
-
-def _home(op) -> None:
-    if op.home is not None and op.home.data not in STATE_HOMES:
-        raise VerifyException(f"{op.name}: home must be pool (or absent), got {op.home.data!r}")
-
-
 def in_pool(op) -> bool:
-    """Whether a state tile lives in a pool row indexed through state_indices."""
-    return op.home is not None and op.home.data == "pool"
+    """Whether a state tile lives in a pool row indexed through state_indices (the one home a
+    property names)."""
+    return op.home is not None
 
 
 def chunk_scans() -> tuple[type, ...]:

@@ -54,15 +54,15 @@ builtin.module {
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
-// GENERIC:      "k3.recurrence"() <{sym_name = "kda", {{.*}}, dtype = "bfloat16", qk_l2norm = true, gate_input = "softplus", beta_input = "logits"}> : () -> ()
-// GENERIC:      "k3s.tensor_arg"() <{sym_name = "A_log", shape = "4", dtype = "float", role = "input"}> : () -> ()
-// GENERIC-NEXT: "k3s.tensor_arg"() <{sym_name = "dt_bias", shape = "64", dtype = "float", role = "input"}> : () -> ()
-// GENERIC:      %q = "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
-// GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = "channel"}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
-// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "logits"}> : () -> !k3s.tile<>
+// GENERIC:      "k3.recurrence"() <{sym_name = "kda", {{.*}}, dtype = #k3<dtype bfloat16>, qk_l2norm = true, gate_input = #k3<gate_input softplus>, beta_input = #k3<beta_input logits>}> : () -> ()
+// GENERIC:      "k3s.tensor_arg"() <{sym_name = "A_log", shape = "4", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role input>}> : () -> ()
+// GENERIC-NEXT: "k3s.tensor_arg"() <{sym_name = "dt_bias", shape = "64", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role input>}> : () -> ()
+// GENERIC:      %q = "k3s.load_token"() <{tensor = #k3s<token_tensor q>, l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = #k3s<token_tensor k>, l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = #k3s<token_tensor v>}> : () -> !k3s.tile<V>
+// GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
+// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = #k3<beta_input logits>}> : () -> !k3s.tile<>
 // GENERIC-NEXT: %u = "k3s.delta_correct"(%S_1, %k, %v, %beta) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
 
 // Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels

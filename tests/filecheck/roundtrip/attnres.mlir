@@ -13,5 +13,5 @@ builtin.module {
 // CHECK-NEXT: }
 
 // GENERIC:      "builtin.module"() ({
-// GENERIC-NEXT:   "k3.attnres"() <{sym_name = "attnres", hidden_size = 7168 : i64, num_blocks = 8 : i64, block_size = 12 : i64, eps = 1.000000e-04 : f64, dtype = "bfloat16"}> : () -> ()
+// GENERIC-NEXT:   "k3.attnres"() <{sym_name = "attnres", hidden_size = 7168 : i64, num_blocks = 8 : i64, block_size = 12 : i64, eps = 1.000000e-04 : f64, dtype = #k3<dtype bfloat16>}> : () -> ()
 // GENERIC-NEXT: }) : () -> ()

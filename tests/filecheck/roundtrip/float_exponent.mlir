@@ -19,7 +19,7 @@ builtin.module {
 // CHECK-NEXT:   k3.latent_moe @moe <hidden_size = 64, latent_dim = 0, num_experts = 4, top_k = 2, expert_ffn_dim = 32, num_shared_experts = 0, shared_ffn_dim = 0, activation = swiglu, norm_topk_prob = true, routed_scaling_factor = 1.0e+16, eps = 2.5e-05, dtype = float32>
 // CHECK-NEXT: }
 
-// GENERIC: "k3.attnres"() <{sym_name = "attnres", hidden_size = 64 : i64, num_blocks = 2 : i64, block_size = 3 : i64, eps = 1.000000e-06 : f64, dtype = "float32"}> : () -> ()
+// GENERIC: "k3.attnres"() <{sym_name = "attnres", hidden_size = 64 : i64, num_blocks = 2 : i64, block_size = 3 : i64, eps = 1.000000e-06 : f64, dtype = #k3<dtype float32>}> : () -> ()
 // GENERIC: routed_scaling_factor = 1.000000e+16 : f64, eps = 2.500000e-05 : f64
 
 // FUSED: %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>

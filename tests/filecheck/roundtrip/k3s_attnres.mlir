@@ -53,8 +53,8 @@ builtin.module {
 
 // GENERIC:      "builtin.module"() ({
 // GENERIC-NEXT:   "k3s.entry"() <{sym_name = "aggregate", source = "ar", max_sources = 5 : i64}> ({
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "sources", shape = "S,B,T,32", dtype = "float", role = "input"}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "out", shape = "B,T,32", dtype = "float", role = "output"}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "sources", shape = "S,B,T,32", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role input>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "out", shape = "B,T,32", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role output>}> : () -> ()
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "ar_aggregate", grid = "row", num_warps = 8 : i64}> ({
 // GENERIC-NEXT:       %q = "k3s.fold_query"() <{hidden_size = 32 : i64}> : () -> !k3s.tile<D>
 // GENERIC-NEXT:       %max, %sum, %acc = "k3s.source_loop"() ({

@@ -70,14 +70,14 @@ builtin.module {
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
-// GENERIC:      %q = "k3s.load_token"() <{tensor = "q", l2norm = true}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
-// GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = "channel", input = "softplus", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = "channel"}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
-// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "logits"}> : () -> !k3s.tile<>
-// GENERIC:      %g = "k3s.load_gate"() <{gate = "scalar", input = "bounded", lower_bound = -2.500000e+00 : f64}> : () -> !k3s.tile<C>
-// GENERIC-NEXT: %k = "k3s.load_chunk"() <{tensor = "k", l2norm = true}> : () -> !k3s.tile<C x K>
-// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = "probability"}> : () -> !k3s.tile<C>
-// GENERIC-NEXT: %v = "k3s.load_chunk"() <{tensor = "v"}> : () -> !k3s.tile<C x V>
-// GENERIC-NEXT: %q = "k3s.load_chunk"() <{tensor = "q"}> : () -> !k3s.tile<C x K>
+// GENERIC:      %q = "k3s.load_token"() <{tensor = #k3s<token_tensor q>, l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = #k3s<token_tensor k>, l2norm = true}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = #k3s<token_tensor v>}> : () -> !k3s.tile<V>
+// GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
+// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
+// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = #k3<beta_input logits>}> : () -> !k3s.tile<>
+// GENERIC:      %g = "k3s.load_gate"() <{gate = #k3<gate scalar>, input = #k3<gate_input bounded>, lower_bound = -2.500000e+00 : f64}> : () -> !k3s.tile<C>
+// GENERIC-NEXT: %k = "k3s.load_chunk"() <{tensor = #k3s<token_tensor k>, l2norm = true}> : () -> !k3s.tile<C x K>
+// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = #k3<beta_input probability>}> : () -> !k3s.tile<C>
+// GENERIC-NEXT: %v = "k3s.load_chunk"() <{tensor = #k3s<token_tensor v>}> : () -> !k3s.tile<C x V>
+// GENERIC-NEXT: %q = "k3s.load_chunk"() <{tensor = #k3s<token_tensor q>}> : () -> !k3s.tile<C x K>

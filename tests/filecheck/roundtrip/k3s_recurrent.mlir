@@ -65,29 +65,29 @@ builtin.module {
 
 // GENERIC:      "builtin.module"() ({
 // GENERIC-NEXT:   "k3s.entry"() <{sym_name = "recurrent", source = "layer"}> ({
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "q", shape = "B,T,2,16", dtype = "float", role = "input"}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "g", shape = "B,T,4", dtype = "float", role = "forbidden"}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "q", shape = "B,T,2,16", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role input>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "g", shape = "B,T,4", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role forbidden>}> : () -> ()
 // GENERIC-NEXT:     "k3s.scalar_arg"() <{sym_name = "scale", default = 2.500000e-01 : f64}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "initial_state", shape = "N,4,8,16", dtype = "float32", role = "optional_input"}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "o", shape = "B,T,4,8", dtype = "float", role = "output"}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "final_state", shape = "N,4,8,16", dtype = "float32", role = "optional_output"}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "cu_seqlens", shape = "N+1", dtype = "offsets", role = "optional_input"}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "initial_state", shape = "N,4,8,16", dtype = #k3s<arg_dtype float32>, role = #k3s<arg_role optional_input>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "o", shape = "B,T,4,8", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role output>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "final_state", shape = "N,4,8,16", dtype = #k3s<arg_dtype float32>, role = #k3s<arg_role optional_output>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "cu_seqlens", shape = "N+1", dtype = #k3s<arg_dtype offsets>, role = #k3s<arg_role optional_input>}> : () -> ()
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = "value_block,sequence_head", num_warps = 2 : i64}> ({
-// GENERIC-NEXT:       "k3s.state_tile"() <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = "vk"}> : () -> ()
+// GENERIC-NEXT:       "k3s.state_tile"() <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = #k3<state_layout vk>}> : () -> ()
 // GENERIC-NEXT:       "k3s.token_loop"() ({
 // GENERIC-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
-// GENERIC-NEXT:         %q = "k3s.load_token"() <{tensor = "q"}> : () -> !k3s.tile<K>
-// GENERIC-NEXT:         %k = "k3s.load_token"() <{tensor = "k"}> : () -> !k3s.tile<K>
-// GENERIC-NEXT:         %v = "k3s.load_token"() <{tensor = "v"}> : () -> !k3s.tile<V>
-// GENERIC-NEXT:         %g = "k3s.load_gate"() <{gate = "scalar", input = "log", lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<>
-// GENERIC-NEXT:         %S_1 = "k3s.decay"(%S, %g) <{gate = "scalar"}> : (!k3s.tile<K x V>, !k3s.tile<>) -> !k3s.tile<K x V>
-// GENERIC-NEXT:         %beta = "k3s.load_beta"() <{input = "probability"}> : () -> !k3s.tile<>
+// GENERIC-NEXT:         %q = "k3s.load_token"() <{tensor = #k3s<token_tensor q>}> : () -> !k3s.tile<K>
+// GENERIC-NEXT:         %k = "k3s.load_token"() <{tensor = #k3s<token_tensor k>}> : () -> !k3s.tile<K>
+// GENERIC-NEXT:         %v = "k3s.load_token"() <{tensor = #k3s<token_tensor v>}> : () -> !k3s.tile<V>
+// GENERIC-NEXT:         %g = "k3s.load_gate"() <{gate = #k3<gate scalar>, input = #k3<gate_input log>, lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<>
+// GENERIC-NEXT:         %S_1 = "k3s.decay"(%S, %g) <{gate = #k3<gate scalar>}> : (!k3s.tile<K x V>, !k3s.tile<>) -> !k3s.tile<K x V>
+// GENERIC-NEXT:         %beta = "k3s.load_beta"() <{input = #k3<beta_input probability>}> : () -> !k3s.tile<>
 // GENERIC-NEXT:         %v_1 = "k3s.delta_correct"(%S_1, %k, %v, %beta) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
 // GENERIC-NEXT:         %S_2 = "k3s.rank1_update"(%S_1, %k, %v_1) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>) -> !k3s.tile<K x V>
 // GENERIC-NEXT:         %o = "k3s.readout"(%S_2, %q) : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<V>
 // GENERIC-NEXT:         "k3s.next_token"(%S_2) : (!k3s.tile<K x V>) -> ()
 // GENERIC-NEXT:       }) : () -> ()
-// GENERIC-NEXT:       "k3s.store_state"() <{layout = "vk"}> : () -> ()
+// GENERIC-NEXT:       "k3s.store_state"() <{layout = #k3<state_layout vk>}> : () -> ()
 // GENERIC-NEXT:     }) : () -> ()
 // GENERIC-NEXT:   }) : () -> ()
 // GENERIC-NEXT: }) : () -> ()

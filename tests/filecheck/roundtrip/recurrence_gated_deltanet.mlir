@@ -14,5 +14,5 @@ builtin.module {
 // CHECK-NEXT: }
 
 // GENERIC:      "builtin.module"() ({
-// GENERIC-NEXT:   "k3.recurrence"() <{sym_name = "gdn", gate = "scalar", delta_rule = true, num_heads = 16 : i64, num_v_heads = 32 : i64, head_k_dim = 128 : i64, head_v_dim = 64 : i64, scale = 0.088388347648318447 : f64, state_layout = "kv", dtype = "float16"}> : () -> ()
+// GENERIC-NEXT:   "k3.recurrence"() <{sym_name = "gdn", gate = #k3<gate scalar>, delta_rule = true, num_heads = 16 : i64, num_v_heads = 32 : i64, head_k_dim = 128 : i64, head_v_dim = 64 : i64, scale = 0.088388347648318447 : f64, state_layout = #k3<state_layout kv>, dtype = #k3<dtype float16>}> : () -> ()
 // GENERIC-NEXT: }) : () -> ()

@@ -14,5 +14,5 @@ builtin.module {
 // CHECK-NEXT: }
 
 // GENERIC:      "builtin.module"() ({
-// GENERIC-NEXT:   "k3.recurrence"() <{sym_name = "gla", gate = "channel", delta_rule = false, num_heads = 4 : i64, num_v_heads = 4 : i64, head_k_dim = 64 : i64, head_v_dim = 32 : i64, scale = 1.000000e+00 : f64, state_layout = "vk", dtype = "float32"}> : () -> ()
+// GENERIC-NEXT:   "k3.recurrence"() <{sym_name = "gla", gate = #k3<gate channel>, delta_rule = false, num_heads = 4 : i64, num_v_heads = 4 : i64, head_k_dim = 64 : i64, head_v_dim = 32 : i64, scale = 1.000000e+00 : f64, state_layout = #k3<state_layout vk>, dtype = #k3<dtype float32>}> : () -> ()
 // GENERIC-NEXT: }) : () -> ()

@@ -1,4 +1,4 @@
-// A k3.recurrence gate outside channel/scalar/none is rejected by the verifier, naming the op,
+// A k3.recurrence gate outside channel/scalar/none is rejected by the parser, naming the op,
 // the property, the allowed values and the bad value.
 // RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ERR
 // One line only: nothing before it (no newline precedes the match), nothing after it.
@@ -8,5 +8,5 @@ builtin.module {
 }
 
 // ERR-NOT: {{\n}}
-// ERR: {{^}}k3c opt: error: {{.*}}bad_gate.mlir: k3.recurrence @r: gate must be one of channel, scalar, none; got 'diagonal'{{$}}
+// ERR: {{^}}k3c opt: error: {{.*}}bad_gate.mlir:{{[0-9]+}}:{{[0-9]+}}: k3.recurrence: property 'gate' must be one of channel, scalar, none; got diagonal{{$}}
 // ERR-NOT: {{.}}

@@ -43,11 +43,11 @@ builtin.module {
 // BOUNDPOS-NOT: {{.}}
 
 // GATEVALUE-NOT: {{\n}}
-// GATEVALUE: {{^}}k3c opt: error: <stdin>: k3.recurrence @r: gate_input must be one of log, clamped, softplus, bounded {{.*}}; got 'exp', 'logits'{{$}}
+// GATEVALUE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3.recurrence: property 'gate_input' must be one of log, clamped, softplus, bounded; got exp{{$}}
 // GATEVALUE-NOT: {{.}}
 
 // BETAVALUE-NOT: {{\n}}
-// BETAVALUE: {{^}}k3c opt: error: <stdin>: k3.recurrence @r: {{.*}}beta_input one of probability, logits, logits_neg_eigval; got 'softplus', 'sigmoid'{{$}}
+// BETAVALUE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3.recurrence: property 'beta_input' must be one of probability, logits, logits_neg_eigval; got sigmoid{{$}}
 // BETAVALUE-NOT: {{.}}
 
 // L2BOOL-NOT: {{\n}}

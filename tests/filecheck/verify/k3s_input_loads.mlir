@@ -59,15 +59,15 @@ builtin.module {
 // CHUNKV-NOT: {{.}}
 
 // GATEINPUT-NOT: {{\n}}
-// GATEINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_gate: input must be one of log, clamped, softplus, bounded; got 'exp'{{$}}
+// GATEINPUT: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.load_gate: property 'input' must be one of log, clamped, softplus, bounded; got exp{{$}}
 // GATEINPUT-NOT: {{.}}
 
 // GATENONE-NOT: {{\n}}
-// GATENONE: {{^}}k3c opt: error: <stdin>: k3s.load_gate: gate must be one of channel, scalar; got 'none'{{$}}
+// GATENONE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.load_gate: property 'gate' must be one of channel, scalar; got none{{$}}
 // GATENONE-NOT: {{.}}
 
 // BETAINPUT-NOT: {{\n}}
-// BETAINPUT: {{^}}k3c opt: error: <stdin>: k3s.load_beta: input must be one of probability, logits, logits_neg_eigval; got 'sigmoid'{{$}}
+// BETAINPUT: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.load_beta: property 'input' must be one of probability, logits, logits_neg_eigval; got sigmoid{{$}}
 // BETAINPUT-NOT: {{.}}
 
 // NOBOUND-NOT: {{\n}}

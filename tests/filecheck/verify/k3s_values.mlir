@@ -27,7 +27,7 @@ builtin.module {
 }
 
 // ROLE-NOT: {{\n}}
-// ROLE: {{^}}k3c opt: error: {{.*}}k3s_values.mlir: k3s.tensor_arg: role must be one of input, optional_input, forbidden, output, optional_output{{(, [a-z_]+)*}}; got 'maybe'{{$}}
+// ROLE: {{^}}k3c opt: error: {{.*}}k3s_values.mlir:{{[0-9]+}}:{{[0-9]+}}: k3s.tensor_arg: property 'role' must be one of input, optional_input, forbidden, output, optional_output{{(, [a-z_]+)*}}; got maybe{{$}}
 // ROLE-NOT: {{.}}
 
 // SHAPE-NOT: {{\n}}
@@ -39,15 +39,15 @@ builtin.module {
 // BLOCKV-NOT: {{.}}
 
 // GATE-NOT: {{\n}}
-// GATE: {{^}}k3c opt: error: <stdin>: k3s.decay: gate must be one of channel, scalar; got 'none'{{$}}
+// GATE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.decay: property 'gate' must be one of channel, scalar; got none{{$}}
 // GATE-NOT: {{.}}
 
 // TENSOR-NOT: {{\n}}
-// TENSOR: {{^}}k3c opt: error: <stdin>: k3s.load_token: tensor must be one of q, k, v; got 'o'{{$}}
+// TENSOR: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.load_token: property 'tensor' must be one of q, k, v; got o{{$}}
 // TENSOR-NOT: {{.}}
 
 // LAYOUT-NOT: {{\n}}
-// LAYOUT: {{^}}k3c opt: error: <stdin>: k3s.state_tile: layout must be one of kv, vk; got 'kk'{{$}}
+// LAYOUT: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.state_tile: property 'layout' must be one of kv, vk; got kk{{$}}
 // LAYOUT-NOT: {{.}}
 
 // WARPS-NOT: {{\n}}

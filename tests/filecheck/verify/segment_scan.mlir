@@ -43,7 +43,7 @@ builtin.module {
 // DISAGREE-NOT: {{.}}
 
 // FORM-NOT: {{\n}}
-// FORM: {{^}}k3c opt: error: <stdin>: k3s.segment_summary: transition must be one of full, diagonal, scalar, identity; got 'dense'{{$}}
+// FORM: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.segment_summary: property 'transition' must be one of full, diagonal, scalar, identity; got dense{{$}}
 // FORM-NOT: {{.}}
 
 // MISSING-NOT: {{\n}}
