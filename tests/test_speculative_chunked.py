@@ -38,8 +38,12 @@ def layers(request, tmp_path_factory):
 def test_the_verify_is_a_prepare_and_a_scan_kernel(layers):
     _, chunked, _ = layers
     source = open(chunked.module.__file__).read()
-    for kernel in ("_verify_prepare_kernel", "_verify_kernel", "_spec_step_prepare_kernel", "_spec_step_kernel"):
-        assert kernel in source
+    for kernel in ("_verify_prepare_kernel", "_verify_kernel", "_spec_step_kernel"):
+        assert f"{kernel}(" in source
+    # spec_step's prepare is the verify's (merge-identical-kernels): launched, not printed twice
+    assert "_spec_step_prepare_kernel" not in source
+    spec_step = source[source.index("\ndef spec_step("):]
+    assert "_verify_prepare_kernel[grid](" in spec_step
     verify_kernels = source[:source.index("\ndef verify(")]
     assert "for t in range(bos, eos)" not in verify_kernels, "the verify kernels run no token loop"
 
