@@ -7,7 +7,8 @@ Every op prints as
 where the results, symbol, operands, region and types are present only if the op has them, and
 the keyword list holds the op's properties in declaration order. Operands are values defined
 before their use (earlier ops of the block, or block arguments of an enclosing region). Values are integers, floats (always printed with a
-'.', so they re-parse as floats), booleans, bare identifiers (enum values) and quoted strings.
+'.', so they re-parse as floats), booleans, bare identifiers (enum values), quoted strings and
+types in their own syntax (`type = !k3s.tensor<B x T x 32 x 128, float>`).
 The parser rejects a repeated key, and reads each value as its property's declared constraint
 asks: a word for an enum property is that enum attribute, an integer literal for a float
 property is that float; anything else that does not fit is a parse error naming the op and the
@@ -31,7 +32,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, Region
+from xdsl.ir import Attribute, Region, TypeAttribute
 from xdsl.irdl import AttrConstraint, IRDLOperation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -62,6 +63,8 @@ def attr_to_literal(attr: Attribute) -> str:
         if "." not in mantissa and mantissa.lstrip("-").isdigit():  # 1e-06 -> 1.0e-06: lexes as a float
             text = mantissa + ".0" + ("e" + exponent if exponent else "")
         return text
+    if isinstance(attr, TypeAttribute):  # its type syntax: `!k3s.tensor<B x T x 32 x 128, float>`
+        return str(attr)
     if isinstance(attr, StringAttr):
         bare = _IDENTIFIER.fullmatch(attr.data) and attr.data not in ("true", "false")
         return attr.data if bare else json.dumps(attr.data)
@@ -77,6 +80,8 @@ def literal_to_attr(parser: Parser) -> Attribute:
     number = parser.parse_optional_number()
     if number is not None:
         return FloatAttr(number, f64) if isinstance(number, float) else IntegerAttr(number, i64)
+    if parser.lexer.input.content.startswith("!", start):  # a dialect type, read by its own parser
+        return parser.parse_type()
     text = parser.parse_optional_str_literal()
     if text is not None:
         return StringAttr(text)
@@ -108,6 +113,10 @@ def fit_to_property(op_type: type[IRDLOperation], key: str, attr: Attribute) -> 
         as_float = FloatAttr(float(attr.value.data), f64)
         if prop.constr.verifies(as_float):
             return as_float
+    types = [base for base in prop.constr.get_bases() or () if issubclass(base, TypeAttribute)]
+    if types:
+        raise ValueError(f"{op_type.name}: property '{key}' expects a type "
+                         f"{' or '.join(f'!{t.name}<...>' for t in types)}, got {attr_to_literal(attr)}")
     expected = " or ".join(kind for kind, sample in _LITERAL_KINDS if prop.constr.verifies(sample))
     raise ValueError(f"{op_type.name}: property '{key}' expects {expected or prop.constr}, got {attr_to_literal(attr)}")
 

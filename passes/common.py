@@ -113,32 +113,33 @@ def recurrence_state_shape(op) -> list[str]:
 def recurrence_arguments(op) -> list[Operation]:
     """The tensor interface every entry of a k3.recurrence shares (fla's layouts)."""
     from k3compile.ir import k3s
+    from k3compile.ir.k3s import tensor
 
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
     H, HV = op.num_heads.value.data, op.num_v_heads.value.data
     K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
-    state_shape = ",".join(["N", *recurrence_state_shape(op)])
-    gate_shape = f"B,T,{HV},{K}" if gate == "channel" else f"B,T,{HV}"
+    state = tensor("N", *recurrence_state_shape(op), dtype="float32")
+    gate_dims = ("B", "T", HV, K) if gate == "channel" else ("B", "T", HV)
     gate_parameter_role = "forbidden" if op.input_option("gate_input") in ("log", "clamped") else "input"
 
-    def arg(sym_name: str, shape: str, dtype: str, role: str) -> Operation:
-        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role)
+    def arg(sym_name: str, type: k3s.TensorType, role: str) -> Operation:
+        return make(k3s.TensorArgOp, sym_name=sym_name, type=type, role=role)
 
     return [
-        arg("q", f"B,T,{H},{K}", "float", "input"),
-        arg("k", f"B,T,{H},{K}", "float", "input"),
-        arg("v", f"B,T,{HV},{V}", "float", "input"),
-        arg("g", gate_shape, "float", "forbidden" if gate == "none" else "input"),
-        arg("beta", f"B,T,{HV}", "float", "input" if delta_rule else "forbidden"),
+        arg("q", tensor("B", "T", H, K, dtype="float"), "input"),
+        arg("k", tensor("B", "T", H, K, dtype="float"), "input"),
+        arg("v", tensor("B", "T", HV, V, dtype="float"), "input"),
+        arg("g", tensor(*gate_dims, dtype="float"), "forbidden" if gate == "none" else "input"),
+        arg("beta", tensor("B", "T", HV, dtype="float"), "input" if delta_rule else "forbidden"),
         make(k3s.ScalarArgOp, sym_name="scale", default=op.scale.value.data),
-        arg("initial_state", state_shape, "float32", "optional_input"),
-        arg("o", f"B,T,{HV},{V}", "float", "output"),
-        arg("final_state", state_shape, "float32", "optional_output"),
-        arg("cu_seqlens", "N+1", "offsets", "optional_input"),
+        arg("initial_state", state, "optional_input"),
+        arg("o", tensor("B", "T", HV, V, dtype="float"), "output"),
+        arg("final_state", state, "optional_output"),
+        arg("cu_seqlens", tensor("N+1", dtype="offsets"), "optional_input"),
         # the in-kernel gate's parameters (fla's A_log [HV] and dt_bias [HV * K], or [HV] for a scalar gate)
-        arg("A_log", f"{HV}", "float", gate_parameter_role),
-        arg("dt_bias", f"{HV * K}" if gate == "channel" else f"{HV}", "float", gate_parameter_role),
+        arg("A_log", tensor(HV, dtype="float"), gate_parameter_role),
+        arg("dt_bias", tensor(HV * K if gate == "channel" else HV, dtype="float"), gate_parameter_role),
     ]
 
 

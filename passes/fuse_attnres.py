@@ -22,8 +22,8 @@ from k3compile.passes.common import add_entries, check_num_warps, make
 def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
     D = op.hidden_size.value.data
 
-    def arg(sym_name: str, shape: str, role: str = "input"):
-        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype="float", role=role)
+    def arg(sym_name: str, shape: tuple[str | int, ...], role: str = "input"):
+        return make(k3s.TensorArgOp, sym_name=sym_name, type=k3s.tensor(*shape, dtype="float"), role=role)
 
     fold = make(k3s.FoldQueryOp, hidden_size=D, result=("q", k3s.tile("D")))
     q = fold.results[0]
@@ -56,10 +56,10 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
     return make(
         k3s.EntryOp,
         [
-            arg("sources", f"S,B,T,{D}"),
-            arg("query", f"{D}"),
-            arg("gain", f"{D}"),
-            arg("out", f"B,T,{D}", "output"),
+            arg("sources", ("S", "B", "T", D)),
+            arg("query", (D,)),
+            arg("gain", (D,)),
+            arg("out", ("B", "T", D), "output"),
             kernel,
         ],
         sym_name="aggregate",

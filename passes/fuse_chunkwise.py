@@ -144,12 +144,12 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     # [B, T, HV, width] in the input dtype (T: what the WY products' dots read, cast to it anyway)
     per_token = {"W": K, "U": V, "P": C, "QG": K, "KG": K, "T": C}
     # one fp32 row per chunk: it multiplies the fp32 state at every chunk, bf16 would compound
-    per_chunk = {"gamma_C": f"NC,{HV},{K}" if layer_op.gate.data == "channel" else f"NC,{HV}"}
+    per_chunk = {"gamma_C": ("NC", HV, K) if layer_op.gate.data == "channel" else ("NC", HV)}
     workspaces = [
-        make(k3s.TensorArgOp, sym_name=k3s.workspace_name(n), shape=f"B,T,{HV},{per_token[n]}", dtype="float",
-             role="workspace")
+        make(k3s.TensorArgOp, sym_name=k3s.workspace_name(n),
+             type=k3s.tensor("B", "T", HV, per_token[n], dtype="float"), role="workspace")
         if n in per_token else
-        make(k3s.TensorArgOp, sym_name=n, shape=per_chunk[n], dtype="float32", role="workspace")
+        make(k3s.TensorArgOp, sym_name=n, type=k3s.tensor(*per_chunk[n], dtype="float32"), role="workspace")
         for n in sorted({v.name_hint for v in [*spilled, *handed]})
     ]
     name = kernel_prefix or f"{entry.source.data}_chunk"

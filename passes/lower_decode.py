@@ -56,9 +56,9 @@ class LowerDecodePass(ModulePass):
         layout = op.state_layout.data
         args = [a for a in recurrence_arguments(op) if a.sym_name.data not in NOT_IN_DECODE]
         args += [
-            make(k3s.TensorArgOp, sym_name="state", shape=",".join(["P", *recurrence_state_shape(op)]),
-                 dtype="state", role="inout"),
-            make(k3s.TensorArgOp, sym_name="state_indices", shape="B", dtype="index", role="input"),
+            make(k3s.TensorArgOp, sym_name="state", type=k3s.tensor("P", *recurrence_state_shape(op), dtype="state"),
+                 role="inout"),
+            make(k3s.TensorArgOp, sym_name="state_indices", type=k3s.tensor("B", dtype="index"), role="input"),
         ]
         kernel = token_kernel(
             [

@@ -100,10 +100,13 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3
 
 def summary_outputs(layer: RecurrenceOp, form: str, role: str = "output") -> list[Operation]:
     HV, K, V = (layer.num_v_heads.value.data, layer.head_k_dim.value.data, layer.head_v_dim.value.data)
-    n_shape = f"N,{HV},{K},{V}" if layer.state_layout.data == "kv" else f"N,{HV},{V},{K}"
-    m_shape = {"full": f"N,{HV},{K},{K}", "diagonal": f"N,{HV},{K}", "scalar": f"N,{HV}"}.get(form)
-    outputs = [make(k3s.TensorArgOp, sym_name="M", shape=m_shape, dtype="float32", role=role)] if m_shape else []
-    return [*outputs, make(k3s.TensorArgOp, sym_name="N", shape=n_shape, dtype="float32", role=role)]
+    n_shape = ("N", HV, K, V) if layer.state_layout.data == "kv" else ("N", HV, V, K)
+    m_shape = {"full": ("N", HV, K, K), "diagonal": ("N", HV, K), "scalar": ("N", HV)}.get(form)
+
+    def output(sym_name: str, shape: tuple[str | int, ...]) -> Operation:
+        return make(k3s.TensorArgOp, sym_name=sym_name, type=k3s.tensor(*shape, dtype="float32"), role=role)
+
+    return [*([output("M", m_shape)] if m_shape else []), output("N", n_shape)]
 
 
 def summary_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, form: str, block_v: int,

@@ -114,7 +114,7 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     for kernel, kernel_name in ((prepare, f"{name}_prepare"), (scan, name)):
         kernel.properties.update(props(k3s.KernelOp, sym_name=kernel_name, dots=dots))
     for workspace in workspaces:
-        workspace.properties.update(props(k3s.TensorArgOp, dtype="float32"))
+        workspace.type = workspace.type.with_dtype("float32")
     return workspaces, prepare, scan
 
 
@@ -129,19 +129,20 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
     replay = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
 
-    def arg(sym_name, shape, dtype, role, **distinct_from):
-        return make(k3s.TensorArgOp, sym_name=sym_name, shape=shape, dtype=dtype, role=role, **distinct_from)
+    def arg(sym_name, type, role, **distinct_from):
+        return make(k3s.TensorArgOp, sym_name=sym_name, type=type, role=role, **distinct_from)
 
     def tile():
         return make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout, home="pool")
 
-    state_shape = ",".join(["P", *recurrence_state_shape(layer)])
+    pool = k3s.tensor("P", *recurrence_state_shape(layer), dtype="state")
+    indices = k3s.tensor("B", dtype="index")
     if mode == "replay":
-        buffer, buffer_shape = "cache", f"P,{depth},{HV},{2 * K + V}"
+        buffer, buffer_type = "cache", k3s.tensor("P", depth, HV, 2 * K + V, dtype="float32")
         verify_loop = loop.clone()
         commit_stage = clone(replay)
     else:  # the baseline: the same verify, but a whole state written after every token
-        buffer, buffer_shape = "snapshots", ",".join(["P", str(depth), *recurrence_state_shape(layer)])
+        buffer, buffer_type = "snapshots", k3s.tensor("P", depth, *recurrence_state_shape(layer), dtype="float32")
         verify_loop = loop.clone()
         for cached in [op for op in verify_loop.walk() if isinstance(op, k3s.CacheUpdateOp)]:
             state = verify_loop.body.block.last_op.state  # the state after this token
@@ -165,9 +166,9 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         k3s.EntryOp,
         [
             *token_arguments(),
-            arg("state", state_shape, "state", "input"),
-            arg("state_indices", "B", "index", "input"),
-            arg(buffer, buffer_shape, "float32", "inout"),
+            arg("state", pool, "input"),
+            arg("state_indices", indices, "input"),
+            arg(buffer, buffer_type, "inout"),
             *verify_kernels,
         ],
         sym_name="verify",
@@ -177,10 +178,10 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     commit = make(
         k3s.EntryOp,
         [
-            arg("state", state_shape, "state", "inout"),
-            arg("state_indices", "B", "index", "input"),
-            arg(buffer, buffer_shape, "float32", "input"),
-            arg("accepted", "B", "index", "input"),
+            arg("state", pool, "inout"),
+            arg("state_indices", indices, "input"),
+            arg(buffer, buffer_type, "input"),
+            arg("accepted", indices, "input"),
             pool_kernel("commit", [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")]),
         ],
         sym_name="commit",
@@ -205,11 +206,11 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         k3s.EntryOp,
         [
             *token_arguments(),
-            arg("state", state_shape, "state", "inout"),
-            arg("state_indices", "B", "index", "input"),
-            arg("cache", buffer_shape, "float32", "input"),
-            arg("accepted", "B", "index", "input"),
-            arg("next_cache", buffer_shape, "float32", "inout", distinct_from="cache"),
+            arg("state", pool, "inout"),
+            arg("state_indices", indices, "input"),
+            arg("cache", buffer_type, "input"),
+            arg("accepted", indices, "input"),
+            arg("next_cache", buffer_type, "inout", distinct_from="cache"),
             *step_kernels,
         ],
         sym_name="spec_step",

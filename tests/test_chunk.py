@@ -320,10 +320,11 @@ def test_fuse_chunkwise_spills_exactly_what_the_scan_reads(kind):
     assert not any(isinstance(op, k3s.SpillOp) for op in scan_kernel.walk())
 
     per_token = {"W": K, "U": V, "P": C, "QG": K, "KG": K}
-    per_chunk = {"gamma_C": f"NC,{HV},{K}" if GATE_OF_KIND[kind] == "channel" else f"NC,{HV}"}
-    workspaces = {op.sym_name.data: op.shape.data for op in entry.body.ops
+    per_chunk = {"gamma_C": ("NC", HV, K) if GATE_OF_KIND[kind] == "channel" else ("NC", HV)}
+    workspaces = {op.sym_name.data: op.type for op in entry.body.ops
                   if isinstance(op, k3s.TensorArgOp) and op.role.data == "workspace"}
-    assert workspaces == {n: f"B,T,{HV},{per_token[n]}" if n in per_token else per_chunk[n] for n in expected}
+    assert workspaces == {n: k3s.tensor("B", "T", HV, per_token[n], dtype="float") if n in per_token
+                          else k3s.tensor(*per_chunk[n], dtype="float32") for n in expected}
 
     # nothing of the gate is rebuilt in the scan
     assert not any(isinstance(op, (k3s.GateCumsumOp, k3s.LoadGateOp)) for op in scan_kernel.walk())
@@ -361,9 +362,10 @@ def test_split_prepare_kernels_hand_over_T_only(kind):
     assert spills[wy.sym_name.data] == sorted([*(["U", "W"] if delta else []), *(["KG", "QG"] if gated else [])])
     assert not any(isinstance(op, (k3s.GramOp, k3s.ForwardSubstitutionOp)) for op in wy.walk())
     assert not any(isinstance(op, (k3s.WYApplyOp, k3s.GateApplyOp)) for op in gram.walk())
-    workspaces = {op.sym_name.data: op.shape.data for op in entry.body.ops
+    workspaces = {op.sym_name.data: op.type for op in entry.body.ops
                   if isinstance(op, k3s.TensorArgOp) and op.role.data == "workspace"}
-    assert ("T_ut" in workspaces) == delta and workspaces.get("T_ut", f"B,T,{HV},{C}") == f"B,T,{HV},{C}"
+    T_ut = k3s.tensor("B", "T", HV, C, dtype="float")
+    assert ("T_ut" in workspaces) == delta and workspaces.get("T_ut", T_ut) == T_ut
     dataflow_closed(gram)
     dataflow_closed(wy)
     dataflow_closed(scan_kernel)

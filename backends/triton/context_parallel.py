@@ -97,7 +97,7 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry
                 name = arg.sym_name.data
                 device = "None" if name == first else f"{first}.device"
                 if arg.role.data == "input":
-                    c(f'_check_tensor("{name}", {name}, "{arg.shape.data}", "{arg.dtype.data}", dims, {device})')
+                    c(f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})')
                 elif arg.role.data == "forbidden":
                     c(f'_check_none("{name}", {name}, "k3 op @{chunk.source.data} has no {name} input")')
             c("return dims")

@@ -2,19 +2,20 @@
 
 A lowered module is a list of entries:
 
-    k3s.entry @recurrent {                         the Python function of the compiled module
-      k3s.tensor_arg @q <shape = "B,T,4,64", ...>  its arguments, with shapes and dtype classes
-      k3s.kernel @kda_recurrent <...> {            one Triton kernel it launches
-        k3s.state_tile ...                         stages, in program order; nested loops are
-        k3s.token_loop { k3s.decay ... }           region ops
+    k3s.entry @recurrent {                      the Python function of the compiled module
+      k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 64, float>, ...>
+                                                its arguments, with shapes and dtype classes
+      k3s.kernel @kda_recurrent <...> {         one Triton kernel it launches
+        k3s.state_tile ...                      stages, in program order; nested loops are
+        k3s.token_loop { k3s.decay ... }        region ops
       }
     }
 
 Passes in passes/ build these from `k3` ops; the Triton backend prints one block of code per
-stage. Shape strings use the symbols B (batch), T (tokens per sequence), N (sequences: B, or
-len(cu_seqlens) - 1), R (rows), S (sources), P (state pool rows) and NC (per-chunk slots of a
-chunk entry: cdiv(B T, C) + N, enough for every chunk of any varlen split); everything else is a
-number.
+stage. A tensor argument's shape (its `!k3s.tensor` type) uses the symbols B (batch), T (tokens
+per sequence), N (sequences: B, or len(cu_seqlens) - 1), N+1 (offsets), S (sources), P (state
+pool rows) and NC (per-chunk slots of a chunk entry: cdiv(B T, C) + N, enough for every chunk of
+any varlen split); every other dimension is a positive integer.
 """
 
 from xdsl.ir import Dialect
@@ -60,6 +61,7 @@ K3S = Dialect(
     ],
     [
         TileType,
+        TensorType,
         ArgDtypeAttr,
         ArgRoleAttr,
         TokenTensorAttr,

@@ -3,9 +3,9 @@ Python functions) with their arguments, and kernels."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, ArrayAttr, FloatAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import I64, ArrayAttr, FloatAttr, IntAttr, IntegerAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, TypeAttribute
+from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, TypeAttribute
 from xdsl.irdl import (
     AnyOf,
     irdl_attr_definition,
@@ -117,6 +117,81 @@ def is_power_of_two(value: int) -> bool:
     return value > 0 and not value & (value - 1)  # 0 & -1 is 0 as well: 0 needs the sign test
 
 
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """An entry's tensor argument: `!k3s.tensor<B x T x 32 x 128, float>`, its shape pattern and
+    dtype class. A dimension is a positive integer or a shape symbol (SHAPE_SYMBOLS: B batch, T
+    tokens per sequence, N sequences (B, or len(cu_seqlens) - 1), N+1 the offsets, S sources, P
+    state pool rows, NC per-chunk slots); the dtype class is one of ArgDtype's words (what each
+    takes: TensorArgOp). The compiled entry checks an argument against it at run time."""
+
+    name = "k3s.tensor"
+    shape: ArrayAttr[IntAttr | StringAttr]
+    dtype: ArgDtypeAttr
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        shape = [cls._parse_dim(parser)]
+        while parser.parse_optional_keyword("x") is not None:
+            shape.append(cls._parse_dim(parser))
+        parser.parse_punctuation(",", " (then the dtype class)")
+        start = parser.pos
+        word = parser.parse_identifier(" (a dtype class)")
+        if word not in list(ArgDtype):
+            parser.raise_error(f"{cls.name}: the dtype class must be one of {', '.join(ArgDtype)}; got {word}",
+                               start, parser.pos)
+        parser.parse_punctuation(">")
+        return [ArrayAttr(shape), ArgDtypeAttr(ArgDtype(word))]
+
+    @staticmethod
+    def _parse_dim(parser: AttrParser) -> IntAttr | StringAttr:
+        """`32`, `B`, or a symbol plus a number (`N+1`: the lexer reads `N`, `+`, `1`)."""
+        number = parser.parse_optional_integer(allow_boolean=False, allow_negative=False)
+        if number is not None:
+            return IntAttr(number)
+        symbol = parser.parse_identifier(f" (a dimension: a positive integer or one of {', '.join(SHAPE_SYMBOLS)})")
+        if parser.parse_optional_punctuation("+") is not None:
+            symbol += f"+{parser.parse_integer(allow_boolean=False, allow_negative=False)}"
+        return StringAttr(symbol)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{' x '.join(self.dims)}, {self.dtype_class}>")
+
+    def verify(self) -> None:
+        if not self.shape.data:
+            raise VerifyException(f"{self.name}: a tensor has at least one dimension")
+        for dim in self.shape.data:
+            if not (dim.data > 0 if isinstance(dim, IntAttr) else dim.data in SHAPE_SYMBOLS):
+                shown = dim.data if isinstance(dim, IntAttr) else repr(dim.data)
+                raise VerifyException(f"{self.name}: bad dimension {shown}; a positive integer or one of "
+                                      f"{', '.join(SHAPE_SYMBOLS)}")
+
+    @property
+    def dims(self) -> list[str]:
+        """The dimensions as words: ["B", "T", "32", "128"]."""
+        return [str(dim.data) for dim in self.shape.data]
+
+    @property
+    def pattern(self) -> str:
+        """The dimensions as the runtime's shape pattern: "B,T,32,128"."""
+        return ",".join(self.dims)
+
+    @property
+    def dtype_class(self) -> str:
+        return self.dtype.data.value
+
+    def with_dtype(self, dtype: str) -> TensorType:
+        return tensor(*self.dims, dtype=dtype)
+
+
+def tensor(*dims: int | str, dtype: str) -> TensorType:
+    """`tensor("B", "T", 32, 128, dtype="float")`: a number (or a word of digits) is a fixed size,
+    any other word a shape symbol."""
+    shape = [IntAttr(int(d)) if isinstance(d, int) or d.isdigit() else StringAttr(d) for d in dims]
+    return TensorType(ArrayAttr(shape), ArgDtypeAttr(ArgDtype(dtype)))
+
+
 @irdl_op_definition
 class EntryOp(KeywordSyntax):
     """A Python function of the compiled module: checks its arguments, launches its kernels."""
@@ -132,7 +207,8 @@ class EntryOp(KeywordSyntax):
 
 @irdl_op_definition
 class TensorArgOp(KeywordSyntax):
-    """A tensor argument: its shape pattern, dtype class and whether the caller passes it.
+    """A tensor argument: its type (shape pattern and dtype class, `!k3s.tensor<B x T x 32 x 128,
+    float>`) and whether the caller passes it.
 
     Roles: input (required), optional_input (may be None), forbidden (must be None: the
     member has no such input, e.g. g of DeltaNet), output / optional_output (allocated by
@@ -147,18 +223,11 @@ class TensorArgOp(KeywordSyntax):
 
     name = "k3s.tensor_arg"
     sym_name = prop_def(StringAttr)
-    shape = prop_def(StringAttr)
-    dtype = prop_def(ArgDtypeAttr)
+    type = prop_def(TensorType)
     role = prop_def(ArgRoleAttr)
     # another argument this one must not overlap in memory (a kernel reads one while writing the other)
     distinct_from = opt_prop_def(StringAttr)
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
-
-    def verify_(self) -> None:
-        dims = self.shape.data.split(",")
-        for dim in dims:
-            if not (dim.isdigit() and int(dim) > 0) and dim not in SHAPE_SYMBOLS:
-                raise VerifyException(f"{self.name} @{self.sym_name.data}: bad dimension {dim!r} in shape")
 
 
 @irdl_op_definition

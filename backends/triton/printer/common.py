@@ -109,7 +109,7 @@ class EntryView:
         return next(op for op in self.tensors if op.sym_name.data == name)
 
     def dims(self, name: str) -> list[str]:
-        return self.tensor(name).shape.data.split(",")
+        return self.tensor(name).type.dims
 
     def role(self, op: k3s.TensorArgOp) -> str:
         return op.role.data

@@ -124,7 +124,7 @@ class Entries:
                     c(f"    {arg.sym_name.data}: float, default {attr_to_literal(arg.default)}")
                 else:
                     apart = f", must not overlap {arg.distinct_from.data}" if arg.distinct_from is not None else ""
-                    c(f"    {arg.sym_name.data}: [{arg.shape.data}] {arg.dtype.data} ({arg.role.data}{apart})")
+                    c(f"    {arg.sym_name.data}: [{arg.type.pattern}] {arg.type.dtype_class} ({arg.role.data}{apart})")
             if view.checkpoint:
                 c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
                   "also return the states after every that many tokens of each sequence")
@@ -143,7 +143,7 @@ class Entries:
             for arg in view.scalars:
                 name = arg.sym_name.data
                 c(f'{name} = _scalar("{name}", {name}, {attr_to_literal(arg.default)})')
-            if any("NC" in t.shape.data.split(",") for t in view.tensors):
+            if any("NC" in t.type.dims for t in view.tensors):
                 chunk_size = next(op.chunk_size.value.data for op in view.entry.walk() if isinstance(op, k3s.ChunkTileOp))
                 c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
                   "# below cdiv(B T, C) + N for any split into sequences",
@@ -178,12 +178,12 @@ class Entries:
         order = {"input": 0, "inout": 0, "forbidden": 1, "optional_input": 2}
         inputs = [t for t in view.tensors if t.role.data in order]
         # offsets bind N before the optional tensors shaped by it are checked
-        inputs.sort(key=lambda t: (order[t.role.data], t.dtype.data != "offsets"))
+        inputs.sort(key=lambda t: (order[t.role.data], t.type.dtype_class != "offsets"))
         for arg in inputs:
             name, role = arg.sym_name.data, arg.role.data
             device = "None" if name == first else f"{first}.device"
-            check = f'_check_tensor("{name}", {name}, "{arg.shape.data}", "{arg.dtype.data}", dims, {device})'
-            if arg.dtype.data == "offsets":
+            check = f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})'
+            if arg.type.dtype_class == "offsets":
                 c(f'_check_offsets("{name}", {name}, dims, {device})')
             elif role in ("input", "inout"):
                 c(check)
@@ -196,7 +196,7 @@ class Entries:
                 c(f"if {name} is not None:")
                 with c.indent():
                     c(check)
-        if not any(t.dtype.data == "offsets" for t in view.tensors):
+        if not any(t.type.dtype_class == "offsets" for t in view.tensors):
             c('dims["N"] = dims["B"]  # one sequence per batch row')
         if "state_indices" in view.names:
             c('_check_slots("state_indices", state_indices, dims["P"], check_indices)')
@@ -230,8 +230,8 @@ class Entries:
         c = self.code
         name = out.sym_name.data
         first = view.tensors[0].sym_name.data
-        sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.shape.data.split(","))
-        dtype = "torch.float32" if out.dtype.data == "float32" else f"{first}.dtype"
+        sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.type.dims)
+        dtype = "torch.float32" if out.type.dtype_class == "float32" else f"{first}.dtype"
         alloc = f"_alloc(({sizes}{',' if ',' not in sizes else ''}), {dtype}, {first}.device)"
         if out.role.data == "optional_output":
             c(f"{name} = {alloc} if output_{name} else None")

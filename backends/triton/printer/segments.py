@@ -18,7 +18,7 @@ class Segments:
         name = made.sym_name.data
         c(f"# {describe(op)}: every segment's entering state from the summaries (the caller's scan order)",
           f"{name} = entering_states({'M' if 'M' in view.names else 'None'}, N)",
-          f'_check_tensor("{name}", {name}, "{made.shape.data}", "{made.dtype.data}", dims, {first}.device)')
+          f'_check_tensor("{name}", {name}, "{made.type.pattern}", "{made.type.dtype_class}", dims, {first}.device)')
 
     def print_k3s_decay_product(self, op: k3s.DecayProductOp) -> None:
         self.code.comment(op, "M <- Diag(gamma_C) M")

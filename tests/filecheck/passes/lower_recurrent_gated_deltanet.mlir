@@ -9,10 +9,10 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = gdn> {
-// CHECK:        k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
-// CHECK:        k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
-// CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "4", dtype = float, role = forbidden>
+// CHECK:        k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4, float>, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = input>
+// CHECK:        k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
+// CHECK-NEXT:   k3s.tensor_arg @dt_bias <type = !k3s.tensor<4, float>, role = forbidden>
 // CHECK:        k3s.kernel @gdn_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK:          k3s.token_loop {
 // CHECK-NEXT:     ^bb0(%S: !k3s.tile<K x V>):

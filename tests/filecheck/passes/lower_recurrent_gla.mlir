@@ -9,10 +9,10 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = gla> {
-// CHECK:        k3s.tensor_arg @g <shape = "B,T,4,64", dtype = float, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = forbidden>
-// CHECK:        k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
-// CHECK-NEXT:   k3s.tensor_arg @dt_bias <shape = "256", dtype = float, role = forbidden>
+// CHECK:        k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = forbidden>
+// CHECK:        k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
+// CHECK-NEXT:   k3s.tensor_arg @dt_bias <type = !k3s.tensor<256, float>, role = forbidden>
 // CHECK-NOT:    k3s.load_beta
 // CHECK-NOT:    k3s.delta_correct
 // CHECK:        k3s.token_loop {

@@ -9,13 +9,13 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = gva> {
-// CHECK-NEXT:   k3s.tensor_arg @q <shape = "B,T,2,64", dtype = float, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @k <shape = "B,T,2,64", dtype = float, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @v <shape = "B,T,6,32", dtype = float, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @g <shape = "B,T,6,64", dtype = float, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,6", dtype = float, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 64, float>, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @k <type = !k3s.tensor<B x T x 2 x 64, float>, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @v <type = !k3s.tensor<B x T x 6 x 32, float>, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @g <type = !k3s.tensor<B x T x 6 x 64, float>, role = input>
+// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 6, float>, role = input>
 // CHECK-NEXT:   k3s.scalar_arg @scale <default = 0.125>
-// CHECK-NEXT:   k3s.tensor_arg @initial_state <shape = "N,6,64,32", dtype = float32, role = optional_input>
-// CHECK-NEXT:   k3s.tensor_arg @o <shape = "B,T,6,32", dtype = float, role = output>
-// CHECK-NEXT:   k3s.tensor_arg @final_state <shape = "N,6,64,32", dtype = float32, role = optional_output>
+// CHECK-NEXT:   k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 6 x 64 x 32, float32>, role = optional_input>
+// CHECK-NEXT:   k3s.tensor_arg @o <type = !k3s.tensor<B x T x 6 x 32, float>, role = output>
+// CHECK-NEXT:   k3s.tensor_arg @final_state <type = !k3s.tensor<N x 6 x 64 x 32, float32>, role = optional_output>
 // CHECK:        k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>

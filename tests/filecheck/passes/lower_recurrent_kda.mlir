@@ -16,18 +16,18 @@ builtin.module {
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
 // CHECK-NEXT:   k3s.entry @recurrent <source = kda> {
-// CHECK-NEXT:     k3s.tensor_arg @q <shape = "B,T,4,64", dtype = float, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @k <shape = "B,T,4,64", dtype = float, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @v <shape = "B,T,4,32", dtype = float, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @g <shape = "B,T,4,64", dtype = float, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @beta <shape = "B,T,4", dtype = float, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @k <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @v <type = !k3s.tensor<B x T x 4 x 32, float>, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = input>
 // CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.125>
-// CHECK-NEXT:     k3s.tensor_arg @initial_state <shape = "N,4,64,32", dtype = float32, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @o <shape = "B,T,4,32", dtype = float, role = output>
-// CHECK-NEXT:     k3s.tensor_arg @final_state <shape = "N,4,64,32", dtype = float32, role = optional_output>
-// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @A_log <shape = "4", dtype = float, role = forbidden>
-// CHECK-NEXT:     k3s.tensor_arg @dt_bias <shape = "256", dtype = float, role = forbidden>
+// CHECK-NEXT:     k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 64 x 32, float32>, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @o <type = !k3s.tensor<B x T x 4 x 32, float>, role = output>
+// CHECK-NEXT:     k3s.tensor_arg @final_state <type = !k3s.tensor<N x 4 x 64 x 32, float32>, role = optional_output>
+// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
+// CHECK-NEXT:     k3s.tensor_arg @dt_bias <type = !k3s.tensor<256, float>, role = forbidden>
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {

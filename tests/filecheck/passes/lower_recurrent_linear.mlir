@@ -8,8 +8,8 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = linear> {
-// CHECK:        k3s.tensor_arg @g <shape = "B,T,2", dtype = float, role = forbidden>
-// CHECK-NEXT:   k3s.tensor_arg @beta <shape = "B,T,2", dtype = float, role = forbidden>
+// CHECK:        k3s.tensor_arg @g <type = !k3s.tensor<B x T x 2, float>, role = forbidden>
+// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 2, float>, role = forbidden>
 // CHECK-NEXT:   k3s.scalar_arg @scale <default = 0.25>
 // CHECK:        k3s.token_loop {
 // CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):

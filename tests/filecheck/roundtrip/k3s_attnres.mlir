@@ -9,8 +9,8 @@
 
 builtin.module {
   k3s.entry @aggregate <source = ar, max_sources = 5> {
-    k3s.tensor_arg @sources <shape = "S,B,T,32", dtype = float, role = input>
-    k3s.tensor_arg @out <shape = "B,T,32", dtype = float, role = output>
+    k3s.tensor_arg @sources <type = !k3s.tensor<S x B x T x 32, float>, role = input>
+    k3s.tensor_arg @out <type = !k3s.tensor<B x T x 32, float>, role = output>
     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
       %q = k3s.fold_query <hidden_size = 32> : !k3s.tile<D>
       %max, %sum, %acc = k3s.source_loop {
@@ -31,8 +31,8 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3s.entry @aggregate <source = ar, max_sources = 5> {
-// CHECK-NEXT:     k3s.tensor_arg @sources <shape = "S,B,T,32", dtype = float, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @out <shape = "B,T,32", dtype = float, role = output>
+// CHECK-NEXT:     k3s.tensor_arg @sources <type = !k3s.tensor<S x B x T x 32, float>, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @out <type = !k3s.tensor<B x T x 32, float>, role = output>
 // CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
 // CHECK-NEXT:       %q = k3s.fold_query <hidden_size = 32> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.source_loop {
@@ -53,8 +53,8 @@ builtin.module {
 
 // GENERIC:      "builtin.module"() ({
 // GENERIC-NEXT:   "k3s.entry"() <{sym_name = "aggregate", source = "ar", max_sources = 5 : i64}> ({
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "sources", shape = "S,B,T,32", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role input>}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "out", shape = "B,T,32", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role output>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "sources", type = !k3s.tensor<S x B x T x 32, float>, role = #k3s<arg_role input>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "out", type = !k3s.tensor<B x T x 32, float>, role = #k3s<arg_role output>}> : () -> ()
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "ar_aggregate", grid = "row", num_warps = 8 : i64}> ({
 // GENERIC-NEXT:       %q = "k3s.fold_query"() <{hidden_size = 32 : i64}> : () -> !k3s.tile<D>
 // GENERIC-NEXT:       %max, %sum, %acc = "k3s.source_loop"() ({

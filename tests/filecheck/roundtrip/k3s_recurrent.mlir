@@ -7,13 +7,13 @@
 
 builtin.module {
   k3s.entry @recurrent <source = layer> {
-    k3s.tensor_arg @q <shape = "B,T,2,16", dtype = float, role = input>
-    k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = forbidden>
+    k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 16, float>, role = input>
+    k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4, float>, role = forbidden>
     k3s.scalar_arg @scale <default = 0.25>
-    k3s.tensor_arg @initial_state <shape = "N,4,8,16", dtype = float32, role = optional_input>
-    k3s.tensor_arg @o <shape = "B,T,4,8", dtype = float, role = output>
-    k3s.tensor_arg @final_state <shape = "N,4,8,16", dtype = float32, role = optional_output>
-    k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+    k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_input>
+    k3s.tensor_arg @o <type = !k3s.tensor<B x T x 4 x 8, float>, role = output>
+    k3s.tensor_arg @final_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_output>
+    k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
       k3s.token_loop {
@@ -36,13 +36,13 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
-// CHECK-NEXT:     k3s.tensor_arg @q <shape = "B,T,2,16", dtype = float, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @g <shape = "B,T,4", dtype = float, role = forbidden>
+// CHECK-NEXT:     k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 16, float>, role = input>
+// CHECK-NEXT:     k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4, float>, role = forbidden>
 // CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.25>
-// CHECK-NEXT:     k3s.tensor_arg @initial_state <shape = "N,4,8,16", dtype = float32, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @o <shape = "B,T,4,8", dtype = float, role = output>
-// CHECK-NEXT:     k3s.tensor_arg @final_state <shape = "N,4,8,16", dtype = float32, role = optional_output>
-// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <shape = "N+1", dtype = offsets, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_input>
+// CHECK-NEXT:     k3s.tensor_arg @o <type = !k3s.tensor<B x T x 4 x 8, float>, role = output>
+// CHECK-NEXT:     k3s.tensor_arg @final_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_output>
+// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
 // CHECK-NEXT:       k3s.token_loop {
@@ -65,13 +65,13 @@ builtin.module {
 
 // GENERIC:      "builtin.module"() ({
 // GENERIC-NEXT:   "k3s.entry"() <{sym_name = "recurrent", source = "layer"}> ({
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "q", shape = "B,T,2,16", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role input>}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "g", shape = "B,T,4", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role forbidden>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "q", type = !k3s.tensor<B x T x 2 x 16, float>, role = #k3s<arg_role input>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "g", type = !k3s.tensor<B x T x 4, float>, role = #k3s<arg_role forbidden>}> : () -> ()
 // GENERIC-NEXT:     "k3s.scalar_arg"() <{sym_name = "scale", default = 2.500000e-01 : f64}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "initial_state", shape = "N,4,8,16", dtype = #k3s<arg_dtype float32>, role = #k3s<arg_role optional_input>}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "o", shape = "B,T,4,8", dtype = #k3s<arg_dtype float>, role = #k3s<arg_role output>}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "final_state", shape = "N,4,8,16", dtype = #k3s<arg_dtype float32>, role = #k3s<arg_role optional_output>}> : () -> ()
-// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "cu_seqlens", shape = "N+1", dtype = #k3s<arg_dtype offsets>, role = #k3s<arg_role optional_input>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "initial_state", type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = #k3s<arg_role optional_input>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "o", type = !k3s.tensor<B x T x 4 x 8, float>, role = #k3s<arg_role output>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "final_state", type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = #k3s<arg_role optional_output>}> : () -> ()
+// GENERIC-NEXT:     "k3s.tensor_arg"() <{sym_name = "cu_seqlens", type = !k3s.tensor<N+1, offsets>, role = #k3s<arg_role optional_input>}> : () -> ()
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = "value_block,sequence_head", num_warps = 2 : i64}> ({
 // GENERIC-NEXT:       "k3s.state_tile"() <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = #k3<state_layout vk>}> : () -> ()
 // GENERIC-NEXT:       "k3s.token_loop"() ({

@@ -8,7 +8,7 @@
 // AR:       k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
 // AR-LABEL: // -----// IR after fuse-attnres //----- //
 // AR:       k3s.entry @aggregate <source = attnres, max_sources = 9> {
-// AR-NEXT:    k3s.tensor_arg @sources <shape = "S,B,T,7168", dtype = float, role = input>
+// AR-NEXT:    k3s.tensor_arg @sources <type = !k3s.tensor<S x B x T x 7168, float>, role = input>
 // AR:         k3s.kernel @attnres_aggregate <grid = row, num_warps = 8> {
 // AR-NEXT:      %q = k3s.fold_query <hidden_size = 7168> : !k3s.tile<D>
 // AR-NEXT:      %max, %sum, %acc = k3s.source_loop {

@@ -1,6 +1,7 @@
 // k3s verifiers: enum-like properties and shapes of the schedule dialect are checked.
 // RUN: not k3c opt %s 2>&1 | filecheck %s --check-prefix=ROLE
-// RUN: sed 's/role = maybe/role = input/; s/"B,T,4,16"/"B,T,H,16"/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SHAPE
+// RUN: sed 's/role = maybe/role = input/; s/B x T x 4 x 16/B x T x H x 16/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SHAPE
+// RUN: sed 's/role = maybe/role = input/; s/16, float>/16, double>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DTYPE
 // RUN: sed 's/role = maybe/role = input/; s/block_v = 16/block_v = 24/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=BLOCKV
 // RUN: sed 's/role = maybe/role = input/; s/%g <gate = scalar>/%g <gate = none>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATE
 // RUN: sed 's/role = maybe/role = input/; s/tensor = q/tensor = o/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TENSOR
@@ -12,7 +13,7 @@
 
 builtin.module {
   k3s.entry @recurrent <source = r> {
-    k3s.tensor_arg @q <shape = "B,T,4,16", dtype = float, role = maybe>
+    k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 16, float>, role = maybe>
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
       k3s.token_loop {
@@ -31,8 +32,12 @@ builtin.module {
 // ROLE-NOT: {{.}}
 
 // SHAPE-NOT: {{\n}}
-// SHAPE: {{^}}k3c opt: error: <stdin>: k3s.tensor_arg @q: bad dimension 'H' in shape{{$}}
+// SHAPE: {{^}}k3c opt: error: <stdin>: k3s.tensor: bad dimension 'H'; a positive integer or one of B, T, N, N+1, S, P, NC{{$}}
 // SHAPE-NOT: {{.}}
+
+// DTYPE-NOT: {{\n}}
+// DTYPE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.tensor: the dtype class must be one of float, float32, offsets, state, index; got double{{$}}
+// DTYPE-NOT: {{.}}
 
 // BLOCKV-NOT: {{\n}}
 // BLOCKV: {{^}}k3c opt: error: <stdin>: k3s.state_tile: block_v must be a power of two, got 24{{$}}
@@ -59,4 +64,4 @@ builtin.module {
 // MAXNREG: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: maxnreg must be in 24..255, got 300{{$}}
 // STAGES-NOT: {{.}}
 
-// VALID: k3s.tensor_arg @q <shape = "B,T,4,16", dtype = float, role = input>
+// VALID: k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 16, float>, role = input>
