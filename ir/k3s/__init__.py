@@ -69,6 +69,7 @@ K3S = Dialect(
         MaskAttr,
         GateAnchorAttr,
         GramDiagonalAttr,
+        BlockDecayAttr,
         SpilledAttr,
         TransitionAttr,
     ],

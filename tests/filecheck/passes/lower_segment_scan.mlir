@@ -37,7 +37,7 @@ builtin.module {
 // CHECK:        k3s.tensor_arg @M <shape = "N,2,8,8", dtype = float32, role = workspace>
 // CHECK-NEXT:   k3s.tensor_arg @N <shape = "N,2,8,4", dtype = float32, role = workspace>
 // CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
-// CHECK:          %P = k3s.gram %q, %k, %G <mask = inclusive
+// CHECK:          %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive
 // CHECK-NOT:    k3s.kernel @kda_segments_prepare
 // CHECK:        k3s.kernel @kda_segments_summary_scan_N
 // CHECK:        k3s.store_state <layout = kv, tensor = N>
