@@ -24,6 +24,8 @@
 #                  (fresh tuning and Triton caches), a second shape of each (T/2: a new bucket, Triton cache
 #                  warm), then all again from the cache (0 s); seconds per shape in $OUT/tune_times.txt.
 #                  Exports K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
+#   ab             two builds' kernels side by side (bench/ab_gpu.py): the modules each build compiled into
+#                  $AB_A and $AB_B (default bench/generated/ab/a, .../b; carried, compiled where the builds are)
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
 # $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
@@ -149,6 +151,8 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       while read -r name _; do $K3C compile "$OUT/specs/$name.toml" -o "$OUT/generated" --timing; done <<< "$listed"
       python3 bench/chunk_gpu.py --out "$OUT" --modules "$OUT/generated" --cases "$(echo $cases | tr ' ' ,)" \
         --pairings "$(echo $pairings | tr ' ' ,)" ${CHUNK_ARGS:-} ;;
+    ab)
+      python3 bench/ab_gpu.py run --a "${AB_A:-bench/generated/ab/a}" --b "${AB_B:-bench/generated/ab/b}" --out "$OUT" ;;
     cp)
       spec=$(variant "${CP_CASE:-kda_h16}")
       module="bench/generated/$(basename "$spec" .toml).py"

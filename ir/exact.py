@@ -145,8 +145,10 @@ class ChunkRun:
             if type(op) not in SEMANTICS:
                 raise TypeError(f"{op.name} has no exact semantics")
             result = SEMANTICS[type(op)](self, op, *(self.value(v) for v in op.operands))
-            if op.results:
+            if len(op.results) == 1:
                 self.values[op.results[0]] = result
+            else:  # an op of several results returns them in order
+                self.values.update(zip(op.results, result or (), strict=True))
         return None
 
     def chunks(self, size: int):
@@ -186,13 +188,52 @@ def gate_cumsum(run: ChunkRun, op, decays: Matrix) -> Matrix:
     return gamma
 
 
+@semantics(k3s.BlockGatesOp)
+def block_gates(run: ChunkRun, op: k3s.BlockGatesOp, gamma: Matrix) -> tuple[Matrix, Matrix]:
+    """(Gamma just before each row block, Gamma at its last row): a partial last block ends at
+    the chunk's last row, as rows past a sequence's end add no decay."""
+    sub = op.sub_chunk.value.data
+    blocks = -(-gamma.rows // sub)
+    end = Matrix.vstack(*(gamma[min((b + 1) * sub, gamma.rows) - 1, :] for b in range(blocks)))
+    start = Matrix.vstack(sympy.ones(1, gamma.cols), *(end[b, :] for b in range(blocks - 1)))
+    return start, end
+
+
+def block_of(reference: SSAValue) -> int:
+    """The rows per block of a block_gates result."""
+    return reference.owner.sub_chunk.value.data
+
+
+@semantics(k3s.BlockRescaleOp)
+def block_rescale(run: ChunkRun, op: k3s.BlockRescaleOp, rows: Matrix, gamma: Matrix, reference: Matrix) -> Matrix:
+    sub = block_of(op.reference)
+    if op.decay.data == "row_over_reference":
+        return Matrix(rows.rows, rows.cols, lambda i, c: rows[i, c] * gamma[i, c] / reference[i // sub, c])
+    return Matrix(rows.rows, rows.cols, lambda i, c: rows[i, c] * reference[i // sub, c] / gamma[i, c])
+
+
 @semantics(k3s.GramOp)
 def gram(run: ChunkRun, op: k3s.GramOp, lhs: Matrix, keys: Matrix, *rest) -> Matrix:
-    gamma = rest[0] if op.cumulative_gate is not None else sympy.ones(*keys.shape)
-    right = Matrix(keys.rows, keys.cols, lambda i, j: keys[i, j] / gamma[i, j])
-    M = lhs.multiply_elementwise(gamma) * right.T
     keep_diagonal = op.mask.data == "inclusive"
-    M = Matrix(M.rows, M.cols, lambda i, j: M[i, j] if (j < i or (keep_diagonal and j == i)) else 0)
+    if op.gate.data == "channel":  # as the factors say: the bridge below the diagonal, then the diagonal
+        gamma, start, end, left, right = rest[:5]
+        sub = block_of(op.gate_start)
+
+        def entry(i: int, j: int):
+            if j > i or (j == i and not keep_diagonal):
+                return 0
+            if i // sub > j // sub:
+                return sum(left[i, c] * right[j, c] * start[i // sub, c] / end[j // sub, c] for c in range(keys.cols))
+            if op.diagonal.data == "factored":
+                return sum(left[i, c] * rest[5][j, c] for c in range(keys.cols))
+            return sum(lhs[i, c] * keys[j, c] * gamma[i, c] / gamma[j, c] for c in range(keys.cols))
+
+        M = Matrix(lhs.rows, keys.rows, entry)
+    else:
+        gamma = rest[0] if op.cumulative_gate is not None else sympy.ones(*keys.shape)
+        right = Matrix(keys.rows, keys.cols, lambda i, j: keys[i, j] / gamma[i, j])
+        M = lhs.multiply_elementwise(gamma) * right.T
+        M = Matrix(M.rows, M.cols, lambda i, j: M[i, j] if (j < i or (keep_diagonal and j == i)) else 0)
     return sympy.diag(*rest[-1]) * M if op.row_scale is not None else M
 
 
@@ -212,17 +253,21 @@ def wy_apply(run: ChunkRun, op, T: Matrix, rows: Matrix, gamma: Matrix | None = 
     return T * (rows if gamma is None else rows.multiply_elementwise(gamma))
 
 
+@semantics(k3s.GateTotalOp)
+def gate_total(run: ChunkRun, op, gamma: Matrix) -> Matrix:
+    return gamma[gamma.rows - 1, :]
+
+
 @semantics(k3s.GateApplyOp)
-def gate_apply(run: ChunkRun, op: k3s.GateApplyOp, rows: Matrix, gamma: Matrix) -> Matrix:
+def gate_apply(run: ChunkRun, op: k3s.GateApplyOp, rows: Matrix, gamma: Matrix, total: Matrix | None = None) -> Matrix:
     if op.anchor.data == "start":
         return rows.multiply_elementwise(gamma)
-    last = gamma[gamma.rows - 1, :]
-    return rows.multiply_elementwise(Matrix(gamma.rows, gamma.cols, lambda i, j: last[0, j] / gamma[i, j]))
+    return rows.multiply_elementwise(Matrix(gamma.rows, gamma.cols, lambda i, j: total[0, j] / gamma[i, j]))
 
 
 @semantics(k3s.ChunkDecayOp)
-def chunk_decay(run: ChunkRun, op, gamma: Matrix) -> Matrix:
-    return gamma[gamma.rows - 1, :]
+def chunk_decay(run: ChunkRun, op, total: Matrix) -> Matrix:  # exp(G_C): the decays are already factors
+    return total
 
 
 @semantics(k3s.ChunkScanOp)

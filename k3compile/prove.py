@@ -108,9 +108,10 @@ def proved_at_lengths(spec: LayerSpec, pipeline: str, lengths: tuple[int, ...], 
 
 
 def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | None = None,
-                    seed: int | None = None) -> list[ProofResult]:
+                    seed: int | None = None, sub_chunk: int | None = None) -> list[ProofResult]:
     """Prove `derive-chunkwise{chunk-size=C}` for a recurrence spec at several sequence lengths
-    (by default: one partial chunk, an exact multiple, and several chunks with a partial tail)."""
+    (by default: one partial chunk, an exact multiple, and several chunks with a partial tail);
+    sub_chunk: the channel-gated Grams' row blocks (the pass's default if None)."""
     from k3compile.ir import exact, k3s
 
     def runner(module):
@@ -118,7 +119,8 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
         return lambda x: exact.run_chunked(chunked, x)
 
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
-    return proved_at_lengths(spec, f"derive-chunkwise{{chunk-size={chunk_size}}}", lengths, seed, runner)
+    blocks = f" sub-chunk={sub_chunk}" if sub_chunk else ""
+    return proved_at_lengths(spec, f"derive-chunkwise{{chunk-size={chunk_size}{blocks}}}", lengths, seed, runner)
 
 
 def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "split",

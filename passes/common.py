@@ -65,16 +65,18 @@ def token_kernel(body: list[Operation], sym_name: str, num_warps: int, token_sta
 
 
 def make(op_type: type[IRDLOperation], body: list[Operation] | Block | None = None, *,
-         operands: Sequence[SSAValue | None] = (), result: tuple[str, Attribute] | None = None, **values) -> Operation:
+         operands: Sequence[SSAValue | None] = (), result: tuple[str, Attribute] | None = None,
+         results: Sequence[tuple[str, Attribute]] = (), **values) -> Operation:
     """Create an op from keyword properties (`sym_name` for the symbol), its operands (None: an
-    absent optional one), its result as (name, type) and an optional body (ops, or a block
-    with arguments)."""
+    absent optional one), its result as (name, type) (or its several `results`) and an optional
+    body (ops, or a block with arguments)."""
     if isinstance(body, list):
         body = Block(body)
+    results = [result] if result else list(results)
     op = op_type.create(operands=[v for v in operands if v is not None], properties=props(op_type, **values),
-                        result_types=[result[1]] if result else [], regions=[Region(body)] if body is not None else [])
-    if result:
-        op.results[0].name_hint = result[0]
+                        result_types=[t for _, t in results], regions=[Region(body)] if body is not None else [])
+    for value, (name, _) in zip(op.results, results, strict=True):
+        value.name_hint = name
     return op
 
 

@@ -11,10 +11,12 @@ Unrolling the recurrence over a chunk of C tokens, the stages that exist follow 
   advances the state by the chunk's decay and its keys; with a gate, the queries decayed since
   the chunk's start (QG), the keys decayed until its end (KG) and the chunk's decay gamma_C are
   chunk-local, so they are computed with the other chunk-local stages, not in the state pass.
-- a channel gate's Gram blocks on the diagonal factor into two tensor-core operands only when
-  the gate is bounded below (sub_chunk tokens of decay must fit the fp32/bf16 exponent range, in
-  which backends form them for any input dtype);
-  otherwise they are evaluated elementwise, which is exact for any gate.
+- a channel gate's Grams split their decays at references per row block of sub_chunk rows
+  (`block_gates`), the operands rescaled to them (`block_rescale`): every exponent <= 0 below
+  the diagonal. The blocks on the diagonal factor into two tensor-core operands only when the
+  gate is bounded below (sub_chunk tokens of decay must fit the fp32/bf16 exponent range, in
+  which backends form them for any input dtype); otherwise they are evaluated elementwise,
+  which is exact for any gate.
 `k3c prove` checks the result against the token recurrence in exact arithmetic.
 """
 
@@ -53,14 +55,14 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, s
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
     gate_dims = ("K",) if gate == "channel" else ()
-    gram = {"gate": gate, "sub_chunk": sub_chunk}
+    gram = {"gate": gate}
     if gate == "channel":
         gram["diagonal"] = gram_diagonal(op, sub_chunk)
     local: list[Operation] = []
 
     def stage(new: Operation):
         local.append(new)
-        return new.results[0]
+        return new.results[0] if len(new.results) == 1 else new.results
 
     load = input_loads(op)
     q, k, v = (stage(load[name](k3s.LoadChunkOp)) for name in ("q", "k", "v"))
@@ -68,23 +70,44 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, s
     if gate != "none":
         g = stage(load["g"](k3s.LoadChunkOp))
         G = stage(make(k3s.GateCumsumOp, operands=[g], result=("G", k3s.tile("C", *gate_dims)), gate=gate))
+        total = stage(make(k3s.GateTotalOp, operands=[G], result=("Glast", k3s.tile(*gate_dims)), gate=gate))
+    if gate == "channel":
+        # the Grams' decays split at per-block references into factors whose exponents are <= 0
+        # (the diagonal factor's bounded by the gate's bound); the keys' factors serve both Grams
+        Gstart, Gend = stage(make(k3s.BlockGatesOp, operands=[G], sub_chunk=sub_chunk,
+                                  results=[("Gstart", k3s.tile("NB", "K")), ("Gend", k3s.tile("NB", "K"))]))
+
+        def rescale(rows, reference, decay: str, name: str):
+            return stage(make(k3s.BlockRescaleOp, operands=[rows, G, reference], decay=decay,
+                              result=(name, k3s.tile("C", "K"))))
+
+        right = rescale(k, Gend, "reference_over_row", "kr")
+        diagonal = [rescale(k, Gstart, "reference_over_row", "kd")] if gram["diagonal"] == "factored" else []
+
+    def gram_operands(lhs, name: str) -> list:
+        """What the Gram of lhs against the keys reads: with a channel gate, lhs's left factor too."""
+        if gate != "channel":
+            return [lhs, k, *([G] if G is not None else [])]
+        left = rescale(lhs, Gstart, "row_over_reference", f"{name}l")
+        return [lhs, k, G, Gstart, Gend, left, right, *diagonal]
+
     if delta_rule:
         beta = stage(load["beta"](k3s.LoadChunkOp))
-        A = stage(make(k3s.GramOp, operands=[k, k, G, beta], result=("A", k3s.tile("C", "C")),
+        A = stage(make(k3s.GramOp, operands=[*gram_operands(k, "k"), beta], result=("A", k3s.tile("C", "C")),
                        mask="strict", beta=True, **gram))
         T = stage(make(k3s.ForwardSubstitutionOp, operands=[A, beta], result=("T", k3s.tile("C", "C")),
                        block=min(solve_block, chunk_size)))
         W = stage(make(k3s.WYApplyOp, operands=[T, k, G], result=("W", k3s.tile("C", "K")), gate=gate))
         U = stage(make(k3s.WYApplyOp, operands=[T, v], result=("U", k3s.tile("C", "V")), gate="none"))
-    P = stage(make(k3s.GramOp, operands=[q, k, G], result=("P", k3s.tile("C", "C")), mask="inclusive", beta=False,
-                   **gram))
+    P = stage(make(k3s.GramOp, operands=gram_operands(q, "q"), result=("P", k3s.tile("C", "C")), mask="inclusive",
+                   beta=False, **gram))
     queries, keys, decay = q, k, None
     if gate != "none":
         queries = stage(make(k3s.GateApplyOp, operands=[q, G], result=("QG", k3s.tile("C", "K")), anchor="start",
                              gate=gate))
-        keys = stage(make(k3s.GateApplyOp, operands=[k, G], result=("KG", k3s.tile("C", "K")), anchor="end",
+        keys = stage(make(k3s.GateApplyOp, operands=[k, G, total], result=("KG", k3s.tile("C", "K")), anchor="end",
                           gate=gate))
-        decay = stage(make(k3s.ChunkDecayOp, operands=[G], result=("gamma_C", k3s.tile(*gate_dims)), gate=gate))
+        decay = stage(make(k3s.ChunkDecayOp, operands=[total], result=("gamma_C", k3s.tile(*gate_dims)), gate=gate))
 
     scan = Block(arg_types=[k3s.tile("K", "V")])
     S = scan.args[0]

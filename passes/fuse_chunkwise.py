@@ -31,7 +31,7 @@ from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import check_num_warps, check_power_of_two, make
 
-RECOMPUTED = (k3s.GateCumsumOp,)  # cheaper to redo in the scan than to spill and reload
+RECOMPUTED = (k3s.GateCumsumOp, k3s.GateTotalOp)  # cheaper to redo where read than to spill and reload
 LOADS = (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)
 INPUT_ORDER = ("q", "k", "v", "g", "beta")  # several loads before one stage: in this order
 GROUPINGS = ("split", "split-prepare")
@@ -52,22 +52,30 @@ def reads(op: Operation) -> set[SSAValue]:
 
 def crossing(producers: list[Operation], consumers: list[Operation]) -> tuple[list[Operation], list[SSAValue]]:
     """What `consumers` read of what `producers` make: the producers to recompute on the
-    consumers' side (RECOMPUTED) and the values to spill and reload, by name."""
+    consumers' side (RECOMPUTED, with the recomputed producers they read in turn, in program
+    order) and the values to spill and reload, by name."""
     made = {result: op for op in producers for result in op.results}
-    needed = sorted({v for op in consumers for v in op.operands if v in made}, key=lambda v: v.name_hint)
-    return ([made[v] for v in needed if isinstance(made[v], RECOMPUTED)],
-            [v for v in needed if not isinstance(made[v], RECOMPUTED)])
+    needed = {v for op in consumers for v in op.operands if v in made}
+    recomputed: set[Operation] = set()
+    while wanted := {made[v] for v in needed if isinstance(made[v], RECOMPUTED)} - recomputed:
+        recomputed |= wanted
+        needed |= {v for op in wanted for v in op.operands if v in made}
+    spilled = sorted((v for v in needed if made[v] not in recomputed), key=lambda v: v.name_hint)
+    return [op for op in producers if op in recomputed], spilled
 
 
 def with_grams_together(stages: list[Operation]) -> list[Operation]:
-    """The query Gram right after the key Gram: both read the same gate references and key
-    factors, which then die before the triangular solve instead of living through it."""
+    """The query Gram, with the factors only it reads, right after the key Gram: both read the
+    same gate references and key factors, which then die before the triangular solve instead of
+    living through it."""
     grams = [op for op in stages if isinstance(op, k3s.GramOp)]
     if len(grams) < 2:
         return stages
-    rest = [op for op in stages if op is not grams[1]]
+    moved = [op for op in stages if op is grams[1] or (
+        isinstance(op, k3s.BlockRescaleOp) and all(use.operation is grams[1] for use in op.factor.uses))]
+    rest = [op for op in stages if op not in moved]
     at = rest.index(grams[0]) + 1
-    return [*rest[:at], grams[1], *rest[at:]]
+    return [*rest[:at], *moved, *rest[at:]]
 
 
 def with_spilled_sinks_early(stages: list[Operation], spilled: set[SSAValue]) -> list[Operation]:

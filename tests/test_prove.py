@@ -77,6 +77,22 @@ def test_derived_schedule_proved_chunk_64(fresh_seed):
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
 
 
+@pytest.mark.parametrize("gate_input", ["log", "clamped"])  # the diagonal blocks elementwise, factored
+@pytest.mark.parametrize("chunk_size, sub_chunk", [(4, 2), (6, 2), (4, 1)])
+def test_gram_row_blocks_proved(gate_input, chunk_size, sub_chunk, fresh_seed):
+    """A channel gate's Grams as the kernels form them: per row block the references, the left,
+    right and diagonal factors, the blocks below the diagonal bridged between references; with
+    several blocks per chunk and a partial last chunk (and block)."""
+    spec = spec_from_table(recurrence_table("kda", gate_input=gate_input, name=f"kda_{gate_input}"))
+    module = spec_to_module(spec)
+    diagonal = derive_chunkwise.gram_diagonal(next(iter(module.ops)), sub_chunk)
+    assert diagonal == ("factored" if gate_input == "clamped" else "elementwise")
+    results = prove_chunkwise(spec, chunk_size, lengths=(chunk_size - 1, 2 * chunk_size + 1), seed=fresh_seed,
+                              sub_chunk=sub_chunk)
+    assert all(r.holds for r in results), [r.first_mismatch for r in results]
+    assert all(f"sub-chunk={sub_chunk}" in r.schedule for r in results)
+
+
 # --- the kernels fuse-chunkwise makes of the schedule ----------------------------------------
 
 
@@ -216,6 +232,19 @@ def output_after_advance(chunked):
     output.operands = (output.queries, advance.advanced, output.scores, output.values)
 
 
+def right_factor_from_the_wrong_reference(chunked):
+    """The keys' right factor rescaled to the block's start instead of its end."""
+    right = the_stage(chunked, k3s.BlockRescaleOp, "kr")
+    blocks = the_stage(chunked, k3s.BlockGatesOp)
+    right.operands = (right.rows, right.cumulative_gate, blocks.gate_start)
+
+
+def left_factor_inverted(chunked):
+    """The queries' left factor decayed the wrong way (reference over row)."""
+    left = the_stage(chunked, k3s.BlockRescaleOp, "ql")
+    left.properties.update(props(k3s.BlockRescaleOp, decay="reference_over_row"))
+
+
 def patch_schedule(monkeypatch, mutate) -> list:
     """Make derive-chunkwise produce the real schedule with `mutate` applied to it."""
     original = derive_chunkwise.chunkwise_schedule
@@ -237,6 +266,17 @@ MUTATIONS = (
     + [(wy_key_ungated, kind) for kind in ("kda", "gated_deltanet")]
     + [(output_after_advance, kind) for kind in RECURRENCE_KINDS]
 )
+# wrong Gram factors show only with several row blocks per chunk
+BLOCK_MUTATIONS = [(right_factor_from_the_wrong_reference, "kda"), (left_factor_inverted, "kda"),
+                   (left_factor_inverted, "gla")]
+
+
+@pytest.mark.parametrize("mutate, kind", BLOCK_MUTATIONS, ids=[f"{m.__name__}-{k}" for m, k in BLOCK_MUTATIONS])
+def test_wrong_gram_factors_not_proved(monkeypatch, mutate, kind, fresh_seed):
+    mutated = patch_schedule(monkeypatch, mutate)
+    results = prove_chunkwise(spec_of(kind), 4, lengths=(7,), seed=fresh_seed, sub_chunk=2)
+    assert mutated, "the proof did not go through derive_chunkwise.chunkwise_schedule"
+    assert not any(r.holds for r in results), "a deliberately wrong Gram factor was proved"
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3])

@@ -90,13 +90,13 @@ def test_segments_finish_with_the_chunk_schedule(member):
 @pytest.mark.parametrize("member", MEMBERS)
 def test_state_pass_is_what_the_state_depends_on(member):
     """A summary runs exactly the stages the carried state depends on, in program order: the
-    chunked schedule without its output, whose dead values are gone; the query Gram and the
-    decayed queries, which only the output read, are left out."""
+    chunked schedule without its output, whose dead values are gone; the query Gram (with the
+    queries' Gram factor) and the decayed queries, which only the output read, are left out."""
     chunked = derived(member_op(member).parent_op()).body.ops.last
     state_pass = lower_segment_scan.state_pass_schedule(chunked)
     kept = [op.name for op in state_pass.walk()]
     assert kept == [op.name for op in chunked.walk() if op.name in kept and not (
-        isinstance(op, k3s.ChunkOutputOp) or op.results and op.results[0].name_hint in ("P", "QG", "q"))]
+        isinstance(op, k3s.ChunkOutputOp) or op.results and op.results[0].name_hint in ("P", "QG", "q", "ql"))]
     for op in state_pass.walk():  # each value is read: nothing dead remains
         for value in op.results:
             assert value.uses, f"{op.name} makes %{value.name_hint}, which nothing reads"

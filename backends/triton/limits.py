@@ -56,11 +56,11 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
                               f"{MAX_CHUNK_TILE} elements at most in shared memory; a smaller chunk-size allows more")
         if isinstance(op, (k3s.ChunkTileOp, k3s.ChunkLoopOp)) and op.chunk_size.value.data not in CHUNK_SIZES:
             raise UnsupportedError(f"Triton backend: chunk size must be 16, 32 or 64, got {op.chunk_size.value.data}")
-        blocks = {k3s.GramOp: ("sub-chunk", lambda o: o.sub_chunk.value.data if o.gate.data == "channel" else None),
+        blocks = {k3s.BlockGatesOp: ("sub-chunk", lambda o: o.sub_chunk.value.data),
                   k3s.ForwardSubstitutionOp: ("forward-substitution block", lambda o: o.block.value.data)}
         if type(op) in blocks:  # row blocks of a chunk's [C, C] tiles
             what, size = blocks[type(op)][0], blocks[type(op)][1](op)
-            if size is not None and (not k3s.is_power_of_two(size) or chunk_rows(op) % size):
+            if not k3s.is_power_of_two(size) or chunk_rows(op) % size:
                 raise UnsupportedError(f"Triton backend: {what} {size} must be a power of two dividing the chunk "
                                        f"size {chunk_rows(op)}")
         if isinstance(op, k3s.FoldQueryOp):

@@ -71,6 +71,7 @@ K3S = Dialect(
         MaskAttr,
         GateAnchorAttr,
         GramDiagonalAttr,
+        BlockDecayAttr,
         SpilledAttr,
         TransitionAttr,
     ],

@@ -72,6 +72,18 @@ class GramDiagonalAttr(EnumAttribute[GramDiagonal], SpacedOpaqueSyntaxAttribute)
     name = "k3s.gram_diagonal"
 
 
+class BlockDecay(Word):
+    """How k3s.block_rescale decays a row relative to its block's reference."""
+
+    ROW_OVER_REFERENCE = "row_over_reference"  # X_i Gamma_i / Gamma_ref
+    REFERENCE_OVER_ROW = "reference_over_row"  # X_i Gamma_ref / Gamma_i
+
+
+@irdl_attr_definition
+class BlockDecayAttr(EnumAttribute[BlockDecay], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.block_decay"
+
+
 class Spilled(Word):
     """The names a value crossing kernels is spilled under (the workspace it lives in, k3s.reload)."""
 
@@ -264,19 +276,58 @@ class GateCumsumOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class BlockGatesOp(KeywordSyntax):
+    """The references a channel-gated Gram splits its decays at, per row block of `sub_chunk`
+    rows ([NB, K], NB = C / sub_chunk): G just before the block's first row (gate_start; 0 for the
+    first block) and at its last row (gate_end). A row only meets references at or before itself,
+    so no output depends on a later gate."""
+
+    name = "k3s.block_gates"
+    sub_chunk = prop_def(IntegerAttr[I64])
+    cumulative_gate = operand_def(TileType)
+    gate_start = result_def(TileType)
+    gate_end = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        if self.sub_chunk.value.data <= 0:
+            raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
+
+
+@irdl_op_definition
+class BlockRescaleOp(KeywordSyntax):
+    """Rows decayed relative to their row block's reference (a k3s.block_gates result): a factor
+    of a channel-gated Gram, a tensor-core operand.
+
+        row_over_reference:  X_i Gamma_i / Gamma_ref(I)   (left factor, reference gate_start: <= 1)
+        reference_over_row:  X_i Gamma_ref(I) / Gamma_i   (right factor, reference gate_end: <= 1;
+                                                           diagonal factor, gate_start: >= 1)
+    """
+
+    name = "k3s.block_rescale"
+    decay = prop_def(BlockDecayAttr)
+    rows = operand_def(TileType)
+    cumulative_gate = operand_def(TileType)
+    reference = operand_def(TileType)
+    factor = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+
+@irdl_op_definition
 class GramOp(KeywordSyntax):
-    """A gated Gram matrix of the chunk, masked lower-triangular. Operands: lhs (q or k), the
-    keys, then G with a gate and beta when `beta`:
+    """A gated Gram matrix of the chunk, masked lower-triangular:
 
         lhs = k: A = Tril_mask( Diag(beta) (Gamma*K) (K/Gamma)^T )     (the delta rule's A)
         lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
 
-    mask strict excludes the diagonal, inclusive keeps it; gate none means Gamma = 1;
-    `beta` scales the rows by beta. With a channel gate the ratio Gamma_i / Gamma_j is split at
-    a reference per row block of `sub_chunk` rows: the cumulative gate just before the block.
-    Blocks below the diagonal factor into K_i Gamma_i / Gamma_ref (<= 1) and K_j Gamma_ref /
-    Gamma_j (<= 1): no exponent is positive, and no reference lies after a row it serves, so
-    outputs never depend on later gates. `diagonal` says how the blocks on the diagonal are
+    mask strict excludes the diagonal, inclusive keeps it; gate none means Gamma = 1; `beta`
+    scales the rows by beta. Operands: lhs (q or k), the keys, then with a gate G, then with a
+    channel gate the row blocks' references (gate_start, gate_end of k3s.block_gates) and the
+    factors: left (lhs rescaled row_over_reference from gate_start), right (the keys rescaled
+    reference_over_row to gate_end) and with a factored diagonal the diagonal factor (the keys
+    rescaled reference_over_row to gate_start); last beta when `beta`. A block below the diagonal
+    is left_I (right_J)^T bridged by the decay Gamma_start(I) / Gamma_end(J) between the two
+    references: no exponent is positive. `diagonal` says how the blocks on the diagonal are
     evaluated (GramDiagonal); only a channel gate has it.
     """
 
@@ -284,19 +335,17 @@ class GramOp(KeywordSyntax):
     mask = prop_def(MaskAttr)
     gate = prop_def(GateAttr)
     beta = prop_def(BoolAttr)
-    sub_chunk = prop_def(IntegerAttr[I64])
     diagonal = opt_prop_def(GramDiagonalAttr)
     inputs = var_operand_def(TileType)
     gram = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _operand_count(self, 2 + (self.gate.data != "none") + bool(self.beta.value.data))
-        if self.sub_chunk.value.data <= 0:
-            raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
         if (self.diagonal is not None) != (self.gate.data == "channel"):
             raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
                                   f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
+        factors = 0 if self.diagonal is None else 4 + (self.diagonal.data == "factored")
+        _operand_count(self, 2 + (self.gate.data != "none") + factors + bool(self.beta.value.data))
 
     @property
     def lhs(self) -> SSAValue:
@@ -309,6 +358,26 @@ class GramOp(KeywordSyntax):
     @property
     def cumulative_gate(self) -> SSAValue | None:
         return self.inputs[2] if self.gate.data != "none" else None
+
+    @property
+    def gate_start(self) -> SSAValue:
+        return self.inputs[3]
+
+    @property
+    def gate_end(self) -> SSAValue:
+        return self.inputs[4]
+
+    @property
+    def left_factor(self) -> SSAValue:
+        return self.inputs[5]
+
+    @property
+    def right_factor(self) -> SSAValue:
+        return self.inputs[6]
+
+    @property
+    def diagonal_factor(self) -> SSAValue:
+        return self.inputs[7]
 
     @property
     def row_scale(self) -> SSAValue | None:
@@ -359,11 +428,23 @@ class DeltaResidualOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class GateTotalOp(KeywordSyntax):
+    """G_C: the chunk's whole log-decay, G at its last row (rows past a sequence's end add 0),
+    per key channel or per head."""
+
+    name = "k3s.gate_total"
+    gate = prop_def(GATED)
+    cumulative_gate = operand_def(TileType)
+    total = result_def(TileType)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+
+@irdl_op_definition
 class GateApplyOp(KeywordSyntax):
     """A chunk operand with the gate's decay applied, for the state pass:
 
-        anchor = start:  QG = Gamma * Q            (decay since the chunk's start)
-        anchor = end:    KG = (gamma_C / Gamma) * K  (decay until the chunk's end)
+        anchor = start:  QG = Gamma * Q              (decay since the chunk's start)
+        anchor = end:    KG = (gamma_C / Gamma) * K  (decay until the chunk's end; G_C an operand)
 
     Both exponents are <= 0: no overflow for any gate."""
 
@@ -372,17 +453,22 @@ class GateApplyOp(KeywordSyntax):
     gate = prop_def(GATED)
     rows = operand_def(TileType)
     cumulative_gate = operand_def(TileType)
+    total = opt_operand_def(TileType)
     decayed = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        if (self.total is None) != (self.anchor.data == "start"):
+            raise VerifyException(f"{self.name}: G_C is an operand exactly when anchor = end")
 
 
 @irdl_op_definition
 class ChunkDecayOp(KeywordSyntax):
-    """gamma_C: the decay of the whole chunk (the last row of Gamma), per key channel or per head."""
+    """gamma_C = exp(G_C): the decay of the whole chunk, per key channel or per head."""
 
     name = "k3s.chunk_decay"
     gate = prop_def(GATED)
-    cumulative_gate = operand_def(TileType)
+    total = operand_def(TileType)
     decay = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
@@ -433,9 +519,12 @@ CHUNK_STAGES = [
     SpillOp,
     ReloadOp,
     GateCumsumOp,
+    BlockGatesOp,
+    BlockRescaleOp,
     GramOp,
     ForwardSubstitutionOp,
     WYApplyOp,
+    GateTotalOp,
     GateApplyOp,
     ChunkDecayOp,
     DeltaResidualOp,

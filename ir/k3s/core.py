@@ -72,14 +72,14 @@ MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
 
-TILE_DIMS = ("C", "K", "V", "D")
+TILE_DIMS = ("C", "NB", "K", "V", "D")
 
 
 @irdl_attr_definition
 class TileType(ParametrizedAttribute, TypeAttribute):
     """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
-    token rows), K (key channels), V (the program's value columns) and D (AttnRes's hidden
-    columns); `<C>` one number per row, `<>` one number. Stages compute in fp32; loads keep the
+    token rows), NB (its row blocks, k3s.block_gates), K (key channels), V (the program's value
+    columns) and D (AttnRes's hidden columns); `<C>` one number per row, `<>` one number. Stages compute in fp32; loads keep the
     input dtype until a stage upcasts."""
 
     name = "k3s.tile"
@@ -90,9 +90,9 @@ class TileType(ParametrizedAttribute, TypeAttribute):
         parser.parse_punctuation("<")
         dims: list[StringAttr] = []
         if parser.parse_optional_punctuation(">") is None:
-            dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, K or V)")))
+            dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, NB, K, V or D)")))
             while parser.parse_optional_keyword("x") is not None:
-                dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, K or V)")))
+                dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, NB, K, V or D)")))
             parser.parse_punctuation(">")
         return [ArrayAttr(dims)]
 

@@ -42,63 +42,57 @@ class ChunkStages:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")
         self.code(f"{register(op.cumulative)} = tl.cumsum({register(op.log_gate)} * 1.4426950408889634, axis=0)")
 
-    def once(self, name: str, *lines: str) -> None:
-        """Print the lines defining `name` unless this kernel already has it (tiles that several
-        stages share, such as the gate references of the two Grams)."""
-        if name not in self.defined:
-            self.defined.add(name)
-            self.code(*lines)
-
-    def print_gate_references(self, sub: int, G: str) -> None:
-        """Per row block of `sub` rows: G at its last row (b_Gend) and just before its first row
-        (b_Gstart, 0 for the first block), as [NB, BK]; b_G3 is b_G as [NB, SUB, BK]."""
-        self.once(
-            "b_G3",
-            f"# gate references per row block of {sub} rows: G just before the block (b_Gstart) and at",
-            "# its last row (b_Gend); a row only ever meets references at or before itself (causal)",
-            f"SUB: tl.constexpr = {sub}",
+    def print_k3s_block_gates(self, op: k3s.BlockGatesOp) -> None:
+        G = register(op.cumulative_gate)
+        self.code.comment(op, "a row only ever meets references at or before itself (causal)")
+        self.code(
+            f"SUB: tl.constexpr = {op.sub_chunk.value.data}",
             "NB: tl.constexpr = BC // SUB",
             "o_b = tl.arange(0, NB)",
             "o_r = tl.arange(0, SUB)",
             "o_blk = o_c // SUB",
-            f"b_G3 = tl.reshape({G}, [NB, SUB, BK])",
-            "b_Gend = tl.sum(tl.where((o_r == SUB - 1)[None, :, None], b_G3, 0.0), axis=1)",
-            "b_Gstart = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + 1)[:, :, None], b_Gend[None, :, :], 0.0), axis=1)",
+            f"{register(op.gate_end)} = tl.sum(tl.where((o_r == SUB - 1)[None, :, None], "
+            f"tl.reshape({G}, [NB, SUB, BK]), 0.0), axis=1)",
+            f"{register(op.gate_start)} = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + 1)[:, :, None], "
+            f"{register(op.gate_end)}[None, :, :], 0.0), axis=1)",
         )
 
+    def print_k3s_block_rescale(self, op: k3s.BlockRescaleOp) -> None:
+        rows, G, reference = (register(v) for v in (op.rows, op.cumulative_gate, op.reference))
+        G3, ref = f"tl.reshape({G}, [NB, SUB, BK])", f"{reference}[:, None, :]"
+        exponent = f"{G3} - {ref}" if op.decay.data == "row_over_reference" else f"{ref} - {G3}"
+        # a tensor-core operand, kept as _mm takes it: bf16 (half the registers) next to bf16
+        # inputs, else fp32 (a diagonal factor spans e^80: never fp16)
+        self.code.comment(op)
+        self.code(f"{register(op.factor)} = _dot_operand(tl.reshape(tl.reshape({rows}, [NB, SUB, BK]) * "
+                  f"tl.exp2({exponent}), [BC, BK]), DOT)")
+
     def print_gram_factored(self, gram: k3s.GramOp, keep: str) -> None:
-        """Blocks below the diagonal: left factor lhs_i Gamma_i / Gamma_start(I) and right factor
-        k_j Gamma_end(J) / Gamma_j, both <= 1, bridged by the decay between the two references."""
+        """Blocks below the diagonal: the left and right factors bridged by the decay between the
+        references of the two blocks; the diagonal blocks from the diagonal factor or elementwise."""
         c = self.code
-        lhs, k, out = (register(v) for v in (gram.lhs, gram.keys, gram.gram))
-        # the factors are tensor-core operands, kept as _mm takes them: bf16 (half the registers)
-        # next to bf16 inputs, else fp32 (a diagonal factor spans e^80: never fp16)
-        self.once("b_kr", "# right factor k_j Gamma_end / Gamma_j of each column block (<= 1)",
-                  f"b_kr = _dot_operand(tl.reshape(tl.reshape({k}, [NB, SUB, BK]) * tl.exp2(b_Gend[:, None, :] - b_G3), [BC, BK]), DOT)")
-        left = f"{lhs}l"
-        self.once(left, f"# left factor {lhs.removeprefix('b_')}_i Gamma_i / Gamma_start of each row block (<= 1)",
-                  f"{left} = _dot_operand(tl.reshape(tl.reshape({lhs}, [NB, SUB, BK]) * tl.exp2(b_G3 - b_Gstart[:, None, :]), [BC, BK]), DOT)")
+        left, right, out = (register(v) for v in (gram.left_factor, gram.right_factor, gram.gram))
+        Gstart, Gend = register(gram.gate_start), register(gram.gate_end)
         c(f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
           "# row block I meets column block I - d through the decay between their references",
           "for d in tl.static_range(1, NB):")
         with c.indent():
-            c("b_from = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + d)[:, :, None], b_Gend[None, :, :], 0.0), axis=1)",
-              f"b_left = _dot_operand(tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2(b_Gstart - b_from)[:, None, :], [BC, BK]), DOT)",
-              f"{out} += tl.where((o_blk[:, None] - o_blk[None, :]) == d, _mm(b_left, tl.trans(b_kr), DOT), 0.0)")
+            c(f"b_from = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + d)[:, :, None], {Gend}[None, :, :], 0.0), axis=1)",
+              f"b_left = _dot_operand(tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2({Gstart} - b_from)[:, None, :], [BC, BK]), DOT)",
+              f"{out} += tl.where((o_blk[:, None] - o_blk[None, :]) == d, _mm(b_left, tl.trans({right}), DOT), 0.0)")
         same = f"(o_blk[:, None] == o_blk[None, :]) & ({keep})"
         if gram.diagonal.data == "factored":
-            self.once("b_kd", "# diagonal blocks: the right factor referenced at the block's start (>= 1, bounded",
-                      "# by the gate's lower bound over SUB tokens)",
-                      f"b_kd = _dot_operand(tl.reshape(tl.reshape({k}, [NB, SUB, BK]) * tl.exp2(b_Gstart[:, None, :] - b_G3), [BC, BK]), DOT)")
-            c(f"{out} += tl.where({same}, _mm({left}, tl.trans(b_kd), DOT), 0.0)")
+            c("# diagonal blocks: the left factor against the diagonal factor",
+              f"{out} += tl.where({same}, _mm({left}, tl.trans({register(gram.diagonal_factor)}), DOT), 0.0)")
             return
         # the rows are reloaded as the key and gate loads that the Gram's operands come from load them
+        lhs, G = register(gram.lhs), register(gram.cumulative_gate)
         load_k = gram.keys.owner
         load_g = gram.cumulative_gate.owner.log_gate.owner
         c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,",
           "# its key row and log-decay reloaded (cache-resident: cheaper than picking a row out of the",
           "# [NB, SUB, BK] tiles) and its G accumulated from the block's reference",
-          "b_Gj = b_Gstart",
+          f"b_Gj = {Gstart}",
           "for r in range(0, SUB):")
         with c.indent():
             c("t_j = start + o_b * SUB + r", "m_j = t_j < eos")
@@ -106,7 +100,7 @@ class ChunkStages:
             self.print_gate_rows(load_g, "t_j", "m_j", "b_gj")
             c("b_kj = b_kj.to(tl.float32)",
               "b_Gj = b_Gj + b_gj * 1.4426950408889634",
-              "b_ratio = tl.exp2(tl.minimum(b_G3 - b_Gj[:, None, :], 0.0))",
+              f"b_ratio = tl.exp2(tl.minimum(tl.reshape({G}, [NB, SUB, BK]) - b_Gj[:, None, :], 0.0))",
               f"b_col = tl.reshape(tl.sum(tl.reshape({lhs}, [NB, SUB, BK]) * b_kj[:, None, :] * b_ratio, axis=2), [BC])",
               f"{out} += tl.where({same} & ((o_c % SUB) == r)[None, :], b_col[:, None], 0.0)")
 
@@ -117,7 +111,6 @@ class ChunkStages:
         keep = "o_c[:, None] > o_c[None, :]" if op.mask.data == "strict" else "o_c[:, None] >= o_c[None, :]"
         c.comment(op)
         if gate == "channel":
-            self.print_gate_references(op.sub_chunk.value.data, register(op.cumulative_gate))
             self.print_gram_factored(op, keep)
         elif gate == "scalar":
             G = register(op.cumulative_gate)
@@ -180,10 +173,11 @@ class ChunkStages:
             rows = f"{rows} * {self.gamma(op.gate.data, register(op.cumulative_gate))}"
         self.code(f"{register(op.factor)} = _mm({register(op.transform)}, {rows}, DOT)")
 
-    def print_last_gate_row(self, gate: str, G: str) -> None:
-        """b_Glast: G at the chunk's last row (rows past the end add 0, so the last token's)."""
-        self.once("b_Glast", f"b_Glast = tl.sum(tl.where((o_c == BC - 1)[:, None], {G}, 0.0), axis=0)" if gate == "channel"
-                  else f"b_Glast = tl.sum(tl.where(o_c == BC - 1, {G}, 0.0))")
+    def print_k3s_gate_total(self, op: k3s.GateTotalOp) -> None:
+        G = register(op.cumulative_gate)
+        self.code.comment(op, "G at the chunk's last row: rows past the end add 0, so the last token's")
+        self.code(f"{register(op.total)} = tl.sum(tl.where((o_c == BC - 1)[:, None], {G}, 0.0), axis=0)"
+                  if op.gate.data == "channel" else f"{register(op.total)} = tl.sum(tl.where(o_c == BC - 1, {G}, 0.0))")
 
     def print_k3s_gate_apply(self, op: k3s.GateApplyOp) -> None:
         gate, G = op.gate.data, register(op.cumulative_gate)
@@ -192,13 +186,12 @@ class ChunkStages:
         if op.anchor.data == "start":
             self.code(f"{out} = {rows} * {self.gamma(gate, G)}")
             return
-        self.print_last_gate_row(gate, G)
-        self.code(f"{out} = {rows} * {self.gamma(gate, f'b_Glast[None, :] - {G}' if gate == 'channel' else f'b_Glast - {G}')}")
+        total = register(op.total) + ("[None, :]" if gate == "channel" else "")
+        self.code(f"{out} = {rows} * {self.gamma(gate, f'{total} - {G}')}")
 
     def print_k3s_chunk_decay(self, op: k3s.ChunkDecayOp) -> None:
         self.code.comment(op)
-        self.print_last_gate_row(op.gate.data, register(op.cumulative_gate))
-        self.code(f"{register(op.decay)} = tl.exp2(b_Glast)")
+        self.code(f"{register(op.decay)} = tl.exp2({register(op.total)})")
 
     def spill_address(self, value: str) -> tuple[str, str]:
         if value == "gamma_C":  # one row per chunk, at slot start // BC + i_n (unique, see NC)

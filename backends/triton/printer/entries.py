@@ -382,7 +382,6 @@ class Entries:
         <shares_code_of>) prints none; its code in its own entry must be the other's."""
         c = self.code
         self.view = view
-        self.defined: set[str] = set()
         self.code = body = Code(level=1)
         body(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
         for axis_index, axis in enumerate(kernel.grid.data.split(",")):

@@ -30,11 +30,15 @@ builtin.module {
 // CHECK-NEXT:       %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
 // CHECK-NEXT:       %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
 // CHECK-NEXT:       %G = k3s.gate_cumsum %g <gate = channel> : !k3s.tile<C x K>
+// CHECK-NEXT:       %Glast = k3s.gate_total %G <gate = channel> : !k3s.tile<K>
+// CHECK-NEXT:       %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 16> : !k3s.tile<NB x K>, !k3s.tile<NB x K>
+// CHECK-NEXT:       %kr = k3s.block_rescale %k, %G, %Gend <decay = reference_over_row> : !k3s.tile<C x K>
 // CHECK-NEXT:       %beta = k3s.load_beta <input = probability> : !k3s.tile<C>
-// CHECK-NEXT:       %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = channel, beta = true
+// CHECK-NEXT:       %kl = k3s.block_rescale %k, %G, %Gstart <decay = row_over_reference> : !k3s.tile<C x K>
+// CHECK-NEXT:       %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict, gate = channel, beta = true
 // CHECK:            %QG = k3s.gate_apply %q, %G <anchor = start, gate = channel> : !k3s.tile<C x K>
-// CHECK-NEXT:       %KG = k3s.gate_apply %k, %G <anchor = end, gate = channel> : !k3s.tile<C x K>
-// CHECK-NEXT:       %gamma_C = k3s.chunk_decay %G <gate = channel> : !k3s.tile<K>
+// CHECK-NEXT:       %KG = k3s.gate_apply %k, %G, %Glast <anchor = end, gate = channel> : !k3s.tile<C x K>
+// CHECK-NEXT:       %gamma_C = k3s.chunk_decay %Glast <gate = channel> : !k3s.tile<K>
 // CHECK-NEXT:       k3s.chunk_scan {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:         %vr = k3s.delta_residual %S, %W, %U : !k3s.tile<C x V>

@@ -17,10 +17,10 @@ builtin.module {
 // CHECK:      k3s.entry @chunk <source = kda> {
 // CHECK:        k3s.tensor_arg @T_ut <type = !k3s.tensor<B x T x 2 x 16, float>, role = workspace>
 // CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
-// CHECK:          %A = k3s.gram %k, %k, %G, %beta <mask = strict
+// CHECK:          %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict
 // CHECK-NEXT:     %T = k3s.forward_substitution %A, %beta
 // CHECK-NEXT:     k3s.spill %T <value = T>
-// CHECK:          %P = k3s.gram %q, %k, %G <mask = inclusive
+// CHECK:          %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive
 // CHECK-NOT:      k3s.wy_apply
 // CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile

@@ -37,7 +37,7 @@ builtin.module {
 // CHECK:        k3s.tensor_arg @M <type = !k3s.tensor<N x 2 x 8 x 8, float32>, role = workspace>
 // CHECK-NEXT:   k3s.tensor_arg @N <type = !k3s.tensor<N x 2 x 8 x 4, float32>, role = workspace>
 // CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
-// CHECK:          %P = k3s.gram %q, %k, %G <mask = inclusive
+// CHECK:          %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive
 // CHECK-NOT:    k3s.kernel @kda_segments_prepare
 // CHECK:        k3s.kernel @kda_segments_summary_scan_N
 // CHECK:        k3s.store_state <layout = kv, tensor = N>

@@ -63,15 +63,17 @@
 // ALL-LABEL: def {{[a-z_]+}}_chunk_prepare_kernel(
 // ALL:       DOT: tl.constexpr,
 // ALL-NEXT:  ):
-// KDA:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = channel, beta = true, sub_chunk = 16, diagonal = elementwise>
+// KDA:       # %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 16>: a row only ever meets references at or before itself (causal)
+// KDA:       # %kr = k3s.block_rescale %k, %G, %Gend <decay = reference_over_row>
+// KDA:       # %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict, gate = channel, beta = true, diagonal = elementwise>
 // KDA:       # %T = k3s.forward_substitution %A, %beta <block = 1>: T = (I + A)^-1 Diag(beta), blocked
 // KDA:       # %W = k3s.wy_apply %T, %k, %G <gate = channel>
-// GDN:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = scalar, beta = true, sub_chunk = 16>
+// GDN:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = scalar, beta = true>
 // GDN:       # %T = k3s.forward_substitution %A, %beta <block = 1>
-// DN:        # %A = k3s.gram %k, %k, %beta <mask = strict, gate = none, beta = true, sub_chunk = 16>
+// DN:        # %A = k3s.gram %k, %k, %beta <mask = strict, gate = none, beta = true>
 // DN:        # %T = k3s.forward_substitution %A, %beta <block = 1>
 // GLA-NOT:   k3s.forward_substitution
-// GLA:       # %P = k3s.gram %q, %k, %G <mask = inclusive, gate = channel, beta = false, sub_chunk = 16, diagonal = elementwise>
+// GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive, gate = channel, beta = false, diagonal = elementwise>
 // ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
 // ALL:       # k3s.chunk_loop <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
 // KDA:       # %vr = k3s.delta_residual %S, %W, %U: Vr = U - W S

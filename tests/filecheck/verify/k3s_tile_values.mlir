@@ -14,7 +14,7 @@ builtin.module {
       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
       %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
-      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false, sub_chunk = 16> : !k3s.tile<C x C>
+      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
       k3s.chunk_scan {
       ^bb0(%S: !k3s.tile<K x V>):
         %o = k3s.chunk_output %q, %S, %P, %v : !k3s.tile<C x V>
@@ -25,13 +25,13 @@ builtin.module {
   }
 }
 
-// VALID:      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false, sub_chunk = 16> : !k3s.tile<C x C>
+// VALID:      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
 // VALID:      ^bb0(%S: !k3s.tile<K x V>):
 // VALID-NEXT:   %o = k3s.chunk_output %q, %S, %P, %v : !k3s.tile<C x V>
 // VALID-NEXT:   %S_1 = k3s.state_advance %S, %k, %v <gate = none> : !k3s.tile<K x V>
 // VALID-NEXT:   k3s.next_chunk %S_1
 
-// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Q'; allowed: C, K, V, D{{$}}
+// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Q'; allowed: C, NB, K, V, D{{$}}
 // COUNT: {{^}}k3c opt: error: <stdin>: k3s.gram: expected 2 operands for its properties, got 3{{$}}
 // DECAY: {{^}}k3c opt: error: <stdin>: k3s.state_advance: gamma_C is an operand exactly when gate is not none{{$}}
 // UNDEFINED: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: SSA value used before assignment{{$}}

@@ -18,13 +18,17 @@ builtin.module {
         %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
         %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
         %G = k3s.gate_cumsum %g <gate = channel> : !k3s.tile<C x K>
+        %Glast = k3s.gate_total %G <gate = channel> : !k3s.tile<K>
+        %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 4> : !k3s.tile<NB x K>, !k3s.tile<NB x K>
+        %kr = k3s.block_rescale %k, %G, %Gend <decay = reference_over_row> : !k3s.tile<C x K>
+        %kl = k3s.block_rescale %k, %G, %Gstart <decay = row_over_reference> : !k3s.tile<C x K>
         %beta = k3s.load_beta <input = probability> : !k3s.tile<C>
-        %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = channel, beta = true, sub_chunk = 4, diagonal = elementwise> : !k3s.tile<C x C>
+        %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict, gate = channel, beta = true, diagonal = elementwise> : !k3s.tile<C x C>
         %T = k3s.forward_substitution %A, %beta <block = 1> : !k3s.tile<C x C>
         %W = k3s.wy_apply %T, %k, %G <gate = channel> : !k3s.tile<C x K>
         %U = k3s.wy_apply %T, %v <gate = none> : !k3s.tile<C x V>
-        %KG = k3s.gate_apply %k, %G <anchor = end, gate = channel> : !k3s.tile<C x K>
-        %gamma_C = k3s.chunk_decay %G <gate = channel> : !k3s.tile<K>
+        %KG = k3s.gate_apply %k, %G, %Glast <anchor = end, gate = channel> : !k3s.tile<C x K>
+        %gamma_C = k3s.chunk_decay %Glast <gate = channel> : !k3s.tile<K>
         k3s.chunk_scan {
         ^bb0(%S: !k3s.tile<K x V>):
           %vr = k3s.delta_residual %S, %W, %U : !k3s.tile<C x V>
