@@ -125,7 +125,7 @@ def run(args) -> int:
 
     rows, failed = [], 0
     groups = [("chunk", chunk_cases), ("decode", decode_cases), ("attnres", attnres_cases)]
-    for kind, cases in groups:
+    for kind, cases in [g for g in groups if g[0] in args.kinds.split(",")]:
         for name, call_a, call_b in cases(torch, args.a, args.b):
             # outputs first (one call each on the same inputs: decode's pools start equal)
             got_a, got_b = outputs(call_a()), outputs(call_b())
@@ -163,6 +163,7 @@ def main(argv=None) -> int:
     run_parser.add_argument("--a", type=Path, required=True)
     run_parser.add_argument("--b", type=Path, required=True)
     run_parser.add_argument("--out", type=Path, required=True)
+    run_parser.add_argument("--kinds", default="chunk,decode,attnres", help="which groups of cases (comma-separated)")
     args = parser.parse_args(argv)
     if args.command == "compile":
         compile_modules(args.out)
