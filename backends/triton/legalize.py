@@ -35,10 +35,11 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
             sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
         elif isinstance(op, k3s.RouterLogitsOp):
             # experts whole (tl.dot's other side is at least 16 wide); hidden columns in blocks of
-            # at most 64, fewer where the router rows of a block would pass 32768 elements (the
-            # [BD, BE] operand in shared memory: 64 KB in bf16); tl.dot's inner side at least 16
+            # at most 64, fewer where the router rows of a block would pass 16384 elements (the
+            # [BD, BE] operand, 64 KB in fp32, is staged in shared memory once per pipeline stage;
+            # not measured); tl.dot's inner side at least 16
             experts = max(16, next_power_of_2(op.num_experts.value.data))
-            columns = min(64, next_power_of_2(op.hidden_size.value.data), 32768 // experts)
+            columns = min(64, next_power_of_2(op.hidden_size.value.data), 16384 // experts)
             sizes.update(block_r=ROUTER_ROWS, block_e=experts, block_d=max(16, columns))
         elif isinstance(op, k3s.SelectTopKOp):
             sizes.update(block_ks=next_power_of_2(op.top_k.value.data))
