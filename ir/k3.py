@@ -174,7 +174,8 @@ class AttnResOp(KeywordSyntax):
 class LatentMoEOp(KeywordSyntax):
     """A (Latent) mixture-of-experts layer with a DeepSeek-V3 style sigmoid router.
 
-    Router: s = sigmoid(x W_r^T); experts chosen by top-k of s + bias; weights are the
+    Router: s = sigmoid(x W_r^T); experts chosen by top-k of s + bias, in decreasing order of
+    s + bias, equal values ranking the lower expert id first (deterministic); weights are the
     unbiased s of the chosen experts, normalised over the top-k if norm_topk_prob, times
     routed_scaling_factor. With latent_dim > 0 the routed experts run in the latent width:
     x -> x W_down^T (d -> latent), experts, weighted combine, RMSNorm(gain, eps), -> W_up^T

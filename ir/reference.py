@@ -199,6 +199,21 @@ def _expert(activation, x, gate_up, down):
     return glu(activation, gate, up) @ down.T
 
 
+def latent_moe_routing(op, x, router_weight, router_bias):
+    """The router of k3.latent_moe on tokens x [R, d] -> (ids [R, k] int64, weights [R, k]
+    float64): s = sigmoid(x W_r^T); ids the top_k experts by s + bias in decreasing order, equal
+    values ranking the lower expert id first (a stable sort); weights the unbiased s of those
+    experts, normalised over the top_k if norm_topk_prob, times routed_scaling_factor."""
+    x, router_weight, router_bias = (t.to(f64).cpu() for t in (x, router_weight, router_bias))
+    scores = torch.sigmoid(x @ router_weight.T)
+    ranked = torch.sort(scores + router_bias, dim=-1, descending=True, stable=True).indices
+    ids = ranked[:, :op.top_k.value.data]
+    weights = scores.gather(-1, ids)
+    if op.norm_topk_prob.value.data:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return ids, weights * op.routed_scaling_factor.value.data
+
+
 def latent_moe(op, x, router_weight, router_bias, expert_gate_up, expert_down,
                latent_down=None, latent_up=None, latent_norm_gain=None,
                shared_gate_up=None, shared_down=None):
@@ -209,16 +224,10 @@ def latent_moe(op, x, router_weight, router_bias, expert_gate_up, expert_down,
     shared_gate_up [Ns, 2Fs, d], shared_down [Ns, d, Fs].
     """
     to64 = lambda t: None if t is None else t.to(f64).cpu()  # noqa: E731
-    x, router_weight, router_bias = to64(x), to64(router_weight), to64(router_bias)
-    expert_gate_up, expert_down = to64(expert_gate_up), to64(expert_down)
+    chosen, weights = latent_moe_routing(op, x, router_weight, router_bias)
+    x, expert_gate_up, expert_down = to64(x), to64(expert_gate_up), to64(expert_down)
     activation = op.activation.data
     top_k = op.top_k.value.data
-    scores = torch.sigmoid(x @ router_weight.T)
-    chosen = torch.topk(scores + router_bias, top_k, dim=-1).indices
-    weights = scores.gather(-1, chosen)
-    if op.norm_topk_prob.value.data:
-        weights = weights / weights.sum(-1, keepdim=True)
-    weights = weights * op.routed_scaling_factor.value.data
     latent = op.latent_dim.value.data > 0
     h = x @ to64(latent_down).T if latent else x
     combined = torch.zeros_like(h)

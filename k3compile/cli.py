@@ -280,7 +280,7 @@ def cmd_passes(args) -> int:
     console = Console(width=160)
     console.print(table)
     for kind, pipeline in DEFAULT_PIPELINES.items():
-        console.print(f"default pipeline of kind {kind}: {pipeline or '(none: no kernels yet)'}", highlight=False, soft_wrap=True)
+        console.print(f"default pipeline of kind {kind}: {pipeline}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

@@ -373,12 +373,12 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
     native, in bf16, fp16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
     positions p of `grid` with p % N == I; quick: one case per entry (see `grid`).
     progress(done, total, case) is called before each case and once at the end (case "").
-    Raises UnsupportedError for a kind without kernels, ArgumentError for a device this machine
+    Raises UnsupportedError for a kind without verification cases, ArgumentError for a device this machine
     lacks or a seed torch cannot take."""
     from k3compile.frontend import spec_to_module
 
     if spec.kind not in FAMILIES:
-        raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no compiled kernels to verify yet")
+        raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no verification cases yet")
     device, dtypes = defaults(device, dtypes)
     if seed is not None and not -2**63 <= seed < 2**64:  # what torch.Generator takes
         raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")

@@ -4,6 +4,8 @@ Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
 - lower-decode: the same token stages over a slot-indexed state pool, updated in place;
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
+- lower-moe-routing: k3.latent_moe -> a `route` entry, one kernel from x to each token's top-k
+  experts and their weights (router GEMM, sigmoid, top-k by score + bias, normalisation);
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
@@ -29,6 +31,7 @@ _WHERE = {
     "lower-recurrent": ("lower_recurrent", "LowerRecurrentPass"),
     "lower-decode": ("lower_decode", "LowerDecodePass"),
     "fuse-attnres": ("fuse_attnres", "FuseAttnResPass"),
+    "lower-moe-routing": ("lower_moe_routing", "LowerMoeRoutingPass"),
     "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),
     "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
     "derive-replay": ("derive_replay", "DeriveReplayPass"),

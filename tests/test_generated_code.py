@@ -27,7 +27,7 @@ PIPELINES = {
 RECURRENCES = [p for p in EXAMPLE_SPECS if load_spec(p).kind in ("kda", "gated_deltanet", "deltanet", "gla")]
 CASES = [pytest.param(spec, pipeline, id=f"{spec.stem}-{name}") for spec in RECURRENCES
          for name, pipeline in PIPELINES.items()]
-CASES += [pytest.param(p, None, id=p.stem) for p in EXAMPLE_SPECS if load_spec(p).kind == "attnres"]
+CASES += [pytest.param(p, None, id=p.stem) for p in EXAMPLE_SPECS if load_spec(p).kind in ("attnres", "latent_moe")]
 
 
 def jit_functions(source: str) -> list[ast.FunctionDef]:

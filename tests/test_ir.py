@@ -264,7 +264,7 @@ def test_compile_errors_are_k3_errors(tmp_path):
     from conftest import EXAMPLES
 
     with pytest.raises(UnsupportedError, match="no kernel lowering"):
-        k3_compile(EXAMPLES / "latent_moe.toml", out_dir=tmp_path)
+        k3_compile(EXAMPLES / "latent_moe.toml", out_dir=tmp_path, pipeline="fuse-attnres")
     with pytest.raises(K3Error):
         k3_compile(EXAMPLES / "kda.toml", out_dir=tmp_path, pipeline="no-such-pass")
     assert not list(tmp_path.iterdir())

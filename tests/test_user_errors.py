@@ -125,9 +125,9 @@ def test_frozen_without_a_gpu(capsys, tmp_path):
                        f"cached per GPU: pass --gpu NAME to embed those of GPU NAME for kda ({EXAMPLES / 'kda.toml'})")
 
 
-def test_latent_moe_says_it_has_no_kernels_yet(capsys, tmp_path):
-    message = bad_input(capsys, "compile", EXAMPLES / "latent_moe.toml", "-o", tmp_path)
-    assert "there is no kernel lowering for kind 'latent_moe' yet" in message and "pipeline ''" not in message
+def test_pipeline_without_kernels_for_the_layer(capsys, tmp_path):
+    message = bad_input(capsys, "compile", EXAMPLES / "latent_moe.toml", "-o", tmp_path, "-p", "fuse-attnres")
+    assert "no kernel lowering for k3.latent_moe (kind 'latent_moe') in pipeline 'fuse-attnres'" in message
 
 
 # --- sizes the Triton kernels cannot hold: refused when lowering, naming the key ------------
@@ -178,6 +178,21 @@ def test_attnres_hidden_size_by_the_warps(tmp_path):
     with pytest.raises(UnsupportedError, match=limit + " in the registers of its 8 warps"):
         lower(load_spec(path))
     assert "def aggregate(" in lower(load_spec(path), "fuse-attnres{num-warps=16}").source
+
+
+def test_moe_experts_by_the_warps(tmp_path):
+    """The router holds 16 rows' scores for every expert (padded to a power of two) in registers."""
+    from k3compile.driver import lower
+    from k3compile.errors import UnsupportedError
+    from k3compile.spec import load_spec
+
+    path = tmp_path / "many.toml"
+    path.write_text('[layer]\nname = "many"\nkind = "latent_moe"\nhidden_size = 64\nnum_experts = 1100\n'
+                    'top_k = 8\nexpert_ffn_dim = 32\n')
+    limit = r"key 'num_experts' = 1100 exceeds the Triton kernels' limit of 1024 \(kernel @many_route holds"
+    with pytest.raises(UnsupportedError, match=limit + ".* registers of its 8 warps"):
+        lower(load_spec(path))
+    assert "def route(" in lower(load_spec(path), "lower-moe-routing{num-warps=16}").source
 
 
 def test_more_value_heads_than_grid_axis_1_holds(capsys, tmp_path):

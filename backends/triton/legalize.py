@@ -4,7 +4,8 @@ before it is printed, so that the printer only prints.
 - The kernels can hold their layer (backends/triton/limits.py: tile sizes, chunk and row-block
   divisibility, grid axes); otherwise an UnsupportedError names the spec key and the limit.
 - Every kernel's tile block sizes: key columns whole (next power of two of K), value columns a
-  state tile's block (at most its block_v) or, in a chunk kernel, whole; AttnRes rows whole.
+  state tile's block (at most its block_v) or, in a chunk kernel, whole; AttnRes rows whole;
+  the MoE router's blocks of token rows, hidden columns, experts (whole) and top-k slots.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from k3compile.backends.triton.limits import check_limits
+from k3compile.backends.triton.limits import ROUTER_ROWS, check_limits
 from k3compile.backends.triton.printer.common import next_power_of_2
 from k3compile.ir import k3s
 from k3compile.passes.common import props
@@ -32,6 +33,16 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
                          block_v=next_power_of_2(op.head_v_dim.value.data))
         elif isinstance(op, k3s.FoldQueryOp):
             sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
+        elif isinstance(op, k3s.RouterLogitsOp):
+            # experts whole (tl.dot's other side is at least 16 wide); hidden columns in blocks of
+            # at most 64, fewer where the router rows of a block would pass 16384 elements (the
+            # [BD, BE] operand, 64 KB in fp32, is staged in shared memory once per pipeline stage;
+            # not measured); tl.dot's inner side at least 16
+            experts = max(16, next_power_of_2(op.num_experts.value.data))
+            columns = min(64, next_power_of_2(op.hidden_size.value.data), 16384 // experts)
+            sizes.update(block_r=ROUTER_ROWS, block_e=experts, block_d=max(16, columns))
+        elif isinstance(op, k3s.SelectTopKOp):
+            sizes.update(block_ks=next_power_of_2(op.top_k.value.data))
     return sizes
 
 

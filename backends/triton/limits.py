@@ -29,6 +29,10 @@ MAX_CHUNK_TILE = 16 * 4096
 # stack per thread at 8192 per warp
 MAX_ROW_PER_WARP = 2048
 CHUNK_SIZES = (16, 32, 64)  # tl.dot tiles: powers of two, at least 16
+# the MoE router's programs take blocks of 16 token rows (tl.dot's least) and hold their
+# [16, next_pow2(E)] fp32 scores whole in registers: at most MAX_ROW_PER_WARP elements per warp,
+# AttnRes's bound for its rows (not measured for the router); K3's 896 experts need 8 warps
+ROUTER_ROWS = 16
 
 
 def exceeds(source: str, key: str, value: int, limit: int, why: str) -> UnsupportedError:
@@ -69,6 +73,13 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
                 raise exceeds(source, "hidden_size", op.hidden_size.value.data, most,
                               f"kernel {name} holds its rows in the registers of its {kernel.num_warps.value.data} "
                               f"warps, {MAX_ROW_PER_WARP} columns per warp; fuse-attnres{{num-warps=...}} allows more")
+        if isinstance(op, k3s.RouterLogitsOp):
+            most = MAX_ROW_PER_WARP * kernel.num_warps.value.data // ROUTER_ROWS
+            if next_power_of_2(op.num_experts.value.data) > most:
+                raise exceeds(source, "num_experts", op.num_experts.value.data, most,
+                              f"kernel {name} holds the scores of {ROUTER_ROWS} rows for every expert (padded to a "
+                              f"power of two) in the registers of its {kernel.num_warps.value.data} warps, "
+                              f"{MAX_ROW_PER_WARP} per warp; lower-moe-routing{{num-warps=...}} allows more")
 
 
 def check_heads(layer: RecurrenceOp, kernels: list[k3s.KernelOp], source: str) -> None:

@@ -14,8 +14,9 @@ A lowered module is a list of entries:
 Passes in passes/ build these from `k3` ops; the Triton backend prints one block of code per
 stage. A tensor argument's shape (its `!k3s.tensor` type) uses the symbols B (batch), T (tokens
 per sequence), N (sequences: B, or len(cu_seqlens) - 1), N+1 (offsets), S (sources), P (state
-pool rows) and NC (per-chunk slots of a chunk entry: cdiv(B T, C) + N, enough for every chunk of
-any varlen split); every other dimension is a positive integer.
+pool rows), NC (per-chunk slots of a chunk entry: cdiv(B T, C) + N, enough for every chunk of
+any varlen split) and R (token rows of a [tokens, hidden] input: MoE routing); every other
+dimension is a positive integer.
 """
 
 from xdsl.ir import Dialect
@@ -23,6 +24,7 @@ from xdsl.ir import Dialect
 from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
+from k3compile.ir.k3s.moe import *  # noqa: F403
 from k3compile.ir.k3s.segments import *  # noqa: F403
 from k3compile.ir.k3s.token import *  # noqa: F403
 
@@ -58,6 +60,7 @@ K3S = Dialect(
         NormalizeStoreOp,
         *CHUNK_STAGES,
         *SEGMENT_SCAN_OPS,
+        *MOE_ROUTING_STAGES,
     ],
     [
         TileType,

@@ -67,20 +67,21 @@ class TokenTensorAttr(EnumAttribute[TokenTensor], SpacedOpaqueSyntaxAttribute):
 
 # the gate of stages that exist only with one (k3.gate's words but none)
 GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
-SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
 
-TILE_DIMS = ("C", "NB", "K", "V", "D")
+TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS")
 
 
 @irdl_attr_definition
 class TileType(ParametrizedAttribute, TypeAttribute):
     """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
     token rows), NB (its row blocks, k3s.block_gates), K (key channels), V (the program's value
-    columns) and D (AttnRes's hidden columns); `<C>` one number per row, `<>` one number. Stages compute in fp32; loads keep the
-    input dtype until a stage upcasts."""
+    columns), D (AttnRes's hidden columns), R (the program's block of token rows, MoE routing),
+    E (every expert) and KS (the top-k slots of a row); `<C>` one number per row, `<>` one
+    number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
 
     name = "k3s.tile"
     dims: ArrayAttr[StringAttr]
@@ -90,9 +91,9 @@ class TileType(ParametrizedAttribute, TypeAttribute):
         parser.parse_punctuation("<")
         dims: list[StringAttr] = []
         if parser.parse_optional_punctuation(">") is None:
-            dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, NB, K, V or D)")))
+            dims.append(StringAttr(parser.parse_identifier(f" (a tile dimension: one of {', '.join(TILE_DIMS)})")))
             while parser.parse_optional_keyword("x") is not None:
-                dims.append(StringAttr(parser.parse_identifier(" (a tile dimension: C, NB, K, V or D)")))
+                dims.append(StringAttr(parser.parse_identifier(f" (a tile dimension: one of {', '.join(TILE_DIMS)})")))
             parser.parse_punctuation(">")
         return [ArrayAttr(dims)]
 
@@ -122,8 +123,9 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     """An entry's tensor argument: `!k3s.tensor<B x T x 32 x 128, float>`, its shape pattern and
     dtype class. A dimension is a positive integer or a shape symbol (SHAPE_SYMBOLS: B batch, T
     tokens per sequence, N sequences (B, or len(cu_seqlens) - 1), N+1 the offsets, S sources, P
-    state pool rows, NC per-chunk slots); the dtype class is one of ArgDtype's words (what each
-    takes: TensorArgOp). The compiled entry checks an argument against it at run time."""
+    state pool rows, NC per-chunk slots, R token rows of a [tokens, hidden] input); the dtype
+    class is one of ArgDtype's words (what each takes: TensorArgOp). The compiled entry checks an
+    argument against it at run time."""
 
     name = "k3s.tensor"
     shape: ArrayAttr[IntAttr | StringAttr]
@@ -218,7 +220,8 @@ class TensorArgOp(KeywordSyntax):
     step makes between its kernels: the entering state of every segment). Dtype classes:
     float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
     offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1),
-    state (fp32 or bf16 state storage), index (int32/int64 slot numbers).
+    state (fp32 or bf16 state storage), index (int32/int64 slot numbers; an output of indices,
+    e.g. chosen experts, is int32).
     """
 
     name = "k3s.tensor_arg"
@@ -269,7 +272,7 @@ class KernelOp(KeywordSyntax):
     """One GPU kernel: a grid of programs, each running the stages of its body in order.
 
     `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
-    sequence_head (sequence x value head), row (one token row).
+    sequence_head (sequence x value head), row (one token row), row_block (a block of token rows).
     """
 
     name = "k3s.kernel"
@@ -284,11 +287,15 @@ class KernelOp(KeywordSyntax):
     dots = opt_prop_def(KernelDotsAttr)
     # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
     maxnreg = opt_prop_def(IntegerAttr[I64])
-    # the block sizes of its tiles (key, value and hidden columns), fixed by a backend's
-    # legalization (backends/triton/legalize.py) before printing
+    # the block sizes of its tiles (key, value and hidden columns; token rows, experts and top-k
+    # slots of the MoE routing), fixed by a backend's legalization (backends/triton/legalize.py)
+    # before printing
     block_k = opt_prop_def(IntegerAttr[I64])
     block_v = opt_prop_def(IntegerAttr[I64])
     block_d = opt_prop_def(IntegerAttr[I64])
+    block_r = opt_prop_def(IntegerAttr[I64])
+    block_e = opt_prop_def(IntegerAttr[I64])
+    block_ks = opt_prop_def(IntegerAttr[I64])
     # another kernel of the module whose code this one runs (merge-identical-kernels: the same
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(StringAttr)

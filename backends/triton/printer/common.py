@@ -11,7 +11,8 @@ from xdsl.ir import Operation, OpResult, SSAValue
 from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
-CHUNK_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp)
+# the stages that multiply matrices (_mm of the runtime prelude, at the kernel's precision DOT)
+MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}

@@ -11,11 +11,11 @@ from xdsl.ir import Operation
 
 from k3compile.backends.triton import context_parallel
 from k3compile.backends.triton.printer.common import (
-    CHUNK_STAGE_TYPES,
     DOT_PRECISION,
     ENTRY_PARTS,
     KERNEL_GROUPINGS,
     LAUNCH_CONSTANTS,
+    MATMUL_STAGE_TYPES,
     Code,
     EntryView,
     describe,
@@ -51,6 +51,7 @@ class Entries:
         "row": 'dims["B"] * dims["T"]',
         "chunk": "num_chunks",
         "value_head": "HV",
+        "row_block": 'triton.cdiv(dims["R"], BR)',
     }
 
     def __init__(self, launch_tables: dict | None = None) -> None:
@@ -118,7 +119,7 @@ class Entries:
         c(f"def {def_name or entry.sym_name.data}({', '.join(params)}):")
         with c.indent():
             c(f'"""{describe(entry)}, lowered from k3 op @{entry.source.data}.', "")
-            c("Arguments (shapes in the symbols B, T, N, S of the schedule IR, `k3c ir`):")
+            c("Arguments (shapes in the symbols of the schedule IR, `k3c ir`):")
             for arg in view.args:
                 if isinstance(arg, k3s.ScalarArgOp):
                     c(f"    {arg.sym_name.data}: float, default {attr_to_literal(arg.default)}")
@@ -196,7 +197,8 @@ class Entries:
                 c(f"if {name} is not None:")
                 with c.indent():
                     c(check)
-        if not any(t.type.dtype_class == "offsets" for t in view.tensors):
+        batched = any("B" in t.type.dims for t in view.tensors)
+        if batched and not any(t.type.dtype_class == "offsets" for t in view.tensors):
             c('dims["N"] = dims["B"]  # one sequence per batch row')
         if "state_indices" in view.names:
             c('_check_slots("state_indices", state_indices, dims["P"], check_indices)')
@@ -231,7 +233,8 @@ class Entries:
         name = out.sym_name.data
         first = view.tensors[0].sym_name.data
         sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.type.dims)
-        dtype = "torch.float32" if out.type.dtype_class == "float32" else f"{first}.dtype"
+        # float outputs take the first input's dtype; indices the kernels write are int32
+        dtype = {"float32": "torch.float32", "index": "torch.int32"}.get(out.type.dtype_class, f"{first}.dtype")
         alloc = f"_alloc(({sizes}{',' if ',' not in sizes else ''}), {dtype}, {first}.device)"
         if out.role.data == "optional_output":
             c(f"{name} = {alloc} if output_{name} else None")
@@ -266,6 +269,12 @@ class Entries:
                 constants.update(BC=op.chunk_size.value.data)
             elif isinstance(op, k3s.FoldQueryOp):
                 constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
+            elif isinstance(op, k3s.RouterLogitsOp):
+                constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
+                                 BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,
+                                 BE=kernel.block_e.value.data)
+            elif isinstance(op, k3s.SelectTopKOp):
+                constants.update(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
         for buffer in ("cache", "snapshots"):
             if buffer in view.names:
                 constants["DEPTH"] = int(view.dims(buffer)[1])
@@ -278,6 +287,8 @@ class Entries:
             sizes.append("T")
         if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
             sizes += ["S", "R"]
+        if "row_block" in kernel.grid.data.split(","):
+            sizes.append("R")
         if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
             sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
         return sizes
@@ -290,7 +301,9 @@ class Entries:
         params = [(a.sym_name.data, a.sym_name.data) for a in view.args]
         if "chunk" in kernel.grid.data.split(","):
             params.append(("chunk_table", "chunk_table"))
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": 'dims["B"] * dims["T"]', "NSLOTS": 'dims["P"]'}
+        # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
+        rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
         checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
         if checkpointing:
@@ -300,7 +313,7 @@ class Entries:
         params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
         if checkpointing:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
-        if any(isinstance(op, CHUNK_STAGE_TYPES) for op in kernel.walk()):
+        if any(isinstance(op, MATMUL_STAGE_TYPES) for op in kernel.walk()):
             first = view.tensors[0].sym_name.data
             # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
             dot = repr(DOT_PRECISION[kernel.dots.data]) if kernel.dots is not None else f"_DOT_OF_DTYPE[{first}.dtype]"
@@ -448,6 +461,14 @@ class Entries:
             f"# grid axis {axis}: one value head; value heads share q/k heads in groups of HV // H",
             f"i_hv = tl.program_id({axis}).to(tl.int64)",
             "i_h = i_hv // (HV // H)",
+        )
+
+    def print_axis_row_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BR token rows",
+            f"i_rb = tl.program_id({axis}).to(tl.int64)",
+            "o_r = i_rb * BR + tl.arange(0, BR)",
+            "m_r = o_r < R",
         )
 
     def print_axis_row(self, axis: int) -> None:

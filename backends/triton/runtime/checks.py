@@ -14,14 +14,16 @@ import triton.language as tl
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# Tests and `k3c verify` set this so that every output starts NaN-filled: an element a kernel
-# fails to write can then never pass as a value. Off by default: the fill costs a full write.
+# Tests and `k3c verify` set this so that every output starts NaN-filled (integer outputs at
+# their dtype's least value, never an index): an element a kernel fails to write can then never
+# pass as a value. Off by default: the fill costs a full write.
 POISON_OUTPUTS = os.environ.get("K3C_POISON_OUTPUTS") == "1"
 
 
 def _alloc(shape, dtype, device):
     if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        poison = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+        return torch.full(shape, poison, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 

@@ -1,12 +1,13 @@
 // Each pass lowers only its own layer kind: lower-recurrent leaves k3.attnres alone,
-// fuse-attnres leaves k3.recurrence alone, both in one pipeline lower both, and no pass
-// touches k3.latent_moe. Each entry follows its own layer op and, the module holding more than
-// one layer, is named <layer>_<entry> so that module-level names stay distinct.
+// fuse-attnres leaves k3.recurrence alone, both in one pipeline lower both, and only
+// lower-moe-routing touches k3.latent_moe. Each entry follows its own layer op and, the module
+// holding more than one layer, is named <layer>_<entry> so that module-level names stay distinct.
 // RUN: k3c opt %s -p lower-recurrent | filecheck %s --check-prefix=REC
 // RUN: k3c opt %s -p fuse-attnres | filecheck %s --check-prefix=AR
 // RUN: k3c opt %s -p lower-recurrent,fuse-attnres | filecheck %s --check-prefix=BOTH
 // RUN: k3c opt %s -p fuse-attnres,lower-recurrent | filecheck %s --check-prefix=BOTH
 // RUN: k3c opt %s -p lower-recurrent,fuse-attnres | k3c opt - | filecheck %s --check-prefix=BOTH
+// RUN: k3c opt %s -p lower-moe-routing | filecheck %s --check-prefix=MOE
 // With no -p, k3c opt only parses, verifies and prints.
 // RUN: k3c opt %s | filecheck %s --check-prefix=NONE
 
@@ -38,5 +39,11 @@ builtin.module {
 // BOTH:      k3s.kernel @ar_aggregate
 // BOTH:      k3.latent_moe @moe
 // BOTH-NOT:  k3s.entry
+
+// MOE-NOT:  k3s.entry
+// MOE:      k3.latent_moe @moe
+// MOE-NEXT: k3s.entry @moe_route <source = moe> {
+// MOE:      k3s.kernel @moe_route
+// MOE-NOT:  k3s.entry
 
 // NONE-NOT: k3s.

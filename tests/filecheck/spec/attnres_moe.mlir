@@ -1,6 +1,7 @@
 // Spec-driven: the AttnRes example lowers with fuse-attnres (max_sources = num_blocks + 1 = 9,
-// eps carried into the score); the LatentMoE example has no lowering yet, so its default
-// pipeline is empty and --after-all prints only the layer IR.
+// eps carried into the score); the LatentMoE example lowers its router with lower-moe-routing
+// (K3's 896 experts, top-16, the scaling and normalisation from the spec); its experts have no
+// lowering yet, so `route` is its only entry.
 // RUN: k3c ir %examples/attnres.toml --after-all | filecheck %s --check-prefix=AR
 // RUN: k3c ir %examples/latent_moe.toml --after-all | filecheck %s --check-prefix=MOE
 
@@ -26,5 +27,13 @@
 // MOE-NEXT: builtin.module {
 // MOE-NEXT:   k3.latent_moe @latent_moe <hidden_size = 7168, latent_dim = 3584, num_experts = 896, top_k = 16, expert_ffn_dim = 3072, num_shared_experts = 2, shared_ffn_dim = 3072, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 2.5, eps = 1.0e-06, dtype = bfloat16>
 // MOE-NEXT: }
-// MOE-NOT:  IR after
-// MOE-NOT:  k3s.
+// MOE-LABEL: // -----// IR after lower-moe-routing //----- //
+// MOE:        k3s.entry @route <source = latent_moe> {
+// MOE-NEXT:     k3s.tensor_arg @x <type = !k3s.tensor<R x 7168, float>, role = input>
+// MOE-NEXT:     k3s.tensor_arg @router_weight <type = !k3s.tensor<896 x 7168, float>, role = input>
+// MOE-NEXT:     k3s.tensor_arg @router_bias <type = !k3s.tensor<896, float32>, role = input>
+// MOE-NEXT:     k3s.tensor_arg @topk_ids <type = !k3s.tensor<R x 16, index>, role = output>
+// MOE-NEXT:     k3s.tensor_arg @topk_weights <type = !k3s.tensor<R x 16, float32>, role = output>
+// MOE-NEXT:     k3s.kernel @latent_moe_route <grid = row_block, num_warps = 8> {
+// MOE:            %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
+// MOE-NOT:    k3s.entry

@@ -1,0 +1,126 @@
+"""The compiled MoE router `route(x, router_weight, router_bias) -> (topk_ids, topk_weights)`
+against reference.latent_moe_routing: the chosen experts exactly, in order, and their weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import assert_matches, layer_op
+from k3compile.ir import reference
+
+# (hidden_size, num_experts, top_k, norm_topk_prob, routed_scaling_factor): d not a power of two
+# (40, 48), experts below tl.dot's 16 (8) and padded (12), and K3's 896 experts, top-16
+LAYERS = [(48, 12, 3, True, 2.5), (40, 8, 1, True, 1.0), (40, 12, 4, False, 0.5), (48, 8, 4, False, 1.0),
+          (64, 896, 16, True, 2.5)]
+
+
+@pytest.fixture(scope="module", params=LAYERS, ids=lambda p: "d{}_e{}_k{}_{}_x{}".format(
+    p[0], p[1], p[2], "norm" if p[3] else "raw", p[4]))
+def layer(request, compile_layer):
+    d, E, k, norm, scale = request.param
+    return compile_layer(name=f"moe_d{d}_e{E}_k{k}_{'norm' if norm else 'raw'}_{str(scale).replace('.', '_')}",
+                         kind="latent_moe", hidden_size=d, num_experts=E, top_k=k, expert_ffn_dim=16,
+                         norm_topk_prob=norm, routed_scaling_factor=scale, dtype="float32")
+
+
+def dims(layer) -> tuple[int, int, int]:
+    params = layer.spec.params
+    return params["hidden_size"], params["num_experts"], params["top_k"]
+
+
+def selection_gaps(x, router_weight, router_bias, top_k: int) -> torch.Tensor:
+    """Per row, the least gap between s + bias of neighbouring ranks down to rank top_k (the
+    first expert not chosen): how far the row is from a tie that would make its order ambiguous."""
+    scores = torch.sigmoid(x.double() @ router_weight.double().T) + router_bias.double()
+    ranked = scores.sort(dim=-1, descending=True).values[:, :top_k + 1]
+    if ranked.shape[1] == 1:  # all experts chosen by one: no order to get wrong
+        return torch.full((x.shape[0],), math.inf)
+    return (ranked[:, :-1] - ranked[:, 1:]).min(-1).values
+
+
+def inputs(R: int, d: int, E: int, top_k: int):
+    """Fresh random inputs whose rankings have no near ties (fp32 logits are off by ~1e-6): rows
+    of x near one are drawn again."""
+    x = torch.randn(R, d)
+    router_weight = torch.randn(E, d) * 2 / math.sqrt(d)
+    router_bias = 0.1 * torch.randn(E)
+    for _ in range(100):
+        near = selection_gaps(x, router_weight, router_bias, top_k) <= 1e-4
+        if not near.any():
+            return x, router_weight, router_bias
+        x[near] = torch.randn(int(near.sum()), d)
+    raise AssertionError("no draw without near ties in 100 tries")
+
+
+def assert_routes(layer, x, router_weight, router_bias) -> None:
+    result = layer.route(x, router_weight, router_bias)
+    assert isinstance(result, tuple) and len(result) == 2
+    ids, weights = result
+    ref_ids, ref_weights = reference.latent_moe_routing(layer_op(layer), x, router_weight, router_bias)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids.long(), ref_ids), f"experts {ids.tolist()} != reference {ref_ids.tolist()}"
+    assert_matches(weights, ref_weights, "topk_weights")
+
+
+@pytest.mark.parametrize("R", [1, 5, 33])
+def test_matches_reference(layer, R):
+    d, E, k = dims(layer)
+    assert_routes(layer, *inputs(R, d, E, k))
+
+
+def test_bias_selects_but_does_not_weigh(layer):
+    """A large bias on experts the scores rank last makes them chosen, with their small scores."""
+    d, E, k = dims(layer)
+    x, router_weight, router_bias = inputs(4, d, E, k)
+    last = torch.sigmoid(x @ router_weight.T).mean(0).argsort()[:k]
+    router_bias[last] += 10 + torch.arange(k, dtype=torch.float32)  # distinct: no ties among them
+    ids, _ = layer.route(x, router_weight, router_bias)
+    assert set(ids.flatten().tolist()) <= set(last.tolist())
+    assert_routes(layer, x, router_weight, router_bias)
+
+
+def test_ties_rank_the_lower_expert_first(layer):
+    """Exact ties: zero rows score every expert 0.5, so with a zero bias they choose experts
+    0..k-1; experts in pairs of equal router rows and biases rank the lower id of a pair first."""
+    d, E, k = dims(layer)
+    x = torch.randn(6, d)
+    x[[0, 3]] = 0.0
+    bias = torch.zeros(E)
+    ids, weights = layer.route(x, torch.randn(E, d), bias)
+    assert ids[[0, 3]].tolist() == [list(range(k))] * 2
+    op = layer_op(layer)
+    share = 1 / k if op.norm_topk_prob.value.data else 0.5
+    torch.testing.assert_close(weights[[0, 3]], torch.full((2, k), share * op.routed_scaling_factor.value.data))
+    pairs = torch.arange(E) // 2
+    # biases 2 apart, scores in (0, 1): different pairs are never near a tie
+    group_weight, group_bias = torch.randn(E, d), 2 * torch.randperm(E).float()
+    ids, _ = layer.route(x, group_weight[pairs], group_bias[pairs])
+    for row in ids.tolist():
+        for a, b in zip(row, row[1:]):
+            if a // 2 == b // 2:  # both experts of one pair: the lower id first
+                assert a < b, f"tied experts {a}, {b} in the wrong order: {row}"
+    assert_routes(layer, x, group_weight[pairs], group_bias[pairs])
+
+
+@pytest.mark.parametrize("name, change, words", [
+    ("x", lambda a: {**a, "x": a["x"][:, :-1]}, "dim 1 of shape [R,"),
+    ("x", lambda a: {**a, "x": a["x"].t().contiguous().t()}, "must be contiguous"),
+    ("x", lambda a: {**a, "x": a["x"].double()}, "expected dtype"),
+    ("router_weight", lambda a: {**a, "router_weight": a["router_weight"][:-1]}, "dim 0 of shape"),
+    ("router_weight", lambda a: {**a, "router_weight": a["router_weight"].to(torch.int32)}, "expected dtype"),
+    ("router_bias", lambda a: {**a, "router_bias": a["router_bias"].to(torch.bfloat16)}, "expected dtype torch.float32"),
+    ("router_bias", lambda a: {**a, "router_bias": a["router_bias"][None]}, "expected shape"),
+    ("router_bias", lambda a: {**a, "router_bias": None}, "required, got None"),
+])
+def test_bad_inputs_name_the_tensor(compile_layer, name, change, words):
+    layer = compile_layer(name="moe_checks", kind="latent_moe", hidden_size=40, num_experts=12, top_k=3,
+                          expert_ffn_dim=16, dtype="float32")
+    x, router_weight, router_bias = inputs(5, 40, 12, 3)
+    arguments = change({"x": x, "router_weight": router_weight, "router_bias": router_bias})
+    with pytest.raises(ValueError) as error:
+        layer.route(**arguments)
+    message = str(error.value)
+    assert message.startswith(f"{name}: ") and words in message and "\n" not in message
