@@ -3,9 +3,10 @@
 token rows, and the documented tie-break (equal s + bias: the lower expert id first), which
 Triton's interpreter cannot tell apart from the other tie-break.
 
-The kernel's logits are fp32 sums of bf16 products in another order than the reference's, so a
-row whose k-th and (k+1)-th biased scores lie within 1e-4 may pick either: such rows are compared
-by the scores of what was picked, the others by the ids themselves. Skipped without CUDA; runs in
+The kernel's logits are fp32 sums of bf16 products in another order than the reference's, so two
+experts whose biased scores lie within 1e-4 may come in either order (at the k-th slot: either may
+be picked): a row whose ids differ must have picked, slot by slot, scores within 1e-4 of the
+reference's, and such near-ties must be rare. Skipped without CUDA; runs in
 a fresh process (the CPU tests' conftest turns Triton's interpreter on).
 """
 
@@ -49,16 +50,12 @@ for R in (1, 7, 64, 300, 4096):
     torch.cuda.synchronize()
     want_ids, want_weights = reference.latent_moe_routing(op, x, weight, bias)
     biased = torch.sigmoid(x.double().cpu() @ weight.double().cpu().T) + bias.double().cpu()
-    kth = biased.sort(dim=-1, descending=True).values
-    near_tie = (kth[:, k - 1] - kth[:, k]).abs() < 1e-4
+    ranked = biased.sort(dim=-1, descending=True).values[:, :k]
     got_ids = ids.long().cpu()
     exact = (got_ids == want_ids.long()).all(-1)
-    # a near-tie row: what was picked scores within 1e-4 of the reference's pick, slot by slot
-    picked = biased.gather(-1, got_ids)
-    close = ((picked - kth[:, :k]).abs() < 1e-4).all(-1)
-    weight_error = ((weights.double().cpu() - want_weights) .abs().max(-1).values)[exact]
-    rows.append(dict(R=R, exact=int(exact.sum()), near_tie=int(near_tie.sum()),
-                     wrong=int((~exact & ~(near_tie & close)).sum()),
+    close = ((biased.gather(-1, got_ids) - ranked).abs() < 1e-4).all(-1)
+    weight_error = ((weights.double().cpu() - want_weights).abs().max(-1).values)[exact]
+    rows.append(dict(R=R, exact=int(exact.sum()), wrong=int((~exact & ~close).sum()),
                      weight_error=float(weight_error.max()) if exact.any() else 0.0))
 # exact ties: zero rows score sigmoid(0) = 1/2 everywhere; with no bias the first k experts win in order
 x = torch.zeros(3, d, device="cuda", dtype=torch.bfloat16)
@@ -79,5 +76,5 @@ def test_route_at_k3_dims_on_cuda(tmp_path, fresh_seed):
     assert report["ties"], "equal scores must rank the lower expert id first"
     for row in report["rows"]:
         assert row["wrong"] == 0, row
-        assert row["exact"] >= row["R"] - row["near_tie"], row
+        assert row["exact"] >= 0.99 * row["R"], row  # near-ties are rare with these draws
         assert row["weight_error"] < 1e-3, row
