@@ -95,7 +95,8 @@ def with_spilled_sinks_early(stages: list[Operation], spilled: set[SSAValue]) ->
                 break
         # not between a Gram's factors and the Gram, which should meet them at once (on the H200
         # the KDA prepare was 7% slower with KG spilled there, GLA's 4% faster: bench/RESULTS.md)
-        while not isinstance(sink, k3s.GramOp) and 0 < at < len(ordered) and isinstance(ordered[at - 1], k3s.BlockRescaleOp):
+        while (not isinstance(sink, k3s.GramOp) and 0 < at < len(ordered)
+               and isinstance(ordered[at - 1], k3s.BlockRescaleOp)):
             at += 1
         ordered.insert(at, sink)
     return ordered
