@@ -25,7 +25,7 @@
 
 // MOE:      // -----// IR of spec
 // MOE-NEXT: builtin.module {
-// MOE-NEXT:   k3.latent_moe @latent_moe <hidden_size = 7168, latent_dim = 3584, num_experts = 896, top_k = 16, expert_ffn_dim = 3072, num_shared_experts = 2, shared_ffn_dim = 3072, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 2.5, eps = 1.0e-06, dtype = bfloat16>
+// MOE-NEXT:   k3.latent_moe @latent_moe <hidden_size = 7168, latent_dim = 3584, num_experts = 896, top_k = 16, expert_ffn_dim = 3072, num_shared_experts = 2, shared_ffn_dim = 3072, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 1.0, eps = 1.0e-06, dtype = bfloat16>
 // MOE-NEXT: }
 // MOE-LABEL: // -----// IR after lower-moe-routing //----- //
 // MOE:        k3s.entry @route <source = latent_moe> {
@@ -35,5 +35,5 @@
 // MOE-NEXT:     k3s.tensor_arg @topk_ids <type = !k3s.tensor<R x 16, index>, role = output>
 // MOE-NEXT:     k3s.tensor_arg @topk_weights <type = !k3s.tensor<R x 16, float32>, role = output>
 // MOE-NEXT:     k3s.kernel @latent_moe_route <grid = row_block, num_warps = 8> {
-// MOE:            %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
+// MOE:            %weights = k3s.routing_weights %w <normalize = true, scale = 1.0> : !k3s.tile<R x KS>
 // MOE-NOT:    k3s.entry
