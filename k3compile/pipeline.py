@@ -26,7 +26,7 @@ DEFAULT_PIPELINES = {
     "deltanet": RECURRENCE_PIPELINE,
     "gla": RECURRENCE_PIPELINE,
     "attnres": "fuse-attnres",
-    "latent_moe": "lower-moe-routing",
+    "latent_moe": "lower-moe-routing,lower-moe-experts",
 }
 # how an option's expected type is named in a message
 TYPE_WORDS = {int: "an integer", str: "a word", bool: "true or false", float: "a number"}

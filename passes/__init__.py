@@ -6,6 +6,10 @@ Each pass is one idea, named for what it derives:
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
 - lower-moe-routing: k3.latent_moe -> a `route` entry, one kernel from x to each token's top-k
   experts and their weights (router GEMM, sigmoid, top-k by score + bias, normalisation);
+- lower-moe-experts: k3.latent_moe -> `moe_prefill` (expert-centric: pairs grouped by expert on
+  the device, grouped GEMMs), `moe_decode` (token-centric: no sorting, slots combined in
+  registers) and `moe` (picks by token count): routing, latent projections with the fused
+  RMSNorm, GLU experts, shared experts;
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
@@ -32,6 +36,7 @@ _WHERE = {
     "lower-decode": ("lower_decode", "LowerDecodePass"),
     "fuse-attnres": ("fuse_attnres", "FuseAttnResPass"),
     "lower-moe-routing": ("lower_moe_routing", "LowerMoeRoutingPass"),
+    "lower-moe-experts": ("lower_moe_experts", "LowerMoeExpertsPass"),
     "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),
     "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
     "derive-replay": ("derive_replay", "DeriveReplayPass"),

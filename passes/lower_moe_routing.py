@@ -20,12 +20,10 @@ from k3compile.ir.k3 import LatentMoEOp
 from k3compile.passes.common import add_entries, check_num_warps, make
 
 
-def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:
+def routing_stages(op: LatentMoEOp, num_warps: int) -> tuple[list[k3s.TensorArgOp], list[k3s.KernelOp]]:
+    """The routing's workspaces and kernels, which write topk_ids and topk_weights (the caller
+    declares those)."""
     d, E, top_k = op.hidden_size.value.data, op.num_experts.value.data, op.top_k.value.data
-
-    def arg(sym_name: str, type: k3s.TensorType, role: str = "input"):
-        return make(k3s.TensorArgOp, sym_name=sym_name, type=type, role=role)
-
     logits = make(k3s.RouterLogitsOp, hidden_size=d, num_experts=E, result=("logits", k3s.tile("R", "E")))
     scores = make(k3s.RouterSigmoidOp, operands=[logits.results[0]], result=("s", k3s.tile("R", "E")))
     chosen = make(k3s.SelectTopKOp, operands=[scores.results[0]], top_k=top_k,
@@ -40,20 +38,35 @@ def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:
         grid="row_block",
         num_warps=num_warps,
     )
-    return make(
-        k3s.EntryOp,
-        [
-            arg("x", k3s.tensor("R", d, dtype="float")),
-            arg("router_weight", k3s.tensor(E, d, dtype="float")),
-            # the selection bias is added to scores in (0, 1) before ranking: fp32, as it is kept
-            arg("router_bias", k3s.tensor(E, dtype="float32")),
-            arg("topk_ids", k3s.tensor("R", top_k, dtype="index"), "output"),
-            arg("topk_weights", k3s.tensor("R", top_k, dtype="float32"), "output"),
-            kernel,
-        ],
-        sym_name="route",
-        source=op.sym_name.data,
-    )
+    return [], [kernel]
+
+
+def routing_inputs(op: LatentMoEOp) -> list[k3s.TensorArgOp]:
+    """The router's tensor arguments: x, its weight and its selection bias."""
+    d, E = op.hidden_size.value.data, op.num_experts.value.data
+    return [
+        tensor_arg("x", k3s.tensor("R", d, dtype="float")),
+        tensor_arg("router_weight", k3s.tensor(E, d, dtype="float")),
+        # the selection bias is added to scores in (0, 1) before ranking: fp32, as it is kept
+        tensor_arg("router_bias", k3s.tensor(E, dtype="float32")),
+    ]
+
+
+def routing_outputs(op: LatentMoEOp, role: str) -> list[k3s.TensorArgOp]:
+    """topk_ids [R, top_k] int32 and topk_weights [R, top_k] fp32, as outputs or workspaces."""
+    top_k = op.top_k.value.data
+    return [tensor_arg("topk_ids", k3s.tensor("R", top_k, dtype="index"), role),
+            tensor_arg("topk_weights", k3s.tensor("R", top_k, dtype="float32"), role)]
+
+
+def tensor_arg(sym_name: str, type: k3s.TensorType, role: str = "input", **values) -> k3s.TensorArgOp:
+    return make(k3s.TensorArgOp, sym_name=sym_name, type=type, role=role, **values)
+
+
+def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:
+    workspaces, kernels = routing_stages(op, num_warps)
+    return make(k3s.EntryOp, [*routing_inputs(op), *routing_outputs(op, "output"), *workspaces, *kernels],
+                sym_name="route", source=op.sym_name.data)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ before it is printed, so that the printer only prints.
   divisibility, grid axes); otherwise an UnsupportedError names the spec key and the limit.
 - Every kernel's tile block sizes: key columns whole (next power of two of K), value columns a
   state tile's block (at most its block_v) or, in a chunk kernel, whole; AttnRes rows whole;
-  the MoE router's blocks of token rows, hidden columns, experts (whole) and top-k slots.
+  the MoE router's blocks of token rows, hidden columns, experts (whole) and top-k slots; the MoE
+  experts' blocks of pairs, token rows, output and input columns.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from k3compile.backends.triton.limits import ROUTER_ROWS, check_limits
 from k3compile.backends.triton.printer.common import next_power_of_2
 from k3compile.ir import k3s
 from k3compile.passes.common import props
+
+
+PAIRS_PER_PROGRAM = 256  # the dispatch plan's count and sort kernels
+PROJECTION_TILE = 64  # the MoE projections' rows, output and input columns per step
 
 
 def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
@@ -43,6 +48,19 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
             sizes.update(block_r=ROUTER_ROWS, block_e=experts, block_d=max(16, columns))
         elif isinstance(op, k3s.SelectTopKOp):
             sizes.update(block_ks=next_power_of_2(op.top_k.value.data))
+        elif isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
+            sizes.update(block_r=PAIRS_PER_PROGRAM)
+        elif isinstance(op, k3s.ExpertOffsetsOp):  # every expert's count in one program
+            sizes.update(block_e=next_power_of_2(op.num_experts.value.data))
+        elif isinstance(op, k3s.ProjectOp) and op.rows.data.value in ("token_block", "sorted_block"):
+            # tl.dot tiles (not tuned yet); a sorted block's rows are the dispatch plan's
+            sizes.update(block_n=PROJECTION_TILE, block_d=PROJECTION_TILE)
+            if op.rows.data.value == "token_block":
+                sizes.update(block_r=PROJECTION_TILE)
+        elif isinstance(op, (k3s.ProjectOp, k3s.ProjectSlotsOp)):  # one row: a [BN, BK] weight tile per step
+            sizes.update(block_n=PROJECTION_TILE, block_d=2 * PROJECTION_TILE)
+        elif isinstance(op, k3s.SumSlotsOp):
+            sizes.update(block_r=16, block_n=2 * PROJECTION_TILE)
     return sizes
 
 

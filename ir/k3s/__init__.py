@@ -24,6 +24,7 @@ from xdsl.ir import Dialect
 from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
+from k3compile.ir.k3s.experts import *  # noqa: F403
 from k3compile.ir.k3s.moe import *  # noqa: F403
 from k3compile.ir.k3s.segments import *  # noqa: F403
 from k3compile.ir.k3s.token import *  # noqa: F403
@@ -32,6 +33,7 @@ K3S = Dialect(
     "k3s",
     [
         EntryOp,
+        EntryByRowsOp,
         TensorArgOp,
         ScalarArgOp,
         CheckpointArgOp,
@@ -61,6 +63,7 @@ K3S = Dialect(
         *CHUNK_STAGES,
         *SEGMENT_SCAN_OPS,
         *MOE_ROUTING_STAGES,
+        *MOE_EXPERT_STAGES,
     ],
     [
         TileType,
@@ -77,5 +80,6 @@ K3S = Dialect(
         BlockDecayAttr,
         SpilledAttr,
         TransitionAttr,
+        *MOE_EXPERT_ATTRS,
     ],
 )

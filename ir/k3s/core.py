@@ -67,12 +67,12 @@ class TokenTensorAttr(EnumAttribute[TokenTensor], SpacedOpaqueSyntaxAttribute):
 
 # the gate of stages that exist only with one (k3.gate's words but none)
 GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
-SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
 
-TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS")
+TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS", "M", "N")
 
 
 @irdl_attr_definition
@@ -80,7 +80,8 @@ class TileType(ParametrizedAttribute, TypeAttribute):
     """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
     token rows), NB (its row blocks, k3s.block_gates), K (key channels), V (the program's value
     columns), D (AttnRes's hidden columns), R (the program's block of token rows, MoE routing),
-    E (every expert) and KS (the top-k slots of a row); `<C>` one number per row, `<>` one
+    E (every expert), KS (the top-k slots of a row), M (an MoE projection's rows: token rows,
+    sorted (token, slot) pairs, or one) and N (its block of output columns); `<C>` one number per row, `<>` one
     number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
 
     name = "k3s.tile"
@@ -123,7 +124,8 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     """An entry's tensor argument: `!k3s.tensor<B x T x 32 x 128, float>`, its shape pattern and
     dtype class. A dimension is a positive integer or a shape symbol (SHAPE_SYMBOLS: B batch, T
     tokens per sequence, N sequences (B, or len(cu_seqlens) - 1), N+1 the offsets, S sources, P
-    state pool rows, NC per-chunk slots, R token rows of a [tokens, hidden] input); the dtype
+    state pool rows, NC per-chunk slots, R token rows of a [tokens, hidden] input, PP and PB the
+    positions and blocks of an MoE dispatch plan's expert-sorted pair list, k3s.sort_pairs); the dtype
     class is one of ArgDtype's words (what each takes: TensorArgOp). The compiled entry checks an
     argument against it at run time."""
 
@@ -208,6 +210,24 @@ class EntryOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class EntryByRowsOp(KeywordSyntax):
+    """A Python function of the compiled module that calls one of two entries with the same
+    arguments, chosen by its `schedule` argument: "small" or "large" by name, "auto" by the row
+    count of the first argument (at most max_small_rows: small). The entries' names are the words
+    the caller may pass instead (e.g. "decode" for @moe_decode)."""
+
+    name = "k3s.entry_by_rows"
+    sym_name = prop_def(StringAttr)
+    source = prop_def(StringAttr)  # the k3 op its entries were lowered from
+    small = prop_def(StringAttr)  # the entry for few rows
+    large = prop_def(StringAttr)
+    small_word = prop_def(StringAttr)  # what `schedule` names each by
+    large_word = prop_def(StringAttr)
+    max_small_rows = prop_def(IntegerAttr[I64])
+    traits = traits_def(SymbolOpInterface())
+
+
+@irdl_op_definition
 class TensorArgOp(KeywordSyntax):
     """A tensor argument: its type (shape pattern and dtype class, `!k3s.tensor<B x T x 32 x 128,
     float>`) and whether the caller passes it.
@@ -230,6 +250,8 @@ class TensorArgOp(KeywordSyntax):
     role = prop_def(ArgRoleAttr)
     # another argument this one must not overlap in memory (a kernel reads one while writing the other)
     distinct_from = opt_prop_def(StringAttr)
+    # a workspace's value before the kernels run (a counter's 0, a padding marker's -1); absent: any
+    fill = opt_prop_def(IntegerAttr[I64])
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
 
@@ -296,6 +318,7 @@ class KernelOp(KeywordSyntax):
     block_r = opt_prop_def(IntegerAttr[I64])
     block_e = opt_prop_def(IntegerAttr[I64])
     block_ks = opt_prop_def(IntegerAttr[I64])
+    block_n = opt_prop_def(IntegerAttr[I64])  # an MoE projection's output columns
     # another kernel of the module whose code this one runs (merge-identical-kernels: the same
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(StringAttr)

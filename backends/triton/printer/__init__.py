@@ -6,7 +6,7 @@ Entries become host functions (argument checks, allocation, launch), kernels bec
 @triton.jit functions, stages become the statements of those functions. One file per op
 family: entries.py (module, entries, kernels, grid axes), loads.py, token_stages.py,
 chunk_stages.py, serving.py (speculative decoding), segments.py (context parallelism),
-attnres.py, moe.py (MoE routing); common.py holds what they share.
+attnres.py, moe.py (MoE routing), experts.py (MoE experts); common.py holds what they share.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from k3compile.backends.triton.printer.attnres import AttnRes
 from k3compile.backends.triton.printer.chunk_stages import ChunkStages
 from k3compile.backends.triton.printer.common import EntryView, describe, launch_table_name
 from k3compile.backends.triton.printer.entries import Entries
+from k3compile.backends.triton.printer.experts import Experts
 from k3compile.backends.triton.printer.loads import Loads
 from k3compile.backends.triton.printer.moe import MoE
 from k3compile.backends.triton.printer.segments import Segments
@@ -26,7 +27,7 @@ from k3compile.backends.triton.printer.token_stages import TokenStages
 __all__ = ["EntryView", "TritonPrinter", "describe", "launch_table_name", "print_triton"]
 
 
-class TritonPrinter(Entries, Loads, TokenStages, ChunkStages, Serving, Segments, AttnRes, MoE):
+class TritonPrinter(Entries, Loads, TokenStages, ChunkStages, Serving, Segments, AttnRes, MoE, Experts):
     """One method per k3s op. `print_module` returns the source of the compiled module."""
 
 

@@ -12,7 +12,10 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 # the stages that multiply matrices (_mm of the runtime prelude, at the kernel's precision DOT)
-MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp)
+MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp)
+# the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
+EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
+                      k3s.SumSlotsOp)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}

@@ -13,6 +13,7 @@ from k3compile.backends.triton import context_parallel
 from k3compile.backends.triton.printer.common import (
     DOT_PRECISION,
     ENTRY_PARTS,
+    EXPERT_STAGE_TYPES,
     KERNEL_GROUPINGS,
     LAUNCH_CONSTANTS,
     MATMUL_STAGE_TYPES,
@@ -52,6 +53,12 @@ class Entries:
         "chunk": "num_chunks",
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',
+        "column_block": "triton.cdiv(DOUT, BN)",
+        "pair_chunk": 'triton.cdiv(dims["R"] * TOP_K, BR)',
+        "one": "1",
+        "sorted_block": 'dims["PB"]',
+        "pair": 'dims["R"] * TOP_K',
+        "token": 'dims["R"]',
     }
 
     def __init__(self, launch_tables: dict | None = None) -> None:
@@ -82,7 +89,11 @@ class Entries:
         if cp:
             c("", "")
             context_parallel.print_context_parallel(self, module, EntryView(cp[0]), cp[1])
-        c("", "", f"__all__ = {[e.sym_name.data for e in entries]!r}")
+        choices = [op for op in module.ops if isinstance(op, k3s.EntryByRowsOp)]
+        for choice in choices:
+            c("", "")
+            self.print_entry_by_rows(choice)
+        c("", "", f"__all__ = {[e.sym_name.data for e in entries + choices]!r}")
         return c.text()
 
     def print_entry(self, view: EntryView, def_name: str | None = None) -> None:
@@ -149,6 +160,14 @@ class Entries:
                 c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
                   "# below cdiv(B T, C) + N for any split into sequences",
                   f'dims["NC"] = triton.cdiv(dims["B"] * dims["T"], {chunk_size}) + dims["N"]')
+            sort = next((op for op in view.entry.walk() if isinstance(op, k3s.SortPairsOp)), None)
+            if sort is not None:
+                k, BM = sort.top_k.value.data, sort.block_rows.value.data
+                E = next(op.num_experts.value.data for op in view.entry.walk() if isinstance(op, k3s.CountPairsOp))
+                c(f"# {describe(sort)}: each expert's run of pairs padded to whole blocks of {BM} rows: at most",
+                  "# one partial block per expert that has pairs",
+                  f'dims["PB"] = triton.cdiv(dims["R"] * {k}, {BM}) + min(dims["R"] * {k}, {E})',
+                  f'dims["PP"] = dims["PB"] * {BM}')
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)
@@ -171,6 +190,34 @@ class Entries:
                 with c.indent():
                     c(f"return {returned} checkpoints" if returned.endswith(",") else f"return {returned}, checkpoints")
             c(f"return {returned}")
+
+    def print_entry_by_rows(self, op: k3s.EntryByRowsOp) -> None:
+        c = self.code
+        small, large = op.small.data, op.large.data
+        params = self.signatures[large]
+        if self.signatures[small] != params:
+            raise ValueError(f"entry_by_rows @{op.sym_name.data}: @{small} and @{large} take different arguments")
+        names = [p.split("=")[0] for p in params]
+        words = {op.small_word.data: small, op.large_word.data: large}
+        first = names[0]
+        c(f'def {op.sym_name.data}({", ".join(params)}, schedule="auto"):')
+        with c.indent():
+            c(f'"""{describe(op)}: @{small} or @{large} with these arguments (see theirs).', "",
+              f'schedule: "auto" ({op.small_word.data} up to {op.max_small_rows.value.data} rows of {first}, '
+              f'else {op.large_word.data}), "{op.small_word.data}" or "{op.large_word.data}".', '"""')
+            c(f"if schedule == \"auto\" and isinstance({first}, torch.Tensor) and {first}.dim() >= 1:")
+            with c.indent():
+                c(f'schedule = "{op.small_word.data}" if {first}.shape[0] <= {op.max_small_rows.value.data} '
+                  f'else "{op.large_word.data}"')
+            c('elif schedule == "auto":  # not a tensor: the entry says what is wrong with it')
+            with c.indent():
+                c(f'schedule = "{op.large_word.data}"')
+            for word, entry in words.items():
+                c(f'if schedule == "{word}":')
+                with c.indent():
+                    c(f"return {entry}({', '.join(f'{n}={n}' for n in names)})")
+            c(f'raise ValueError(f"schedule: expected \'auto\', \'{op.small_word.data}\' or '
+              f'\'{op.large_word.data}\', got {{schedule!r}}")')
 
     def print_argument_checks(self, view: EntryView) -> None:
         c = self.code
@@ -235,7 +282,10 @@ class Entries:
         sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.type.dims)
         # float outputs take the first input's dtype; indices the kernels write are int32
         dtype = {"float32": "torch.float32", "index": "torch.int32"}.get(out.type.dtype_class, f"{first}.dtype")
-        alloc = f"_alloc(({sizes}{',' if ',' not in sizes else ''}), {dtype}, {first}.device)"
+        shape = f"({sizes}{',' if ',' not in sizes else ''})"
+        alloc = f"_alloc({shape}, {dtype}, {first}.device)"
+        if out.fill is not None:  # what the kernels count from or mark padding with
+            alloc = f"torch.full({shape}, {out.fill.value.data}, dtype={dtype}, device={first}.device)"
         if out.role.data == "optional_output":
             c(f"{name} = {alloc} if output_{name} else None")
         else:
@@ -244,7 +294,7 @@ class Entries:
     def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
         """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
         block sizes as legalize-triton fixed them."""
-        if kernel.block_k is None and kernel.block_d is None:
+        if all(getattr(kernel, block) is None for block in ("block_k", "block_d", "block_r", "block_e")):
             raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
         constants: dict[str, int] = {}
         for op in kernel.walk():
@@ -275,6 +325,8 @@ class Entries:
                                  BE=kernel.block_e.value.data)
             elif isinstance(op, k3s.SelectTopKOp):
                 constants.update(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
+            elif isinstance(op, EXPERT_STAGE_TYPES):
+                constants.update(self.expert_constants(op, kernel, view))
         for buffer in ("cache", "snapshots"):
             if buffer in view.names:
                 constants["DEPTH"] = int(view.dims(buffer)[1])
@@ -287,7 +339,7 @@ class Entries:
             sizes.append("T")
         if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
             sizes += ["S", "R"]
-        if "row_block" in kernel.grid.data.split(","):
+        if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
             sizes.append("R")
         if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
             sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
@@ -470,6 +522,47 @@ class Entries:
             "o_r = i_rb * BR + tl.arange(0, BR)",
             "m_r = o_r < R",
         )
+
+    def print_axis_column_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BN output columns",
+            f"o_n = tl.program_id({axis}) * BN + tl.arange(0, BN)",
+            "m_n = o_n < DOUT",
+        )
+
+    def print_axis_pair_chunk(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BR (token, slot) pairs, p = t * TOP_K + j",
+            f"o_p = tl.program_id({axis}) * BR + tl.arange(0, BR)",
+            "m_p = o_p < R * TOP_K",
+        )
+
+    def print_axis_one(self, axis: int) -> None:
+        self.code(f"# grid axis {axis}: one program")
+
+    def print_axis_sorted_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BM positions of the expert-sorted pair list, all of one expert",
+            f"i_sb = tl.program_id({axis}).to(tl.int64)",
+            "if i_sb * BM >= tl.load(expert_offsets + E):  # past the blocks in use",
+            "    return",
+            "o_s = i_sb * BM + tl.arange(0, BM)",
+            "b_pairs = tl.load(sorted_pairs + o_s).to(tl.int64)",
+            "m_s = b_pairs >= 0  # -1: padding",
+            "o_t = tl.where(m_s, b_pairs // TOP_K, 0)",
+            "i_e = tl.load(block_expert + i_sb).to(tl.int64)",
+        )
+
+    def print_axis_pair(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one (token, slot) pair, p = t * TOP_K + j, and its expert",
+            f"i_p = tl.program_id({axis}).to(tl.int64)",
+            "o_t = i_p // TOP_K",
+            "i_e = tl.load(topk_ids + i_p).to(tl.int64)",
+        )
+
+    def print_axis_token(self, axis: int) -> None:
+        self.code(f"# grid axis {axis}: one token row", f"i_t = tl.program_id({axis}).to(tl.int64)")
 
     def print_axis_row(self, axis: int) -> None:
         self.code(

@@ -1,0 +1,188 @@
+"""The MoE experts' stages: the dispatch plan (count, offsets, sort), the projections (a K loop
+over blocks of BK input columns: tl.dot for blocks of rows, a multiply-and-sum for one row),
+the GLU, the routing weights, the slots' combine and the row stores.
+
+Names the grid axes define (entries.py): o_r, m_r (row_block: token rows); i_sb, o_s, m_s,
+b_pairs, o_t, i_e (sorted_block: positions, their pairs, tokens and the block's expert); i_p,
+o_t, i_e (pair); i_t (token); o_n, m_n (column_block); o_p, m_p (pair_chunk)."""
+
+from __future__ import annotations
+
+from k3compile.backends.triton.printer.common import register
+from k3compile.ir import k3s
+
+# (rows, input_index) -> the row numbers and the mask of a program's rows
+BLOCK_ROWS = {
+    ("token_block", "token"): ("o_r", "m_r"),
+    ("sorted_block", "token"): ("o_t", "m_s"),
+    ("sorted_block", "position"): ("o_s", "m_s"),
+    ("sorted_block", "pair"): ("b_pairs", "m_s"),
+}
+ONE_ROW = {("pair", "token"): "o_t", ("pair", "pair"): "i_p", ("token", "token"): "i_t"}
+
+
+def weight_offsets(layout: str, half: int, halves: int, n: str, k: str) -> str:
+    """The offsets of a weight tile's elements (k3s.weight_layout), output rows indexed by `n`
+    and input columns by `k` (each an index vector with its broadcast, e.g. "o_n[None, :]")."""
+    o_n, o_k = n.replace("o_n", "({})"), k.replace("o_k", "({})")
+    if layout == "dense":
+        return f"{n} * DIN + {k}"
+    if layout == "expert":
+        row = o_n.format(f"{half} * DOUT + o_n") if half else n
+        return f"i_e * {halves} * DOUT * DIN + {row} * DIN + {k}"
+    if layout == "stacked_out":
+        return (f"{o_n.format('o_n // GROUP')} * {halves} * GROUP * DIN + "
+                f"{o_n.format(f'{half} * GROUP + o_n % GROUP')} * DIN + {k}")
+    return f"{o_k.format('o_k // GROUP')} * DOUT * GROUP + {n} * GROUP + {o_k.format('o_k % GROUP')}"
+
+
+class Experts:
+    """TritonPrinter's methods for the MoE experts (one per k3s op, and their helpers)."""
+
+    def expert_constants(self, op, kernel: k3s.KernelOp, view) -> dict[str, int]:
+        """A stage's compile-time sizes: its widths and top_k, the block sizes legalize-triton
+        fixed (BR rows, BN output and BK input columns, BE experts), the dispatch plan's BM."""
+        block = lambda name: getattr(kernel, name).value.data  # noqa: E731
+        if isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
+            sizes = {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
+            return sizes | ({"BM": op.block_rows.value.data} if isinstance(op, k3s.SortPairsOp) else {})
+        if isinstance(op, k3s.ExpertOffsetsOp):
+            return {"E": op.num_experts.value.data, "BE": block("block_e"), "BM": op.block_rows.value.data}
+        sizes = {"DOUT": op.out_dim.value.data, "BN": block("block_n")}
+        if isinstance(op, k3s.SumSlotsOp):
+            return sizes | {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
+        sizes |= {"DIN": op.in_dim.value.data, "BK": block("block_d")}
+        if isinstance(op, k3s.ProjectSlotsOp):
+            return sizes | {"TOP_K": op.top_k.value.data}
+        rows = op.rows.data.value
+        if rows == "token_block":
+            sizes["BR"] = block("block_r")
+        elif rows == "sorted_block":
+            sizes |= {"BM": op.block_rows.value.data, "TOP_K": self.top_k(view),
+                      "E": int(view.dims("expert_counts")[0])}
+        elif rows == "pair":
+            sizes["TOP_K"] = self.top_k(view)
+        if op.group is not None:
+            sizes["GROUP"] = op.group.value.data
+        return sizes
+
+    @staticmethod
+    def top_k(view) -> int:
+        """The routing's slots per token: topk_ids is [R, top_k]."""
+        return int(view.dims("topk_ids")[1])
+
+    def print_k3s_count_pairs(self, op: k3s.CountPairsOp) -> None:
+        self.code.comment(op, "atomic_add returns each pair's place among its expert's pairs")
+        self.code("b_e = tl.load(topk_ids + o_p, mask=m_p, other=0)",
+                  "b_rank = tl.atomic_add(expert_counts + b_e, 1, mask=m_p)",
+                  "tl.store(pair_rank + o_p, b_rank, mask=m_p)")
+
+    def print_k3s_expert_offsets(self, op: k3s.ExpertOffsetsOp) -> None:
+        self.code.comment(op, "an exclusive prefix sum of the counts rounded up to whole blocks")
+        self.code("o_e = tl.arange(0, BE)",
+                  "m_e = o_e < E",
+                  "b_padded = tl.cdiv(tl.load(expert_counts + o_e, mask=m_e, other=0), BM) * BM",
+                  "tl.store(expert_offsets + o_e, tl.cumsum(b_padded, axis=0) - b_padded, mask=m_e)",
+                  "tl.store(expert_offsets + E, tl.sum(b_padded, axis=0))")
+
+    def print_k3s_sort_pairs(self, op: k3s.SortPairsOp) -> None:
+        self.code.comment(op, "each pair to its expert's run; every block of the run names the expert")
+        self.code("b_e = tl.load(topk_ids + o_p, mask=m_p, other=0)",
+                  "b_at = tl.load(expert_offsets + b_e, mask=m_p, other=0) + tl.load(pair_rank + o_p, mask=m_p, other=0)",
+                  "tl.store(sorted_pairs + b_at, o_p.to(tl.int32), mask=m_p)",
+                  "tl.store(block_expert + b_at // BM, b_e, mask=m_p)")
+
+    def print_k3s_project(self, op: k3s.ProjectOp) -> None:
+        c = self.code
+        rows, index, layout = op.rows.data.value, op.input_index.data.value, op.layout.data.value
+        accumulators = [register(op.result)] + ([register(op.up)] if op.up is not None else [])
+        halves = len(accumulators)
+        rms = op.rms_eps is not None
+        weight, source = op.weight.data, op.input.data
+        c.comment(op, "fp32 accumulation over blocks of BK input columns"
+                  + ("; the rows' RMS from the same pass (it factors out of the product)" if rms else ""))
+        one_row = rows in ("pair", "token")
+        block = "BR" if rows == "token_block" else "BM"
+        for acc in accumulators:
+            c(f"{acc} = tl.zeros({'[BN]' if one_row else f'[{block}, BN]'}, dtype=tl.float32)")
+        if rms:
+            c(f"b_sumsq = tl.zeros([{block}], dtype=tl.float32)")
+        c("for i_k in range(0, tl.cdiv(DIN, BK)):")
+        with c.indent():
+            c("o_k = i_k * BK + tl.arange(0, BK)", "m_k = o_k < DIN")
+            if one_row:
+                row = ONE_ROW[rows, index]
+                c(f"b_a = tl.load({source} + {row} * DIN + o_k, mask=m_k, other=0.0).to(tl.float32)")
+                for half, acc in enumerate(accumulators):
+                    offsets = weight_offsets(layout, half, halves, "o_n[:, None]", "o_k[None, :]")
+                    c(f"b_w = tl.load({weight} + {offsets}, mask=m_n[:, None] & m_k[None, :], other=0.0)",
+                      f"{acc} += tl.sum(b_w.to(tl.float32) * b_a[None, :], axis=1)")
+                return
+            row, mask = BLOCK_ROWS[rows, index]
+            c(f"b_a = tl.load({source} + {row}[:, None] * DIN + o_k[None, :], mask={mask}[:, None] & m_k[None, :], "
+              "other=0.0)")
+            if rms:
+                c("b_a = b_a.to(tl.float32)",
+                  "b_sumsq += tl.sum(b_a * b_a, axis=1)",
+                  f"b_a = (b_a * tl.load({op.gain.data} + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :])"
+                  f".to({weight}.dtype.element_ty)")
+            for half, acc in enumerate(accumulators):
+                offsets = weight_offsets(layout, half, halves, "o_n[None, :]", "o_k[:, None]")
+                c(f"b_w = tl.load({weight} + {offsets}, mask=m_k[:, None] & m_n[None, :], other=0.0)",
+                  f"{acc} += _mm(b_a, b_w, DOT)")
+        if rms:
+            c(f"{accumulators[0]} *= tl.rsqrt(b_sumsq / DIN + {op.rms_eps.value.data!r})[:, None]")
+
+    def print_k3s_project_slots(self, op: k3s.ProjectSlotsOp) -> None:
+        c = self.code
+        y = register(op.result)
+        c.comment(op, "the token's slots in order, each an fp32 product with its expert's rows, weighted")
+        c(f"{y} = tl.zeros([BN], dtype=tl.float32)", "for i_j in range(TOP_K):")
+        with c.indent():
+            c("i_e = tl.load(topk_ids + i_t * TOP_K + i_j).to(tl.int64)", "b_part = tl.zeros([BN], dtype=tl.float32)",
+              "for i_k in range(0, tl.cdiv(DIN, BK)):")
+            with c.indent():
+                c("o_k = i_k * BK + tl.arange(0, BK)", "m_k = o_k < DIN",
+                  f"b_a = tl.load({op.input.data} + (i_t * TOP_K + i_j) * DIN + o_k, mask=m_k, other=0.0)",
+                  f"b_w = tl.load({op.weight.data} + {weight_offsets('expert', 0, 1, 'o_n[:, None]', 'o_k[None, :]')}, "
+                  "mask=m_n[:, None] & m_k[None, :], other=0.0)",
+                  "b_part += tl.sum(b_w.to(tl.float32) * b_a.to(tl.float32)[None, :], axis=1)")
+            c(f"{y} += tl.load(topk_weights + i_t * TOP_K + i_j) * b_part")
+
+    def print_k3s_glu(self, op: k3s.GluOp) -> None:
+        g, u = register(op.gate), register(op.up)
+        self.code.comment(op, "tanh(x) = 2 sigmoid(2 x) - 1" if op.activation.data.value == "situ_glu" else "")
+        if op.activation.data.value == "swiglu":
+            self.code(f"{register(op.result)} = {g} * tl.sigmoid({g}) * {u}")
+        else:
+            self.code(f"{register(op.result)} = (4 * (2 * tl.sigmoid({g} / 2) - 1) * tl.sigmoid({g})"
+                      f" * 25 * (2 * tl.sigmoid({u} / 12.5) - 1))")
+
+    def print_k3s_weigh_pairs(self, op: k3s.WeighPairsOp) -> None:
+        self.code.comment(op, "topk_weights read flat: a pair's number is its offset")
+        self.code(f"{register(op.result)} = {register(op.value)} * "
+                  "tl.load(topk_weights + b_pairs, mask=m_s, other=0.0)[:, None]")
+
+    def print_k3s_sum_slots(self, op: k3s.SumSlotsOp) -> None:
+        c = self.code
+        y = register(op.result)
+        c.comment(op, "in slot order: the same sum whatever order the pairs were computed in")
+        c(f"{y} = tl.zeros([BR, BN], dtype=tl.float32)", "for i_j in range(TOP_K):")
+        with c.indent():
+            c(f"{y} += tl.load({op.input.data} + (o_r * TOP_K + i_j)[:, None] * DOUT + o_n[None, :], "
+              "mask=m_r[:, None] & m_n[None, :], other=0.0).to(tl.float32)")
+
+    def print_k3s_store_rows(self, op: k3s.StoreRowsOp) -> None:
+        c = self.code
+        tensor, value, width = op.tensor.data, register(op.value), op.width.value.data
+        rows, index = op.rows.data.value, op.index.data.value
+        c.comment(op, "adding to what is there, in fp32" if op.accumulate.value.data else "")
+        if rows in ("pair", "token"):
+            at, mask = f"{tensor} + {ONE_ROW[rows, index]} * {width} + o_n", "m_n"
+        else:
+            row, rows_mask = BLOCK_ROWS[rows, index]
+            at, mask = f"{tensor} + {row}[:, None] * {width} + o_n[None, :]", f"{rows_mask}[:, None] & m_n[None, :]"
+        if op.accumulate.value.data:
+            c(f"{value} += tl.load({at}, mask={mask}, other=0.0).to(tl.float32)")
+        c(f"tl.store({at}, {value}.to({tensor}.dtype.element_ty), mask={mask})")
+

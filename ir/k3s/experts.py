@@ -1,0 +1,255 @@
+"""The MoE experts' stages, as ops on values: the dispatch plan that groups (token, slot) pairs by
+expert, the projections (a program's rows against a block of a weight's output rows), the GLU,
+the routing weights, the combine over a token's slots and the stores.
+
+A pair p = t * top_k + j is token t's j-th routing slot (its expert topk_ids[t, j], its weight
+topk_weights[t, j]). Where a program's rows come from is its `rows` word:
+- token_block: a block of token rows (grid axis row_block);
+- sorted_block: a block of block_rows positions of the expert-sorted pair list, all of one
+  expert (grid axis sorted_block; the dispatch plan pads each expert's run to whole blocks);
+- pair: one pair (grid axis pair), its token's row;
+- token: one token (grid axis token).
+Tiles: M the program's rows (one for pair and token), N its block of output columns.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.irdl import (
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    opt_result_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.traits import HasParent, MemoryReadEffect, Pure
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.choices import Word
+from k3compile.ir.k3 import GluActivationAttr
+from k3compile.ir.k3s.core import KernelOp, TileType
+from k3compile.ir.syntax import KeywordSyntax
+
+
+class Rows(Word):
+    TOKEN_BLOCK = "token_block"
+    SORTED_BLOCK = "sorted_block"
+    PAIR = "pair"
+    TOKEN = "token"
+
+
+@irdl_attr_definition
+class RowsAttr(EnumAttribute[Rows], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.rows"
+
+
+class RowIndex(Word):
+    """How a tensor's rows are indexed: by token, by pair (t * top_k + j), or by position in the
+    expert-sorted pair list."""
+
+    TOKEN = "token"
+    PAIR = "pair"
+    POSITION = "position"
+
+
+@irdl_attr_definition
+class RowIndexAttr(EnumAttribute[RowIndex], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.row_index"
+
+
+class WeightLayout(Word):
+    """Where output row n, input column c of a projection's weight is.
+    dense: W[n, c] ([out, in]); expert: W[e, h * out + n, c] ([E, halves * out, in], e the
+    program's expert, h the half: 0 gate, 1 up); stacked_out: shared experts' GLU weights
+    [G, 2 * group, in] with out = G * group, n = s * group + f -> W[s, h * group + f, c];
+    stacked_in: their down weights [G, out, group] with in = G * group, c = s * group + f ->
+    W[s, n, f]."""
+
+    DENSE = "dense"
+    EXPERT = "expert"
+    STACKED_OUT = "stacked_out"
+    STACKED_IN = "stacked_in"
+
+
+@irdl_attr_definition
+class WeightLayoutAttr(EnumAttribute[WeightLayout], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.weight_layout"
+
+
+def _positive(op, *names: str) -> None:
+    for name in names:
+        value = getattr(op, name)
+        if value is not None and value.value.data < 1:
+            raise VerifyException(f"{op.name}: {name} must be positive, got {value.value.data}")
+
+
+@irdl_op_definition
+class CountPairsOp(KeywordSyntax):
+    """Dispatch plan, step 1, over blocks of pairs: expert_counts[e] (zero-filled) counts the
+    pairs routed to e, and pair_rank[p] is p's place among them (the order pairs arrive in: an
+    atomic counter; any order gives the same outputs, since each pair's rows are computed alone
+    and summed per token in slot order)."""
+
+    name = "k3s.count_pairs"
+    num_experts = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _positive(self, "num_experts", "top_k")
+
+
+@irdl_op_definition
+class ExpertOffsetsOp(KeywordSyntax):
+    """Dispatch plan, step 2, one program: expert_offsets[e] = sum over e' < e of expert e''s
+    count rounded up to whole blocks of block_rows; expert_offsets[num_experts] the total, the
+    sorted list's used length."""
+
+    name = "k3s.expert_offsets"
+    num_experts = prop_def(IntegerAttr[I64])
+    block_rows = prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _positive(self, "num_experts", "block_rows")
+
+
+@irdl_op_definition
+class SortPairsOp(KeywordSyntax):
+    """Dispatch plan, step 3, over blocks of pairs: sorted_pairs[expert_offsets[e] + pair_rank[p]]
+    = p for every pair p of expert e, and block_expert[b] = e for every block b of e's run; the
+    rest of sorted_pairs keeps its fill, -1 (padding rows, masked in every stage)."""
+
+    name = "k3s.sort_pairs"
+    top_k = prop_def(IntegerAttr[I64])
+    block_rows = prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _positive(self, "top_k", "block_rows")
+
+
+@irdl_op_definition
+class ProjectOp(KeywordSyntax):
+    """y[m, n] = sum_c a[m, c] W[n, c] in fp32 for the program's rows m (`rows`) and its block of
+    output columns n < out_dim, c < in_dim; a is `input`'s row of each m (`input_index`: its
+    token's, its pair's or its sorted position's), W is `weight` in `layout`. With glu, two
+    results: the gate half (h = 0) and the up half (h = 1) of the weight's rows, from one pass
+    over a. With rms_eps, a's rows are RMS-normalised first, a[m, c] * gain[c] /
+    sqrt(mean_c a[m, c]^2 + rms_eps), gain the `gain` tensor. Padded rows give 0."""
+
+    name = "k3s.project"
+    input = prop_def(StringAttr)
+    weight = prop_def(StringAttr)
+    in_dim = prop_def(IntegerAttr[I64])
+    out_dim = prop_def(IntegerAttr[I64])
+    rows = prop_def(RowsAttr)
+    input_index = prop_def(RowIndexAttr)
+    layout = prop_def(WeightLayoutAttr)
+    glu = prop_def(BoolAttr)
+    group = opt_prop_def(IntegerAttr[I64])  # a stacked layout's rows (or columns) per shared expert
+    block_rows = opt_prop_def(IntegerAttr[I64])  # rows = sorted_block: the dispatch plan's block
+    rms_eps = opt_prop_def(FloatAttr)
+    gain = opt_prop_def(StringAttr)
+    result = result_def(TileType)
+    up = opt_result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _positive(self, "in_dim", "out_dim", "group", "block_rows")
+        if bool(self.glu.value.data) != (self.up is not None):
+            raise VerifyException(f"{self.name}: a glu projection has two results (gate, up), another one")
+        if (self.group is not None) != (self.layout.data in (WeightLayout.STACKED_OUT, WeightLayout.STACKED_IN)):
+            raise VerifyException(f"{self.name}: group is given exactly for the stacked layouts")
+        if (self.block_rows is not None) != (self.rows.data == Rows.SORTED_BLOCK):
+            raise VerifyException(f"{self.name}: block_rows is given exactly for rows = sorted_block")
+        if (self.rms_eps is None) != (self.gain is None):
+            raise VerifyException(f"{self.name}: rms_eps and gain come together")
+        if self.rms_eps is not None and self.rows.data in (Rows.PAIR, Rows.TOKEN):
+            raise VerifyException(f"{self.name}: an RMS-normalised input needs a block of rows, not rows = {self.rows.data}")
+
+
+@irdl_op_definition
+class ProjectSlotsOp(KeywordSyntax):
+    """The token-centric combine of the down projections: y[n] = sum_j topk_weights[t, j] sum_c
+    a[t * top_k + j, c] W[e_j, n, c] in fp32 for the program's token t (rows = token) over its
+    top_k slots j in order, e_j = topk_ids[t, j]; a is `input` (rows by pair), W is `weight`
+    ([E, out_dim, in_dim])."""
+
+    name = "k3s.project_slots"
+    input = prop_def(StringAttr)
+    weight = prop_def(StringAttr)
+    in_dim = prop_def(IntegerAttr[I64])
+    out_dim = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    result = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _positive(self, "in_dim", "out_dim", "top_k")
+
+
+@irdl_op_definition
+class GluOp(KeywordSyntax):
+    """act(g, u) elementwise in fp32: swiglu silu(g) u; situ_glu 4 tanh(g / 4) sigmoid(g) 25
+    tanh(u / 25)."""
+
+    name = "k3s.glu"
+    activation = prop_def(GluActivationAttr)
+    gate = operand_def(TileType)
+    up = operand_def(TileType)
+    result = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), Pure())
+
+
+@irdl_op_definition
+class WeighPairsOp(KeywordSyntax):
+    """y[m, n] * topk_weights of row m's pair: the routing weight applied to each pair's rows."""
+
+    name = "k3s.weigh_pairs"
+    value = operand_def(TileType)
+    result = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+
+@irdl_op_definition
+class SumSlotsOp(KeywordSyntax):
+    """y[m, n] = sum_j `input`[m * top_k + j, n] in fp32, j over the top_k slots in order: the
+    expert-centric combine of a token's weighted expert outputs (rows = token_block)."""
+
+    name = "k3s.sum_slots"
+    input = prop_def(StringAttr)
+    out_dim = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    result = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _positive(self, "out_dim", "top_k")
+
+
+@irdl_op_definition
+class StoreRowsOp(KeywordSyntax):
+    """`tensor`[row of m, n] = y[m, n] (in the tensor's dtype) for the program's rows (`rows`),
+    each row indexed per `index`; with
+    accumulate, `tensor`[.., n] + y[m, n] (the sum in fp32). Padded rows and columns are not
+    written."""
+
+    name = "k3s.store_rows"
+    tensor = prop_def(StringAttr)
+    rows = prop_def(RowsAttr)
+    index = prop_def(RowIndexAttr)
+    width = prop_def(IntegerAttr[I64])
+    accumulate = prop_def(BoolAttr)
+    value = operand_def(TileType)
+    traits = traits_def(HasParent(KernelOp))
+
+
+MOE_EXPERT_STAGES = [CountPairsOp, ExpertOffsetsOp, SortPairsOp, ProjectOp, ProjectSlotsOp, GluOp, WeighPairsOp,
+                     SumSlotsOp, StoreRowsOp]
+MOE_EXPERT_ATTRS = [RowsAttr, RowIndexAttr, WeightLayoutAttr]

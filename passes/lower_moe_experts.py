@@ -1,0 +1,246 @@
+"""lower-moe-experts: k3.latent_moe -> the layer's entries: `moe_prefill` (expert-centric),
+`moe_decode` (token-centric) and `moe`, which picks one by the token count.
+
+The stages follow from the layer op: the routing (lower-moe-routing's kernels); with latent_dim
+> 0 the latent down-projection before the experts and the RMSNorm fused into the latent
+up-projection after them (latent_dim = 0: none, the experts run at full width); the routed
+experts' GLU (gate and up halves of one weight, one pass over the input) and down projection;
+with shared experts a dense GLU over all of them at once (their FFNs side by side) whose down
+projection adds to the output.
+
+How the routed experts run is the dispatch plan:
+- expert-centric (prefill): the (token, slot) pairs are grouped by expert on the device (count,
+  pad each expert's run to whole blocks of block_rows, scatter) with no host synchronisation;
+  each program of the GLU and down kernels multiplies one block of one expert's pairs with that
+  expert's weights; the down kernel writes each pair's weighted output, and a combine sums each
+  token's slots in slot order (deterministic: no atomics on outputs).
+- token-centric (decode): one program per (pair, block of FFN columns) for the GLU, and per
+  (token, block of output columns) for the down projection, which accumulates the token's
+  weighted slots in registers: no sorting, no padding, no per-pair output buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.passes import ModulePass
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import LatentMoEOp
+from k3compile.passes.common import add_entries, check_num_warps, check_power_of_two, make
+from k3compile.passes.lower_moe_routing import (
+    LowerMoeRoutingPass,
+    routing_inputs,
+    routing_outputs,
+    routing_stages,
+    tensor_arg,
+)
+
+
+@dataclass(frozen=True)
+class Widths:
+    """The layer's widths: d hidden, w the experts' (latent or d), F expert FFN, k top_k, E
+    experts, S shared experts of Fs each."""
+
+    d: int
+    w: int
+    F: int
+    k: int
+    E: int
+    S: int
+    Fs: int
+    latent: bool
+
+    @classmethod
+    def of(cls, op: LatentMoEOp) -> Widths:
+        value = lambda name: getattr(op, name).value.data  # noqa: E731
+        latent = value("latent_dim") > 0
+        shared = value("num_shared_experts") if value("shared_ffn_dim") > 0 else 0
+        return cls(d=value("hidden_size"), w=value("latent_dim") if latent else value("hidden_size"),
+                   F=value("expert_ffn_dim"), k=value("top_k"), E=value("num_experts"), S=shared,
+                   Fs=value("shared_ffn_dim"), latent=latent)
+
+
+def weight_arguments(op: LatentMoEOp, n: Widths) -> list[k3s.TensorArgOp]:
+    """The experts' weights in reference.latent_moe's layouts; absent stages' weights forbidden."""
+    latent_role = "input" if n.latent else "forbidden"
+    shared_role = "input" if n.S else "forbidden"
+    S, Fs = max(n.S, 1), max(n.Fs, 1)  # a forbidden tensor's shape is never checked, but a dimension is positive
+    return [
+        tensor_arg("expert_gate_up", k3s.tensor(n.E, 2 * n.F, n.w, dtype="float")),
+        tensor_arg("expert_down", k3s.tensor(n.E, n.w, n.F, dtype="float")),
+        tensor_arg("latent_down", k3s.tensor(n.w, n.d, dtype="float"), latent_role),
+        tensor_arg("latent_up", k3s.tensor(n.d, n.w, dtype="float"), latent_role),
+        tensor_arg("latent_norm_gain", k3s.tensor(n.w, dtype="float"), latent_role),
+        tensor_arg("shared_gate_up", k3s.tensor(S, 2 * Fs, n.d, dtype="float"), shared_role),
+        tensor_arg("shared_down", k3s.tensor(S, n.d, Fs, dtype="float"), shared_role),
+        tensor_arg("out", k3s.tensor("R", n.d, dtype="float"), "output"),
+    ]
+
+
+def projection_kernel(name: str, grid: str, num_warps: int, stages: list) -> k3s.KernelOp:
+    return make(k3s.KernelOp, stages, sym_name=name, grid=grid, num_warps=num_warps)
+
+
+def project(rows: str, input: str, index: str, weight: str, in_dim: int, out_dim: int, layout: str,
+            glu: bool = False, **extra) -> k3s.ProjectOp:
+    results = [("g", k3s.tile("M", "N")), ("u", k3s.tile("M", "N"))] if glu else [("y", k3s.tile("M", "N"))]
+    return make(k3s.ProjectOp, input=input, weight=weight, in_dim=in_dim, out_dim=out_dim, rows=rows,
+                input_index=index, layout=layout, glu=glu, results=results, **extra)
+
+
+def glu_stages(op: LatentMoEOp, projection: k3s.ProjectOp, tensor: str, index: str, width: int) -> list:
+    act = make(k3s.GluOp, operands=list(projection.results), activation=op.activation.data,
+               result=("act", k3s.tile("M", "N")))
+    return [projection, act, store(act.results[0], projection.rows.data.value, tensor, index, width)]
+
+
+def store(value, rows: str, tensor: str, index: str, width: int, accumulate: bool = False) -> k3s.StoreRowsOp:
+    return make(k3s.StoreRowsOp, operands=[value], rows=rows, tensor=tensor, index=index, width=width,
+                accumulate=accumulate)
+
+
+class MoeEntry:
+    """Builds one entry of a k3.latent_moe: the stages around the routed experts are the same for
+    both plans, the routed experts' kernels are the plan's."""
+
+    def __init__(self, op: LatentMoEOp, plan: str, num_warps: int) -> None:
+        self.op, self.n, self.num_warps = op, Widths.of(op), num_warps
+        self.layer, self.plan = op.sym_name.data, plan
+
+    @property
+    def kernel_prefix(self) -> str:
+        return f"{self.layer}_{self.plan}"
+
+    def kernel(self, suffix: str, grid: str, stages: list) -> k3s.KernelOp:
+        return projection_kernel(f"{self.kernel_prefix}_{suffix}", grid, self.num_warps, stages)
+
+    def before_experts(self) -> tuple[list, list]:
+        """Workspaces and kernels: the routing, and the latent down-projection h = x W_down^T."""
+        n = self.n
+        workspaces, kernels = routing_stages(self.op, LowerMoeRoutingPass.num_warps)
+        for kernel in kernels:  # kernel names are the module's: each entry's its own
+            kernel.properties["sym_name"] = StringAttr(kernel.sym_name.data.replace(self.layer, self.kernel_prefix, 1))
+        workspaces = [*routing_outputs(self.op, "workspace"), *workspaces]
+        if n.latent:
+            workspaces.append(tensor_arg("h", k3s.tensor("R", n.w, dtype="float"), "workspace"))
+            down = project("token_block", "x", "token", "latent_down", n.d, n.w, "dense")
+            kernels.append(self.kernel("latent_down", "row_block,column_block",
+                                       [down, store(down.results[0], "token_block", "h", "token", n.w)]))
+        return workspaces, kernels
+
+    def expert_input(self) -> str:
+        return "h" if self.n.latent else "x"
+
+    def after_experts(self, combined: str) -> tuple[list, list]:
+        """Workspaces and kernels after the routed experts' combined rows: the latent RMSNorm and
+        up-projection, and the shared experts' GLU added to the output."""
+        n = self.n
+        workspaces, kernels = [], []
+        if n.latent:
+            up = project("token_block", combined, "token", "latent_up", n.w, n.d, "dense", rms_eps=self.op.eps.value.data,
+                         gain="latent_norm_gain")
+            kernels.append(self.kernel("latent_up", "row_block,column_block",
+                                       [up, store(up.results[0], "token_block", "out", "token", n.d)]))
+        if n.S:
+            width = n.S * n.Fs
+            workspaces.append(tensor_arg("shared_act", k3s.tensor("R", width, dtype="float"), "workspace"))
+            gate_up = project("token_block", "x", "token", "shared_gate_up", n.d, width, "stacked_out", glu=True,
+                              group=n.Fs)
+            kernels.append(self.kernel("shared_gate_up", "row_block,column_block",
+                                       glu_stages(self.op, gate_up, "shared_act", "token", width)))
+            down = project("token_block", "shared_act", "token", "shared_down", width, n.d, "stacked_in", group=n.Fs)
+            # out holds the routed experts' part already (the latent up-projection's or the combine's)
+            kernels.append(self.kernel("shared_down", "row_block,column_block",
+                                       [down, store(down.results[0], "token_block", "out", "token", n.d, accumulate=True)]))
+        return workspaces, kernels
+
+    def combined_target(self) -> tuple[str, list]:
+        """Where the routed experts' combined rows go: an fp32 workspace the latent up-projection
+        normalises, or (full width) the output itself."""
+        n = self.n
+        if n.latent:
+            return "combined", [tensor_arg("combined", k3s.tensor("R", n.w, dtype="float32"), "workspace")]
+        return "out", []
+
+    def entry(self, name: str, workspaces: list, kernels: list) -> k3s.EntryOp:
+        return make(k3s.EntryOp, [*routing_inputs(self.op), *weight_arguments(self.op, self.n), *workspaces, *kernels],
+                    sym_name=name, source=self.layer)
+
+    def expert_centric(self, block_rows: int) -> k3s.EntryOp:
+        n = self.n
+        workspaces, kernels = self.before_experts()
+        combined, combined_workspace = self.combined_target()
+        workspaces += [
+            tensor_arg("expert_counts", k3s.tensor(n.E, dtype="index"), "workspace", fill=0),
+            tensor_arg("pair_rank", k3s.tensor("R", n.k, dtype="index"), "workspace"),
+            tensor_arg("expert_offsets", k3s.tensor(n.E + 1, dtype="index"), "workspace"),
+            tensor_arg("sorted_pairs", k3s.tensor("PP", dtype="index"), "workspace", fill=-1),
+            tensor_arg("block_expert", k3s.tensor("PB", dtype="index"), "workspace"),
+            tensor_arg("expert_act", k3s.tensor("PP", n.F, dtype="float"), "workspace"),
+            tensor_arg("pair_out", k3s.tensor("R", n.k, n.w, dtype="float"), "workspace"),
+            *combined_workspace,
+        ]
+        kernels += [
+            self.kernel("count_pairs", "pair_chunk", [make(k3s.CountPairsOp, num_experts=n.E, top_k=n.k)]),
+            self.kernel("expert_offsets", "one", [make(k3s.ExpertOffsetsOp, num_experts=n.E, block_rows=block_rows)]),
+            self.kernel("sort_pairs", "pair_chunk", [make(k3s.SortPairsOp, top_k=n.k, block_rows=block_rows)]),
+        ]
+        gate_up = project("sorted_block", self.expert_input(), "token", "expert_gate_up", n.w, n.F, "expert", glu=True,
+                          block_rows=block_rows)
+        kernels.append(self.kernel("expert_gate_up", "sorted_block,column_block",
+                                   glu_stages(self.op, gate_up, "expert_act", "position", n.F)))
+        down = project("sorted_block", "expert_act", "position", "expert_down", n.F, n.w, "expert",
+                       block_rows=block_rows)
+        weighed = make(k3s.WeighPairsOp, operands=[down.results[0]], result=("yw", k3s.tile("M", "N")))
+        kernels.append(self.kernel("expert_down", "sorted_block,column_block",
+                                   [down, weighed, store(weighed.results[0], "sorted_block", "pair_out", "pair", n.w)]))
+        summed = make(k3s.SumSlotsOp, input="pair_out", out_dim=n.w, top_k=n.k, result=("c", k3s.tile("M", "N")))
+        kernels.append(self.kernel("combine", "row_block,column_block",
+                                   [summed, store(summed.results[0], "token_block", combined, "token", n.w)]))
+        more_workspaces, more_kernels = self.after_experts(combined)
+        # the padded pair list's sizes (shape symbols PP, PB) follow from the plan's block rows
+        return self.entry("moe_prefill", workspaces + more_workspaces, kernels + more_kernels)
+
+    def token_centric(self) -> k3s.EntryOp:
+        n = self.n
+        workspaces, kernels = self.before_experts()
+        combined, combined_workspace = self.combined_target()
+        workspaces += [tensor_arg("pair_act", k3s.tensor("R", n.k, n.F, dtype="float"), "workspace"),
+                       *combined_workspace]
+        gate_up = project("pair", self.expert_input(), "token", "expert_gate_up", n.w, n.F, "expert", glu=True)
+        kernels.append(self.kernel("pair_gate_up", "pair,column_block",
+                                   glu_stages(self.op, gate_up, "pair_act", "pair", n.F)))
+        down = make(k3s.ProjectSlotsOp, input="pair_act", weight="expert_down", in_dim=n.F, out_dim=n.w, top_k=n.k,
+                    result=("y", k3s.tile("M", "N")))
+        kernels.append(self.kernel("token_down", "token,column_block",
+                                   [down, store(down.results[0], "token", combined, "token", n.w)]))
+        more_workspaces, more_kernels = self.after_experts(combined)
+        return self.entry("moe_decode", workspaces + more_workspaces, kernels + more_kernels)
+
+
+@dataclass(frozen=True)
+class LowerMoeExpertsPass(ModulePass):
+    """Add `moe_prefill`, `moe_decode` and `moe` (the choice by token count) for every
+    k3.latent_moe."""
+
+    name = "lower-moe-experts"
+    block_rows: int = 64  # the expert-centric plan's pairs per block (each expert's run is padded to whole blocks)
+    max_decode_rows: int = 32  # `moe` with schedule="auto" runs moe_decode up to this many tokens
+    num_warps: int = 4
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_num_warps(self.name, self.num_warps)
+        check_power_of_two(self.name, "block-rows", self.block_rows, 256)
+        if self.block_rows < 16:
+            raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
+        if self.max_decode_rows < 0:
+            raise ValueError(f"{self.name}: max-decode-rows must be >= 0, got {self.max_decode_rows}")
+        add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "prefill", self.num_warps).expert_centric(
+            self.block_rows))
+        add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "decode", self.num_warps).token_centric())
+        add_entries(op, LatentMoEOp, lambda layer: make(
+            k3s.EntryByRowsOp, sym_name="moe", source=layer.sym_name.data, small="moe_decode", large="moe_prefill",
+            small_word="decode", large_word="prefill", max_small_rows=self.max_decode_rows))
