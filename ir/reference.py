@@ -201,10 +201,11 @@ def _expert(activation, x, gate_up, down):
 
 def latent_moe_routing(op, x, router_weight, router_bias):
     """The router of k3.latent_moe on tokens x [R, d] -> (ids [R, k] int64, weights [R, k]
-    float64): s = sigmoid(x W_r^T); ids the top_k experts by s + bias in decreasing order, equal
-    values ranking the lower expert id first (a stable sort); weights the unbiased s of those
-    experts, normalised over the top_k if norm_topk_prob, times routed_scaling_factor."""
-    x, router_weight, router_bias = (t.to(f64).cpu() for t in (x, router_weight, router_bias))
+    float64), on x's device: s = sigmoid(x W_r^T); ids the top_k experts by s + bias in
+    decreasing order, equal values ranking the lower expert id first (a stable sort); weights the
+    unbiased s of those experts, normalised over the top_k if norm_topk_prob, times
+    routed_scaling_factor."""
+    x, router_weight, router_bias = (t.to(x.device, f64) for t in (x, router_weight, router_bias))
     scores = torch.sigmoid(x @ router_weight.T)
     ranked = torch.sort(scores + router_bias, dim=-1, descending=True, stable=True).indices
     ids = ranked[:, :op.top_k.value.data]
@@ -217,29 +218,29 @@ def latent_moe_routing(op, x, router_weight, router_bias):
 def latent_moe(op, x, router_weight, router_bias, expert_gate_up, expert_down,
                latent_down=None, latent_up=None, latent_norm_gain=None,
                shared_gate_up=None, shared_down=None):
-    """k3.latent_moe on tokens x [R, d] -> [R, d] float64, one expert at a time.
+    """k3.latent_moe on tokens x [R, d] -> [R, d] float64 on x's device, one expert at a time
+    (each over the rows routed to it; a weight is taken to float64 one expert at a time).
 
     expert_gate_up [E, 2F, w] (gate rows first), expert_down [E, w, F] with w the latent width
     (or d); latent_down [l, d], latent_up [d, l], latent_norm_gain [l];
     shared_gate_up [Ns, 2Fs, d], shared_down [Ns, d, Fs].
     """
-    to64 = lambda t: None if t is None else t.to(f64).cpu()  # noqa: E731
+    to64 = lambda t: t.to(x.device, f64)  # noqa: E731
     chosen, weights = latent_moe_routing(op, x, router_weight, router_bias)
-    x, expert_gate_up, expert_down = to64(x), to64(expert_gate_up), to64(expert_down)
     activation = op.activation.data
-    top_k = op.top_k.value.data
     latent = op.latent_dim.value.data > 0
+    x = to64(x)
     h = x @ to64(latent_down).T if latent else x
     combined = torch.zeros_like(h)
-    for row in range(x.shape[0]):
-        for slot in range(top_k):
-            e = int(chosen[row, slot])
-            combined[row] += weights[row, slot] * _expert(activation, h[row], expert_gate_up[e], expert_down[e])
+    for e in torch.unique(chosen).tolist():
+        rows, slots = torch.nonzero(chosen == e, as_tuple=True)
+        part = _expert(activation, h[rows], to64(expert_gate_up[e]), to64(expert_down[e]))
+        combined.index_add_(0, rows, weights[rows, slots, None] * part)
     if latent:
         eps = op.eps.value.data
         combined = combined / torch.sqrt(combined.pow(2).mean(-1, keepdim=True) + eps) * to64(latent_norm_gain)
         combined = combined @ to64(latent_up).T
     out = combined
     for s in range(op.num_shared_experts.value.data):
-        out = out + _expert(activation, x, to64(shared_gate_up)[s], to64(shared_down)[s])
+        out = out + _expert(activation, x, to64(shared_gate_up[s]), to64(shared_down[s]))
     return out

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from k3compile.driver import CompiledLayer, lower, write_module
 from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
+from k3compile.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 
 # RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
 # arithmetic throughout (fp32 dots are exact-precision, not tf32), so only rounding of the sums
@@ -322,11 +323,13 @@ class Family:
     full: Callable  # (spec, on_gpu) -> (layer spec, entry, cases) of the full grid
     quick: Callable  # the same, one case per entry (--quick)
     run: Callable  # (layer, entry, layer op, case, dtype, device, generator) -> [(tensor, out, ref)]
+    tolerance: Callable = lambda entry, tensor, dtype: tolerance(entry, dtype)  # the RMS ratio allowed
 
 
 FAMILIES: dict[str, Family] = {kind: Family(recurrence_cases, quick_recurrence_cases, run_recurrence_case)
                                for kind in RECURRENCE_KINDS}
 FAMILIES["attnres"] = Family(attnres_cases, quick_attnres_cases, run_attnres_case)
+FAMILIES["latent_moe"] = Family(moe_cases, quick_moe_cases, run_moe_case, moe_tolerance)
 
 
 def check_device(device: str) -> str:
@@ -355,7 +358,7 @@ def defaults(device: str | None, dtypes: list[str] | None) -> tuple[str, list[st
 
 
 def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
-         ) -> list[tuple[LayerSpec, str, RecurrenceCase | AttnResCase, str]]:
+         ) -> list[tuple[LayerSpec, str, RecurrenceCase | AttnResCase | MoeCase, str]]:
     """Every (layer, entry, case, dtype) of a run, in a fixed order: the positions --shard splits.
     quick: one case per entry (quick_recurrence_cases). Cheap: it builds the variants' specs,
     nothing is lowered."""
@@ -407,7 +410,7 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
         for tensor, out, ref in run_case(layer, entry, layer_op, case, dtype, device, gen):
             max_abs, rms = compare(out, ref)
             results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
-                                      tolerance(entry, dtype)))
+                                      FAMILIES[spec.kind].tolerance(entry, tensor, dtype)))
     if progress:
         progress(len(cases), len(cases), "")
     return results

@@ -80,28 +80,33 @@ def make(op_type: type[IRDLOperation], body: list[Operation] | Block | None = No
     return op
 
 
-def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]) -> None:
+def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]
+                ) -> dict[str, str]:
     """Insert build(op) after every layer op of layer_type. The layer op stays: it is the
-    declaration every entry of the layer is derived from (`source = @name`)."""
-    from k3compile.ir.k3s import EntryOp
+    declaration every entry of the layer is derived from (`source = @name`). Returns each
+    layer's entry name (a module of several layers names it <layer>_<entry>)."""
+    from k3compile.ir.k3s import EntryByRowsOp, EntryOp
 
-    existing = {(op.source.data, op.sym_name.data) for op in module.ops if isinstance(op, EntryOp)}
+    existing = {(op.source.data, op.sym_name.data) for op in module.ops if isinstance(op, (EntryOp, EntryByRowsOp))}
     layers = [op for op in module.ops if op.name.startswith("k3.")]
+    names = {}
     for op in list(module.ops):
         if isinstance(op, layer_type):
             entry = build(op)
             if len(layers) > 1:  # entries become module-level functions: keep their names apart
                 entry.properties["sym_name"] = StringAttr(f"{op.sym_name.data}_{entry.sym_name.data}")
+            names[op.sym_name.data] = entry.sym_name.data
             if (entry.source.data, entry.sym_name.data) not in existing:
                 Rewriter.insert_op(entry, InsertPoint.after(last_entry_of(module, op)))
+    return names
 
 
 def last_entry_of(module: ModuleOp, layer_op: Operation) -> Operation:
     """The last op in the run of entries that follows layer_op (or layer_op itself)."""
-    from k3compile.ir.k3s import EntryOp
+    from k3compile.ir.k3s import EntryByRowsOp, EntryOp
 
     anchor = layer_op
-    while isinstance(anchor.next_op, EntryOp) and anchor.next_op.source.data == layer_op.sym_name.data:
+    while isinstance(anchor.next_op, (EntryOp, EntryByRowsOp)) and anchor.next_op.source.data == layer_op.sym_name.data:
         anchor = anchor.next_op
     return anchor
 

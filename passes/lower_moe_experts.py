@@ -238,9 +238,10 @@ class LowerMoeExpertsPass(ModulePass):
             raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
         if self.max_decode_rows < 0:
             raise ValueError(f"{self.name}: max-decode-rows must be >= 0, got {self.max_decode_rows}")
-        add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "prefill", self.num_warps).expert_centric(
-            self.block_rows))
-        add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "decode", self.num_warps).token_centric())
+        prefill = add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "prefill", self.num_warps)
+                              .expert_centric(self.block_rows))
+        decode = add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "decode", self.num_warps).token_centric())
         add_entries(op, LatentMoEOp, lambda layer: make(
-            k3s.EntryByRowsOp, sym_name="moe", source=layer.sym_name.data, small="moe_decode", large="moe_prefill",
-            small_word="decode", large_word="prefill", max_small_rows=self.max_decode_rows))
+            k3s.EntryByRowsOp, sym_name="moe", source=layer.sym_name.data, small=decode[layer.sym_name.data],
+            large=prefill[layer.sym_name.data], small_word="decode", large_word="prefill",
+            max_small_rows=self.max_decode_rows))
