@@ -26,6 +26,8 @@
 #                  Exports K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
 #   ab             two builds' kernels side by side (bench/ab_gpu.py): the modules each build compiled into
 #                  $AB_A and $AB_B (default bench/generated/ab/a, .../b; carried, compiled where the builds are)
+#   moe            the LatentMoE layer of examples/latent_moe.toml (K3's dims) vs torch pipelines, decode and
+#                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
 # $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
@@ -153,6 +155,9 @@ for phase in ${PHASES:-verify recurrent chunk}; do
         --pairings "$(echo $pairings | tr ' ' ,)" ${CHUNK_ARGS:-} ;;
     ab)
       python3 bench/ab_gpu.py run --a "${AB_A:-bench/generated/ab/a}" --b "${AB_B:-bench/generated/ab/b}" --out "$OUT" ;;
+    moe)
+      $K3C compile examples/latent_moe.toml -o "$OUT/generated/moe" --no-autotune
+      python3 bench/moe_gpu.py --module "$OUT/generated/moe/latent_moe.py" --out "$OUT" ${MOE_ARGS:-} ;;
     cp)
       spec=$(variant "${CP_CASE:-kda_h16}")
       module="bench/generated/$(basename "$spec" .toml).py"
