@@ -52,6 +52,7 @@ class Entries:
         "chunk": "num_chunks",
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',
+        "expert_block": "triton.cdiv(E, BE)",
     }
 
     def __init__(self, launch_tables: dict | None = None) -> None:
@@ -244,7 +245,7 @@ class Entries:
     def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
         """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
         block sizes as legalize-triton fixed them."""
-        if kernel.block_k is None and kernel.block_d is None:
+        if kernel.block_k is None and kernel.block_d is None and kernel.block_r is None:
             raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
         constants: dict[str, int] = {}
         for op in kernel.walk():
@@ -272,6 +273,9 @@ class Entries:
             elif isinstance(op, k3s.RouterLogitsOp):
                 constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
                                  BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,
+                                 BE=kernel.block_e.value.data)
+            elif isinstance(op, k3s.LoadScoresOp):
+                constants.update(E=op.num_experts.value.data, BR=kernel.block_r.value.data,
                                  BE=kernel.block_e.value.data)
             elif isinstance(op, k3s.SelectTopKOp):
                 constants.update(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
@@ -351,6 +355,7 @@ class Entries:
         c(f"# {describe(kernel)}: launch")
         for name, value in constants.items():
             c(f"{name} = {value}")
+        self.print_launch_by_rows(kernel, view)
         tabled = view.entry.sym_name.data in self.launch_tables
         if tabled:  # the tuned config of this call's bucket, else the IR's values
             default = self.launch_config(kernel, view)
