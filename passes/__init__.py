@@ -4,8 +4,9 @@ Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
 - lower-decode: the same token stages over a slot-indexed state pool, updated in place;
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
-- lower-moe-routing: k3.latent_moe -> a `route` entry, one kernel from x to each token's top-k
-  experts and their weights (router GEMM, sigmoid, top-k by score + bias, normalisation);
+- lower-moe-routing: k3.latent_moe -> a `route` entry from x to each token's top-k experts and
+  their weights: a scores kernel (router GEMM and sigmoid, tiled over rows and experts), then a
+  top-k kernel (top-k by score + bias, normalisation);
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
