@@ -59,7 +59,7 @@ class TorchMoe:
         return torch.nn.functional.silu(g) * u
 
     def route(self, x):
-        s = self.torch.sigmoid((x @ self.w["router_weight"].T).float())
+        s = self.torch.sigmoid((x @ self.w["router_weight"].to(x.dtype).T).float())
         ids = self.torch.topk(s + self.w["router_bias"], self.k, dim=-1).indices
         weights = s.gather(-1, ids)
         if self.normalize:

@@ -4,8 +4,9 @@ Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
 - lower-decode: the same token stages over a slot-indexed state pool, updated in place;
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
-- lower-moe-routing: k3.latent_moe -> a `route` entry, one kernel from x to each token's top-k
-  experts and their weights (router GEMM, sigmoid, top-k by score + bias, normalisation);
+- lower-moe-routing: k3.latent_moe -> a `route` entry from x to each token's top-k experts and
+  their weights: a scores kernel (router GEMM and sigmoid, tiled over rows and experts), then a
+  top-k kernel (top-k by score + bias, normalisation);
 - lower-moe-experts: k3.latent_moe -> `moe_prefill` (expert-centric: pairs grouped by expert on
   the device, grouped GEMMs), `moe_decode` (token-centric: no sorting, slots combined in
   registers) and `moe` (picks by token count): routing, latent projections with the fused

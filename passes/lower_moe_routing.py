@@ -1,10 +1,16 @@
-"""lower-moe-routing: k3.latent_moe -> a `route` entry, one kernel that routes a block of token
-rows from x to its top-k experts and their weights in one pass over x and the router.
+"""lower-moe-routing: k3.latent_moe -> a `route` entry that routes token rows from x to their
+top-k experts and those experts' weights, in two kernels:
 
-The router's logits, sigmoid, top-k selection by score + bias and the weights' normalisation
-and scaling are fused: a program holds its rows' scores for every expert, so nothing but the
-chosen ids and weights leaves the chip. The stages follow from the layer op's attributes (d,
-E, top_k, norm_topk_prob, routed_scaling_factor).
+- `<layer>_router_scores`, a tiled GEMM: a program takes a block of token rows against a block
+  of experts (grid expert_block x row_block), accumulates x W_r^T over blocks of hidden
+  columns, applies the sigmoid and stores the scores in the `scores` workspace [R, E] fp32.
+  Splitting the experts over programs is what lets a few rows use the whole GPU: the router
+  weight (12.8 MB at K3's dims) is streamed by many programs at once, not by one per row block.
+- `<layer>_router_top_k`: a program takes a block of rows with every expert's score, ranks them
+  by score + bias, and stores the chosen ids and their unbiased scores, normalised and scaled.
+
+The stages follow from the layer op's attributes (d, E, top_k, norm_topk_prob,
+routed_scaling_factor); `routing_stages` gives them to any entry that routes its rows.
 """
 
 from __future__ import annotations
@@ -21,24 +27,41 @@ from k3compile.passes.common import add_entries, check_num_warps, make
 
 
 def routing_stages(op: LatentMoEOp, num_warps: int) -> tuple[list[k3s.TensorArgOp], list[k3s.KernelOp]]:
-    """The routing's workspaces and kernels, which write topk_ids and topk_weights (the caller
-    declares those)."""
+    """The routing of op's tokens as (its workspace arguments, its kernels), for an entry with the
+    inputs x [R, d], router_weight [E, d] and router_bias [E] (fp32). The kernels write the
+    tensors topk_ids [R, top_k] (index) and topk_weights [R, top_k] (float32), which the entry
+    declares (as outputs, or as workspaces for its later kernels)."""
     d, E, top_k = op.hidden_size.value.data, op.num_experts.value.data, op.top_k.value.data
+    layer = op.sym_name.data
+
     logits = make(k3s.RouterLogitsOp, hidden_size=d, num_experts=E, result=("logits", k3s.tile("R", "E")))
-    scores = make(k3s.RouterSigmoidOp, operands=[logits.results[0]], result=("s", k3s.tile("R", "E")))
-    chosen = make(k3s.SelectTopKOp, operands=[scores.results[0]], top_k=top_k,
+    sigmoid = make(k3s.RouterSigmoidOp, operands=[logits.results[0]], result=("s", k3s.tile("R", "E")))
+    scores_kernel = make(
+        k3s.KernelOp,
+        [logits, sigmoid, make(k3s.StoreScoresOp, operands=[sigmoid.results[0]])],
+        sym_name=f"{layer}_router_scores",
+        # experts fastest: the programs that run together share a block of x rows (read from
+        # DRAM once, the rest from L2) and sweep the router weight, which L2 holds whole; row
+        # blocks on axis 1, which CUDA caps at 65535 (millions of rows at legalize's blocks)
+        grid="expert_block,row_block",
+        num_warps=num_warps,
+    )
+
+    loaded = make(k3s.LoadScoresOp, num_experts=E, result=("s", k3s.tile("R", "E")))
+    chosen = make(k3s.SelectTopKOp, operands=[loaded.results[0]], top_k=top_k,
                   results=[("ids", k3s.tile("R", "KS")), ("w", k3s.tile("R", "KS"))])
     ids, unbiased = chosen.results
     weights = make(k3s.RoutingWeightsOp, operands=[unbiased], normalize=bool(op.norm_topk_prob.value.data),
                    scale=op.routed_scaling_factor.value.data, result=("weights", k3s.tile("R", "KS")))
-    kernel = make(
+    top_k_kernel = make(
         k3s.KernelOp,
-        [logits, scores, chosen, weights, make(k3s.StoreRoutingOp, operands=[ids, weights.results[0]])],
-        sym_name=f"{op.sym_name.data}_route",
+        [loaded, chosen, weights, make(k3s.StoreRoutingOp, operands=[ids, weights.results[0]])],
+        sym_name=f"{layer}_router_top_k",
         grid="row_block",
         num_warps=num_warps,
     )
-    return [], [kernel]
+    workspace = tensor_arg("scores", k3s.tensor("R", E, dtype="float32"), "workspace")
+    return [workspace], [scores_kernel, top_k_kernel]
 
 
 def routing_inputs(op: LatentMoEOp) -> list[k3s.TensorArgOp]:
@@ -71,7 +94,7 @@ def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:
 
 @dataclass(frozen=True)
 class LowerMoeRoutingPass(ModulePass):
-    """Add a `route` entry (the fused router kernel) for every k3.latent_moe."""
+    """Add a `route` entry (the router's scores and top-k kernels) for every k3.latent_moe."""
 
     name = "lower-moe-routing"
     num_warps: int = 8

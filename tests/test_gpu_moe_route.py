@@ -44,7 +44,7 @@ gen = torch.Generator(device="cuda").manual_seed(seed)
 weight = (torch.randn(E, d, generator=gen, device="cuda") / d**0.5).to(torch.bfloat16)
 bias = 0.1 * torch.randn(E, generator=gen, device="cuda")
 rows = []
-for R in (1, 7, 64, 300, 4096):
+for R in (1, 7, 64, 300, 1000, 4096):  # in every launch by rows of the router's kernels
     x = torch.randn(R, d, generator=gen, device="cuda").to(torch.bfloat16)
     ids, weights = layer.route(x, weight, bias)
     torch.cuda.synchronize()

@@ -1,5 +1,6 @@
 """The compiled MoE router `route(x, router_weight, router_bias) -> (topk_ids, topk_weights)`
-against reference.latent_moe_routing: the chosen experts exactly, in order, and their weights."""
+against reference.latent_moe_routing: the chosen experts exactly, in order, and their weights;
+its scores kernel's blocks of rows and experts at every launch by rows, partial ones included."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from conftest import assert_matches, layer_op
-from k3compile.ir import reference
+from k3compile.ir import k3s, reference
 
 # (hidden_size, num_experts, top_k, norm_topk_prob, routed_scaling_factor): d not a power of two
 # (40, 48), experts below tl.dot's 16 (8) and padded (12), and K3's 896 experts, top-16
@@ -103,6 +104,60 @@ def test_ties_rank_the_lower_expert_first(layer):
             if a // 2 == b // 2:  # both experts of one pair: the lower id first
                 assert a < b, f"tied experts {a}, {b} in the wrong order: {row}"
     assert_routes(layer, x, group_weight[pairs], group_bias[pairs])
+
+
+def score_tiles(layer) -> list[tuple[int | None, int, int]]:
+    """(at most this many rows, None for any; BR, BE) of the scores kernel's launches, as
+    legalize-triton fixed them: its k3s.launch_by_rows ops, then its own block sizes."""
+    ops = list(layer.compilation.scheduled.walk())
+    kernel = next(op for op in ops if isinstance(op, k3s.KernelOp) and op.sym_name.data.endswith("_router_scores"))
+    launches = [(op.max_rows.value.data, op.block_r.value.data, op.block_e.value.data) for op in ops
+                if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+    return [*launches, (None, kernel.block_r.value.data, kernel.block_e.value.data)]
+
+
+def rows_of_each_launch(layer) -> list[int]:
+    """A row count in each launch's range that is not a multiple of its BR and makes several row
+    blocks: a bounded launch's bound - 1, the last one's least rows + BR + 1."""
+    rows, least = [], 1
+    for most, BR, _ in score_tiles(layer):
+        R = most - 1 if most is not None else least + BR + 1
+        assert least <= R and R % BR and R > BR, f"R = {R}: in {least}..{most}, several blocks of {BR}, one partial"
+        rows.append(R)
+        least = (most or 0) + 1
+    return rows
+
+
+@pytest.fixture(scope="module")
+def blocks_layer(compile_layer):
+    """200 experts: a partial block of experts at every BE from 16 to 128 (K3's 896 divides by all)."""
+    return compile_layer(name="moe_blocks", kind="latent_moe", hidden_size=40, num_experts=200, top_k=5,
+                         expert_ffn_dim=16, norm_topk_prob=True, routed_scaling_factor=1.5, dtype="float32")
+
+
+def test_blocks_of_rows_and_experts(blocks_layer, monkeypatch):
+    """At a row count of every launch by rows: several blocks of rows and of experts, the last of
+    each partial; the scores workspace (NaN-filled when allocated) written whole with the sigmoid
+    scores, and the routes exact."""
+    module = blocks_layer.module
+    assert module.POISON_OUTPUTS, "the tests allocate every output and workspace NaN-filled (conftest)"
+    allocated, alloc = [], module._alloc
+
+    def keep(*args):  # every tensor the entry allocates, the workspace among them
+        allocated.append(alloc(*args))
+        return allocated[-1]
+
+    monkeypatch.setattr(module, "_alloc", keep)
+    d, E, k = dims(blocks_layer)
+    tiles = score_tiles(blocks_layer)
+    assert len(tiles) > 1, "the scores kernel launches by rows"
+    for R, (_, BR, BE) in zip(rows_of_each_launch(blocks_layer), tiles, strict=True):
+        assert E % BE and E > BE, f"E = {E} must leave a partial block of {BE} experts"
+        x, router_weight, router_bias = inputs(R, d, E, k)
+        allocated.clear()
+        assert_routes(blocks_layer, x, router_weight, router_bias)
+        scores = next(t for t in allocated if tuple(t.shape) == (R, E) and t.dtype == torch.float32)
+        assert_matches(scores, torch.sigmoid(x.double() @ router_weight.double().T), f"scores at R = {R}")
 
 
 @pytest.mark.parametrize("name, change, words", [

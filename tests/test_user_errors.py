@@ -189,7 +189,7 @@ def test_moe_experts_by_the_warps(tmp_path):
     path = tmp_path / "many.toml"
     path.write_text('[layer]\nname = "many"\nkind = "latent_moe"\nhidden_size = 64\nnum_experts = 1100\n'
                     'top_k = 8\nexpert_ffn_dim = 32\n')
-    limit = r"key 'num_experts' = 1100 exceeds the Triton kernels' limit of 1024 \(kernel @many_route holds"
+    limit = r"key 'num_experts' = 1100 exceeds the Triton kernels' limit of 1024 \(kernel @many_router_top_k holds"
     with pytest.raises(UnsupportedError, match=limit + ".* registers of its 8 warps"):
         lower(load_spec(path))
     assert "def route(" in lower(load_spec(path), "lower-moe-routing{num-warps=16}").source

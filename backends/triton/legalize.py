@@ -5,8 +5,11 @@ before it is printed, so that the printer only prints.
   divisibility, grid axes); otherwise an UnsupportedError names the spec key and the limit.
 - Every kernel's tile block sizes: key columns whole (next power of two of K), value columns a
   state tile's block (at most its block_v) or, in a chunk kernel, whole; AttnRes rows whole;
-  the MoE router's blocks of token rows, hidden columns, experts (whole) and top-k slots; the MoE
-  experts' blocks of pairs, token rows, output and input columns.
+  the MoE router's blocks of token rows, experts and hidden columns (scores kernel) and of rows,
+  experts (whole) and top-k slots (top-k kernel); the MoE experts' blocks of pairs, token rows,
+  output and input columns.
+- The MoE router's block sizes for calls of fewer token rows (k3s.launch_by_rows after its
+  kernels): the row count is known only at launch, and a few rows want other tiles than many.
 """
 
 from __future__ import annotations
@@ -16,11 +19,26 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.backends.triton.limits import ROUTER_ROWS, check_limits
 from k3compile.backends.triton.printer.common import next_power_of_2
 from k3compile.ir import k3s
-from k3compile.passes.common import props
+from k3compile.passes.common import make, props
+
+# The MoE router's block sizes by the token rows R of a call: (at most R, BR, BE, BD) of the
+# scores kernel and (at most R, BR) of the top-k kernel, the last row of each (None: any R) the
+# kernel's own. Few rows make few row blocks, so the scores kernel takes narrow expert blocks
+# (16, tl.dot's least) to spread the router weight over many programs (K3's 896 experts: 56 at
+# R <= 16, of the H200's 132 SMs) and long blocks of hidden columns to keep more of its bytes in
+# flight per program; more rows take larger GEMM tiles, which read each byte of x and of the
+# weight fewer times (the largest, fp32: 192 KB of shared memory at Triton's 3 pipeline
+# stages). At K3's dims the least R of each later row launches 119 to 140 programs, the most
+# R of each 448. Not measured yet (bench/moe_route_gpu.py).
+ROUTER_SCORE_TILES = ((128, 16, 16, 256), (512, 32, 32, 128), (2048, 64, 64, 64), (None, 128, 128, 64))
+# a top-k program runs top_k rounds of an argmax over its rows' padded experts: one row per
+# program while rows are few (short rounds, a program per row), up to ROUTER_ROWS for many
+ROUTER_TOP_K_ROWS = ((256, 1), (1024, 4), (None, ROUTER_ROWS))
 
 
 PAIRS_PER_PROGRAM = 256  # the dispatch plan's count and sort kernels
@@ -39,13 +57,9 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
         elif isinstance(op, k3s.FoldQueryOp):
             sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
         elif isinstance(op, k3s.RouterLogitsOp):
-            # experts whole (tl.dot's other side is at least 16 wide); hidden columns in blocks of
-            # at most 64, fewer where the router rows of a block would pass 16384 elements (the
-            # [BD, BE] operand, 64 KB in fp32, is staged in shared memory once per pipeline stage;
-            # not measured); tl.dot's inner side at least 16
-            experts = max(16, next_power_of_2(op.num_experts.value.data))
-            columns = min(64, next_power_of_2(op.hidden_size.value.data), 16384 // experts)
-            sizes.update(block_r=ROUTER_ROWS, block_e=experts, block_d=max(16, columns))
+            sizes.update(router_launches(kernel)[-1][1])
+        elif isinstance(op, k3s.LoadScoresOp):  # every expert
+            sizes.update(router_launches(kernel)[-1][1], block_e=next_power_of_2(op.num_experts.value.data))
         elif isinstance(op, k3s.SelectTopKOp):
             sizes.update(block_ks=next_power_of_2(op.top_k.value.data))
         elif isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
@@ -64,9 +78,39 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
     return sizes
 
 
+def router_launches(kernel: k3s.KernelOp) -> list[tuple[int | None, dict[str, int]]]:
+    """(at most this many rows, None for any; block sizes) of an MoE router kernel, the tables
+    above fitted to its layer; [] for other kernels. A row whose sizes equal the next row's is
+    left out: the next launches its calls the same."""
+    rows: list[tuple[int | None, dict[str, int]]] = []
+    for op in kernel.walk():
+        if isinstance(op, k3s.RouterLogitsOp):
+            # no wider than the layer: experts and hidden columns padded to powers of two, at
+            # least 16 (tl.dot's operands)
+            experts = max(16, next_power_of_2(op.num_experts.value.data))
+            columns = max(16, next_power_of_2(op.hidden_size.value.data))
+            rows = [(most, dict(block_r=br, block_e=min(be, experts), block_d=min(bd, columns)))
+                    for most, br, be, bd in ROUTER_SCORE_TILES]
+        elif isinstance(op, k3s.LoadScoresOp):
+            rows = [(most, dict(block_r=br)) for most, br in ROUTER_TOP_K_ROWS]
+    return [row for row, after in zip(rows, [*rows[1:], None]) if after is None or row[1] != after[1]]
+
+
+def add_launches_by_rows(kernel: k3s.KernelOp) -> None:
+    """k3s.launch_by_rows after the kernel for its block sizes at fewer rows (replacing any)."""
+    name = kernel.sym_name.data
+    for old in [o for o in kernel.parent_op().body.ops if isinstance(o, k3s.LaunchByRowsOp) and o.kernel.data == name]:
+        Rewriter.erase_op(old)
+    anchor = kernel
+    for most, sizes in router_launches(kernel)[:-1]:  # the last is the kernel's own
+        launch = make(k3s.LaunchByRowsOp, kernel=name, max_rows=most, **sizes)
+        Rewriter.insert_op(launch, InsertPoint.after(anchor))
+        anchor = launch
+
+
 @dataclass(frozen=True)
 class LegalizeTritonPass(ModulePass):
-    """Check that the kernels fit and fix their block sizes."""
+    """Check that the kernels fit and fix their block sizes (the MoE router's also by rows)."""
 
     name = "legalize-triton"
     source: str = "module"  # what an error names (the spec's file)
@@ -75,3 +119,4 @@ class LegalizeTritonPass(ModulePass):
         check_limits(op, self.source)
         for kernel in [o for o in op.walk() if isinstance(o, k3s.KernelOp)]:
             kernel.properties.update(props(**block_sizes(kernel)))
+            add_launches_by_rows(kernel)

@@ -43,6 +43,7 @@ K3S = Dialect(
         SnapshotStateOp,
         RestoreSnapshotOp,
         KernelOp,
+        LaunchByRowsOp,
         StateTileOp,
         TokenLoopOp,
         NextTokenOp,

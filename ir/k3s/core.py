@@ -3,6 +3,8 @@ Python functions) with their arguments, and kernels."""
 
 from __future__ import annotations
 
+import itertools
+
 from xdsl.dialects.builtin import I64, ArrayAttr, FloatAttr, IntAttr, IntegerAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, TypeAttribute
@@ -80,8 +82,9 @@ class TileType(ParametrizedAttribute, TypeAttribute):
     """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
     token rows), NB (its row blocks, k3s.block_gates), K (key channels), V (the program's value
     columns), D (AttnRes's hidden columns), R (the program's block of token rows, MoE routing),
-    E (every expert), KS (the top-k slots of a row), M (an MoE projection's rows: token rows,
-    sorted (token, slot) pairs, or one) and N (its block of output columns); `<C>` one number per row, `<>` one
+    E (the program's experts: a block of them on an expert_block grid axis, else every expert),
+    KS (the top-k slots of a row), M (an MoE projection's rows: token rows, sorted (token, slot)
+    pairs, or one) and N (its block of output columns); `<C>` one number per row, `<>` one
     number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
 
     name = "k3s.tile"
@@ -294,7 +297,8 @@ class KernelOp(KeywordSyntax):
     """One GPU kernel: a grid of programs, each running the stages of its body in order.
 
     `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
-    sequence_head (sequence x value head), row (one token row), row_block (a block of token rows).
+    sequence_head (sequence x value head), row (one token row), row_block (a block of token rows),
+    expert_block (a block of MoE experts).
     """
 
     name = "k3s.kernel"
@@ -341,3 +345,39 @@ class KernelOp(KeywordSyntax):
                 f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
                 f"got {self.maxnreg.value.data}"
             )
+
+
+@irdl_op_definition
+class LaunchByRowsOp(KeywordSyntax):
+    """Block sizes of the entry's kernel @kernel for calls of at most max_rows token rows (the
+    shape symbol R, known at launch): they replace the kernel's own block sizes there. A kernel's
+    launch_by_rows ops follow it in increasing max_rows and the first that holds R applies; calls
+    of more rows launch with the kernel's own. A backend's legalization writes them (a few rows
+    spread over more programs in narrower tiles than many)."""
+
+    name = "k3s.launch_by_rows"
+    kernel = prop_def(StringAttr)
+    max_rows = prop_def(IntegerAttr[I64])
+    block_r = opt_prop_def(IntegerAttr[I64])
+    block_e = opt_prop_def(IntegerAttr[I64])
+    block_d = opt_prop_def(IntegerAttr[I64])
+    traits = traits_def(HasParent(EntryOp))
+
+    def verify_(self) -> None:
+        where = f"{self.name} <kernel = {self.kernel.data}, max_rows = {self.max_rows.value.data}>"
+        if self.max_rows.value.data < 1:
+            raise VerifyException(f"{where}: max_rows must be positive")
+        for key in ("block_r", "block_e", "block_d"):
+            size = self.properties.get(key)
+            if size is not None and not is_power_of_two(size.value.data):
+                raise VerifyException(f"{where}: {key} must be a power of two, got {size.value.data}")
+        block = self.parent_block()
+        if block is None:  # HasParent reports a lone op
+            return
+        before = list(itertools.takewhile(lambda op: op is not self, block.ops))
+        if not any(isinstance(op, KernelOp) and op.sym_name.data == self.kernel.data for op in before):
+            raise VerifyException(f"{where}: no kernel @{self.kernel.data} before it in its entry")
+        earlier = [op.max_rows.value.data for op in before
+                   if isinstance(op, LaunchByRowsOp) and op.kernel.data == self.kernel.data]
+        if earlier and earlier[-1] >= self.max_rows.value.data:
+            raise VerifyException(f"{where}: max_rows must increase along a kernel's launch_by_rows ops")

@@ -1,8 +1,11 @@
 """The MoE routing's stages, as ops on values: the router logits of a block of token rows, their
-sigmoid scores, the top-k selection by score + bias, the routing weights and their store.
+sigmoid scores and the scores' store (the scores kernel), then the scores' load, the top-k
+selection by score + bias, the routing weights and their store (the top-k kernel).
 
-A routing kernel's program owns a block of token rows (tile dimension R) whole: every expert of
-each row (E) and its top-k slots (KS)."""
+A scores kernel's program owns a block of token rows (tile dimension R) against a block of
+experts (E: those of its expert_block grid axis); a top-k kernel's program owns a block of rows
+whole: every expert of each row (E) and its top-k slots (KS). They hand the scores over in the
+entry's `scores` workspace, [R, num_experts] fp32."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from k3compile.ir.syntax import KeywordSyntax
 @irdl_op_definition
 class RouterLogitsOp(KeywordSyntax):
     """logits[r, e] = sum_c x[r, c] W_r[e, c] for c < hidden_size: the block's rows of x [R, d]
-    against every expert's router row (router_weight [num_experts, d]), accumulated in fp32."""
+    against the router rows (router_weight [num_experts, d]) of the program's block of experts
+    (its expert_block grid axis), accumulated in fp32."""
 
     name = "k3s.router_logits"
     hidden_size = prop_def(IntegerAttr[I64])
@@ -35,6 +39,27 @@ class RouterSigmoidOp(KeywordSyntax):
     logits = operand_def(TileType)
     scores = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), Pure())
+
+
+@irdl_op_definition
+class StoreScoresOp(KeywordSyntax):
+    """scores[r, e] = s[r, e] (fp32) for the block's rows and the program's block of experts:
+    the entry's `scores` workspace [R, num_experts], which a later kernel loads."""
+
+    name = "k3s.store_scores"
+    scores = operand_def(TileType)
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class LoadScoresOp(KeywordSyntax):
+    """s[r, e] = scores[r, e] for the block's rows and every expert e < num_experts: the entry's
+    `scores` workspace [R, num_experts] fp32, written by an earlier kernel (k3s.store_scores)."""
+
+    name = "k3s.load_scores"
+    num_experts = prop_def(IntegerAttr[I64])
+    scores = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
 
 @irdl_op_definition
@@ -80,4 +105,5 @@ class StoreRoutingOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp))
 
 
-MOE_ROUTING_STAGES = [RouterLogitsOp, RouterSigmoidOp, SelectTopKOp, RoutingWeightsOp, StoreRoutingOp]
+MOE_ROUTING_STAGES = [RouterLogitsOp, RouterSigmoidOp, StoreScoresOp, LoadScoresOp, SelectTopKOp, RoutingWeightsOp,
+                      StoreRoutingOp]

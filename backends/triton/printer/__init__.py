@@ -6,7 +6,8 @@ Entries become host functions (argument checks, allocation, launch), kernels bec
 @triton.jit functions, stages become the statements of those functions. One file per op
 family: entries.py (module, entries, kernels, grid axes), loads.py, token_stages.py,
 chunk_stages.py, serving.py (speculative decoding), segments.py (context parallelism),
-attnres.py, moe.py (MoE routing), experts.py (MoE experts); common.py holds what they share.
+attnres.py, moe.py (MoE routing, its expert_block axis and launches by rows), experts.py (MoE
+experts); common.py holds what they share.
 """
 
 from __future__ import annotations

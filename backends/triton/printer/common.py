@@ -16,11 +16,14 @@ MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.
 # the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
 EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
                       k3s.SumSlotsOp)
-ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp)
+ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp,
+               k3s.LaunchByRowsOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
 LAUNCH_CONSTANTS = ("BV",)
+# the constexprs that a k3s.launch_by_rows's block sizes set at launch
+BLOCK_CONSTANTS = {"block_r": "BR", "block_e": "BE", "block_d": "BD"}
 
 
 

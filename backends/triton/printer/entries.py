@@ -53,6 +53,7 @@ class Entries:
         "chunk": "num_chunks",
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',
+        "expert_block": "triton.cdiv(E, BE)",
         "column_block": "triton.cdiv(DOUT, BN)",
         "pair_chunk": 'triton.cdiv(dims["R"] * TOP_K, BR)',
         "one": "1",
@@ -323,6 +324,9 @@ class Entries:
                 constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
                                  BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,
                                  BE=kernel.block_e.value.data)
+            elif isinstance(op, k3s.LoadScoresOp):
+                constants.update(E=op.num_experts.value.data, BR=kernel.block_r.value.data,
+                                 BE=kernel.block_e.value.data)
             elif isinstance(op, k3s.SelectTopKOp):
                 constants.update(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
             elif isinstance(op, EXPERT_STAGE_TYPES):
@@ -403,6 +407,7 @@ class Entries:
         c(f"# {describe(kernel)}: launch")
         for name, value in constants.items():
             c(f"{name} = {value}")
+        self.print_launch_by_rows(kernel, view)
         tabled = view.entry.sym_name.data in self.launch_tables
         if tabled:  # the tuned config of this call's bucket, else the IR's values
             default = self.launch_config(kernel, view)

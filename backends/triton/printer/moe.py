@@ -1,24 +1,44 @@
-"""The MoE routing's stages: the router logits (a loop over blocks of hidden columns), the
-sigmoid, the top-k selection, the routing weights and their store. A program holds a block of
-BR token rows (o_r, m_r: its grid axis) with every expert, padded to BE, and BKS top-k slots."""
+"""The MoE routing's stages. The scores kernel: the router logits (a loop over blocks of hidden
+columns), the sigmoid and the scores' store; a program holds a block of BR token rows (o_r, m_r)
+against a block of BE experts (o_e, m_e), both its grid axes. The top-k kernel: the scores'
+load, the top-k selection, the routing weights and their store; a program holds a block of BR
+token rows (its grid axis) with every expert, padded to BE (o_e, m_e: made by the load), and BKS
+top-k slots. Each kernel's launch takes the block sizes of its k3s.launch_by_rows ops by the
+call's token rows."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register
+from k3compile.backends.triton.printer.common import BLOCK_CONSTANTS, EntryView, describe, register
 from k3compile.ir import k3s
 
 
 class MoE:
     """TritonPrinter's methods for the MoE routing (one per k3s op, and their helpers)."""
 
-    def print_experts(self) -> None:
-        self.code("o_e = tl.arange(0, BE)", "m_e = o_e < E")
+    def print_axis_expert_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BE experts",
+            f"i_eb = tl.program_id({axis})",
+            "o_e = i_eb * BE + tl.arange(0, BE)",
+            "m_e = o_e < E",
+        )
+
+    def print_launch_by_rows(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+        """The block sizes of the kernel's k3s.launch_by_rows ops, chosen by the call's rows."""
+        launches = [op for op in view.entry.body.ops
+                    if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+        for index, launch in enumerate(launches):
+            sizes = {constant: launch.properties[key].value.data for key, constant in BLOCK_CONSTANTS.items()
+                     if key in launch.properties}
+            self.code(f"# {describe(launch)}",
+                      f'{"el" if index else ""}if dims["R"] <= {launch.max_rows.value.data}:')
+            with self.code.indent():
+                self.code(f"{', '.join(sizes)} = {', '.join(map(str, sizes.values()))}")
 
     def print_k3s_router_logits(self, op: k3s.RouterLogitsOp) -> None:
         c = self.code
         logits = register(op.logits)
         c.comment(op, "x W_r^T over blocks of BD hidden columns, fp32 accumulation; padded rows and experts are 0")
-        self.print_experts()
         c(f"{logits} = tl.zeros([BR, BE], dtype=tl.float32)", "for i_d in range(0, tl.cdiv(D, BD)):")
         with c.indent():
             c("o_d = i_d * BD + tl.arange(0, BD)",
@@ -33,12 +53,25 @@ class MoE:
         self.code.comment(op)
         self.code(f"{register(op.scores)} = tl.sigmoid({register(op.logits)})")
 
+    def print_k3s_store_scores(self, op: k3s.StoreScoresOp) -> None:
+        self.code.comment(op, "the block's rows and experts")
+        self.code(f"tl.store(scores + o_r[:, None] * E + o_e[None, :], {register(op.scores)}, "
+                  "mask=m_r[:, None] & m_e[None, :])")
+
+    def print_k3s_load_scores(self, op: k3s.LoadScoresOp) -> None:
+        c = self.code
+        c.comment(op, "every expert of the block's rows; padded experts are never chosen, padded rows never "
+                      "stored (their scores 1, so their weights' sum is not 0)")
+        c("o_e = tl.arange(0, BE)",
+          "m_e = o_e < E",
+          f"{register(op.scores)} = tl.load(scores + o_r[:, None] * E + o_e[None, :], "
+          "mask=m_r[:, None] & m_e[None, :], other=1.0)")
+
     def print_k3s_select_top_k(self, op: k3s.SelectTopKOp) -> None:
         c = self.code
         s, ids, weights = register(op.scores), register(op.ids), register(op.weights)
         c.comment(op, "top_k rounds of an argmax over s + bias, each taking its expert out of the race; "
                       "argmax's tie_break_left ranks the lower expert id first, padded experts are never chosen")
-        self.print_experts()
         c("o_ks = tl.arange(0, BKS)",
           f'b_race = tl.where(m_e[None, :], {s} + tl.load(router_bias + o_e, mask=m_e, other=0.0)[None, :], '
           'float("-inf"))',

@@ -1,0 +1,27 @@
+// k3s.launch_by_rows names a kernel before it in its entry, a positive max_rows that increases
+// along that kernel's launches, and block sizes that are powers of two.
+// RUN: k3c opt %s | filecheck %s --check-prefix=OK
+// RUN: sed 's/kernel = moe_router_top_k, max_rows = 64/kernel = moe_router_top, max_rows = 64/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=KERNEL
+// RUN: sed 's/max_rows = 256/max_rows = 64/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ORDER
+// RUN: sed 's/max_rows = 64, block_r = 1/max_rows = 0, block_r = 1/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
+// RUN: sed 's/block_r = 1>/block_r = 3>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=POW2
+
+builtin.module {
+  k3s.entry @route <source = moe> {
+    k3s.tensor_arg @scores <type = !k3s.tensor<R x 12, float32>, role = workspace>
+    k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8, block_r = 16, block_e = 16, block_ks = 4> {
+      %s = k3s.load_scores <num_experts = 12> : !k3s.tile<R x E>
+      %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
+      k3s.store_routing %ids, %w
+    }
+    k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64, block_r = 1>
+    k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 4>
+  }
+}
+
+// OK: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64, block_r = 1>
+// OK-NEXT: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 4>
+// KERNEL: k3s.launch_by_rows <kernel = moe_router_top, max_rows = 64>: no kernel @moe_router_top before it in its entry
+// ORDER: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64>: max_rows must increase along a kernel's launch_by_rows ops
+// ROWS: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 0>: max_rows must be positive
+// POW2: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64>: block_r must be a power of two, got 3
