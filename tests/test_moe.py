@@ -172,3 +172,14 @@ def test_absent_stages_take_no_weights(compile_layer):
     arguments = moe_inputs(layer, 3)
     with pytest.raises(ValueError, match="^latent_up: "):
         layer.moe(**arguments, latent_up=torch.randn(48, 8))
+
+
+@pytest.mark.parametrize("schedule", ["decode", "prefill"])
+def test_many_rows_take_the_gemm_tiles(compile_layer, schedule):
+    """130 rows: past every launch_by_rows bucket, the projections' own (GEMM) tiles, two row
+    blocks of 128."""
+    layer = compile_layer(name=layer_name(LAYERS[0]), kind="latent_moe", hidden_size=40, latent_dim=24,
+                          num_experts=6, top_k=3, expert_ffn_dim=20, num_shared_experts=2, shared_ffn_dim=12,
+                          activation="situ_glu", dtype="float32")
+    torch.manual_seed(4)
+    assert_moe(layer, moe_inputs(layer, 130), schedule)

@@ -42,7 +42,22 @@ ROUTER_TOP_K_ROWS = ((256, 1), (1024, 4), (None, ROUTER_ROWS))
 
 
 PAIRS_PER_PROGRAM = 256  # the dispatch plan's count and sort kernels
-PROJECTION_TILE = 64  # the MoE projections' rows, output and input columns per step
+# The MoE experts' projections: (at most R token rows, None: any; block sizes and warps), the
+# last row the kernel's own. A dense projection (token rows x a weight) of few rows is a stream
+# of its weight: narrow column blocks spread it over more programs (K3's latent down-projection,
+# 3584 columns: 224 programs at BN 16); many rows take GEMM tiles (8 warps: two 128 x 128 fp32
+# accumulators of a GLU would not fit 4). The expert-centric kernels' rows are the dispatch
+# plan's blocks, their columns GEMM-wide; the token-centric ones multiply one row: a [BN, BD]
+# weight tile per step, the down projection's BN narrowed for few tokens (K3: 448 programs at
+# one token). Not tuned yet beyond one run of bench/moe_gpu.py.
+DENSE_PROJECTION_TILES = ((16, dict(block_r=16, block_n=16, block_d=128, num_warps=4)),
+                          (64, dict(block_r=64, block_n=64, block_d=64, num_warps=4)),
+                          (None, dict(block_r=128, block_n=128, block_d=64, num_warps=8)))
+SORTED_PROJECTION_TILE = dict(block_n=128, block_d=64, num_warps=8)
+PAIR_PROJECTION_TILE = dict(block_n=64, block_d=128)
+SLOT_PROJECTION_TILES = ((2, dict(block_n=8, block_d=256)), (8, dict(block_n=16, block_d=256)),
+                         (32, dict(block_n=32, block_d=128)), (None, dict(block_n=64, block_d=128)))
+GEMM_STAGES = 3  # software pipelining of the tl.dot projections' loads
 
 
 def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
@@ -57,33 +72,38 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
         elif isinstance(op, k3s.FoldQueryOp):
             sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
         elif isinstance(op, k3s.RouterLogitsOp):
-            sizes.update(router_launches(kernel)[-1][1])
+            sizes.update(launches_by_rows(kernel)[-1][1])
         elif isinstance(op, k3s.LoadScoresOp):  # every expert
-            sizes.update(router_launches(kernel)[-1][1], block_e=next_power_of_2(op.num_experts.value.data))
+            sizes.update(launches_by_rows(kernel)[-1][1], block_e=next_power_of_2(op.num_experts.value.data))
         elif isinstance(op, k3s.SelectTopKOp):
             sizes.update(block_ks=next_power_of_2(op.top_k.value.data))
         elif isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
             sizes.update(block_r=PAIRS_PER_PROGRAM)
         elif isinstance(op, k3s.ExpertOffsetsOp):  # every expert's count in one program
             sizes.update(block_e=next_power_of_2(op.num_experts.value.data))
-        elif isinstance(op, k3s.ProjectOp) and op.rows.data.value in ("token_block", "sorted_block"):
-            # tl.dot tiles (not tuned yet); a sorted block's rows are the dispatch plan's
-            sizes.update(block_n=PROJECTION_TILE, block_d=PROJECTION_TILE)
-            if op.rows.data.value == "token_block":
-                sizes.update(block_r=PROJECTION_TILE)
-        elif isinstance(op, (k3s.ProjectOp, k3s.ProjectSlotsOp)):  # one row: a [BN, BK] weight tile per step
-            sizes.update(block_n=PROJECTION_TILE, block_d=2 * PROJECTION_TILE)
+        elif isinstance(op, k3s.ProjectOp) and op.rows.data.value == "token_block":
+            sizes.update(launches_by_rows(kernel)[-1][1], num_stages=GEMM_STAGES)
+        elif isinstance(op, k3s.ProjectOp) and op.rows.data.value == "sorted_block":
+            sizes.update(SORTED_PROJECTION_TILE, num_stages=GEMM_STAGES)
+        elif isinstance(op, k3s.ProjectOp):
+            sizes.update(PAIR_PROJECTION_TILE)
+        elif isinstance(op, k3s.ProjectSlotsOp):
+            sizes.update(launches_by_rows(kernel)[-1][1])
         elif isinstance(op, k3s.SumSlotsOp):
-            sizes.update(block_r=16, block_n=2 * PROJECTION_TILE)
+            sizes.update(block_r=16, block_n=128)
     return sizes
 
 
-def router_launches(kernel: k3s.KernelOp) -> list[tuple[int | None, dict[str, int]]]:
-    """(at most this many rows, None for any; block sizes) of an MoE router kernel, the tables
-    above fitted to its layer; [] for other kernels. A row whose sizes equal the next row's is
-    left out: the next launches its calls the same."""
+def launches_by_rows(kernel: k3s.KernelOp) -> list[tuple[int | None, dict[str, int]]]:
+    """(at most this many rows, None for any; block sizes and warps) of an MoE router kernel or
+    projection, the tables above fitted to its layer; [] for other kernels. A row whose sizes
+    equal the next row's is left out: the next launches its calls the same."""
     rows: list[tuple[int | None, dict[str, int]]] = []
     for op in kernel.walk():
+        if isinstance(op, k3s.ProjectOp) and op.rows.data.value == "token_block":
+            rows = list(DENSE_PROJECTION_TILES)
+        elif isinstance(op, k3s.ProjectSlotsOp):
+            rows = list(SLOT_PROJECTION_TILES)
         if isinstance(op, k3s.RouterLogitsOp):
             # no wider than the layer: experts and hidden columns padded to powers of two, at
             # least 16 (tl.dot's operands)
@@ -102,7 +122,7 @@ def add_launches_by_rows(kernel: k3s.KernelOp) -> None:
     for old in [o for o in kernel.parent_op().body.ops if isinstance(o, k3s.LaunchByRowsOp) and o.kernel.data == name]:
         Rewriter.erase_op(old)
     anchor = kernel
-    for most, sizes in router_launches(kernel)[:-1]:  # the last is the kernel's own
+    for most, sizes in launches_by_rows(kernel)[:-1]:  # the last is the kernel's own
         launch = make(k3s.LaunchByRowsOp, kernel=name, max_rows=most, **sizes)
         Rewriter.insert_op(launch, InsertPoint.after(anchor))
         anchor = launch

@@ -361,13 +361,15 @@ class LaunchByRowsOp(KeywordSyntax):
     block_r = opt_prop_def(IntegerAttr[I64])
     block_e = opt_prop_def(IntegerAttr[I64])
     block_d = opt_prop_def(IntegerAttr[I64])
+    block_n = opt_prop_def(IntegerAttr[I64])
+    num_warps = opt_prop_def(IntegerAttr[I64])
     traits = traits_def(HasParent(EntryOp))
 
     def verify_(self) -> None:
         where = f"{self.name} <kernel = {self.kernel.data}, max_rows = {self.max_rows.value.data}>"
         if self.max_rows.value.data < 1:
             raise VerifyException(f"{where}: max_rows must be positive")
-        for key in ("block_r", "block_e", "block_d"):
+        for key in ("block_r", "block_e", "block_d", "block_n", "num_warps"):
             size = self.properties.get(key)
             if size is not None and not is_power_of_two(size.value.data):
                 raise VerifyException(f"{where}: {key} must be a power of two, got {size.value.data}")

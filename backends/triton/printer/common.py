@@ -23,7 +23,7 @@ KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
 LAUNCH_CONSTANTS = ("BV",)
 # the constexprs that a k3s.launch_by_rows's block sizes set at launch
-BLOCK_CONSTANTS = {"block_r": "BR", "block_e": "BE", "block_d": "BD"}
+BLOCK_CONSTANTS = {"block_r": "BR", "block_e": "BE", "block_d": "BD", "block_n": "BN"}
 
 
 

@@ -440,7 +440,9 @@ class Entries:
                     if "chunk" in axes:  # a tuned cap on the token-parallel kernels' registers (None: none)
                         c('maxnreg=launch.get("maxnreg"),')
                 else:
-                    c(f"num_warps={kernel.num_warps.value.data},")
+                    by_rows = any(isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data
+                                  and op.num_warps is not None for op in view.entry.body.ops)
+                    c(f"num_warps={'num_warps' if by_rows else kernel.num_warps.value.data},")
                     if kernel.num_stages is not None:
                         c(f"num_stages={kernel.num_stages.value.data},")
                     if kernel.maxnreg is not None:

@@ -1,5 +1,5 @@
 """The MoE experts' stages: the dispatch plan (count, offsets, sort), the projections (a K loop
-over blocks of BK input columns: tl.dot for blocks of rows, a multiply-and-sum for one row),
+over blocks of BD input columns: tl.dot for blocks of rows, a multiply-and-sum for one row),
 the GLU, the routing weights, the slots' combine and the row stores.
 
 Names the grid axes define (entries.py): o_r, m_r (row_block: token rows); i_sb, o_s, m_s,
@@ -41,7 +41,7 @@ class Experts:
 
     def expert_constants(self, op, kernel: k3s.KernelOp, view) -> dict[str, int]:
         """A stage's compile-time sizes: its widths and top_k, the block sizes legalize-triton
-        fixed (BR rows, BN output and BK input columns, BE experts), the dispatch plan's BM."""
+        fixed (BR rows, BN output and BD input columns, BE experts), the dispatch plan's BM."""
         block = lambda name: getattr(kernel, name).value.data  # noqa: E731
         if isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
             sizes = {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
@@ -51,7 +51,7 @@ class Experts:
         sizes = {"DOUT": op.out_dim.value.data, "BN": block("block_n")}
         if isinstance(op, k3s.SumSlotsOp):
             return sizes | {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
-        sizes |= {"DIN": op.in_dim.value.data, "BK": block("block_d")}
+        sizes |= {"DIN": op.in_dim.value.data, "BD": block("block_d")}
         if isinstance(op, k3s.ProjectSlotsOp):
             return sizes | {"TOP_K": op.top_k.value.data}
         rows = op.rows.data.value
@@ -99,7 +99,7 @@ class Experts:
         halves = len(accumulators)
         rms = op.rms_eps is not None
         weight, source = op.weight.data, op.input.data
-        c.comment(op, "fp32 accumulation over blocks of BK input columns"
+        c.comment(op, "fp32 accumulation over blocks of BD input columns"
                   + ("; the rows' RMS from the same pass (it factors out of the product)" if rms else ""))
         one_row = rows in ("pair", "token")
         block = "BR" if rows == "token_block" else "BM"
@@ -107,9 +107,9 @@ class Experts:
             c(f"{acc} = tl.zeros({'[BN]' if one_row else f'[{block}, BN]'}, dtype=tl.float32)")
         if rms:
             c(f"b_sumsq = tl.zeros([{block}], dtype=tl.float32)")
-        c("for i_k in range(0, tl.cdiv(DIN, BK)):")
+        c("for i_k in range(0, tl.cdiv(DIN, BD)):")
         with c.indent():
-            c("o_k = i_k * BK + tl.arange(0, BK)", "m_k = o_k < DIN")
+            c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN")
             if one_row:
                 row = ONE_ROW[rows, index]
                 c(f"b_a = tl.load({source} + {row} * DIN + o_k, mask=m_k, other=0.0).to(tl.float32)")
@@ -140,9 +140,9 @@ class Experts:
         c(f"{y} = tl.zeros([BN], dtype=tl.float32)", "for i_j in range(TOP_K):")
         with c.indent():
             c("i_e = tl.load(topk_ids + i_t * TOP_K + i_j).to(tl.int64)", "b_part = tl.zeros([BN], dtype=tl.float32)",
-              "for i_k in range(0, tl.cdiv(DIN, BK)):")
+              "for i_k in range(0, tl.cdiv(DIN, BD)):")
             with c.indent():
-                c("o_k = i_k * BK + tl.arange(0, BK)", "m_k = o_k < DIN",
+                c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
                   f"b_a = tl.load({op.input.data} + (i_t * TOP_K + i_j) * DIN + o_k, mask=m_k, other=0.0)",
                   f"b_w = tl.load({op.weight.data} + {weight_offsets('expert', 0, 1, 'o_n[:, None]', 'o_k[None, :]')}, "
                   "mask=m_n[:, None] & m_k[None, :], other=0.0)",

@@ -27,9 +27,11 @@ class MoE:
         """The block sizes of the kernel's k3s.launch_by_rows ops, chosen by the call's rows."""
         launches = [op for op in view.entry.body.ops
                     if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+        if any(launch.num_warps is not None for launch in launches):  # the launch passes num_warps=num_warps
+            self.code(f"num_warps = {kernel.num_warps.value.data}")
         for index, launch in enumerate(launches):
-            sizes = {constant: launch.properties[key].value.data for key, constant in BLOCK_CONSTANTS.items()
-                     if key in launch.properties}
+            sizes = {constant: launch.properties[key].value.data
+                     for key, constant in {**BLOCK_CONSTANTS, "num_warps": "num_warps"}.items() if key in launch.properties}
             self.code(f"# {describe(launch)}",
                       f'{"el" if index else ""}if dims["R"] <= {launch.max_rows.value.data}:')
             with self.code.indent():
