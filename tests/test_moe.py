@@ -94,7 +94,7 @@ def test_auto_picks_by_token_count(layer, monkeypatch):
     few, many = moe_inputs(layer, 3), moe_inputs(layer, 33)
     layer.moe(**few)
     layer.moe(**many)
-    assert calls == ["moe_decode", "moe_prefill"]  # max-decode-rows 32 by default
+    assert calls == ["moe_decode", "moe_prefill"]  # max-decode-rows 4 by default
     with pytest.raises(ValueError, match="^schedule: expected 'auto', 'decode' or 'prefill', got 'fast'$"):
         layer.moe(**few, schedule="fast")
 

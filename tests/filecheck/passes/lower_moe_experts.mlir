@@ -3,7 +3,8 @@
 // latent_dim > 0 brings the latent down-projection before the experts and the RMS-normalised
 // up-projection after them; shared experts bring one dense GLU over all of them (stacked
 // layouts) whose down projection adds to out; latent_dim = 0 and no shared experts leave the
-// routed experts alone, writing out directly. Routing kernels are renamed per entry.
+// routed experts alone, writing out directly. The routing kernels (lower-moe-routing's) are
+// renamed per entry.
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts,lower-moe-experts | filecheck %s --check-prefix=ONCE
@@ -20,21 +21,22 @@ builtin.module {
 // CHECK:        k3s.tensor_arg @out <type = !k3s.tensor<R x 40, float>, role = output>
 // CHECK:        k3s.tensor_arg @expert_counts <type = !k3s.tensor<12, index>, role = workspace, fill = 0>
 // CHECK:        k3s.tensor_arg @sorted_pairs <type = !k3s.tensor<PP, index>, role = workspace, fill = -1>
-// CHECK:        k3s.kernel @mlp_prefill_route <grid = row_block, num_warps = 8> {
+// CHECK:        k3s.kernel @mlp_prefill_router_scores <grid = "expert_block,row_block", num_warps = 8> {
+// CHECK:        k3s.kernel @mlp_prefill_router_top_k <grid = row_block, num_warps = 8> {
 // CHECK:        k3s.kernel @mlp_prefill_latent_down <grid = "row_block,column_block", num_warps = 4> {
 // CHECK-NEXT:     %y = k3s.project <input = x, weight = latent_down, in_dim = 40, out_dim = 16, rows = token_block, input_index = token, layout = dense, glu = false>
 // CHECK-NEXT:     k3s.store_rows %y <tensor = h, rows = token_block, index = token, width = 16, accumulate = false>
 // CHECK:        k3s.kernel @mlp_prefill_count_pairs <grid = pair_chunk, num_warps = 4> {
 // CHECK-NEXT:     k3s.count_pairs <num_experts = 12, top_k = 3>
 // CHECK:        k3s.kernel @mlp_prefill_expert_offsets <grid = one, num_warps = 4> {
-// CHECK-NEXT:     k3s.expert_offsets <num_experts = 12, block_rows = 64>
+// CHECK-NEXT:     k3s.expert_offsets <num_experts = 12, block_rows = 128>
 // CHECK:        k3s.kernel @mlp_prefill_sort_pairs <grid = pair_chunk, num_warps = 4> {
 // CHECK:        k3s.kernel @mlp_prefill_expert_gate_up <grid = "sorted_block,column_block", num_warps = 4> {
-// CHECK-NEXT:     %g, %u = k3s.project <input = h, weight = expert_gate_up, in_dim = 16, out_dim = 32, rows = sorted_block, input_index = token, layout = expert, glu = true, block_rows = 64>
+// CHECK-NEXT:     %g, %u = k3s.project <input = h, weight = expert_gate_up, in_dim = 16, out_dim = 32, rows = sorted_block, input_index = token, layout = expert, glu = true, block_rows = 128>
 // CHECK-NEXT:     %act = k3s.glu %g, %u <activation = situ_glu>
 // CHECK-NEXT:     k3s.store_rows %act <tensor = expert_act, rows = sorted_block, index = position, width = 32, accumulate = false>
 // CHECK:        k3s.kernel @mlp_prefill_expert_down <grid = "sorted_block,column_block", num_warps = 4> {
-// CHECK-NEXT:     %y = k3s.project <input = expert_act, weight = expert_down, in_dim = 32, out_dim = 16, rows = sorted_block, input_index = position, layout = expert, glu = false, block_rows = 64>
+// CHECK-NEXT:     %y = k3s.project <input = expert_act, weight = expert_down, in_dim = 32, out_dim = 16, rows = sorted_block, input_index = position, layout = expert, glu = false, block_rows = 128>
 // CHECK-NEXT:     %yw = k3s.weigh_pairs %y
 // CHECK-NEXT:     k3s.store_rows %yw <tensor = pair_out, rows = sorted_block, index = pair, width = 16, accumulate = false>
 // CHECK:        k3s.kernel @mlp_prefill_combine <grid = "row_block,column_block", num_warps = 4> {
@@ -56,7 +58,7 @@ builtin.module {
 // CHECK:        k3s.kernel @mlp_decode_token_down <grid = "token,column_block", num_warps = 4> {
 // CHECK-NEXT:     %y = k3s.project_slots <input = pair_act, weight = expert_down, in_dim = 32, out_dim = 16, top_k = 3>
 // CHECK-NEXT:     k3s.store_rows %y <tensor = combined, rows = token, index = token, width = 16, accumulate = false>
-// CHECK:      k3s.entry_by_rows @moe <source = mlp, small = moe_decode, large = moe_prefill, small_word = decode, large_word = prefill, max_small_rows = 32>
+// CHECK:      k3s.entry_by_rows @moe <source = mlp, small = moe_decode, large = moe_prefill, small_word = decode, large_word = prefill, max_small_rows = 4>
 
 // ONCE-COUNT-1: k3s.entry @moe_prefill
 // ONCE-COUNT-1: k3s.entry_by_rows @moe

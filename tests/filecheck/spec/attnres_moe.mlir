@@ -1,7 +1,7 @@
 // Spec-driven: the AttnRes example lowers with fuse-attnres (max_sources = num_blocks + 1 = 9,
 // eps carried into the score); the LatentMoE example lowers its router with lower-moe-routing
-// (K3's 896 experts, top-16, the scaling and normalisation from the spec); its experts have no
-// lowering yet, so `route` is its only entry.
+// (K3's 896 experts, top-16, the scaling and normalisation from the spec), then its experts with
+// lower-moe-experts (moe_prefill, moe_decode, and moe choosing between them).
 // RUN: k3c ir %examples/attnres.toml --after-all | filecheck %s --check-prefix=AR
 // RUN: k3c ir %examples/latent_moe.toml --after-all | filecheck %s --check-prefix=MOE
 
@@ -39,4 +39,7 @@
 // MOE-NEXT:       %logits = k3s.router_logits <hidden_size = 7168, num_experts = 896> : !k3s.tile<R x E>
 // MOE:          k3s.kernel @latent_moe_router_top_k <grid = row_block, num_warps = 8> {
 // MOE:            %weights = k3s.routing_weights %w <normalize = true, scale = 1.0> : !k3s.tile<R x KS>
-// MOE-NOT:    k3s.entry
+// MOE-LABEL: // -----// IR after lower-moe-experts //----- //
+// MOE:        k3s.entry @moe_prefill <source = latent_moe> {
+// MOE:        k3s.entry @moe_decode <source = latent_moe> {
+// MOE:        k3s.entry_by_rows @moe <source = latent_moe, small = moe_decode, large = moe_prefill

@@ -39,4 +39,4 @@
 // CHECK-NEXT:     BR = 4
 // CHECK-NEXT: grid = (triton.cdiv(dims["R"], BR),)
 // CHECK:      latent_moe_router_top_k_kernel[grid](
-// CHECK:      __all__ = ['route']
+// CHECK:      __all__ = ['route', 'moe_prefill', 'moe_decode', 'moe']
