@@ -102,6 +102,19 @@ class TorchMoe:
         return out
 
 
+def profile(torch, module, weights, x, schedule: str) -> tuple[str, int, list[tuple[str, float]]]:
+    """(schedule, T, [(kernel, mean GPU µs per call)]) of 10 calls of moe_<schedule>."""
+    entry = getattr(module, f"moe_{schedule}")
+    entry(**weights, x=x)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            entry(**weights, x=x)
+        torch.cuda.synchronize()
+    kernels = [(e.key, e.device_time_total / 10) for e in prof.key_averages() if e.device_time_total > 0]
+    return schedule, x.shape[0], sorted(kernels, key=lambda k: -k[1])
+
+
 def main(argv=None) -> int:
     import torch
     import triton
@@ -112,6 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--decode", type=ints, default=[1, 4, 16, 32, 64], help="token counts of the decode table")
     parser.add_argument("--prefill", type=ints, default=[2048, 8192, 32768], help="token counts of the prefill table")
+    parser.add_argument("--profile", type=ints, default=[], help="token counts to profile per kernel (torch.profiler)")
     args = parser.parse_args(argv)
     module = import_file(args.module, "moe_module")
     a = layer_attributes(module)
@@ -175,6 +189,8 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
             del ref
 
+    profiles = [profile(torch, module, weights, randn(T, d), schedule) for T in args.profile
+                for schedule in ("decode", "prefill")]
     head = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
             f"d {d}, latent {l}, {E} experts top-{k}, FFN {F}, {S} shared x {Fs}, {a['activation']}; bf16 weights "
             f"and activations; copy bandwidth {copy_Bps / 1e12:.2f} TB/s, bf16 GEMM {gemm_flops / 1e12:.0f} TFLOP/s "
@@ -204,6 +220,9 @@ def main(argv=None) -> int:
                  if "torch_grouped_mm_ms" in row and "ours_prefill_ms" in row else "-")
         lines.append(f"| {row['T']} | {row['flop'] / 1e12:.1f} | "
                      + " | ".join(cell(row, m, "tflops") for m in methods[1:]) + f" | {ratio} |")
+    for schedule, T, kernels in profiles:
+        lines += ["", f"moe_{schedule} at T = {T}: GPU time per kernel (torch.profiler, mean of 10 calls)", "",
+                  "| kernel | µs |", "|---|---|"] + [f"| {name} | {us:.1f} |" for name, us in kernels]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "moe.md").write_text("\n".join(lines) + "\n")
     (args.out / "moe.json").write_text(json.dumps({"head": head, "copy_Bps": copy_Bps, "gemm_flops": gemm_flops,
