@@ -41,6 +41,7 @@ K3S = Dialect(
         SnapshotStateOp,
         RestoreSnapshotOp,
         KernelOp,
+        WhenOp,
         StateTileOp,
         TokenLoopOp,
         NextTokenOp,
