@@ -43,12 +43,16 @@ class Entries:
         # kernel -> (its parameters, its statements): what a launch passes, what a kernel sharing
         # its code must print the same
         self.kernel_code: dict[str, tuple[list[str], list[str]]] = {}
+        # every entry's argument names, and per kernel those its entry lacks (kernels.py)
+        self.argument_names: set[str] = set()
+        self.absent: dict[str, list[str]] = {}
 
     def print_module(self, module: ModuleOp, docstring: str) -> str:
         c = self.code
         c(f'"""{docstring}', '"""', "", "import os", "", "import torch", "import triton", "import triton.language as tl", "")
         c(*emitted("checks"))
         entries = [op for op in module.ops if isinstance(op, k3s.EntryOp)]
+        self.argument_names = {arg.sym_name.data for entry in entries for arg in EntryView(entry).args}
         # context parallelism (docs/context-parallel.md): with a chunk_segments entry, the chunk
         # entry is printed as _chunk_single and wrapped by a `chunk` that takes segments / cp_group
         cp = context_parallel.cp_entries(module)
@@ -276,7 +280,8 @@ class Entries:
             c(f"{self.kernel_name(code)}[grid](")
             with c.indent():
                 for name in params:
-                    c(f"{arguments[name]},")
+                    absent = name in self.absent[kernel.sym_name.data]
+                    c(f"None,  # {name}: read only by the stages this launch skips" if absent else f"{arguments[name]},")
                 if tabled:
                     c('num_warps=launch["num_warps"],')
                     if kernel.num_stages is not None:

@@ -1,15 +1,17 @@
 """Kernels: the @triton.jit functions (their parameters are what their code reads: arguments of
-the entry, sizes, constexprs) and what frames their stages (the grid axes)."""
+the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards)."""
 
 from __future__ import annotations
 
 import ast
+import copy
 import textwrap
 
 from xdsl.ir import Operation
 
 from k3compile.backends.triton.printer.common import DOT_PRECISION, MATMUL_STAGE_TYPES, Code, EntryView, describe
 from k3compile.ir import k3s
+
 
 def statements(code: str) -> ast.Module:
     """Indented Python code parsed, without its docstring (which names launch attributes, e.g. a
@@ -20,6 +22,23 @@ def statements(code: str) -> ast.Module:
 
 def names_read(code: ast.Module) -> set[str]:
     return {node.id for node in ast.walk(code) if isinstance(node, ast.Name)}
+
+
+def free_names(code: ast.Module) -> set[str]:
+    """The names the code reads but never assigns: its parameters and the module's globals."""
+    names = [node for node in ast.walk(code) if isinstance(node, ast.Name)]
+    return {n.id for n in names if isinstance(n.ctx, ast.Load)} - {n.id for n in names if isinstance(n.ctx, ast.Store)}
+
+
+def launched(code: ast.Module, kernel: k3s.KernelOp) -> ast.Module:
+    """The code a launch of kernel runs: without the guards (`if FLAG:`) of the flags it turns off."""
+    off = {flag for flag in (kernel.flags.data if kernel.flags is not None else {}) if not kernel.flag_on(flag)}
+
+    class SkipOff(ast.NodeTransformer):
+        def visit_If(self, node: ast.If) -> ast.AST | None:
+            return None if isinstance(node.test, ast.Name) and node.test.id in off else self.generic_visit(node)
+
+    return SkipOff().visit(copy.deepcopy(code))
 
 
 def param_name(declaration: str) -> str:
@@ -101,6 +120,8 @@ class Kernels:
         params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
         if checkpointing:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
+        if kernel.flags is not None:  # each flag as this kernel's launch sets it
+            params += [(f"{flag}: tl.constexpr", f"{flag}={kernel.flag_on(flag)}") for flag in kernel.flags.data]
         if any(isinstance(op, MATMUL_STAGE_TYPES) for op in kernel.walk()):
             first = view.tensors[0].sym_name.data
             # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
@@ -123,6 +144,14 @@ class Kernels:
         code = statements(body.text())
         used = names_read(code)
         params = [param for param, _ in self.kernel_params(kernel, view) if param_name(param) in used]
+        # then the arguments of other entries that only stages its launch skips read (the summary
+        # prepare's q, P and QG): its launch passes None
+        absent = sorted(free_names(code) & self.argument_names - {param_name(p) for p in params})
+        if missing := set(absent) & free_names(launched(code, kernel)):
+            raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(missing)}, "
+                             f"which entry @{view.entry.sym_name.data} does not have")
+        self.absent[kernel.sym_name.data] = absent
+        params += absent
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
             twin_params, twin_code = self.kernel_code[kernel.shares_code_of.data]
             if (sorted(twin_params), twin_code) != (sorted(params), ast.dump(code)):
@@ -140,6 +169,12 @@ class Kernels:
     def print_ops(self, parent: Operation) -> None:
         for op in parent.regions[0].ops:
             getattr(self, "print_" + op.name.replace(".", "_"))(op)
+
+    def print_k3s_when(self, op: k3s.WhenOp) -> None:
+        self.code.comment(op, f"skipped by launches that pass {op.flag.data}=False")
+        self.code(f"if {op.flag.data}:")
+        with self.code.indent():
+            self.print_ops(op)
 
     def print_axis_value_block(self, axis: int) -> None:
         self.code(
