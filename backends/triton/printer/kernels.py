@@ -151,7 +151,8 @@ class Kernels:
             raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(missing)}, "
                              f"which entry @{view.entry.sym_name.data} does not have")
         self.absent[kernel.sym_name.data] = absent
-        params += absent
+        constexprs = next((i for i, param in enumerate(params) if param.endswith("tl.constexpr")), len(params))
+        params[constexprs:constexprs] = absent  # launched positionally, so before the constexprs (keywords)
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
             twin_params, twin_code = self.kernel_code[kernel.shares_code_of.data]
             if (sorted(twin_params), twin_code) != (sorted(params), ast.dump(code)):
