@@ -424,10 +424,18 @@ def chunk_tile(run: ChunkRun, op) -> None:
     """Which rows a program owns: the chunk being run."""
 
 
+@semantics(k3s.WhenOp)
+def when(run: ChunkRun, op: k3s.WhenOp) -> None:
+    """Its stages, if its kernel's launch turns its flag on (the summary prepare's does not)."""
+    if op.is_on():
+        run.run_block(op.body.block)
+
+
 def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int, workspaces: dict) -> None:
     """A token-parallel chunk kernel (fuse-chunkwise's prepare, gram or wy) on x's chunks: its
-    ops in program order; what it spills goes into `workspaces`, {(chunk start, name): value},
-    and what it reloads must be there (an earlier kernel's spill)."""
+    ops in program order, but the guarded ones its launch skips; what it spills goes into
+    `workspaces`, {(chunk start, name): value}, and what it reloads must be there (an earlier
+    kernel's spill)."""
     run = ChunkRun(x, workspaces)
     for _ in run.chunks(chunk_size):
         run.run_block(kernel.body.block)

@@ -8,7 +8,8 @@ where the results, symbol, operands, region and types are present only if the op
 the keyword list holds the op's properties in declaration order. Operands are values defined
 before their use (earlier ops of the block, or block arguments of an enclosing region). Values are integers, floats (always printed with a
 '.', so they re-parse as floats), booleans, bare identifiers (enum values), quoted strings and
-types in their own syntax (`type = !k3s.tensor<B x T x 32 x 128, float>`).
+types in their own syntax (`type = !k3s.tensor<B x T x 32 x 128, float>`) and dictionaries of
+them (`flags = {SPILL_P_QG = true}`).
 The parser rejects a repeated key, and reads each value as its property's declared constraint
 asks: a word for an enum property is that enum attribute, an integer literal for a float
 property is that float; anything else that does not fit is a parse error naming the op and the
@@ -24,6 +25,7 @@ from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     BoolAttr,
+    DictionaryAttr,
     FloatAttr,
     IntegerAttr,
     IntegerType,
@@ -68,6 +70,8 @@ def attr_to_literal(attr: Attribute) -> str:
     if isinstance(attr, StringAttr):
         bare = _IDENTIFIER.fullmatch(attr.data) and attr.data not in ("true", "false")
         return attr.data if bare else json.dumps(attr.data)
+    if isinstance(attr, DictionaryAttr):
+        return "{" + ", ".join(f"{key} = {attr_to_literal(value)}" for key, value in attr.data.items()) + "}"
     raise TypeError(f"no keyword syntax for attribute {attr}")
 
 
@@ -82,6 +86,20 @@ def literal_to_attr(parser: Parser) -> Attribute:
         return FloatAttr(number, f64) if isinstance(number, float) else IntegerAttr(number, i64)
     if parser.lexer.input.content.startswith("!", start):  # a dialect type, read by its own parser
         return parser.parse_type()
+    if parser.parse_optional_punctuation("{") is not None:
+        items: dict[str, Attribute] = {}
+
+        def parse_item() -> None:
+            key_start = parser.pos
+            key = parser.parse_identifier(" (a dictionary key)")
+            if key in items:
+                parser.raise_error(f"dictionary key '{key}' is given twice", key_start, parser.pos)
+            parser.parse_punctuation("=")
+            items[key] = literal_to_attr(parser)
+
+        parser.parse_comma_separated_list(parser.Delimiter.NONE, parse_item)
+        parser.parse_punctuation("}")
+        return DictionaryAttr(items)
     text = parser.parse_optional_str_literal()
     if text is not None:
         return StringAttr(text)

@@ -59,6 +59,7 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
 
     from k3compile.backends.triton.legalize import LegalizeTritonPass
     from k3compile.backends.triton.printer import print_triton
+    from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
     from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
 
     compilation = schedule(spec, pipeline)
@@ -69,6 +70,7 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
         )
     LegalizeTritonPass(source=spec.source).apply(Context(), compilation.scheduled)
+    GuardSpillOnlyStagesPass().apply(Context(), compilation.scheduled)
     MergeIdenticalKernelsPass().apply(Context(), compilation.scheduled)
     start = time.perf_counter()
     compilation.source = print_triton(compilation.scheduled, provenance(compilation, note), launch_tables)

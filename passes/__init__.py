@@ -20,8 +20,11 @@ Each pass is one idea, named for what it derives:
   the previous round's commit, then the next round's verify).
 - derive-segment-scan: k3.recurrence -> its segment-scan schedule (context parallelism: segment
   summaries (M, N), their associative combine, each segment finished chunkwise), proved;
+- guard-spill-only-stages: a kernel that is another's minus stages that only feed spills runs the
+  other's code, those stages under a constexpr flag it turns off (the summary prepare, the chunk
+  prepare's code without the output's stages);
 - merge-identical-kernels: kernels of different entries with the same code run one code (the
-  backend runs it after fixing block sizes).
+  backend runs both after fixing block sizes).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ _WHERE = {
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),
     "lower-segment-scan": ("lower_segment_scan", "LowerSegmentScanPass"),
+    "guard-spill-only-stages": ("guard_spill_only_stages", "GuardSpillOnlyStagesPass"),
     "merge-identical-kernels": ("merge_identical_kernels", "MergeIdenticalKernelsPass"),
 }
 

@@ -5,9 +5,11 @@ own entry with its own launch configuration.
 
 Two kernels have the same code when their bodies are structurally equivalent (the same ops, in
 the same order, with the same properties and the same use-def chains) and their properties agree
-but for those that only say how a kernel is launched (launch configuration and block sizes, which
-each launch passes as constexprs). The printer checks that the two kernels' code agrees in their
-entries and says so if it does not.
+but for those that only say how a kernel is launched (launch configuration, block sizes and the
+values of its flags, which each launch passes as constexprs). So the summary prepare, which
+guard-spill-only-stages gives the chunk prepare's body with its flag off, runs the chunk
+prepare's code. The printer checks that the two kernels' code agrees in their entries and says
+so if it does not.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ LAUNCH_ONLY_IN_BODY = {k3s.StateTileOp: ("block_v",)}
 
 
 def code_properties(kernel: k3s.KernelOp) -> dict:
-    return {key: value for key, value in kernel.properties.items() if key not in LAUNCH_ONLY}
+    code = {key: value for key, value in kernel.properties.items() if key not in LAUNCH_ONLY}
+    if kernel.flags is not None:  # which flags the code reads is code, the value each launch passes is not
+        code["flags"] = sorted(kernel.flags.data)
+    return code
 
 
 def code_of(kernel: k3s.KernelOp) -> Region:

@@ -165,11 +165,22 @@ def test_segments_one_never_summarises(compile_layer, monkeypatch):
 
 def test_segments_prepare_once(compile_layer, monkeypatch):
     """One device: the summaries come from chunk_segments' one prepare, never from a second
-    (segment_summary's) prepare."""
+    (segment_summary's: the prepare code they share, with its query stages off)."""
     layer = cp_layer(compile_layer, "kda")
     inputs = varlen("kda", "kv", (2 * C + 3, 7))
-    forbid_kernels(monkeypatch, layer.module, "_summary_prepare_kernel")
+    name = next(n for n in dir(layer.module) if n.endswith("_chunk_prepare_kernel"))
+    prepare, flags = getattr(layer.module, name), []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                flags.append(kwargs["SPILL_P_QG"])
+                return prepare[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(layer.module, name, Recorded())
     check_against_recurrence(layer, inputs, layer.chunk(**inputs, output_final_state=True, segments=3), "P = 3")
+    assert flags == [True]
 
 
 def test_auto_segments(compile_layer, monkeypatch):

@@ -1,5 +1,6 @@
 """The generated modules' kernels: every parameter is read, no two kernels have the same code,
-and the kernels that merge-identical-kernels merges are launched from both entries."""
+and the kernels that merge-identical-kernels merges (after guard-spill-only-stages) are launched
+from both entries."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ PIPELINES = {
     "token-verify": "derive-replay{draft-tokens=8},lower-speculative",
     "chunk-32": "derive-chunkwise{chunk-size=32 solve-block=16},fuse-chunkwise,derive-segment-scan{chunk-size=32},"
                 "lower-segment-scan",
+    # segment_summary first: the shared prepare's code is the summary's, whose launch skips the
+    # query stages (its parameters q, P, QG come from chunk_segments' arguments)
+    "summary-first": "derive-segment-scan,lower-segment-scan,derive-chunkwise,fuse-chunkwise",
 }
 RECURRENCES = [p for p in EXAMPLE_SPECS if load_spec(p).kind in ("kda", "gated_deltanet", "deltanet", "gla")]
 CASES = [pytest.param(spec, pipeline, id=f"{spec.stem}-{name}") for spec in RECURRENCES
@@ -63,25 +67,53 @@ def kernel_map(module) -> dict[str, k3s.KernelOp]:
     return {op.sym_name.data: op for op in module.walk() if isinstance(op, k3s.KernelOp)}
 
 
+def launch_in(source: str, entry: str, kernel: str) -> str:
+    """The launch of a kernel (by its IR name) in the printed entry."""
+    body = source[source.index(f"def {entry}("):]
+    launch = body[body.index(f"# k3s.kernel @{kernel} "):]
+    return launch[:re.search(r"\n\s*\)\n", launch).start()]
+
+
 def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
     spec = next(p for p in RECURRENCES if p.stem == "kda")
     compilation = lower(load_spec(spec))
     kernels = kernel_map(compilation.scheduled)
     shared = {name: k.shares_code_of.data for name, k in kernels.items() if k.shares_code_of is not None}
     assert shared == {
+        "kda_summary_prepare": "kda_chunk_prepare",
         "kda_segments_prepare": "kda_chunk_prepare",
         "kda_segments_scan": "kda_chunk_scan",
         "kda_segments_summary_scan_N": "kda_summary_scan_N",
         "kda_segments_summary_scan_M": "kda_summary_scan_M",
     }
     source = compilation.source
-    assert "def kda_segments_scan_kernel(" not in source
+    assert "def kda_segments_scan_kernel(" not in source and "def kda_summary_prepare_kernel(" not in source
     # each entry launches the shared code with its own launch configuration
-    segments = source[source.index("def chunk_segments("):]
-    launch = segments[segments.index("# k3s.kernel @kda_segments_scan"):]
-    launch = launch[:re.search(r"\n\s*\)\n", launch).start()]
+    launch = launch_in(source, "chunk_segments", "kda_segments_scan")
     assert "kda_chunk_scan_kernel[grid](" in launch
     assert f"num_stages={kernels['kda_segments_scan'].num_stages.value.data}," in launch
+    # the summary's launch turns the query stages off and passes None for what only they read
+    summary = launch_in(source, "segment_summary", "kda_summary_prepare")
+    assert "kda_chunk_prepare_kernel[grid](" in summary and "SPILL_P_QG=False," in summary
+    assert [line.strip().split(":")[0] for line in summary.splitlines() if line.strip().startswith("None,")] == \
+        ["None,  # q", "None,  # P", "None,  # QG"]
+    for entry, kernel in (("_chunk_single", "kda_chunk_prepare"), ("chunk_segments", "kda_segments_prepare")):
+        assert "SPILL_P_QG=True," in launch_in(source, entry, kernel) and "None,  #" not in launch_in(source, entry, kernel)
+
+
+@pytest.mark.parametrize("kind, flag", [("kda", "SPILL_P_QG"), ("gated_deltanet", "SPILL_P_QG"),
+                                        ("deltanet", "SPILL_P"), ("gla", None)])
+def test_summary_prepare_runs_the_chunk_prepares_code(kind, flag):
+    """The summary prepare is the chunk prepare minus the query stages; GLA's prepare interleaves
+    them with its KG stages, which one guard cannot hold without reordering the chunk prepare,
+    so GLA's summary prepare keeps its own code."""
+    kernels = kernel_map(lower(load_spec(next(p for p in RECURRENCES if p.stem == kind))).scheduled)
+    summary = kernels[f"{kind}_summary_prepare"]
+    if flag is None:
+        assert summary.flags is None and summary.shares_code_of is None
+    else:
+        assert summary.shares_code_of.data == f"{kind}_chunk_prepare" and not summary.flag_on(flag)
+        assert kernels[f"{kind}_chunk_prepare"].flag_on(flag)
 
 
 def test_merge_needs_the_same_code_properties():

@@ -6,6 +6,7 @@ import importlib
 import inspect
 import io
 import pkgutil
+from pathlib import Path
 
 import pytest
 from xdsl.parser import Parser
@@ -268,3 +269,22 @@ def test_compile_errors_are_k3_errors(tmp_path):
     with pytest.raises(K3Error):
         k3_compile(EXAMPLES / "kda.toml", out_dir=tmp_path, pipeline="no-such-pass")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_guards_value_read_outside_it_is_refused():
+    """A pass that moves a reader of a guarded value out of its k3s.when builds IR the verifier
+    refuses: a launch that skips the guard would leave the value unset (the parser refuses it in
+    text, tests/filecheck/verify/when_guard.mlir)."""
+    from xdsl.utils.exceptions import VerifyException
+
+    from k3compile.ir import k3s
+
+    text = (Path(__file__).parent / "filecheck" / "verify" / "when_guard.mlir").read_text()
+    module = Parser(make_context(), text).parse_module()
+    module.verify()
+    when = next(op for op in module.walk() if isinstance(op, k3s.WhenOp))
+    spill = when.body.block.last_op
+    spill.detach()
+    when.parent_block().insert_op_after(spill, when)
+    with pytest.raises(VerifyException, match="%P is read outside it"):
+        module.verify()

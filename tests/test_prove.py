@@ -17,7 +17,8 @@ from k3compile.errors import IRError
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
 from k3compile.passes.common import make, props
-from k3compile.prove import prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay, prove_spec_step
+from k3compile.prove import (checked, prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay,
+                             prove_spec_step)
 from k3compile.spec import load_spec, spec_from_table
 
 DELTA_KINDS = [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]]
@@ -106,6 +107,42 @@ def test_fused_kernels_proved(kind, grouping, chunk_size, fresh_seed):
     assert [r.length for r in results] == [max(1, chunk_size - 1), 2 * chunk_size + 1]
     assert all(f"grouping={grouping}" in r.schedule for r in results)
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
+
+
+@pytest.mark.parametrize("kind", ["kda", "gated_deltanet", "deltanet"])
+def test_summary_prepare_skips_the_guarded_stages(kind, fresh_seed):
+    """Sharing the chunk prepare's code (guard-spill-only-stages, merge-identical-kernels), the
+    summary prepare's launch skips the guarded stages: it spills what it spilled with its own
+    code, no more, the same values as the chunk prepare; the chunk entry, guard on, still equals
+    the token recurrence."""
+    from xdsl.context import Context
+
+    from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
+    from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
+    from k3compile.prove import derived, entry_kernels, proof_inputs
+
+    layer_op, module = derived(spec_of(kind), "derive-chunkwise{chunk-size=3},fuse-chunkwise,"
+                                              "derive-segment-scan{chunk-size=3},lower-segment-scan")
+    own_code = module.clone()
+    GuardSpillOnlyStagesPass().apply(Context(), module)
+    MergeIdenticalKernelsPass().apply(Context(), module)
+    summary, chunk = entry_kernels(module, "segment_summary")[0], entry_kernels(module, "chunk")[0]
+    (flag,) = summary.flags.data
+    assert summary.shares_code_of.data == chunk.sym_name.data
+    assert not summary.flag_on(flag) and chunk.flag_on(flag)
+    x = proof_inputs(random.Random(fresh_seed), layer_op, 7)
+
+    def spills(prepare: k3s.KernelOp) -> dict:
+        workspaces: dict = {}
+        exact.run_prepare_kernel(prepare, x, 3, workspaces)
+        return workspaces
+
+    own, shared, full = spills(entry_kernels(own_code, "segment_summary")[0]), spills(summary), spills(chunk)
+    assert own.keys() == shared.keys() < full.keys()
+    assert all(shared[key] == own[key] == full[key] for key in shared)
+    result = checked(kind, "chunk", exact.token_recurrence(x, DELTA_OF_KIND[kind]),
+                     lambda: exact.run_lowered_entry(entry_kernels(module, "chunk"), x))
+    assert result.holds, result.first_mismatch
 
 
 def patch_fusion(monkeypatch, mutate) -> list:

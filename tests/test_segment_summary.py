@@ -15,10 +15,13 @@ PIPELINE = (f"lower-recurrent,derive-chunkwise{{chunk-size={C}}},fuse-chunkwise{
             f"derive-segment-scan{{chunk-size={C}}},lower-segment-scan{{block-v=16}}")
 # segments: shorter than a chunk, exactly one, several with a partial tail, one token
 SEGMENTS = (5, C, 2 * C + 3, 1)
+# segment_summary printed first: the prepare code all three entries share is declared there
+SUMMARY_FIRST = (f"lower-recurrent,derive-segment-scan{{chunk-size={C}}},lower-segment-scan{{block-v=16}},"
+                 f"derive-chunkwise{{chunk-size={C}}},fuse-chunkwise{{block-v=16}}")
 
 
-def summary_layer(compile_layer, kind: str, layout: str = "kv", **dims):
-    layer = compile_layer(pipeline=PIPELINE, **recurrence_table(kind, layout, **dims))
+def summary_layer(compile_layer, kind: str, layout: str = "kv", pipeline: str = PIPELINE, **dims):
+    layer = compile_layer(pipeline=pipeline, **recurrence_table(kind, layout, **dims))
     layer.module.POISON_OUTPUTS = True
     return layer
 
@@ -49,15 +52,20 @@ def test_summaries_match_the_definition(compile_layer, kind, layout):
         assert_matches(M, ref_M, f"{kind} M", rms_tol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("pipeline", [PIPELINE, SUMMARY_FIRST], ids=["chunk-first", "summary-first"])
 @pytest.mark.parametrize("kind", ["kda", "gated_deltanet"])
-def test_summary_maps_any_start_to_the_chunk_entrys_state(compile_layer, kind):
+def test_summary_maps_any_start_to_the_chunk_entrys_state(compile_layer, kind, pipeline):
     """M S0 + N equals the chunk entry's final state from S0 (non-power-of-two dims, batch rows
-    as the segments)."""
-    layer = summary_layer(compile_layer, kind, H=1, HV=2, K=12, V=10)
+    as the segments); the chunk entry's outputs match the reference. The entries share one prepare
+    code, whose query stages the summary's launch skips, whichever entry declares it."""
+    layer = summary_layer(compile_layer, kind, pipeline=pipeline, H=1, HV=2, K=12, V=10)
+    assert len([name for name in dir(layer.module) if name.endswith("_prepare_kernel")]) == 1
     shape = RecurrenceShape(2, C + 7, 1, 2, 12, 10)
     inputs = recurrence_inputs(kind, "kv", shape)
     M, N = summaries(layer, inputs)
-    _, final = layer.chunk(**inputs, output_final_state=True)
+    o, final = layer.chunk(**inputs, output_final_state=True)
+    ref_o, _ = reference.recurrence(layer_op(layer), **inputs, output_final_state=True)
+    assert_matches(o, ref_o, f"{kind} o", rms_tol=1e-4, atol=1e-4)
     S0 = inputs["initial_state"]
     moved = torch.einsum("nhij,nhjv->nhiv", M, S0) if M.dim() == 4 else (M[..., None] * S0 if M.dim() == 3 else M[..., None, None] * S0)
     assert_matches(moved + N, final.double(), f"{kind} M S0 + N", rms_tol=1e-4, atol=1e-4)

@@ -44,6 +44,7 @@ K3S = Dialect(
         RestoreSnapshotOp,
         KernelOp,
         LaunchByRowsOp,
+        WhenOp,
         StateTileOp,
         TokenLoopOp,
         NextTokenOp,

@@ -25,7 +25,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
-from k3compile.ir.k3s.core import GATED, KernelOp, TileType, TokenTensorAttr
+from k3compile.ir.k3s.core import GATED, KernelOp, TileType, TokenTensorAttr, WhenOp
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -173,7 +173,8 @@ def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
     return loop.body.block.args[0], loop.body.block.last_op.state
 
 
-CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, ChunkLoopOp)  # before fusion, in a prepare kernel, re-run in a scan
+# before fusion, in a prepare kernel (or under one of its guards), re-run in a scan
+CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, WhenOp, ChunkLoopOp)
 SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp)
 
 
@@ -251,7 +252,7 @@ class SpillOp(KeywordSyntax):
     name = "k3s.spill"
     value = prop_def(SpilledAttr)
     tile = operand_def(TileType)
-    traits = traits_def(HasParent(KernelOp, ChunkLoopOp))
+    traits = traits_def(HasParent(KernelOp, WhenOp, ChunkLoopOp))
 
 
 @irdl_op_definition

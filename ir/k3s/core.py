@@ -4,8 +4,9 @@ Python functions) with their arguments, and kernels."""
 from __future__ import annotations
 
 import itertools
+import re
 
-from xdsl.dialects.builtin import I64, ArrayAttr, FloatAttr, IntAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import I64, ArrayAttr, DictionaryAttr, FloatAttr, IntAttr, IntegerAttr, StringAttr, i1
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, TypeAttribute
 from xdsl.irdl import (
@@ -19,7 +20,7 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
-from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
+from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Gate, Word
@@ -292,6 +293,10 @@ class KernelDotsAttr(EnumAttribute[KernelDots], SpacedOpaqueSyntaxAttribute):
     name = "k3s.dots"
 
 
+# a flag is a constexpr parameter of the printed kernel, named in upper case as the others are
+FLAG_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
 @irdl_op_definition
 class KernelOp(KeywordSyntax):
     """One GPU kernel: a grid of programs, each running the stages of its body in order.
@@ -323,11 +328,17 @@ class KernelOp(KeywordSyntax):
     block_e = opt_prop_def(IntegerAttr[I64])
     block_ks = opt_prop_def(IntegerAttr[I64])
     block_n = opt_prop_def(IntegerAttr[I64])  # an MoE projection's output columns
+    # its constexpr flags, each the guard of its k3s.when stages, and the value its launch passes:
+    # the names are code, the values launch (kernels sharing one code pass their own)
+    flags = opt_prop_def(DictionaryAttr)
     # another kernel of the module whose code this one runs (merge-identical-kernels: the same
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(StringAttr)
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp), IsolatedFromAbove())
+
+    def flag_on(self, flag: str) -> bool:
+        return bool(self.flags.data[flag].value.data)
 
     def verify_(self) -> None:
         warps = self.num_warps.value.data
@@ -345,6 +356,41 @@ class KernelOp(KeywordSyntax):
                 f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
                 f"got {self.maxnreg.value.data}"
             )
+        flags = {} if self.flags is None else self.flags.data
+        for flag, value in flags.items():
+            if not FLAG_NAME.fullmatch(flag) or not (isinstance(value, IntegerAttr) and value.type == i1):
+                raise VerifyException(f"{self.name} @{self.sym_name.data}: a flag is an upper-case name "
+                                      f"(a constexpr of the code) set to true or false; got {flag} = {value}")
+        guards = {op.flag.data for op in self.walk() if isinstance(op, WhenOp)}
+        if guards != set(flags):
+            raise VerifyException(f"{self.name} @{self.sym_name.data}: its flags {sorted(flags)} must be those its "
+                                  f"k3s.when stages read, {sorted(guards)}")
+
+
+@irdl_op_definition
+class WhenOp(KeywordSyntax):
+    """`k3s.when <flag = SPILL_P_QG> { stages }`: stages that run only in launches of the kernel
+    that set `flag` (one of its `flags`: a compile-time constant of each launch) on; with it off
+    the program skips them. Kernels that run one code but need different spills (the chunk
+    prepare and the summary prepare, guard-spill-only-stages) hold the stages only some need
+    under one. It has no results, and its stages' values are read only inside it, so a launch
+    that skips them misses nothing else."""
+
+    name = "k3s.when"
+    flag = prop_def(StringAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasAncestor(KernelOp))
+
+    def verify_(self) -> None:
+        for op in self.body.walk():
+            for result in op.results:
+                if any(not self.is_ancestor(use.operation) for use in result.uses):
+                    raise VerifyException(f"{self.name} <flag = {self.flag.data}>: %{result.name_hint} is read "
+                                          "outside it, which a launch with the flag off would leave unset")
+
+    def is_on(self) -> bool:
+        """Whether its kernel's launch runs its stages."""
+        return HasAncestor(KernelOp).get_ancestor(self).flag_on(self.flag.data)
 
 
 @irdl_op_definition

@@ -4,7 +4,7 @@ The printer makes no scheduling decisions: every block of generated code is the 
 one IR op (named in a comment above it), with constants read from the op's properties.
 Entries become host functions (argument checks, allocation, launch), kernels become
 @triton.jit functions, stages become the statements of those functions. One file per op
-family: entries.py (module, entries, kernels, grid axes), loads.py, token_stages.py,
+family: entries.py (module, entries), kernels.py (kernels, grid axes), loads.py, token_stages.py,
 chunk_stages.py, serving.py (speculative decoding), segments.py (context parallelism),
 attnres.py, moe.py (MoE routing, its expert_block axis and launches by rows), experts.py (MoE
 experts); common.py holds what they share.
@@ -19,6 +19,7 @@ from k3compile.backends.triton.printer.chunk_stages import ChunkStages
 from k3compile.backends.triton.printer.common import EntryView, describe, launch_table_name
 from k3compile.backends.triton.printer.entries import Entries
 from k3compile.backends.triton.printer.experts import Experts
+from k3compile.backends.triton.printer.kernels import Kernels
 from k3compile.backends.triton.printer.loads import Loads
 from k3compile.backends.triton.printer.moe import MoE
 from k3compile.backends.triton.printer.segments import Segments
@@ -28,7 +29,7 @@ from k3compile.backends.triton.printer.token_stages import TokenStages
 __all__ = ["EntryView", "TritonPrinter", "describe", "launch_table_name", "print_triton"]
 
 
-class TritonPrinter(Entries, Loads, TokenStages, ChunkStages, Serving, Segments, AttnRes, MoE, Experts):
+class TritonPrinter(Entries, Kernels, Loads, TokenStages, ChunkStages, Serving, Segments, AttnRes, MoE, Experts):
     """One method per k3s op. `print_module` returns the source of the compiled module."""
 
 

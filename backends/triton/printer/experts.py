@@ -66,6 +66,47 @@ class Experts:
             sizes["GROUP"] = op.group.value.data
         return sizes
 
+    def print_axis_column_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BN output columns",
+            f"o_n = tl.program_id({axis}) * BN + tl.arange(0, BN)",
+            "m_n = o_n < DOUT",
+        )
+
+    def print_axis_pair_chunk(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BR (token, slot) pairs, p = t * TOP_K + j",
+            f"o_p = tl.program_id({axis}) * BR + tl.arange(0, BR)",
+            "m_p = o_p < R * TOP_K",
+        )
+
+    def print_axis_one(self, axis: int) -> None:
+        self.code(f"# grid axis {axis}: one program")
+
+    def print_axis_sorted_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BM positions of the expert-sorted pair list, all of one expert",
+            f"i_sb = tl.program_id({axis}).to(tl.int64)",
+            "if i_sb * BM >= tl.load(expert_offsets + E):  # past the blocks in use",
+            "    return",
+            "o_s = i_sb * BM + tl.arange(0, BM)",
+            "b_pairs = tl.load(sorted_pairs + o_s).to(tl.int64)",
+            "m_s = b_pairs >= 0  # -1: padding",
+            "o_t = tl.where(m_s, b_pairs // TOP_K, 0)",
+            "i_e = tl.load(block_expert + i_sb).to(tl.int64)",
+        )
+
+    def print_axis_pair(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one (token, slot) pair, p = t * TOP_K + j, and its expert",
+            f"i_p = tl.program_id({axis}).to(tl.int64)",
+            "o_t = i_p // TOP_K",
+            "i_e = tl.load(topk_ids + i_p).to(tl.int64)",
+        )
+
+    def print_axis_token(self, axis: int) -> None:
+        self.code(f"# grid axis {axis}: one token row", f"i_t = tl.program_id({axis}).to(tl.int64)")
+
     @staticmethod
     def top_k(view) -> int:
         """The routing's slots per token: topk_ids is [R, top_k]."""

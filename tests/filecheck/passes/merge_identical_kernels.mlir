@@ -1,24 +1,41 @@
 // merge-identical-kernels: a kernel whose body and code properties equal those of an earlier
 // kernel of another entry runs that kernel's code (shares_code_of); launch settings (warps,
-// stages, block sizes) may differ. The chunk entry and chunk_segments share their prepare and
-// scan, segment_summary and chunk_segments their summary scans; segment_summary's prepare has no
-// query Gram, so it keeps its own code. Running the pass again changes nothing.
-// RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8},derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=8},merge-identical-kernels' | filecheck %s
-// RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8},derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=8},merge-identical-kernels,merge-identical-kernels' | k3c opt - | filecheck %s
+// stages, block sizes, the values of its flags) may differ. The chunk entry and chunk_segments
+// share their prepare and scan, segment_summary and chunk_segments their summary scans. After
+// guard-spill-only-stages the three prepares have one body, the query Gram P and the gated
+// queries QG under a guard that segment_summary's launch turns off: they share the first one's
+// code (here segment_summary's, the first entry). Without guard-spill-only-stages the summary
+// prepare, which has no query stages, keeps its own code. Running the passes again changes
+// nothing, and the IR they print parses back.
+// RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8},derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=8},guard-spill-only-stages,merge-identical-kernels' | filecheck %s
+// RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8},derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=8},guard-spill-only-stages,merge-identical-kernels,guard-spill-only-stages,merge-identical-kernels' | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8},derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=8},merge-identical-kernels' | filecheck %s --check-prefix=OWN
 
 builtin.module {
   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.5, state_layout = kv, dtype = float32>
 }
 
 // CHECK:      k3s.entry @segment_summary <source = kda> {
-// CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head", num_warps = 4> {
+// CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = false}> {
+// CHECK:          k3s.spill %KG <value = KG>
+// CHECK-NEXT:     k3s.when <flag = SPILL_P_QG> {
+// CHECK-NEXT:       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
+// CHECK:            k3s.spill %P <value = P>
+// CHECK:            k3s.spill %QG <value = QG>
+// CHECK-NEXT:     }
+// CHECK-NEXT:     %T = k3s.forward_substitution
 // CHECK:        k3s.kernel @kda_summary_scan_N <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
 // CHECK:        k3s.kernel @kda_summary_scan_M <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
 // CHECK:      k3s.entry @chunk_segments <source = kda> {
-// CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head", num_warps = 4> {
+// CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = true}, shares_code_of = kda_summary_prepare> {
 // CHECK:        k3s.kernel @kda_segments_summary_scan_N <{{.*}}, shares_code_of = kda_summary_scan_N> {
 // CHECK:        k3s.kernel @kda_segments_summary_scan_M <{{.*}}, shares_code_of = kda_summary_scan_M> {
 // CHECK:        k3s.kernel @kda_segments_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
 // CHECK:      k3s.entry @chunk <source = kda> {
-// CHECK:        k3s.kernel @kda_chunk_prepare <grid = "chunk,value_head", num_warps = 4, shares_code_of = kda_segments_prepare> {
+// CHECK:        k3s.kernel @kda_chunk_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = true}, shares_code_of = kda_summary_prepare> {
 // CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 3, shares_code_of = kda_segments_scan> {
+
+// OWN:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head", num_warps = 4> {
+// OWN-NOT:      k3s.when
+// OWN:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head", num_warps = 4> {
+// OWN:        k3s.kernel @kda_chunk_prepare <grid = "chunk,value_head", num_warps = 4, shares_code_of = kda_segments_prepare> {

@@ -1,0 +1,246 @@
+"""Kernels: the @triton.jit functions (their parameters are what their code reads: arguments of
+the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import textwrap
+
+from xdsl.ir import Operation
+
+from k3compile.backends.triton.printer.common import (
+    DOT_PRECISION,
+    EXPERT_STAGE_TYPES,
+    MATMUL_STAGE_TYPES,
+    Code,
+    EntryView,
+    describe,
+)
+from k3compile.ir import k3s
+
+
+def statements(code: str) -> ast.Module:
+    """Indented Python code parsed, without its docstring (which names launch attributes, e.g. a
+    state tile's block of value columns); comments are gone too."""
+    body = ast.parse(textwrap.dedent(code)).body
+    return ast.Module(body=body[1:] if isinstance(body[0], ast.Expr) else body, type_ignores=[])
+
+
+def names_read(code: ast.Module) -> set[str]:
+    return {node.id for node in ast.walk(code) if isinstance(node, ast.Name)}
+
+
+def free_names(code: ast.Module) -> set[str]:
+    """The names the code reads but never assigns: its parameters and the module's globals."""
+    names = [node for node in ast.walk(code) if isinstance(node, ast.Name)]
+    return {n.id for n in names if isinstance(n.ctx, ast.Load)} - {n.id for n in names if isinstance(n.ctx, ast.Store)}
+
+
+def launched(code: ast.Module, kernel: k3s.KernelOp) -> ast.Module:
+    """The code a launch of kernel runs: without the guards (`if FLAG:`) of the flags it turns off."""
+    off = {flag for flag in (kernel.flags.data if kernel.flags is not None else {}) if not kernel.flag_on(flag)}
+
+    class SkipOff(ast.NodeTransformer):
+        def visit_If(self, node: ast.If) -> ast.AST | None:
+            return None if isinstance(node.test, ast.Name) and node.test.id in off else self.generic_visit(node)
+
+    return SkipOff().visit(copy.deepcopy(code))
+
+
+def param_name(declaration: str) -> str:
+    return declaration.split(":")[0]
+
+
+class Kernels:
+    """TritonPrinter's methods for kernels."""
+
+    def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
+        block sizes as legalize-triton fixed them."""
+        if all(getattr(kernel, block) is None for block in ("block_k", "block_d", "block_r", "block_e")):
+            raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
+        constants: dict[str, int] = {}
+        for op in kernel.walk():
+            if isinstance(op, k3s.StateTileOp):
+                # a commit kernel has no q or v: its heads come from the state pool
+                HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
+                constants.update(
+                    H=int(view.dims("q" if "q" in view.names else "k")[2]) if {"q", "k"} & set(view.names) else HV,
+                    HV=HV,
+                    K=op.head_k_dim.value.data,
+                    V=op.head_v_dim.value.data,
+                    BK=kernel.block_k.value.data,
+                    BV=kernel.block_v.value.data,
+                )
+            elif isinstance(op, k3s.ChunkTileOp):
+                constants.update(
+                    H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=op.head_k_dim.value.data,
+                    V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data,
+                    BC=op.chunk_size.value.data,
+                )
+            elif isinstance(op, k3s.ChunkLoopOp):
+                constants.update(BC=op.chunk_size.value.data)
+            elif isinstance(op, k3s.FoldQueryOp):
+                constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
+            elif isinstance(op, k3s.RouterLogitsOp):
+                constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
+                                 BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,
+                                 BE=kernel.block_e.value.data)
+            elif isinstance(op, k3s.LoadScoresOp):
+                constants.update(E=op.num_experts.value.data, BR=kernel.block_r.value.data,
+                                 BE=kernel.block_e.value.data)
+            elif isinstance(op, k3s.SelectTopKOp):
+                constants.update(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
+            elif isinstance(op, EXPERT_STAGE_TYPES):
+                constants.update(self.expert_constants(op, kernel, view))
+        for buffer in ("cache", "snapshots"):
+            if buffer in view.names:
+                constants["DEPTH"] = int(view.dims(buffer)[1])
+        return constants
+
+    def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
+        """Sizes known only at run time that a kernel reads (the token count, rows, sources)."""
+        sizes = []
+        if any(isinstance(op, (k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)) for op in kernel.walk()):
+            sizes.append("T")
+        if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
+            sizes += ["S", "R"]
+        if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
+            sizes.append("R")
+        if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
+            sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
+        return sizes
+
+    def kernel_name(self, symbol: str) -> str:
+        return f"{symbol}_kernel"
+
+    def kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
+        """(parameter declaration, launch argument) of every kernel parameter, in order."""
+        params = [(a.sym_name.data, a.sym_name.data) for a in view.args]
+        if "chunk" in kernel.grid.data.split(","):
+            params.append(("chunk_table", "chunk_table"))
+        # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
+        rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]'}
+        params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
+        checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
+        if checkpointing:
+            params += [("checkpoints", "checkpoints"), ("checkpoint_base", "checkpoint_base"),
+                       ("checkpoint_every", "checkpoint_every or 0")]
+        params += [(f"{n}: tl.constexpr", f"{n}={n}") for n in self.kernel_constants(kernel, view)]
+        params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
+        if checkpointing:
+            params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
+        if kernel.flags is not None:  # each flag as this kernel's launch sets it
+            params += [(f"{flag}: tl.constexpr", f"{flag}={kernel.flag_on(flag)}") for flag in kernel.flags.data]
+        if any(isinstance(op, MATMUL_STAGE_TYPES) for op in kernel.walk()):
+            first = view.tensors[0].sym_name.data
+            # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
+            dot = repr(DOT_PRECISION[kernel.dots.data]) if kernel.dots is not None else f"_DOT_OF_DTYPE[{first}.dtype]"
+            params.append(("DOT: tl.constexpr", f"DOT={dot}"))
+        return params
+
+    def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+        """The @triton.jit function of a kernel. A kernel that shares another's code (k3s.kernel
+        <shares_code_of>) prints none; its code in its own entry must be the other's."""
+        c = self.code
+        self.view = view
+        self.code = body = Code(level=1)
+        body(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
+        for axis_index, axis in enumerate(kernel.grid.data.split(",")):
+            getattr(self, f"print_axis_{axis}")(axis_index)
+        self.print_ops(kernel)
+        self.code = c
+        # its parameters: those of the entry's that its code reads, in the entry's order
+        code = statements(body.text())
+        used = names_read(code)
+        params = [param for param, _ in self.kernel_params(kernel, view) if param_name(param) in used]
+        # then the arguments of other entries that only stages its launch skips read (the summary
+        # prepare's q, P and QG): its launch passes None
+        absent = sorted(free_names(code) & self.argument_names - {param_name(p) for p in params})
+        if missing := set(absent) & free_names(launched(code, kernel)):
+            raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(missing)}, "
+                             f"which entry @{view.entry.sym_name.data} does not have")
+        self.absent[kernel.sym_name.data] = absent
+        constexprs = next((i for i, param in enumerate(params) if param.endswith("tl.constexpr")), len(params))
+        params[constexprs:constexprs] = absent  # launched positionally, so before the constexprs (keywords)
+        if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
+            twin_params, twin_code = self.kernel_code[kernel.shares_code_of.data]
+            if (sorted(twin_params), twin_code) != (sorted(params), ast.dump(code)):
+                raise ValueError(f"kernel @{kernel.sym_name.data} of @{view.entry.sym_name.data} shares the code "
+                                 f"of @{kernel.shares_code_of.data}, but its code differs (merge-identical-kernels)")
+            return
+        self.kernel_code[kernel.sym_name.data] = (params, ast.dump(code))
+        c("@triton.jit", f"def {self.kernel_name(kernel.sym_name.data)}(")
+        with c.indent():
+            for param in params:
+                c(f"{param},")
+        c("):")
+        c.lines += body.lines
+
+    def print_ops(self, parent: Operation) -> None:
+        for op in parent.regions[0].ops:
+            getattr(self, "print_" + op.name.replace(".", "_"))(op)
+
+    def print_k3s_when(self, op: k3s.WhenOp) -> None:
+        self.code.comment(op, f"skipped by launches that pass {op.flag.data}=False")
+        self.code(f"if {op.flag.data}:")
+        with self.code.indent():
+            self.print_ops(op)
+
+    def print_axis_value_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BV value columns",
+            f"i_v = tl.program_id({axis})",
+            "o_v = i_v * BV + tl.arange(0, BV)",
+            "m_v = o_v < V",
+        )
+
+    def print_axis_sequence_head(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one (sequence, value head); value heads share q/k heads in groups of HV // H",
+            f"i_nh = tl.program_id({axis}).to(tl.int64)",
+            "i_n = i_nh // HV",
+            "i_hv = i_nh % HV",
+            "i_h = i_hv // (HV // H)",
+        )
+
+    def print_axis_chunk(self, axis: int) -> None:
+        c = self.code
+        c(f"# grid axis {axis}: one chunk of BC tokens (varlen: its row of chunk_table)",
+          f"i_c = tl.program_id({axis}).to(tl.int64)")
+        if "cu_seqlens" not in self.view.names:  # a batch of equal rows (the chunked verify)
+            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+            return
+        c("if HAS_CU_SEQLENS:")
+        with c.indent():
+            c("i_n = tl.load(chunk_table + 2 * i_c).to(tl.int64)",
+              "start = tl.load(chunk_table + 2 * i_c + 1).to(tl.int64)",
+              "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
+        c("else:")
+        with c.indent():
+            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+
+    def print_axis_value_head(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one value head; value heads share q/k heads in groups of HV // H",
+            f"i_hv = tl.program_id({axis}).to(tl.int64)",
+            "i_h = i_hv // (HV // H)",
+        )
+
+    def print_axis_row_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BR token rows",
+            f"i_rb = tl.program_id({axis}).to(tl.int64)",
+            "o_r = i_rb * BR + tl.arange(0, BR)",
+            "m_r = o_r < R",
+        )
+
+    def print_axis_row(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one token row of width D",
+            f"i_r = tl.program_id({axis}).to(tl.int64)",
+            "o_d = tl.arange(0, BD)",
+            "m_d = o_d < D",
+        )

@@ -1,0 +1,36 @@
+// k3s.when: the kernel's flags are exactly those its guards read, each an upper-case name set
+// to true or false, and a guard's values are read only inside it (a launch that skips it would
+// leave them unset: in text the parser already refuses it, for IR that passes build the
+// verifier does, tests/test_ir.py). The file as written is valid; each sed variant breaks one rule.
+// RUN: k3c opt %s | filecheck %s
+// RUN: sed 's/k3s.spill %%A <value = W>/k3s.spill %%P <value = W>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ESCAPES
+// RUN: sed 's/flags = {SPILL_P = false}/flags = {SPILL_Q = false}/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNDECLARED
+// RUN: sed 's/, flags = {SPILL_P = false}//' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=NONE
+// RUN: sed 's/flags = {SPILL_P = false}/flags = {spill_p = false}/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=NAME
+// RUN: sed 's/flags = {SPILL_P = false}/flags = {SPILL_P = 0}/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=NAME
+// RUN: sed 's/flags = {SPILL_P = false}/flags = {SPILL_P = false, SPILL_P = true}/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TWICE
+
+builtin.module {
+  k3s.entry @summary <source = layer> {
+    k3s.kernel @prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = false}> {
+      k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
+      %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
+      k3s.when <flag = SPILL_P> {
+        %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
+        %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+        k3s.spill %P <value = P>
+      }
+      %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
+      k3s.spill %A <value = W>
+    }
+  }
+}
+
+// CHECK:      k3s.kernel @prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = false}> {
+// CHECK:        k3s.when <flag = SPILL_P> {
+
+// ESCAPES: k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: SSA value used before assignment
+// UNDECLARED: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags ['SPILL_Q'] must be those its k3s.when stages read, ['SPILL_P']
+// NONE: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags [] must be those its k3s.when stages read, ['SPILL_P']
+// NAME: k3c opt: error: {{.*}}k3s.kernel @prepare: a flag is an upper-case name (a constexpr of the code) set to true or false
+// TWICE: k3c opt: error: {{.*}}dictionary key 'SPILL_P' is given twice
