@@ -48,7 +48,7 @@ for R in (1, 7, 64, 300, 1000, 4096):  # in every launch by rows of the router's
     x = torch.randn(R, d, generator=gen, device="cuda").to(torch.bfloat16)
     ids, weights = layer.route(x, weight, bias)
     torch.cuda.synchronize()
-    want_ids, want_weights = reference.latent_moe_routing(op, x, weight, bias)
+    want_ids, want_weights = (t.cpu() for t in reference.latent_moe_routing(op, x, weight, bias))
     biased = torch.sigmoid(x.double().cpu() @ weight.double().cpu().T) + bias.double().cpu()
     ranked = biased.sort(dim=-1, descending=True).values[:, :k]
     got_ids = ids.long().cpu()
