@@ -54,6 +54,7 @@ class Entries:
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',
         "expert_block": "triton.cdiv(E, BE)",
+        "hidden_slice": 'dims["HS"]',
         "column_block": "triton.cdiv(DOUT, BN)",
         "pair_chunk": 'triton.cdiv(dims["R"] * TOP_K, BR)',
         "one": "1",
@@ -169,6 +170,8 @@ class Entries:
                   "# one partial block per expert that has pairs",
                   f'dims["PB"] = triton.cdiv(dims["R"] * {k}, {BM}) + min(dims["R"] * {k}, {E})',
                   f'dims["PP"] = dims["PB"] * {BM}')
+            if any("HS" in t.type.dims for t in view.tensors):
+                self.print_hidden_slices(view)
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)
@@ -324,7 +327,7 @@ class Entries:
                 constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
                                  BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,
                                  BE=kernel.block_e.value.data)
-            elif isinstance(op, k3s.LoadScoresOp):
+            elif isinstance(op, k3s.SumPartialLogitsOp):
                 constants.update(E=op.num_experts.value.data, BR=kernel.block_r.value.data,
                                  BE=kernel.block_e.value.data)
             elif isinstance(op, k3s.SelectTopKOp):
@@ -345,6 +348,8 @@ class Entries:
             sizes += ["S", "R"]
         if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
             sizes.append("R")
+        if any(isinstance(op, (k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)) for op in kernel.walk()):
+            sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
         if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
             sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
         return sizes
@@ -359,7 +364,7 @@ class Entries:
             params.append(("chunk_table", "chunk_table"))
         # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
         rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]'}
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]', "HS": 'dims["HS"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
         checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
         if checkpointing:
