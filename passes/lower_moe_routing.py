@@ -1,13 +1,18 @@
 """lower-moe-routing: k3.latent_moe -> a `route` entry that routes token rows from x to their
 top-k experts and those experts' weights, in two kernels:
 
-- `<layer>_router_scores`, a tiled GEMM: a program takes a block of token rows against a block
-  of experts (grid expert_block x row_block), accumulates x W_r^T over blocks of hidden
-  columns, applies the sigmoid and stores the scores in the `scores` workspace [R, E] fp32.
-  Splitting the experts over programs is what lets a few rows use the whole GPU: the router
-  weight (12.8 MB at K3's dims) is streamed by many programs at once, not by one per row block.
-- `<layer>_router_top_k`: a program takes a block of rows with every expert's score, ranks them
-  by score + bias, and stores the chosen ids and their unbiased scores, normalised and scaled.
+- `<layer>_router_logits`, a tiled GEMM: a program takes a block of token rows against a block
+  of experts over one slice of the hidden columns (grid expert_block x row_block x
+  hidden_slice), accumulates x W_r^T over blocks of its slice's columns and stores the partial
+  logits in the `partial_logits` workspace [HS, R, E] fp32. Splitting the experts, and for a few
+  rows the hidden columns too, over programs is what lets a few rows use the whole GPU: the
+  router weight (12.8 MB at K3's dims) is streamed by many programs at once, not by one per row
+  block. The slice count HS is chosen per call by its rows (legalize-triton): many slices for a
+  few rows, one for many.
+- `<layer>_router_top_k`: a program takes a block of rows with every expert's partial logits,
+  sums them over the slices in order (deterministic: no atomics), applies the sigmoid, ranks the
+  experts by score + bias, and stores the chosen ids and their unbiased scores, normalised and
+  scaled. The sigmoid is here, not in the logits kernel: a slice's partial sum has none.
 
 The stages follow from the layer op's attributes (d, E, top_k, norm_topk_prob,
 routed_scaling_factor); `routing_stages` gives them to any entry that routes its rows.
@@ -35,33 +40,36 @@ def routing_stages(op: LatentMoEOp, num_warps: int) -> tuple[list[k3s.TensorArgO
     layer = op.sym_name.data
 
     logits = make(k3s.RouterLogitsOp, hidden_size=d, num_experts=E, result=("logits", k3s.tile("R", "E")))
-    sigmoid = make(k3s.RouterSigmoidOp, operands=[logits.results[0]], result=("s", k3s.tile("R", "E")))
-    scores_kernel = make(
+    logits_kernel = make(
         k3s.KernelOp,
-        [logits, sigmoid, make(k3s.StoreScoresOp, operands=[sigmoid.results[0]])],
-        sym_name=f"{layer}_router_scores",
+        [logits, make(k3s.StorePartialLogitsOp, operands=[logits.results[0]])],
+        sym_name=f"{layer}_router_logits",
         # experts fastest: the programs that run together share a block of x rows (read from
         # DRAM once, the rest from L2) and sweep the router weight, which L2 holds whole; row
-        # blocks on axis 1, which CUDA caps at 65535 (millions of rows at legalize's blocks)
-        grid="expert_block,row_block",
+        # blocks on axis 1, which CUDA caps at 65535 (millions of rows at legalize's blocks);
+        # the hidden slices (a few) on axis 2
+        grid="expert_block,row_block,hidden_slice",
         num_warps=num_warps,
     )
 
-    loaded = make(k3s.LoadScoresOp, num_experts=E, result=("s", k3s.tile("R", "E")))
-    chosen = make(k3s.SelectTopKOp, operands=[loaded.results[0]], top_k=top_k,
+    summed = make(k3s.SumPartialLogitsOp, num_experts=E, result=("logits", k3s.tile("R", "E")))
+    sigmoid = make(k3s.RouterSigmoidOp, operands=[summed.results[0]], result=("s", k3s.tile("R", "E")))
+    chosen = make(k3s.SelectTopKOp, operands=[sigmoid.results[0]], top_k=top_k,
                   results=[("ids", k3s.tile("R", "KS")), ("w", k3s.tile("R", "KS"))])
     ids, unbiased = chosen.results
     weights = make(k3s.RoutingWeightsOp, operands=[unbiased], normalize=bool(op.norm_topk_prob.value.data),
                    scale=op.routed_scaling_factor.value.data, result=("weights", k3s.tile("R", "KS")))
     top_k_kernel = make(
         k3s.KernelOp,
-        [loaded, chosen, weights, make(k3s.StoreRoutingOp, operands=[ids, weights.results[0]])],
+        [summed, sigmoid, chosen, weights, make(k3s.StoreRoutingOp, operands=[ids, weights.results[0]])],
         sym_name=f"{layer}_router_top_k",
         grid="row_block",
         num_warps=num_warps,
     )
-    workspace = tensor_arg("scores", k3s.tensor("R", E, dtype="float32"), "workspace")
-    return [workspace], [scores_kernel, top_k_kernel]
+    # sized by the call's slice count HS, not the largest any call takes: many rows take one
+    # slice, and [largest, R, E] would be that many times the logits at every row count
+    workspace = tensor_arg("partial_logits", k3s.tensor("HS", "R", E, dtype="float32"), "workspace")
+    return [workspace], [logits_kernel, top_k_kernel]
 
 
 def routing_inputs(op: LatentMoEOp) -> list[k3s.TensorArgOp]:
@@ -94,7 +102,7 @@ def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:
 
 @dataclass(frozen=True)
 class LowerMoeRoutingPass(ModulePass):
-    """Add a `route` entry (the router's scores and top-k kernels) for every k3.latent_moe."""
+    """Add a `route` entry (the router's logits and top-k kernels) for every k3.latent_moe."""
 
     name = "lower-moe-routing"
     num_warps: int = 8

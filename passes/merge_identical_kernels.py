@@ -26,7 +26,8 @@ from k3compile.ir import k3s
 # properties that say how a kernel is launched, or name it, rather than what its code is (block
 # sizes are constexprs that each launch passes: a launch table may change them per call)
 BLOCK_SIZES = ("block_k", "block_v", "block_d", "block_r", "block_e", "block_ks", "block_n")
-LAUNCH_ONLY = ("sym_name", "num_warps", "num_stages", "maxnreg", *BLOCK_SIZES, "shares_code_of")
+# the MoE router's hidden slices are the runtime size HS, chosen per launch like its block sizes
+LAUNCH_ONLY = ("sym_name", "num_warps", "num_stages", "maxnreg", *BLOCK_SIZES, "hidden_slices", "shares_code_of")
 
 
 # the same inside a kernel's body: a state tile's value block becomes the kernel's block_v

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import assert_matches, layer_op
-from k3compile.ir import reference
+from k3compile.ir import k3s, reference
 from test_moe_route import inputs as routing_inputs
 
 # (hidden d, latent l, experts E, top_k, expert FFN F, shared experts S, shared FFN Fs, activation):
@@ -183,3 +183,19 @@ def test_many_rows_take_the_gemm_tiles(compile_layer, schedule):
                           activation="situ_glu", dtype="float32")
     torch.manual_seed(4)
     assert_moe(layer, moe_inputs(layer, 130), schedule)
+
+
+@pytest.mark.parametrize("schedule", ["decode", "prefill"])
+def test_router_slices_the_hidden_columns(compile_layer, schedule):
+    """300 hidden columns: the entries' router sums its logits over several hidden slices at a
+    few rows (5: blocks of 128 columns, 3 slices; 37: of 256, 2), as the `route` entry does."""
+    p = (300, 24, 6, 3, 20, 1, 12, "situ_glu")
+    layer = compile_layer(name=layer_name(p), kind="latent_moe", hidden_size=300, latent_dim=24, num_experts=6,
+                          top_k=3, expert_ffn_dim=20, num_shared_experts=1, shared_ffn_dim=12,
+                          activation="situ_glu", dtype="float32")
+    slices = {op.max_rows.value.data: op.hidden_slices.value.data for op in layer.compilation.scheduled.walk()
+              if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == f"{layer_name(p)}_{schedule}_router_logits"}
+    assert slices[16] == 3 and slices[128] == 2, slices
+    for R in (5, 37):
+        torch.manual_seed(R)
+        assert_moe(layer, moe_inputs(layer, R), schedule)

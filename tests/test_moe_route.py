@@ -1,6 +1,7 @@
 """The compiled MoE router `route(x, router_weight, router_bias) -> (topk_ids, topk_weights)`
 against reference.latent_moe_routing: the chosen experts exactly, in order, and their weights;
-its scores kernel's blocks of rows and experts at every launch by rows, partial ones included."""
+its logits kernel's blocks of rows, experts and hidden columns and its slices of the hidden
+columns at every launch by rows, partial ones included."""
 
 from __future__ import annotations
 
@@ -106,39 +107,61 @@ def test_ties_rank_the_lower_expert_first(layer):
     assert_routes(layer, x, group_weight[pairs], group_bias[pairs])
 
 
-def score_tiles(layer) -> list[tuple[int | None, int, int]]:
-    """(at most this many rows, None for any; BR, BE) of the scores kernel's launches, as
-    legalize-triton fixed them: its k3s.launch_by_rows ops, then its own block sizes."""
+def logit_tiles(layer) -> list[tuple[int | None, int, int, int, int]]:
+    """(at most this many rows, None for any; BR, BE, BD, HS) of the logits kernel's launches, as
+    legalize-triton fixed them: its k3s.launch_by_rows ops, then its own block sizes and slices."""
     ops = list(layer.compilation.scheduled.walk())
-    kernel = next(op for op in ops if isinstance(op, k3s.KernelOp) and op.sym_name.data.endswith("_router_scores"))
-    launches = [(op.max_rows.value.data, op.block_r.value.data, op.block_e.value.data) for op in ops
+    kernel = next(op for op in ops if isinstance(op, k3s.KernelOp) and op.sym_name.data.endswith("_router_logits"))
+    sizes = ("block_r", "block_e", "block_d", "hidden_slices")
+    launches = [(op.max_rows.value.data, *(op.properties[key].value.data for key in sizes)) for op in ops
                 if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
-    return [*launches, (None, kernel.block_r.value.data, kernel.block_e.value.data)]
+    return [*launches, (None, *(kernel.properties[key].value.data for key in sizes))]
 
 
-def rows_of_each_launch(layer) -> list[int]:
-    """A row count in each launch's range that is not a multiple of its BR and makes several row
-    blocks: a bounded launch's bound - 1, the last one's least rows + BR + 1."""
+def rows_of_each_launch(layer) -> list[tuple[int, tuple]]:
+    """Row counts in each launch's range with that launch's tiles: its least rows, and one that
+    is not a multiple of its BR and makes several row blocks where the range allows (a bounded
+    launch's bound - 1, the last one's least rows + BR + 1)."""
     rows, least = [], 1
-    for most, BR, _ in score_tiles(layer):
+    for tiles in logit_tiles(layer):
+        most, BR = tiles[0], tiles[1]
         R = most - 1 if most is not None else least + BR + 1
-        assert least <= R and R % BR and R > BR, f"R = {R}: in {least}..{most}, several blocks of {BR}, one partial"
-        rows.append(R)
+        assert least <= R and R % BR, f"R = {R}: in {least}..{most}, a partial block of {BR}"
+        assert R > BR or most <= BR + 1, f"R = {R}: several blocks of {BR} where {least}..{most} allows"
+        rows += [(least, tiles), (R, tiles)] if least < R else [(R, tiles)]
         least = (most or 0) + 1
     return rows
 
 
+def slice_columns(d: int, BD: int, HS: int) -> list[range]:
+    """The hidden columns of each of HS slices: an even share of the cdiv(d, BD) blocks of BD
+    columns each, in order (k3s.router_logits: whole blocks, counts differing by at most one)."""
+    blocks = -(-d // BD)
+    return [range(i * blocks // HS * BD, min((i + 1) * blocks // HS * BD, d)) for i in range(HS)]
+
+
+def test_no_hidden_slice_without_columns(layer):
+    """legalize-triton slices the hidden columns no finer than its blocks of BD columns: the
+    small layers here (d <= 64, one block) take one slice at every row count."""
+    d = dims(layer)[0]
+    for most, _, _, BD, HS in logit_tiles(layer):
+        assert 1 <= HS <= -(-d // BD), f"{HS} slices of {-(-d // BD)} blocks of {BD} columns at R <= {most}"
+
+
 @pytest.fixture(scope="module")
 def blocks_layer(compile_layer):
-    """200 experts: a partial block of experts at every BE from 16 to 128 (K3's 896 divides by all)."""
-    return compile_layer(name="moe_blocks", kind="latent_moe", hidden_size=40, num_experts=200, top_k=5,
+    """200 experts: a partial block of experts at every BE from 16 to 128 (K3's 896 divides by
+    all); 1100 hidden columns: a partial block at every BD from 64 to 256, and for a few rows
+    slices of different block counts (1100 is no multiple of slices x BD)."""
+    return compile_layer(name="moe_blocks", kind="latent_moe", hidden_size=1100, num_experts=200, top_k=5,
                          expert_ffn_dim=16, norm_topk_prob=True, routed_scaling_factor=1.5, dtype="float32")
 
 
-def test_blocks_of_rows_and_experts(blocks_layer, monkeypatch):
-    """At a row count of every launch by rows: several blocks of rows and of experts, the last of
-    each partial; the scores workspace (NaN-filled when allocated) written whole with the sigmoid
-    scores, and the routes exact."""
+def test_blocks_of_rows_experts_and_hidden_slices(blocks_layer, monkeypatch):
+    """At row counts of every launch by rows: several blocks of rows and of experts, the last of
+    each partial, and the hidden columns in HS slices; the partial logits' workspace (NaN-filled
+    when allocated) written whole, each slice's plane with x W_r^T over that slice's columns,
+    and the routes exact."""
     module = blocks_layer.module
     assert module.POISON_OUTPUTS, "the tests allocate every output and workspace NaN-filled (conftest)"
     allocated, alloc = [], module._alloc
@@ -149,15 +172,21 @@ def test_blocks_of_rows_and_experts(blocks_layer, monkeypatch):
 
     monkeypatch.setattr(module, "_alloc", keep)
     d, E, k = dims(blocks_layer)
-    tiles = score_tiles(blocks_layer)
-    assert len(tiles) > 1, "the scores kernel launches by rows"
-    for R, (_, BR, BE) in zip(rows_of_each_launch(blocks_layer), tiles, strict=True):
+    tiles = logit_tiles(blocks_layer)
+    assert len(tiles) > 1, "the logits kernel launches by rows"
+    assert any(HS > 1 and d % (HS * BD) and -(-d // BD) % HS for _, _, _, BD, HS in tiles), \
+        "a launch whose slices hold different block counts, the last block partial"
+    for R, (_, BR, BE, BD, HS) in rows_of_each_launch(blocks_layer):
         assert E % BE and E > BE, f"E = {E} must leave a partial block of {BE} experts"
         x, router_weight, router_bias = inputs(R, d, E, k)
         allocated.clear()
         assert_routes(blocks_layer, x, router_weight, router_bias)
-        scores = next(t for t in allocated if tuple(t.shape) == (R, E) and t.dtype == torch.float32)
-        assert_matches(scores, torch.sigmoid(x.double() @ router_weight.double().T), f"scores at R = {R}")
+        partial = next(t for t in allocated if t.dim() == 3)
+        assert tuple(partial.shape) == (HS, R, E) and partial.dtype == torch.float32
+        for i, columns in enumerate(slice_columns(d, BD, HS)):
+            assert len(columns), f"slice {i} of {HS} has no columns at R = {R}"
+            expected = x.double()[:, columns] @ router_weight.double()[:, columns].T
+            assert_matches(partial[i], expected, f"partial logits of slice {i} of {HS} at R = {R}")
 
 
 @pytest.mark.parametrize("name, change, words", [

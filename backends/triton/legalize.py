@@ -5,11 +5,12 @@ before it is printed, so that the printer only prints.
   divisibility, grid axes); otherwise an UnsupportedError names the spec key and the limit.
 - Every kernel's tile block sizes: key columns whole (next power of two of K), value columns a
   state tile's block (at most its block_v) or, in a chunk kernel, whole; AttnRes rows whole;
-  the MoE router's blocks of token rows, experts and hidden columns (scores kernel) and of rows,
-  experts (whole) and top-k slots (top-k kernel); the MoE experts' blocks of pairs, token rows,
-  output and input columns.
-- The MoE router's block sizes for calls of fewer token rows (k3s.launch_by_rows after its
-  kernels): the row count is known only at launch, and a few rows want other tiles than many.
+  the MoE router's blocks of token rows, experts and hidden columns and its slices of the
+  hidden columns (logits kernel) and of rows, experts (whole) and top-k slots (top-k kernel);
+  the MoE experts' blocks of pairs, token rows, output and input columns.
+- The MoE router's block sizes and hidden slices for calls of fewer token rows
+  (k3s.launch_by_rows after its kernels): the row count is known only at launch, and a few rows
+  want other tiles than many.
 """
 
 from __future__ import annotations
@@ -26,16 +27,20 @@ from k3compile.backends.triton.printer.common import next_power_of_2
 from k3compile.ir import k3s
 from k3compile.passes.common import make, props
 
-# The MoE router's block sizes by the token rows R of a call: (at most R, BR, BE, BD) of the
-# scores kernel and (at most R, BR) of the top-k kernel, the last row of each (None: any R) the
-# kernel's own. Few rows make few row blocks, so the scores kernel takes narrow expert blocks
-# (16, tl.dot's least) to spread the router weight over many programs (K3's 896 experts: 56 at
-# R <= 16, of the H200's 132 SMs) and long blocks of hidden columns to keep more of its bytes in
-# flight per program; more rows take larger GEMM tiles, which read each byte of x and of the
-# weight fewer times (the largest, fp32: 192 KB of shared memory at Triton's 3 pipeline
-# stages). At K3's dims the least R of each later row launches 119 to 140 programs, the most
-# R of each 448. Not measured yet (bench/moe_route_gpu.py).
-ROUTER_SCORE_TILES = ((128, 16, 16, 256), (512, 32, 32, 128), (2048, 64, 64, 64), (None, 128, 128, 64))
+# The MoE router's block sizes by the token rows R of a call: (at most R, BR, BE, BD, HS) of
+# the logits kernel and (at most R, BR) of the top-k kernel, the last row of each (None: any R)
+# the kernel's own. Few rows make few row blocks, so the logits kernel takes narrow expert
+# blocks (16, tl.dot's least) and slices the hidden columns (HS) to spread the router weight
+# over many programs: K3's 896 experts make only 56 expert blocks, of the H200's 132 SMs, each
+# streaming 16 x 7168 weights through a 28-step loop (latency-bound: 77 us at R = 1 against a
+# 3.1 us bytes floor); 8 slices make 448 programs of 7 steps of 128 columns at R <= 16, 4
+# slices 448 to 1792 programs of 7 steps of 256 at R <= 128. More rows make programs enough
+# without slices and take larger GEMM tiles, which read each byte of x and of the weight fewer
+# times (the largest, fp32: 192 KB of shared memory at Triton's 3 pipeline stages): at K3's
+# dims the least R of each later row launches 119 to 140 programs, the most R of each 448.
+# Not measured yet, the slices least of all (bench/moe_route_gpu.py).
+ROUTER_LOGIT_TILES = ((16, 16, 16, 128, 8), (128, 16, 16, 256, 4), (512, 32, 32, 128, 1), (2048, 64, 64, 64, 1),
+                      (None, 128, 128, 64, 1))
 # a top-k program runs top_k rounds of an argmax over its rows' padded experts: one row per
 # program while rows are few (short rounds, a program per row), up to ROUTER_ROWS for many
 ROUTER_TOP_K_ROWS = ((256, 1), (1024, 4), (None, ROUTER_ROWS))
@@ -73,7 +78,7 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
             sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
         elif isinstance(op, k3s.RouterLogitsOp):
             sizes.update(launches_by_rows(kernel)[-1][1])
-        elif isinstance(op, k3s.LoadScoresOp):  # every expert
+        elif isinstance(op, k3s.SumPartialLogitsOp):  # every expert
             sizes.update(launches_by_rows(kernel)[-1][1], block_e=next_power_of_2(op.num_experts.value.data))
         elif isinstance(op, k3s.SelectTopKOp):
             sizes.update(block_ks=next_power_of_2(op.top_k.value.data))
@@ -106,12 +111,15 @@ def launches_by_rows(kernel: k3s.KernelOp) -> list[tuple[int | None, dict[str, i
             rows = list(SLOT_PROJECTION_TILES)
         if isinstance(op, k3s.RouterLogitsOp):
             # no wider than the layer: experts and hidden columns padded to powers of two, at
-            # least 16 (tl.dot's operands)
+            # least 16 (tl.dot's operands); no more slices than blocks of hidden columns (a
+            # slice without columns would be a program that stores zeros)
+            d = op.hidden_size.value.data
             experts = max(16, next_power_of_2(op.num_experts.value.data))
-            columns = max(16, next_power_of_2(op.hidden_size.value.data))
-            rows = [(most, dict(block_r=br, block_e=min(be, experts), block_d=min(bd, columns)))
-                    for most, br, be, bd in ROUTER_SCORE_TILES]
-        elif isinstance(op, k3s.LoadScoresOp):
+            columns = max(16, next_power_of_2(d))
+            rows = [(most, dict(block_r=br, block_e=min(be, experts), block_d=min(bd, columns),
+                                hidden_slices=min(hs, -(-d // min(bd, columns)))))
+                    for most, br, be, bd, hs in ROUTER_LOGIT_TILES]
+        elif isinstance(op, k3s.SumPartialLogitsOp):
             rows = [(most, dict(block_r=br)) for most, br in ROUTER_TOP_K_ROWS]
     return [row for row, after in zip(rows, [*rows[1:], None]) if after is None or row[1] != after[1]]
 

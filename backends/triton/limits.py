@@ -30,8 +30,9 @@ MAX_CHUNK_TILE = 16 * 4096
 MAX_ROW_PER_WARP = 2048
 CHUNK_SIZES = (16, 32, 64)  # tl.dot tiles: powers of two, at least 16
 # the MoE router's top-k programs take blocks of at most 16 token rows and hold their
-# [rows, next_pow2(E)] fp32 scores whole in registers: at most MAX_ROW_PER_WARP elements per
-# warp, AttnRes's bound for its rows (not measured for the router); K3's 896 experts need 8 warps
+# [rows, next_pow2(E)] fp32 logits (summed over the hidden slices), then scores, whole in
+# registers: at most MAX_ROW_PER_WARP elements per warp, AttnRes's bound for its rows (not
+# measured for the router); K3's 896 experts need 8 warps
 ROUTER_ROWS = 16
 
 
@@ -73,11 +74,11 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
                 raise exceeds(source, "hidden_size", op.hidden_size.value.data, most,
                               f"kernel {name} holds its rows in the registers of its {kernel.num_warps.value.data} "
                               f"warps, {MAX_ROW_PER_WARP} columns per warp; fuse-attnres{{num-warps=...}} allows more")
-        if isinstance(op, k3s.LoadScoresOp):
+        if isinstance(op, k3s.SumPartialLogitsOp):
             most = MAX_ROW_PER_WARP * kernel.num_warps.value.data // ROUTER_ROWS
             if next_power_of_2(op.num_experts.value.data) > most:
                 raise exceeds(source, "num_experts", op.num_experts.value.data, most,
-                              f"kernel {name} holds the scores of {ROUTER_ROWS} rows for every expert (padded to a "
+                              f"kernel {name} holds the logits of {ROUTER_ROWS} rows for every expert (padded to a "
                               f"power of two) in the registers of its {kernel.num_warps.value.data} warps, "
                               f"{MAX_ROW_PER_WARP} per warp; lower-moe-routing{{num-warps=...}} allows more")
 

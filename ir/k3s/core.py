@@ -70,7 +70,7 @@ class TokenTensorAttr(EnumAttribute[TokenTensor], SpacedOpaqueSyntaxAttribute):
 
 # the gate of stages that exist only with one (k3.gate's words but none)
 GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
-SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB", "HS")
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
@@ -129,9 +129,10 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     dtype class. A dimension is a positive integer or a shape symbol (SHAPE_SYMBOLS: B batch, T
     tokens per sequence, N sequences (B, or len(cu_seqlens) - 1), N+1 the offsets, S sources, P
     state pool rows, NC per-chunk slots, R token rows of a [tokens, hidden] input, PP and PB the
-    positions and blocks of an MoE dispatch plan's expert-sorted pair list, k3s.sort_pairs); the dtype
-    class is one of ArgDtype's words (what each takes: TensorArgOp). The compiled entry checks an
-    argument against it at run time."""
+    positions and blocks of an MoE dispatch plan's expert-sorted pair list, k3s.sort_pairs; HS the
+    hidden slices of the MoE router's scores kernel at this call, k3s.launch_by_rows
+    <hidden_slices>); the dtype class is one of ArgDtype's words (what each takes: TensorArgOp).
+    The compiled entry checks an argument against it at run time."""
 
     name = "k3s.tensor"
     shape: ArrayAttr[IntAttr | StringAttr]
@@ -303,7 +304,8 @@ class KernelOp(KeywordSyntax):
 
     `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
     sequence_head (sequence x value head), row (one token row), row_block (a block of token rows),
-    expert_block (a block of MoE experts).
+    expert_block (a block of MoE experts), hidden_slice (one of the HS slices of the hidden
+    columns that the MoE router's logits are summed over, k3s.router_logits).
     """
 
     name = "k3s.kernel"
@@ -331,6 +333,9 @@ class KernelOp(KeywordSyntax):
     # its constexpr flags, each the guard of its k3s.when stages, and the value its launch passes:
     # the names are code, the values launch (kernels sharing one code pass their own)
     flags = opt_prop_def(DictionaryAttr)
+    # the slices of the hidden columns of a kernel with a hidden_slice grid axis (the shape
+    # symbol HS) at calls of more rows than its k3s.launch_by_rows ops take
+    hidden_slices = opt_prop_def(IntegerAttr[I64])
     # another kernel of the module whose code this one runs (merge-identical-kernels: the same
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(StringAttr)
@@ -355,6 +360,10 @@ class KernelOp(KeywordSyntax):
             raise VerifyException(
                 f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
                 f"got {self.maxnreg.value.data}"
+            )
+        if self.hidden_slices is not None and self.hidden_slices.value.data < 1:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: hidden_slices must be positive, got {self.hidden_slices.value.data}"
             )
         flags = {} if self.flags is None else self.flags.data
         for flag, value in flags.items():
@@ -399,7 +408,9 @@ class LaunchByRowsOp(KeywordSyntax):
     shape symbol R, known at launch): they replace the kernel's own block sizes there. A kernel's
     launch_by_rows ops follow it in increasing max_rows and the first that holds R applies; calls
     of more rows launch with the kernel's own. A backend's legalization writes them (a few rows
-    spread over more programs in narrower tiles than many)."""
+    spread over more programs in narrower tiles than many). hidden_slices, of a kernel with a
+    hidden_slice grid axis: the slices of the hidden columns at those calls, the shape symbol HS
+    (any positive count; absent: the kernel's own)."""
 
     name = "k3s.launch_by_rows"
     kernel = prop_def(StringAttr)
@@ -409,6 +420,7 @@ class LaunchByRowsOp(KeywordSyntax):
     block_d = opt_prop_def(IntegerAttr[I64])
     block_n = opt_prop_def(IntegerAttr[I64])
     num_warps = opt_prop_def(IntegerAttr[I64])
+    hidden_slices = opt_prop_def(IntegerAttr[I64])
     traits = traits_def(HasParent(EntryOp))
 
     def verify_(self) -> None:
@@ -419,6 +431,8 @@ class LaunchByRowsOp(KeywordSyntax):
             size = self.properties.get(key)
             if size is not None and not is_power_of_two(size.value.data):
                 raise VerifyException(f"{where}: {key} must be a power of two, got {size.value.data}")
+        if self.hidden_slices is not None and self.hidden_slices.value.data < 1:
+            raise VerifyException(f"{where}: hidden_slices must be positive, got {self.hidden_slices.value.data}")
         block = self.parent_block()
         if block is None:  # HasParent reports a lone op
             return

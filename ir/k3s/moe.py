@@ -1,11 +1,16 @@
-"""The MoE routing's stages, as ops on values: the router logits of a block of token rows, their
-sigmoid scores and the scores' store (the scores kernel), then the scores' load, the top-k
-selection by score + bias, the routing weights and their store (the top-k kernel).
+"""The MoE routing's stages, as ops on values: the router logits of a block of token rows over a
+slice of the hidden columns and their store as partial logits (the scores kernel), then the sum
+of the partial logits, their sigmoid scores, the top-k selection by score + bias, the routing
+weights and their store (the top-k kernel).
 
 A scores kernel's program owns a block of token rows (tile dimension R) against a block of
-experts (E: those of its expert_block grid axis); a top-k kernel's program owns a block of rows
-whole: every expert of each row (E) and its top-k slots (KS). They hand the scores over in the
-entry's `scores` workspace, [R, num_experts] fp32."""
+experts (E: those of its expert_block grid axis) over one slice of the hidden columns (its
+hidden_slice grid axis); a top-k kernel's program owns a block of rows whole: every expert of
+each row (E) and its top-k slots (KS). They hand the logits over in the entry's
+`partial_logits` workspace, [HS, R, num_experts] fp32: one [R, num_experts] plane per hidden
+slice, HS the call's slice count (the shape symbol, chosen by its rows: k3s.launch_by_rows
+<hidden_slices>). Slicing the hidden columns lets a few rows spread the router weight over many
+programs without atomics: the sum over the slices is in a fixed order, so deterministic."""
 
 from __future__ import annotations
 
@@ -20,12 +25,46 @@ from k3compile.ir.syntax import KeywordSyntax
 
 @irdl_op_definition
 class RouterLogitsOp(KeywordSyntax):
-    """logits[r, e] = sum_c x[r, c] W_r[e, c] for c < hidden_size: the block's rows of x [R, d]
-    against the router rows (router_weight [num_experts, d]) of the program's block of experts
-    (its expert_block grid axis), accumulated in fp32."""
+    """logits[r, e] = sum_{c in C_i} x[r, c] W_r[e, c], accumulated in fp32: the block's rows of
+    x [R, d] against the router rows (router_weight [num_experts, d]) of the program's block of
+    experts (its expert_block grid axis), over the columns C_i of the program's hidden slice i
+    (its hidden_slice grid axis). C_0, ..., C_{HS-1} are contiguous runs of the columns
+    0..hidden_size-1, in order, that partition them (HS the call's slice count; with HS = 1,
+    C_0 is every column): a backend picks the runs (Triton: whole blocks of block_d columns,
+    as many to each slice as it can, counts differing by at most one)."""
 
     name = "k3s.router_logits"
     hidden_size = prop_def(IntegerAttr[I64])
+    num_experts = prop_def(IntegerAttr[I64])
+    logits = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        kernel = self.parent_op()
+        if isinstance(kernel, KernelOp) and "hidden_slice" not in kernel.grid.data.split(","):
+            raise VerifyException(f"{self.name} in @{kernel.sym_name.data}: its kernel's grid has no hidden_slice "
+                                  "axis (the slice of the hidden columns its programs sum over)")
+
+
+@irdl_op_definition
+class StorePartialLogitsOp(KeywordSyntax):
+    """partial_logits[i, r, e] = logits[r, e] (fp32) for the block's rows, the program's block
+    of experts and its hidden slice i: the entry's `partial_logits` workspace [HS, R,
+    num_experts], which a later kernel sums (k3s.sum_partial_logits)."""
+
+    name = "k3s.store_partial_logits"
+    logits = operand_def(TileType)
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class SumPartialLogitsOp(KeywordSyntax):
+    """logits[r, e] = (..((0 + p[0, r, e]) + p[1, r, e]) + ..) + p[HS-1, r, e] in fp32, p the
+    entry's `partial_logits` workspace [HS, R, num_experts] (k3s.store_partial_logits), for the
+    block's rows and every expert e < num_experts: the slices summed in increasing order, a
+    fixed order whatever the launch, so the same inputs give the same logits."""
+
+    name = "k3s.sum_partial_logits"
     num_experts = prop_def(IntegerAttr[I64])
     logits = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
@@ -39,27 +78,6 @@ class RouterSigmoidOp(KeywordSyntax):
     logits = operand_def(TileType)
     scores = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), Pure())
-
-
-@irdl_op_definition
-class StoreScoresOp(KeywordSyntax):
-    """scores[r, e] = s[r, e] (fp32) for the block's rows and the program's block of experts:
-    the entry's `scores` workspace [R, num_experts], which a later kernel loads."""
-
-    name = "k3s.store_scores"
-    scores = operand_def(TileType)
-    traits = traits_def(HasParent(KernelOp))
-
-
-@irdl_op_definition
-class LoadScoresOp(KeywordSyntax):
-    """s[r, e] = scores[r, e] for the block's rows and every expert e < num_experts: the entry's
-    `scores` workspace [R, num_experts] fp32, written by an earlier kernel (k3s.store_scores)."""
-
-    name = "k3s.load_scores"
-    num_experts = prop_def(IntegerAttr[I64])
-    scores = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
 
 @irdl_op_definition
@@ -105,5 +123,5 @@ class StoreRoutingOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp))
 
 
-MOE_ROUTING_STAGES = [RouterLogitsOp, RouterSigmoidOp, StoreScoresOp, LoadScoresOp, SelectTopKOp, RoutingWeightsOp,
-                      StoreRoutingOp]
+MOE_ROUTING_STAGES = [RouterLogitsOp, StorePartialLogitsOp, SumPartialLogitsOp, RouterSigmoidOp, SelectTopKOp,
+                      RoutingWeightsOp, StoreRoutingOp]

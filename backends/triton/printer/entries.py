@@ -33,6 +33,7 @@ class Entries:
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',
         "expert_block": "triton.cdiv(E, BE)",
+        "hidden_slice": 'dims["HS"]',
         "column_block": "triton.cdiv(DOUT, BN)",
         "pair_chunk": 'triton.cdiv(dims["R"] * TOP_K, BR)',
         "one": "1",
@@ -152,6 +153,8 @@ class Entries:
                   "# one partial block per expert that has pairs",
                   f'dims["PB"] = triton.cdiv(dims["R"] * {k}, {BM}) + min(dims["R"] * {k}, {E})',
                   f'dims["PP"] = dims["PB"] * {BM}')
+            if any("HS" in t.type.dims for t in view.tensors):
+                self.print_hidden_slices(view)
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)

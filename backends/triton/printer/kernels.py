@@ -87,7 +87,7 @@ class Kernels:
                 constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
                                  BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,
                                  BE=kernel.block_e.value.data)
-            elif isinstance(op, k3s.LoadScoresOp):
+            elif isinstance(op, k3s.SumPartialLogitsOp):
                 constants.update(E=op.num_experts.value.data, BR=kernel.block_r.value.data,
                                  BE=kernel.block_e.value.data)
             elif isinstance(op, k3s.SelectTopKOp):
@@ -108,6 +108,8 @@ class Kernels:
             sizes += ["S", "R"]
         if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
             sizes.append("R")
+        if any(isinstance(op, (k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)) for op in kernel.walk()):
+            sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
         if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
             sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
         return sizes
@@ -122,7 +124,7 @@ class Kernels:
             params.append(("chunk_table", "chunk_table"))
         # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
         rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]'}
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]', "HS": 'dims["HS"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
         checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
         if checkpointing:

@@ -1,10 +1,12 @@
-"""The MoE routing's stages. The scores kernel: the router logits (a loop over blocks of hidden
-columns), the sigmoid and the scores' store; a program holds a block of BR token rows (o_r, m_r)
-against a block of BE experts (o_e, m_e), both its grid axes. The top-k kernel: the scores'
-load, the top-k selection, the routing weights and their store; a program holds a block of BR
-token rows (its grid axis) with every expert, padded to BE (o_e, m_e: made by the load), and BKS
-top-k slots. Each kernel's launch takes the block sizes of its k3s.launch_by_rows ops by the
-call's token rows."""
+"""The MoE routing's stages. The logits kernel: the router logits (a loop over the blocks of
+hidden columns of the program's slice) and their store as partial logits; a program holds a
+block of BR token rows (o_r, m_r) against a block of BE experts (o_e, m_e) over slice i_hs of
+the HS slices of the hidden columns, all three its grid axes. The top-k kernel: the partial
+logits' sum, the sigmoid, the top-k selection, the routing weights and their store; a program
+holds a block of BR token rows (its grid axis) with every expert, padded to BE (o_e, m_e: made
+by the sum), and BKS top-k slots. Each kernel's launch takes the block sizes of its
+k3s.launch_by_rows ops by the call's token rows; the entry sets the slice count dims["HS"] by
+them before it allocates the partial logits."""
 
 from __future__ import annotations
 
@@ -23,6 +25,29 @@ class MoE:
             "m_e = o_e < E",
         )
 
+    def print_axis_hidden_slice(self, axis: int) -> None:
+        self.code(f"# grid axis {axis}: slice i_hs of the HS slices of the hidden columns", f"i_hs = tl.program_id({axis})")
+
+    def print_hidden_slices(self, view: EntryView) -> None:
+        """dims["HS"]: the hidden slices of the entry's router kernel at the call's rows, those of
+        the first of its k3s.launch_by_rows ops that holds R, else its own. Set with the other
+        sizes, before the allocations: the partial logits' workspace has HS planes."""
+        kernel = next(k for k in view.kernels if "hidden_slice" in k.grid.data.split(","))
+        own = kernel.hidden_slices.value.data
+        launches = [(op.max_rows.value.data, own if op.hidden_slices is None else op.hidden_slices.value.data)
+                    for op in view.entry.body.ops
+                    if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+        # a launch with the slices of the next (or the kernel's own, after the last) changes nothing
+        launches = [(most, count) for (most, count), after in zip(launches, [*launches[1:], (None, own)])
+                    if count != after[1]]
+        self.code(f"# the hidden slices of @{kernel.sym_name.data} at this call's rows (its k3s.launch_by_rows "
+                  "<hidden_slices>, else its own)",
+                  f'dims["HS"] = {own}')
+        for index, (most, count) in enumerate(launches):
+            self.code(f'{"el" if index else ""}if dims["R"] <= {most}:')
+            with self.code.indent():
+                self.code(f'dims["HS"] = {count}')
+
     def print_launch_by_rows(self, kernel: k3s.KernelOp, view: EntryView) -> None:
         """The block sizes of the kernel's k3s.launch_by_rows ops, chosen by the call's rows."""
         launches = [op for op in view.entry.body.ops
@@ -40,8 +65,12 @@ class MoE:
     def print_k3s_router_logits(self, op: k3s.RouterLogitsOp) -> None:
         c = self.code
         logits = register(op.logits)
-        c.comment(op, "x W_r^T over blocks of BD hidden columns, fp32 accumulation; padded rows and experts are 0")
-        c(f"{logits} = tl.zeros([BR, BE], dtype=tl.float32)", "for i_d in range(0, tl.cdiv(D, BD)):")
+        c.comment(op, "x W_r^T over the blocks of BD hidden columns of the program's slice, fp32 accumulation; "
+                      "padded rows and experts are 0")
+        c("# slice i_hs: blocks i_hs NB // HS .. (i_hs + 1) NB // HS - 1 of the NB = cdiv(D, BD), an even share "
+          "(counts differ by at most one, none empty while HS <= NB)",
+          f"{logits} = tl.zeros([BR, BE], dtype=tl.float32)",
+          "for i_d in range(i_hs * tl.cdiv(D, BD) // HS, (i_hs + 1) * tl.cdiv(D, BD) // HS):")
         with c.indent():
             c("o_d = i_d * BD + tl.arange(0, BD)",
               "m_d = o_d < D",
@@ -51,23 +80,28 @@ class MoE:
               "other=0.0)",
               f"{logits} += _mm(b_x, b_wt, DOT)")
 
+    def print_k3s_store_partial_logits(self, op: k3s.StorePartialLogitsOp) -> None:
+        # plane i_hs of [HS, R, E]: i_hs * R stays below 2**31 (HS R E fp32 would not fit a GPU)
+        self.code.comment(op, "the block's rows and experts in the plane of the program's slice")
+        self.code(f"tl.store(partial_logits + (i_hs * R + o_r[:, None]) * E + o_e[None, :], {register(op.logits)}, "
+                  "mask=m_r[:, None] & m_e[None, :])")
+
+    def print_k3s_sum_partial_logits(self, op: k3s.SumPartialLogitsOp) -> None:
+        c = self.code
+        logits = register(op.logits)
+        c.comment(op, "every expert of the block's rows, the slices in increasing order; padded experts are never "
+                      "chosen, padded rows never stored (their logits 0, so their weights' sum is not 0)")
+        c("o_e = tl.arange(0, BE)",
+          "m_e = o_e < E",
+          f"{logits} = tl.zeros([BR, BE], dtype=tl.float32)",
+          "for i_hs in range(HS):")
+        with c.indent():
+            c(f"{logits} += tl.load(partial_logits + (i_hs * R + o_r[:, None]) * E + o_e[None, :], "
+              "mask=m_r[:, None] & m_e[None, :], other=0.0)")
+
     def print_k3s_router_sigmoid(self, op: k3s.RouterSigmoidOp) -> None:
         self.code.comment(op)
         self.code(f"{register(op.scores)} = tl.sigmoid({register(op.logits)})")
-
-    def print_k3s_store_scores(self, op: k3s.StoreScoresOp) -> None:
-        self.code.comment(op, "the block's rows and experts")
-        self.code(f"tl.store(scores + o_r[:, None] * E + o_e[None, :], {register(op.scores)}, "
-                  "mask=m_r[:, None] & m_e[None, :])")
-
-    def print_k3s_load_scores(self, op: k3s.LoadScoresOp) -> None:
-        c = self.code
-        c.comment(op, "every expert of the block's rows; padded experts are never chosen, padded rows never "
-                      "stored (their scores 1, so their weights' sum is not 0)")
-        c("o_e = tl.arange(0, BE)",
-          "m_e = o_e < E",
-          f"{register(op.scores)} = tl.load(scores + o_r[:, None] * E + o_e[None, :], "
-          "mask=m_r[:, None] & m_e[None, :], other=1.0)")
 
     def print_k3s_select_top_k(self, op: k3s.SelectTopKOp) -> None:
         c = self.code

@@ -1,8 +1,10 @@
 // lower-moe-routing: the latent_moe op stays and a `route` entry is added after it, with two
-// kernels that hand the scores over in the `scores` workspace [R, E] fp32: the scores kernel over
-// blocks of experts x blocks of token rows (the router logits of its rows against its experts,
-// their sigmoid, the store), then the top-k kernel over blocks of token rows (every expert's
-// score loaded, the top-k selection by score + bias (ids and unbiased weights), the weights
+// kernels that hand the logits over in the `partial_logits` workspace [HS, R, E] fp32 (HS the
+// call's slices of the hidden columns, chosen by legalize-triton): the logits kernel over
+// blocks of experts x blocks of token rows x hidden slices (the router logits of its rows
+// against its experts over its slice's columns, stored as its slice's partial logits), then the
+// top-k kernel over blocks of token rows (every expert's partial logits summed over the slices,
+// their sigmoid, the top-k selection by score + bias (ids and unbiased weights), the weights
 // normalised (norm_topk_prob) and scaled (routed_scaling_factor), the store). Without
 // norm_topk_prob the weights are only scaled.
 // RUN: k3c opt %s -p lower-moe-routing | filecheck %s
@@ -23,14 +25,14 @@ builtin.module {
 // CHECK-NEXT:     k3s.tensor_arg @router_bias <type = !k3s.tensor<12, float32>, role = input>
 // CHECK-NEXT:     k3s.tensor_arg @topk_ids <type = !k3s.tensor<R x 3, index>, role = output>
 // CHECK-NEXT:     k3s.tensor_arg @topk_weights <type = !k3s.tensor<R x 3, float32>, role = output>
-// CHECK-NEXT:     k3s.tensor_arg @scores <type = !k3s.tensor<R x 12, float32>, role = workspace>
-// CHECK-NEXT:     k3s.kernel @moe_router_scores <grid = "expert_block,row_block", num_warps = 8> {
+// CHECK-NEXT:     k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
+// CHECK-NEXT:     k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
 // CHECK-NEXT:       %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
-// CHECK-NEXT:       %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
-// CHECK-NEXT:       k3s.store_scores %s
+// CHECK-NEXT:       k3s.store_partial_logits %logits
 // CHECK-NEXT:     }
 // CHECK-NEXT:     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8> {
-// CHECK-NEXT:       %s = k3s.load_scores <num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:       %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:       %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
 // CHECK-NEXT:       %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
 // CHECK-NEXT:       %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
 // CHECK-NEXT:       k3s.store_routing %ids, %weights
@@ -38,7 +40,7 @@ builtin.module {
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
-// WARPS: k3s.kernel @moe_router_scores <grid = "expert_block,row_block", num_warps = 4> {
+// WARPS: k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 4> {
 // WARPS: k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 4> {
 
 // RAW: %weights = k3s.routing_weights %w <normalize = false, scale = 1.0> : !k3s.tile<R x KS>

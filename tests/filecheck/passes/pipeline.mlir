@@ -43,7 +43,7 @@ builtin.module {
 // MOE-NOT:  k3s.entry
 // MOE:      k3.latent_moe @moe
 // MOE-NEXT: k3s.entry @moe_route <source = moe> {
-// MOE:      k3s.kernel @moe_router_scores
+// MOE:      k3s.kernel @moe_router_logits
 // MOE:      k3s.kernel @moe_router_top_k
 // MOE-NOT:  k3s.entry
 

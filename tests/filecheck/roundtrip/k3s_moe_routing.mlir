@@ -1,6 +1,6 @@
-// The MoE routing as legalize-triton leaves it: the scores kernel and the top-k kernel with
-// their block sizes, each followed by its k3s.launch_by_rows ops (block sizes for calls of at
-// most max_rows token rows). Parses, verifies and prints back the same, also through the
+// The MoE routing as legalize-triton leaves it: the logits kernel (its hidden slices too) and
+// the top-k kernel with their block sizes, each followed by its k3s.launch_by_rows ops (block
+// sizes, and the logits kernel's hidden slices, for calls of at most max_rows token rows). Parses, verifies and prints back the same, also through the
 // generic form.
 // RUN: k3c opt %s | filecheck %s
 // RUN: k3c opt %s --generic | k3c opt - | filecheck %s
@@ -14,16 +14,16 @@ builtin.module {
     k3s.tensor_arg @router_bias <type = !k3s.tensor<12, float32>, role = input>
     k3s.tensor_arg @topk_ids <type = !k3s.tensor<R x 3, index>, role = output>
     k3s.tensor_arg @topk_weights <type = !k3s.tensor<R x 3, float32>, role = output>
-    k3s.tensor_arg @scores <type = !k3s.tensor<R x 12, float32>, role = workspace>
-    k3s.kernel @moe_router_scores <grid = "expert_block,row_block", num_warps = 8, block_d = 64, block_r = 128, block_e = 16> {
+    k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
+    k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
       %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
-      %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
-      k3s.store_scores %s
+      k3s.store_partial_logits %logits
     }
-    k3s.launch_by_rows <kernel = moe_router_scores, max_rows = 128, block_r = 16, block_e = 16, block_d = 64>
-    k3s.launch_by_rows <kernel = moe_router_scores, max_rows = 512, block_r = 32>
+    k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, block_e = 16, block_d = 16, hidden_slices = 3>
+    k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 512, block_r = 32>
     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8, block_r = 16, block_e = 16, block_ks = 4> {
-      %s = k3s.load_scores <num_experts = 12> : !k3s.tile<R x E>
+      %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
+      %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
       %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
       %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
       k3s.store_routing %ids, %weights
@@ -32,14 +32,15 @@ builtin.module {
   }
 }
 
-// CHECK:      k3s.kernel @moe_router_scores <grid = "expert_block,row_block", num_warps = 8, block_d = 64, block_r = 128, block_e = 16> {
+// CHECK:      k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
+// CHECK-NEXT: k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
 // CHECK-NEXT:   %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
-// CHECK-NEXT:   %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
-// CHECK-NEXT:   k3s.store_scores %s
+// CHECK-NEXT:   k3s.store_partial_logits %logits
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.launch_by_rows <kernel = moe_router_scores, max_rows = 128, block_r = 16, block_e = 16, block_d = 64>
-// CHECK-NEXT: k3s.launch_by_rows <kernel = moe_router_scores, max_rows = 512, block_r = 32>
+// CHECK-NEXT: k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, block_e = 16, block_d = 16, hidden_slices = 3>
+// CHECK-NEXT: k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 512, block_r = 32>
 // CHECK-NEXT: k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8, block_r = 16, block_e = 16, block_ks = 4> {
-// CHECK-NEXT:   %s = k3s.load_scores <num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:   %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:   %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
 // CHECK-NEXT:   %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
 // CHECK:      k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 1>

@@ -34,8 +34,8 @@
 // MOE-NEXT:     k3s.tensor_arg @router_bias <type = !k3s.tensor<896, float32>, role = input>
 // MOE-NEXT:     k3s.tensor_arg @topk_ids <type = !k3s.tensor<R x 16, index>, role = output>
 // MOE-NEXT:     k3s.tensor_arg @topk_weights <type = !k3s.tensor<R x 16, float32>, role = output>
-// MOE-NEXT:     k3s.tensor_arg @scores <type = !k3s.tensor<R x 896, float32>, role = workspace>
-// MOE-NEXT:     k3s.kernel @latent_moe_router_scores <grid = "expert_block,row_block", num_warps = 8> {
+// MOE-NEXT:     k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 896, float32>, role = workspace>
+// MOE-NEXT:     k3s.kernel @latent_moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
 // MOE-NEXT:       %logits = k3s.router_logits <hidden_size = 7168, num_experts = 896> : !k3s.tile<R x E>
 // MOE:          k3s.kernel @latent_moe_router_top_k <grid = row_block, num_warps = 8> {
 // MOE:            %weights = k3s.routing_weights %w <normalize = true, scale = 1.0> : !k3s.tile<R x KS>

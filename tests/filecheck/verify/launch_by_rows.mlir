@@ -1,16 +1,26 @@
 // k3s.launch_by_rows names a kernel before it in its entry, a positive max_rows that increases
-// along that kernel's launches, and block sizes that are powers of two.
+// along that kernel's launches, block sizes that are powers of two and a positive count of
+// hidden slices; k3s.router_logits sums over its program's hidden slice, so its kernel has a
+// hidden_slice grid axis.
 // RUN: k3c opt %s | filecheck %s --check-prefix=OK
 // RUN: sed 's/kernel = moe_router_top_k, max_rows = 64/kernel = moe_router_top, max_rows = 64/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=KERNEL
 // RUN: sed 's/max_rows = 256/max_rows = 64/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ORDER
 // RUN: sed 's/max_rows = 64, block_r = 1/max_rows = 0, block_r = 1/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
 // RUN: sed 's/block_r = 1>/block_r = 3>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=POW2
+// RUN: sed 's/hidden_slices = 3>/hidden_slices = 0>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SLICES
+// RUN: sed 's/"expert_block,row_block,hidden_slice"/"expert_block,row_block"/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=AXIS
 
 builtin.module {
   k3s.entry @route <source = moe> {
-    k3s.tensor_arg @scores <type = !k3s.tensor<R x 12, float32>, role = workspace>
+    k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
+    k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
+      %logits = k3s.router_logits <hidden_size = 400, num_experts = 12> : !k3s.tile<R x E>
+      k3s.store_partial_logits %logits
+    }
+    k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, hidden_slices = 3>
     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8, block_r = 16, block_e = 16, block_ks = 4> {
-      %s = k3s.load_scores <num_experts = 12> : !k3s.tile<R x E>
+      %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
+      %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
       %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
       k3s.store_routing %ids, %w
     }
@@ -19,9 +29,12 @@ builtin.module {
   }
 }
 
+// OK: k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, hidden_slices = 3>
 // OK: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64, block_r = 1>
 // OK-NEXT: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 4>
 // KERNEL: k3s.launch_by_rows <kernel = moe_router_top, max_rows = 64>: no kernel @moe_router_top before it in its entry
 // ORDER: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64>: max_rows must increase along a kernel's launch_by_rows ops
 // ROWS: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 0>: max_rows must be positive
 // POW2: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64>: block_r must be a power of two, got 3
+// SLICES: k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16>: hidden_slices must be positive, got 0
+// AXIS: k3s.router_logits in @moe_router_logits: its kernel's grid has no hidden_slice axis
