@@ -37,9 +37,9 @@ class GluActivation(Word):
 
 
 class WeightFormat(Word):
-    """How a layer's expert weights are stored: bf16 in the layer's float dtype (its name kept
-    from the spec key's word); mxfp4 as OCP MX (E2M1 values two a byte, an E8M0 scale per 32 of
-    a row's input columns: docs/moe.md)."""
+    """How a layer's routed experts' weights are stored: bf16, in the layer's float dtype whatever
+    it is; mxfp4, as OCP MX (E2M1 values two a byte, an E8M0 scale per 32 of a row's input
+    columns: docs/moe.md)."""
 
     BF16 = "bf16"
     MXFP4 = "mxfp4"

@@ -17,6 +17,10 @@ How the routed experts run is the dispatch plan:
 - token-centric (decode): one program per (pair, block of FFN columns) for the GLU, and per
   (token, block of output columns) for the down projection, which accumulates the token's
   weighted slots in registers: no sorting, no padding, no per-pair output buffer.
+
+With expert_weight_format = mxfp4 the routed experts' weights are each two arguments, packed
+values and scales (<name>_packed, <name>_scales), and the projections that read them say
+weight_format = mxfp4 (the latent and shared experts' weights stay in the layer's dtype).
 """
 
 from __future__ import annotations

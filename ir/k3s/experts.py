@@ -30,8 +30,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, MemoryReadEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import Word
-from k3compile.ir.choices import WeightFormat
+from k3compile.ir.choices import WeightFormat, Word
 from k3compile.ir.k3 import GluActivationAttr, WeightFormatAttr
 from k3compile.ir.k3s.core import KernelOp, TileType
 from k3compile.ir.syntax import KeywordSyntax
