@@ -8,8 +8,11 @@ bf16, side by side in one process with torch pipelines of the same semantics:
 - prefill (T = 2048 .. 32768): `moe_prefill`, torch's per-expert loop and torch._grouped_mm
   (where the installed torch has it), in TFLOP/s against the bf16 GEMM rate measured in the same
   run (an 8192^3 torch.matmul).
-Each output is checked against the per-expert torch pipeline in fp32 (RMS ratio reported). Needs
-only torch and triton:
+Each output is checked against the per-expert torch pipeline in fp32 (RMS ratio reported). A
+module whose layer has expert_weight_format = mxfp4 (examples/latent_moe_mxfp4.toml) is timed on
+the weights packed by its own pack_expert_weights; torch runs the dequantised weights (exact in
+bf16), so the RMS ratios compare the same layer, and the decode floor counts the packed bytes.
+Needs only torch and triton:
 
     python -c "import k3compile; k3compile.compile('examples/latent_moe.toml', 'bench/generated/moe')"
     python3 bench/moe_gpu.py --module bench/generated/moe/latent_moe.py --out DIR   # on the GPU
@@ -102,6 +105,17 @@ class TorchMoe:
         return out
 
 
+def dequantize_mxfp4_(torch, weight, packed, scales) -> None:
+    """weight[e] = the MXFP4 weights of packed[e] and scales[e] (the module's layout, docs/moe.md:
+    byte j of a block of 32 holds inputs j and j + 16), one expert at a time; exact in bf16."""
+    values = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], device=weight.device)
+    for e in range(weight.shape[0]):
+        codes = packed[e].long().reshape(*packed.shape[1:-1], -1, 16)
+        blocks = torch.cat([values[codes & 15], values[codes >> 4]], dim=-1)
+        scale = (scales[e].int() << 23).view(torch.float32)  # 2^(s - 127)
+        weight[e] = (blocks * scale[..., None]).reshape(weight.shape[1:]).to(weight.dtype)
+
+
 def profile(torch, module, weights, x, schedule: str) -> tuple[str, int, list[tuple[str, float]]]:
     """(schedule, T, [(kernel, mean GPU µs per call)]) of 10 calls of moe_<schedule>."""
     entry = getattr(module, f"moe_{schedule}")
@@ -145,9 +159,17 @@ def main(argv=None) -> int:
                     "latent_norm_gain": randn(l, scale=0.2, shift=1.0)}
     if S and Fs:
         weights |= {"shared_gate_up": randn(S, 2 * Fs, d, scale=d**-0.5), "shared_down": randn(S, d, Fs, scale=Fs**-0.5)}
-    torch_moe = TorchMoe(torch, a, weights)
-    expert_bytes = 3 * w_ * F * 2
     fixed_bytes = sum(weights[n].numel() * weights[n].element_size() for n in weights if not n.startswith("expert_"))
+    mxfp4 = a.get("expert_weight_format") == "mxfp4"
+    ours = weights  # what the module's entries take
+    if mxfp4:
+        packed = module.pack_expert_weights(weights["expert_gate_up"], weights["expert_down"])
+        for name in ("expert_gate_up", "expert_down"):  # torch's weights: the ones our kernels decode
+            dequantize_mxfp4_(torch, weights[name], packed[f"{name}_packed"], packed[f"{name}_scales"])
+        ours = {n: t for n, t in weights.items() if not n.startswith("expert_")} | packed
+    torch_moe = TorchMoe(torch, a, weights)
+    # a touched expert's gate/up and down weights: bf16, or MXFP4's half byte a weight plus a scale byte per 32
+    expert_bytes = 3 * w_ * F * ((1 / 2 + 1 / 32) if mxfp4 else 2)
 
     scratch = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
     copy_Bps = 2 * scratch.numel() / (triton.testing.do_bench(lambda: scratch.clone()) * 1e-3)
@@ -178,8 +200,8 @@ def main(argv=None) -> int:
                    "flop": 2 * T * (k * 3 * w_ * F + (3 * d * Fs * S if Fs else 0) + (2 * d * l) + d * E)}
             ref = torch_moe(x, fp32=True)
             # the token-centric schedule only at decode sizes (a program per (token, slot) and FFN block)
-            methods = {"ours_decode": lambda x=x: module.moe_decode(**weights, x=x)[0]} if phase == "decode" else {}
-            methods |= {"ours_prefill": lambda x=x: module.moe_prefill(**weights, x=x)[0],
+            methods = {"ours_decode": lambda x=x: module.moe_decode(**ours, x=x)[0]} if phase == "decode" else {}
+            methods |= {"ours_prefill": lambda x=x: module.moe_prefill(**ours, x=x)[0],
                         "torch_loop": lambda x=x: torch_moe(x)}
             if hasattr(torch, "_grouped_mm"):
                 methods["torch_grouped_mm"] = lambda x=x: torch_moe(x, grouped=True)
@@ -195,11 +217,14 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
             del ref
 
-    profiles = [profile(torch, module, weights, randn(T, d), schedule) for T in args.profile
+    profiles = [profile(torch, module, ours, randn(T, d), schedule) for T in args.profile
                 for schedule in ("decode", "prefill")]
+    weight_format = ("expert_weight_format mxfp4: our routed experts' weights MXFP4 (packed by the module's "
+                     "pack_expert_weights, dequantised in registers), torch's the dequantised bf16 ones, the rest bf16"
+                     if mxfp4 else "expert_weight_format bf16: bf16 weights")
     head = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
-            f"d {d}, latent {l}, {E} experts top-{k}, FFN {F}, {S} shared x {Fs}, {a['activation']}; bf16 weights "
-            f"and activations; copy bandwidth {copy_Bps / 1e12:.2f} TB/s, bf16 GEMM {gemm_flops / 1e12:.0f} TFLOP/s "
+            f"d {d}, latent {l}, {E} experts top-{k}, FFN {F}, {S} shared x {Fs}, {a['activation']}; {weight_format} "
+            f"and bf16 activations; copy bandwidth {copy_Bps / 1e12:.2f} TB/s, bf16 GEMM {gemm_flops / 1e12:.0f} TFLOP/s "
             "(8192^3 torch.matmul); RMS ratio against the per-expert torch pipeline in fp32")
     methods = ["ours_decode", "ours_prefill", "torch_loop", "torch_grouped_mm"]
 
@@ -236,8 +261,9 @@ def main(argv=None) -> int:
                   "| kernel | µs |", "|---|---|"] + [f"| {name} | {us:.1f} |" for name, us in kernels]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "moe.md").write_text("\n".join(lines) + "\n")
-    (args.out / "moe.json").write_text(json.dumps({"head": head, "copy_Bps": copy_Bps, "gemm_flops": gemm_flops,
-                                                   "rows": rows}, indent=1))
+    (args.out / "moe.json").write_text(json.dumps({"head": head, "format": "mxfp4" if mxfp4 else "bf16",
+                                                   "copy_Bps": copy_Bps, "gemm_flops": gemm_flops, "rows": rows},
+                                                  indent=1))
     print("\n".join(lines))
     return 0 if all(math.isfinite(r.get("ours_decode_rms", r.get("ours_prefill_rms", math.nan))) for r in rows) else 1
 

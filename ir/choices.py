@@ -36,6 +36,15 @@ class GluActivation(Word):
     SITU_GLU = "situ_glu"
 
 
+class WeightFormat(Word):
+    """How a layer's routed experts' weights are stored: bf16, in the layer's float dtype whatever
+    it is; mxfp4, as OCP MX (E2M1 values two a byte, an E8M0 scale per 32 of a row's input
+    columns: docs/moe.md)."""
+
+    BF16 = "bf16"
+    MXFP4 = "mxfp4"
+
+
 class GateInput(Word):
     """What g means: the log-decay as given; max(g, gate_lower_bound) (fla's safe_gate contract);
     -exp(A_log) softplus(g + dt_bias); gate_lower_bound sigmoid(exp(A_log) (g + dt_bias))."""
@@ -63,5 +72,6 @@ class BetaInput(Word):
 DTYPES = tuple(Dtype)
 STATE_LAYOUTS = tuple(StateLayout)
 GLU_ACTIVATIONS = tuple(GluActivation)
+WEIGHT_FORMATS = tuple(WeightFormat)
 GATE_INPUTS = tuple(GateInput)
 BETA_INPUTS = tuple(BetaInput)

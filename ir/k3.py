@@ -15,7 +15,7 @@ from xdsl.irdl import irdl_attr_definition, irdl_op_definition, opt_prop_def, pr
 from xdsl.traits import SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import BetaInput, Dtype, Gate, GateInput, GluActivation, StateLayout
+from k3compile.ir.choices import BetaInput, Dtype, Gate, GateInput, GluActivation, StateLayout, WeightFormat
 from k3compile.ir.syntax import KeywordSyntax
 
 # The shared vocabularies (ir/choices.py) as enum attributes: a property declared with one takes
@@ -40,6 +40,11 @@ class GateAttr(EnumAttribute[Gate], SpacedOpaqueSyntaxAttribute):
 @irdl_attr_definition
 class GluActivationAttr(EnumAttribute[GluActivation], SpacedOpaqueSyntaxAttribute):
     name = "k3.glu_activation"
+
+
+@irdl_attr_definition
+class WeightFormatAttr(EnumAttribute[WeightFormat], SpacedOpaqueSyntaxAttribute):
+    name = "k3.weight_format"
 
 
 @irdl_attr_definition
@@ -182,6 +187,10 @@ class LatentMoEOp(KeywordSyntax):
     (latent -> d); latent_dim = 0 runs them at full width. Each expert is a GLU:
     down( act(gate(x), up(x)) ) with act swiglu (silu(g) * u) or situ_glu
     (4 tanh(g/4) sigmoid(g) * 25 tanh(u/25)). Shared experts (full width) are added.
+    expert_weight_format mxfp4 stores the routed experts' weights as OCP MX (E2M1 values, an
+    E8M0 scale per 32 consecutive weights of a row's input columns; absent: bf16, the layer's
+    dtype), so the experts' input widths (latent_dim, or hidden_size without it, and
+    expert_ffn_dim) are multiples of 32.
     """
 
     name = "k3.latent_moe"
@@ -198,7 +207,16 @@ class LatentMoEOp(KeywordSyntax):
     routed_scaling_factor = prop_def(FloatAttr)
     eps = prop_def(FloatAttr)
     dtype = prop_def(DtypeAttr)
+    expert_weight_format = opt_prop_def(WeightFormatAttr)
     traits = traits_def(SymbolOpInterface())
+
+    # the frontend leaves an optional property out at its default (so a bf16 layer prints as before)
+    INPUT_DEFAULTS: ClassVar[dict] = {"expert_weight_format": WeightFormat.BF16}
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        attr = self.expert_weight_format
+        return WeightFormat.BF16 if attr is None else attr.data
 
     def verify_(self) -> None:
         _require_positive(self, "hidden_size", "num_experts", "top_k", "expert_ffn_dim")
@@ -221,10 +239,19 @@ class LatentMoEOp(KeywordSyntax):
             )
         _require_float_in(self, "routed_scaling_factor", 0.0)
         _require_float_in(self, "eps", 0.0)
+        if self.weight_format == WeightFormat.MXFP4:
+            # one E8M0 scale per 32 weights along each input: the gate/up weights' (w) and the down's (F)
+            inputs = ("latent_dim" if _int(self, "latent_dim") else "hidden_size", "expert_ffn_dim")
+            for name in inputs:
+                if _int(self, name) % 32:
+                    raise VerifyException(
+                        f"{self.name} @{self.sym_name.data}: expert_weight_format = mxfp4 scales blocks of 32 "
+                        f"weights along each expert input, so {name} must be a multiple of 32, got {_int(self, name)}"
+                    )
 
 
 K3 = Dialect(
     "k3",
     [RecurrenceOp, AttnResOp, LatentMoEOp],
-    [DtypeAttr, StateLayoutAttr, GateAttr, GluActivationAttr, GateInputAttr, BetaInputAttr],
+    [DtypeAttr, StateLayoutAttr, GateAttr, GluActivationAttr, GateInputAttr, BetaInputAttr, WeightFormatAttr],
 )

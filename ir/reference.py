@@ -194,6 +194,25 @@ def glu(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return 4 * torch.tanh(gate / 4) * torch.sigmoid(gate) * 25 * torch.tanh(up / 25)
 
 
+# the E2M1 code c (sign bit 3, exponent bits 1-2, mantissa bit 0) -> its value, from the
+# definition: exponent 0 gives mantissa / 2 (subnormal), exponent e > 0 gives 2^(e-1) (1 + mantissa / 2)
+_E2M1 = [(-1) ** (c >> 3) * ((c & 1) / 2 if not (c >> 1) & 3 else 2.0 ** (((c >> 1) & 3) - 1) * (1 + (c & 1) / 2))
+         for c in range(16)]
+
+
+def dequantize_mxfp4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP4 weights in the compiled modules' layout -> float64 [..., in]: values [..., in / 2]
+    uint8 (in each block of 32 inputs, byte j holds input j's E2M1 code in its low nibble and
+    input j + 16's in its high nibble), scales [..., in / 32] uint8 (block b's E8M0 exponent s:
+    its weights are the codes' values times 2^(s - 127); s = 255 is NaN)."""
+    table = torch.tensor(_E2M1, dtype=f64, device=values.device)
+    codes = values.to(torch.int64).reshape(*values.shape[:-1], -1, 16)  # [..., blocks, byte j]
+    blocks = torch.cat([table[codes & 15], table[codes >> 4]], dim=-1)  # [..., blocks, input]
+    exponent = scales.to(f64) - 127
+    scale = torch.where(scales == 255, torch.nan, torch.pow(2.0, exponent))
+    return (blocks * scale[..., None]).reshape(*values.shape[:-1], -1)
+
+
 def _expert(activation, x, gate_up, down):
     gate, up = (x @ gate_up.T).chunk(2, dim=-1)
     return glu(activation, gate, up) @ down.T
@@ -215,17 +234,28 @@ def latent_moe_routing(op, x, router_weight, router_bias):
     return ids, weights * op.routed_scaling_factor.value.data
 
 
-def latent_moe(op, x, router_weight, router_bias, expert_gate_up, expert_down,
+def latent_moe(op, x, router_weight, router_bias, expert_gate_up=None, expert_down=None,
                latent_down=None, latent_up=None, latent_norm_gain=None,
-               shared_gate_up=None, shared_down=None):
+               shared_gate_up=None, shared_down=None, expert_gate_up_packed=None, expert_gate_up_scales=None,
+               expert_down_packed=None, expert_down_scales=None):
     """k3.latent_moe on tokens x [R, d] -> [R, d] float64 on x's device, one expert at a time
     (each over the rows routed to it; a weight is taken to float64 one expert at a time).
 
     expert_gate_up [E, 2F, w] (gate rows first), expert_down [E, w, F] with w the latent width
     (or d); latent_down [l, d], latent_up [d, l], latent_norm_gain [l];
-    shared_gate_up [Ns, 2Fs, d], shared_down [Ns, d, Fs].
+    shared_gate_up [Ns, 2Fs, d], shared_down [Ns, d, Fs]. MXFP4 expert weights come as each
+    one's packed values and scales instead (expert_gate_up_packed, expert_gate_up_scales, ...:
+    dequantize_mxfp4's layout), as the compiled entries of an mxfp4 layer take them.
     """
     to64 = lambda t: t.to(x.device, f64)  # noqa: E731
+
+    def expert_weights(e):
+        """Expert e's gate_up and down weights in float64: as given, or dequantised from MXFP4."""
+        if expert_gate_up is None:
+            return (to64(dequantize_mxfp4(expert_gate_up_packed[e], expert_gate_up_scales[e])),
+                    to64(dequantize_mxfp4(expert_down_packed[e], expert_down_scales[e])))
+        return to64(expert_gate_up[e]), to64(expert_down[e])
+
     chosen, weights = latent_moe_routing(op, x, router_weight, router_bias)
     activation = op.activation.data
     latent = op.latent_dim.value.data > 0
@@ -234,7 +264,7 @@ def latent_moe(op, x, router_weight, router_bias, expert_gate_up, expert_down,
     combined = torch.zeros_like(h)
     for e in torch.unique(chosen).tolist():
         rows, slots = torch.nonzero(chosen == e, as_tuple=True)
-        part = _expert(activation, h[rows], to64(expert_gate_up[e]), to64(expert_down[e]))
+        part = _expert(activation, h[rows], *expert_weights(e))
         combined.index_add_(0, rows, weights[rows, slots, None] * part)
     if latent:
         eps = op.eps.value.data

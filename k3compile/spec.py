@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from k3compile.errors import SpecError
-from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GLU_ACTIVATIONS, STATE_LAYOUTS
+from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GLU_ACTIVATIONS, STATE_LAYOUTS, WEIGHT_FORMATS
 
 REQUIRED = object()
 
@@ -76,6 +76,8 @@ SCHEMAS["latent_moe"] = {
     "routed_scaling_factor": Key(float, default=1.0, minimum=0, exclusive=True),
     "eps": Key(float, default=1e-6, minimum=0, exclusive=True),
     "dtype": Key(str, default="bfloat16", choices=DTYPES),
+    # the routed experts' weights: bf16 (in dtype, whatever it is) or mxfp4 (docs/moe.md)
+    "expert_weight_format": Key(str, default="bf16", choices=WEIGHT_FORMATS),
 }
 KINDS = tuple(SCHEMAS)
 # A layer's name is its module's file name (<name>.py): one of these would shadow the module it

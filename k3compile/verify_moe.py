@@ -1,6 +1,9 @@
 """Differential verification of the LatentMoE layer (`k3c verify` on a latent_moe spec): its
 entries route, moe_decode and moe_prefill against reference.latent_moe_routing and
-reference.latent_moe in float64 (computed on the inputs' device, one expert at a time).
+reference.latent_moe in float64 (computed on the inputs' device, one expert at a time). MXFP4
+expert weights are drawn as for bf16 and packed by the module's pack_expert_weights: the kernels
+are verified against dequantise-then-reference, so the tolerances are bf16's (the dequantised
+weights are exact in every dtype; what MXFP4 loses is the packing's, not the kernels').
 
 On a CPU (the interpreter) the layer runs at small widths of the same structure; on a GPU at the
 spec's widths with at most GPU_EXPERTS experts (the float64 reference takes each expert's weights
@@ -35,14 +38,19 @@ class MoeCase:
 
 
 def small_layer(spec: LayerSpec, suffix: str = "small", **changes) -> LayerSpec:
-    """The spec's structure (latent or not, shared experts or not, activation, router options)
-    at widths the interpreter runs in seconds; none a power of two."""
+    """The spec's structure (latent or not, shared experts or not, activation, router options,
+    expert weight format) at widths the interpreter runs in seconds; none a power of two but the
+    experts' input widths of MXFP4 weights, whole blocks of 32 (w = 32 or, at full width, d = 64;
+    F = 64)."""
     p = spec.params
-    small = {"hidden_size": 40, "latent_dim": 24 if p["latent_dim"] else 0, "num_experts": min(p["num_experts"], 12),
-             "top_k": min(p["top_k"], 4), "expert_ffn_dim": 20,
-             "num_shared_experts": min(p["num_shared_experts"], 2),
-             "shared_ffn_dim": 12 if p["num_shared_experts"] and p["shared_ffn_dim"] else 0}
-    return dataclasses.replace(spec, name=f"{spec.name}_{suffix}", params={**p, **small, **changes})
+    mxfp4 = p["expert_weight_format"] == "mxfp4"
+    small = {"hidden_size": 40, "latent_dim": (32 if mxfp4 else 24) if p["latent_dim"] else 0,
+             "num_experts": min(p["num_experts"], 12), "top_k": min(p["top_k"], 4),
+             "expert_ffn_dim": 64 if mxfp4 else 20, "num_shared_experts": min(p["num_shared_experts"], 2),
+             "shared_ffn_dim": 12 if p["num_shared_experts"] and p["shared_ffn_dim"] else 0, **changes}
+    if mxfp4 and not small["latent_dim"]:  # the experts read the hidden width
+        small["hidden_size"] = 64
+    return dataclasses.replace(spec, name=f"{spec.name}_{suffix}", params={**p, **small})
 
 
 def gpu_layer(spec: LayerSpec) -> LayerSpec:
@@ -139,6 +147,8 @@ def run_moe_case(layer, entry: str, layer_op, case: MoeCase, dtype, device, gen)
         # the experts exactly, in order: a wrong one shows as a difference of at least 1
         return [("topk_ids", out_ids, ids.to(out_ids.device, torch.float64)), ("topk_weights", out_weights, weights)]
     arguments = routing | expert_weights(layer_op, dtype, device, gen)
+    if layer_op.weight_format == "mxfp4":  # packed by the module itself; the reference dequantises them
+        arguments |= layer.pack_expert_weights(arguments.pop("expert_gate_up"), arguments.pop("expert_down"))
     (out,) = getattr(layer, entry)(**arguments)
     return [("out", out, reference.latent_moe(layer_op, **arguments))]
 

@@ -17,6 +17,10 @@ How the routed experts run is the dispatch plan:
 - token-centric (decode): one program per (pair, block of FFN columns) for the GLU, and per
   (token, block of output columns) for the down projection, which accumulates the token's
   weighted slots in registers: no sorting, no padding, no per-pair output buffer.
+
+With expert_weight_format = mxfp4 the routed experts' weights are each two arguments, packed
+values and scales (<name>_packed, <name>_scales), and the projections that read them say
+weight_format = mxfp4 (the latent and shared experts' weights stay in the layer's dtype).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.ir.choices import WeightFormat
 from k3compile.ir.k3 import LatentMoEOp
 from k3compile.passes.common import add_entries, check_num_warps, check_power_of_two, make
 from k3compile.passes.lower_moe_routing import (
@@ -52,6 +57,7 @@ class Widths:
     S: int
     Fs: int
     latent: bool
+    mxfp4: bool  # the routed experts' weights as MXFP4
 
     @classmethod
     def of(cls, op: LatentMoEOp) -> Widths:
@@ -60,7 +66,29 @@ class Widths:
         shared = value("num_shared_experts") if value("shared_ffn_dim") > 0 else 0
         return cls(d=value("hidden_size"), w=value("latent_dim") if latent else value("hidden_size"),
                    F=value("expert_ffn_dim"), k=value("top_k"), E=value("num_experts"), S=shared,
-                   Fs=value("shared_ffn_dim"), latent=latent)
+                   Fs=value("shared_ffn_dim"), latent=latent, mxfp4=op.weight_format == WeightFormat.MXFP4)
+
+
+def expert_weight(n: Widths, name: str) -> dict:
+    """A projection's properties for reading the routed experts' weight `name`: the tensor, or
+    with MXFP4 the packed values (`name`_packed) and their scales (`name`_scales)."""
+    if n.mxfp4:
+        return dict(weight=f"{name}_packed", weight_format=WeightFormat.MXFP4.value, scales=f"{name}_scales")
+    return dict(weight=name)
+
+
+def expert_weight_arguments(n: Widths) -> list[k3s.TensorArgOp]:
+    """expert_gate_up [E, 2F, w] and expert_down [E, w, F] in the layer's float dtype, or with
+    MXFP4 each as its packed values (two E2M1 codes a byte: [.., in / 2]) and scales (an E8M0
+    byte per 32 inputs: [.., in / 32]), pack_expert_weights' outputs."""
+    shapes = {"expert_gate_up": (n.E, 2 * n.F, n.w), "expert_down": (n.E, n.w, n.F)}
+    if not n.mxfp4:
+        return [tensor_arg(name, k3s.tensor(*shape, dtype="float")) for name, shape in shapes.items()]
+    arguments = []
+    for name, (*rows, inputs) in shapes.items():
+        arguments += [tensor_arg(f"{name}_packed", k3s.tensor(*rows, inputs // 2, dtype="fp4x2")),
+                      tensor_arg(f"{name}_scales", k3s.tensor(*rows, inputs // 32, dtype="e8m0"))]
+    return arguments
 
 
 def weight_arguments(op: LatentMoEOp, n: Widths) -> list[k3s.TensorArgOp]:
@@ -69,8 +97,7 @@ def weight_arguments(op: LatentMoEOp, n: Widths) -> list[k3s.TensorArgOp]:
     shared_role = "input" if n.S else "forbidden"
     S, Fs = max(n.S, 1), max(n.Fs, 1)  # a forbidden tensor's shape is never checked, but a dimension is positive
     return [
-        tensor_arg("expert_gate_up", k3s.tensor(n.E, 2 * n.F, n.w, dtype="float")),
-        tensor_arg("expert_down", k3s.tensor(n.E, n.w, n.F, dtype="float")),
+        *expert_weight_arguments(n),
         tensor_arg("latent_down", k3s.tensor(n.w, n.d, dtype="float"), latent_role),
         tensor_arg("latent_up", k3s.tensor(n.d, n.w, dtype="float"), latent_role),
         tensor_arg("latent_norm_gain", k3s.tensor(n.w, dtype="float"), latent_role),
@@ -188,12 +215,12 @@ class MoeEntry:
             self.kernel("expert_offsets", "one", [make(k3s.ExpertOffsetsOp, num_experts=n.E, block_rows=block_rows)]),
             self.kernel("sort_pairs", "pair_chunk", [make(k3s.SortPairsOp, top_k=n.k, block_rows=block_rows)]),
         ]
-        gate_up = project("sorted_block", self.expert_input(), "token", "expert_gate_up", n.w, n.F, "expert", glu=True,
-                          block_rows=block_rows)
+        gate_up = project("sorted_block", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"), in_dim=n.w,
+                          out_dim=n.F, layout="expert", glu=True, block_rows=block_rows)
         kernels.append(self.kernel("expert_gate_up", "sorted_block,column_block",
                                    glu_stages(self.op, gate_up, "expert_act", "position", n.F)))
-        down = project("sorted_block", "expert_act", "position", "expert_down", n.F, n.w, "expert",
-                       block_rows=block_rows)
+        down = project("sorted_block", "expert_act", "position", **expert_weight(n, "expert_down"), in_dim=n.F,
+                       out_dim=n.w, layout="expert", block_rows=block_rows)
         weighed = make(k3s.WeighPairsOp, operands=[down.results[0]], result=("yw", k3s.tile("M", "N")))
         kernels.append(self.kernel("expert_down", "sorted_block,column_block",
                                    [down, weighed, store(weighed.results[0], "sorted_block", "pair_out", "pair", n.w)]))
@@ -210,11 +237,12 @@ class MoeEntry:
         combined, combined_workspace = self.combined_target()
         workspaces += [tensor_arg("pair_act", k3s.tensor("R", n.k, n.F, dtype="float"), "workspace"),
                        *combined_workspace]
-        gate_up = project("pair", self.expert_input(), "token", "expert_gate_up", n.w, n.F, "expert", glu=True)
+        gate_up = project("pair", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"), in_dim=n.w,
+                          out_dim=n.F, layout="expert", glu=True)
         kernels.append(self.kernel("pair_gate_up", "pair,column_block",
                                    glu_stages(self.op, gate_up, "pair_act", "pair", n.F)))
-        down = make(k3s.ProjectSlotsOp, input="pair_act", weight="expert_down", in_dim=n.F, out_dim=n.w, top_k=n.k,
-                    result=("y", k3s.tile("M", "N")))
+        down = make(k3s.ProjectSlotsOp, input="pair_act", **expert_weight(n, "expert_down"), in_dim=n.F, out_dim=n.w,
+                    top_k=n.k, result=("y", k3s.tile("M", "N")))
         kernels.append(self.kernel("token_down", "token,column_block",
                                    [down, store(down.results[0], "token", combined, "token", n.w)]))
         more_workspaces, more_kernels = self.after_experts(combined)

@@ -486,6 +486,13 @@ def test_verify_latent_moe_quick(capsys):
     assert "4 passed, 0 failed" in out
 
 
+def test_verify_latent_moe_mxfp4_quick(capsys):
+    """MXFP4 expert weights: packed by the module, verified against dequantise-then-reference."""
+    code, out, err = run(capsys, "verify", EXAMPLES / "latent_moe_mxfp4.toml", "--device", "cpu", "--quick")
+    assert code == 0, out + err
+    assert "latent_moe_mxfp4_small" in out and "4 passed, 0 failed" in out
+
+
 def test_verify_bad_spec(capsys, bad_spec):
     code, out, err = run(capsys, "verify", bad_spec, "--device", "cpu")
     assert_bad_input(code, out, err, "head_dim")

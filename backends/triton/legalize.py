@@ -54,7 +54,8 @@ PAIRS_PER_PROGRAM = 256  # the dispatch plan's count and sort kernels
 # accumulators of a GLU would not fit 4). The expert-centric kernels' rows are the dispatch
 # plan's blocks, their columns GEMM-wide; the token-centric ones multiply one row: a [BN, BD]
 # weight tile per step, the down projection's BN narrowed for few tokens (K3: 448 programs at
-# one token). Not tuned yet beyond one run of bench/moe_gpu.py.
+# one token). Not tuned yet beyond one run of bench/moe_gpu.py. The experts' projections of MXFP4
+# weights take the same tiles: every block_d of theirs is a multiple of 32 (whole scale blocks).
 DENSE_PROJECTION_TILES = ((16, dict(block_r=16, block_n=16, block_d=128, num_warps=4)),
                           (64, dict(block_r=64, block_n=64, block_d=64, num_warps=4)),
                           (None, dict(block_r=128, block_n=128, block_d=64, num_warps=8)))

@@ -30,8 +30,8 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, MemoryReadEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import Word
-from k3compile.ir.k3 import GluActivationAttr
+from k3compile.ir.choices import WeightFormat, Word
+from k3compile.ir.k3 import GluActivationAttr, WeightFormatAttr
 from k3compile.ir.k3s.core import KernelOp, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -88,6 +88,19 @@ def _positive(op, *names: str) -> None:
             raise VerifyException(f"{op.name}: {name} must be positive, got {value.value.data}")
 
 
+def _verify_weight_format(op, layout: str) -> None:
+    """MXFP4 weights: `scales` names their scales, the layout is an expert's [E, out, in] (the
+    packed layout's) and the input width a whole number of 32-weight blocks."""
+    mxfp4 = op.weight_format is not None and op.weight_format.data == WeightFormat.MXFP4
+    if mxfp4 != (op.scales is not None):
+        raise VerifyException(f"{op.name}: scales is given exactly for weight_format = mxfp4")
+    if mxfp4 and layout != WeightLayout.EXPERT:
+        raise VerifyException(f"{op.name}: weight_format = mxfp4 needs layout = expert, got {layout}")
+    if mxfp4 and op.in_dim.value.data % 32:
+        raise VerifyException(f"{op.name}: weight_format = mxfp4 needs in_dim a multiple of 32 (a scale per 32 "
+                              f"weights), got {op.in_dim.value.data}")
+
+
 @irdl_op_definition
 class CountPairsOp(KeywordSyntax):
     """Dispatch plan, step 1, over blocks of pairs: expert_counts[e] (zero-filled) counts the
@@ -141,7 +154,9 @@ class ProjectOp(KeywordSyntax):
     token's, its pair's or its sorted position's), W is `weight` in `layout`. With glu, two
     results: the gate half (h = 0) and the up half (h = 1) of the weight's rows, from one pass
     over a. With rms_eps, a's rows are RMS-normalised first, a[m, c] * gain[c] /
-    sqrt(mean_c a[m, c]^2 + rms_eps), gain the `gain` tensor. Padded rows give 0."""
+    sqrt(mean_c a[m, c]^2 + rms_eps), gain the `gain` tensor. Padded rows give 0.
+    weight_format = mxfp4 (layout expert): `weight` holds W's E2M1 codes two a byte and `scales`
+    its E8M0 scales (docs/moe.md's layout), dequantised in registers to a's dtype."""
 
     name = "k3s.project"
     input = prop_def(StringAttr)
@@ -156,12 +171,15 @@ class ProjectOp(KeywordSyntax):
     block_rows = opt_prop_def(IntegerAttr[I64])  # rows = sorted_block: the dispatch plan's block
     rms_eps = opt_prop_def(FloatAttr)
     gain = opt_prop_def(StringAttr)
+    weight_format = opt_prop_def(WeightFormatAttr)  # absent: the input's float dtype
+    scales = opt_prop_def(StringAttr)  # weight_format = mxfp4: the scales' tensor
     result = result_def(TileType)
     up = opt_result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _positive(self, "in_dim", "out_dim", "group", "block_rows")
+        _verify_weight_format(self, self.layout.data)
         if bool(self.glu.value.data) != (self.up is not None):
             raise VerifyException(f"{self.name}: a glu projection has two results (gate, up), another one")
         if (self.group is not None) != (self.layout.data in (WeightLayout.STACKED_OUT, WeightLayout.STACKED_IN)):
@@ -170,6 +188,8 @@ class ProjectOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: block_rows is given exactly for rows = sorted_block")
         if (self.rms_eps is None) != (self.gain is None):
             raise VerifyException(f"{self.name}: rms_eps and gain come together")
+        if self.rms_eps is not None and self.scales is not None:
+            raise VerifyException(f"{self.name}: rms_eps is for the dense latent up-projection, not mxfp4 weights")
         if self.rms_eps is not None and self.rows.data in (Rows.PAIR, Rows.TOKEN):
             raise VerifyException(f"{self.name}: an RMS-normalised input needs a block of rows, not rows = {self.rows.data}")
 
@@ -179,7 +199,8 @@ class ProjectSlotsOp(KeywordSyntax):
     """The token-centric combine of the down projections: y[n] = sum_j topk_weights[t, j] sum_c
     a[t * top_k + j, c] W[e_j, n, c] in fp32 for the program's token t (rows = token) over its
     top_k slots j in order, e_j = topk_ids[t, j]; a is `input` (rows by pair), W is `weight`
-    ([E, out_dim, in_dim])."""
+    ([E, out_dim, in_dim]; with weight_format = mxfp4 packed, its scales `scales`, as
+    k3s.project's)."""
 
     name = "k3s.project_slots"
     input = prop_def(StringAttr)
@@ -187,11 +208,14 @@ class ProjectSlotsOp(KeywordSyntax):
     in_dim = prop_def(IntegerAttr[I64])
     out_dim = prop_def(IntegerAttr[I64])
     top_k = prop_def(IntegerAttr[I64])
+    weight_format = opt_prop_def(WeightFormatAttr)
+    scales = opt_prop_def(StringAttr)
     result = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _positive(self, "in_dim", "out_dim", "top_k")
+        _verify_weight_format(self, WeightLayout.EXPERT)
 
 
 @irdl_op_definition

@@ -22,6 +22,10 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 
+# the dtype classes of MXFP4 weights' bytes, checked by the mxfp4 runtime's _check_mx
+MX_DTYPE_CLASSES = (k3s.ArgDtype.FP4X2, k3s.ArgDtype.E8M0)
+
+
 class Entries:
     """TritonPrinter's methods for entries (one per k3s op, and their helpers)."""
 
@@ -59,6 +63,10 @@ class Entries:
         c = self.code
         c(f'"""{docstring}', '"""', "", "import os", "", "import torch", "import triton", "import triton.language as tl", "")
         c(*emitted("checks"))
+        # MXFP4 expert weights: their packing (pack_expert_weights), checks and dequantisation
+        mxfp4 = any(isinstance(op, (k3s.ProjectOp, k3s.ProjectSlotsOp)) and op.scales is not None for op in module.walk())
+        if mxfp4:
+            c("", "", *emitted("mxfp4"))
         entries = [op for op in module.ops if isinstance(op, k3s.EntryOp)]
         self.argument_names = {arg.sym_name.data for entry in entries for arg in EntryView(entry).args}
         # context parallelism (docs/context-parallel.md): with a chunk_segments entry, the chunk
@@ -78,7 +86,8 @@ class Entries:
         for choice in choices:
             c("", "")
             self.print_entry_by_rows(choice)
-        c("", "", f"__all__ = {[e.sym_name.data for e in entries + choices]!r}")
+        exported = [e.sym_name.data for e in entries + choices] + ["pack_expert_weights"] * mxfp4
+        c("", "", f"__all__ = {exported!r}")
         return c.text()
 
     def print_entry(self, view: EntryView, def_name: str | None = None) -> None:
@@ -217,7 +226,8 @@ class Entries:
         for arg in inputs:
             name, role = arg.sym_name.data, arg.role.data
             device = "None" if name == first else f"{first}.device"
-            check = f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})'
+            checker = "_check_mx" if arg.type.dtype_class in MX_DTYPE_CLASSES else "_check_tensor"
+            check = f'{checker}("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})'
             if arg.type.dtype_class == "offsets":
                 c(f'_check_offsets("{name}", {name}, dims, {device})')
             elif role in ("input", "inout"):

@@ -21,15 +21,16 @@ BLOCK_ROWS = {
 ONE_ROW = {("pair", "token"): "o_t", ("pair", "pair"): "i_p", ("token", "token"): "i_t"}
 
 
-def weight_offsets(layout: str, half: int, halves: int, n: str, k: str) -> str:
+def weight_offsets(layout: str, half: int, halves: int, n: str, k: str, row_length: str = "DIN") -> str:
     """The offsets of a weight tile's elements (k3s.weight_layout), output rows indexed by `n`
-    and input columns by `k` (each an index vector with its broadcast, e.g. "o_n[None, :]")."""
+    and input columns by `k` (each an index vector with its broadcast, e.g. "o_n[None, :]"); an
+    expert's rows `row_length` long (MXFP4: its bytes' or its scales')."""
     o_n, o_k = n.replace("o_n", "({})"), k.replace("o_k", "({})")
     if layout == "dense":
         return f"{n} * DIN + {k}"
     if layout == "expert":
         row = o_n.format(f"{half} * DOUT + o_n") if half else n
-        return f"i_e * {halves} * DOUT * DIN + {row} * DIN + {k}"
+        return f"i_e * {halves} * DOUT * {row_length} + {row} * {row_length} + {k}"
     if layout == "stacked_out":
         return (f"{o_n.format('o_n // GROUP')} * {halves} * GROUP * DIN + "
                 f"{o_n.format(f'{half} * GROUP + o_n % GROUP')} * DIN + {k}")
@@ -141,7 +142,8 @@ class Experts:
         rms = op.rms_eps is not None
         weight, source = op.weight.data, op.input.data
         c.comment(op, "fp32 accumulation over blocks of BD input columns"
-                  + ("; the rows' RMS from the same pass (it factors out of the product)" if rms else ""))
+                  + ("; the rows' RMS from the same pass (it factors out of the product)" if rms else "")
+                  + ("; MXFP4 weights dequantised in registers" if op.scales is not None else ""))
         one_row = rows in ("pair", "token")
         block = "BR" if rows == "token_block" else "BM"
         for acc in accumulators:
@@ -150,6 +152,12 @@ class Experts:
             c(f"b_sumsq = tl.zeros([{block}], dtype=tl.float32)")
         c("for i_k in range(0, tl.cdiv(DIN, BD)):")
         with c.indent():
+            if op.scales is not None:  # never RMS-normalised (k3s.project's verifier)
+                if one_row:
+                    self.print_mxfp4_row_step(op, f"{source} + {ONE_ROW[rows, index]} * DIN", accumulators)
+                else:
+                    self.print_mxfp4_block_step(op, *BLOCK_ROWS[rows, index], accumulators)
+                return
             c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN")
             if one_row:
                 row = ONE_ROW[rows, index]
@@ -174,21 +182,69 @@ class Experts:
         if rms:
             c(f"{accumulators[0]} *= tl.rsqrt(b_sumsq / DIN + {op.rms_eps.value.data!r})[:, None]")
 
+    def print_mxfp4_row_step(self, op, row: str, accumulators: list[str]) -> None:
+        """A step of one row's K loop over MXFP4 weights: the tile's BD // 32 blocks of 32 input
+        columns as [BN, blocks, 16] bytes (their scales [BN, blocks, 1] broadcast), the low nibbles
+        against each block's first 16 columns of the row (`row`: where it starts), the high ones
+        against its last 16."""
+        c = self.code
+        c("o_blk = i_k * (BD // 32) + tl.arange(0, BD // 32)", "m_blk = o_blk < DIN // 32", "o_j = tl.arange(0, 16)")
+        for part, first in (("lo", ""), ("hi", "16 + ")):
+            c(f"b_a_{part} = tl.load({row} + o_blk[:, None] * 32 + {first}o_j[None, :], mask=m_blk[:, None], "
+              "other=0.0).to(tl.float32)")
+        for half, acc in enumerate(accumulators):
+            self.print_mxfp4_weights(op, half, len(accumulators), "o_n[:, None, None]",
+                                     "o_blk[None, :, None] * 16 + o_j[None, None, :]", "o_blk[None, :, None]",
+                                     "m_n[:, None, None] & m_blk[None, :, None]")
+            c(f"{acc} += tl.sum(tl.sum(b_w_lo * b_a_lo[None, :, :] + b_w_hi * b_a_hi[None, :, :], axis=2), axis=1)")
+
+    def print_mxfp4_block_step(self, op, row: str, mask: str, accumulators: list[str]) -> None:
+        """A step of a block of rows' K loop over MXFP4 weights: the tile's BD // 2 bytes of each
+        weight row, byte b holding input columns o_k = b // 16 * 32 + b % 16 (low nibble) and
+        o_k + 16 (high), so two dots of depth BD // 2 take the activations' two sets of columns
+        as loaded, with no interleave of the nibbles."""
+        c = self.code
+        c("o_kb = i_k * (BD // 2) + tl.arange(0, BD // 2)", "m_kb = o_kb < DIN // 2", "o_k = o_kb // 16 * 32 + o_kb % 16")
+        for part, first in (("lo", ""), ("hi", "16 + ")):
+            c(f"b_a_{part} = tl.load({op.input.data} + {row}[:, None] * DIN + {first}o_k[None, :], "
+              f"mask={mask}[:, None] & m_kb[None, :], other=0.0)")
+        for half, acc in enumerate(accumulators):
+            self.print_mxfp4_weights(op, half, len(accumulators), "o_n[None, :]", "o_kb[:, None]", "(o_kb // 16)[:, None]",
+                                     "m_kb[:, None] & m_n[None, :]")
+            c(f"{acc} += _mm(b_a_lo, b_w_lo, DOT) + _mm(b_a_hi, b_w_hi, DOT)")
+
+    def print_mxfp4_weights(self, op, half: int, halves: int, n: str, byte: str, block: str, mask: str) -> None:
+        """b_w_lo, b_w_hi: a tile of an expert's MXFP4 weights in fp32 (the low and the high
+        nibbles' inputs), from its bytes (input bytes indexed by `byte`) and their blocks' scales
+        (blocks indexed by `block`), rows by `n`; masked bytes and scales are 0, their weights 0."""
+        packed = weight_offsets("expert", half, halves, n, byte, "(DIN // 2)")
+        scales = weight_offsets("expert", half, halves, n, block, "(DIN // 32)")
+        self.code(f"b_w_lo, b_w_hi = _mxfp4_dequant(tl.load({op.weight.data} + {packed}, mask={mask}, other=0), "
+                  f"tl.load({op.scales.data} + {scales}, mask={mask}, other=0))")
+
     def print_k3s_project_slots(self, op: k3s.ProjectSlotsOp) -> None:
         c = self.code
         y = register(op.result)
-        c.comment(op, "the token's slots in order, each an fp32 product with its expert's rows, weighted")
+        c.comment(op, "the token's slots in order, each an fp32 product with its expert's rows, weighted"
+                  + ("; MXFP4 weights dequantised in registers" if op.scales is not None else ""))
         c(f"{y} = tl.zeros([BN], dtype=tl.float32)", "for i_j in range(TOP_K):")
         with c.indent():
             c("i_e = tl.load(topk_ids + i_t * TOP_K + i_j).to(tl.int64)", "b_part = tl.zeros([BN], dtype=tl.float32)",
               "for i_k in range(0, tl.cdiv(DIN, BD)):")
             with c.indent():
-                c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
+                if op.scales is not None:
+                    self.print_mxfp4_row_step(op, f"{op.input.data} + (i_t * TOP_K + i_j) * DIN", ["b_part"])
+                else:
+                    self.print_dense_slot_step(op)
+            c(f"{y} += tl.load(topk_weights + i_t * TOP_K + i_j) * b_part")
+
+    def print_dense_slot_step(self, op: k3s.ProjectSlotsOp) -> None:
+        """A step of a slot's K loop over weights of the input's dtype."""
+        self.code("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
                   f"b_a = tl.load({op.input.data} + (i_t * TOP_K + i_j) * DIN + o_k, mask=m_k, other=0.0)",
                   f"b_w = tl.load({op.weight.data} + {weight_offsets('expert', 0, 1, 'o_n[:, None]', 'o_k[None, :]')}, "
                   "mask=m_n[:, None] & m_k[None, :], other=0.0)",
                   "b_part += tl.sum(b_w.to(tl.float32) * b_a.to(tl.float32)[None, :], axis=1)")
-            c(f"{y} += tl.load(topk_weights + i_t * TOP_K + i_j) * b_part")
 
     def print_k3s_glu(self, op: k3s.GluOp) -> None:
         g, u = register(op.gate), register(op.up)

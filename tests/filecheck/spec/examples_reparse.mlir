@@ -3,6 +3,7 @@
 // test: the AttnRes and LatentMoE examples (eps = 1e-06) used to print unparseable floats.
 // RUN: k3c ir %examples/attnres.toml > %t.ar && k3c opt %t.ar | diff %t.ar -
 // RUN: k3c ir %examples/latent_moe.toml > %t.moe && k3c opt %t.moe | diff %t.moe -
+// RUN: k3c ir %examples/latent_moe_mxfp4.toml > %t.mx && k3c opt %t.mx | diff %t.mx -
 // RUN: k3c ir %examples/kda.toml > %t.kda && k3c opt %t.kda | diff %t.kda -
 // RUN: k3c ir %examples/attnres.toml | k3c opt - -p fuse-attnres | k3c opt - | filecheck %s --check-prefix=AR
 // RUN: k3c ir %examples/latent_moe.toml | k3c opt - | filecheck %s --check-prefix=MOE

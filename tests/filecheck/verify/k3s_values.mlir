@@ -36,7 +36,7 @@ builtin.module {
 // SHAPE-NOT: {{.}}
 
 // DTYPE-NOT: {{\n}}
-// DTYPE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.tensor: the dtype class must be one of float, float32, offsets, state, index; got double{{$}}
+// DTYPE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.tensor: the dtype class must be one of float, float32, offsets, state, index, fp4x2, e8m0; got double{{$}}
 // DTYPE-NOT: {{.}}
 
 // BLOCKV-NOT: {{\n}}

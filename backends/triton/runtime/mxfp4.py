@@ -1,0 +1,125 @@
+"""MXFP4 expert weights (OCP Microscaling: E2M1 values, an E8M0 scale per 32 of them): the
+packing a compiled module exposes as `pack_expert_weights`, the checks of its entries' packed
+arguments and the kernels' dequantisation. A real module, imported by the tests; the printer
+emits everything below the marker into modules whose layer has expert_weight_format = mxfp4
+(after checks.py's part, whose _bind it uses).
+
+The layout (docs/moe.md): a weight [E, rows, in] becomes
+- packed [E, rows, in / 2] uint8: in each block of 32 consecutive inputs of a row, byte j
+  (0..15) holds the E2M1 code of input j in its low nibble and of input j + 16 in its high one.
+  So the low nibbles of a tile of whole blocks multiply one set of activation columns and the
+  high nibbles another, each a plain slice of the block: the kernels take two products (or two
+  dots of half the depth) instead of interleaving the nibbles back into column order;
+- scales [E, rows, in / 32] uint8: block b's E8M0 scale s, the block's weights being its codes'
+  values times 2^(s - 127).
+An E2M1 code is sign (bit 3), exponent e (bits 1-2), mantissa m (bit 0): e = 0 gives m / 2, else
+2^(e - 1) (1 + m / 2): magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from k3compile.backends.triton.runtime.checks import _bind
+
+# --- emitted into every compiled module (above: what this file needs to be imported) ---
+
+# E2M1's rounding thresholds between neighbouring magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: those
+# below an even code (a tie rounds down to it) and those below an odd one (a tie rounds up to the
+# even code above): round to nearest, ties to even, as OCP's conversion asks
+_E2M1_TIES_DOWN = (0.25, 1.25, 2.5, 5.0)
+_E2M1_TIES_UP = (0.75, 1.75, 3.5)
+# the shared exponents the kernels decode exactly (scale bytes 2..252: every dequantised weight a
+# normal fp32 number; see _e2m1); floor(log2(amax)) - 2 exceeds 125 for no finite float32
+_MX_MIN_EXPONENT = -125
+
+
+def _mxfp4_quantize(name, weight):
+    """One weight [E, rows, in] -> (packed [E, rows, in / 2], scales [E, rows, in / 32]), uint8,
+    on its device; ValueError naming it unless a finite float tensor of whole 32-input blocks."""
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        got = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"{name}: expected a float tensor (the weights to pack), got {got}")
+    if weight.dim() != 3 or weight.shape[2] % 32:
+        raise ValueError(f"{name}: expected shape [E, rows, in] with in a multiple of 32 (a scale per 32 inputs), "
+                         f"got {list(weight.shape)}")
+    E, rows, inputs = weight.shape
+    packed = torch.empty(E, rows, inputs // 2, dtype=torch.uint8, device=weight.device)
+    scales = torch.empty(E, rows, inputs // 32, dtype=torch.uint8, device=weight.device)
+    ties_down = torch.tensor(_E2M1_TIES_DOWN, device=weight.device)
+    ties_up = torch.tensor(_E2M1_TIES_UP, device=weight.device)
+    for e in range(E):  # one expert at a time: K3's experts are 59 GB in bf16, 4 bytes a weight here
+        blocks = weight[e].float().reshape(rows, inputs // 32, 32)
+        if not torch.isfinite(blocks).all():
+            raise ValueError(f"{name}: expert {e} has non-finite weights; MXFP4 holds finite ones only")
+        # OCP's shared exponent floor(log2(amax)) - 2 (E2M1's largest exponent), exactly: frexp's
+        # exponent is floor(log2) + 1; an all-zero block takes any scale (frexp(0) is 0)
+        exponent = (torch.frexp(blocks.abs().amax(-1)).exponent - 3).clamp(min=_MX_MIN_EXPONENT)
+        # over the scale: times 2^-exponent, built as float32 bits (exact, whatever the device's exp2)
+        scaled = blocks * ((127 - exponent) << 23).view(torch.float32)[..., None]
+        magnitude = scaled.abs()
+        # the E2M1 magnitude code 0..7: thresholds passed, saturating at 6 (code 7)
+        codes = (torch.bucketize(magnitude, ties_down) + torch.bucketize(magnitude, ties_up, right=True)).to(torch.uint8)
+        codes |= (scaled < 0).to(torch.uint8) << 3
+        packed[e] = (codes[..., :16] | (codes[..., 16:] << 4)).reshape(rows, inputs // 2)
+        scales[e] = (exponent + 127).to(torch.uint8)
+    return packed, scales
+
+
+def pack_expert_weights(expert_gate_up, expert_down):
+    """The routed experts' weights (any float dtype, reference.latent_moe's layouts: expert_gate_up
+    [E, 2F, w], expert_down [E, w, F]) as MXFP4, on their device: a dict of the entries' packed
+    arguments (expert_gate_up_packed [E, 2F, w / 2], expert_gate_up_scales [E, 2F, w / 32],
+    expert_down_packed, expert_down_scales), so that moe(x, ..., **pack_expert_weights(gate_up,
+    down)) runs. Each block of 32 inputs of a row shares the scale 2^(floor(log2(amax)) - 2), amax
+    its largest magnitude (OCP's rule); its weights over the scale are rounded to the nearest E2M1
+    value, ties to even, saturating at +-6. The layout: docs/moe.md."""
+    out = {}
+    for name, weight in (("expert_gate_up", expert_gate_up), ("expert_down", expert_down)):
+        out[f"{name}_packed"], out[f"{name}_scales"] = _mxfp4_quantize(name, weight)
+    return out
+
+
+_MX_DTYPE_CLASSES = {"fp4x2": "two E2M1 codes a byte", "e8m0": "E8M0 scales"}
+
+
+def _check_mx(name, x, shape, dtype_class, dims, device):
+    """_check_tensor for an MXFP4 weight's uint8 tensors (dtype classes fp4x2 and e8m0), which
+    _check_tensor's table leaves out: emitted into every module, it stays as bf16 layers had it."""
+    if x is None:
+        raise ValueError(f"{name}: required, got None")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name}: expected a torch.uint8 tensor ({_MX_DTYPE_CLASSES[dtype_class]}: "
+                         f"pack_expert_weights makes them), got {got}")
+    pattern = shape.split(",")
+    if x.dim() != len(pattern):
+        raise ValueError(f"{name}: expected shape [{shape}] ({len(pattern)} dims), got {list(x.shape)}")
+    for axis, (dim, size) in enumerate(zip(pattern, x.shape)):
+        problem = _bind(name, dim, size, dims)
+        if problem:
+            raise ValueError(f"{name}: dim {axis} of shape [{shape}] must be {problem}, got {list(x.shape)}")
+    if x.device != device:  # the first argument's device, checked (a CPU one only in the interpreter)
+        raise ValueError(f"{name}: expected a tensor on {device} (like the first argument), got {x.device}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
+
+
+@triton.jit
+def _e2m1(code, half_scale):
+    """E2M1 codes (uint32, 0..15) times a block's scale, as fp32 bit patterns (no conversion, no
+    product): half_scale is the bits of 2^(s - 128), the value of code 1 (0.5 times the scale);
+    for a magnitude m = code & 7 >= 2, m << 22 adds its exponent bits (m >> 1) to the exponent
+    field and its mantissa bit to the mantissa's top bit: 2^(e - 1) (1 + m/2) times the scale."""
+    magnitude = code & 7
+    bits = tl.where(magnitude < 2, magnitude * half_scale, (magnitude << 22) + half_scale) | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_dequant(packed, scales):
+    """The weights of packed bytes (low nibble, high nibble) times 2^(s - 127) of their scale bytes
+    s (broadcast against them), as two fp32 tensors; exact for s in 2..252."""
+    codes = packed.to(tl.uint32)
+    half_scale = (scales.to(tl.uint32) - 1) << 23
+    return _e2m1(codes & 15, half_scale), _e2m1(codes >> 4, half_scale)
