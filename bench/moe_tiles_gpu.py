@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     results, reference = [], None
     for name, dense_small, pair_tile, slot_small in CANDIDATES:
         legalize.DENSE_PROJECTION_TILES = ((16, dense_small), *dense[1:]) if dense_small else dense
-        legalize.PAIR_PROJECTION_TILE = pair_tile or pair
+        legalize.PAIR_PROJECTION_TILE = {fmt: pair_tile for fmt in pair} if pair_tile else pair
         legalize.SLOT_PROJECTION_TILES = ((2, slot_small), *slots[1:]) if slot_small else slots
         layer = compile_spec(args.spec, out_dir=args.out / name.replace(" ", "_"))
         module = layer.module

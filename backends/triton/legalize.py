@@ -49,19 +49,20 @@ ROUTER_TOP_K_ROWS = ((256, 1), (1024, 4), (None, ROUTER_ROWS))
 PAIRS_PER_PROGRAM = 256  # the dispatch plan's count and sort kernels
 # The MoE experts' projections: (at most R token rows, None: any; block sizes and warps), the
 # last row the kernel's own. A dense projection (token rows x a weight) of few rows is a stream
-# of its weight: narrow column blocks spread it over more programs (K3's latent down-projection,
-# 3584 columns: 224 programs at BN 16); many rows take GEMM tiles (8 warps: two 128 x 128 fp32
+# of its weight: narrow column blocks spread it over more programs (K3's latent up-projection,
+# 7168 columns: 224 programs at BN 32); many rows take GEMM tiles (8 warps: two 128 x 128 fp32
 # accumulators of a GLU would not fit 4). The expert-centric kernels' rows are the dispatch
 # plan's blocks, their columns GEMM-wide; the token-centric ones multiply one row: a [BN, BD]
-# weight tile per step, the down projection's BN narrowed for few tokens (K3: 448 programs at
-# one token). Not tuned yet beyond one run of bench/moe_gpu.py. The experts' projections of MXFP4
-# weights take the same tiles: every block_d of theirs is a multiple of 32 (whole scale blocks).
-DENSE_PROJECTION_TILES = ((16, dict(block_r=16, block_n=16, block_d=128, num_warps=4)),
+# weight tile per step (MXFP4's dequantisation wants wider columns, bf16 longer rows), the down
+# projection's BN narrowed for few tokens (K3: 896 programs at one token). The sizes at few rows
+# are the best of bench/moe_tiles_gpu.py's candidates at K3's dims on an H200 at one token
+# (bench/results/moe_tiles_h200.md); every block_d is a multiple of 32 (MXFP4's scale blocks).
+DENSE_PROJECTION_TILES = ((16, dict(block_r=16, block_n=32, block_d=128, num_warps=4)),
                           (64, dict(block_r=64, block_n=64, block_d=64, num_warps=4)),
                           (None, dict(block_r=128, block_n=128, block_d=64, num_warps=8)))
 SORTED_PROJECTION_TILE = dict(block_n=128, block_d=64, num_warps=8)
-PAIR_PROJECTION_TILE = dict(block_n=64, block_d=128)
-SLOT_PROJECTION_TILES = ((2, dict(block_n=8, block_d=256)), (8, dict(block_n=16, block_d=256)),
+PAIR_PROJECTION_TILE = {"bf16": dict(block_n=32, block_d=256), "mxfp4": dict(block_n=128, block_d=64)}
+SLOT_PROJECTION_TILES = ((2, dict(block_n=4, block_d=512)), (8, dict(block_n=16, block_d=256)),
                          (32, dict(block_n=32, block_d=128)), (None, dict(block_n=64, block_d=128)))
 GEMM_STAGES = 3  # software pipelining of the tl.dot projections' loads
 
@@ -92,7 +93,7 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
         elif isinstance(op, k3s.ProjectOp) and op.rows.data.value == "sorted_block":
             sizes.update(SORTED_PROJECTION_TILE, num_stages=GEMM_STAGES)
         elif isinstance(op, k3s.ProjectOp):
-            sizes.update(PAIR_PROJECTION_TILE)
+            sizes.update(PAIR_PROJECTION_TILE["bf16" if op.weight_format is None else op.weight_format.data.value])
         elif isinstance(op, k3s.ProjectSlotsOp):
             sizes.update(launches_by_rows(kernel)[-1][1])
         elif isinstance(op, k3s.SumSlotsOp):
