@@ -41,12 +41,9 @@ def _bind(name, dim, size, dims):
     return None
 
 
-def _check_tensor(name, x, shape, dtype_class, dims, device):
-    """Raise ValueError naming `name` unless x is a contiguous tensor of the pattern `shape`."""
-    if x is None:
-        raise ValueError(f"{name}: required, got None")
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+def _check_shape(name, x, shape, dims):
+    """Raise ValueError naming `name` unless x's dims match the pattern `shape` (binding its
+    symbols in dims)."""
     pattern = shape.split(",")
     if x.dim() != len(pattern):
         raise ValueError(f"{name}: expected shape [{shape}] ({len(pattern)} dims), got {list(x.shape)}")
@@ -54,6 +51,15 @@ def _check_tensor(name, x, shape, dtype_class, dims, device):
         problem = _bind(name, dim, size, dims)
         if problem:
             raise ValueError(f"{name}: dim {axis} of shape [{shape}] must be {problem}, got {list(x.shape)}")
+
+
+def _check_tensor(name, x, shape, dtype_class, dims, device):
+    """Raise ValueError naming `name` unless x is a contiguous tensor of the pattern `shape`."""
+    if x is None:
+        raise ValueError(f"{name}: required, got None")
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    _check_shape(name, x, shape, dims)
     allowed = {
         "float": _FLOAT_DTYPES,
         "float32": (torch.float32,),

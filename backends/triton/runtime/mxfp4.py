@@ -2,7 +2,7 @@
 packing a compiled module exposes as `pack_expert_weights`, the checks of its entries' packed
 arguments and the kernels' dequantisation. A real module, imported by the tests; the printer
 emits everything below the marker into modules whose layer has expert_weight_format = mxfp4
-(after checks.py's part, whose _bind it uses).
+(after checks.py's part, whose _check_shape it uses).
 
 The layout (docs/moe.md): a weight [E, rows, in] becomes
 - packed [E, rows, in / 2] uint8: in each block of 32 consecutive inputs of a row, byte j
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k3compile.backends.triton.runtime.checks import _bind
+from k3compile.backends.triton.runtime.checks import _check_shape
 
 # --- emitted into every compiled module (above: what this file needs to be imported) ---
 
@@ -85,20 +85,14 @@ _MX_DTYPE_CLASSES = {"fp4x2": "two E2M1 codes a byte", "e8m0": "E8M0 scales"}
 
 def _check_mx(name, x, shape, dtype_class, dims, device):
     """_check_tensor for an MXFP4 weight's uint8 tensors (dtype classes fp4x2 and e8m0), which
-    _check_tensor's table leaves out: emitted into every module, it stays as bf16 layers had it."""
+    _check_tensor's dtype table leaves out."""
     if x is None:
         raise ValueError(f"{name}: required, got None")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name}: expected a torch.uint8 tensor ({_MX_DTYPE_CLASSES[dtype_class]}: "
                          f"pack_expert_weights makes them), got {got}")
-    pattern = shape.split(",")
-    if x.dim() != len(pattern):
-        raise ValueError(f"{name}: expected shape [{shape}] ({len(pattern)} dims), got {list(x.shape)}")
-    for axis, (dim, size) in enumerate(zip(pattern, x.shape)):
-        problem = _bind(name, dim, size, dims)
-        if problem:
-            raise ValueError(f"{name}: dim {axis} of shape [{shape}] must be {problem}, got {list(x.shape)}")
+    _check_shape(name, x, shape, dims)
     if x.device != device:  # the first argument's device, checked (a CPU one only in the interpreter)
         raise ValueError(f"{name}: expected a tensor on {device} (like the first argument), got {x.device}")
     if not x.is_contiguous():
