@@ -28,6 +28,7 @@ from k3compile.ir.k3s.experts import *  # noqa: F403
 from k3compile.ir.k3s.moe import *  # noqa: F403
 from k3compile.ir.k3s.segments import *  # noqa: F403
 from k3compile.ir.k3s.token import *  # noqa: F403
+from k3compile.ir.k3s.types import *  # noqa: F403
 
 K3S = Dialect(
     "k3s",

@@ -25,7 +25,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
-from k3compile.ir.k3s.core import GATED, KernelOp, TileType, TokenTensorAttr, WhenOp
+from k3compile.ir.k3s.core import KernelOp, WhenOp
+from k3compile.ir.k3s.types import GATED, TileType, TokenTensorAttr
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
 

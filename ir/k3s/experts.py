@@ -32,7 +32,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import WeightFormat, Word
 from k3compile.ir.k3 import GluActivationAttr, WeightFormatAttr
-from k3compile.ir.k3s.core import KernelOp, TileType
+from k3compile.ir.k3s.core import KernelOp
+from k3compile.ir.k3s.types import TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 

@@ -10,7 +10,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3s.chunk import ChunkedOp, ChunkLoopOp
-from k3compile.ir.k3s.core import EntryOp, KernelOp, TileType
+from k3compile.ir.k3s.core import EntryOp, KernelOp
+from k3compile.ir.k3s.types import TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- the segment-scan schedule (context parallelism) ---------------------------------------

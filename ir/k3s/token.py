@@ -25,7 +25,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
-from k3compile.ir.k3s.core import GATED, KernelOp, TileType, TokenTensorAttr, is_power_of_two
+from k3compile.ir.k3s.core import KernelOp
+from k3compile.ir.k3s.types import GATED, TileType, TokenTensorAttr, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- stages of the recurrent (token-by-token) schedule -------------------------------------

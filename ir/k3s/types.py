@@ -1,0 +1,172 @@
+"""The types of the k3s schedule dialect: tiles (a value in one program's registers) and tensors
+(an entry's argument: shape pattern and dtype class), with the vocabularies they use."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, TypeAttribute
+from xdsl.irdl import AnyOf, irdl_attr_definition
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.choices import Gate, Word
+from k3compile.ir.k3 import GateAttr
+
+
+class ArgDtype(Word):
+    FLOAT = "float"
+    FLOAT32 = "float32"
+    OFFSETS = "offsets"
+    STATE = "state"
+    INDEX = "index"
+    FP4X2 = "fp4x2"
+    E8M0 = "e8m0"
+
+
+@irdl_attr_definition
+class ArgDtypeAttr(EnumAttribute[ArgDtype], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.arg_dtype"
+
+
+class TokenTensor(Word):
+    Q = "q"
+    K = "k"
+    V = "v"
+
+
+@irdl_attr_definition
+class TokenTensorAttr(EnumAttribute[TokenTensor], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.token_tensor"
+
+
+# the gate of stages that exist only with one (k3.gate's words but none)
+GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB", "HS")
+
+
+TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS", "M", "N")
+
+
+@irdl_attr_definition
+class TileType(ParametrizedAttribute, TypeAttribute):
+    """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
+    token rows), NB (its row blocks, k3s.block_gates), K (key channels), V (the program's value
+    columns), D (AttnRes's hidden columns), R (the program's block of token rows, MoE routing),
+    E (the program's experts: a block of them on an expert_block grid axis, else every expert),
+    KS (the top-k slots of a row), M (an MoE projection's rows: token rows, sorted (token, slot)
+    pairs, or one) and N (its block of output columns); `<C>` one number per row, `<>` one
+    number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
+
+    name = "k3s.tile"
+    dims: ArrayAttr[StringAttr]
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[ArrayAttr[StringAttr]]:
+        parser.parse_punctuation("<")
+        dims: list[StringAttr] = []
+        if parser.parse_optional_punctuation(">") is None:
+            dims.append(StringAttr(parser.parse_identifier(f" (a tile dimension: one of {', '.join(TILE_DIMS)})")))
+            while parser.parse_optional_keyword("x") is not None:
+                dims.append(StringAttr(parser.parse_identifier(f" (a tile dimension: one of {', '.join(TILE_DIMS)})")))
+            parser.parse_punctuation(">")
+        return [ArrayAttr(dims)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<" + " x ".join(d.data for d in self.dims.data) + ">")
+
+    def verify(self) -> None:
+        for dim in self.dims.data:
+            if dim.data not in TILE_DIMS:
+                raise VerifyException(f"{self.name}: unknown dimension {dim.data!r}; allowed: {', '.join(TILE_DIMS)}")
+
+
+# An op whose result i takes the storage of its operand j declares IN_PLACE = {i: j} (a state
+# advanced, a running softmax updated): backends keep the two in one register or buffer.
+
+
+def tile(*dims: str) -> TileType:
+    return TileType(ArrayAttr([StringAttr(d) for d in dims]))
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and not value & (value - 1)  # 0 & -1 is 0 as well: 0 needs the sign test
+
+
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """An entry's tensor argument: `!k3s.tensor<B x T x 32 x 128, float>`, its shape pattern and
+    dtype class. A dimension is a positive integer or a shape symbol (SHAPE_SYMBOLS: B batch, T
+    tokens per sequence, N sequences (B, or len(cu_seqlens) - 1), N+1 the offsets, S sources, P
+    state pool rows, NC per-chunk slots, R token rows of a [tokens, hidden] input, PP and PB the
+    positions and blocks of an MoE dispatch plan's expert-sorted pair list, k3s.sort_pairs; HS the
+    hidden slices of the MoE router's scores kernel at this call, k3s.launch_by_rows
+    <hidden_slices>); the dtype class is one of ArgDtype's words (what each takes: TensorArgOp).
+    The compiled entry checks an argument against it at run time."""
+
+    name = "k3s.tensor"
+    shape: ArrayAttr[IntAttr | StringAttr]
+    dtype: ArgDtypeAttr
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        shape = [cls._parse_dim(parser)]
+        while parser.parse_optional_keyword("x") is not None:
+            shape.append(cls._parse_dim(parser))
+        parser.parse_punctuation(",", " (then the dtype class)")
+        start = parser.pos
+        word = parser.parse_identifier(" (a dtype class)")
+        if word not in list(ArgDtype):
+            parser.raise_error(f"{cls.name}: the dtype class must be one of {', '.join(ArgDtype)}; got {word}",
+                               start, parser.pos)
+        parser.parse_punctuation(">")
+        return [ArrayAttr(shape), ArgDtypeAttr(ArgDtype(word))]
+
+    @staticmethod
+    def _parse_dim(parser: AttrParser) -> IntAttr | StringAttr:
+        """`32`, `B`, or a symbol plus a number (`N+1`: the lexer reads `N`, `+`, `1`)."""
+        number = parser.parse_optional_integer(allow_boolean=False, allow_negative=False)
+        if number is not None:
+            return IntAttr(number)
+        symbol = parser.parse_identifier(f" (a dimension: a positive integer or one of {', '.join(SHAPE_SYMBOLS)})")
+        if parser.parse_optional_punctuation("+") is not None:
+            symbol += f"+{parser.parse_integer(allow_boolean=False, allow_negative=False)}"
+        return StringAttr(symbol)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{' x '.join(self.dims)}, {self.dtype_class}>")
+
+    def verify(self) -> None:
+        if not self.shape.data:
+            raise VerifyException(f"{self.name}: a tensor has at least one dimension")
+        for dim in self.shape.data:
+            if not (dim.data > 0 if isinstance(dim, IntAttr) else dim.data in SHAPE_SYMBOLS):
+                shown = dim.data if isinstance(dim, IntAttr) else repr(dim.data)
+                raise VerifyException(f"{self.name}: bad dimension {shown}; a positive integer or one of "
+                                      f"{', '.join(SHAPE_SYMBOLS)}")
+
+    @property
+    def dims(self) -> list[str]:
+        """The dimensions as words: ["B", "T", "32", "128"]."""
+        return [str(dim.data) for dim in self.shape.data]
+
+    @property
+    def pattern(self) -> str:
+        """The dimensions as the runtime's shape pattern: "B,T,32,128"."""
+        return ",".join(self.dims)
+
+    @property
+    def dtype_class(self) -> str:
+        return self.dtype.data.value
+
+    def with_dtype(self, dtype: str) -> TensorType:
+        return tensor(*self.dims, dtype=dtype)
+
+
+def tensor(*dims: int | str, dtype: str) -> TensorType:
+    """`tensor("B", "T", 32, 128, dtype="float")`: a number (or a word of digits) is a fixed size,
+    any other word a shape symbol."""
+    shape = [IntAttr(int(d)) if isinstance(d, int) or d.isdigit() else StringAttr(d) for d in dims]
+    return TensorType(ArrayAttr(shape), ArgDtypeAttr(ArgDtype(dtype)))
