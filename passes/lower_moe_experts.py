@@ -91,7 +91,7 @@ def expert_weight_arguments(n: Widths) -> list[k3s.TensorArgOp]:
     return arguments
 
 
-def weight_arguments(op: LatentMoEOp, n: Widths) -> list[k3s.TensorArgOp]:
+def weight_arguments(n: Widths) -> list[k3s.TensorArgOp]:
     """The experts' weights in reference.latent_moe's layouts; absent stages' weights forbidden."""
     latent_role = "input" if n.latent else "forbidden"
     shared_role = "input" if n.S else "forbidden"
@@ -105,10 +105,6 @@ def weight_arguments(op: LatentMoEOp, n: Widths) -> list[k3s.TensorArgOp]:
         tensor_arg("shared_down", k3s.tensor(S, n.d, Fs, dtype="float"), shared_role),
         tensor_arg("out", k3s.tensor("R", n.d, dtype="float"), "output"),
     ]
-
-
-def projection_kernel(name: str, grid: str, num_warps: int, stages: list) -> k3s.KernelOp:
-    return make(k3s.KernelOp, stages, sym_name=name, grid=grid, num_warps=num_warps)
 
 
 def project(rows: str, input: str, index: str, weight: str, in_dim: int, out_dim: int, layout: str,
@@ -142,7 +138,8 @@ class MoeEntry:
         return f"{self.layer}_{self.plan}"
 
     def kernel(self, suffix: str, grid: str, stages: list) -> k3s.KernelOp:
-        return projection_kernel(f"{self.kernel_prefix}_{suffix}", grid, self.num_warps, stages)
+        return make(k3s.KernelOp, stages, sym_name=f"{self.kernel_prefix}_{suffix}", grid=grid,
+                    num_warps=self.num_warps)
 
     def before_experts(self) -> tuple[list, list]:
         """Workspaces and kernels: the routing, and the latent down-projection h = x W_down^T."""
@@ -193,7 +190,7 @@ class MoeEntry:
         return "out", []
 
     def entry(self, name: str, workspaces: list, kernels: list) -> k3s.EntryOp:
-        return make(k3s.EntryOp, [*routing_inputs(self.op), *weight_arguments(self.op, self.n), *workspaces, *kernels],
+        return make(k3s.EntryOp, [*routing_inputs(self.op), *weight_arguments(self.n), *workspaces, *kernels],
                     sym_name=name, source=self.layer)
 
     def expert_centric(self, block_rows: int) -> k3s.EntryOp:
