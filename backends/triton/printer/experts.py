@@ -2,9 +2,10 @@
 over blocks of BD input columns: tl.dot for blocks of rows, a multiply-and-sum for one row),
 the GLU, the routing weights, the slots' combine and the row stores.
 
-Names the grid axes define (entries.py): o_r, m_r (row_block: token rows); i_sb, o_s, m_s,
-b_pairs, o_t, i_e (sorted_block: positions, their pairs, tokens and the block's expert); i_p,
-o_t, i_e (pair); i_t (token); o_n, m_n (column_block); o_p, m_p (pair_chunk)."""
+Names the grid axes define (their print_axis_ methods below; row_block's in kernels.py): o_r,
+m_r (row_block: token rows); i_sb, o_s, m_s, b_pairs, o_t, i_e (sorted_block: positions, their
+pairs, tokens and the block's expert); i_p, o_t, i_e (pair); i_t (token); o_n, m_n
+(column_block); o_p, m_p (pair_chunk)."""
 
 from __future__ import annotations
 
