@@ -25,6 +25,7 @@ from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
 from k3compile.ir.k3s.experts import *  # noqa: F403
+from k3compile.ir.k3s.gram import *  # noqa: F403
 from k3compile.ir.k3s.moe import *  # noqa: F403
 from k3compile.ir.k3s.segments import *  # noqa: F403
 from k3compile.ir.k3s.token import *  # noqa: F403
@@ -64,6 +65,7 @@ K3S = Dialect(
         MixAccumulateOp,
         NormalizeStoreOp,
         *CHUNK_STAGES,
+        *GATE_AND_GRAM_STAGES,
         *SEGMENT_SCAN_OPS,
         *MOE_ROUTING_STAGES,
         *MOE_EXPERT_STAGES,

@@ -1,4 +1,6 @@
-"""The chunkwise (WY/UT) schedule's stages, as ops on tile values."""
+"""The chunkwise (WY/UT) schedule's structure and stages, as ops on tile values: the chunk region and
+loops, loads, spills and reloads, the triangular solve, the WY factors, the output and the state
+update. The gate and Gram stages are in gram.py."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
-    IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -18,7 +19,6 @@ from xdsl.irdl import (
     region_def,
     result_def,
     traits_def,
-    var_operand_def,
 )
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
@@ -37,52 +37,6 @@ from k3compile.ir.syntax import KeywordSyntax
 # U, the query Gram P, the decayed queries and keys QG and KG, the chunk's decay gamma_C; in the
 # scan, the carried state S ([K, V], a block argument of the scan's region), the residual values
 # vr the state update uses and the output o.
-
-
-class Mask(Word):
-    STRICT = "strict"
-    INCLUSIVE = "inclusive"
-
-
-@irdl_attr_definition
-class MaskAttr(EnumAttribute[Mask], SpacedOpaqueSyntaxAttribute):
-    name = "k3s.mask"
-
-
-class GateAnchor(Word):
-    START = "start"
-    END = "end"
-
-
-@irdl_attr_definition
-class GateAnchorAttr(EnumAttribute[GateAnchor], SpacedOpaqueSyntaxAttribute):
-    name = "k3s.gate_anchor"
-
-
-class GramDiagonal(Word):
-    """How a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two
-    tensor-core factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or
-    elementwise (exp of differences, exponents <= 0 for any gate)."""
-
-    FACTORED = "factored"
-    ELEMENTWISE = "elementwise"
-
-
-@irdl_attr_definition
-class GramDiagonalAttr(EnumAttribute[GramDiagonal], SpacedOpaqueSyntaxAttribute):
-    name = "k3s.gram_diagonal"
-
-
-class BlockDecay(Word):
-    """How k3s.block_rescale decays a row relative to its block's reference."""
-
-    ROW_OVER_REFERENCE = "row_over_reference"  # X_i Gamma_i / Gamma_ref
-    REFERENCE_OVER_ROW = "reference_over_row"  # X_i Gamma_ref / Gamma_i
-
-
-@irdl_attr_definition
-class BlockDecayAttr(EnumAttribute[BlockDecay], SpacedOpaqueSyntaxAttribute):
-    name = "k3s.block_decay"
 
 
 class Spilled(Word):
@@ -106,11 +60,6 @@ def workspace_name(value: str) -> str:
     """The workspace tensor a spilled value lives in: its own name, except T (every kernel's token
     count is T)."""
     return "T_ut" if value == "T" else value
-
-
-def _operand_count(op: IRDLOperation, expected: int) -> None:
-    if len(op.operands) != expected:
-        raise VerifyException(f"{op.name}: expected {expected} operands for its properties, got {len(op.operands)}")
 
 
 @irdl_op_definition
@@ -267,126 +216,6 @@ class ReloadOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class GateCumsumOp(KeywordSyntax):
-    """G_r = sum_{i<=r} g_i within the chunk (per key channel or per head)."""
-
-    name = "k3s.gate_cumsum"
-    gate = prop_def(GATED)
-    log_gate = operand_def(TileType)
-    cumulative = result_def(TileType)
-    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-
-@irdl_op_definition
-class BlockGatesOp(KeywordSyntax):
-    """The references a channel-gated Gram splits its decays at, per row block of `sub_chunk`
-    rows ([NB, K], NB = C / sub_chunk): G just before the block's first row (gate_start; 0 for the
-    first block) and at its last row (gate_end). A row only meets references at or before itself,
-    so no output depends on a later gate."""
-
-    name = "k3s.block_gates"
-    sub_chunk = prop_def(IntegerAttr[I64])
-    cumulative_gate = operand_def(TileType)
-    gate_start = result_def(TileType)
-    gate_end = result_def(TileType)
-    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-    def verify_(self) -> None:
-        if self.sub_chunk.value.data <= 0:
-            raise VerifyException(f"{self.name}: sub_chunk must be positive, got {self.sub_chunk.value.data}")
-
-
-@irdl_op_definition
-class BlockRescaleOp(KeywordSyntax):
-    """Rows decayed relative to their row block's reference (a k3s.block_gates result): a factor
-    of a channel-gated Gram, a tensor-core operand.
-
-        row_over_reference:  X_i Gamma_i / Gamma_ref(I)   (left factor, reference gate_start: <= 1)
-        reference_over_row:  X_i Gamma_ref(I) / Gamma_i   (right factor, reference gate_end: <= 1;
-                                                           diagonal factor, gate_start: >= 1)
-    """
-
-    name = "k3s.block_rescale"
-    decay = prop_def(BlockDecayAttr)
-    rows = operand_def(TileType)
-    cumulative_gate = operand_def(TileType)
-    reference = operand_def(TileType)
-    factor = result_def(TileType)
-    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-
-@irdl_op_definition
-class GramOp(KeywordSyntax):
-    """A gated Gram matrix of the chunk, masked lower-triangular:
-
-        lhs = k: A = Tril_mask( Diag(beta) (Gamma*K) (K/Gamma)^T )     (the delta rule's A)
-        lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
-
-    mask strict excludes the diagonal, inclusive keeps it; gate none means Gamma = 1; `beta`
-    scales the rows by beta. Operands: lhs (q or k), the keys, then with a gate G, then with a
-    channel gate the row blocks' references (gate_start, gate_end of k3s.block_gates) and the
-    factors: left (lhs rescaled row_over_reference from gate_start), right (the keys rescaled
-    reference_over_row to gate_end) and with a factored diagonal the diagonal factor (the keys
-    rescaled reference_over_row to gate_start); last beta when `beta`. A block below the diagonal
-    is left_I (right_J)^T bridged by the decay Gamma_start(I) / Gamma_end(J) between the two
-    references: no exponent is positive. `diagonal` says how the blocks on the diagonal are
-    evaluated (GramDiagonal); only a channel gate has it.
-    """
-
-    name = "k3s.gram"
-    mask = prop_def(MaskAttr)
-    gate = prop_def(GateAttr)
-    beta = prop_def(BoolAttr)
-    diagonal = opt_prop_def(GramDiagonalAttr)
-    inputs = var_operand_def(TileType)
-    gram = result_def(TileType)
-    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-    def verify_(self) -> None:
-        if (self.diagonal is not None) != (self.gate.data == "channel"):
-            raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
-                                  f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
-        factors = 0 if self.diagonal is None else 4 + (self.diagonal.data == "factored")
-        _operand_count(self, 2 + (self.gate.data != "none") + factors + bool(self.beta.value.data))
-
-    @property
-    def lhs(self) -> SSAValue:
-        return self.inputs[0]
-
-    @property
-    def keys(self) -> SSAValue:
-        return self.inputs[1]
-
-    @property
-    def cumulative_gate(self) -> SSAValue | None:
-        return self.inputs[2] if self.gate.data != "none" else None
-
-    @property
-    def gate_start(self) -> SSAValue:
-        return self.inputs[3]
-
-    @property
-    def gate_end(self) -> SSAValue:
-        return self.inputs[4]
-
-    @property
-    def left_factor(self) -> SSAValue:
-        return self.inputs[5]
-
-    @property
-    def right_factor(self) -> SSAValue:
-        return self.inputs[6]
-
-    @property
-    def diagonal_factor(self) -> SSAValue:
-        return self.inputs[7]
-
-    @property
-    def row_scale(self) -> SSAValue | None:
-        return self.inputs[-1] if self.beta.value.data else None
-
-
-@irdl_op_definition
 class ForwardSubstitutionOp(KeywordSyntax):
     """T = (I + A)^{-1} Diag(beta), A lower triangular. The diagonal blocks of `block` rows
     are solved row by row (all blocks at once), the rest by log2(blocks) products."""
@@ -427,52 +256,6 @@ class DeltaResidualOp(KeywordSyntax):
     values_factor = opt_operand_def(TileType)
     residual = result_def(TileType)
     traits = traits_def(HasParent(*SCAN_PARENTS), Pure())
-
-
-@irdl_op_definition
-class GateTotalOp(KeywordSyntax):
-    """G_C: the chunk's whole log-decay, G at its last row (rows past a sequence's end add 0),
-    per key channel or per head."""
-
-    name = "k3s.gate_total"
-    gate = prop_def(GATED)
-    cumulative_gate = operand_def(TileType)
-    total = result_def(TileType)
-    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-
-@irdl_op_definition
-class GateApplyOp(KeywordSyntax):
-    """A chunk operand with the gate's decay applied, for the state pass:
-
-        anchor = start:  QG = Gamma * Q              (decay since the chunk's start)
-        anchor = end:    KG = (gamma_C / Gamma) * K  (decay until the chunk's end; G_C an operand)
-
-    Both exponents are <= 0: no overflow for any gate."""
-
-    name = "k3s.gate_apply"
-    anchor = prop_def(GateAnchorAttr)
-    gate = prop_def(GATED)
-    rows = operand_def(TileType)
-    cumulative_gate = operand_def(TileType)
-    total = opt_operand_def(TileType)
-    decayed = result_def(TileType)
-    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
-
-    def verify_(self) -> None:
-        if (self.total is None) != (self.anchor.data == "start"):
-            raise VerifyException(f"{self.name}: G_C is an operand exactly when anchor = end")
-
-
-@irdl_op_definition
-class ChunkDecayOp(KeywordSyntax):
-    """gamma_C = exp(G_C): the decay of the whole chunk, per key channel or per head."""
-
-    name = "k3s.chunk_decay"
-    gate = prop_def(GATED)
-    total = operand_def(TileType)
-    decay = result_def(TileType)
-    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
 
 @irdl_op_definition
@@ -520,15 +303,8 @@ CHUNK_STAGES = [
     StoreCheckpointOp,
     SpillOp,
     ReloadOp,
-    GateCumsumOp,
-    BlockGatesOp,
-    BlockRescaleOp,
-    GramOp,
     ForwardSubstitutionOp,
     WYApplyOp,
-    GateTotalOp,
-    GateApplyOp,
-    ChunkDecayOp,
     DeltaResidualOp,
     ChunkOutputOp,
     StateAdvanceOp,
