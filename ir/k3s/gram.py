@@ -247,6 +247,4 @@ class ChunkDecayOp(KeywordSyntax):
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
 
-
-
 GATE_AND_GRAM_STAGES = [GateCumsumOp, GateTotalOp, ChunkDecayOp, GateApplyOp, BlockGatesOp, BlockRescaleOp, GramOp]
