@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f32, f64, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -80,6 +80,19 @@ def make(op_type: type[IRDLOperation], body: list[Operation] | Block | None = No
     return op
 
 
+def tensor_arg(sym_name: str, type: Attribute, role: str = "input", **values) -> Operation:
+    """An entry's tensor argument: its value, named after it, is what the entry's kernels are
+    launched with."""
+    from k3compile.ir import k3s
+
+    return make(k3s.TensorArgOp, sym_name=sym_name, role=role, result=(sym_name, type), **values)
+
+
+def argument_values(arguments: Sequence[Operation]) -> dict[str, SSAValue]:
+    """An entry's arguments' values by name: what the stages of its kernels read and write."""
+    return {op.sym_name.data: op.results[0] for op in arguments if op.results}
+
+
 def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]
                 ) -> dict[str, str]:
     """Insert build(op) after every layer op of layer_type. The layer op stays: it is the
@@ -130,23 +143,20 @@ def recurrence_arguments(op) -> list[Operation]:
     gate_dims = ("B", "T", HV, K) if gate == "channel" else ("B", "T", HV)
     gate_parameter_role = "forbidden" if op.input_option("gate_input") in ("log", "clamped") else "input"
 
-    def arg(sym_name: str, type: k3s.TensorType, role: str) -> Operation:
-        return make(k3s.TensorArgOp, sym_name=sym_name, type=type, role=role)
-
     return [
-        arg("q", tensor("B", "T", H, K, dtype="float"), "input"),
-        arg("k", tensor("B", "T", H, K, dtype="float"), "input"),
-        arg("v", tensor("B", "T", HV, V, dtype="float"), "input"),
-        arg("g", tensor(*gate_dims, dtype="float"), "forbidden" if gate == "none" else "input"),
-        arg("beta", tensor("B", "T", HV, dtype="float"), "input" if delta_rule else "forbidden"),
-        make(k3s.ScalarArgOp, sym_name="scale", default=op.scale.value.data),
-        arg("initial_state", state, "optional_input"),
-        arg("o", tensor("B", "T", HV, V, dtype="float"), "output"),
-        arg("final_state", state, "optional_output"),
-        arg("cu_seqlens", tensor("N+1", dtype="offsets"), "optional_input"),
+        tensor_arg("q", tensor("B", "T", H, K, dtype="float"), "input"),
+        tensor_arg("k", tensor("B", "T", H, K, dtype="float"), "input"),
+        tensor_arg("v", tensor("B", "T", HV, V, dtype="float"), "input"),
+        tensor_arg("g", tensor(*gate_dims, dtype="float"), "forbidden" if gate == "none" else "input"),
+        tensor_arg("beta", tensor("B", "T", HV, dtype="float"), "input" if delta_rule else "forbidden"),
+        make(k3s.ScalarArgOp, sym_name="scale", default=op.scale.value.data, result=("scale", f32)),
+        tensor_arg("initial_state", state, "optional_input"),
+        tensor_arg("o", tensor("B", "T", HV, V, dtype="float"), "output"),
+        tensor_arg("final_state", state, "optional_output"),
+        tensor_arg("cu_seqlens", tensor("N+1", dtype="offsets"), "optional_input"),
         # the in-kernel gate's parameters (fla's A_log [HV] and dt_bias [HV * K], or [HV] for a scalar gate)
-        arg("A_log", tensor(HV, dtype="float"), gate_parameter_role),
-        arg("dt_bias", tensor(HV * K if gate == "channel" else HV, dtype="float"), gate_parameter_role),
+        tensor_arg("A_log", tensor(HV, dtype="float"), gate_parameter_role),
+        tensor_arg("dt_bias", tensor(HV * K if gate == "channel" else HV, dtype="float"), gate_parameter_role),
     ]
 
 

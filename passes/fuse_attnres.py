@@ -16,14 +16,14 @@ from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
-from k3compile.passes.common import add_entries, check_num_warps, make
+from k3compile.passes.common import add_entries, check_num_warps, make, tensor_arg
 
 
 def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
     D = op.hidden_size.value.data
 
     def arg(sym_name: str, shape: tuple[str | int, ...], role: str = "input"):
-        return make(k3s.TensorArgOp, sym_name=sym_name, type=k3s.tensor(*shape, dtype="float"), role=role)
+        return tensor_arg(sym_name, k3s.tensor(*shape, dtype="float"), role)
 
     fold = make(k3s.FoldQueryOp, hidden_size=D, result=("q", k3s.tile("D")))
     q = fold.results[0]

@@ -29,7 +29,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import check_num_warps, check_power_of_two, make
+from k3compile.passes.common import check_num_warps, check_power_of_two, make, tensor_arg
 
 RECOMPUTED = (k3s.GateCumsumOp, k3s.GateTotalOp)  # cheaper to redo where read than to spill and reload
 LOADS = (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)
@@ -160,10 +160,9 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     # one fp32 row per chunk: it multiplies the fp32 state at every chunk, bf16 would compound
     per_chunk = {"gamma_C": ("NC", HV, K) if layer_op.gate.data == "channel" else ("NC", HV)}
     workspaces = [
-        make(k3s.TensorArgOp, sym_name=k3s.workspace_name(n),
-             type=k3s.tensor("B", "T", HV, per_token[n], dtype="float"), role="workspace")
+        tensor_arg(k3s.workspace_name(n), k3s.tensor("B", "T", HV, per_token[n], dtype="float"), "workspace")
         if n in per_token else
-        make(k3s.TensorArgOp, sym_name=n, type=k3s.tensor(*per_chunk[n], dtype="float32"), role="workspace")
+        tensor_arg(n, k3s.tensor(*per_chunk[n], dtype="float32"), "workspace")
         for n in sorted({v.name_hint for v in [*spilled, *handed]})
     ]
     name = kernel_prefix or f"{entry.source.data}_chunk"

@@ -24,6 +24,7 @@ from k3compile.passes.common import (
     check_token_stages,
     make,
     recurrence_arguments,
+    tensor_arg,
     recurrence_state_shape,
     token_kernel,
 )
@@ -56,9 +57,8 @@ class LowerDecodePass(ModulePass):
         layout = op.state_layout.data
         args = [a for a in recurrence_arguments(op) if a.sym_name.data not in NOT_IN_DECODE]
         args += [
-            make(k3s.TensorArgOp, sym_name="state", type=k3s.tensor("P", *recurrence_state_shape(op), dtype="state"),
-                 role="inout"),
-            make(k3s.TensorArgOp, sym_name="state_indices", type=k3s.tensor("B", dtype="index"), role="input"),
+            tensor_arg("state", k3s.tensor("P", *recurrence_state_shape(op), dtype="state"), "inout"),
+            tensor_arg("state_indices", k3s.tensor("B", dtype="index")),
         ]
         kernel = token_kernel(
             [

@@ -34,13 +34,12 @@ from xdsl.passes import ModulePass
 from k3compile.ir import k3s
 from k3compile.ir.choices import WeightFormat
 from k3compile.ir.k3 import LatentMoEOp
-from k3compile.passes.common import add_entries, check_num_warps, check_power_of_two, make
+from k3compile.passes.common import add_entries, check_num_warps, check_power_of_two, make, tensor_arg
 from k3compile.passes.lower_moe_routing import (
     LowerMoeRoutingPass,
     routing_inputs,
     routing_outputs,
     routing_stages,
-    tensor_arg,
 )
 
 

@@ -28,7 +28,7 @@ from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import LatentMoEOp
-from k3compile.passes.common import add_entries, check_num_warps, make
+from k3compile.passes.common import add_entries, check_num_warps, make, tensor_arg
 
 
 def routing_stages(op: LatentMoEOp, num_warps: int) -> tuple[list[k3s.TensorArgOp], list[k3s.KernelOp]]:
@@ -88,10 +88,6 @@ def routing_outputs(op: LatentMoEOp, role: str) -> list[k3s.TensorArgOp]:
     top_k = op.top_k.value.data
     return [tensor_arg("topk_ids", k3s.tensor("R", top_k, dtype="index"), role),
             tensor_arg("topk_weights", k3s.tensor("R", top_k, dtype="float32"), role)]
-
-
-def tensor_arg(sym_name: str, type: k3s.TensorType, role: str = "input", **values) -> k3s.TensorArgOp:
-    return make(k3s.TensorArgOp, sym_name=sym_name, type=type, role=role, **values)
 
 
 def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:

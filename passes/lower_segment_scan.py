@@ -29,7 +29,7 @@ from xdsl.transforms.dead_code_elimination import region_dce
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import check_num_warps, check_power_of_two, make, recurrence_arguments
+from k3compile.passes.common import check_num_warps, check_power_of_two, make, recurrence_arguments, tensor_arg
 from k3compile.passes.derive_chunkwise import checkpoint_argument
 from k3compile.passes.fuse_chunkwise import split_kernels
 
@@ -104,7 +104,7 @@ def summary_outputs(layer: RecurrenceOp, form: str, role: str = "output") -> lis
     m_shape = {"full": ("N", HV, K, K), "diagonal": ("N", HV, K), "scalar": ("N", HV)}.get(form)
 
     def output(sym_name: str, shape: tuple[str | int, ...]) -> Operation:
-        return make(k3s.TensorArgOp, sym_name=sym_name, type=k3s.tensor(*shape, dtype="float32"), role=role)
+        return tensor_arg(sym_name, k3s.tensor(*shape, dtype="float32"), role)
 
     return [*([output("M", m_shape)] if m_shape else []), output("N", n_shape)]
 

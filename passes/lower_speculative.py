@@ -45,6 +45,7 @@ from k3compile.passes.common import (
     make,
     props,
     recurrence_arguments,
+    tensor_arg,
     recurrence_state_shape,
     token_kernel,
 )
@@ -113,9 +114,10 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     # whatever the inputs: the cached u are the committed state's updates
     for kernel, kernel_name in ((prepare, f"{name}_prepare"), (scan, name)):
         kernel.properties.update(props(k3s.KernelOp, sym_name=kernel_name, dots=dots))
-    for workspace in workspaces:
-        workspace.type = workspace.type.with_dtype("float32")
-    return workspaces, prepare, scan
+    fp32_workspaces = [tensor_arg(w.sym_name.data, w.type.with_dtype("float32"), w.role.data) for w in workspaces]
+    for workspace, fp32 in zip(workspaces, fp32_workspaces, strict=True):
+        workspace.tensor.replace_all_uses_with(fp32.tensor)
+    return fp32_workspaces, prepare, scan
 
 
 def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
@@ -128,9 +130,6 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     depth = speculative.draft_tokens.value.data
     loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
     replay = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
-
-    def arg(sym_name, type, role, **distinct_from):
-        return make(k3s.TensorArgOp, sym_name=sym_name, type=type, role=role, **distinct_from)
 
     def tile():
         return make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout, home="pool")
@@ -166,9 +165,9 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         k3s.EntryOp,
         [
             *token_arguments(),
-            arg("state", pool, "input"),
-            arg("state_indices", indices, "input"),
-            arg(buffer, buffer_type, "inout"),
+            tensor_arg("state", pool, "input"),
+            tensor_arg("state_indices", indices, "input"),
+            tensor_arg(buffer, buffer_type, "inout"),
             *verify_kernels,
         ],
         sym_name="verify",
@@ -178,10 +177,10 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     commit = make(
         k3s.EntryOp,
         [
-            arg("state", pool, "inout"),
-            arg("state_indices", indices, "input"),
-            arg(buffer, buffer_type, "input"),
-            arg("accepted", indices, "input"),
+            tensor_arg("state", pool, "inout"),
+            tensor_arg("state_indices", indices, "input"),
+            tensor_arg(buffer, buffer_type, "input"),
+            tensor_arg("accepted", indices, "input"),
             pool_kernel("commit", [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")]),
         ],
         sym_name="commit",
@@ -206,11 +205,11 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         k3s.EntryOp,
         [
             *token_arguments(),
-            arg("state", pool, "inout"),
-            arg("state_indices", indices, "input"),
-            arg("cache", buffer_type, "input"),
-            arg("accepted", indices, "input"),
-            arg("next_cache", buffer_type, "inout", distinct_from="cache"),
+            tensor_arg("state", pool, "inout"),
+            tensor_arg("state_indices", indices, "input"),
+            tensor_arg("cache", buffer_type, "input"),
+            tensor_arg("accepted", indices, "input"),
+            tensor_arg("next_cache", buffer_type, "inout", distinct_from="cache"),
             *step_kernels,
         ],
         sym_name="spec_step",

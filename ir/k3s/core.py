@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from xdsl.dialects.builtin import I64, DictionaryAttr, FloatAttr, IntegerAttr, StringAttr, i1
+from xdsl.dialects.builtin import I64, DictionaryAttr, Float32Type, FloatAttr, IntegerAttr, StringAttr, i1
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -16,9 +16,10 @@ from xdsl.irdl import (
     opt_prop_def,
     prop_def,
     region_def,
+    result_def,
     traits_def,
 )
-from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
+from xdsl.traits import HasAncestor, HasParent, NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
@@ -97,13 +98,17 @@ class TensorArgOp(KeywordSyntax):
 
     name = "k3s.tensor_arg"
     sym_name = prop_def(StringAttr)
-    type = prop_def(TensorType)
     role = prop_def(ArgRoleAttr)
     # another argument this one must not overlap in memory (a kernel reads one while writing the other)
     distinct_from = opt_prop_def(StringAttr)
     # a workspace's value before the kernels run (a counter's 0, a padding marker's -1); absent: any
     fill = opt_prop_def(IntegerAttr[I64])
+    tensor = result_def(TensorType)  # the value kernels launched from the entry are passed
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+    @property
+    def type(self) -> TensorType:
+        return self.tensor.type
 
 
 @irdl_op_definition
@@ -113,6 +118,7 @@ class ScalarArgOp(KeywordSyntax):
     name = "k3s.scalar_arg"
     sym_name = prop_def(StringAttr)
     default = prop_def(FloatAttr)
+    scalar = result_def(Float32Type)
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
 
@@ -186,7 +192,7 @@ class KernelOp(KeywordSyntax):
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(StringAttr)
     body = region_def("single_block")
-    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp), IsolatedFromAbove())
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
 
     def flag_on(self, flag: str) -> bool:
         return bool(self.flags.data[flag].value.data)

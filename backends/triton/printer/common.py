@@ -58,6 +58,13 @@ def chunk_rows(op: Operation) -> int:
     return next(o.chunk_size.value.data for o in kernel.body.ops if isinstance(o, (k3s.ChunkTileOp, k3s.ChunkLoopOp)))
 
 
+def tensor_name(value: SSAValue) -> str:
+    """The Python name of a tensor (or scalar) argument a stage reads or writes: the argument's."""
+    if not value.name_hint:
+        raise ValueError(f"a tensor value of {value.owner} reached the Triton printer without a name")
+    return value.name_hint
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 

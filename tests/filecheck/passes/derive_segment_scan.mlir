@@ -20,7 +20,7 @@ builtin.module {
 
 // CHECK:      k3.recurrence @kda
 // CHECK-NEXT: k3s.entry @kda_segment_scan <source = kda> {
-// CHECK:        k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 2 x 8 x 8, float32>, role = optional_input>
+// CHECK:        %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK:        k3s.segment_scan {
 // CHECK-NEXT:     k3s.segment_summary <transition = full>
 // CHECK-NEXT:     k3s.summary_combine <transition = full>
@@ -47,7 +47,7 @@ builtin.module {
 // CHECK-NEXT:         k3s.next_chunk %S_1
 // CHECK:      k3.recurrence @gdn
 // CHECK-NEXT: k3s.entry @gdn_segment_scan <source = gdn> {
-// CHECK:        k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 8 x 8, float32>, role = optional_input>
+// CHECK:        %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 8 x 8, float32>
 // CHECK:        k3s.segment_summary <transition = full>
 // CHECK-NEXT:   k3s.summary_combine <transition = full>
 // CHECK:          %G_1 = k3s.gate_cumsum %g_1 <gate = scalar> : !k3s.tile<C>
@@ -61,7 +61,7 @@ builtin.module {
 // CHECK-NEXT:     %beta_2 = k3s.load_beta <input = probability> : !k3s.tile<C>
 // CHECK-NEXT:     %A_2 = k3s.gram %k_2, %k_2, %beta_2 <mask = strict, gate = none, beta = true
 // CHECK:      k3.recurrence @gla
-// CHECK:        k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 2, float>, role = forbidden>
+// CHECK:        %beta = k3s.tensor_arg @beta <role = forbidden> : !k3s.tensor<B x T x 2, float>
 // CHECK:        k3s.segment_summary <transition = diagonal>
 // CHECK-NEXT:   k3s.summary_combine <transition = diagonal>
 // CHECK-NOT:    k3s.delta_residual

@@ -14,10 +14,10 @@ builtin.module {
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
 // CHECK-NEXT:   k3s.entry @aggregate <source = ar, max_sources = 7> {
-// CHECK-NEXT:     k3s.tensor_arg @sources <type = !k3s.tensor<S x B x T x 96, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @query <type = !k3s.tensor<96, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @gain <type = !k3s.tensor<96, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @out <type = !k3s.tensor<B x T x 96, float>, role = output>
+// CHECK-NEXT:     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 96, float>
+// CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
+// CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
+// CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
 // CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
 // CHECK-NEXT:       %q = k3s.fold_query <hidden_size = 96> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.source_loop {

@@ -15,7 +15,7 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @chunk <source = kda> {
-// CHECK:        k3s.tensor_arg @T_ut <type = !k3s.tensor<B x T x 2 x 16, float>, role = workspace>
+// CHECK:        %T_ut = k3s.tensor_arg @T_ut <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
 // CHECK:          %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict
 // CHECK-NEXT:     %T = k3s.forward_substitution %A, %beta

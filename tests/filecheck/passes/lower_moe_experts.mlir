@@ -17,11 +17,11 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @moe_prefill <source = mlp> {
-// CHECK:        k3s.tensor_arg @expert_gate_up <type = !k3s.tensor<12 x 64 x 16, float>, role = input>
-// CHECK:        k3s.tensor_arg @out <type = !k3s.tensor<R x 40, float>, role = output>
-// CHECK:        k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
-// CHECK:        k3s.tensor_arg @expert_counts <type = !k3s.tensor<12, index>, role = workspace, fill = 0>
-// CHECK:        k3s.tensor_arg @sorted_pairs <type = !k3s.tensor<PP, index>, role = workspace, fill = -1>
+// CHECK:        %expert_gate_up = k3s.tensor_arg @expert_gate_up <role = input> : !k3s.tensor<12 x 64 x 16, float>
+// CHECK:        %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<R x 40, float>
+// CHECK:        %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
+// CHECK:        %expert_counts = k3s.tensor_arg @expert_counts <role = workspace, fill = 0> : !k3s.tensor<12, index>
+// CHECK:        %sorted_pairs = k3s.tensor_arg @sorted_pairs <role = workspace, fill = -1> : !k3s.tensor<PP, index>
 // CHECK:        k3s.kernel @mlp_prefill_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
 // CHECK:        k3s.kernel @mlp_prefill_router_top_k <grid = row_block, num_warps = 8> {
 // CHECK:        k3s.kernel @mlp_prefill_latent_down <grid = "row_block,column_block", num_warps = 4> {

@@ -14,20 +14,20 @@ builtin.module {
 // LAYER: k3.latent_moe @mlp <{{.*}}, dtype = bfloat16, expert_weight_format = mxfp4>
 
 // CHECK:      k3s.entry @moe_prefill <source = mlp> {
-// CHECK-NEXT:   k3s.tensor_arg @x <type = !k3s.tensor<R x 40, float>, role = input>
+// CHECK-NEXT:   %x = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 40, float>
 // CHECK-NEXT:   k3s.tensor_arg @router_weight
 // CHECK-NEXT:   k3s.tensor_arg @router_bias
-// CHECK-NEXT:   k3s.tensor_arg @expert_gate_up_packed <type = !k3s.tensor<12 x 128 x 16, fp4x2>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @expert_gate_up_scales <type = !k3s.tensor<12 x 128 x 1, e8m0>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @expert_down_packed <type = !k3s.tensor<12 x 32 x 32, fp4x2>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @expert_down_scales <type = !k3s.tensor<12 x 32 x 2, e8m0>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @latent_down <type = !k3s.tensor<32 x 40, float>, role = input>
+// CHECK-NEXT:   %expert_gate_up_packed = k3s.tensor_arg @expert_gate_up_packed <role = input> : !k3s.tensor<12 x 128 x 16, fp4x2>
+// CHECK-NEXT:   %expert_gate_up_scales = k3s.tensor_arg @expert_gate_up_scales <role = input> : !k3s.tensor<12 x 128 x 1, e8m0>
+// CHECK-NEXT:   %expert_down_packed = k3s.tensor_arg @expert_down_packed <role = input> : !k3s.tensor<12 x 32 x 32, fp4x2>
+// CHECK-NEXT:   %expert_down_scales = k3s.tensor_arg @expert_down_scales <role = input> : !k3s.tensor<12 x 32 x 2, e8m0>
+// CHECK-NEXT:   %latent_down = k3s.tensor_arg @latent_down <role = input> : !k3s.tensor<32 x 40, float>
 // CHECK:        %y = k3s.project <input = x, weight = latent_down, in_dim = 40, out_dim = 32, rows = token_block, input_index = token, layout = dense, glu = false>
 // CHECK:        %g, %u = k3s.project <input = h, weight = expert_gate_up_packed, in_dim = 32, out_dim = 64, rows = sorted_block, input_index = token, layout = expert, glu = true, block_rows = 128, weight_format = mxfp4, scales = expert_gate_up_scales>
 // CHECK:        %y = k3s.project <input = expert_act, weight = expert_down_packed, in_dim = 64, out_dim = 32, rows = sorted_block, input_index = position, layout = expert, glu = false, block_rows = 128, weight_format = mxfp4, scales = expert_down_scales>
 // CHECK:        %y = k3s.project <input = combined, weight = latent_up, in_dim = 32, out_dim = 40, rows = token_block, input_index = token, layout = dense, glu = false, rms_eps = 1.0e-06, gain = latent_norm_gain>
 // CHECK:        %g, %u = k3s.project <input = x, weight = shared_gate_up, in_dim = 40, out_dim = 24, rows = token_block, input_index = token, layout = stacked_out, glu = true, group = 24>
 // CHECK:      k3s.entry @moe_decode <source = mlp> {
-// CHECK:        k3s.tensor_arg @expert_gate_up_packed <type = !k3s.tensor<12 x 128 x 16, fp4x2>, role = input>
+// CHECK:        %expert_gate_up_packed = k3s.tensor_arg @expert_gate_up_packed <role = input> : !k3s.tensor<12 x 128 x 16, fp4x2>
 // CHECK:        %g, %u = k3s.project <input = h, weight = expert_gate_up_packed, in_dim = 32, out_dim = 64, rows = pair, input_index = token, layout = expert, glu = true, weight_format = mxfp4, scales = expert_gate_up_scales>
 // CHECK:        %y = k3s.project_slots <input = pair_act, weight = expert_down_packed, in_dim = 64, out_dim = 32, top_k = 3, weight_format = mxfp4, scales = expert_down_scales>

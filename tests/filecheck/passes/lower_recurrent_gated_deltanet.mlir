@@ -9,10 +9,10 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = gdn> {
-// CHECK:        k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = input>
-// CHECK:        k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
-// CHECK-NEXT:   k3s.tensor_arg @dt_bias <type = !k3s.tensor<4, float>, role = forbidden>
+// CHECK:        %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK:        %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
+// CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<4, float>
 // CHECK:        k3s.kernel @gdn_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK:          k3s.token_loop {
 // CHECK-NEXT:     ^bb0(%S: !k3s.tile<K x V>):

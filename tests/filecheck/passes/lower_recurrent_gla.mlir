@@ -9,10 +9,10 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = gla> {
-// CHECK:        k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = forbidden>
-// CHECK:        k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
-// CHECK-NEXT:   k3s.tensor_arg @dt_bias <type = !k3s.tensor<256, float>, role = forbidden>
+// CHECK:        %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4 x 64, float>
+// CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = forbidden> : !k3s.tensor<B x T x 4, float>
+// CHECK:        %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
+// CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<256, float>
 // CHECK-NOT:    k3s.load_beta
 // CHECK-NOT:    k3s.delta_correct
 // CHECK:        k3s.token_loop {

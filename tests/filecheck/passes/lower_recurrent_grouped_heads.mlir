@@ -9,13 +9,13 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = gva> {
-// CHECK-NEXT:   k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 64, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @k <type = !k3s.tensor<B x T x 2 x 64, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @v <type = !k3s.tensor<B x T x 6 x 32, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @g <type = !k3s.tensor<B x T x 6 x 64, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 6, float>, role = input>
-// CHECK-NEXT:   k3s.scalar_arg @scale <default = 0.125>
-// CHECK-NEXT:   k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 6 x 64 x 32, float32>, role = optional_input>
-// CHECK-NEXT:   k3s.tensor_arg @o <type = !k3s.tensor<B x T x 6 x 32, float>, role = output>
-// CHECK-NEXT:   k3s.tensor_arg @final_state <type = !k3s.tensor<N x 6 x 64 x 32, float32>, role = optional_output>
+// CHECK-NEXT:   %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 64, float>
+// CHECK-NEXT:   %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 64, float>
+// CHECK-NEXT:   %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 6 x 32, float>
+// CHECK-NEXT:   %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 6 x 64, float>
+// CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 6, float>
+// CHECK-NEXT:   %scale = k3s.scalar_arg @scale <default = 0.125> : f32
+// CHECK-NEXT:   %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 6 x 64 x 32, float32>
+// CHECK-NEXT:   %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 6 x 32, float>
+// CHECK-NEXT:   %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 6 x 64 x 32, float32>
 // CHECK:        k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>

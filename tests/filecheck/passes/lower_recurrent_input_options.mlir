@@ -22,18 +22,18 @@ builtin.module {
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 32, scale = 0.25, state_layout = kv, dtype = bfloat16, qk_l2norm = true, gate_input = softplus, beta_input = logits>
 // CHECK-NEXT:   k3s.entry @recurrent <source = kda> {
-// CHECK-NEXT:     k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 16, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @k <type = !k3s.tensor<B x T x 2 x 16, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @v <type = !k3s.tensor<B x T x 4 x 32, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4 x 16, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = input>
-// CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.25>
-// CHECK-NEXT:     k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 16 x 32, float32>, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @o <type = !k3s.tensor<B x T x 4 x 32, float>, role = output>
-// CHECK-NEXT:     k3s.tensor_arg @final_state <type = !k3s.tensor<N x 4 x 16 x 32, float32>, role = optional_output>
-// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @dt_bias <type = !k3s.tensor<64, float>, role = input>
+// CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 32, float>
+// CHECK-NEXT:     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4 x 16, float>
+// CHECK-NEXT:     %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK-NEXT:     %scale = k3s.scalar_arg @scale <default = 0.25> : f32
+// CHECK-NEXT:     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 16 x 32, float32>
+// CHECK-NEXT:     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 32, float>
+// CHECK-NEXT:     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 16 x 32, float32>
+// CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
+// CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {
@@ -68,8 +68,8 @@ builtin.module {
 // Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels
 // normalises, v's never does, and every gate and beta load has the layer's input form.
 // CHUNK:       k3s.entry @chunk <source = kda> {
-// CHUNK:         k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-// CHUNK-NEXT:    k3s.tensor_arg @dt_bias <type = !k3s.tensor<64, float>, role = input>
+// CHUNK:         %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHUNK-NEXT:    %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
 // CHUNK:         k3s.kernel @kda_chunk_prepare
 // CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
 // CHUNK-NOT:     k3s.load_chunk <tensor = v, l2norm
@@ -87,8 +87,8 @@ builtin.module {
 // CHUNK-NOT:     k3s.load_gate
 // CHUNK:         k3s.store_state
 
-// L2ONLY:      k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
-// L2ONLY-NEXT: k3s.tensor_arg @dt_bias <type = !k3s.tensor<64, float>, role = forbidden>
+// L2ONLY:      %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
+// L2ONLY-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<64, float>
 // L2ONLY:      %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
 // L2ONLY-NEXT: %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
 // L2ONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
@@ -96,8 +96,8 @@ builtin.module {
 // L2ONLY-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
 // L2ONLY-NEXT: %beta = k3s.load_beta <input = probability> : !k3s.tile<>
 
-// BETAONLY:      k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
-// BETAONLY-NEXT: k3s.tensor_arg @dt_bias <type = !k3s.tensor<64, float>, role = forbidden>
+// BETAONLY:      %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
+// BETAONLY-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<64, float>
 // BETAONLY:      %q = k3s.load_token <tensor = q> : !k3s.tile<K>
 // BETAONLY-NEXT: %k = k3s.load_token <tensor = k> : !k3s.tile<K>
 // BETAONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>

@@ -17,11 +17,11 @@ builtin.module {
 
 // CHECK:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = bounded, gate_lower_bound = -3.0>
 // CHECK-NEXT: k3s.entry @recurrent <source = gdn> {
-// CHECK:        k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = input>
-// CHECK:        k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
-// CHECK-NEXT:   k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-// CHECK-NEXT:   k3s.tensor_arg @dt_bias <type = !k3s.tensor<4, float>, role = input>
+// CHECK:        %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK:        %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
+// CHECK-NEXT:   %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:   k3s.kernel @gdn_recurrent
 // CHECK:        k3s.token_loop {
 // CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):
@@ -38,14 +38,14 @@ builtin.module {
 // CHECK-NEXT:   }
 
 // SOFTPLUS:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = softplus>
-// SOFTPLUS:      k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-// SOFTPLUS-NEXT: k3s.tensor_arg @dt_bias <type = !k3s.tensor<4, float>, role = input>
+// SOFTPLUS:      %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// SOFTPLUS-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // SOFTPLUS:      %g = k3s.load_gate <gate = scalar, input = softplus, lower_bound = -5.0> : !k3s.tile<>
 // SOFTPLUS-NEXT: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
 
 // CHUNK:       k3s.entry @chunk <source = gdn> {
-// CHUNK:         k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-// CHUNK-NEXT:    k3s.tensor_arg @dt_bias <type = !k3s.tensor<4, float>, role = input>
+// CHUNK:         %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHUNK-NEXT:    %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // CHUNK:         k3s.kernel @gdn_chunk_prepare
 // CHUNK-NEXT:      k3s.chunk_tile
 // CHUNK-NEXT:      %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<C>
@@ -56,9 +56,9 @@ builtin.module {
 // CHUNK-NOT:       k3s.load_gate
 // CHUNK:         k3s.store_state
 
-// GLA:      k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = forbidden>
-// GLA:      k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-// GLA-NEXT: k3s.tensor_arg @dt_bias <type = !k3s.tensor<96, float>, role = input>
+// GLA:      %beta = k3s.tensor_arg @beta <role = forbidden> : !k3s.tensor<B x T x 4, float>
+// GLA:      %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// GLA-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<96, float>
 // GLA-NOT:  k3s.load_beta
 // GLA:      %v = k3s.load_token <tensor = v> : !k3s.tile<V>
 // GLA-NEXT: %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>

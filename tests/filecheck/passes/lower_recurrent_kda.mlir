@@ -16,18 +16,18 @@ builtin.module {
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
 // CHECK-NEXT:   k3s.entry @recurrent <source = kda> {
-// CHECK-NEXT:     k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @k <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @v <type = !k3s.tensor<B x T x 4 x 32, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4 x 64, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 4, float>, role = input>
-// CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.125>
-// CHECK-NEXT:     k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 64 x 32, float32>, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @o <type = !k3s.tensor<B x T x 4 x 32, float>, role = output>
-// CHECK-NEXT:     k3s.tensor_arg @final_state <type = !k3s.tensor<N x 4 x 64 x 32, float32>, role = optional_output>
-// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = forbidden>
-// CHECK-NEXT:     k3s.tensor_arg @dt_bias <type = !k3s.tensor<256, float>, role = forbidden>
+// CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 64, float>
+// CHECK-NEXT:     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 4 x 64, float>
+// CHECK-NEXT:     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 32, float>
+// CHECK-NEXT:     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4 x 64, float>
+// CHECK-NEXT:     %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK-NEXT:     %scale = k3s.scalar_arg @scale <default = 0.125> : f32
+// CHECK-NEXT:     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 64 x 32, float32>
+// CHECK-NEXT:     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 32, float>
+// CHECK-NEXT:     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 64 x 32, float32>
+// CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
+// CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
+// CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<256, float>
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {

@@ -8,9 +8,9 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @recurrent <source = linear> {
-// CHECK:        k3s.tensor_arg @g <type = !k3s.tensor<B x T x 2, float>, role = forbidden>
-// CHECK-NEXT:   k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 2, float>, role = forbidden>
-// CHECK-NEXT:   k3s.scalar_arg @scale <default = 0.25>
+// CHECK:        %g = k3s.tensor_arg @g <role = forbidden> : !k3s.tensor<B x T x 2, float>
+// CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = forbidden> : !k3s.tensor<B x T x 2, float>
+// CHECK-NEXT:   %scale = k3s.scalar_arg @scale <default = 0.25> : f32
 // CHECK:        k3s.token_loop {
 // CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:     %q = k3s.load_token <tensor = q> : !k3s.tile<K>

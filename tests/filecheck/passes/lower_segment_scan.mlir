@@ -16,8 +16,8 @@ builtin.module {
 
 // CHECK:      k3s.entry @kda_segment_summary <source = kda> {
 // CHECK-NOT:    k3s.tensor_arg @q
-// CHECK:        k3s.tensor_arg @M <type = !k3s.tensor<N x 2 x 8 x 8, float32>, role = output>
-// CHECK-NEXT:   k3s.tensor_arg @N <type = !k3s.tensor<N x 2 x 8 x 4, float32>, role = output>
+// CHECK:        %M = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
+// CHECK-NEXT:   %N = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 4, float32>
 // CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head"
 // CHECK-NOT:      k3s.gram %q
 // CHECK-NOT:      k3s.load_chunk <tensor = q>
@@ -33,9 +33,9 @@ builtin.module {
 // CHECK:        k3s.store_state <layout = kv, tensor = M>
 
 // CHECK:      k3s.entry @kda_chunk_segments <source = kda> {
-// CHECK:        k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 2 x 8 x 4, float32>, role = combined>
-// CHECK:        k3s.tensor_arg @M <type = !k3s.tensor<N x 2 x 8 x 8, float32>, role = workspace>
-// CHECK-NEXT:   k3s.tensor_arg @N <type = !k3s.tensor<N x 2 x 8 x 4, float32>, role = workspace>
+// CHECK:        %initial_state = k3s.tensor_arg @initial_state <role = combined> : !k3s.tensor<N x 2 x 8 x 4, float32>
+// CHECK:        %M = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8 x 8, float32>
+// CHECK-NEXT:   %N = k3s.tensor_arg @N <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
 // CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
 // CHECK:          %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive
 // CHECK-NOT:    k3s.kernel @kda_segments_prepare
@@ -49,8 +49,8 @@ builtin.module {
 // CHECK:            %o = k3s.chunk_output %QG, %S, %P, %vr : !k3s.tile<C x V>
 
 // CHECK:      k3s.entry @gla_segment_summary <source = gla> {
-// CHECK:        k3s.tensor_arg @M <type = !k3s.tensor<N x 2 x 8, float32>, role = output>
-// CHECK-NEXT:   k3s.tensor_arg @N <type = !k3s.tensor<N x 2 x 8 x 8, float32>, role = output>
+// CHECK:        %M = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8, float32>
+// CHECK-NEXT:   %N = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK:        k3s.kernel @gla_summary_scan_N
 // CHECK:          k3s.decay_product %gamma_C <transition = diagonal>
 // CHECK:        k3s.store_state <layout = vk, tensor = N>

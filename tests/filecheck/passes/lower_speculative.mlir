@@ -14,8 +14,8 @@ builtin.module {
 }
 
 // CHECK: k3s.entry @verify <source = gdn, max_tokens = 4> {
-// CHECK-DAG: k3s.tensor_arg @state <type = !k3s.tensor<P x 4 x 8 x 16, state>, role = input>
-// CHECK-DAG: k3s.tensor_arg @cache <type = !k3s.tensor<P x 4 x 4 x 32, float32>, role = inout>
+// CHECK-DAG: %state = k3s.tensor_arg @state <role = input> : !k3s.tensor<P x 4 x 8 x 16, state>
+// CHECK-DAG: %cache = k3s.tensor_arg @cache <role = inout> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK: k3s.kernel @gdn_verify
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.token_loop {
@@ -25,17 +25,17 @@ builtin.module {
 // CHECK-NEXT: }
 // CHECK-NOT: k3s.store_state
 // CHECK: k3s.entry @commit <source = gdn> {
-// CHECK-DAG: k3s.tensor_arg @state <type = !k3s.tensor<P x 4 x 8 x 16, state>, role = inout>
-// CHECK-DAG: k3s.tensor_arg @accepted <type = !k3s.tensor<B, index>, role = input>
+// CHECK-DAG: %state = k3s.tensor_arg @state <role = inout> : !k3s.tensor<P x 4 x 8 x 16, state>
+// CHECK-DAG: %accepted = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
 // CHECK: k3s.kernel @gdn_commit
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.replay <gate = scalar>
 // CHECK-NEXT: k3s.store_state <layout = kv, home = pool>
 // CHECK: k3s.entry @spec_step <source = gdn, max_tokens = 4> {
-// CHECK-DAG: k3s.tensor_arg @state <type = !k3s.tensor<P x 4 x 8 x 16, state>, role = inout>
-// CHECK-DAG: k3s.tensor_arg @cache <type = !k3s.tensor<P x 4 x 4 x 32, float32>, role = input>
-// CHECK-DAG: k3s.tensor_arg @accepted <type = !k3s.tensor<B, index>, role = input>
-// CHECK-DAG: k3s.tensor_arg @next_cache <type = !k3s.tensor<P x 4 x 4 x 32, float32>, role = inout, distinct_from = cache>
+// CHECK-DAG: %state = k3s.tensor_arg @state <role = inout> : !k3s.tensor<P x 4 x 8 x 16, state>
+// CHECK-DAG: %cache = k3s.tensor_arg @cache <role = input> : !k3s.tensor<P x 4 x 4 x 32, float32>
+// CHECK-DAG: %accepted = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
+// CHECK-DAG: %next_cache = k3s.tensor_arg @next_cache <role = inout, distinct_from = cache> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK: k3s.kernel @gdn_spec_step
 // CHECK-NEXT: k3s.state_tile <{{.*}}home = pool>
 // CHECK-NEXT: k3s.replay <gate = scalar, buffer = cache>
@@ -46,7 +46,7 @@ builtin.module {
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 
-// SNAP: k3s.tensor_arg @snapshots <type = !k3s.tensor<P x 4 x 4 x 8 x 16, float32>, role = inout>
+// SNAP: %snapshots = k3s.tensor_arg @snapshots <role = inout> : !k3s.tensor<P x 4 x 4 x 8 x 16, float32>
 // SNAP: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
 // SNAP: k3s.snapshot_state %S_2
 // SNAP-NEXT: k3s.next_token %S_2

@@ -16,9 +16,9 @@ builtin.module {
 }
 
 // CHECK: k3s.entry @verify <source = gdn, max_tokens = 4> {
-// CHECK-DAG: k3s.tensor_arg @state <type = !k3s.tensor<P x 4 x 8 x 16, state>, role = input>
-// CHECK-DAG: k3s.tensor_arg @cache <type = !k3s.tensor<P x 4 x 4 x 32, float32>, role = inout>
-// CHECK-DAG: k3s.tensor_arg @W <type = !k3s.tensor<B x T x 4 x 8, float32>, role = workspace>
+// CHECK-DAG: %state = k3s.tensor_arg @state <role = input> : !k3s.tensor<P x 4 x 8 x 16, state>
+// CHECK-DAG: %cache = k3s.tensor_arg @cache <role = inout> : !k3s.tensor<P x 4 x 4 x 32, float32>
+// CHECK-DAG: %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float32>
 // CHECK: k3s.kernel @gdn_verify_prepare <grid = "chunk,value_head", num_warps = 2, dots = fp32>
 // CHECK-NEXT: k3s.chunk_tile <chunk_size = 16
 // CHECK-NOT: k3s.chunk_decay

@@ -9,8 +9,8 @@
 
 builtin.module {
   k3s.entry @aggregate <source = ar, max_sources = 5> {
-    k3s.tensor_arg @sources <type = !k3s.tensor<S x B x T x 32, float>, role = input>
-    k3s.tensor_arg @out <type = !k3s.tensor<B x T x 32, float>, role = output>
+    %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 32, float>
+    %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 32, float>
     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
       %q = k3s.fold_query <hidden_size = 32> : !k3s.tile<D>
       %max, %sum, %acc = k3s.source_loop {
@@ -31,8 +31,8 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3s.entry @aggregate <source = ar, max_sources = 5> {
-// CHECK-NEXT:     k3s.tensor_arg @sources <type = !k3s.tensor<S x B x T x 32, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @out <type = !k3s.tensor<B x T x 32, float>, role = output>
+// CHECK-NEXT:     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 32, float>
+// CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 32, float>
 // CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
 // CHECK-NEXT:       %q = k3s.fold_query <hidden_size = 32> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.source_loop {

@@ -8,8 +8,8 @@
 
 builtin.module {
   k3s.entry @recurrent <source = layer> {
-    k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-    k3s.tensor_arg @dt_bias <type = !k3s.tensor<64, float>, role = input>
+    %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+    %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
       k3s.token_loop {
@@ -40,8 +40,8 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
-// CHECK-NEXT:     k3s.tensor_arg @A_log <type = !k3s.tensor<4, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @dt_bias <type = !k3s.tensor<64, float>, role = input>
+// CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {

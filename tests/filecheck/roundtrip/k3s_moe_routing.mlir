@@ -9,12 +9,12 @@
 builtin.module {
   k3.latent_moe @moe <hidden_size = 40, latent_dim = 16, num_experts = 12, top_k = 3, expert_ffn_dim = 32, num_shared_experts = 1, shared_ffn_dim = 32, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 2.5, eps = 1.0e-06, dtype = bfloat16>
   k3s.entry @route <source = moe> {
-    k3s.tensor_arg @x <type = !k3s.tensor<R x 40, float>, role = input>
-    k3s.tensor_arg @router_weight <type = !k3s.tensor<12 x 40, float>, role = input>
-    k3s.tensor_arg @router_bias <type = !k3s.tensor<12, float32>, role = input>
-    k3s.tensor_arg @topk_ids <type = !k3s.tensor<R x 3, index>, role = output>
-    k3s.tensor_arg @topk_weights <type = !k3s.tensor<R x 3, float32>, role = output>
-    k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
+    %x = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 40, float>
+    %router_weight = k3s.tensor_arg @router_weight <role = input> : !k3s.tensor<12 x 40, float>
+    %router_bias = k3s.tensor_arg @router_bias <role = input> : !k3s.tensor<12, float32>
+    %topk_ids = k3s.tensor_arg @topk_ids <role = output> : !k3s.tensor<R x 3, index>
+    %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 3, float32>
+    %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
     k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
       %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
       k3s.store_partial_logits %logits
@@ -32,7 +32,7 @@ builtin.module {
   }
 }
 
-// CHECK:      k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
+// CHECK:      %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
 // CHECK-NEXT: k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
 // CHECK-NEXT:   %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
 // CHECK-NEXT:   k3s.store_partial_logits %logits

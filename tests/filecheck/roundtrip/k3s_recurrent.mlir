@@ -7,13 +7,13 @@
 
 builtin.module {
   k3s.entry @recurrent <source = layer> {
-    k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 16, float>, role = input>
-    k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4, float>, role = forbidden>
-    k3s.scalar_arg @scale <default = 0.25>
-    k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_input>
-    k3s.tensor_arg @o <type = !k3s.tensor<B x T x 4 x 8, float>, role = output>
-    k3s.tensor_arg @final_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_output>
-    k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
+    %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
+    %g = k3s.tensor_arg @g <role = forbidden> : !k3s.tensor<B x T x 4, float>
+    %scale = k3s.scalar_arg @scale <default = 0.25> : f32
+    %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 8 x 16, float32>
+    %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 8, float>
+    %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
+    %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
       k3s.token_loop {
@@ -36,13 +36,13 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
-// CHECK-NEXT:     k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 16, float>, role = input>
-// CHECK-NEXT:     k3s.tensor_arg @g <type = !k3s.tensor<B x T x 4, float>, role = forbidden>
-// CHECK-NEXT:     k3s.scalar_arg @scale <default = 0.25>
-// CHECK-NEXT:     k3s.tensor_arg @initial_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_input>
-// CHECK-NEXT:     k3s.tensor_arg @o <type = !k3s.tensor<B x T x 4 x 8, float>, role = output>
-// CHECK-NEXT:     k3s.tensor_arg @final_state <type = !k3s.tensor<N x 4 x 8 x 16, float32>, role = optional_output>
-// CHECK-NEXT:     k3s.tensor_arg @cu_seqlens <type = !k3s.tensor<N+1, offsets>, role = optional_input>
+// CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:     %g = k3s.tensor_arg @g <role = forbidden> : !k3s.tensor<B x T x 4, float>
+// CHECK-NEXT:     %scale = k3s.scalar_arg @scale <default = 0.25> : f32
+// CHECK-NEXT:     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 8 x 16, float32>
+// CHECK-NEXT:     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 8, float>
+// CHECK-NEXT:     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
+// CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
 // CHECK-NEXT:       k3s.token_loop {

@@ -9,7 +9,7 @@
 // AR:       k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
 // AR-LABEL: // -----// IR after fuse-attnres //----- //
 // AR:       k3s.entry @aggregate <source = attnres, max_sources = 9> {
-// AR-NEXT:    k3s.tensor_arg @sources <type = !k3s.tensor<S x B x T x 7168, float>, role = input>
+// AR-NEXT:    %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 7168, float>
 // AR:         k3s.kernel @attnres_aggregate <grid = row, num_warps = 8> {
 // AR-NEXT:      %q = k3s.fold_query <hidden_size = 7168> : !k3s.tile<D>
 // AR-NEXT:      %max, %sum, %acc = k3s.source_loop {
@@ -29,12 +29,12 @@
 // MOE-NEXT: }
 // MOE-LABEL: // -----// IR after lower-moe-routing //----- //
 // MOE:        k3s.entry @route <source = latent_moe> {
-// MOE-NEXT:     k3s.tensor_arg @x <type = !k3s.tensor<R x 7168, float>, role = input>
-// MOE-NEXT:     k3s.tensor_arg @router_weight <type = !k3s.tensor<896 x 7168, float>, role = input>
-// MOE-NEXT:     k3s.tensor_arg @router_bias <type = !k3s.tensor<896, float32>, role = input>
-// MOE-NEXT:     k3s.tensor_arg @topk_ids <type = !k3s.tensor<R x 16, index>, role = output>
-// MOE-NEXT:     k3s.tensor_arg @topk_weights <type = !k3s.tensor<R x 16, float32>, role = output>
-// MOE-NEXT:     k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 896, float32>, role = workspace>
+// MOE-NEXT:     %x = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 7168, float>
+// MOE-NEXT:     %router_weight = k3s.tensor_arg @router_weight <role = input> : !k3s.tensor<896 x 7168, float>
+// MOE-NEXT:     %router_bias = k3s.tensor_arg @router_bias <role = input> : !k3s.tensor<896, float32>
+// MOE-NEXT:     %topk_ids = k3s.tensor_arg @topk_ids <role = output> : !k3s.tensor<R x 16, index>
+// MOE-NEXT:     %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 16, float32>
+// MOE-NEXT:     %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 896, float32>
 // MOE-NEXT:     k3s.kernel @latent_moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
 // MOE-NEXT:       %logits = k3s.router_logits <hidden_size = 7168, num_experts = 896> : !k3s.tile<R x E>
 // MOE:          k3s.kernel @latent_moe_router_top_k <grid = row_block, num_warps = 8> {

@@ -8,12 +8,12 @@
 // GDN-LABEL: // -----// IR of spec
 // GDN:       k3.recurrence @gated_deltanet <gate = scalar, delta_rule = true, num_heads = 16, num_v_heads = 32, head_k_dim = 128, head_v_dim = 128,
 // GDN-LABEL: // -----// IR after lower-recurrent //----- //
-// GDN:       k3s.tensor_arg @q <type = !k3s.tensor<B x T x 16 x 128, float>, role = input>
-// GDN:       k3s.tensor_arg @v <type = !k3s.tensor<B x T x 32 x 128, float>, role = input>
-// GDN-NEXT:  k3s.tensor_arg @g <type = !k3s.tensor<B x T x 32, float>, role = input>
-// GDN-NEXT:  k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 32, float>, role = input>
-// GDN:       k3s.tensor_arg @A_log <type = !k3s.tensor<32, float>, role = forbidden>
-// GDN-NEXT:  k3s.tensor_arg @dt_bias <type = !k3s.tensor<32, float>, role = forbidden>
+// GDN:       %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 16 x 128, float>
+// GDN:       %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 32 x 128, float>
+// GDN-NEXT:  %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 32, float>
+// GDN-NEXT:  %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 32, float>
+// GDN:       %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<32, float>
+// GDN-NEXT:  %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<32, float>
 // GDN:       k3s.token_loop {
 // GDN-NEXT:  ^bb0(%S: !k3s.tile<K x V>):
 // GDN-NEXT:    %q = k3s.load_token <tensor = q> : !k3s.tile<K>
@@ -33,10 +33,10 @@
 // DN-LABEL: // -----// IR of spec
 // DN:       k3.recurrence @deltanet <gate = none, delta_rule = true,
 // DN-LABEL: // -----// IR after lower-recurrent //----- //
-// DN:       k3s.tensor_arg @g <type = !k3s.tensor<B x T x 16, float>, role = forbidden>
-// DN-NEXT:  k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 16, float>, role = input>
-// DN:       k3s.tensor_arg @A_log <type = !k3s.tensor<16, float>, role = forbidden>
-// DN-NEXT:  k3s.tensor_arg @dt_bias <type = !k3s.tensor<16, float>, role = forbidden>
+// DN:       %g = k3s.tensor_arg @g <role = forbidden> : !k3s.tensor<B x T x 16, float>
+// DN-NEXT:  %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 16, float>
+// DN:       %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<16, float>
+// DN-NEXT:  %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<16, float>
 // DN-NOT:   k3s.load_gate
 // DN-NOT:   k3s.decay
 // DN:       k3s.token_loop {
@@ -58,10 +58,10 @@
 // GLA-LABEL: // -----// IR of spec
 // GLA:       k3.recurrence @gla <gate = channel, delta_rule = false, {{.*}} state_layout = vk,
 // GLA-LABEL: // -----// IR after lower-recurrent //----- //
-// GLA:       k3s.tensor_arg @g <type = !k3s.tensor<B x T x 16 x 128, float>, role = input>
-// GLA-NEXT:  k3s.tensor_arg @beta <type = !k3s.tensor<B x T x 16, float>, role = forbidden>
-// GLA:       k3s.tensor_arg @A_log <type = !k3s.tensor<16, float>, role = forbidden>
-// GLA-NEXT:  k3s.tensor_arg @dt_bias <type = !k3s.tensor<2048, float>, role = forbidden>
+// GLA:       %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 16 x 128, float>
+// GLA-NEXT:  %beta = k3s.tensor_arg @beta <role = forbidden> : !k3s.tensor<B x T x 16, float>
+// GLA:       %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<16, float>
+// GLA-NEXT:  %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<2048, float>
 // GLA-NOT:   k3s.load_beta
 // GLA-NOT:   k3s.delta_correct
 // GLA:       k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = vk>

@@ -16,7 +16,7 @@
 
 builtin.module {
   k3s.entry @recurrent <source = r> {
-    k3s.tensor_arg @q <type = !k3s.tensor<B x T x 2 x 16, float>, role = input>
+    %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = kv>
       k3s.token_loop {

@@ -13,7 +13,7 @@
 
 builtin.module {
   k3s.entry @recurrent <source = r> {
-    k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 16, float>, role = maybe>
+    %q = k3s.tensor_arg @q <role = maybe> : !k3s.tensor<B x T x 4 x 16, float>
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
       k3s.token_loop {
@@ -64,4 +64,4 @@ builtin.module {
 // MAXNREG: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: maxnreg must be in 24..255, got 300{{$}}
 // STAGES-NOT: {{.}}
 
-// VALID: k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 16, float>, role = input>
+// VALID: %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 16, float>

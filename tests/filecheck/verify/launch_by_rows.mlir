@@ -12,7 +12,7 @@
 
 builtin.module {
   k3s.entry @route <source = moe> {
-    k3s.tensor_arg @partial_logits <type = !k3s.tensor<HS x R x 12, float32>, role = workspace>
+    %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
     k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
       %logits = k3s.router_logits <hidden_size = 400, num_experts = 12> : !k3s.tile<R x E>
       k3s.store_partial_logits %logits

@@ -7,7 +7,7 @@
 // RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { %q = k3s.load_token <tensor = q> : !k3s.tile<K> } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
 // RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.token_loop { ^bb0(%%S: !k3s.tile<K x V>): k3s.state_tile <head_k_dim = 4, head_v_dim = 4, block_v = 4, layout = kv> k3s.next_token %%S } } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TILE
 // RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.entry @e <source = x> { k3s.kernel @k <grid = row, num_warps = 4> { k3s.token_loop { ^bb0(%%S: !k3s.tile<K x V>): %%x, %%q = builtin.unrealized_conversion_cast to !k3s.tile<D>, !k3s.tile<D> %%score = k3s.rms_score %%x, %%q <eps = 0.1> : !k3s.tile<> k3s.next_token %%S } } }/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCORE
-// RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  k3s.tensor_arg @q <type = !k3s.tensor<B x T, float>, role = input>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ARG
+// RUN: sed 's/^  %%S_1 = k3s.decay %%state, %%gate <gate = channel> : !k3s.tile<K x V>$/  %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T, float>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ARG
 
 builtin.module {
   %state, %gate = builtin.unrealized_conversion_cast to !k3s.tile<K x V>, !k3s.tile<K>
