@@ -61,6 +61,7 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
     from k3compile.backends.triton.printer import print_triton
     from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
     from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
+    from k3compile.passes.outline_kernels import OutlineKernelsPass
 
     compilation = schedule(spec, pipeline)
     if not any(op.name == "k3s.entry" for op in compilation.scheduled.ops):
@@ -69,6 +70,8 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
             f"{spec.source}: no kernel lowering for {layer_op} (kind '{spec.kind}') in pipeline "
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
         )
+    # a pipeline that ends before outline-kernels leaves kernels in their entries
+    OutlineKernelsPass().apply(Context(), compilation.scheduled)
     LegalizeTritonPass(source=spec.source).apply(Context(), compilation.scheduled)
     GuardSpillOnlyStagesPass().apply(Context(), compilation.scheduled)
     MergeIdenticalKernelsPass().apply(Context(), compilation.scheduled)

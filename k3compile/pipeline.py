@@ -19,14 +19,15 @@ from k3compile.errors import IRError
 # The default pipeline of each spec kind (passes run in order).
 # the segment summaries (context parallelism) come with every recurrence: the chunk entry finishes
 # the segments, so CP needs no recompilation
-RECURRENCE_PIPELINE = "lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan"
+RECURRENCE_PIPELINE = ("lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,"
+                       "lower-segment-scan,outline-kernels")
 DEFAULT_PIPELINES = {
     "kda": RECURRENCE_PIPELINE,
     "gated_deltanet": RECURRENCE_PIPELINE,
     "deltanet": RECURRENCE_PIPELINE,
     "gla": RECURRENCE_PIPELINE,
-    "attnres": "fuse-attnres",
-    "latent_moe": "lower-moe-routing,lower-moe-experts",
+    "attnres": "fuse-attnres,outline-kernels",
+    "latent_moe": "lower-moe-routing,lower-moe-experts,outline-kernels",
 }
 # how an option's expected type is named in a message
 TYPE_WORDS = {int: "an integer", str: "a word", bool: "true or false", float: "a number"}

@@ -145,7 +145,7 @@ def entry_kernels(module, name: str) -> list:
     from k3compile.ir import k3s
 
     entry = next(op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == name)
-    return [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+    return k3s.entry_kernels(entry)
 
 
 def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = None) -> list[ProofResult]:

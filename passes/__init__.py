@@ -23,6 +23,8 @@ Each pass is one idea, named for what it derives:
 - guard-spill-only-stages: a kernel that is another's minus stages that only feed spills runs the
   other's code, those stages under a constexpr flag it turns off (the summary prepare, the chunk
   prepare's code without the output's stages);
+- outline-kernels: every kernel built inside an entry becomes a symbol of the module whose
+  arguments are the entry's values its stages use, and the entry launches it (k3s.launch);
 - merge-identical-kernels: kernels of different entries with the same code run one code (the
   backend runs both after fixing block sizes).
 """
@@ -49,6 +51,7 @@ _WHERE = {
     "lower-segment-scan": ("lower_segment_scan", "LowerSegmentScanPass"),
     "guard-spill-only-stages": ("guard_spill_only_stages", "GuardSpillOnlyStagesPass"),
     "merge-identical-kernels": ("merge_identical_kernels", "MergeIdenticalKernelsPass"),
+    "outline-kernels": ("outline_kernels", "OutlineKernelsPass"),
 }
 
 

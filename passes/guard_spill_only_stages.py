@@ -86,6 +86,25 @@ def run_guarded(kernel: k3s.KernelOp, body: Region, flag: str, on: bool) -> None
     kernel.body.erase_block(kernel.body.block)
     body.clone_into(kernel.body)
     kernel.properties["flags"] = DictionaryAttr({flag: BoolAttr.from_bool(on)})
+    if kernel.is_outlined():
+        relaunch(kernel)
+
+
+def relaunch(kernel: k3s.KernelOp) -> None:
+    """Pass an outlined kernel given another's body the values its arguments now name: its
+    entry's arguments of those names; a tensor the entry lacks (read only by stages the launch
+    skips) as a k3s.absent_tensor of the argument's type."""
+    launch = k3s.launch_site(kernel)
+    values = {op.sym_name.data: op.results[0] for op in launch.parent_block().ops
+              if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))}
+    operands = []
+    for arg in kernel.body.block.args:
+        if arg.name_hint not in values:
+            absent = make(k3s.AbsentTensorOp, result=(arg.name_hint, arg.type))
+            Rewriter.insert_op(absent, InsertPoint.before(launch))
+            values[arg.name_hint] = absent.results[0]
+        operands.append(values[arg.name_hint])
+    launch.operands = operands
 
 
 @dataclass(frozen=True)
@@ -99,7 +118,8 @@ class GuardSpillOnlyStagesPass(ModulePass):
         kernels = [o for o in op.walk() if isinstance(o, k3s.KernelOp)]
         for narrow in kernels:
             for wide in kernels:
-                if narrow.flags is not None or wide.flags is not None or narrow.parent_op() is wide.parent_op():
+                if (narrow.flags is not None or wide.flags is not None
+                        or k3s.launching_entry(narrow) is k3s.launching_entry(wide)):
                     continue
                 extra = spill_only_stages(wide, spilled(narrow))
                 if not (extra and is_one_run(wide, extra) and code_properties(wide) == code_properties(narrow)

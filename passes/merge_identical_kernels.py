@@ -66,8 +66,8 @@ class MergeIdenticalKernelsPass(ModulePass):
         for kernel in [o for o in op.walk() if isinstance(o, k3s.KernelOp)]:
             if kernel.shares_code_of is not None:
                 continue
-            twin = next((k for k in originals if k.parent_op() is not kernel.parent_op() and same_code(k, kernel)),
-                        None)
+            entry = k3s.launching_entry(kernel)
+            twin = next((k for k in originals if k3s.launching_entry(k) is not entry and same_code(k, kernel)), None)
             if twin is None:
                 originals.append(kernel)
             else:

@@ -51,11 +51,11 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry
     params = [a.sym_name.data for a in chunk_view.args if a.sym_name.data not in handled
               and (isinstance(a, k3s.ScalarArgOp) or a.role.data in passed)]
     state_shape = tuple(int(d) for d in chunk_view.dims("initial_state")[1:])
-    chunk_size = next(op.chunk_size.value.data for op in chunk.walk() if isinstance(op, k3s.ChunkTileOp))
+    chunk_size = next(op.chunk_size.value.data for op in k3s.walk_entry(chunk) if isinstance(op, k3s.ChunkTileOp))
     # how a summary's M is held: the schedule's combine step says (derive-segment-scan derived it)
     transition = next(op.transition.data for op in segments_entry.walk() if isinstance(op, k3s.SummaryCombineOp))
     vk = layer.state_layout.data == "vk"
-    tile = next(op for op in segments_entry.walk() if isinstance(op, k3s.StateTileOp) and op.start is None)
+    tile = next(op for op in k3s.walk_entry(segments_entry) if isinstance(op, k3s.StateTileOp) and op.start is None)
     V, block_v = tile.head_v_dim.value.data, tile.block_v.value.data
     # the chunk entry's launch table, read at call time (the tuner swaps it per candidate)
     tuned = f"lambda: {launch_table_name(chunk.sym_name.data)}" if chunk.sym_name.data in printer.launch_tables else None

@@ -129,9 +129,9 @@ def launches_by_rows(kernel: k3s.KernelOp) -> list[tuple[int | None, dict[str, i
 def add_launches_by_rows(kernel: k3s.KernelOp) -> None:
     """k3s.launch_by_rows after the kernel for its block sizes at fewer rows (replacing any)."""
     name = kernel.sym_name.data
-    for old in [o for o in kernel.parent_op().body.ops if isinstance(o, k3s.LaunchByRowsOp) and o.kernel.data == name]:
+    anchor = k3s.launch_site(kernel)
+    for old in [o for o in anchor.parent_op().body.ops if isinstance(o, k3s.LaunchByRowsOp) and o.kernel.data == name]:
         Rewriter.erase_op(old)
-    anchor = kernel
     for most, sizes in launches_by_rows(kernel)[:-1]:  # the last is the kernel's own
         launch = make(k3s.LaunchByRowsOp, kernel=name, max_rows=most, **sizes)
         Rewriter.insert_op(launch, InsertPoint.after(anchor))

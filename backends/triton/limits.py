@@ -99,7 +99,7 @@ def check_limits(module: ModuleOp, source: str) -> None:
     scheduled module cannot hold its layer."""
     layers = {op.sym_name.data: op for op in module.ops if isinstance(op, RecurrenceOp)}
     for entry in [op for op in module.ops if isinstance(op, k3s.EntryOp)]:
-        kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+        kernels = k3s.entry_kernels(entry)
         for kernel in kernels:
             check_kernel(kernel, source)
         if entry.source.data in layers:

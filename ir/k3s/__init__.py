@@ -45,6 +45,8 @@ K3S = Dialect(
         SnapshotStateOp,
         RestoreSnapshotOp,
         KernelOp,
+        LaunchOp,
+        AbsentTensorOp,
         LaunchByRowsOp,
         WhenOp,
         StateTileOp,

@@ -5,9 +5,10 @@ sizes by row count) or which entry a call takes. The types of values are in type
 from __future__ import annotations
 
 import itertools
+from typing import ClassVar
 import re
 
-from xdsl.dialects.builtin import I64, DictionaryAttr, Float32Type, FloatAttr, IntegerAttr, StringAttr, i1
+from xdsl.dialects.builtin import I64, DictionaryAttr, ModuleOp, Float32Type, FloatAttr, IntegerAttr, StringAttr, i1
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -17,9 +18,10 @@ from xdsl.irdl import (
     prop_def,
     region_def,
     result_def,
+    var_operand_def,
     traits_def,
 )
-from xdsl.traits import HasAncestor, HasParent, NoTerminator, SymbolOpInterface
+from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
@@ -57,7 +59,7 @@ class EntryOp(KeywordSyntax):
     max_sources = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol S
     max_tokens = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol T
     body = region_def("single_block")
-    traits = traits_def(SymbolOpInterface(), NoTerminator())
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), IsolatedFromAbove())
 
 
 @irdl_op_definition
@@ -146,6 +148,15 @@ class KernelDotsAttr(EnumAttribute[KernelDots], SpacedOpaqueSyntaxAttribute):
     name = "k3s.dots"
 
 
+class IsolatedOnceOutlined(IsolatedFromAbove):
+    """A kernel reads nothing from outside once outline-kernels made it a module symbol; built in
+    its entry, it reads the entry's arguments. Either way its values print in their own scope."""
+
+    def verify(self, op) -> None:
+        if isinstance(op.parent_op(), ModuleOp):
+            super().verify(op)
+
+
 # a flag is a constexpr parameter of the printed kernel, named in upper case as the others are
 FLAG_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
@@ -153,6 +164,12 @@ FLAG_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 @irdl_op_definition
 class KernelOp(KeywordSyntax):
     """One GPU kernel: a grid of programs, each running the stages of its body in order.
+
+    A kernel is a symbol of the module whose block arguments are the tensors (and scalars) its
+    stages read and write, exactly those; an entry runs it by `k3s.launch @kernel(%q, ...)`. The
+    passes that lower a layer build each kernel inside the entry that launches it, its stages
+    reading the entry's arguments directly; outline-kernels then makes it a symbol (as MLIR's
+    gpu.launch bodies become gpu.func by outlining).
 
     `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
     sequence_head (sequence x value head), row (one token row), row_block (a block of token rows),
@@ -192,7 +209,10 @@ class KernelOp(KeywordSyntax):
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(StringAttr)
     body = region_def("single_block")
-    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp))
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp, ModuleOp), IsolatedOnceOutlined())
+
+    def is_outlined(self) -> bool:
+        return isinstance(self.parent_op(), ModuleOp)
 
     def flag_on(self, flag: str) -> bool:
         return bool(self.flags.data[flag].value.data)
@@ -222,6 +242,11 @@ class KernelOp(KeywordSyntax):
             if not FLAG_NAME.fullmatch(flag) or not (isinstance(value, IntegerAttr) and value.type == i1):
                 raise VerifyException(f"{self.name} @{self.sym_name.data}: a flag is an upper-case name "
                                       f"(a constexpr of the code) set to true or false; got {flag} = {value}")
+        if self.is_outlined():
+            for arg in self.body.block.args:
+                if not arg.uses:
+                    raise VerifyException(f"{self.name} @{self.sym_name.data}: its argument %{arg.name_hint} is "
+                                          "never used (a kernel's arguments are exactly what its stages read and write)")
         guards = {op.flag.data for op in self.walk() if isinstance(op, WhenOp)}
         if guards != set(flags):
             raise VerifyException(f"{self.name} @{self.sym_name.data}: its flags {sorted(flags)} must be those its "
@@ -252,6 +277,47 @@ class WhenOp(KeywordSyntax):
     def is_on(self) -> bool:
         """Whether its kernel's launch runs its stages."""
         return HasAncestor(KernelOp).get_ancestor(self).flag_on(self.flag.data)
+
+
+@irdl_op_definition
+class LaunchOp(KeywordSyntax):
+    """`k3s.launch @kernel %q, %k, ...`: the entry runs the module's kernel @kernel on its values,
+    one for each of the kernel's arguments, in order, of the same types."""
+
+    name = "k3s.launch"
+    SYMBOL_PROP: ClassVar[str] = "kernel"
+    kernel = prop_def(StringAttr)
+    arguments = var_operand_def()
+    traits = traits_def(HasParent(EntryOp))
+
+    def callee(self) -> KernelOp:
+        module = self.parent_op().parent_op()
+        kernel = next((op for op in module.ops if isinstance(op, KernelOp) and op.sym_name.data == self.kernel.data),
+                      None)
+        if kernel is None:
+            raise VerifyException(f"{self.name} @{self.kernel.data}: the module has no such kernel")
+        return kernel
+
+    def verify_(self) -> None:
+        if not isinstance(self.parent_op(), EntryOp) or not isinstance(self.parent_op().parent_op(), ModuleOp):
+            return  # HasParent reports a lone op
+        params = self.callee().body.block.args
+        got = [v.type for v in self.arguments]
+        if got != [p.type for p in params]:
+            raise VerifyException(f"{self.name} @{self.kernel.data}: passes {len(got)} values of types "
+                                  f"{', '.join(map(str, got))}; the kernel takes {len(params)}: "
+                                  f"{', '.join(str(p.type) for p in params)}")
+
+
+@irdl_op_definition
+class AbsentTensorOp(KeywordSyntax):
+    """A tensor its entry does not have, passed (as None) to a kernel argument that only stages
+    its launch skips read (the chunk prepare's q, launched from segment_summary with its query
+    stages guarded off)."""
+
+    name = "k3s.absent_tensor"
+    tensor = result_def(TensorType)
+    traits = traits_def(HasParent(EntryOp))
 
 
 @irdl_op_definition
@@ -289,9 +355,45 @@ class LaunchByRowsOp(KeywordSyntax):
         if block is None:  # HasParent reports a lone op
             return
         before = list(itertools.takewhile(lambda op: op is not self, block.ops))
-        if not any(isinstance(op, KernelOp) and op.sym_name.data == self.kernel.data for op in before):
-            raise VerifyException(f"{where}: no kernel @{self.kernel.data} before it in its entry")
+        if not any(isinstance(op, (KernelOp, LaunchOp)) and launched_kernel(op) == self.kernel.data for op in before):
+            raise VerifyException(f"{where}: no kernel @{self.kernel.data} launched before it in its entry")
         earlier = [op.max_rows.value.data for op in before
                    if isinstance(op, LaunchByRowsOp) and op.kernel.data == self.kernel.data]
         if earlier and earlier[-1] >= self.max_rows.value.data:
             raise VerifyException(f"{where}: max_rows must increase along a kernel's launch_by_rows ops")
+
+
+def launched_kernel(op: KernelOp | LaunchOp) -> str:
+    """The name of the kernel an entry's op runs: a kernel built in the entry, or a launch."""
+    return op.kernel.data if isinstance(op, LaunchOp) else op.sym_name.data
+
+
+def entry_kernels(entry: EntryOp) -> list[KernelOp]:
+    """The kernels an entry runs, in order: those built in it, or the callees of its launches."""
+    return [op.callee() if isinstance(op, LaunchOp) else op for op in entry.body.ops
+            if isinstance(op, (KernelOp, LaunchOp))]
+
+
+def walk_entry(entry: EntryOp):
+    """The ops of an entry and of the kernels it runs (built in it or launched)."""
+    yield from entry.walk()
+    for op in entry.body.ops:
+        if isinstance(op, LaunchOp):
+            yield from op.callee().walk()
+
+
+def launching_entry(kernel: KernelOp) -> EntryOp:
+    """The entry that runs a kernel: the one it was built in, or the first that launches it."""
+    if not kernel.is_outlined():
+        return kernel.parent_op()
+    name = kernel.sym_name.data
+    return next(entry for entry in kernel.parent_op().ops if isinstance(entry, EntryOp)
+                and any(isinstance(op, LaunchOp) and op.kernel.data == name for op in entry.body.ops))
+
+
+def launch_site(kernel: KernelOp) -> KernelOp | LaunchOp:
+    """The op of its entry that runs a kernel: the kernel itself if built there, else its launch."""
+    if not kernel.is_outlined():
+        return kernel
+    name = kernel.sym_name.data
+    return next(op for op in launching_entry(kernel).body.ops if isinstance(op, LaunchOp) and op.kernel.data == name)

@@ -16,8 +16,8 @@ MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.
 # the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
 EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
                       k3s.SumSlotsOp)
-ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp,
-               k3s.LaunchByRowsOp)
+ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
+               k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
@@ -113,7 +113,7 @@ class EntryView:
         self.entry = entry
         self.tensors = [op for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)]
         self.scalars = [op for op in entry.body.ops if isinstance(op, k3s.ScalarArgOp)]
-        self.kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
+        self.kernels = k3s.entry_kernels(entry)
         self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
         self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
         self.combine = next((op for op in entry.body.ops if isinstance(op, k3s.SummaryCombineOp)), None)

@@ -150,14 +150,14 @@ class Entries:
                 name = arg.sym_name.data
                 c(f'{name} = _scalar("{name}", {name}, {attr_to_literal(arg.default)})')
             if any("NC" in t.type.dims for t in view.tensors):
-                chunk_size = next(op.chunk_size.value.data for op in view.entry.walk() if isinstance(op, k3s.ChunkTileOp))
+                chunk_size = next(op.chunk_size.value.data for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.ChunkTileOp))
                 c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
                   "# below cdiv(B T, C) + N for any split into sequences",
                   f'dims["NC"] = triton.cdiv(dims["B"] * dims["T"], {chunk_size}) + dims["N"]')
-            sort = next((op for op in view.entry.walk() if isinstance(op, k3s.SortPairsOp)), None)
+            sort = next((op for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.SortPairsOp)), None)
             if sort is not None:
                 k, BM = sort.top_k.value.data, sort.block_rows.value.data
-                E = next(op.num_experts.value.data for op in view.entry.walk() if isinstance(op, k3s.CountPairsOp))
+                E = next(op.num_experts.value.data for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.CountPairsOp))
                 c(f"# {describe(sort)}: each expert's run of pairs padded to whole blocks of {BM} rows: at most",
                   "# one partial block per expert that has pairs",
                   f'dims["PB"] = triton.cdiv(dims["R"] * {k}, {BM}) + min(dims["R"] * {k}, {E})',
@@ -178,6 +178,8 @@ class Entries:
             for op in view.entry.body.ops:
                 if isinstance(op, k3s.KernelOp):
                     self.print_launch(op, view)
+                elif isinstance(op, k3s.LaunchOp):
+                    self.print_launch(op.callee(), view)
                 elif isinstance(op, k3s.SummaryCombineOp):
                     self.print_combine(op, view)
             returned = ", ".join(o.sym_name.data for o in outputs) + ("," if len(outputs) == 1 else "")
