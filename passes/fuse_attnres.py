@@ -16,7 +16,7 @@ from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
-from k3compile.passes.common import add_entries, check_num_warps, make, tensor_arg
+from k3compile.passes.common import add_entries, argument_values, check_num_warps, make, tensor_arg
 
 
 def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
@@ -25,7 +25,11 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
     def arg(sym_name: str, shape: tuple[str | int, ...], role: str = "input"):
         return tensor_arg(sym_name, k3s.tensor(*shape, dtype="float"), role)
 
-    fold = make(k3s.FoldQueryOp, hidden_size=D, result=("q", k3s.tile("D")))
+    arguments = [arg("sources", ("S", "B", "T", D)), arg("query", (D,)), arg("gain", (D,)),
+                 arg("out", ("B", "T", D), "output")]
+    tensors = argument_values(arguments)
+    fold = make(k3s.FoldQueryOp, operands=[tensors["query"], tensors["gain"]], hidden_size=D,
+                result=("q", k3s.tile("D")))
     q = fold.results[0]
     # the online softmax carried over the sources: running max, normaliser, mix
     carried = [k3s.tile(), k3s.tile(), k3s.tile("D")]
@@ -33,7 +37,7 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
     running_max, normaliser, mix = body.args
     for carried_value, name in zip(body.args, ("max", "sum", "acc")):
         carried_value.name_hint = name
-    x = make(k3s.LoadSourceOp, result=("x", k3s.tile("D")))
+    x = make(k3s.LoadSourceOp, operands=[tensors["sources"]], result=("x", k3s.tile("D")))
     score = make(k3s.RmsScoreOp, operands=[x.results[0], q], result=("score", k3s.tile()), eps=op.eps.value.data)
     softmax = k3s.OnlineSoftmaxOp.create(operands=[running_max, normaliser, score.results[0]],
                                          result_types=[k3s.tile()] * 4)
@@ -48,20 +52,14 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int) -> k3s.EntryOp:
         result.name_hint = name
     kernel = make(
         k3s.KernelOp,
-        [fold, loop, make(k3s.NormalizeStoreOp, operands=[loop.results[2], loop.results[1]])],
+        [fold, loop, make(k3s.NormalizeStoreOp, operands=[loop.results[2], loop.results[1], tensors["out"]])],
         sym_name=f"{op.sym_name.data}_aggregate",
         grid="row",
         num_warps=num_warps,
     )
     return make(
         k3s.EntryOp,
-        [
-            arg("sources", ("S", "B", "T", D)),
-            arg("query", (D,)),
-            arg("gain", (D,)),
-            arg("out", ("B", "T", D), "output"),
-            kernel,
-        ],
+        [*arguments, kernel],
         sym_name="aggregate",
         source=op.sym_name.data,
         max_sources=op.max_sources,

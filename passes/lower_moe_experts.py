@@ -34,7 +34,14 @@ from xdsl.passes import ModulePass
 from k3compile.ir import k3s
 from k3compile.ir.choices import WeightFormat
 from k3compile.ir.k3 import LatentMoEOp
-from k3compile.passes.common import add_entries, check_num_warps, check_power_of_two, make, tensor_arg
+from k3compile.passes.common import (
+    add_entries,
+    argument_values,
+    check_num_warps,
+    check_power_of_two,
+    make,
+    tensor_arg,
+)
 from k3compile.passes.lower_moe_routing import (
     LowerMoeRoutingPass,
     routing_inputs,
@@ -69,8 +76,8 @@ class Widths:
 
 
 def expert_weight(n: Widths, name: str) -> dict:
-    """A projection's properties for reading the routed experts' weight `name`: the tensor, or
-    with MXFP4 the packed values (`name`_packed) and their scales (`name`_scales)."""
+    """What a projection reads of the routed experts' weight `name`: the tensor, or with MXFP4 the
+    packed values (`name`_packed) and their scales (`name`_scales), and its weight_format."""
     if n.mxfp4:
         return dict(weight=f"{name}_packed", weight_format=WeightFormat.MXFP4.value, scales=f"{name}_scales")
     return dict(weight=name)
@@ -106,31 +113,51 @@ def weight_arguments(n: Widths) -> list[k3s.TensorArgOp]:
     ]
 
 
-def project(rows: str, input: str, index: str, weight: str, in_dim: int, out_dim: int, layout: str,
-            glu: bool = False, **extra) -> k3s.ProjectOp:
-    results = [("g", k3s.tile("M", "N")), ("u", k3s.tile("M", "N"))] if glu else [("y", k3s.tile("M", "N"))]
-    return make(k3s.ProjectOp, input=input, weight=weight, in_dim=in_dim, out_dim=out_dim, rows=rows,
-                input_index=index, layout=layout, glu=glu, results=results, **extra)
-
-
-def glu_stages(op: LatentMoEOp, projection: k3s.ProjectOp, tensor: str, index: str, width: int) -> list:
-    act = make(k3s.GluOp, operands=list(projection.results), activation=op.activation.data,
-               result=("act", k3s.tile("M", "N")))
-    return [projection, act, store(act.results[0], projection.rows.data.value, tensor, index, width)]
-
-
-def store(value, rows: str, tensor: str, index: str, width: int, accumulate: bool = False) -> k3s.StoreRowsOp:
-    return make(k3s.StoreRowsOp, operands=[value], rows=rows, tensor=tensor, index=index, width=width,
-                accumulate=accumulate)
-
-
 class MoeEntry:
     """Builds one entry of a k3.latent_moe: the stages around the routed experts are the same for
-    both plans, the routed experts' kernels are the plan's."""
+    both plans, the routed experts' kernels are the plan's. Its stages read and write its
+    arguments' values, which `tensors` holds by name as they are declared (the inputs and weights
+    first, each workspace as it is made)."""
 
     def __init__(self, op: LatentMoEOp, plan: str, num_warps: int) -> None:
         self.op, self.n, self.num_warps = op, Widths.of(op), num_warps
         self.layer, self.plan = op.sym_name.data, plan
+        self.inputs = [*routing_inputs(op), *weight_arguments(self.n)]
+        self.tensors = argument_values(self.inputs)
+
+    def declare(self, arguments: list[k3s.TensorArgOp]) -> list[k3s.TensorArgOp]:
+        """Arguments of the entry (its workspaces), their values now readable by name."""
+        self.tensors |= argument_values(arguments)
+        return arguments
+
+    def workspace(self, name: str, type: k3s.TensorType, **values) -> k3s.TensorArgOp:
+        return self.declare([tensor_arg(name, type, "workspace", **values)])[0]
+
+    def project(self, rows: str, input: str, index: str, weight: str, in_dim: int, out_dim: int, layout: str,
+                glu: bool = False, scales: str | None = None, gain: str | None = None, **extra) -> k3s.ProjectOp:
+        """A projection of the tensors named: input, weight, then (k3s.project's order) its scales,
+        its gain and those its rows come from."""
+        names = [input, weight, *(name for name in (scales, gain) if name is not None), *k3s.ROW_TENSORS.get(rows, ())]
+        results = [("g", k3s.tile("M", "N")), ("u", k3s.tile("M", "N"))] if glu else [("y", k3s.tile("M", "N"))]
+        return make(k3s.ProjectOp, operands=[self.tensors[name] for name in names], in_dim=in_dim, out_dim=out_dim,
+                    rows=rows, input_index=index, layout=layout, glu=glu, results=results, **extra)
+
+    def project_slots(self, input: str, weight: str, scales: str | None = None, **extra) -> k3s.ProjectSlotsOp:
+        """The token-centric down projection of the tensors named: input, the routing's topk_ids and
+        topk_weights, weight and its scales."""
+        names = [input, "topk_ids", "topk_weights", weight, *([scales] if scales is not None else [])]
+        return make(k3s.ProjectSlotsOp, operands=[self.tensors[name] for name in names],
+                    result=("y", k3s.tile("M", "N")), **extra)
+
+    def glu_stages(self, projection: k3s.ProjectOp, tensor: str, index: str, width: int) -> list:
+        act = make(k3s.GluOp, operands=list(projection.results), activation=self.op.activation.data,
+                   result=("act", k3s.tile("M", "N")))
+        return [projection, act, self.store(act.results[0], projection.rows.data.value, tensor, index, width)]
+
+    def store(self, value, rows: str, tensor: str, index: str, width: int, accumulate: bool = False
+              ) -> k3s.StoreRowsOp:
+        return make(k3s.StoreRowsOp, operands=[value, self.tensors[tensor]], rows=rows, index=index, width=width,
+                    accumulate=accumulate)
 
     @property
     def kernel_prefix(self) -> str:
@@ -143,15 +170,16 @@ class MoeEntry:
     def before_experts(self) -> tuple[list, list]:
         """Workspaces and kernels: the routing, and the latent down-projection h = x W_down^T."""
         n = self.n
-        workspaces, kernels = routing_stages(self.op, LowerMoeRoutingPass.num_warps)
+        routing = self.declare(routing_outputs(self.op, "workspace"))
+        workspaces, kernels = routing_stages(self.op, LowerMoeRoutingPass.num_warps, self.tensors)
         for kernel in kernels:  # kernel names are the module's: each entry's its own
             kernel.properties["sym_name"] = StringAttr(kernel.sym_name.data.replace(self.layer, self.kernel_prefix, 1))
-        workspaces = [*routing_outputs(self.op, "workspace"), *workspaces]
+        workspaces = [*routing, *self.declare(workspaces)]
         if n.latent:
-            workspaces.append(tensor_arg("h", k3s.tensor("R", n.w, dtype="float"), "workspace"))
-            down = project("token_block", "x", "token", "latent_down", n.d, n.w, "dense")
+            workspaces.append(self.workspace("h", k3s.tensor("R", n.w, dtype="float")))
+            down = self.project("token_block", "x", "token", "latent_down", n.d, n.w, "dense")
             kernels.append(self.kernel("latent_down", "row_block,column_block",
-                                       [down, store(down.results[0], "token_block", "h", "token", n.w)]))
+                                       [down, self.store(down.results[0], "token_block", "h", "token", n.w)]))
         return workspaces, kernels
 
     def expert_input(self) -> str:
@@ -163,21 +191,23 @@ class MoeEntry:
         n = self.n
         workspaces, kernels = [], []
         if n.latent:
-            up = project("token_block", combined, "token", "latent_up", n.w, n.d, "dense", rms_eps=self.op.eps.value.data,
-                         gain="latent_norm_gain")
+            up = self.project("token_block", combined, "token", "latent_up", n.w, n.d, "dense",
+                              rms_eps=self.op.eps.value.data, gain="latent_norm_gain")
             kernels.append(self.kernel("latent_up", "row_block,column_block",
-                                       [up, store(up.results[0], "token_block", "out", "token", n.d)]))
+                                       [up, self.store(up.results[0], "token_block", "out", "token", n.d)]))
         if n.S:
             width = n.S * n.Fs
-            workspaces.append(tensor_arg("shared_act", k3s.tensor("R", width, dtype="float"), "workspace"))
-            gate_up = project("token_block", "x", "token", "shared_gate_up", n.d, width, "stacked_out", glu=True,
-                              group=n.Fs)
+            workspaces.append(self.workspace("shared_act", k3s.tensor("R", width, dtype="float")))
+            gate_up = self.project("token_block", "x", "token", "shared_gate_up", n.d, width, "stacked_out", glu=True,
+                                   group=n.Fs)
             kernels.append(self.kernel("shared_gate_up", "row_block,column_block",
-                                       glu_stages(self.op, gate_up, "shared_act", "token", width)))
-            down = project("token_block", "shared_act", "token", "shared_down", width, n.d, "stacked_in", group=n.Fs)
+                                       self.glu_stages(gate_up, "shared_act", "token", width)))
+            down = self.project("token_block", "shared_act", "token", "shared_down", width, n.d, "stacked_in",
+                                group=n.Fs)
             # out holds the routed experts' part already (the latent up-projection's or the combine's)
             kernels.append(self.kernel("shared_down", "row_block,column_block",
-                                       [down, store(down.results[0], "token_block", "out", "token", n.d, accumulate=True)]))
+                                       [down, self.store(down.results[0], "token_block", "out", "token", n.d,
+                                                         accumulate=True)]))
         return workspaces, kernels
 
     def combined_target(self) -> tuple[str, list]:
@@ -185,44 +215,54 @@ class MoeEntry:
         normalises, or (full width) the output itself."""
         n = self.n
         if n.latent:
-            return "combined", [tensor_arg("combined", k3s.tensor("R", n.w, dtype="float32"), "workspace")]
+            return "combined", [self.workspace("combined", k3s.tensor("R", n.w, dtype="float32"))]
         return "out", []
 
     def entry(self, name: str, workspaces: list, kernels: list) -> k3s.EntryOp:
-        return make(k3s.EntryOp, [*routing_inputs(self.op), *weight_arguments(self.n), *workspaces, *kernels],
-                    sym_name=name, source=self.layer)
+        return make(k3s.EntryOp, [*self.inputs, *workspaces, *kernels], sym_name=name, source=self.layer)
 
     def expert_centric(self, block_rows: int) -> k3s.EntryOp:
         n = self.n
         workspaces, kernels = self.before_experts()
         combined, combined_workspace = self.combined_target()
         workspaces += [
-            tensor_arg("expert_counts", k3s.tensor(n.E, dtype="index"), "workspace", fill=0),
-            tensor_arg("pair_rank", k3s.tensor("R", n.k, dtype="index"), "workspace"),
-            tensor_arg("expert_offsets", k3s.tensor(n.E + 1, dtype="index"), "workspace"),
-            tensor_arg("sorted_pairs", k3s.tensor("PP", dtype="index"), "workspace", fill=-1),
-            tensor_arg("block_expert", k3s.tensor("PB", dtype="index"), "workspace"),
-            tensor_arg("expert_act", k3s.tensor("PP", n.F, dtype="float"), "workspace"),
-            tensor_arg("pair_out", k3s.tensor("R", n.k, n.w, dtype="float"), "workspace"),
+            self.workspace("expert_counts", k3s.tensor(n.E, dtype="index"), fill=0),
+            self.workspace("pair_rank", k3s.tensor("R", n.k, dtype="index")),
+            self.workspace("expert_offsets", k3s.tensor(n.E + 1, dtype="index")),
+            self.workspace("sorted_pairs", k3s.tensor("PP", dtype="index"), fill=-1),
+            self.workspace("block_expert", k3s.tensor("PB", dtype="index")),
+            self.workspace("expert_act", k3s.tensor("PP", n.F, dtype="float")),
+            self.workspace("pair_out", k3s.tensor("R", n.k, n.w, dtype="float")),
             *combined_workspace,
         ]
+        t = self.tensors
         kernels += [
-            self.kernel("count_pairs", "pair_chunk", [make(k3s.CountPairsOp, num_experts=n.E, top_k=n.k)]),
-            self.kernel("expert_offsets", "one", [make(k3s.ExpertOffsetsOp, num_experts=n.E, block_rows=block_rows)]),
-            self.kernel("sort_pairs", "pair_chunk", [make(k3s.SortPairsOp, top_k=n.k, block_rows=block_rows)]),
+            self.kernel("count_pairs", "pair_chunk", [make(
+                k3s.CountPairsOp, operands=[t["topk_ids"], t["expert_counts"], t["pair_rank"]], num_experts=n.E,
+                top_k=n.k)]),
+            self.kernel("expert_offsets", "one", [make(
+                k3s.ExpertOffsetsOp, operands=[t["expert_counts"], t["expert_offsets"]], num_experts=n.E,
+                block_rows=block_rows)]),
+            self.kernel("sort_pairs", "pair_chunk", [make(
+                k3s.SortPairsOp, operands=[t[name] for name in ("topk_ids", "expert_offsets", "pair_rank",
+                                                                "sorted_pairs", "block_expert")],
+                top_k=n.k, block_rows=block_rows)]),
         ]
-        gate_up = project("sorted_block", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"), in_dim=n.w,
-                          out_dim=n.F, layout="expert", glu=True, block_rows=block_rows)
+        gate_up = self.project("sorted_block", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"),
+                               in_dim=n.w, out_dim=n.F, layout="expert", glu=True, block_rows=block_rows)
         kernels.append(self.kernel("expert_gate_up", "sorted_block,column_block",
-                                   glu_stages(self.op, gate_up, "expert_act", "position", n.F)))
-        down = project("sorted_block", "expert_act", "position", **expert_weight(n, "expert_down"), in_dim=n.F,
-                       out_dim=n.w, layout="expert", block_rows=block_rows)
-        weighed = make(k3s.WeighPairsOp, operands=[down.results[0]], result=("yw", k3s.tile("M", "N")))
+                                   self.glu_stages(gate_up, "expert_act", "position", n.F)))
+        down = self.project("sorted_block", "expert_act", "position", **expert_weight(n, "expert_down"), in_dim=n.F,
+                            out_dim=n.w, layout="expert", block_rows=block_rows)
+        weighed = make(k3s.WeighPairsOp, operands=[down.results[0], t["topk_weights"]],
+                       result=("yw", k3s.tile("M", "N")))
         kernels.append(self.kernel("expert_down", "sorted_block,column_block",
-                                   [down, weighed, store(weighed.results[0], "sorted_block", "pair_out", "pair", n.w)]))
-        summed = make(k3s.SumSlotsOp, input="pair_out", out_dim=n.w, top_k=n.k, result=("c", k3s.tile("M", "N")))
+                                   [down, weighed, self.store(weighed.results[0], "sorted_block", "pair_out", "pair",
+                                                              n.w)]))
+        summed = make(k3s.SumSlotsOp, operands=[t["pair_out"]], out_dim=n.w, top_k=n.k,
+                      result=("c", k3s.tile("M", "N")))
         kernels.append(self.kernel("combine", "row_block,column_block",
-                                   [summed, store(summed.results[0], "token_block", combined, "token", n.w)]))
+                                   [summed, self.store(summed.results[0], "token_block", combined, "token", n.w)]))
         more_workspaces, more_kernels = self.after_experts(combined)
         # the padded pair list's sizes (shape symbols PP, PB) follow from the plan's block rows
         return self.entry("moe_prefill", workspaces + more_workspaces, kernels + more_kernels)
@@ -231,16 +271,14 @@ class MoeEntry:
         n = self.n
         workspaces, kernels = self.before_experts()
         combined, combined_workspace = self.combined_target()
-        workspaces += [tensor_arg("pair_act", k3s.tensor("R", n.k, n.F, dtype="float"), "workspace"),
-                       *combined_workspace]
-        gate_up = project("pair", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"), in_dim=n.w,
-                          out_dim=n.F, layout="expert", glu=True)
+        workspaces += [self.workspace("pair_act", k3s.tensor("R", n.k, n.F, dtype="float")), *combined_workspace]
+        gate_up = self.project("pair", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"), in_dim=n.w,
+                               out_dim=n.F, layout="expert", glu=True)
         kernels.append(self.kernel("pair_gate_up", "pair,column_block",
-                                   glu_stages(self.op, gate_up, "pair_act", "pair", n.F)))
-        down = make(k3s.ProjectSlotsOp, input="pair_act", **expert_weight(n, "expert_down"), in_dim=n.F, out_dim=n.w,
-                    top_k=n.k, result=("y", k3s.tile("M", "N")))
+                                   self.glu_stages(gate_up, "pair_act", "pair", n.F)))
+        down = self.project_slots("pair_act", **expert_weight(n, "expert_down"), in_dim=n.F, out_dim=n.w, top_k=n.k)
         kernels.append(self.kernel("token_down", "token,column_block",
-                                   [down, store(down.results[0], "token", combined, "token", n.w)]))
+                                   [down, self.store(down.results[0], "token", combined, "token", n.w)]))
         more_workspaces, more_kernels = self.after_experts(combined)
         return self.entry("moe_decode", workspaces + more_workspaces, kernels + more_kernels)
 

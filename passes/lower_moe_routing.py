@@ -24,25 +24,33 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import LatentMoEOp
-from k3compile.passes.common import add_entries, check_num_warps, make, tensor_arg
+from k3compile.passes.common import add_entries, argument_values, check_num_warps, make, tensor_arg
 
 
-def routing_stages(op: LatentMoEOp, num_warps: int) -> tuple[list[k3s.TensorArgOp], list[k3s.KernelOp]]:
+def routing_stages(op: LatentMoEOp, num_warps: int, tensors: dict[str, SSAValue]
+                   ) -> tuple[list[k3s.TensorArgOp], list[k3s.KernelOp]]:
     """The routing of op's tokens as (its workspace arguments, its kernels), for an entry with the
     inputs x [R, d], router_weight [E, d] and router_bias [E] (fp32). The kernels write the
     tensors topk_ids [R, top_k] (index) and topk_weights [R, top_k] (float32), which the entry
-    declares (as outputs, or as workspaces for its later kernels)."""
+    declares (as outputs, or as workspaces for its later kernels). `tensors`: the values of those
+    five arguments by name."""
     d, E, top_k = op.hidden_size.value.data, op.num_experts.value.data, op.top_k.value.data
     layer = op.sym_name.data
+    # sized by the call's slice count HS, not the largest any call takes: many rows take one
+    # slice, and [largest, R, E] would be that many times the logits at every row count
+    workspace = tensor_arg("partial_logits", k3s.tensor("HS", "R", E, dtype="float32"), "workspace")
+    partial_logits = workspace.results[0]
 
-    logits = make(k3s.RouterLogitsOp, hidden_size=d, num_experts=E, result=("logits", k3s.tile("R", "E")))
+    logits = make(k3s.RouterLogitsOp, operands=[tensors["x"], tensors["router_weight"]], hidden_size=d,
+                  num_experts=E, result=("logits", k3s.tile("R", "E")))
     logits_kernel = make(
         k3s.KernelOp,
-        [logits, make(k3s.StorePartialLogitsOp, operands=[logits.results[0]])],
+        [logits, make(k3s.StorePartialLogitsOp, operands=[logits.results[0], partial_logits])],
         sym_name=f"{layer}_router_logits",
         # experts fastest: the programs that run together share a block of x rows (read from
         # DRAM once, the rest from L2) and sweep the router weight, which L2 holds whole; row
@@ -52,23 +60,22 @@ def routing_stages(op: LatentMoEOp, num_warps: int) -> tuple[list[k3s.TensorArgO
         num_warps=num_warps,
     )
 
-    summed = make(k3s.SumPartialLogitsOp, num_experts=E, result=("logits", k3s.tile("R", "E")))
+    summed = make(k3s.SumPartialLogitsOp, operands=[partial_logits], num_experts=E,
+                  result=("logits", k3s.tile("R", "E")))
     sigmoid = make(k3s.RouterSigmoidOp, operands=[summed.results[0]], result=("s", k3s.tile("R", "E")))
-    chosen = make(k3s.SelectTopKOp, operands=[sigmoid.results[0]], top_k=top_k,
+    chosen = make(k3s.SelectTopKOp, operands=[sigmoid.results[0], tensors["router_bias"]], top_k=top_k,
                   results=[("ids", k3s.tile("R", "KS")), ("w", k3s.tile("R", "KS"))])
     ids, unbiased = chosen.results
     weights = make(k3s.RoutingWeightsOp, operands=[unbiased], normalize=bool(op.norm_topk_prob.value.data),
                    scale=op.routed_scaling_factor.value.data, result=("weights", k3s.tile("R", "KS")))
     top_k_kernel = make(
         k3s.KernelOp,
-        [summed, sigmoid, chosen, weights, make(k3s.StoreRoutingOp, operands=[ids, weights.results[0]])],
+        [summed, sigmoid, chosen, weights,
+         make(k3s.StoreRoutingOp, operands=[ids, weights.results[0], tensors["topk_ids"], tensors["topk_weights"]])],
         sym_name=f"{layer}_router_top_k",
         grid="row_block",
         num_warps=num_warps,
     )
-    # sized by the call's slice count HS, not the largest any call takes: many rows take one
-    # slice, and [largest, R, E] would be that many times the logits at every row count
-    workspace = tensor_arg("partial_logits", k3s.tensor("HS", "R", E, dtype="float32"), "workspace")
     return [workspace], [logits_kernel, top_k_kernel]
 
 
@@ -91,8 +98,9 @@ def routing_outputs(op: LatentMoEOp, role: str) -> list[k3s.TensorArgOp]:
 
 
 def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:
-    workspaces, kernels = routing_stages(op, num_warps)
-    return make(k3s.EntryOp, [*routing_inputs(op), *routing_outputs(op, "output"), *workspaces, *kernels],
+    arguments = [*routing_inputs(op), *routing_outputs(op, "output")]
+    workspaces, kernels = routing_stages(op, num_warps, argument_values(arguments))
+    return make(k3s.EntryOp, [*arguments, *workspaces, *kernels],
                 sym_name="route", source=op.sym_name.data)
 
 

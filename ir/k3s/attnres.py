@@ -20,17 +20,19 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, Pure
 
 from k3compile.ir.k3s.core import KernelOp
-from k3compile.ir.k3s.types import TileType
+from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 
 @irdl_op_definition
 class FoldQueryOp(KeywordSyntax):
     """q = w * gain: the RMSNorm gain folded into the pseudo-query, so normalised sources
-    are never materialised."""
+    are never materialised; w and gain are the tensors it reads ([hidden_size] each)."""
 
     name = "k3s.fold_query"
     hidden_size = prop_def(IntegerAttr[I64])
+    pseudo_query = operand_def(TensorType)
+    gain = operand_def(TensorType)
     query = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -58,9 +60,11 @@ class NextSourceOp(KeywordSyntax):
 
 @irdl_op_definition
 class LoadSourceOp(KeywordSyntax):
-    """This source's row, in fp32."""
+    """This source's row of `sources` ([S, .., hidden_size]: a row of hidden_size columns per
+    source and token), in fp32."""
 
     name = "k3s.load_source"
+    sources = operand_def(TensorType)
     row = result_def(TileType)
     traits = traits_def(HasParent(SourceLoopOp), MemoryReadEffect())
 
@@ -111,9 +115,10 @@ class MixAccumulateOp(KeywordSyntax):
 
 @irdl_op_definition
 class NormalizeStoreOp(KeywordSyntax):
-    """h = acc / normaliser, stored in the output dtype."""
+    """h = acc / normaliser, stored to the row of `out` in its dtype."""
 
     name = "k3s.normalize_store"
     mix = operand_def(TileType)
     normaliser = operand_def(TileType)
+    out = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))

@@ -9,23 +9,27 @@ topk_weights[t, j]). Where a program's rows come from is its `rows` word:
   expert (grid axis sorted_block; the dispatch plan pads each expert's run to whole blocks);
 - pair: one pair (grid axis pair), its token's row;
 - token: one token (grid axis token).
-Tiles: M the program's rows (one for pair and token), N its block of output columns.
+Tiles: M the program's rows (one for pair and token), N its block of output columns. The tensors
+a stage reads or writes are its operands (values of its entry's arguments).
 """
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.ir import SSAValue
 from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_operand_def,
     opt_prop_def,
     opt_result_def,
     prop_def,
     result_def,
     traits_def,
+    var_operand_def,
 )
 from xdsl.traits import HasParent, MemoryReadEffect, Pure
 from xdsl.utils.exceptions import VerifyException
@@ -33,7 +37,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import WeightFormat, Word
 from k3compile.ir.k3 import GluActivationAttr, WeightFormatAttr
 from k3compile.ir.k3s.core import KernelOp
-from k3compile.ir.k3s.types import TileType
+from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 
@@ -89,12 +93,20 @@ def _positive(op, *names: str) -> None:
             raise VerifyException(f"{op.name}: {name} must be positive, got {value.value.data}")
 
 
+def _mxfp4(op) -> bool:
+    return op.weight_format is not None and op.weight_format.data == WeightFormat.MXFP4
+
+
 def _verify_weight_format(op, layout: str) -> None:
-    """MXFP4 weights: `scales` names their scales, the layout is an expert's [E, out, in] (the
-    packed layout's) and the input width a whole number of 32-weight blocks."""
-    mxfp4 = op.weight_format is not None and op.weight_format.data == WeightFormat.MXFP4
+    """MXFP4 weights: `scales` is their scales' tensor (e8m0), `weight` their packed values'
+    (fp4x2), the layout is an expert's [E, out, in] (the packed layout's) and the input width a
+    whole number of 32-weight blocks."""
+    mxfp4 = _mxfp4(op)
     if mxfp4 != (op.scales is not None):
         raise VerifyException(f"{op.name}: scales is given exactly for weight_format = mxfp4")
+    if mxfp4 and (op.weight.type.dtype_class, op.scales.type.dtype_class) != ("fp4x2", "e8m0"):
+        raise VerifyException(f"{op.name}: weight_format = mxfp4 reads fp4x2 weights and e8m0 scales, got "
+                              f"{op.weight.type.dtype_class} and {op.scales.type.dtype_class}")
     if mxfp4 and layout != WeightLayout.EXPERT:
         raise VerifyException(f"{op.name}: weight_format = mxfp4 needs layout = expert, got {layout}")
     if mxfp4 and op.in_dim.value.data % 32:
@@ -105,13 +117,16 @@ def _verify_weight_format(op, layout: str) -> None:
 @irdl_op_definition
 class CountPairsOp(KeywordSyntax):
     """Dispatch plan, step 1, over blocks of pairs: expert_counts[e] (zero-filled) counts the
-    pairs routed to e, and pair_rank[p] is p's place among them (the order pairs arrive in: an
-    atomic counter; any order gives the same outputs, since each pair's rows are computed alone
-    and summed per token in slot order)."""
+    pairs routed to e (topk_ids[p]), and pair_rank[p] is p's place among them (the order pairs
+    arrive in: an atomic counter; any order gives the same outputs, since each pair's rows are
+    computed alone and summed per token in slot order)."""
 
     name = "k3s.count_pairs"
     num_experts = prop_def(IntegerAttr[I64])
     top_k = prop_def(IntegerAttr[I64])
+    topk_ids = operand_def(TensorType)
+    expert_counts = operand_def(TensorType)
+    pair_rank = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
@@ -127,6 +142,8 @@ class ExpertOffsetsOp(KeywordSyntax):
     name = "k3s.expert_offsets"
     num_experts = prop_def(IntegerAttr[I64])
     block_rows = prop_def(IntegerAttr[I64])
+    expert_counts = operand_def(TensorType)
+    expert_offsets = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
@@ -136,16 +153,26 @@ class ExpertOffsetsOp(KeywordSyntax):
 @irdl_op_definition
 class SortPairsOp(KeywordSyntax):
     """Dispatch plan, step 3, over blocks of pairs: sorted_pairs[expert_offsets[e] + pair_rank[p]]
-    = p for every pair p of expert e, and block_expert[b] = e for every block b of e's run; the
-    rest of sorted_pairs keeps its fill, -1 (padding rows, masked in every stage)."""
+    = p for every pair p of expert e = topk_ids[p], and block_expert[b] = e for every block b of
+    e's run; the rest of sorted_pairs keeps its fill, -1 (padding rows, masked in every stage)."""
 
     name = "k3s.sort_pairs"
     top_k = prop_def(IntegerAttr[I64])
     block_rows = prop_def(IntegerAttr[I64])
+    topk_ids = operand_def(TensorType)
+    expert_offsets = operand_def(TensorType)
+    pair_rank = operand_def(TensorType)
+    sorted_pairs = operand_def(TensorType)
+    block_expert = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
         _positive(self, "top_k", "block_rows")
+
+
+# the tensors a projection's rows come from, by its rows (the rest need none): the dispatch plan
+# (k3s.sort_pairs) of a sorted block, and each pair's expert
+ROW_TENSORS = {Rows.SORTED_BLOCK: ("expert_offsets", "sorted_pairs", "block_expert"), Rows.PAIR: ("topk_ids",)}
 
 
 @irdl_op_definition
@@ -157,11 +184,14 @@ class ProjectOp(KeywordSyntax):
     over a. With rms_eps, a's rows are RMS-normalised first, a[m, c] * gain[c] /
     sqrt(mean_c a[m, c]^2 + rms_eps), gain the `gain` tensor. Padded rows give 0.
     weight_format = mxfp4 (layout expert): `weight` holds W's E2M1 codes two a byte and `scales`
-    its E8M0 scales (docs/moe.md's layout), dequantised in registers to a's dtype."""
+    its E8M0 scales (docs/moe.md's layout), dequantised in registers to a's dtype.
+
+    Operands: input, weight, then the tensors its properties ask for (`tensors`), in this order:
+    scales (weight_format = mxfp4), gain (rms_eps), and those its rows come from (ROW_TENSORS):
+    rows = sorted_block, the dispatch plan's expert_offsets, sorted_pairs and block_expert; rows =
+    pair, topk_ids (each pair's expert)."""
 
     name = "k3s.project"
-    input = prop_def(StringAttr)
-    weight = prop_def(StringAttr)
     in_dim = prop_def(IntegerAttr[I64])
     out_dim = prop_def(IntegerAttr[I64])
     rows = prop_def(RowsAttr)
@@ -171,14 +201,35 @@ class ProjectOp(KeywordSyntax):
     group = opt_prop_def(IntegerAttr[I64])  # a stacked layout's rows (or columns) per shared expert
     block_rows = opt_prop_def(IntegerAttr[I64])  # rows = sorted_block: the dispatch plan's block
     rms_eps = opt_prop_def(FloatAttr)
-    gain = opt_prop_def(StringAttr)
     weight_format = opt_prop_def(WeightFormatAttr)  # absent: the input's float dtype
-    scales = opt_prop_def(StringAttr)  # weight_format = mxfp4: the scales' tensor
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    tensors = var_operand_def(TensorType)
     result = result_def(TileType)
     up = opt_result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
+    def tensor_roles(self) -> list[str]:
+        """What its operands after input and weight are, in order, as its properties ask."""
+        return ((["scales"] if _mxfp4(self) else []) + (["gain"] if self.rms_eps is not None else [])
+                + list(ROW_TENSORS.get(self.rows.data, ())))
+
+    def named_tensors(self) -> dict[str, SSAValue]:
+        return dict(zip(self.tensor_roles(), self.tensors, strict=True))
+
+    @property
+    def scales(self) -> SSAValue | None:
+        return self.named_tensors().get("scales")
+
+    @property
+    def gain(self) -> SSAValue | None:
+        return self.named_tensors().get("gain")
+
     def verify_(self) -> None:
+        roles = self.tensor_roles()
+        if len(self.tensors) != len(roles):
+            raise VerifyException(f"{self.name}: after input and weight it reads {len(roles)} tensors "
+                                  f"({', '.join(roles) or 'none'}: by its properties), got {len(self.tensors)}")
         _positive(self, "in_dim", "out_dim", "group", "block_rows")
         _verify_weight_format(self, self.layout.data)
         if bool(self.glu.value.data) != (self.up is not None):
@@ -187,8 +238,6 @@ class ProjectOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: group is given exactly for the stacked layouts")
         if (self.block_rows is not None) != (self.rows.data == Rows.SORTED_BLOCK):
             raise VerifyException(f"{self.name}: block_rows is given exactly for rows = sorted_block")
-        if (self.rms_eps is None) != (self.gain is None):
-            raise VerifyException(f"{self.name}: rms_eps and gain come together")
         if self.rms_eps is not None and self.scales is not None:
             raise VerifyException(f"{self.name}: rms_eps is for the dense latent up-projection, not mxfp4 weights")
         if self.rms_eps is not None and self.rows.data in (Rows.PAIR, Rows.TOKEN):
@@ -201,16 +250,18 @@ class ProjectSlotsOp(KeywordSyntax):
     a[t * top_k + j, c] W[e_j, n, c] in fp32 for the program's token t (rows = token) over its
     top_k slots j in order, e_j = topk_ids[t, j]; a is `input` (rows by pair), W is `weight`
     ([E, out_dim, in_dim]; with weight_format = mxfp4 packed, its scales `scales`, as
-    k3s.project's)."""
+    k3s.project's), the routing's `topk_ids` and `topk_weights` [R, top_k]."""
 
     name = "k3s.project_slots"
-    input = prop_def(StringAttr)
-    weight = prop_def(StringAttr)
     in_dim = prop_def(IntegerAttr[I64])
     out_dim = prop_def(IntegerAttr[I64])
     top_k = prop_def(IntegerAttr[I64])
     weight_format = opt_prop_def(WeightFormatAttr)
-    scales = opt_prop_def(StringAttr)
+    input = operand_def(TensorType)
+    topk_ids = operand_def(TensorType)
+    topk_weights = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    scales = opt_operand_def(TensorType)  # weight_format = mxfp4
     result = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -234,10 +285,12 @@ class GluOp(KeywordSyntax):
 
 @irdl_op_definition
 class WeighPairsOp(KeywordSyntax):
-    """y[m, n] * topk_weights of row m's pair: the routing weight applied to each pair's rows."""
+    """y[m, n] * topk_weights of row m's pair: the routing weight applied to each pair's rows
+    (`topk_weights` [R, top_k], read flat by pair)."""
 
     name = "k3s.weigh_pairs"
     value = operand_def(TileType)
+    topk_weights = operand_def(TensorType)
     result = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -248,7 +301,7 @@ class SumSlotsOp(KeywordSyntax):
     expert-centric combine of a token's weighted expert outputs (rows = token_block)."""
 
     name = "k3s.sum_slots"
-    input = prop_def(StringAttr)
+    input = operand_def(TensorType)
     out_dim = prop_def(IntegerAttr[I64])
     top_k = prop_def(IntegerAttr[I64])
     result = result_def(TileType)
@@ -266,12 +319,12 @@ class StoreRowsOp(KeywordSyntax):
     written."""
 
     name = "k3s.store_rows"
-    tensor = prop_def(StringAttr)
     rows = prop_def(RowsAttr)
     index = prop_def(RowIndexAttr)
     width = prop_def(IntegerAttr[I64])
     accumulate = prop_def(BoolAttr)
     value = operand_def(TileType)
+    tensor = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
 

@@ -20,14 +20,14 @@ from xdsl.traits import HasParent, MemoryReadEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.core import KernelOp
-from k3compile.ir.k3s.types import TileType
+from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 
 @irdl_op_definition
 class RouterLogitsOp(KeywordSyntax):
     """logits[r, e] = sum_{c in C_i} x[r, c] W_r[e, c], accumulated in fp32: the block's rows of
-    x [R, d] against the router rows (router_weight [num_experts, d]) of the program's block of
+    x [R, d] (`input`) against the router rows (`weight` [num_experts, d]) of the program's block of
     experts (its expert_block grid axis), over the columns C_i of the program's hidden slice i
     (its hidden_slice grid axis). C_0, ..., C_{HS-1} are contiguous runs of the columns
     0..hidden_size-1, in order, that partition them (HS the call's slice count; with HS = 1,
@@ -37,6 +37,8 @@ class RouterLogitsOp(KeywordSyntax):
     name = "k3s.router_logits"
     hidden_size = prop_def(IntegerAttr[I64])
     num_experts = prop_def(IntegerAttr[I64])
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
     logits = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -50,23 +52,25 @@ class RouterLogitsOp(KeywordSyntax):
 @irdl_op_definition
 class StorePartialLogitsOp(KeywordSyntax):
     """partial_logits[i, r, e] = logits[r, e] (fp32) for the block's rows, the program's block
-    of experts and its hidden slice i: the entry's `partial_logits` workspace [HS, R,
-    num_experts], which a later kernel sums (k3s.sum_partial_logits)."""
+    of experts and its hidden slice i: `partial_logits`, a workspace [HS, R, num_experts],
+    which a later kernel sums (k3s.sum_partial_logits)."""
 
     name = "k3s.store_partial_logits"
     logits = operand_def(TileType)
+    partial_logits = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
 
 @irdl_op_definition
 class SumPartialLogitsOp(KeywordSyntax):
     """logits[r, e] = (..((0 + p[0, r, e]) + p[1, r, e]) + ..) + p[HS-1, r, e] in fp32, p the
-    entry's `partial_logits` workspace [HS, R, num_experts] (k3s.store_partial_logits), for the
+    `partial_logits` workspace [HS, R, num_experts] (k3s.store_partial_logits), for the
     block's rows and every expert e < num_experts: the slices summed in increasing order, a
     fixed order whatever the launch, so the same inputs give the same logits."""
 
     name = "k3s.sum_partial_logits"
     num_experts = prop_def(IntegerAttr[I64])
+    partial_logits = operand_def(TensorType)
     logits = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -83,14 +87,15 @@ class RouterSigmoidOp(KeywordSyntax):
 
 @irdl_op_definition
 class SelectTopKOp(KeywordSyntax):
-    """The top_k experts of each row by s + b, b the selection bias (router_bias [num_experts],
-    fp32, read here): ids[r, j] is the expert of rank j in decreasing order of s[r, e] + b[e];
+    """The top_k experts of each row by s + b, b the selection bias (`bias` [num_experts], fp32,
+    read here): ids[r, j] is the expert of rank j in decreasing order of s[r, e] + b[e];
     equal values rank the lower expert id first (the order of a stable sort, deterministic).
     weights[r, j] = s[r, ids[r, j]]: the chosen experts' unbiased scores."""
 
     name = "k3s.select_top_k"
     top_k = prop_def(IntegerAttr[I64])
     scores = operand_def(TileType)
+    bias = operand_def(TensorType)
     ids = result_def(TileType)
     weights = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
@@ -116,11 +121,13 @@ class RoutingWeightsOp(KeywordSyntax):
 @irdl_op_definition
 class StoreRoutingOp(KeywordSyntax):
     """topk_ids[r, j] = ids[r, j] (int32) and topk_weights[r, j] = w[r, j] (fp32) for the
-    block's rows and the top_k slots."""
+    block's rows and the top_k slots: the tensors `topk_ids` and `topk_weights` [R, top_k]."""
 
     name = "k3s.store_routing"
     ids = operand_def(TileType)
     weights = operand_def(TileType)
+    topk_ids = operand_def(TensorType)
+    topk_weights = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
 

@@ -3,7 +3,7 @@ online softmax, the weighted mix and the normalised store."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register
+from k3compile.backends.triton.printer.common import register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -12,8 +12,9 @@ class AttnRes:
 
     def print_k3s_fold_query(self, op: k3s.FoldQueryOp) -> None:
         self.code.comment(op, "RMSNorm gain folded into the pseudo-query")
-        self.code(f"{register(op.query)} = tl.load(query + o_d, mask=m_d, other=0.0).to(tl.float32)"
-                  " * tl.load(gain + o_d, mask=m_d, other=0.0).to(tl.float32)")
+        query, gain = tensor_name(op.pseudo_query), tensor_name(op.gain)
+        self.code(f"{register(op.query)} = tl.load({query} + o_d, mask=m_d, other=0.0).to(tl.float32)"
+                  f" * tl.load({gain} + o_d, mask=m_d, other=0.0).to(tl.float32)")
 
     def print_k3s_source_loop(self, op: k3s.SourceLoopOp) -> None:
         c = self.code
@@ -27,7 +28,8 @@ class AttnRes:
             self.print_ops(op)
 
     def print_k3s_load_source(self, op: k3s.LoadSourceOp) -> None:
-        self.code(f"{register(op.row)} = tl.load(sources + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)")
+        self.code(f"{register(op.row)} = tl.load({tensor_name(op.sources)} + (i_s * R + i_r) * D + o_d, mask=m_d, "
+                  "other=0.0).to(tl.float32)")
 
     def print_k3s_rms_score(self, op: k3s.RmsScoreOp) -> None:
         x, q = register(op.row), register(op.query)
@@ -56,5 +58,6 @@ class AttnRes:
 
     def print_k3s_normalize_store(self, op: k3s.NormalizeStoreOp) -> None:
         self.code.comment(op)
-        self.code(f"tl.store(out + i_r * D + o_d, ({register(op.mix)} / {register(op.normaliser)})"
-                  ".to(out.dtype.element_ty), mask=m_d)")
+        out = tensor_name(op.out)
+        self.code(f"tl.store({out} + i_r * D + o_d, ({register(op.mix)} / {register(op.normaliser)})"
+                  f".to({out}.dtype.element_ty), mask=m_d)")

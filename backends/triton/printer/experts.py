@@ -5,11 +5,12 @@ the GLU, the routing weights, the slots' combine and the row stores.
 Names the grid axes define (their print_axis_ methods below; row_block's in kernels.py): o_r,
 m_r (row_block: token rows); i_sb, o_s, m_s, b_pairs, o_t, i_e (sorted_block: positions, their
 pairs, tokens and the block's expert); i_p, o_t, i_e (pair); i_t (token); o_n, m_n
-(column_block); o_p, m_p (pair_chunk)."""
+(column_block); o_p, m_p (pair_chunk). The sorted_block and pair axes read the tensors the
+kernel's projection takes its rows from (k3s.project's ROW_TENSORS operands)."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register
+from k3compile.backends.triton.printer.common import register, tensor_name
 from k3compile.ir import k3s
 
 # (rows, input_index) -> the row numbers and the mask of a program's rows
@@ -85,17 +86,24 @@ class Experts:
     def print_axis_one(self, axis: int) -> None:
         self.code(f"# grid axis {axis}: one program")
 
+    def row_tensors(self) -> dict[str, str]:
+        """The names of the tensors that the rows of the kernel's programs come from (the
+        sorted_block and pair axes): those its projection takes (k3s.project's ROW_TENSORS)."""
+        project = next(op for op in self.kernel.walk() if isinstance(op, k3s.ProjectOp))
+        return {role: tensor_name(value) for role, value in project.named_tensors().items()}
+
     def print_axis_sorted_block(self, axis: int) -> None:
+        plan = self.row_tensors()
         self.code(
             f"# grid axis {axis}: a block of BM positions of the expert-sorted pair list, all of one expert",
             f"i_sb = tl.program_id({axis}).to(tl.int64)",
-            "if i_sb * BM >= tl.load(expert_offsets + E):  # past the blocks in use",
+            f"if i_sb * BM >= tl.load({plan['expert_offsets']} + E):  # past the blocks in use",
             "    return",
             "o_s = i_sb * BM + tl.arange(0, BM)",
-            "b_pairs = tl.load(sorted_pairs + o_s).to(tl.int64)",
+            f"b_pairs = tl.load({plan['sorted_pairs']} + o_s).to(tl.int64)",
             "m_s = b_pairs >= 0  # -1: padding",
             "o_t = tl.where(m_s, b_pairs // TOP_K, 0)",
-            "i_e = tl.load(block_expert + i_sb).to(tl.int64)",
+            f"i_e = tl.load({plan['block_expert']} + i_sb).to(tl.int64)",
         )
 
     def print_axis_pair(self, axis: int) -> None:
@@ -103,7 +111,7 @@ class Experts:
             f"# grid axis {axis}: one (token, slot) pair, p = t * TOP_K + j, and its expert",
             f"i_p = tl.program_id({axis}).to(tl.int64)",
             "o_t = i_p // TOP_K",
-            "i_e = tl.load(topk_ids + i_p).to(tl.int64)",
+            f"i_e = tl.load({self.row_tensors()['topk_ids']} + i_p).to(tl.int64)",
         )
 
     def print_axis_token(self, axis: int) -> None:
@@ -115,25 +123,29 @@ class Experts:
         return int(view.dims("topk_ids")[1])
 
     def print_k3s_count_pairs(self, op: k3s.CountPairsOp) -> None:
+        ids, counts, rank = (tensor_name(v) for v in (op.topk_ids, op.expert_counts, op.pair_rank))
         self.code.comment(op, "atomic_add returns each pair's place among its expert's pairs")
-        self.code("b_e = tl.load(topk_ids + o_p, mask=m_p, other=0)",
-                  "b_rank = tl.atomic_add(expert_counts + b_e, 1, mask=m_p)",
-                  "tl.store(pair_rank + o_p, b_rank, mask=m_p)")
+        self.code(f"b_e = tl.load({ids} + o_p, mask=m_p, other=0)",
+                  f"b_rank = tl.atomic_add({counts} + b_e, 1, mask=m_p)",
+                  f"tl.store({rank} + o_p, b_rank, mask=m_p)")
 
     def print_k3s_expert_offsets(self, op: k3s.ExpertOffsetsOp) -> None:
+        counts, offsets = tensor_name(op.expert_counts), tensor_name(op.expert_offsets)
         self.code.comment(op, "an exclusive prefix sum of the counts rounded up to whole blocks")
         self.code("o_e = tl.arange(0, BE)",
                   "m_e = o_e < E",
-                  "b_padded = tl.cdiv(tl.load(expert_counts + o_e, mask=m_e, other=0), BM) * BM",
-                  "tl.store(expert_offsets + o_e, tl.cumsum(b_padded, axis=0) - b_padded, mask=m_e)",
-                  "tl.store(expert_offsets + E, tl.sum(b_padded, axis=0))")
+                  f"b_padded = tl.cdiv(tl.load({counts} + o_e, mask=m_e, other=0), BM) * BM",
+                  f"tl.store({offsets} + o_e, tl.cumsum(b_padded, axis=0) - b_padded, mask=m_e)",
+                  f"tl.store({offsets} + E, tl.sum(b_padded, axis=0))")
 
     def print_k3s_sort_pairs(self, op: k3s.SortPairsOp) -> None:
+        ids, offsets, rank, pairs, blocks = (tensor_name(v) for v in (op.topk_ids, op.expert_offsets, op.pair_rank,
+                                                                      op.sorted_pairs, op.block_expert))
         self.code.comment(op, "each pair to its expert's run; every block of the run names the expert")
-        self.code("b_e = tl.load(topk_ids + o_p, mask=m_p, other=0)",
-                  "b_at = tl.load(expert_offsets + b_e, mask=m_p, other=0) + tl.load(pair_rank + o_p, mask=m_p, other=0)",
-                  "tl.store(sorted_pairs + b_at, o_p.to(tl.int32), mask=m_p)",
-                  "tl.store(block_expert + b_at // BM, b_e, mask=m_p)")
+        self.code(f"b_e = tl.load({ids} + o_p, mask=m_p, other=0)",
+                  f"b_at = tl.load({offsets} + b_e, mask=m_p, other=0) + tl.load({rank} + o_p, mask=m_p, other=0)",
+                  f"tl.store({pairs} + b_at, o_p.to(tl.int32), mask=m_p)",
+                  f"tl.store({blocks} + b_at // BM, b_e, mask=m_p)")
 
     def print_k3s_project(self, op: k3s.ProjectOp) -> None:
         c = self.code
@@ -141,7 +153,7 @@ class Experts:
         accumulators = [register(op.result)] + ([register(op.up)] if op.up is not None else [])
         halves = len(accumulators)
         rms = op.rms_eps is not None
-        weight, source = op.weight.data, op.input.data
+        weight, source = tensor_name(op.weight), tensor_name(op.input)
         c.comment(op, "fp32 accumulation over blocks of BD input columns"
                   + ("; the rows' RMS from the same pass (it factors out of the product)" if rms else "")
                   + ("; MXFP4 weights dequantised in registers" if op.scales is not None else ""))
@@ -174,7 +186,7 @@ class Experts:
             if rms:
                 c("b_a = b_a.to(tl.float32)",
                   "b_sumsq += tl.sum(b_a * b_a, axis=1)",
-                  f"b_a = (b_a * tl.load({op.gain.data} + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :])"
+                  f"b_a = (b_a * tl.load({tensor_name(op.gain)} + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :])"
                   f".to({weight}.dtype.element_ty)")
             for half, acc in enumerate(accumulators):
                 offsets = weight_offsets(layout, half, halves, "o_n[None, :]", "o_k[:, None]")
@@ -207,7 +219,7 @@ class Experts:
         c = self.code
         c("o_kb = i_k * (BD // 2) + tl.arange(0, BD // 2)", "m_kb = o_kb < DIN // 2", "o_k = o_kb // 16 * 32 + o_kb % 16")
         for part, first in (("lo", ""), ("hi", "16 + ")):
-            c(f"b_a_{part} = tl.load({op.input.data} + {row}[:, None] * DIN + {first}o_k[None, :], "
+            c(f"b_a_{part} = tl.load({tensor_name(op.input)} + {row}[:, None] * DIN + {first}o_k[None, :], "
               f"mask={mask}[:, None] & m_kb[None, :], other=0.0)")
         for half, acc in enumerate(accumulators):
             self.print_mxfp4_weights(op, half, len(accumulators), "o_n[None, :]", "o_kb[:, None]", "(o_kb // 16)[:, None]",
@@ -220,30 +232,30 @@ class Experts:
         (blocks indexed by `block`), rows by `n`; masked bytes and scales are 0, their weights 0."""
         packed = weight_offsets("expert", half, halves, n, byte, "(DIN // 2)")
         scales = weight_offsets("expert", half, halves, n, block, "(DIN // 32)")
-        self.code(f"b_w_lo, b_w_hi = _mxfp4_dequant(tl.load({op.weight.data} + {packed}, mask={mask}, other=0), "
-                  f"tl.load({op.scales.data} + {scales}, mask={mask}, other=0))")
+        self.code(f"b_w_lo, b_w_hi = _mxfp4_dequant(tl.load({tensor_name(op.weight)} + {packed}, mask={mask}, other=0), "
+                  f"tl.load({tensor_name(op.scales)} + {scales}, mask={mask}, other=0))")
 
     def print_k3s_project_slots(self, op: k3s.ProjectSlotsOp) -> None:
         c = self.code
-        y = register(op.result)
+        y, ids, weights = register(op.result), tensor_name(op.topk_ids), tensor_name(op.topk_weights)
         c.comment(op, "the token's slots in order, each an fp32 product with its expert's rows, weighted"
                   + ("; MXFP4 weights dequantised in registers" if op.scales is not None else ""))
         c(f"{y} = tl.zeros([BN], dtype=tl.float32)", "for i_j in range(TOP_K):")
         with c.indent():
-            c("i_e = tl.load(topk_ids + i_t * TOP_K + i_j).to(tl.int64)", "b_part = tl.zeros([BN], dtype=tl.float32)",
+            c(f"i_e = tl.load({ids} + i_t * TOP_K + i_j).to(tl.int64)", "b_part = tl.zeros([BN], dtype=tl.float32)",
               "for i_k in range(0, tl.cdiv(DIN, BD)):")
             with c.indent():
                 if op.scales is not None:
-                    self.print_mxfp4_row_step(op, f"{op.input.data} + (i_t * TOP_K + i_j) * DIN", ["b_part"])
+                    self.print_mxfp4_row_step(op, f"{tensor_name(op.input)} + (i_t * TOP_K + i_j) * DIN", ["b_part"])
                 else:
                     self.print_dense_slot_step(op)
-            c(f"{y} += tl.load(topk_weights + i_t * TOP_K + i_j) * b_part")
+            c(f"{y} += tl.load({weights} + i_t * TOP_K + i_j) * b_part")
 
     def print_dense_slot_step(self, op: k3s.ProjectSlotsOp) -> None:
         """A step of a slot's K loop over weights of the input's dtype."""
         self.code("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
-                  f"b_a = tl.load({op.input.data} + (i_t * TOP_K + i_j) * DIN + o_k, mask=m_k, other=0.0)",
-                  f"b_w = tl.load({op.weight.data} + {weight_offsets('expert', 0, 1, 'o_n[:, None]', 'o_k[None, :]')}, "
+                  f"b_a = tl.load({tensor_name(op.input)} + (i_t * TOP_K + i_j) * DIN + o_k, mask=m_k, other=0.0)",
+                  f"b_w = tl.load({tensor_name(op.weight)} + {weight_offsets('expert', 0, 1, 'o_n[:, None]', 'o_k[None, :]')}, "
                   "mask=m_n[:, None] & m_k[None, :], other=0.0)",
                   "b_part += tl.sum(b_w.to(tl.float32) * b_a.to(tl.float32)[None, :], axis=1)")
 
@@ -259,7 +271,7 @@ class Experts:
     def print_k3s_weigh_pairs(self, op: k3s.WeighPairsOp) -> None:
         self.code.comment(op, "topk_weights read flat: a pair's number is its offset")
         self.code(f"{register(op.result)} = {register(op.value)} * "
-                  "tl.load(topk_weights + b_pairs, mask=m_s, other=0.0)[:, None]")
+                  f"tl.load({tensor_name(op.topk_weights)} + b_pairs, mask=m_s, other=0.0)[:, None]")
 
     def print_k3s_sum_slots(self, op: k3s.SumSlotsOp) -> None:
         c = self.code
@@ -267,12 +279,12 @@ class Experts:
         c.comment(op, "in slot order: the same sum whatever order the pairs were computed in")
         c(f"{y} = tl.zeros([BR, BN], dtype=tl.float32)", "for i_j in range(TOP_K):")
         with c.indent():
-            c(f"{y} += tl.load({op.input.data} + (o_r * TOP_K + i_j)[:, None] * DOUT + o_n[None, :], "
+            c(f"{y} += tl.load({tensor_name(op.input)} + (o_r * TOP_K + i_j)[:, None] * DOUT + o_n[None, :], "
               "mask=m_r[:, None] & m_n[None, :], other=0.0).to(tl.float32)")
 
     def print_k3s_store_rows(self, op: k3s.StoreRowsOp) -> None:
         c = self.code
-        tensor, value, width = op.tensor.data, register(op.value), op.width.value.data
+        tensor, value, width = tensor_name(op.tensor), register(op.value), op.width.value.data
         rows, index = op.rows.data.value, op.index.data.value
         c.comment(op, "adding to what is there, in fp32" if op.accumulate.value.data else "")
         if rows in ("pair", "token"):

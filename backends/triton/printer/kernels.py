@@ -147,7 +147,7 @@ class Kernels:
         """The @triton.jit function of a kernel. A kernel that shares another's code (k3s.kernel
         <shares_code_of>) prints none; its code in its own entry must be the other's."""
         c = self.code
-        self.view = view
+        self.view, self.kernel = view, kernel
         self.code = body = Code(level=1)
         body(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
         for axis_index, axis in enumerate(kernel.grid.data.split(",")):

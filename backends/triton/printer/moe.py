@@ -10,7 +10,7 @@ them before it allocates the partial logits."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import BLOCK_CONSTANTS, EntryView, describe, register
+from k3compile.backends.triton.printer.common import BLOCK_CONSTANTS, EntryView, describe, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -64,7 +64,7 @@ class MoE:
 
     def print_k3s_router_logits(self, op: k3s.RouterLogitsOp) -> None:
         c = self.code
-        logits = register(op.logits)
+        logits, x, weight = register(op.logits), tensor_name(op.input), tensor_name(op.weight)
         c.comment(op, "x W_r^T over the blocks of BD hidden columns of the program's slice, fp32 accumulation; "
                       "padded rows and experts are 0")
         c("# slice i_hs: blocks i_hs NB // HS .. (i_hs + 1) NB // HS - 1 of the NB = cdiv(D, BD), an even share "
@@ -74,16 +74,17 @@ class MoE:
         with c.indent():
             c("o_d = i_d * BD + tl.arange(0, BD)",
               "m_d = o_d < D",
-              "b_x = tl.load(x + o_r[:, None] * D + o_d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)",
+              f"b_x = tl.load({x} + o_r[:, None] * D + o_d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)",
               "# the router rows transposed, [BD, BE]",
-              "b_wt = tl.load(router_weight + o_e[None, :] * D + o_d[:, None], mask=m_d[:, None] & m_e[None, :], "
+              f"b_wt = tl.load({weight} + o_e[None, :] * D + o_d[:, None], mask=m_d[:, None] & m_e[None, :], "
               "other=0.0)",
               f"{logits} += _mm(b_x, b_wt, DOT)")
 
     def print_k3s_store_partial_logits(self, op: k3s.StorePartialLogitsOp) -> None:
         # plane i_hs of [HS, R, E]: i_hs * R stays below 2**31 (HS R E fp32 would not fit a GPU)
         self.code.comment(op, "the block's rows and experts in the plane of the program's slice")
-        self.code(f"tl.store(partial_logits + (i_hs * R + o_r[:, None]) * E + o_e[None, :], {register(op.logits)}, "
+        self.code(f"tl.store({tensor_name(op.partial_logits)} + (i_hs * R + o_r[:, None]) * E + o_e[None, :], "
+                  f"{register(op.logits)}, "
                   "mask=m_r[:, None] & m_e[None, :])")
 
     def print_k3s_sum_partial_logits(self, op: k3s.SumPartialLogitsOp) -> None:
@@ -96,7 +97,7 @@ class MoE:
           f"{logits} = tl.zeros([BR, BE], dtype=tl.float32)",
           "for i_hs in range(HS):")
         with c.indent():
-            c(f"{logits} += tl.load(partial_logits + (i_hs * R + o_r[:, None]) * E + o_e[None, :], "
+            c(f"{logits} += tl.load({tensor_name(op.partial_logits)} + (i_hs * R + o_r[:, None]) * E + o_e[None, :], "
               "mask=m_r[:, None] & m_e[None, :], other=0.0)")
 
     def print_k3s_router_sigmoid(self, op: k3s.RouterSigmoidOp) -> None:
@@ -109,7 +110,7 @@ class MoE:
         c.comment(op, "top_k rounds of an argmax over s + bias, each taking its expert out of the race; "
                       "argmax's tie_break_left ranks the lower expert id first, padded experts are never chosen")
         c("o_ks = tl.arange(0, BKS)",
-          f'b_race = tl.where(m_e[None, :], {s} + tl.load(router_bias + o_e, mask=m_e, other=0.0)[None, :], '
+          f"b_race = tl.where(m_e[None, :], {s} + tl.load({tensor_name(op.bias)} + o_e, mask=m_e, other=0.0)[None, :], "
           'float("-inf"))',
           f"{ids} = tl.zeros([BR, BKS], dtype=tl.int32)",
           f"{weights} = tl.zeros([BR, BKS], dtype=tl.float32)",
@@ -136,5 +137,6 @@ class MoE:
         c.comment(op, "the block's rows, the top_k slots")
         c("o_ks = tl.arange(0, BKS)",
           "m_rk = m_r[:, None] & (o_ks < TOP_K)[None, :]",
-          f"tl.store(topk_ids + o_r[:, None] * TOP_K + o_ks[None, :], {register(op.ids)}, mask=m_rk)",
-          f"tl.store(topk_weights + o_r[:, None] * TOP_K + o_ks[None, :], {register(op.weights)}, mask=m_rk)")
+          f"tl.store({tensor_name(op.topk_ids)} + o_r[:, None] * TOP_K + o_ks[None, :], {register(op.ids)}, mask=m_rk)",
+          f"tl.store({tensor_name(op.topk_weights)} + o_r[:, None] * TOP_K + o_ks[None, :], {register(op.weights)}, "
+          "mask=m_rk)")

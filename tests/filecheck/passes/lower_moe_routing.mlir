@@ -5,8 +5,9 @@
 // against its experts over its slice's columns, stored as its slice's partial logits), then the
 // top-k kernel over blocks of token rows (every expert's partial logits summed over the slices,
 // their sigmoid, the top-k selection by score + bias (ids and unbiased weights), the weights
-// normalised (norm_topk_prob) and scaled (routed_scaling_factor), the store). Without
-// norm_topk_prob the weights are only scaled.
+// normalised (norm_topk_prob) and scaled (routed_scaling_factor), the store). The stages take
+// the entry's arguments they read or write as operands. Without norm_topk_prob the weights are
+// only scaled.
 // RUN: k3c opt %s -p lower-moe-routing | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing --generic | k3c opt - | filecheck %s
@@ -27,15 +28,15 @@ builtin.module {
 // CHECK-NEXT:     %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 3, float32>
 // CHECK-NEXT:     %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
 // CHECK-NEXT:     k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
-// CHECK-NEXT:       %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
-// CHECK-NEXT:       k3s.store_partial_logits %logits
+// CHECK-NEXT:       %logits = k3s.router_logits %x, %router_weight <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:       k3s.store_partial_logits %logits, %partial_logits
 // CHECK-NEXT:     }
 // CHECK-NEXT:     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8> {
-// CHECK-NEXT:       %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
-// CHECK-NEXT:       %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
-// CHECK-NEXT:       %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
+// CHECK-NEXT:       %logits_1 = k3s.sum_partial_logits %partial_logits <num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:       %s = k3s.router_sigmoid %logits_1 : !k3s.tile<R x E>
+// CHECK-NEXT:       %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
 // CHECK-NEXT:       %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
-// CHECK-NEXT:       k3s.store_routing %ids, %weights
+// CHECK-NEXT:       k3s.store_routing %ids, %weights, %topk_ids, %topk_weights
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }

@@ -1,7 +1,8 @@
 // The MoE routing as legalize-triton leaves it: the logits kernel (its hidden slices too) and
 // the top-k kernel with their block sizes, each followed by its k3s.launch_by_rows ops (block
-// sizes, and the logits kernel's hidden slices, for calls of at most max_rows token rows). Parses, verifies and prints back the same, also through the
-// generic form.
+// sizes, and the logits kernel's hidden slices, for calls of at most max_rows token rows). The
+// stages take the entry's arguments they read or write as operands. Parses, verifies and prints
+// back the same, also through the generic form.
 // RUN: k3c opt %s | filecheck %s
 // RUN: k3c opt %s --generic | k3c opt - | filecheck %s
 // RUN: k3c opt %s > %t.once && k3c opt %t.once > %t.twice && diff %t.once %t.twice
@@ -16,17 +17,17 @@ builtin.module {
     %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 3, float32>
     %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
     k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
-      %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
-      k3s.store_partial_logits %logits
+      %logits = k3s.router_logits %x, %router_weight <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
+      k3s.store_partial_logits %logits, %partial_logits
     }
     k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, block_e = 16, block_d = 16, hidden_slices = 3>
     k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 512, block_r = 32>
     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8, block_r = 16, block_e = 16, block_ks = 4> {
-      %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
-      %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
-      %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
+      %summed = k3s.sum_partial_logits %partial_logits <num_experts = 12> : !k3s.tile<R x E>
+      %s = k3s.router_sigmoid %summed : !k3s.tile<R x E>
+      %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
       %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
-      k3s.store_routing %ids, %weights
+      k3s.store_routing %ids, %weights, %topk_ids, %topk_weights
     }
     k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 1>
   }
@@ -34,13 +35,16 @@ builtin.module {
 
 // CHECK:      %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
 // CHECK-NEXT: k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
-// CHECK-NEXT:   %logits = k3s.router_logits <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
-// CHECK-NEXT:   k3s.store_partial_logits %logits
+// CHECK-NEXT:   %logits = k3s.router_logits %x, %router_weight <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:   k3s.store_partial_logits %logits, %partial_logits
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, block_e = 16, block_d = 16, hidden_slices = 3>
 // CHECK-NEXT: k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 512, block_r = 32>
 // CHECK-NEXT: k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8, block_r = 16, block_e = 16, block_ks = 4> {
-// CHECK-NEXT:   %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
-// CHECK-NEXT:   %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
-// CHECK-NEXT:   %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
+// CHECK-NEXT:   %summed = k3s.sum_partial_logits %partial_logits <num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:   %s = k3s.router_sigmoid %summed : !k3s.tile<R x E>
+// CHECK-NEXT:   %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
+// CHECK-NEXT:   %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
+// CHECK-NEXT:   k3s.store_routing %ids, %weights, %topk_ids, %topk_weights
+// CHECK-NEXT: }
 // CHECK:      k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 1>

@@ -10,17 +10,20 @@
 // AR-LABEL: // -----// IR after fuse-attnres //----- //
 // AR:       k3s.entry @aggregate <source = attnres, max_sources = 9> {
 // AR-NEXT:    %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 7168, float>
-// AR:         k3s.kernel @attnres_aggregate <grid = row, num_warps = 8> {
-// AR-NEXT:      %q = k3s.fold_query <hidden_size = 7168> : !k3s.tile<D>
+// AR-NEXT:    %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<7168, float>
+// AR-NEXT:    %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<7168, float>
+// AR-NEXT:    %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 7168, float>
+// AR-NEXT:    k3s.kernel @attnres_aggregate <grid = row, num_warps = 8> {
+// AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
 // AR-NEXT:      %max, %sum, %acc = k3s.source_loop {
 // AR-NEXT:      ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
-// AR-NEXT:        %x = k3s.load_source : !k3s.tile<D>
+// AR-NEXT:        %x = k3s.load_source %sources : !k3s.tile<D>
 // AR-NEXT:        %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>
 // AR-NEXT:        %max_2, %sum_2, %p, %rescale = k3s.online_softmax %max_1, %sum_1, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
 // AR-NEXT:        %acc_2 = k3s.mix_accumulate %acc_1, %rescale, %p, %x : !k3s.tile<D>
 // AR-NEXT:        k3s.next_source %max_2, %sum_2, %acc_2
 // AR-NEXT:      } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
-// AR-NEXT:      k3s.normalize_store %acc, %sum
+// AR-NEXT:      k3s.normalize_store %acc, %sum, %out
 // AR-NEXT:    }
 
 // MOE:      // -----// IR of spec
@@ -36,9 +39,13 @@
 // MOE-NEXT:     %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 16, float32>
 // MOE-NEXT:     %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 896, float32>
 // MOE-NEXT:     k3s.kernel @latent_moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
-// MOE-NEXT:       %logits = k3s.router_logits <hidden_size = 7168, num_experts = 896> : !k3s.tile<R x E>
+// MOE-NEXT:       %logits = k3s.router_logits %x, %router_weight <hidden_size = 7168, num_experts = 896> : !k3s.tile<R x E>
+// MOE-NEXT:       k3s.store_partial_logits %logits, %partial_logits
 // MOE:          k3s.kernel @latent_moe_router_top_k <grid = row_block, num_warps = 8> {
-// MOE:            %weights = k3s.routing_weights %w <normalize = true, scale = 1.0> : !k3s.tile<R x KS>
+// MOE-NEXT:       %logits_1 = k3s.sum_partial_logits %partial_logits <num_experts = 896> : !k3s.tile<R x E>
+// MOE:            %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 16> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
+// MOE-NEXT:       %weights = k3s.routing_weights %w <normalize = true, scale = 1.0> : !k3s.tile<R x KS>
+// MOE-NEXT:       k3s.store_routing %ids, %weights, %topk_ids, %topk_weights
 // MOE-LABEL: // -----// IR after lower-moe-experts //----- //
 // MOE:        k3s.entry @moe_prefill <source = latent_moe> {
 // MOE:        k3s.entry @moe_decode <source = latent_moe> {

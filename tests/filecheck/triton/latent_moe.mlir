@@ -12,21 +12,21 @@
 // CHECK:      # grid axis 1: a block of BR token rows
 // CHECK:      # grid axis 2: slice i_hs of the HS slices of the hidden columns
 // CHECK-NEXT: i_hs = tl.program_id(2)
-// CHECK:      # %logits = k3s.router_logits <hidden_size = 7168, num_experts = 896>
+// CHECK:      # %logits = k3s.router_logits %x, %router_weight <hidden_size = 7168, num_experts = 896>
 // CHECK:      for i_d in range(i_hs * tl.cdiv(D, BD) // HS, (i_hs + 1) * tl.cdiv(D, BD) // HS):
 // CHECK:          b_logits += _mm(b_x, b_wt, DOT)
 // CHECK-NOT:  tl.sigmoid
-// CHECK:      # k3s.store_partial_logits %logits
+// CHECK:      # k3s.store_partial_logits %logits, %partial_logits
 // CHECK-NEXT: tl.store(partial_logits + (i_hs * R + o_r[:, None]) * E + o_e[None, :], b_logits, mask=m_r[:, None] & m_e[None, :])
 // CHECK-LABEL: def latent_moe_router_top_k_kernel(
-// CHECK:      # %logits = k3s.sum_partial_logits <num_experts = 896>
+// CHECK:      # %logits = k3s.sum_partial_logits %partial_logits <num_experts = 896>
 // CHECK:      b_logits = tl.zeros([BR, BE], dtype=tl.float32)
 // CHECK-NEXT: for i_hs in range(HS):
 // CHECK-NEXT:     b_logits += tl.load(partial_logits + (i_hs * R + o_r[:, None]) * E + o_e[None, :], mask=m_r[:, None] & m_e[None, :], other=0.0)
 // CHECK-NEXT: # %s = k3s.router_sigmoid %logits
 // CHECK-NEXT: b_s = tl.sigmoid(b_logits)
-// CHECK:      # %ids, %w = k3s.select_top_k %s <top_k = 16>
-// CHECK:      # k3s.store_routing %ids, %weights
+// CHECK:      # %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 16>
+// CHECK:      # k3s.store_routing %ids, %weights, %topk_ids, %topk_weights
 // CHECK-LABEL: def route(x, router_weight, router_bias):
 // CHECK:      # the hidden slices of @latent_moe_router_logits at this call's rows
 // CHECK-NEXT: dims["HS"] = 1

@@ -16,7 +16,7 @@
 // CHECK-LABEL: def latent_moe_mxfp4_prefill_expert_gate_up_kernel(
 // CHECK-NEXT:      expert_gate_up_packed,
 // CHECK-NEXT:      expert_gate_up_scales,
-// CHECK:       # %g, %u = k3s.project <{{.*}}weight_format = mxfp4, scales = expert_gate_up_scales>: fp32 accumulation over blocks of BD input columns; MXFP4 weights dequantised in registers
+// CHECK:       # %g, %u = k3s.project %h, %expert_gate_up_packed, %expert_gate_up_scales, %expert_offsets, %sorted_pairs, %block_expert <{{.*}}weight_format = mxfp4>: fp32 accumulation over blocks of BD input columns; MXFP4 weights dequantised in registers
 // CHECK:       for i_k in range(0, tl.cdiv(DIN, BD)):
 // CHECK-NEXT:      o_kb = i_k * (BD // 2) + tl.arange(0, BD // 2)
 // CHECK-NEXT:      m_kb = o_kb < DIN // 2

@@ -12,17 +12,22 @@
 
 builtin.module {
   k3s.entry @route <source = moe> {
+    %x = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 400, float>
+    %router_weight = k3s.tensor_arg @router_weight <role = input> : !k3s.tensor<12 x 400, float>
+    %router_bias = k3s.tensor_arg @router_bias <role = input> : !k3s.tensor<12, float32>
+    %topk_ids = k3s.tensor_arg @topk_ids <role = output> : !k3s.tensor<R x 3, index>
+    %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 3, float32>
     %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
     k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8, block_d = 64, block_r = 128, block_e = 16, hidden_slices = 1> {
-      %logits = k3s.router_logits <hidden_size = 400, num_experts = 12> : !k3s.tile<R x E>
-      k3s.store_partial_logits %logits
+      %logits = k3s.router_logits %x, %router_weight <hidden_size = 400, num_experts = 12> : !k3s.tile<R x E>
+      k3s.store_partial_logits %logits, %partial_logits
     }
     k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, hidden_slices = 3>
     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8, block_r = 16, block_e = 16, block_ks = 4> {
-      %logits = k3s.sum_partial_logits <num_experts = 12> : !k3s.tile<R x E>
-      %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
-      %ids, %w = k3s.select_top_k %s <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
-      k3s.store_routing %ids, %w
+      %summed = k3s.sum_partial_logits %partial_logits <num_experts = 12> : !k3s.tile<R x E>
+      %s = k3s.router_sigmoid %summed : !k3s.tile<R x E>
+      %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
+      k3s.store_routing %ids, %w, %topk_ids, %topk_weights
     }
     k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64, block_r = 1>
     k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 4>
