@@ -4,13 +4,12 @@ and chunk_segments their two summary scans: printed once, compiled once, each la
 own entry with its own launch configuration.
 
 Two kernels have the same code when their bodies are structurally equivalent (the same ops, in
-the same order, with the same properties and the same use-def chains, an argument of one's entry
-that a stage reads or writes standing for the same-named argument of the other's) and their
-properties agree but for those that only say how a kernel is launched (launch configuration,
-block sizes and the values of its flags, which each launch passes as constexprs). So the
-summary prepare, which guard-spill-only-stages gives the chunk prepare's body with its flag off,
-runs the chunk prepare's code. The printer checks that the two kernels' code agrees in their
-entries and says so if it does not.
+the same order, with the same properties and the same use-def chains) and their properties agree
+but for those that only say how a kernel is launched (launch configuration, block sizes and the
+values of its flags, which each launch passes as constexprs). So the summary prepare, which
+guard-spill-only-stages gives the chunk prepare's body with its flag off, runs the chunk
+prepare's code. The printer checks that the two kernels' code agrees in their entries and says
+so if it does not.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from xdsl.ir import Region
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
-from k3compile.passes.common import argument_values
 
 # properties that say how a kernel is launched, or name it, rather than what its code is (block
 # sizes are constexprs that each launch passes: a launch table may change them per call)
@@ -53,12 +51,8 @@ def code_of(kernel: k3s.KernelOp) -> Region:
 
 
 def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
-    # each argument of kernel's entry stands for the same-named one of other's entry
-    theirs = argument_values(list(other.parent_op().body.ops))
-    arguments = {value: theirs[name] for name, value in argument_values(list(kernel.parent_op().body.ops)).items()
-                 if name in theirs}
     return (code_properties(kernel) == code_properties(other)
-            and code_of(kernel).is_structurally_equivalent(code_of(other), arguments))
+            and code_of(kernel).is_structurally_equivalent(code_of(other)))
 
 
 @dataclass(frozen=True)
