@@ -140,7 +140,7 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
     if missing:  # the derivations disagree: the summary scans would read what no prepare wrote
         raise ValueError(f"lower-segment-scan: the state pass reads {sorted(missing)}, which the prepare of "
                          f"@{entry.source.data}'s chunked schedule does not spill")
-    arguments = [with_props(a, role="combined") if a.sym_name.data == "initial_state" else a
+    arguments = [tensor_arg(a.sym_name.data, a.type, "combined") if a.sym_name.data == "initial_state" else a
                  for a in recurrence_arguments(layer)]
     return make(
         k3s.EntryOp,
