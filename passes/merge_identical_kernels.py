@@ -4,7 +4,8 @@ and chunk_segments their two summary scans: printed once, compiled once, each la
 own entry with its own launch configuration.
 
 Two kernels have the same code when their bodies are structurally equivalent (the same ops, in
-the same order, with the same properties and the same use-def chains) and their properties agree
+the same order, with the same properties and the same use-def chains, each reading and writing
+its own entry's arguments of the same names) and their properties agree
 but for those that only say how a kernel is launched (launch configuration, block sizes and the
 values of its flags, which each launch passes as constexprs). So the summary prepare, which
 guard-spill-only-stages gives the chunk prepare's body with its flag off, runs the chunk
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr
-from xdsl.ir import Region
+from xdsl.ir import Region, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.passes.common import argument_values
 
 # properties that say how a kernel is launched, or name it, rather than what its code is (block
 # sizes are constexprs that each launch passes: a launch table may change them per call)
@@ -50,9 +52,17 @@ def code_of(kernel: k3s.KernelOp) -> Region:
     return body
 
 
+def same_arguments(kernel: k3s.KernelOp, other: k3s.KernelOp) -> dict[SSAValue, SSAValue]:
+    """Each argument of kernel's entry -> the same-named one of other's: a stage of either reads
+    and writes its own entry's arguments, which the code names alike."""
+    theirs = argument_values(list(other.parent_op().body.ops))
+    return {value: theirs[name] for name, value in argument_values(list(kernel.parent_op().body.ops)).items()
+            if name in theirs}
+
+
 def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
     return (code_properties(kernel) == code_properties(other)
-            and code_of(kernel).is_structurally_equivalent(code_of(other)))
+            and code_of(kernel).is_structurally_equivalent(code_of(other), same_arguments(kernel, other)))
 
 
 @dataclass(frozen=True)

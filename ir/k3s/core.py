@@ -9,7 +9,7 @@ import re
 
 from xdsl.dialects.builtin import I64, DictionaryAttr, Float32Type, FloatAttr, IntegerAttr, StringAttr, i1
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.ir import SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
@@ -36,6 +36,7 @@ class ArgRole(Word):
     WORKSPACE = "workspace"
     INOUT = "inout"
     COMBINED = "combined"
+    SKIPPED = "skipped"
 
 
 @irdl_attr_definition
@@ -88,7 +89,9 @@ class TensorArgOp(KeywordSyntax):
     the entry; an optional one only when the caller passes output_<name>=True), workspace
     (allocated by the entry for kernels to pass data between them; not returned), inout (passed
     in and updated in place, e.g. a state pool), combined (the states an entry's summary_combine
-    step makes between its kernels: the entering state of every segment). Dtype classes:
+    step makes between its kernels: the entering state of every segment), skipped (read or
+    written only by stages its launches skip: a kernel that runs another entry's code with a flag
+    off, guard-spill-only-stages; no argument of the entry, its kernels are passed None). Dtype classes:
     float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
     offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1),
     state (fp32 or bf16 state storage), index (int32/int64 slot numbers; an output of indices,
@@ -120,6 +123,14 @@ class ScalarArgOp(KeywordSyntax):
     default = prop_def(FloatAttr)
     scalar = result_def(Float32Type)
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+
+def argument_name(value: SSAValue) -> str:
+    """The name of the entry argument a stage's operand is (a tensor_arg's or scalar_arg's value):
+    its symbol, whatever the value's name (`%cache_1` in a module of several entries)."""
+    if not isinstance(value.owner, (TensorArgOp, ScalarArgOp)):
+        raise ValueError(f"%{value.name_hint} is no entry argument's value (a k3s.tensor_arg's or k3s.scalar_arg's)")
+    return value.owner.sym_name.data
 
 
 @irdl_op_definition

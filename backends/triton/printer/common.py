@@ -59,7 +59,10 @@ def chunk_rows(op: Operation) -> int:
 
 
 def tensor_name(value: SSAValue) -> str:
-    """The Python name of a tensor (or scalar) argument a stage reads or writes: the argument's."""
+    """The Python name of a tensor (or scalar) argument a stage reads or writes: the argument's
+    (its symbol: the value's name may carry a suffix, `%cache_1`, in a module of several entries)."""
+    if isinstance(value.owner, (k3s.TensorArgOp, k3s.ScalarArgOp)):
+        return k3s.argument_name(value)
     if not value.name_hint:
         raise ValueError(f"a tensor value of {value.owner} reached the Triton printer without a name")
     return value.name_hint
@@ -111,10 +114,12 @@ class EntryView:
 
     def __init__(self, entry: k3s.EntryOp) -> None:
         self.entry = entry
-        self.tensors = [op for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)]
+        # a skipped tensor is no argument: only stages its launches skip read it, and they get None
+        self.tensors = [op for op in entry.body.ops if isinstance(op, k3s.TensorArgOp) and op.role.data != "skipped"]
         self.scalars = [op for op in entry.body.ops if isinstance(op, k3s.ScalarArgOp)]
         self.kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
-        self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
+        self.args = [op for op in entry.body.ops if isinstance(op, k3s.ScalarArgOp)
+                     or isinstance(op, k3s.TensorArgOp) and op.role.data != "skipped"]
         self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
         self.combine = next((op for op in entry.body.ops if isinstance(op, k3s.SummaryCombineOp)), None)
         self.names = {op.sym_name.data for op in self.args}
