@@ -132,6 +132,8 @@ class ChunkRun:
         self.state: Matrix | None = None  # the carried state between a schedule's chunks (chunk_scan)
 
     def value(self, value: SSAValue):
+        if isinstance(value.type, k3s.TensorType):  # an entry's tensor: stages read and write it by name
+            return k3s.argument_name(value)
         if value not in self.values:
             raise IncompleteSchedule(f"a stage reads {value.name_hint}, which no earlier stage produced")
         return self.values[value]
@@ -292,15 +294,16 @@ def state_advance(run: ChunkRun, op, S: Matrix, keys: Matrix, values: Matrix, de
 
 
 @semantics(k3s.SpillOp)
-def spill(run: ChunkRun, op: k3s.SpillOp, tile) -> None:
-    run.workspaces[(run.chunk.start, op.value.data)] = tile
+def spill(run: ChunkRun, op: k3s.SpillOp, workspace: str, tile) -> None:
+    run.workspaces[(run.chunk.start, workspace)] = tile
 
 
 @semantics(k3s.ReloadOp)
-def reload(run: ChunkRun, op: k3s.ReloadOp):
-    key = (run.chunk.start, op.value.data)
+def reload(run: ChunkRun, op: k3s.ReloadOp, workspace: str):
+    key = (run.chunk.start, workspace)
     if key not in run.workspaces:
-        raise IncompleteSchedule(f"a kernel reloads {op.value.data}, which no earlier kernel spilled")
+        raise IncompleteSchedule(f"a kernel reloads {op.tile.name_hint}, which no earlier kernel spilled "
+                                 f"to {workspace}")
     return run.workspaces[key]
 
 

@@ -28,12 +28,13 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
-from k3compile.passes.common import make
-from k3compile.passes.merge_identical_kernels import code_properties
+from k3compile.passes.common import argument_values, make, rebind, tensor_arg
+from k3compile.passes.merge_identical_kernels import code_properties, same_arguments
 
 
 def spilled(kernel: k3s.KernelOp) -> set[str]:
-    return {op.value.data for op in kernel.body.ops if isinstance(op, k3s.SpillOp)}
+    """The workspaces a kernel spills to, by name."""
+    return {k3s.argument_name(op.workspace) for op in kernel.body.ops if isinstance(op, k3s.SpillOp)}
 
 
 def spill_only_stages(kernel: k3s.KernelOp, kept: set[str]) -> list[Operation]:
@@ -43,7 +44,8 @@ def spill_only_stages(kernel: k3s.KernelOp, kept: set[str]) -> list[Operation]:
     extra: set[Operation] = set()
     for op in reversed(list(block.ops)):  # a stage's readers come after it
         readers = {block.find_ancestor_op_in_block(use.operation) for result in op.results for use in result.uses}
-        if (isinstance(op, k3s.SpillOp) and op.value.data not in kept) or (readers and readers <= extra):
+        if ((isinstance(op, k3s.SpillOp) and k3s.argument_name(op.workspace) not in kept)
+                or (readers and readers <= extra)):
             extra.add(op)
     return [op for op in block.ops if op in extra]
 
@@ -66,7 +68,8 @@ def without(kernel: k3s.KernelOp, stages: list[Operation]) -> Region:
 def same_body(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
     """The same body, launch properties inside it included (a kernel given another's body loses
     none of its own), and the same code properties."""
-    return code_properties(kernel) == code_properties(other) and kernel.body.is_structurally_equivalent(other.body)
+    return (code_properties(kernel) == code_properties(other)
+            and kernel.body.is_structurally_equivalent(other.body, same_arguments(kernel, other)))
 
 
 def guarded_body(kernel: k3s.KernelOp, stages: list[Operation], flag: str) -> Region:
@@ -82,10 +85,21 @@ def guarded_body(kernel: k3s.KernelOp, stages: list[Operation], flag: str) -> Re
 
 
 def run_guarded(kernel: k3s.KernelOp, body: Region, flag: str, on: bool) -> None:
-    """Give kernel (a copy of) the guarded body, its launch passing flag = on."""
+    """Give kernel (a copy of) the guarded body, its launch passing flag = on. Its stages read and
+    write the arguments of kernel's entry; one the entry lacks (a workspace only the guarded
+    stages spill to, an input only they load) it declares `skipped`: its launches skip them."""
     kernel.body.erase_block(kernel.body.block)
     body.clone_into(kernel.body)
     kernel.properties["flags"] = DictionaryAttr({flag: BoolAttr.from_bool(on)})
+    entry = kernel.parent_op()
+    values = argument_values(list(entry.body.ops))
+    for op in kernel.walk():
+        for operand in op.operands:
+            if isinstance(operand.owner, k3s.TensorArgOp) and k3s.argument_name(operand) not in values:
+                skipped = tensor_arg(k3s.argument_name(operand), operand.type, "skipped")
+                Rewriter.insert_op(skipped, InsertPoint.before(kernel))
+                values[skipped.sym_name.data] = skipped.tensor
+    rebind(kernel.body, values)
 
 
 @dataclass(frozen=True)
@@ -103,9 +117,10 @@ class GuardSpillOnlyStagesPass(ModulePass):
                     continue
                 extra = spill_only_stages(wide, spilled(narrow))
                 if not (extra and is_one_run(wide, extra) and code_properties(wide) == code_properties(narrow)
-                        and without(wide, extra).is_structurally_equivalent(narrow.body)):
+                        and without(wide, extra).is_structurally_equivalent(narrow.body, same_arguments(wide, narrow))):
                     continue
-                flag = "SPILL_" + "_".join(s.value.data.upper() for s in extra if isinstance(s, k3s.SpillOp))
+                flag = "SPILL_" + "_".join(k3s.argument_name(s.workspace).upper()
+                                           for s in extra if isinstance(s, k3s.SpillOp))
                 body = guarded_body(wide, extra, flag)
                 # the kernels of either body, found before any of them changes
                 runs = [(k, True) for k in kernels if k.flags is None and same_body(k, wide)]

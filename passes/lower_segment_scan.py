@@ -29,7 +29,15 @@ from xdsl.transforms.dead_code_elimination import region_dce
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import check_num_warps, check_power_of_two, make, recurrence_arguments, tensor_arg
+from k3compile.passes.common import (
+    argument_values,
+    check_num_warps,
+    check_power_of_two,
+    make,
+    rebind,
+    recurrence_arguments,
+    tensor_arg,
+)
 from k3compile.passes.derive_chunkwise import checkpoint_argument
 from k3compile.passes.fuse_chunkwise import split_kernels
 
@@ -142,7 +150,7 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
                          f"@{entry.source.data}'s chunked schedule does not spill")
     arguments = [tensor_arg(a.sym_name.data, a.type, "combined") if a.sym_name.data == "initial_state" else a
                  for a in recurrence_arguments(layer)]
-    return make(
+    lowered = make(
         k3s.EntryOp,
         [*arguments, checkpoint_argument(layer, chunked.chunk_size.value.data), *workspaces,
          *summary_outputs(layer, form, role="workspace"),
@@ -150,6 +158,9 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
         sym_name=entry.sym_name.data.replace("segment_scan", "chunk_segments"),
         source=entry.source.data,
     )
+    # the summary scans reload what the one prepare spilled: its workspaces, by name
+    rebind(lowered.body, argument_values(list(lowered.body.ops)))
+    return lowered
 
 
 @dataclass(frozen=True)

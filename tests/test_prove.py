@@ -162,7 +162,7 @@ def patch_fusion(monkeypatch, mutate) -> list:
 def drop_spill(value):
     def mutate(kernels):
         spill = next(op for kernel in kernels for op in kernel.body.ops
-                     if isinstance(op, k3s.SpillOp) and op.value.data == value)
+                     if isinstance(op, k3s.SpillOp) and k3s.argument_name(op.workspace) == k3s.workspace_name(value))
         spill.detach()
         spill.erase()
         return kernels
@@ -536,7 +536,7 @@ def cache_the_raw_values(workspaces, prepare, scan):
 
 def spill_no_queries(workspaces, prepare, scan):
     for op in list(prepare.walk()):
-        if isinstance(op, k3s.SpillOp) and op.value.data in ("QG", "P"):
+        if isinstance(op, k3s.SpillOp) and k3s.argument_name(op.workspace) in ("QG", "P"):
             op.detach()
             op.erase()
 
