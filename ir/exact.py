@@ -132,6 +132,8 @@ class ChunkRun:
         self.state: Matrix | None = None  # the carried state between a schedule's chunks (chunk_scan)
 
     def value(self, value: SSAValue):
+        if isinstance(value.type, k3s.TensorType):  # an entry's tensor: stages read and write it by name
+            return k3s.argument_name(value)
         if value not in self.values:
             raise IncompleteSchedule(f"a stage reads {value.name_hint}, which no earlier stage produced")
         return self.values[value]
@@ -292,24 +294,25 @@ def state_advance(run: ChunkRun, op, S: Matrix, keys: Matrix, values: Matrix, de
 
 
 @semantics(k3s.SpillOp)
-def spill(run: ChunkRun, op: k3s.SpillOp, tile) -> None:
-    run.workspaces[(run.chunk.start, op.value.data)] = tile
+def spill(run: ChunkRun, op: k3s.SpillOp, workspace: str, tile) -> None:
+    run.workspaces[(run.chunk.start, workspace)] = tile
 
 
 @semantics(k3s.ReloadOp)
-def reload(run: ChunkRun, op: k3s.ReloadOp):
-    key = (run.chunk.start, op.value.data)
+def reload(run: ChunkRun, op: k3s.ReloadOp, workspace: str):
+    key = (run.chunk.start, workspace)
     if key not in run.workspaces:
-        raise IncompleteSchedule(f"a kernel reloads {op.value.data}, which no earlier kernel spilled")
+        raise IncompleteSchedule(f"a kernel reloads {op.tile.name_hint}, which no earlier kernel spilled "
+                                 f"to {workspace}")
     return run.workspaces[key]
 
 
 @semantics(k3s.CacheUpdateOp)
-def cache_update(run: ChunkRun, op: k3s.CacheUpdateOp, keys: Matrix, updates: Matrix, *gate) -> None:
+def cache_update(run: ChunkRun, op: k3s.CacheUpdateOp, cache: str, keys: Matrix, updates: Matrix, *gate) -> None:
     """The rows of k, the decays and u (per token: beta (v - S^T k) or v; per chunk: vr or v)
     appended to the op's buffer, one (k, decays, u) per token."""
     decays = run.chunk.decays
-    run.buffers.setdefault(k3s.cache_buffer(op), []).extend(
+    run.buffers.setdefault(cache, []).extend(
         (keys[i, :].T, decays[i, :], updates[i, :].T) for i in range(keys.rows))
 
 
@@ -327,7 +330,7 @@ def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]
 
 # --- the speculative (verify + replay) schedule ----------------------------------------------
 # A cache is a list of (k, decays, u) per token; cache_update ops append to the buffer they
-# name, replay ops read theirs (k3s.cache_buffer).
+# name (their cache operand's, k3s.argument_name), replay ops read theirs.
 
 
 # The token stages run as one-token chunks: a token's q, k, v are rows, its beta a list of one.
@@ -368,11 +371,13 @@ def run_token_loop(loop: k3s.TokenLoopOp, x: ExactInputs, S: Matrix, buffers: di
 
 
 def run_verify(speculative: k3s.SpeculativeOp, x: ExactInputs) -> tuple[Matrix, Matrix, list]:
-    """The verify pass: (O [n, V], S_n, the cache of (k, decays, u) per token)."""
+    """The verify pass: (O [n, V], S_n, the cache of (k, decays, u) per token that the
+    schedule's replay reads)."""
     loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
+    replayed = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
     buffers: dict[str, list] = {}
     O, S = run_token_loop(loop, x, x.S0, buffers)
-    return O, S, buffers.get("cache", [])
+    return O, S, buffers.get(k3s.argument_name(replayed.cache), [])
 
 
 def replay(op: k3s.ReplayOp, S0: Matrix, cache: list, accepted: int) -> Matrix:
@@ -407,7 +412,7 @@ def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, lis
         if isinstance(op, k3s.StateTileOp):
             S = x.S0
         elif isinstance(op, k3s.ReplayOp):
-            S = replay(op, S, buffers.get(k3s.cache_buffer(op), []), accepted)
+            S = replay(op, S, buffers.get(k3s.argument_name(op.cache), []), accepted)
         elif isinstance(op, k3s.StoreStateOp):
             row = S
         elif isinstance(op, k3s.TokenLoopOp):

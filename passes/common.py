@@ -93,6 +93,24 @@ def argument_values(arguments: Sequence[Operation]) -> dict[str, SSAValue]:
     return {op.sym_name.data: op.results[0] for op in arguments if op.results}
 
 
+def rebind(ops_or_region: Operation | Region | Sequence[Operation], entry_values: dict[str, SSAValue]) -> None:
+    """Point every operand that is an entry's argument (a tensor_arg's or scalar_arg's value) at
+    the same-named one of entry_values: ops cloned from another entry then read and write the
+    arguments of the entry they go into."""
+    from k3compile.ir import k3s
+
+    roots = [ops_or_region] if isinstance(ops_or_region, (Operation, Region)) else list(ops_or_region)
+    for root in roots:
+        for op in root.walk():
+            for index, operand in enumerate(op.operands):
+                if not isinstance(operand.owner, (k3s.TensorArgOp, k3s.ScalarArgOp)):
+                    continue
+                name = k3s.argument_name(operand)
+                if name not in entry_values:
+                    raise ValueError(f"{op.name} reads or writes %{name}, which the entry it is in does not declare")
+                op.operands[index] = entry_values[name]
+
+
 def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]
                 ) -> dict[str, str]:
     """Insert build(op) after every layer op of layer_type. The layer op stays: it is the

@@ -4,9 +4,11 @@ Every token's write to the state is S <- Diag(a) S + k u^T, with u = beta (v - (
 under the delta rule and u = v without it. Once u is known the writes no longer depend on the
 state, so the state after any accepted prefix m follows from the committed state and the cached
 (k, gate, u) of the first m tokens in one sum, with no serial dependency and no snapshots:
-- verify: the recurrent token stages, plus a cache_update after the update is known;
-- replay: Diag(Gamma_m) S_0 + sum_j Diag(Gamma_m / Gamma_j) k_j u_j^T, with Gamma of the gate's
-  granularity (channel, scalar) and no Gamma at all without a gate.
+- verify: the recurrent token stages, plus a cache_update after the update is known (to the
+  entry's `cache`, a workspace here: lower-speculative's entries keep it between rounds);
+- replay of the first m = `accepted` tokens: Diag(Gamma_m) S_0 + sum_j Diag(Gamma_m / Gamma_j)
+  k_j u_j^T, with Gamma of the gate's granularity (channel, scalar) and no Gamma at all without
+  a gate.
 `k3c prove` checks it for every accepted count m = 0..n in exact arithmetic.
 """
 
@@ -16,18 +18,33 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, make, recurrence_arguments
+from k3compile.passes.common import add_entries, argument_values, make, recurrence_arguments, tensor_arg
 from k3compile.passes.lower_recurrent import token_loop
 
 
-def speculative_schedule(op: RecurrenceOp, draft_tokens: int) -> k3s.SpeculativeOp:
+def cache_type(op: RecurrenceOp, draft_tokens: int) -> k3s.TensorType:
+    """A pool's cache: per slot, draft_tokens rows of (k, log-gate, u) per value head."""
+    K, V, HV = op.head_k_dim.value.data, op.head_v_dim.value.data, op.num_v_heads.value.data
+    return k3s.tensor("P", draft_tokens, HV, 2 * K + V, dtype="float32")
+
+
+def speculative_arguments(op: RecurrenceOp, draft_tokens: int) -> list[k3s.TensorArgOp]:
+    """What the schedule adds to the layer's arguments: the cache its verify writes and its
+    replay reads, and how many tokens of each sequence were accepted."""
+    return [tensor_arg("cache", cache_type(op, draft_tokens), "workspace"),
+            tensor_arg("accepted", k3s.tensor("B", dtype="index"), "input")]
+
+
+def speculative_schedule(op: RecurrenceOp, draft_tokens: int, values: dict[str, SSAValue]) -> k3s.SpeculativeOp:
     return make(
         k3s.SpeculativeOp,
-        [token_loop(op, cache_updates=True), make(k3s.ReplayOp, gate=op.gate.data)],
+        [token_loop(op, cache=values["cache"]),
+         make(k3s.ReplayOp, operands=[values["cache"], values["accepted"]], gate=op.gate.data)],
         draft_tokens=draft_tokens,
     )
 
@@ -45,9 +62,10 @@ class DeriveReplayPass(ModulePass):
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
+        arguments = [*recurrence_arguments(op), *speculative_arguments(op, self.draft_tokens)]
         return make(
             k3s.EntryOp,
-            [*recurrence_arguments(op), speculative_schedule(op, self.draft_tokens)],
+            [*arguments, speculative_schedule(op, self.draft_tokens, argument_values(arguments))],
             sym_name="speculative",
             source=op.sym_name.data,
         )

@@ -104,11 +104,13 @@ def with_spilled_sinks_early(stages: list[Operation], spilled: set[SSAValue]) ->
 
 class KernelBody:
     """The ops of one kernel (or its chunk loop), cloned from the schedule: `mapped` takes a
-    schedule value to this kernel's copy; inputs are loaded right before their first reader and
-    spills follow their producers, so the [C, K] tiles live briefly (registers, not local memory)."""
+    schedule value to this kernel's copy, `workspaces` a spilled value's name to the workspace
+    (tensor argument) it is spilled to; inputs are loaded right before their first reader and spills follow
+    their producers, so the [C, K] tiles live briefly (registers, not local memory)."""
 
-    def __init__(self, mapped: dict[SSAValue, SSAValue] | None = None) -> None:
+    def __init__(self, workspaces: dict[str, k3s.TensorArgOp], mapped: dict[SSAValue, SSAValue] | None = None) -> None:
         self.ops: list[Operation] = []
+        self.workspaces = workspaces
         self.mapped: dict[SSAValue, SSAValue] = dict(mapped or {})
 
     def add(self, op: Operation) -> Operation:
@@ -116,7 +118,8 @@ class KernelBody:
         return op
 
     def reload(self, value: SSAValue) -> None:
-        reloaded = self.add(make(k3s.ReloadOp, value=value.name_hint, result=(value.name_hint, value.type)))
+        reloaded = self.add(make(k3s.ReloadOp, operands=[self.workspaces[value.name_hint].tensor],
+                                 result=(value.name_hint, value.type)))
         self.mapped[value] = reloaded.results[0]
 
     def place(self, stages: list[Operation], spilled: set[SSAValue] = frozenset()) -> None:
@@ -128,7 +131,7 @@ class KernelBody:
             self.clone(op)
             for value in op.results:
                 if value in spilled:
-                    self.add(make(k3s.SpillOp, operands=[self.mapped[value]], value=value.name_hint))
+                    self.add(make(k3s.SpillOp, operands=[self.workspaces[value.name_hint].tensor, self.mapped[value]]))
 
     def clone(self, op: Operation) -> None:
         self.add(op.clone(value_mapper=self.mapped))
@@ -159,12 +162,14 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     per_token = {"W": K, "U": V, "P": C, "QG": K, "KG": K, "T": C}
     # one fp32 row per chunk: it multiplies the fp32 state at every chunk, bf16 would compound
     per_chunk = {"gamma_C": ("NC", HV, K) if layer_op.gate.data == "channel" else ("NC", HV)}
-    workspaces = [
-        tensor_arg(k3s.workspace_name(n), k3s.tensor("B", "T", HV, per_token[n], dtype="float"), "workspace")
+    # the workspace tensor each value crossing a cut is spilled to, by the value's name
+    spilled_to = {
+        n: tensor_arg(k3s.workspace_name(n), k3s.tensor("B", "T", HV, per_token[n], dtype="float"), "workspace")
         if n in per_token else
         tensor_arg(n, k3s.tensor(*per_chunk[n], dtype="float32"), "workspace")
         for n in sorted({v.name_hint for v in [*spilled, *handed]})
-    ]
+    }
+    workspaces = list(spilled_to.values())
     name = kernel_prefix or f"{entry.source.data}_chunk"
 
     def chunk_kernel(suffix: str, body: KernelBody) -> k3s.KernelOp:
@@ -172,11 +177,11 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
                     sym_name=f"{name}_{suffix}", grid="chunk,value_head", num_warps=num_warps,
                     **({"maxnreg": prepare_maxnreg} if prepare_maxnreg else {}))
 
-    first = KernelBody()
+    first = KernelBody(spilled_to)
     first.place(local, spilled_by_gram)
     prepares = [chunk_kernel("gram" if wy else "prepare", first)]
     if wy:
-        second = KernelBody()
+        second = KernelBody(spilled_to)
         for value in handed:
             second.reload(value)
         second.place([*wy_recomputed, *wy], spilled_by_wy)
@@ -185,7 +190,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     entering, leaving = k3s.carried_state(scan_region)
     loop_block = Block(arg_types=[entering.type])
     loop_block.args[0].name_hint = entering.name_hint
-    loop = KernelBody({entering: loop_block.args[0]})
+    loop = KernelBody(spilled_to, {entering: loop_block.args[0]})
     for value in spilled:
         loop.reload(value)
     loop.place([*recomputed, *scan])

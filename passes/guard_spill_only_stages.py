@@ -33,7 +33,8 @@ from k3compile.passes.merge_identical_kernels import code_properties
 
 
 def spilled(kernel: k3s.KernelOp) -> set[str]:
-    return {op.value.data for op in kernel.body.ops if isinstance(op, k3s.SpillOp)}
+    """The workspaces a kernel spills to, by name."""
+    return {k3s.argument_name(op.workspace) for op in kernel.body.ops if isinstance(op, k3s.SpillOp)}
 
 
 def spill_only_stages(kernel: k3s.KernelOp, kept: set[str]) -> list[Operation]:
@@ -43,7 +44,8 @@ def spill_only_stages(kernel: k3s.KernelOp, kept: set[str]) -> list[Operation]:
     extra: set[Operation] = set()
     for op in reversed(list(block.ops)):  # a stage's readers come after it
         readers = {block.find_ancestor_op_in_block(use.operation) for result in op.results for use in result.uses}
-        if (isinstance(op, k3s.SpillOp) and op.value.data not in kept) or (readers and readers <= extra):
+        if ((isinstance(op, k3s.SpillOp) and k3s.argument_name(op.workspace) not in kept)
+                or (readers and readers <= extra)):
             extra.add(op)
     return [op for op in block.ops if op in extra]
 
@@ -55,11 +57,14 @@ def is_one_run(kernel: k3s.KernelOp, stages: list[Operation]) -> bool:
 
 
 def without(kernel: k3s.KernelOp, stages: list[Operation]) -> Region:
-    """A copy of kernel's body without the given top-level stages."""
+    """A copy of kernel's body without the given top-level stages (and the arguments only they
+    used)."""
     body = kernel.body.clone()
     doomed = [copy for copy, op in zip(body.block.ops, kernel.body.ops, strict=True) if op in stages]
     for op in reversed(doomed):  # readers first
         Rewriter.erase_op(op)
+    for arg in [a for a in body.block.args if not a.uses]:
+        body.block.erase_arg(arg)
     return body
 
 
@@ -125,7 +130,8 @@ class GuardSpillOnlyStagesPass(ModulePass):
                 if not (extra and is_one_run(wide, extra) and code_properties(wide) == code_properties(narrow)
                         and without(wide, extra).is_structurally_equivalent(narrow.body)):
                     continue
-                flag = "SPILL_" + "_".join(s.value.data.upper() for s in extra if isinstance(s, k3s.SpillOp))
+                flag = "SPILL_" + "_".join(k3s.argument_name(s.workspace).upper()
+                                           for s in extra if isinstance(s, k3s.SpillOp))
                 body = guarded_body(wide, extra, flag)
                 # the kernels of either body, found before any of them changes
                 runs = [(k, True) for k in kernels if k.flags is None and same_body(k, wide)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block
+from xdsl.ir import Block, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -28,9 +28,9 @@ from k3compile.passes.common import (
 )
 
 
-def token_loop(op: RecurrenceOp, cache_updates: bool = False) -> k3s.TokenLoopOp:
-    """One token of the recurrence as values, carrying the state S; with `cache_updates` it
-    also caches what a replay needs (the token's k, the update u it wrote, its log-gate)."""
+def token_loop(op: RecurrenceOp, cache: SSAValue | None = None) -> k3s.TokenLoopOp:
+    """One token of the recurrence as values, carrying the state S; given the entry's `cache` it
+    also caches there what a replay needs (the token's k, the update u it wrote, its log-gate)."""
     load = input_loads(op)
     block = Block(arg_types=[k3s.tile("K", "V")])
     S = block.args[0]
@@ -51,8 +51,8 @@ def token_loop(op: RecurrenceOp, cache_updates: bool = False) -> k3s.TokenLoopOp
         u = stage(make(k3s.DeltaCorrectOp, operands=[S, k, v, beta], result=("u", v.type)))
     S = stage(make(k3s.Rank1UpdateOp, operands=[S, k, u], result=("S", S.type)))
     stage(make(k3s.ReadoutOp, operands=[S, q], result=("o", k3s.tile("V"))))
-    if cache_updates:
-        stage(make(k3s.CacheUpdateOp, operands=[k, u, g], gate=op.gate.data))
+    if cache is not None:
+        stage(make(k3s.CacheUpdateOp, operands=[cache, k, u, g], gate=op.gate.data))
     stage(make(k3s.NextTokenOp, operands=[S]))
     return make(k3s.TokenLoopOp, block)
 

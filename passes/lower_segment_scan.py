@@ -22,14 +22,22 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.transforms.dead_code_elimination import region_dce
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import check_num_warps, check_power_of_two, make, recurrence_arguments, tensor_arg
+from k3compile.passes.common import (
+    argument_values,
+    check_num_warps,
+    check_power_of_two,
+    make,
+    rebind,
+    recurrence_arguments,
+    tensor_arg,
+)
 from k3compile.passes.derive_chunkwise import checkpoint_argument
 from k3compile.passes.fuse_chunkwise import split_kernels
 
@@ -55,9 +63,11 @@ def state_pass_schedule(chunked: k3s.ChunkedOp) -> k3s.ChunkedOp:
     return state_pass
 
 
-def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3s.KernelOp]:
+def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str, summaries: dict[str, SSAValue]
+                  ) -> list[k3s.KernelOp]:
     """From the state pass's scan kernel: the N scan (zero start, N stored; a diagonal/scalar M
-    multiplied up alongside) and, for a full M, the scan of the identity columns."""
+    multiplied up alongside, stored to summaries["M"]) and, for a full M, the scan of the identity
+    columns."""
     K = layer.head_k_dim.value.data
     tile, loop, _ = list(scan.body.ops)
 
@@ -86,7 +96,7 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str) -> list[k3
         advance = next(op for op in n_loop.walk() if isinstance(op, k3s.StateAdvanceOp))
         Rewriter.insert_op(make(k3s.DecayProductOp, operands=[advance.decay], transition=form),
                            InsertPoint.before(n_loop.body.block.last_op))
-        n_stores.append(make(k3s.StoreTransitionOp, transition=form))
+        n_stores.append(make(k3s.StoreTransitionOp, operands=[summaries["M"]], transition=form))
     kernels = [kernel("N", with_props(tile, start="zero"), n_loop, n_stores)]
     if form == "full":
         m_loop = summary_loop()
@@ -115,13 +125,15 @@ def summary_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.ChunkedO
                   num_warps: int) -> k3s.EntryOp:
     """segment_summary(k, v, g, beta, cu_seqlens) -> (M, N): the summaries alone."""
     arguments = [a for a in recurrence_arguments(layer) if a.sym_name.data in SUMMARY_INPUTS]
+    outputs = summary_outputs(layer, form)
     # a segment is a sequence of cu_seqlens: its summary is the state its sequence leaves
     workspaces, (prepare, scan_kernel) = split_kernels(
         layer, entry, state_pass_schedule(chunked), block_v, num_warps, scan_stages=2,
         kernel_prefix=f"{entry.source.data}_summary")
     return make(
         k3s.EntryOp,
-        [*arguments, *summary_outputs(layer, form), *workspaces, prepare, *summary_scans(layer, scan_kernel, form)],
+        [*arguments, *outputs, *workspaces, prepare,
+         *summary_scans(layer, scan_kernel, form, argument_values(outputs))],
         # derive-segment-scan named it segment_scan (layer-prefixed in a module of several)
         sym_name=entry.sym_name.data.replace("segment_scan", "segment_summary"),
         source=entry.source.data,
@@ -142,16 +154,23 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
     if missing:  # the derivations disagree: the summary scans would read what no prepare wrote
         raise ValueError(f"lower-segment-scan: the state pass reads {sorted(missing)}, which the prepare of "
                          f"@{entry.source.data}'s chunked schedule does not spill")
-    arguments = [with_props(a, role="combined") if a.sym_name.data == "initial_state" else a
+    arguments = [tensor_arg(a.sym_name.data, a.type, "combined") if a.sym_name.data == "initial_state" else a
                  for a in recurrence_arguments(layer)]
-    return make(
+    summaries = summary_outputs(layer, form, role="workspace")
+    values = argument_values([*arguments, *summaries])
+    # the host step: M (but the identity's), N -> the entering states
+    combined = make(k3s.SummaryCombineOp, operands=[values.get("M"), values["N"], values["initial_state"]],
+                    transition=combine.transition.data)
+    lowered = make(
         k3s.EntryOp,
-        [*arguments, checkpoint_argument(layer, chunked.chunk_size.value.data), *workspaces,
-         *summary_outputs(layer, form, role="workspace"),
-         prepare, *summary_scans(layer, state_scan, form), combine.clone(), finish],
+        [*arguments, checkpoint_argument(layer, chunked.chunk_size.value.data), *workspaces, *summaries,
+         prepare, *summary_scans(layer, state_scan, form, values), combined, finish],
         sym_name=entry.sym_name.data.replace("segment_scan", "chunk_segments"),
         source=entry.source.data,
     )
+    # the summary scans reload what the one prepare spilled: its workspaces, by name
+    rebind(lowered.body, argument_values(list(lowered.body.ops)))
+    return lowered
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.transforms.dead_code_elimination import region_dce
@@ -38,12 +39,15 @@ from xdsl.transforms.dead_code_elimination import region_dce
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes import derive_chunkwise, fuse_chunkwise
+from k3compile.passes.derive_replay import cache_type
 from k3compile.passes.common import (
+    argument_values,
     check_num_warps,
     check_power_of_two,
     check_token_stages,
     make,
     props,
+    rebind,
     recurrence_arguments,
     tensor_arg,
     recurrence_state_shape,
@@ -59,11 +63,11 @@ def clone(op, **changes):
     return copy
 
 
-def next_cache_loop(loop: k3s.TokenLoopOp) -> k3s.TokenLoopOp:
+def next_cache_loop(loop: k3s.TokenLoopOp, next_cache: SSAValue) -> k3s.TokenLoopOp:
     """The verify's token loop caching into next_cache (spec_step reads cache, writes next_cache)."""
     copy = loop.clone()
     for cached in [op for op in copy.walk() if isinstance(op, k3s.CacheUpdateOp)]:
-        cached.properties.update(props(buffer="next_cache"))
+        cached.operands[0] = next_cache
     return copy
 
 
@@ -79,10 +83,11 @@ def verify_chunk_size(depth: int) -> int:
 
 
 def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v: int, num_warps: int,
-                   buffer: str, name: str, dots: str) -> tuple[list, k3s.KernelOp, k3s.KernelOp]:
+                   buffer: SSAValue, name: str, dots: str) -> tuple[list, k3s.KernelOp, k3s.KernelOp]:
     """derive-chunkwise's schedule of one chunk from the pool row, split by fuse-chunkwise: (its
     workspaces, the prepare kernel, the scan kernel with its pool state tile and its chunk loop,
-    which writes o and caches every row's k, log-decay and u into `buffer`)."""
+    which writes o and caches every row's k, log-decay and u into `buffer`, the cache tensor of the
+    entry it goes into)."""
     gate, delta_rule = layer.gate.data, bool(layer.delta_rule.value.data)
     chunked = derive_chunkwise.chunkwise_schedule(layer, verify_chunk_size(depth))
     scan_region = chunked.scan
@@ -96,8 +101,7 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     load = {op.results[0].name_hint: op.results[0] for op in chunked.local_ops() if op.results}
     residual = next((op.residual for op in scan_region.body.ops if isinstance(op, k3s.DeltaResidualOp)), None)
     updates = [load["k"], residual if delta_rule else load["v"], *([load["g"]] if gate != "none" else [])]
-    extra = {} if buffer == "cache" else {"buffer": buffer}
-    Rewriter.insert_op(make(k3s.CacheUpdateOp, operands=updates, gate=gate, **extra),
+    Rewriter.insert_op(make(k3s.CacheUpdateOp, operands=[buffer, *updates], gate=gate),
                        InsertPoint.before(scan_region.body.block.last_op))
     region_dce(chunked.body)
     workspaces, (prepare, scan) = fuse_chunkwise.split_kernels(layer, entry, chunked, block_v, num_warps, 1)
@@ -125,7 +129,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     """verify, commit and (replay mode) spec_step of one layer, with the pass's options."""
     block_v, num_warps, mode = options.block_v, options.num_warps, options.mode
     name = layer.sym_name.data
-    K, V, HV = layer.head_k_dim.value.data, layer.head_v_dim.value.data, layer.num_v_heads.value.data
+    K, V = layer.head_k_dim.value.data, layer.head_v_dim.value.data
     layout = layer.state_layout.data
     depth = speculative.draft_tokens.value.data
     loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
@@ -136,17 +140,8 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
 
     pool = k3s.tensor("P", *recurrence_state_shape(layer), dtype="state")
     indices = k3s.tensor("B", dtype="index")
-    if mode == "replay":
-        buffer, buffer_type = "cache", k3s.tensor("P", depth, HV, 2 * K + V, dtype="float32")
-        verify_loop = loop.clone()
-        commit_stage = clone(replay)
-    else:  # the baseline: the same verify, but a whole state written after every token
-        buffer, buffer_type = "snapshots", k3s.tensor("P", depth, *recurrence_state_shape(layer), dtype="float32")
-        verify_loop = loop.clone()
-        for cached in [op for op in verify_loop.walk() if isinstance(op, k3s.CacheUpdateOp)]:
-            state = verify_loop.body.block.last_op.state  # the state after this token
-            Rewriter.replace_op(cached, make(k3s.SnapshotStateOp, operands=[state]))
-        commit_stage = make(k3s.RestoreSnapshotOp)
+    buffer_type = cache_type(layer, depth)
+
     def token_arguments():
         return [a for a in recurrence_arguments(layer) if a.sym_name.data not in NOT_IN_VERIFY]
 
@@ -154,44 +149,68 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         """A kernel of one program per (value block, sequence, value head) over the pool rows."""
         return token_kernel(body, f"{name}_{suffix}", num_warps, options.token_stages)
 
+    def entry(sym_name: str, arguments: list, kernels: list, **values) -> k3s.EntryOp:
+        """The entry of these arguments and kernels, whose stages (cloned from the speculative
+        entry) read and write its arguments."""
+        made = make(k3s.EntryOp, [*arguments, *kernels], sym_name=sym_name, source=name, **values)
+        rebind(made.body, argument_values(list(made.body.ops)))
+        return made
+
+    if mode == "replay":
+        buffer = "cache"
+    else:  # the baseline: the same verify, but a whole state written after every token
+        buffer, buffer_type = "snapshots", k3s.tensor("P", depth, *recurrence_state_shape(layer), dtype="float32")
+    verify_arguments = [
+        *token_arguments(),
+        tensor_arg("state", pool, "input"),
+        tensor_arg("state_indices", indices, "input"),
+        tensor_arg(buffer, buffer_type, "inout"),
+    ]
+    commit_arguments = [
+        tensor_arg("state", pool, "inout"),
+        tensor_arg("state_indices", indices, "input"),
+        tensor_arg(buffer, buffer_type, "input"),
+        tensor_arg("accepted", indices, "input"),
+    ]
+    verify_loop = loop.clone()
+    if mode == "replay":
+        commit_stage = clone(replay)
+    else:
+        snapshots = argument_values(verify_arguments)["snapshots"]
+        for cached in [op for op in verify_loop.walk() if isinstance(op, k3s.CacheUpdateOp)]:
+            state = verify_loop.body.block.last_op.state  # the state after this token
+            Rewriter.replace_op(cached, make(k3s.SnapshotStateOp, operands=[snapshots, state]))
+        committed = argument_values(commit_arguments)
+        commit_stage = make(k3s.RestoreSnapshotOp, operands=[committed["snapshots"], committed["accepted"]])
+
     chunked = options.verify == "chunked"
     if chunked:
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   "cache", f"{name}_verify", options.verify_dots)
+                                                   argument_values(verify_arguments)["cache"], f"{name}_verify",
+                                                   options.verify_dots)
         verify_kernels = [*workspaces, prepare, scan]
     else:
         verify_kernels = [pool_kernel("verify", [tile(), verify_loop])]
-    verify = make(
-        k3s.EntryOp,
-        [
-            *token_arguments(),
-            tensor_arg("state", pool, "input"),
-            tensor_arg("state_indices", indices, "input"),
-            tensor_arg(buffer, buffer_type, "inout"),
-            *verify_kernels,
-        ],
-        sym_name="verify",
-        source=name,
-        max_tokens=depth,
-    )
-    commit = make(
-        k3s.EntryOp,
-        [
-            tensor_arg("state", pool, "inout"),
-            tensor_arg("state_indices", indices, "input"),
-            tensor_arg(buffer, buffer_type, "input"),
-            tensor_arg("accepted", indices, "input"),
-            pool_kernel("commit", [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")]),
-        ],
-        sym_name="commit",
-        source=name,
-    )
+    verify = entry("verify", verify_arguments, verify_kernels, max_tokens=depth)
+    commit = entry("commit", commit_arguments, [
+        pool_kernel("commit", [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")]),
+    ])
     if mode == "snapshot":
         return [verify, commit]
-    committed = [clone(replay, buffer="cache"), make(k3s.StoreStateOp, layout=layout, home="pool")]
+    step_arguments = [
+        *token_arguments(),
+        tensor_arg("state", pool, "inout"),
+        tensor_arg("state_indices", indices, "input"),
+        tensor_arg("cache", buffer_type, "input"),
+        tensor_arg("accepted", indices, "input"),
+        tensor_arg("next_cache", buffer_type, "inout", distinct_from="cache"),
+    ]
+    next_cache = argument_values(step_arguments)["next_cache"]
+    # the replay reads the previous round's cache (rebound to spec_step's cache and accepted)
+    committed = [clone(replay), make(k3s.StoreStateOp, layout=layout, home="pool")]
     if chunked:  # the prepare reads only the inputs; the scan commits the row, then verifies from it
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   "next_cache", f"{name}_spec_step", options.verify_dots)
+                                                   next_cache, f"{name}_spec_step", options.verify_dots)
         Rewriter.insert_op(committed, InsertPoint.after(next(op for op in scan.body.ops
                                                              if isinstance(op, k3s.StateTileOp))))
         step_kernels = [*workspaces, prepare, scan]
@@ -199,23 +218,9 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         step_kernels = [pool_kernel("spec_step", [
             tile(),
             *committed,
-            next_cache_loop(loop),
+            next_cache_loop(loop, next_cache),
         ])]
-    step = make(
-        k3s.EntryOp,
-        [
-            *token_arguments(),
-            tensor_arg("state", pool, "inout"),
-            tensor_arg("state_indices", indices, "input"),
-            tensor_arg("cache", buffer_type, "input"),
-            tensor_arg("accepted", indices, "input"),
-            tensor_arg("next_cache", buffer_type, "inout", distinct_from="cache"),
-            *step_kernels,
-        ],
-        sym_name="spec_step",
-        source=name,
-        max_tokens=depth,
-    )
+    step = entry("spec_step", step_arguments, step_kernels, max_tokens=depth)
     return [verify, commit, step]
 
 

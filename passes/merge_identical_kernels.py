@@ -4,12 +4,12 @@ and chunk_segments their two summary scans: printed once, compiled once, each la
 own entry with its own launch configuration.
 
 Two kernels have the same code when their bodies are structurally equivalent (the same ops, in
-the same order, with the same properties and the same use-def chains) and their properties agree
-but for those that only say how a kernel is launched (launch configuration, block sizes and the
-values of its flags, which each launch passes as constexprs). So the summary prepare, which
-guard-spill-only-stages gives the chunk prepare's body with its flag off, runs the chunk
-prepare's code. The printer checks that the two kernels' code agrees in their entries and says
-so if it does not.
+the same order, with the same properties and the same use-def chains; their arguments, the
+values of their entries they read and write, matched by name) and their properties agree but for those that only say how a kernel is launched (launch configuration,
+block sizes and the values of its flags, which each launch passes as constexprs). So the
+summary prepare, which guard-spill-only-stages gives the chunk prepare's body with its flag off,
+runs the chunk prepare's code. The printer checks that the two kernels' code agrees in their
+entries and says so if it does not.
 """
 
 from __future__ import annotations
@@ -41,18 +41,35 @@ def code_properties(kernel: k3s.KernelOp) -> dict:
     return code
 
 
-def code_of(kernel: k3s.KernelOp) -> Region:
-    """A copy of the kernel's body without the properties that only say how it is launched."""
+def code_of(kernel: k3s.KernelOp, argument_order: list[str] | None = None) -> Region:
+    """A copy of the kernel's body without the properties that only say how it is launched, its
+    arguments in argument_order (by name; an entry orders its kernels' arguments as it declares
+    them, and launches pass arguments by name)."""
     body = kernel.body.clone()
+    if argument_order is not None:
+        block = body.block
+        by_name = {arg.name_hint: arg for arg in block.args}
+        for name in argument_order:
+            moved = block.insert_arg(by_name[name].type, len(block.args))
+            moved.name_hint = name
+            by_name[name].replace_all_uses_with(moved)
+        for arg in list(block.args[:len(argument_order)]):
+            block.erase_arg(arg)
     for op in body.walk():
         for key in LAUNCH_ONLY_IN_BODY.get(type(op), ()):
             op.properties.pop(key, None)
     return body
 
 
+def argument_names(kernel: k3s.KernelOp) -> list[str]:
+    return [arg.name_hint for arg in kernel.body.block.args]
+
+
 def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
+    if sorted(argument_names(kernel)) != sorted(argument_names(other)):
+        return False
     return (code_properties(kernel) == code_properties(other)
-            and code_of(kernel).is_structurally_equivalent(code_of(other)))
+            and code_of(kernel, argument_names(other)).is_structurally_equivalent(code_of(other)))
 
 
 @dataclass(frozen=True)

@@ -274,9 +274,10 @@ def chunk_entry(kind: str, pipeline: str) -> k3s.EntryOp:
 
 def dataflow_closed(kernel: k3s.KernelOp) -> None:
     """In program order, every op reads only values defined before it in the same kernel (its
-    loads, reloads, stages and the loop's carried state): a kernel hands nothing to another but
-    through what it spills."""
-    defined: set = set()
+    loads, reloads, stages and the loop's carried state) or its entry's arguments (the workspaces
+    it spills to and reloads from): a kernel hands nothing to another but through what it spills."""
+    defined: set = {op.results[0] for op in kernel.parent_op().body.ops
+                    if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))}
     where = kernel.sym_name.data
 
     def walk(block) -> None:
@@ -312,8 +313,8 @@ def test_fuse_chunkwise_spills_exactly_what_the_scan_reads(kind):
     kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
     assert [k.grid.data for k in kernels] == ["chunk,value_head", "value_block,sequence_head"]
     prepare, scan_kernel = kernels
-    spills = [op.value.data for op in prepare.walk() if isinstance(op, k3s.SpillOp)]
-    reloads = [op.value.data for op in scan_kernel.walk() if isinstance(op, k3s.ReloadOp)]
+    spills = [k3s.argument_name(op.workspace) for op in prepare.walk() if isinstance(op, k3s.SpillOp)]
+    reloads = [k3s.argument_name(op.workspace) for op in scan_kernel.walk() if isinstance(op, k3s.ReloadOp)]
     assert sorted(spills) == sorted(expected), f"prepare spills {spills}"
     assert sorted(reloads) == sorted(expected), f"scan reloads {reloads}"
     assert not any(isinstance(op, k3s.ReloadOp) for op in prepare.walk())
@@ -352,11 +353,11 @@ def test_split_prepare_kernels_hand_over_T_only(kind):
     gated, delta = GATE_OF_KIND[kind] != "none", DELTA_OF_KIND[kind]
     gram, wy, scan_kernel = kernels
     assert [k.sym_name.data for k in kernels] == [f"{kind}_ir_chunk_gram", f"{kind}_ir_chunk_wy", f"{kind}_ir_chunk_scan"]
-    spills = {kernel.sym_name.data: sorted(op.value.data for op in kernel.walk() if isinstance(op, k3s.SpillOp))
-              for kernel in kernels}
-    reloads = {kernel.sym_name.data: sorted(op.value.data for op in kernel.walk() if isinstance(op, k3s.ReloadOp))
-               for kernel in kernels}
-    handed = ["T"] if delta else []
+    spills = {kernel.sym_name.data: sorted(k3s.argument_name(op.workspace) for op in kernel.walk()
+                                           if isinstance(op, k3s.SpillOp)) for kernel in kernels}
+    reloads = {kernel.sym_name.data: sorted(k3s.argument_name(op.workspace) for op in kernel.walk()
+                                            if isinstance(op, k3s.ReloadOp)) for kernel in kernels}
+    handed = ["T_ut"] if delta else []  # T, in its workspace T_ut
     assert spills[gram.sym_name.data] == sorted(["P", *handed, *(["gamma_C"] if gated else [])])
     assert reloads[wy.sym_name.data] == handed
     assert spills[wy.sym_name.data] == sorted([*(["U", "W"] if delta else []), *(["KG", "QG"] if gated else [])])

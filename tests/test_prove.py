@@ -162,7 +162,7 @@ def patch_fusion(monkeypatch, mutate) -> list:
 def drop_spill(value):
     def mutate(kernels):
         spill = next(op for kernel in kernels for op in kernel.body.ops
-                     if isinstance(op, k3s.SpillOp) and op.value.data == value)
+                     if isinstance(op, k3s.SpillOp) and k3s.argument_name(op.workspace) == k3s.workspace_name(value))
         spill.detach()
         spill.erase()
         return kernels
@@ -399,8 +399,8 @@ def patch_replay(monkeypatch, mutate):
 
     original = derive_replay.speculative_schedule
 
-    def wrong(op, draft_tokens):
-        schedule = original(op, draft_tokens)
+    def wrong(*args):
+        schedule = original(*args)
         mutate(schedule)
         return schedule
 
@@ -428,7 +428,7 @@ def cache_before_the_correction(schedule):
             correction = next(o for o in loop.body.ops if isinstance(o, k3s.DeltaCorrectOp))
             op.detach()
             loop.body.block.insert_op_before(op, correction)
-            op.operands = (op.operands[0], correction.values, *op.operands[2:])
+            op.operands = (*op.operands[:2], correction.values, *op.operands[3:])  # (cache, k, u, g)
 
 
 @pytest.mark.parametrize("kind, mutate", [
@@ -531,12 +531,12 @@ def cache_the_raw_values(workspaces, prepare, scan):
     loop.body.block.insert_op_before(load_v, loop.body.block.first_op)
     for op in scan.walk():
         if isinstance(op, k3s.CacheUpdateOp):
-            op.operands = (op.operands[0], load_v.results[0], *op.operands[2:])
+            op.operands = (*op.operands[:2], load_v.results[0], *op.operands[3:])  # (cache, k, u, g)
 
 
 def spill_no_queries(workspaces, prepare, scan):
     for op in list(prepare.walk()):
-        if isinstance(op, k3s.SpillOp) and op.value.data in ("QG", "P"):
+        if isinstance(op, k3s.SpillOp) and k3s.argument_name(op.workspace) in ("QG", "P"):
             op.detach()
             op.erase()
 

@@ -85,7 +85,6 @@ K3S = Dialect(
         GateAnchorAttr,
         GramDiagonalAttr,
         BlockDecayAttr,
-        SpilledAttr,
         TransitionAttr,
         *MOE_EXPERT_ATTRS,
     ],

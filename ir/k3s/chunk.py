@@ -7,10 +7,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
-from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.irdl import (
-    irdl_attr_definition,
     irdl_op_definition,
     operand_def,
     opt_operand_def,
@@ -23,10 +21,9 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import Word
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
 from k3compile.ir.k3s.core import KernelOp, WhenOp
-from k3compile.ir.k3s.types import GATED, TileType, TokenTensorAttr
+from k3compile.ir.k3s.types import GATED, TensorType, TileType, TokenTensorAttr
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -39,26 +36,9 @@ from k3compile.ir.syntax import KeywordSyntax
 # vr the state update uses and the output o.
 
 
-class Spilled(Word):
-    """The names a value crossing kernels is spilled under (the workspace it lives in, k3s.reload)."""
-
-    W = "W"
-    U = "U"
-    P = "P"
-    QG = "QG"
-    KG = "KG"
-    GAMMA_C = "gamma_C"
-    T = "T"
-
-
-@irdl_attr_definition
-class SpilledAttr(EnumAttribute[Spilled], SpacedOpaqueSyntaxAttribute):
-    name = "k3s.spilled"
-
-
 def workspace_name(value: str) -> str:
-    """The workspace tensor a spilled value lives in: its own name, except T (every kernel's token
-    count is T)."""
+    """The workspace tensor a spilled value lives in (the entry's argument fuse-chunkwise declares
+    for it): the value's own name, except T (every kernel's token count is T)."""
     return "T_ut" if value == "T" else value
 
 
@@ -197,20 +177,22 @@ class StoreCheckpointOp(KeywordSyntax):
 
 @irdl_op_definition
 class SpillOp(KeywordSyntax):
-    """Store a chunk-local value to the workspace `value` names, for a later kernel."""
+    """`k3s.spill %W, %W_1`: store a chunk-local value (the tile) to a workspace tensor of the
+    entry (its first operand), for a later kernel."""
 
     name = "k3s.spill"
-    value = prop_def(SpilledAttr)
+    workspace = operand_def(TensorType)
     tile = operand_def(TileType)
     traits = traits_def(HasParent(KernelOp, WhenOp, ChunkLoopOp))
 
 
 @irdl_op_definition
 class ReloadOp(KeywordSyntax):
-    """Load a chunk-local value an earlier kernel spilled to the workspace `value` names."""
+    """`%W_1 = k3s.reload %W`: load a chunk-local value an earlier kernel spilled to a workspace
+    tensor of the entry (its operand)."""
 
     name = "k3s.reload"
-    value = prop_def(SpilledAttr)
+    workspace = operand_def(TensorType)
     tile = result_def(TileType)
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp), MemoryReadEffect())
 

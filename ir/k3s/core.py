@@ -10,7 +10,7 @@ import re
 
 from xdsl.dialects.builtin import I64, DictionaryAttr, ModuleOp, Float32Type, FloatAttr, IntegerAttr, StringAttr, i1
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.ir import BlockArgument, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
@@ -122,6 +122,18 @@ class ScalarArgOp(KeywordSyntax):
     default = prop_def(FloatAttr)
     scalar = result_def(Float32Type)
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+
+def argument_name(value: SSAValue) -> str:
+    """The name of the argument a stage's operand is: an entry argument's symbol (a tensor_arg's
+    or scalar_arg's value, whatever its printed name: `%cache_1`), or an outlined kernel's
+    argument's name (outline-kernels names each after the entry argument it stands for)."""
+    if isinstance(value.owner, (TensorArgOp, ScalarArgOp)):
+        return value.owner.sym_name.data
+    if isinstance(value, BlockArgument) and isinstance(value.owner.parent_op(), KernelOp) and value.name_hint:
+        return value.name_hint
+    raise ValueError(f"%{value.name_hint} is no argument: neither an entry's (a k3s.tensor_arg's or "
+                     "k3s.scalar_arg's value) nor an outlined kernel's")
 
 
 @irdl_op_definition

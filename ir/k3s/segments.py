@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
-from xdsl.irdl import AnyOf, irdl_attr_definition, irdl_op_definition, operand_def, prop_def, region_def, traits_def
+from xdsl.irdl import (
+    AnyOf,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    region_def,
+    traits_def,
+    var_operand_def,
+)
 from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3s.chunk import ChunkedOp, ChunkLoopOp
 from k3compile.ir.k3s.core import EntryOp, KernelOp
-from k3compile.ir.k3s.types import TileType
+from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- the segment-scan schedule (context parallelism) ---------------------------------------
@@ -82,8 +91,22 @@ class SummaryCombineOp(KeywordSyntax):
     name = "k3s.summary_combine"
     transition = prop_def(TransitionAttr)
     # in a lowered entry (lower-segment-scan): the host step between the summary kernels and the
-    # finish, its scan order the caller's (one device: a prefix per sequence; ranks: an all-gather)
+    # finish, its scan order the caller's (one device: a prefix per sequence; ranks: an all-gather),
+    # and its operands the entry's tensors it reads and makes: M (but for the identity transition),
+    # N and the entering states (`k3s.summary_combine %M, %N, %initial_state`); in a segment
+    # scan, none
+    tensors = var_operand_def(TensorType)
     traits = traits_def(HasParent(SegmentScanOp, EntryOp))
+
+    def verify_(self) -> None:
+        if isinstance(self.parent_op(), EntryOp):
+            want, what = (2, "N and the entering states") if self.transition.data == "identity" else (
+                3, "M, N and the entering states")
+        else:
+            want, what = 0, "no tensors (in a segment scan)"
+        if len(self.tensors) != want:
+            raise VerifyException(f"{self.name} <transition = {self.transition.data}>: takes {what}, "
+                                  f"got {len(self.tensors)} operands")
 
 
 @irdl_op_definition
@@ -99,10 +122,12 @@ class DecayProductOp(KeywordSyntax):
 
 @irdl_op_definition
 class StoreTransitionOp(KeywordSyntax):
-    """Write the decay product M of a segment to the output M ([N, HV, K] or [N, HV])."""
+    """`k3s.store_transition %M`: write the decay product M of a segment to the entry's tensor M
+    ([N, HV, K] or [N, HV])."""
 
     name = "k3s.store_transition"
     transition = prop_def(DECAY_TRANSITIONS)
+    output = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
 

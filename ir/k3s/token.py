@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
 from k3compile.ir.k3s.core import KernelOp
-from k3compile.ir.k3s.types import GATED, TileType, TokenTensorAttr, is_power_of_two
+from k3compile.ir.k3s.types import GATED, TensorType, TileType, TokenTensorAttr, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- stages of the recurrent (token-by-token) schedule -------------------------------------
@@ -118,14 +118,14 @@ class NextTokenOp(KeywordSyntax):
 
 @irdl_op_definition
 class CacheUpdateOp(KeywordSyntax):
-    """Cache the token's k, its gate and the update u it wrote (u = beta (v - S^T k) with the
-    delta rule, v without): what a replay needs instead of the state itself. In a chunk (the
-    chunked verify) it caches every row of the chunk, u the rows of vr = U - W S (the delta
-    rule) or of v."""
+    """`k3s.cache_update %cache, %k, %u, %g`: cache the token's k, its gate and the update u it
+    wrote (u = beta (v - S^T k) with the delta rule, v without) in the entry's cache: what a replay
+    needs instead of the state itself. In a chunk (the chunked verify) it caches every row of the
+    chunk, u the rows of vr = U - W S (the delta rule) or of v."""
 
     name = "k3s.cache_update"
     gate = prop_def(GateAttr)
-    buffer = opt_prop_def(StringAttr)  # the tensor argument it writes (absent: cache)
+    cache = operand_def(TensorType)  # the entry's cache it writes (spec_step's verify: next_cache)
     # k, u (per token: beta (v - S^T k) or v; per chunk: vr or v) and, with a gate, the log-gate g
     rows = var_operand_def(TileType)
     # lazy: the chunk regions are defined in chunk.py, which builds on this module
@@ -135,9 +135,11 @@ class CacheUpdateOp(KeywordSyntax):
 @irdl_op_definition
 class SnapshotStateOp(KeywordSyntax):
     """The snapshot baseline of speculative decoding (what engines do today): write the whole
-    state after every verified token to the slot's snapshot buffer."""
+    state after every verified token to the slot's row of the entry's snapshot buffer
+    (`k3s.snapshot_state %snapshots, %S_2`)."""
 
     name = "k3s.snapshot_state"
+    snapshots = operand_def(TensorType)
     state = operand_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 
@@ -145,26 +147,26 @@ class SnapshotStateOp(KeywordSyntax):
 @irdl_op_definition
 class RestoreSnapshotOp(KeywordSyntax):
     """The snapshot baseline's commit: the state after `accepted` tokens is the snapshot taken
-    after token `accepted` (none accepted: the committed state stays)."""
+    after token `accepted` (none accepted: the committed state stays). Operands: the entry's
+    snapshot buffer and its accepted counts."""
 
     name = "k3s.restore_snapshot"
+    snapshots = operand_def(TensorType)
+    accepted = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
 
 @irdl_op_definition
 class ReplayOp(KeywordSyntax):
     """S_m = Diag(Gamma_m) S_0 + sum_{j<=m} Diag(Gamma_m / Gamma_j) k_j u_j^T from the cache
-    (Gamma_j the product of the first j decays; all ones without a gate): no serial dependency."""
+    (Gamma_j the product of the first j decays; all ones without a gate): no serial dependency.
+    `k3s.replay %cache, %accepted`: the cache it reads and the accepted count m of each sequence."""
 
     name = "k3s.replay"
     gate = prop_def(GateAttr)
-    buffer = opt_prop_def(StringAttr)  # the tensor argument it reads (absent: cache)
+    cache = operand_def(TensorType)
+    accepted = operand_def(TensorType)
     traits = traits_def(HasParent(SpeculativeOp, KernelOp))
-
-
-def cache_buffer(op: CacheUpdateOp | ReplayOp) -> str:
-    """The tensor argument a cache_update writes or a replay reads."""
-    return "cache" if op.buffer is None else op.buffer.data
 
 
 @irdl_op_definition

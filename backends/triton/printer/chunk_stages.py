@@ -4,15 +4,18 @@ output and state advance, checkpoints."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import chunk_rows, register
+from xdsl.ir import SSAValue
+
+from k3compile.backends.triton.printer.common import chunk_rows, register, tensor_name
 from k3compile.ir import k3s
 
 
 class ChunkStages:
     """TritonPrinter's methods for chunkstages (one per k3s op, and their helpers)."""
 
+    # the [B, T, HV, width] workspaces by name: (width, the offsets and mask of its columns)
     SPILL_LAYOUT = {"W": ("K", "o_k", "m_k"), "U": ("V", "o_v", "m_v"), "P": ("BC", "o_c", None),
-                    "QG": ("K", "o_k", "m_k"), "KG": ("K", "o_k", "m_k"), "T": ("BC", "o_c", None)}
+                    "QG": ("K", "o_k", "m_k"), "KG": ("K", "o_k", "m_k"), "T_ut": ("BC", "o_c", None)}
 
     def gamma(self, gate: str, exponent: str) -> str:
         """exp2 of a log2 expression (Gamma from G) broadcast against a [BC, BK] tile."""
@@ -193,25 +196,28 @@ class ChunkStages:
         self.code.comment(op)
         self.code(f"{register(op.decay)} = tl.exp2({register(op.total)})")
 
-    def spill_address(self, value: str) -> tuple[str, str]:
-        if value == "gamma_C":  # one row per chunk, at slot start // BC + i_n (unique, see NC)
-            if len(self.view.dims("gamma_C")) == 3:  # a channel gate: [NC, HV, K]
-                return "gamma_C + ((start // BC + i_n) * HV + i_hv) * K + o_k", "m_k"
-            return "gamma_C + (start // BC + i_n) * HV + i_hv", ""
-        width, offsets, mask = self.SPILL_LAYOUT[value]
-        address = f"{k3s.workspace_name(value)} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
+    def spill_address(self, tensor: SSAValue) -> tuple[str, str]:
+        """(the address of this program's rows in a workspace tensor, their mask)."""
+        workspace = tensor_name(tensor)
+        if tensor.type.dims[0] == "NC":  # one row per chunk (gamma_C), at slot start // BC + i_n (unique, see NC)
+            if len(tensor.type.dims) == 3:  # a channel gate: [NC, HV, K]
+                return f"{workspace} + ((start // BC + i_n) * HV + i_hv) * K + o_k", "m_k"
+            return f"{workspace} + (start // BC + i_n) * HV + i_hv", ""
+        if workspace not in self.SPILL_LAYOUT:
+            raise ValueError(f"no layout for the workspace {workspace}: a per-chunk one or one of "
+                             f"{', '.join(self.SPILL_LAYOUT)}")
+        width, offsets, mask = self.SPILL_LAYOUT[workspace]
+        address = f"{workspace} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
         return address, "m_c[:, None]" + (f" & {mask}[None, :]" if mask else "")
 
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
-        value = op.value.data
-        address, mask = self.spill_address(value)
+        address, mask = self.spill_address(op.workspace)
         self.code.comment(op)
-        self.code(f"tl.store({address}, {register(op.tile)}.to({k3s.workspace_name(value)}.dtype.element_ty)"
+        self.code(f"tl.store({address}, {register(op.tile)}.to({tensor_name(op.workspace)}.dtype.element_ty)"
                   f"{f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
-        value = op.value.data
-        address, mask = self.spill_address(value)
+        address, mask = self.spill_address(op.workspace)
         self.code.comment(op)
         self.code(f"{register(op.tile)} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 

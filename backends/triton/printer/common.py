@@ -59,14 +59,8 @@ def chunk_rows(op: Operation) -> int:
 
 
 def tensor_name(value: SSAValue) -> str:
-    """The Python name of a tensor (or scalar) argument a stage reads or writes: the argument's
-    (its symbol: the value's printed name may carry a suffix, `%x_1`, in a module of several
-    entries)."""
-    if isinstance(value.owner, (k3s.TensorArgOp, k3s.ScalarArgOp)):
-        return value.owner.sym_name.data
-    if not value.name_hint:
-        raise ValueError(f"a tensor value of {value.owner} reached the Triton printer without a name")
-    return value.name_hint
+    """The Python name of a tensor (or scalar) argument a stage reads or writes: the argument's."""
+    return k3s.argument_name(value)
 
 
 def next_power_of_2(n: int) -> int:

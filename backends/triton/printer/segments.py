@@ -3,7 +3,7 @@ product and the transition's store."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import EntryView, describe, register
+from k3compile.backends.triton.printer.common import EntryView, describe, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -14,10 +14,10 @@ class Segments:
         """The host step of a segments entry: the caller's combine of the summaries."""
         c = self.code
         first = view.tensors[0].sym_name.data
-        made = next(t for t in view.tensors if t.role.data == "combined")
-        name = made.sym_name.data
+        *M, N, made = op.tensors
+        name = tensor_name(made)
         c(f"# {describe(op)}: every segment's entering state from the summaries (the caller's scan order)",
-          f"{name} = entering_states({'M' if 'M' in view.names else 'None'}, N)",
+          f"{name} = entering_states({tensor_name(M[0]) if M else 'None'}, {tensor_name(N)})",
           f'_check_tensor("{name}", {name}, "{made.type.pattern}", "{made.type.dtype_class}", dims, {first}.device)')
 
     def print_k3s_decay_product(self, op: k3s.DecayProductOp) -> None:
@@ -26,9 +26,10 @@ class Segments:
 
     def print_k3s_store_transition(self, op: k3s.StoreTransitionOp) -> None:
         self.code.comment(op, "every value block holds the same M: the first one writes it")
+        M = tensor_name(op.output)
         if op.transition.data == "diagonal":
-            self.code("tl.store(M + i_nh * K + o_k, b_M, mask=m_k & ((i_v + 0 * o_k) == 0))")
+            self.code(f"tl.store({M} + i_nh * K + o_k, b_M, mask=m_k & ((i_v + 0 * o_k) == 0))")
         else:
             self.code("if i_v == 0:")
             with self.code.indent():
-                self.code("tl.store(M + i_nh, b_M)")
+                self.code(f"tl.store({M} + i_nh, b_M)")

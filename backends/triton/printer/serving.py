@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register
+from k3compile.backends.triton.printer.common import register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -11,7 +11,7 @@ class Serving:
 
     def print_k3s_cache_update(self, op: k3s.CacheUpdateOp) -> None:
         c = self.code
-        cache = k3s.cache_buffer(op)
+        cache = tensor_name(op.cache)
         c.comment(op, "what a replay needs: k, the log-decay and the update u this token wrote")
         if isinstance(op.parent_op(), k3s.ChunkLoopOp):
             self.print_chunk_cache_update(op, cache)
@@ -40,25 +40,27 @@ class Serving:
 
     def print_k3s_snapshot_state(self, op: k3s.SnapshotStateOp) -> None:
         self.code.comment(op, "the whole state after this token")
-        self.code(f"tl.store(snapshots + ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * K * V + p_local, {register(op.state)}, "
-                  "mask=m_kv)")
+        snapshots = tensor_name(op.snapshots)
+        self.code(f"tl.store({snapshots} + ((i_slot * DEPTH + (t - bos)) * HV + i_hv) * K * V + p_local, "
+                  f"{register(op.state)}, mask=m_kv)")
 
     def print_k3s_restore_snapshot(self, op: k3s.RestoreSnapshotOp) -> None:
         c = self.code
+        snapshots = tensor_name(op.snapshots)
         c.comment(op, "the snapshot after the last accepted token")
-        c("n_accepted = tl.minimum(tl.maximum(tl.load(accepted + i_n).to(tl.int64), 0), DEPTH)",
+        c(f"n_accepted = tl.minimum(tl.maximum(tl.load({tensor_name(op.accepted)} + i_n).to(tl.int64), 0), DEPTH)",
           "if n_accepted > 0:")
         with c.indent():
-            c("b_S = tl.load(snapshots + ((i_slot * DEPTH + n_accepted - 1) * HV + i_hv) * K * V + p_local, "
+            c(f"b_S = tl.load({snapshots} + ((i_slot * DEPTH + n_accepted - 1) * HV + i_hv) * K * V + p_local, "
               "mask=m_kv, other=0.0)")
 
     def print_k3s_replay(self, op: k3s.ReplayOp) -> None:
         c = self.code
-        cache = k3s.cache_buffer(op)
+        cache = tensor_name(op.cache)
         c.comment(op, "the closed form's sum, accumulated token by token: S <- Diag(exp g_j) S + k_j u_j^T")
         c("# counts outside 0..DEPTH are clamped: the cache holds no more tokens; a slot outside the",
           "# pool reads nothing",
-          "n_accepted = tl.minimum(tl.maximum(tl.load(accepted + i_n).to(tl.int64), 0), DEPTH)",
+          f"n_accepted = tl.minimum(tl.maximum(tl.load({tensor_name(op.accepted)} + i_n).to(tl.int64), 0), DEPTH)",
           f"for j in {self.token_range(op, '0', 'n_accepted')}:")
         with c.indent():
             c("p_cache = ((i_slot * DEPTH + j) * HV + i_hv) * (2 * K + V)",

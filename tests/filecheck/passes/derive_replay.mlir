@@ -1,6 +1,7 @@
 // derive-replay: the speculative schedule follows from the op. The verify loop is the recurrent
 // token stages plus a cache of (k, gate, u) written after the delta rule's correction; the
-// replay carries the gate's granularity, and no gate means no decay at all.
+// replay carries the gate's granularity, and no gate means no decay at all. The entry declares
+// the cache the verify writes and the replay reads, and the accepted counts the replay reads.
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4}' | filecheck %s
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4}' | k3c opt - | filecheck %s
 
@@ -10,20 +11,24 @@ builtin.module {
 }
 
 // CHECK: k3s.entry @kda_speculative <source = kda>
-// CHECK: k3s.speculative <draft_tokens = 4> {
+// CHECK: %cache = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
+// CHECK-NEXT: %accepted = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
+// CHECK-NEXT: k3s.speculative <draft_tokens = 4> {
 // CHECK-NEXT: k3s.token_loop {
-// CHECK: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// CHECK: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
-// CHECK-NEXT: %o = k3s.readout %S_2, %q : !k3s.tile<V>
-// CHECK-NEXT: k3s.cache_update %k, %u, %g <gate = channel>
+// CHECK: %S_1 = k3s.decay %S, %g_1 <gate = channel> : !k3s.tile<K x V>
+// CHECK: %u = k3s.delta_correct %S_1, %k_1, %v_1, %beta_1 : !k3s.tile<V>
+// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %k_1, %u : !k3s.tile<K x V>
+// CHECK-NEXT: %o_1 = k3s.readout %S_2, %q_1 : !k3s.tile<V>
+// CHECK-NEXT: k3s.cache_update %cache, %k_1, %u, %g_1 <gate = channel>
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.replay <gate = channel>
+// CHECK-NEXT: k3s.replay %cache, %accepted <gate = channel>
 // CHECK: k3s.entry @dn_speculative <source = dn>
+// CHECK: %cache_1 = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
+// CHECK-NEXT: %accepted_1 = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
 // CHECK: k3s.token_loop {
 // CHECK-NOT: k3s.decay
-// CHECK: k3s.cache_update %k_1, %u_1 <gate = none>
+// CHECK: k3s.cache_update %cache_1, %k_3, %u_1 <gate = none>
 // CHECK-NEXT: k3s.next_token %S_4
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.replay <gate = none>
+// CHECK-NEXT: k3s.replay %cache_1, %accepted_1 <gate = none>

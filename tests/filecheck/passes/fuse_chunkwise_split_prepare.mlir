@@ -15,22 +15,24 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @chunk <source = kda> {
-// CHECK:        %T_ut = k3s.tensor_arg @T_ut <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK:        %[[T_UT:T_ut]] = k3s.tensor_arg @T_ut <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:   %[[U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 2 x 4, float>
+// CHECK-NEXT:   %[[W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
 // CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
-// CHECK:          %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict
-// CHECK-NEXT:     %T = k3s.forward_substitution %A, %beta
-// CHECK-NEXT:     k3s.spill %T <value = T>
-// CHECK:          %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive
+// CHECK:          %A = k3s.gram %k_1, %k_1, %G, %Gstart, %Gend, %kl, %kr, %beta_1 <mask = strict
+// CHECK-NEXT:     %T = k3s.forward_substitution %A, %beta_1
+// CHECK-NEXT:     k3s.spill %[[T_UT]], %T
+// CHECK:          %P_1 = k3s.gram %q_1, %k_1, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive
 // CHECK-NOT:      k3s.wy_apply
 // CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile
-// CHECK-NEXT:     %T = k3s.reload <value = T> : !k3s.tile<C x C>
-// CHECK:          %G = k3s.gate_cumsum %g
+// CHECK-NEXT:     %T_1 = k3s.reload %[[T_UT]] : !k3s.tile<C x C>
+// CHECK:          %G_1 = k3s.gate_cumsum %g_2
 // CHECK-NOT:      k3s.gram
-// CHECK:          %W = k3s.wy_apply %T, %k, %G <gate = channel>
-// CHECK:          k3s.spill %W <value = W>
-// CHECK:          %U = k3s.wy_apply %T, %v <gate = none>
-// CHECK:          k3s.spill %U <value = U>
+// CHECK:          %W_1 = k3s.wy_apply %T_1, %k_2, %G_1 <gate = channel>
+// CHECK:          k3s.spill %[[W]], %W_1
+// CHECK:          %U_1 = k3s.wy_apply %T_1, %v_1 <gate = none>
+// CHECK:          k3s.spill %[[U]], %U_1
 // CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head"
 
 // BAD: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: unknown grouping 'fused'; allowed: split, split-prepare

@@ -11,63 +11,72 @@
 
 builtin.module {
   k3s.entry @chunk <source = layer> {
+    %KG = k3s.tensor_arg @KG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
+    %P = k3s.tensor_arg @P <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
+    %QG = k3s.tensor_arg @QG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
+    %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
     k3s.kernel @wide_prepare <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-      k3s.spill %k <value = KG>
+      k3s.spill %KG, %k
       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %P <value = P>
+      %Pt = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+      k3s.spill %P, %Pt
       %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
+      k3s.spill %W, %A
     }
     k3s.kernel @reads_q_wide <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 32, head_k_dim = 8, head_v_dim = 4>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %P <value = P>
+      %Pt = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+      k3s.spill %P, %Pt
       %A = k3s.gram %q, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
+      k3s.spill %W, %A
     }
     k3s.kernel @split_wide <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 64, head_k_dim = 8, head_v_dim = 4>
       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-      k3s.spill %k <value = KG>
-      k3s.spill %q <value = QG>
+      k3s.spill %KG, %k
+      k3s.spill %QG, %q
     }
   }
   k3s.entry @summary <source = layer> {
+    %KG_1 = k3s.tensor_arg @KG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
+    %W_1 = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
     k3s.kernel @narrow_prepare <grid = "chunk,value_head", num_warps = 8> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-      k3s.spill %k <value = KG>
+      k3s.spill %KG_1, %k
       %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
+      k3s.spill %W_1, %A
     }
     k3s.kernel @reads_q <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 32, head_k_dim = 8, head_v_dim = 4>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
       %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
+      k3s.spill %W_1, %A
     }
     k3s.kernel @split <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 64, head_k_dim = 8, head_v_dim = 4>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-      k3s.spill %k <value = KG>
+      k3s.spill %KG_1, %k
     }
   }
   k3s.entry @segments <source = layer> {
+    %KG_2 = k3s.tensor_arg @KG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
+    %P_2 = k3s.tensor_arg @P <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
+    %W_2 = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
     k3s.kernel @peer_prepare <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-      k3s.spill %k <value = KG>
+      k3s.spill %KG_2, %k
       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %P <value = P>
+      %Pt = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+      k3s.spill %P_2, %Pt
       %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
+      k3s.spill %W_2, %A
     }
   }
 }
@@ -75,36 +84,43 @@ builtin.module {
 // CHECK:      k3s.kernel @wide_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = true}> {
 // CHECK-NEXT:   k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
 // CHECK-NEXT:   %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-// CHECK-NEXT:   k3s.spill %k <value = KG>
+// CHECK-NEXT:   k3s.spill %KG, %k
 // CHECK-NEXT:   k3s.when <flag = SPILL_P> {
 // CHECK-NEXT:     %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-// CHECK-NEXT:     %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
-// CHECK-NEXT:     k3s.spill %P <value = P>
+// CHECK-NEXT:     %Pt = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+// CHECK-NEXT:     k3s.spill %P, %Pt
 // CHECK-NEXT:   }
 // CHECK-NEXT:   %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-// CHECK-NEXT:   k3s.spill %A <value = W>
+// CHECK-NEXT:   k3s.spill %W, %A
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.kernel @reads_q_wide <grid = "chunk,value_head", num_warps = 4> {
 // CHECK-NOT:  k3s.when
 // CHECK:      k3s.kernel @split_wide <grid = "chunk,value_head", num_warps = 4> {
 // CHECK-NOT:  k3s.when
 // CHECK:      k3s.entry @summary <source = layer> {
-// the narrow kernel keeps its own launch settings (8 warps)
+// CHECK-NEXT:   %KG_1 = k3s.tensor_arg @KG <role = workspace>
+// CHECK-NEXT:   %W_1 = k3s.tensor_arg @W <role = workspace>
+// the narrow kernel's entry declares the workspace only its guarded stages spill to, skipped: its
+// launch skips them
+// CHECK-NEXT:   %P_1 = k3s.tensor_arg @P <role = skipped> : !k3s.tensor<B x T x 2 x 16, float>
+// the narrow kernel keeps its own launch settings (8 warps) and spills to its own entry's workspaces
 // CHECK-NEXT: k3s.kernel @narrow_prepare <grid = "chunk,value_head", num_warps = 8, flags = {SPILL_P = false}> {
 // CHECK-NEXT:   k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
-// CHECK-NEXT:   %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-// CHECK-NEXT:   k3s.spill %k <value = KG>
+// CHECK-NEXT:   %k_3 = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
+// CHECK-NEXT:   k3s.spill %KG_1, %k_3
 // CHECK-NEXT:   k3s.when <flag = SPILL_P> {
-// CHECK-NEXT:     %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-// CHECK-NEXT:     %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
-// CHECK-NEXT:     k3s.spill %P <value = P>
+// CHECK-NEXT:     %q_3 = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
+// CHECK-NEXT:     %Pt_2 = k3s.gram %q_3, %k_3 <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+// CHECK-NEXT:     k3s.spill %P_1, %Pt_2
 // CHECK-NEXT:   }
-// CHECK-NEXT:   %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-// CHECK-NEXT:   k3s.spill %A <value = W>
+// CHECK-NEXT:   %A_2 = k3s.gram %k_3, %k_3 <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
+// CHECK-NEXT:   k3s.spill %W_1, %A_2
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.kernel @reads_q <grid = "chunk,value_head", num_warps = 4> {
 // CHECK-NOT:  k3s.when
 // CHECK:      k3s.kernel @split <grid = "chunk,value_head", num_warps = 4> {
 // CHECK-NOT:  k3s.when
+// CHECK:      k3s.entry @segments <source = layer> {
+// CHECK-NOT:    @P <role = skipped>
 // CHECK:      k3s.kernel @peer_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = true}> {
 // CHECK:        k3s.when <flag = SPILL_P> {

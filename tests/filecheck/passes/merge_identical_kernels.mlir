@@ -16,12 +16,16 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @segment_summary <source = kda> {
+// CHECK:        %[[KG:KG]] = k3s.tensor_arg @KG <role = workspace>
+// segment_summary has no workspaces P and QG: only the stages its launch skips spill to them
+// CHECK:        %[[P:P]] = k3s.tensor_arg @P <role = skipped> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:   %[[QG:QG]] = k3s.tensor_arg @QG <role = skipped> : !k3s.tensor<B x T x 2 x 8, float>
 // CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = false}> {
-// CHECK:          k3s.spill %KG <value = KG>
+// CHECK:          k3s.spill %[[KG]], %KG_1
 // CHECK-NEXT:     k3s.when <flag = SPILL_P_QG> {
 // CHECK-NEXT:       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-// CHECK:            k3s.spill %P <value = P>
-// CHECK:            k3s.spill %QG <value = QG>
+// CHECK:            k3s.spill %[[P]], %P_1
+// CHECK:            k3s.spill %[[QG]], %QG_1
 // CHECK-NEXT:     }
 // CHECK-NEXT:     %T = k3s.forward_substitution
 // CHECK:        k3s.kernel @kda_summary_scan_N <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {

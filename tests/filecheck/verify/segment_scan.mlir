@@ -1,15 +1,21 @@
 // The segment scan's verifiers: its body is a summary, a combine and the chunked schedule that
 // finishes the segments, in that order; summary and combine hold M in the same form, one of
-// full, diagonal, scalar, identity; summary and combine live only in a segment scan.
+// full, diagonal, scalar, identity; summary and combine live only in a segment scan. The combine
+// takes no tensors there; lowered to a host step of an entry, it takes the entry's M (but for the
+// identity transition), N and the entering states it makes.
 // RUN: k3c opt %s | filecheck %s --check-prefix=VALID
 // RUN: sed 's/summary_combine <transition = full>/summary_combine <transition = diagonal>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DISAGREE
 // RUN: sed 's/transition = full/transition = dense/g' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=FORM
 // RUN: sed '/k3s.summary_combine/d' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=MISSING
 // RUN: sed 's/^      k3s.segment_summary <transition = full>$/      k3s.summary_combine <transition = full>/; t; s/^      k3s.summary_combine <transition = full>$/      k3s.segment_summary <transition = full>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ORDER
 // RUN: sed 's/^  k3s.entry @segment_scan <source = r> {$/  k3s.segment_summary <transition = full>\n&/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=PARENT
+// RUN: sed 's/^      k3s.summary_combine <transition = full>$/      k3s.summary_combine %%summaries <transition = full>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCHEDULE_TENSORS
+// RUN: sed 's/k3s.summary_combine %%M, %%N, %%initial_state/k3s.summary_combine %%N, %%initial_state/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=HOST_TENSORS
+// RUN: sed 's/k3s.summary_combine %%M, %%N, %%initial_state <transition = full>/k3s.summary_combine %%N, %%initial_state <transition = identity>/' %s | k3c opt - | filecheck %s --check-prefix=IDENTITY
 
 builtin.module {
   k3s.entry @segment_scan <source = r> {
+    %summaries = k3s.tensor_arg @summaries <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
     k3s.segment_scan {
       k3s.segment_summary <transition = full>
       k3s.summary_combine <transition = full>
@@ -38,9 +44,16 @@ builtin.module {
       }
     }
   }
+  k3s.entry @chunk_segments <source = r> {
+    %initial_state = k3s.tensor_arg @initial_state <role = combined> : !k3s.tensor<N x 2 x 8 x 4, float32>
+    %M = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8 x 8, float32>
+    %N = k3s.tensor_arg @N <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
+    k3s.summary_combine %M, %N, %initial_state <transition = full>
+  }
 }
 
 // VALID: k3s.segment_summary <transition = full>
+// VALID: k3s.summary_combine %M, %N, %initial_state <transition = full>
 
 // DISAGREE-NOT: {{\n}}
 // DISAGREE: {{^}}k3c opt: error: <stdin>: k3s.segment_scan: summary and combine disagree on the transition form (full vs diagonal){{$}}
@@ -61,3 +74,13 @@ builtin.module {
 // PARENT-NOT: {{\n}}
 // PARENT: {{^}}k3c opt: error: <stdin>: 'k3s.segment_summary' expects parent op 'k3s.segment_scan'{{$}}
 // PARENT-NOT: {{.}}
+
+// SCHEDULE_TENSORS-NOT: {{\n}}
+// SCHEDULE_TENSORS: {{^}}k3c opt: error: <stdin>: k3s.summary_combine <transition = full>: takes no tensors (in a segment scan), got 1 operands{{$}}
+// SCHEDULE_TENSORS-NOT: {{.}}
+
+// HOST_TENSORS-NOT: {{\n}}
+// HOST_TENSORS: {{^}}k3c opt: error: <stdin>: k3s.summary_combine <transition = full>: takes M, N and the entering states, got 2 operands{{$}}
+// HOST_TENSORS-NOT: {{.}}
+
+// IDENTITY: k3s.summary_combine %N, %initial_state <transition = identity>

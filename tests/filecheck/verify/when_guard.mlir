@@ -3,7 +3,7 @@
 // leave them unset: in text the parser already refuses it, for IR that passes build the
 // verifier does, tests/test_ir.py). The file as written is valid; each sed variant breaks one rule.
 // RUN: k3c opt %s | filecheck %s
-// RUN: sed 's/k3s.spill %%A <value = W>/k3s.spill %%P <value = W>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ESCAPES
+// RUN: sed 's/k3s.spill %%W, %%A/k3s.spill %%W, %%P_1/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ESCAPES
 // RUN: sed 's/flags = {SPILL_P = false}/flags = {SPILL_Q = false}/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNDECLARED
 // RUN: sed 's/, flags = {SPILL_P = false}//' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=NONE
 // RUN: sed 's/flags = {SPILL_P = false}/flags = {spill_p = false}/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=NAME
@@ -12,16 +12,18 @@
 
 builtin.module {
   k3s.entry @summary <source = layer> {
+    %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float>
+    %P = k3s.tensor_arg @P <role = skipped> : !k3s.tensor<B x T x 4 x 16, float>
     k3s.kernel @prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = false}> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
       k3s.when <flag = SPILL_P> {
         %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-        %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
-        k3s.spill %P <value = P>
+        %P_1 = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+        k3s.spill %P, %P_1
       }
       %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
+      k3s.spill %W, %A
     }
   }
 }
