@@ -93,6 +93,39 @@ def argument_values(arguments: Sequence[Operation]) -> dict[str, SSAValue]:
     return {op.sym_name.data: op.results[0] for op in arguments if op.results}
 
 
+def entry_values(entry: Operation) -> dict[str, SSAValue]:
+    """The values an entry's stages may read by name: its arguments' and the tensors it marks
+    absent (k3s.absent_tensor)."""
+    from k3compile.ir import k3s
+
+    return {k3s.argument_name(op.results[0]): op.results[0] for op in entry.regions[0].ops
+            if isinstance(op, k3s.ARGUMENT_OPS)}
+
+
+def rebind(ops: Operation | Region | Sequence[Operation], values: dict[str, SSAValue]) -> None:
+    """Point the operands of ops (and of the ops nested in them) that are arguments of some
+    entry at the same-named ones of `values`, those of the entry the ops now belong to (stages
+    cloned from another entry's schedule or kernel). A name `values` lacks is an error."""
+    from k3compile.ir import k3s
+
+    roots = [ops] if isinstance(ops, (Operation, Region)) else list(ops)
+    for root in roots:
+        for op in root.walk():
+            if not any(k3s.argument_name(v) is not None for v in op.operands):
+                continue
+            names = [k3s.argument_name(v) for v in op.operands]
+            if missing := sorted({n for n in names if n is not None and n not in values}):
+                raise ValueError(f"{op.name} reads {', '.join(missing)}, which its entry does not have")
+            op.operands = [v if n is None else values[n] for v, n in zip(op.operands, names, strict=True)]
+
+
+def same_arguments(kernel: Operation, other: Operation) -> dict[SSAValue, SSAValue]:
+    """The values of kernel's entry that are the same arguments (by name) as values of other's:
+    the context in which two kernels of different entries may be structurally equivalent."""
+    theirs = entry_values(other.parent_op())
+    return {value: theirs[name] for name, value in entry_values(kernel.parent_op()).items() if name in theirs}
+
+
 def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]
                 ) -> dict[str, str]:
     """Insert build(op) after every layer op of layer_type. The layer op stays: it is the

@@ -10,7 +10,10 @@ properties and use-def chains) and the kernels' code properties agree, the extra
 one `k3s.when <flag = SPILL_P_QG>` (the flag named for the spills it guards): B and every kernel
 with B's body get the guarded body with the flag on, A and every kernel with A's body the same
 body with it off. merge-identical-kernels, run next, finds them all one code (a flag's value is
-launch-only).
+launch-only). Stages of kernels of different entries read and write their own entries' arguments:
+the kernels compare as reading the same-named ones, a kernel given another's body reads its own
+entry's, and a tensor its entry lacks (the summary prepare's q, read only by the guarded stages)
+becomes a k3s.absent_tensor of the entry.
 
 Only a kernel's top-level stages count, and only extra stages that are one run of ops: one guard
 holds them, and moving stages to make a run would change B's code. Kernels with flags are left
@@ -28,7 +31,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
-from k3compile.passes.common import make
+from k3compile.passes.common import entry_values, make, rebind, same_arguments
 from k3compile.passes.merge_identical_kernels import code_properties
 
 
@@ -66,7 +69,8 @@ def without(kernel: k3s.KernelOp, stages: list[Operation]) -> Region:
 def same_body(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
     """The same body, launch properties inside it included (a kernel given another's body loses
     none of its own), and the same code properties."""
-    return code_properties(kernel) == code_properties(other) and kernel.body.is_structurally_equivalent(other.body)
+    return (code_properties(kernel) == code_properties(other)
+            and kernel.body.is_structurally_equivalent(other.body, same_arguments(kernel, other)))
 
 
 def guarded_body(kernel: k3s.KernelOp, stages: list[Operation], flag: str) -> Region:
@@ -82,10 +86,24 @@ def guarded_body(kernel: k3s.KernelOp, stages: list[Operation], flag: str) -> Re
 
 
 def run_guarded(kernel: k3s.KernelOp, body: Region, flag: str, on: bool) -> None:
-    """Give kernel (a copy of) the guarded body, its launch passing flag = on."""
+    """Give kernel (a copy of) the guarded body, its launch passing flag = on, its stages reading
+    and writing its own entry's arguments. A tensor its entry lacks (read only by the guarded
+    stages, which its launch skips) becomes a k3s.absent_tensor of the entry."""
     kernel.body.erase_block(kernel.body.block)
     body.clone_into(kernel.body)
     kernel.properties["flags"] = DictionaryAttr({flag: BoolAttr.from_bool(on)})
+    entry = kernel.parent_op()
+    values = entry_values(entry)
+    lacking = {k3s.argument_name(v): v.type for op in kernel.walk() for v in op.operands
+               if k3s.argument_name(v) not in (None, *values)}
+    arguments = [op for op in entry.body.ops if isinstance(op, k3s.ARGUMENT_OPS)]
+    for name in sorted(lacking):
+        absent = make(k3s.AbsentTensorOp, result=(name, lacking[name]))
+        at = InsertPoint.after(arguments[-1]) if arguments else InsertPoint.at_start(entry.body.block)
+        Rewriter.insert_op(absent, at)
+        arguments.append(absent)
+        values[name] = absent.tensor
+    rebind(kernel, values)
 
 
 @dataclass(frozen=True)
@@ -103,7 +121,8 @@ class GuardSpillOnlyStagesPass(ModulePass):
                     continue
                 extra = spill_only_stages(wide, spilled(narrow))
                 if not (extra and is_one_run(wide, extra) and code_properties(wide) == code_properties(narrow)
-                        and without(wide, extra).is_structurally_equivalent(narrow.body)):
+                        and without(wide, extra).is_structurally_equivalent(narrow.body,
+                                                                           same_arguments(wide, narrow))):
                     continue
                 flag = "SPILL_" + "_".join(s.value.data.upper() for s in extra if isinstance(s, k3s.SpillOp))
                 body = guarded_body(wide, extra, flag)

@@ -37,9 +37,11 @@ SUMMARY_INPUTS = ("k", "v", "g", "beta", "cu_seqlens", "A_log", "dt_bias")
 
 
 def with_props(op: Operation, **changes) -> Operation:
-    """A copy of a stage with some properties set."""
+    """A copy of a stage (or an argument) with some properties set: the same operands, results
+    of the same names and types."""
     kept = {name: attr for name, attr in op.properties.items() if name not in changes}
-    return make(type(op), **kept, **changes)
+    return make(type(op), operands=op.operands, results=[(r.name_hint, r.type) for r in op.results], **kept,
+                **changes)
 
 
 def state_pass_schedule(chunked: k3s.ChunkedOp) -> k3s.ChunkedOp:

@@ -4,7 +4,8 @@ and chunk_segments their two summary scans: printed once, compiled once, each la
 own entry with its own launch configuration.
 
 Two kernels have the same code when their bodies are structurally equivalent (the same ops, in
-the same order, with the same properties and the same use-def chains) and their properties agree
+the same order, with the same properties and the same use-def chains, reading and writing the
+same-named arguments of their entries) and their properties agree
 but for those that only say how a kernel is launched (launch configuration, block sizes and the
 values of its flags, which each launch passes as constexprs). So the summary prepare, which
 guard-spill-only-stages gives the chunk prepare's body with its flag off, runs the chunk
@@ -22,6 +23,7 @@ from xdsl.ir import Region
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.passes.common import same_arguments
 
 # properties that say how a kernel is launched, or name it, rather than what its code is (block
 # sizes are constexprs that each launch passes: a launch table may change them per call)
@@ -51,8 +53,10 @@ def code_of(kernel: k3s.KernelOp) -> Region:
 
 
 def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
+    """The same code properties, and bodies the same but for the entries whose arguments (of the
+    same names) they read and write."""
     return (code_properties(kernel) == code_properties(other)
-            and code_of(kernel).is_structurally_equivalent(code_of(other)))
+            and code_of(kernel).is_structurally_equivalent(code_of(other), same_arguments(kernel, other)))
 
 
 @dataclass(frozen=True)

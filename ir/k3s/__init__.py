@@ -45,6 +45,7 @@ K3S = Dialect(
         SnapshotStateOp,
         RestoreSnapshotOp,
         KernelOp,
+        AbsentTensorOp,
         LaunchByRowsOp,
         WhenOp,
         StateTileOp,

@@ -255,6 +255,30 @@ class WhenOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class AbsentTensorOp(KeywordSyntax):
+    """A tensor its entry does not have, passed (as None) to a kernel argument that only stages
+    its launch skips read (the chunk prepare's q, launched from segment_summary with its query
+    stages guarded off)."""
+
+    name = "k3s.absent_tensor"
+    tensor = result_def(TensorType)
+    traits = traits_def(HasParent(EntryOp))
+
+
+# what stages read and write: an entry's arguments, and the tensors it lacks (k3s.absent_tensor)
+ARGUMENT_OPS = (TensorArgOp, ScalarArgOp, AbsentTensorOp)
+
+
+def argument_name(value) -> str | None:
+    """The name of the argument a value is (an entry's tensor or scalar argument, or a tensor it
+    lacks), None for any other value."""
+    owner = value.owner
+    if isinstance(owner, AbsentTensorOp):
+        return value.name_hint
+    return owner.sym_name.data if isinstance(owner, ARGUMENT_OPS) else None
+
+
+@irdl_op_definition
 class LaunchByRowsOp(KeywordSyntax):
     """Block sizes of the entry's kernel @kernel for calls of at most max_rows token rows (the
     shape symbol R, known at launch): they replace the kernel's own block sizes there. A kernel's

@@ -16,8 +16,8 @@ MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.
 # the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
 EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
                       k3s.SumSlotsOp)
-ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.KernelOp, k3s.SummaryCombineOp,
-               k3s.LaunchByRowsOp)
+ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
+               k3s.SummaryCombineOp, k3s.LaunchByRowsOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
@@ -63,6 +63,20 @@ def tensor_name(value: SSAValue) -> str:
     if not value.name_hint:
         raise ValueError(f"a tensor value of {value.owner} reached the Triton printer without a name")
     return value.name_hint
+
+
+# the roles of the tensors a caller may leave out (a combined tensor is None until the entry's combine
+# step: kernels before it see it absent); kernels read them under their HAS_<NAME> constexpr
+OPTIONAL_ROLES = ("optional_input", "optional_output", "combined")
+
+
+def presence_flag(value: SSAValue) -> str | None:
+    """HAS_<NAME>, the constexpr saying whether an optional tensor argument was passed; None for
+    a tensor every call has."""
+    owner = value.owner
+    if isinstance(owner, k3s.TensorArgOp) and owner.role.data in OPTIONAL_ROLES:
+        return f"HAS_{tensor_name(value).upper()}"
+    return None
 
 
 def next_power_of_2(n: int) -> int:
@@ -129,6 +143,4 @@ class EntryView:
         return op.role.data
 
     def optional(self) -> list[str]:
-        # a combined tensor is None until the entry's combine step: kernels before it see it absent
-        return [op.sym_name.data for op in self.tensors
-                if op.role.data in ("optional_input", "optional_output", "combined")]
+        return [op.sym_name.data for op in self.tensors if op.role.data in OPTIONAL_ROLES]
