@@ -168,9 +168,14 @@ class ChunkRun:
         return S
 
 
+def token_rows(run: ChunkRun, op: k3s.LoadChunkOp | k3s.LoadTokenOp) -> Matrix:
+    """The chunk's rows of the tensor a load reads, by the argument's name: q, k or v."""
+    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[k3s.argument_name(op.tensor)]
+
+
 @semantics(k3s.LoadChunkOp)
 def load_chunk(run: ChunkRun, op):
-    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[op.tensor.data]
+    return token_rows(run, op)
 
 
 @semantics(k3s.LoadGateOp)
@@ -338,7 +343,7 @@ def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]
 
 @semantics(k3s.LoadTokenOp)
 def load_token(run: ChunkRun, op):
-    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[op.tensor.data]
+    return token_rows(run, op)
 
 
 @semantics(k3s.DecayOp)

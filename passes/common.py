@@ -193,10 +193,20 @@ def recurrence_arguments(op) -> list[Operation]:
     ]
 
 
-def input_loads(op) -> dict[str, Callable[[type[Operation]], Operation]]:
+def gate_tensors(op, values: dict[str, SSAValue]) -> list[SSAValue]:
+    """What a k3.recurrence's gate load reads: g, then A_log and dt_bias if its input form
+    computes the gate from them."""
+    from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
+
+    parameters = ("A_log", "dt_bias") if op.input_option("gate_input") in GATE_INPUTS_WITH_PARAMETERS else ()
+    return [values[name] for name in ("g", *parameters)]
+
+
+def input_loads(op, values: dict[str, SSAValue]) -> dict[str, Callable[[type[Operation]], Operation]]:
     """Builders of the load stage of each input of a k3.recurrence, by input name; the load
-    op type (per token or per chunk) is the argument. They carry what the input means; their
-    results are named after the input and shaped as a chunk's rows (a token's: one row)."""
+    op type (per token or per chunk) is the argument. They read the tensors of `values` (the
+    entry's arguments) and carry what the input means; their results are named after the input
+    and shaped as a chunk's rows (a token's: one row)."""
     from k3compile.ir import k3s
 
     normalised = {"l2norm": True} if op.input_option("qk_l2norm") else {}
@@ -206,10 +216,12 @@ def input_loads(op) -> dict[str, Callable[[type[Operation]], Operation]]:
         return k3s.tile(*dims) if load is k3s.LoadTokenOp else k3s.tile("C", *dims)
 
     return {
-        "q": lambda load: make(load, tensor="q", result=("q", rows(load, "K")), **normalised),
-        "k": lambda load: make(load, tensor="k", result=("k", rows(load, "K")), **normalised),
-        "v": lambda load: make(load, tensor="v", result=("v", rows(load, "V"))),
-        "g": lambda load: make(k3s.LoadGateOp, gate=op.gate.data, input=op.input_option("gate_input"),
-                               lower_bound=op.input_option("gate_lower_bound"), result=("g", rows(load, *gate_dims))),
-        "beta": lambda load: make(k3s.LoadBetaOp, input=op.input_option("beta_input"), result=("beta", rows(load))),
+        "q": lambda load: make(load, operands=[values["q"]], result=("q", rows(load, "K")), **normalised),
+        "k": lambda load: make(load, operands=[values["k"]], result=("k", rows(load, "K")), **normalised),
+        "v": lambda load: make(load, operands=[values["v"]], result=("v", rows(load, "V"))),
+        "g": lambda load: make(k3s.LoadGateOp, operands=gate_tensors(op, values), gate=op.gate.data,
+                               input=op.input_option("gate_input"), lower_bound=op.input_option("gate_lower_bound"),
+                               result=("g", rows(load, *gate_dims))),
+        "beta": lambda load: make(k3s.LoadBetaOp, operands=[values["beta"]], input=op.input_option("beta_input"),
+                                  result=("beta", rows(load))),
     }

@@ -16,18 +16,19 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, make, recurrence_arguments
+from k3compile.passes.common import add_entries, argument_values, make, recurrence_arguments
 from k3compile.passes.lower_recurrent import token_loop
 
 
-def speculative_schedule(op: RecurrenceOp, draft_tokens: int) -> k3s.SpeculativeOp:
+def speculative_schedule(op: RecurrenceOp, values: dict[str, SSAValue], draft_tokens: int) -> k3s.SpeculativeOp:
     return make(
         k3s.SpeculativeOp,
-        [token_loop(op, cache_updates=True), make(k3s.ReplayOp, gate=op.gate.data)],
+        [token_loop(op, values, cache_updates=True), make(k3s.ReplayOp, gate=op.gate.data)],
         draft_tokens=draft_tokens,
     )
 
@@ -45,9 +46,10 @@ class DeriveReplayPass(ModulePass):
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
+        arguments = recurrence_arguments(op)
         return make(
             k3s.EntryOp,
-            [*recurrence_arguments(op), speculative_schedule(op, self.draft_tokens)],
+            [*arguments, speculative_schedule(op, argument_values(arguments), self.draft_tokens)],
             sym_name="speculative",
             source=op.sym_name.data,
         )

@@ -527,7 +527,8 @@ def patch_chunked_kernels(monkeypatch, mutate):
 def cache_the_raw_values(workspaces, prepare, scan):
     """Cache v instead of the corrected rows of vr: the replay adds beta-less raw values."""
     (loop,) = [op for op in scan.walk() if isinstance(op, k3s.ChunkLoopOp)]
-    load_v = make(k3s.LoadChunkOp, tensor="v", result=("v", k3s.tile("C", "V")))
+    v = next(op.tensor for op in prepare.walk() if isinstance(op, k3s.LoadChunkOp) and k3s.loads_values(op))
+    load_v = make(k3s.LoadChunkOp, operands=[v], result=("v", k3s.tile("C", "V")))
     loop.body.block.insert_op_before(load_v, loop.body.block.first_op)
     for op in scan.walk():
         if isinstance(op, k3s.CacheUpdateOp):

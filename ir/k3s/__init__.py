@@ -76,7 +76,6 @@ K3S = Dialect(
         TensorType,
         ArgDtypeAttr,
         ArgRoleAttr,
-        TokenTensorAttr,
         KernelDotsAttr,
         StateHomeAttr,
         StateStartAttr,
