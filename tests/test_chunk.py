@@ -274,9 +274,11 @@ def chunk_entry(kind: str, pipeline: str) -> k3s.EntryOp:
 
 def dataflow_closed(kernel: k3s.KernelOp) -> None:
     """In program order, every op reads only values defined before it in the same kernel (its
-    loads, reloads, stages and the loop's carried state): a kernel hands nothing to another but
-    through what it spills."""
-    defined: set = set()
+    loads, reloads, stages and the loop's carried state) or its own entry's arguments (the
+    tensors it reads and writes): a kernel hands nothing to another but through what it spills."""
+    from k3compile.passes.common import entry_values
+
+    defined: set = set(entry_values(kernel.parent_op()).values())
     where = kernel.sym_name.data
 
     def walk(block) -> None:

@@ -266,7 +266,7 @@ def output_after_advance(chunked):
     advance = the_stage(chunked, k3s.StateAdvanceOp)
     advance.detach()
     output.parent_block().insert_op_before(advance, output)
-    output.operands = (output.queries, advance.advanced, output.scores, output.values)
+    output.operands = (output.queries, advance.advanced, output.scores, output.values, output.destination, output.scale)
 
 
 def right_factor_from_the_wrong_reference(chunked):
@@ -399,8 +399,8 @@ def patch_replay(monkeypatch, mutate):
 
     original = derive_replay.speculative_schedule
 
-    def wrong(op, draft_tokens):
-        schedule = original(op, draft_tokens)
+    def wrong(*args):
+        schedule = original(*args)
         mutate(schedule)
         return schedule
 

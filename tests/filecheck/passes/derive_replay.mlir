@@ -10,20 +10,26 @@ builtin.module {
 }
 
 // CHECK: k3s.entry @kda_speculative <source = kda>
+// CHECK: %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
+// CHECK: %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
+// CHECK: %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
 // CHECK: k3s.speculative <draft_tokens = 4> {
-// CHECK-NEXT: k3s.token_loop {
-// CHECK: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// CHECK: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
-// CHECK-NEXT: %o = k3s.readout %S_2, %q : !k3s.tile<V>
-// CHECK-NEXT: k3s.cache_update %k, %u, %g <gate = channel>
+// CHECK-NEXT: k3s.token_loop %[[CU]] {
+// CHECK: %[[k:[a-z_0-9]+]] = k3s.load_token %[[K]] :
+// CHECK: %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel
+// CHECK-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// CHECK: %u = k3s.delta_correct %S_1, %[[k]], %{{.*}} : !k3s.tile<V>
+// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT: %{{[a-z_0-9]+}} = k3s.readout %S_2, {{.*}} : !k3s.tile<V>
+// CHECK-NEXT: k3s.cache_update %[[k]], %u, %[[g]] <gate = channel>
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.replay <gate = channel>
 // CHECK: k3s.entry @dn_speculative <source = dn>
-// CHECK: k3s.token_loop {
+// CHECK: k3s.token_loop
 // CHECK-NOT: k3s.decay
-// CHECK: k3s.cache_update %k_1, %u_1 <gate = none>
+// CHECK: %[[u:[a-z_0-9]+]] = k3s.delta_correct %[[S:[A-Za-z_0-9]+]], %[[k2:[a-z_0-9]+]],
+// CHECK: k3s.cache_update %[[k2]], %[[u]] <gate = none>
 // CHECK-NEXT: k3s.next_token %S_4
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.replay <gate = none>
