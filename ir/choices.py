@@ -56,6 +56,7 @@ class GateInput(Word):
 
 
 BOUNDED_GATE_INPUTS = (GateInput.CLAMPED, GateInput.BOUNDED)  # g >= gate_lower_bound by construction
+GATE_INPUTS_WITH_PARAMETERS = (GateInput.SOFTPLUS, GateInput.BOUNDED)  # computed in-kernel from A_log, dt_bias
 
 
 class BetaInput(Word):

@@ -139,14 +139,17 @@ class ChunkRun:
         return self.values[value]
 
     def run_block(self, block: Block, args: tuple = ()):
-        """The block's ops in order; returns what its terminator passes on (or None)."""
+        """The block's ops in order; returns what its terminator passes on (or None). An op's
+        semantics takes its tile operands' values; the tensors it reads or writes (an entry's
+        arguments) are memory, which the run stands for (its chunk, outputs and buffers)."""
         self.values.update(zip(block.args, args))
         for op in block.ops:
             if op.has_trait(IsTerminator):  # next_chunk, next_token: the state passed on
                 return self.value(op.state)
             if type(op) not in SEMANTICS:
                 raise TypeError(f"{op.name} has no exact semantics")
-            result = SEMANTICS[type(op)](self, op, *(self.value(v) for v in op.operands))
+            tiles = (v for v in op.operands if isinstance(v.type, k3s.TileType))
+            result = SEMANTICS[type(op)](self, op, *(self.value(v) for v in tiles))
             if len(op.results) == 1:
                 self.values[op.results[0]] = result
             else:  # an op of several results returns them in order
@@ -167,9 +170,14 @@ class ChunkRun:
         return S
 
 
+def token_rows(run: ChunkRun, op: k3s.LoadChunkOp | k3s.LoadTokenOp) -> Matrix:
+    """The chunk's rows of the tensor a load reads, by the argument's name: q, k or v."""
+    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[k3s.argument_name(op.tensor)]
+
+
 @semantics(k3s.LoadChunkOp)
 def load_chunk(run: ChunkRun, op):
-    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[op.tensor.data]
+    return token_rows(run, op)
 
 
 @semantics(k3s.LoadGateOp)
@@ -338,7 +346,7 @@ def run_chunked(chunked: k3s.ChunkedOp, x: ExactInputs) -> tuple[Matrix, Matrix]
 
 @semantics(k3s.LoadTokenOp)
 def load_token(run: ChunkRun, op):
-    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[op.tensor.data]
+    return token_rows(run, op)
 
 
 @semantics(k3s.DecayOp)

@@ -93,22 +93,30 @@ def argument_values(arguments: Sequence[Operation]) -> dict[str, SSAValue]:
     return {op.sym_name.data: op.results[0] for op in arguments if op.results}
 
 
-def rebind(ops_or_region: Operation | Region | Sequence[Operation], entry_values: dict[str, SSAValue]) -> None:
-    """Point every operand that is an entry's argument (a tensor_arg's or scalar_arg's value) at
-    the same-named one of entry_values: ops cloned from another entry then read and write the
-    arguments of the entry they go into."""
+def entry_values(entry: Operation) -> dict[str, SSAValue]:
+    """The values an entry's stages may read by name: its arguments' and the tensors it marks
+    absent (k3s.absent_tensor)."""
     from k3compile.ir import k3s
 
-    roots = [ops_or_region] if isinstance(ops_or_region, (Operation, Region)) else list(ops_or_region)
+    return {k3s.argument_name(op.results[0]): op.results[0] for op in entry.regions[0].ops
+            if isinstance(op, k3s.ARGUMENT_OPS)}
+
+
+def rebind(ops: Operation | Region | Sequence[Operation], values: dict[str, SSAValue]) -> None:
+    """Point the operands of ops (and of the ops nested in them) that are arguments of some
+    entry at the same-named ones of `values`, those of the entry the ops now belong to (stages
+    cloned from another entry's schedule or kernel). A name `values` lacks is an error."""
+    from k3compile.ir import k3s
+
+    roots = [ops] if isinstance(ops, (Operation, Region)) else list(ops)
     for root in roots:
         for op in root.walk():
-            for index, operand in enumerate(op.operands):
-                if not isinstance(operand.owner, (k3s.TensorArgOp, k3s.ScalarArgOp)):
-                    continue
-                name = k3s.argument_name(operand)
-                if name not in entry_values:
-                    raise ValueError(f"{op.name} reads or writes %{name}, which the entry it is in does not declare")
-                op.operands[index] = entry_values[name]
+            if not any(k3s.argument_name(v) is not None for v in op.operands):
+                continue
+            names = [k3s.argument_name(v) for v in op.operands]
+            if missing := sorted({n for n in names if n is not None and n not in values}):
+                raise ValueError(f"{op.name} reads {', '.join(missing)}, which its entry does not have")
+            op.operands = [v if n is None else values[n] for v, n in zip(op.operands, names, strict=True)]
 
 
 def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]
@@ -178,10 +186,20 @@ def recurrence_arguments(op) -> list[Operation]:
     ]
 
 
-def input_loads(op) -> dict[str, Callable[[type[Operation]], Operation]]:
+def gate_tensors(op, values: dict[str, SSAValue]) -> list[SSAValue]:
+    """What a k3.recurrence's gate load reads: g, then A_log and dt_bias if its input form
+    computes the gate from them."""
+    from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
+
+    parameters = ("A_log", "dt_bias") if op.input_option("gate_input") in GATE_INPUTS_WITH_PARAMETERS else ()
+    return [values[name] for name in ("g", *parameters)]
+
+
+def input_loads(op, values: dict[str, SSAValue]) -> dict[str, Callable[[type[Operation]], Operation]]:
     """Builders of the load stage of each input of a k3.recurrence, by input name; the load
-    op type (per token or per chunk) is the argument. They carry what the input means; their
-    results are named after the input and shaped as a chunk's rows (a token's: one row)."""
+    op type (per token or per chunk) is the argument. They read the tensors of `values` (the
+    entry's arguments) and carry what the input means; their results are named after the input
+    and shaped as a chunk's rows (a token's: one row)."""
     from k3compile.ir import k3s
 
     normalised = {"l2norm": True} if op.input_option("qk_l2norm") else {}
@@ -191,10 +209,12 @@ def input_loads(op) -> dict[str, Callable[[type[Operation]], Operation]]:
         return k3s.tile(*dims) if load is k3s.LoadTokenOp else k3s.tile("C", *dims)
 
     return {
-        "q": lambda load: make(load, tensor="q", result=("q", rows(load, "K")), **normalised),
-        "k": lambda load: make(load, tensor="k", result=("k", rows(load, "K")), **normalised),
-        "v": lambda load: make(load, tensor="v", result=("v", rows(load, "V"))),
-        "g": lambda load: make(k3s.LoadGateOp, gate=op.gate.data, input=op.input_option("gate_input"),
-                               lower_bound=op.input_option("gate_lower_bound"), result=("g", rows(load, *gate_dims))),
-        "beta": lambda load: make(k3s.LoadBetaOp, input=op.input_option("beta_input"), result=("beta", rows(load))),
+        "q": lambda load: make(load, operands=[values["q"]], result=("q", rows(load, "K")), **normalised),
+        "k": lambda load: make(load, operands=[values["k"]], result=("k", rows(load, "K")), **normalised),
+        "v": lambda load: make(load, operands=[values["v"]], result=("v", rows(load, "V"))),
+        "g": lambda load: make(k3s.LoadGateOp, operands=gate_tensors(op, values), gate=op.gate.data,
+                               input=op.input_option("gate_input"), lower_bound=op.input_option("gate_lower_bound"),
+                               result=("g", rows(load, *gate_dims))),
+        "beta": lambda load: make(k3s.LoadBetaOp, operands=[values["beta"]], input=op.input_option("beta_input"),
+                                  result=("beta", rows(load))),
     }

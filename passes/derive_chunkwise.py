@@ -26,13 +26,21 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Operation
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.choices import BOUNDED_GATE_INPUTS
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, input_loads, make, recurrence_arguments, recurrence_state_shape
+from k3compile.passes.common import (
+    add_entries,
+    argument_values,
+    gate_tensors,
+    input_loads,
+    make,
+    recurrence_arguments,
+    recurrence_state_shape,
+)
 
 # the largest decay (nats) a factored diagonal block may span: exp(80) * |k| stays inside the
 # fp32 and bf16 range (exp(88.7)) for keys up to |k| ~ 1e3. Backends form the factored operands
@@ -48,10 +56,12 @@ def gram_diagonal(op: RecurrenceOp, sub_chunk: int) -> str:
     return "elementwise"
 
 
-def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, solve_block: int = 1) -> k3s.ChunkedOp:
+def chunkwise_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size: int, sub_chunk: int = 16,
+                       solve_block: int = 1) -> k3s.ChunkedOp:
     """One chunk of the recurrence as values: the input loads, the chunk-local stages, then the
-    chunk_scan carrying the state. Each stage reads only what it needs, so a schedule's data flow
-    (and what fuse-chunkwise spills between kernels) is its use-def chains."""
+    chunk_scan carrying the state; the tensors it reads and writes are those of `values` (its
+    entry's arguments). Each stage reads only what it needs, so a schedule's data flow (and what
+    fuse-chunkwise spills between kernels) is its use-def chains."""
     gate = op.gate.data
     delta_rule = bool(op.delta_rule.value.data)
     gate_dims = ("K",) if gate == "channel" else ()
@@ -64,7 +74,7 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, s
         local.append(new)
         return new.results[0] if len(new.results) == 1 else new.results
 
-    load = input_loads(op)
+    load = input_loads(op, values)
     q, k, v = (stage(load[name](k3s.LoadChunkOp)) for name in ("q", "k", "v"))
     G = None
     if gate != "none":
@@ -91,16 +101,18 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, s
         left = rescale(lhs, Gstart, "row_over_reference", f"{name}l")
         return [lhs, k, G, Gstart, Gend, left, right, *diagonal]
 
+    # an elementwise diagonal reloads key rows and log-decays: the tensors the loads of k and g read
+    reloaded = [values["k"], *gate_tensors(op, values)] if gram.get("diagonal") == "elementwise" else []
     if delta_rule:
         beta = stage(load["beta"](k3s.LoadChunkOp))
-        A = stage(make(k3s.GramOp, operands=[*gram_operands(k, "k"), beta], result=("A", k3s.tile("C", "C")),
-                       mask="strict", beta=True, **gram))
+        A = stage(make(k3s.GramOp, operands=[*gram_operands(k, "k"), beta, *reloaded],
+                       result=("A", k3s.tile("C", "C")), mask="strict", beta=True, **gram))
         T = stage(make(k3s.ForwardSubstitutionOp, operands=[A, beta], result=("T", k3s.tile("C", "C")),
                        block=min(solve_block, chunk_size)))
         W = stage(make(k3s.WYApplyOp, operands=[T, k, G], result=("W", k3s.tile("C", "K")), gate=gate))
         U = stage(make(k3s.WYApplyOp, operands=[T, v], result=("U", k3s.tile("C", "V")), gate="none"))
-    P = stage(make(k3s.GramOp, operands=gram_operands(q, "q"), result=("P", k3s.tile("C", "C")), mask="inclusive",
-                   beta=False, **gram))
+    P = stage(make(k3s.GramOp, operands=[*gram_operands(q, "q"), *reloaded], result=("P", k3s.tile("C", "C")),
+                   mask="inclusive", beta=False, **gram))
     queries, keys, decay = q, k, None
     if gate != "none":
         queries = stage(make(k3s.GateApplyOp, operands=[q, G], result=("QG", k3s.tile("C", "K")), anchor="start",
@@ -112,13 +124,14 @@ def chunkwise_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16, s
     scan = Block(arg_types=[k3s.tile("K", "V")])
     S = scan.args[0]
     S.name_hint = "S"
-    values = v
+    written = v  # the values the state takes
     if delta_rule:
         residual = make(k3s.DeltaResidualOp, operands=[S, W, U], result=("vr", k3s.tile("C", "V")))
         scan.add_op(residual)
-        values = residual.results[0]
-    scan.add_op(make(k3s.ChunkOutputOp, operands=[queries, S, P, values], result=("o", k3s.tile("C", "V"))))
-    advance = make(k3s.StateAdvanceOp, operands=[S, keys, values, decay], result=("S", k3s.tile("K", "V")), gate=gate)
+        written = residual.results[0]
+    scan.add_op(make(k3s.ChunkOutputOp, operands=[queries, S, P, written, values["o"], values["scale"]],
+                     result=("o", k3s.tile("C", "V"))))
+    advance = make(k3s.StateAdvanceOp, operands=[S, keys, written, decay], result=("S", k3s.tile("K", "V")), gate=gate)
     scan.add_ops([advance, make(k3s.NextChunkOp, operands=[advance.results[0]])])
     return make(k3s.ChunkedOp, [*local, make(k3s.ChunkScanOp, scan)], chunk_size=chunk_size)
 
@@ -153,12 +166,13 @@ class DeriveChunkwisePass(ModulePass):
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
+        arguments = recurrence_arguments(op)
         return make(
             k3s.EntryOp,
             [
-                *recurrence_arguments(op),
+                *arguments,
                 checkpoint_argument(op, self.chunk_size),
-                chunkwise_schedule(op, self.chunk_size, self.sub_chunk, self.solve_block),
+                chunkwise_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk, self.solve_block),
             ],
             sym_name="chunk",
             source=op.sym_name.data,

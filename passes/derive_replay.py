@@ -43,7 +43,7 @@ def speculative_arguments(op: RecurrenceOp, draft_tokens: int) -> list[k3s.Tenso
 def speculative_schedule(op: RecurrenceOp, draft_tokens: int, values: dict[str, SSAValue]) -> k3s.SpeculativeOp:
     return make(
         k3s.SpeculativeOp,
-        [token_loop(op, cache=values["cache"]),
+        [token_loop(op, values, cache=values["cache"]),
          make(k3s.ReplayOp, operands=[values["cache"], values["accepted"]], gate=op.gate.data)],
         draft_tokens=draft_tokens,
     )

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import add_entries, make, recurrence_arguments
+from k3compile.passes.common import add_entries, argument_values, make, recurrence_arguments
 from k3compile.passes import derive_chunkwise
 
 GATE_TRANSITIONS = {"channel": "diagonal", "scalar": "scalar", "none": "identity"}
@@ -35,14 +36,15 @@ def transition_form(op: RecurrenceOp) -> str:
     return "full" if op.delta_rule.value.data else GATE_TRANSITIONS[op.gate.data]
 
 
-def segment_scan_schedule(op: RecurrenceOp, chunk_size: int, sub_chunk: int = 16) -> k3s.SegmentScanOp:
+def segment_scan_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size: int,
+                          sub_chunk: int = 16) -> k3s.SegmentScanOp:
     form = transition_form(op)
     return make(
         k3s.SegmentScanOp,
         [
             make(k3s.SegmentSummaryOp, transition=form),
             make(k3s.SummaryCombineOp, transition=form),
-            derive_chunkwise.chunkwise_schedule(op, chunk_size, sub_chunk),  # finishes every segment
+            derive_chunkwise.chunkwise_schedule(op, values, chunk_size, sub_chunk),  # finishes every segment
         ],
     )
 
@@ -66,9 +68,10 @@ class DeriveSegmentScanPass(ModulePass):
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
+        arguments = recurrence_arguments(op)
         return make(
             k3s.EntryOp,
-            [*recurrence_arguments(op), segment_scan_schedule(op, self.chunk_size, self.sub_chunk)],
+            [*arguments, segment_scan_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk)],
             sym_name="segment_scan",
             source=op.sym_name.data,
         )

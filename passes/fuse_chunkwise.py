@@ -29,7 +29,15 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import check_num_warps, check_power_of_two, make, tensor_arg
+from k3compile.passes.common import (
+    argument_values,
+    check_num_warps,
+    check_power_of_two,
+    entry_values,
+    make,
+    rebind,
+    tensor_arg,
+)
 
 RECOMPUTED = (k3s.GateCumsumOp, k3s.GateTotalOp)  # cheaper to redo where read than to spill and reload
 LOADS = (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)
@@ -47,7 +55,8 @@ def is_input(value: SSAValue) -> bool:
 
 
 def reads(op: Operation) -> set[SSAValue]:
-    return set(op.operands)
+    """The tiles a stage reads (the tensors it reads or writes are always there)."""
+    return {v for v in op.operands if isinstance(v.type, k3s.TileType)}
 
 
 def crossing(producers: list[Operation], consumers: list[Operation]) -> tuple[list[Operation], list[SSAValue]]:
@@ -137,10 +146,14 @@ class KernelBody:
         self.add(op.clone(value_mapper=self.mapped))
 
 
-def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v: int, num_warps: int,
-                  scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split",
+def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: dict[str, SSAValue], block_v: int,
+                  num_warps: int, scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split",
                   prepare_maxnreg: int = 0):
-    """(the workspaces, the kernels) of a chunked schedule; the schedule itself is left as is."""
+    """(the workspaces, the kernels) of a chunked schedule of entry's layer, for the entry whose
+    argument values are `values` (the kernels' stages read and write those of the same names;
+    the sequence offsets where it has them); the schedule itself is left as is. The scan's state
+    tile starts from initial_state and its store writes final_state, where that entry has them:
+    an entry without them (a summary, a verify) replaces the two."""
     local = [op for op in chunked.local_ops() if not isinstance(op, LOADS)]
     scan_region = chunked.scan
     scan = list(scan_region.body.ops)[:-1]  # but next_chunk
@@ -172,8 +185,11 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     workspaces = list(spilled_to.values())
     name = kernel_prefix or f"{entry.source.data}_chunk"
 
+    offsets = values.get("cu_seqlens")
+
     def chunk_kernel(suffix: str, body: KernelBody) -> k3s.KernelOp:
-        return make(k3s.KernelOp, [make(k3s.ChunkTileOp, chunk_size=C, head_k_dim=K, head_v_dim=V), *body.ops],
+        tile = make(k3s.ChunkTileOp, operands=[offsets], chunk_size=C, head_k_dim=K, head_v_dim=V)
+        return make(k3s.KernelOp, [tile, *body.ops],
                     sym_name=f"{name}_{suffix}", grid="chunk,value_head", num_warps=num_warps,
                     **({"maxnreg": prepare_maxnreg} if prepare_maxnreg else {}))
 
@@ -199,16 +215,20 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, block_v:
     scan_kernel = make(
         k3s.KernelOp,
         [
-            make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout),
-            make(k3s.ChunkLoopOp, loop_block, chunk_size=C),
-            make(k3s.StoreStateOp, layout=layout),
+            make(k3s.StateTileOp, operands=[values.get("initial_state")], head_k_dim=K, head_v_dim=V,
+                 block_v=block_v, layout=layout),
+            make(k3s.ChunkLoopOp, loop_block, operands=[offsets], chunk_size=C),
+            make(k3s.StoreStateOp, operands=[values.get("final_state")], layout=layout),
         ],
         sym_name=f"{name}_scan",
         grid="value_block,sequence_head",
         num_warps=num_warps,
         num_stages=scan_stages,
     )
-    return workspaces, [*prepares, scan_kernel]
+    kernels = [*prepares, scan_kernel]
+    # the schedule's stages read its own entry's arguments; spills and reloads its workspaces
+    rebind(kernels, {**values, **argument_values(workspaces)})
+    return workspaces, kernels
 
 
 @dataclass(frozen=True)
@@ -241,8 +261,9 @@ class FuseChunkwisePass(ModulePass):
         for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp) and isinstance(o.parent_op(), k3s.EntryOp)]:
             entry = chunked.parent_op()
             layer = layers[entry.source.data]
-            workspaces, kernels = split_kernels(layer, entry, chunked, self.block_v, self.num_warps, self.scan_stages,
-                                                grouping=self.grouping, prepare_maxnreg=self.prepare_maxnreg)
+            workspaces, kernels = split_kernels(layer, entry, chunked, entry_values(entry), self.block_v,
+                                                self.num_warps, self.scan_stages, grouping=self.grouping,
+                                                prepare_maxnreg=self.prepare_maxnreg)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(chunked))
             chunked.detach()
             chunked.erase()

@@ -10,7 +10,10 @@ properties and use-def chains) and the kernels' code properties agree, the extra
 one `k3s.when <flag = SPILL_P_QG>` (the flag named for the spills it guards): B and every kernel
 with B's body get the guarded body with the flag on, A and every kernel with A's body the same
 body with it off. merge-identical-kernels, run next, finds them all one code (a flag's value is
-launch-only).
+launch-only). It works on outlined kernels (outline-kernels): their arguments compare by name,
+and a kernel given another's body is launched with its entry's values of its new arguments' names,
+a tensor the entry lacks (the summary prepare's q, read only by the guarded stages) as a
+k3s.absent_tensor of the entry.
 
 Only a kernel's top-level stages count, and only extra stages that are one run of ops: one guard
 holds them, and moving stages to make a run would change B's code. Kernels with flags are left
@@ -29,7 +32,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.passes.common import make
-from k3compile.passes.merge_identical_kernels import code_properties
+from k3compile.passes.merge_identical_kernels import code_properties, equivalent
 
 
 def spilled(kernel: k3s.KernelOp) -> set[str]:
@@ -71,7 +74,8 @@ def without(kernel: k3s.KernelOp, stages: list[Operation]) -> Region:
 def same_body(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
     """The same body, launch properties inside it included (a kernel given another's body loses
     none of its own), and the same code properties."""
-    return code_properties(kernel) == code_properties(other) and kernel.body.is_structurally_equivalent(other.body)
+    return (code_properties(kernel) == code_properties(other)
+            and equivalent(kernel.body, other.body))
 
 
 def guarded_body(kernel: k3s.KernelOp, stages: list[Operation], flag: str) -> Region:
@@ -87,12 +91,13 @@ def guarded_body(kernel: k3s.KernelOp, stages: list[Operation], flag: str) -> Re
 
 
 def run_guarded(kernel: k3s.KernelOp, body: Region, flag: str, on: bool) -> None:
-    """Give kernel (a copy of) the guarded body, its launch passing flag = on."""
+    """Give kernel (a copy of) the guarded body, its launch passing flag = on and its entry's
+    values of the body's arguments. A tensor its entry lacks (read only by the guarded
+    stages, which its launch skips) becomes a k3s.absent_tensor of the entry."""
     kernel.body.erase_block(kernel.body.block)
     body.clone_into(kernel.body)
     kernel.properties["flags"] = DictionaryAttr({flag: BoolAttr.from_bool(on)})
-    if kernel.is_outlined():
-        relaunch(kernel)
+    relaunch(kernel)
 
 
 def relaunch(kernel: k3s.KernelOp) -> None:
@@ -128,7 +133,7 @@ class GuardSpillOnlyStagesPass(ModulePass):
                     continue
                 extra = spill_only_stages(wide, spilled(narrow))
                 if not (extra and is_one_run(wide, extra) and code_properties(wide) == code_properties(narrow)
-                        and without(wide, extra).is_structurally_equivalent(narrow.body)):
+                        and equivalent(without(wide, extra), narrow.body)):
                     continue
                 flag = "SPILL_" + "_".join(k3s.argument_name(s.workspace).upper()
                                            for s in extra if isinstance(s, k3s.SpillOp))

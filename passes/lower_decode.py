@@ -19,6 +19,7 @@ from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import (
     add_entries,
+    argument_values,
     check_num_warps,
     check_power_of_two,
     check_token_stages,
@@ -60,11 +61,14 @@ class LowerDecodePass(ModulePass):
             tensor_arg("state", k3s.tensor("P", *recurrence_state_shape(op), dtype="state"), "inout"),
             tensor_arg("state_indices", k3s.tensor("B", dtype="index")),
         ]
+        values = argument_values(args)
+        pool = [values["state"], values["state_indices"]]
         kernel = token_kernel(
             [
-                make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout, home="pool"),
-                token_loop(op),
-                make(k3s.StoreStateOp, layout=layout, home="pool"),
+                make(k3s.StateTileOp, operands=pool, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout,
+                     home="pool"),
+                token_loop(op, values),
+                make(k3s.StoreStateOp, operands=pool, layout=layout, home="pool"),
             ],
             f"{op.sym_name.data}_decode", self.num_warps, self.token_stages,
         )

@@ -18,6 +18,7 @@ from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import (
     add_entries,
+    argument_values,
     check_num_warps,
     check_power_of_two,
     check_token_stages,
@@ -28,10 +29,12 @@ from k3compile.passes.common import (
 )
 
 
-def token_loop(op: RecurrenceOp, cache: SSAValue | None = None) -> k3s.TokenLoopOp:
-    """One token of the recurrence as values, carrying the state S; given the entry's `cache` it
-    also caches there what a replay needs (the token's k, the update u it wrote, its log-gate)."""
-    load = input_loads(op)
+def token_loop(op: RecurrenceOp, values: dict[str, SSAValue], cache: SSAValue | None = None) -> k3s.TokenLoopOp:
+    """One token of the recurrence as values, carrying the state S, reading and writing the
+    tensors of `values` (its entry's arguments; the sequence offsets when it has them); given the
+    entry's `cache` it also caches there what a replay needs (the token's k, the update u it
+    wrote, its log-gate)."""
+    load = input_loads(op, values)
     block = Block(arg_types=[k3s.tile("K", "V")])
     S = block.args[0]
     S.name_hint = "S"
@@ -50,11 +53,11 @@ def token_loop(op: RecurrenceOp, cache: SSAValue | None = None) -> k3s.TokenLoop
         beta = stage(load["beta"](k3s.LoadTokenOp))
         u = stage(make(k3s.DeltaCorrectOp, operands=[S, k, v, beta], result=("u", v.type)))
     S = stage(make(k3s.Rank1UpdateOp, operands=[S, k, u], result=("S", S.type)))
-    stage(make(k3s.ReadoutOp, operands=[S, q], result=("o", k3s.tile("V"))))
+    stage(make(k3s.ReadoutOp, operands=[S, q, values["o"], values["scale"]], result=("o", k3s.tile("V"))))
     if cache is not None:
         stage(make(k3s.CacheUpdateOp, operands=[cache, k, u, g], gate=op.gate.data))
     stage(make(k3s.NextTokenOp, operands=[S]))
-    return make(k3s.TokenLoopOp, block)
+    return make(k3s.TokenLoopOp, block, operands=[values.get("cu_seqlens")])
 
 
 @dataclass(frozen=True)
@@ -75,12 +78,15 @@ class LowerRecurrentPass(ModulePass):
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
         K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
         layout = op.state_layout.data
+        arguments = recurrence_arguments(op)
+        values = argument_values(arguments)
         kernel = token_kernel(
             [
-                make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout),
-                token_loop(op),
-                make(k3s.StoreStateOp, layout=layout),
+                make(k3s.StateTileOp, operands=[values["initial_state"]], head_k_dim=K, head_v_dim=V,
+                     block_v=self.block_v, layout=layout),
+                token_loop(op, values),
+                make(k3s.StoreStateOp, operands=[values["final_state"]], layout=layout),
             ],
             f"{op.sym_name.data}_recurrent", self.num_warps, self.token_stages,
         )
-        return make(k3s.EntryOp, [*recurrence_arguments(op), kernel], sym_name="recurrent", source=op.sym_name.data)
+        return make(k3s.EntryOp, [*arguments, kernel], sym_name="recurrent", source=op.sym_name.data)

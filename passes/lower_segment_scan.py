@@ -52,6 +52,13 @@ def with_props(op: Operation, **changes) -> Operation:
                 **changes)
 
 
+def starting_at(tile: k3s.StateTileOp, start: str, **changes) -> k3s.StateTileOp:
+    """A copy of a state tile that starts at `start` (zero, identity), reading no tensor."""
+    copy = with_props(tile, start=start, **changes)
+    copy.operands = []
+    return copy
+
+
 def state_pass_schedule(chunked: k3s.ChunkedOp) -> k3s.ChunkedOp:
     """The chunked schedule cut down to what the carried state depends on: without its output,
     whatever only the output read is dead."""
@@ -63,11 +70,11 @@ def state_pass_schedule(chunked: k3s.ChunkedOp) -> k3s.ChunkedOp:
     return state_pass
 
 
-def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str, summaries: dict[str, SSAValue]
-                  ) -> list[k3s.KernelOp]:
+def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
+                  values: dict[str, SSAValue]) -> list[k3s.KernelOp]:
     """From the state pass's scan kernel: the N scan (zero start, N stored; a diagonal/scalar M
-    multiplied up alongside, stored to summaries["M"]) and, for a full M, the scan of the identity
-    columns."""
+    multiplied up alongside) and, for a full M, the scan of the identity columns, storing to the
+    N and M of `values` (their entry's)."""
     K = layer.head_k_dim.value.data
     tile, loop, _ = list(scan.body.ops)
 
@@ -91,13 +98,13 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str, summaries:
 
     layout = layer.state_layout.data
     n_loop = summary_loop()
-    n_stores = [make(k3s.StoreStateOp, layout=layout, tensor="N")]
+    n_stores = [make(k3s.StoreStateOp, operands=[values["N"]], layout=layout)]
     if form in ("diagonal", "scalar"):
         advance = next(op for op in n_loop.walk() if isinstance(op, k3s.StateAdvanceOp))
         Rewriter.insert_op(make(k3s.DecayProductOp, operands=[advance.decay], transition=form),
                            InsertPoint.before(n_loop.body.block.last_op))
-        n_stores.append(make(k3s.StoreTransitionOp, operands=[summaries["M"]], transition=form))
-    kernels = [kernel("N", with_props(tile, start="zero"), n_loop, n_stores)]
+        n_stores.append(make(k3s.StoreTransitionOp, operands=[values["M"]], transition=form))
+    kernels = [kernel("N", starting_at(tile, "zero"), n_loop, n_stores)]
     if form == "full":
         m_loop = summary_loop()
         for residual in [op for op in m_loop.walk() if isinstance(op, k3s.DeltaResidualOp)]:  # zero values: U = 0
@@ -105,8 +112,8 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str, summaries:
                                   result=(residual.residual.name_hint, residual.residual.type))
             Rewriter.replace_op(residual, without_values)
         region_dce(m_loop.body)
-        m_tile = with_props(tile, start="identity", head_v_dim=K, layout="kv")
-        kernels.append(kernel("M", m_tile, m_loop, [make(k3s.StoreStateOp, layout="kv", tensor="M")]))
+        m_tile = starting_at(tile, "identity", head_v_dim=K, layout="kv")
+        kernels.append(kernel("M", m_tile, m_loop, [make(k3s.StoreStateOp, operands=[values["M"]], layout="kv")]))
     return kernels
 
 
@@ -126,14 +133,14 @@ def summary_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.ChunkedO
     """segment_summary(k, v, g, beta, cu_seqlens) -> (M, N): the summaries alone."""
     arguments = [a for a in recurrence_arguments(layer) if a.sym_name.data in SUMMARY_INPUTS]
     outputs = summary_outputs(layer, form)
+    values = argument_values([*arguments, *outputs])
     # a segment is a sequence of cu_seqlens: its summary is the state its sequence leaves
     workspaces, (prepare, scan_kernel) = split_kernels(
-        layer, entry, state_pass_schedule(chunked), block_v, num_warps, scan_stages=2,
+        layer, entry, state_pass_schedule(chunked), values, block_v, num_warps, scan_stages=2,
         kernel_prefix=f"{entry.source.data}_summary")
     return make(
         k3s.EntryOp,
-        [*arguments, *outputs, *workspaces, prepare,
-         *summary_scans(layer, scan_kernel, form, argument_values(outputs))],
+        [*arguments, *outputs, *workspaces, prepare, *summary_scans(layer, scan_kernel, form, values)],
         # derive-segment-scan named it segment_scan (layer-prefixed in a module of several)
         sym_name=entry.sym_name.data.replace("segment_scan", "segment_summary"),
         source=entry.source.data,
@@ -146,18 +153,18 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
     chunk entry over segments (the sequences of cu_seqlens), whose initial states the combine
     makes from the summaries after the one prepare."""
     prefix = f"{entry.source.data}_segments"
-    read, (_, state_scan) = split_kernels(layer, entry, state_pass_schedule(chunked), block_v, num_warps,
+    arguments = [tensor_arg(a.sym_name.data, a.type, "combined") if a.sym_name.data == "initial_state" else a
+                 for a in recurrence_arguments(layer)]
+    summaries = summary_outputs(layer, form, role="workspace")
+    values = argument_values([*arguments, *summaries])
+    read, (_, state_scan) = split_kernels(layer, entry, state_pass_schedule(chunked), values, block_v, num_warps,
                                           scan_stages, kernel_prefix=f"{prefix}_summary")
-    workspaces, (prepare, finish) = split_kernels(layer, entry, chunked, block_v, num_warps, scan_stages,
+    workspaces, (prepare, finish) = split_kernels(layer, entry, chunked, values, block_v, num_warps, scan_stages,
                                                   kernel_prefix=prefix)
     missing = {w.sym_name.data for w in read} - {w.sym_name.data for w in workspaces}
     if missing:  # the derivations disagree: the summary scans would read what no prepare wrote
         raise ValueError(f"lower-segment-scan: the state pass reads {sorted(missing)}, which the prepare of "
                          f"@{entry.source.data}'s chunked schedule does not spill")
-    arguments = [tensor_arg(a.sym_name.data, a.type, "combined") if a.sym_name.data == "initial_state" else a
-                 for a in recurrence_arguments(layer)]
-    summaries = summary_outputs(layer, form, role="workspace")
-    values = argument_values([*arguments, *summaries])
     # the host step: M (but the identity's), N -> the entering states
     combined = make(k3s.SummaryCombineOp, operands=[values.get("M"), values["N"], values["initial_state"]],
                     transition=combine.transition.data)

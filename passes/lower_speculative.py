@@ -63,6 +63,13 @@ def clone(op, **changes):
     return copy
 
 
+def over_pool_rows(loop: k3s.TokenLoopOp) -> k3s.TokenLoopOp:
+    """The schedule's token loop (a copy) as a loop over the B rows of T tokens of a batch: without
+    the schedule's sequence offsets (its entry's rebinding points the rest at its arguments)."""
+    loop.operands = []
+    return loop
+
+
 def next_cache_loop(loop: k3s.TokenLoopOp, next_cache: SSAValue) -> k3s.TokenLoopOp:
     """The verify's token loop caching into next_cache (spec_step reads cache, writes next_cache)."""
     copy = loop.clone()
@@ -82,14 +89,14 @@ def verify_chunk_size(depth: int) -> int:
     return size
 
 
-def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v: int, num_warps: int,
-                   buffer: SSAValue, name: str, dots: str) -> tuple[list, k3s.KernelOp, k3s.KernelOp]:
-    """derive-chunkwise's schedule of one chunk from the pool row, split by fuse-chunkwise: (its
-    workspaces, the prepare kernel, the scan kernel with its pool state tile and its chunk loop,
-    which writes o and caches every row's k, log-decay and u into `buffer`, the cache tensor of the
-    entry it goes into)."""
+def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, values: dict[str, SSAValue], depth: int, block_v: int,
+                   num_warps: int, buffer: SSAValue, name: str, dots: str) -> tuple[list, k3s.KernelOp, k3s.KernelOp]:
+    """derive-chunkwise's schedule of one chunk from the pool row, split by fuse-chunkwise, for
+    the entry whose arguments are `values`: (its workspaces, the prepare kernel, the scan kernel
+    with its pool state tile and its chunk loop, which writes o and caches every row's k,
+    log-decay and u into `buffer`, the cache tensor of that entry)."""
     gate, delta_rule = layer.gate.data, bool(layer.delta_rule.value.data)
-    chunked = derive_chunkwise.chunkwise_schedule(layer, verify_chunk_size(depth))
+    chunked = derive_chunkwise.chunkwise_schedule(layer, values, verify_chunk_size(depth))
     scan_region = chunked.scan
     # the verify needs the outputs and the updates the tokens write, not the state after them:
     # each chunk leaves the state as it entered, and what only the state advance read is dead
@@ -104,14 +111,16 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, depth: int, block_v:
     Rewriter.insert_op(make(k3s.CacheUpdateOp, operands=[buffer, *updates], gate=gate),
                        InsertPoint.before(scan_region.body.block.last_op))
     region_dce(chunked.body)
-    workspaces, (prepare, scan) = fuse_chunkwise.split_kernels(layer, entry, chunked, block_v, num_warps, 1)
+    workspaces, (prepare, scan) = fuse_chunkwise.split_kernels(layer, entry, chunked, values, block_v, num_warps, 1)
     chunked.erase()
     for op in list(scan.walk()):
         if isinstance(op, (k3s.StoreCheckpointOp, k3s.StoreStateOp)):  # no state leaves a verify
             op.detach()
             op.erase()
     old_tile = next(op for op in scan.body.ops if isinstance(op, k3s.StateTileOp))
-    Rewriter.insert_op(clone(old_tile, home="pool", block_v=block_v), InsertPoint.before(old_tile))
+    pool_tile = clone(old_tile, home="pool", block_v=block_v)
+    pool_tile.operands = [values["state"], values["state_indices"]]
+    Rewriter.insert_op(pool_tile, InsertPoint.before(old_tile))
     old_tile.detach()
     old_tile.erase()
     # fp32-accurate products (`dots`: exact fp32, or 3xTF32 on tensor cores) and fp32 workspaces
@@ -135,8 +144,12 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     loop = next(op for op in speculative.body.ops if isinstance(op, k3s.TokenLoopOp))
     replay = next(op for op in speculative.body.ops if isinstance(op, k3s.ReplayOp))
 
-    def tile():
-        return make(k3s.StateTileOp, head_k_dim=K, head_v_dim=V, block_v=block_v, layout=layout, home="pool")
+    def tile(values: dict[str, SSAValue]):
+        return make(k3s.StateTileOp, operands=[values["state"], values["state_indices"]], head_k_dim=K, head_v_dim=V,
+                    block_v=block_v, layout=layout, home="pool")
+
+    def store(values: dict[str, SSAValue]):
+        return make(k3s.StoreStateOp, operands=[values["state"], values["state_indices"]], layout=layout, home="pool")
 
     pool = k3s.tensor("P", *recurrence_state_shape(layer), dtype="state")
     indices = k3s.tensor("B", dtype="index")
@@ -184,16 +197,17 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         commit_stage = make(k3s.RestoreSnapshotOp, operands=[committed["snapshots"], committed["accepted"]])
 
     chunked = options.verify == "chunked"
+    verify_values, commit_values = argument_values(verify_arguments), argument_values(commit_arguments)
     if chunked:
-        workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   argument_values(verify_arguments)["cache"], f"{name}_verify",
+        workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), verify_values, depth, block_v,
+                                                   num_warps, verify_values["cache"], f"{name}_verify",
                                                    options.verify_dots)
         verify_kernels = [*workspaces, prepare, scan]
     else:
-        verify_kernels = [pool_kernel("verify", [tile(), verify_loop])]
+        verify_kernels = [pool_kernel("verify", [tile(verify_values), over_pool_rows(verify_loop)])]
     verify = entry("verify", verify_arguments, verify_kernels, max_tokens=depth)
     commit = entry("commit", commit_arguments, [
-        pool_kernel("commit", [tile(), commit_stage, make(k3s.StoreStateOp, layout=layout, home="pool")]),
+        pool_kernel("commit", [tile(commit_values), commit_stage, store(commit_values)]),
     ])
     if mode == "snapshot":
         return [verify, commit]
@@ -205,20 +219,21 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         tensor_arg("accepted", indices, "input"),
         tensor_arg("next_cache", buffer_type, "inout", distinct_from="cache"),
     ]
-    next_cache = argument_values(step_arguments)["next_cache"]
+    step_values = argument_values(step_arguments)
+    next_cache = step_values["next_cache"]
     # the replay reads the previous round's cache (rebound to spec_step's cache and accepted)
-    committed = [clone(replay), make(k3s.StoreStateOp, layout=layout, home="pool")]
+    committed = [clone(replay), store(step_values)]
     if chunked:  # the prepare reads only the inputs; the scan commits the row, then verifies from it
-        workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), depth, block_v, num_warps,
-                                                   next_cache, f"{name}_spec_step", options.verify_dots)
+        workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), step_values, depth, block_v,
+                                                   num_warps, next_cache, f"{name}_spec_step", options.verify_dots)
         Rewriter.insert_op(committed, InsertPoint.after(next(op for op in scan.body.ops
                                                              if isinstance(op, k3s.StateTileOp))))
         step_kernels = [*workspaces, prepare, scan]
     else:
         step_kernels = [pool_kernel("spec_step", [
-            tile(),
+            tile(step_values),
             *committed,
-            next_cache_loop(loop, next_cache),
+            over_pool_rows(next_cache_loop(loop, next_cache)),
         ])]
     step = entry("spec_step", step_arguments, step_kernels, max_tokens=depth)
     return [verify, commit, step]

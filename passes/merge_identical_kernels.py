@@ -41,35 +41,42 @@ def code_properties(kernel: k3s.KernelOp) -> dict:
     return code
 
 
-def code_of(kernel: k3s.KernelOp, argument_order: list[str] | None = None) -> Region:
-    """A copy of the kernel's body without the properties that only say how it is launched, its
-    arguments in argument_order (by name; an entry orders its kernels' arguments as it declares
-    them, and launches pass arguments by name)."""
+def code_of(kernel: k3s.KernelOp) -> Region:
+    """A copy of the kernel's body without the properties that only say how it is launched."""
     body = kernel.body.clone()
-    if argument_order is not None:
-        block = body.block
-        by_name = {arg.name_hint: arg for arg in block.args}
-        for name in argument_order:
-            moved = block.insert_arg(by_name[name].type, len(block.args))
-            moved.name_hint = name
-            by_name[name].replace_all_uses_with(moved)
-        for arg in list(block.args[:len(argument_order)]):
-            block.erase_arg(arg)
     for op in body.walk():
         for key in LAUNCH_ONLY_IN_BODY.get(type(op), ()):
             op.properties.pop(key, None)
     return body
 
 
-def argument_names(kernel: k3s.KernelOp) -> list[str]:
-    return [arg.name_hint for arg in kernel.body.block.args]
+def in_argument_order(body: Region, names: list[str]) -> Region:
+    """A copy of an outlined kernel's body with its arguments in the order of `names` (an entry
+    orders its kernels' arguments as it declares them; launches pass them by name)."""
+    body = body.clone()
+    block = body.block
+    old = list(block.args)
+    by_name = {arg.name_hint: arg for arg in old}
+    for name in names:
+        moved = block.insert_arg(by_name[name].type, len(block.args))
+        moved.name_hint = name
+        by_name[name].replace_all_uses_with(moved)
+    for arg in old:
+        block.erase_arg(arg)
+    return body
+
+
+def equivalent(body: Region, other: Region) -> bool:
+    """Whether two outlined kernels' bodies are the same code: arguments of the same names and
+    types, and the same ops on them (xDSL's structural equivalence)."""
+    names = [arg.name_hint for arg in other.block.args]
+    if sorted(arg.name_hint for arg in body.block.args) != sorted(names):
+        return False
+    return in_argument_order(body, names).is_structurally_equivalent(other)
 
 
 def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
-    if sorted(argument_names(kernel)) != sorted(argument_names(other)):
-        return False
-    return (code_properties(kernel) == code_properties(other)
-            and code_of(kernel, argument_names(other)).is_structurally_equivalent(code_of(other)))
+    return code_properties(kernel) == code_properties(other) and equivalent(code_of(kernel), code_of(other))
 
 
 @dataclass(frozen=True)

@@ -274,10 +274,11 @@ def chunk_entry(kind: str, pipeline: str) -> k3s.EntryOp:
 
 def dataflow_closed(kernel: k3s.KernelOp) -> None:
     """In program order, every op reads only values defined before it in the same kernel (its
-    loads, reloads, stages and the loop's carried state) or its entry's arguments (the workspaces
-    it spills to and reloads from): a kernel hands nothing to another but through what it spills."""
-    defined: set = {op.results[0] for op in kernel.parent_op().body.ops
-                    if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))}
+    loads, reloads, stages and the loop's carried state) or its own entry's arguments (the
+    tensors it reads and writes): a kernel hands nothing to another but through what it spills."""
+    from k3compile.passes.common import entry_values
+
+    defined: set = set(entry_values(kernel.parent_op()).values())
     where = kernel.sym_name.data
 
     def walk(block) -> None:

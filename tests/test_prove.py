@@ -12,7 +12,6 @@ import k3compile.passes.derive_chunkwise as derive_chunkwise
 import k3compile.passes.fuse_chunkwise as fuse_chunkwise
 from conftest import (run_cli, DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, as_tensor, exact_as_torch,
                       one_line, recurrence_table)
-from k3compile.cli import main
 from k3compile.errors import IRError
 from k3compile.frontend import spec_to_module
 from k3compile.ir import exact, k3s, reference
@@ -266,7 +265,7 @@ def output_after_advance(chunked):
     advance = the_stage(chunked, k3s.StateAdvanceOp)
     advance.detach()
     output.parent_block().insert_op_before(advance, output)
-    output.operands = (output.queries, advance.advanced, output.scores, output.values)
+    output.operands = (output.queries, advance.advanced, output.scores, output.values, output.destination, output.scale)
 
 
 def right_factor_from_the_wrong_reference(chunked):
@@ -527,7 +526,8 @@ def patch_chunked_kernels(monkeypatch, mutate):
 def cache_the_raw_values(workspaces, prepare, scan):
     """Cache v instead of the corrected rows of vr: the replay adds beta-less raw values."""
     (loop,) = [op for op in scan.walk() if isinstance(op, k3s.ChunkLoopOp)]
-    load_v = make(k3s.LoadChunkOp, tensor="v", result=("v", k3s.tile("C", "V")))
+    v = next(op.tensor for op in prepare.walk() if isinstance(op, k3s.LoadChunkOp) and k3s.loads_values(op))
+    load_v = make(k3s.LoadChunkOp, operands=[v], result=("v", k3s.tile("C", "V")))
     loop.body.block.insert_op_before(load_v, loop.body.block.first_op)
     for op in scan.walk():
         if isinstance(op, k3s.CacheUpdateOp):

@@ -77,7 +77,6 @@ K3S = Dialect(
         TensorType,
         ArgDtypeAttr,
         ArgRoleAttr,
-        TokenTensorAttr,
         KernelDotsAttr,
         StateHomeAttr,
         StateStartAttr,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
+from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, FloatAttr, IntegerAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.irdl import (
     irdl_op_definition,
@@ -17,13 +17,15 @@ from xdsl.irdl import (
     region_def,
     result_def,
     traits_def,
+    var_operand_def,
 )
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
+from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
 from k3compile.ir.k3s.core import KernelOp, WhenOp
-from k3compile.ir.k3s.types import GATED, TensorType, TileType, TokenTensorAttr
+from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -81,10 +83,13 @@ class ChunkScanOp(KeywordSyntax):
 @irdl_op_definition
 class ChunkLoopOp(KeywordSyntax):
     """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule), carrying
-    the kernel's state tile: the block argument S, the operand of the closing `next_chunk`."""
+    the kernel's state tile: the block argument S, the operand of the closing `next_chunk`. Its
+    operand, when the entry has them, is the sequence offsets (`k3s.chunk_loop %cu_seqlens`:
+    varlen when the caller passes them); without it the sequences are the B rows of T tokens."""
 
     name = "k3s.chunk_loop"
     chunk_size = prop_def(IntegerAttr[I64])
+    offsets = opt_operand_def(TensorType)
     body = region_def("single_block")
     traits = traits_def(HasParent(KernelOp))
 
@@ -111,22 +116,26 @@ SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp)
 @irdl_op_definition
 class ChunkTileOp(KeywordSyntax):
     """In a kernel over chunks: the token rows of this program's chunk (C rows, the last
-    chunk of a sequence masked) and the key/value ranges."""
+    chunk of a sequence masked) and the key/value ranges. Its operand, when the entry has them,
+    is the sequence offsets (`k3s.chunk_tile %cu_seqlens`: with them passed, a chunk's sequence
+    and end come from them); without it the sequences are the B rows of T tokens."""
 
     name = "k3s.chunk_tile"
     chunk_size = prop_def(IntegerAttr[I64])
     head_k_dim = prop_def(IntegerAttr[I64])
     head_v_dim = prop_def(IntegerAttr[I64])
+    offsets = opt_operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
 
 @irdl_op_definition
 class LoadChunkOp(KeywordSyntax):
-    """Load the chunk's rows of q, k or v (v: the program's value columns); q and k optionally
-    L2-normalised per row."""
+    """Load the chunk's rows of its operand (`k3s.load_chunk %q`: q, k or v), in the input
+    dtype: K key channels of q/k head i_h (`!k3s.tile<C x K>`) or the program's value columns of
+    value head i_hv (`<C x V>`, v); key rows optionally L2-normalised per row."""
 
     name = "k3s.load_chunk"
-    tensor = prop_def(TokenTensorAttr)
+    tensor = operand_def(TensorType)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
     rows = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryReadEffect())
@@ -137,29 +146,38 @@ class LoadChunkOp(KeywordSyntax):
 
 @irdl_op_definition
 class LoadGateOp(KeywordSyntax):
-    """Load the gate as a log-decay g into registers (per token, or a chunk's rows; rows past
-    the end read 0). input log: g as given; softplus: -exp(A_log) softplus(g + dt_bias);
-    bounded: lower_bound sigmoid(exp(A_log) (g + dt_bias))."""
+    """Load the gate g (its operand) as a log-decay into registers (per token, or a chunk's rows;
+    rows past the end read 0). input log: g as given; clamped: max(g, lower_bound); softplus:
+    -exp(A_log) softplus(g + dt_bias); bounded: lower_bound sigmoid(exp(A_log) (g + dt_bias)).
+    The two forms that read A_log and dt_bias take them as operands after g: `k3s.load_gate %g,
+    %A_log, %dt_bias`."""
 
     name = "k3s.load_gate"
     gate = prop_def(GATED)
     input = prop_def(GateInputAttr)
     lower_bound = prop_def(FloatAttr)
+    tensor = operand_def(TensorType)  # g
+    parameters = var_operand_def(TensorType)  # A_log, dt_bias: with input softplus or bounded
     log_gate = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
         if self.lower_bound.value.data >= 0:
             raise VerifyException(f"{self.name}: lower_bound must be < 0, got {self.lower_bound.value.data}")
+        expected = 2 if self.input.data in GATE_INPUTS_WITH_PARAMETERS else 0
+        if len(self.parameters) != expected:
+            raise VerifyException(f"{self.name}: input {self.input.data} reads {expected} gate parameters "
+                                  f"(A_log, dt_bias) after g, got {len(self.parameters)}")
 
 
 @irdl_op_definition
 class LoadBetaOp(KeywordSyntax):
-    """Load beta into registers: as given (probability), sigmoid(beta) (logits) or 2 sigmoid(beta)
-    (logits_neg_eigval)."""
+    """Load beta (its operand, `k3s.load_beta %beta`) into registers: as given (probability),
+    sigmoid(beta) (logits) or 2 sigmoid(beta) (logits_neg_eigval)."""
 
     name = "k3s.load_beta"
     input = prop_def(BetaInputAttr)
+    tensor = operand_def(TensorType)
     beta = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
@@ -242,14 +260,17 @@ class DeltaResidualOp(KeywordSyntax):
 
 @irdl_op_definition
 class ChunkOutputOp(KeywordSyntax):
-    """o = scale (Q' S + P V'), stored to the output: Q' the queries as read across chunks (QG,
-    or Q without a gate), V' the values the state takes (vr with the delta rule, else V)."""
+    """o = scale (Q' S + P V'), stored to the output tensor: Q' the queries as read across chunks
+    (QG, or Q without a gate), V' the values the state takes (vr with the delta rule, else V).
+    `k3s.chunk_output %QG, %S, %P, %vr, %o, %scale`."""
 
     name = "k3s.chunk_output"
     queries = operand_def(TileType)
     state = operand_def(TileType)
     scores = operand_def(TileType)
     values = operand_def(TileType)
+    destination = operand_def(TensorType)  # o
+    scale = operand_def(Float32Type)
     output = result_def(TileType)
     traits = traits_def(HasParent(*SCAN_PARENTS))
 

@@ -124,18 +124,6 @@ class ScalarArgOp(KeywordSyntax):
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
 
-def argument_name(value: SSAValue) -> str:
-    """The name of the argument a stage's operand is: an entry argument's symbol (a tensor_arg's
-    or scalar_arg's value, whatever its printed name: `%cache_1`), or an outlined kernel's
-    argument's name (outline-kernels names each after the entry argument it stands for)."""
-    if isinstance(value.owner, (TensorArgOp, ScalarArgOp)):
-        return value.owner.sym_name.data
-    if isinstance(value, BlockArgument) and isinstance(value.owner.parent_op(), KernelOp) and value.name_hint:
-        return value.name_hint
-    raise ValueError(f"%{value.name_hint} is no argument: neither an entry's (a k3s.tensor_arg's or "
-                     "k3s.scalar_arg's value) nor an outlined kernel's")
-
-
 @irdl_op_definition
 class CheckpointArgOp(KeywordSyntax):
     """Optional states along the sequence (prefix caching): the argument `checkpoint_every`
@@ -332,6 +320,25 @@ class AbsentTensorOp(KeywordSyntax):
     traits = traits_def(HasParent(EntryOp))
 
 
+# what stages read and write: an entry's arguments, and the tensors it lacks (k3s.absent_tensor)
+ARGUMENT_OPS = (TensorArgOp, ScalarArgOp, AbsentTensorOp)
+
+
+def argument_name(value: SSAValue) -> str | None:
+    """The name of the argument a value is: an entry's tensor or scalar argument (its symbol,
+    whatever the value's printed name: `%cache_1`), a tensor the entry lacks, or an outlined
+    kernel's argument (outline-kernels names each after the entry value it stands for); None for
+    any other value."""
+    owner = value.owner
+    if isinstance(owner, AbsentTensorOp):
+        return value.name_hint
+    if isinstance(owner, ARGUMENT_OPS):
+        return owner.sym_name.data
+    if isinstance(value, BlockArgument) and isinstance(owner.parent_op(), KernelOp):
+        return value.name_hint
+    return None
+
+
 @irdl_op_definition
 class LaunchByRowsOp(KeywordSyntax):
     """Block sizes of the entry's kernel @kernel for calls of at most max_rows token rows (the
@@ -409,3 +416,13 @@ def launch_site(kernel: KernelOp) -> KernelOp | LaunchOp:
         return kernel
     name = kernel.sym_name.data
     return next(op for op in launching_entry(kernel).body.ops if isinstance(op, LaunchOp) and op.kernel.data == name)
+
+
+def passed_value(value: SSAValue) -> SSAValue:
+    """What a value is at run time: for an outlined kernel's argument, the entry value its (first)
+    launch passes; any other value itself."""
+    if isinstance(value, BlockArgument) and isinstance(value.owner.parent_op(), KernelOp):
+        kernel = value.owner.parent_op()
+        if kernel.is_outlined():
+            return launch_site(kernel).operands[value.index]
+    return value

@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr
 from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS
-from k3compile.ir.k3s.types import GATED, TileType
+from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 
@@ -142,10 +142,12 @@ class GramOp(KeywordSyntax):
     channel gate the row blocks' references (gate_start, gate_end of k3s.block_gates) and the
     factors: left (lhs rescaled row_over_reference from gate_start), right (the keys rescaled
     reference_over_row to gate_end) and with a factored diagonal the diagonal factor (the keys
-    rescaled reference_over_row to gate_start); last beta when `beta`. A block below the diagonal
+    rescaled reference_over_row to gate_start); then beta when `beta`. A block below the diagonal
     is left_I (right_J)^T bridged by the decay Gamma_start(I) / Gamma_end(J) between the two
     references: no exponent is positive. `diagonal` says how the blocks on the diagonal are
-    evaluated (GramDiagonal); only a channel gate has it.
+    evaluated (GramDiagonal); only a channel gate has it. An elementwise diagonal reloads key
+    rows and log-decays from memory as the key and gate loads read them: last, the tensors they
+    read (k, g, and A_log, dt_bias when the gate's input form reads them).
     """
 
     name = "k3s.gram"
@@ -153,7 +155,7 @@ class GramOp(KeywordSyntax):
     gate = prop_def(GateAttr)
     beta = prop_def(BoolAttr)
     diagonal = opt_prop_def(GramDiagonalAttr)
-    inputs = var_operand_def(TileType)
+    inputs = var_operand_def(TileType | TensorType)  # the tiles, then the tensors an elementwise diagonal reads
     gram = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
@@ -162,7 +164,20 @@ class GramOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
                                   f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
         factors = 0 if self.diagonal is None else 4 + (self.diagonal.data == "factored")
-        _operand_count(self, 2 + (self.gate.data != "none") + factors + bool(self.beta.value.data))
+        tiles = 2 + (self.gate.data != "none") + factors + bool(self.beta.value.data)
+        kinds = [isinstance(v.type, TensorType) for v in self.inputs]
+        if kinds != sorted(kinds):
+            raise VerifyException(f"{self.name}: its tensor operands come after its tiles")
+        reloads = self.diagonal is not None and self.diagonal.data == "elementwise"
+        if reloads and len(self.tensors) not in (2, 4):
+            raise VerifyException(f"{self.name}: an elementwise diagonal reads k and g (and A_log, dt_bias with "
+                                  f"an in-kernel gate), got {len(self.tensors)} tensor operands")
+        _operand_count(self, tiles + (len(self.tensors) if reloads else 0))
+
+    @property
+    def tensors(self) -> list[SSAValue]:
+        """The tensors an elementwise diagonal reads: k, g (and A_log, dt_bias)."""
+        return [v for v in self.inputs if isinstance(v.type, TensorType)]
 
     @property
     def lhs(self) -> SSAValue:
@@ -198,7 +213,7 @@ class GramOp(KeywordSyntax):
 
     @property
     def row_scale(self) -> SSAValue | None:
-        return self.inputs[-1] if self.beta.value.data else None
+        return self.inputs[len(self.inputs) - len(self.tensors) - 1] if self.beta.value.data else None
 
 
 @irdl_op_definition

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, BoolAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, IntegerAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -13,6 +13,7 @@ from xdsl.irdl import (
     irdl_op_definition,
     lazy_traits_def,
     operand_def,
+    opt_operand_def,
     opt_prop_def,
     prop_def,
     region_def,
@@ -26,7 +27,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
 from k3compile.ir.k3s.core import KernelOp
-from k3compile.ir.k3s.types import GATED, TensorType, TileType, TokenTensorAttr, is_power_of_two
+from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- stages of the recurrent (token-by-token) schedule -------------------------------------
@@ -53,25 +54,36 @@ class StateStartAttr(EnumAttribute[StateStart], SpacedOpaqueSyntaxAttribute):
 
 @irdl_op_definition
 class StateTileOp(KeywordSyntax):
-    """A [K, V-block] fp32 state tile kept on chip. Its home: initial_state (when given; the
-    default) or a pool row, `state[state_indices[n]]` (serving: a slot table over a state pool;
-    a slot outside the pool, e.g. -1 for padding, starts from zero and is never written).
-    `start` instead fixes where it starts: zero, or identity (a square K x K tile: the columns
-    of a segment's transition M, head_v_dim = head_k_dim)."""
+    """A [K, V-block] fp32 state tile kept on chip. Its home, its operands: the initial state
+    (`k3s.state_tile %initial_state`: read when the caller passes it, an optional argument; else
+    zero) or, home = pool, a pool row `state[state_indices[n]]` (`k3s.state_tile %state,
+    %state_indices`: serving, a slot table over a state pool; a slot outside the pool, e.g. -1
+    for padding, starts from zero and is never written). `start` instead fixes where it starts,
+    reading nothing: zero, or identity (a square K x K tile: the columns of a segment's
+    transition M, head_v_dim = head_k_dim)."""
 
     name = "k3s.state_tile"
     head_k_dim = prop_def(IntegerAttr[I64])
     head_v_dim = prop_def(IntegerAttr[I64])
     block_v = prop_def(IntegerAttr[I64])
     layout = prop_def(StateLayoutAttr)
-    home = opt_prop_def(StateHomeAttr)  # absent: initial_state
+    home = opt_prop_def(StateHomeAttr)  # absent: the initial state
     start = opt_prop_def(StateStartAttr)  # absent: the home's state
+    tensors = var_operand_def(TensorType)  # the home: initial state, or pool and slot table; none with a start
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
+        if self.start is not None and self.home is not None:
+            raise VerifyException(f"{self.name}: start and home exclude each other")
         if self.start is not None:
-            if self.home is not None:
-                raise VerifyException(f"{self.name}: start and home exclude each other")
+            expected, reads = 0, "a start reads no tensor"
+        elif in_pool(self):
+            expected, reads = 2, "home = pool reads the pool and its slot table"
+        else:
+            expected, reads = 1, "without a start or home it reads the initial state"
+        if len(self.tensors) != expected:
+            raise VerifyException(f"{self.name}: {reads}; got {len(self.tensors)} tensor operands")
+        if self.start is not None:
             if self.start.data == "identity" and self.head_v_dim.value.data != self.head_k_dim.value.data:
                 raise VerifyException(f"{self.name}: an identity start needs a square tile, got K = "
                                       f"{self.head_k_dim.value.data}, V = {self.head_v_dim.value.data}")
@@ -99,10 +111,13 @@ class SpeculativeOp(KeywordSyntax):
 
 @irdl_op_definition
 class TokenLoopOp(KeywordSyntax):
-    """Sequential loop over the tokens of one sequence (varlen through cu_seqlens), carrying
-    the kernel's state tile: the block argument S, the operand of the closing `next_token`."""
+    """Sequential loop over the tokens of one sequence, carrying the kernel's state tile: the
+    block argument S, the operand of the closing `next_token`. Its operand, when the entry has
+    them, is the sequence offsets (`k3s.token_loop %cu_seqlens`: varlen when the caller passes
+    them); without it the sequences are the B rows of T tokens."""
 
     name = "k3s.token_loop"
+    offsets = opt_operand_def(TensorType)
     body = region_def("single_block")
     traits = traits_def(HasParent(KernelOp, SpeculativeOp))
 
@@ -171,11 +186,13 @@ class ReplayOp(KeywordSyntax):
 
 @irdl_op_definition
 class LoadTokenOp(KeywordSyntax):
-    """Load one token's q, k or v vector of the current head into fp32 registers
-    (q and k optionally L2-normalised: x / sqrt(|x|^2 + 1e-6))."""
+    """Load one token's row of its operand (`k3s.load_token %q`: q, k or v) into fp32
+    registers: a row of K key channels of q/k head i_h (`!k3s.tile<K>`) or the program's value
+    columns of value head i_hv (`<V>`, v); a key row optionally L2-normalised: x / sqrt(|x|^2 +
+    1e-6)."""
 
     name = "k3s.load_token"
-    tensor = prop_def(TokenTensorAttr)
+    tensor = operand_def(TensorType)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
     row = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
@@ -189,9 +206,15 @@ def normalises(op) -> bool:
     return op.l2norm is not None and bool(op.l2norm.value.data)
 
 
+def loads_values(op) -> bool:
+    """Whether a load_token / load_chunk loads value columns (v) rather than key channels (q, k)."""
+    dims = op.results[0].type.dims.data
+    return bool(dims) and dims[-1].data == "V"
+
+
 def _no_l2norm_of_values(op) -> None:
-    if op.tensor.data == "v" and normalises(op):
-        raise VerifyException(f"{op.name}: l2norm applies to q and k only")
+    if loads_values(op) and normalises(op):
+        raise VerifyException(f"{op.name}: l2norm applies to q and k only (rows of key channels), not to values")
 
 
 @irdl_op_definition
@@ -236,29 +259,35 @@ class Rank1UpdateOp(KeywordSyntax):
 
 @irdl_op_definition
 class ReadoutOp(KeywordSyntax):
-    """o_t = S^T (scale q_t), read after the update, stored in the output dtype."""
+    """o_t = S^T (scale q_t), read after the update, stored to the output tensor (in its dtype):
+    `k3s.readout %S, %q, %o, %scale`."""
 
     name = "k3s.readout"
     state = operand_def(TileType)
     queries = operand_def(TileType)
+    destination = operand_def(TensorType)  # o
+    scale = operand_def(Float32Type)
     output = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 
 
 @irdl_op_definition
 class StoreStateOp(KeywordSyntax):
-    """Write the state tile to final_state (when the caller asked for it), back to its pool row in
-    place (home = pool), or to the output `tensor` (a segment's N or M)."""
+    """Write the state tile to its operand (`k3s.store_state %final_state`: when the caller asked
+    for it, an optional output; or a segment's N or M, always) or, home = pool, back to its pool
+    row in place (`k3s.store_state %state, %state_indices`)."""
 
     name = "k3s.store_state"
     layout = prop_def(StateLayoutAttr)
-    home = opt_prop_def(StateHomeAttr)  # absent: final_state
-    tensor = opt_prop_def(StringAttr)
+    home = opt_prop_def(StateHomeAttr)  # absent: the tensor it writes
+    tensors = var_operand_def(TensorType)  # the tensor it writes, or the pool and its slot table
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
-        if self.tensor is not None and self.home is not None:
-            raise VerifyException(f"{self.name}: tensor and home exclude each other")
+        expected, writes = (2, "home = pool writes the pool through its slot table") if in_pool(self) else (
+            1, "without a home it writes one tensor")
+        if len(self.tensors) != expected:
+            raise VerifyException(f"{self.name}: {writes}; got {len(self.tensors)} tensor operands")
 
 
 def in_pool(op) -> bool:

@@ -30,17 +30,6 @@ class ArgDtypeAttr(EnumAttribute[ArgDtype], SpacedOpaqueSyntaxAttribute):
     name = "k3s.arg_dtype"
 
 
-class TokenTensor(Word):
-    Q = "q"
-    K = "k"
-    V = "v"
-
-
-@irdl_attr_definition
-class TokenTensorAttr(EnumAttribute[TokenTensor], SpacedOpaqueSyntaxAttribute):
-    name = "k3s.token_tensor"
-
-
 # the gate of stages that exist only with one (k3.gate's words but none)
 GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB", "HS")

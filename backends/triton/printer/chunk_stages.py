@@ -35,7 +35,7 @@ class ChunkStages:
         for product in [o for o in op.body.ops if isinstance(o, k3s.DecayProductOp)]:
             c("b_M = tl.full([BK], 1.0, tl.float32)" if product.transition.data == "diagonal"
               else "b_M = tl.full([], 1.0, tl.float32)")
-        self.print_sequence_bounds()
+        self.print_sequence_bounds(op.offsets)
         c("for start in range(bos, eos, BC):")
         with c.indent():
             c("t_c = start + o_c", "m_c = t_c < eos")
@@ -88,10 +88,12 @@ class ChunkStages:
             c("# diagonal blocks: the left factor against the diagonal factor",
               f"{out} += tl.where({same}, _mm({left}, tl.trans({register(gram.diagonal_factor)}), DOT), 0.0)")
             return
-        # the rows are reloaded as the key and gate loads that the Gram's operands come from load them
+        # the rows are reloaded as the key and gate loads that the Gram's operands come from load
+        # them, from the tensors the Gram reads: k, then g (and the gate's parameters)
         lhs, G = register(gram.lhs), register(gram.cumulative_gate)
         load_k = gram.keys.owner
         load_g = gram.cumulative_gate.owner.log_gate.owner
+        keys, *gate = gram.tensors
         c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,",
           "# its key row and log-decay reloaded (cache-resident: cheaper than picking a row out of the",
           "# [NB, SUB, BK] tiles) and its G accumulated from the block's reference",
@@ -99,8 +101,8 @@ class ChunkStages:
           "for r in range(0, SUB):")
         with c.indent():
             c("t_j = start + o_b * SUB + r", "m_j = t_j < eos")
-            self.print_rows(load_k, "t_j", "m_j", "b_kj")
-            self.print_gate_rows(load_g, "t_j", "m_j", "b_gj")
+            self.print_rows(load_k, "t_j", "m_j", "b_kj", keys)
+            self.print_gate_rows(load_g, "t_j", "m_j", "b_gj", gate)
             c("b_kj = b_kj.to(tl.float32)",
               "b_Gj = b_Gj + b_gj * 1.4426950408889634",
               f"b_ratio = tl.exp2(tl.minimum(tl.reshape({G}, [NB, SUB, BK]) - b_Gj[:, None, :], 0.0))",
@@ -232,10 +234,11 @@ class ChunkStages:
 
     def print_k3s_chunk_output(self, op: k3s.ChunkOutputOp) -> None:
         out, queries, S, P, values = (register(v) for v in (op.output, op.queries, op.state, op.scores, op.values))
+        o, scale = tensor_name(op.destination), tensor_name(op.scale)
         self.code.comment(op, "O = scale (QG S + P Vr)")
         self.code(
-            f"{out} = scale * (_mm({queries}, {S}, DOT) + _mm({P}, {values}, DOT))",
-            f"tl.store(o + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], {out}.to(o.dtype.element_ty), "
+            f"{out} = {scale} * (_mm({queries}, {S}, DOT) + _mm({P}, {values}, DOT))",
+            f"tl.store({o} + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], {out}.to({o}.dtype.element_ty), "
             "mask=m_c[:, None] & m_v[None, :])",
         )
 

@@ -63,6 +63,21 @@ def tensor_name(value: SSAValue) -> str:
     return k3s.argument_name(value)
 
 
+# the roles of the tensors a caller may leave out (a combined tensor is None until the entry's combine
+# step: kernels before it see it absent); kernels read them under their HAS_<NAME> constexpr
+OPTIONAL_ROLES = ("optional_input", "optional_output", "combined")
+
+
+def presence_flag(value: SSAValue) -> str | None:
+    """HAS_<NAME>, the constexpr saying whether an optional tensor argument was passed; None for
+    a tensor every call has."""
+    value = k3s.passed_value(value)
+    owner = value.owner
+    if isinstance(owner, k3s.TensorArgOp) and owner.role.data in OPTIONAL_ROLES:
+        return f"HAS_{tensor_name(value).upper()}"
+    return None
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
@@ -127,6 +142,4 @@ class EntryView:
         return op.role.data
 
     def optional(self) -> list[str]:
-        # a combined tensor is None until the entry's combine step: kernels before it see it absent
-        return [op.sym_name.data for op in self.tensors
-                if op.role.data in ("optional_input", "optional_output", "combined")]
+        return [op.sym_name.data for op in self.tensors if op.role.data in OPTIONAL_ROLES]

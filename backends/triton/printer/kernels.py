@@ -16,6 +16,8 @@ from k3compile.backends.triton.printer.common import (
     Code,
     EntryView,
     describe,
+    presence_flag,
+    tensor_name,
 )
 from k3compile.ir import k3s
 
@@ -212,17 +214,25 @@ class Kernels:
         c = self.code
         c(f"# grid axis {axis}: one chunk of BC tokens (varlen: its row of chunk_table)",
           f"i_c = tl.program_id({axis}).to(tl.int64)")
-        if "cu_seqlens" not in self.view.names:  # a batch of equal rows (the chunked verify)
-            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+        # the sequence offsets, the operand of the kernel's chunk tile
+        offsets = next(op.offsets for op in self.kernel.body.ops if isinstance(op, k3s.ChunkTileOp))
+        equal_rows = ["i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC",
+                      "eos = i_n * T + T"]
+        if offsets is None:  # a batch of equal rows (the chunked verify)
+            c(*equal_rows)
             return
-        c("if HAS_CU_SEQLENS:")
+        varlen = ["i_n = tl.load(chunk_table + 2 * i_c).to(tl.int64)",
+                  "start = tl.load(chunk_table + 2 * i_c + 1).to(tl.int64)",
+                  f"eos = tl.load({tensor_name(offsets)} + i_n + 1).to(tl.int64)"]
+        if (flag := presence_flag(offsets)) is None:
+            c(*varlen)
+            return
+        c(f"if {flag}:")
         with c.indent():
-            c("i_n = tl.load(chunk_table + 2 * i_c).to(tl.int64)",
-              "start = tl.load(chunk_table + 2 * i_c + 1).to(tl.int64)",
-              "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
+            c(*varlen)
         c("else:")
         with c.indent():
-            c("i_n = i_c // tl.cdiv(T, BC)", "start = i_n * T + (i_c % tl.cdiv(T, BC)) * BC", "eos = i_n * T + T")
+            c(*equal_rows)
 
     def print_axis_value_head(self, axis: int) -> None:
         self.code(

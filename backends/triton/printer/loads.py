@@ -3,23 +3,26 @@ load_beta), each with what its input means (l2norm, the in-kernel gate forms, be
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register
+from xdsl.ir import SSAValue
+
+from k3compile.backends.triton.printer.common import register, tensor_name
 from k3compile.ir import k3s
 
 
 class Loads:
     """TritonPrinter's methods for loads (one per k3s op, and their helpers)."""
 
-    # where a token's q, k or v row lives: (heads, width, head index, column offsets, column mask)
-    TOKEN_ROWS = {
-        "q": ("H", "K", "i_h", "o_k", "m_k"),
-        "k": ("H", "K", "i_h", "o_k", "m_k"),
-        "v": ("HV", "V", "i_hv", "o_v", "m_v"),
-    }
+    # where a token's row lives, by what it holds (a q or k row of key channels, or value columns
+    # of v): (heads, width, head index, column offsets, column mask)
+    KEY_ROWS = ("H", "K", "i_h", "o_k", "m_k")
+    VALUE_ROWS = ("HV", "V", "i_hv", "o_v", "m_v")
+
+    def token_rows(self, op: k3s.LoadTokenOp | k3s.LoadChunkOp) -> tuple[str, str, str, str, str]:
+        return self.VALUE_ROWS if k3s.loads_values(op) else self.KEY_ROWS
 
     def print_k3s_load_token(self, op: k3s.LoadTokenOp) -> None:
-        name, row = op.tensor.data, register(op.row)
-        heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
+        name, row = tensor_name(op.tensor), register(op.row)
+        heads, width, head, offsets, mask = self.token_rows(op)
         self.code.comment(op)
         self.code(
             f"{row} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
@@ -32,10 +35,12 @@ class Loads:
         self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
         self.print_rows(op, "t_c", "m_c", register(op.rows))
 
-    def print_rows(self, op: k3s.LoadChunkOp, rows: str, row_mask: str, target: str) -> None:
-        """The rows `rows` (token indices, masked by `row_mask`) of a chunk input into `target`."""
-        name = op.tensor.data
-        heads, width, head, offsets, mask = self.TOKEN_ROWS[name]
+    def print_rows(self, op: k3s.LoadChunkOp, rows: str, row_mask: str, target: str,
+                   tensor: SSAValue | None = None) -> None:
+        """The rows `rows` (token indices, masked by `row_mask`) of a chunk input into `target`, as
+        op loads them, from `tensor` (default: op's)."""
+        name = tensor_name(op.tensor if tensor is None else tensor)
+        heads, width, head, offsets, mask = self.token_rows(op)
         self.code(
             f"{target} = tl.load({name} + ({rows}[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
             f"mask={row_mask}[:, None] & {mask}[None, :], other=0.0)"
@@ -49,24 +54,32 @@ class Loads:
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
         self.print_gate_rows(op, *(("t", None) if per_token else ("t_c", "m_c")), register(op.log_gate))
 
-    def print_gate_rows(self, op: k3s.LoadGateOp, rows: str, row_mask: str | None, target: str) -> None:
+    def print_gate_rows(self, op: k3s.LoadGateOp, rows: str, row_mask: str | None, target: str,
+                        tensors: list[SSAValue] | None = None) -> None:
         """The log-decay of the token(s) `rows` (one token without a row mask) into `target`, in
-        the op's input form."""
+        the op's input form, from `tensors` (g, then A_log and dt_bias if the form reads them;
+        default: op's operands)."""
         c = self.code
         per_token = row_mask is None
+        g, *parameters = (tensor_name(t) for t in (op.operands if tensors is None else tensors))
         if op.gate.data == "channel":
             cols = "o_k" if per_token else "o_k[None, :]"
-            address = f"g + ({rows if per_token else rows + '[:, None]'} * HV + i_hv) * K + {cols}"
+            address = f"{g} + ({rows if per_token else rows + '[:, None]'} * HV + i_hv) * K + {cols}"
             mask = "m_k" if per_token else f"{row_mask}[:, None] & m_k[None, :]"
-            bias = f"tl.load(dt_bias + i_hv * K + {cols}, mask={'m_k' if per_token else 'm_k[None, :]'}, other=0.0)"
         else:
-            address, mask, bias = f"g + {rows} * HV + i_hv", row_mask, "tl.load(dt_bias + i_hv)"
+            address, mask = f"{g} + {rows} * HV + i_hv", row_mask
         c(f"{target} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''}).to(tl.float32)")
         form = op.input.data
         if form == "clamped":
             c(f"{target} = tl.maximum({target}, {op.lower_bound.value.data!r})")
         elif form != "log":
-            c("b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))", f"{target} = {target} + {bias}.to(tl.float32)")
+            A_log, dt_bias = parameters
+            if op.gate.data == "channel":
+                column_mask = "m_k" if per_token else "m_k[None, :]"
+                bias = f"tl.load({dt_bias} + i_hv * K + {cols}, mask={column_mask}, other=0.0)"
+            else:
+                bias = f"tl.load({dt_bias} + i_hv)"
+            c(f"b_a = tl.exp(tl.load({A_log} + i_hv).to(tl.float32))", f"{target} = {target} + {bias}.to(tl.float32)")
             if form == "softplus":
                 c(f"{target} = -b_a * tl.where({target} > 20.0, {target}, tl.log(1.0 + tl.exp(tl.minimum({target}, 20.0))))")
             else:
@@ -78,10 +91,11 @@ class Loads:
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
         out = register(op.beta)
         self.code.comment(op)
+        beta = tensor_name(op.tensor)
         if per_token:
-            self.code(f"{out} = tl.load(beta + t * HV + i_hv).to(tl.float32)")
+            self.code(f"{out} = tl.load({beta} + t * HV + i_hv).to(tl.float32)")
         else:
-            self.code(f"{out} = tl.load(beta + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)")
+            self.code(f"{out} = tl.load({beta} + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32)")
         if op.input.data != "probability":  # logits: sigmoid(beta); logits_neg_eigval: 2 sigmoid(beta)
-            beta = f"2.0 * tl.sigmoid({out})" if op.input.data == "logits_neg_eigval" else f"tl.sigmoid({out})"
-            self.code(f"{out} = {beta}" if per_token else f"{out} = tl.where(m_c, {beta}, 0.0)")
+            form = f"2.0 * tl.sigmoid({out})" if op.input.data == "logits_neg_eigval" else f"tl.sigmoid({out})"
+            self.code(f"{out} = {form}" if per_token else f"{out} = tl.where(m_c, {form}, 0.0)")

@@ -3,9 +3,9 @@ rule's correction, the rank-1 update, the readout, the state's store."""
 
 from __future__ import annotations
 
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
-from k3compile.backends.triton.printer.common import register
+from k3compile.backends.triton.printer.common import presence_flag, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -18,7 +18,8 @@ class TokenStages:
         c("o_k = tl.arange(0, BK)", "m_k = o_k < K", "m_kv = m_k[:, None] & m_v[None, :]")
         local = "o_k[:, None] * V + o_v[None, :]" if op.layout.data == "kv" else "o_v[None, :] * K + o_k[:, None]"
         if k3s.in_pool(op):
-            c("i_slot = tl.load(state_indices + i_n).to(tl.int64)",
+            state, indices = (tensor_name(t) for t in op.tensors)
+            c(f"i_slot = tl.load({indices} + i_n).to(tl.int64)",
               "# a slot outside the pool (-1: padding) reads zeros and is never written; the tests are",
               "# made on vectors (Triton's interpreter rejects masks combined from scalar conditions)",
               "m_slot_k = ((i_slot + 0 * o_k) >= 0) & ((i_slot + 0 * o_k) < NSLOTS)",
@@ -26,21 +27,26 @@ class TokenStages:
               "m_kv = m_kv & m_slot_v[None, :]",
               f"p_local = {local}",
               "p_state = (i_slot * HV + i_hv) * K * V + p_local",
-              "b_S = tl.load(state + p_state, mask=m_kv, other=0.0).to(tl.float32)")
+              f"b_S = tl.load({state} + p_state, mask=m_kv, other=0.0).to(tl.float32)")
             return
         c(f"p_state = i_nh * K * V + {local}", "b_S = tl.zeros([BK, BV], dtype=tl.float32)")
         if op.start is not None:
             if op.start.data == "identity":  # the columns of a transition M: M = I before any token
                 c("b_S = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)")
             return
-        c("if HAS_INITIAL_STATE:")
+        (initial,) = op.tensors
+        load = f"b_S += tl.load({tensor_name(initial)} + p_state, mask=m_kv, other=0.0)"
+        if (flag := presence_flag(initial)) is None:
+            c(load)
+            return
+        c(f"if {flag}:")  # initial_state: when the caller passes it
         with c.indent():
-            c("b_S += tl.load(initial_state + p_state, mask=m_kv, other=0.0)")
+            c(load)
 
     def print_k3s_token_loop(self, op: k3s.TokenLoopOp) -> None:
         c = self.code
         c.comment(op, "the tokens of sequence i_n, in order")
-        self.print_sequence_bounds()
+        self.print_sequence_bounds(op.offsets)
         c(f"for t in {self.token_range(op, 'bos', 'eos')}:")
         with c.indent():
             self.print_ops(op)
@@ -56,15 +62,21 @@ class TokenStages:
             return f"range({start}, {stop})"
         return f"tl.range({start}, {stop}, num_stages={kernel.num_stages.value.data})"
 
-    def print_sequence_bounds(self) -> None:
-        """bos, eos: the token range of sequence i_n (varlen: from cu_seqlens)."""
+    def print_sequence_bounds(self, offsets: SSAValue | None) -> None:
+        """bos, eos: the token range of sequence i_n (varlen: from the sequence offsets, when the
+        caller passes them)."""
         c = self.code
-        if "cu_seqlens" not in self.view.names:
+        if offsets is None:
             c("bos = i_n * T", "eos = bos + T")
             return
-        c("if HAS_CU_SEQLENS:")
+        name = tensor_name(offsets)
+        varlen = [f"bos = tl.load({name} + i_n).to(tl.int64)", f"eos = tl.load({name} + i_n + 1).to(tl.int64)"]
+        if (flag := presence_flag(offsets)) is None:
+            c(*varlen)
+            return
+        c(f"if {flag}:")
         with c.indent():
-            c("bos = tl.load(cu_seqlens + i_n).to(tl.int64)", "eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)")
+            c(*varlen)
         c("else:")
         with c.indent():
             c("bos = i_n * T", "eos = bos + T")
@@ -86,10 +98,11 @@ class TokenStages:
 
     def print_k3s_readout(self, op: k3s.ReadoutOp) -> None:
         out, S, q = (register(v) for v in (op.output, op.state, op.queries))
+        o, scale = tensor_name(op.destination), tensor_name(op.scale)
         self.code.comment(op, "o_t = S^T (scale q_t)")
         self.code(
-            f"{out} = tl.sum({S} * (scale * {q})[:, None], axis=0)",
-            f"tl.store(o + (t * HV + i_hv) * V + o_v, {out}.to(o.dtype.element_ty), mask=m_v)",
+            f"{out} = tl.sum({S} * ({scale} * {q})[:, None], axis=0)",
+            f"tl.store({o} + (t * HV + i_hv) * V + o_v, {out}.to({o}.dtype.element_ty), mask=m_v)",
         )
 
     def print_k3s_next_token(self, op: k3s.NextTokenOp) -> None:
@@ -98,13 +111,16 @@ class TokenStages:
     def print_k3s_store_state(self, op: k3s.StoreStateOp) -> None:
         self.code.comment(op)
         if k3s.in_pool(op):
-            self.code("tl.store(state + p_state, b_S.to(state.dtype.element_ty), mask=m_kv)")
+            state = tensor_name(op.tensors[0])  # the slot table (i_slot) was read by the state tile
+            self.code(f"tl.store({state} + p_state, b_S.to({state}.dtype.element_ty), mask=m_kv)")
             if op.next_op is not None:  # later stages go on from the state as the pool now holds it
-                self.code("b_S = b_S.to(state.dtype.element_ty).to(tl.float32)")
+                self.code(f"b_S = b_S.to({state}.dtype.element_ty).to(tl.float32)")
             return
-        if op.tensor is not None:
-            self.code(f"tl.store({op.tensor.data} + p_state, b_S, mask=m_kv)")
+        (target,) = op.tensors
+        store = f"tl.store({tensor_name(target)} + p_state, b_S, mask=m_kv)"
+        if (flag := presence_flag(target)) is None:  # a segment's N or M: always written
+            self.code(store)
             return
-        self.code("if HAS_FINAL_STATE:")
+        self.code(f"if {flag}:")  # final_state: when the caller asked for it
         with self.code.indent():
-            self.code("tl.store(final_state + p_state, b_S, mask=m_kv)")
+            self.code(store)

@@ -10,7 +10,7 @@ builtin.module {
 }
 
 // DEFAULT: k3s.chunked <chunk_size = 16>
-// DEFAULT: %T = k3s.forward_substitution %A, %beta <block = 1> : !k3s.tile<C x C>
-// ROWS: %T = k3s.forward_substitution %A, %beta <block = 16> : !k3s.tile<C x C>
-// CHUNK: %T = k3s.forward_substitution %A, %beta <block = 4> : !k3s.tile<C x C>
+// DEFAULT: %T = k3s.forward_substitution %A, %{{beta(_[0-9]+)?}} <block = 1> : !k3s.tile<C x C>
+// ROWS: %T = k3s.forward_substitution %A, %{{beta(_[0-9]+)?}} <block = 16> : !k3s.tile<C x C>
+// CHUNK: %T = k3s.forward_substitution %A, %{{beta(_[0-9]+)?}} <block = 4> : !k3s.tile<C x C>
 // BAD: k3c opt: error: pipeline {{.*}}: derive-chunkwise: chunk-size, sub-chunk and solve-block must be positive, got 16, 16, 0

@@ -18,4 +18,4 @@ builtin.module {
 // CHECK-NEXT:   %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 6 x 64 x 32, float32>
 // CHECK-NEXT:   %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 6 x 32, float>
 // CHECK-NEXT:   %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 6 x 64 x 32, float32>
-// CHECK:        k3s.state_tile <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>
+// CHECK:        k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>

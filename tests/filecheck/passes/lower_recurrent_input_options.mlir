@@ -35,52 +35,63 @@ builtin.module {
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
-// CHECK-NEXT:       k3s.state_tile <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
-// CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
+// CHECK-NEXT:       k3s.token_loop %cu_seqlens {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
-// CHECK-NEXT:         %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
-// CHECK-NEXT:         %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
-// CHECK-NEXT:         %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-// CHECK-NEXT:         %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
-// CHECK-NEXT:         %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// CHECK-NEXT:         %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-// CHECK-NEXT:         %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
-// CHECK-NEXT:         %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// CHECK-NEXT:         %[[q:[a-z_0-9]+]] = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
+// CHECK-NEXT:         %[[k:[a-z_0-9]+]] = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
+// CHECK-NEXT:         %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
+// CHECK-NEXT:         %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT:         %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT:         %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits> : !k3s.tile<>
+// CHECK-NEXT:         %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT:         %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
 // CHECK-NEXT:         k3s.next_token %S_2
 // CHECK-NEXT:       }
-// CHECK-NEXT:       k3s.store_state <layout = kv>
+// CHECK-NEXT:       k3s.store_state %final_state <layout = kv>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
 // GENERIC:      "k3.recurrence"() <{sym_name = "kda", {{.*}}, dtype = #k3<dtype bfloat16>, qk_l2norm = true, gate_input = #k3<gate_input softplus>, beta_input = #k3<beta_input logits>}> : () -> ()
-// GENERIC:      "k3s.tensor_arg"() <{sym_name = "A_log", type = !k3s.tensor<4, float>, role = #k3s<arg_role input>}> : () -> ()
-// GENERIC-NEXT: "k3s.tensor_arg"() <{sym_name = "dt_bias", type = !k3s.tensor<64, float>, role = #k3s<arg_role input>}> : () -> ()
-// GENERIC:      %q = "k3s.load_token"() <{tensor = #k3s<token_tensor q>, l2norm = true}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %k = "k3s.load_token"() <{tensor = #k3s<token_tensor k>, l2norm = true}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %v = "k3s.load_token"() <{tensor = #k3s<token_tensor v>}> : () -> !k3s.tile<V>
-// GENERIC-NEXT: %g = "k3s.load_gate"() <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64}> : () -> !k3s.tile<K>
-// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
-// GENERIC-NEXT: %beta = "k3s.load_beta"() <{input = #k3<beta_input logits>}> : () -> !k3s.tile<>
-// GENERIC-NEXT: %u = "k3s.delta_correct"(%S_1, %k, %v, %beta) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
+// GENERIC:      %A_log = "k3s.tensor_arg"() <{sym_name = "A_log", role = #k3s<arg_role input>}> : () -> !k3s.tensor<4, float>
+// GENERIC-NEXT: %dt_bias = "k3s.tensor_arg"() <{sym_name = "dt_bias", role = #k3s<arg_role input>}> : () -> !k3s.tensor<64, float>
+// GENERIC:      %[[q:[a-z_0-9]+]] = "k3s.load_token"(%q) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
+// GENERIC-NEXT: %[[k:[a-z_0-9]+]] = "k3s.load_token"(%k) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
+// GENERIC-NEXT: %[[v:[a-z_0-9]+]] = "k3s.load_token"(%v) : (!k3s.tensor<B x T x 4 x 32, float>) -> !k3s.tile<V>
+// GENERIC-NEXT: %[[g:[a-z_0-9]+]] = "k3s.load_gate"(%g, %A_log, %dt_bias) <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64}> : (!k3s.tensor<B x T x 4 x 16, float>, !k3s.tensor<4, float>, !k3s.tensor<64, float>) -> !k3s.tile<K>
+// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %[[g]]) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
+// GENERIC-NEXT: %[[beta:[a-z_0-9]+]] = "k3s.load_beta"(%beta) <{input = #k3<beta_input logits>}> : (!k3s.tensor<B x T x 4, float>) -> !k3s.tile<>
+// GENERIC-NEXT: %u = "k3s.delta_correct"(%S_1, %[[k]], %[[v]], %[[beta]]) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
 
 // Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels
-// normalises, v's never does, and every gate and beta load has the layer's input form.
+// normalises, v's never does, and every gate and beta load has the layer's input form. The
+// Grams' elementwise diagonals reload key rows and gates as those loads read them: from k, g,
+// A_log and dt_bias.
 // CHUNK:       k3s.entry @chunk <source = kda> {
-// CHUNK:         %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
-// CHUNK-NEXT:    %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
+// CHUNK-NEXT:    %[[Q:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
+// CHUNK-NEXT:    %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
+// CHUNK-NEXT:    %[[V:[A-Za-z_0-9]+]] = k3s.tensor_arg @v
+// CHUNK-NEXT:    %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
+// CHUNK-NEXT:    %[[BETA:[A-Za-z_0-9]+]] = k3s.tensor_arg @beta
+// CHUNK:         %[[ALOG:[A-Za-z_0-9]+]] = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHUNK-NEXT:    %[[DTBIAS:[A-Za-z_0-9]+]] = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
 // CHUNK:         k3s.kernel @kda_chunk_prepare
-// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
-// CHUNK-NOT:     k3s.load_chunk <tensor = v, l2norm
+// CHUNK-NOT:     k3s.load_chunk %[[Q]] :
+// CHUNK-NOT:     k3s.load_chunk %[[K]] :
+// CHUNK-NOT:     k3s.load_chunk %[[V]] <l2norm
 // CHUNK-NOT:     input = log,
 // CHUNK-NOT:     input = probability
-// CHUNK:         k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0>
-// CHUNK-NOT:     k3s.load_chunk <tensor = {{[qk]}}>
-// CHUNK:         k3s.load_chunk <tensor = k, l2norm = true>
-// CHUNK:         k3s.load_beta <input = logits>
-// CHUNK:         k3s.load_chunk <tensor = q, l2norm = true>
-// CHUNK:         k3s.load_chunk <tensor = v>
+// CHUNK:         k3s.load_gate %[[G]], %[[ALOG]], %[[DTBIAS]] <gate = channel, input = softplus, lower_bound = -5.0>
+// CHUNK-NOT:     k3s.load_chunk %[[Q]] :
+// CHUNK-NOT:     k3s.load_chunk %[[K]] :
+// CHUNK:         k3s.load_chunk %[[K]] <l2norm = true>
+// CHUNK:         k3s.load_beta %[[BETA]] <input = logits>
+// CHUNK-NEXT:    k3s.gram {{.*}}, %[[K]], %[[G]], %[[ALOG]], %[[DTBIAS]] <mask = strict, gate = channel, beta = true, diagonal = elementwise>
+// CHUNK:         k3s.load_chunk %[[Q]] <l2norm = true>
+// CHUNK:         k3s.gram {{.*}}, %[[K]], %[[G]], %[[ALOG]], %[[DTBIAS]] <mask = inclusive, gate = channel, beta = false, diagonal = elementwise>
+// CHUNK:         k3s.load_chunk %[[V]] :
 // The scan reads the decayed queries and keys the prepare kernel spilled: no input loads.
 // CHUNK:         k3s.kernel @kda_chunk_scan
 // CHUNK-NOT:     k3s.load_chunk
@@ -89,24 +100,26 @@ builtin.module {
 
 // L2ONLY:      %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
 // L2ONLY-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<64, float>
-// L2ONLY:      %q = k3s.load_token <tensor = q, l2norm = true> : !k3s.tile<K>
-// L2ONLY-NEXT: %k = k3s.load_token <tensor = k, l2norm = true> : !k3s.tile<K>
-// L2ONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-// L2ONLY-NEXT: %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
-// L2ONLY-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// L2ONLY-NEXT: %beta = k3s.load_beta <input = probability> : !k3s.tile<>
+// L2ONLY:      %[[q:[a-z_0-9]+]] = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
+// L2ONLY-NEXT: %[[k:[a-z_0-9]+]] = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
+// L2ONLY-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
+// L2ONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// L2ONLY-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// L2ONLY-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
 
 // BETAONLY:      %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
 // BETAONLY-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<64, float>
-// BETAONLY:      %q = k3s.load_token <tensor = q> : !k3s.tile<K>
-// BETAONLY-NEXT: %k = k3s.load_token <tensor = k> : !k3s.tile<K>
-// BETAONLY-NEXT: %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-// BETAONLY-NEXT: %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
-// BETAONLY-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// BETAONLY-NEXT: %beta = k3s.load_beta <input = logits> : !k3s.tile<>
-// BETAONLY-NEXT: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// BETAONLY:      %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
+// BETAONLY-NEXT: %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
+// BETAONLY-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
+// BETAONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// BETAONLY-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// BETAONLY-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits> : !k3s.tile<>
+// BETAONLY-NEXT: %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
 
-// NEGEIG:      %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
-// NEGEIG-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// NEGEIG-NEXT: %beta = k3s.load_beta <input = logits_neg_eigval> : !k3s.tile<>
-// NEGEIG-NEXT: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// NEGEIG:      %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
+// NEGEIG-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
+// NEGEIG-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// NEGEIG-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// NEGEIG-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits_neg_eigval> : !k3s.tile<>
+// NEGEIG-NEXT: %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>

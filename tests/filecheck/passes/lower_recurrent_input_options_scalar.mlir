@@ -23,36 +23,41 @@ builtin.module {
 // CHECK-NEXT:   %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:   k3s.kernel @gdn_recurrent
-// CHECK:        k3s.token_loop {
+// CHECK:        k3s.token_loop %cu_seqlens {
 // CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):
-// CHECK-NEXT:     %q = k3s.load_token <tensor = q> : !k3s.tile<K>
-// CHECK-NEXT:     %k = k3s.load_token <tensor = k> : !k3s.tile<K>
-// CHECK-NEXT:     %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-// CHECK-NEXT:     %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<>
-// CHECK-NEXT:     %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
-// CHECK-NEXT:     %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT:     %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
-// CHECK-NEXT:     %S_2 = k3s.rank1_update %S_1, %k, %u : !k3s.tile<K x V>
-// CHECK-NEXT:     %o = k3s.readout %S_2, %q : !k3s.tile<V>
+// CHECK-NEXT:     %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
+// CHECK-NEXT:     %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
+// CHECK-NEXT:     %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
+// CHECK-NEXT:     %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<>
+// CHECK-NEXT:     %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
+// CHECK-NEXT:     %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
+// CHECK-NEXT:     %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// CHECK-NEXT:     %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT:     %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
 // CHECK-NEXT:     k3s.next_token %S_2
 // CHECK-NEXT:   }
 
 // SOFTPLUS:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = softplus>
 // SOFTPLUS:      %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // SOFTPLUS-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
-// SOFTPLUS:      %g = k3s.load_gate <gate = scalar, input = softplus, lower_bound = -5.0> : !k3s.tile<>
-// SOFTPLUS-NEXT: %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+// SOFTPLUS:      %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = softplus, lower_bound = -5.0> : !k3s.tile<>
+// SOFTPLUS-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 
 // CHUNK:       k3s.entry @chunk <source = gdn> {
-// CHUNK:         %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
-// CHUNK-NEXT:    %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
+// CHUNK:         %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
+// CHUNK:         %[[ALOG:[A-Za-z_0-9]+]] = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHUNK-NEXT:    %[[DTBIAS:[A-Za-z_0-9]+]] = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // CHUNK:         k3s.kernel @gdn_chunk_prepare
 // CHUNK-NEXT:      k3s.chunk_tile
-// CHUNK-NEXT:      %g = k3s.load_gate <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<C>
-// CHUNK-NEXT:      %G = k3s.gate_cumsum %g <gate = scalar> : !k3s.tile<C>
+// CHUNK-NEXT:      %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]], %[[ALOG]], %[[DTBIAS]] <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<C>
+// CHUNK-NEXT:      %G = k3s.gate_cumsum %[[g]] <gate = scalar> : !k3s.tile<C>
 // CHUNK:         k3s.kernel @gdn_chunk_scan
 // CHUNK-NOT:       k3s.load_gate
+<<<<<<< HEAD
 // CHUNK:           %{{gamma_C_[0-9]+}} = k3s.reload %gamma_C : !k3s.tile<>
+=======
+// CHUNK:           %{{[A-Za-z_0-9]+}} = k3s.reload <value = gamma_C> : !k3s.tile<>
+>>>>>>> values_loads
 // CHUNK-NOT:       k3s.load_gate
 // CHUNK:         k3s.store_state
 
@@ -60,8 +65,9 @@ builtin.module {
 // GLA:      %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // GLA-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<96, float>
 // GLA-NOT:  k3s.load_beta
-// GLA:      %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-// GLA-NEXT: %g = k3s.load_gate <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
-// GLA-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// GLA-NEXT: %S_2 = k3s.rank1_update %S_1, %k, %v : !k3s.tile<K x V>
+// GLA:      %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
+// GLA-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
+// GLA-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
+// GLA-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// GLA-NEXT: %S_2 = k3s.rank1_update %S_1, %[[k]], %[[v]] : !k3s.tile<K x V>
 // GLA-NOT:  k3s.load_beta

@@ -13,13 +13,13 @@ builtin.module {
 }
 
 // BOTH:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 8> {
-// BOTH-NEXT:   k3s.state_tile <head_k_dim = 64, head_v_dim = 128, block_v = 64, layout = kv>
+// BOTH-NEXT:   k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 128, block_v = 64, layout = kv>
 
 // BLOCK:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
-// BLOCK-NEXT:   k3s.state_tile <head_k_dim = 64, head_v_dim = 128, block_v = 16, layout = kv>
+// BLOCK-NEXT:   k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 128, block_v = 16, layout = kv>
 
 // WARPS:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
-// WARPS-NEXT:   k3s.state_tile <head_k_dim = 64, head_v_dim = 128, block_v = 32, layout = kv>
+// WARPS-NEXT:   k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 128, block_v = 32, layout = kv>
 
 // STAGES:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4, num_stages = 3> {
 

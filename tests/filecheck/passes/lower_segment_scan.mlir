@@ -16,18 +16,32 @@ builtin.module {
 
 // CHECK:      k3s.entry @kda_segment_summary <source = kda> {
 // CHECK-NOT:    k3s.tensor_arg @q
+<<<<<<< HEAD
 // CHECK:        %M = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK-NEXT:   %N = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 4, float32>
 // CHECK:        %[[U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 2 x 4, float>
 // CHECK-NEXT:   %[[W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
+=======
+// CHECK:        %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
+// CHECK:        %[[M:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
+// CHECK-NEXT:   %[[N:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 4, float32>
+>>>>>>> values_loads
 // CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head"
+// CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
 // CHECK-NOT:      k3s.gram %q
+<<<<<<< HEAD
 // CHECK-NOT:      k3s.load_chunk <tensor = q>
 // CHECK:          k3s.spill %[[W]], %{{W_[0-9]+}}
 // CHECK:          k3s.spill %[[U]], %{{U_[0-9]+}}
+=======
+// CHECK-NOT:      k3s.load_chunk %q
+>>>>>>> values_loads
 // CHECK:        k3s.kernel @kda_summary_scan_N
+// the N scan starts from zero, reading no initial state, and writes N
 // CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv, start = zero>
+// CHECK-NEXT:     k3s.chunk_loop %[[CU]] <chunk_size = 16> {
 // CHECK-NOT:      k3s.chunk_output
+<<<<<<< HEAD
 // CHECK:          %[[U_TILE:U_[0-9]+]] = k3s.reload %[[U]] : !k3s.tile<C x V>
 // CHECK-NEXT:     %[[W_TILE:W_[0-9]+]] = k3s.reload %[[W]] : !k3s.tile<C x K>
 // CHECK:          %vr = k3s.delta_residual %S, %[[W_TILE]], %[[U_TILE]] : !k3s.tile<C x V>
@@ -38,9 +52,19 @@ builtin.module {
 // CHECK:          %[[W_TILE_M:W_[0-9]+]] = k3s.reload %[[W]] : !k3s.tile<C x K>
 // CHECK:          %vr_1 = k3s.delta_residual %S_2, %[[W_TILE_M]] : !k3s.tile<C x V>
 // CHECK:        k3s.store_state <layout = kv, tensor = M>
+=======
+// CHECK:          %vr = k3s.delta_residual %S, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} : !k3s.tile<C x V>
+// CHECK:        k3s.store_state %[[N]] <layout = kv>
+// CHECK:        k3s.kernel @kda_summary_scan_M
+// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 8, block_v = 8, layout = kv, start = identity>
+// CHECK-NOT:      k3s.reload <value = U>
+// CHECK:          %{{[A-Za-z_0-9]+}} = k3s.delta_residual %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} : !k3s.tile<C x V>
+// CHECK:        k3s.store_state %[[M]] <layout = kv>
+>>>>>>> values_loads
 
 // The summary scans of chunk_segments reload the workspaces of its own prepare.
 // CHECK:      k3s.entry @kda_chunk_segments <source = kda> {
+<<<<<<< HEAD
 // CHECK:        %[[INITIAL:initial_state]] = k3s.tensor_arg @initial_state <role = combined> : !k3s.tensor<N x 2 x 8 x 4, float32>
 // CHECK:        %[[SEGMENTS_W:W_[0-9]+]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
 // CHECK:        %[[SEGMENTS_M:M_[0-9]+]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8 x 8, float32>
@@ -70,6 +94,42 @@ builtin.module {
 // CHECK:          k3s.decay_product %[[GAMMA]] <transition = diagonal>
 // CHECK:        k3s.store_state <layout = vk, tensor = N>
 // CHECK-NEXT:   k3s.store_transition %[[GLA_M]] <transition = diagonal>
+=======
+// CHECK-NEXT:   %[[Q2:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
+// CHECK-NEXT:   %[[K2:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
+// CHECK:        %[[SCALE2:[A-Za-z_0-9]+]] = k3s.scalar_arg @scale
+// CHECK-NEXT:   %[[H02:[A-Za-z_0-9]+]] = k3s.tensor_arg @initial_state <role = combined> : !k3s.tensor<N x 2 x 8 x 4, float32>
+// CHECK-NEXT:   %[[O2:[A-Za-z_0-9]+]] = k3s.tensor_arg @o
+// CHECK-NEXT:   %[[HT2:[A-Za-z_0-9]+]] = k3s.tensor_arg @final_state
+// CHECK-NEXT:   %[[CU2:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
+// CHECK:        %[[M2:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8 x 8, float32>
+// CHECK-NEXT:   %[[N2:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
+// the one prepare reads this entry's tensors (the schedule was derived in the segment_scan entry)
+// CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
+// CHECK-NEXT:     k3s.chunk_tile %[[CU2]] <chunk_size = 16
+// CHECK:          %[[q2:[a-z_0-9]+]] = k3s.load_chunk %[[Q2]] : !k3s.tile<C x K>
+// CHECK:          %{{[A-Za-z_0-9]+}} = k3s.gram %[[q2]], %{{.*}}, %[[K2]], %{{[A-Za-z_0-9]+}} <mask = inclusive
+// CHECK-NOT:    k3s.kernel @kda_segments_prepare
+// CHECK:        k3s.kernel @kda_segments_summary_scan_N
+// CHECK:        k3s.store_state %[[N2]] <layout = kv>
+// CHECK:        k3s.kernel @kda_segments_summary_scan_M
+// CHECK:        k3s.store_state %[[M2]] <layout = kv>
+// CHECK:        k3s.summary_combine <transition = full>
+// CHECK-NEXT:   k3s.kernel @kda_segments_scan
+// the finish starts from the states the combine step made
+// CHECK-NEXT:     k3s.state_tile %[[H02]] <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv>
+// CHECK-NEXT:     k3s.chunk_loop %[[CU2]] <chunk_size = 16> {
+// CHECK:            %{{[A-Za-z_0-9]+}} = k3s.chunk_output %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[O2]], %[[SCALE2]] : !k3s.tile<C x V>
+// CHECK:          k3s.store_state %[[HT2]] <layout = kv>
+
+// CHECK:      k3s.entry @gla_segment_summary <source = gla> {
+// CHECK:        %[[M3:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8, float32>
+// CHECK-NEXT:   %[[N3:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
+// CHECK:        k3s.kernel @gla_summary_scan_N
+// CHECK:          k3s.decay_product %{{[A-Za-z_0-9]+}} <transition = diagonal>
+// CHECK:        k3s.store_state %[[N3]] <layout = vk>
+// CHECK-NEXT:   k3s.store_transition <transition = diagonal>
+>>>>>>> values_loads
 // CHECK-NOT:    k3s.kernel @gla_summary_scan_M
 // CHECK:      k3s.entry @gla_chunk_segments <source = gla> {
 // CHECK:        %[[GLA_INITIAL:initial_state_[0-9]+]] = k3s.tensor_arg @initial_state <role = combined>

@@ -1,6 +1,7 @@
 // merge-identical-kernels: a kernel whose body and code properties equal those of an earlier
 // kernel of another entry runs that kernel's code (shares_code_of); launch settings (warps,
-// stages, block sizes, the values of its flags) may differ. The chunk entry and chunk_segments
+// stages, block sizes, the values of its flags) may differ; each reads and writes its own entry's
+// tensors, the same-named ones. The chunk entry and chunk_segments
 // share their prepare and scan, segment_summary and chunk_segments their summary scans. After
 // guard-spill-only-stages the three prepares have one body, the query Gram P and the gated
 // queries QG under a guard that segment_summary's launch turns off: they share the first one's
@@ -16,6 +17,7 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @segment_summary <source = kda> {
+<<<<<<< HEAD
 // CHECK:        %[[KG:KG]] = k3s.tensor_arg @KG <role = workspace>
 // segment_summary has no workspaces P and QG: only the stages its launch skips spill to them
 // CHECK:        %[[P:P]] = k3s.tensor_arg @P <role = skipped> : !k3s.tensor<B x T x 2 x 16, float>
@@ -26,6 +28,17 @@ builtin.module {
 // CHECK-NEXT:       %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
 // CHECK:            k3s.spill %[[P]], %P_1
 // CHECK:            k3s.spill %[[QG]], %QG_1
+=======
+// CHECK:        %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
+// the query load the summary prepare's launch skips reads a tensor its entry lacks
+// CHECK:        %[[Q:[A-Za-z_0-9]+]] = k3s.absent_tensor : !k3s.tensor<B x T x 2 x 8, float>
+// CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = false}> {
+// CHECK:          k3s.spill %{{[A-Za-z_0-9]+}} <value = KG>
+// CHECK-NEXT:     k3s.when <flag = SPILL_P_QG> {
+// CHECK-NEXT:       %{{[a-z_0-9]+}} = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
+// CHECK:            k3s.spill %{{[A-Za-z_0-9]+}} <value = P>
+// CHECK:            k3s.spill %{{[A-Za-z_0-9]+}} <value = QG>
+>>>>>>> values_loads
 // CHECK-NEXT:     }
 // CHECK-NEXT:     %T = k3s.forward_substitution
 // CHECK:        k3s.kernel @kda_summary_scan_N <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {

@@ -11,23 +11,31 @@ builtin.module {
 
 // CHECK:      k3.recurrence @first
 // CHECK-NEXT: k3s.entry @first_recurrent <source = first> {
-// CHECK:      %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
-// CHECK-NEXT: %S_1 = k3s.decay %S, %g <gate = channel> : !k3s.tile<K x V>
-// CHECK-NEXT: %beta = k3s.load_beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT: %u = k3s.delta_correct %S_1, %k, %v, %beta : !k3s.tile<V>
+// CHECK:      %[[K1:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
+// CHECK:      %[[G1:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
+// CHECK:      %[[k1:[a-z_0-9]+]] = k3s.load_token %[[K1]] : !k3s.tile<K>
+// CHECK-NEXT: %[[v1:[a-z_0-9]+]] = k3s.load_token
+// CHECK-NEXT: %[[g1:[a-z_0-9]+]] = k3s.load_gate %[[G1]] <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT: %S_1 = k3s.decay %S, %[[g1]] <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT: %[[beta1:[a-z_0-9]+]] = k3s.load_beta
+// CHECK-NEXT: %u = k3s.delta_correct %S_1, %[[k1]], %[[v1]], %[[beta1]] : !k3s.tile<V>
 // CHECK:      k3.recurrence @second
 // CHECK-NEXT: k3s.entry @second_recurrent <source = second> {
+// each entry's stages read its own arguments
+// CHECK-NEXT:   %[[Q2:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
+// CHECK-NEXT:   %[[K2:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
+// CHECK-NEXT:   %[[V2:[A-Za-z_0-9]+]] = k3s.tensor_arg @v
 // CHECK-NOT:  k3s.load_gate
 // CHECK-NOT:  k3s.decay
 // CHECK-NOT:  k3s.load_beta
 // CHECK-NOT:  k3s.delta_correct
-// CHECK:      k3s.token_loop {
-// CHECK-NEXT: ^bb0(%S: !k3s.tile<K x V>):
-// CHECK-NEXT:   %q = k3s.load_token <tensor = q> : !k3s.tile<K>
-// CHECK-NEXT:   %k = k3s.load_token <tensor = k> : !k3s.tile<K>
-// CHECK-NEXT:   %v = k3s.load_token <tensor = v> : !k3s.tile<V>
-// CHECK-NEXT:   %S_1 = k3s.rank1_update %S, %k, %v : !k3s.tile<K x V>
-// CHECK-NEXT:   %o = k3s.readout %S_1, %q : !k3s.tile<V>
-// CHECK-NEXT:   k3s.next_token %S_1
+// CHECK:      k3s.token_loop %{{[A-Za-z_0-9]+}} {
+// CHECK-NEXT: ^bb0(%[[S:[A-Za-z_0-9]+]]: !k3s.tile<K x V>):
+// CHECK-NEXT:   %[[q2:[a-z_0-9]+]] = k3s.load_token %[[Q2]] : !k3s.tile<K>
+// CHECK-NEXT:   %[[k2:[a-z_0-9]+]] = k3s.load_token %[[K2]] : !k3s.tile<K>
+// CHECK-NEXT:   %[[v2:[a-z_0-9]+]] = k3s.load_token %[[V2]] : !k3s.tile<V>
+// CHECK-NEXT:   %[[S1:[A-Za-z_0-9]+]] = k3s.rank1_update %[[S]], %[[k2]], %[[v2]] : !k3s.tile<K x V>
+// CHECK-NEXT:   %{{[a-z_0-9]+}} = k3s.readout %[[S1]], %[[q2]], %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}} : !k3s.tile<V>
+// CHECK-NEXT:   k3s.next_token %[[S1]]
 // CHECK-NEXT: }
 // CHECK-NOT:  k3s.entry

@@ -24,23 +24,23 @@
 // ALL:       HAS_CU_SEQLENS: tl.constexpr,
 // ALL-NEXT:  ):
 // ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = "value_block,sequence_head", num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}>
-// ALL:       # k3s.state_tile <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
-// ALL:       # k3s.token_loop: the tokens of sequence i_n, in order
-// ALL:       # %q = k3s.load_token <tensor = q>
-// ALL:       # %k = k3s.load_token <tensor = k>
-// ALL:       # %v = k3s.load_token <tensor = v>
-// KDA:       # %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// ALL:       # k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
+// ALL:       # k3s.token_loop %cu_seqlens: the tokens of sequence i_n, in order
+// ALL:       # %q = k3s.load_token %q
+// ALL:       # %k = k3s.load_token %k
+// ALL:       # %v = k3s.load_token %v
+// KDA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
 // KDA-NEXT:  b_g = tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
 // KDA-NEXT:  # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
-// GDN:       # %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0>: the log-decay g
+// GDN:       # %g = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0>: the log-decay g
 // GDN:       # %S = k3s.decay %S, %g <gate = scalar>: S <- Diag(exp g_t) S
-// GLA:       # %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// GLA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
 // GLA:       # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
 // DN-NOT:    k3s.decay
 // GLA-NOT:   k3s.load_beta
-// KDA:       # %beta = k3s.load_beta <input = probability>
-// GDN:       # %beta = k3s.load_beta <input = probability>
-// DN:        # %beta = k3s.load_beta <input = probability>
+// KDA:       # %beta = k3s.load_beta %beta <input = probability>
+// GDN:       # %beta = k3s.load_beta %beta <input = probability>
+// DN:        # %beta = k3s.load_beta %beta <input = probability>
 // KDA-NEXT:  b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
 // KDA-NEXT:  # %u = k3s.delta_correct %S, %k, %v, %beta: u = beta_t (v_t - S^T k_t), kept in b_v
 // GDN:       # %u = k3s.delta_correct %S, %k, %v, %beta
@@ -50,22 +50,22 @@
 // GDN:       # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
 // DN:        # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
 // GLA:       # %S = k3s.rank1_update %S, %k, %v: S <- S + k_t u_t^T
-// ALL:       # %o = k3s.readout %S, %q: o_t = S^T (scale q_t)
-// ALL:       # k3s.store_state <layout = {{kv|vk}}>
+// ALL:       # %o = k3s.readout %S, %q, %o, %scale: o_t = S^T (scale q_t)
+// ALL:       # k3s.store_state %final_state <layout = {{kv|vk}}>
 // ALL-LABEL: def recurrent(q, k, v,
 // ALL:       # k3s.entry @recurrent <source = {{[a-z_]+}}>: argument checks
 // ALL:       # k3s.kernel @{{[a-z_]+}}_recurrent <grid = "value_block,sequence_head", num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}>: launch
 
 // The pool kernel of `decode`, then the chunk kernels: prepare (token-parallel), scan.
 // ALL-LABEL: def {{[a-z_]+}}_decode_kernel(
-// ALL:       # k3s.state_tile <{{.*}}home = pool>
+// ALL:       # k3s.state_tile %state, %state_indices <{{.*}}home = pool>
 // ALL-LABEL: def decode(q, k, v, {{.*}}state=None, state_indices=None, check_indices=True):
 // ALL-LABEL: def {{[a-z_]+}}_chunk_prepare_kernel(
 // ALL:       DOT: tl.constexpr,
 // ALL-NEXT:  ):
 // KDA:       # %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 16>: a row only ever meets references at or before itself (causal)
 // KDA:       # %kr = k3s.block_rescale %k, %G, %Gend <decay = reference_over_row>
-// KDA:       # %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict, gate = channel, beta = true, diagonal = elementwise>
+// KDA:       # %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta, %k, %g <mask = strict, gate = channel, beta = true, diagonal = elementwise>
 // KDA:       # %T = k3s.forward_substitution %A, %beta <block = 1>: T = (I + A)^-1 Diag(beta), blocked
 // KDA:       # %W = k3s.wy_apply %T, %k, %G <gate = channel>
 // GDN:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = scalar, beta = true>
@@ -73,15 +73,15 @@
 // DN:        # %A = k3s.gram %k, %k, %beta <mask = strict, gate = none, beta = true>
 // DN:        # %T = k3s.forward_substitution %A, %beta <block = 1>
 // GLA-NOT:   k3s.forward_substitution
-// GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive, gate = channel, beta = false, diagonal = elementwise>
+// GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr, %k, %g <mask = inclusive, gate = channel, beta = false, diagonal = elementwise>
 // ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
-// ALL:       # k3s.chunk_loop <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
+// ALL:       # k3s.chunk_loop %cu_seqlens <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
 // KDA:       # %vr = k3s.delta_residual %S, %W, %U: Vr = U - W S
 // GLA-NOT:   k3s.delta_residual
-// KDA:       # %o = k3s.chunk_output %QG, %S, %P, %vr: O = scale (QG S + P Vr)
-// GDN:       # %o = k3s.chunk_output %QG, %S, %P, %vr: O = scale (QG S + P Vr)
-// DN:        # %o = k3s.chunk_output %q, %S, %P, %vr: O = scale (QG S + P Vr)
-// GLA:       # %o = k3s.chunk_output %QG, %S, %P, %v: O = scale (QG S + P Vr)
+// KDA:       # %o = k3s.chunk_output %QG, %S, %P, %vr, %o, %scale: O = scale (QG S + P Vr)
+// GDN:       # %o = k3s.chunk_output %QG, %S, %P, %vr, %o, %scale: O = scale (QG S + P Vr)
+// DN:        # %o = k3s.chunk_output %q, %S, %P, %vr, %o, %scale: O = scale (QG S + P Vr)
+// GLA:       # %o = k3s.chunk_output %QG, %S, %P, %v, %o, %scale: O = scale (QG S + P Vr)
 // KDA:       # %S = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = channel>
 // GDN:       # %S = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = scalar>
 // DN:        # %S = k3s.state_advance %S, %k, %vr <gate = none>

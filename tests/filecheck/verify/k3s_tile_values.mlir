@@ -1,34 +1,41 @@
 // Chunk stages as ops on values: a tile's dimensions are C, K and V; an op's operands must match
-// what its properties say it reads; a value is defined before its use; a loop's body ends in the
-// op that passes its state on. The valid schedule prints back unchanged.
+// what its properties say it reads (the tensors a Gram reads only with an elementwise diagonal);
+// a value is defined before its use; a loop's body ends in the op that passes its state on. The
+// valid schedule prints back unchanged.
 // RUN: k3c opt %s | filecheck %s --check-prefix=VALID
 // RUN: sed 's/tile<C x C>/tile<C x Q>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DIM
-// RUN: sed 's/%%P = k3s.gram %%q, %%k </%%P = k3s.gram %%q, %%k, %%v </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
+// RUN: sed 's/%%P = k3s.gram %%q_1, %%k_1 </%%P = k3s.gram %%q_1, %%k_1, %%v_1 </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
+// RUN: sed 's/%%P = k3s.gram %%q_1, %%k_1 </%%P = k3s.gram %%q_1, %%k_1, %%k </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
 // RUN: sed 's/<gate = none> : !k3s.tile<K x V>/<gate = scalar> : !k3s.tile<K x V>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DECAY
-// RUN: sed 's/chunk_output %%q, %%S,/chunk_output %%q, %%S_9,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNDEFINED
+// RUN: sed 's/chunk_output %%q_1, %%S,/chunk_output %%q_1, %%S_9,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNDEFINED
 // RUN: sed '/k3s.next_chunk/d' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TERMINATOR
 
 builtin.module {
   k3s.entry @chunk <source = r> {
+    %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 8, float>
+    %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
+    %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 2 x 4, float>
+    %scale = k3s.scalar_arg @scale <default = 0.25> : f32
+    %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 2 x 4, float>
     k3s.chunked <chunk_size = 4> {
-      %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-      %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-      %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
-      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+      %q_1 = k3s.load_chunk %q : !k3s.tile<C x K>
+      %k_1 = k3s.load_chunk %k : !k3s.tile<C x K>
+      %v_1 = k3s.load_chunk %v : !k3s.tile<C x V>
+      %P = k3s.gram %q_1, %k_1 <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
       k3s.chunk_scan {
       ^bb0(%S: !k3s.tile<K x V>):
-        %o = k3s.chunk_output %q, %S, %P, %v : !k3s.tile<C x V>
-        %S_1 = k3s.state_advance %S, %k, %v <gate = none> : !k3s.tile<K x V>
+        %o_1 = k3s.chunk_output %q_1, %S, %P, %v_1, %o, %scale : !k3s.tile<C x V>
+        %S_1 = k3s.state_advance %S, %k_1, %v_1 <gate = none> : !k3s.tile<K x V>
         k3s.next_chunk %S_1
       }
     }
   }
 }
 
-// VALID:      %P = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+// VALID:      %P = k3s.gram %q_1, %k_1 <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
 // VALID:      ^bb0(%S: !k3s.tile<K x V>):
-// VALID-NEXT:   %o = k3s.chunk_output %q, %S, %P, %v : !k3s.tile<C x V>
-// VALID-NEXT:   %S_1 = k3s.state_advance %S, %k, %v <gate = none> : !k3s.tile<K x V>
+// VALID-NEXT:   %o_1 = k3s.chunk_output %q_1, %S, %P, %v_1, %o, %scale : !k3s.tile<C x V>
+// VALID-NEXT:   %S_1 = k3s.state_advance %S, %k_1, %v_1 <gate = none> : !k3s.tile<K x V>
 // VALID-NEXT:   k3s.next_chunk %S_1
 
 // DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Q'; allowed: C, NB, K, V, D, R, E, KS, M, N{{$}}

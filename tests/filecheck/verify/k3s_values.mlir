@@ -3,8 +3,11 @@
 // RUN: sed 's/role = maybe/role = input/; s/B x T x 4 x 16/B x T x H x 16/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SHAPE
 // RUN: sed 's/role = maybe/role = input/; s/16, float>/16, double>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DTYPE
 // RUN: sed 's/role = maybe/role = input/; s/block_v = 16/block_v = 24/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=BLOCKV
-// RUN: sed 's/role = maybe/role = input/; s/%g <gate = scalar>/%g <gate = none>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATE
-// RUN: sed 's/role = maybe/role = input/; s/tensor = q/tensor = o/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TENSOR
+// RUN: sed 's/role = maybe/role = input/; s/%%g_1 <gate = scalar>/%%g_1 <gate = none>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GATE
+// RUN: sed 's/role = maybe/role = input/; s/load_token %%q /load_token %%S /' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TENSOR
+// RUN: sed 's/role = maybe/role = input/; s/k3s.state_tile %%initial_state /k3s.state_tile /' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TILEREADS
+// RUN: sed 's/role = maybe/role = input/; s/layout = vk>/layout = vk, start = zero>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STARTREADS
+// RUN: sed 's/role = maybe/role = input/; s/layout = vk>/layout = vk, home = pool>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=POOLREADS
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk/layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 3/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=WARPS
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, num_stages = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STAGES
@@ -14,13 +17,15 @@
 builtin.module {
   k3s.entry @recurrent <source = r> {
     %q = k3s.tensor_arg @q <role = maybe> : !k3s.tensor<B x T x 4 x 16, float>
+    %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
+    %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 16 x 16, float32>
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
-      k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
+      k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
       k3s.token_loop {
       ^bb0(%S: !k3s.tile<K x V>):
-        %q = k3s.load_token <tensor = q> : !k3s.tile<K>
-        %g = k3s.load_gate <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
-        %S_1 = k3s.decay %S, %g <gate = scalar> : !k3s.tile<K x V>
+        %q_1 = k3s.load_token %q : !k3s.tile<K>
+        %g_1 = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
+        %S_1 = k3s.decay %S, %g_1 <gate = scalar> : !k3s.tile<K x V>
         k3s.next_token %S_1
       }
     }
@@ -47,9 +52,19 @@ builtin.module {
 // GATE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.decay: property 'gate' must be one of channel, scalar; got none{{$}}
 // GATE-NOT: {{.}}
 
-// TENSOR-NOT: {{\n}}
-// TENSOR: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.load_token: property 'tensor' must be one of q, k, v; got o{{$}}
-// TENSOR-NOT: {{.}}
+// TENSOR: {{^}}k3c opt: error: <stdin>: operand 'tensor' at position 0 does not verify:
+
+// TILEREADS-NOT: {{\n}}
+// TILEREADS: {{^}}k3c opt: error: <stdin>: k3s.state_tile: without a start or home it reads the initial state; got 0 tensor operands{{$}}
+// TILEREADS-NOT: {{.}}
+
+// STARTREADS-NOT: {{\n}}
+// STARTREADS: {{^}}k3c opt: error: <stdin>: k3s.state_tile: a start reads no tensor; got 1 tensor operands{{$}}
+// STARTREADS-NOT: {{.}}
+
+// POOLREADS-NOT: {{\n}}
+// POOLREADS: {{^}}k3c opt: error: <stdin>: k3s.state_tile: home = pool reads the pool and its slot table; got 1 tensor operands{{$}}
+// POOLREADS-NOT: {{.}}
 
 // LAYOUT-NOT: {{\n}}
 // LAYOUT: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.state_tile: property 'layout' must be one of kv, vk; got kk{{$}}

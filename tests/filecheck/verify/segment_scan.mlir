@@ -15,25 +15,32 @@
 
 builtin.module {
   k3s.entry @segment_scan <source = r> {
+<<<<<<< HEAD
     %summaries = k3s.tensor_arg @summaries <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
+=======
+    %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
+    %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 2 x 4, float>
+    %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 2 x 8, float>
+    %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 2, float>
+>>>>>>> values_loads
     k3s.segment_scan {
       k3s.segment_summary <transition = full>
       k3s.summary_combine <transition = full>
       k3s.chunked <chunk_size = 4> {
-        %k = k3s.load_chunk <tensor = k> : !k3s.tile<C x K>
-        %v = k3s.load_chunk <tensor = v> : !k3s.tile<C x V>
-        %g = k3s.load_gate <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
-        %G = k3s.gate_cumsum %g <gate = channel> : !k3s.tile<C x K>
+        %k_1 = k3s.load_chunk %k : !k3s.tile<C x K>
+        %v_1 = k3s.load_chunk %v : !k3s.tile<C x V>
+        %g_1 = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
+        %G = k3s.gate_cumsum %g_1 <gate = channel> : !k3s.tile<C x K>
         %Glast = k3s.gate_total %G <gate = channel> : !k3s.tile<K>
         %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 4> : !k3s.tile<NB x K>, !k3s.tile<NB x K>
-        %kr = k3s.block_rescale %k, %G, %Gend <decay = reference_over_row> : !k3s.tile<C x K>
-        %kl = k3s.block_rescale %k, %G, %Gstart <decay = row_over_reference> : !k3s.tile<C x K>
-        %beta = k3s.load_beta <input = probability> : !k3s.tile<C>
-        %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta <mask = strict, gate = channel, beta = true, diagonal = elementwise> : !k3s.tile<C x C>
-        %T = k3s.forward_substitution %A, %beta <block = 1> : !k3s.tile<C x C>
-        %W = k3s.wy_apply %T, %k, %G <gate = channel> : !k3s.tile<C x K>
-        %U = k3s.wy_apply %T, %v <gate = none> : !k3s.tile<C x V>
-        %KG = k3s.gate_apply %k, %G, %Glast <anchor = end, gate = channel> : !k3s.tile<C x K>
+        %kr = k3s.block_rescale %k_1, %G, %Gend <decay = reference_over_row> : !k3s.tile<C x K>
+        %kl = k3s.block_rescale %k_1, %G, %Gstart <decay = row_over_reference> : !k3s.tile<C x K>
+        %beta_1 = k3s.load_beta %beta <input = probability> : !k3s.tile<C>
+        %A = k3s.gram %k_1, %k_1, %G, %Gstart, %Gend, %kl, %kr, %beta_1, %k, %g <mask = strict, gate = channel, beta = true, diagonal = elementwise> : !k3s.tile<C x C>
+        %T = k3s.forward_substitution %A, %beta_1 <block = 1> : !k3s.tile<C x C>
+        %W = k3s.wy_apply %T, %k_1, %G <gate = channel> : !k3s.tile<C x K>
+        %U = k3s.wy_apply %T, %v_1 <gate = none> : !k3s.tile<C x V>
+        %KG = k3s.gate_apply %k_1, %G, %Glast <anchor = end, gate = channel> : !k3s.tile<C x K>
         %gamma_C = k3s.chunk_decay %Glast <gate = channel> : !k3s.tile<K>
         k3s.chunk_scan {
         ^bb0(%S: !k3s.tile<K x V>):

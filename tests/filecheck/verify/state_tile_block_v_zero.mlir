@@ -6,7 +6,7 @@
 builtin.module {
   k3s.entry @recurrent <source = r> {
     k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
-      k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 0, layout = kv>
+      k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 0, layout = kv, start = zero>
     }
   }
 }
