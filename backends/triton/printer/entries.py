@@ -55,9 +55,8 @@ class Entries:
         # kernel -> (its parameters, its statements): what a launch passes, what a kernel sharing
         # its code must print the same
         self.kernel_code: dict[str, tuple[list[str], list[str]]] = {}
-        # every entry's argument names, and per kernel those its entry lacks (kernels.py)
+        # every entry's argument names (kernels.py checks its kernels read no other)
         self.argument_names: set[str] = set()
-        self.absent: dict[str, list[str]] = {}
 
     def print_module(self, module: ModuleOp, docstring: str) -> str:
         c = self.code
@@ -346,8 +345,8 @@ class Entries:
             c(f"{self.kernel_name(code)}[grid](")
             with c.indent():
                 for name in params:
-                    absent = name in self.absent[kernel.sym_name.data]
-                    c(f"None,  # {name}: read only by the stages this launch skips" if absent else f"{arguments[name]},")
+                    skipped = arguments[name] == "None"
+                    c(f"None,  # {name}: read only by the stages this launch skips" if skipped else f"{arguments[name]},")
                 if tabled:
                     c('num_warps=launch["num_warps"],')
                     if kernel.num_stages is not None:

@@ -120,8 +120,11 @@ class Kernels:
         return f"{symbol}_kernel"
 
     def kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
-        """(parameter declaration, launch argument) of every kernel parameter, in order."""
-        params = [(a.sym_name.data, a.sym_name.data) for a in view.args]
+        """(parameter declaration, launch argument) of every kernel parameter, in order: first its
+        arguments (the tensors and scalars its stages read and write; a tensor its entry lacks is
+        passed as None), then what its code derives from them."""
+        params = [(arg.name_hint, "None" if isinstance(passed.owner, k3s.AbsentTensorOp) else tensor_name(passed))
+                  for arg, passed in zip(kernel.body.block.args, k3s.launch_site(kernel).operands, strict=True)]
         if "chunk" in kernel.grid.data.split(","):
             params.append(("chunk_table", "chunk_table"))
         # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
@@ -156,19 +159,19 @@ class Kernels:
             getattr(self, f"print_axis_{axis}")(axis_index)
         self.print_ops(kernel)
         self.code = c
-        # its parameters: those of the entry's that its code reads, in the entry's order
+        # its parameters: its arguments, exactly what its code reads of the entries' (the IR says
+        # so, the printed code must agree), then the sizes and constexprs its code reads
         code = statements(body.text())
         used = names_read(code)
-        params = [param for param, _ in self.kernel_params(kernel, view) if param_name(param) in used]
-        # then the arguments of other entries that only stages its launch skips read (the summary
-        # prepare's q, P and QG): its launch passes None
-        absent = sorted(free_names(code) & self.argument_names - {param_name(p) for p in params})
-        if missing := set(absent) & free_names(launched(code, kernel)):
-            raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(missing)}, "
+        arguments = [arg.name_hint for arg in kernel.body.block.args]
+        if set(arguments) != free_names(code) & (self.argument_names | set(arguments)):
+            raise ValueError(f"kernel @{kernel.sym_name.data}: its arguments {arguments} are not the tensors its "
+                             f"code reads, {sorted(free_names(code) & self.argument_names)}")
+        absent = [name for name, passed in self.kernel_params(kernel, view)[:len(arguments)] if passed == "None"]
+        if skipped_read := set(absent) & free_names(launched(code, kernel)):
+            raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(skipped_read)}, "
                              f"which entry @{view.entry.sym_name.data} does not have")
-        self.absent[kernel.sym_name.data] = absent
-        constexprs = next((i for i, param in enumerate(params) if param.endswith("tl.constexpr")), len(params))
-        params[constexprs:constexprs] = absent  # launched positionally, so before the constexprs (keywords)
+        params = [param for param, _ in self.kernel_params(kernel, view) if param_name(param) in used]
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
             twin_params, twin_code = self.kernel_code[kernel.shares_code_of.data]
             if (sorted(twin_params), twin_code) != (sorted(params), ast.dump(code)):
