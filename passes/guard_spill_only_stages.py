@@ -125,7 +125,7 @@ class GuardSpillOnlyStagesPass(ModulePass):
     name = "guard-spill-only-stages"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        kernels = [o for o in op.walk() if isinstance(o, k3s.KernelOp)]
+        kernels = k3s.outlined_kernels(op, self.name)
         for narrow in kernels:
             for wide in kernels:
                 if (narrow.flags is not None or wide.flags is not None

@@ -87,7 +87,7 @@ class MergeIdenticalKernelsPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         originals: list[k3s.KernelOp] = []
-        for kernel in [o for o in op.walk() if isinstance(o, k3s.KernelOp)]:
+        for kernel in k3s.outlined_kernels(op, self.name):
             if kernel.shares_code_of is not None:
                 continue
             entry = k3s.launching_entry(kernel)

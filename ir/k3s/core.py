@@ -426,3 +426,11 @@ def passed_value(value: SSAValue) -> SSAValue:
         if kernel.is_outlined():
             return launch_site(kernel).operands[value.index]
     return value
+
+
+def outlined_kernels(module: ModuleOp, pass_name: str) -> list[KernelOp]:
+    """The module's kernels, for a pass that compares them as symbols: a ValueError if one is
+    still built in its entry."""
+    if inline := [op.sym_name.data for op in module.walk() if isinstance(op, KernelOp) and not op.is_outlined()]:
+        raise ValueError(f"{pass_name}: kernels {inline} are still built in their entries; run outline-kernels first")
+    return [op for op in module.ops if isinstance(op, KernelOp)]

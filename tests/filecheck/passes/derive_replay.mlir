@@ -11,21 +11,12 @@ builtin.module {
 }
 
 // CHECK: k3s.entry @kda_speculative <source = kda>
-<<<<<<< HEAD
-// CHECK: %cache = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
-// CHECK-NEXT: %accepted = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
-// CHECK-NEXT: k3s.speculative <draft_tokens = 4> {
-// CHECK-NEXT: k3s.token_loop {
-// CHECK: %S_1 = k3s.decay %S, %g_1 <gate = channel> : !k3s.tile<K x V>
-// CHECK: %u = k3s.delta_correct %S_1, %k_1, %v_1, %beta_1 : !k3s.tile<V>
-// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %k_1, %u : !k3s.tile<K x V>
-// CHECK-NEXT: %o_1 = k3s.readout %S_2, %q_1 : !k3s.tile<V>
-// CHECK-NEXT: k3s.cache_update %cache, %k_1, %u, %g_1 <gate = channel>
-=======
 // CHECK: %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK: %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
 // CHECK: %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
-// CHECK: k3s.speculative <draft_tokens = 4> {
+// CHECK: %[[CACHE:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
+// CHECK-NEXT: %[[ACC:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
+// CHECK-NEXT: k3s.speculative <draft_tokens = 4> {
 // CHECK-NEXT: k3s.token_loop %[[CU]] {
 // CHECK: %[[k:[a-z_0-9]+]] = k3s.load_token %[[K]] :
 // CHECK: %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel
@@ -33,24 +24,17 @@ builtin.module {
 // CHECK: %u = k3s.delta_correct %S_1, %[[k]], %{{.*}} : !k3s.tile<V>
 // CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
 // CHECK-NEXT: %{{[a-z_0-9]+}} = k3s.readout %S_2, {{.*}} : !k3s.tile<V>
-// CHECK-NEXT: k3s.cache_update %[[k]], %u, %[[g]] <gate = channel>
->>>>>>> values_loads
+// CHECK-NEXT: k3s.cache_update %[[CACHE]], %[[k]], %u, %[[g]] <gate = channel>
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.replay %cache, %accepted <gate = channel>
+// CHECK-NEXT: k3s.replay %[[CACHE]], %[[ACC]] <gate = channel>
 // CHECK: k3s.entry @dn_speculative <source = dn>
-<<<<<<< HEAD
-// CHECK: %cache_1 = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
-// CHECK-NEXT: %accepted_1 = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
-// CHECK: k3s.token_loop {
-// CHECK-NOT: k3s.decay
-// CHECK: k3s.cache_update %cache_1, %k_3, %u_1 <gate = none>
-=======
+// CHECK: %[[CACHE2:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
+// CHECK-NEXT: %[[ACC2:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
 // CHECK: k3s.token_loop
 // CHECK-NOT: k3s.decay
 // CHECK: %[[u:[a-z_0-9]+]] = k3s.delta_correct %[[S:[A-Za-z_0-9]+]], %[[k2:[a-z_0-9]+]],
-// CHECK: k3s.cache_update %[[k2]], %[[u]] <gate = none>
->>>>>>> values_loads
-// CHECK-NEXT: k3s.next_token %S_4
+// CHECK: k3s.cache_update %[[CACHE2]], %[[k2]], %[[u]] <gate = none>
+// CHECK-NEXT: k3s.next_token %S_1
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.replay %cache_1, %accepted_1 <gate = none>
+// CHECK-NEXT: k3s.replay %[[CACHE2]], %[[ACC2]] <gate = none>

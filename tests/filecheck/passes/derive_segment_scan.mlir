@@ -59,7 +59,7 @@ builtin.module {
 // CHECK:        k3s.segment_summary <transition = full>
 // CHECK-NEXT:   k3s.summary_combine <transition = full>
 // CHECK:          %[[g2:[a-z_0-9]+]] = k3s.load_gate
-// CHECK-NEXT:     %G_1 = k3s.gate_cumsum %[[g2]] <gate = scalar> : !k3s.tile<C>
+// CHECK-NEXT:     %G = k3s.gate_cumsum %[[g2]] <gate = scalar> : !k3s.tile<C>
 // CHECK:      k3.recurrence @dn
 // CHECK:        %[[Q3:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHECK-NEXT:   %[[K3:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
@@ -73,7 +73,7 @@ builtin.module {
 // CHECK-NEXT:     %[[k3:[a-z_0-9]+]] = k3s.load_chunk %[[K3]] : !k3s.tile<C x K>
 // CHECK-NEXT:     %[[v3:[a-z_0-9]+]] = k3s.load_chunk %[[V3]] : !k3s.tile<C x V>
 // CHECK-NEXT:     %[[beta3:[a-z_0-9]+]] = k3s.load_beta %[[BETA3]] <input = probability> : !k3s.tile<C>
-// CHECK-NEXT:     %A_2 = k3s.gram %[[k3]], %[[k3]], %[[beta3]] <mask = strict, gate = none, beta = true
+// CHECK-NEXT:     %A = k3s.gram %[[k3]], %[[k3]], %[[beta3]] <mask = strict, gate = none, beta = true
 // CHECK:      k3.recurrence @gla
 // CHECK:        %{{[A-Za-z_0-9]+}} = k3s.tensor_arg @beta <role = forbidden> : !k3s.tensor<B x T x 2, float>
 // CHECK:        k3s.segment_summary <transition = diagonal>
@@ -94,12 +94,12 @@ builtin.module {
 // CHECK-NEXT:     %[[q6:[a-z_0-9]+]] = k3s.load_chunk %[[Q6]] : !k3s.tile<C x K>
 // CHECK-NEXT:     %[[k6:[a-z_0-9]+]] = k3s.load_chunk %[[K6]] : !k3s.tile<C x K>
 // CHECK-NEXT:     %[[v6:[a-z_0-9]+]] = k3s.load_chunk %[[V6]] : !k3s.tile<C x V>
-// CHECK-NEXT:     %P_5 = k3s.gram %[[q6]], %[[k6]] <mask = inclusive, gate = none, beta = false
+// CHECK-NEXT:     %P = k3s.gram %[[q6]], %[[k6]] <mask = inclusive, gate = none, beta = false
 // CHECK-NEXT:     k3s.chunk_scan {
-// CHECK-NEXT:     ^bb0(%S_10: !k3s.tile<K x V>):
-// CHECK-NEXT:       %{{[a-z_0-9]+}} = k3s.chunk_output %[[q6]], %S_10, %P_5, %[[v6]], %[[O6]], %[[SCALE6]] : !k3s.tile<C x V>
-// CHECK-NEXT:       %S_11 = k3s.state_advance %S_10, %[[k6]], %[[v6]] <gate = none> : !k3s.tile<K x V>
-// CHECK-NEXT:       k3s.next_chunk %S_11
+// CHECK-NEXT:     ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:       %{{[a-z_0-9]+}} = k3s.chunk_output %[[q6]], %S, %P, %[[v6]], %[[O6]], %[[SCALE6]] : !k3s.tile<C x V>
+// CHECK-NEXT:       %S_1 = k3s.state_advance %S, %[[k6]], %[[v6]] <gate = none> : !k3s.tile<K x V>
+// CHECK-NEXT:       k3s.next_chunk %S_1
 
 // SPEC-LABEL: // -----// IR after derive-segment-scan //----- //
 // SPEC:       k3s.entry @segment_scan <source = gla> {

@@ -15,26 +15,6 @@ builtin.module {
 }
 
 // CHECK:      k3s.entry @chunk <source = kda> {
-<<<<<<< HEAD
-// CHECK:        %[[T_UT:T_ut]] = k3s.tensor_arg @T_ut <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
-// CHECK-NEXT:   %[[U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 2 x 4, float>
-// CHECK-NEXT:   %[[W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
-// CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
-// CHECK:          %A = k3s.gram %k_1, %k_1, %G, %Gstart, %Gend, %kl, %kr, %beta_1 <mask = strict
-// CHECK-NEXT:     %T = k3s.forward_substitution %A, %beta_1
-// CHECK-NEXT:     k3s.spill %[[T_UT]], %T
-// CHECK:          %P_1 = k3s.gram %q_1, %k_1, %G, %Gstart, %Gend, %ql, %kr <mask = inclusive
-// CHECK-NOT:      k3s.wy_apply
-// CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
-// CHECK-NEXT:     k3s.chunk_tile
-// CHECK-NEXT:     %T_1 = k3s.reload %[[T_UT]] : !k3s.tile<C x C>
-// CHECK:          %G_1 = k3s.gate_cumsum %g_2
-// CHECK-NOT:      k3s.gram
-// CHECK:          %W_1 = k3s.wy_apply %T_1, %k_2, %G_1 <gate = channel>
-// CHECK:          k3s.spill %[[W]], %W_1
-// CHECK:          %U_1 = k3s.wy_apply %T_1, %v_1 <gate = none>
-// CHECK:          k3s.spill %[[U]], %U_1
-=======
 // CHECK-NEXT:   %[[Q:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHECK-NEXT:   %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK-NEXT:   %[[V:[A-Za-z_0-9]+]] = k3s.tensor_arg @v
@@ -45,28 +25,29 @@ builtin.module {
 // CHECK-NEXT:   %[[O:[A-Za-z_0-9]+]] = k3s.tensor_arg @o
 // CHECK-NEXT:   %[[HT:[A-Za-z_0-9]+]] = k3s.tensor_arg @final_state
 // CHECK-NEXT:   %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
-// CHECK:        %T_ut = k3s.tensor_arg @T_ut <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK:        %[[T_UT:T_ut]] = k3s.tensor_arg @T_ut <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:   %[[WS_U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 2 x 4, float>
+// CHECK-NEXT:   %[[WS_W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
 // CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
 // CHECK:          %[[k:[a-z_0-9]+]] = k3s.load_chunk %[[K]] : !k3s.tile<C x K>
 // CHECK:          %A = k3s.gram %[[k]], %[[k]], %G, %Gstart, %Gend, %kl, %kr, %[[beta:[a-z_0-9]+]], %[[K]], %[[G]] <mask = strict
 // CHECK-NEXT:     %[[T:[A-Za-z_0-9]+]] = k3s.forward_substitution %A, %[[beta]]
-// CHECK-NEXT:     k3s.spill %[[T]] <value = T>
+// CHECK-NEXT:     k3s.spill %[[T_UT]], %[[T]]
 // CHECK:          %[[q:[a-z_0-9]+]] = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
 // CHECK:          %{{[A-Za-z_0-9]+}} = k3s.gram %[[q]], %[[k]], %G, %Gstart, %Gend, %ql, %kr, %[[K]], %[[G]] <mask = inclusive
 // CHECK-NOT:      k3s.wy_apply
 // CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
-// CHECK-NEXT:     %[[T2:[A-Za-z_0-9]+]] = k3s.reload <value = T> : !k3s.tile<C x C>
+// CHECK-NEXT:     %[[T2:[A-Za-z_0-9]+]] = k3s.reload %[[T_UT]] : !k3s.tile<C x C>
 // CHECK:          %[[G2:[A-Za-z_0-9]+]] = k3s.gate_cumsum %{{[a-z_0-9]+}}
 // CHECK-NOT:      k3s.gram
 // CHECK:          %[[k2:[a-z_0-9]+]] = k3s.load_chunk %[[K]]
 // CHECK-NEXT:     %[[W:[A-Za-z_0-9]+]] = k3s.wy_apply %[[T2]], %[[k2]], %[[G2]] <gate = channel>
-// CHECK:          k3s.spill %[[W]] <value = W>
+// CHECK:          k3s.spill %[[WS_W]], %[[W]]
 // CHECK:          %[[v2:[a-z_0-9]+]] = k3s.load_chunk %[[V]]
 // CHECK-NEXT:     %[[U:[A-Za-z_0-9]+]] = k3s.wy_apply %[[T2]], %[[v2]] <gate = none>
-// CHECK:          k3s.spill %[[U]] <value = U>
->>>>>>> values_loads
+// CHECK:          k3s.spill %[[WS_U]], %[[U]]
 // CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head"
 // CHECK-NEXT:     k3s.state_tile %[[H0]] <
 // CHECK-NEXT:     k3s.chunk_loop %[[CU]] <chunk_size = 16> {

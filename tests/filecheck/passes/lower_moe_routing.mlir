@@ -32,8 +32,8 @@ builtin.module {
 // CHECK-NEXT:       k3s.store_partial_logits %logits, %partial_logits
 // CHECK-NEXT:     }
 // CHECK-NEXT:     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8> {
-// CHECK-NEXT:       %logits_1 = k3s.sum_partial_logits %partial_logits <num_experts = 12> : !k3s.tile<R x E>
-// CHECK-NEXT:       %s = k3s.router_sigmoid %logits_1 : !k3s.tile<R x E>
+// CHECK-NEXT:       %logits = k3s.sum_partial_logits %partial_logits <num_experts = 12> : !k3s.tile<R x E>
+// CHECK-NEXT:       %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
 // CHECK-NEXT:       %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
 // CHECK-NEXT:       %weights = k3s.routing_weights %w <normalize = true, scale = 2.5> : !k3s.tile<R x KS>
 // CHECK-NEXT:       k3s.store_routing %ids, %weights, %topk_ids, %topk_weights

@@ -53,11 +53,7 @@ builtin.module {
 // CHUNK-NEXT:      %G = k3s.gate_cumsum %[[g]] <gate = scalar> : !k3s.tile<C>
 // CHUNK:         k3s.kernel @gdn_chunk_scan
 // CHUNK-NOT:       k3s.load_gate
-<<<<<<< HEAD
-// CHUNK:           %{{gamma_C_[0-9]+}} = k3s.reload %gamma_C : !k3s.tile<>
-=======
-// CHUNK:           %{{[A-Za-z_0-9]+}} = k3s.reload <value = gamma_C> : !k3s.tile<>
->>>>>>> values_loads
+// CHUNK:           %{{[A-Za-z_0-9]+}} = k3s.reload %gamma_C : !k3s.tile<>
 // CHUNK-NOT:       k3s.load_gate
 // CHUNK:         k3s.store_state
 

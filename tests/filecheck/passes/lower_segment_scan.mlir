@@ -16,85 +16,28 @@ builtin.module {
 
 // CHECK:      k3s.entry @kda_segment_summary <source = kda> {
 // CHECK-NOT:    k3s.tensor_arg @q
-<<<<<<< HEAD
-// CHECK:        %M = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
-// CHECK-NEXT:   %N = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 4, float32>
-// CHECK:        %[[U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 2 x 4, float>
-// CHECK-NEXT:   %[[W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
-=======
 // CHECK:        %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
 // CHECK:        %[[M:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK-NEXT:   %[[N:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 4, float32>
->>>>>>> values_loads
 // CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
 // CHECK-NOT:      k3s.gram %q
-<<<<<<< HEAD
-// CHECK-NOT:      k3s.load_chunk <tensor = q>
-// CHECK:          k3s.spill %[[W]], %{{W_[0-9]+}}
-// CHECK:          k3s.spill %[[U]], %{{U_[0-9]+}}
-=======
 // CHECK-NOT:      k3s.load_chunk %q
->>>>>>> values_loads
 // CHECK:        k3s.kernel @kda_summary_scan_N
 // the N scan starts from zero, reading no initial state, and writes N
 // CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv, start = zero>
 // CHECK-NEXT:     k3s.chunk_loop %[[CU]] <chunk_size = 16> {
 // CHECK-NOT:      k3s.chunk_output
-<<<<<<< HEAD
-// CHECK:          %[[U_TILE:U_[0-9]+]] = k3s.reload %[[U]] : !k3s.tile<C x V>
-// CHECK-NEXT:     %[[W_TILE:W_[0-9]+]] = k3s.reload %[[W]] : !k3s.tile<C x K>
-// CHECK:          %vr = k3s.delta_residual %S, %[[W_TILE]], %[[U_TILE]] : !k3s.tile<C x V>
-// CHECK:        k3s.store_state <layout = kv, tensor = N>
-// CHECK:        k3s.kernel @kda_summary_scan_M
-// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 8, block_v = 8, layout = kv, start = identity>
-// CHECK-NOT:      k3s.reload %[[U]]
-// CHECK:          %[[W_TILE_M:W_[0-9]+]] = k3s.reload %[[W]] : !k3s.tile<C x K>
-// CHECK:          %vr_1 = k3s.delta_residual %S_2, %[[W_TILE_M]] : !k3s.tile<C x V>
-// CHECK:        k3s.store_state <layout = kv, tensor = M>
-=======
 // CHECK:          %vr = k3s.delta_residual %S, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} : !k3s.tile<C x V>
 // CHECK:        k3s.store_state %[[N]] <layout = kv>
 // CHECK:        k3s.kernel @kda_summary_scan_M
 // CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 8, block_v = 8, layout = kv, start = identity>
-// CHECK-NOT:      k3s.reload <value = U>
+// CHECK-NOT:      k3s.reload %U
 // CHECK:          %{{[A-Za-z_0-9]+}} = k3s.delta_residual %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} : !k3s.tile<C x V>
 // CHECK:        k3s.store_state %[[M]] <layout = kv>
->>>>>>> values_loads
 
 // The summary scans of chunk_segments reload the workspaces of its own prepare.
 // CHECK:      k3s.entry @kda_chunk_segments <source = kda> {
-<<<<<<< HEAD
-// CHECK:        %[[INITIAL:initial_state]] = k3s.tensor_arg @initial_state <role = combined> : !k3s.tensor<N x 2 x 8 x 4, float32>
-// CHECK:        %[[SEGMENTS_W:W_[0-9]+]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
-// CHECK:        %[[SEGMENTS_M:M_[0-9]+]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8 x 8, float32>
-// CHECK-NEXT:   %[[SEGMENTS_N:N_[0-9]+]] = k3s.tensor_arg @N <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
-// CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
-// CHECK:          %[[P_TILE:P_[0-9]+]] = k3s.gram %q_1, %k_3, %G_1, %Gstart_1, %Gend_1, %ql, %kr_1 <mask = inclusive
-// CHECK-NEXT:     k3s.spill %[[P:P]], %[[P_TILE]]
-// CHECK:          k3s.spill %[[SEGMENTS_W]], %{{W_[0-9]+}}
-// CHECK-NOT:    k3s.kernel @kda_segments_prepare
-// CHECK:        k3s.kernel @kda_segments_summary_scan_N
-// CHECK:          k3s.reload %[[SEGMENTS_W]] : !k3s.tile<C x K>
-// CHECK:        k3s.store_state <layout = kv, tensor = N>
-// CHECK:        k3s.kernel @kda_segments_summary_scan_M
-// CHECK:          k3s.reload %[[SEGMENTS_W]] : !k3s.tile<C x K>
-// CHECK:        k3s.store_state <layout = kv, tensor = M>
-// CHECK:        k3s.summary_combine %[[SEGMENTS_M]], %[[SEGMENTS_N]], %[[INITIAL]] <transition = full>
-// CHECK-NEXT:   k3s.kernel @kda_segments_scan
-// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv>
-// CHECK:            %[[P_RELOADED:P_[0-9]+]] = k3s.reload %[[P]] : !k3s.tile<C x C>
-// CHECK:            %o_1 = k3s.chunk_output %QG_2, %S_8, %[[P_RELOADED]], %vr_4 : !k3s.tile<C x V>
-
-// CHECK:      k3s.entry @gla_segment_summary <source = gla> {
-// CHECK:        %[[GLA_M:M_[0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8, float32>
-// CHECK-NEXT:   %N_2 = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
-// CHECK:        k3s.kernel @gla_summary_scan_N
-// CHECK:          %[[GAMMA:gamma_C_[0-9]+]] = k3s.reload %{{gamma_C_[0-9]+}} : !k3s.tile<K>
-// CHECK:          k3s.decay_product %[[GAMMA]] <transition = diagonal>
-// CHECK:        k3s.store_state <layout = vk, tensor = N>
-// CHECK-NEXT:   k3s.store_transition %[[GLA_M]] <transition = diagonal>
-=======
 // CHECK-NEXT:   %[[Q2:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHECK-NEXT:   %[[K2:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK:        %[[SCALE2:[A-Za-z_0-9]+]] = k3s.scalar_arg @scale
@@ -114,7 +57,7 @@ builtin.module {
 // CHECK:        k3s.store_state %[[N2]] <layout = kv>
 // CHECK:        k3s.kernel @kda_segments_summary_scan_M
 // CHECK:        k3s.store_state %[[M2]] <layout = kv>
-// CHECK:        k3s.summary_combine <transition = full>
+// CHECK:        k3s.summary_combine %[[M2]], %[[N2]], %[[H02]] <transition = full>
 // CHECK-NEXT:   k3s.kernel @kda_segments_scan
 // the finish starts from the states the combine step made
 // CHECK-NEXT:     k3s.state_tile %[[H02]] <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv>
@@ -128,13 +71,12 @@ builtin.module {
 // CHECK:        k3s.kernel @gla_summary_scan_N
 // CHECK:          k3s.decay_product %{{[A-Za-z_0-9]+}} <transition = diagonal>
 // CHECK:        k3s.store_state %[[N3]] <layout = vk>
-// CHECK-NEXT:   k3s.store_transition <transition = diagonal>
->>>>>>> values_loads
+// CHECK-NEXT:   k3s.store_transition %[[M3]] <transition = diagonal>
 // CHECK-NOT:    k3s.kernel @gla_summary_scan_M
 // CHECK:      k3s.entry @gla_chunk_segments <source = gla> {
-// CHECK:        %[[GLA_INITIAL:initial_state_[0-9]+]] = k3s.tensor_arg @initial_state <role = combined>
-// CHECK:        %[[GLA_SEGMENTS_M:M_[0-9]+]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8, float32>
-// CHECK-NEXT:   %[[GLA_SEGMENTS_N:N_[0-9]+]] = k3s.tensor_arg @N <role = workspace>
+// CHECK:        %[[GLA_INITIAL:initial_state]] = k3s.tensor_arg @initial_state <role = combined>
+// CHECK:        %[[GLA_SEGMENTS_M:M]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8, float32>
+// CHECK-NEXT:   %[[GLA_SEGMENTS_N:N]] = k3s.tensor_arg @N <role = workspace>
 // CHECK:        k3s.store_transition %[[GLA_SEGMENTS_M]] <transition = diagonal>
 // CHECK:        k3s.summary_combine %[[GLA_SEGMENTS_M]], %[[GLA_SEGMENTS_N]], %[[GLA_INITIAL]] <transition = diagonal>
 
@@ -143,9 +85,9 @@ builtin.module {
 // CHECK:        k3s.tensor_arg @N
 // CHECK-NOT:    k3s.decay_product
 // CHECK:      k3s.entry @linear_chunk_segments <source = linear> {
-// CHECK:        %[[LINEAR_INITIAL:initial_state_[0-9]+]] = k3s.tensor_arg @initial_state <role = combined>
+// CHECK:        %[[LINEAR_INITIAL:initial_state]] = k3s.tensor_arg @initial_state <role = combined>
 // CHECK-NOT:    k3s.tensor_arg @M
-// CHECK:        %[[LINEAR_N:N_[0-9]+]] = k3s.tensor_arg @N <role = workspace>
+// CHECK:        %[[LINEAR_N:N]] = k3s.tensor_arg @N <role = workspace>
 // CHECK:        k3s.summary_combine %[[LINEAR_N]], %[[LINEAR_INITIAL]] <transition = identity>
 
 // BAD: k3c opt: error: pipeline {{.*}}: lower-segment-scan: block-v must be a power of two, got 3

@@ -57,6 +57,19 @@ builtin.module {
   }
 }
 
+
+// GENERIC:      %q_1 = "k3s.load_token"(%q) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
+// GENERIC-NEXT: %k_1 = "k3s.load_token"(%k) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
+// GENERIC-NEXT: %v_1 = "k3s.load_token"(%v) : (!k3s.tensor<B x T x 4 x 8, float>) -> !k3s.tile<V>
+// GENERIC-NEXT: %g_1 = "k3s.load_gate"(%g, %A_log, %dt_bias) <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64}> : (!k3s.tensor<B x T x 4 x 16, float>, !k3s.tensor<4, float>, !k3s.tensor<64, float>) -> !k3s.tile<K>
+// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g_1) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
+// GENERIC-NEXT: %beta_1 = "k3s.load_beta"(%beta) <{input = #k3<beta_input logits>}> : (!k3s.tensor<B x T x 4, float>) -> !k3s.tile<>
+// GENERIC:      %g_1 = "k3s.load_gate"(%g, %A_log, %dt_bias) <{gate = #k3<gate scalar>, input = #k3<gate_input bounded>, lower_bound = -2.500000e+00 : f64}> : (!k3s.tensor<B x T x 4, float>, !k3s.tensor<4, float>, !k3s.tensor<4, float>) -> !k3s.tile<C>
+// GENERIC-NEXT: %k_1 = "k3s.load_chunk"(%k) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<C x K>
+// GENERIC-NEXT: %beta_1 = "k3s.load_beta"(%beta) <{input = #k3<beta_input probability>}> : (!k3s.tensor<B x T x 4, float>) -> !k3s.tile<C>
+// GENERIC-NEXT: %v_1 = "k3s.load_chunk"(%v) : (!k3s.tensor<B x T x 4 x 8, float>) -> !k3s.tile<C x V>
+// GENERIC-NEXT: %q_1 = "k3s.load_chunk"(%q) : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<C x K>
+
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
 // CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
@@ -89,32 +102,20 @@ builtin.module {
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT:   k3s.entry @chunk <source = layer> {
-// CHECK-NEXT:     %q_2 = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
-// CHECK-NEXT:     %k_2 = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
-// CHECK-NEXT:     %v_3 = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
-// CHECK-NEXT:     %g_2 = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
-// CHECK-NEXT:     %beta_2 = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
-// CHECK-NEXT:     %A_log_1 = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
-// CHECK-NEXT:     %dt_bias_1 = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
+// CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
+// CHECK-NEXT:     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
+// CHECK-NEXT:     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK-NEXT:     %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
+// CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
+// CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:     k3s.kernel @layer_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
 // CHECK-NEXT:       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 8>
-// CHECK-NEXT:       %g_3 = k3s.load_gate %g_2, %A_log_1, %dt_bias_1 <gate = scalar, input = bounded, lower_bound = -2.5> : !k3s.tile<C>
-// CHECK-NEXT:       %k_3 = k3s.load_chunk %k_2 <l2norm = true> : !k3s.tile<C x K>
-// CHECK-NEXT:       %beta_3 = k3s.load_beta %beta_2 <input = probability> : !k3s.tile<C>
-// CHECK-NEXT:       %v_4 = k3s.load_chunk %v_3 : !k3s.tile<C x V>
-// CHECK-NEXT:       %q_3 = k3s.load_chunk %q_2 : !k3s.tile<C x K>
+// CHECK-NEXT:       %g_1 = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = bounded, lower_bound = -2.5> : !k3s.tile<C>
+// CHECK-NEXT:       %k_1 = k3s.load_chunk %k <l2norm = true> : !k3s.tile<C x K>
+// CHECK-NEXT:       %beta_1 = k3s.load_beta %beta <input = probability> : !k3s.tile<C>
+// CHECK-NEXT:       %v_1 = k3s.load_chunk %v : !k3s.tile<C x V>
+// CHECK-NEXT:       %q_1 = k3s.load_chunk %q : !k3s.tile<C x K>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
-
-// GENERIC:      %q_1 = "k3s.load_token"(%q) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
-// GENERIC-NEXT: %k_1 = "k3s.load_token"(%k) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
-// GENERIC-NEXT: %v_1 = "k3s.load_token"(%v) : (!k3s.tensor<B x T x 4 x 8, float>) -> !k3s.tile<V>
-// GENERIC-NEXT: %g_1 = "k3s.load_gate"(%g, %A_log, %dt_bias) <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64}> : (!k3s.tensor<B x T x 4 x 16, float>, !k3s.tensor<4, float>, !k3s.tensor<64, float>) -> !k3s.tile<K>
-// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %g_1) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
-// GENERIC-NEXT: %beta_1 = "k3s.load_beta"(%beta) <{input = #k3<beta_input logits>}> : (!k3s.tensor<B x T x 4, float>) -> !k3s.tile<>
-// GENERIC:      %g_3 = "k3s.load_gate"(%g_2, %A_log_1, %dt_bias_1) <{gate = #k3<gate scalar>, input = #k3<gate_input bounded>, lower_bound = -2.500000e+00 : f64}> : (!k3s.tensor<B x T x 4, float>, !k3s.tensor<4, float>, !k3s.tensor<4, float>) -> !k3s.tile<C>
-// GENERIC-NEXT: %k_3 = "k3s.load_chunk"(%k_2) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<C x K>
-// GENERIC-NEXT: %beta_3 = "k3s.load_beta"(%beta_2) <{input = #k3<beta_input probability>}> : (!k3s.tensor<B x T x 4, float>) -> !k3s.tile<C>
-// GENERIC-NEXT: %v_4 = "k3s.load_chunk"(%v_3) : (!k3s.tensor<B x T x 4 x 8, float>) -> !k3s.tile<C x V>
-// GENERIC-NEXT: %q_3 = "k3s.load_chunk"(%q_2) : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<C x K>

@@ -42,7 +42,7 @@
 // MOE-NEXT:       %logits = k3s.router_logits %x, %router_weight <hidden_size = 7168, num_experts = 896> : !k3s.tile<R x E>
 // MOE-NEXT:       k3s.store_partial_logits %logits, %partial_logits
 // MOE:          k3s.kernel @latent_moe_router_top_k <grid = row_block, num_warps = 8> {
-// MOE-NEXT:       %logits_1 = k3s.sum_partial_logits %partial_logits <num_experts = 896> : !k3s.tile<R x E>
+// MOE-NEXT:       %logits = k3s.sum_partial_logits %partial_logits <num_experts = 896> : !k3s.tile<R x E>
 // MOE:            %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 16> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
 // MOE-NEXT:       %weights = k3s.routing_weights %w <normalize = true, scale = 1.0> : !k3s.tile<R x KS>
 // MOE-NEXT:       k3s.store_routing %ids, %weights, %topk_ids, %topk_weights

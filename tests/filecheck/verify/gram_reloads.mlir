@@ -12,6 +12,7 @@ builtin.module {
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 2, float>
+    %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
     k3s.kernel @r_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k_1 = k3s.load_chunk %k : !k3s.tile<C x K>
@@ -22,7 +23,7 @@ builtin.module {
       %kl = k3s.block_rescale %k_1, %G, %Gstart <decay = row_over_reference> : !k3s.tile<C x K>
       %beta_1 = k3s.load_beta %beta <input = probability> : !k3s.tile<C>
       %A = k3s.gram %k_1, %k_1, %G, %Gstart, %Gend, %kl, %kr, %beta_1, %k, %g <mask = strict, gate = channel, beta = true, diagonal = elementwise> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
+      k3s.spill %W, %A
     }
   }
 }

@@ -59,8 +59,8 @@ builtin.module {
 // VALID-NEXT: %g_1 = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = bounded, lower_bound = -3.0> : !k3s.tile<K>
 // VALID-NEXT: %S_1 = k3s.decay %S, %g_1 <gate = channel> : !k3s.tile<K x V>
 // VALID-NEXT: %beta_1 = k3s.load_beta %beta <input = logits> : !k3s.tile<>
-// VALID:      %k_2 = k3s.load_chunk %k <l2norm = true> : !k3s.tile<C x K>
-// VALID-NEXT: %v_3 = k3s.load_chunk %v : !k3s.tile<C x V>
+// VALID:      %k_1 = k3s.load_chunk %k <l2norm = true> : !k3s.tile<C x K>
+// VALID-NEXT: %v_1 = k3s.load_chunk %v : !k3s.tile<C x V>
 
 // TOKENV-NOT: {{\n}}
 // TOKENV: {{^}}k3c opt: error: <stdin>: k3s.load_token: l2norm applies to q and k only (rows of key channels), not to values{{$}}

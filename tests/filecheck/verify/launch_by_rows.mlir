@@ -37,7 +37,7 @@ builtin.module {
 // OK: k3s.launch_by_rows <kernel = moe_router_logits, max_rows = 16, block_r = 16, hidden_slices = 3>
 // OK: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64, block_r = 1>
 // OK-NEXT: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 256, block_r = 4>
-// KERNEL: k3s.launch_by_rows <kernel = moe_router_top, max_rows = 64>: no kernel @moe_router_top before it in its entry
+// KERNEL: k3s.launch_by_rows <kernel = moe_router_top, max_rows = 64>: no kernel @moe_router_top launched before it in its entry
 // ORDER: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64>: max_rows must increase along a kernel's launch_by_rows ops
 // ROWS: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 0>: max_rows must be positive
 // POW2: k3s.launch_by_rows <kernel = moe_router_top_k, max_rows = 64>: block_r must be a power of two, got 3

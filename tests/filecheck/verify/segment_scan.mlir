@@ -15,14 +15,11 @@
 
 builtin.module {
   k3s.entry @segment_scan <source = r> {
-<<<<<<< HEAD
     %summaries = k3s.tensor_arg @summaries <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
-=======
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 2 x 4, float>
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 2, float>
->>>>>>> values_loads
     k3s.segment_scan {
       k3s.segment_summary <transition = full>
       k3s.summary_combine <transition = full>

@@ -12,32 +12,20 @@
 
 builtin.module {
   k3s.entry @summary <source = layer> {
-<<<<<<< HEAD
-    %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float>
-    %P = k3s.tensor_arg @P <role = skipped> : !k3s.tensor<B x T x 4 x 16, float>
-=======
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
+    %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float>
+    %P = k3s.tensor_arg @P <role = workspace> : !k3s.tensor<B x T x 4 x 16, float>
     %q = k3s.absent_tensor : !k3s.tensor<B x T x 2 x 8, float>
->>>>>>> values_loads
     k3s.kernel @prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = false}> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k_1 = k3s.load_chunk %k : !k3s.tile<C x K>
       k3s.when <flag = SPILL_P> {
-<<<<<<< HEAD
-        %q = k3s.load_chunk <tensor = q> : !k3s.tile<C x K>
-        %P_1 = k3s.gram %q, %k <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
+        %q_1 = k3s.load_chunk %q : !k3s.tile<C x K>
+        %P_1 = k3s.gram %q_1, %k_1 <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
         k3s.spill %P, %P_1
       }
-      %A = k3s.gram %k, %k <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %W, %A
-=======
-        %q_1 = k3s.load_chunk %q : !k3s.tile<C x K>
-        %P = k3s.gram %q_1, %k_1 <mask = inclusive, gate = none, beta = false> : !k3s.tile<C x C>
-        k3s.spill %P <value = P>
-      }
       %A = k3s.gram %k_1, %k_1 <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
-      k3s.spill %A <value = W>
->>>>>>> values_loads
+      k3s.spill %W, %A
     }
   }
 }
