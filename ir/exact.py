@@ -302,12 +302,13 @@ def state_advance(run: ChunkRun, op, S: Matrix, keys: Matrix, values: Matrix, de
 
 
 @semantics(k3s.SpillOp)
-def spill(run: ChunkRun, op: k3s.SpillOp, workspace: str, tile) -> None:
-    run.workspaces[(run.chunk.start, workspace)] = tile
+def spill(run: ChunkRun, op: k3s.SpillOp, tile) -> None:
+    run.workspaces[(run.chunk.start, k3s.argument_name(op.workspace))] = tile
 
 
 @semantics(k3s.ReloadOp)
-def reload(run: ChunkRun, op: k3s.ReloadOp, workspace: str):
+def reload(run: ChunkRun, op: k3s.ReloadOp):
+    workspace = k3s.argument_name(op.workspace)
     key = (run.chunk.start, workspace)
     if key not in run.workspaces:
         raise IncompleteSchedule(f"a kernel reloads {op.tile.name_hint}, which no earlier kernel spilled "
@@ -316,11 +317,11 @@ def reload(run: ChunkRun, op: k3s.ReloadOp, workspace: str):
 
 
 @semantics(k3s.CacheUpdateOp)
-def cache_update(run: ChunkRun, op: k3s.CacheUpdateOp, cache: str, keys: Matrix, updates: Matrix, *gate) -> None:
+def cache_update(run: ChunkRun, op: k3s.CacheUpdateOp, keys: Matrix, updates: Matrix, *gate) -> None:
     """The rows of k, the decays and u (per token: beta (v - S^T k) or v; per chunk: vr or v)
     appended to the op's buffer, one (k, decays, u) per token."""
     decays = run.chunk.decays
-    run.buffers.setdefault(cache, []).extend(
+    run.buffers.setdefault(k3s.argument_name(op.cache), []).extend(
         (keys[i, :].T, decays[i, :], updates[i, :].T) for i in range(keys.rows))
 
 

@@ -121,7 +121,7 @@ def test_summary_prepare_skips_the_guarded_stages(kind, fresh_seed):
     from k3compile.prove import derived, entry_kernels, proof_inputs
 
     layer_op, module = derived(spec_of(kind), "derive-chunkwise{chunk-size=3},fuse-chunkwise,"
-                                              "derive-segment-scan{chunk-size=3},lower-segment-scan")
+                                              "derive-segment-scan{chunk-size=3},lower-segment-scan,outline-kernels")
     own_code = module.clone()
     GuardSpillOnlyStagesPass().apply(Context(), module)
     MergeIdenticalKernelsPass().apply(Context(), module)

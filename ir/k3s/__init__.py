@@ -1,16 +1,20 @@
 """The `k3s` schedule dialect: how a layer runs, as Python entry points launching kernels of stages.
 
-A lowered module is a list of entries:
+A lowered module is a list of kernels and the entries that launch them:
 
+    k3s.kernel @kda_recurrent <...> {           one Triton kernel, a symbol of the module
+    ^bb0(%q: !k3s.tensor<B x T x 4 x 64, float>, ...):
+                                                its arguments: exactly the tensors it uses
+      k3s.state_tile %initial_state ...         stages, in program order; memory is an operand,
+      k3s.token_loop %cu_seqlens { ... }        nested loops are region ops
+    }
     k3s.entry @recurrent {                      the Python function of the compiled module
-      k3s.tensor_arg @q <type = !k3s.tensor<B x T x 4 x 64, float>, ...>
+      %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 64, float>
                                                 its arguments, with shapes and dtype classes
-      k3s.kernel @kda_recurrent <...> {         one Triton kernel it launches
-        k3s.state_tile ...                      stages, in program order; nested loops are
-        k3s.token_loop { k3s.decay ... }        region ops
-      }
+      k3s.launch @kda_recurrent %q, ...         a kernel it runs, on its values
     }
 
+The lowering passes build each kernel inside its entry; outline-kernels makes it a symbol.
 Passes in passes/ build these from `k3` ops; the Triton backend prints one block of code per
 stage. A tensor argument's shape (its `!k3s.tensor` type) uses the symbols B (batch), T (tokens
 per sequence), N (sequences: B, or len(cu_seqlens) - 1), N+1 (offsets), S (sources), P (state
