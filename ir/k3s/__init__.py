@@ -29,6 +29,7 @@ from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
 from k3compile.ir.k3s.experts import *  # noqa: F403
+from k3compile.ir.k3s.kernels import *  # noqa: F403
 from k3compile.ir.k3s.gram import *  # noqa: F403
 from k3compile.ir.k3s.moe import *  # noqa: F403
 from k3compile.ir.k3s.segments import *  # noqa: F403

@@ -19,7 +19,7 @@ from xdsl.irdl import (
 )
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, Pure
 
-from k3compile.ir.k3s.core import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 

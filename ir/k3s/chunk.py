@@ -24,7 +24,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
-from k3compile.ir.k3s.core import KernelOp, WhenOp
+from k3compile.ir.k3s.kernels import KernelOp, WhenOp
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax

@@ -1,16 +1,13 @@
-"""What every k3s schedule is made of: entries (the compiled module's Python functions) with their
-arguments, kernels, and the ops that say how a kernel is launched (its flags' guards, its block
-sizes by row count) or which entry a call takes. The types of values are in types.py."""
+"""What every k3s schedule's entries are made of: the entries (the compiled module's Python
+functions), their arguments (values the kernels they launch read and write) and the tensors an
+entry lacks. Kernels and their launches are in kernels.py; the types of values in types.py."""
 
 from __future__ import annotations
 
-import itertools
-from typing import ClassVar
-import re
 
-from xdsl.dialects.builtin import I64, DictionaryAttr, ModuleOp, Float32Type, FloatAttr, IntegerAttr, StringAttr, i1
+from xdsl.dialects.builtin import I64, Float32Type, FloatAttr, IntegerAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import BlockArgument, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
@@ -18,14 +15,12 @@ from xdsl.irdl import (
     prop_def,
     region_def,
     result_def,
-    var_operand_def,
     traits_def,
 )
-from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
-from xdsl.utils.exceptions import VerifyException
+from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
 
 from k3compile.ir.choices import Word
-from k3compile.ir.k3s.types import TensorType, is_power_of_two
+from k3compile.ir.k3s.types import TensorType
 from k3compile.ir.syntax import KeywordSyntax
 
 
@@ -45,8 +40,6 @@ class ArgRoleAttr(EnumAttribute[ArgRole], SpacedOpaqueSyntaxAttribute):
     name = "k3s.arg_role"
 
 
-MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
-MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
 
 @irdl_op_definition
@@ -138,177 +131,6 @@ class CheckpointArgOp(KeywordSyntax):
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
 
-class KernelDots(Word):
-    FP32 = "fp32"
-    TF32X3 = "tf32x3"
-
-
-@irdl_attr_definition
-class KernelDotsAttr(EnumAttribute[KernelDots], SpacedOpaqueSyntaxAttribute):
-    name = "k3s.dots"
-
-
-class IsolatedOnceOutlined(IsolatedFromAbove):
-    """A kernel reads nothing from outside once outline-kernels made it a module symbol; built in
-    its entry, it reads the entry's arguments. Either way its values print in their own scope."""
-
-    def verify(self, op) -> None:
-        if isinstance(op.parent_op(), ModuleOp):
-            super().verify(op)
-
-
-# a flag is a constexpr parameter of the printed kernel, named in upper case as the others are
-FLAG_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
-
-
-@irdl_op_definition
-class KernelOp(KeywordSyntax):
-    """One GPU kernel: a grid of programs, each running the stages of its body in order.
-
-    A kernel is a symbol of the module whose block arguments are the tensors (and scalars) its
-    stages read and write, exactly those; an entry runs it by `k3s.launch @kernel(%q, ...)`. The
-    passes that lower a layer build each kernel inside the entry that launches it, its stages
-    reading the entry's arguments directly; outline-kernels then makes it a symbol (as MLIR's
-    gpu.launch bodies become gpu.func by outlining).
-
-    `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
-    sequence_head (sequence x value head), row (one token row), row_block (a block of token rows),
-    expert_block (a block of MoE experts), hidden_slice (one of the HS slices of the hidden
-    columns that the MoE router's logits are summed over, k3s.router_logits).
-    """
-
-    name = "k3s.kernel"
-    sym_name = prop_def(StringAttr)
-    grid = prop_def(StringAttr)
-    num_warps = prop_def(IntegerAttr[I64])
-    num_stages = opt_prop_def(IntegerAttr[I64])  # software-pipelining depth of its loops (Triton's default if absent)
-    # the operands of its chunk stages' matrix products: absent, those of the input dtype (bf16
-    # tensor cores for bf16 inputs); fp32: exact fp32 whatever the inputs (the chunked verify,
-    # whose products feed the committed state); tf32x3: fp32-accurate products on tensor cores
-    # (three tf32 products: a x b ~ ah bh + ah bl + al bh)
-    dots = opt_prop_def(KernelDotsAttr)
-    # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
-    maxnreg = opt_prop_def(IntegerAttr[I64])
-    # the block sizes of its tiles (key, value and hidden columns; token rows, experts and top-k
-    # slots of the MoE routing), fixed by a backend's legalization (backends/triton/legalize.py)
-    # before printing
-    block_k = opt_prop_def(IntegerAttr[I64])
-    block_v = opt_prop_def(IntegerAttr[I64])
-    block_d = opt_prop_def(IntegerAttr[I64])
-    block_r = opt_prop_def(IntegerAttr[I64])
-    block_e = opt_prop_def(IntegerAttr[I64])
-    block_ks = opt_prop_def(IntegerAttr[I64])
-    block_n = opt_prop_def(IntegerAttr[I64])  # an MoE projection's output columns
-    # its constexpr flags, each the guard of its k3s.when stages, and the value its launch passes:
-    # the names are code, the values launch (kernels sharing one code pass their own)
-    flags = opt_prop_def(DictionaryAttr)
-    # the slices of the hidden columns of a kernel with a hidden_slice grid axis (the shape
-    # symbol HS) at calls of more rows than its k3s.launch_by_rows ops take
-    hidden_slices = opt_prop_def(IntegerAttr[I64])
-    # another kernel of the module whose code this one runs (merge-identical-kernels: the same
-    # body and properties): printed once, launched from both entries with their own configs
-    shares_code_of = opt_prop_def(StringAttr)
-    body = region_def("single_block")
-    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp, ModuleOp), IsolatedOnceOutlined())
-
-    def is_outlined(self) -> bool:
-        return isinstance(self.parent_op(), ModuleOp)
-
-    def flag_on(self, flag: str) -> bool:
-        return bool(self.flags.data[flag].value.data)
-
-    def verify_(self) -> None:
-        warps = self.num_warps.value.data
-        if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
-            raise VerifyException(
-                f"{self.name} @{self.sym_name.data}: num_warps must be a power of two in 1..{MAX_NUM_WARPS}, "
-                f"got {warps}"
-            )
-        if self.num_stages is not None and self.num_stages.value.data < 1:
-            raise VerifyException(
-                f"{self.name} @{self.sym_name.data}: num_stages must be >= 1, got {self.num_stages.value.data}"
-            )
-        if self.maxnreg is not None and not MIN_MAXNREG <= self.maxnreg.value.data <= MAX_MAXNREG:
-            raise VerifyException(
-                f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
-                f"got {self.maxnreg.value.data}"
-            )
-        if self.hidden_slices is not None and self.hidden_slices.value.data < 1:
-            raise VerifyException(
-                f"{self.name} @{self.sym_name.data}: hidden_slices must be positive, got {self.hidden_slices.value.data}"
-            )
-        flags = {} if self.flags is None else self.flags.data
-        for flag, value in flags.items():
-            if not FLAG_NAME.fullmatch(flag) or not (isinstance(value, IntegerAttr) and value.type == i1):
-                raise VerifyException(f"{self.name} @{self.sym_name.data}: a flag is an upper-case name "
-                                      f"(a constexpr of the code) set to true or false; got {flag} = {value}")
-        if self.is_outlined():
-            for arg in self.body.block.args:
-                if not arg.uses:
-                    raise VerifyException(f"{self.name} @{self.sym_name.data}: its argument %{arg.name_hint} is "
-                                          "never used (a kernel's arguments are exactly what its stages read and write)")
-        guards = {op.flag.data for op in self.walk() if isinstance(op, WhenOp)}
-        if guards != set(flags):
-            raise VerifyException(f"{self.name} @{self.sym_name.data}: its flags {sorted(flags)} must be those its "
-                                  f"k3s.when stages read, {sorted(guards)}")
-
-
-@irdl_op_definition
-class WhenOp(KeywordSyntax):
-    """`k3s.when <flag = SPILL_P_QG> { stages }`: stages that run only in launches of the kernel
-    that set `flag` (one of its `flags`: a compile-time constant of each launch) on; with it off
-    the program skips them. Kernels that run one code but need different spills (the chunk
-    prepare and the summary prepare, guard-spill-only-stages) hold the stages only some need
-    under one. It has no results, and its stages' values are read only inside it, so a launch
-    that skips them misses nothing else."""
-
-    name = "k3s.when"
-    flag = prop_def(StringAttr)
-    body = region_def("single_block")
-    traits = traits_def(NoTerminator(), HasAncestor(KernelOp))
-
-    def verify_(self) -> None:
-        for op in self.body.walk():
-            for result in op.results:
-                if any(not self.is_ancestor(use.operation) for use in result.uses):
-                    raise VerifyException(f"{self.name} <flag = {self.flag.data}>: %{result.name_hint} is read "
-                                          "outside it, which a launch with the flag off would leave unset")
-
-    def is_on(self) -> bool:
-        """Whether its kernel's launch runs its stages."""
-        return HasAncestor(KernelOp).get_ancestor(self).flag_on(self.flag.data)
-
-
-@irdl_op_definition
-class LaunchOp(KeywordSyntax):
-    """`k3s.launch @kernel %q, %k, ...`: the entry runs the module's kernel @kernel on its values,
-    one for each of the kernel's arguments, in order, of the same types."""
-
-    name = "k3s.launch"
-    SYMBOL_PROP: ClassVar[str] = "kernel"
-    kernel = prop_def(StringAttr)
-    arguments = var_operand_def()
-    traits = traits_def(HasParent(EntryOp))
-
-    def callee(self) -> KernelOp:
-        module = self.parent_op().parent_op()
-        kernel = next((op for op in module.ops if isinstance(op, KernelOp) and op.sym_name.data == self.kernel.data),
-                      None)
-        if kernel is None:
-            raise VerifyException(f"{self.name} @{self.kernel.data}: the module has no such kernel")
-        return kernel
-
-    def verify_(self) -> None:
-        if not isinstance(self.parent_op(), EntryOp) or not isinstance(self.parent_op().parent_op(), ModuleOp):
-            return  # HasParent reports a lone op
-        params = self.callee().body.block.args
-        got = [v.type for v in self.arguments]
-        if got != [p.type for p in params]:
-            raise VerifyException(f"{self.name} @{self.kernel.data}: passes {len(got)} values of types "
-                                  f"{', '.join(map(str, got))}; the kernel takes {len(params)}: "
-                                  f"{', '.join(str(p.type) for p in params)}")
-
-
 @irdl_op_definition
 class AbsentTensorOp(KeywordSyntax):
     """A tensor its entry does not have, passed (as None) to a kernel argument that only stages
@@ -318,119 +140,3 @@ class AbsentTensorOp(KeywordSyntax):
     name = "k3s.absent_tensor"
     tensor = result_def(TensorType)
     traits = traits_def(HasParent(EntryOp))
-
-
-# what stages read and write: an entry's arguments, and the tensors it lacks (k3s.absent_tensor)
-ARGUMENT_OPS = (TensorArgOp, ScalarArgOp, AbsentTensorOp)
-
-
-def argument_name(value: SSAValue) -> str | None:
-    """The name of the argument a value is: an entry's tensor or scalar argument (its symbol,
-    whatever the value's printed name: `%cache_1`), a tensor the entry lacks, or an outlined
-    kernel's argument (outline-kernels names each after the entry value it stands for); None for
-    any other value."""
-    owner = value.owner
-    if isinstance(owner, AbsentTensorOp):
-        return value.name_hint
-    if isinstance(owner, ARGUMENT_OPS):
-        return owner.sym_name.data
-    if isinstance(value, BlockArgument) and isinstance(owner.parent_op(), KernelOp):
-        return value.name_hint
-    return None
-
-
-@irdl_op_definition
-class LaunchByRowsOp(KeywordSyntax):
-    """Block sizes of the entry's kernel @kernel for calls of at most max_rows token rows (the
-    shape symbol R, known at launch): they replace the kernel's own block sizes there. A kernel's
-    launch_by_rows ops follow it in increasing max_rows and the first that holds R applies; calls
-    of more rows launch with the kernel's own. A backend's legalization writes them (a few rows
-    spread over more programs in narrower tiles than many). hidden_slices, of a kernel with a
-    hidden_slice grid axis: the slices of the hidden columns at those calls, the shape symbol HS
-    (any positive count; absent: the kernel's own)."""
-
-    name = "k3s.launch_by_rows"
-    kernel = prop_def(StringAttr)
-    max_rows = prop_def(IntegerAttr[I64])
-    block_r = opt_prop_def(IntegerAttr[I64])
-    block_e = opt_prop_def(IntegerAttr[I64])
-    block_d = opt_prop_def(IntegerAttr[I64])
-    block_n = opt_prop_def(IntegerAttr[I64])
-    num_warps = opt_prop_def(IntegerAttr[I64])
-    hidden_slices = opt_prop_def(IntegerAttr[I64])
-    traits = traits_def(HasParent(EntryOp))
-
-    def verify_(self) -> None:
-        where = f"{self.name} <kernel = {self.kernel.data}, max_rows = {self.max_rows.value.data}>"
-        if self.max_rows.value.data < 1:
-            raise VerifyException(f"{where}: max_rows must be positive")
-        for key in ("block_r", "block_e", "block_d", "block_n", "num_warps"):
-            size = self.properties.get(key)
-            if size is not None and not is_power_of_two(size.value.data):
-                raise VerifyException(f"{where}: {key} must be a power of two, got {size.value.data}")
-        if self.hidden_slices is not None and self.hidden_slices.value.data < 1:
-            raise VerifyException(f"{where}: hidden_slices must be positive, got {self.hidden_slices.value.data}")
-        block = self.parent_block()
-        if block is None:  # HasParent reports a lone op
-            return
-        before = list(itertools.takewhile(lambda op: op is not self, block.ops))
-        if not any(isinstance(op, (KernelOp, LaunchOp)) and launched_kernel(op) == self.kernel.data for op in before):
-            raise VerifyException(f"{where}: no kernel @{self.kernel.data} launched before it in its entry")
-        earlier = [op.max_rows.value.data for op in before
-                   if isinstance(op, LaunchByRowsOp) and op.kernel.data == self.kernel.data]
-        if earlier and earlier[-1] >= self.max_rows.value.data:
-            raise VerifyException(f"{where}: max_rows must increase along a kernel's launch_by_rows ops")
-
-
-def launched_kernel(op: KernelOp | LaunchOp) -> str:
-    """The name of the kernel an entry's op runs: a kernel built in the entry, or a launch."""
-    return op.kernel.data if isinstance(op, LaunchOp) else op.sym_name.data
-
-
-def entry_kernels(entry: EntryOp) -> list[KernelOp]:
-    """The kernels an entry runs, in order: those built in it, or the callees of its launches."""
-    return [op.callee() if isinstance(op, LaunchOp) else op for op in entry.body.ops
-            if isinstance(op, (KernelOp, LaunchOp))]
-
-
-def walk_entry(entry: EntryOp):
-    """The ops of an entry and of the kernels it runs (built in it or launched)."""
-    yield from entry.walk()
-    for op in entry.body.ops:
-        if isinstance(op, LaunchOp):
-            yield from op.callee().walk()
-
-
-def launching_entry(kernel: KernelOp) -> EntryOp:
-    """The entry that runs a kernel: the one it was built in, or the first that launches it."""
-    if not kernel.is_outlined():
-        return kernel.parent_op()
-    name = kernel.sym_name.data
-    return next(entry for entry in kernel.parent_op().ops if isinstance(entry, EntryOp)
-                and any(isinstance(op, LaunchOp) and op.kernel.data == name for op in entry.body.ops))
-
-
-def launch_site(kernel: KernelOp) -> KernelOp | LaunchOp:
-    """The op of its entry that runs a kernel: the kernel itself if built there, else its launch."""
-    if not kernel.is_outlined():
-        return kernel
-    name = kernel.sym_name.data
-    return next(op for op in launching_entry(kernel).body.ops if isinstance(op, LaunchOp) and op.kernel.data == name)
-
-
-def passed_value(value: SSAValue) -> SSAValue:
-    """What a value is at run time: for an outlined kernel's argument, the entry value its (first)
-    launch passes; any other value itself."""
-    if isinstance(value, BlockArgument) and isinstance(value.owner.parent_op(), KernelOp):
-        kernel = value.owner.parent_op()
-        if kernel.is_outlined():
-            return launch_site(kernel).operands[value.index]
-    return value
-
-
-def outlined_kernels(module: ModuleOp, pass_name: str) -> list[KernelOp]:
-    """The module's kernels, for a pass that compares them as symbols: a ValueError if one is
-    still built in its entry."""
-    if inline := [op.sym_name.data for op in module.walk() if isinstance(op, KernelOp) and not op.is_outlined()]:
-        raise ValueError(f"{pass_name}: kernels {inline} are still built in their entries; run outline-kernels first")
-    return [op for op in module.ops if isinstance(op, KernelOp)]

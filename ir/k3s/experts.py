@@ -36,7 +36,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import WeightFormat, Word
 from k3compile.ir.k3 import GluActivationAttr, WeightFormatAttr
-from k3compile.ir.k3s.core import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 

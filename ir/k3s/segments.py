@@ -19,7 +19,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3s.chunk import ChunkedOp, ChunkLoopOp
-from k3compile.ir.k3s.core import EntryOp, KernelOp
+from k3compile.ir.k3s.core import EntryOp
+from k3compile.ir.k3s.kernels import KernelOp
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 

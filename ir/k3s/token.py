@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
-from k3compile.ir.k3s.core import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
