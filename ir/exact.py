@@ -38,11 +38,14 @@ class ExactInputs:
     beta: list
     S0: Matrix
     scale: Rational
+    # how the schedule's run-time checks (k3s.block_span_check) come out: None as the decays
+    # say, True or False in every chunk (a proof of a guarded schedule takes both)
+    guards: bool | None = None
 
     def tokens(self, start: int, end: int, S0: Matrix | None = None) -> ExactInputs:
         """Tokens start..end-1 as a sequence of their own, from S0 (default: this one's)."""
-        return ExactInputs(self.q[start:end, :], self.k[start:end, :], self.v[start:end, :], self.a[start:end, :],
-                           self.beta[start:end], self.S0 if S0 is None else S0, self.scale)
+        return replace(self, q=self.q[start:end, :], k=self.k[start:end, :], v=self.v[start:end, :],
+                       a=self.a[start:end, :], beta=self.beta[start:end], S0=self.S0 if S0 is None else S0)
 
 
 def random_inputs(rng, length: int, K: int, V: int, gate: str, beta_max: int = 1) -> ExactInputs:
@@ -222,19 +225,31 @@ def block_rescale(run: ChunkRun, op: k3s.BlockRescaleOp, rows: Matrix, gamma: Ma
     return Matrix(rows.rows, rows.cols, lambda i, c: rows[i, c] * reference[i // sub, c] / gamma[i, c])
 
 
+@semantics(k3s.BlockSpanCheckOp)
+def block_span_check(run: ChunkRun, op: k3s.BlockSpanCheckOp, start: Matrix, end: Matrix) -> bool:
+    """Whether no block spans more than `limit` nats of decay (Gamma_start / Gamma_end <= e^limit),
+    unless the run decides every guard one way (ExactInputs.guards: a proof takes both)."""
+    if run.x.guards is not None:
+        return run.x.guards
+    bound = sympy.exp(sympy.Float(op.limit.value.data))
+    return all(start[b, c] / end[b, c] <= bound for b in range(start.rows) for c in range(start.cols))
+
+
 @semantics(k3s.GramOp)
 def gram(run: ChunkRun, op: k3s.GramOp, lhs: Matrix, keys: Matrix, *rest) -> Matrix:
     keep_diagonal = op.mask.data == "inclusive"
     if op.gate.data == "channel":  # as the factors say: the bridge below the diagonal, then the diagonal
         gamma, start, end, left, right = rest[:5]
         sub = block_of(op.gate_start)
+        diagonal = op.diagonal.data
+        factored = diagonal == "factored" or (diagonal == "guarded" and run.value(op.factored_guard))
 
         def entry(i: int, j: int):
             if j > i or (j == i and not keep_diagonal):
                 return 0
             if i // sub > j // sub:
                 return sum(left[i, c] * right[j, c] * start[i // sub, c] / end[j // sub, c] for c in range(keys.cols))
-            if op.diagonal.data == "factored":
+            if factored:
                 return sum(left[i, c] * rest[5][j, c] for c in range(keys.cols))
             return sum(lhs[i, c] * keys[j, c] * gamma[i, c] / gamma[j, c] for c in range(keys.cols))
 

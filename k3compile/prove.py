@@ -10,7 +10,7 @@ probability 1.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -96,14 +96,21 @@ def proved_at_lengths(spec: LayerSpec, pipeline: str, lengths: tuple[int, ...], 
     the token recurrence on fresh random inputs of each length."""
     from k3compile.ir import exact
 
+    from k3compile.ir import k3s
+
     rng = random.Random(seed)
     layer_op, module = derived(spec, pipeline)
     run = runner(module)
     delta_rule = bool(layer_op.delta_rule.value.data)
+    # a schedule with run-time checks is proved for both outcomes of them, in every chunk
+    guarded = any(isinstance(op, k3s.BlockSpanCheckOp) for op in module.walk())
+    outcomes = {True: ", span checks hold (factored diagonal)", False: ", span checks fail (elementwise diagonal)"}
     results = []
     for length in lengths:
         x = proof_inputs(rng, layer_op, length)
-        results.append(checked(spec.name, pipeline, exact.token_recurrence(x, delta_rule), lambda: run(x)))
+        want = exact.token_recurrence(x, delta_rule)
+        for guards, label in outcomes.items() if guarded else [(None, "")]:
+            results.append(checked(spec.name, pipeline + label, want, lambda: run(replace(x, guards=guards))))
     return results
 
 

@@ -89,6 +89,9 @@ class RecurrenceCase:
     initial_state: bool = True
     checkpoint_every: int | None = None  # chunk entry: also compare the states kept along the way
     segments: int | None = None  # chunk entry: context parallelism, every sequence split in this many
+    # an unbounded channel gate decays about 10x faster from this (packed) token on, past what a
+    # factored Gram diagonal block may span: the chunks there take the elementwise blocks
+    steep_from: int | None = None
 
 
 def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dict:
@@ -109,12 +112,15 @@ def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dic
     gate = layer_op.gate.data
     if gate != "none":
         shape = (B, T, HV, K) if gate == "channel" else (B, T, HV)
+        steep = slice(case.steep_from if case.steep_from is not None else T, None)
         if layer_op.input_option("gate_input") == "log":  # realistic log-decays: logsigmoid, clamped at -5
             inputs["g"] = F.logsigmoid(randn(*shape)).clamp(min=-5)
+            inputs["g"][:, steep] *= 10
         elif layer_op.input_option("gate_input") == "clamped":  # the kernel clamps: some below the bound
             inputs["g"] = F.logsigmoid(3 * randn(*shape))
         else:  # raw gate projections and the gate's parameters (decays of exp(-0.5 .. -4) or so)
             inputs["g"] = randn(*shape)
+            inputs["g"][:, steep] += 10  # softplus ~ 10: decays of exp(-6) a token or so
             inputs["A_log"] = -0.5 + 0.3 * randn(HV)
             inputs["dt_bias"] = 0.5 * randn(HV * K if gate == "channel" else HV)
     if layer_op.delta_rule.value.data:
@@ -157,7 +163,8 @@ def quick_recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[Laye
     yield layer, "chunk", [
         RecurrenceCase("varlen (17, 0, 1, 5), initial states, checkpoints every 16", 1, 0, seqlens=(17, 0, 1, 5),
                        checkpoint_every=16),
-        RecurrenceCase("varlen (1, 22), initial states, 2 segments each", 1, 0, seqlens=(1, 22), segments=2),
+        RecurrenceCase("varlen (1, 22), initial states, 2 segments each, gates steep from token 12", 1, 0,
+                       seqlens=(1, 22), segments=2, steep_from=12),
     ]
     yield layer, "segment_summary", [RecurrenceCase("segments (5, 17, 1)", 1, 0, seqlens=(5, 17, 1),
                                                     initial_state=False)]
@@ -192,6 +199,10 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
         if entry == "chunk":  # states kept every 64 tokens (prefix caching) equal the recurrence's
             yield spec, entry, [RecurrenceCase(f"varlen (64, 1, {long}), checkpoints every 64", 1, 0,
                                                seqlens=(64, 1, long), checkpoint_every=64),
+                                # chunks past the factored diagonal's span (steep gates: a guarded
+                                # Gram's elementwise blocks) beside chunks within it
+                                RecurrenceCase(f"varlen (40, {long}), initial states, gates steep from token 57", 1,
+                                               0, seqlens=(40, long), steep_from=57),
                                 # context parallelism on one device (chunk_segments)
                                 RecurrenceCase(f"varlen (5, {long}, 40), 3 segments each", 1, 0,
                                                seqlens=(5, long, 40), segments=3)]

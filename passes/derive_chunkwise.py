@@ -13,10 +13,12 @@ Unrolling the recurrence over a chunk of C tokens, the stages that exist follow 
   chunk-local, so they are computed with the other chunk-local stages, not in the state pass.
 - a channel gate's Grams split their decays at references per row block of sub_chunk rows
   (`block_gates`), the operands rescaled to them (`block_rescale`): every exponent <= 0 below
-  the diagonal. The blocks on the diagonal factor into two tensor-core operands only when the
-  gate is bounded below (sub_chunk tokens of decay must fit the fp32/bf16 exponent range, in
-  which backends form them for any input dtype); otherwise they are evaluated elementwise,
-  which is exact for any gate.
+  the diagonal. The blocks on the diagonal factor into two tensor-core operands only where
+  sub_chunk tokens of decay fit the fp32/bf16 exponent range (in which backends form them for
+  any input dtype): always when the gate is bounded below; otherwise a `block_span_check` of
+  each chunk's decays guards the factored form, and the chunks it fails evaluate their
+  diagonal blocks elementwise, which is exact for any gate (`unbounded_diagonal = elementwise`:
+  always so).
 `k3c prove` checks the result against the token recurrence in exact arithmetic.
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, i1
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -49,15 +51,24 @@ from k3compile.passes.common import (
 FACTORED_DECAY_LIMIT = 80.0
 
 
-def gram_diagonal(op: RecurrenceOp, sub_chunk: int) -> str:
+UNBOUNDED_DIAGONALS = (k3s.GramDiagonal.GUARDED, k3s.GramDiagonal.ELEMENTWISE)
+
+
+def check_unbounded_diagonal(pass_name: str, value: str) -> None:
+    if value not in UNBOUNDED_DIAGONALS:
+        raise ValueError(f"{pass_name}: unbounded-diagonal must be one of {', '.join(UNBOUNDED_DIAGONALS)}, "
+                         f"got {value!r}")
+
+
+def gram_diagonal(op: RecurrenceOp, sub_chunk: int, unbounded: str = "guarded") -> k3s.GramDiagonal:
     bounded = op.input_option("gate_input") in BOUNDED_GATE_INPUTS
     if bounded and sub_chunk * -op.input_option("gate_lower_bound") <= FACTORED_DECAY_LIMIT:
-        return "factored"
-    return "elementwise"
+        return k3s.GramDiagonal.FACTORED
+    return k3s.GramDiagonal(unbounded)
 
 
 def chunkwise_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size: int, sub_chunk: int = 16,
-                       solve_block: int = 1) -> k3s.ChunkedOp:
+                       solve_block: int = 1, unbounded_diagonal: str = "guarded") -> k3s.ChunkedOp:
     """One chunk of the recurrence as values: the input loads, the chunk-local stages, then the
     chunk_scan carrying the state; the tensors it reads and writes are those of `values` (its
     entry's arguments). Each stage reads only what it needs, so a schedule's data flow (and what
@@ -66,8 +77,9 @@ def chunkwise_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size
     delta_rule = bool(op.delta_rule.value.data)
     gate_dims = ("K",) if gate == "channel" else ()
     gram = {"gate": gate}
+    guard = []
     if gate == "channel":
-        gram["diagonal"] = gram_diagonal(op, sub_chunk)
+        gram["diagonal"] = gram_diagonal(op, sub_chunk, unbounded_diagonal)
     local: list[Operation] = []
 
     def stage(new: Operation):
@@ -92,7 +104,10 @@ def chunkwise_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size
                               result=(name, k3s.tile("C", "K"))))
 
         right = rescale(k, Gend, "reference_over_row", "kr")
-        diagonal = [rescale(k, Gstart, "reference_over_row", "kd")] if gram["diagonal"] == "factored" else []
+        diagonal = [rescale(k, Gstart, "reference_over_row", "kd")] if gram["diagonal"].has_factor else []
+        if gram["diagonal"] == k3s.GramDiagonal.GUARDED:
+            guard = [stage(make(k3s.BlockSpanCheckOp, operands=[Gstart, Gend], limit=FACTORED_DECAY_LIMIT,
+                                result=("factorable", i1)))]
 
     def gram_operands(lhs, name: str) -> list:
         """What the Gram of lhs against the keys reads: with a channel gate, lhs's left factor too."""
@@ -101,17 +116,18 @@ def chunkwise_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size
         left = rescale(lhs, Gstart, "row_over_reference", f"{name}l")
         return [lhs, k, G, Gstart, Gend, left, right, *diagonal]
 
-    # an elementwise diagonal reloads key rows and log-decays: the tensors the loads of k and g read
-    reloaded = [values["k"], *gate_tensors(op, values)] if gram.get("diagonal") == "elementwise" else []
+    # an elementwise (or guarded) diagonal reloads key rows and log-decays: the tensors the loads
+    # of k and g read
+    reloaded = [values["k"], *gate_tensors(op, values)] if gate == "channel" and gram["diagonal"].reloads else []
     if delta_rule:
         beta = stage(load["beta"](k3s.LoadChunkOp))
-        A = stage(make(k3s.GramOp, operands=[*gram_operands(k, "k"), beta, *reloaded],
+        A = stage(make(k3s.GramOp, operands=[*gram_operands(k, "k"), beta, *guard, *reloaded],
                        result=("A", k3s.tile("C", "C")), mask="strict", beta=True, **gram))
         T = stage(make(k3s.ForwardSubstitutionOp, operands=[A, beta], result=("T", k3s.tile("C", "C")),
                        block=min(solve_block, chunk_size)))
         W = stage(make(k3s.WYApplyOp, operands=[T, k, G], result=("W", k3s.tile("C", "K")), gate=gate))
         U = stage(make(k3s.WYApplyOp, operands=[T, v], result=("U", k3s.tile("C", "V")), gate="none"))
-    P = stage(make(k3s.GramOp, operands=[*gram_operands(q, "q"), *reloaded], result=("P", k3s.tile("C", "C")),
+    P = stage(make(k3s.GramOp, operands=[*gram_operands(q, "q"), *guard, *reloaded], result=("P", k3s.tile("C", "C")),
                    mask="inclusive", beta=False, **gram))
     queries, keys, decay = q, k, None
     if gate != "none":
@@ -156,6 +172,9 @@ class DeriveChunkwisePass(ModulePass):
     # nilpotent factors. 1: all of it by products, tensor-core dots instead of a serial loop:
     # the prepare 1.6x faster on the H200 than 16 (B1 T8192 H96: 0.75 vs 1.20 ms; bench/RESULTS.md)
     solve_block: int = 1
+    # how a channel Gram's diagonal blocks are evaluated when the gate is not bounded below:
+    # guarded (factored in the chunks whose decays allow it) or elementwise
+    unbounded_diagonal: str = "guarded"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.chunk_size <= 0 or self.sub_chunk <= 0 or self.solve_block <= 0:
@@ -163,6 +182,7 @@ class DeriveChunkwisePass(ModulePass):
                 f"derive-chunkwise: chunk-size, sub-chunk and solve-block must be positive, got "
                 f"{self.chunk_size}, {self.sub_chunk}, {self.solve_block}"
             )
+        check_unbounded_diagonal(self.name, self.unbounded_diagonal)
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
@@ -172,7 +192,8 @@ class DeriveChunkwisePass(ModulePass):
             [
                 *arguments,
                 checkpoint_argument(op, self.chunk_size),
-                chunkwise_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk, self.solve_block),
+                chunkwise_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk, self.solve_block,
+                                   self.unbounded_diagonal),
             ],
             sym_name="chunk",
             source=op.sym_name.data,

@@ -37,14 +37,15 @@ def transition_form(op: RecurrenceOp) -> str:
 
 
 def segment_scan_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size: int,
-                          sub_chunk: int = 16) -> k3s.SegmentScanOp:
+                          sub_chunk: int = 16, unbounded_diagonal: str = "guarded") -> k3s.SegmentScanOp:
     form = transition_form(op)
     return make(
         k3s.SegmentScanOp,
         [
             make(k3s.SegmentSummaryOp, transition=form),
             make(k3s.SummaryCombineOp, transition=form),
-            derive_chunkwise.chunkwise_schedule(op, values, chunk_size, sub_chunk),  # finishes every segment
+            # finishes every segment
+            derive_chunkwise.chunkwise_schedule(op, values, chunk_size, sub_chunk, unbounded_diagonal=unbounded_diagonal),
         ],
     )
 
@@ -59,19 +60,22 @@ class DeriveSegmentScanPass(ModulePass):
     # parallelism": tree 1d20b26 against c766b77)
     chunk_size: int = 16
     sub_chunk: int = 16
+    unbounded_diagonal: str = "guarded"  # as derive-chunkwise's
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.chunk_size <= 0 or self.sub_chunk <= 0:
             raise ValueError(
                 f"{self.name}: chunk-size and sub-chunk must be positive, got {self.chunk_size}, {self.sub_chunk}"
             )
+        derive_chunkwise.check_unbounded_diagonal(self.name, self.unbounded_diagonal)
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:
         arguments = recurrence_arguments(op)
         return make(
             k3s.EntryOp,
-            [*arguments, segment_scan_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk)],
+            [*arguments, segment_scan_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk,
+                                               self.unbounded_diagonal)],
             sym_name="segment_scan",
             source=op.sym_name.data,
         )

@@ -193,8 +193,10 @@ def test_causal_inside_a_chunk(case):
 @pytest.mark.parametrize("kind", ["kda", "gla", "gated_deltanet"])
 def test_strong_decay(kind, compile_layer):
     """One fast-decaying gate channel (g = -7 per token: 105 nats over a 16-token sub-chunk, the
-    state forgets it within a few tokens) is a valid input; the output must stay finite and right
-    (the unbounded log gate's Gram diagonal blocks are evaluated elementwise)."""
+    state forgets it within a few tokens) is a valid input; the output must stay finite and right.
+    The unbounded log gate's Grams are guarded: the first chunk spans 112 nats, past what a
+    factored diagonal may (its operands would overflow), and takes the elementwise blocks; the
+    partial second spans 21 and takes the factored ones."""
     C = 16
     layer = chunk_layer(compile_layer, kind, "kv", C)
     inputs = recurrence_inputs(kind, "kv", RecurrenceShape(B=1, T=C + 3, H=H, HV=HV, K=K, V=V))

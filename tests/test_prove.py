@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from xdsl.dialects.builtin import i1
 
 import k3compile.passes.derive_chunkwise as derive_chunkwise
 import k3compile.passes.fuse_chunkwise as fuse_chunkwise
@@ -33,12 +34,19 @@ run = run_cli
 # --- the derived schedules hold -----------------------------------------------------------
 
 
+def proved_lengths(kind: str, lengths) -> list[int]:
+    """The lengths of the proofs of an example's chunkwise schedule: the channel-gated examples
+    (unbounded log gates: guarded Gram diagonals) prove each for both outcomes of the span checks."""
+    return [length for length in lengths for _ in range(2 if GATE_OF_KIND[kind] == "channel" else 1)]
+
+
 @pytest.mark.parametrize("chunk_size", [1, 2, 3, 4, 16])
 @pytest.mark.parametrize("kind", RECURRENCE_KINDS)
 def test_derived_schedule_proved(kind, chunk_size, fresh_seed):
     results = prove_chunkwise(spec_of(kind), chunk_size, seed=fresh_seed)
     # by default: one partial chunk, an exact multiple, and several chunks with a partial tail
-    assert [r.length for r in results] == [max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1]
+    assert [r.length for r in results] == proved_lengths(kind, [max(1, chunk_size - 1), 2 * chunk_size,
+                                                                2 * chunk_size + 1])
     for r in results:
         assert f"chunk-size={chunk_size}" in r.schedule
         assert r.holds, f"T={r.length}: {r.first_mismatch}"
@@ -51,7 +59,7 @@ def test_derived_schedule_proved_at_other_lengths(kind, chunk_size, fresh_seed):
     """Lengths the defaults skip: a single token, exactly one chunk, several chunks plus 2."""
     lengths = (1, chunk_size, 3 * chunk_size + 2)
     results = prove_chunkwise(spec_of(kind), chunk_size, lengths=lengths, seed=fresh_seed)
-    assert [r.length for r in results] == list(lengths)
+    assert [r.length for r in results] == proved_lengths(kind, lengths)
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
 
 
@@ -73,24 +81,28 @@ def test_negative_eigenvalue_schedules_proved_with_beta_up_to_two(kind, fresh_se
 def test_derived_schedule_proved_chunk_64(fresh_seed):
     """The production chunk size, for the richest member only (sympy is slow at 129 tokens)."""
     results = prove_chunkwise(spec_of("kda"), 64, seed=fresh_seed)
-    assert len(results) == 3
+    assert [r.length for r in results] == proved_lengths("kda", [63, 128, 129])
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
 
 
-@pytest.mark.parametrize("gate_input", ["log", "clamped"])  # the diagonal blocks elementwise, factored
+@pytest.mark.parametrize("gate_input", ["log", "clamped"])  # the diagonal blocks guarded, factored
 @pytest.mark.parametrize("chunk_size, sub_chunk", [(4, 2), (6, 2), (4, 1)])
 def test_gram_row_blocks_proved(gate_input, chunk_size, sub_chunk, fresh_seed):
     """A channel gate's Grams as the kernels form them: per row block the references, the left,
     right and diagonal factors, the blocks below the diagonal bridged between references; with
-    several blocks per chunk and a partial last chunk (and block)."""
+    several blocks per chunk and a partial last chunk (and block). An unbounded gate's guarded
+    diagonal is proved for both outcomes of its span check."""
     spec = spec_from_table(recurrence_table("kda", gate_input=gate_input, name=f"kda_{gate_input}"))
     module = spec_to_module(spec)
     diagonal = derive_chunkwise.gram_diagonal(next(iter(module.ops)), sub_chunk)
-    assert diagonal == ("factored" if gate_input == "clamped" else "elementwise")
+    assert diagonal == ("factored" if gate_input == "clamped" else "guarded")
     results = prove_chunkwise(spec, chunk_size, lengths=(chunk_size - 1, 2 * chunk_size + 1), seed=fresh_seed,
                               sub_chunk=sub_chunk)
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
     assert all(f"sub-chunk={sub_chunk}" in r.schedule for r in results)
+    branches = {r.schedule.rpartition(", ")[2] for r in results if "span checks" in r.schedule}
+    assert branches == (set() if gate_input == "clamped" else {"span checks hold (factored diagonal)",
+                                                              "span checks fail (elementwise diagonal)"})
 
 
 # --- the kernels fuse-chunkwise makes of the schedule ----------------------------------------
@@ -103,7 +115,7 @@ def test_fused_kernels_proved(kind, grouping, chunk_size, fresh_seed):
     """The lowered kernels, run one after the other and handing over only what they spill and
     reload, equal the token recurrence (a partial chunk, and several chunks with a tail)."""
     results = prove_fused_chunkwise(spec_of(kind), chunk_size, grouping, seed=fresh_seed)
-    assert [r.length for r in results] == [max(1, chunk_size - 1), 2 * chunk_size + 1]
+    assert [r.length for r in results] == proved_lengths(kind, [max(1, chunk_size - 1), 2 * chunk_size + 1])
     assert all(f"grouping={grouping}" in r.schedule for r in results)
     assert all(r.holds for r in results), [r.first_mismatch for r in results]
 
@@ -203,10 +215,12 @@ def test_cli_prove_passes(capsys, kind, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / f"{kind}.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 0, f"exit code {code}: {out}\n{err}"
-    # 3 chunkwise lengths, the fused kernels of both groupings at 2 lengths each, replay of 0 and
-    # 1 accepted tokens, spec_step after 0 and 1 accepted, the same two for verify=chunked,
-    # segment scan: associativity and 5 splits
-    assert "21 passed, 0 failed" in out
+    # 3 chunkwise lengths, the fused kernels of both groupings at 2 lengths each (the channel
+    # gates': both outcomes of the span checks at each), replay of 0 and 1 accepted tokens,
+    # spec_step after 0 and 1 accepted, the same two for verify=chunked, segment scan:
+    # associativity and 5 splits
+    chunkwise = len(proved_lengths(kind, [2, 6, 7])) + 2 * len(proved_lengths(kind, [2, 7]))
+    assert f"{chunkwise + 14} passed, 0 failed" in out
     assert "fuse-chunkwise{grouping=split-prepare}" in out
     assert "lower-speculative{verify=chunked}: spec_step, accept 1" in out
     assert "spec_step, accept 1" in out
@@ -281,6 +295,13 @@ def left_factor_inverted(chunked):
     left.properties.update(props(k3s.BlockRescaleOp, decay="reference_over_row"))
 
 
+def diagonal_factor_from_the_wrong_reference(chunked):
+    """The keys' diagonal factor rescaled to the block's end instead of its start."""
+    diagonal = the_stage(chunked, k3s.BlockRescaleOp, "kd")
+    blocks = the_stage(chunked, k3s.BlockGatesOp)
+    diagonal.operands = (diagonal.rows, diagonal.cumulative_gate, blocks.gate_end)
+
+
 def patch_schedule(monkeypatch, mutate) -> list:
     """Make derive-chunkwise produce the real schedule with `mutate` applied to it."""
     original = derive_chunkwise.chunkwise_schedule
@@ -313,6 +334,43 @@ def test_wrong_gram_factors_not_proved(monkeypatch, mutate, kind, fresh_seed):
     results = prove_chunkwise(spec_of(kind), 4, lengths=(7,), seed=fresh_seed, sub_chunk=2)
     assert mutated, "the proof did not go through derive_chunkwise.chunkwise_schedule"
     assert not any(r.holds for r in results), "a deliberately wrong Gram factor was proved"
+
+
+@pytest.mark.parametrize("nats_per_token, fits", [(20, True), (46, False)])
+def test_span_check_decides_by_the_largest_block_span(nats_per_token, fits, fresh_seed):
+    """k3s.block_span_check's exact meaning: a block of two tokens whose one channel decays by
+    10^-8 or 10^-20 a token (exact rationals: e^-18.4, e^-46) spans 37 or 92 nats, within or
+    past the limit of 80; the other channels and blocks decay by little (at most 9x a token)."""
+    import sympy
+
+    rng = random.Random(fresh_seed)
+    x = exact.random_inputs(rng, 4, 3, 2, "channel")
+    x.a[2, 1] = x.a[3, 1] = sympy.Rational(1, 10) ** (nats_per_token * 10 // 23)  # 10^-(n/2.3): e^-n
+    run = exact.ChunkRun(x)
+    run.chunk = exact.Chunk(x, 0, 4)
+    gamma = exact.SEMANTICS[k3s.GateCumsumOp](run, None, x.a)
+    blocks = make(k3s.BlockGatesOp, sub_chunk=2, results=[("Gstart", k3s.tile("NB", "K")), ("Gend", k3s.tile("NB", "K"))])
+    start, end = exact.SEMANTICS[k3s.BlockGatesOp](run, blocks, gamma)
+    check = make(k3s.BlockSpanCheckOp, limit=80.0, result=("factorable", i1))
+    assert exact.SEMANTICS[k3s.BlockSpanCheckOp](run, check, start, end) is fits
+    for forced in (True, False):  # a proof takes each outcome in every chunk
+        run.x = exact.replace(x, guards=forced)
+        assert exact.SEMANTICS[k3s.BlockSpanCheckOp](run, check, start, end) is forced
+
+
+@pytest.mark.parametrize("kind", ["kda", "gla"])
+def test_wrong_diagonal_factor_fails_where_the_guard_takes_it(monkeypatch, kind, fresh_seed):
+    """A guarded Gram's factored diagonal is proved on its own: a wrong diagonal factor fails
+    every proof in which the span checks hold, and only those (the elementwise blocks never read
+    it)."""
+    mutated = patch_schedule(monkeypatch, diagonal_factor_from_the_wrong_reference)
+    results = prove_chunkwise(spec_of(kind), 4, lengths=(3, 9), seed=fresh_seed, sub_chunk=2)
+    assert mutated, "the proof did not go through derive_chunkwise.chunkwise_schedule"
+    held = [r for r in results if "span checks hold" in r.schedule]
+    failed = [r for r in results if "span checks fail" in r.schedule]
+    assert len(held) == len(failed) == 2
+    assert not any(r.holds for r in held), "a deliberately wrong diagonal factor was proved"
+    assert all(r.holds for r in failed), [r.first_mismatch for r in failed]
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3])
@@ -352,7 +410,8 @@ def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / "gla.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 1, f"exit code {code}: {out}\n{err}"
-    assert "FAILED" in out and "5 passed, 16 failed" in out
+    # the chunkwise and fused proofs fail, each for both outcomes of the span checks
+    assert "FAILED" in out and "5 passed, 23 failed" in out
 
 
 # --- the two oracles agree ------------------------------------------------------------------

@@ -5,7 +5,7 @@ output) that those factors make safe for any gate."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, BoolAttr, IntegerAttr
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, IntegerType, i1
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
@@ -52,11 +52,22 @@ class GateAnchorAttr(EnumAttribute[GateAnchor], SpacedOpaqueSyntaxAttribute):
 
 class GramDiagonal(Word):
     """How a channel-gated Gram evaluates its diagonal sub-chunk blocks: factored (two
-    tensor-core factors, exponents up to sub_chunk tokens of decay: needs a bounded gate) or
-    elementwise (exp of differences, exponents <= 0 for any gate)."""
+    tensor-core factors, exponents up to sub_chunk tokens of decay: needs a bounded gate),
+    elementwise (exp of differences, exponents <= 0 for any gate) or guarded (factored in the
+    chunks whose k3s.block_span_check holds, elementwise in the others: any gate, and tensor
+    cores wherever the decays allow them)."""
 
     FACTORED = "factored"
     ELEMENTWISE = "elementwise"
+    GUARDED = "guarded"
+
+    @property
+    def has_factor(self) -> bool:
+        return self is not GramDiagonal.ELEMENTWISE
+
+    @property
+    def reloads(self) -> bool:
+        return self is not GramDiagonal.FACTORED
 
 
 @irdl_attr_definition
@@ -112,6 +123,25 @@ class BlockGatesOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class BlockSpanCheckOp(KeywordSyntax):
+    """Whether no row block of the chunk spans more than `limit` nats of decay in any key channel
+    (G_start - G_end <= limit for every block and channel, k3s.block_gates' references): where
+    it holds, a diagonal factor (the keys rescaled by up to e^limit) stays inside the range of
+    the dtype it is formed in, so a guarded Gram may factor its diagonal blocks."""
+
+    name = "k3s.block_span_check"
+    limit = prop_def(FloatAttr)
+    gate_start = operand_def(TileType)
+    gate_end = operand_def(TileType)
+    fits = result_def(i1)
+    traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
+
+    def verify_(self) -> None:
+        if not self.limit.value.data > 0:
+            raise VerifyException(f"{self.name}: limit must be positive, got {self.limit.value.data}")
+
+
+@irdl_op_definition
 class BlockRescaleOp(KeywordSyntax):
     """Rows decayed relative to their row block's reference (a k3s.block_gates result): a factor
     of a channel-gated Gram, a tensor-core operand.
@@ -141,13 +171,14 @@ class GramOp(KeywordSyntax):
     scales the rows by beta. Operands: lhs (q or k), the keys, then with a gate G, then with a
     channel gate the row blocks' references (gate_start, gate_end of k3s.block_gates) and the
     factors: left (lhs rescaled row_over_reference from gate_start), right (the keys rescaled
-    reference_over_row to gate_end) and with a factored diagonal the diagonal factor (the keys
-    rescaled reference_over_row to gate_start); then beta when `beta`. A block below the diagonal
-    is left_I (right_J)^T bridged by the decay Gamma_start(I) / Gamma_end(J) between the two
-    references: no exponent is positive. `diagonal` says how the blocks on the diagonal are
-    evaluated (GramDiagonal); only a channel gate has it. An elementwise diagonal reloads key
-    rows and log-decays from memory as the key and gate loads read them: last, the tensors they
-    read (k, g, and A_log, dt_bias when the gate's input form reads them).
+    reference_over_row to gate_end) and, unless the diagonal is elementwise, the diagonal factor
+    (the keys rescaled reference_over_row to gate_start); then beta when `beta`; then a guarded
+    diagonal's k3s.block_span_check. A block below the diagonal is left_I (right_J)^T bridged by
+    the decay Gamma_start(I) / Gamma_end(J) between the two references: no exponent is
+    positive. `diagonal` says how the blocks on the diagonal are evaluated (GramDiagonal); only
+    a channel gate has it. An elementwise (or guarded) diagonal reloads key rows and log-decays
+    from memory as the key and gate loads read them: last, the tensors they read (k, g, and
+    A_log, dt_bias when the gate's input form reads them).
     """
 
     name = "k3s.gram"
@@ -155,7 +186,8 @@ class GramOp(KeywordSyntax):
     gate = prop_def(GateAttr)
     beta = prop_def(BoolAttr)
     diagonal = opt_prop_def(GramDiagonalAttr)
-    inputs = var_operand_def(TileType | TensorType)  # the tiles, then the tensors an elementwise diagonal reads
+    # the tiles, then a guarded diagonal's check, then the tensors its elementwise blocks read
+    inputs = var_operand_def(TileType | TensorType | IntegerType)
     gram = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
@@ -163,16 +195,20 @@ class GramOp(KeywordSyntax):
         if (self.diagonal is not None) != (self.gate.data == "channel"):
             raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
                                   f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
-        factors = 0 if self.diagonal is None else 4 + (self.diagonal.data == "factored")
+        diagonal = self.diagonal and self.diagonal.data
+        factors = 0 if diagonal is None else 4 + diagonal.has_factor
         tiles = 2 + (self.gate.data != "none") + factors + bool(self.beta.value.data)
-        kinds = [isinstance(v.type, TensorType) for v in self.inputs]
+        kinds = [0 if isinstance(v.type, TileType) else 2 if isinstance(v.type, TensorType) else 1 for v in self.inputs]
         if kinds != sorted(kinds):
-            raise VerifyException(f"{self.name}: its tensor operands come after its tiles")
-        reloads = self.diagonal is not None and self.diagonal.data == "elementwise"
+            raise VerifyException(f"{self.name}: its operands are its tiles, then a guard, then tensors")
+        if kinds.count(1) != (diagonal == GramDiagonal.GUARDED):
+            raise VerifyException(f"{self.name}: a guarded diagonal (and only it) takes a k3s.block_span_check "
+                                  f"operand; got {kinds.count(1)} with diagonal {diagonal!r}")
+        reloads = diagonal is not None and diagonal.reloads
         if reloads and len(self.tensors) not in (2, 4):
             raise VerifyException(f"{self.name}: an elementwise diagonal reads k and g (and A_log, dt_bias with "
                                   f"an in-kernel gate), got {len(self.tensors)} tensor operands")
-        _operand_count(self, tiles + (len(self.tensors) if reloads else 0))
+        _operand_count(self, tiles + kinds.count(1) + (len(self.tensors) if reloads else 0))
 
     @property
     def tensors(self) -> list[SSAValue]:
@@ -212,8 +248,14 @@ class GramOp(KeywordSyntax):
         return self.inputs[7]
 
     @property
+    def factored_guard(self) -> SSAValue | None:
+        """A guarded diagonal's k3s.block_span_check: whether this chunk's diagonal blocks factor."""
+        return next((v for v in self.inputs if v.type == i1), None)
+
+    @property
     def row_scale(self) -> SSAValue | None:
-        return self.inputs[len(self.inputs) - len(self.tensors) - 1] if self.beta.value.data else None
+        tiles = [v for v in self.inputs if isinstance(v.type, TileType)]
+        return tiles[-1] if self.beta.value.data else None
 
 
 @irdl_op_definition
@@ -262,4 +304,5 @@ class ChunkDecayOp(KeywordSyntax):
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
 
-GATE_AND_GRAM_STAGES = [GateCumsumOp, GateTotalOp, ChunkDecayOp, GateApplyOp, BlockGatesOp, BlockRescaleOp, GramOp]
+GATE_AND_GRAM_STAGES = [GateCumsumOp, GateTotalOp, ChunkDecayOp, GateApplyOp, BlockGatesOp, BlockSpanCheckOp,
+                        BlockRescaleOp, GramOp]

@@ -60,6 +60,12 @@ class ChunkStages:
             f"{register(op.gate_end)}[None, :, :], 0.0), axis=1)",
         )
 
+    def print_k3s_block_span_check(self, op: k3s.BlockSpanCheckOp) -> None:
+        # G is in log2 units (exp2 of it is the decay): the limit in nats times log2(e)
+        self.code.comment(op)
+        self.code(f"{register(op.fits)} = tl.max(tl.max({register(op.gate_start)} - {register(op.gate_end)}, axis=1), "
+                  f"axis=0) <= {op.limit.value.data * 1.4426950408889634!r}")
+
     def print_k3s_block_rescale(self, op: k3s.BlockRescaleOp) -> None:
         rows, G, reference = (register(v) for v in (op.rows, op.cumulative_gate, op.reference))
         G3, ref = f"tl.reshape({G}, [NB, SUB, BK])", f"{reference}[:, None, :]"
@@ -84,13 +90,29 @@ class ChunkStages:
               f"b_left = _dot_operand(tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2({Gstart} - b_from)[:, None, :], [BC, BK]), DOT)",
               f"{out} += tl.where((o_blk[:, None] - o_blk[None, :]) == d, _mm(b_left, tl.trans({right}), DOT), 0.0)")
         same = f"(o_blk[:, None] == o_blk[None, :]) & ({keep})"
-        if gram.diagonal.data == "factored":
-            c("# diagonal blocks: the left factor against the diagonal factor",
-              f"{out} += tl.where({same}, _mm({left}, tl.trans({register(gram.diagonal_factor)}), DOT), 0.0)")
-            return
+        diagonal = gram.diagonal.data
+        if diagonal == "guarded":
+            c(f"if {register(gram.factored_guard)}:")
+            with c.indent():
+                self.print_diagonal_factored(gram, same)
+            c("else:")
+            with c.indent():
+                self.print_diagonal_elementwise(gram, same)
+        elif diagonal == "factored":
+            self.print_diagonal_factored(gram, same)
+        else:
+            self.print_diagonal_elementwise(gram, same)
+
+    def print_diagonal_factored(self, gram: k3s.GramOp, same: str) -> None:
+        left, diagonal, out = (register(v) for v in (gram.left_factor, gram.diagonal_factor, gram.gram))
+        self.code("# diagonal blocks: the left factor against the diagonal factor",
+                  f"{out} += tl.where({same}, _mm({left}, tl.trans({diagonal}), DOT), 0.0)")
+
+    def print_diagonal_elementwise(self, gram: k3s.GramOp, same: str) -> None:
+        c = self.code
         # the rows are reloaded as the key and gate loads that the Gram's operands come from load
         # them, from the tensors the Gram reads: k, then g (and the gate's parameters)
-        lhs, G = register(gram.lhs), register(gram.cumulative_gate)
+        lhs, G, out, Gstart = (register(v) for v in (gram.lhs, gram.cumulative_gate, gram.gram, gram.gate_start))
         load_k = gram.keys.owner
         load_g = gram.cumulative_gate.owner.log_gate.owner
         keys, *gate = gram.tensors

@@ -40,10 +40,13 @@ builtin.module {
 // CHECK-NEXT:       %Glast = k3s.gate_total %G <gate = channel> : !k3s.tile<K>
 // CHECK-NEXT:       %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 16> : !k3s.tile<NB x K>, !k3s.tile<NB x K>
 // CHECK-NEXT:       %kr = k3s.block_rescale %[[k]], %G, %Gend <decay = reference_over_row> : !k3s.tile<C x K>
+// CHECK-NEXT:       %kd = k3s.block_rescale %[[k]], %G, %Gstart <decay = reference_over_row> : !k3s.tile<C x K>
+// an unbounded gate's chunks factor their Grams' diagonal blocks where the span check holds
+// CHECK-NEXT:       %factorable = k3s.block_span_check %Gstart, %Gend <limit = 80.0> : i1
 // CHECK-NEXT:       %[[beta:[a-z_0-9]+]] = k3s.load_beta %[[BETA]] <input = probability> : !k3s.tile<C>
 // CHECK-NEXT:       %kl = k3s.block_rescale %[[k]], %G, %Gstart <decay = row_over_reference> : !k3s.tile<C x K>
-// an unbounded gate's Gram reloads the rows of its diagonal blocks from k and g
-// CHECK-NEXT:       %A = k3s.gram %[[k]], %[[k]], %G, %Gstart, %Gend, %kl, %kr, %[[beta]], %[[K]], %[[G]] <mask = strict, gate = channel, beta = true, diagonal = elementwise>
+// and elsewhere reload the rows of their diagonal blocks from k and g
+// CHECK-NEXT:       %A = k3s.gram %[[k]], %[[k]], %G, %Gstart, %Gend, %kl, %kr, %kd, %[[beta]], %factorable, %[[K]], %[[G]] <mask = strict, gate = channel, beta = true, diagonal = guarded>
 // CHECK:            %QG = k3s.gate_apply %[[q]], %G <anchor = start, gate = channel> : !k3s.tile<C x K>
 // CHECK-NEXT:       %KG = k3s.gate_apply %[[k]], %G, %Glast <anchor = end, gate = channel> : !k3s.tile<C x K>
 // CHECK-NEXT:       %gamma_C = k3s.chunk_decay %Glast <gate = channel> : !k3s.tile<K>

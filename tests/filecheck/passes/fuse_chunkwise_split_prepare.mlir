@@ -31,11 +31,12 @@ builtin.module {
 // CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
 // CHECK:          %[[k:[a-z_0-9]+]] = k3s.load_chunk %[[K]] : !k3s.tile<C x K>
-// CHECK:          %A = k3s.gram %[[k]], %[[k]], %G, %Gstart, %Gend, %kl, %kr, %[[beta:[a-z_0-9]+]], %[[K]], %[[G]] <mask = strict
+// CHECK:          %factorable = k3s.block_span_check %Gstart, %Gend
+// CHECK:          %A = k3s.gram %[[k]], %[[k]], %G, %Gstart, %Gend, %kl, %kr, %kd, %[[beta:[a-z_0-9]+]], %factorable, %[[K]], %[[G]] <mask = strict
 // CHECK-NEXT:     %[[T:[A-Za-z_0-9]+]] = k3s.forward_substitution %A, %[[beta]]
 // CHECK-NEXT:     k3s.spill %[[T_UT]], %[[T]]
 // CHECK:          %[[q:[a-z_0-9]+]] = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
-// CHECK:          %{{[A-Za-z_0-9]+}} = k3s.gram %[[q]], %[[k]], %G, %Gstart, %Gend, %ql, %kr, %[[K]], %[[G]] <mask = inclusive
+// CHECK:          %{{[A-Za-z_0-9]+}} = k3s.gram %[[q]], %[[k]], %G, %Gstart, %Gend, %ql, %kr, %kd, %factorable, %[[K]], %[[G]] <mask = inclusive
 // CHECK-NOT:      k3s.wy_apply
 // CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16

@@ -88,9 +88,9 @@ builtin.module {
 // CHUNK-NOT:     k3s.load_chunk %[[K]] :
 // CHUNK:         k3s.load_chunk %[[K]] <l2norm = true>
 // CHUNK:         k3s.load_beta %[[BETA]] <input = logits>
-// CHUNK-NEXT:    k3s.gram {{.*}}, %[[K]], %[[G]], %[[ALOG]], %[[DTBIAS]] <mask = strict, gate = channel, beta = true, diagonal = elementwise>
+// CHUNK-NEXT:    k3s.gram {{.*}}, %[[K]], %[[G]], %[[ALOG]], %[[DTBIAS]] <mask = strict, gate = channel, beta = true, diagonal = guarded>
 // CHUNK:         k3s.load_chunk %[[Q]] <l2norm = true>
-// CHUNK:         k3s.gram {{.*}}, %[[K]], %[[G]], %[[ALOG]], %[[DTBIAS]] <mask = inclusive, gate = channel, beta = false, diagonal = elementwise>
+// CHUNK:         k3s.gram {{.*}}, %[[K]], %[[G]], %[[ALOG]], %[[DTBIAS]] <mask = inclusive, gate = channel, beta = false, diagonal = guarded>
 // CHUNK:         k3s.load_chunk %[[V]] :
 // The scan reads the decayed queries and keys the prepare kernel spilled: no input loads.
 // CHUNK:         k3s.kernel @kda_chunk_scan

@@ -65,7 +65,13 @@
 // ALL-NEXT:  ):
 // KDA:       # %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 16>: a row only ever meets references at or before itself (causal)
 // KDA:       # %kr = k3s.block_rescale %k, %G, %Gend <decay = reference_over_row>
-// KDA:       # %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %beta, %k, %g <mask = strict, gate = channel, beta = true, diagonal = elementwise>
+// KDA:       # %factorable = k3s.block_span_check %Gstart, %Gend <limit = 80.0>
+// KDA-NEXT:  b_factorable = tl.max(tl.max(b_Gstart - b_Gend, axis=1), axis=0) <= 115.4156
+// KDA:       # %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %kd, %beta, %factorable, %k, %g <mask = strict, gate = channel, beta = true, diagonal = guarded>
+// KDA:       if b_factorable:
+// KDA-NEXT:      # diagonal blocks: the left factor against the diagonal factor
+// KDA:       else:
+// KDA-NEXT:      # diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,
 // KDA:       # %T = k3s.forward_substitution %A, %beta <block = 1>: T = (I + A)^-1 Diag(beta), blocked
 // KDA:       # %W = k3s.wy_apply %T, %k, %G <gate = channel>
 // GDN:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = scalar, beta = true>
@@ -73,7 +79,7 @@
 // DN:        # %A = k3s.gram %k, %k, %beta <mask = strict, gate = none, beta = true>
 // DN:        # %T = k3s.forward_substitution %A, %beta <block = 1>
 // GLA-NOT:   k3s.forward_substitution
-// GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr, %k, %g <mask = inclusive, gate = channel, beta = false, diagonal = elementwise>
+// GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr, %kd, %factorable, %k, %g <mask = inclusive, gate = channel, beta = false, diagonal = guarded>
 // ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
 // ALL:       # k3s.chunk_loop %cu_seqlens <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
 // KDA:       # %vr = k3s.delta_residual %S, %W, %U: Vr = U - W S

@@ -6,6 +6,8 @@
 // RUN: sed 's/, %%beta_1, %%k, %%g </, %%beta_1, %%k </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ONE
 // RUN: sed 's/%%kr, %%beta_1, %%k, %%g </%%kr, %%k, %%g, %%beta_1 </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ORDER
 // RUN: sed 's/diagonal = elementwise/diagonal = factored/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=FACTORED
+// A guarded diagonal reads the same tensors and, after its tiles, the chunk's span check.
+// RUN: sed 's/diagonal = elementwise/diagonal = guarded/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNGUARDED
 
 builtin.module {
   k3s.entry @chunk <source = r> {
@@ -32,5 +34,6 @@ builtin.module {
 
 // NONE: {{^}}k3c opt: error: <stdin>: k3s.gram: an elementwise diagonal reads k and g (and A_log, dt_bias with an in-kernel gate), got 0 tensor operands{{$}}
 // ONE: {{^}}k3c opt: error: <stdin>: k3s.gram: an elementwise diagonal reads k and g (and A_log, dt_bias with an in-kernel gate), got 1 tensor operands{{$}}
-// ORDER: {{^}}k3c opt: error: <stdin>: k3s.gram: its tensor operands come after its tiles{{$}}
+// ORDER: {{^}}k3c opt: error: <stdin>: k3s.gram: its operands are its tiles, then a guard, then tensors{{$}}
+// UNGUARDED: {{^}}k3c opt: error: <stdin>: k3s.gram: a guarded diagonal (and only it) takes a k3s.block_span_check operand; got 0 with diagonal 'guarded'{{$}}
 // FACTORED: {{^}}k3c opt: error: <stdin>: k3s.gram: expected 9 operands for its properties, got 10{{$}}
