@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import zlib
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
@@ -58,11 +59,13 @@ def layer_of(module) -> dict:
     return {k: v for k, v in (item.split(" = ", 1) for item in items)}
 
 
-def chunk_cases(torch, a_dir: Path, b_dir: Path):
-    """(name, call A, call B) per chunk variant."""
+def chunk_cases(torch, a_dir: Path, b_dir: Path, gate_scale: float = 1.0, cases: str | None = None):
+    """(name, call A, call B) per chunk variant (of `cases`, comma-separated; default all)."""
     with tempfile.TemporaryDirectory() as specs:
         listed = list(write_variant_specs(Path(specs), CASES))
     for variant, case, pairing in listed:
+        if cases and case not in cases.split(","):
+            continue
         a, b = (import_file(d / f"{variant}.py", f"{d.name}_{variant}") for d in (a_dir, b_dir))
         layer = layer_of(a)
         H, HV = int(layer["num_heads"]), int(layer["num_v_heads"])
@@ -71,13 +74,14 @@ def chunk_cases(torch, a_dir: Path, b_dir: Path):
         beta = layer["delta_rule"] == "true"
         B, T = CASES[case]
         inp = make_inputs(torch, B, T, H, HV, K, V, "cuda", seed=zlib.crc32(variant.encode()) % 1000, gate=gate, beta=beta,
-                          gate_floor=gate_floor(pairing))
+                          gate_floor=gate_floor(pairing), gate_scale=gate_scale)
 
         def caller(module, inp=inp):
             return lambda: module.chunk(inp["q"], inp["k"], inp["v"], g=inp["g"], beta=inp["beta"],
                                         initial_state=inp["initial_state"], output_final_state=True)
 
-        yield f"chunk {variant} B{B} T{T} H{HV} [{ours_semantics(pairing)}]", caller(a), caller(b)
+        steep = f", gates {gate_scale:g} x logsigmoid(randn)" if gate_scale != 1 else ""
+        yield f"chunk {variant} B{B} T{T} H{HV} [{ours_semantics(pairing)}{steep}]", caller(a), caller(b)
 
 
 def decode_cases(torch, a_dir: Path, b_dir: Path):
@@ -124,7 +128,8 @@ def run(args) -> int:
     import triton.testing
 
     rows, failed = [], 0
-    groups = [("chunk", chunk_cases), ("decode", decode_cases), ("attnres", attnres_cases)]
+    groups = [("chunk", partial(chunk_cases, gate_scale=args.gate_scale, cases=args.cases)), ("decode", decode_cases),
+              ("attnres", attnres_cases)]
     for kind, cases in [g for g in groups if g[0] in args.kinds.split(",")]:
         for name, call_a, call_b in cases(torch, args.a, args.b):
             # outputs first (one call each on the same inputs: decode's pools start equal)
@@ -164,6 +169,9 @@ def main(argv=None) -> int:
     run_parser.add_argument("--b", type=Path, required=True)
     run_parser.add_argument("--out", type=Path, required=True)
     run_parser.add_argument("--kinds", default="chunk,decode,attnres", help="which groups of cases (comma-separated)")
+    run_parser.add_argument("--cases", help="chunk cases (comma-separated; default: all of chunk_cases.py)")
+    run_parser.add_argument("--gate-scale", type=float, default=1.0,
+                            help="chunk gates drawn as SCALE * logsigmoid(randn) (default 1)")
     args = parser.parse_args(argv)
     if args.command == "compile":
         compile_modules(args.out)

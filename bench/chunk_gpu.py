@@ -112,6 +112,9 @@ def parse_args(argv=None):
                    help="T of the extra B=1 shape checked against the fp32 token loop (ours only; default 300, "
                         "not a multiple of the chunk). With --smoke the main shape is checked instead, ours and fla")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gate-scale", type=float, default=1.0,
+                   help="gates drawn as SCALE * logsigmoid(randn) on both sides (default 1; 10: decays steep enough "
+                        "that every chunk of an unbounded gate takes the elementwise Gram diagonal blocks)")
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("fp32" if args.smoke else "bf16")
     if args.smoke and args.cases:
@@ -241,7 +244,7 @@ def main(argv=None):
         copy_mib=copy_mib,
         copy_TBps=copy_Bps and copy_Bps / 1e12,
         copy_error=copy_error,
-        dtypes=f"q,k,v,beta {args.dtype} (q,k L2-normalised over K), g fp32 logsigmoid(randn) (bounded pairing: "
+        dtypes=f"q,k,v,beta {args.dtype} (q,k L2-normalised over K), g fp32 {args.gate_scale:g} * logsigmoid(randn) (bounded pairing: "
                f"clamped at -5), initial_state randn*0.1 fp32, o {args.dtype}, output_final_state=True; "
                "autograd on, no input requires grad",
         bytes_definition=f"q,k,v,g,beta bytes read + o bytes written ({args.dtype}) + 2*B*HV*K*V*4 (fp32 state read + write)",
@@ -311,7 +314,7 @@ def run_pairing(args, torch, device, dtype, bench, sync, modules, name, layer, B
 
     def draw(batch, tokens, seed):
         return make_inputs(torch, batch, tokens, H, HV, K, V, device, seed, gate=gate, beta=beta, dtype=dtype,
-                           gate_floor=gate_floor(pairing))
+                           gate_floor=gate_floor(pairing), gate_scale=args.gate_scale)
 
     inp = draw(B, T, args.seed + hash_case(name))
     row["bytes"] = io_bytes(inp, B, T, HV, V, out_elem=inp["v"].element_size())

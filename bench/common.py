@@ -92,9 +92,10 @@ def import_fla(module: str, name: str):
     return getattr(importlib.import_module(module), name), package.__version__, note
 
 
-def make_inputs(torch, B, T, H, HV, K, V, device, seed, gate="channel", beta=True, dtype=None, gate_floor=-5.0):
-    """Random inputs in fla's layouts: q, k L2-normalised over K; v; g fp32 logsigmoid(randn)
-    clamped at gate_floor (None: not clamped), [B,T,HV,K] (gate="channel"), [B,T,HV]
+def make_inputs(torch, B, T, H, HV, K, V, device, seed, gate="channel", beta=True, dtype=None, gate_floor=-5.0,
+                gate_scale=1.0):
+    """Random inputs in fla's layouts: q, k L2-normalised over K; v; g fp32 gate_scale *
+    logsigmoid(randn) clamped at gate_floor (None: not clamped), [B,T,HV,K] (gate="channel"), [B,T,HV]
     (gate="scalar") or absent (gate=None); beta sigmoid(randn) [B,T,HV] or None; initial_state
     randn*0.1 fp32. q, k, v, beta in `dtype` (default bf16). With the defaults the draws (and so
     the tensors) are those recurrent_gpu.py always used; gate_floor changes no other tensor."""
@@ -111,7 +112,7 @@ def make_inputs(torch, B, T, H, HV, K, V, device, seed, gate="channel", beta=Tru
     k = F.normalize(randn(B, T, H, K), p=2, dim=-1).to(dtype)
     v = randn(B, T, HV, V).to(dtype)
     gate_shape = {"channel": (B, T, HV, K), "scalar": (B, T, HV), None: None}[gate]
-    g = F.logsigmoid(randn(*gate_shape)) if gate_shape else None
+    g = gate_scale * F.logsigmoid(randn(*gate_shape)) if gate_shape else None
     if g is not None:
         g = (g if gate_floor is None else g.clamp(min=gate_floor)).float().contiguous()
     b = torch.sigmoid(randn(B, T, HV)).to(dtype) if beta else None

@@ -24,7 +24,7 @@
 #                  (fresh tuning and Triton caches), a second shape of each (T/2: a new bucket, Triton cache
 #                  warm), then all again from the cache (0 s); seconds per shape in $OUT/tune_times.txt.
 #                  Exports K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
-#   ab             two builds' kernels side by side (bench/ab_gpu.py): the modules each build compiled into
+#   ab             two builds' kernels side by side (bench/ab_gpu.py, $AB_ARGS: e.g. --kinds chunk --gate-scale 10): the modules each build compiled into
 #                  $AB_A and $AB_B (default bench/generated/ab/a, .../b; carried, compiled where the builds are)
 #   moe            the LatentMoE layer of examples/latent_moe.toml (K3's dims) vs torch pipelines, decode and
 #                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
@@ -154,7 +154,8 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       python3 bench/chunk_gpu.py --out "$OUT" --modules "$OUT/generated" --cases "$(echo $cases | tr ' ' ,)" \
         --pairings "$(echo $pairings | tr ' ' ,)" ${CHUNK_ARGS:-} ;;
     ab)
-      python3 bench/ab_gpu.py run --a "${AB_A:-bench/generated/ab/a}" --b "${AB_B:-bench/generated/ab/b}" --out "$OUT" ;;
+      python3 bench/ab_gpu.py run --a "${AB_A:-bench/generated/ab/a}" --b "${AB_B:-bench/generated/ab/b}" --out "$OUT" \
+        ${AB_ARGS:-} ;;
     moe)
       $K3C compile examples/latent_moe.toml -o "$OUT/generated/moe" --no-autotune
       python3 bench/moe_gpu.py --module "$OUT/generated/moe/latent_moe.py" --out "$OUT" ${MOE_ARGS:-} ;;
