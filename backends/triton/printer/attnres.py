@@ -3,7 +3,7 @@ online softmax, the weighted mix and the normalised store."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.common import pipelined_range, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -23,7 +23,7 @@ class AttnRes:
           f"{normaliser} = tl.zeros([], dtype=tl.float32)",
           f"{mix} = tl.zeros([BD], dtype=tl.float32)")
         c.comment(op, "each source row is read once")
-        c("for i_s in range(0, S):")
+        c(f"for i_s in {pipelined_range(op, '0', 'S')}:")
         with c.indent():
             self.print_ops(op)
 

@@ -26,6 +26,18 @@ LAUNCH_CONSTANTS = ("BV",)
 BLOCK_CONSTANTS = {"block_r": "BR", "block_e": "BE", "block_d": "BD", "block_n": "BN"}
 
 
+def pipelined_range(op: Operation, start: str, stop: str) -> str:
+    """A loop of op's kernel (over tokens, sources): its kernel's num_stages asks Triton to load
+    the next iterations' rows while this one computes (it pipelines a loop without matrix
+    products only when the loop itself says so)."""
+    kernel = op.parent_op()
+    while not isinstance(kernel, k3s.KernelOp):
+        kernel = kernel.parent_op()
+    if kernel.num_stages is None:
+        return f"range({start}, {stop})"
+    return f"tl.range({start}, {stop}, num_stages={kernel.num_stages.value.data})"
+
+
 
 
 # k3s.kernel <dots = ...> as the DOT constexpr of the runtime prelude's _mm (Triton's input_precision)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.common import pipelined_range, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -61,7 +61,7 @@ class Serving:
         c("# counts outside 0..DEPTH are clamped: the cache holds no more tokens; a slot outside the",
           "# pool reads nothing",
           f"n_accepted = tl.minimum(tl.maximum(tl.load({tensor_name(op.accepted)} + i_n).to(tl.int64), 0), DEPTH)",
-          f"for j in {self.token_range(op, '0', 'n_accepted')}:")
+          f"for j in {pipelined_range(op, '0', 'n_accepted')}:")
         with c.indent():
             c("p_cache = ((i_slot * DEPTH + j) * HV + i_hv) * (2 * K + V)",
               f"b_k = tl.load({cache} + p_cache + o_k, mask=m_k & m_slot_k, other=0.0)",

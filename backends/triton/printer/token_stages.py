@@ -3,9 +3,9 @@ rule's correction, the rank-1 update, the readout, the state's store."""
 
 from __future__ import annotations
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import SSAValue
 
-from k3compile.backends.triton.printer.common import presence_flag, register, tensor_name
+from k3compile.backends.triton.printer.common import pipelined_range, presence_flag, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -47,20 +47,9 @@ class TokenStages:
         c = self.code
         c.comment(op, "the tokens of sequence i_n, in order")
         self.print_sequence_bounds(op.offsets)
-        c(f"for t in {self.token_range(op, 'bos', 'eos')}:")
+        c(f"for t in {pipelined_range(op, 'bos', 'eos')}:")
         with c.indent():
             self.print_ops(op)
-
-    @staticmethod
-    def token_range(op: Operation, start: str, stop: str) -> str:
-        """The loop over tokens: its kernel's num_stages asks Triton to prefetch the next tokens'
-        loads (it pipelines a loop without matrix products only when the loop itself says so)."""
-        kernel = op.parent_op()
-        while not isinstance(kernel, k3s.KernelOp):
-            kernel = kernel.parent_op()
-        if kernel.num_stages is None:
-            return f"range({start}, {stop})"
-        return f"tl.range({start}, {stop}, num_stages={kernel.num_stages.value.data})"
 
     def print_sequence_bounds(self, offsets: SSAValue | None) -> None:
         """bos, eos: the token range of sequence i_n (varlen: from the sequence offsets, when the

@@ -7,7 +7,9 @@
 // RUN: k3c opt %s -p fuse-attnres | filecheck %s
 // RUN: k3c opt %s -p fuse-attnres | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p fuse-attnres --generic | k3c opt - | filecheck %s
-// RUN: k3c opt %s -p 'fuse-attnres{num-warps=4}' | filecheck %s --check-prefix=WARPS
+// The source loop is software-pipelined (num_stages): the next sources' rows load while one is scored.
+// RUN: k3c opt %s -p 'fuse-attnres{num-warps=8 num-stages=1}' | filecheck %s --check-prefix=WARPS
+// RUN: not k3c opt %s -p 'fuse-attnres{num-stages=0}' 2>&1 | filecheck %s --check-prefix=STAGES
 
 builtin.module {
   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
@@ -20,7 +22,7 @@ builtin.module {
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
-// CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
+// CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 4, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.source_loop {
 // CHECK-NEXT:       ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
@@ -35,4 +37,5 @@ builtin.module {
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
-// WARPS: k3s.kernel @ar_aggregate <grid = row, num_warps = 4> {
+// WARPS: k3s.kernel @ar_aggregate <grid = row, num_warps = 8, num_stages = 1> {
+// STAGES: {{^}}k3c opt: error: pipeline 'fuse-attnres{num-stages=0}': fuse-attnres: num-stages must be >= 1, got 0{{$}}

@@ -13,7 +13,7 @@
 // AR-NEXT:    %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<7168, float>
 // AR-NEXT:    %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<7168, float>
 // AR-NEXT:    %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 7168, float>
-// AR-NEXT:    k3s.kernel @attnres_aggregate <grid = row, num_warps = 8> {
+// AR-NEXT:    k3s.kernel @attnres_aggregate <grid = row, num_warps = 4, num_stages = 3> {
 // AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
 // AR-NEXT:      %max, %sum, %acc = k3s.source_loop {
 // AR-NEXT:      ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
