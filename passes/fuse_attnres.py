@@ -75,13 +75,29 @@ class FuseAttnResPass(ModulePass):
 
     name = "fuse-attnres"
     # a row's sources are loaded num_stages - 1 ahead of the one being scored: on the H200 at
-    # D = 7168, N = 8192 rows, 4 warps and 3 stages read at 74% / 83% / 89% of the copy bandwidth
-    # with S = 2 / 5 / 9 sources, against 62% / 65% / 66% for 8 warps without (bench/RESULTS.md)
-    num_warps: int = 4
+    # D = 7168, N = 8192 rows, the printed kernel's loop with 4 warps and 3 stages read at 74% /
+    # 83% / 89% of the copy bandwidth with S = 2 / 5 / 9 sources, against 62% / 65% / 66% with 8
+    # warps and no pipelining (4 stages: 68% / 83% / 92%; 8 warps: at most 85%). An exploratory
+    # run (bench/RESULTS.md, "AttnRes aggregate"); the A/B of the compiled modules is still to run.
+    # num_warps 0: by the row, 4 warps while they hold it in registers, else the fewest that do
+    num_warps: int = 0
     num_stages: int = 3
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        check_num_warps(self.name, self.num_warps)
+        if self.num_warps:
+            check_num_warps(self.name, self.num_warps)
         if self.num_stages < 1:
             raise ValueError(f"{self.name}: num-stages must be >= 1, got {self.num_stages}")
+        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.warps_for(layer), self.num_stages))
+
+    def warps_for(self, layer: AttnResOp) -> int:
+        """The option, or 4 warps while 4 hold the row (MAX_ROW_PER_WARP columns each), else the
+        fewest (a power of two) that do; the backend refuses a row no count of warps holds."""
+        if self.num_warps:
+            return self.num_warps
+        warps = 4
+        while warps < k3s.MAX_NUM_WARPS and warps * k3s.MAX_ROW_PER_WARP < layer.hidden_size.value.data:
+            warps *= 2
+        return warps
+
         add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.num_warps, self.num_stages))

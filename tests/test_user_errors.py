@@ -176,8 +176,12 @@ def test_attnres_hidden_size_by_the_warps(tmp_path):
     path.write_text('[layer]\nname = "wide"\nkind = "attnres"\nhidden_size = 20000\nnum_blocks = 2\nblock_size = 2\n')
     limit = r"key 'hidden_size' = 20000 exceeds the Triton kernels' limit of 16384 \(kernel @wide_aggregate holds its rows"
     with pytest.raises(UnsupportedError, match=limit + " in the registers of its 8 warps"):
+        lower(load_spec(path), "fuse-attnres{num-warps=8}")
+    # by default the kernel takes the warps its row needs: 4 for K3's 7168 columns, 16 here
+    assert "num_warps=16," in lower(load_spec(path)).source
+    path.write_text(path.read_text().replace("20000", "70000"))  # past 32 warps of 2048 columns
+    with pytest.raises(UnsupportedError, match="limit of 65536 .* in the registers of its 32 warps"):
         lower(load_spec(path))
-    assert "def aggregate(" in lower(load_spec(path), "fuse-attnres{num-warps=16}").source
 
 
 def test_moe_experts_by_the_warps(tmp_path):

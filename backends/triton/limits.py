@@ -24,14 +24,10 @@ MAX_HEAD_K_DIM = 256
 # a chunk kernel's [chunk, next_pow2(V)] tiles (V whole) go through shared memory: 128 KB at
 # 16 x 4096 on sm_90, of the 227 KB a program may have; 8192 columns would not fit
 MAX_CHUNK_TILE = 16 * 4096
-# AttnRes holds its rows (the source row, the accumulator, query and gain) of next_pow2(D) fp32
-# in registers across its warps: no spill at 2048 per warp (D = 16384 with 8 warps), 4 KB of
-# stack per thread at 8192 per warp
-MAX_ROW_PER_WARP = 2048
 CHUNK_SIZES = (16, 32, 64)  # tl.dot tiles: powers of two, at least 16
 # the MoE router's top-k programs take blocks of at most 16 token rows and hold their
 # [rows, next_pow2(E)] fp32 logits (summed over the hidden slices), then scores, whole in
-# registers: at most MAX_ROW_PER_WARP elements per warp, AttnRes's bound for its rows (not
+# registers: at most k3s.MAX_ROW_PER_WARP elements per warp, AttnRes's bound for its rows (not
 # measured for the router); K3's 896 experts need 8 warps
 ROUTER_ROWS = 16
 
@@ -69,18 +65,18 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
                 raise UnsupportedError(f"Triton backend: {what} {size} must be a power of two dividing the chunk "
                                        f"size {chunk_rows(op)}")
         if isinstance(op, k3s.FoldQueryOp):
-            most = MAX_ROW_PER_WARP * kernel.num_warps.value.data
+            most = k3s.MAX_ROW_PER_WARP * kernel.num_warps.value.data
             if next_power_of_2(op.hidden_size.value.data) > most:
                 raise exceeds(source, "hidden_size", op.hidden_size.value.data, most,
                               f"kernel {name} holds its rows in the registers of its {kernel.num_warps.value.data} "
-                              f"warps, {MAX_ROW_PER_WARP} columns per warp; fuse-attnres{{num-warps=...}} allows more")
+                              f"warps, {k3s.MAX_ROW_PER_WARP} columns per warp; fuse-attnres{{num-warps=...}} allows more")
         if isinstance(op, k3s.SumPartialLogitsOp):
-            most = MAX_ROW_PER_WARP * kernel.num_warps.value.data // ROUTER_ROWS
+            most = k3s.MAX_ROW_PER_WARP * kernel.num_warps.value.data // ROUTER_ROWS
             if next_power_of_2(op.num_experts.value.data) > most:
                 raise exceeds(source, "num_experts", op.num_experts.value.data, most,
                               f"kernel {name} holds the logits of {ROUTER_ROWS} rows for every expert (padded to a "
                               f"power of two) in the registers of its {kernel.num_warps.value.data} warps, "
-                              f"{MAX_ROW_PER_WARP} per warp; lower-moe-routing{{num-warps=...}} allows more")
+                              f"{k3s.MAX_ROW_PER_WARP} per warp; lower-moe-routing{{num-warps=...}} allows more")
 
 
 def check_heads(layer: RecurrenceOp, kernels: list[k3s.KernelOp], source: str) -> None:

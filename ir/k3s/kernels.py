@@ -30,6 +30,10 @@ from k3compile.ir.syntax import KeywordSyntax
 
 
 MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
+# a row kernel (AttnRes, the MoE router's top-k) holds its rows of next_pow2(D) fp32 (the source
+# row, the accumulator, query and gain) in registers across its warps: no spill at 2048 columns
+# per warp (D = 16384 with 8 warps), 4 KB of stack per thread at 8192
+MAX_ROW_PER_WARP = 2048
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 
 
