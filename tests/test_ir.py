@@ -189,7 +189,7 @@ def test_bad_block_v_is_ir_error(block_v):
 
 
 @pytest.mark.parametrize("pipeline", ["lower-recurrent{num-warps=0}", "lower-recurrent{num-warps=3}",
-                                      "lower-recurrent{num-warps=64}", "fuse-attnres{num-warps=0}"])
+                                      "lower-recurrent{num-warps=64}", "fuse-attnres{num-warps=3}"])
 def test_bad_num_warps_is_ir_error(pipeline):
     from k3compile.errors import IRError
 
