@@ -41,11 +41,15 @@ class ExactInputs:
     # how the schedule's run-time checks (k3s.block_span_check) come out: None as the decays
     # say, True or False in every chunk (a proof of a guarded schedule takes both)
     guards: bool | None = None
+    # a backward schedule's cotangents of the outputs O [T, V] and of the final state [K, V]
+    do: Matrix | None = None
+    dht: Matrix | None = None
 
     def tokens(self, start: int, end: int, S0: Matrix | None = None) -> ExactInputs:
         """Tokens start..end-1 as a sequence of their own, from S0 (default: this one's)."""
         return replace(self, q=self.q[start:end, :], k=self.k[start:end, :], v=self.v[start:end, :],
-                       a=self.a[start:end, :], beta=self.beta[start:end], S0=self.S0 if S0 is None else S0)
+                       a=self.a[start:end, :], beta=self.beta[start:end], S0=self.S0 if S0 is None else S0,
+                       do=None if self.do is None else self.do[start:end, :])
 
 
 def random_inputs(rng, length: int, K: int, V: int, gate: str, beta_max: int = 1) -> ExactInputs:
@@ -78,17 +82,20 @@ def random_inputs(rng, length: int, K: int, V: int, gate: str, beta_max: int = 1
     )
 
 
-def token_recurrence(x: ExactInputs, delta_rule: bool) -> tuple[Matrix, Matrix]:
+def token_recurrence(x: ExactInputs, delta_rule: bool, settle: Callable[[Matrix], Matrix] | None = None
+                     ) -> tuple[Matrix, Matrix]:
     """The definition, one token at a time: S <- Diag(a_t) S; u = beta (v - S^T k) (or v);
-    S <- S + k u^T; o_t = S^T (scale q_t). Returns (O [T, V], S_T)."""
+    S <- S + k u^T; o_t = S^T (scale q_t). Returns (O [T, V], S_T). `settle` is applied to the
+    state and each output row as they are made (a truncation of symbolic entries)."""
+    settle = settle or (lambda M: M)
     S = x.S0
     rows = []
     for t in range(x.q.rows):
         k_t, v_t = x.k[t, :].T, x.v[t, :].T
         S = sympy.diag(*x.a[t, :]) * S
         u = x.beta[t] * (v_t - S.T * k_t) if delta_rule else v_t
-        S = S + k_t * u.T
-        rows.append((S.T * (x.scale * x.q[t, :].T)).T)
+        S = settle(S + k_t * u.T)
+        rows.append(settle((S.T * (x.scale * x.q[t, :].T)).T))
     return Matrix.vstack(*rows), S
 
 
@@ -103,6 +110,7 @@ class Chunk:
     def __init__(self, x: ExactInputs, start: int, end: int) -> None:
         self.start = start
         self.Q, self.K, self.V = x.q[start:end, :], x.k[start:end, :], x.v[start:end, :]
+        self.dO = None if x.do is None else x.do[start:end, :]
         self.decays = x.a[start:end, :]
         self.beta = x.beta[start:end]
         self.scale = x.scale
@@ -149,15 +157,18 @@ class ChunkRun:
         for op in block.ops:
             if op.has_trait(IsTerminator):  # next_chunk, next_token: the state passed on
                 return self.value(op.state)
-            if type(op) not in SEMANTICS:
-                raise TypeError(f"{op.name} has no exact semantics")
-            tiles = (v for v in op.operands if isinstance(v.type, k3s.TileType))
-            result = SEMANTICS[type(op)](self, op, *(self.value(v) for v in tiles))
-            if len(op.results) == 1:
-                self.values[op.results[0]] = result
-            else:  # an op of several results returns them in order
-                self.values.update(zip(op.results, result or (), strict=True))
+            self.run_op(op)
         return None
+
+    def run_op(self, op) -> None:
+        if type(op) not in SEMANTICS:
+            raise TypeError(f"{op.name} has no exact semantics")
+        tiles = (v for v in op.operands if isinstance(v.type, k3s.TileType))
+        result = SEMANTICS[type(op)](self, op, *(self.value(v) for v in tiles))
+        if len(op.results) == 1:
+            self.values[op.results[0]] = result
+        else:  # an op of several results returns them in order
+            self.values.update(zip(op.results, result or (), strict=True))
 
     def chunks(self, size: int):
         for start in range(0, self.x.q.rows, size):
@@ -174,8 +185,8 @@ class ChunkRun:
 
 
 def token_rows(run: ChunkRun, op: k3s.LoadChunkOp | k3s.LoadTokenOp) -> Matrix:
-    """The chunk's rows of the tensor a load reads, by the argument's name: q, k or v."""
-    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V}[k3s.argument_name(op.tensor)]
+    """The chunk's rows of the tensor a load reads, by the argument's name: q, k, v or (a backward schedule's) do."""
+    return {"q": run.chunk.Q, "k": run.chunk.K, "v": run.chunk.V, "do": run.chunk.dO}[k3s.argument_name(op.tensor)]
 
 
 @semantics(k3s.LoadChunkOp)

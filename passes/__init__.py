@@ -13,6 +13,8 @@ Each pass is one idea, named for what it derives:
   RMSNorm, GLU experts, shared experts;
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
+- derive-backward: k3.recurrence -> the reverse-mode derivative of its chunkwise schedule (each
+  stage's adjoint rule, a state scan forward and a cotangent scan back), proved;
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
   projected updates, replay of any accepted prefix), proved;
 - lower-speculative: that schedule -> a `verify` entry (outputs + cache), a `commit` entry
@@ -45,6 +47,7 @@ _WHERE = {
     "lower-moe-experts": ("lower_moe_experts", "LowerMoeExpertsPass"),
     "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),
     "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
+    "derive-backward": ("derive_backward", "DeriveBackwardPass"),
     "derive-replay": ("derive_replay", "DeriveReplayPass"),
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),

@@ -25,6 +25,7 @@ dimension is a positive integer.
 
 from xdsl.ir import Dialect
 
+from k3compile.ir.k3s.adjoint import *  # noqa: F403
 from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
@@ -72,6 +73,7 @@ K3S = Dialect(
         MixAccumulateOp,
         NormalizeStoreOp,
         *CHUNK_STAGES,
+        *ADJOINT_STAGES,
         *GATE_AND_GRAM_STAGES,
         *SEGMENT_SCAN_OPS,
         *MOE_ROUTING_STAGES,
@@ -89,6 +91,7 @@ K3S = Dialect(
         GateAnchorAttr,
         GramDiagonalAttr,
         BlockDecayAttr,
+        AlongAttr,
         TransitionAttr,
         *MOE_EXPERT_ATTRS,
     ],

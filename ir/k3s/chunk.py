@@ -81,6 +81,54 @@ class ChunkScanOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class ChunkedBackwardOp(KeywordSyntax):
+    """The reverse-mode derivative of a chunkwise schedule (derive-backward), one chunk as its
+    body. Its two scans split the body into phases, each run over every chunk before the next
+    starts: what precedes `state_scan` is chunk-local (the forward's stages, recomputed), the
+    state scan runs chunk after chunk, the cotangent scan from the last chunk to the first, and
+    what follows them is chunk-local again, reading each chunk's entering state and the cotangent
+    of the state it leaves."""
+
+    name = "k3s.chunked_backward"
+    chunk_size = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    def verify_(self) -> None:
+        if self.chunk_size.value.data <= 0:
+            raise VerifyException(f"{self.name}: chunk_size must be positive, got {self.chunk_size.value.data}")
+
+
+@irdl_op_definition
+class StateScanOp(KeywordSyntax):
+    """`%S = k3s.state_scan %initial_state { ^bb0(%S): ... k3s.next_chunk %S_1 }`: the forward
+    scan's state pass, chunk after chunk from the initial state (or zero); its result, per chunk,
+    is the state that chunk enters with."""
+
+    name = "k3s.state_scan"
+    initial = operand_def(TensorType)
+    entering = result_def(TileType)
+    body = region_def("single_block")
+    traits = traits_def(HasParent(ChunkedBackwardOp))
+
+
+@irdl_op_definition
+class CotangentScanOp(KeywordSyntax):
+    """`%dS = k3s.cotangent_scan %dht, %dh0 { ^bb0(%dS): ... k3s.next_chunk %dS_1 }`: the state
+    pass in reverse, from the last chunk to the first. Its block argument is the cotangent of the
+    state the chunk leaves (for the last chunk, dht's or zero), the terminator's operand that of
+    the state it enters; the first chunk's is stored to dh0. Its result, per chunk, is the
+    cotangent of the state that chunk leaves."""
+
+    name = "k3s.cotangent_scan"
+    final_cotangent = operand_def(TensorType)  # dht
+    initial_cotangent = operand_def(TensorType)  # dh0
+    leaving = result_def(TileType)
+    body = region_def("single_block")
+    traits = traits_def(HasParent(ChunkedBackwardOp))
+
+
+@irdl_op_definition
 class ChunkLoopOp(KeywordSyntax):
     """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule), carrying
     the kernel's state tile: the block argument S, the operand of the closing `next_chunk`. Its
@@ -100,7 +148,7 @@ class NextChunkOp(KeywordSyntax):
 
     name = "k3s.next_chunk"
     state = operand_def(TileType)
-    traits = traits_def(IsTerminator(), HasParent(ChunkScanOp, ChunkLoopOp))
+    traits = traits_def(IsTerminator(), HasParent(ChunkScanOp, ChunkLoopOp, StateScanOp, CotangentScanOp))
 
 
 def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
@@ -108,9 +156,11 @@ def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
     return loop.body.block.args[0], loop.body.block.last_op.state
 
 
-# before fusion, in a prepare kernel (or under one of its guards), re-run in a scan
-CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, WhenOp, ChunkLoopOp)
-SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp)
+# before fusion, in a prepare kernel (or under one of its guards), re-run in a scan, recomputed
+# by a backward schedule
+CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, WhenOp, ChunkLoopOp, ChunkedBackwardOp)
+# where the state a chunk enters is known: a scan, or a backward schedule after its state scan
+SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp, StateScanOp, ChunkedBackwardOp)
 
 
 @irdl_op_definition
@@ -297,6 +347,9 @@ class StateAdvanceOp(KeywordSyntax):
 CHUNK_STAGES = [
     ChunkedOp,
     ChunkScanOp,
+    ChunkedBackwardOp,
+    StateScanOp,
+    CotangentScanOp,
     ChunkLoopOp,
     NextChunkOp,
     ChunkTileOp,

@@ -1,0 +1,217 @@
+"""The vector-Jacobian product of every stage of a chunkwise schedule, declared once per op type
+(`@adjoint(k3s.GramOp)`), in the manner of JAX's transpose rules: given the cotangents of an op's
+results, a rule emits the stages that compute the cotangents of its operands and returns them.
+
+Gates are differentiated in log space: the cotangent of a cumulative gate G is that of its
+exponent (d/dG exp(G) = exp(G)), so no rule divides by a decay. An operand a rule returns no
+cotangent for gets none: a channel Gram's row-block references and factors (k3s.block_gates,
+k3s.block_rescale, k3s.block_span_check) are another form of the same lhs, keys and G, so the
+Gram's rule differentiates its value as a function of those three (and beta) alone.
+derive-backward (passes/derive_backward.py) walks a schedule's stages in reverse with these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import BoolAttr
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+
+from k3compile.ir import k3s
+from k3compile.passes.common import make
+
+# op type -> rule(emitter, op, cotangents of its results) -> {operand index: cotangent}
+ADJOINT_RULES: dict[type, Callable] = {}
+
+
+def adjoint(op_type: type) -> Callable:
+    def register(rule: Callable) -> Callable:
+        ADJOINT_RULES[op_type] = rule
+        return rule
+
+    return register
+
+
+class Emitter:
+    """Appends stages to a block, reading forward values through `primal` (a forward value ->
+    the value the backward schedule holds for it: its recomputation)."""
+
+    def __init__(self, block: Block, primal: dict[SSAValue, SSAValue]) -> None:
+        self.block = block
+        self.primal = primal
+
+    def __call__(self, value: SSAValue) -> SSAValue:
+        return self.primal.get(value, value)  # an entry's argument is itself
+
+    def emit(self, op_type: type, operands: list, result_type: Attribute, name: str | None = None, **props) -> SSAValue:
+        op = make(op_type, operands=operands, result=(name, result_type), **props)
+        self.block.add_op(op)
+        return op.results[0]
+
+    def like(self, op_type: type, operands: list, like: SSAValue, name: str | None = None, **props) -> SSAValue:
+        return self.emit(op_type, operands, like.type, name, **props)
+
+    def clone(self, op: Operation, operands: list[SSAValue], **props) -> SSAValue:
+        """A forward stage again, on other operands (a linear stage applied to a cotangent)."""
+        new = op.create(operands=operands, properties={**op.properties, **{k: v for k, v in props.items()}},
+                        result_types=[r.type for r in op.results])
+        self.block.add_op(new)
+        return new.results[0]
+
+    # tile algebra
+    def add(self, a, b):
+        return self.like(k3s.AddOp, [a, b], a)
+
+    def sub(self, a, b):
+        return self.like(k3s.SubOp, [a, b], a)
+
+    def mul(self, a, b):
+        return self.like(k3s.MulOp, [a, b], a)
+
+    def neg(self, a):
+        return self.like(k3s.NegOp, [a], a)
+
+    def dot(self, a, b, transpose_lhs: bool = False, transpose_rhs: bool = False):
+        lhs, rhs = k3s.tile_dims(a), k3s.tile_dims(b)
+        rows = lhs[-1] if transpose_lhs else lhs[0]
+        cols = rhs[0] if transpose_rhs else rhs[-1]
+        flags = {**({"transpose_lhs": True} if transpose_lhs else {}), **({"transpose_rhs": True} if transpose_rhs else {})}
+        return self.emit(k3s.DotOp, [a, b], k3s.tile(rows, cols), **flags)
+
+    def scale(self, a, factor, along: str):
+        return self.like(k3s.ScaleOp, [a, factor], a, along=along)
+
+    def reduce_sum(self, a, along: str):
+        dims = k3s.tile_dims(a)
+        return self.emit(k3s.ReduceSumOp, [a], k3s.tile(*{"rows": dims[:1], "columns": dims[-1:], "all": ()}[along]),
+                         along=along)
+
+
+def gate_scale_along(gate: str) -> str:
+    """How a gate's per-chunk decay (gamma_C: <K> or <>) scales a state's rows."""
+    return "rows" if gate == "channel" else "all"
+
+
+def gate_cotangent(e: Emitter, product: SSAValue, gate: str) -> SSAValue:
+    """The cotangent of a gate from the elementwise product (cotangent * value) of a <C x K> tile
+    it decays: per channel as is, a scalar gate's summed over the channels."""
+    return product if gate == "channel" else e.reduce_sum(product, "rows")
+
+
+@adjoint(k3s.ChunkOutputOp)
+def chunk_output(e: Emitter, op: k3s.ChunkOutputOp, o_bar):
+    """o = scale (Q' S + P V')."""
+    os_bar = e.scale(o_bar, e(op.scale), "all")
+    return {0: e.dot(os_bar, e(op.state), transpose_rhs=True), 1: e.dot(e(op.queries), os_bar, transpose_lhs=True),
+            2: e.dot(os_bar, e(op.values), transpose_rhs=True), 3: e.dot(e(op.scores), os_bar, transpose_lhs=True)}
+
+
+@adjoint(k3s.StateAdvanceOp)
+def state_advance(e: Emitter, op: k3s.StateAdvanceOp, S_bar):
+    """S' = Diag(gamma_C) S + K'^T V'."""
+    cot = {1: e.dot(e(op.values), S_bar, transpose_rhs=True), 2: e.dot(e(op.keys), S_bar)}
+    if op.decay is None:
+        return {0: S_bar, **cot}
+    along = gate_scale_along(op.gate.data)
+    decay_bar = e.reduce_sum(e.mul(S_bar, e(op.state)), along)
+    return {0: e.scale(S_bar, e(op.decay), along), **cot, 3: decay_bar}
+
+
+@adjoint(k3s.DeltaResidualOp)
+def delta_residual(e: Emitter, op: k3s.DeltaResidualOp, vr_bar):
+    """vr = U - W S."""
+    cot = {0: e.neg(e.dot(e(op.keys_factor), vr_bar, transpose_lhs=True)),
+           1: e.neg(e.dot(vr_bar, e(op.state), transpose_rhs=True))}
+    return {**cot, 2: vr_bar} if op.values_factor is not None else cot
+
+
+@adjoint(k3s.ChunkDecayOp)
+def chunk_decay(e: Emitter, op: k3s.ChunkDecayOp, decay_bar):
+    """gamma_C = exp(G_C)."""
+    return {0: e.mul(decay_bar, e(op.results[0]))}
+
+
+@adjoint(k3s.GateApplyOp)
+def gate_apply(e: Emitter, op: k3s.GateApplyOp, decayed_bar):
+    """QG = Q exp(G) (anchor start); KG = K exp(G_C - G) (end): linear in the rows, whose
+    cotangent is the same decay applied to the result's."""
+    gate = op.gate.data
+    rows_bar = e.clone(op, [decayed_bar, *(e(v) for v in op.operands[1:])])
+    product = gate_cotangent(e, e.mul(decayed_bar, e(op.decayed)), gate)
+    if op.anchor.data == "start":
+        return {0: rows_bar, 1: product}
+    total_bar = e.reduce_sum(e.mul(decayed_bar, e(op.decayed)), "columns" if gate == "channel" else "all")
+    return {0: rows_bar, 1: e.neg(product), 2: total_bar}
+
+
+@adjoint(k3s.GateTotalOp)
+def gate_total(e: Emitter, op: k3s.GateTotalOp, total_bar):
+    """G_C = G at the chunk's last row."""
+    return {0: e.like(k3s.OntoLastRowOp, [total_bar], op.cumulative_gate)}
+
+
+@adjoint(k3s.GateCumsumOp)
+def gate_cumsum(e: Emitter, op: k3s.GateCumsumOp, G_bar):
+    """G_r = g_0 + ... + g_r."""
+    return {0: e.like(k3s.ReverseCumsumOp, [G_bar], G_bar)}
+
+
+@adjoint(k3s.WYApplyOp)
+def wy_apply(e: Emitter, op: k3s.WYApplyOp, factor_bar):
+    """W = T (K exp(G)); U = T V."""
+    gated = op.cumulative_gate is not None
+    rows = e(op.rows)
+    if gated:  # the rows as T multiplies them: K exp(G), the decay applied since the chunk's start
+        rows = e.emit(k3s.GateApplyOp, [rows, e(op.cumulative_gate)], rows.type, anchor="start", gate=op.gate.data)
+    applied_bar = e.dot(e(op.transform), factor_bar, transpose_lhs=True)
+    cot = {0: e.dot(factor_bar, rows, transpose_rhs=True)}
+    if not gated:
+        return {**cot, 1: applied_bar}
+    rows_bar = e.emit(k3s.GateApplyOp, [applied_bar, e(op.cumulative_gate)], applied_bar.type, anchor="start",
+                      gate=op.gate.data)
+    return {**cot, 1: rows_bar, 2: gate_cotangent(e, e.mul(applied_bar, rows), op.gate.data)}
+
+
+@adjoint(k3s.ForwardSubstitutionOp)
+def forward_substitution(e: Emitter, op: k3s.ForwardSubstitutionOp, T_bar):
+    """T = (I + A)^{-1} Diag(beta): with Y = (I + A)^{-T} T_bar, A_bar = -Y T^T on the entries the
+    solve reads (the lower triangle and diagonal), beta_bar = diag(Y)."""
+    Y = e.like(k3s.TransposedSolveOp, [e(op.gram), T_bar], T_bar)
+    A_bar = e.like(k3s.MaskOp, [e.neg(e.dot(Y, e(op.results[0]), transpose_rhs=True))], T_bar, mask="inclusive")
+    return {0: A_bar, 1: e.emit(k3s.DiagonalOp, [Y], e(op.beta).type)}
+
+
+@adjoint(k3s.GramOp)
+def gram(e: Emitter, op: k3s.GramOp, gram_bar):
+    """M = Mask(sum_c L_ic K_jc exp(G_ic - G_jc)), A = Diag(beta) M: the cotangent of M, masked
+    as M is, is contracted against the keys (for L) and the rows (for the keys) under the same
+    decays; G's is the rows' side minus the keys'."""
+    gate = op.gate.data
+    lhs, keys = e(op.lhs), e(op.keys)
+    M_bar = e.like(k3s.MaskOp, [gram_bar], gram_bar, mask=op.mask.data)
+    cot = {}
+    tiles = [v for v in op.inputs if isinstance(v.type, k3s.TileType)]
+    unscaled = None
+    if op.row_scale is not None or gate == "scalar":  # M itself: the Gram without beta's rows
+        rest = [e(v) for v in op.inputs if v is not op.row_scale]
+        unscaled = e.clone(op, rest, beta=BoolAttr.from_bool(False))
+    if op.row_scale is not None:
+        cot[tiles.index(op.row_scale)] = e.reduce_sum(e.mul(gram_bar, unscaled), "rows")
+        M_bar = e.scale(M_bar, e(op.row_scale), "rows")
+    if gate == "none":
+        lhs_bar, keys_bar = e.dot(M_bar, keys), e.dot(M_bar, lhs, transpose_lhs=True)
+    elif gate == "scalar":
+        decays = e.like(k3s.PairDecayOp, [e(op.cumulative_gate)], gram_bar, mask=op.mask.data)
+        Z = e.mul(M_bar, decays)
+        lhs_bar, keys_bar = e.dot(Z, keys), e.dot(Z, lhs, transpose_lhs=True)
+        weighted = e.mul(M_bar, unscaled)
+        cot[2] = e.sub(e.reduce_sum(weighted, "rows"), e.reduce_sum(weighted, "columns"))
+    else:
+        G = e(op.cumulative_gate)
+        grow, shrink = e.like(k3s.GateExpOp, [G], G), e.like(k3s.GateExpOp, [G], G, negate=True)
+        lhs_bar = e.mul(e.dot(M_bar, e.mul(keys, shrink)), grow)
+        keys_bar = e.mul(e.dot(M_bar, e.mul(lhs, grow), transpose_lhs=True), shrink)
+        cot[2] = e.sub(e.mul(lhs_bar, lhs), e.mul(keys_bar, keys))
+    if op.lhs is op.keys:  # the key Gram: both sides are k
+        return {**cot, 0: e.add(lhs_bar, keys_bar)}
+    return {**cot, 0: lhs_bar, 1: keys_bar}
