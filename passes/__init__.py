@@ -15,6 +15,8 @@ Each pass is one idea, named for what it derives:
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
 - derive-backward: k3.recurrence -> the reverse-mode derivative of its chunkwise schedule (each
   stage's adjoint rule, a state scan forward and a cotangent scan back), proved;
+- lower-backward: that derivative -> kernels (the forward's prepare, a state scan, a cotangent
+  scan in reverse, a chunk-parallel gradients kernel);
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
   projected updates, replay of any accepted prefix), proved;
 - lower-speculative: that schedule -> a `verify` entry (outputs + cache), a `commit` entry
@@ -48,6 +50,7 @@ _WHERE = {
     "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),
     "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
     "derive-backward": ("derive_backward", "DeriveBackwardPass"),
+    "lower-backward": ("lower_backward", "LowerBackwardPass"),
     "derive-replay": ("derive_replay", "DeriveReplayPass"),
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),

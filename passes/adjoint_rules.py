@@ -12,7 +12,7 @@ derive-backward (passes/derive_backward.py) walks a schedule's stages in reverse
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from xdsl.dialects.builtin import BoolAttr
 from xdsl.ir import Attribute, Block, Operation, SSAValue
@@ -36,15 +36,19 @@ class Emitter:
     """Appends stages to a block, reading forward values through `primal` (a forward value ->
     the value the backward schedule holds for it: its recomputation)."""
 
-    def __init__(self, block: Block, primal: dict[SSAValue, SSAValue]) -> None:
+    def __init__(self, block: Block, primal: dict[SSAValue, SSAValue], numbers: Iterator[int]) -> None:
         self.block = block
         self.primal = primal
+        self.numbers = numbers  # every value is named (the printer's registers): op kind and a number
+
+    def name(self, op_type: type) -> str:
+        return f"{op_type.name.split('.')[-1]}{next(self.numbers)}"
 
     def __call__(self, value: SSAValue) -> SSAValue:
         return self.primal.get(value, value)  # an entry's argument is itself
 
     def emit(self, op_type: type, operands: list, result_type: Attribute, name: str | None = None, **props) -> SSAValue:
-        op = make(op_type, operands=operands, result=(name, result_type), **props)
+        op = make(op_type, operands=operands, result=(name or self.name(op_type), result_type), **props)
         self.block.add_op(op)
         return op.results[0]
 
@@ -56,6 +60,7 @@ class Emitter:
         new = op.create(operands=operands, properties={**op.properties, **{k: v for k, v in props.items()}},
                         result_types=[r.type for r in op.results])
         self.block.add_op(new)
+        new.results[0].name_hint = self.name(type(op))
         return new.results[0]
 
     # tile algebra

@@ -18,6 +18,7 @@ exact arithmetic.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -46,10 +47,15 @@ def backward_arguments(op: RecurrenceOp) -> list[Operation]:
     def like(name: str, of: str, role: str) -> Operation:
         return tensor_arg(name, by_name[of].results[0].type, role)
 
+    def gradient(of: str) -> Operation:
+        """fp32, as the adjoint stages compute; zeroed, as the stores of an input that several
+        programs share (q and k of a group of value heads; the gate's parameters) add up."""
+        return tensor_arg(f"d{of}", k3s.tensor(*by_name[of].results[0].type.dims, dtype="float32"), "output", fill=0)
+
     inputs = [a for a in forward if a.sym_name.data not in ("o", "final_state")]
     read = [name for name in DIFFERENTIABLE if by_name[name].role.data == "input"]
     return [*inputs, like("do", "o", "input"), like("dht", "final_state", "optional_input"),
-            *(like(f"d{name}", name, "output") for name in read), like("dh0", "initial_state", "optional_output")]
+            *(gradient(name) for name in read), like("dh0", "initial_state", "optional_output")]
 
 
 def remove_dead_stages(block: Block) -> None:
@@ -78,8 +84,8 @@ def accumulate_adjoints(ops: list[Operation], e: Emitter, cotangents: dict[SSAVa
             operand = op.operands[index]
             if operand in cotangents:
                 contribution = e.add(cotangents[operand], contribution)
-            if operand.name_hint and not contribution.name_hint:
-                contribution.name_hint = f"{operand.name_hint}_bar"
+            if operand.name_hint and isinstance(contribution.owner, Operation) and not contribution.name_hint.endswith("_bar"):
+                contribution.name_hint = f"{operand.name_hint}_bar"  # the accumulated cotangent of operand
             cotangents[operand] = contribution
 
 
@@ -135,7 +141,8 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
     cotangent_block = Block(arg_types=[S.type])
     cotangent_block.args[0].name_hint = "S_bar"
     chain = {leaving: cotangent_block.args[0], output.output: o_bar.results[0]}
-    accumulate_adjoints(scan_stages, Emitter(cotangent_block, on_state), chain)
+    numbers = itertools.count()
+    accumulate_adjoints(scan_stages, Emitter(cotangent_block, on_state, numbers), chain)
     cotangent_block.add_op(make(k3s.NextChunkOp, operands=[chain[S]]))
     remove_dead_stages(cotangent_block)
     cotangent_scan = make(k3s.CotangentScanOp, cotangent_block, operands=[values["dht"], values["dh0"]],
@@ -144,7 +151,7 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
 
     # chunk-local from here: the scan's adjoints on S and the cotangent of the state left, then
     # the local stages' in reverse, down to the loads
-    e = Emitter(body, on_state)
+    e = Emitter(body, on_state, numbers)
     cotangents = {leaving: cotangent_scan.results[0], output.output: o_bar.results[0]}
     accumulate_adjoints([*scan_stages, terminator], e, cotangents)
     accumulate_adjoints(local, e, cotangents)

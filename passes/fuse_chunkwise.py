@@ -41,7 +41,7 @@ from k3compile.passes.common import (
 
 RECOMPUTED = (k3s.GateCumsumOp, k3s.GateTotalOp)  # cheaper to redo where read than to spill and reload
 LOADS = (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)
-INPUT_ORDER = ("q", "k", "v", "g", "beta")  # several loads before one stage: in this order
+INPUT_ORDER = ("q", "k", "v", "g", "beta", "do")  # several loads before one stage: in this order
 GROUPINGS = ("split", "split-prepare")
 WY_STAGES = (k3s.WYApplyOp, k3s.GateApplyOp)  # the second prepare kernel of split-prepare
 GRAM_OPERAND_STAGES = (k3s.BlockRescaleOp, k3s.BlockSpanCheckOp)  # what only a Gram reads
@@ -147,6 +147,24 @@ class KernelBody:
         self.add(op.clone(value_mapper=self.mapped))
 
 
+def workspace_arguments(layer_op, chunk_size: int, names: set[str]) -> dict[str, k3s.TensorArgOp]:
+    """The workspace tensor each value crossing a cut between kernels is spilled to, by the value's
+    name: [B, T, HV, width] in the input dtype (T: what the WY products' dots read, cast to it
+    anyway); per chunk in fp32 the chunk's decay (it multiplies the fp32 state at every chunk,
+    bf16 would compound) and a backward schedule's states and their cotangents."""
+    K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
+    HV = layer_op.num_v_heads.value.data
+    per_token = {"W": K, "U": V, "P": chunk_size, "QG": K, "KG": K, "T": chunk_size}
+    per_chunk = {"gamma_C": ("NC", HV, K) if layer_op.gate.data == "channel" else ("NC", HV),
+                 "S": ("NC", HV, K, V), "S_bar": ("NC", HV, K, V)}
+    return {
+        n: tensor_arg(k3s.workspace_name(n), k3s.tensor("B", "T", HV, per_token[n], dtype="float"), "workspace")
+        if n in per_token else
+        tensor_arg(n, k3s.tensor(*per_chunk[n], dtype="float32"), "workspace")
+        for n in sorted(names)
+    }
+
+
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: dict[str, SSAValue], block_v: int,
                   num_warps: int, scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split",
                   prepare_maxnreg: int = 0):
@@ -169,20 +187,9 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: 
     local = with_spilled_sinks_early(with_grams_together(gram), spilled_by_gram)
 
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
-    HV = layer_op.num_v_heads.value.data
     C = chunked.chunk_size.value.data
     layout = layer_op.state_layout.data
-    # [B, T, HV, width] in the input dtype (T: what the WY products' dots read, cast to it anyway)
-    per_token = {"W": K, "U": V, "P": C, "QG": K, "KG": K, "T": C}
-    # one fp32 row per chunk: it multiplies the fp32 state at every chunk, bf16 would compound
-    per_chunk = {"gamma_C": ("NC", HV, K) if layer_op.gate.data == "channel" else ("NC", HV)}
-    # the workspace tensor each value crossing a cut is spilled to, by the value's name
-    spilled_to = {
-        n: tensor_arg(k3s.workspace_name(n), k3s.tensor("B", "T", HV, per_token[n], dtype="float"), "workspace")
-        if n in per_token else
-        tensor_arg(n, k3s.tensor(*per_chunk[n], dtype="float32"), "workspace")
-        for n in sorted({v.name_hint for v in [*spilled, *handed]})
-    }
+    spilled_to = workspace_arguments(layer_op, C, {v.name_hint for v in [*spilled, *handed]})
     workspaces = list(spilled_to.values())
     name = kernel_prefix or f"{entry.source.data}_chunk"
 

@@ -133,10 +133,12 @@ class ChunkLoopOp(KeywordSyntax):
     """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule), carrying
     the kernel's state tile: the block argument S, the operand of the closing `next_chunk`. Its
     operand, when the entry has them, is the sequence offsets (`k3s.chunk_loop %cu_seqlens`:
-    varlen when the caller passes them); without it the sequences are the B rows of T tokens."""
+    varlen when the caller passes them); without it the sequences are the B rows of T tokens.
+    `reverse`: from the last chunk to the first (a backward schedule's cotangent scan)."""
 
     name = "k3s.chunk_loop"
     chunk_size = prop_def(IntegerAttr[I64])
+    reverse = opt_prop_def(BoolAttr)  # absent: false
     offsets = opt_operand_def(TensorType)
     body = region_def("single_block")
     traits = traits_def(HasParent(KernelOp))
@@ -159,8 +161,9 @@ def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
 # before fusion, in a prepare kernel (or under one of its guards), re-run in a scan, recomputed
 # by a backward schedule
 CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, WhenOp, ChunkLoopOp, ChunkedBackwardOp)
-# where the state a chunk enters is known: a scan, or a backward schedule after its state scan
-SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp, StateScanOp, ChunkedBackwardOp)
+# where the state a chunk enters is known: a scan, a backward schedule after its state scan, or a
+# kernel that reloads it
+SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp, StateScanOp, ChunkedBackwardOp, KernelOp)
 
 
 @irdl_op_definition

@@ -5,7 +5,7 @@ one IR op (named in a comment above it), with constants read from the op's prope
 Entries become host functions (argument checks, allocation, launch), kernels become
 @triton.jit functions, stages become the statements of those functions. One file per op
 family: entries.py (module, entries), kernels.py (kernels, grid axes), loads.py, token_stages.py,
-chunk_stages.py, serving.py (speculative decoding), segments.py (context parallelism),
+chunk_stages.py, adjoint_stages.py (backward schedules), serving.py (speculative decoding), segments.py (context parallelism),
 attnres.py, moe.py (MoE routing, its expert_block axis and launches by rows), experts.py (MoE
 experts); common.py holds what they share.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import ModuleOp
 
+from k3compile.backends.triton.printer.adjoint_stages import AdjointStages
 from k3compile.backends.triton.printer.attnres import AttnRes
 from k3compile.backends.triton.printer.chunk_stages import ChunkStages
 from k3compile.backends.triton.printer.common import EntryView, describe, launch_table_name
@@ -29,7 +30,8 @@ from k3compile.backends.triton.printer.token_stages import TokenStages
 __all__ = ["EntryView", "TritonPrinter", "describe", "launch_table_name", "print_triton"]
 
 
-class TritonPrinter(Entries, Kernels, Loads, TokenStages, ChunkStages, Serving, Segments, AttnRes, MoE, Experts):
+class TritonPrinter(Entries, Kernels, Loads, TokenStages, ChunkStages, AdjointStages, Serving, Segments, AttnRes, MoE,
+                    Experts):
     """One method per k3s op. `print_module` returns the source of the compiled module."""
 
 

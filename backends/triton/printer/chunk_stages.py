@@ -36,6 +36,13 @@ class ChunkStages:
             c("b_M = tl.full([BK], 1.0, tl.float32)" if product.transition.data == "diagonal"
               else "b_M = tl.full([], 1.0, tl.float32)")
         self.print_sequence_bounds(op.offsets)
+        if op.reverse is not None and op.reverse.value.data:
+            c("for i_rc in range(0, tl.cdiv(eos - bos, BC)):")
+            with c.indent():
+                c("start = bos + (tl.cdiv(eos - bos, BC) - 1 - i_rc) * BC  # the chunks from the last to the first")
+                c("t_c = start + o_c", "m_c = t_c < eos")
+                self.print_ops(op)
+            return
         c("for start in range(bos, eos, BC):")
         with c.indent():
             c("t_c = start + o_c", "m_c = t_c < eos")
@@ -224,6 +231,9 @@ class ChunkStages:
         """(the address of this program's rows in a workspace tensor, their mask)."""
         workspace = tensor_name(tensor)
         if tensor.type.dims[0] == "NC":  # one row per chunk (gamma_C), at slot start // BC + i_n (unique, see NC)
+            if len(tensor.type.dims) == 4:  # a [K, V] state per chunk: this program's value columns
+                return (f"{workspace} + ((start // BC + i_n) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]",
+                        "m_k[:, None] & m_v[None, :]")
             if len(tensor.type.dims) == 3:  # a channel gate: [NC, HV, K]
                 return f"{workspace} + ((start // BC + i_n) * HV + i_hv) * K + o_k", "m_k"
             return f"{workspace} + (start // BC + i_n) * HV + i_hv", ""
@@ -289,4 +299,9 @@ class ChunkStages:
                 c(f"tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), {register(op.state)}, mask=m_kv)")
 
     def print_k3s_next_chunk(self, op: k3s.NextChunkOp) -> None:
-        """Nothing to print: the state a chunk leaves is already in the loop's state register."""
+        """The carried value into the loop's register: nothing to print where a stage updated it in
+        place (the state advance)."""
+        carried, passed = register(op.parent_block().args[0]), register(op.state)
+        if passed != carried:
+            self.code.comment(op)
+            self.code(f"{carried} = {passed}")

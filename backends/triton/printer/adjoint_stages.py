@@ -1,0 +1,176 @@
+"""The stages of a backward schedule (ir/k3s/adjoint.py): tile algebra, the transposed solve and
+the stores of the inputs' gradients, each taken back through its load's input form."""
+
+from __future__ import annotations
+
+from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.ir import k3s
+
+LOG2E = 1.4426950408889634
+
+# a tile's Triton shape by its dimensions: broadcasting a one-dimensional factor along rows or columns
+ALONG = {"rows": "[:, None]", "columns": "[None, :]", "all": ""}
+KEEP = {"strict": "o_c[:, None] > o_c[None, :]", "inclusive": "o_c[:, None] >= o_c[None, :]"}
+
+
+class AdjointStages:
+    """TritonPrinter's methods for the adjoint stages (one per k3s op)."""
+
+    def print_binary(self, op, symbol: str) -> None:
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = {register(op.lhs)} {symbol} {register(op.rhs)}")
+
+    def print_k3s_add(self, op: k3s.AddOp) -> None:
+        self.print_binary(op, "+")
+
+    def print_k3s_sub(self, op: k3s.SubOp) -> None:
+        self.print_binary(op, "-")
+
+    def print_k3s_mul(self, op: k3s.MulOp) -> None:
+        self.print_binary(op, "*")
+
+    def print_k3s_neg(self, op: k3s.NegOp) -> None:
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = -{register(op.operand)}")
+
+    def print_k3s_dot(self, op: k3s.DotOp) -> None:
+        lhs, rhs = register(op.lhs), register(op.rhs)
+        if op.transpose_lhs is not None and op.transpose_lhs.value.data:
+            lhs = f"tl.trans({lhs})"
+        if op.transpose_rhs is not None and op.transpose_rhs.value.data:
+            rhs = f"tl.trans({rhs})"
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = _mm({lhs}, {rhs}, DOT)")
+
+    def print_k3s_scale(self, op: k3s.ScaleOp) -> None:
+        factor = register(op.factor) if isinstance(op.factor.type, k3s.TileType) else tensor_name(op.factor)
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = {register(op.operand)} * {factor}{ALONG[op.along.data]}")
+
+    def print_k3s_reduce_sum(self, op: k3s.ReduceSumOp) -> None:
+        axis = {"rows": ", axis=1", "columns": ", axis=0", "all": ""}[op.along.data]
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = tl.sum({register(op.operand)}{axis})")
+
+    def print_k3s_mask(self, op: k3s.MaskOp) -> None:
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = tl.where({KEEP[op.mask.data]}, {register(op.operand)}, 0.0)")
+
+    def print_k3s_diagonal(self, op: k3s.DiagonalOp) -> None:
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = tl.sum(tl.where(o_c[:, None] == o_c[None, :], {register(op.operand)}, 0.0), "
+                  "axis=1)")
+
+    def print_k3s_gate_exp(self, op: k3s.GateExpOp) -> None:
+        # G is held in log2 units (k3s.gate_cumsum's printing)
+        sign = "-" if op.negate is not None and op.negate.value.data else ""
+        self.code.comment(op, "exp of G in log2 units")
+        self.code(f"{register(op.result)} = tl.exp2({sign}{register(op.cumulative_gate)})")
+
+    def print_k3s_pair_decay(self, op: k3s.PairDecayOp) -> None:
+        G = register(op.cumulative_gate)
+        keep = KEEP[op.mask.data]
+        self.code.comment(op, "exp2 of differences that are <= 0 where kept")
+        self.code(f"{register(op.result)} = tl.where({keep}, tl.exp2(tl.where({keep}, {G}[:, None] - {G}[None, :], "
+                  "0.0)), 0.0)")
+
+    def print_k3s_reverse_cumsum(self, op: k3s.ReverseCumsumOp) -> None:
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = tl.cumsum({register(op.operand)}, axis=0, reverse=True)")
+
+    def print_k3s_onto_last_row(self, op: k3s.OntoLastRowOp) -> None:
+        # the row k3s.gate_total reads: the chunk's last (rows past a sequence's end hold its G)
+        x = register(op.operand)
+        self.code.comment(op, "the row k3s.gate_total reads")
+        if k3s.tile_dims(op.operand):
+            self.code(f"{register(op.result)} = tl.where((o_c == BC - 1)[:, None], {x}[None, :], 0.0)")
+        else:
+            self.code(f"{register(op.result)} = tl.where(o_c == BC - 1, {x}, 0.0)")
+
+    def print_k3s_transposed_solve(self, op: k3s.TransposedSolveOp) -> None:
+        A, X, Y = register(op.gram), register(op.rhs), register(op.result)
+        c = self.code
+        c.comment(op, "(I + A)^T Y = X, upper triangular: rows from the last up")
+        c(f"{Y} = tl.zeros_like({X})")
+        c("for r in range(0, BC):")
+        with c.indent():
+            c("i = BC - 1 - r",
+              f"b_col = tl.sum(tl.where(o_c[None, :] == i, {A}, 0.0), axis=1)  # A[:, i]",
+              f"b_rhs = tl.sum(tl.where((o_c == i)[:, None], {X}, 0.0), axis=0) "
+              f"- tl.sum(tl.where((o_c > i)[:, None], b_col[:, None] * {Y}, 0.0), axis=0)",
+              "b_pivot = 1.0 + tl.sum(tl.where(o_c == i, b_col, 0.0))",
+              f"{Y} = tl.where((o_c == i)[:, None], (b_rhs / b_pivot)[None, :], {Y})")
+
+    # --- the gradients' stores ---------------------------------------------------------------------
+
+    def print_k3s_store_cotangent(self, op: k3s.StoreCotangentOp) -> None:
+        c = self.code
+        x = register(op.cotangent)
+        c.comment(op)
+        of = op.of.data
+        gradient = tensor_name(op.gradients[0])
+        if of in ("q", "k"):
+            raw = tensor_name(op.inputs[0])
+            rows = "(t_c[:, None] * H + i_h) * K + o_k[None, :]"
+            mask = "m_c[:, None] & m_k[None, :]"
+            if op.l2norm is not None and op.l2norm.value.data:  # x / |x|: (x_bar - xh (xh . x_bar)) / |x|
+                c(f"b_raw = tl.load({raw} + {rows}, mask={mask}, other=0.0).to(tl.float32)",
+                  "b_norm = tl.sqrt(tl.sum(b_raw * b_raw, axis=1) + 1e-6)",
+                  "b_unit = b_raw / b_norm[:, None]",
+                  f"{x} = ({x} - b_unit * tl.sum({x} * b_unit, axis=1)[:, None]) / b_norm[:, None]")
+            c("if HV == H:")
+            with c.indent():
+                c(f"tl.store({gradient} + {rows}, {x}, mask={mask})")
+            c("else:  # the value heads of a group share these rows")
+            with c.indent():
+                c(f"tl.atomic_add({gradient} + {rows}, {x}, mask={mask})")
+        elif of == "v":
+            c(f"tl.store({gradient} + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], {x}, "
+              "mask=m_c[:, None] & m_v[None, :])")
+        elif of == "beta":
+            self.print_beta_gradient(op, x, gradient)
+        else:
+            self.print_gate_gradient(op, x)
+
+    def print_beta_gradient(self, op: k3s.StoreCotangentOp, x: str, gradient: str) -> None:
+        c = self.code
+        form = op.beta_input.data
+        if form != "probability":  # sigmoid'(z) = s (1 - s); twice that for 2 sigmoid(z)
+            c(f"b_s = tl.sigmoid(tl.load({tensor_name(op.inputs[0])} + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32))",
+              f"{x} = {x} * b_s * (1.0 - b_s)" + (" * 2.0" if form == "logits_neg_eigval" else ""))
+        c(f"tl.store({gradient} + t_c * HV + i_hv, {x}, mask=m_c)")
+
+    def print_gate_gradient(self, op: k3s.StoreCotangentOp, x: str) -> None:
+        """The log-decay's cotangent taken back through the gate's input form to g (and A_log,
+        dt_bias: summed over the chunk's tokens, added up over the chunks)."""
+        c = self.code
+        channel = k3s.tile_dims(op.cotangent) == ("C", "K")
+        dg, *parameter_grads = (tensor_name(t) for t in op.gradients)
+        g, *parameters = (tensor_name(t) for t in op.inputs)
+        rows, mask = (("(t_c[:, None] * HV + i_hv) * K + o_k[None, :]", "m_c[:, None] & m_k[None, :]") if channel
+                      else ("t_c * HV + i_hv", "m_c"))
+        form = op.gate_input.data
+        if form != "log":
+            c(f"b_raw = tl.load({g} + {rows}, mask={mask}, other=0.0).to(tl.float32)")
+        if form == "clamped":  # max(g, bound): no gradient where the bound holds (torch's clamp)
+            c(f"{x} = tl.where(b_raw >= {op.lower_bound.value.data!r}, {x}, 0.0)")
+        elif form in ("softplus", "bounded"):
+            A_log, dt_bias = parameters
+            dA_log, ddt_bias = parameter_grads
+            bias = (f"tl.load({dt_bias} + i_hv * K + o_k, mask=m_k, other=0.0)[None, :]" if channel
+                    else f"tl.load({dt_bias} + i_hv)")
+            c(f"b_a = tl.exp(tl.load({A_log} + i_hv).to(tl.float32))",
+              f"b_z = b_raw + {bias}.to(tl.float32)")
+            if form == "softplus":  # g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g
+                c("b_dz = -b_a * tl.sigmoid(b_z)",
+                  "b_dlog = -b_a * tl.where(b_z > 20.0, b_z, tl.log(1.0 + tl.exp(tl.minimum(b_z, 20.0))))")
+            else:  # g = bound sigmoid(a z): dg/dz = bound s (1 - s) a, dg/dA_log = that times z
+                bound = repr(op.lower_bound.value.data)
+                c("b_s = tl.sigmoid(b_a * b_z)", f"b_dz = {bound} * b_s * (1.0 - b_s) * b_a", "b_dlog = b_dz * b_z")
+            c(f"tl.atomic_add({dA_log} + i_hv, tl.sum(tl.where({mask}, {x} * b_dlog, 0.0)))")
+            c(f"{x} = tl.where({mask}, {x} * b_dz, 0.0)")
+            if channel:
+                c(f"tl.atomic_add({ddt_bias} + i_hv * K + o_k, tl.sum({x}, axis=0), mask=m_k)")
+            else:
+                c(f"tl.atomic_add({ddt_bias} + i_hv, tl.sum({x}))")
+        c(f"tl.store({dg} + {rows}, {x}, mask={mask})")

@@ -1,0 +1,131 @@
+"""lower-backward: a k3s.chunked_backward schedule -> its kernels.
+
+The schedule's phases are the kernels, and what crosses between them follows from the values,
+as in fuse-chunkwise:
+- prepare (one program per chunk and value head): the recomputed forward stages the two scans
+  read, spilled (fuse-chunkwise's prepare, so merge-identical-kernels may run one code);
+- state scan (value block, sequence, value head): the state pass, spilling the state each chunk
+  enters to a per-chunk workspace S;
+- cotangent scan (the same grid, the chunks in reverse): from dht, spilling the cotangent of the
+  state each chunk leaves to S_bar, storing the first chunk's entering one to dh0;
+- gradients (chunk, value head, all value columns): the forward stages the adjoints read,
+  recomputed from the inputs; S and S_bar reloaded; the adjoint stages and the stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import RecurrenceOp
+from k3compile.passes.common import argument_values, check_num_warps, check_power_of_two, entry_values, make, rebind
+from k3compile.passes.fuse_chunkwise import LOADS, KernelBody, crossing, workspace_arguments
+
+
+def feeding(stages: list[Operation], read: list[SSAValue]) -> list[Operation]:
+    """The stages (in order) that make the values `read`, directly or through other stages."""
+    made = {result: op for op in stages for result in op.results}
+    wanted: set[Operation] = set()
+    frontier = list(read)
+    while frontier:
+        producer = made.get(frontier.pop())
+        if producer is not None and producer not in wanted:
+            wanted.add(producer)
+            frontier += producer.operands
+    return [op for op in stages if op in wanted]
+
+
+def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
+                   block_v: int, num_warps: int, scan_stages: int) -> tuple[list[Operation], list[Operation]]:
+    """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`."""
+    ops = list(schedule.body.ops)
+    state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
+    cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
+    local = [op for op in ops[:ops.index(state_scan)] if not isinstance(op, LOADS)]
+    gradients = [op for op in ops[ops.index(state_scan) + 1:] if op is not cotangent_scan and not isinstance(op, LOADS)]
+    state_stages, cotangent_stages = (list(scan.body.ops)[:-1] for scan in (state_scan, cotangent_scan))
+    recomputed_s, spilled_s = crossing(local, state_stages)
+    recomputed_c, spilled_c = crossing(local, cotangent_stages)
+    spilled = set(spilled_s) | set(spilled_c)
+
+    K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
+    C = schedule.chunk_size.value.data
+    spilled_to = workspace_arguments(layer_op, C, {v.name_hint for v in spilled} | {"S", "S_bar"})
+    offsets = values.get("cu_seqlens")
+    name = f"{layer_op.sym_name.data}_backward"
+
+    def chunk_kernel(suffix: str, body: KernelBody, warps: int) -> k3s.KernelOp:
+        tile = make(k3s.ChunkTileOp, operands=[offsets], chunk_size=C, head_k_dim=K, head_v_dim=V)
+        return make(k3s.KernelOp, [tile, *body.ops], sym_name=f"{name}_{suffix}", grid="chunk,value_head",
+                    num_warps=warps)
+
+    prepare = KernelBody(spilled_to)
+    prepare.place(feeding(local, list(spilled)), spilled)
+
+    def scan_kernel(suffix: str, scan: Operation, recomputed: list[Operation], reloaded: list[SSAValue],
+                    start: SSAValue | None, workspace: str, stored: SSAValue | None, reverse: bool) -> k3s.KernelOp:
+        """A value-block kernel carrying the scan's block argument (b_S) through the chunks; it spills
+        the carried tile on entering each chunk: the state it enters, or the cotangent of the one it
+        leaves."""
+        carried = scan.body.block.args[0]
+        loop_block = Block(arg_types=[carried.type])
+        loop_block.args[0].name_hint = "S"  # the state tile's register
+        loop = KernelBody(spilled_to, {carried: loop_block.args[0]})
+        loop.add(make(k3s.SpillOp, operands=[spilled_to[workspace].results[0], loop_block.args[0]]))
+        for value in reloaded:
+            loop.reload(value)
+        stages = list(scan.body.ops)
+        loop.place([*recomputed, *stages[:-1]])
+        loop_block.add_ops([*loop.ops, make(k3s.NextChunkOp, operands=[loop.mapped[stages[-1].state]])])
+        layout = {"layout": layer_op.state_layout.data}
+        body = [make(k3s.StateTileOp, operands=[start], head_k_dim=K, head_v_dim=V, block_v=block_v, **layout),
+                make(k3s.ChunkLoopOp, loop_block, operands=[offsets], chunk_size=C, **({"reverse": True} if reverse else {}))]
+        if stored is not None:
+            body.append(make(k3s.StoreStateOp, operands=[stored], **layout))
+        return make(k3s.KernelOp, body, sym_name=f"{name}_{suffix}", grid="value_block,sequence_head",
+                    num_warps=num_warps, num_stages=scan_stages)
+
+    states = scan_kernel("state_scan", state_scan, recomputed_s, spilled_s, values["initial_state"], "S", None, False)
+    cotangents = scan_kernel("cotangent_scan", cotangent_scan, recomputed_c, spilled_c, values["dht"], "S_bar",
+                             values["dh0"], True)
+
+    grads = KernelBody(spilled_to)
+    for scan, workspace in ((state_scan, "S"), (cotangent_scan, "S_bar")):
+        reloaded = make(k3s.ReloadOp, operands=[spilled_to[workspace].results[0]], result=(workspace, scan.results[0].type))
+        grads.add(reloaded)
+        grads.mapped[scan.results[0]] = reloaded.results[0]
+    grads.place([*feeding(local, [v for op in gradients for v in op.operands]), *gradients])
+    # every value column in one program: the [K, V] state and cotangent tiles, twice the prepare's warps
+    kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents,
+               chunk_kernel("gradients", grads, 2 * num_warps)]
+    workspaces = list(spilled_to.values())
+    rebind(kernels, {**values, **argument_values(workspaces)})
+    return workspaces, kernels
+
+
+@dataclass(frozen=True)
+class LowerBackwardPass(ModulePass):
+    """Replace every k3s.chunked_backward schedule by its kernels."""
+
+    name = "lower-backward"
+    block_v: int = 64
+    num_warps: int = 4
+    scan_stages: int = 2
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_power_of_two(self.name, "block-v", self.block_v)
+        check_num_warps(self.name, self.num_warps)
+        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
+        for schedule in [o for o in op.walk() if isinstance(o, k3s.ChunkedBackwardOp)]:
+            entry = schedule.parent_op()
+            workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
+                                                 self.block_v, self.num_warps, self.scan_stages)
+            Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
+            schedule.detach()
+            schedule.erase()
