@@ -28,6 +28,8 @@
 #                  $AB_A and $AB_B (default bench/generated/ab/a, .../b; carried, compiled where the builds are)
 #   moe            the LatentMoE layer of examples/latent_moe.toml (K3's dims) vs torch pipelines, decode and
 #                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
+#   backward       training: k3compile.ops chunk functions forward + backward vs fla's, gradients vs float64
+#                  autograd of the reference (bench/backward_gpu.py, $BACKWARD_ARGS)
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
 # $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
@@ -159,6 +161,10 @@ for phase in ${PHASES:-verify recurrent chunk}; do
     moe)
       $K3C compile examples/latent_moe.toml -o "$OUT/generated/moe" --no-autotune
       python3 bench/moe_gpu.py --module "$OUT/generated/moe/latent_moe.py" --out "$OUT" ${MOE_ARGS:-} ;;
+    backward)
+      # training: k3compile.ops' chunk functions forward + backward against fla's, and our gradients
+      # against float64 autograd of the reference ($BACKWARD_ARGS: e.g. --skip-verify, --cases ...)
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/backward_gpu.py --out "$OUT" ${BACKWARD_ARGS:-} ;;
     cp)
       spec=$(variant "${CP_CASE:-kda_h16}")
       module="bench/generated/$(basename "$spec" .toml).py"

@@ -5,7 +5,8 @@ Each call derives the layer its arguments describe (kind, heads, head dims, stat
 the inputs mean), compiles it once — cached in process and on disk under
 $K3C_CACHE_DIR/modules/ops (default ~/.cache/k3compile) — and runs the generated module's
 `chunk`, `recurrent` or `decode` entry. A new batch size, sequence length, dtype or scale never
-recompiles; a warm disk cache imports the module without xDSL. Forward only.
+recompiles; a warm disk cache imports the module without xDSL. The chunk_* functions are differentiable (their backward: the layer's derived
+chunk_backward); fused_recurrent_* are forward only.
 docs/fla-compat.md maps every keyword of fla-core 0.6.0.
 """
 

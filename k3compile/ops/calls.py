@@ -10,12 +10,13 @@ import warnings
 
 import torch
 
+from k3compile.ops.autograd import differentiable_chunk, needs_grad
 from k3compile.ops.layers import LayerKey, layer_module
 
 IN_KERNEL_GATES = ("softplus", "bounded")  # gate inputs that take A_log and dt_bias
 
-NO_BACKWARD = ("k3compile.ops has no backward yet (forward only); call under torch.no_grad() / "
-               "torch.inference_mode()")
+NO_BACKWARD = ("k3compile.ops differentiates the chunk_* functions only (fused_recurrent_* are forward "
+               "only); call under torch.no_grad() / torch.inference_mode()")
 SPECULATIVE = ("k3compile does not keep per-token state slots for speculative decoding: it replays "
                "(pipeline 'derive-replay,lower-speculative': verify, commit, spec_step; "
                "docs/speculative-decoding.md)")
@@ -185,9 +186,14 @@ def entry_inputs(key: LayerKey, q, k, v, g, beta, A_log=None, dt_bias=None) -> d
 
 
 def run(entry: str, key: LayerKey, tensors: dict, *, scale, **options):
-    """Entry `chunk` or `recurrent` of the layer of `key` (scale None: fla's K ** -0.5)."""
+    """Entry `chunk` or `recurrent` of the layer of `key` (scale None: fla's K ** -0.5); a chunk
+    call with an input that requires grad runs through ChunkFunction (its backward: the layer's
+    chunk_backward)."""
     scale = key.head_k_dim ** -0.5 if scale is None else scale
     options = {name: contiguous(x) for name, x in options.items()}
+    if entry == "chunk" and "checkpoint_every" not in options and needs_grad(options.get("initial_state"),
+                                                                             *tensors.values()):
+        return differentiable_chunk(layer_module(key), tensors, scale=scale, **options)
     return getattr(layer_module(key), entry)(**tensors, scale=scale, **options)
 
 

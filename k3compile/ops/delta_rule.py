@@ -1,5 +1,5 @@
 """fla.ops.delta_rule, compiled by k3compile (DeltaNet: the delta rule, no decay). Same signatures
-as fla-core 0.6.0; docs/fla-compat.md maps every keyword. Forward only.
+as fla-core 0.6.0; docs/fla-compat.md maps every keyword. chunk_* is differentiable.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ def chunk_delta_rule(
         (o [B, T, HV, V] in the input dtype, final_state float32 or None).
     """
     check_keywords("chunk_delta_rule", kwargs, ("head_first", "chunk_size"))
-    forward_only(q=q, k=k, v=v, beta=beta, initial_state=initial_state)
     dtypes = [getattr(x, "dtype", None) for x in (q, k, v)]
     if len(set(dtypes)) > 1:
         raise ValueError(f"q, k, v: expected one dtype (as fla's chunk_delta_rule asserts), got "

@@ -1,6 +1,6 @@
 """fla.ops.gated_delta_rule, compiled by k3compile (Gated DeltaNet: a scalar gate per token and
 value head, and the delta rule). Same signatures as fla-core 0.6.0; docs/fla-compat.md maps every
-keyword. Forward only.
+keyword. chunk_* is differentiable.
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ def chunk_gated_delta_rule(
                                                       "use_gate_in_kernel", "A_log", "dt_bias"))
     state_v_first = state_v_first_of(state_v_first, kwargs)
     A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
-    forward_only(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     H, HV, K, V = head_dims(q, v)
     check_head_first(kwargs)
     chunk_size = check_chunk_size("Gated Delta Rule", kwargs.get("chunk_size", 64), (16, 32, 64))

@@ -1,5 +1,5 @@
 """fla.ops.gla, compiled by k3compile (Gated Linear Attention: a channel gate, no delta rule).
-Same signatures as fla-core 0.6.0; docs/fla-compat.md maps every keyword. Forward only.
+Same signatures as fla-core 0.6.0; docs/fla-compat.md maps every keyword. chunk_* is differentiable.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ def chunk_gla(
     Returns:
         (o [B, T, HV, V] in the input dtype, final_state float32 or None).
     """
-    forward_only(q=q, k=k, v=v, g=g, initial_state=initial_state)
     check_varlen(q, cu_seqlens, initial_state, cu_seqlens_cpu)
     require_fp32_state("chunk_gla", initial_state)
     H, HV, K, V = head_dims(q, v)

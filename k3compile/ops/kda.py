@@ -1,7 +1,7 @@
 """fla.ops.kda, compiled by k3compile: `from k3compile.ops.kda import chunk_kda` in place of
 `from fla.ops.kda import chunk_kda`. Same signatures, defaults, returns and layouts as
 fla-core 0.6.0; each call compiles (once, cached) the KDA layer its arguments describe and runs
-its `chunk`, `recurrent` or `decode` entry. Forward only. docs/fla-compat.md maps every keyword.
+its `chunk`, `recurrent` or `decode` entry; chunk_kda is differentiable. docs/fla-compat.md maps every keyword.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def chunk_kda(
             k3compile clamps g at it (gate_input clamped), which equals fla on every input fla
             allows and stays defined on the others.
         lower_bound: the gate's lower bound (log space), read with use_gate_in_kernel or safe_gate.
-        disable_recompute: False only (a backward's memory trade; there is no backward).
+        disable_recompute: False only (the backward recomputes the chunk-local stages; saving them is
+            not offered yet).
         return_intermediate_states: also return h [B, NT, HV, K, V] in the input dtype, the
             state at the start of every chunk of chunk_size tokens (NT = ceil(T / chunk_size);
             varlen: [1, all sequences' chunks, ...]); inference mode only, as in fla.
@@ -101,13 +102,13 @@ def chunk_kda(
     check_keywords("chunk_kda", kwargs, ("transpose_state_layout", "A_log", "dt_bias", "chunk_size"))
     state_v_first = state_v_first_of(state_v_first, kwargs)
     A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
-    forward_only(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     if cp_context is not None:
         reject("cp_context", NO_FLA_CP)
     if use_graph or max_num_seqs is not None:
         reject("use_graph" if use_graph else "max_num_seqs", NO_CUDA_GRAPH)
     if disable_recompute:
-        reject("disable_recompute", "k3compile.ops is forward only: there is no backward to recompute for")
+        reject("disable_recompute", "the derived backward recomputes the chunk-local stages from the inputs; "
+                                    "saving them instead is not offered yet")
     check_varlen(q, cu_seqlens, initial_state, cu_seqlens_cpu)
     require_fp32_state("chunk_kda", initial_state)
     gate_input, bound = kda_gate(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias)

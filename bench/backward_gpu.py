@@ -1,0 +1,255 @@
+"""Training (forward + backward) of the chunk entry: k3compile.ops against fla-core, the same call
+on both sides, and our gradients against float64 autograd of the reference semantics.
+
+    python3 -P bench/backward_gpu.py --out DIR [--skip-verify] [--skip-bench] [--cases a,b]
+
+(`PHASES=backward OUT=DIR bash bench/device_run.sh` on the device machine.) Needs k3compile (the
+layers compile on first use), fla-core 0.6.0 and a GPU.
+
+verify: every member and input form at K = V = 128 (B2 T333, odd, with an initial state and a
+final-state cotangent; grouped value heads where the member has them), bf16 and fp16: each
+gradient's RMS error ratio against float64 autograd of k3compile.ir.reference (fla's measure,
+rms(ours - ref) / rms(ref)) against fla's tolerances (8e-3 dq, dk, dv; 2e-2 dg, dbeta and the
+gate parameters; 5e-3 dh0), and fla's own ratio on the same inputs where fla has the call.
+
+bench: forward and forward + backward (torch.autograd.backward of (o, final state) with random
+cotangents) of ours and fla's, bf16, q/k L2-normalised in the kernel, initial state and final
+state, at the issue's shapes, each under both gate semantics where the member has a gate: bounded
+(ours safe_gate=True, lower_bound=-5 on gates clamped at -5 = fla's same call) and unbounded
+(g = logsigmoid(randn), both sides' default). Times are do_bench medians; peak memory is
+torch.cuda.max_memory_allocated during one forward + backward above what the inputs hold.
+Writes DIR/backward_verify.md, DIR/backward_bench.md and DIR/backward.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+TOLERANCE = {"q": 8e-3, "k": 8e-3, "v": 8e-3, "g": 2e-2, "beta": 2e-2, "A_log": 2e-2, "dt_bias": 2e-2, "h0": 5e-3}
+# (case, member, B, T, H, HV, K, V)
+BENCH_CASES = [
+    ("kda_b4_t4096_h32", "kda", 4, 4096, 32, 32, 128, 128),
+    ("kda_b1_t32768_h32", "kda", 1, 32768, 32, 32, 128, 128),
+    ("kda_b1_t8192_h96", "kda", 1, 8192, 96, 96, 128, 128),
+    ("gdn_b4_t4096_h32", "gdn", 4, 4096, 32, 32, 128, 128),
+    ("gla_b4_t4096_h32", "gla", 4, 4096, 32, 32, 128, 128),
+]
+# (label, member, keyword arguments of both calls beyond the shared ones, HV / H)
+VERIFY_FORMS = [
+    ("kda", "kda", {}, 1),
+    ("kda safe_gate", "kda", {"safe_gate": True, "lower_bound": -5.0}, 1),
+    ("kda grouped values", "kda", {}, 2),
+    ("kda in-kernel gate, beta logits", "kda", {"use_gate_in_kernel": True, "use_beta_sigmoid_in_kernel": True}, 1),
+    ("gdn", "gdn", {}, 1),
+    ("gdn grouped values", "gdn", {}, 2),
+    ("gla", "gla", {}, 1),
+    ("deltanet", "deltanet", {}, 1),
+]
+
+
+def functions(member: str):
+    """(ours, fla's) chunk function of a member."""
+    import k3compile.ops as ours
+    import fla.ops as theirs
+
+    name = {"kda": "kda.chunk_kda", "gdn": "gated_delta_rule.chunk_gated_delta_rule", "gla": "gla.chunk_gla",
+            "deltanet": "delta_rule.chunk_delta_rule"}[member]
+    pick = lambda package: getattr(getattr(package, name.split(".")[0]), name.split(".")[1])  # noqa: E731
+    return pick(ours), pick(theirs)
+
+
+def make_inputs(member, B, T, H, HV, K, V, dtype, bounded, extra, seed=0):
+    """The call's tensors (leaves that require grad) and keyword arguments."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    randn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    leaves = {"q": randn(B, T, H, K), "k": randn(B, T, H, K), "v": randn(B, T, HV, V)}
+    kwargs = {}
+    if member in ("kda", "gla"):
+        g = F.logsigmoid(randn(B, T, HV, K))
+    elif member == "gdn":
+        g = F.logsigmoid(randn(B, T, HV))
+    if member != "deltanet":
+        leaves["g"] = g.clamp(min=-5.0) if bounded else g
+    if member in ("kda", "gdn", "deltanet"):
+        leaves["beta"] = torch.rand(B, T, HV, device="cuda", generator=gen)
+    if extra.get("use_gate_in_kernel"):
+        leaves["g"] = randn(*leaves["g"].shape)
+        leaves["A_log"] = randn(HV) * 0.5
+        leaves["dt_bias"] = randn(HV * K) * 0.5
+    if extra.get("use_beta_sigmoid_in_kernel"):
+        leaves["beta"] = randn(B, T, HV)
+    if member == "gla":  # fla's chunk_gla has no in-kernel l2norm: keys normalised outside
+        leaves["k"] = F.normalize(leaves["k"], dim=-1)
+        leaves["q"] = F.normalize(leaves["q"], dim=-1)
+    else:
+        kwargs["use_qk_l2norm_in_kernel"] = True
+    state = randn(B, HV, K, V) * 0.1
+    tensors = {n: x.to(dtype).requires_grad_() if n not in ("A_log", "dt_bias") else x.requires_grad_()
+               for n, x in leaves.items()}
+    tensors["initial_state"] = state.requires_grad_()
+    cotangents = (randn(B, T, HV, V).to(dtype), randn(B, HV, K, V))
+    return tensors, {**kwargs, **extra, "output_final_state": True}, cotangents
+
+
+def call(function, tensors, kwargs):
+    keyword = {**kwargs}
+    if "A_log" in tensors:
+        keyword.update(A_log=tensors["A_log"], dt_bias=tensors["dt_bias"])
+    positional = [tensors[n] for n in ("q", "k", "v", "g", "beta") if n in tensors]
+    return function(*positional, initial_state=tensors["initial_state"], **keyword)
+
+
+def gradients(function, tensors, kwargs, cotangents) -> dict:
+    for x in tensors.values():
+        x.grad = None
+    o, ht = call(function, tensors, kwargs)
+    torch.autograd.backward([o, ht], list(cotangents))
+    return {("h0" if n == "initial_state" else n): x.grad.float() for n, x in tensors.items()}
+
+
+def reference_gradients(member, tensors, kwargs, cotangents) -> dict:
+    """float64 autograd of the reference semantics of the layer k3compile.ops compiles."""
+    from k3compile.frontend import spec_to_module
+    from k3compile.ir import reference
+    from k3compile.spec import spec_from_table
+
+    H, HV, K, V = tensors["q"].shape[2], tensors["v"].shape[2], tensors["q"].shape[3], tensors["v"].shape[3]
+    table = {"name": "ref", "kind": {"gdn": "gated_deltanet"}.get(member, member), "num_heads": H, "num_v_heads": HV,
+             "head_k_dim": K, "head_v_dim": V, "qk_l2norm": bool(kwargs.get("use_qk_l2norm_in_kernel"))}
+    if kwargs.get("use_gate_in_kernel"):
+        table["gate_input"] = "softplus"
+    elif kwargs.get("safe_gate"):
+        table["gate_input"] = "clamped"
+    if kwargs.get("use_beta_sigmoid_in_kernel"):
+        table["beta_input"] = "logits"
+    op = next(iter(spec_to_module(spec_from_table(table)).ops))
+    leaves = {n: x.detach().double().requires_grad_() for n, x in tensors.items()}
+    o, ht = reference.recurrence(op, leaves["q"], leaves["k"], leaves["v"], leaves.get("g"), leaves.get("beta"),
+                                 initial_state=leaves["initial_state"], output_final_state=True,
+                                 A_log=leaves.get("A_log"), dt_bias=leaves.get("dt_bias"))
+    loss = (o.to("cuda") * cotangents[0].double()).sum() + (ht.to("cuda") * cotangents[1].double()).sum()
+    loss.backward()
+    return {("h0" if n == "initial_state" else n): x.grad for n, x in leaves.items()}
+
+
+def rms_ratio(x, ref) -> float:
+    return ((x.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def verify(out: Path, results: dict) -> bool:
+    rows, ok = [], True
+    for label, member, extra, group in VERIFY_FORMS:
+        for dtype in (torch.bfloat16, torch.float16):
+            try:
+                ours, theirs = functions(member)
+                tensors, kwargs, cot = make_inputs(member, 2, 333, 2, 2 * group, 128, 128, dtype,
+                                                   bool(extra.get("safe_gate")), extra)
+                want = reference_gradients(member, tensors, kwargs, cot)
+                got = gradients(ours, tensors, kwargs, cot)
+                fla = None
+                if group == 1 or member != "gla":
+                    try:
+                        fla = gradients(theirs, tensors, kwargs, cot)
+                    except Exception as err:  # fla refuses some forms: the row says so
+                        fla = repr(err)[:60]
+                for name in want:
+                    ratio = rms_ratio(got[name], want[name])
+                    fla_ratio = "" if not isinstance(fla, dict) else f"{rms_ratio(fla[name], want[name]):.2e}"
+                    passed = ratio <= TOLERANCE[name] and torch.isfinite(got[name]).all().item()
+                    ok &= passed
+                    rows.append((label, str(dtype).split(".")[1], f"d{name}", f"{ratio:.2e}", fla_ratio or str(fla or ""),
+                                 f"{TOLERANCE[name]:.0e}", "pass" if passed else "FAIL"))
+            except Exception:
+                ok = False
+                rows.append((label, str(dtype).split(".")[1], "-", "-", "-", "-", "ERROR " + traceback.format_exc(limit=2)[-200:]))
+            print(rows[-1], flush=True)
+    text = ["| form | dtype | gradient | ours / ref (RMS ratio) | fla / ref | tolerance | |", "|---|---|---|---|---|---|---|"]
+    text += ["| " + " | ".join(r) + " |" for r in rows]
+    (out / "backward_verify.md").write_text("\n".join(text) + "\n")
+    results["verify"] = rows
+    return ok
+
+
+def bench(out: Path, results: dict, cases: list[str] | None) -> None:
+    from triton.testing import do_bench
+
+    rows = []
+    for case, member, B, T, H, HV, K, V in BENCH_CASES:
+        if cases and case not in cases:
+            continue
+        for pairing in (("bounded", "unbounded") if member == "kda" else ("unbounded",)):
+            bounded = pairing == "bounded"
+            extra = {"safe_gate": True, "lower_bound": -5.0} if bounded else {}
+            try:
+                ours, theirs = functions(member)
+                tensors, kwargs, cot = make_inputs(member, B, T, H, HV, K, V, torch.bfloat16, bounded, extra)
+                row = {"case": case, "gates": pairing}
+                grads = {}
+                for side, function in (("ours", ours), ("fla", theirs)):
+                    def forward():
+                        with torch.no_grad():
+                            call(function, tensors, kwargs)
+
+                    def training():
+                        o, ht = call(function, tensors, kwargs)
+                        torch.autograd.backward([o, ht], list(cot))
+
+                    grads[side] = gradients(function, tensors, kwargs, cot)
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    training()
+                    torch.cuda.synchronize()
+                    row[f"{side}_peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+                    row[f"{side}_fwd_ms"] = do_bench(forward, rep=200)
+                    row[f"{side}_fwdbwd_ms"] = do_bench(training, grad_to_none=list(tensors.values()), rep=300)
+                row["grad_rms_vs_fla"] = max(rms_ratio(grads["ours"][n], grads["fla"][n].double()) for n in grads["ours"])
+                row["ratio"] = row["fla_fwdbwd_ms"] / row["ours_fwdbwd_ms"]
+                row["memory_ratio"] = row["ours_peak_mb"] / row["fla_peak_mb"]
+            except Exception:
+                row = {"case": case, "gates": pairing, "error": traceback.format_exc(limit=3)[-300:]}
+            rows.append(row)
+            print(row, flush=True)
+            results["bench"] = rows
+            (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))
+    text = ["| case | gates | ours fwd ms | ours fwd+bwd ms | fla fwd ms | fla fwd+bwd ms | fla / ours (fwd+bwd) "
+            "| ours peak MiB | fla peak MiB | ours / fla memory | max grad RMS ours vs fla |", "|" + "---|" * 11]
+    for r in rows:
+        if "error" in r:
+            text.append(f"| {r['case']} | {r['gates']} | error: {r['error'].splitlines()[-1]} |" + " |" * 8)
+            continue
+        text.append(f"| {r['case']} | {r['gates']} | {r['ours_fwd_ms']:.3f} | {r['ours_fwdbwd_ms']:.3f} | "
+                    f"{r['fla_fwd_ms']:.3f} | {r['fla_fwdbwd_ms']:.3f} | {r['ratio']:.2f} | {r['ours_peak_mb']:.0f} | "
+                    f"{r['fla_peak_mb']:.0f} | {r['memory_ratio']:.2f} | {r['grad_rms_vs_fla']:.2e} |")
+    (out / "backward_bench.md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--skip-verify", action="store_true")
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--cases", default="")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    ok = True
+    if not args.skip_verify:
+        ok = verify(out, results)
+    if not args.skip_bench:
+        bench(out, results, [c for c in args.cases.split(",") if c])
+    (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
