@@ -321,8 +321,8 @@ def cmd_prove(args) -> int:
 
     from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
-    from k3compile.prove import (prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay,
-                                 prove_segment_scan, prove_spec_step)
+    from k3compile.prove import (prove_backward, prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise,
+                                 prove_replay, prove_segment_scan, prove_spec_step)
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -337,8 +337,15 @@ def cmd_prove(args) -> int:
     results += prove_chunked_verify(spec, args.draft_tokens, seed=args.seed)  # lower-speculative{verify=chunked}
     results += prove_spec_step(spec, args.draft_tokens, seed=args.seed, verify="chunked")
     results += prove_segment_scan(spec, min(sizes), seed=args.seed)
-    table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence, exact rationals (K=2, V=3)")
-    for column in ("schedule", "T", "outputs", "final state", "result"):
+    # derive-backward's gradients at every size: the default lengths at the smallest, one length
+    # (two chunks, the second partial) at the others, as sympy's exact solves of C x C tiles are
+    # slow at C = 64 (some 6 s a run)
+    results += [r for size in sizes for r in prove_backward(
+        spec, size, lengths=None if size == min(sizes) else (size + size // 2 + 1,), seed=args.seed)]
+    table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence (backward: its derivative), "
+                        "exact rationals (K=2, V=3)")
+    # a backward schedule's outputs are the inputs' gradients, its state h0's (dh0)
+    for column in ("schedule", "T", "outputs / grads", "final state / dh0", "result"):
         table.add_column(column)
     for r in results:
         table.add_row(r.schedule, "-" if r.length is None else str(r.length),
@@ -421,10 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser("prove", help="prove the derived chunkwise, replay and segment-scan schedules equal to the "
-                                     "token recurrence (sympy)")
+                                     "token recurrence, and the derived backward's gradients equal to its "
+                                     "derivative (sympy)")
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
     p.add_argument("--chunk-size", type=int, action="append",
-                   help="chunk size (repeatable; default 3, 16, 32, 64; the segment-scan proof uses the smallest)")
+                   help="chunk size (repeatable; default 3, 16, 32, 64; the fused-kernel and segment-scan proofs "
+                        "use the smallest; the backward's at every size: its three default lengths at the smallest, "
+                        "one (two chunks, the second partial) at the others)")
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens per round of the speculative proofs (verify/replay, spec_step; default 4)")
     p.add_argument("--seed", type=int, help="seed for the random rationals (default: fresh each run)")
     p.set_defaults(run=cmd_prove)

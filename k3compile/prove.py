@@ -4,7 +4,8 @@ The schedule is produced by the real pass (on a copy of the layer op with small 
 the derivation depends on the op's structure, not its sizes) and interpreted stage by stage
 with sympy rationals (k3compile.ir.exact). Random rational inputs make equality of every
 output and the final state an identity test (Schwartz-Zippel): a wrong stage fails it with
-probability 1.
+probability 1. A backward schedule's gradients are checked the same way against the token
+recurrence's derivative along random directions (k3compile.ir.exact_backward, docs/backward.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ PROOF_K, PROOF_V = 2, 3
 
 @dataclass
 class ProofResult:
+    """One claim about a schedule. A forward schedule's outputs are O and its state the final
+    state; a backward schedule's (prove_backward) outputs are the inputs' gradients (dq, dk, dv
+    and, where the member reads them, dg and dbeta) and its state the initial state's gradient
+    dh0."""
+
     layer: str
     schedule: str
     length: int | None  # None: a claim about no particular sequence (the combine's associativity)
@@ -90,26 +96,34 @@ def first_op(module, op_type):
     return next(op for op in module.walk() if isinstance(op, op_type))
 
 
+GUARD_OUTCOMES = {True: ", span checks hold (factored diagonal)", False: ", span checks fail (elementwise diagonal)"}
+
+
+def guard_outcomes(module) -> list[tuple[bool | None, str]]:
+    """(ExactInputs.guards, the schedule label's suffix) of every run a proof takes: a schedule
+    with run-time checks (k3s.block_span_check) is proved for both outcomes of them, in every
+    chunk; one without, once, as the decays say."""
+    from k3compile.ir import k3s
+
+    guarded = any(isinstance(op, k3s.BlockSpanCheckOp) for op in module.walk())
+    return list(GUARD_OUTCOMES.items()) if guarded else [(None, "")]
+
+
 def proved_at_lengths(spec: LayerSpec, pipeline: str, lengths: tuple[int, ...], seed: int | None,
                       runner) -> list[ProofResult]:
     """The schedule `pipeline` derives, interpreted by runner(module) -> run(x) -> (O, S_T), against
     the token recurrence on fresh random inputs of each length."""
     from k3compile.ir import exact
 
-    from k3compile.ir import k3s
-
     rng = random.Random(seed)
     layer_op, module = derived(spec, pipeline)
     run = runner(module)
     delta_rule = bool(layer_op.delta_rule.value.data)
-    # a schedule with run-time checks is proved for both outcomes of them, in every chunk
-    guarded = any(isinstance(op, k3s.BlockSpanCheckOp) for op in module.walk())
-    outcomes = {True: ", span checks hold (factored diagonal)", False: ", span checks fail (elementwise diagonal)"}
     results = []
     for length in lengths:
         x = proof_inputs(rng, layer_op, length)
         want = exact.token_recurrence(x, delta_rule)
-        for guards, label in outcomes.items() if guarded else [(None, "")]:
+        for guards, label in guard_outcomes(module):
             results.append(checked(spec.name, pipeline + label, want, lambda: run(replace(x, guards=guards))))
     return results
 
@@ -128,6 +142,127 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
     blocks = f" sub-chunk={sub_chunk}" if sub_chunk else ""
     return proved_at_lengths(spec, f"derive-chunkwise{{chunk-size={chunk_size}{blocks}}}", lengths, seed, runner)
+
+
+def random_rational(rng, low: int, high: int, den: int = 7) -> sympy.Rational:
+    """A nonzero numerator from a range 8x wider than low..high over 1..den, as
+    exact.random_inputs draws the inputs (Schwartz-Zippel: a wide draw rarely hits a root)."""
+    numerator = rng.choice([n for n in range(8 * low, 8 * high + 1) if n != 0])
+    return sympy.Rational(numerator, rng.randint(1, den))
+
+
+def random_matrix(rng, rows: int, cols: int, bound: int) -> sympy.Matrix:
+    return sympy.Matrix(rows, cols, lambda *_: random_rational(rng, -bound, bound))
+
+
+def gradient_shapes(layer_op, length: int) -> dict[str, tuple[int, int]]:
+    """The gradients a backward schedule of layer_op owes for one head's sequence of `length`
+    tokens, in the order a mismatch names them: q, k [T, K], v [T, V], a gate's log decays
+    ([T, K] per channel, [T, 1] scalar) and beta [T, 1] where the member reads them, then h0
+    [K, V]."""
+    gate = layer_op.gate.data
+    shapes = {"q": (length, PROOF_K), "k": (length, PROOF_K), "v": (length, PROOF_V)}
+    if gate != "none":
+        shapes["g"] = (length, PROOF_K if gate == "channel" else 1)
+    if layer_op.delta_rule.value.data:
+        shapes["beta"] = (length, 1)
+    return {**shapes, "h0": (PROOF_K, PROOF_V)}
+
+
+def dual_loss_derivative(x, delta_rule: bool, name: str, direction: sympy.Matrix) -> sympy.Rational:
+    """exact_backward.loss_derivative's number, d/dt at t = 0 of <x.do, O> + <x.dht, S_T> with input
+    `name` moved along `direction`, computed in dual numbers: the token recurrence carrying each
+    quantity's first-order part (its tangent) beside it, in rationals, where loss_derivative
+    carries polynomials in a symbol t truncated to first order (the same arithmetic, some 40x
+    faster; tests/test_prove_backward.py checks the two agree). A gate moves in log space: a decay
+    a by a (1 + t d), so its tangent is a d."""
+    T, K = x.k.shape
+    tangents = {"q": sympy.zeros(T, K), "k": sympy.zeros(T, K), "v": sympy.zeros(*x.v.shape),
+                "h0": sympy.zeros(*x.S0.shape), "g": sympy.zeros(T, K), "beta": [0] * T}
+    if name == "g":  # a scalar gate's direction has one column, for every channel
+        tangents["g"] = sympy.Matrix(T, K, lambda i, c: x.a[i, c] * direction[i, min(c, direction.cols - 1)])
+    elif name == "beta":
+        tangents["beta"] = [direction[i, 0] for i in range(T)]
+    elif name in tangents:
+        tangents[name] = direction
+    else:
+        raise ValueError(f"no input {name!r} to move")
+    dq, dk, dv, da, dbeta = (tangents[n] for n in ("q", "k", "v", "g", "beta"))
+    S, dS = x.S0, tangents["h0"]
+    derivative = sympy.Integer(0)
+    for t in range(T):
+        k_t, v_t, dk_t, dv_t = x.k[t, :].T, x.v[t, :].T, dk[t, :].T, dv[t, :].T
+        A, dA = sympy.diag(*x.a[t, :]), sympy.diag(*da[t, :])
+        S, dS = A * S, dA * S + A * dS
+        if delta_rule:
+            r, dr = v_t - S.T * k_t, dv_t - dS.T * k_t - S.T * dk_t
+            u, du = x.beta[t] * r, dbeta[t] * r + x.beta[t] * dr
+        else:
+            u, du = v_t, dv_t
+        S, dS = S + k_t * u.T, dS + dk_t * u.T + k_t * du.T
+        do_t = dS.T * (x.scale * x.q[t, :].T) + S.T * (x.scale * dq[t, :].T)  # the tangent of o_t
+        derivative += sum(do_t.multiply_elementwise(x.do[t, :].T))
+    if x.dht is not None:
+        derivative += sum(dS.multiply_elementwise(x.dht))
+    return derivative
+
+
+def checked_gradients(layer: str, schedule: str, length: int, directions: dict, want: dict, run) -> ProofResult:
+    """Compare the gradients run() -> {input: G} returns with the token recurrence's derivative:
+    <G, d> == want[input] for the random direction d = directions[input]. outputs_equal: every
+    input's gradient; state_equal: h0's. The mismatch names every gradient that differs, the
+    first first (in gradient_shapes' order). A schedule that reads what no stage produced is a
+    failed proof, not an error."""
+    from k3compile.ir import exact
+
+    try:
+        got = run()
+    except exact.IncompleteSchedule as err:
+        return ProofResult(layer, schedule, length, False, False, str(err))
+    differ: dict[str, str] = {}  # input -> how its gradient differs
+    for name, direction in directions.items():
+        G = got.get(name)
+        if G is None:
+            differ[name] = f"d{name} is missing"
+        elif G.shape != direction.shape:
+            differ[name] = f"d{name} has shape {G.shape}, not {direction.shape}"
+        elif sum(G.multiply_elementwise(direction)) - want[name] != 0:
+            differ[name] = f"d{name} differs"
+    differ.update({name: f"d{name} is of no input the layer reads" for name in got if name not in directions})
+    return ProofResult(layer, schedule, length, outputs_equal=not set(differ) - {"h0"}, state_equal="h0" not in differ,
+                       first_mismatch="; ".join(differ.values()))
+
+
+def prove_backward(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | None = None,
+                   seed: int | None = None, sub_chunk: int | None = None,
+                   derivative=dual_loss_derivative) -> list[ProofResult]:
+    """Prove `derive-backward{chunk-size=C}`: its gradients equal the token recurrence's for the
+    loss <do, O> + <dht, S_T> at several sequence lengths (by default: one partial chunk, an exact
+    multiple, and several chunks with a partial tail), with random rational cotangents do and dht.
+    Each gradient G is checked along a random rational direction d: <G, d> equals the derivative
+    of the loss with that input moved along d (forward mode, first order: `derivative`,
+    dual_loss_derivative or exact_backward.loss_derivative, which agree), one direction per input
+    and length, shared by both outcomes of a guarded schedule's span checks. One row per (length,
+    guard outcome); sub_chunk as prove_chunkwise's."""
+    from k3compile.ir import exact_backward, k3s
+
+    lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
+    blocks = f" sub-chunk={sub_chunk}" if sub_chunk else ""
+    pipeline = f"derive-backward{{chunk-size={chunk_size}{blocks}}}"
+    rng = random.Random(seed)
+    layer_op, module = derived(spec, pipeline)
+    backward = first_op(module, k3s.ChunkedBackwardOp)
+    delta_rule = bool(layer_op.delta_rule.value.data)
+    results = []
+    for length in lengths:
+        x = proof_inputs(rng, layer_op, length)
+        x = replace(x, do=random_matrix(rng, length, PROOF_V, 5), dht=random_matrix(rng, PROOF_K, PROOF_V, 3))
+        directions = {name: random_matrix(rng, *shape, 5) for name, shape in gradient_shapes(layer_op, length).items()}
+        want = {name: derivative(x, delta_rule, name, d) for name, d in directions.items()}
+        for guards, label in guard_outcomes(module):
+            results.append(checked_gradients(spec.name, pipeline + label, length, directions, want,
+                                             lambda: exact_backward.run_backward(backward, replace(x, guards=guards))))
+    return results
 
 
 def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "split",
