@@ -210,9 +210,9 @@ def dual_loss_derivative(x, delta_rule: bool, name: str, direction: sympy.Matrix
 def checked_gradients(layer: str, schedule: str, length: int, directions: dict, want: dict, run) -> ProofResult:
     """Compare the gradients run() -> {input: G} returns with the token recurrence's derivative:
     <G, d> == want[input] for the random direction d = directions[input]. outputs_equal: every
-    input's gradient; state_equal: h0's. The mismatch names every gradient that differs, the
-    first first (in gradient_shapes' order). A schedule that reads what no stage produced is a
-    failed proof, not an error."""
+    input's gradient; state_equal: h0's. The mismatch names every gradient that differs, in
+    gradient_shapes' order ("dk differs; dg differs"). A schedule that reads what no stage
+    produced is a failed proof, not an error."""
     from k3compile.ir import exact
 
     try:
