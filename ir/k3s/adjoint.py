@@ -31,6 +31,7 @@ from k3compile.ir.choices import Word
 from k3compile.ir.k3 import BetaInputAttr, GateInputAttr
 from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS, CotangentScanOp
 from k3compile.ir.k3s.gram import MaskAttr
+from k3compile.ir.k3s.kernels import argument_name
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -308,7 +309,14 @@ class StoreCotangentOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: of must name an input (q, k, v, g or beta), got {self.of.data!r}")
         if not self.tensors or len(self.tensors) % 2:
             raise VerifyException(f"{self.name}: takes gradient tensors and the inputs they are of, pair by pair; "
-                                  f"got {len(self.tensors)} tensors")
+                                  f"got {len(self.tensors)} tensor(s)")
+        names = [argument_name(t) for t in self.tensors]
+        if None in names:
+            return  # not (yet) an entry's or kernel's arguments: nothing to match by name
+        gradients, inputs = names[: len(names) // 2], names[len(names) // 2:]
+        if inputs[0] != self.of.data or gradients != [f"d{name}" for name in inputs]:
+            raise VerifyException(f"{self.name}: of = {self.of.data} stores d<input> for each input read, first "
+                                  f"{self.of.data}; got gradients {', '.join(gradients)} of {', '.join(inputs)}")
 
     @property
     def gradients(self):

@@ -14,7 +14,7 @@
 // GDN:      layer: k3.recurrence @gated_deltanet <gate = scalar, delta_rule = true, num_heads = 16, num_v_heads = 32,
 // DN:       layer: k3.recurrence @deltanet <gate = none, delta_rule = true,
 // GLA:      layer: k3.recurrence @gla <gate = channel, delta_rule = false,
-// ALL:      pipeline: lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan
+// ALL:      pipeline: lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan,derive-backward,lower-backward
 // ALL:      import torch
 // ALL-NEXT: import triton
 // ALL-NEXT: import triton.language as tl
@@ -98,6 +98,19 @@
 // Context parallelism: the summary kernels, chunk_segments, and the `chunk` that takes segments / cp_group.
 // ALL-LABEL: def segment_summary(k, v,
 // ALL-LABEL: def chunk_segments(q, k, v,
+// The backward (training): derive-backward's kernels and entry (tests/filecheck/passes/derive_backward.mlir
+// has its IR). A scalar gate's Gram cotangents decay by pairs; a channel gate's by exp(+-G).
+// ALL-LABEL: def {{[a-z_]+}}_backward_prepare_kernel(
+// ALL-LABEL: def {{[a-z_]+}}_backward_state_scan_kernel(
+// ALL-LABEL: def {{[a-z_]+}}_backward_cotangent_scan_kernel(
+// ALL:       for i_rc in range(0, tl.cdiv(eos - bos, BC)):
+// ALL-LABEL: def {{[a-z_]+}}_backward_gradients_kernel(
+// KDA:       k3s.transposed_solve
+// KDA:       k3s.gate_exp
+// GDN:       k3s.pair_decay
+// DN-NOT:    k3s.gate_exp
+// ALL:       k3s.store_cotangent %{{[a-z_0-9]+}}, %dq, %q
+// ALL-LABEL: def chunk_backward(q, k, v,
 // ALL:       _CHUNK_CP = _ContextParallel(_chunk_single, chunk_segments,
 // ALL-LABEL: def chunk(q, k, v, {{.*}}checkpoint_every=None, segments=None, cp_group=None):
-// ALL:       __all__ = ['recurrent', 'decode', 'chunk', 'segment_summary', 'chunk_segments']
+// ALL:       __all__ = ['recurrent', 'decode', 'chunk', 'segment_summary', 'chunk_segments', 'chunk_backward']

@@ -2,7 +2,7 @@
 // a product contracts matching dimensions (after its transposes) into the outer ones, a scaling's
 // factor runs along what it says (rows: one per row; columns: one per column; all: one number, a
 // `<>` tile or the entry's f32 scale), and a cotangent's store takes gradient tensors and the
-// inputs they are of, pair by pair. Each refusal is one line.
+// inputs they are of, pair by pair, each d<input>, the first input its own. Each refusal is one line.
 // RUN: k3c opt %s | filecheck %s --check-prefix=VALID
 // RUN: k3c opt %s | k3c opt - | filecheck %s --check-prefix=VALID
 // RUN: sed 's/%%P_bar = k3s.dot %%do_1, %%do_1 <transpose_rhs = true>/%%P_bar = k3s.dot %%do_1, %%do_1/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=CONTRACT
@@ -11,6 +11,7 @@
 // RUN: sed 's/k3s.scale %%q_bar, %%scale <along = all>/k3s.scale %%q_bar, %%scale <along = columns>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCALAR
 // RUN: sed 's/k3s.store_cotangent %%k_bar_1, %%dk, %%k <of = k>/k3s.store_cotangent %%k_bar_1, %%dk, %%dq, %%k <of = k>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ODD
 // RUN: sed 's/<of = k>/<of = o>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=OF
+// RUN: sed 's/k3s.store_cotangent %%q_bar_1, %%dq, %%q <of = q>/k3s.store_cotangent %%q_bar_1, %%dk, %%k <of = q>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=PAIRS
 
 builtin.module {
   k3s.entry @chunk_backward <source = r> {
@@ -50,5 +51,6 @@ builtin.module {
 // RESULT: {{^}}k3c opt: error: <stdin>: k3s.dot: the result must be <C x V>, got <C x K>{{$}}
 // FACTOR: {{^}}k3c opt: error: <stdin>: k3s.scale: a factor along rows of <C x K> must be <C>, got <K>{{$}}
 // SCALAR: {{^}}k3c opt: error: <stdin>: k3s.scale: a factor along columns of <C x K> must be <K>, got <>{{$}}
-// ODD: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: takes gradient tensors and the inputs they are of, pair by pair; got 3 tensors{{$}}
+// ODD: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: takes gradient tensors and the inputs they are of, pair by pair; got 3 tensor(s){{$}}
 // OF: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: of must name an input (q, k, v, g or beta), got 'o'{{$}}
+// PAIRS: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: of = q stores d<input> for each input read, first q; got gradients dk of k{{$}}
