@@ -1,9 +1,15 @@
-"""The chunk entry as a differentiable function: forward by the compiled layer's `chunk`, backward
-by its `chunk_backward` (derive-backward's schedule: the forward's chunk-local stages recomputed,
-the states re-scanned, nothing but the inputs saved), with fla's gradient layouts: each input's
-gradient in its own dtype and shape, dh0 only when the initial state needs one."""
+"""The chunk entry as a differentiable torch operator: one `torch.library` custom op per compiled
+layer (`k3compile::chunk_<layer>`), its forward the layer's `chunk`, its backward another
+custom op running the layer's `chunk_backward` (derive-backward's schedule: the chunk-local
+stages recomputed, the states re-scanned, nothing but the inputs saved). Both have fake (meta)
+implementations, so `torch.compile(fullgraph=True)` captures a training step without graph
+breaks, and gradients come back in fla's layouts: each input's in its own dtype and shape, dh0
+only when the initial state needs one."""
 
 from __future__ import annotations
+
+from dataclasses import astuple
+from functools import cache
 
 import torch
 
@@ -11,41 +17,99 @@ import torch
 DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 
 
-class ChunkFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, module, scale, cu_seqlens, output_final_state, names, initial_state, *tensors):
-        inputs = dict(zip(names, tensors, strict=True))
-        o, final_state = module.chunk(**inputs, scale=scale, initial_state=initial_state,
-                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)
-        ctx.module, ctx.scale, ctx.names, ctx.cu_seqlens = module, scale, names, cu_seqlens
-        ctx.save_for_backward(initial_state, *tensors)
-        if final_state is None:
-            return o
-        return o, final_state
-
-    @staticmethod
-    def backward(ctx, do, dht=None):
-        initial_state, *tensors = ctx.saved_tensors
-        inputs = dict(zip(ctx.names, tensors, strict=True))
-        wants_dh0 = initial_state is not None and ctx.needs_input_grad[5]
-        grads = ctx.module.chunk_backward(**inputs, scale=ctx.scale, initial_state=initial_state,
-                                          cu_seqlens=ctx.cu_seqlens, do=do.contiguous(),
-                                          dht=None if dht is None else dht.contiguous(), output_dh0=wants_dh0)
-        read = [name for name in DIFFERENTIABLE if inputs.get(name) is not None]
-        by_name = dict(zip(read, grads, strict=False))
-        dh0 = grads[-1]
-        tensor_grads = [None if inputs[name] is None else by_name[name].to(inputs[name].dtype) for name in ctx.names]
-        return (None, None, None, None, None, dh0, *tensor_grads)
-
-
 def needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors)
 
 
-def differentiable_chunk(module, tensors: dict, *, scale, initial_state, output_final_state, cu_seqlens):
-    """(o, final_state) of module.chunk, through ChunkFunction (so that backward reaches every
-    input that requires grad)."""
-    names = tuple(tensors)
-    out = ChunkFunction.apply(module, scale, cu_seqlens, bool(output_final_state), names, initial_state,
-                              *tensors.values())
-    return (out[0], out[1]) if output_final_state else (out, None)
+def _nothing(like: torch.Tensor) -> torch.Tensor:
+    """What an op returns for an output the call did not ask for (custom ops return tensors)."""
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+@cache
+def chunk_operator(key):
+    """The custom ops of the layer of `key` (a k3compile.ops.layers.LayerKey): (chunk, its backward)."""
+    from k3compile.ops.layers import layer_module
+
+    name = key.module_name()
+
+    def inputs(q, k, v, g, beta, A_log, dt_bias) -> dict:
+        named = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
+        return {n: x for n, x in named.items() if x is not None or n in ("g", "beta")}
+
+    @torch.library.custom_op(f"k3compile::chunk_{name}", mutates_args=())
+    def chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor | None,
+              A_log: torch.Tensor | None, dt_bias: torch.Tensor | None, initial_state: torch.Tensor | None,
+              cu_seqlens: torch.Tensor | None, scale: float, output_final_state: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        o, final_state = layer_module(key).chunk(**inputs(q, k, v, g, beta, A_log, dt_bias), scale=scale,
+                                                 initial_state=initial_state, output_final_state=output_final_state,
+                                                 cu_seqlens=cu_seqlens)
+        return o, _nothing(q) if final_state is None else final_state
+
+    @chunk.register_fake
+    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state):
+        B, T, HV, V = v.shape
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        state = (N, HV, V, key.head_k_dim) if key.state_layout == "vk" else (N, HV, key.head_k_dim, V)
+        return v.new_empty(v.shape), (q.new_empty(state, dtype=torch.float32) if output_final_state else _nothing(q))
+
+    @torch.library.custom_op(f"k3compile::chunk_backward_{name}", mutates_args=())
+    def chunk_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                       beta: torch.Tensor | None, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                       initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, do: torch.Tensor,
+                       dht: torch.Tensor | None, scale: float, output_dh0: bool) -> list[torch.Tensor]:
+        """The fp32 gradient of each input of DIFFERENTIABLE (an empty tensor for one the layer does
+        not read), then dh0 (empty unless asked for)."""
+        given = inputs(q, k, v, g, beta, A_log, dt_bias)
+        grads = layer_module(key).chunk_backward(**given, scale=scale, initial_state=initial_state,
+                                                 cu_seqlens=cu_seqlens, do=do, dht=dht, output_dh0=output_dh0)
+        read = iter(grads[:-1])
+        by_name = {n: next(read) if given.get(n) is not None else _nothing(q) for n in DIFFERENTIABLE}
+        return [*by_name.values(), _nothing(q) if grads[-1] is None else grads[-1]]
+
+    @chunk_backward.register_fake
+    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do, dht, scale, output_dh0):
+        named = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
+        grads = [_nothing(q) if x is None else x.new_empty(x.shape, dtype=torch.float32) for x in named.values()]
+        dh0 = initial_state.new_empty(initial_state.shape) if output_dh0 and initial_state is not None else _nothing(q)
+        return [*grads, dh0]
+
+    def setup_context(ctx, inputs, output):
+        *tensors, scale, output_final_state = inputs
+        ctx.save_for_backward(*tensors)
+        ctx.scale, ctx.output_final_state = scale, output_final_state
+
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens = ctx.saved_tensors
+        wants_dh0 = initial_state is not None and ctx.needs_input_grad[7]
+        grads = chunk_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do.contiguous(),
+                               dht.contiguous() if ctx.output_final_state else None, ctx.scale, wants_dh0)
+        primals = (q, k, v, g, beta, A_log, dt_bias)
+        cast = [None if x is None else grad.to(x.dtype) for x, grad in zip(primals, grads[:-1], strict=True)]
+        return (*cast, grads[-1] if wants_dh0 else None, None, None, None)
+
+    chunk.register_autograd(backward, setup_context=setup_context)
+    return chunk
+
+
+@torch.compiler.assume_constant_result
+def operator_name(*fields) -> str:
+    """The name of the chunk op of the layer whose LayerKey has these fields, under
+    torch.ops.k3compile, registering its ops: run, not traced, by torch.compile (the name a
+    constant of the graph; plain fields, as dynamo passes constants)."""
+    from k3compile.ops.layers import LayerKey
+
+    key = LayerKey(*fields)
+    chunk_operator(key)
+    return f"chunk_{key.module_name()}"
+
+
+def run_chunk(key, tensors: dict, *, scale, initial_state, output_final_state, cu_seqlens):
+    """(o, final_state) of the layer's chunk entry through its custom op (differentiable, and
+    opaque to torch.compile)."""
+    names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
+    chunk = getattr(torch.ops.k3compile, operator_name(*astuple(key)))
+    o, final_state = chunk(*(tensors.get(n) for n in names), initial_state, cu_seqlens, float(scale),
+                           bool(output_final_state))
+    return o, final_state if output_final_state else None

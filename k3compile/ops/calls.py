@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from k3compile.ops.autograd import differentiable_chunk, needs_grad
+from k3compile.ops.autograd import needs_grad, run_chunk
 from k3compile.ops.layers import LayerKey, layer_module
 
 IN_KERNEL_GATES = ("softplus", "bounded")  # gate inputs that take A_log and dt_bias
@@ -187,13 +187,13 @@ def entry_inputs(key: LayerKey, q, k, v, g, beta, A_log=None, dt_bias=None) -> d
 
 def run(entry: str, key: LayerKey, tensors: dict, *, scale, **options):
     """Entry `chunk` or `recurrent` of the layer of `key` (scale None: fla's K ** -0.5); a chunk
-    call with an input that requires grad runs through ChunkFunction (its backward: the layer's
-    chunk_backward)."""
+    call with an input that requires grad, or under torch.compile, runs as the layer's custom op
+    (its backward: the layer's chunk_backward; k3compile/ops/autograd.py)."""
     scale = key.head_k_dim ** -0.5 if scale is None else scale
     options = {name: contiguous(x) for name, x in options.items()}
-    if entry == "chunk" and "checkpoint_every" not in options and needs_grad(options.get("initial_state"),
-                                                                             *tensors.values()):
-        return differentiable_chunk(layer_module(key), tensors, scale=scale, **options)
+    if entry == "chunk" and "checkpoint_every" not in options and (
+            needs_grad(options.get("initial_state"), *tensors.values()) or torch.compiler.is_compiling()):
+        return run_chunk(key, tensors, scale=scale, **options)
     return getattr(layer_module(key), entry)(**tensors, scale=scale, **options)
 
 
