@@ -98,3 +98,17 @@ def test_no_grad_call_does_not_need_the_backward():
                         use_qk_l2norm_in_kernel=True)
     assert torch.equal(o, o2.detach()) and torch.equal(ht, ht2.detach())
     assert o2.requires_grad and ht2.requires_grad
+
+
+def test_examples_train_step_lowers_the_loss(monkeypatch, capsys):
+    """examples/train_step.py: optimizer steps of a KDA block (in-kernel gate, beta logits, l2norm)."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "train_step.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--steps", "3", "--tokens", "17"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0, capsys.readouterr().out
+    assert "loss" in capsys.readouterr().out
