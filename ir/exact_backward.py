@@ -115,9 +115,14 @@ def diagonal(run, op, x: Matrix) -> Matrix:
     return Matrix([x[i, i] for i in range(x.rows)])
 
 
-@tile_semantics(k3s.GateExpOp)
-def gate_exp(run, op: k3s.GateExpOp, gamma: Matrix) -> Matrix:  # G is held as its factor exp(G)
-    return gamma.applyfunc(lambda a: 1 / a) if op.negate is not None and op.negate.value.data else gamma
+@tile_semantics(k3s.GatedContractionOp)
+def gated_contraction(run, op: k3s.GatedContractionOp, M_bar: Matrix, rows: Matrix, gamma: Matrix) -> Matrix:
+    """The same sum in every form (the guard only picks how a backend evaluates it); G is held as
+    its factor exp(G), so exp(G_i - G_j) is gamma_i / gamma_j."""
+    n, width = rows.shape
+    if op.side.data == "rows":
+        return Matrix(n, width, lambda i, c: sum(M_bar[i, j] * rows[j, c] * gamma[i, c] / gamma[j, c] for j in range(n)))
+    return Matrix(n, width, lambda j, c: sum(M_bar[i, j] * rows[i, c] * gamma[i, c] / gamma[j, c] for i in range(n)))
 
 
 @tile_semantics(k3s.PairDecayOp)

@@ -212,10 +212,11 @@ def gram(e: Emitter, op: k3s.GramOp, gram_bar):
         weighted = e.mul(M_bar, unscaled)
         cot[2] = e.sub(e.reduce_sum(weighted, "rows"), e.reduce_sum(weighted, "columns"))
     else:
-        G = e(op.cumulative_gate)
-        grow, shrink = e.like(k3s.GateExpOp, [G], G), e.like(k3s.GateExpOp, [G], G, negate=True)
-        lhs_bar = e.mul(e.dot(M_bar, e.mul(keys, shrink)), grow)
-        keys_bar = e.mul(e.dot(M_bar, e.mul(lhs, grow), transpose_lhs=True), shrink)
+        # in the Gram's own diagonal form: factored only where its decays allow it
+        G, guard = e(op.cumulative_gate), [e(op.factored_guard)] if op.factored_guard is not None else []
+        form = op.diagonal.data
+        lhs_bar = e.like(k3s.GatedContractionOp, [M_bar, keys, G, *guard], lhs, side="rows", form=form)
+        keys_bar = e.like(k3s.GatedContractionOp, [M_bar, lhs, G, *guard], keys, side="keys", form=form)
         cot[2] = e.sub(e.mul(lhs_bar, lhs), e.mul(keys_bar, keys))
     if op.lhs is op.keys:  # the key Gram: both sides are k
         return {**cot, 0: e.add(lhs_bar, keys_bar)}

@@ -174,6 +174,13 @@ class LhsTransposeDropped(adjoint_rules.Emitter):
         self.dropped += transpose_lhs
         return super().dot(a, b, transpose_rhs=transpose_rhs)
 
+    def like(self, op_type, operands, like, name=None, **props):
+        """A channel Gram's keys side (the contraction over its rows, M_bar^T) taken as its rows side."""
+        if op_type is k3s.GatedContractionOp and props.get("side") == "keys":
+            self.dropped += 1
+            props["side"] = "rows"
+        return super().like(op_type, operands, like, name, **props)
+
 
 DROPPED: list[int] = []
 

@@ -92,6 +92,7 @@ K3S = Dialect(
         GramDiagonalAttr,
         BlockDecayAttr,
         AlongAttr,
+        SideAttr,
         TransitionAttr,
         *MOE_EXPERT_ATTRS,
     ],

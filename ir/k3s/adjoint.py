@@ -1,5 +1,5 @@
 """The stages a backward schedule adds to the forward's: tile algebra (products, elementwise
-arithmetic, masks, sums, the gates' exponentials), the transposed triangular solve, and the
+arithmetic, masks, sums, decayed contractions), the transposed triangular solve, and the
 store of an input's cotangent. derive-backward writes each forward stage's vector-Jacobian
 product with them (passes/adjoint_rules.py); the forward stages it recomputes are the
 forward's own ops.
@@ -10,7 +10,7 @@ the same dimensions; a scaling says along which dimension its factor runs."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, StringAttr
+from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, IntegerType, StringAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -18,6 +18,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_operand_def,
     opt_prop_def,
     prop_def,
     result_def,
@@ -30,7 +31,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import BetaInputAttr, GateInputAttr
 from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS, CotangentScanOp
-from k3compile.ir.k3s.gram import MaskAttr
+from k3compile.ir.k3s.gram import GramDiagonal, GramDiagonalAttr, MaskAttr
 from k3compile.ir.k3s.kernels import argument_name
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
@@ -205,21 +206,47 @@ class DiagonalOp(KeywordSyntax):
         _expect(self, "the result", tile_dims(self.result), ("C",))
 
 
-@irdl_op_definition
-class GateExpOp(KeywordSyntax):
-    """exp(G), or exp(-G) with `negate`, of a chunk's cumulative channel gate: the two factors a
-    channel-gated Gram's cotangents are products between. exp(-G) grows with the decay since the
-    chunk's start; backends form it only where the gate's bound keeps it in range."""
+class Side(Word):
+    ROWS = "rows"  # the cotangent of the Gram's rows: contracted with its keys
+    KEYS = "keys"  # the cotangent of its keys: contracted with its rows
 
-    name = "k3s.gate_exp"
-    negate = opt_prop_def(BoolAttr)  # absent: false
+
+@irdl_attr_definition
+class SideAttr(EnumAttribute[Side], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.side"
+
+
+@irdl_op_definition
+class GatedContractionOp(KeywordSyntax):
+    """A channel-gated Gram's cotangent M_bar (lower triangular, masked as the Gram) contracted
+    with one of its sides under the Gram's decays:
+
+        side = rows: X_ic = sum_j M_bar_ij R_jc exp(G_ic - G_jc)   (R the keys)
+        side = keys: X_jc = sum_i M_bar_ij R_ic exp(G_ic - G_jc)   (R the rows)
+
+    Every exponent M_bar meets is <= 0. `form` is the Gram's diagonal form: factored (exp(G)
+    and exp(-G) as two tensor-core operands, in range while the chunk's decay spans at most the
+    factored limit: a gate bounded below), elementwise (exp of each difference: any gate) or
+    guarded (factored where the chunk's k3s.block_span_check holds, its last operand)."""
+
+    name = "k3s.gated_contraction"
+    side = prop_def(SideAttr)
+    form = prop_def(GramDiagonalAttr)
+    cotangent = operand_def(TileType)
+    rows = operand_def(TileType)
     cumulative_gate = operand_def(TileType)
+    guard = opt_operand_def(IntegerType)
     result = result_def(TileType)
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
+        _expect(self, "the cotangent", tile_dims(self.cotangent), ("C", "C"))
         _expect(self, "the cumulative gate", tile_dims(self.cumulative_gate), ("C", "K"))
+        _expect(self, "the rows", tile_dims(self.rows), ("C", "K"))
         _expect(self, "the result", tile_dims(self.result), ("C", "K"))
+        if (self.guard is not None) != (self.form.data == GramDiagonal.GUARDED):
+            raise VerifyException(f"{self.name}: a guarded form (and only it) takes the span check, got form "
+                                  f"{self.form.data} with {'a' if self.guard is not None else 'no'} guard")
 
 
 @irdl_op_definition
@@ -327,5 +354,5 @@ class StoreCotangentOp(KeywordSyntax):
         return self.tensors[len(self.tensors) // 2:]
 
 
-ADJOINT_STAGES = [AddOp, SubOp, MulOp, NegOp, DotOp, ScaleOp, ReduceSumOp, MaskOp, DiagonalOp, GateExpOp, PairDecayOp,
+ADJOINT_STAGES = [AddOp, SubOp, MulOp, NegOp, DotOp, ScaleOp, ReduceSumOp, MaskOp, DiagonalOp, GatedContractionOp, PairDecayOp,
                   ReverseCumsumOp, OntoLastRowOp, TransposedSolveOp, StoreCotangentOp]

@@ -61,11 +61,45 @@ class AdjointStages:
         self.code(f"{register(op.result)} = tl.sum(tl.where(o_c[:, None] == o_c[None, :], {register(op.operand)}, 0.0), "
                   "axis=1)")
 
-    def print_k3s_gate_exp(self, op: k3s.GateExpOp) -> None:
-        # G is held in log2 units (k3s.gate_cumsum's printing)
-        sign = "-" if op.negate is not None and op.negate.value.data else ""
-        self.code.comment(op, "exp of G in log2 units")
-        self.code(f"{register(op.result)} = tl.exp2({sign}{register(op.cumulative_gate)})")
+    def print_k3s_gated_contraction(self, op: k3s.GatedContractionOp) -> None:
+        c = self.code
+        c.comment(op, "G in log2 units")
+        form = op.form.data
+        if form == "guarded":
+            c(f"if {register(op.guard)}:")
+            with c.indent():
+                self.print_contraction_factored(op)
+            c("else:")
+            with c.indent():
+                self.print_contraction_elementwise(op)
+        elif form == "factored":
+            self.print_contraction_factored(op)
+        else:
+            self.print_contraction_elementwise(op)
+
+    def print_contraction_factored(self, op: k3s.GatedContractionOp) -> None:
+        M, R, G, X = (register(v) for v in (op.cotangent, op.rows, op.cumulative_gate, op.result))
+        if op.side.data == "rows":
+            self.code(f"{X} = _mm({M}, {R} * tl.exp2(-{G}), DOT) * tl.exp2({G})")
+        else:
+            self.code(f"{X} = _mm(tl.trans({M}), {R} * tl.exp2({G}), DOT) * tl.exp2(-{G})")
+
+    def print_contraction_elementwise(self, op: k3s.GatedContractionOp) -> None:
+        """Token j of the chunk at a time, the decays exp2 of differences (<= 0 where M_bar is not 0)."""
+        c = self.code
+        M, R, G, X = (register(v) for v in (op.cotangent, op.rows, op.cumulative_gate, op.result))
+        c(f"{X} = tl.zeros([BC, BK], dtype=tl.float32)", "for j in range(0, BC):")
+        with c.indent():
+            c("b_at = o_c == j",
+              f"b_Gj = tl.sum(tl.where(b_at[:, None], {G}, 0.0), axis=0)",
+              f"b_Mj = tl.sum(tl.where(b_at[None, :], {M}, 0.0), axis=1)  # column j",
+              f"b_decay = tl.exp2(tl.minimum({G} - b_Gj[None, :], 0.0))")
+            if op.side.data == "rows":
+                c(f"b_Rj = tl.sum(tl.where(b_at[:, None], {R}, 0.0), axis=0)",
+                  f"{X} += b_Mj[:, None] * b_Rj[None, :] * b_decay")
+            else:
+                c(f"b_Xj = tl.sum(b_Mj[:, None] * {R} * b_decay, axis=0)",
+                  f"{X} = tl.where(b_at[:, None], b_Xj[None, :], {X})")
 
     def print_k3s_pair_decay(self, op: k3s.PairDecayOp) -> None:
         G = register(op.cumulative_gate)

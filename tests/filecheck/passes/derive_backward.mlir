@@ -76,9 +76,10 @@
 // CHECK-NEXT:      %{{[A-Za-z_0-9]+}} = k3s.dot %[[KG]], %[[S_BAR]] : !k3s.tile<C x V>
 // CHECK-NEXT:      %[[SS:[A-Za-z_0-9]+]] = k3s.mul %[[S_BAR]], %[[S]] : !k3s.tile<K x V>
 // CHECK-NEXT:      %{{[A-Za-z_0-9]+}} = k3s.reduce_sum %[[SS]] <along = rows> : !k3s.tile<K>
-// a channel gate's Grams: their cotangents as products between exp(G) and exp(-G)
-// CHECK:           k3s.gate_exp %[[CG]] : !k3s.tile<C x K>
-// CHECK-NEXT:      k3s.gate_exp %[[CG]] <negate = true> : !k3s.tile<C x K>
+// a channel gate's Grams: their cotangents contracted under the decays in the Gram's own form
+// (unbounded gates: guarded by the chunk's span check, elementwise where it fails)
+// CHECK:           k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[CG]], %{{[A-Za-z_0-9]+}} <side = rows, form = guarded> : !k3s.tile<C x K>
+// CHECK-NEXT:      k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[CG]], %{{[A-Za-z_0-9]+}} <side = keys, form = guarded> : !k3s.tile<C x K>
 // the WY factors' transform T = (I + A)^-1 Diag(beta): Y = (I + A)^-T T_bar, A's cotangent -Y T^T
 // on the entries the solve reads, beta's the diagonal of Y
 // CHECK:           %[[Y:[A-Za-z_0-9]+]] = k3s.transposed_solve %[[A]], %{{.*}} : !k3s.tile<C x C>
@@ -133,8 +134,8 @@
 // GDN:         k3s.onto_last_row %{{.*}} : !k3s.tile<C>
 // GDN:         %[[g_bar:[A-Za-z_0-9]+]] = k3s.reverse_cumsum %{{.*}} : !k3s.tile<C>
 // GDN:         k3s.store_cotangent %[[g_bar]], %[[DG]], %[[G]] <of = g, gate_input = log, lower_bound = -5.0>
-// a scalar gate never forms exp(-G)
-// SCALAR-NOT:  k3s.gate_exp
+// a scalar gate's decays are pairs (never above 1): no contraction under channel decays
+// SCALAR-NOT:  k3s.gated_contraction
 
 // DN-LABEL: k3s.entry @chunk_backward <source = deltanet> {
 // DN:          %[[DH0:[a-z_0-9]+]] = k3s.tensor_arg @dh0
@@ -150,7 +151,7 @@
 // DN-NEXT:   }
 // NOGATE-NOT:  @dg
 // NOGATE-NOT:  k3s.chunk_decay
-// NOGATE-NOT:  k3s.gate_exp
+// NOGATE-NOT:  k3s.gated_contraction
 // NOGATE-NOT:  k3s.pair_decay
 // NOGATE-NOT:  k3s.onto_last_row
 // NOGATE-NOT:  k3s.reverse_cumsum

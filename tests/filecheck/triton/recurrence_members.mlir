@@ -99,16 +99,18 @@
 // ALL-LABEL: def segment_summary(k, v,
 // ALL-LABEL: def chunk_segments(q, k, v,
 // The backward (training): derive-backward's kernels and entry (tests/filecheck/passes/derive_backward.mlir
-// has its IR). A scalar gate's Gram cotangents decay by pairs; a channel gate's by exp(+-G).
+// has its IR). A scalar gate's Gram cotangents decay by pairs; a channel gate's are contracted under
+// its decays, elementwise where a chunk's span check fails.
 // ALL-LABEL: def {{[a-z_]+}}_backward_prepare_kernel(
 // ALL-LABEL: def {{[a-z_]+}}_backward_state_scan_kernel(
 // ALL-LABEL: def {{[a-z_]+}}_backward_cotangent_scan_kernel(
 // ALL:       for i_rc in range(0, tl.cdiv(eos - bos, BC)):
 // ALL-LABEL: def {{[a-z_]+}}_backward_gradients_kernel(
 // KDA:       k3s.transposed_solve
-// KDA:       k3s.gate_exp
+// KDA:       k3s.gated_contraction
+// KDA:       for j in range(0, BC):
 // GDN:       k3s.pair_decay
-// DN-NOT:    k3s.gate_exp
+// DN-NOT:    k3s.gated_contraction
 // ALL:       k3s.store_cotangent %{{[a-z_0-9]+}}, %dq, %q
 // ALL-LABEL: def chunk_backward(q, k, v,
 // ALL:       _CHUNK_CP = _ContextParallel(_chunk_single, chunk_segments,
