@@ -1,0 +1,376 @@
+"""The derived backward (derive-backward, lower-backward): every recurrence module's
+`chunk_backward` against float64 torch autograd of k3compile.ir.reference.recurrence, with the
+loss L = <do, o> + <dht, final_state>; autograd through k3compile.ops (its custom op); the
+gradients' causality; the entry's one-line refusals.
+
+Each layer is one of the example specs (examples/<member>.toml) made small (2 heads, fp32) and
+compiled once per module. The kernels run in Triton's interpreter (fp32): each gradient must be
+finite, fp32, of its input's shape, and within RTOL of the reference in relative norm.
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import EXAMPLES, one_line
+from k3compile.ir import reference
+
+RTOL = 1e-4  # relative norm per gradient; the interpreter's fp32 gets ~1e-7
+MEMBERS = ("kda", "gated_deltanet", "deltanet", "gla")
+DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")  # chunk_backward's order, then dh0
+# the entry's pipeline: the default one, but the backward's scans in value blocks of 16 (so a V of
+# 20 runs a full block and a partial one)
+BACKWARD_PIPELINE = "derive-backward{chunk-size=16},lower-backward{block-v=16},outline-kernels"
+SEQLENS = (5, 0, 1, 19, 17)  # packed: an empty and a one-token sequence, odd lengths (16 + 3, 16 + 1)
+
+
+# --- layers: an example spec made small, compiled once per module ---------------------------
+
+
+def example_table(member: str) -> dict:
+    with open(EXAMPLES / f"{member}.toml", "rb") as stream:
+        return tomllib.load(stream)["layer"]
+
+
+@pytest.fixture(scope="module")
+def layers(tmp_path_factory):
+    """layers(member, pipeline=None, **overrides) -> CompiledLayer: examples/<member>.toml at
+    H = HV = 2, K = 16, V = 8, fp32, with `overrides`; each distinct layer compiled once."""
+    from k3compile.driver import compile as k3_compile
+    from k3compile.spec import spec_from_table
+
+    cache = {}
+
+    def get(member: str, pipeline: str | None = None, **overrides):
+        key = (member, pipeline, tuple(sorted(overrides.items())))
+        if key not in cache:
+            table = {**example_table(member), "num_heads": 2, "num_v_heads": 2, "head_k_dim": 16, "head_v_dim": 8,
+                     "dtype": "float32", **overrides}
+            spec = spec_from_table(table, source=f"<test_backward {member}>")
+            cache[key] = k3_compile(spec, out_dir=tmp_path_factory.mktemp(f"bw_{member}"), pipeline=pipeline)
+        return cache[key]
+
+    return get
+
+
+def op_of(layer):
+    from k3compile.frontend import spec_to_module
+
+    return next(iter(spec_to_module(layer.spec).ops))
+
+
+# --- inputs and the float64 oracle ----------------------------------------------------------
+
+
+def draw_inputs(op, B: int, T: int, seqlens=None, initial_state: bool = True) -> dict:
+    """Fresh random inputs (never zeros) for the op's input forms: unit q, k (raw with qk_l2norm);
+    log-sigmoid decays, or with a clamped gate many below the bound, or raw projections and A_log,
+    dt_bias with an in-kernel gate; beta in (0, 1), or logits."""
+    H, HV = op.num_heads.value.data, op.num_v_heads.value.data
+    K, V = op.head_k_dim.value.data, op.head_v_dim.value.data
+    if seqlens is not None:
+        B, T = 1, sum(seqlens)
+    N = len(seqlens) if seqlens is not None else B
+    raw_qk = op.input_option("qk_l2norm")
+    x = {"q": torch.randn(B, T, H, K), "k": torch.randn(B, T, H, K), "v": torch.randn(B, T, HV, V)}
+    if not raw_qk:
+        x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
+    gate = op.gate.data
+    if gate != "none":
+        shape = (B, T, HV, K) if gate == "channel" else (B, T, HV)
+        form = op.input_option("gate_input")
+        if form == "log":
+            x["g"] = F.logsigmoid(torch.randn(shape))
+        elif form == "clamped":  # about half below a bound of -1: their gradient is zero
+            x["g"] = F.logsigmoid(3 * torch.randn(shape))
+        else:
+            x["g"] = torch.randn(shape)
+            x["A_log"] = -0.5 + 0.3 * torch.randn(HV)
+            x["dt_bias"] = 0.5 * torch.randn(HV * K if gate == "channel" else HV)
+    if op.delta_rule.value.data:
+        logits = torch.randn(B, T, HV)
+        x["beta"] = logits if op.input_option("beta_input") != "probability" else torch.sigmoid(logits)
+    if initial_state:
+        x["initial_state"] = 0.5 * torch.randn(*state_shape(op, N))
+    if seqlens is not None:
+        x["cu_seqlens"] = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int64)
+    return x
+
+
+def state_shape(op, N: int) -> tuple[int, ...]:
+    HV, K, V = op.num_v_heads.value.data, op.head_k_dim.value.data, op.head_v_dim.value.data
+    return (N, HV, K, V) if op.state_layout.data == "kv" else (N, HV, V, K)
+
+
+def cotangents(op, x: dict, with_dht: bool):
+    B, T = x["q"].shape[:2]
+    N = B if x.get("cu_seqlens") is None else len(x["cu_seqlens"]) - 1
+    do = torch.randn(B, T, op.num_v_heads.value.data, op.head_v_dim.value.data)
+    return do, (torch.randn(*state_shape(op, N)) if with_dht else None)
+
+
+def reference_grads(op, x: dict, do, dht) -> dict:
+    """d<do, o> + <dht, final_state> by float64 autograd of the token recurrence: each read
+    input's gradient by name, and "h0" (None without an initial state)."""
+    leaves = {n: x[n].double().requires_grad_() for n in DIFFERENTIABLE if x.get(n) is not None}
+    h0 = x.get("initial_state")
+    h0 = None if h0 is None else h0.double().requires_grad_()
+    o, final = reference.recurrence(op, **{**x, **leaves, "initial_state": h0}, output_final_state=True)
+    loss = (o * do.double()).sum()
+    if dht is not None:
+        loss = loss + (final * dht.double()).sum()
+    loss.backward()
+    return {**{n: t.grad for n, t in leaves.items()}, "h0": None if h0 is None else h0.grad}
+
+
+def run_backward(layer, x: dict, do, dht, output_dh0: bool) -> dict:
+    out = layer.module.chunk_backward(**x, do=do, dht=dht, output_dh0=output_dh0)
+    names = [n for n in DIFFERENTIABLE if x.get(n) is not None]
+    assert len(out) == len(names) + 1, f"chunk_backward returned {len(out)} values for {names} and dh0"
+    return {**dict(zip(names, out[:-1])), "h0": out[-1]}
+
+
+def assert_grad(got, want, what: str, like: torch.Tensor | None = None, tol: float = RTOL) -> None:
+    assert got is not None, f"{what}: no gradient"
+    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    if like is not None:
+        assert got.dtype == like.dtype, f"{what}: dtype {got.dtype}, its input's is {like.dtype}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    assert torch.isfinite(want).all(), f"{what}: the reference is not finite"
+    err = (got.double() - want).norm().item() / max(want.norm().item(), 1e-30)
+    assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.0e}"
+
+
+def check_backward(layer, x: dict, with_dht: bool, output_dh0: bool) -> dict:
+    """chunk_backward against the oracle; returns the kernels' gradients."""
+    op = op_of(layer)
+    do, dht = cotangents(op, x, with_dht)
+    got = run_backward(layer, x, do, dht, output_dh0)
+    want = reference_grads(op, x, do, dht)
+    for name, value in got.items():
+        if name == "h0":
+            continue
+        assert value.dtype == torch.float32, f"d{name}: {value.dtype}, expected float32"
+        assert_grad(value, want[name], f"d{name}")
+    if output_dh0:
+        assert_grad(got["h0"], want["h0"], "dh0")
+    else:
+        assert got["h0"] is None, "dh0 returned without output_dh0"
+    return got
+
+
+# --- every member, fixed length and varlen --------------------------------------------------
+
+
+SCENARIOS = {
+    # B = 2, T = 37: chunks of 16, 16 and 5; an initial state, dht, dh0
+    "T37-h0-dht-dh0": dict(B=2, T=37, initial_state=True, with_dht=True, output_dh0=True),
+    # no initial state, no dht, no dh0 (None), the other gradients still right
+    "T37-no-state": dict(B=1, T=37, initial_state=False, with_dht=False, output_dh0=False),
+    # an initial state but no dh0 asked for
+    "T21-h0-no-dh0": dict(B=1, T=21, initial_state=True, with_dht=True, output_dh0=False),
+    # packed sequences: an empty one (its dh0 is its dht), a one-token one, odd lengths
+    "varlen": dict(B=1, T=None, seqlens=SEQLENS, initial_state=True, with_dht=True, output_dh0=True),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("member", MEMBERS)
+def test_member_backward(layers, member, scenario):
+    layer = layers(member)  # the default pipeline
+    s = SCENARIOS[scenario]
+    x = draw_inputs(op_of(layer), s["B"], s["T"], s.get("seqlens"), s["initial_state"])
+    check_backward(layer, x, s["with_dht"], s["output_dh0"])
+
+
+# grouped value heads (dq, dk summed over a group of 2) at K = 24, V = 20 (not powers of two),
+# the scans in two value blocks (16 and a partial 4)
+@pytest.mark.parametrize("member", MEMBERS)
+def test_grouped_heads_odd_dims(layers, member):
+    layer = layers(member, BACKWARD_PIPELINE, num_v_heads=4, head_k_dim=24, head_v_dim=20)
+    x = draw_inputs(op_of(layer), 1, 37)
+    check_backward(layer, x, with_dht=True, output_dh0=True)
+
+
+# unbounded gates steep enough that a chunk's decay passes the factored limit (80 nats) and fp32's
+# exp range (~88): every such chunk fails its span check, and the channel Grams' cotangents are
+# contracted elementwise (k3s.gated_contraction, form guarded); exp(-G) would overflow there
+@pytest.mark.parametrize("member", ["kda", "gla"])
+def test_steep_gates_take_the_elementwise_contraction(layers, member):
+    layer = layers(member)
+    x = draw_inputs(op_of(layer), 2, 37)
+    x["g"] = 12 * x["g"]
+    assert (x["g"][:, :16].sum(dim=1) < -90).any(), "no chunk steep enough to fail its span check"
+    got = check_backward(layer, x, with_dht=True, output_dh0=True)
+    assert all(torch.isfinite(value).all() for value in got.values())
+
+
+# --- input forms: the chain rule of store_cotangent -----------------------------------------
+
+FORMS = [
+    ("kda", dict(qk_l2norm=True, gate_input="softplus", beta_input="logits")),
+    ("kda", dict(state_layout="vk", gate_input="bounded", gate_lower_bound=-3.0, beta_input="logits_neg_eigval")),
+    ("kda", dict(gate_input="clamped", gate_lower_bound=-1.0)),
+    ("gated_deltanet", dict(state_layout="vk", gate_input="softplus", beta_input="logits_neg_eigval")),
+    ("gated_deltanet", dict(qk_l2norm=True, gate_input="bounded", beta_input="logits")),
+    ("gated_deltanet", dict(gate_input="clamped", gate_lower_bound=-1.0)),
+    ("gla", dict(qk_l2norm=True, gate_input="softplus")),  # gla's example is vk
+    ("gla", dict(state_layout="kv", gate_input="bounded", gate_lower_bound=-2.0)),
+    ("gla", dict(gate_input="clamped", gate_lower_bound=-1.0)),
+    ("deltanet", dict(state_layout="vk", qk_l2norm=True, beta_input="logits")),
+    ("deltanet", dict(beta_input="logits_neg_eigval")),
+]
+
+
+def form_id(form) -> str:
+    member, options = form
+    return "-".join([member, *(f"{k}={v}" for k, v in options.items())])
+
+
+@pytest.mark.parametrize("form", FORMS, ids=[form_id(f) for f in FORMS])
+def test_input_forms(layers, form):
+    member, options = form
+    layer = layers(member, BACKWARD_PIPELINE, **options)
+    op = op_of(layer)
+    x = draw_inputs(op, 1, 37)
+    got = check_backward(layer, x, with_dht=True, output_dh0=True)
+    if options.get("gate_input") == "clamped":  # below the bound the clamp's gradient is zero
+        below = x["g"] < options["gate_lower_bound"]
+        assert below.any() and (~below).any()
+        assert torch.equal(got["g"][below], torch.zeros_like(got["g"][below])), \
+            "dg nonzero where g is below the clamp's bound"
+    if "gate_input" in options and options["gate_input"] != "clamped":
+        assert got["A_log"].abs().sum() > 0 and got["dt_bias"].abs().sum() > 0
+
+
+# --- causality ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("member", ["kda", "gated_deltanet"])
+def test_gradients_causal(layers, member):
+    """Input position t's gradient depends only on do at positions >= t: changing do before t0
+    (mid-chunk) leaves every input gradient at positions >= t0 unchanged, bit for bit."""
+    layer = layers(member)
+    op = op_of(layer)
+    T, t0 = 37, 21
+    x = draw_inputs(op, 1, T)
+    do, _ = cotangents(op, x, with_dht=False)
+    changed = do.clone()
+    changed[:, :t0] = torch.randn_like(changed[:, :t0])
+    first = run_backward(layer, x, do, None, output_dh0=False)
+    second = run_backward(layer, x, changed, None, output_dh0=False)
+    for name in first:
+        if name == "h0":
+            continue
+        a, b = first[name], second[name]
+        assert torch.isfinite(a).all() and torch.isfinite(b).all()
+        assert torch.equal(a[:, t0:], b[:, t0:]), \
+            f"d{name} at positions >= {t0} depends on do before {t0} " \
+            f"(max change {(a[:, t0:] - b[:, t0:]).abs().max().item():.2e})"
+        assert not torch.allclose(a[:, :t0], b[:, :t0]), f"d{name} before {t0} must see the change of do there"
+
+
+# --- rejections -----------------------------------------------------------------------------
+
+
+def test_backward_requires_do(layers):
+    layer = layers("gated_deltanet", BACKWARD_PIPELINE, num_v_heads=4)
+    x = draw_inputs(op_of(layer), 1, 5)
+    with pytest.raises(ValueError) as err:
+        layer.module.chunk_backward(**x)
+    message = str(err.value)
+    assert one_line(message) and message.startswith("do"), message
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 2, 8), (1, 5, 4, 4), (1, 6, 4, 8)], ids=["heads", "head_v_dim", "length"])
+def test_backward_rejects_do_shape(layers, shape):
+    layer = layers("gated_deltanet", BACKWARD_PIPELINE, num_v_heads=4)
+    x = draw_inputs(op_of(layer), 1, 5)
+    with pytest.raises(ValueError) as err:
+        layer.module.chunk_backward(**x, do=torch.randn(shape))
+    message = str(err.value)
+    assert one_line(message) and message.startswith("do") and "[B,T,4,8]" in message, message
+
+
+# --- a training step through k3compile.ops --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ops_cache(tmp_path_factory):
+    """k3compile.ops compiles into a temporary K3C_CACHE_DIR (never ~/.cache), with an in-process
+    cache of its own."""
+    from k3compile.ops import layers as ops_layers
+
+    folder = tmp_path_factory.mktemp("ops_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("K3C_CACHE_DIR", str(folder))
+        patch.setattr(ops_layers, "_LOADED", {})
+        yield folder
+
+
+def oracle_op(**table):
+    """The k3 op of a spec table written out here (what the ops call's options mean)."""
+    from k3compile.frontend import spec_to_module
+    from k3compile.spec import spec_from_table
+
+    return next(iter(spec_to_module(spec_from_table({"name": "oracle", "dtype": "float32", **table})).ops))
+
+
+def leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.clone().requires_grad_()
+
+
+# fp16 inputs: their gradients come back in fp16 (the kernels' workspaces too), so a looser bound.
+# (bf16 is not tested here: Triton's interpreter computes garbage for bf16 tiles, forward included)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, RTOL), (torch.float16, 2e-3)], ids=["fp32", "fp16"])
+def test_ops_chunk_kda_training_step(ops_cache, dtype, tol):
+    """chunk_kda with the in-kernel l2norm and softplus gate: every input (A_log, dt_bias and the
+    fp32 initial state included) gets its gradient, in its own dtype and shape."""
+    from k3compile.ops.kda import chunk_kda
+
+    B, T, H, HV, K, V = 2, 19, 2, 2, 16, 8
+    op = oracle_op(kind="kda", num_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, qk_l2norm=True,
+                   gate_input="softplus")
+    x = draw_inputs(op, B, T)
+    names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
+    leaves = {n: leaf(x[n] if n == "initial_state" else x[n].to(dtype)) for n in names}
+    o, final = chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                         initial_state=leaves["initial_state"], output_final_state=True,
+                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=leaves["A_log"],
+                         dt_bias=leaves["dt_bias"])
+    assert o.requires_grad and final.requires_grad and o.dtype == dtype
+    do, dht = torch.randn_like(o), torch.randn_like(final)
+    torch.autograd.backward([o, final], [do, dht])
+    # the oracle on the inputs as the kernels saw them (rounded to dtype)
+    want = reference_grads(op, {n: leaves[n].detach() for n in names}, do, dht)
+    for n in names:
+        got = leaves[n].grad
+        assert got is not None, f"{n}.grad: none"
+        assert got.dtype == leaves[n].dtype, f"{n}.grad: dtype {got.dtype}, its input's is {leaves[n].dtype}"
+        assert_grad(got.float(), want["h0" if n == "initial_state" else n], f"{n}.grad", tol=tol)
+    assert list(ops_cache.rglob("*.py")), "ops compiled outside K3C_CACHE_DIR"
+
+
+def test_ops_chunk_gated_delta_rule_training_step(ops_cache):
+    """chunk_gated_delta_rule, varlen with an empty sequence; the initial state needs no grad and
+    the final state is not returned: o alone is differentiated, the state gets no grad."""
+    from k3compile.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    H, HV, K, V = 2, 4, 16, 8
+    op = oracle_op(kind="gated_deltanet", num_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V)
+    x = draw_inputs(op, 1, None, seqlens=(7, 0, 18))
+    names = ("q", "k", "v", "g", "beta")
+    leaves = {n: leaf(x[n]) for n in names}
+    h0 = x["initial_state"].clone()
+    o, final = chunk_gated_delta_rule(*(leaves[n] for n in names), initial_state=h0, cu_seqlens=x["cu_seqlens"])
+    assert final is None
+    do = torch.randn_like(o)
+    torch.autograd.backward(o, do)
+    want = reference_grads(op, x, do, None)
+    for n in names:
+        assert_grad(leaves[n].grad, want[n], f"{n}.grad", like=leaves[n])
+    assert h0.grad is None
