@@ -31,7 +31,7 @@ from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.adjoint_rules import ADJOINT_RULES, Emitter
 from k3compile.passes.common import add_entries, argument_values, make, recurrence_arguments, tensor_arg
-from k3compile.passes.derive_chunkwise import check_unbounded_diagonal, chunkwise_schedule
+from k3compile.passes.derive_chunkwise import check_schedule_options, chunkwise_schedule
 
 LOADS = (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp)
 # the gradient of each differentiable input, when the member reads it
@@ -176,10 +176,7 @@ class DeriveBackwardPass(ModulePass):
     unbounded_diagonal: str = "guarded"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.chunk_size <= 0 or self.sub_chunk <= 0 or self.solve_block <= 0:
-            raise ValueError(f"derive-backward: chunk-size, sub-chunk and solve-block must be positive, got "
-                             f"{self.chunk_size}, {self.sub_chunk}, {self.solve_block}")
-        check_unbounded_diagonal(self.name, self.unbounded_diagonal)
+        check_schedule_options(self)
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:

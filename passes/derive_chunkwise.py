@@ -60,6 +60,15 @@ def check_unbounded_diagonal(pass_name: str, value: str) -> None:
                          f"got {value!r}")
 
 
+def check_schedule_options(options) -> None:
+    """A pass's chunkwise-schedule options (chunk_size, sub_chunk, solve_block,
+    unbounded_diagonal), before anything is built: a one-line ValueError naming the pass."""
+    if options.chunk_size <= 0 or options.sub_chunk <= 0 or options.solve_block <= 0:
+        raise ValueError(f"{options.name}: chunk-size, sub-chunk and solve-block must be positive, got "
+                         f"{options.chunk_size}, {options.sub_chunk}, {options.solve_block}")
+    check_unbounded_diagonal(options.name, options.unbounded_diagonal)
+
+
 def gram_diagonal(op: RecurrenceOp, sub_chunk: int, unbounded: str = "guarded") -> k3s.GramDiagonal:
     bounded = op.input_option("gate_input") in BOUNDED_GATE_INPUTS
     if bounded and sub_chunk * -op.input_option("gate_lower_bound") <= FACTORED_DECAY_LIMIT:
@@ -177,12 +186,7 @@ class DeriveChunkwisePass(ModulePass):
     unbounded_diagonal: str = "guarded"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.chunk_size <= 0 or self.sub_chunk <= 0 or self.solve_block <= 0:
-            raise ValueError(
-                f"derive-chunkwise: chunk-size, sub-chunk and solve-block must be positive, got "
-                f"{self.chunk_size}, {self.sub_chunk}, {self.solve_block}"
-            )
-        check_unbounded_diagonal(self.name, self.unbounded_diagonal)
+        check_schedule_options(self)
         add_entries(op, RecurrenceOp, self.build)
 
     def build(self, op: RecurrenceOp) -> k3s.EntryOp:

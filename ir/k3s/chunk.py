@@ -44,6 +44,11 @@ def workspace_name(value: str) -> str:
     return "T_ut" if value == "T" else value
 
 
+def _positive_chunk_size(op) -> None:
+    if op.chunk_size.value.data <= 0:
+        raise VerifyException(f"{op.name}: chunk_size must be positive, got {op.chunk_size.value.data}")
+
+
 @irdl_op_definition
 class ChunkedOp(KeywordSyntax):
     """The chunkwise form of a recurrence: its body is one chunk. The ops before the chunk_scan
@@ -56,8 +61,7 @@ class ChunkedOp(KeywordSyntax):
     traits = traits_def(NoTerminator())
 
     def verify_(self) -> None:
-        if self.chunk_size.value.data <= 0:
-            raise VerifyException(f"{self.name}: chunk_size must be positive, got {self.chunk_size.value.data}")
+        _positive_chunk_size(self)
         scans = [op for op in self.body.ops if isinstance(op, ChunkScanOp)]
         if len(scans) != 1 or scans[0] is not self.body.block.last_op:
             raise VerifyException(f"{self.name}: the body must end in its one chunk_scan")
@@ -95,8 +99,7 @@ class ChunkedBackwardOp(KeywordSyntax):
     traits = traits_def(NoTerminator())
 
     def verify_(self) -> None:
-        if self.chunk_size.value.data <= 0:
-            raise VerifyException(f"{self.name}: chunk_size must be positive, got {self.chunk_size.value.data}")
+        _positive_chunk_size(self)
 
 
 @irdl_op_definition
