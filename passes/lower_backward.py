@@ -3,7 +3,7 @@
 The schedule's phases are the kernels, and what crosses between them follows from the values,
 as in fuse-chunkwise:
 - prepare (one program per chunk and value head): the recomputed forward stages the two scans
-  read, spilled (fuse-chunkwise's prepare, so merge-identical-kernels may run one code);
+  read, spilled (the stages of fuse-chunkwise's prepare; printed as a kernel of its own);
 - state scan (value block, sequence, value head): the state pass, spilling the state each chunk
   enters to a per-chunk workspace S;
 - cotangent scan (the same grid, the chunks in reverse): from dht, spilling the cotangent of the
