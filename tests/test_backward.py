@@ -187,12 +187,13 @@ def test_member_backward(layers, member, scenario):
     check_backward(layer, x, s["with_dht"], s["output_dh0"])
 
 
-# grouped value heads (dq, dk summed over a group of 2) at K = 24, V = 20 (not powers of two),
+# grouped value heads (dq, dk summed over a group of 2) at K = 24, V = 20 (not powers of two), T = 21
+# (a chunk of 16 and a partial one),
 # the scans in two value blocks (16 and a partial 4)
 @pytest.mark.parametrize("member", MEMBERS)
 def test_grouped_heads_odd_dims(layers, member):
     layer = layers(member, BACKWARD_PIPELINE, num_v_heads=4, head_k_dim=24, head_v_dim=20)
-    x = draw_inputs(op_of(layer), 1, 37)
+    x = draw_inputs(op_of(layer), 1, 21)
     check_backward(layer, x, with_dht=True, output_dh0=True)
 
 
@@ -236,7 +237,7 @@ def test_input_forms(layers, form):
     member, options = form
     layer = layers(member, BACKWARD_PIPELINE, **options)
     op = op_of(layer)
-    x = draw_inputs(op, 1, 37)
+    x = draw_inputs(op, 1, 21)
     got = check_backward(layer, x, with_dht=True, output_dh0=True)
     if options.get("gate_input") == "clamped":  # below the bound the clamp's gradient is zero
         below = x["g"] < options["gate_lower_bound"]
