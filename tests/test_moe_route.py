@@ -119,16 +119,20 @@ def logit_tiles(layer) -> list[tuple[int | None, int, int, int, int]]:
 
 
 def rows_of_each_launch(layer) -> list[tuple[int, tuple]]:
-    """Row counts in each launch's range with that launch's tiles: its least rows, and one that
-    is not a multiple of its BR and makes several row blocks where the range allows (a bounded
-    launch's bound - 1, the last one's least rows + BR + 1)."""
+    """Row counts in each launch's range with that launch's tiles: its least rows, and where
+    those are not already several row blocks with a partial last one, the fewest rows that are
+    (least + BR + 1), or the range's bound - 1 where it allows no more blocks. (The least rows
+    of a launch past the first are the previous bound + 1: several blocks of a BR that divides
+    the bound, the last of them one row.)"""
     rows, least = [], 1
     for tiles in logit_tiles(layer):
         most, BR = tiles[0], tiles[1]
-        R = most - 1 if most is not None else least + BR + 1
-        assert least <= R and R % BR, f"R = {R}: in {least}..{most}, a partial block of {BR}"
-        assert R > BR or most <= BR + 1, f"R = {R}: several blocks of {BR} where {least}..{most} allows"
-        rows += [(least, tiles), (R, tiles)] if least < R else [(R, tiles)]
+        rows.append((least, tiles))
+        if least <= BR or not least % BR:
+            R = least + BR + 1 if most is None else min(least + BR + 1, most - 1)
+            assert least <= R and R % BR, f"R = {R}: in {least}..{most}, a partial block of {BR}"
+            assert R > BR or most <= BR + 1, f"R = {R}: several blocks of {BR} where {least}..{most} allows"
+            rows += [(R, tiles)] if least < R else []
         least = (most or 0) + 1
     return rows
 
