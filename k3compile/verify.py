@@ -3,7 +3,8 @@
 Each case draws fresh random inputs (never zeros), runs the compiled entry with its outputs
 NaN-filled (POISON_OUTPUTS, so an unwritten element fails), runs `k3compile.ir.reference` on the same
 inputs in float64 on the CPU, and compares by max abs error and the RMS ratio
-||out - ref|| / ||ref|| (the measure fla's tests use).
+||out - ref|| / ||ref|| (the measure fla's tests use). A recurrence's `chunk_backward` cases
+compare each gradient with float64 autograd of the reference (k3compile/verify_backward.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from k3compile.driver import CompiledLayer, lower, write_module
 from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
+from k3compile.verify_backward import gradient_rows, gradient_tolerance
 from k3compile.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 
 # RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
@@ -92,6 +94,7 @@ class RecurrenceCase:
     # an unbounded channel gate decays about 10x faster from this (packed) token on, past what a
     # factored Gram diagonal block may span: the chunks there take the elementwise blocks
     steep_from: int | None = None
+    dht: bool = True  # chunk_backward: a random cotangent of the final state (else none: zero)
 
 
 def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dict:
@@ -146,7 +149,8 @@ QUICK_CPU_HEADS = 2
 
 
 def quick_layer(spec: LayerSpec, on_gpu: bool) -> LayerSpec:
-    """The layer --quick verifies: the spec itself, or on a CPU the spec with QUICK_CPU_HEADS heads."""
+    """The layer --quick (and the full grid's chunk_backward) verifies: the spec itself, or on a
+    CPU the spec with QUICK_CPU_HEADS heads."""
     H, HV = spec.params["num_heads"], spec.params["num_v_heads"]
     if on_gpu or H <= QUICK_CPU_HEADS:
         return spec
@@ -168,14 +172,16 @@ def quick_recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[Laye
     ]
     yield layer, "segment_summary", [RecurrenceCase("segments (5, 17, 1)", 1, 0, seqlens=(5, 17, 1),
                                                     initial_state=False)]
+    yield layer, "chunk_backward", [RecurrenceCase("varlen (17, 0, 1, 5), initial states, dht", 1, 0,
+                                                   seqlens=(17, 0, 1, 5))]
 
 
-def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[RecurrenceCase]]]:
-    """Per entry: the token loop (recurrent) and the chunked schedule (chunk, at the default
-    pipeline's chunk size). The interpreter runs each (program, token) step of `recurrent` in
-    numpy, so its CPU cases are short; `chunk` cases always span several chunks with a partial one."""
+def recurrence_variants(spec: LayerSpec) -> list[tuple[LayerSpec, str]]:
+    """The spec's variants every entry is verified on, each with the label its cases' names
+    start with: grouped value heads (if the spec has none), negative eigenvalues (with the delta
+    rule), head dims that are not powers of two."""
     p = spec.params
-    variants = [(spec, "")]
+    variants = []
     if p["num_v_heads"] == p["num_heads"]:
         variants.append((variant(spec, "grouped", num_v_heads=2 * p["num_heads"]), "grouped value heads HV = 2H, "))
     if RECURRENCE_KINDS[spec.kind]["delta_rule"] and p["beta_input"] != "logits_neg_eigval":
@@ -183,9 +189,24 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
                          "beta = 2 sigmoid(logits) (negative eigenvalues), "))
     K, V = not_power_of_two(p["head_k_dim"]), not_power_of_two(p["head_v_dim"])
     variants.append((variant(spec, "npow2", head_k_dim=K, head_v_dim=V, scale=K**-0.5), f"K={K} V={V}, "))
-    # a bounded channel gate takes the other form of the chunked Grams' diagonal blocks (factored)
-    bounded = (variant(spec, "clamped", gate_input="clamped"), "gate clamped at -5 (factored Gram diagonal), ")
-    has_other_gram = spec.kind in ("kda", "gla") and p.get("gate_input", "log") == "log"
+    return variants
+
+
+def bounded_gate_variant(spec: LayerSpec) -> tuple[LayerSpec, str] | None:
+    """With an unbounded channel gate, the spec with the gate clamped at -5: the chunked Grams'
+    diagonal blocks (and the backward's contractions) take their other, factored form."""
+    if spec.kind not in ("kda", "gla") or spec.params.get("gate_input", "log") != "log":
+        return None
+    return variant(spec, "clamped", gate_input="clamped"), "gate clamped at -5 (factored Gram diagonal), "
+
+
+def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[RecurrenceCase]]]:
+    """Per entry: the token loop (recurrent) and the chunked schedule (chunk, at the default
+    pipeline's chunk size), then the gradients (gradient_cases). The interpreter runs each
+    (program, token) step of `recurrent` in numpy, so its CPU cases are short; `chunk` cases
+    always span several chunks with a partial one."""
+    variants = recurrence_variants(spec)
+    bounded = bounded_gate_variant(spec)
     for entry, long in (("recurrent", 257 if on_gpu else 19), ("chunk", 257 if on_gpu else 67)):
         yield spec, entry, [
             RecurrenceCase(f"B2 T{long} (odd T), initial state", 2, long),
@@ -206,7 +227,7 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
                                 # context parallelism on one device (chunk_segments)
                                 RecurrenceCase(f"varlen (5, {long}, 40), 3 segments each", 1, 0,
                                                seqlens=(5, long, 40), segments=3)]
-        for layer_spec, label in variants[1:] + ([bounded] if entry == "chunk" and has_other_gram else []):
+        for layer_spec, label in variants + ([bounded] if entry == "chunk" and bounded else []):
             yield layer_spec, entry, [RecurrenceCase(f"{label}varlen (5, {long})", 1, 0, seqlens=(5, long))]
     # context parallelism: every segment's (M, N), segments shorter than, equal to and longer than
     # a chunk (on the CPU the interpreter is slow: the grouped-heads variant is left to the tests)
@@ -214,9 +235,36 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
         RecurrenceCase(f"segments {(5, 32, long, 1)}", 1, 0, seqlens=(5, 32, long, 1), initial_state=False),
         *([RecurrenceCase("B3 T9 (batch rows as segments)", 3, 9, initial_state=False)] if on_gpu else []),
     ]
-    for layer_spec, label in variants[1:] if on_gpu else variants[-1:]:
+    for layer_spec, label in variants if on_gpu else variants[-1:]:
         yield layer_spec, "segment_summary", [
             RecurrenceCase(f"{label}segments (5, {long})", 1, 0, seqlens=(5, long), initial_state=False)]
+    yield from gradient_cases(spec, on_gpu)
+
+
+def gradient_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[RecurrenceCase]]]:
+    """chunk_backward, every gradient: odd lengths over several chunks with a partial one; an
+    initial state and a cotangent of the final state (dht; dh0 compared too) in every case but
+    the zero start; varlen with an empty and a one-token sequence; steep gates (a channel Gram's
+    cotangents contracted elementwise); the variants. On a GPU every variant at the spec's size.
+    On a CPU the gradients kernel runs one program per (chunk, value head) in the interpreter, so
+    the layers have QUICK_CPU_HEADS heads (as --quick's) and grouped value heads are the one
+    variant (none if the spec has them)."""
+    long = 257 if on_gpu else 37
+    cases = [
+        RecurrenceCase(f"B2 T{long} (odd T), initial state, dht", 2, long),
+        RecurrenceCase("B3 T21, zero start, no dht", 3, 21, initial_state=False, dht=False),
+        RecurrenceCase(f"varlen (16, 0, 1, {long}), initial states, dht", 1, 0, seqlens=(16, 0, 1, long)),
+    ]
+    if RECURRENCE_KINDS[spec.kind]["gate"] != "none":
+        cases.append(RecurrenceCase(f"varlen (20, {long}), gates steep from token 30", 1, 0,
+                                    seqlens=(20, long), steep_from=30))
+    yield quick_layer(spec, on_gpu), "chunk_backward", cases
+    bounded = bounded_gate_variant(spec)
+    for layer_spec, label in recurrence_variants(spec) + ([bounded] if bounded else []):
+        grouped = layer_spec.params["num_v_heads"] != spec.params["num_v_heads"]
+        if on_gpu or grouped:
+            yield quick_layer(layer_spec, on_gpu), "chunk_backward", [
+                RecurrenceCase(f"{label}varlen (5, {long})", 1, 0, seqlens=(5, long))]
 
 
 def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
@@ -271,6 +319,8 @@ def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype,
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
     if entry == "segment_summary":
         return run_summary_case(layer, layer_op, inputs)
+    if entry == "chunk_backward":
+        return gradient_rows(layer.module, layer_op, inputs, case.dht, gen)
     if case.checkpoint_every:
         inputs["checkpoint_every"] = case.checkpoint_every
         o, final, kept = getattr(layer, entry)(**inputs, output_final_state=True)
@@ -337,7 +387,13 @@ class Family:
     tolerance: Callable = lambda entry, tensor, dtype: tolerance(entry, dtype)  # the RMS ratio allowed
 
 
-FAMILIES: dict[str, Family] = {kind: Family(recurrence_cases, quick_recurrence_cases, run_recurrence_case)
+def recurrence_tolerance(entry: str, tensor: str, dtype) -> float:
+    """The RMS ratio a recurrence entry's tensor may differ by: each gradient its own."""
+    return gradient_tolerance(tensor, dtype) if entry == "chunk_backward" else tolerance(entry, dtype)
+
+
+FAMILIES: dict[str, Family] = {kind: Family(recurrence_cases, quick_recurrence_cases, run_recurrence_case,
+                                            recurrence_tolerance)
                                for kind in RECURRENCE_KINDS}
 FAMILIES["attnres"] = Family(attnres_cases, quick_attnres_cases, run_attnres_case)
 FAMILIES["latent_moe"] = Family(moe_cases, quick_moe_cases, run_moe_case, moe_tolerance)

@@ -17,11 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import EXAMPLES, one_line
-from k3compile.ir import reference
+from k3compile.verify_backward import chunk_backward_gradients, draw_cotangents, reference_gradients, state_shape
 
 RTOL = 1e-4  # relative norm per gradient; the interpreter's fp32 gets ~1e-7
 MEMBERS = ("kda", "gated_deltanet", "deltanet", "gla")
-DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")  # chunk_backward's order, then dh0
 # the entry's pipeline: the default one, but the backward's scans in value blocks of 16 (so a V of
 # 20 runs a full block and a partial one)
 BACKWARD_PIPELINE = "derive-backward{chunk-size=16},lower-backward{block-v=16},outline-kernels"
@@ -101,39 +100,6 @@ def draw_inputs(op, B: int, T: int, seqlens=None, initial_state: bool = True) ->
     return x
 
 
-def state_shape(op, N: int) -> tuple[int, ...]:
-    HV, K, V = op.num_v_heads.value.data, op.head_k_dim.value.data, op.head_v_dim.value.data
-    return (N, HV, K, V) if op.state_layout.data == "kv" else (N, HV, V, K)
-
-
-def cotangents(op, x: dict, with_dht: bool):
-    B, T = x["q"].shape[:2]
-    N = B if x.get("cu_seqlens") is None else len(x["cu_seqlens"]) - 1
-    do = torch.randn(B, T, op.num_v_heads.value.data, op.head_v_dim.value.data)
-    return do, (torch.randn(*state_shape(op, N)) if with_dht else None)
-
-
-def reference_grads(op, x: dict, do, dht) -> dict:
-    """d<do, o> + <dht, final_state> by float64 autograd of the token recurrence: each read
-    input's gradient by name, and "h0" (None without an initial state)."""
-    leaves = {n: x[n].double().requires_grad_() for n in DIFFERENTIABLE if x.get(n) is not None}
-    h0 = x.get("initial_state")
-    h0 = None if h0 is None else h0.double().requires_grad_()
-    o, final = reference.recurrence(op, **{**x, **leaves, "initial_state": h0}, output_final_state=True)
-    loss = (o * do.double()).sum()
-    if dht is not None:
-        loss = loss + (final * dht.double()).sum()
-    loss.backward()
-    return {**{n: t.grad for n, t in leaves.items()}, "h0": None if h0 is None else h0.grad}
-
-
-def run_backward(layer, x: dict, do, dht, output_dh0: bool) -> dict:
-    out = layer.module.chunk_backward(**x, do=do, dht=dht, output_dh0=output_dh0)
-    names = [n for n in DIFFERENTIABLE if x.get(n) is not None]
-    assert len(out) == len(names) + 1, f"chunk_backward returned {len(out)} values for {names} and dh0"
-    return {**dict(zip(names, out[:-1])), "h0": out[-1]}
-
-
 def assert_grad(got, want, what: str, like: torch.Tensor | None = None, tol: float = RTOL) -> None:
     assert got is not None, f"{what}: no gradient"
     assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
@@ -148,9 +114,9 @@ def assert_grad(got, want, what: str, like: torch.Tensor | None = None, tol: flo
 def check_backward(layer, x: dict, with_dht: bool, output_dh0: bool) -> dict:
     """chunk_backward against the oracle; returns the kernels' gradients."""
     op = op_of(layer)
-    do, dht = cotangents(op, x, with_dht)
-    got = run_backward(layer, x, do, dht, output_dh0)
-    want = reference_grads(op, x, do, dht)
+    do, dht = draw_cotangents(op, x, with_dht)
+    got = chunk_backward_gradients(layer.module, x, do, dht, output_dh0)
+    want = reference_gradients(op, x, do, dht)
     for name, value in got.items():
         if name == "h0":
             continue
@@ -259,11 +225,11 @@ def test_gradients_causal(layers, member):
     op = op_of(layer)
     T, t0 = 37, 21
     x = draw_inputs(op, 1, T)
-    do, _ = cotangents(op, x, with_dht=False)
+    do, _ = draw_cotangents(op, x, with_dht=False)
     changed = do.clone()
     changed[:, :t0] = torch.randn_like(changed[:, :t0])
-    first = run_backward(layer, x, do, None, output_dh0=False)
-    second = run_backward(layer, x, changed, None, output_dh0=False)
+    first = chunk_backward_gradients(layer.module, x, do, None, output_dh0=False)
+    second = chunk_backward_gradients(layer.module, x, changed, None, output_dh0=False)
     for name in first:
         if name == "h0":
             continue
@@ -347,7 +313,7 @@ def test_ops_chunk_kda_training_step(ops_cache, dtype, tol):
     do, dht = torch.randn_like(o), torch.randn_like(final)
     torch.autograd.backward([o, final], [do, dht])
     # the oracle on the inputs as the kernels saw them (rounded to dtype)
-    want = reference_grads(op, {n: leaves[n].detach() for n in names}, do, dht)
+    want = reference_gradients(op, {n: leaves[n].detach() for n in names}, do, dht)
     for n in names:
         got = leaves[n].grad
         assert got is not None, f"{n}.grad: none"
@@ -371,7 +337,7 @@ def test_ops_chunk_gated_delta_rule_training_step(ops_cache):
     assert final is None
     do = torch.randn_like(o)
     torch.autograd.backward(o, do)
-    want = reference_grads(op, x, do, None)
+    want = reference_gradients(op, x, do, None)
     for n in names:
         assert_grad(leaves[n].grad, want[n], f"{n}.grad", like=leaves[n])
     assert h0.grad is None

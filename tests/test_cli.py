@@ -424,7 +424,7 @@ def test_verify_quick_runs_one_case_per_entry(capsys, tiny_spec, tmp_path, monke
     assert "--quick (one case per entry)" in out and " 0 failed" in out
     entries = {line.split("│")[2].strip() for line in out.splitlines() if line.count("│") > 8} - {""}
     # every entry of the module (chunk_segments through chunk(..., segments=2))
-    assert entries == {"recurrent", "decode", "chunk", "segment_summary"}
+    assert entries == {"recurrent", "decode", "chunk", "segment_summary", "chunk_backward"}
 
 
 def test_quick_grid_covers_varlen_initial_states_and_odd_lengths():
