@@ -70,6 +70,8 @@ def main() -> None:
                 signature[arg], constexprs[(index,)] = "constexpr", DOT
             elif arg == "scale":
                 signature[arg] = "fp32"
+            elif arg in fp32:  # a pointer, whatever its name (a backward's S workspace is no source count)
+                signature[arg] = "*fp32"
             elif arg in RUNTIME_INTS or arg == "NSLOTS":  # NSLOTS: pool rows
                 signature[arg] = "i32"
             elif arg in ("cu_seqlens", "chunk_table"):
@@ -87,6 +89,8 @@ def main() -> None:
         cubin = f"/tmp/{name}.cubin"
         with open(cubin, "wb") as handle:
             handle.write(compiled.asm["cubin"])
+        with open(f"/tmp/{name}.ptx", "w") as handle:
+            handle.write(compiled.asm["ptx"])
         usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
         sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
         registers = re.search(r"REG:(\d+)", usage)

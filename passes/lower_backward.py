@@ -24,7 +24,8 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import argument_values, check_num_warps, check_power_of_two, entry_values, make, rebind
+from k3compile.passes.common import (argument_values, check_num_warps, check_power_of_two, entry_values, make, rebind,
+                                     tensor_arg)
 from k3compile.passes.fuse_chunkwise import LOADS, KernelBody, crossing, workspace_arguments
 
 
@@ -41,9 +42,44 @@ def feeding(stages: list[Operation], read: list[SSAValue]) -> list[Operation]:
     return [op for op in stages if op in wanted]
 
 
+def has_value_columns(value: SSAValue) -> bool:
+    return isinstance(value.type, k3s.TileType) and "V" in [d.data for d in value.type.dims.data]
+
+
+def in_value_blocks(ops: list[Operation], block_v: int) -> list[Operation]:
+    """ops (a chunk kernel's, in order) with the stages that read or make value columns moved
+    into a k3s.value_block_loop of block_v columns: the ones before it make none and read none
+    of its sums, the ones after it read them. What leaves the loop without value columns must be
+    a contraction of them (a dot or a reduce_sum), so that it is the sum of its blocks' parts. ops
+    as they are where that does not hold (a stage on value columns that needs such a sum)."""
+    blocked = [op for op in ops if any(has_value_columns(v) for v in (*op.operands, *op.results))]
+    parts = [r for op in blocked for r in op.results if not has_value_columns(r)]
+    if not blocked or any(not isinstance(p.owner, (k3s.DotOp, k3s.ReduceSumOp)) for p in parts):
+        return ops
+    after: set[Operation] = set()
+    reads_a_sum = set(parts)
+    for op in ops:
+        if op not in blocked and any(v in reads_a_sum for v in op.operands):
+            after.add(op)
+            reads_a_sum.update(op.results)
+    if any(v in reads_a_sum for op in blocked for v in op.operands):
+        return ops
+    body = Block(arg_types=[p.type for p in parts])
+    body.add_ops([*blocked, make(k3s.SumValueBlocksOp, operands=parts)])
+    loop = make(k3s.ValueBlockLoopOp, body, block_v=block_v, results=[(p.name_hint, p.type) for p in parts])
+    for part, carried, total in zip(parts, body.args, loop.results, strict=True):
+        carried.name_hint = part.name_hint  # the sum's register; the part becomes the block's
+        part.replace_uses_with_if(total, lambda use: use.operation.parent_op() is not loop)
+        part.name_hint = f"{part.name_hint}_block"
+    before = [op for op in ops if op not in blocked and op not in after]
+    return [*before, loop, *[op for op in ops if op in after]]
+
+
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
-                   block_v: int, num_warps: int, scan_stages: int) -> tuple[list[Operation], list[Operation]]:
-    """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`."""
+                   block_v: int, num_warps: int, scan_stages: int, state_spill: str = "float32"
+                   ) -> tuple[list[Operation], list[Operation]]:
+    """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
+    S and S_bar are spilled in `state_spill` (float32, or the input dtype: half the traffic)."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
@@ -57,6 +93,10 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
     C = schedule.chunk_size.value.data
     spilled_to = workspace_arguments(layer_op, C, {v.name_hint for v in spilled} | {"S", "S_bar"})
+    if state_spill == "input":
+        for name in ("S", "S_bar"):
+            dims = spilled_to[name].results[0].type.dims
+            spilled_to[name] = tensor_arg(name, k3s.tensor(*dims, dtype="float"), "workspace")
     offsets = values.get("cu_seqlens")
     name = f"{layer_op.sym_name.data}_backward"
 
@@ -101,7 +141,9 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         grads.add(reloaded)
         grads.mapped[scan.results[0]] = reloaded.results[0]
     grads.place([*feeding(local, [v for op in gradients for v in op.operands]), *gradients])
-    # every value column in one program: the [K, V] state and cotangent tiles, twice the prepare's warps
+    grads.ops = in_value_blocks(grads.ops, block_v)
+    # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
+    # time), twice the prepare's warps
     kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents,
                chunk_kernel("gradients", grads, 2 * num_warps)]
     workspaces = list(spilled_to.values())
@@ -117,15 +159,20 @@ class LowerBackwardPass(ModulePass):
     block_v: int = 64
     num_warps: int = 4
     scan_stages: int = 2
+    # the dtype of the per-chunk state and cotangent workspaces: float32, or input (the inputs'
+    # dtype, as fla keeps its chunk states: half the bytes, the scans still carry fp32)
+    state_spill: str = "float32"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.state_spill not in ("float32", "input"):
+            raise ValueError(f"lower-backward: state-spill must be float32 or input, got {self.state_spill!r}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for schedule in [o for o in op.walk() if isinstance(o, k3s.ChunkedBackwardOp)]:
             entry = schedule.parent_op()
             workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
-                                                 self.block_v, self.num_warps, self.scan_stages)
+                                                 self.block_v, self.num_warps, self.scan_stages, self.state_spill)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()

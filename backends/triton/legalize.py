@@ -4,7 +4,8 @@ before it is printed, so that the printer only prints.
 - The kernels can hold their layer (backends/triton/limits.py: tile sizes, chunk and row-block
   divisibility, grid axes); otherwise an UnsupportedError names the spec key and the limit.
 - Every kernel's tile block sizes: key columns whole (next power of two of K), value columns a
-  state tile's block (at most its block_v) or, in a chunk kernel, whole; AttnRes rows whole;
+  state tile's block (at most its block_v) or, in a chunk kernel, whole (its value-block loop's
+  block where it has one); AttnRes rows whole;
   the MoE router's blocks of token rows, experts and hidden columns and its slices of the
   hidden columns (logits kernel) and of rows, experts (whole) and top-k slots (top-k kernel);
   the MoE experts' blocks of pairs, token rows, output and input columns.
@@ -76,6 +77,8 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
         elif isinstance(op, k3s.ChunkTileOp):  # a whole chunk, all value columns
             sizes.update(block_k=next_power_of_2(op.head_k_dim.value.data),
                          block_v=next_power_of_2(op.head_v_dim.value.data))
+        elif isinstance(op, k3s.ValueBlockLoopOp):  # after the kernel's chunk tile: its value blocks
+            sizes.update(block_v=min(sizes["block_v"], op.block_v.value.data))
         elif isinstance(op, k3s.FoldQueryOp):
             sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
         elif isinstance(op, k3s.RouterLogitsOp):

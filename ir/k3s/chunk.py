@@ -18,6 +18,7 @@ from xdsl.irdl import (
     result_def,
     traits_def,
     var_operand_def,
+    var_result_def,
 )
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
@@ -156,6 +157,38 @@ class NextChunkOp(KeywordSyntax):
     traits = traits_def(IsTerminator(), HasParent(ChunkScanOp, ChunkLoopOp, StateScanOp, CotangentScanOp))
 
 
+@irdl_op_definition
+class ValueBlockLoopOp(KeywordSyntax):
+    """In a kernel: its value columns in blocks of `block_v`, so that no tile holds more of them
+    (a [K, V] state and its cotangent, whole, would not fit one program's registers). The body is
+    the stages that read or make value columns; each result is a sum over the blocks (a product
+    or reduction that contracts the value columns), carried in the block argument of its index
+    and summed by the closing `k3s.sum_value_blocks`."""
+
+    name = "k3s.value_block_loop"
+    block_v = prop_def(IntegerAttr[I64])
+    sums = var_result_def(TileType)
+    body = region_def("single_block")
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        args, terminator = self.body.block.args, self.body.block.last_op
+        if not isinstance(terminator, SumValueBlocksOp) or len(terminator.operands) != len(self.sums) or len(args) != len(self.sums):
+            raise VerifyException(f"{self.name}: a block argument and a k3s.sum_value_blocks operand per result")
+        for arg, part, total in zip(args, terminator.operands, self.sums, strict=True):
+            if not arg.type == part.type == total.type:
+                raise VerifyException(f"{self.name}: a sum's block argument, part and result differ in type")
+
+
+@irdl_op_definition
+class SumValueBlocksOp(KeywordSyntax):
+    """Each operand (one value block's part of a sum) added to the loop's carried sum of its index."""
+
+    name = "k3s.sum_value_blocks"
+    parts = var_operand_def(TileType)
+    traits = traits_def(IsTerminator(), HasParent(ValueBlockLoopOp))
+
+
 def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
     """(the state a chunk enters with, the state it leaves)."""
     return loop.body.block.args[0], loop.body.block.last_op.state
@@ -163,10 +196,10 @@ def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
 
 # before fusion, in a prepare kernel (or under one of its guards), re-run in a scan, recomputed
 # by a backward schedule
-CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, WhenOp, ChunkLoopOp, ChunkedBackwardOp)
+CHUNK_LOCAL_PARENTS = (ChunkedOp, KernelOp, WhenOp, ChunkLoopOp, ChunkedBackwardOp, ValueBlockLoopOp)
 # where the state a chunk enters is known: a scan, a backward schedule after its state scan, or a
 # kernel that reloads it
-SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp, StateScanOp, ChunkedBackwardOp, KernelOp)
+SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp, StateScanOp, ChunkedBackwardOp, KernelOp, ValueBlockLoopOp)
 
 
 @irdl_op_definition
@@ -268,7 +301,7 @@ class ReloadOp(KeywordSyntax):
     name = "k3s.reload"
     workspace = operand_def(TensorType)
     tile = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp, ChunkLoopOp), MemoryReadEffect())
+    traits = traits_def(HasParent(KernelOp, ChunkLoopOp, ValueBlockLoopOp), MemoryReadEffect())
 
 
 @irdl_op_definition
@@ -358,6 +391,8 @@ CHUNK_STAGES = [
     CotangentScanOp,
     ChunkLoopOp,
     NextChunkOp,
+    ValueBlockLoopOp,
+    SumValueBlocksOp,
     ChunkTileOp,
     LoadChunkOp,
     LoadGateOp,

@@ -10,6 +10,10 @@ from k3compile.backends.triton.printer.common import chunk_rows, register, tenso
 from k3compile.ir import k3s
 
 
+# a chunk kernel's tile dimensions as the block sizes of their Triton shapes
+TILE_BLOCKS = {"C": "BC", "NB": "NB", "K": "BK", "V": "BV"}
+
+
 class ChunkStages:
     """TritonPrinter's methods for chunkstages (one per k3s op, and their helpers)."""
 
@@ -47,6 +51,22 @@ class ChunkStages:
         with c.indent():
             c("t_c = start + o_c", "m_c = t_c < eos")
             self.print_ops(op)
+
+    def print_k3s_value_block_loop(self, op: k3s.ValueBlockLoopOp) -> None:
+        c = self.code
+        c.comment(op, "the value columns in blocks of BV; what contracts them summed over the blocks")
+        for carried in op.body.block.args:
+            shape = ", ".join(TILE_BLOCKS[d.data] for d in carried.type.dims.data)
+            c(f"{register(carried)} = tl.zeros([{shape}], dtype=tl.float32)")
+        c("for i_vb in range(0, tl.cdiv(V, BV)):")
+        with c.indent():
+            c("o_v = i_vb * BV + tl.arange(0, BV)", "m_v = o_v < V")
+            self.print_ops(op)
+
+    def print_k3s_sum_value_blocks(self, op: k3s.SumValueBlocksOp) -> None:
+        self.code.comment(op)
+        for carried, part in zip(op.parent_block().args, op.parts, strict=True):
+            self.code(f"{register(carried)} += {register(part)}")
 
     def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")

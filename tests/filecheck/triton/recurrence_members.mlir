@@ -106,10 +106,16 @@
 // ALL-LABEL: def {{[a-z_]+}}_backward_cotangent_scan_kernel(
 // ALL:       for i_rc in range(0, tl.cdiv(eos - bos, BC)):
 // ALL-LABEL: def {{[a-z_]+}}_backward_gradients_kernel(
+// The state and its cotangent a value block at a time; what contracts the value columns summed.
+// ALL:       k3s.value_block_loop <block_v = 64>
+// ALL-NEXT:  b_{{[A-Za-z_0-9]+}} = tl.zeros(
+// ALL:       for i_vb in range(0, tl.cdiv(V, BV)):
+// ALL:       b_S_bar = tl.load(S_bar + {{.*}}o_v[None, :]
+// ALL:       k3s.sum_value_blocks
 // KDA:       k3s.transposed_solve
 // KDA:       k3s.gated_contraction
 // KDA:       for j in range(0, BC):
-// GDN:       k3s.pair_decay
+// GDN:       k3s.mul %{{[a-z_0-9]+}}, %pair_decay
 // DN-NOT:    k3s.gated_contraction
 // ALL:       k3s.store_cotangent %{{[a-z_0-9]+}}, %dq, %q
 // ALL-LABEL: def chunk_backward(q, k, v,
