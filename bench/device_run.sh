@@ -30,6 +30,8 @@
 #                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
 #   backward       training: k3compile.ops chunk functions forward + backward vs fla's, gradients vs float64
 #                  autograd of the reference (bench/backward_gpu.py, $BACKWARD_ARGS)
+#   backward-sweep the backward schedule's options (derive-backward / lower-backward) checked and timed with
+#                  per-kernel times and peak memory, next to fla's backward (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS)
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
 # $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
@@ -165,6 +167,10 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       # training: k3compile.ops' chunk functions forward + backward against fla's, and our gradients
       # against float64 autograd of the reference ($BACKWARD_ARGS: e.g. --skip-verify, --cases ...)
       K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/backward_gpu.py --out "$OUT" ${BACKWARD_ARGS:-} ;;
+    backward-sweep)
+      # the backward schedule's options side by side, checked and timed with per-kernel times
+      # (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS: e.g. --member gdn --long-check)
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/backward_sweep.py --out "$OUT/backward_sweep" ${BACKWARD_SWEEP_ARGS:-} ;;
     cp)
       spec=$(variant "${CP_CASE:-kda_h16}")
       module="bench/generated/$(basename "$spec" .toml).py"
