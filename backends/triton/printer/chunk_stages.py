@@ -58,7 +58,7 @@ class ChunkStages:
         for carried in op.body.block.args:
             shape = ", ".join(TILE_BLOCKS[d.data] for d in carried.type.dims.data)
             c(f"{register(carried)} = tl.zeros([{shape}], dtype=tl.float32)")
-        c("for i_vb in range(0, tl.cdiv(V, BV)):")
+        c("for i_vb in tl.static_range(0, (V + BV - 1) // BV):  # unrolled: ptxas spills a dynamic loop this large")
         with c.indent():
             c("o_v = i_vb * BV + tl.arange(0, BV)", "m_v = o_v < V")
             self.print_ops(op)
