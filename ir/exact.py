@@ -541,6 +541,18 @@ def apply_summary(form: str, summary: tuple, S: Matrix) -> Matrix:
     return transition_apply(form, summary[0], S) + summary[1]
 
 
+def transition_transpose(form: str, M):
+    """M^T in M's transition form: a full M transposed; a diagonal, a scalar and the identity are
+    their own transposes."""
+    return M.T if form == "full" else M
+
+
+def adjoint_summary(combine: k3s.SummaryCombineOp, summary: tuple) -> tuple:
+    """An adjoint combine's view of a segment's (M, N_bar): (M^T, N_bar), which the combine's
+    algebra composes like any summary (in the reverse direction: later segments first)."""
+    return transition_transpose(combine.transition.data, summary[0]), summary[1]
+
+
 def combine_summaries(combine: k3s.SummaryCombineOp, later: tuple, earlier: tuple) -> tuple:
     """(M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2) in the combine op's transition form."""
     (M2, N2), (M1, N1) = later, earlier

@@ -24,6 +24,9 @@ Each pass is one idea, named for what it derives:
   the previous round's commit, then the next round's verify).
 - derive-segment-scan: k3.recurrence -> its segment-scan schedule (context parallelism: segment
   summaries (M, N), their associative combine, each segment finished chunkwise), proved;
+- derive-segment-scan-backward: its backward (chunk_backward_segments): chunk_backward's kernels per
+  segment, the leaving cotangents from the forward combine's adjoint (the combine transposed, in
+  reverse);
 - guard-spill-only-stages: a kernel that is another's minus stages that only feed spills runs the
   other's code, those stages under a constexpr flag it turns off (the summary prepare, the chunk
   prepare's code without the output's stages);
@@ -55,6 +58,7 @@ _WHERE = {
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),
     "lower-segment-scan": ("lower_segment_scan", "LowerSegmentScanPass"),
+    "derive-segment-scan-backward": ("derive_segment_scan_backward", "DeriveSegmentScanBackwardPass"),
     "guard-spill-only-stages": ("guard_spill_only_stages", "GuardSpillOnlyStagesPass"),
     "merge-identical-kernels": ("merge_identical_kernels", "MergeIdenticalKernelsPass"),
     "outline-kernels": ("outline_kernels", "OutlineKernelsPass"),

@@ -85,6 +85,13 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
         "kda_segments_scan": "kda_chunk_scan",
         "kda_segments_summary_scan_N": "kda_summary_scan_N",
         "kda_segments_summary_scan_M": "kda_summary_scan_M",
+        # chunk_backward_segments (derive-segment-scan-backward): all but its cotangent summary
+        "kda_backward_segments_prepare": "kda_backward_prepare",
+        "kda_backward_segments_summary_scan_N": "kda_summary_scan_N",
+        "kda_backward_segments_summary_scan_M": "kda_summary_scan_M",
+        "kda_backward_segments_state_scan": "kda_backward_state_scan",
+        "kda_backward_segments_cotangent_scan": "kda_backward_cotangent_scan",
+        "kda_backward_segments_gradients": "kda_backward_gradients",
     }
     source = compilation.source
     assert "def kda_segments_scan_kernel(" not in source and "def kda_summary_prepare_kernel(" not in source

@@ -11,6 +11,11 @@ emitted, and a `chunk` wrapper with two more parameters:
 - `cp_group=group`: this rank holds a contiguous slice of the packed token stream; one
   all-gather of fixed size carries the summary of the piece that continues into the next rank.
 
+With a `chunk_backward` and a `chunk_backward_segments` entry too (derive-segment-scan-backward),
+the plain backward is printed as `_chunk_backward_single` and `chunk_backward` takes the same two
+parameters (the cotangents from the forward combine's adjoint: one more all-gather across ranks),
+and `chunk` with either of them is differentiable (torch.autograd: its backward that one).
+
 The math is derive-segment-scan's (the k3s.segment_scan schedule); the runtime needs no kernels
 of its own: the combine runs in fp32 torch, its index plan copied to the device once per call.
 """
@@ -23,31 +28,49 @@ from k3compile.backends.triton.runtime import emitted
 from k3compile.ir import k3s
 
 PLAIN_CHUNK = "_chunk_single"  # the name the plain chunk entry is printed under
+PLAIN_BACKWARD = "_chunk_backward_single"  # and the plain chunk_backward entry
 
 CP_ENTRIES = ("chunk", "chunk_segments")
+CP_BACKWARD_ENTRIES = ("chunk_backward", "chunk_backward_segments")
 
 
-def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp, ...] | None:
-    """The (chunk, chunk_segments) entries of one layer, or None: context parallelism needs both."""
+def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp | None, ...] | None:
+    """The (chunk, chunk_segments, chunk_backward, chunk_backward_segments) entries of one layer,
+    or None: context parallelism needs the first two, its backward the last two (else None, None)."""
     entries = {op.sym_name.data: op for op in module.ops if isinstance(op, k3s.EntryOp)}
     found = tuple(entries.get(name) for name in CP_ENTRIES)
     if None in found or len({entry.source.data for entry in found}) != 1:
         return None
-    return found
+    backward = tuple(entries.get(name) for name in CP_BACKWARD_ENTRIES)
+    if None in backward or {entry.source.data for entry in backward} != {found[0].source.data}:
+        backward = (None, None)
+    return found + backward
 
 
-def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry) -> None:
+def plain_name(cp, entry: k3s.EntryOp) -> str | None:
+    """The name an entry is printed under where context parallelism wraps it (else its own)."""
+    if cp and entry is cp[0]:
+        return PLAIN_CHUNK
+    if cp and entry is cp[2]:
+        return PLAIN_BACKWARD
+    return None
+
+
+def print_context_parallel(printer, module: ModuleOp, cp) -> None:
     """Print the runtime, its instance for this layer and the `chunk` wrapper (after every entry:
-    the instance holds _chunk_single and chunk_segments)."""
-    from k3compile.backends.triton.printer import launch_table_name
+    the instance holds _chunk_single and chunk_segments), and the `chunk_backward` one."""
+    from k3compile.backends.triton.printer import EntryView, launch_table_name
     from k3compile.ir.k3 import RecurrenceOp
 
     c = printer.code
+    chunk_view, segments_entry = EntryView(cp[0]), cp[1]
+    backward_view = EntryView(cp[2]) if cp[2] is not None else None
     chunk = chunk_view.entry
     layer = next(op for op in module.ops if isinstance(op, RecurrenceOp) and op.sym_name.data == chunk.source.data)
-    tokens = [t.sym_name.data for t in chunk_view.tensors if t.role.data == "input"]
-    handled = {"initial_state", "cu_seqlens", "final_state"}  # the runtime maps them to segments / ranks
-    passed = ("optional_input", "forbidden")  # beside the tokens: scalars, A_log / dt_bias, absent inputs
+    # the per-token inputs (split with the tokens); beside them: scalars, A_log / dt_bias, absent inputs
+    tokens = [t.sym_name.data for t in chunk_view.tensors if t.role.data == "input" and "T" in t.type.dims]
+    handled = {"initial_state", "cu_seqlens", "final_state", *tokens}  # the runtime maps them to segments / ranks
+    passed = ("input", "optional_input", "forbidden")
     params = [a.sym_name.data for a in chunk_view.args if a.sym_name.data not in handled
               and (isinstance(a, k3s.ScalarArgOp) or a.role.data in passed)]
     state_shape = tuple(int(d) for d in chunk_view.dims("initial_state")[1:])
@@ -63,10 +86,14 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry
     first = chunk_view.tensors[0].sym_name.data
     c(*emitted("context_parallel"))
     c("", "")
+    backward = "None"
+    if backward_view is not None:  # the plain backward, its segments entry, the names of what they return
+        returned = [t.sym_name.data for t in backward_view.tensors if t.role.data in ("output", "optional_output")]
+        backward = f"({PLAIN_BACKWARD}, chunk_backward_segments, {tuple(returned)!r})"
     c(f"# k3s.entry @chunk <source = {chunk.source.data}> with context parallelism: transition {transition}, "
       f"states {layer.state_layout.data}",
       f"_CHUNK_CP = _ContextParallel({PLAIN_CHUNK}, chunk_segments, {transition!r}, {vk}, "
-      f"{state_shape!r}, {chunk_size}, {scan_programs}, {tuned})", "", "")
+      f"{state_shape!r}, {chunk_size}, {scan_programs}, {tuned}, {backward})", "", "")
     signature = printer.signatures["chunk"] + ["segments=None", "cp_group=None"]
     c(f"def chunk({', '.join(signature)}):")
     with c.indent():
@@ -85,6 +112,9 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry
           "        state per sequence that starts on this rank (None: zeros); final_state: one per",
           "        sequence that ends on this rank. One all_gather of 4 + (the summary) fp32 numbers per",
           "        rank, independent of T. Combines with segments; no checkpoint_every.",
+          *(["With segments or cp_group, differentiable (torch.autograd; the backward: chunk_backward with",
+             "the same segments / cp_group, one all-gather across ranks; checkpoints are not differentiated)."]
+            if backward_view is not None else []),
           '"""')
         c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1)):")
         with c.indent():
@@ -102,14 +132,68 @@ def print_context_parallel(printer, module: ModuleOp, chunk_view, segments_entry
                     c(f'_check_none("{name}", {name}, "k3 op @{chunk.source.data} has no {name} input")')
             c("return dims")
         c("", f"tokens = dict({', '.join(f'{n}={n}' for n in tokens)})",
-          f"params = dict({', '.join(f'{n}={n}' for n in params)})",
-          "if cp_group is not None:")
+          f"params = dict({', '.join(f'{n}={n}' for n in params)})")
+        c("if _needs_grad(*tokens.values(), *params.values(), initial_state):  # a module without a backward refuses")
+        with c.indent():
+            c("return _CHUNK_CP.differentiable(check, tokens, params, initial_state, output_final_state, cu_seqlens,",
+              "                                  checkpoint_every, segments, cp_group)")
+        c("if cp_group is not None:")
         with c.indent():
             c("return _CHUNK_CP.run_group(cp_group, check, tokens, params, initial_state, output_final_state, cu_seqlens,",
               "                             checkpoint_every, 1 if segments is None else segments)")
         c("_CHUNK_CP.check_segments(segments)",
           "return _CHUNK_CP.run_segments(check(), tokens, params, initial_state, output_final_state, cu_seqlens,",
           "                              checkpoint_every, segments)")
+    if backward_view is not None:
+        print_backward(printer, backward_view, tokens)
+
+
+def print_backward(printer, view, tokens: list[str]) -> None:
+    """`chunk_backward` with segments / cp_group: the plain entry's arguments and two more."""
+    c = printer.code
+    entry = view.entry
+    first = view.tensors[0].sym_name.data
+    handled = {"initial_state", "cu_seqlens", "do", "dht"}
+    params = [a.sym_name.data for a in view.args if a.sym_name.data not in handled and a.sym_name.data not in tokens
+              and (isinstance(a, k3s.ScalarArgOp) or a.role.data in ("input", "optional_input", "forbidden"))]
+    signature = printer.signatures["chunk_backward"] + ["segments=None", "cp_group=None"]
+    c("", "")
+    c(f"def chunk_backward({', '.join(signature)}):")
+    with c.indent():
+        c(f'"""{printer_describe(entry)} with context parallelism (docs/context-parallel.md).', "",
+          f"Arguments and returns as {PLAIN_BACKWARD} (the plain entry, above), and segments / cp_group as",
+          "chunk's: the gradients of chunk(..., segments=..., cp_group=...) with the same arguments.",
+          "    segments: every sequence split as chunk splits it (chunk_backward_segments: one prepare, the",
+          "        summaries, the cotangent summaries, the entering states and, by the combine's adjoint in",
+          "        reverse, every segment's leaving cotangent, then the backward of every segment).",
+          "    cp_group: this rank's tokens, global cu_seqlens, initial_state and dh0 for the sequences that",
+          "        start on this rank, dht for those that end on it. Two all_gathers of the forward's size:",
+          "        the forward's (the entering states, recomputed) and the adjoint's (the cotangents).",
+          '"""')
+        c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1)):")
+        with c.indent():
+            plain = [f"{n}={n}" for n in (p.split("=")[0] for p in printer.signatures["chunk_backward"])]
+            c(f"return {PLAIN_BACKWARD}({', '.join(plain)})")
+        c("def check():  # the per-token inputs and do, checked before any work (the entries check the rest)")
+        with c.indent():
+            c("dims = {}")
+            for arg in view.tensors:
+                name = arg.sym_name.data
+                device = "None" if name == first else f"{first}.device"
+                if arg.role.data == "input":
+                    c(f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})')
+                elif arg.role.data == "forbidden":
+                    c(f'_check_none("{name}", {name}, "k3 op @{entry.source.data} has no {name} input")')
+            c("return dims")
+        c("", f"tokens = dict({', '.join(f'{n}={n}' for n in tokens)})",
+          f"params = dict({', '.join(f'{n}={n}' for n in params)})",
+          "if cp_group is not None:")
+        with c.indent():
+            c("return _CHUNK_CP.run_group_backward(cp_group, check, tokens, params, initial_state, cu_seqlens, do, dht,",
+              "                                    output_dh0, 1 if segments is None else segments)")
+        c("_CHUNK_CP.check_segments(segments)",
+          "return _CHUNK_CP.run_segments_backward(check(), tokens, params, initial_state, cu_seqlens, do, dht, output_dh0,",
+          "                                       segments)")
 
 
 def printer_describe(op) -> str:

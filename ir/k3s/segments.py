@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from xdsl.dialects.builtin import BoolAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -9,6 +10,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     region_def,
     traits_def,
@@ -87,22 +89,39 @@ class SummaryCombineOp(KeywordSyntax):
     """The initial state of segment p: (sigma_{p-1} o ... o sigma_0)(S_0) from the summaries
     sigma before it and the sequence's initial state, with (M2, N2) o (M1, N1) = (M2 M1, M2 N1 +
     N2) in the transition form (diagonal: elementwise; identity: N1 + N2). Associative, so any
-    scan order (serial, tree, one prefix per rank after an all-gather) gives the same states."""
+    scan order (serial, tree, one prefix per rank after an all-gather) gives the same states.
+
+    `adjoint = true` (a backward entry, derive-segment-scan-backward): the same combine, transposed
+    and run in the reverse direction. The map S -> M S + N has the adjoint D -> M^T D, so the
+    cotangent of the state a segment enters is M^T (the cotangent of the state it leaves) + N_bar,
+    N_bar the cotangent from the segment's own outputs (from a zero cotangent of the state it
+    leaves). Each segment's leaving cotangent is then the adjoint summaries (M^T, N_bar) of the
+    segments after it, last first, applied to the sequence's final-state cotangent and composed by
+    the same combine; M^T is held in M's form (a diagonal, scalar or identity M is its own
+    transpose)."""
 
     name = "k3s.summary_combine"
     transition = prop_def(TransitionAttr)
+    adjoint = opt_prop_def(BoolAttr)  # absent: false
     # in a lowered entry (lower-segment-scan): the host step between the summary kernels and the
     # finish, its scan order the caller's (one device: a prefix per sequence; ranks: an all-gather),
     # and its operands the entry's tensors it reads and makes: M (but for the identity transition),
-    # N and the entering states (`k3s.summary_combine %M, %N, %initial_state`); in a segment
-    # scan, none
+    # N and the entering states (`k3s.summary_combine %M, %N, %initial_state`); adjoint: M, N_bar
+    # and the leaving states' cotangents (`k3s.summary_combine %M, %N_bar, %dht <..., adjoint =
+    # true>`); in a segment scan, none
     tensors = var_operand_def(TensorType)
     traits = traits_def(HasParent(SegmentScanOp, EntryOp))
 
+    def is_adjoint(self) -> bool:
+        return self.adjoint is not None and bool(self.adjoint.value.data)
+
     def verify_(self) -> None:
         if isinstance(self.parent_op(), EntryOp):
-            want, what = (2, "N and the entering states") if self.transition.data == "identity" else (
-                3, "M, N and the entering states")
+            N, made = ("N_bar", "the leaving cotangents") if self.is_adjoint() else ("N", "the entering states")
+            want, what = (2, f"{N} and {made}") if self.transition.data == "identity" else (3, f"M, {N} and {made}")
+        elif self.is_adjoint():
+            raise VerifyException(f"{self.name}: an adjoint combine is a host step of a lowered entry, not of a "
+                                  "segment scan")
         else:
             want, what = 0, "no tensors (in a segment scan)"
         if len(self.tensors) != want:

@@ -77,10 +77,10 @@ class Entries:
                 c("", "")
                 self.print_kernel(kernel, view)
             c("", "")
-            self.print_entry(view, context_parallel.PLAIN_CHUNK if cp and entry is cp[0] else None)
+            self.print_entry(view, context_parallel.plain_name(cp, entry))
         if cp:
             c("", "")
-            context_parallel.print_context_parallel(self, module, EntryView(cp[0]), cp[1])
+            context_parallel.print_context_parallel(self, module, cp)
         choices = [op for op in module.ops if isinstance(op, k3s.EntryByRowsOp)]
         for choice in choices:
             c("", "")
@@ -112,8 +112,8 @@ class Entries:
                 params.append(f"output_{name}=False")
         if view.checkpoint:
             params.append("checkpoint_every=None")
-        if view.combine:
-            params.append("entering_states=None")
+        for _, callback, _ in self.combine_steps(view):
+            params.append(f"{callback}=None")
         if "state_indices" in view.names:
             params.append("check_indices=True")
         outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
@@ -133,9 +133,8 @@ class Entries:
             if view.checkpoint:
                 c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
                   "also return the states after every that many tokens of each sequence")
-            if view.combine:
-                c("    entering_states: (M, N) -> [N, ...] float32: the state entering every segment (sequence of",
-                  "        cu_seqlens), from all segments' summaries (M None for the identity transition)")
+            for _, callback, doc in self.combine_steps(view):
+                c(f"    {callback}: {doc[0]}", *(f"    {line}" for line in doc[1:]))
             if "state_indices" in view.names:
                 counts = " and accepted in 0..the cache depth" if "accepted" in view.names else ""
                 c("    check_indices: check on the host (a synchronisation, skipped while a CUDA graph is captured)",
@@ -255,11 +254,12 @@ class Entries:
         rows = "state_indices" if "state_indices" in view.names else first  # what sets the sequence count
         for HV in sorted(heads - {None}):
             c(f'_check_grid_axis("{rows}", dims["N"], {HV})')
-        if view.combine:
-            c("if not callable(entering_states):")
+        for op, callback, _ in self.combine_steps(view):
+            made = "leaving cotangents" if op.is_adjoint() else "entering states"
+            c(f"if not callable({callback}):")
             with c.indent():
-                c('raise ValueError(f"entering_states: expected a callable (M, N) -> the entering states, '
-                  'got {type(entering_states).__name__}")')
+                c(f'raise ValueError(f"{callback}: expected a callable (M, {k3s.argument_name(op.tensors[-2])}) -> '
+                  f'the {made}, got {{type({callback}).__name__}}")')
         tokens = view.entry.max_tokens
         if tokens is not None:
             c(f'if dims["T"] > {tokens.value.data}:')

@@ -7,17 +7,37 @@ from k3compile.backends.triton.printer.common import EntryView, describe, regist
 from k3compile.ir import k3s
 
 
+# a segments entry's host steps: the callback parameter each summary_combine calls (by its
+# adjoint flag), what its docstring says, and the comment above the call
+COMBINE_CALLBACKS = {
+    False: ("entering_states", ["(M, N) -> [N, ...] float32: the state entering every segment (sequence of",
+                                "    cu_seqlens), from all segments' summaries (M None for the identity transition)"],
+            "every segment's entering state from the summaries (the caller's scan order)"),
+    True: ("leaving_cotangents", ["(M, N_bar) -> [N, ...] float32: the cotangent of the state every segment leaves,",
+                                  "    from the adjoint summaries (M^T, N_bar) of the segments after it (N_bar: the",
+                                  "    entering state's cotangent from the segment's own do; M None for the identity)"],
+           "every segment's leaving cotangent from the adjoint summaries (the caller's scan order, in reverse)"),
+}
+
+
 class Segments:
     """TritonPrinter's methods for segments (one per k3s op, and their helpers)."""
 
+    @staticmethod
+    def combine_steps(view: EntryView) -> list[tuple[k3s.SummaryCombineOp, str, list[str]]]:
+        """An entry's host combine steps: (op, its callback parameter, the parameter's doc lines)."""
+        steps = [op for op in view.entry.body.ops if isinstance(op, k3s.SummaryCombineOp)]
+        return [(op, *COMBINE_CALLBACKS[op.is_adjoint()][:2]) for op in steps]
+
     def print_combine(self, op: k3s.SummaryCombineOp, view: EntryView) -> None:
-        """The host step of a segments entry: the caller's combine of the summaries."""
+        """A host step of a segments entry: the caller's combine of the summaries (or its adjoint's)."""
         c = self.code
         first = view.tensors[0].sym_name.data
         *M, N, made = op.tensors
         name = tensor_name(made)
-        c(f"# {describe(op)}: every segment's entering state from the summaries (the caller's scan order)",
-          f"{name} = entering_states({tensor_name(M[0]) if M else 'None'}, {tensor_name(N)})",
+        callback, _, what = COMBINE_CALLBACKS[op.is_adjoint()]
+        c(f"# {describe(op)}: {what}",
+          f"{name} = {callback}({tensor_name(M[0]) if M else 'None'}, {tensor_name(N)})",
           f'_check_tensor("{name}", {name}, "{made.type.pattern}", "{made.type.dtype_class}", dims, {first}.device)')
 
     def print_k3s_decay_product(self, op: k3s.DecayProductOp) -> None:

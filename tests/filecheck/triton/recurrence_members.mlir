@@ -118,7 +118,16 @@
 // GDN:       k3s.mul %{{[a-z_0-9]+}}, %pair_decay
 // DN-NOT:    k3s.gated_contraction
 // ALL:       k3s.store_cotangent %{{[a-z_0-9]+}}, %dq, %q
-// ALL-LABEL: def chunk_backward(q, k, v,
+// ALL-LABEL: def _chunk_backward_single(q, k, v,
+// The backward of context parallelism (derive-segment-scan-backward): chunk_backward's kernels but one,
+// the cotangent scan from zero storing N_bar, and two host steps: the combine and its adjoint.
+// ALL-LABEL: def {{[a-z_]+}}_backward_segments_cotangent_summary_kernel(
+// ALL:       tl.store(N_bar + p_state, b_S, mask=m_kv)
+// ALL-LABEL: def chunk_backward_segments(q, k, v, {{.*}}entering_states=None, leaving_cotangents=None):
+// ALL:       initial_state = entering_states(M, N)
+// ALL:       adjoint = true>: every segment's leaving cotangent
+// ALL-NEXT:  dht = leaving_cotangents(M, N_bar)
 // ALL:       _CHUNK_CP = _ContextParallel(_chunk_single, chunk_segments,
 // ALL-LABEL: def chunk(q, k, v, {{.*}}checkpoint_every=None, segments=None, cp_group=None):
-// ALL:       __all__ = ['recurrent', 'decode', 'chunk', 'segment_summary', 'chunk_segments', 'chunk_backward']
+// ALL-LABEL: def chunk_backward(q, k, v, {{.*}}output_dh0=False, segments=None, cp_group=None):
+// ALL:       __all__ = ['recurrent', 'decode', 'chunk', 'segment_summary', 'chunk_segments', 'chunk_backward', 'chunk_backward_segments']
