@@ -308,7 +308,7 @@ def main() -> int:
             f"({torch.cuda.get_device_name()}, torch {torch.__version__})", "", header, "|" + "---|" * 9]
     for r in rows:
         if "error" in r:
-            text.append(f"| {r['gates']} | {r['variant']} | error: {r['error'].strip().splitlines()[-1]} |" + " |" * 6)
+            text.append(f"| {r['gates']} | {r['variant'].replace('|', ' + ')} | error: {r['error'].strip().splitlines()[-1]} |" + " |" * 6)
             continue
         check = "-" if "check" not in r else (f"{max(r['check'].values()):.1e} "
                                               f"({'pass' if r['passed'] else 'FAIL'})")
@@ -316,7 +316,7 @@ def main() -> int:
         if r.get("resources"):
             kernels += " (registers/spills: " + ", ".join(f"{n} {v}" for n, v in r["resources"].items()) + ")"
         vs_fla = ", ".join(f"d{n} {v:.1e}" for n, v in r.get("vs_fla", {}).items())
-        text.append(f"| {r['gates']} | {r['variant']} | {check} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} "
+        text.append(f"| {r['gates']} | {r['variant'].replace('|', ' + ')} | {check} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} "
                     f"| {r['fwd_ms'] + r['bwd_ms']:.3f} | {r['fwdbwd_peak_mib']:.0f} | {kernels} | {vs_fla} |")
     for r in rows:
         if "long_check" in r:
