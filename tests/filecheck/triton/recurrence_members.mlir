@@ -109,7 +109,7 @@
 // The state and its cotangent a value block at a time; what contracts the value columns summed.
 // ALL:       k3s.value_block_loop <block_v = 64>
 // ALL-NEXT:  b_{{[A-Za-z_0-9]+}} = tl.zeros(
-// ALL:       for i_vb in range(0, tl.cdiv(V, BV)):
+// ALL:       for i_vb in tl.static_range(0, (V + BV - 1) // BV):
 // ALL:       b_S_bar = tl.load(S_bar + {{.*}}o_v[None, :]
 // ALL:       k3s.sum_value_blocks
 // KDA:       k3s.transposed_solve
