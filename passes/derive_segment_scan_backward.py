@@ -57,18 +57,19 @@ def layer_entry(module: ModuleOp, layer: RecurrenceOp, name: str) -> k3s.EntryOp
                  and op.sym_name.data in (name, f"{source}_{name}")), None)
 
 
-def backward_kernels(entry: k3s.EntryOp) -> tuple[k3s.KernelOp, ...]:
-    """chunk_backward's (prepare, state scan, cotangent scan, gradients), as lower-backward builds them."""
+def backward_kernels(entry: k3s.EntryOp) -> tuple[k3s.KernelOp, k3s.KernelOp, k3s.KernelOp, list[k3s.KernelOp]]:
+    """chunk_backward's (prepare, state scan, cotangent scan, gradients kernels: one, or two where
+    lower-backward split guarded forms), as lower-backward builds them."""
     kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
     scans = [k for k in kernels if any(isinstance(op, k3s.ChunkLoopOp) for op in k.body.ops)]
     reverse = [k for k in scans if any(op.reverse is not None and op.reverse.value.data
                                        for op in k.body.ops if isinstance(op, k3s.ChunkLoopOp))]
-    if len(kernels) != 4 or len(scans) != 2 or len(reverse) != 1 or kernels[0] in scans or kernels[-1] in scans:
+    if len(kernels) not in (4, 5) or len(scans) != 2 or len(reverse) != 1 or kernels[0] in scans or kernels[-1] in scans:
         raise ValueError(f"{NAME}: @{entry.sym_name.data} of @{entry.source.data} has kernels "
                          f"{[k.sym_name.data for k in kernels]}; expected lower-backward's prepare, state scan, "
                          f"cotangent scan and gradients kernels (run it after lower-backward, before outline-kernels)")
     state_scan = next(k for k in scans if k not in reverse)
-    return kernels[0], state_scan, reverse[0], kernels[-1]
+    return kernels[0], state_scan, reverse[0], kernels[3:]
 
 
 def summary_kernels(entry: k3s.EntryOp) -> list[k3s.KernelOp]:
@@ -133,7 +134,7 @@ def backward_segments_entry(layer: RecurrenceOp, backward: k3s.EntryOp, segments
         adjoint_combine(combine, values.get("M"), values["N_bar"], values["dht"]),  # the leaving cotangents
     ]
     kernels_after = [renamed(k, k.sym_name.data.replace(f"{source}_backward_", f"{prefix}_"))
-                     for k in (state_scan, cotangent_scan, gradients)]
+                     for k in (state_scan, cotangent_scan, *gradients)]
     lowered = make(
         k3s.EntryOp,
         [*arguments, *summaries, N_bar, *kernels_before, *steps, *kernels_after],

@@ -75,6 +75,56 @@ def in_value_blocks(ops: list[Operation], block_v: int) -> list[Operation]:
     return [*before, loop, *[op for op in ops if op in after]]
 
 
+def resolved(op: Operation, form: k3s.GramDiagonal, mapped: dict[SSAValue, SSAValue]) -> Operation:
+    """A clone of op onto mapped's values (which it extends), a guarded Gram diagonal or gated
+    contraction resolved to `form`: its guard dropped, and the operands only the other form reads."""
+    clone = op.clone(value_mapper=mapped)
+    guarded = k3s.GramDiagonal.GUARDED
+    if isinstance(clone, k3s.GramOp) and clone.diagonal is not None and clone.diagonal.data == guarded:
+        tiles = [v for v in clone.inputs if isinstance(v.type, k3s.TileType)]
+        operands = tiles if form == k3s.GramDiagonal.FACTORED else [*tiles[:7], *tiles[8:], *clone.tensors]
+        properties = {**clone.properties, "diagonal": k3s.GramDiagonalAttr(form)}
+    elif isinstance(clone, k3s.GatedContractionOp) and clone.form.data == guarded:
+        operands = [clone.cotangent, clone.rows, clone.cumulative_gate]
+        properties = {**clone.properties, "form": k3s.GramDiagonalAttr(form)}
+    else:
+        return clone
+    form_op = type(clone).create(operands=operands, properties=properties, result_types=[clone.results[0].type])
+    form_op.results[0].name_hint = clone.results[0].name_hint
+    mapped[op.results[0]] = form_op.results[0]
+    clone.erase()
+    return form_op
+
+
+def split_by_guard(ops: list[Operation]) -> list[list[Operation]]:
+    """A chunk kernel's ops as one kernel, or, where they hold guarded forms (a Gram diagonal or
+    gated contraction, factored where the chunk's k3s.block_span_check holds), as two: the forms
+    factored in the chunks where it holds, elementwise in the others. Inlined together, the
+    elementwise loops that most chunks never run would cost every chunk registers (ptxas spills
+    the factored path around them)."""
+    guarded = k3s.GramDiagonal.GUARDED
+    if not any(isinstance(op, k3s.GramOp) and op.diagonal is not None and op.diagonal.data == guarded
+               or isinstance(op, k3s.GatedContractionOp) and op.form.data == guarded for op in ops):
+        return [ops]
+    kernels = []
+    for form in (k3s.GramDiagonal.FACTORED, k3s.GramDiagonal.ELEMENTWISE):
+        mapped: dict[SSAValue, SSAValue] = {}
+        kernel: list[Operation] = []
+        for op in ops:
+            kernel.append(resolved(op, form, mapped))
+            if isinstance(op, k3s.BlockSpanCheckOp):
+                kernel.append(make(k3s.ExitUnlessOp, operands=[mapped[op.fits]],
+                                   holds=form == k3s.GramDiagonal.FACTORED))
+        while dead := [op for op in kernel if op.results and not any(r.uses for r in op.results)]:
+            for op in dead:
+                kernel.remove(op)
+                op.erase()
+        kernels.append(kernel)
+    for op in ops:
+        op.drop_all_references()
+    return kernels
+
+
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
                    block_v: int, num_warps: int, scan_stages: int, state_spill: str = "float32"
                    ) -> tuple[list[Operation], list[Operation]]:
@@ -143,9 +193,14 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     grads.place([*feeding(local, [v for op in gradients for v in op.operands]), *gradients])
     grads.ops = in_value_blocks(grads.ops, block_v)
     # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
-    # time), twice the prepare's warps
-    kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents,
-               chunk_kernel("gradients", grads, 2 * num_warps)]
+    # time), twice the prepare's warps; the chunks whose decays overflow the factored forms, if
+    # any, in a second kernel
+    gradient_kernels = []
+    for suffix, ops in zip(("gradients", "gradients_steep"), split_by_guard(grads.ops)):
+        body = KernelBody(spilled_to)
+        body.ops = ops
+        gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps))
+    kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents, *gradient_kernels]
     workspaces = list(spilled_to.values())
     rebind(kernels, {**values, **argument_values(workspaces)})
     return workspaces, kernels

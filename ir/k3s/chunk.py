@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, FloatAttr, IntegerAttr
+from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, FloatAttr, IntegerAttr, i1
 from xdsl.ir import Operation, SSAValue
 from xdsl.irdl import (
     irdl_op_definition,
@@ -187,6 +187,18 @@ class SumValueBlocksOp(KeywordSyntax):
     name = "k3s.sum_value_blocks"
     parts = var_operand_def(TileType)
     traits = traits_def(IsTerminator(), HasParent(ValueBlockLoopOp))
+
+
+@irdl_op_definition
+class ExitUnlessOp(KeywordSyntax):
+    """The program stops here unless `check` (a k3s.block_span_check) is `holds`: a kernel whose
+    guarded forms were resolved to one form runs only the chunks that form is for; a twin
+    kernel, resolved to the other, runs the rest."""
+
+    name = "k3s.exit_unless"
+    holds = prop_def(BoolAttr)
+    check = operand_def(i1)
+    traits = traits_def(HasParent(KernelOp))
 
 
 def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
@@ -393,6 +405,7 @@ CHUNK_STAGES = [
     NextChunkOp,
     ValueBlockLoopOp,
     SumValueBlocksOp,
+    ExitUnlessOp,
     ChunkTileOp,
     LoadChunkOp,
     LoadGateOp,

@@ -91,9 +91,9 @@ class AdjointStages:
         c(f"{X} = tl.zeros([BC, BK], dtype=tl.float32)", "for j in range(0, BC):")
         with c.indent():
             c("b_at = o_c == j",
-              f"b_Gj = tl.sum(tl.where(b_at[:, None], {G}, 0.0), axis=0)",
+              f"b_Gat = tl.sum(tl.where(b_at[:, None], {G}, 0.0), axis=0)  # token j's log-decay",
               f"b_Mj = tl.sum(tl.where(b_at[None, :], {M}, 0.0), axis=1)  # column j",
-              f"b_decay = tl.exp2(tl.minimum({G} - b_Gj[None, :], 0.0))")
+              f"b_decay = tl.exp2(tl.minimum({G} - b_Gat[None, :], 0.0))")
             if op.side.data == "rows":
                 c(f"b_Rj = tl.sum(tl.where(b_at[:, None], {R}, 0.0), axis=0)",
                   f"{X} += b_Mj[:, None] * b_Rj[None, :] * b_decay")

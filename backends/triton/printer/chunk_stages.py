@@ -68,6 +68,11 @@ class ChunkStages:
         for carried, part in zip(op.parent_block().args, op.parts, strict=True):
             self.code(f"{register(carried)} += {register(part)}")
 
+    def print_k3s_exit_unless(self, op: k3s.ExitUnlessOp) -> None:
+        holds = op.holds.value.data
+        self.code.comment(op, "the other chunks are its twin kernel's")
+        self.code(f"if {'not ' if holds else ''}{register(op.check)}:", "    return")
+
     def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")
         self.code(f"{register(op.cumulative)} = tl.cumsum({register(op.log_gate)} * 1.4426950408889634, axis=0)")

@@ -113,8 +113,17 @@
 // ALL:       b_S_bar = tl.load(S_bar + {{.*}}o_v[None, :]
 // ALL:       k3s.sum_value_blocks
 // KDA:       k3s.transposed_solve
-// KDA:       k3s.gated_contraction
-// KDA:       for j in range(0, BC):
+// KDA:       k3s.gated_contraction %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %G <side = rows, form = factored>
+// KDA-NOT:   for j in range(0, BC):
+// An unbounded channel gate's guarded forms, split: the chunks whose span check holds factored in
+// the kernel above, the others elementwise in its twin.
+// KDA:       def kda_backward_gradients_steep_kernel(
+// KDA:       k3s.exit_unless %factorable <holds = false>
+// KDA-NEXT:  if b_factorable:
+// KDA-NEXT:      return
+// KDA:       k3s.gated_contraction %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %G <side = rows, form = elementwise>
+// KDA-NEXT:  = tl.zeros([BC, BK], dtype=tl.float32)
+// KDA-NEXT:  for j in range(0, BC):
 // GDN:       k3s.mul %{{[a-z_0-9]+}}, %pair_decay
 // DN-NOT:    k3s.gated_contraction
 // ALL:       k3s.store_cotangent %{{[a-z_0-9]+}}, %dq, %q
