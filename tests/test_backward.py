@@ -176,6 +176,17 @@ def test_steep_gates_take_the_elementwise_contraction(layers, member):
     assert all(torch.isfinite(value).all() for value in got.values())
 
 
+@pytest.mark.parametrize("member", ["kda", "gla"])
+def test_steep_and_mild_chunks_side_by_side(layers, member):
+    """The second chunk of every sequence steep, the others mild: the factored kernel and its
+    elementwise twin each store the gradients of their own chunks, and only those."""
+    layer = layers(member)
+    x = draw_inputs(op_of(layer), 2, 45)
+    x["g"][:, 16:32] = 12 * x["g"][:, 16:32]
+    assert (x["g"][:, 16:32].sum(dim=1) < -90).all() and (x["g"][:, :16].sum(dim=1) > -80).all()
+    check_backward(layer, x, with_dht=True, output_dh0=True)
+
+
 # --- input forms: the chain rule of store_cotangent -----------------------------------------
 
 FORMS = [
