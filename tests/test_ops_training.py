@@ -54,6 +54,19 @@ def test_chunk_custom_op_passes_opcheck():
                                                 "test_aot_dispatch_dynamic"))
 
 
+def test_operator_name_carries_the_mark_of_assume_constant_result():
+    """k3compile.ops.autograd marks operator_name by hand (the decorator imports torch._dynamo,
+    seconds of every import): the mark must be what torch.compiler.assume_constant_result sets."""
+    from k3compile.ops.autograd import operator_name
+
+    def probe():
+        return "name"
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert vars(marked) == {"_dynamo_marked_constant": True}
+    assert operator_name._dynamo_marked_constant is True
+
+
 def test_training_step_compiles_without_graph_breaks_and_matches_eager():
     inputs = kda_inputs(1)
     eager_loss, eager_grads = grads_of(kda_step, inputs)
