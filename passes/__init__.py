@@ -4,6 +4,8 @@ Each pass is one idea, named for what it derives:
 - lower-recurrent: k3.recurrence -> a token-by-token schedule with the state on chip;
 - lower-decode: the same token stages over a slot-indexed state pool, updated in place;
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
+- derive-attnres-backward: k3.attnres -> the aggregate's fused backward (the softmax recomputed
+  from the forward's saved log-sum-exp; d sources, d query, d gain in one kernel);
 - lower-moe-routing: k3.latent_moe -> a `route` entry from x to each token's top-k experts and
   their weights: a scores kernel (router GEMM and sigmoid, tiled over rows and experts), then a
   top-k kernel (top-k by score + bias, normalisation);
@@ -48,6 +50,7 @@ _WHERE = {
     "lower-recurrent": ("lower_recurrent", "LowerRecurrentPass"),
     "lower-decode": ("lower_decode", "LowerDecodePass"),
     "fuse-attnres": ("fuse_attnres", "FuseAttnResPass"),
+    "derive-attnres-backward": ("derive_attnres_backward", "DeriveAttnResBackwardPass"),
     "lower-moe-routing": ("lower_moe_routing", "LowerMoeRoutingPass"),
     "lower-moe-experts": ("lower_moe_experts", "LowerMoeExpertsPass"),
     "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),

@@ -5,6 +5,10 @@ are never materialised; an online softmax over the sources lets each source row 
 for both its score and its contribution to the mix. The loop over sources is software-pipelined
 (num_stages): the next sources' rows are in flight while one is scored, since the score's
 reductions over the row would otherwise leave the memory system idle between loads.
+
+For training the entry can also return each row's log-sum-exp over its sources (`lse`, fp32, an
+optional output: `aggregate(..., output_lse=True)`), from which derive-attnres-backward's kernel
+recomputes the softmax weights instead of saving them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Region
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -21,40 +25,63 @@ from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, make, tensor_arg
 
 
-def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int) -> k3s.EntryOp:
+def attnres_arg(sym_name: str, shape: tuple[str | int, ...], role: str = "input", dtype: str = "float",
+                **values) -> Operation:
+    return tensor_arg(sym_name, k3s.tensor(*shape, dtype=dtype), role, **values)
+
+
+def layer_arguments(op: AttnResOp) -> list[Operation]:
+    """What the aggregate reads: the sources [S, B, T, D], the pseudo-query and the gain [D]."""
     D = op.hidden_size.value.data
+    return [attnres_arg("sources", ("S", "B", "T", D)), attnres_arg("query", (D,)), attnres_arg("gain", (D,))]
 
-    def arg(sym_name: str, shape: tuple[str | int, ...], role: str = "input"):
-        return tensor_arg(sym_name, k3s.tensor(*shape, dtype="float"), role)
 
-    arguments = [arg("sources", ("S", "B", "T", D)), arg("query", (D,)), arg("gain", (D,)),
-                 arg("out", ("B", "T", D), "output")]
-    tensors = argument_values(arguments)
-    fold = make(k3s.FoldQueryOp, operands=[tensors["query"], tensors["gain"]], hidden_size=D,
+def fold_query(op: AttnResOp, tensors: dict[str, SSAValue]) -> Operation:
+    return make(k3s.FoldQueryOp, operands=[tensors["query"], tensors["gain"]], hidden_size=op.hidden_size.value.data,
                 result=("q", k3s.tile("D")))
-    q = fold.results[0]
-    # the online softmax carried over the sources: running max, normaliser, mix
-    carried = [k3s.tile(), k3s.tile(), k3s.tile("D")]
-    body = Block(arg_types=carried)
-    running_max, normaliser, mix = body.args
-    for carried_value, name in zip(body.args, ("max", "sum", "acc")):
-        carried_value.name_hint = name
+
+
+def score_stages(op: AttnResOp, tensors: dict[str, SSAValue], q: SSAValue) -> list[Operation]:
+    """A source's row and its score (the RMS folded in): the loop body's first stages, which the
+    backward recomputes as they are."""
     x = make(k3s.LoadSourceOp, operands=[tensors["sources"]], result=("x", k3s.tile("D")))
     score = make(k3s.RmsScoreOp, operands=[x.results[0], q], result=("score", k3s.tile()), eps=op.eps.value.data)
-    softmax = k3s.OnlineSoftmaxOp.create(operands=[running_max, normaliser, score.results[0]],
-                                         result_types=[k3s.tile()] * 4)
-    for result, name in zip(softmax.results, ("max", "sum", "p", "rescale")):
-        result.name_hint = name
+    return [x, score]
+
+
+def loop(loop_type: type[Operation], initial: list[SSAValue], names: tuple[str, ...],
+         body: Block, **values) -> Operation:
+    """A loop carrying `initial` (their registers: its block arguments' and results' are named
+    alike, so the printed kernel keeps each carried value in one register)."""
+    looped = make(loop_type, body, operands=initial, results=[(n, v.type) for n, v in zip(names, initial, strict=True)],
+                  **values)
+    for arg, name in zip(body.args, names, strict=True):
+        arg.name_hint = name
+    return looped
+
+
+def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int) -> k3s.EntryOp:
+    D = op.hidden_size.value.data
+    arguments = [*layer_arguments(op), attnres_arg("out", ("B", "T", D), "output"),
+                 attnres_arg("lse", ("B", "T"), "optional_output", "float32")]
+    tensors = argument_values(arguments)
+    fold = fold_query(op, tensors)
+    start = make(k3s.SoftmaxStartOp, results=[("max", k3s.tile()), ("sum", k3s.tile()), ("acc", k3s.tile("D"))])
+    # the online softmax carried over the sources: running max, normaliser, mix
+    body = Block(arg_types=[v.type for v in start.results])
+    running_max, normaliser, mix = body.args
+    x, score = score_stages(op, tensors, fold.results[0])
+    softmax = make(k3s.OnlineSoftmaxOp, operands=[running_max, normaliser, score.results[0]],
+                   results=[(name, k3s.tile()) for name in ("max", "sum", "p", "rescale")])
     new_max, new_sum, p, rescale = softmax.results
     mixed = make(k3s.MixAccumulateOp, operands=[mix, rescale, p, x.results[0]], result=("acc", k3s.tile("D")))
-    body.add_ops([x, score, softmax, mixed,
-                  make(k3s.NextSourceOp, operands=[new_max, new_sum, mixed.results[0]])])
-    loop = k3s.SourceLoopOp.create(regions=[Region(body)], result_types=carried)
-    for result, name in zip(loop.results, ("max", "sum", "acc")):
-        result.name_hint = name
+    body.add_ops([x, score, softmax, mixed, make(k3s.NextSourceOp, operands=[new_max, new_sum, mixed.results[0]])])
+    sources = loop(k3s.SourceLoopOp, list(start.results), ("max", "sum", "acc"), body)
+    row_max, row_sum, row_mix = sources.results
     kernel = make(
         k3s.KernelOp,
-        [fold, loop, make(k3s.NormalizeStoreOp, operands=[loop.results[2], loop.results[1], tensors["out"]])],
+        [fold, start, sources, make(k3s.NormalizeStoreOp, operands=[row_mix, row_sum, tensors["out"]]),
+         make(k3s.StoreLseOp, operands=[row_max, row_sum, tensors["lse"]])],
         sym_name=f"{op.sym_name.data}_aggregate",
         grid="row",
         num_warps=num_warps,
@@ -67,6 +94,15 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int) -> k3s.E
         source=op.sym_name.data,
         max_sources=op.max_sources,
     )
+
+
+def row_warps(layer: AttnResOp, least: int = 4) -> int:
+    """`least` warps while they hold the row (MAX_ROW_PER_WARP columns each), else the fewest (a
+    power of two) that do; the backend refuses a row no count of warps holds."""
+    warps = least
+    while warps < k3s.MAX_NUM_WARPS and warps * k3s.MAX_ROW_PER_WARP < layer.hidden_size.value.data:
+        warps *= 2
+    return warps
 
 
 @dataclass(frozen=True)
@@ -91,13 +127,5 @@ class FuseAttnResPass(ModulePass):
         add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.warps_for(layer), self.num_stages))
 
     def warps_for(self, layer: AttnResOp) -> int:
-        """The option, or 4 warps while 4 hold the row (MAX_ROW_PER_WARP columns each), else the
-        fewest (a power of two) that do; the backend refuses a row no count of warps holds."""
-        if self.num_warps:
-            return self.num_warps
-        warps = 4
-        while warps < k3s.MAX_NUM_WARPS and warps * k3s.MAX_ROW_PER_WARP < layer.hidden_size.value.data:
-            warps *= 2
-        return warps
-
-        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.num_warps, self.num_stages))
+        """The option, or row_warps(layer)."""
+        return self.num_warps or row_warps(layer)

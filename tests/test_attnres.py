@@ -45,8 +45,9 @@ def test_matches_reference(layer, S, B, T):
     op = layer_op(layer)
     sources, query, gain = inputs(S, B, T, D)
     result = layer.aggregate(sources, query, gain)
-    assert isinstance(result, tuple) and len(result) == 1
-    (out,) = result
+    assert isinstance(result, tuple) and len(result) == 2
+    out, lse = result
+    assert lse is None, "the log-sum-exp only when asked for (output_lse=True)"
     assert out.dtype == sources.dtype
     ref = reference.attnres(op, sources, query, gain)
     assert_matches(out, ref, "out")
@@ -60,7 +61,7 @@ def test_matches_reference(layer, S, B, T):
 def test_single_source_is_identity(layer):
     D = layer.spec.params["hidden_size"]
     sources, query, gain = inputs(1, 2, 3, D)
-    (out,) = layer.aggregate(sources, query, gain)
+    out, _ = layer.aggregate(sources, query, gain)
     assert_matches(out, sources[0].double(), "out with one source")
 
 
@@ -75,7 +76,7 @@ def test_softmax_is_shift_safe(layer):
     op = layer_op(layer)
     scores = torch.log(softmax_weights(op, sources, query, gain))
     assert (scores.max(0).values - scores.min(0).values).max() > 0.1, "scores should differ between sources"
-    (out,) = layer.aggregate(sources, query, gain)
+    out, _ = layer.aggregate(sources, query, gain)
     ref = reference.attnres(op, sources, query, gain)
     # fp32 scores of size ~200 carry ~1e-5 absolute error: a looser tolerance than elsewhere
     assert_matches(out, ref, "out, large scores", rms_tol=1e-4, atol=1e-4, rtol=1e-4)
@@ -88,7 +89,7 @@ def test_eps_from_spec_is_used(compile_layer):
                           eps=0.5, dtype="float32")
     sources = 0.2 * torch.randn(3, 1, 4, D)
     query, gain = torch.randn(D) * 4, 1 + 0.3 * torch.randn(D)
-    (out,) = layer.aggregate(sources, query, gain)
+    out, _ = layer.aggregate(sources, query, gain)
     ref = reference.attnres(layer_op(layer), sources, query, gain)
     assert_matches(out, ref, "out with eps = 0.5")
 
@@ -96,8 +97,8 @@ def test_eps_from_spec_is_used(compile_layer):
 def test_gain_matters(layer):
     D = layer.spec.params["hidden_size"]
     sources, query, gain = inputs(3, 1, 2, D)
-    (a,) = layer.aggregate(sources, query, gain)
-    (b,) = layer.aggregate(sources, query, torch.ones(D))
+    a, _ = layer.aggregate(sources, query, gain)
+    b, _ = layer.aggregate(sources, query, torch.ones(D))
     assert torch.isfinite(a).all() and torch.isfinite(b).all()
     assert not torch.allclose(a, b)
     assert_matches(b, reference.attnres(layer_op(layer), sources, query, torch.ones(D)), "out with unit gain")

@@ -1,14 +1,43 @@
-"""The AttnRes aggregate's stages: the folded query, the source loop, the RMS score, the
-online softmax, the weighted mix and the normalised store."""
+"""The AttnRes aggregate's stages: the folded query, the online softmax's start, the source loop,
+the RMS score, the online softmax, the weighted mix, the normalised store and the log-sum-exp;
+and its backward's: the row groups, the per-row loads, the softmax recomputed from the
+log-sum-exp, the adjoints of the score, the softmax and the mix, the query's re-centring and the
+cotangents' stores.
+
+Names the grid axes define (print_axis_row is in kernels.py): i_rg (row_group: the program's
+group of BR rows), o_d, m_d (the hidden columns); the loops define i_r (the row) and i_s (the
+source)."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import pipelined_range, register, tensor_name
+from k3compile.backends.triton.printer.common import pipelined_range, presence_flag, register, tensor_name
 from k3compile.ir import k3s
+
+# a tile's dimensions as the shape of its register (the row's hidden columns are held whole)
+TILE_SHAPES = {(): "[]", ("D",): "[BD]"}
+
+
+def _tile_shape(value) -> str:
+    return TILE_SHAPES[tuple(d.data for d in value.type.dims.data)]
 
 
 class AttnRes:
     """TritonPrinter's methods for AttnRes (one per k3s op, and their helpers)."""
+
+    def print_axis_row_group(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a group of BR token rows, one after another, of width D",
+            f"i_rg = tl.program_id({axis}).to(tl.int64)",
+            "o_d = tl.arange(0, BD)",
+            "m_d = o_d < D",
+        )
+
+    def print_carried(self, loop) -> None:
+        """A loop's carried values enter it in its block arguments' registers (the same registers
+        but where the pass named them apart)."""
+        for initial, arg in zip(loop.initial, loop.body.block.args, strict=True):
+            if register(initial) != register(arg):
+                self.code(f"{register(arg)} = {register(initial)}")
 
     def print_k3s_fold_query(self, op: k3s.FoldQueryOp) -> None:
         self.code.comment(op, "RMSNorm gain folded into the pseudo-query")
@@ -16,12 +45,30 @@ class AttnRes:
         self.code(f"{register(op.query)} = tl.load({query} + o_d, mask=m_d, other=0.0).to(tl.float32)"
                   f" * tl.load({gain} + o_d, mask=m_d, other=0.0).to(tl.float32)")
 
+    def print_k3s_softmax_start(self, op: k3s.SoftmaxStartOp) -> None:
+        self.code.comment(op, "the online softmax before any source")
+        self.code(f'{register(op.running_max)} = tl.full([], float("-inf"), dtype=tl.float32)',
+                  f"{register(op.normaliser)} = tl.zeros([], dtype=tl.float32)",
+                  f"{register(op.mix)} = tl.zeros([BD], dtype=tl.float32)")
+
+    def print_k3s_zeros(self, op: k3s.ZerosOp) -> None:
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = tl.zeros({_tile_shape(op.result)}, dtype=tl.float32)")
+
+    def print_k3s_row_loop(self, op: k3s.RowLoopOp) -> None:
+        c = self.code
+        self.print_carried(op)
+        c.comment(op, "the program's rows, one after another")
+        c("for i_r in range(i_rg * BR, tl.minimum(i_rg * BR + BR, R)):")
+        with c.indent():
+            self.print_ops(op)
+
+    def print_k3s_next_row(self, op: k3s.NextRowOp) -> None:
+        """Nothing to print: the carried values are already where the loop carries them."""
+
     def print_k3s_source_loop(self, op: k3s.SourceLoopOp) -> None:
         c = self.code
-        running_max, normaliser, mix = (register(v) for v in op.body.block.args)
-        c(f'{running_max} = tl.full([], float("-inf"), dtype=tl.float32)',
-          f"{normaliser} = tl.zeros([], dtype=tl.float32)",
-          f"{mix} = tl.zeros([BD], dtype=tl.float32)")
+        self.print_carried(op)
         c.comment(op, "each source row is read once")
         c(f"for i_s in {pipelined_range(op, '0', 'S')}:")
         with c.indent():
@@ -54,10 +101,84 @@ class AttnRes:
         self.code(f"{register(op.updated)} = {mix} * {rescale} + {weight} * {x}")
 
     def print_k3s_next_source(self, op: k3s.NextSourceOp) -> None:
-        """Nothing to print: the running softmax is already where the loop carries it."""
+        """Nothing to print: the carried values are already where the loop carries them."""
 
     def print_k3s_normalize_store(self, op: k3s.NormalizeStoreOp) -> None:
         self.code.comment(op)
         out = tensor_name(op.out)
         self.code(f"tl.store({out} + i_r * D + o_d, ({register(op.mix)} / {register(op.normaliser)})"
                   f".to({out}.dtype.element_ty), mask=m_d)")
+
+    def print_k3s_store_lse(self, op: k3s.StoreLseOp) -> None:
+        c = self.code
+        c.comment(op, "the row's log-sum-exp over its sources, for the backward")
+        store = f"tl.store({tensor_name(op.lse)} + i_r, {register(op.running_max)} + tl.log({register(op.normaliser)}))"
+        if (flag := presence_flag(op.lse)) is None:
+            c(store)
+            return
+        c(f"if {flag}:")
+        with c.indent():
+            c(store)
+
+    # --- the backward -------------------------------------------------------------------------
+
+    def print_k3s_load_row(self, op: k3s.LoadRowOp) -> None:
+        tensor = tensor_name(op.tensor)
+        if _tile_shape(op.row) == "[]":
+            self.code(f"{register(op.row)} = tl.load({tensor} + i_r).to(tl.float32)")
+        else:
+            self.code(f"{register(op.row)} = tl.load({tensor} + i_r * D + o_d, mask=m_d, other=0.0).to(tl.float32)")
+
+    def print_k3s_softmax_delta(self, op: k3s.SoftmaxDeltaOp) -> None:
+        self.code.comment(op, "sum_i p_i (dh . x_i) = dh . h")
+        self.code(f"{register(op.delta)} = tl.sum({register(op.out_bar)} * {register(op.out)})")
+
+    def print_k3s_softmax_weight(self, op: k3s.SoftmaxWeightOp) -> None:
+        self.code.comment(op, "p = exp(score - L), from the saved log-sum-exp")
+        self.code(f"{register(op.weight)} = tl.exp({register(op.score)} - {register(op.lse)})")
+
+    def print_k3s_weight_cotangent(self, op: k3s.WeightCotangentOp) -> None:
+        self.code.comment(op, "dp = dh . x")
+        self.code(f"{register(op.weight_bar)} = tl.sum({register(op.out_bar)} * {register(op.row)})")
+
+    def print_k3s_softmax_adjoint(self, op: k3s.SoftmaxAdjointOp) -> None:
+        self.code.comment(op, "score_bar = p (dp - delta)")
+        self.code(f"{register(op.score_bar)} = {register(op.weight)} * ({register(op.weight_bar)} - "
+                  f"{register(op.delta)})")
+
+    def print_k3s_rms_score_adjoint(self, op: k3s.RmsScoreAdjointOp) -> None:
+        x, q, score, score_bar = (register(v) for v in (op.row, op.query, op.score, op.score_bar))
+        self.code.comment(op, "x_bar = score_bar (q - score x / (D rms)) / rms")
+        self.code(f"b_rms = tl.sqrt(tl.sum({x} * {x}) / D + {op.eps.value.data!r})",
+                  f"{register(op.row_bar)} = {score_bar} / b_rms * ({q} - {score} / (D * b_rms) * {x})")
+
+    def print_k3s_query_adjoint(self, op: k3s.QueryAdjointOp) -> None:
+        x, p, score_bar = (register(v) for v in (op.row, op.weight, op.score_bar))
+        self.code.comment(op, "k = x / rms: q_bar += score_bar k, kbar += p k, sigma += score_bar")
+        self.code(f"b_k = {x} / tl.sqrt(tl.sum({x} * {x}) / D + {op.eps.value.data!r})",
+                  f"{register(op.updated_query_bar)} = {register(op.query_bar)} + {score_bar} * b_k",
+                  f"{register(op.updated_key_mean)} = {register(op.key_mean)} + {p} * b_k",
+                  f"{register(op.updated_score_bar_sum)} = {register(op.score_bar_sum)} + {score_bar}")
+
+    def print_k3s_recentre_query_adjoint(self, op: k3s.RecentreQueryAdjointOp) -> None:
+        self.code.comment(op, "q_bar -= sigma kbar: the scores' cotangents re-centred to sum to zero")
+        self.code(f"{register(op.updated)} = {register(op.query_bar)} - {register(op.score_bar_sum)} * "
+                  f"{register(op.key_mean)}")
+
+    def print_k3s_mix_adjoint(self, op: k3s.MixAdjointOp) -> None:
+        self.code.comment(op, "x_bar += p dh")
+        self.code(f"{register(op.updated)} = {register(op.row_bar)} + {register(op.weight)} * {register(op.out_bar)}")
+
+    def print_k3s_store_source_cotangent(self, op: k3s.StoreSourceCotangentOp) -> None:
+        self.code.comment(op)
+        dsources = tensor_name(op.dsources)
+        self.code(f"tl.store({dsources} + (i_s * R + i_r) * D + o_d, {register(op.row_bar)}"
+                  f".to({dsources}.dtype.element_ty), mask=m_d)")
+
+    def print_k3s_store_query_cotangent(self, op: k3s.StoreQueryCotangentOp) -> None:
+        c = self.code
+        c.comment(op, "q = w * gain: dw += q_bar * gain, dgain += q_bar * w, summed over the programs")
+        q_bar = register(op.query_bar)
+        for grad, other in ((op.dquery, op.gain), (op.dgain, op.pseudo_query)):
+            c(f"tl.atomic_add({tensor_name(grad)} + o_d, {q_bar} * tl.load({tensor_name(other)} + o_d, mask=m_d, "
+              f"other=0.0).to(tl.float32), mask=m_d)")

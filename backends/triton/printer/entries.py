@@ -33,6 +33,7 @@ class Entries:
         "value_block": "triton.cdiv(V, BV)",
         "sequence_head": 'dims["N"] * HV',
         "row": 'dims["B"] * dims["T"]',
+        "row_group": 'triton.cdiv(dims["B"] * dims["T"], BR)',
         "chunk": "num_chunks",
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',

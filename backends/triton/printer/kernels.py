@@ -85,6 +85,8 @@ class Kernels:
                 constants.update(BC=op.chunk_size.value.data)
             elif isinstance(op, k3s.FoldQueryOp):
                 constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
+            elif isinstance(op, k3s.RowLoopOp):
+                constants.update(BR=op.rows.value.data)
             elif isinstance(op, k3s.RouterLogitsOp):
                 constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
                                  BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,

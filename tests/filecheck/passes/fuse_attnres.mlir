@@ -1,9 +1,10 @@
 // fuse-attnres: the attnres op stays and an `aggregate` entry is added after it, with one
 // row-parallel kernel: the gain folded into the query, then one loop over the sources that
-// scores (RMS folded in), updates the online softmax and accumulates the mix, then a single
-// normalise-and-store; those stages take the entry's arguments they read or write (query,
-// gain, sources, out) as operands. The entry bounds the sources by num_blocks + 1 (blocks +
-// partial sum).
+// scores (RMS folded in), updates the online softmax and accumulates the mix (carried from the
+// online softmax's start: the loop's operands), then a single normalise-and-store and, when
+// the caller asks for the optional output lse (training), the row's log-sum-exp; those stages
+// take the entry's arguments they read or write (query, gain, sources, out, lse) as operands.
+// The entry bounds the sources by num_blocks + 1 (blocks + partial sum).
 // RUN: k3c opt %s -p fuse-attnres | filecheck %s
 // RUN: k3c opt %s -p fuse-attnres | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p fuse-attnres --generic | k3c opt - | filecheck %s
@@ -22,17 +23,20 @@ builtin.module {
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
+// CHECK-NEXT:     %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
 // CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 4, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
-// CHECK-NEXT:       %max, %sum, %acc = k3s.source_loop {
-// CHECK-NEXT:       ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
+// CHECK-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
+// CHECK-NEXT:       ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // CHECK-NEXT:         %x = k3s.load_source %sources : !k3s.tile<D>
 // CHECK-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.0001> : !k3s.tile<>
-// CHECK-NEXT:         %max_2, %sum_2, %p, %rescale = k3s.online_softmax %max_1, %sum_1, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
-// CHECK-NEXT:         %acc_2 = k3s.mix_accumulate %acc_1, %rescale, %p, %x : !k3s.tile<D>
-// CHECK-NEXT:         k3s.next_source %max_2, %sum_2, %acc_2
+// CHECK-NEXT:         %max_3, %sum_3, %p, %rescale = k3s.online_softmax %max_2, %sum_2, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// CHECK-NEXT:         %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<D>
+// CHECK-NEXT:         k3s.next_source %max_3, %sum_3, %acc_3
 // CHECK-NEXT:       } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
-// CHECK-NEXT:       k3s.normalize_store %acc, %sum, %out
+// CHECK-NEXT:       k3s.normalize_store %acc_1, %sum_1, %out
+// CHECK-NEXT:       k3s.store_lse %max_1, %sum_1, %lse
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }

@@ -1,5 +1,6 @@
 // Spec-driven: the AttnRes example lowers with fuse-attnres (max_sources = num_blocks + 1 = 9,
-// eps carried into the score); the LatentMoE example lowers its router with lower-moe-routing
+// eps carried into the score), then derive-attnres-backward adds its backward (the same bound and
+// eps, K3's width in four times the forward's warps); the LatentMoE example lowers its router with lower-moe-routing
 // (K3's 896 experts, top-16, the scaling and normalisation from the spec), then its experts with
 // lower-moe-experts (moe_prefill, moe_decode, and moe choosing between them).
 // RUN: k3c ir %examples/attnres.toml --after-all | filecheck %s --check-prefix=AR
@@ -13,18 +14,28 @@
 // AR-NEXT:    %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<7168, float>
 // AR-NEXT:    %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<7168, float>
 // AR-NEXT:    %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 7168, float>
+// AR-NEXT:    %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
 // AR-NEXT:    k3s.kernel @attnres_aggregate <grid = row, num_warps = 4, num_stages = 3> {
 // AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
-// AR-NEXT:      %max, %sum, %acc = k3s.source_loop {
-// AR-NEXT:      ^bb0(%max_1: !k3s.tile<>, %sum_1: !k3s.tile<>, %acc_1: !k3s.tile<D>):
+// AR-NEXT:      %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// AR-NEXT:      %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
+// AR-NEXT:      ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // AR-NEXT:        %x = k3s.load_source %sources : !k3s.tile<D>
 // AR-NEXT:        %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>
-// AR-NEXT:        %max_2, %sum_2, %p, %rescale = k3s.online_softmax %max_1, %sum_1, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
-// AR-NEXT:        %acc_2 = k3s.mix_accumulate %acc_1, %rescale, %p, %x : !k3s.tile<D>
-// AR-NEXT:        k3s.next_source %max_2, %sum_2, %acc_2
+// AR-NEXT:        %max_3, %sum_3, %p, %rescale = k3s.online_softmax %max_2, %sum_2, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// AR-NEXT:        %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<D>
+// AR-NEXT:        k3s.next_source %max_3, %sum_3, %acc_3
 // AR-NEXT:      } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
-// AR-NEXT:      k3s.normalize_store %acc, %sum, %out
+// AR-NEXT:      k3s.normalize_store %acc_1, %sum_1, %out
+// AR-NEXT:      k3s.store_lse %max_1, %sum_1, %lse
 // AR-NEXT:    }
+// AR-LABEL: // -----// IR after derive-attnres-backward //----- //
+// AR:       k3s.entry @aggregate_backward <source = attnres, max_sources = 9> {
+// AR:         k3s.kernel @attnres_aggregate_backward <grid = row_group, num_warps = 16, num_stages = 3> {
+// AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
+// AR:             %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>
+// AR:             %x_bar = k3s.rms_score_adjoint %x, %q, %score, %score_bar <eps = 1.0e-06> : !k3s.tile<D>
+// AR:             k3s.query_adjoint %x, %p, %score_bar, %q_bar_4, %k_mean_2, %score_bar_sum_2 <eps = 1.0e-06>
 
 // MOE:      // -----// IR of spec
 // MOE-NEXT: builtin.module {
