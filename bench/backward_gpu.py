@@ -19,11 +19,16 @@ state, at the issue's shapes, each under both gate semantics where the member ha
 (g = logsigmoid(randn), both sides' default). Times are do_bench medians; peak memory is
 torch.cuda.max_memory_allocated during one forward + backward above what the inputs hold.
 Writes DIR/backward_verify.md, DIR/backward_bench.md and DIR/backward.json.
+
+attnres (a case of --cases, run by default): k3compile.ops.attnres.attnres_aggregate's gradients
+(bf16, fp16; max RMS ratio over d sources, d query, d gain) against float64 autograd of the
+definition, next to torch eager's, and both sides' forward and forward + backward times at K3's width.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import traceback
@@ -236,6 +241,49 @@ def bench(out: Path, results: dict, cases: list[str] | None) -> None:
     print("\n".join(text))
 
 
+# the AttnRes aggregate at K3's width: (sources, token rows)
+ATTNRES_CASES = [(2, 16384), (5, 16384), (9, 16384)]
+
+
+def attnres_eager(sources, query, gain, eps=1e-6, dtype=torch.float32):
+    """The definition in torch: the baseline (fp32 inside), in float64 the gradients' reference."""
+    x = sources.to(dtype)
+    keys = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain.to(dtype)
+    h = (torch.softmax(keys @ query.to(dtype), dim=0)[..., None] * x).sum(0)
+    return h if dtype == torch.float64 else h.to(sources.dtype)
+
+
+def attnres(out: Path, results: dict) -> bool:
+    from triton.testing import do_bench
+
+    from k3compile.ops.attnres import attnres_aggregate
+
+    rows, ok, D = [], True, 7168
+    for (S, R), dtype in itertools.product(ATTNRES_CASES, (torch.bfloat16, torch.float16)):
+        gen = torch.Generator(device="cuda").manual_seed(S)
+        randn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+        scale = torch.linspace(0.5, 4.0, S, device="cuda")[:, None, None, None]
+        tensors = [x.to(dtype).requires_grad_() for x in (randn(S, 1, R, D) * scale, randn(D) * 3 / D ** 0.5,
+                                                          1 + 0.3 * randn(D))]
+        dout = randn(1, R, D).to(dtype)
+        leaves = [x.detach().double().requires_grad_() for x in tensors]
+        torch.autograd.backward(attnres_eager(*leaves, dtype=torch.float64), dout.double())
+        row = {"case": f"S{S} N{R} D{D}", "dtype": str(dtype).split(".")[1]}
+        for side, function in (("ours", attnres_aggregate), ("eager", attnres_eager)):
+            training = lambda: torch.autograd.backward(function(*tensors), dout)  # noqa: E731
+            for x in tensors:
+                x.grad = None
+            training()
+            row[f"{side}_rms"] = max(rms_ratio(x.grad, w.grad) for x, w in zip(tensors, leaves, strict=True))
+            row[f"{side}_fwd_ms"] = do_bench(lambda: function(*(x.detach() for x in tensors)))
+            row[f"{side}_fwdbwd_ms"] = do_bench(training, grad_to_none=tensors)
+        ok &= row["ours_rms"] <= 8e-3 and row["ours_rms"] <= 2 * row["eager_rms"] + 1e-3
+        rows.append(row)
+        print(row, flush=True)
+    results["attnres"] = rows  # backward.json; a row per case and dtype as it finishes
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -250,8 +298,11 @@ def main() -> int:
     ok = True
     if not args.skip_verify:
         ok = verify(out, results, [f for f in args.forms.split(",") if f])
-    if not args.skip_bench:
-        bench(out, results, [c for c in args.cases.split(",") if c])
+    cases = [c for c in args.cases.split(",") if c]
+    if not args.skip_bench and (not cases or set(cases) - {"attnres"}):
+        bench(out, results, [c for c in cases if c != "attnres"])
+    if not args.skip_bench and (not cases or "attnres" in cases):
+        ok &= attnres(out, results)
     (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))
     return 0 if ok else 1
 
