@@ -14,7 +14,6 @@ from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, IntegerType,
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
-    IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -33,24 +32,11 @@ from k3compile.ir.k3 import BetaInputAttr, GateInputAttr
 from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS, CotangentScanOp
 from k3compile.ir.k3s.gram import GramDiagonal, GramDiagonalAttr, MaskAttr
 from k3compile.ir.k3s.kernels import argument_name
-from k3compile.ir.k3s.types import TensorType, TileType
+from k3compile.ir.k3s.types import dims_text, expect_dims, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 # a backward schedule's chunk-local stages, or its cotangent scan's
 ADJOINT_PARENTS = (*CHUNK_LOCAL_PARENTS, CotangentScanOp)
-
-
-def tile_dims(value) -> tuple[str, ...]:
-    return tuple(d.data for d in value.type.dims.data)
-
-
-def _shape(dims: tuple[str, ...]) -> str:
-    return "<" + " x ".join(dims) + ">"
-
-
-def _expect(op: IRDLOperation, what: str, got: tuple[str, ...], want: tuple[str, ...]) -> None:
-    if got != want:
-        raise VerifyException(f"{op.name}: {what} must be {_shape(want)}, got {_shape(got)}")
 
 
 class _Elementwise(KeywordSyntax):
@@ -62,8 +48,8 @@ class _Elementwise(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "rhs", tile_dims(self.rhs), tile_dims(self.lhs))
-        _expect(self, "the result", tile_dims(self.result), tile_dims(self.lhs))
+        expect_dims(self, "rhs", tile_dims(self.rhs), tile_dims(self.lhs))
+        expect_dims(self, "the result", tile_dims(self.result), tile_dims(self.lhs))
 
 
 @irdl_op_definition
@@ -97,7 +83,7 @@ class NegOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "the result", tile_dims(self.result), tile_dims(self.operand))
+        expect_dims(self, "the result", tile_dims(self.result), tile_dims(self.operand))
 
 
 @irdl_op_definition
@@ -122,10 +108,10 @@ class DotOp(KeywordSyntax):
     def verify_(self) -> None:
         lhs, rhs = self.oriented()
         if len(lhs) != 2 or len(rhs) != 2:
-            raise VerifyException(f"{self.name}: multiplies 2-d tiles, got {_shape(lhs)} and {_shape(rhs)}")
+            raise VerifyException(f"{self.name}: multiplies 2-d tiles, got {dims_text(lhs)} and {dims_text(rhs)}")
         if lhs[1] != rhs[0]:
-            raise VerifyException(f"{self.name}: contracts {lhs[1]} with {rhs[0]} ({_shape(lhs)} by {_shape(rhs)})")
-        _expect(self, "the result", tile_dims(self.result), (lhs[0], rhs[1]))
+            raise VerifyException(f"{self.name}: contracts {lhs[1]} with {rhs[0]} ({dims_text(lhs)} by {dims_text(rhs)})")
+        expect_dims(self, "the result", tile_dims(self.result), (lhs[0], rhs[1]))
 
 
 class Along(Word):
@@ -158,8 +144,8 @@ class ScaleOp(KeywordSyntax):
     def verify_(self) -> None:
         want = _factor_dims(tile_dims(self.operand), self.along.data)
         got = tile_dims(self.factor) if isinstance(self.factor.type, TileType) else ()
-        _expect(self, f"a factor along {self.along.data} of {_shape(tile_dims(self.operand))}", got, want)
-        _expect(self, "the result", tile_dims(self.result), tile_dims(self.operand))
+        expect_dims(self, f"a factor along {self.along.data} of {dims_text(tile_dims(self.operand))}", got, want)
+        expect_dims(self, "the result", tile_dims(self.result), tile_dims(self.operand))
 
 
 @irdl_op_definition
@@ -174,7 +160,7 @@ class ReduceSumOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "the result", tile_dims(self.result), _factor_dims(tile_dims(self.operand), self.along.data))
+        expect_dims(self, "the result", tile_dims(self.result), _factor_dims(tile_dims(self.operand), self.along.data))
 
 
 @irdl_op_definition
@@ -188,8 +174,8 @@ class MaskOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "the operand", tile_dims(self.operand), ("C", "C"))
-        _expect(self, "the result", tile_dims(self.result), ("C", "C"))
+        expect_dims(self, "the operand", tile_dims(self.operand), ("C", "C"))
+        expect_dims(self, "the result", tile_dims(self.result), ("C", "C"))
 
 
 @irdl_op_definition
@@ -202,8 +188,8 @@ class DiagonalOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "the operand", tile_dims(self.operand), ("C", "C"))
-        _expect(self, "the result", tile_dims(self.result), ("C",))
+        expect_dims(self, "the operand", tile_dims(self.operand), ("C", "C"))
+        expect_dims(self, "the result", tile_dims(self.result), ("C",))
 
 
 class Side(Word):
@@ -240,10 +226,10 @@ class GatedContractionOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "the cotangent", tile_dims(self.cotangent), ("C", "C"))
-        _expect(self, "the cumulative gate", tile_dims(self.cumulative_gate), ("C", "K"))
-        _expect(self, "the rows", tile_dims(self.rows), ("C", "K"))
-        _expect(self, "the result", tile_dims(self.result), ("C", "K"))
+        expect_dims(self, "the cotangent", tile_dims(self.cotangent), ("C", "C"))
+        expect_dims(self, "the cumulative gate", tile_dims(self.cumulative_gate), ("C", "K"))
+        expect_dims(self, "the rows", tile_dims(self.rows), ("C", "K"))
+        expect_dims(self, "the result", tile_dims(self.result), ("C", "K"))
         if (self.guard is not None) != (self.form.data == GramDiagonal.GUARDED):
             raise VerifyException(f"{self.name}: a guarded form (and only it) takes the span check, got form "
                                   f"{self.form.data} with {'a' if self.guard is not None else 'no'} guard")
@@ -261,8 +247,8 @@ class PairDecayOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "the cumulative gate", tile_dims(self.cumulative_gate), ("C",))
-        _expect(self, "the result", tile_dims(self.result), ("C", "C"))
+        expect_dims(self, "the cumulative gate", tile_dims(self.cumulative_gate), ("C",))
+        expect_dims(self, "the result", tile_dims(self.result), ("C", "C"))
 
 
 @irdl_op_definition
@@ -276,8 +262,8 @@ class ReverseCumsumOp(KeywordSyntax):
 
     def verify_(self) -> None:
         if tile_dims(self.operand)[:1] != ("C",):
-            raise VerifyException(f"{self.name}: sums along a chunk's rows, got {_shape(tile_dims(self.operand))}")
-        _expect(self, "the result", tile_dims(self.result), tile_dims(self.operand))
+            raise VerifyException(f"{self.name}: sums along a chunk's rows, got {dims_text(tile_dims(self.operand))}")
+        expect_dims(self, "the result", tile_dims(self.result), tile_dims(self.operand))
 
 
 @irdl_op_definition
@@ -291,7 +277,7 @@ class OntoLastRowOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "the result", tile_dims(self.result), ("C", *tile_dims(self.operand)))
+        expect_dims(self, "the result", tile_dims(self.result), ("C", *tile_dims(self.operand)))
 
 
 @irdl_op_definition
@@ -306,10 +292,10 @@ class TransposedSolveOp(KeywordSyntax):
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "A", tile_dims(self.gram), ("C", "C"))
+        expect_dims(self, "A", tile_dims(self.gram), ("C", "C"))
         if tile_dims(self.rhs)[:1] != ("C",):
-            raise VerifyException(f"{self.name}: X has a chunk's rows, got {_shape(tile_dims(self.rhs))}")
-        _expect(self, "the result", tile_dims(self.result), tile_dims(self.rhs))
+            raise VerifyException(f"{self.name}: X has a chunk's rows, got {dims_text(tile_dims(self.rhs))}")
+        expect_dims(self, "the result", tile_dims(self.result), tile_dims(self.rhs))
 
 
 @irdl_op_definition

@@ -37,21 +37,8 @@ from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, MemoryWriteEf
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.kernels import KernelOp
-from k3compile.ir.k3s.types import TensorType, TileType
+from k3compile.ir.k3s.types import expect_dims, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
-
-
-def _dims(value) -> tuple[str, ...]:
-    return tuple(d.data for d in value.type.dims.data)
-
-
-def _shape(dims: tuple[str, ...]) -> str:
-    return "<" + " x ".join(dims) + ">"
-
-
-def _expect(op: IRDLOperation, what: str, got: tuple[str, ...], want: tuple[str, ...]) -> None:
-    if got != want:
-        raise VerifyException(f"{op.name}: {what} must be {_shape(want)}, got {_shape(got)}")
 
 
 def _verify_carried(op: IRDLOperation, loop: str) -> None:
@@ -252,7 +239,7 @@ class LoadRowOp(KeywordSyntax):
         rank = len(self.tensor.type.dims)
         if rank not in (2, 3):
             raise VerifyException(f"{self.name}: reads a [B, T] or [B, T, hidden_size] tensor, got rank {rank}")
-        _expect(self, "the row", _dims(self.row), ("D",) if rank == 3 else ())
+        expect_dims(self, "the row", tile_dims(self.row), ("D",) if rank == 3 else ())
 
 
 @irdl_op_definition
@@ -268,9 +255,9 @@ class SoftmaxDeltaOp(KeywordSyntax):
     traits = traits_def(HasParent(RowLoopOp), Pure())
 
     def verify_(self) -> None:
-        _expect(self, "dh", _dims(self.out_bar), ("D",))
-        _expect(self, "h", _dims(self.out), ("D",))
-        _expect(self, "delta", _dims(self.delta), ())
+        expect_dims(self, "dh", tile_dims(self.out_bar), ("D",))
+        expect_dims(self, "h", tile_dims(self.out), ("D",))
+        expect_dims(self, "delta", tile_dims(self.delta), ())
 
 
 @irdl_op_definition

@@ -159,3 +159,19 @@ def tensor(*dims: int | str, dtype: str) -> TensorType:
     any other word a shape symbol."""
     shape = [IntAttr(int(d)) if isinstance(d, int) or d.isdigit() else StringAttr(d) for d in dims]
     return TensorType(ArrayAttr(shape), ArgDtypeAttr(ArgDtype(dtype)))
+
+
+def tile_dims(value) -> tuple[str, ...]:
+    """The dimension symbols of a tile value's type, e.g. ("C", "K")."""
+    return tuple(d.data for d in value.type.dims.data)
+
+
+def dims_text(dims: tuple[str, ...]) -> str:
+    """Tile dimensions as the type prints them: <C x K>."""
+    return "<" + " x ".join(dims) + ">"
+
+
+def expect_dims(op, what: str, got: tuple[str, ...], want: tuple[str, ...]) -> None:
+    """A verifier's check that a tile has the dimensions it must: a one-line VerifyException."""
+    if got != want:
+        raise VerifyException(f"{op.name}: {what} must be {dims_text(want)}, got {dims_text(got)}")
