@@ -83,7 +83,6 @@ def print_context_parallel(printer, module: ModuleOp, cp) -> None:
     # the chunk entry's launch table, read at call time (the tuner swaps it per candidate)
     tuned = f"lambda: {launch_table_name(chunk.sym_name.data)}" if chunk.sym_name.data in printer.launch_tables else None
     scan_programs = layer.num_v_heads.value.data * -(-V // min(block_v, 1 << (V - 1).bit_length()))
-    first = chunk_view.tensors[0].sym_name.data
     c(*emitted("context_parallel"))
     c("", "")
     backward = "None"
@@ -116,21 +115,7 @@ def print_context_parallel(printer, module: ModuleOp, cp) -> None:
              "the same segments / cp_group, one all-gather across ranks; checkpoints are not differentiated)."]
             if backward_view is not None else []),
           '"""')
-        c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1)):")
-        with c.indent():
-            plain = [f"{n}={n}" for n in (p.split("=")[0] for p in printer.signatures["chunk"])]
-            c(f"return {PLAIN_CHUNK}({', '.join(plain)})")
-        c("def check():  # the per-token inputs, checked before any work (the entries check the rest)")
-        with c.indent():
-            c("dims = {}")
-            for arg in chunk_view.tensors:
-                name = arg.sym_name.data
-                device = "None" if name == first else f"{first}.device"
-                if arg.role.data == "input":
-                    c(f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})')
-                elif arg.role.data == "forbidden":
-                    c(f'_check_none("{name}", {name}, "k3 op @{chunk.source.data} has no {name} input")')
-            c("return dims")
+        print_plain_and_check(printer, "chunk", PLAIN_CHUNK, chunk_view, "the per-token inputs")
         c("", f"tokens = dict({', '.join(f'{n}={n}' for n in tokens)})",
           f"params = dict({', '.join(f'{n}={n}' for n in params)})")
         c("if _needs_grad(*tokens.values(), *params.values(), initial_state):  # a module without a backward refuses")
@@ -148,11 +133,32 @@ def print_context_parallel(printer, module: ModuleOp, cp) -> None:
         print_backward(printer, backward_view, tokens)
 
 
+def print_plain_and_check(printer, entry: str, plain_entry: str, view, checked: str) -> None:
+    """A context-parallel entry's first lines: the plain entry where neither segments nor
+    cp_group splits the call, and check(), which checks `checked` before any work."""
+    c = printer.code
+    first = view.tensors[0].sym_name.data
+    c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1)):")
+    with c.indent():
+        plain = [f"{n}={n}" for n in (p.split("=")[0] for p in printer.signatures[entry])]
+        c(f"return {plain_entry}({', '.join(plain)})")
+    c(f"def check():  # {checked}, checked before any work (the entries check the rest)")
+    with c.indent():
+        c("dims = {}")
+        for arg in view.tensors:
+            name = arg.sym_name.data
+            device = "None" if name == first else f"{first}.device"
+            if arg.role.data == "input":
+                c(f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})')
+            elif arg.role.data == "forbidden":
+                c(f'_check_none("{name}", {name}, "k3 op @{view.entry.source.data} has no {name} input")')
+        c("return dims")
+
+
 def print_backward(printer, view, tokens: list[str]) -> None:
     """`chunk_backward` with segments / cp_group: the plain entry's arguments and two more."""
     c = printer.code
     entry = view.entry
-    first = view.tensors[0].sym_name.data
     handled = {"initial_state", "cu_seqlens", "do", "dht"}
     params = [a.sym_name.data for a in view.args if a.sym_name.data not in handled and a.sym_name.data not in tokens
               and (isinstance(a, k3s.ScalarArgOp) or a.role.data in ("input", "optional_input", "forbidden"))]
@@ -170,21 +176,7 @@ def print_backward(printer, view, tokens: list[str]) -> None:
           "        start on this rank, dht for those that end on it. Two all_gathers of the forward's size:",
           "        the forward's (the entering states, recomputed) and the adjoint's (the cotangents).",
           '"""')
-        c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1)):")
-        with c.indent():
-            plain = [f"{n}={n}" for n in (p.split("=")[0] for p in printer.signatures["chunk_backward"])]
-            c(f"return {PLAIN_BACKWARD}({', '.join(plain)})")
-        c("def check():  # the per-token inputs and do, checked before any work (the entries check the rest)")
-        with c.indent():
-            c("dims = {}")
-            for arg in view.tensors:
-                name = arg.sym_name.data
-                device = "None" if name == first else f"{first}.device"
-                if arg.role.data == "input":
-                    c(f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})')
-                elif arg.role.data == "forbidden":
-                    c(f'_check_none("{name}", {name}, "k3 op @{entry.source.data} has no {name} input")')
-            c("return dims")
+        print_plain_and_check(printer, "chunk_backward", PLAIN_BACKWARD, view, "the per-token inputs and do")
         c("", f"tokens = dict({', '.join(f'{n}={n}' for n in tokens)})",
           f"params = dict({', '.join(f'{n}={n}' for n in params)})",
           "if cp_group is not None:")
