@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import traceback
-from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backward_gpu import TOLERANCE, rms_ratio  # noqa: E402
+from common import kernel_times  # noqa: E402
 
 VARIANTS = [
     "derive-backward|lower-backward",
@@ -115,19 +115,6 @@ def warm(job) -> str:
         return traceback.format_exc(limit=3)[-400:]
 
 
-def kernel_times(fn, iters: int = 5) -> dict[str, float]:
-    """GPU ms per call of each kernel fn launches (torch.profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name.removesuffix("_kernel")[:48]] += event.device_time / iters / 1e3
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
-
-
 def kernel_resources(module) -> dict[str, str]:
     """Registers and spilled bytes per thread of each backward kernel the module launched (what
     ptxas gave the Triton compile: a [K, V] tile too many shows as spills)."""
@@ -172,7 +159,7 @@ def measure_variant(member, pairing, heads, variant, root, B, T) -> dict:
         return backward()
 
     row["fwdbwd_peak_mib"] = peak_mib(training)
-    row["kernels"] = kernel_times(backward)
+    row["kernels"] = kernel_times(torch, backward, short=lambda n: n.removesuffix("_kernel")[:48])
     row["resources"] = kernel_resources(layer.module)
     return row
 
@@ -218,7 +205,7 @@ def fla_row(member, pairing, B, T, heads) -> dict:
         fwd_ms = do_bench(forward, rep=200)
     fwdbwd_ms = do_bench(training, grad_to_none=list(leaves.values()), rep=300)
     return {"member": member, "gates": pairing, "variant": "fla-core", "fwd_ms": fwd_ms, "bwd_ms": fwdbwd_ms - fwd_ms,
-            "fwdbwd_peak_mib": peak_mib(training), "kernels": kernel_times(training), "grads": grads}
+            "fwdbwd_peak_mib": peak_mib(training), "kernels": kernel_times(torch, training, short=lambda n: n.removesuffix("_kernel")[:48]), "grads": grads}
 
 
 def long_check(layer, member: str, pairing: str, T: int, heads: int) -> dict:

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chunk_cases import CASES, PAIRINGS, gate_floor, pairings_of, read_layer, variant_table  # noqa: E402
-from common import compare, make_inputs, reference  # noqa: E402
+from common import compare, kernel_times, make_inputs, reference  # noqa: E402
 
 PIPELINES = [
     "lower-recurrent,derive-chunkwise,fuse-chunkwise",
@@ -34,18 +33,6 @@ PIPELINES = [
     "lower-recurrent,derive-chunkwise{chunk-size=32},fuse-chunkwise{block-v=32 num-warps=4}",
     "lower-recurrent,derive-chunkwise{chunk-size=16},fuse-chunkwise{num-warps=4}",
 ]
-
-
-def kernel_times(fn, iters=5):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    totals = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name.split("_chunk_")[-1].removesuffix("_kernel")] += event.device_time / iters / 1e3
-    return dict(totals)
 
 
 def main() -> None:
@@ -89,7 +76,7 @@ def main() -> None:
             layer.module.POISON_OUTPUTS = False
             call = lambda: layer.chunk(**big, output_final_state=True)  # noqa: E731
             row["ms"] = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
-            row["kernels_ms"] = kernel_times(call)
+            row["kernels_ms"] = kernel_times(torch, call, short=lambda n: n.split("_chunk_")[-1].removesuffix("_kernel"))
         except Exception as err:  # a candidate that fails to compile or run scores infinity
             row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         rows.append(row)

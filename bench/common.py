@@ -216,3 +216,18 @@ def git_commit():
 
 def device_name(torch, on_cpu):
     return "cpu (TRITON_INTERPRET=1)" if on_cpu else torch.cuda.get_device_name()
+
+
+def kernel_times(torch, fn, iters: int = 5, short=lambda name: name) -> dict[str, float]:
+    """GPU ms per call of each kernel fn launches (torch.profiler), by short(kernel name), the
+    longest first."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = short(event.name)
+            totals[name] = totals.get(name, 0.0) + event.device_time / iters / 1e3
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
