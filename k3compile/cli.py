@@ -322,7 +322,7 @@ def cmd_prove(args) -> int:
     from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
     from k3compile.prove import (prove_backward, prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise,
-                                 prove_replay, prove_segment_scan, prove_spec_step)
+                                 prove_input_forms, prove_replay, prove_segment_scan, prove_spec_step)
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -342,15 +342,19 @@ def cmd_prove(args) -> int:
     # slow at C = 64 (some 6 s a run)
     results += [r for size in sizes for r in prove_backward(
         spec, size, lengths=None if size == min(sizes) else (size + size // 2 + 1,), seed=args.seed)]
+    # and the stores' chain rules, from the cotangents of the loads' results to the raw inputs'
+    # gradients (symbolic: the same at every size)
+    results += prove_input_forms(spec, min(sizes))
     table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence (backward: its derivative), "
-                        "exact rationals (K=2, V=3)")
+                        "exact rationals (K=2, V=3); the stores' chain rules symbolic")
     # a backward schedule's outputs are the inputs' gradients, its state h0's (dh0)
     for column in ("schedule", "T", "outputs / grads", "final state / dh0", "result"):
         table.add_column(column)
     for r in results:
         table.add_row(r.schedule, "-" if r.length is None else str(r.length),
                       {None: "-", True: "equal", False: "DIFFER"}[r.outputs_equal],
-                      "equal" if r.state_equal else "DIFFER", "proved" if r.holds else f"[bold red]FAILED[/] {r.first_mismatch}")
+                      {None: "-", True: "equal", False: "DIFFER"}[r.state_equal],
+                      "proved" if r.holds else f"[bold red]FAILED[/] {r.first_mismatch}")
     Console(width=140).print(table)
     failed = sum(not r.holds for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")

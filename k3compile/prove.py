@@ -5,7 +5,8 @@ the derivation depends on the op's structure, not its sizes) and interpreted sta
 with sympy rationals (k3compile.ir.exact). Random rational inputs make equality of every
 output and the final state an identity test (Schwartz-Zippel): a wrong stage fails it with
 probability 1. A backward schedule's gradients are checked the same way against the token
-recurrence's derivative along random directions (k3compile.ir.exact_backward, docs/backward.md).
+recurrence's derivative along random directions (k3compile.ir.exact_backward, docs/backward.md),
+and the stores' chain rules through the input forms symbolically (prove_input_forms).
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ class ProofResult:
     """One claim about a schedule. A forward schedule's outputs are O and its state the final
     state; a backward schedule's (prove_backward) outputs are the inputs' gradients (dq, dk, dv
     and, where the member reads them, dg and dbeta) and its state the initial state's gradient
-    dh0."""
+    dh0; a store's chain rule (prove_input_forms) is a claim about the gradients of the raw
+    inputs it writes, and none about a state."""
 
     layer: str
     schedule: str
-    length: int | None  # None: a claim about no particular sequence (the combine's associativity)
+    length: int | None  # None: a claim about no particular sequence (the combine's associativity, a chain rule)
     outputs_equal: bool | None  # None: a claim about states only
-    state_equal: bool
+    state_equal: bool | None  # None: a claim about no state (a store's chain rule)
     first_mismatch: str = ""
 
     @property
     def holds(self) -> bool:
-        return self.outputs_equal is not False and self.state_equal
+        return self.outputs_equal is not False and self.state_equal is not False
 
 
 def checked(layer: str, schedule: str, want: tuple, run) -> ProofResult:
@@ -238,7 +240,8 @@ def prove_backward(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | 
                    derivative=dual_loss_derivative) -> list[ProofResult]:
     """Prove `derive-backward{chunk-size=C}`: its gradients equal the token recurrence's for the
     loss <do, O> + <dht, S_T> at several sequence lengths (by default: one partial chunk, an exact
-    multiple, and several chunks with a partial tail), with random rational cotangents do and dht.
+    multiple, and several chunks with a partial tail), with random rational cotangents do and dht
+    and scale.
     Each gradient G is checked along a random rational direction d: <G, d> equals the derivative
     of the loss with that input moved along d (forward mode, first order: `derivative`,
     dual_loss_derivative or exact_backward.loss_derivative, which agree), one direction per input
@@ -256,12 +259,41 @@ def prove_backward(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | 
     results = []
     for length in lengths:
         x = proof_inputs(rng, layer_op, length)
-        x = replace(x, do=random_matrix(rng, length, PROOF_V, 5), dht=random_matrix(rng, PROOF_K, PROOF_V, 3))
+        # the scale drawn too: every cotangent that do brings carries it, dht's do not
+        x = replace(x, do=random_matrix(rng, length, PROOF_V, 5), dht=random_matrix(rng, PROOF_K, PROOF_V, 3),
+                    scale=random_rational(rng, -1, 1))
         directions = {name: random_matrix(rng, *shape, 5) for name, shape in gradient_shapes(layer_op, length).items()}
         want = {name: derivative(x, delta_rule, name, d) for name, d in directions.items()}
         for guards, label in guard_outcomes(module):
             results.append(checked_gradients(spec.name, pipeline + label, length, directions, want,
                                              lambda: exact_backward.run_backward(backward, replace(x, guards=guards))))
+    return results
+
+
+def prove_input_forms(spec: LayerSpec, chunk_size: int) -> list[ProofResult]:
+    """Prove the chain rules of `derive-backward{chunk-size=C}`'s stores: each k3s.store_cotangent
+    takes the cotangent of its load's result back to the gradients of the raw tensors the load
+    read (through l2norm, the gate's input form, beta's) by the derivative of the form that load
+    applies, for all raw inputs (exact_backward.chain_rule_mismatches: symbolic). prove_backward
+    proves the cotangents the stores take; with these, the gradients of the raw inputs. One row per
+    store, in the schedule's order (q, k, v, g, beta), naming each gradient that differs."""
+    from k3compile.ir import exact_backward, k3s
+
+    pipeline = f"derive-backward{{chunk-size={chunk_size}}}"
+    _, module = derived(spec, pipeline)
+    block = first_op(module, k3s.ChunkedBackwardOp).body.block
+    loads = [op for op in block.ops if isinstance(op, (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp))]
+    results = []
+    for store in (op for op in block.ops if isinstance(op, k3s.StoreCotangentOp)):
+        form = exact_backward.store_form(store)
+        load = next((op for op in loads if op.operands[0] == store.inputs[0]), None)
+        if load is None:
+            mismatch = f"no load reads {form.inputs[0]}"
+        else:
+            mismatch = "; ".join(exact_backward.chain_rule_mismatches(form, exact_backward.load_form(load)))
+        gradients = ", ".join(f"d{name}" for name in form.inputs)
+        results.append(ProofResult(spec.name, f"{pipeline}: store_cotangent of {form.of} ({form}): {gradients}",
+                                   None, not mismatch, None, mismatch))
     return results
 
 

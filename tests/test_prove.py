@@ -218,9 +218,10 @@ def test_cli_prove_passes(capsys, kind, fresh_seed):
     # 3 chunkwise lengths, the fused kernels of both groupings at 2 lengths each (the channel
     # gates': both outcomes of the span checks at each), replay of 0 and 1 accepted tokens,
     # spec_step after 0 and 1 accepted, the same two for verify=chunked, segment scan:
-    # associativity and 5 splits; the backward's gradients at the 3 chunkwise lengths
+    # associativity and 5 splits; the backward's gradients at the 3 chunkwise lengths, and its
+    # stores' chain rules (q, k, v, and g and beta where the member reads them)
     chunkwise = len(proved_lengths(kind, [2, 6, 7])) + 2 * len(proved_lengths(kind, [2, 7]))
-    backward = len(proved_lengths(kind, [2, 6, 7]))
+    backward = len(proved_lengths(kind, [2, 6, 7])) + 3 + (GATE_OF_KIND[kind] != "none") + DELTA_OF_KIND[kind]
     assert f"{chunkwise + 14 + backward} passed, 0 failed" in out
     assert "fuse-chunkwise{grouping=split-prepare}" in out
     assert "derive-backward{chunk-size=3}" in out
@@ -413,8 +414,9 @@ def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
                          "--seed", fresh_seed)
     assert code == 1, f"exit code {code}: {out}\n{err}"
     # the chunkwise and fused proofs fail, each for both outcomes of the span checks (the
-    # backward's 6 rows hold: derive-backward took its chunkwise_schedule when it was imported)
-    assert "FAILED" in out and "11 passed, 23 failed" in out
+    # backward's 6 rows and its 4 stores' hold: derive-backward took its chunkwise_schedule when it
+    # was imported)
+    assert "FAILED" in out and "15 passed, 23 failed" in out
 
 
 # --- the two oracles agree ------------------------------------------------------------------
