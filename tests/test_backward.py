@@ -183,7 +183,9 @@ def test_steep_and_mild_chunks_side_by_side(layers, member):
     layer = layers(member)
     x = draw_inputs(op_of(layer), 2, 45)
     x["g"][:, 16:32] = 12 * x["g"][:, 16:32]
-    assert (x["g"][:, 16:32].sum(dim=1) < -90).all() and (x["g"][:, :16].sum(dim=1) > -80).all()
+    # every (sequence, head) program of the second chunk fails its span check (some channel spans
+    # more than 80 nats), none of the first
+    assert (x["g"][:, 16:32].sum(dim=1) < -90).any(dim=-1).all() and (x["g"][:, :16].sum(dim=1) > -80).all()
     check_backward(layer, x, with_dht=True, output_dh0=True)
 
 
