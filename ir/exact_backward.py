@@ -151,11 +151,10 @@ def onto_last_row(run, op, x) -> Matrix:
     return Matrix.vstack(zeros(rows - 1, x.cols), x)
 
 
-@tile_semantics(k3s.TransposedSolveOp)
-def transposed_solve(run, op, A: Matrix, X: Matrix) -> Matrix:
+@tile_semantics(k3s.UnitLowerInverseOp)
+def unit_lower_inverse(run, op, A: Matrix) -> Matrix:
     n = A.rows
-    unit_lower = Matrix(n, n, lambda i, j: (1 if i == j else 0) + (A[i, j] if j <= i else 0))
-    return unit_lower.T.upper_triangular_solve(X)
+    return Matrix(n, n, lambda i, j: (1 if i == j else 0) + (A[i, j] if j <= i else 0)).inv()
 
 
 @tile_semantics(k3s.StoreCotangentOp)

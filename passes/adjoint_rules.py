@@ -76,11 +76,12 @@ class Emitter:
     def neg(self, a):
         return self.like(k3s.NegOp, [a], a)
 
-    def dot(self, a, b, transpose_lhs: bool = False, transpose_rhs: bool = False):
+    def dot(self, a, b, transpose_lhs: bool = False, transpose_rhs: bool = False, accurate: bool = False):
         lhs, rhs = k3s.tile_dims(a), k3s.tile_dims(b)
         rows = lhs[-1] if transpose_lhs else lhs[0]
         cols = rhs[0] if transpose_rhs else rhs[-1]
-        flags = {**({"transpose_lhs": True} if transpose_lhs else {}), **({"transpose_rhs": True} if transpose_rhs else {})}
+        flags = {name: True for name, on in (("transpose_lhs", transpose_lhs), ("transpose_rhs", transpose_rhs),
+                                             ("accurate", accurate)) if on}
         return self.emit(k3s.DotOp, [a, b], k3s.tile(rows, cols), **flags)
 
     def scale(self, a, factor, along: str):
@@ -180,8 +181,11 @@ def wy_apply(e: Emitter, op: k3s.WYApplyOp, factor_bar):
 @adjoint(k3s.ForwardSubstitutionOp)
 def forward_substitution(e: Emitter, op: k3s.ForwardSubstitutionOp, T_bar):
     """T = (I + A)^{-1} Diag(beta): with Y = (I + A)^{-T} T_bar, A_bar = -Y T^T on the entries the
-    solve reads (the lower triangle and diagonal), beta_bar = diag(Y)."""
-    Y = e.like(k3s.TransposedSolveOp, [e(op.gram), T_bar], T_bar)
+    solve reads (the lower triangle and diagonal), beta_bar = diag(Y). Y is a product with the
+    inverse the recomputed T is made of (derive-backward's recompute holds it as a value), not a
+    substitution row after row; fp32-accurate, since diag(Y) is beta's cotangent as it is."""
+    inverse = e.like(k3s.UnitLowerInverseOp, [e(op.gram)], T_bar, block=op.block)
+    Y = e.dot(inverse, T_bar, transpose_lhs=True, accurate=True)
     A_bar = e.like(k3s.MaskOp, [e.neg(e.dot(Y, e(op.results[0]), transpose_rhs=True))], T_bar, mask="inclusive")
     return {0: A_bar, 1: e.emit(k3s.DiagonalOp, [Y], e(op.beta).type)}
 

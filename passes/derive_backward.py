@@ -26,6 +26,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.traits import IsTerminator
+from xdsl.transforms.common_subexpression_elimination import cse
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
@@ -104,6 +105,20 @@ def store_cotangent(load: Operation, cotangent: SSAValue, values: dict[str, SSAV
                 **carried)
 
 
+def recompute(stage: Operation, primal: dict[SSAValue, SSAValue]) -> list[Operation]:
+    """A forward stage again in the backward (primal maps the forward's values to the copies).
+    The forward substitution T = (I + A)^-1 Diag(beta) is recomputed as its two factors, the
+    inverse and the scaling by beta: its adjoint reads that inverse too."""
+    if not isinstance(stage, k3s.ForwardSubstitutionOp):
+        return [stage.clone(value_mapper=primal)]
+    T = stage.results[0]
+    inverse = make(k3s.UnitLowerInverseOp, operands=[primal[stage.gram]], result=("T_inverse", T.type), block=stage.block)
+    scaled = make(k3s.ScaleOp, operands=[inverse.results[0], primal[stage.beta]], result=(T.name_hint, T.type),
+                  along="columns")
+    primal[T] = scaled.results[0]
+    return [inverse, scaled]
+
+
 def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size: int, sub_chunk: int,
                       solve_block: int, unbounded_diagonal: str) -> k3s.ChunkedBackwardOp:
     # the forward schedule on this entry's tensors; its output's destination is none of them
@@ -114,7 +129,8 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
     primal: dict[SSAValue, SSAValue] = {}
     local = forward.local_ops()
     for stage in local:  # recomputed
-        body.add_op(stage.clone(value_mapper=primal))
+        for recomputed in recompute(stage, primal):
+            body.add_op(recomputed)
 
     scan = forward.scan.body.block
     S, (*scan_stages, terminator) = scan.args[0], list(scan.ops)
@@ -159,6 +175,7 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
         if isinstance(stage, LOADS) and stage.results[0] in cotangents:
             body.add_op(store_cotangent(stage, cotangents[stage.results[0]], values))
     remove_dead_stages(body)
+    cse(body)  # a stage a rule emits again on the same values (the inverse, KG_bar * KG) is made once
     forward.drop_all_references()
     no_output.drop_all_references()
     return make(k3s.ChunkedBackwardOp, body, chunk_size=chunk_size)

@@ -266,16 +266,16 @@ def test_wrong_state_cotangent_shows_in_dh0_alone_within_one_chunk(monkeypatch, 
 
 
 def test_schedule_reading_what_nothing_made_is_a_failed_proof(monkeypatch, fresh_seed):
-    """The transposed solve moved after its readers (the verifier does not order a block's uses):
+    """The triangular inverse moved after its readers (the verifier does not order a block's uses):
     the exact run meets a value not yet made, and every row fails saying which, not an error."""
     original = derive_backward.backward_schedule
 
     def solve_last(*args, **kwargs):
         chunked = original(*args, **kwargs)
         block = chunked.body.block
-        solve = next(op for op in block.ops if isinstance(op, k3s.TransposedSolveOp))
-        solve.detach()
-        block.add_op(solve)
+        inverse = next(op for op in block.ops if isinstance(op, k3s.UnitLowerInverseOp))
+        inverse.detach()
+        block.add_op(inverse)
         return chunked
 
     monkeypatch.setattr(derive_backward, "backward_schedule", solve_last)

@@ -58,7 +58,8 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
         if isinstance(op, (k3s.ChunkTileOp, k3s.ChunkLoopOp)) and op.chunk_size.value.data not in CHUNK_SIZES:
             raise UnsupportedError(f"Triton backend: chunk size must be 16, 32 or 64, got {op.chunk_size.value.data}")
         blocks = {k3s.BlockGatesOp: ("sub-chunk", lambda o: o.sub_chunk.value.data),
-                  k3s.ForwardSubstitutionOp: ("forward-substitution block", lambda o: o.block.value.data)}
+                  k3s.ForwardSubstitutionOp: ("forward-substitution block", lambda o: o.block.value.data),
+                  k3s.UnitLowerInverseOp: ("forward-substitution block", lambda o: o.block.value.data)}
         if type(op) in blocks:  # row blocks of a chunk's [C, C] tiles
             what, size = blocks[type(op)][0], blocks[type(op)][1](op)
             if not k3s.is_power_of_two(size) or chunk_rows(op) % size:

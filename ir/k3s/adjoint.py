@@ -10,7 +10,7 @@ the same dimensions; a scaling says along which dimension its factor runs."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, IntegerType, StringAttr
+from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, FloatAttr, IntegerAttr, IntegerType, StringAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -94,6 +94,7 @@ class DotOp(KeywordSyntax):
     name = "k3s.dot"
     transpose_lhs = opt_prop_def(BoolAttr)  # absent: false
     transpose_rhs = opt_prop_def(BoolAttr)
+    accurate = opt_prop_def(BoolAttr)  # fp32-accurate operands: a product whose result is read as is (a gradient)
     lhs = operand_def(TileType)
     rhs = operand_def(TileType)
     result = result_def(TileType)
@@ -281,21 +282,21 @@ class OntoLastRowOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class TransposedSolveOp(KeywordSyntax):
-    """(I + A)^{-T} X for A lower triangular (its strict part and diagonal, as
-    k3s.forward_substitution reads it): a backward substitution, from the last row up."""
+class UnitLowerInverseOp(KeywordSyntax):
+    """(I + A)^{-1} for A lower triangular, as k3s.forward_substitution reads it and with its
+    `block` (diagonal blocks row by row, the rest by products). The backward holds it as a value:
+    its T is this inverse scaled by beta along the columns, and the forward substitution's adjoint
+    multiplies by its transpose, so one inverse serves both."""
 
-    name = "k3s.transposed_solve"
+    name = "k3s.unit_lower_inverse"
+    block = prop_def(IntegerAttr[I64])
     gram = operand_def(TileType)
-    rhs = operand_def(TileType)
-    result = result_def(TileType)
+    inverse = result_def(TileType)
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())
 
     def verify_(self) -> None:
         expect_dims(self, "A", tile_dims(self.gram), ("C", "C"))
-        if tile_dims(self.rhs)[:1] != ("C",):
-            raise VerifyException(f"{self.name}: X has a chunk's rows, got {dims_text(tile_dims(self.rhs))}")
-        expect_dims(self, "the result", tile_dims(self.result), tile_dims(self.rhs))
+        expect_dims(self, "the result", tile_dims(self.inverse), ("C", "C"))
 
 
 @irdl_op_definition
@@ -341,4 +342,4 @@ class StoreCotangentOp(KeywordSyntax):
 
 
 ADJOINT_STAGES = [AddOp, SubOp, MulOp, NegOp, DotOp, ScaleOp, ReduceSumOp, MaskOp, DiagonalOp, GatedContractionOp, PairDecayOp,
-                  ReverseCumsumOp, OntoLastRowOp, TransposedSolveOp, StoreCotangentOp]
+                  ReverseCumsumOp, OntoLastRowOp, UnitLowerInverseOp, StoreCotangentOp]

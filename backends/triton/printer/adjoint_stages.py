@@ -39,8 +39,9 @@ class AdjointStages:
             lhs = f"tl.trans({lhs})"
         if op.transpose_rhs is not None and op.transpose_rhs.value.data:
             rhs = f"tl.trans({rhs})"
+        product = "_mm_accurate" if op.accurate is not None and op.accurate.value.data else "_mm"
         self.code.comment(op)
-        self.code(f"{register(op.result)} = _mm({lhs}, {rhs}, DOT)")
+        self.code(f"{register(op.result)} = {product}({lhs}, {rhs}, DOT)")
 
     def print_k3s_scale(self, op: k3s.ScaleOp) -> None:
         factor = register(op.factor) if isinstance(op.factor.type, k3s.TileType) else tensor_name(op.factor)
@@ -120,20 +121,6 @@ class AdjointStages:
             self.code(f"{register(op.result)} = tl.where((o_c == BC - 1)[:, None], {x}[None, :], 0.0)")
         else:
             self.code(f"{register(op.result)} = tl.where(o_c == BC - 1, {x}, 0.0)")
-
-    def print_k3s_transposed_solve(self, op: k3s.TransposedSolveOp) -> None:
-        A, X, Y = register(op.gram), register(op.rhs), register(op.result)
-        c = self.code
-        c.comment(op, "(I + A)^T Y = X, upper triangular: rows from the last up")
-        c(f"{Y} = tl.zeros_like({X})")
-        c("for r in range(0, BC):")
-        with c.indent():
-            c("i = BC - 1 - r",
-              f"b_col = tl.sum(tl.where(o_c[None, :] == i, {A}, 0.0), axis=1)  # A[:, i]",
-              f"b_rhs = tl.sum(tl.where((o_c == i)[:, None], {X}, 0.0), axis=0) "
-              f"- tl.sum(tl.where((o_c > i)[:, None], b_col[:, None] * {Y}, 0.0), axis=0)",
-              "b_pivot = 1.0 + tl.sum(tl.where(o_c == i, b_col, 0.0))",
-              f"{Y} = tl.where((o_c == i)[:, None], (b_rhs / b_pivot)[None, :], {Y})")
 
     # --- the gradients' stores ---------------------------------------------------------------------
 

@@ -182,10 +182,19 @@ class ChunkStages:
             c(f"{out} = {out} * {register(op.row_scale)}[:, None]")
 
     def print_k3s_forward_substitution(self, op: k3s.ForwardSubstitutionOp) -> None:
+        self.code.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
+        self.print_unit_lower_inverse(op.block.value.data, register(op.gram), chunk_rows(op))
+        self.code(f"{register(op.transform)} = b_inverse * {register(op.beta)}[None, :]")
+
+    def print_k3s_unit_lower_inverse(self, op: k3s.UnitLowerInverseOp) -> None:
+        self.code.comment(op, "(I + A)^-1, blocked")
+        self.print_unit_lower_inverse(op.block.value.data, register(op.gram), chunk_rows(op))
+        self.code(f"{register(op.inverse)} = b_inverse")
+
+    def print_unit_lower_inverse(self, sub: int, A: str, rows: int) -> None:
+        """b_inverse = (I + A)^-1 for A strictly lower triangular: diagonal blocks of `sub` rows
+        solved row by row, the rest by products."""
         c = self.code
-        sub = op.block.value.data
-        c.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
-        A = register(op.gram)
         if sub == 1:  # unit diagonal blocks: all of the inverse by the products of step 2
             c("SUB_T: tl.constexpr = 1",
               "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
@@ -200,11 +209,10 @@ class ChunkStages:
           f"b_M = _mm_accurate(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
           "b_Linv = b_eye - b_M")
         power = 2
-        while power < chunk_rows(op) // sub:
+        while power < rows // sub:
             c("b_M = _mm_accurate(b_M, b_M, DOT)", "b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT)")
             power *= 2
-        c(f"{register(op.transform)} = " + ("b_Linv" if sub == 1 else "_mm_accurate(b_Linv, b_Dinv, DOT)")
-          + f" * {register(op.beta)}[None, :]")
+        c("b_inverse = " + ("b_Linv" if sub == 1 else "_mm_accurate(b_Linv, b_Dinv, DOT)"))
 
     def print_diagonal_block_inverse(self, sub: int, A: str) -> None:
         """b_Dinv: the inverse of I + A's diagonal blocks of `sub` rows, solved row by row."""

@@ -44,7 +44,9 @@
 // CHECK-NEXT:      %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
 // CHECK-NEXT:      %[[CG:[A-Za-z_0-9]+]] = k3s.gate_cumsum %[[g]] <gate = channel> : !k3s.tile<C x K>
 // CHECK:           %[[A:[A-Za-z_0-9]+]] = k3s.gram %[[k]], %[[k]], %[[CG]], {{.*}} <mask = strict, gate = channel, beta = true, diagonal = guarded>
-// CHECK-NEXT:      %[[T:[A-Za-z_0-9]+]] = k3s.forward_substitution %[[A]], %{{.*}} <block = 1> : !k3s.tile<C x C>
+// T = (I + A)^-1 Diag(beta) as its two factors: the forward substitution's adjoint reads the inverse
+// CHECK-NEXT:      %[[TINV:[A-Za-z_0-9]+]] = k3s.unit_lower_inverse %[[A]] <block = 1> : !k3s.tile<C x C>
+// CHECK-NEXT:      %[[T:[A-Za-z_0-9]+]] = k3s.scale %[[TINV]], %{{.*}} <along = columns> : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[W:[A-Za-z_0-9]+]] = k3s.wy_apply %[[T]], %[[k]], %[[CG]] <gate = channel>
 // CHECK-NEXT:      %[[U:[A-Za-z_0-9]+]] = k3s.wy_apply %[[T]], %[[v]] <gate = none>
 // CHECK:           %[[KG:[A-Za-z_0-9]+]] = k3s.gate_apply %[[k]], %[[CG]], %{{.*}} <anchor = end, gate = channel> : !k3s.tile<C x K>
@@ -80,9 +82,10 @@
 // (unbounded gates: guarded by the chunk's span check, elementwise where it fails)
 // CHECK:           k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[CG]], %{{[A-Za-z_0-9]+}} <side = rows, form = guarded> : !k3s.tile<C x K>
 // CHECK-NEXT:      k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[CG]], %{{[A-Za-z_0-9]+}} <side = keys, form = guarded> : !k3s.tile<C x K>
-// the WY factors' transform T = (I + A)^-1 Diag(beta): Y = (I + A)^-T T_bar, A's cotangent -Y T^T
-// on the entries the solve reads, beta's the diagonal of Y
-// CHECK:           %[[Y:[A-Za-z_0-9]+]] = k3s.transposed_solve %[[A]], %{{.*}} : !k3s.tile<C x C>
+// the WY factors' transform T = (I + A)^-1 Diag(beta): Y = (I + A)^-T T_bar, the recomputed
+// inverse's transpose times T_bar (fp32-accurate); A's cotangent -Y T^T on the entries the solve
+// reads, beta's the diagonal of Y
+// CHECK:           %[[Y:[A-Za-z_0-9]+]] = k3s.dot %[[TINV]], %{{.*}} <transpose_lhs = true, accurate = true> : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[YT:[A-Za-z_0-9]+]] = k3s.dot %[[Y]], %[[T]] <transpose_rhs = true> : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[NYT:[A-Za-z_0-9]+]] = k3s.neg %[[YT]] : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[A_BAR:[A-Za-z_0-9]+]] = k3s.mask %[[NYT]] <mask = inclusive> : !k3s.tile<C x C>
@@ -128,7 +131,7 @@
 // GDN-NEXT:    %[[ROWS:[A-Za-z_0-9]+]] = k3s.reduce_sum %[[WP]] <along = rows> : !k3s.tile<C>
 // GDN-NEXT:    %[[COLS:[A-Za-z_0-9]+]] = k3s.reduce_sum %[[WP]] <along = columns> : !k3s.tile<C>
 // GDN-NEXT:    k3s.sub %[[ROWS]], %[[COLS]] : !k3s.tile<C>
-// GDN:         k3s.transposed_solve
+// GDN:         k3s.dot %{{.*}} <transpose_lhs = true, accurate = true> : !k3s.tile<C x C>
 // the key Gram's (mask strict)
 // GDN:         k3s.pair_decay %[[CG]] <mask = strict> : !k3s.tile<C x C>
 // GDN:         k3s.onto_last_row %{{.*}} : !k3s.tile<C>
@@ -145,7 +148,7 @@
 // DN-NEXT:     ^bb0(%[[LEAVING:[A-Za-z_0-9]+]]: !k3s.tile<K x V>):
 // DN-NOT:      k3s.scale %[[LEAVING]]
 // DN:          k3s.next_chunk
-// DN:          k3s.transposed_solve
+// DN:          k3s.dot %{{.*}} <transpose_lhs = true, accurate = true> : !k3s.tile<C x C>
 // DN:          k3s.store_cotangent %{{.*}} <of = v>
 // DN-NEXT:     k3s.store_cotangent %{{.*}} <of = beta, beta_input = probability>
 // DN-NEXT:   }
@@ -166,4 +169,4 @@
 // NODELTA-NOT: @dbeta
 // NODELTA-NOT: k3s.delta_residual
 // NODELTA-NOT: k3s.forward_substitution
-// NODELTA-NOT: k3s.transposed_solve
+// NODELTA-NOT: k3s.unit_lower_inverse

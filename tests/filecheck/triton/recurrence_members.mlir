@@ -112,7 +112,7 @@
 // ALL:       for i_vb in tl.static_range(0, (V + BV - 1) // BV):
 // ALL:       b_S_bar = tl.load(S_bar + {{.*}}o_v[None, :]
 // ALL:       k3s.sum_value_blocks
-// KDA:       k3s.transposed_solve
+// KDA:       _mm_accurate(tl.trans(b_T_inverse), b_T_bar{{[_0-9]*}}, DOT)
 // KDA:       k3s.gated_contraction %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %G <side = rows, form = factored>
 // KDA-NOT:   for j in range(0, BC):
 // An unbounded channel gate's guarded forms, split: the chunks whose span check holds factored in
