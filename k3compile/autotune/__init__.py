@@ -41,6 +41,7 @@ from k3compile.autotune.space import (
     kernel_code_hash,
     launch_configs,
     split_pipeline,
+    tuned_entry_pipeline,
 )
 
 __all__ = [
@@ -64,5 +65,6 @@ __all__ = [
     "launch_configs",
     "precompile",
     "split_pipeline",
+    "tuned_entry_pipeline",
     "tune",
 ]

@@ -27,6 +27,7 @@ from k3compile.autotune.space import (
     join_pipeline,
     kernel_code_hash,
     split_pipeline,
+    tuned_entry_pipeline,
     tunable,
 )
 
@@ -136,7 +137,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     for option, value in code_options.items():
         passes[names.index(owner[option])][1][option] = str(value)
     plan.pipeline = join_pipeline(passes)
-    empty = lower(spec, plan.pipeline, launch_tables={TUNED_ENTRY: {}})
+    empty = lower(spec, tuned_entry_pipeline(plan.pipeline), launch_tables={TUNED_ENTRY: {}})  # as tune hashed it
     code_hash = kernel_code_hash(empty.source)
     table = {}
     untuned = []

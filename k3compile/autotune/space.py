@@ -124,11 +124,22 @@ class Candidate:
         return " ".join(f"{k}={v}" for k, v in self.options.items())
 
 
+# Passes that add only the backward entries (chunk_backward and its segments): the tuned chunk
+# entry is the same without them, so the candidates' pipelines and the kernel code hash leave them
+# out (a third of a candidate's compile); the module built with the winners has them.
+BACKWARD_PASSES = frozenset({"derive-backward", "lower-backward", "derive-segment-scan-backward"})
+
+
+def tuned_entry_pipeline(pipeline: str) -> str:
+    """`pipeline` without the passes that only add backward entries."""
+    return join_pipeline([p for p in split_pipeline(pipeline) if p[0] not in BACKWARD_PASSES])
+
+
 def candidates(pipeline: str, space: Sequence[Choice] | None = None) -> list[Candidate]:
-    """Every combination of the space's values on top of `pipeline`; options the pipeline sets
-    itself are kept. Empty when the pipeline has none of the space's passes."""
+    """Every combination of the space's values on top of `pipeline` (less its backward passes);
+    options the pipeline sets itself are kept. Empty when the pipeline has none of the space's passes."""
     space = SEARCH_SPACE if space is None else space
-    passes = split_pipeline(pipeline)
+    passes = split_pipeline(tuned_entry_pipeline(pipeline))
     names = [name for name, _ in passes]
     axes = []
     for choice in space:
