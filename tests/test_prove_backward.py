@@ -216,7 +216,7 @@ def gram_keys_transpose_dropped(e, op, gram_bar):
     return cotangents
 
 
-def beta_bar_without_the_solve(e, op, T_bar):
+def beta_bar_without_the_inverse(e, op, T_bar):
     """T = (I + A)^-1 Diag(beta): beta's cotangent as diag(T_bar) instead of diag((I + A)^-T T_bar)."""
     cotangents = RULES[k3s.ForwardSubstitutionOp](e, op, T_bar)
     return {**cotangents, 1: e.emit(k3s.DiagonalOp, [T_bar], cotangents[1].type)}
@@ -233,7 +233,7 @@ WRONG_RULES = (
     [(k3s.ChunkDecayOp, chunk_decay_sign_flipped, kind, "dg differs") for kind in GATED_KINDS]
     # dg too for a channel gate, whose cotangent the rule takes from the keys' side
     + [(k3s.GramOp, gram_keys_transpose_dropped, kind, r"dk differs(; dg differs)?") for kind in RECURRENCE_KINDS]
-    + [(k3s.ForwardSubstitutionOp, beta_bar_without_the_solve, kind, "dbeta differs") for kind in DELTA_KINDS]
+    + [(k3s.ForwardSubstitutionOp, beta_bar_without_the_inverse, kind, "dbeta differs") for kind in DELTA_KINDS]
     # every gradient an earlier chunk's cotangent of the state it leaves reaches: all but dq
     + [(k3s.DeltaResidualOp, residual_state_sign_flipped, kind,
         r"dk differs; dv differs(; dg differs)?; dbeta differs; dh0 differs") for kind in DELTA_KINDS]
@@ -270,7 +270,7 @@ def test_schedule_reading_what_nothing_made_is_a_failed_proof(monkeypatch, fresh
     the exact run meets a value not yet made, and every row fails saying which, not an error."""
     original = derive_backward.backward_schedule
 
-    def solve_last(*args, **kwargs):
+    def inverse_last(*args, **kwargs):
         chunked = original(*args, **kwargs)
         block = chunked.body.block
         inverse = next(op for op in block.ops if isinstance(op, k3s.UnitLowerInverseOp))
@@ -278,7 +278,7 @@ def test_schedule_reading_what_nothing_made_is_a_failed_proof(monkeypatch, fresh
         block.add_op(inverse)
         return chunked
 
-    monkeypatch.setattr(derive_backward, "backward_schedule", solve_last)
+    monkeypatch.setattr(derive_backward, "backward_schedule", inverse_last)
     results = prove_backward(spec_of("deltanet"), 3, lengths=(2, 5), seed=fresh_seed)
     assert len(results) == 2
     for r in results:
