@@ -236,6 +236,7 @@ def main() -> int:
     parser.add_argument("--phase", default="all", choices=("all", "compile", "measure"),
                         help="compile: only the Triton compiles (side by side); measure: only the checks and "
                              "timings, the compiles cached (another process may use the GPU meanwhile for compile)")
+    parser.add_argument("--no-fla", action="store_true", help="ours only: no fla row (its autotuning takes minutes)")
     parser.add_argument("--long-check", action="store_true",
                         help="also check ours and fla's gradients against float64 at the timed length (two heads)")
     args = parser.parse_args()
@@ -257,6 +258,8 @@ def main() -> int:
     rows = []
     for pairing in pairings:
         try:
+            if args.no_fla:
+                raise RuntimeError("not run (--no-fla)")
             fla = fla_row(args.member, pairing, args.batch, args.tokens, args.heads)
         except Exception:  # fla refuses some members on some GPUs: the row says so, ours still run
             fla = {"member": args.member, "gates": pairing, "variant": "fla-core", "grads": {},
