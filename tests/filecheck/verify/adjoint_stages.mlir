@@ -2,16 +2,18 @@
 // a product contracts matching dimensions (after its transposes) into the outer ones, a scaling's
 // factor runs along what it says (rows: one per row; columns: one per column; all: one number, a
 // `<>` tile or the entry's f32 scale), and a cotangent's store takes gradient tensors and the
-// inputs they are of, pair by pair, each d<input>, the first input its own. Each refusal is one line.
+// inputs they are of, pair by pair, each d<input>, the first input its own; the triangular inverse
+// is a chunk's [C, C]. Each refusal is one line.
 // RUN: k3c opt %s | filecheck %s --check-prefix=VALID
 // RUN: k3c opt %s | k3c opt - | filecheck %s --check-prefix=VALID
 // RUN: sed 's/%%P_bar = k3s.dot %%do_1, %%do_1 <transpose_rhs = true>/%%P_bar = k3s.dot %%do_1, %%do_1/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=CONTRACT
 // RUN: sed 's/%%k_bar = k3s.dot %%M_bar, %%q_1 <transpose_lhs = true> : !k3s.tile<C x K>/%%k_bar = k3s.dot %%M_bar, %%do_1 <transpose_lhs = true> : !k3s.tile<C x K>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=RESULT
 // RUN: sed 's/k3s.scale %%k_bar, %%Glast <along = columns>/k3s.scale %%k_bar, %%Glast <along = rows>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=FACTOR
-// RUN: sed 's/k3s.scale %%q_bar, %%scale <along = all>/k3s.scale %%q_bar, %%scale <along = columns>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCALAR
+// RUN: sed 's/k3s.scale %%Y, %%scale <along = all>/k3s.scale %%Y, %%scale <along = columns>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCALAR
 // RUN: sed 's/k3s.store_cotangent %%k_bar_1, %%dk, %%k <of = k>/k3s.store_cotangent %%k_bar_1, %%dk, %%dq, %%k <of = k>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ODD
 // RUN: sed 's/<of = k>/<of = o>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=OF
 // RUN: sed 's/k3s.store_cotangent %%q_bar_1, %%dq, %%q <of = q>/k3s.store_cotangent %%q_bar_1, %%dk, %%k <of = q>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=PAIRS
+// RUN: sed 's/k3s.unit_lower_inverse %%M_bar <block = 2>/k3s.unit_lower_inverse %%k_bar <block = 2>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=INVERSE
 
 builtin.module {
   k3s.entry @chunk_backward <source = r> {
@@ -33,7 +35,9 @@ builtin.module {
       %M_bar = k3s.mask %P_bar <mask = inclusive> : !k3s.tile<C x C>
       %k_bar = k3s.dot %M_bar, %q_1 <transpose_lhs = true> : !k3s.tile<C x K>
       %q_bar = k3s.dot %M_bar, %k_1 : !k3s.tile<C x K>
-      %q_bar_1 = k3s.scale %q_bar, %scale <along = all> : !k3s.tile<C x K>
+      %M_inverse = k3s.unit_lower_inverse %M_bar <block = 2> : !k3s.tile<C x C>
+      %Y = k3s.dot %M_inverse, %q_bar <transpose_lhs = true, accurate = true> : !k3s.tile<C x K>
+      %q_bar_1 = k3s.scale %Y, %scale <along = all> : !k3s.tile<C x K>
       %k_bar_1 = k3s.scale %k_bar, %Glast <along = columns> : !k3s.tile<C x K>
       k3s.store_cotangent %q_bar_1, %dq, %q <of = q>
       k3s.store_cotangent %k_bar_1, %dk, %k <of = k>
@@ -43,6 +47,8 @@ builtin.module {
 
 // VALID:      %P_bar = k3s.dot %do_1, %do_1 <transpose_rhs = true> : !k3s.tile<C x C>
 // VALID:      %k_bar = k3s.dot %M_bar, %q_1 <transpose_lhs = true> : !k3s.tile<C x K>
+// VALID:      %M_inverse = k3s.unit_lower_inverse %M_bar <block = 2> : !k3s.tile<C x C>
+// VALID-NEXT: %Y = k3s.dot %M_inverse, %q_bar <transpose_lhs = true, accurate = true> : !k3s.tile<C x K>
 // VALID:      %k_bar_1 = k3s.scale %k_bar, %Glast <along = columns> : !k3s.tile<C x K>
 // VALID-NEXT: k3s.store_cotangent %q_bar_1, %dq, %q <of = q>
 // VALID-NEXT: k3s.store_cotangent %k_bar_1, %dk, %k <of = k>
@@ -54,3 +60,4 @@ builtin.module {
 // ODD: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: takes gradient tensors and the inputs they are of, pair by pair; got 3 tensor(s){{$}}
 // OF: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: of must name an input (q, k, v, g or beta), got 'o'{{$}}
 // PAIRS: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: of = q stores d<input> for each input read, first q; got gradients dk of k{{$}}
+// INVERSE: {{^}}k3c opt: error: <stdin>: k3s.unit_lower_inverse: A must be <C x C>, got <C x K>{{$}}
