@@ -148,7 +148,7 @@ def rms_ratio(x, ref) -> float:
     return ((x.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
-def verify(out: Path, results: dict, forms: list[str]) -> bool:
+def verify(out: Path, results: dict, forms: list[str], with_fla: bool = True) -> bool:
     rows, ok = [], True
     for label, member, extra, group in VERIFY_FORMS:
         if forms and label.replace(" ", "_").replace(",", "") not in forms:  # spaces as _, no commas
@@ -161,7 +161,7 @@ def verify(out: Path, results: dict, forms: list[str]) -> bool:
                 want = reference_gradients(member, tensors, kwargs, cot)
                 got = gradients(ours, tensors, kwargs, cot)
                 fla = None
-                if group == 1 or member != "gla":
+                if with_fla and (group == 1 or member != "gla"):
                     try:
                         fla = gradients(theirs, tensors, kwargs, cot)
                     except Exception as err:  # fla refuses some forms: the row says so
@@ -291,13 +291,14 @@ def main() -> int:
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--cases", default="")
     parser.add_argument("--forms", default="", help="verify only these forms (labels with _ for spaces, no commas; comma-separated)")
+    parser.add_argument("--no-fla", action="store_true", help="verify ours only (fla's autotuning takes minutes per form)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     ok = True
     if not args.skip_verify:
-        ok = verify(out, results, [f for f in args.forms.split(",") if f])
+        ok = verify(out, results, [f for f in args.forms.split(",") if f], with_fla=not args.no_fla)
     cases = [c for c in args.cases.split(",") if c]
     if not args.skip_bench and (not cases or set(cases) - {"attnres"}):
         bench(out, results, [c for c in cases if c != "attnres"])
