@@ -26,6 +26,7 @@ from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     region_def,
     result_def,
@@ -37,7 +38,7 @@ from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, MemoryWriteEf
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.kernels import KernelOp
-from k3compile.ir.k3s.types import expect_dims, tile_dims, TensorType, TileType
+from k3compile.ir.k3s.types import expect_dims, is_power_of_two, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 
@@ -55,14 +56,23 @@ def _verify_carried(op: IRDLOperation, loop: str) -> None:
 @irdl_op_definition
 class FoldQueryOp(KeywordSyntax):
     """q = w * gain: the RMSNorm gain folded into the pseudo-query, so normalised sources
-    are never materialised; w and gain are the tensors it reads ([hidden_size] each)."""
+    are never materialised; w and gain are the tensors it reads ([hidden_size] each, a `<D>`
+    tile). With `queries` (Block AttnRes's phase 1) they are a block's queries and gains
+    ([Q, hidden_size] each) and it folds the program's block of that many of them (a power of
+    two; fewer in the last block): a `<Q x D>` tile."""
 
     name = "k3s.fold_query"
     hidden_size = prop_def(IntegerAttr[I64])
+    queries = opt_prop_def(IntegerAttr[I64])
     pseudo_query = operand_def(TensorType)
     gain = operand_def(TensorType)
     query = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        if self.queries is not None and not is_power_of_two(self.queries.value.data):
+            raise VerifyException(f"{self.name}: queries must be a power of two, got {self.queries.value.data}")
+        expect_dims(self, "the folded query", tile_dims(self.query), ("D",) if self.queries is None else ("Q", "D"))
 
 
 @irdl_op_definition

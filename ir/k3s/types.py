@@ -32,10 +32,10 @@ class ArgDtypeAttr(EnumAttribute[ArgDtype], SpacedOpaqueSyntaxAttribute):
 
 # the gate of stages that exist only with one (k3.gate's words but none)
 GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
-SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB", "HS")
+SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB", "HS", "Q")
 
 
-TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS", "M", "N")
+TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS", "M", "N", "Q")
 
 
 @irdl_attr_definition
@@ -45,7 +45,8 @@ class TileType(ParametrizedAttribute, TypeAttribute):
     columns), D (AttnRes's hidden columns), R (the program's block of token rows, MoE routing),
     E (the program's experts: a block of them on an expert_block grid axis, else every expert),
     KS (the top-k slots of a row), M (an MoE projection's rows: token rows, sorted (token, slot)
-    pairs, or one) and N (its block of output columns); `<C>` one number per row, `<>` one
+    pairs, or one), N (its block of output columns) and Q (the program's block of a Block
+    AttnRes block's queries, k3s.fold_query <queries>); `<C>` one number per row, `<>` one
     number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
 
     name = "k3s.tile"
@@ -91,7 +92,7 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     state pool rows, NC per-chunk slots, R token rows of a [tokens, hidden] input, PP and PB the
     positions and blocks of an MoE dispatch plan's expert-sorted pair list, k3s.sort_pairs; HS the
     hidden slices of the MoE router's scores kernel at this call, k3s.launch_by_rows
-    <hidden_slices>); the dtype class is one of ArgDtype's words (what each takes: TensorArgOp).
+    <hidden_slices>; Q the queries of a Block AttnRes block); the dtype class is one of ArgDtype's words (what each takes: TensorArgOp).
     The compiled entry checks an argument against it at run time."""
 
     name = "k3s.tensor"

@@ -1,0 +1,85 @@
+"""Block AttnRes's two phases: where the aggregate's online softmax stops and where it resumes.
+
+Phase 1 (`block_partials`) runs the aggregate's loop over a block's completed representatives
+for the program's block of the block's queries and stores what the loop carries instead of
+normalising it: per query and token row the running max, the normaliser and the un-normalised
+mix (k3s.store_partials). Phase 2 (`block_merge`) starts the aggregate's loop from one query's
+stored partials instead of from nothing (k3s.load_partials, in place of k3s.softmax_start) and
+takes it over the block's current partial sum: one step of the online softmax from the partials
+is split-KV attention's merge. derive-block-attnres derives both from fuse-attnres's aggregate.
+"""
+
+from __future__ import annotations
+
+from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect
+from xdsl.utils.exceptions import VerifyException
+
+from k3compile.ir.k3s.kernels import KernelOp
+from k3compile.ir.k3s.types import expect_dims, tile_dims, TensorType, TileType
+from k3compile.ir.syntax import KeywordSyntax
+
+
+def _expect_partials(op: IRDLOperation, running_max, normaliser, mix, rows: tuple[str, ...]) -> None:
+    """The running max and normaliser one number per query (`rows`), the mix a row of D per query."""
+    expect_dims(op, "the running max", tile_dims(running_max), rows)
+    expect_dims(op, "the normaliser", tile_dims(normaliser), rows)
+    expect_dims(op, "the mix", tile_dims(mix), (*rows, "D"))
+
+
+def _expect_rank(op: IRDLOperation, what: str, tensor, rank: int) -> None:
+    got = len(tensor.type.dims)
+    if got != rank:
+        raise VerifyException(f"{op.name}: {what} must have {rank} dimensions, got {got} ({tensor.type.pattern})")
+
+
+@irdl_op_definition
+class StorePartialsOp(KeywordSyntax):
+    """Phase 1's end: the online softmax over the completed representatives, for the program's
+    block of queries (`<Q>`, `<Q>`, `<Q x D>` tiles), stored as it stands instead of normalised:
+    the running max m to `block_max` and the normaliser z = sum_i exp(s_i - m) to
+    `block_normaliser` ([Q, B, T] fp32 each), the un-normalised mix a = sum_i exp(s_i - m) x_i to
+    `block_numerator` ([Q, B, T, D] fp32): a's terms are the sources scaled by weights in (0, 1],
+    so it is held as exactly as the aggregate's loop holds it."""
+
+    name = "k3s.store_partials"
+    running_max = operand_def(TileType)
+    normaliser = operand_def(TileType)
+    mix = operand_def(TileType)
+    block_max = operand_def(TensorType)
+    block_normaliser = operand_def(TensorType)
+    block_numerator = operand_def(TensorType)
+    traits = traits_def(HasParent(KernelOp), MemoryWriteEffect())
+
+    def verify_(self) -> None:
+        _expect_partials(self, self.running_max, self.normaliser, self.mix, ("Q",))
+        for what, tensor, rank in (("block_max", self.block_max, 3), ("block_normaliser", self.block_normaliser, 3),
+                                   ("block_numerator", self.block_numerator, 4)):
+            _expect_rank(self, what, tensor, rank)
+
+
+@irdl_op_definition
+class LoadPartialsOp(KeywordSyntax):
+    """Phase 2's start: one query's partials of this token row, the online softmax over the
+    completed representatives as phase 1 left it (running max m, normaliser z: `<>`; the
+    un-normalised mix a: `<D>`), from `block_max`, `block_normaliser` ([B, T] fp32) and
+    `block_numerator` ([B, T, D] fp32). What the loop over the remaining sources starts from, in
+    place of k3s.softmax_start's (-inf, 0, 0)."""
+
+    name = "k3s.load_partials"
+    block_max = operand_def(TensorType)
+    block_normaliser = operand_def(TensorType)
+    block_numerator = operand_def(TensorType)
+    running_max = result_def(TileType)
+    normaliser = result_def(TileType)
+    mix = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _expect_partials(self, self.running_max, self.normaliser, self.mix, ())
+        for what, tensor, rank in (("block_max", self.block_max, 2), ("block_normaliser", self.block_normaliser, 2),
+                                   ("block_numerator", self.block_numerator, 3)):
+            _expect_rank(self, what, tensor, rank)
+
+
+BLOCK_ATTNRES_STAGES = [StorePartialsOp, LoadPartialsOp]
