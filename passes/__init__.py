@@ -6,6 +6,10 @@ Each pass is one idea, named for what it derives:
 - fuse-attnres: k3.attnres -> one kernel that scores and mixes each row in a single read;
 - derive-attnres-backward: k3.attnres -> the aggregate's fused backward (the softmax recomputed
   from the forward's saved log-sum-exp; d sources, d query, d gain in one kernel);
+- derive-block-attnres: k3.attnres -> Block AttnRes's two phases, split from the aggregate's loop
+  over sources: `block_partials` (a block's queries over its completed representatives, each
+  representative row read once, the online softmax's partials stored) and `block_merge` (one
+  query's partials taken one source further, over the block's partial sum);
 - lower-moe-routing: k3.latent_moe -> a `route` entry from x to each token's top-k experts and
   their weights: a scores kernel (router GEMM and sigmoid, tiled over rows and experts), then a
   top-k kernel (top-k by score + bias, normalisation);
@@ -51,6 +55,7 @@ _WHERE = {
     "lower-decode": ("lower_decode", "LowerDecodePass"),
     "fuse-attnres": ("fuse_attnres", "FuseAttnResPass"),
     "derive-attnres-backward": ("derive_attnres_backward", "DeriveAttnResBackwardPass"),
+    "derive-block-attnres": ("derive_block_attnres", "DeriveBlockAttnResPass"),
     "lower-moe-routing": ("lower_moe_routing", "LowerMoeRoutingPass"),
     "lower-moe-experts": ("lower_moe_experts", "LowerMoeExpertsPass"),
     "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),

@@ -1,0 +1,188 @@
+"""derive-block-attnres: k3.attnres -> Block AttnRes's two phases, `block_partials` and
+`block_merge`, derived from fuse-attnres's aggregate by splitting its loop over the sources.
+
+In Block AttnRes an aggregation point attends over the n completed block representatives
+b_0..b_{n-1} and its block's current partial sum x. The aggregate's loop carries the online
+softmax (running max m, normaliser z, un-normalised mix a) from one source to the next, so it
+splits after any source: the loop over b_0..b_{n-1} leaves (m, z, a), and taking it one source
+further, over x with score s = q . x / rho(x), is
+
+    m' = max(m, s),  z' = z e^(m - m') + e^(s - m'),  a' = a e^(m - m') + e^(s - m') x,  h = a' / z'
+
+split-KV attention's merge. The pseudo-queries of a block's aggregation points are weights, not
+functions of the input, so the first part runs once per block for all of them:
+
+- block_partials: the aggregate's kernel batched over the block's queries. Every value that
+  depends on the folded query gains the leading tile dimension Q (the scores, the softmax's max,
+  normaliser, weight and rescale, the mix, and the loop's carried values); the loads of the
+  representatives do not, so a program reads each representative row once for its whole block of
+  queries. What the loop leaves is stored (k3s.store_partials) instead of normalised. Grid
+  row_query_block: a program per token row and block of queries, a row's blocks adjacent.
+- block_merge: the aggregate's kernel with its loop started from one query's partials
+  (k3s.load_partials in place of k3s.softmax_start), over the one source after the completed
+  ones, the current partial sum; it stores h as the aggregate does.
+
+Forward only: neither phase has a backward entry (docs/attnres.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import AttnResOp
+from k3compile.passes.common import add_entries, argument_values, check_power_of_two, make, props, rebind
+from k3compile.passes.fuse_attnres import FuseAttnResPass, attnres_arg, fused_attnres_entry
+
+# A block_partials program holds its block of queries and their mixes ([BQ, next_pow2(D)] fp32
+# each) and a representative's row. Budget: what the aggregate's backward kernel holds at K3's
+# width, six rows of 8192 fp32 in 16 warps (96 per thread; derive-attnres-backward). Not measured
+# for this kernel (no GPU run yet).
+ROW_TILE_BUDGET = 6 * 8192
+VALUES_PER_WARP = ROW_TILE_BUDGET // 16
+# a block's 24 aggregation points (K3: 12 layers of two) in one program where they fit
+MOST_QUERIES_PER_PROGRAM = 32
+
+
+def padded_width(hidden_size: int) -> int:
+    """A row's columns as a program holds them: D padded to a power of two (Triton's tiles)."""
+    return 1 << (hidden_size - 1).bit_length()
+
+
+def rows_held(queries: int) -> int:
+    """The [next_pow2(D)] fp32 rows a block_partials program holds: its queries, their mixes, a
+    representative's row."""
+    return 2 * queries + 1
+
+
+def default_queries_per_program(hidden_size: int) -> int:
+    """The most queries (a power of two, at most MOST_QUERIES_PER_PROGRAM) whose rows fit
+    ROW_TILE_BUDGET; at least one."""
+    queries = MOST_QUERIES_PER_PROGRAM
+    while queries > 1 and rows_held(queries) * padded_width(hidden_size) > ROW_TILE_BUDGET:
+        queries //= 2
+    return queries
+
+
+def partials_warps(hidden_size: int, queries: int) -> int:
+    """4 warps while they hold the program's rows at VALUES_PER_WARP each, else the fewest (a
+    power of two, at most k3s.MAX_NUM_WARPS) that do."""
+    warps = 4
+    while warps < k3s.MAX_NUM_WARPS and warps * VALUES_PER_WARP < rows_held(queries) * padded_width(hidden_size):
+        warps *= 2
+    return warps
+
+
+def only(kernel: k3s.KernelOp, op_type: type[Operation]) -> Operation:
+    return next(op for op in kernel.walk() if isinstance(op, op_type))
+
+
+def aggregate_kernel(layer: AttnResOp) -> k3s.KernelOp:
+    """A copy of fuse-attnres's kernel of the layer (its default options), reading the tensors
+    of an entry that is not in the module: what both phases are derived from (rebind points
+    their copies at their own entries' arguments)."""
+    fuse = FuseAttnResPass()
+    entry = fused_attnres_entry(layer, fuse.warps_for(layer), fuse.num_stages)
+    return only(entry, k3s.KernelOp).clone()
+
+
+def batch_over_queries(kernel: k3s.KernelOp, query: SSAValue) -> None:
+    """Give every value of the kernel that depends on `query` the leading tile dimension Q: the
+    results of an op reading such a value, and a loop's carried value (its initial value, block
+    argument, next value and result alike) when any of its four does."""
+    batched = {query}
+    while True:
+        count = len(batched)
+        for op in kernel.walk():
+            if isinstance(op, k3s.SourceLoopOp):
+                for carried in zip(op.initial, op.body.block.args, op.body.block.last_op.carried, op.results,
+                                   strict=True):
+                    if batched.intersection(carried):
+                        batched.update(carried)
+            elif batched.intersection(op.operands):
+                batched.update(op.results)
+        if len(batched) == count:
+            break
+    for value in batched:
+        Rewriter.replace_value_with_new_type(value, k3s.tile("Q", *k3s.tile_dims(value)))
+
+
+def derived_kernel(kernel: k3s.KernelOp, layer: AttnResOp, entry: str, **values) -> k3s.KernelOp:
+    kernel.properties.update(props(k3s.KernelOp, sym_name=f"{layer.sym_name.data}_{entry}", **values))
+    return kernel
+
+
+def block_partials_entry(layer: AttnResOp, queries_per_program: int) -> k3s.EntryOp:
+    D = layer.hidden_size.value.data
+    arguments = [
+        attnres_arg("representatives", ("S", "B", "T", D)),
+        attnres_arg("queries", ("Q", D)),
+        attnres_arg("gains", ("Q", D)),
+        attnres_arg("block_max", ("Q", "B", "T"), "output", "float32"),
+        attnres_arg("block_normaliser", ("Q", "B", "T"), "output", "float32"),
+        attnres_arg("block_numerator", ("Q", "B", "T", D), "output", "float32"),
+    ]
+    tensors = argument_values(arguments)
+    kernel = aggregate_kernel(layer)
+    # the loop over the sources is the scan over the representatives; what it leaves is stored
+    loop = only(kernel, k3s.SourceLoopOp)
+    for store in [op for op in kernel.body.ops if isinstance(op, (k3s.NormalizeStoreOp, k3s.StoreLseOp))]:
+        Rewriter.erase_op(store)
+    kernel.body.block.add_op(make(k3s.StorePartialsOp, operands=[
+        *loop.results, tensors["block_max"], tensors["block_normaliser"], tensors["block_numerator"]]))
+    fold = only(kernel, k3s.FoldQueryOp)
+    fold.properties.update(props(k3s.FoldQueryOp, queries=queries_per_program))
+    batch_over_queries(kernel, fold.query)
+    rebind(kernel, {**tensors, "sources": tensors["representatives"], "query": tensors["queries"],
+                    "gain": tensors["gains"]})
+    derived_kernel(kernel, layer, "block_partials", grid="row_query_block",
+                   num_warps=partials_warps(D, queries_per_program))
+    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_partials", source=layer.sym_name.data,
+                max_sources=layer.num_blocks.value.data)
+
+
+def block_merge_entry(layer: AttnResOp) -> k3s.EntryOp:
+    D = layer.hidden_size.value.data
+    arguments = [
+        attnres_arg("partial_sum", ("S", "B", "T", D)),
+        attnres_arg("query", (D,)),
+        attnres_arg("gain", (D,)),
+        attnres_arg("block_max", ("B", "T"), dtype="float32"),
+        attnres_arg("block_normaliser", ("B", "T"), dtype="float32"),
+        attnres_arg("block_numerator", ("B", "T", D), dtype="float32"),
+        attnres_arg("out", ("B", "T", D), "output"),
+    ]
+    tensors = argument_values(arguments)
+    kernel = aggregate_kernel(layer)
+    # the loop starts from the query's partials, not from nothing
+    start = only(kernel, k3s.SoftmaxStartOp)
+    Rewriter.replace_op(start, make(
+        k3s.LoadPartialsOp, operands=[tensors["block_max"], tensors["block_normaliser"], tensors["block_numerator"]],
+        results=[(value.name_hint, value.type) for value in start.results]))
+    Rewriter.erase_op(only(kernel, k3s.StoreLseOp))
+    rebind(kernel, {**tensors, "sources": tensors["partial_sum"]})
+    del kernel.properties["num_stages"]  # one source: no next rows to load ahead
+    derived_kernel(kernel, layer, "block_merge")
+    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_merge", source=layer.sym_name.data, max_sources=1)
+
+
+@dataclass(frozen=True)
+class DeriveBlockAttnResPass(ModulePass):
+    """Add Block AttnRes's `block_partials` and `block_merge` entries for every k3.attnres."""
+
+    name = "derive-block-attnres"
+    # a block_partials program's block of queries (a power of two); 0: default_queries_per_program
+    queries_per_program: int = 0
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.queries_per_program:
+            check_power_of_two(self.name, "queries-per-program", self.queries_per_program)
+        add_entries(op, AttnResOp, lambda layer: block_partials_entry(
+            layer, self.queries_per_program or default_queries_per_program(layer.hidden_size.value.data)))
+        add_entries(op, AttnResOp, block_merge_entry)

@@ -1,0 +1,114 @@
+// derive-block-attnres: the attnres op stays and two entries are added after it, Block AttnRes's
+// two phases, each fuse-attnres's aggregate kernel with its loop over the sources split:
+// - block_partials: the loop over a block's completed representatives, batched over the block's
+//   queries (every value of the query gains the tile dimension Q: the fold of the program's
+//   block of queries, the scores, the online softmax, the mix and what the loop carries; the
+//   representative's row does not, so each is read once for all the program's queries), and
+//   what the loop leaves stored as it stands (k3s.store_partials), not normalised. A program per
+//   token row and block of queries (grid row_query_block); at most num_blocks representatives.
+// - block_merge: the loop started from one query's partials (k3s.load_partials where the
+//   aggregate has k3s.softmax_start) over the one source after them, the block's partial sum,
+//   and the aggregate's normalised store; nothing to pipeline (no num_stages).
+// RUN: k3c opt %s -p derive-block-attnres | filecheck %s
+// RUN: k3c opt %s -p derive-block-attnres | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p derive-block-attnres --generic | k3c opt - | filecheck %s
+// After fuse-attnres and derive-attnres-backward (the default pipeline's order) the two phases
+// follow the aggregate's entries; running the pass again adds nothing.
+// RUN: k3c opt %s -p fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres | filecheck %s --check-prefix=ORDER
+// The program's block of queries: by default the most (at most 32) whose rows ([BQ, D] queries
+// and mixes, a representative's row) fit what the aggregate's backward holds, six rows of 8192
+// fp32; a row of 9000 columns (16384 padded) leaves one query a program, in 16 warps.
+// RUN: k3c opt %s -p 'derive-block-attnres{queries-per-program=2}' | filecheck %s --check-prefix=OPTS
+// RUN: k3c opt %s -p derive-block-attnres | filecheck %s --check-prefix=WIDE
+// RUN: not k3c opt %s -p 'derive-block-attnres{queries-per-program=3}' 2>&1 | filecheck %s --check-prefix=POW2
+// The partials' stages and the fold of a block of queries verify their tiles and tensors (one line each).
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/k3s.store_partials %%max_1, %%sum_1, %%acc_1/k3s.store_partials %%acc_1, %%sum_1, %%max_1/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%acc_1, %%block_max, %%block_normaliser/%%acc_1, %%block_numerator, %%block_normaliser/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RANK
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32> : !k3s.tile<Q x D>/queries = 32> : !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32>/queries = 24>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD24
+// The shown IR of the example spec.
+// RUN: k3c ir %examples/attnres.toml -p derive-block-attnres | filecheck %s --check-prefix=K3
+
+builtin.module {
+  k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
+  k3.attnres @wide <hidden_size = 9000, num_blocks = 2, block_size = 4, eps = 0.001, dtype = float32>
+}
+
+// CHECK:      builtin.module {
+// CHECK-NEXT:   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
+// CHECK-NEXT:   k3s.entry @ar_block_partials <source = ar, max_sources = 6> {
+// CHECK-NEXT:     %representatives = k3s.tensor_arg @representatives <role = input> : !k3s.tensor<S x B x T x 96, float>
+// CHECK-NEXT:     %queries = k3s.tensor_arg @queries <role = input> : !k3s.tensor<Q x 96, float>
+// CHECK-NEXT:     %gains = k3s.tensor_arg @gains <role = input> : !k3s.tensor<Q x 96, float>
+// CHECK-NEXT:     %block_max = k3s.tensor_arg @block_max <role = output> : !k3s.tensor<Q x B x T, float32>
+// CHECK-NEXT:     %block_normaliser = k3s.tensor_arg @block_normaliser <role = output> : !k3s.tensor<Q x B x T, float32>
+// CHECK-NEXT:     %block_numerator = k3s.tensor_arg @block_numerator <role = output> : !k3s.tensor<Q x B x T x 96, float32>
+// CHECK-NEXT:     k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
+// CHECK-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
+// CHECK-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
+// CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
+// CHECK-NEXT:       ^bb0(%max_2: !k3s.tile<Q>, %sum_2: !k3s.tile<Q>, %acc_2: !k3s.tile<Q x D>):
+// CHECK-NEXT:         %x = k3s.load_source %representatives : !k3s.tile<D>
+// CHECK-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.0001> : !k3s.tile<Q>
+// CHECK-NEXT:         %max_3, %sum_3, %p, %rescale = k3s.online_softmax %max_2, %sum_2, %score : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>
+// CHECK-NEXT:         %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<Q x D>
+// CHECK-NEXT:         k3s.next_source %max_3, %sum_3, %acc_3
+// CHECK-NEXT:       } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
+// CHECK-NEXT:       k3s.store_partials %max_1, %sum_1, %acc_1, %block_max, %block_normaliser, %block_numerator
+// CHECK-NEXT:     }
+// CHECK-NEXT:   }
+// CHECK-NEXT:   k3s.entry @ar_block_merge <source = ar, max_sources = 1> {
+// CHECK-NEXT:     %partial_sum = k3s.tensor_arg @partial_sum <role = input> : !k3s.tensor<S x B x T x 96, float>
+// CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
+// CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
+// CHECK-NEXT:     %block_max = k3s.tensor_arg @block_max <role = input> : !k3s.tensor<B x T, float32>
+// CHECK-NEXT:     %block_normaliser = k3s.tensor_arg @block_normaliser <role = input> : !k3s.tensor<B x T, float32>
+// CHECK-NEXT:     %block_numerator = k3s.tensor_arg @block_numerator <role = input> : !k3s.tensor<B x T x 96, float32>
+// CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
+// CHECK-NEXT:     k3s.kernel @ar_block_merge <grid = row, num_warps = 4> {
+// CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
+// CHECK-NEXT:       %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
+// CHECK-NEXT:       ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
+// CHECK-NEXT:         %x = k3s.load_source %partial_sum : !k3s.tile<D>
+// CHECK-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.0001> : !k3s.tile<>
+// CHECK-NEXT:         %max_3, %sum_3, %p, %rescale = k3s.online_softmax %max_2, %sum_2, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// CHECK-NEXT:         %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<D>
+// CHECK-NEXT:         k3s.next_source %max_3, %sum_3, %acc_3
+// CHECK-NEXT:       } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// CHECK-NEXT:       k3s.normalize_store %acc_1, %sum_1, %out
+// CHECK-NEXT:     }
+// CHECK-NEXT:   }
+// CHECK-NEXT:   k3.attnres @wide
+
+// ORDER:      k3.attnres @ar
+// ORDER-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 7> {
+// ORDER:      k3s.entry @ar_aggregate_backward <source = ar, max_sources = 7> {
+// ORDER:      k3s.entry @ar_block_partials <source = ar, max_sources = 6> {
+// ORDER:      k3s.entry @ar_block_merge <source = ar, max_sources = 1> {
+// ORDER-NOT:  k3s.entry @ar_
+// ORDER:      k3.attnres @wide
+
+// OPTS:       k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
+// OPTS-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 2> : !k3s.tile<Q x D>
+
+// WIDE:       k3s.kernel @wide_block_partials <grid = row_query_block, num_warps = 16, num_stages = 3> {
+// WIDE-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 9000, queries = 1> : !k3s.tile<Q x D>
+// a row of 9000 columns takes 8 warps in the aggregate (2048 columns a warp): the merge is its kernel
+// WIDE:       k3s.kernel @wide_block_merge <grid = row, num_warps = 8> {
+
+// POW2: {{^}}k3c opt: error: pipeline 'derive-block-attnres{queries-per-program=3}': derive-block-attnres: queries-per-program must be a power of two, got 3{{$}}
+
+// STORE: k3s.store_partials: the running max must be <Q>, got <Q x D>
+// RANK: k3s.store_partials: block_max must have 3 dimensions, got 4 (Q,B,T,96)
+// LOAD: k3s.load_partials: the mix must be <D>, got <>
+// FOLD: k3s.fold_query: the folded query must be <Q x D>, got <D>
+// FOLD24: k3s.fold_query: queries must be a power of two, got 24
+
+// K3:      k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
+// K3-NEXT: k3s.entry @block_partials <source = attnres, max_sources = 8> {
+// K3:        k3s.kernel @attnres_block_partials <grid = row_query_block, num_warps = 16, num_stages = 3> {
+// K3-NEXT:     %q = k3s.fold_query %queries, %gains <hidden_size = 7168, queries = 2> : !k3s.tile<Q x D>
+// K3:      k3s.entry @block_merge <source = attnres, max_sources = 1> {
+// K3:        k3s.kernel @attnres_block_merge <grid = row, num_warps = 4> {
