@@ -26,7 +26,7 @@ DEFAULT_PIPELINES = {
     "gated_deltanet": RECURRENCE_PIPELINE,
     "deltanet": RECURRENCE_PIPELINE,
     "gla": RECURRENCE_PIPELINE,
-    "attnres": "fuse-attnres,derive-attnres-backward,outline-kernels",
+    "attnres": "fuse-attnres,derive-attnres-backward,derive-block-attnres,outline-kernels",
     "latent_moe": "lower-moe-routing,lower-moe-experts,outline-kernels",
 }
 # how an option's expected type is named in a message

@@ -2,11 +2,13 @@
 the RMS score, the online softmax, the weighted mix, the normalised store and the log-sum-exp;
 and its backward's: the row groups, the per-row loads, the softmax recomputed from the
 log-sum-exp, the adjoints of the score, the softmax and the mix, the query's re-centring and the
-cotangents' stores.
+cotangents' stores. Block AttnRes's two phases: the same stages over the program's block of a
+block's queries (`<Q>` and `<Q x D>` tiles, broadcast against the `<D>` source row), the
+partials' store and load.
 
 Names the grid axes define (print_axis_row is in kernels.py): i_rg (row_group: the program's
-group of BR rows), o_d, m_d (the hidden columns); the loops define i_r (the row) and i_s (the
-source)."""
+group of BR rows), o_d, m_d (the hidden columns), o_q, m_q (row_query_block: the program's BQ
+queries of the block's Q); the loops define i_r (the row) and i_s (the source)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,20 @@ from k3compile.backends.triton.printer.common import pipelined_range, presence_f
 from k3compile.ir import k3s
 
 # a tile's dimensions as the shape of its register (the row's hidden columns are held whole)
-TILE_SHAPES = {(): "[]", ("D",): "[BD]"}
+TILE_SHAPES = {(): "[]", ("D",): "[BD]", ("Q",): "[BQ]", ("Q", "D"): "[BQ, BD]"}
 
 
 def _tile_shape(value) -> str:
-    return TILE_SHAPES[tuple(d.data for d in value.type.dims.data)]
+    return TILE_SHAPES[k3s.tile_dims(value)]
+
+
+def _broadcast(value, dims: tuple[str, ...]) -> str:
+    """A tile's register indexed to broadcast against a tile of `dims` (a `<Q>` or `<D>` one
+    against `<Q x D>`); as it is where its dimensions are those or none."""
+    own = k3s.tile_dims(value)
+    if own in (dims, ()):
+        return register(value)
+    return f"{register(value)}[{', '.join(':' if d in own else 'None' for d in dims)}]"
 
 
 class AttnRes:
@@ -32,6 +43,19 @@ class AttnRes:
             "m_d = o_d < D",
         )
 
+    def print_axis_row_query_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: one token row and a block of BQ of its Q queries; a row's blocks are adjacent",
+            "# programs, so they read its representatives close together in time",
+            f"i_rq = tl.program_id({axis}).to(tl.int64)",
+            "i_r = i_rq // tl.cdiv(Q, BQ)",
+            "o_q = (i_rq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)",
+            "m_q = o_q < Q",
+            "o_d = tl.arange(0, BD)",
+            "m_d = o_d < D",
+            "m_qd = m_q[:, None] & m_d[None, :]",
+        )
+
     def print_carried(self, loop) -> None:
         """A loop's carried values enter it in its block arguments' registers (the same registers
         but where the pass named them apart)."""
@@ -40,16 +64,21 @@ class AttnRes:
                 self.code(f"{register(arg)} = {register(initial)}")
 
     def print_k3s_fold_query(self, op: k3s.FoldQueryOp) -> None:
-        self.code.comment(op, "RMSNorm gain folded into the pseudo-query")
+        if op.queries is None:
+            self.code.comment(op, "RMSNorm gain folded into the pseudo-query")
+            at, mask = "o_d", "m_d"
+        else:
+            self.code.comment(op, "RMSNorm gains folded into the program's block of the pseudo-queries")
+            at, mask = "o_q[:, None] * D + o_d[None, :]", "m_qd"
         query, gain = tensor_name(op.pseudo_query), tensor_name(op.gain)
-        self.code(f"{register(op.query)} = tl.load({query} + o_d, mask=m_d, other=0.0).to(tl.float32)"
-                  f" * tl.load({gain} + o_d, mask=m_d, other=0.0).to(tl.float32)")
+        self.code(f"{register(op.query)} = tl.load({query} + {at}, mask={mask}, other=0.0).to(tl.float32)"
+                  f" * tl.load({gain} + {at}, mask={mask}, other=0.0).to(tl.float32)")
 
     def print_k3s_softmax_start(self, op: k3s.SoftmaxStartOp) -> None:
         self.code.comment(op, "the online softmax before any source")
-        self.code(f'{register(op.running_max)} = tl.full([], float("-inf"), dtype=tl.float32)',
-                  f"{register(op.normaliser)} = tl.zeros([], dtype=tl.float32)",
-                  f"{register(op.mix)} = tl.zeros([BD], dtype=tl.float32)")
+        self.code(f'{register(op.running_max)} = tl.full({_tile_shape(op.running_max)}, float("-inf"), dtype=tl.float32)',
+                  f"{register(op.normaliser)} = tl.zeros({_tile_shape(op.normaliser)}, dtype=tl.float32)",
+                  f"{register(op.mix)} = tl.zeros({_tile_shape(op.mix)}, dtype=tl.float32)")
 
     def print_k3s_zeros(self, op: k3s.ZerosOp) -> None:
         self.code.comment(op)
@@ -80,8 +109,10 @@ class AttnRes:
 
     def print_k3s_rms_score(self, op: k3s.RmsScoreOp) -> None:
         x, q = register(op.row), register(op.query)
+        dims = k3s.tile_dims(op.query)
+        dot = f"tl.sum({_broadcast(op.row, dims)} * {q}{', axis=1' if len(dims) == 2 else ''})"  # over D, per query
         self.code.comment(op, "score = q . x / rms(x)")
-        self.code(f"{register(op.score)} = tl.sum({x} * {q}) / tl.sqrt(tl.sum({x} * {x}) / D + {op.eps.value.data!r})")
+        self.code(f"{register(op.score)} = {dot} / tl.sqrt(tl.sum({x} * {x}) / D + {op.eps.value.data!r})")
 
     def print_k3s_online_softmax(self, op: k3s.OnlineSoftmaxOp) -> None:
         running_max, normaliser, score = (register(v) for v in (op.running_max, op.normaliser, op.score))
@@ -96,9 +127,10 @@ class AttnRes:
         )
 
     def print_k3s_mix_accumulate(self, op: k3s.MixAccumulateOp) -> None:
-        mix, rescale, weight, x = (register(v) for v in (op.mix, op.rescale, op.weight, op.row))
+        dims = k3s.tile_dims(op.mix)
+        rescale, weight, x = (_broadcast(v, dims) for v in (op.rescale, op.weight, op.row))
         self.code.comment(op)
-        self.code(f"{register(op.updated)} = {mix} * {rescale} + {weight} * {x}")
+        self.code(f"{register(op.updated)} = {register(op.mix)} * {rescale} + {weight} * {x}")
 
     def print_k3s_next_source(self, op: k3s.NextSourceOp) -> None:
         """Nothing to print: the carried values are already where the loop carries them."""
@@ -119,6 +151,23 @@ class AttnRes:
         c(f"if {flag}:")
         with c.indent():
             c(store)
+
+    # --- Block AttnRes's two phases ------------------------------------------------------------
+
+    def print_k3s_store_partials(self, op: k3s.StorePartialsOp) -> None:
+        c = self.code
+        c.comment(op, "the online softmax over the representatives as it stands, per query: [Q, rows] and [Q, rows, D]")
+        for tensor, value in ((op.block_max, op.running_max), (op.block_normaliser, op.normaliser)):
+            c(f"tl.store({tensor_name(tensor)} + o_q * R + i_r, {register(value)}, mask=m_q)")
+        c(f"tl.store({tensor_name(op.block_numerator)} + (o_q[:, None] * R + i_r) * D + o_d[None, :], "
+          f"{register(op.mix)}, mask=m_qd)")
+
+    def print_k3s_load_partials(self, op: k3s.LoadPartialsOp) -> None:
+        c = self.code
+        c.comment(op, "the query's partials over the completed representatives: the loop resumes from them")
+        c(f"{register(op.running_max)} = tl.load({tensor_name(op.block_max)} + i_r)",
+          f"{register(op.normaliser)} = tl.load({tensor_name(op.block_normaliser)} + i_r)",
+          f"{register(op.mix)} = tl.load({tensor_name(op.block_numerator)} + i_r * D + o_d, mask=m_d, other=0.0)")
 
     # --- the backward -------------------------------------------------------------------------
 

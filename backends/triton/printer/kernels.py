@@ -85,6 +85,8 @@ class Kernels:
                 constants.update(BC=op.chunk_size.value.data)
             elif isinstance(op, k3s.FoldQueryOp):
                 constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
+                if op.queries is not None:  # the program's block of a Block AttnRes block's queries
+                    constants.update(BQ=op.queries.value.data)
             elif isinstance(op, k3s.RowLoopOp):
                 constants.update(BR=op.rows.value.data)
             elif isinstance(op, k3s.RouterLogitsOp):
@@ -112,6 +114,8 @@ class Kernels:
             sizes += ["S", "R"]
         if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
             sizes.append("R")
+        if "row_query_block" in kernel.grid.data.split(","):
+            sizes.append("Q")  # a Block AttnRes block's queries
         if any(isinstance(op, (k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)) for op in kernel.walk()):
             sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
         if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
@@ -131,7 +135,8 @@ class Kernels:
             params.append(("chunk_table", "chunk_table"))
         # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
         rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]', "HS": 'dims["HS"]'}
+        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]', "HS": 'dims["HS"]',
+                   "Q": 'dims["Q"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
         checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
         if checkpointing:

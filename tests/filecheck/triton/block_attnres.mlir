@@ -1,0 +1,56 @@
+// The printed Triton of Block AttnRes's two phases (derive-block-attnres, in the attnres default
+// pipeline; k3c compile --stdout): block_partials, one program per token row and block of BQ of
+// the block's queries that folds its queries, reads each representative row once for all of them
+// ([BQ] scores and softmax, a [BQ, BD] mix: the <Q> tiles broadcast against the row) and stores
+// the partials; block_merge, the aggregate's kernel resuming its loop from one query's partials.
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s
+
+// CHECK-LABEL: def attnres_block_partials_kernel(
+// CHECK:      Q,
+// CHECK:      BQ: tl.constexpr,
+// CHECK:      # grid axis 0: one token row and a block of BQ of its Q queries; a row's blocks are adjacent
+// CHECK:      i_r = i_rq // tl.cdiv(Q, BQ)
+// CHECK-NEXT: o_q = (i_rq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)
+// CHECK-NEXT: m_q = o_q < Q
+// CHECK:      m_qd = m_q[:, None] & m_d[None, :]
+// CHECK-NEXT: # %q = k3s.fold_query %queries, %gains <hidden_size = 7168, queries = 2>: RMSNorm gains folded into the program's block of the pseudo-queries
+// CHECK-NEXT: b_q = tl.load(queries + o_q[:, None] * D + o_d[None, :], mask=m_qd, other=0.0).to(tl.float32) * tl.load(gains + o_q[:, None] * D + o_d[None, :], mask=m_qd, other=0.0).to(tl.float32)
+// CHECK-NEXT: # %max, %sum, %acc = k3s.softmax_start: the online softmax before any source
+// CHECK-NEXT: b_max = tl.full([BQ], float("-inf"), dtype=tl.float32)
+// CHECK-NEXT: b_sum = tl.zeros([BQ], dtype=tl.float32)
+// CHECK-NEXT: b_acc = tl.zeros([BQ, BD], dtype=tl.float32)
+// CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
+// CHECK-NEXT: for i_s in tl.range(0, S, num_stages=3):
+// CHECK-NEXT:     b_x = tl.load(representatives + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+// CHECK-NEXT:     # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
+// CHECK-NEXT:     b_score = tl.sum(b_x[None, :] * b_q, axis=1) / tl.sqrt(tl.sum(b_x * b_x) / D + 1e-06)
+// CHECK:          b_acc = b_acc * b_rescale[:, None] + b_p[:, None] * b_x[None, :]
+// CHECK-NEXT: # k3s.store_partials %max, %sum, %acc, %block_max, %block_normaliser, %block_numerator: {{.*}}
+// CHECK-NEXT: tl.store(block_max + o_q * R + i_r, b_max, mask=m_q)
+// CHECK-NEXT: tl.store(block_normaliser + o_q * R + i_r, b_sum, mask=m_q)
+// CHECK-NEXT: tl.store(block_numerator + (o_q[:, None] * R + i_r) * D + o_d[None, :], b_acc, mask=m_qd)
+
+// CHECK-LABEL: def block_partials(representatives, queries, gains):
+// CHECK:      if not 1 <= dims["S"] <= 8:
+// CHECK:      block_numerator = _alloc((dims["Q"], dims["B"], dims["T"], 7168), torch.float32, representatives.device)
+// CHECK:      BQ = 2
+// CHECK-NEXT: grid = (dims["B"] * dims["T"] * triton.cdiv(dims["Q"], BQ),)
+// CHECK:      num_warps=16,
+// CHECK:      return block_max, block_normaliser, block_numerator
+
+// CHECK-LABEL: def attnres_block_merge_kernel(
+// CHECK:      # %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator: {{.*}}
+// CHECK-NEXT: b_max = tl.load(block_max + i_r)
+// CHECK-NEXT: b_sum = tl.load(block_normaliser + i_r)
+// CHECK-NEXT: b_acc = tl.load(block_numerator + i_r * D + o_d, mask=m_d, other=0.0)
+// CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
+// CHECK-NEXT: for i_s in range(0, S):
+// CHECK-NEXT:     b_x = tl.load(partial_sum + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+// CHECK:          b_acc = b_acc * b_rescale + b_p * b_x
+// CHECK-NEXT: # k3s.normalize_store %acc, %sum, %out
+// CHECK-NEXT: tl.store(out + i_r * D + o_d, (b_acc / b_sum).to(out.dtype.element_ty), mask=m_d)
+
+// CHECK-LABEL: def block_merge(partial_sum, query, gain, block_max, block_normaliser, block_numerator):
+// CHECK:      _check_tensor("block_numerator", block_numerator, "B,T,7168", "float32", dims, partial_sum.device)
+// CHECK:      if not 1 <= dims["S"] <= 1:
+// CHECK:      return out,
