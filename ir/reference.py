@@ -187,6 +187,36 @@ def attnres(op, sources, query, gain):
     return (weights[..., None] * x).sum(0)
 
 
+def attnres_block_partials(op, representatives, queries, gains):
+    """Block AttnRes's phase 1: the softmax over a block's n completed representatives
+    [n, ..., D] of each of its queries w_j with its gain g_j ([Q, D] each), kept in parts: per
+    query and token the max m_j of the scores s_ij = w_j . (g_j * RMSNorm(b_i)), the normaliser
+    z_j = sum_i exp(s_ij - m_j) and the numerator a_j = sum_i exp(s_ij - m_j) b_i. Returns
+    (m [Q, ...], z [Q, ...], a [Q, ..., D]) float64 (keys materialised, as attnres)."""
+    eps = op.eps.value.data
+    x = representatives.to(f64).cpu()
+    normalised = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    scores = torch.einsum("n...d,qd->qn...", normalised, queries.to(f64).cpu() * gains.to(f64).cpu())
+    top = scores.amax(1)
+    weights = torch.exp(scores - top[:, None])
+    return top, weights.sum(1), torch.einsum("qn...,n...d->q...d", weights, x)
+
+
+def attnres_block_merge(op, block_max, block_normaliser, block_numerator, partial_sum, query, gain):
+    """Block AttnRes's phase 2 at one aggregation point: its query's partials over the completed
+    representatives (m, z [...], a [..., D], from attnres_block_partials) merged with the block's
+    current partial sum x [..., D]: with s = w . (gain * RMSNorm(x)) and M = max(m, s),
+    h = (a e^(m - M) + x e^(s - M)) / (z e^(m - M) + e^(s - M)). float64 [..., D]."""
+    eps = op.eps.value.data
+    x = partial_sum.to(f64).cpu()
+    score = (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain.to(f64).cpu()) @ query.to(f64).cpu()
+    m = block_max.to(f64).cpu()
+    top = torch.maximum(m, score)
+    old, new = torch.exp(m - top), torch.exp(score - top)
+    numerator = block_numerator.to(f64).cpu() * old[..., None] + x * new[..., None]
+    return numerator / (block_normaliser.to(f64).cpu() * old + new)[..., None]
+
+
 def glu(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if activation == "swiglu":
         return F.silu(gate) * up
