@@ -79,6 +79,33 @@ def partials_warps(hidden_size: int, queries: int) -> int:
     return warps
 
 
+def block_attnres_bytes(hidden_size: int = 7168, representatives: int = 8, aggregation_points: int = 24,
+                        activation_bytes: int = 2, queries_per_program: int | None = None,
+                        numerator_bytes: int = 4) -> dict[str, float]:
+    """Bytes per token row and aggregation point that the kernels' loads and stores name, computed
+    from the shapes (not measured): the one-phase aggregate over the n representatives and the
+    partial sum (n + 1 rows read, h written) against the two phases: block_partials' traffic
+    shared by the block's Q aggregation points (each of its cdiv(Q, BQ) programs of a row reads
+    the row's n representatives) plus each point's partials written (two fp32 numbers and the
+    numerator row), and block_merge (the point's partials and the partial sum read, h written).
+    Activations take activation_bytes each (bf16: 2), the numerator numerator_bytes (the kernels
+    store fp32: 4); the weights (queries, gains) are per layer, not per row, and left out.
+    `*_one_read` counts each representative row once per block, as when a row's other programs
+    find it in L2 (they run side by side: row_query_block)."""
+    D, n, Q, a = hidden_size, representatives, aggregation_points, activation_bytes
+    BQ = queries_per_program or default_queries_per_program(D)
+    row, partials = D * a, 2 * 4 + D * numerator_bytes
+    figures = {
+        "one_phase": (n + 1) * row + row,
+        "block_partials": n * row * -(-Q // BQ) / Q + partials,
+        "block_partials_one_read": n * row / Q + partials,
+        "block_merge": partials + row + row,
+    }
+    figures["two_phase"] = figures["block_partials"] + figures["block_merge"]
+    figures["two_phase_one_read"] = figures["block_partials_one_read"] + figures["block_merge"]
+    return figures
+
+
 def only(kernel: k3s.KernelOp, op_type: type[Operation]) -> Operation:
     return next(op for op in kernel.walk() if isinstance(op, op_type))
 

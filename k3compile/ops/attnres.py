@@ -15,6 +15,15 @@ custom op running the layer's `aggregate_backward` (derive-attnres-backward: the
 recomputed from the log-sum-exp; d sources, d query, d gain in one kernel). Both have fake
 implementations, so torch.compile(fullgraph=True) captures a training step through them.
 Gradients come back in each input's dtype and shape.
+
+Block AttnRes's two phases (derive-block-attnres; docs/attnres.md, "Block AttnRes: two phases"),
+forward only:
+
+    partials = attnres_block_partials(representatives, queries, gains)    # once per block
+    h_j = attnres_block_merge([p[j] for p in partials], partial_sum, queries[j], gains[j])
+
+equal, up to rounding, to attnres_aggregate over the representatives and the partial sum with
+query j.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import torch
 from k3compile.ops.autograd import needs_grad
 from k3compile.ops.layers import compiler_fingerprint, layer_module
 
-__all__ = ["attnres_aggregate"]
+__all__ = ["attnres_aggregate", "attnres_block_merge", "attnres_block_partials"]
 
 # the spec's bound on the sources is only a check of the entries; the layers compiled here allow
 # K3's 8 stored blocks plus the partial sum, or as many as a call passes
@@ -126,3 +135,73 @@ def attnres_aggregate(sources: torch.Tensor, query: torch.Tensor, gain: torch.Te
         op = getattr(torch.ops.k3compile, operator_name(*astuple(key)))
         return op(sources, query, gain)[0]
     return layer_module(key).aggregate(sources, query, gain)[0]
+
+
+# --- Block AttnRes's two phases (forward only) -----------------------------------------------
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_tensor(name: str, x, layout: str, sizes: dict[str, int], dtypes: tuple, device) -> None:
+    """A one-line ValueError naming `name` unless x is a tensor of the shape `layout` ("B,T,D": a
+    symbol in `sizes` must have that size, the others are bound there), of one of `dtypes`, on
+    `device` (None: any)."""
+    symbols = layout.split(",")
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a tensor [{', '.join(symbols)}], got {type(x).__name__}")
+    known = {symbol: sizes[symbol] for symbol in symbols if symbol in sizes}
+    if x.dim() != len(symbols) or any(size != known.get(symbol, size) for symbol, size in zip(symbols, x.shape)):
+        bound = f" with {', '.join(f'{symbol} = {size}' for symbol, size in known.items())}" if known else ""
+        raise ValueError(f"{name}: expected shape [{', '.join(symbols)}]{bound}, got {list(x.shape)}")
+    sizes.update(zip(symbols, x.shape))
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name}: expected dtype {' or '.join(map(str, dtypes))}, got {x.dtype}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (like the first argument), got {x.device}")
+
+
+def check_forward_only(function: str, *tensors) -> None:
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
+        raise NotImplementedError(f"{function}: forward only (the two-phase form has no backward entry); call it "
+                                  "under torch.no_grad(), or train through attnres_aggregate")
+
+
+def attnres_block_partials(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor,
+                           eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block AttnRes's phase 1, once per block: the softmax of each of the block's Q queries over
+    its n completed block representatives, kept in parts. representatives [n, B, T, D] (1 <= n),
+    queries and gains [Q, D] (query j's pseudo-query and RMSNorm gain). Returns, fp32, per query
+    and token the scores' max m [Q, B, T], the normaliser z = sum_i exp(s_i - m) [Q, B, T] and
+    the un-normalised mix a = sum_i exp(s_i - m) b_i [Q, B, T, D]."""
+    check_forward_only("attnres_block_partials", representatives, queries, gains)
+    sizes: dict[str, int] = {}
+    check_tensor("representatives", representatives, "n,B,T,D", sizes, FLOAT_DTYPES, None)
+    for name, x in (("queries", queries), ("gains", gains)):
+        check_tensor(name, x, "Q,D", sizes, FLOAT_DTYPES, representatives.device)
+    key = AttnResKey(sizes["D"], float(eps), max(NUM_BLOCKS, sizes["n"]))
+    return layer_module(key).block_partials(representatives.contiguous(), queries.contiguous(), gains.contiguous())
+
+
+def attnres_block_merge(partials, partial_sum: torch.Tensor, query: torch.Tensor, gain: torch.Tensor,
+                        eps: float = 1e-6) -> torch.Tensor:
+    """Block AttnRes's phase 2, at one aggregation point: its query's partials (block_max [B, T],
+    block_normaliser [B, T], block_numerator [B, T, D], fp32: row j of each of
+    attnres_block_partials's results, with the same eps) merged with the block's current partial
+    sum [B, T, D] under its pseudo-query and RMSNorm gain ([D] each). Returns h [B, T, D] in the
+    partial sum's dtype."""
+    if not isinstance(partials, (tuple, list)) or len(partials) != 3:
+        got = f"a {type(partials).__name__} of {len(partials)}" if isinstance(partials, (tuple, list)) else \
+            type(partials).__name__
+        raise ValueError(f"partials: expected (block_max, block_normaliser, block_numerator) of one query, got {got}")
+    check_forward_only("attnres_block_merge", *partials, partial_sum, query, gain)
+    sizes: dict[str, int] = {}
+    check_tensor("partial_sum", partial_sum, "B,T,D", sizes, FLOAT_DTYPES, None)
+    for name, x in (("query", query), ("gain", gain)):
+        check_tensor(name, x, "D", sizes, FLOAT_DTYPES, partial_sum.device)
+    for name, x, layout in zip(("block_max", "block_normaliser", "block_numerator"), partials, ("B,T", "B,T", "B,T,D")):
+        check_tensor(name, x, layout, sizes, (torch.float32,), partial_sum.device)
+    block_max, block_normaliser, block_numerator = (x.contiguous() for x in partials)
+    (out,) = layer_module(AttnResKey(sizes["D"], float(eps), NUM_BLOCKS)).block_merge(
+        partial_sum.contiguous()[None], query.contiguous(), gain.contiguous(), block_max, block_normaliser,
+        block_numerator)
+    return out

@@ -1,0 +1,238 @@
+"""Block AttnRes's two phases (derive-block-attnres): `block_partials` (a block's queries over its
+completed representatives, the online softmax's partials stored) and `block_merge` (one query's
+partials merged with the block's partial sum) against the one-phase reference
+(k3compile.ir.reference.attnres over the representatives and the partial sum) and the two-phase
+reference semantics; partials that are off must break the merge; the entries' and
+k3compile.ops.attnres's refusals; the bytes the two forms move.
+
+Fresh random inputs every run (conftest's seed), fp32 in Triton's interpreter; the modules
+allocate their outputs NaN-filled (conftest sets K3C_POISON_OUTPUTS), so an element a kernel
+never writes is NaN. D = 48 (not a power of two: masked columns), Q = 5 queries (not a power of
+two: masked queries; in blocks of 2 as well, the last one partial), 1 to 4 representatives (the
+most the layer allows), odd row counts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import layer_op, one_line
+from k3compile.ir import reference
+
+D, Q, NUM_BLOCKS = 48, 5, 4
+RTOL = 1e-5  # relative norm; the interpreter's fp32 gets ~1e-7
+PIPELINES = {"default": None,
+             "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels"}
+
+
+@pytest.fixture(scope="module", params=list(PIPELINES), ids=list(PIPELINES))
+def layer(request, compile_layer):
+    return compile_layer(name=f"block_attnres_{request.param.replace('-', '_')}", kind="attnres", hidden_size=D,
+                         num_blocks=NUM_BLOCKS, block_size=3, eps=1e-5, dtype="float32",
+                         pipeline=PIPELINES[request.param])
+
+
+def inputs(n: int, B: int, T: int):
+    """Representatives of growing scale (block sums grow with depth) sharing a direction, a
+    partial sum, and Q queries large enough that the softmax is far from uniform, gains not 1."""
+    scales = torch.linspace(0.5, 4.0, n + 1)[:, None, None, None]
+    sources = torch.randn(n + 1, B, T, D) * scales + 0.3 * torch.randn(n + 1, 1, 1, D)
+    queries = torch.randn(Q, D) * 3 / math.sqrt(D)
+    gains = 1 + 0.3 * torch.randn(Q, D)
+    return sources[:n].contiguous(), sources[n].contiguous(), queries, gains
+
+
+def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float = RTOL) -> None:
+    assert got.shape == want.shape, f"{name}: shape {list(got.shape)}, expected {list(want.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: {(~torch.isfinite(got)).sum().item()} non-finite (unwritten?)"
+    err = ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+    assert err < rtol, f"{name}: relative error {err:.2e}"
+
+
+def one_phase(op, representatives, partial_sum, query, gain):
+    return reference.attnres(op, torch.cat([representatives, partial_sum[None]]), query, gain)
+
+
+# --- the reference semantics ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_reference_two_phases_are_the_one_phase_aggregate(n):
+    from k3compile.frontend import spec_to_module
+    from k3compile.spec import spec_from_table
+
+    op = next(iter(spec_to_module(spec_from_table(dict(name="ar", kind="attnres", hidden_size=D, num_blocks=8,
+                                                       block_size=3, eps=1e-5))).ops))
+    representatives, partial_sum, queries, gains = inputs(n, 2, 3)
+    block_max, block_normaliser, block_numerator = reference.attnres_block_partials(op, representatives, queries,
+                                                                                    gains)
+    assert block_max.shape == block_normaliser.shape == (Q, 2, 3) and block_numerator.shape == (Q, 2, 3, D)
+    for j in range(Q):
+        merged = reference.attnres_block_merge(op, block_max[j], block_normaliser[j], block_numerator[j], partial_sum,
+                                               queries[j], gains[j])
+        torch.testing.assert_close(merged, one_phase(op, representatives, partial_sum, queries[j], gains[j]),
+                                   rtol=1e-12, atol=1e-12)
+
+
+# --- the compiled entries ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, NUM_BLOCKS])
+@pytest.mark.parametrize("B,T", [(1, 7), (3, 5), (1, 1)], ids=["R7", "R15", "R1"])
+def test_two_phases_match_the_one_phase_reference(layer, n, B, T):
+    op = layer_op(layer)
+    representatives, partial_sum, queries, gains = inputs(n, B, T)
+    partials = layer.block_partials(representatives, queries, gains)
+    for name, got, want in zip(("block_max", "block_normaliser", "block_numerator"), partials,
+                               reference.attnres_block_partials(op, representatives, queries, gains), strict=True):
+        assert got.dtype == torch.float32, name
+        assert_close(name, got, want)
+    for j in range(Q):
+        (out,) = layer.block_merge(partial_sum[None], queries[j], gains[j], *(p[j] for p in partials))
+        assert out.dtype == partial_sum.dtype
+        assert_close(f"out of query {j}", out, one_phase(op, representatives, partial_sum, queries[j], gains[j]))
+    if n > 1:  # the inputs make the scores matter: not the sources' mean
+        weights_spread = (partials[0] - partials[0].mean(0)).abs().max()
+        assert weights_spread > 0.05, "test inputs should give the queries different scores"
+
+
+@pytest.mark.parametrize("part,off", [(0, 0.1), (1, 1.1), (2, 1.1)], ids=["max", "normaliser", "numerator"])
+def test_merge_reads_the_partials(layer, part, off):
+    """A partial that is off (the max shifted, the normaliser or numerator scaled) must break the
+    merge: the test would see a merge that ignores or misreads them."""
+    op = layer_op(layer)
+    representatives, partial_sum, queries, gains = inputs(3, 2, 3)
+    partials = [p[1].clone() for p in layer.block_partials(representatives, queries, gains)]
+    partials[part] = partials[part] + off if part == 0 else partials[part] * off
+    (out,) = layer.block_merge(partial_sum[None], queries[1], gains[1], *partials)
+    want = one_phase(op, representatives, partial_sum, queries[1], gains[1])
+    assert ((out.double() - want).norm() / want.norm()).item() > 100 * RTOL
+
+
+def test_derived_from_the_aggregate(layer):
+    """Both phases are the aggregate's kernel with its loop split: block_partials ends in the
+    partials' store where the aggregate normalises, block_merge starts from the partials' load
+    where the aggregate starts from nothing; the loop's stages are the aggregate's."""
+    from k3compile.ir import k3s
+
+    stages = {op.sym_name.data.removeprefix(f"{layer.spec.name}_"): [o.name for o in op.walk()][1:]
+              for op in layer.compilation.scheduled.ops if isinstance(op, k3s.KernelOp)}
+    start, *loop, store, lse = stages["aggregate"][1:]
+    assert (start, store, lse) == ("k3s.softmax_start", "k3s.normalize_store", "k3s.store_lse")
+    assert stages["block_partials"] == ["k3s.fold_query", start, *loop, "k3s.store_partials"]
+    assert stages["block_merge"] == ["k3s.fold_query", "k3s.load_partials", *loop, store]
+
+
+@pytest.mark.parametrize("entry,name,bad,message", [
+    ("block_partials", "representatives", lambda a: torch.randn(NUM_BLOCKS + 1, 1, 3, D), "expected 1 to 4 sources"),
+    ("block_partials", "gains", lambda a: a["gains"][:, :-1].contiguous(), "dim 1"),
+    ("block_merge", "partial_sum", lambda a: torch.randn(2, 1, 3, D), "expected 1 to 1 sources"),
+    ("block_merge", "block_numerator", lambda a: a["block_numerator"].half(), "expected dtype torch.float32"),
+    ("block_merge", "block_max", lambda a: a["block_max"][:, :-1].contiguous(), "dim 1"),
+])
+def test_entries_refuse_bad_arguments(layer, entry, name, bad, message):
+    representatives, partial_sum, queries, gains = inputs(2, 1, 3)
+    partials = layer.block_partials(representatives, queries, gains)
+    args = {"block_partials": dict(representatives=representatives, queries=queries, gains=gains),
+            "block_merge": dict(partial_sum=partial_sum[None], query=queries[0], gain=gains[0],
+                                **{k: p[0] for k, p in zip(("block_max", "block_normaliser", "block_numerator"),
+                                                           partials)})}[entry]
+    args[name] = bad(args)
+    with pytest.raises(ValueError) as err:
+        getattr(layer, entry)(**args)
+    assert one_line(str(err.value)) and str(err.value).startswith(f"{name}:") and message in str(err.value)
+
+
+# --- k3compile.ops.attnres ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def ops_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("K3C_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "k3c_cache"))
+
+
+def test_ops_two_phases_are_attnres_aggregate(ops_cache):
+    from k3compile.ops.attnres import attnres_aggregate, attnres_block_merge, attnres_block_partials
+
+    representatives, partial_sum, queries, gains = inputs(3, 1, 5)
+    partials = attnres_block_partials(representatives, queries, gains, eps=1e-5)
+    assert [tuple(p.shape) for p in partials] == [(Q, 1, 5), (Q, 1, 5), (Q, 1, 5, D)]
+    for j in range(Q):
+        out = attnres_block_merge([p[j] for p in partials], partial_sum, queries[j], gains[j], eps=1e-5)
+        want = attnres_aggregate(torch.cat([representatives, partial_sum[None]]), queries[j], gains[j], eps=1e-5)
+        assert out.shape == (1, 5, D) and out.dtype == torch.float32
+        assert_close(f"query {j}", out, want.double())
+
+
+def ops_arguments():
+    representatives, partial_sum, queries, gains = inputs(2, 1, 3)
+    partials = [torch.randn(1, 3), torch.rand(1, 3) + 1, torch.randn(1, 3, D)]
+    return dict(representatives=representatives, queries=queries, gains=gains, partials=partials,
+                partial_sum=partial_sum, query=queries[0], gain=gains[0])
+
+
+def replace_partial(index: int, make):
+    def bad(args):
+        partials = list(args["partials"])
+        partials[index] = make(partials[index])
+        return partials
+    return bad
+
+
+@pytest.mark.parametrize("function,name,bad,message", [
+    ("partials", "representatives", lambda a: a["representatives"][0], "expected shape [n, B, T, D], got [1, 3, 48]"),
+    ("partials", "representatives", lambda a: a["representatives"].double(), "expected dtype"),
+    ("partials", "queries", lambda a: a["queries"][:, :-1], "expected shape [Q, D] with D = 48, got [5, 47]"),
+    ("partials", "gains", lambda a: a["gains"][:-1], "expected shape [Q, D] with Q = 5, D = 48, got [4, 48]"),
+    ("partials", "gains", lambda a: a["gains"].to("meta"), "expected a tensor on cpu"),
+    ("partials", "queries", lambda a: a["queries"].tolist(), "expected a tensor [Q, D], got list"),
+    ("merge", "partials", lambda a: a["partials"][:2], "expected (block_max, block_normaliser, block_numerator)"),
+    ("merge", "partial_sum", lambda a: a["partial_sum"].int(), "expected dtype"),
+    ("merge", "query", lambda a: a["query"][:-1], "expected shape [D] with D = 48, got [47]"),
+    ("merge", "block_max", replace_partial(0, lambda p: p[:, :-1]), "expected shape [B, T] with B = 1, T = 3"),
+    ("merge", "block_normaliser", replace_partial(1, lambda p: p.bfloat16()), "expected dtype torch.float32"),
+    ("merge", "block_numerator", replace_partial(2, lambda p: p.to("meta")), "expected a tensor on cpu"),
+])
+def test_ops_refuse_bad_input(ops_cache, function, name, bad, message):
+    from k3compile.ops.attnres import attnres_block_merge, attnres_block_partials
+
+    args = ops_arguments()
+    args["partials" if name.startswith("block_") else name] = bad(args)
+    with pytest.raises(ValueError) as err:
+        if function == "partials":
+            attnres_block_partials(args["representatives"], args["queries"], args["gains"])
+        else:
+            attnres_block_merge(args["partials"], args["partial_sum"], args["query"], args["gain"])
+    text = str(err.value)
+    assert one_line(text) and text.startswith(f"{name}:") and message in text, text
+
+
+def test_ops_are_forward_only(ops_cache):
+    from k3compile.ops.attnres import attnres_block_merge, attnres_block_partials
+
+    args = ops_arguments()
+    with pytest.raises(NotImplementedError, match="attnres_block_partials: forward only"):
+        attnres_block_partials(args["representatives"].requires_grad_(), args["queries"], args["gains"])
+    with pytest.raises(NotImplementedError, match="attnres_block_merge: forward only"):
+        attnres_block_merge(args["partials"], args["partial_sum"], args["query"].requires_grad_(), args["gain"])
+
+
+# --- bytes -----------------------------------------------------------------------------------
+
+
+def test_bytes_at_k3():
+    """docs/attnres.md's figures: K3's width, 8 representatives, 24 aggregation points a block, bf16."""
+    from k3compile.passes.derive_block_attnres import block_attnres_bytes, default_queries_per_program
+
+    assert default_queries_per_program(7168) == 2
+    figures = block_attnres_bytes()
+    assert figures["one_phase"] == 10 * 7168 * 2  # 9 rows read, h written
+    assert figures["block_merge"] == 8 + 7168 * 4 + 2 * 7168 * 2
+    assert figures["block_partials"] == 8 * 7168 * 2 * 12 / 24 + 8 + 7168 * 4  # 12 programs a row read its 8
+    assert round(figures["two_phase"]) == 143376 and round(figures["two_phase_one_read"]) == 90811
+    # every query in one program: the representatives are read once a block either way
+    whole = block_attnres_bytes(hidden_size=48, queries_per_program=32)
+    assert whole["block_partials"] == whole["block_partials_one_read"]
