@@ -22,7 +22,7 @@ import itertools
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import BoolAttr, ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.traits import IsTerminator
@@ -107,16 +107,24 @@ def store_cotangent(load: Operation, cotangent: SSAValue, values: dict[str, SSAV
 
 def recompute(stage: Operation, primal: dict[SSAValue, SSAValue]) -> list[Operation]:
     """A forward stage again in the backward (primal maps the forward's values to the copies).
-    The forward substitution T = (I + A)^-1 Diag(beta) is recomputed as its two factors, the
-    inverse and the scaling by beta: its adjoint reads that inverse too."""
-    if not isinstance(stage, k3s.ForwardSubstitutionOp):
+    The two stages that scale by beta are recomputed as their unscaled value and the scaling,
+    because their adjoints read the unscaled value too (cse then makes it once): the Gram
+    A = Diag(beta) M and the forward substitution T = (I + A)^-1 Diag(beta)."""
+    result = stage.results[0] if stage.results else None
+    if isinstance(stage, k3s.ForwardSubstitutionOp):
+        unscaled = make(k3s.UnitLowerInverseOp, operands=[primal[stage.gram]], result=(f"{result.name_hint}_inverse", result.type),
+                        block=stage.block)
+        beta, along = stage.beta, "columns"
+    elif isinstance(stage, k3s.GramOp) and stage.row_scale is not None:
+        unscaled = stage.create(operands=[primal.get(v, v) for v in stage.inputs if v is not stage.row_scale],
+                                properties={**stage.properties, "beta": BoolAttr.from_bool(False)}, result_types=[result.type])
+        unscaled.results[0].name_hint = f"{result.name_hint}_unscaled"
+        beta, along = stage.row_scale, "rows"
+    else:
         return [stage.clone(value_mapper=primal)]
-    T = stage.results[0]
-    inverse = make(k3s.UnitLowerInverseOp, operands=[primal[stage.gram]], result=("T_inverse", T.type), block=stage.block)
-    scaled = make(k3s.ScaleOp, operands=[inverse.results[0], primal[stage.beta]], result=(T.name_hint, T.type),
-                  along="columns")
-    primal[T] = scaled.results[0]
-    return [inverse, scaled]
+    scaled = make(k3s.ScaleOp, operands=[unscaled.results[0], primal[beta]], result=(result.name_hint, result.type), along=along)
+    primal[result] = scaled.results[0]
+    return [unscaled, scaled]
 
 
 def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size: int, sub_chunk: int,

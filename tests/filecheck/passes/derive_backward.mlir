@@ -43,8 +43,10 @@
 // CHECK-NEXT:      %[[v:[a-z_0-9]+]] = k3s.load_chunk %[[V]] : !k3s.tile<C x V>
 // CHECK-NEXT:      %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
 // CHECK-NEXT:      %[[CG:[A-Za-z_0-9]+]] = k3s.gate_cumsum %[[g]] <gate = channel> : !k3s.tile<C x K>
-// CHECK:           %[[A:[A-Za-z_0-9]+]] = k3s.gram %[[k]], %[[k]], %[[CG]], {{.*}} <mask = strict, gate = channel, beta = true, diagonal = guarded>
-// T = (I + A)^-1 Diag(beta) as its two factors: the forward substitution's adjoint reads the inverse
+// the Gram A = Diag(beta) M and T = (I + A)^-1 Diag(beta) as their unscaled values and the
+// scalings: the adjoints read M and the inverse too (cse keeps one of each)
+// CHECK:           %[[M:[A-Za-z_0-9]+]] = k3s.gram %[[k]], %[[k]], %[[CG]], {{.*}} <mask = strict, gate = channel, beta = false, diagonal = guarded>
+// CHECK-NEXT:      %[[A:[A-Za-z_0-9]+]] = k3s.scale %[[M]], %{{.*}} <along = rows> : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[TINV:[A-Za-z_0-9]+]] = k3s.unit_lower_inverse %[[A]] <block = 1> : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[T:[A-Za-z_0-9]+]] = k3s.scale %[[TINV]], %{{.*}} <along = columns> : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[W:[A-Za-z_0-9]+]] = k3s.wy_apply %[[T]], %[[k]], %[[CG]] <gate = channel>
@@ -92,6 +94,8 @@
 // CHECK-NEXT:      %{{[A-Za-z_0-9]+}} = k3s.diagonal %[[Y]] : !k3s.tile<C>
 // the key Gram's rule: M's cotangent masked as M is, beta's rows scaled
 // CHECK-NEXT:      k3s.mask %[[A_BAR]] <mask = strict> : !k3s.tile<C x C>
+// beta's cotangent: the row sums of A_bar times M, the recomputed M
+// CHECK-NEXT:      k3s.mul %[[A_BAR]], %[[M]] : !k3s.tile<C x C>
 // the cumulative gate's cotangent: G_C's onto the chunk's last row, then the reverse cumsum
 // CHECK:           %[[LAST:[A-Za-z_0-9]+]] = k3s.onto_last_row %{{.*}} : !k3s.tile<C x K>
 // CHECK-NEXT:      %[[G_BAR:[A-Za-z_0-9]+]] = k3s.add %{{.*}}, %[[LAST]] : !k3s.tile<C x K>
