@@ -106,8 +106,9 @@ def block_attnres_bytes(hidden_size: int = 7168, representatives: int = 8, aggre
     return figures
 
 
-def only(kernel: k3s.KernelOp, op_type: type[Operation]) -> Operation:
-    return next(op for op in kernel.walk() if isinstance(op, op_type))
+def first(op: Operation, op_type: type[Operation]) -> Operation:
+    """The first op of op_type in op (op included), in program order."""
+    return next(o for o in op.walk() if isinstance(o, op_type))
 
 
 def aggregate_kernel(layer: AttnResOp) -> k3s.KernelOp:
@@ -116,7 +117,7 @@ def aggregate_kernel(layer: AttnResOp) -> k3s.KernelOp:
     their copies at their own entries' arguments)."""
     fuse = FuseAttnResPass()
     entry = fused_attnres_entry(layer, fuse.warps_for(layer), fuse.num_stages)
-    return only(entry, k3s.KernelOp).clone()
+    return first(entry, k3s.KernelOp).clone()
 
 
 def batch_over_queries(kernel: k3s.KernelOp, query: SSAValue) -> None:
@@ -158,12 +159,12 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int) -> k3s.Entr
     tensors = argument_values(arguments)
     kernel = aggregate_kernel(layer)
     # the loop over the sources is the scan over the representatives; what it leaves is stored
-    loop = only(kernel, k3s.SourceLoopOp)
+    loop = first(kernel, k3s.SourceLoopOp)
     for store in [op for op in kernel.body.ops if isinstance(op, (k3s.NormalizeStoreOp, k3s.StoreLseOp))]:
         Rewriter.erase_op(store)
     kernel.body.block.add_op(make(k3s.StorePartialsOp, operands=[
         *loop.results, tensors["block_max"], tensors["block_normaliser"], tensors["block_numerator"]]))
-    fold = only(kernel, k3s.FoldQueryOp)
+    fold = first(kernel, k3s.FoldQueryOp)
     fold.properties.update(props(k3s.FoldQueryOp, queries=queries_per_program))
     batch_over_queries(kernel, fold.query)
     rebind(kernel, {**tensors, "sources": tensors["representatives"], "query": tensors["queries"],
@@ -188,11 +189,11 @@ def block_merge_entry(layer: AttnResOp) -> k3s.EntryOp:
     tensors = argument_values(arguments)
     kernel = aggregate_kernel(layer)
     # the loop starts from the query's partials, not from nothing
-    start = only(kernel, k3s.SoftmaxStartOp)
+    start = first(kernel, k3s.SoftmaxStartOp)
     Rewriter.replace_op(start, make(
         k3s.LoadPartialsOp, operands=[tensors["block_max"], tensors["block_normaliser"], tensors["block_numerator"]],
         results=[(value.name_hint, value.type) for value in start.results]))
-    Rewriter.erase_op(only(kernel, k3s.StoreLseOp))
+    Rewriter.erase_op(first(kernel, k3s.StoreLseOp))
     rebind(kernel, {**tensors, "sources": tensors["partial_sum"]})
     del kernel.properties["num_stages"]  # one source: no next rows to load ahead
     derived_kernel(kernel, layer, "block_merge")

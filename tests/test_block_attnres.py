@@ -185,16 +185,18 @@ def replace_partial(index: int, make):
 @pytest.mark.parametrize("function,name,bad,message", [
     ("partials", "representatives", lambda a: a["representatives"][0], "expected shape [n, B, T, D], got [1, 3, 48]"),
     ("partials", "representatives", lambda a: a["representatives"].double(), "expected dtype"),
+    ("partials", "representatives", lambda a: a["representatives"][:0], "expected 1 to 8 sources (dim 0), got 0"),
     ("partials", "queries", lambda a: a["queries"][:, :-1], "expected shape [Q, D] with D = 48, got [5, 47]"),
     ("partials", "gains", lambda a: a["gains"][:-1], "expected shape [Q, D] with Q = 5, D = 48, got [4, 48]"),
-    ("partials", "gains", lambda a: a["gains"].to("meta"), "expected a tensor on cpu"),
+    ("partials", "gains", lambda a: a["gains"].to("meta"), "expected a tensor on cpu (as representatives), got meta"),
     ("partials", "queries", lambda a: a["queries"].tolist(), "expected a tensor [Q, D], got list"),
     ("merge", "partials", lambda a: a["partials"][:2], "expected (block_max, block_normaliser, block_numerator)"),
     ("merge", "partial_sum", lambda a: a["partial_sum"].int(), "expected dtype"),
     ("merge", "query", lambda a: a["query"][:-1], "expected shape [D] with D = 48, got [47]"),
     ("merge", "block_max", replace_partial(0, lambda p: p[:, :-1]), "expected shape [B, T] with B = 1, T = 3"),
     ("merge", "block_normaliser", replace_partial(1, lambda p: p.bfloat16()), "expected dtype torch.float32"),
-    ("merge", "block_numerator", replace_partial(2, lambda p: p.to("meta")), "expected a tensor on cpu"),
+    ("merge", "block_numerator", replace_partial(2, lambda p: p.to("meta")),
+     "expected a tensor on cpu (as partial_sum), got meta"),
 ])
 def test_ops_refuse_bad_input(ops_cache, function, name, bad, message):
     from k3compile.ops.attnres import attnres_block_merge, attnres_block_partials

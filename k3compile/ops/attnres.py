@@ -142,10 +142,11 @@ def attnres_aggregate(sources: torch.Tensor, query: torch.Tensor, gain: torch.Te
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def check_tensor(name: str, x, layout: str, sizes: dict[str, int], dtypes: tuple, device) -> None:
+def check_tensor(name: str, x, layout: str, sizes: dict[str, int], dtypes: tuple,
+                 like: tuple[str, torch.Tensor] | None = None) -> None:
     """A one-line ValueError naming `name` unless x is a tensor of the shape `layout` ("B,T,D": a
     symbol in `sizes` must have that size, the others are bound there), of one of `dtypes`, on
-    `device` (None: any)."""
+    the device of the tensor `like` names (None: any)."""
     symbols = layout.split(",")
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name}: expected a tensor [{', '.join(symbols)}], got {type(x).__name__}")
@@ -156,8 +157,8 @@ def check_tensor(name: str, x, layout: str, sizes: dict[str, int], dtypes: tuple
     sizes.update(zip(symbols, x.shape))
     if x.dtype not in dtypes:
         raise ValueError(f"{name}: expected dtype {' or '.join(map(str, dtypes))}, got {x.dtype}")
-    if device is not None and x.device != device:
-        raise ValueError(f"{name}: expected a tensor on {device} (like the first argument), got {x.device}")
+    if like is not None and x.device != like[1].device:
+        raise ValueError(f"{name}: expected a tensor on {like[1].device} (as {like[0]}), got {x.device}")
 
 
 def check_forward_only(function: str, *tensors) -> None:
@@ -175,9 +176,9 @@ def attnres_block_partials(representatives: torch.Tensor, queries: torch.Tensor,
     the un-normalised mix a = sum_i exp(s_i - m) b_i [Q, B, T, D]."""
     check_forward_only("attnres_block_partials", representatives, queries, gains)
     sizes: dict[str, int] = {}
-    check_tensor("representatives", representatives, "n,B,T,D", sizes, FLOAT_DTYPES, None)
+    check_tensor("representatives", representatives, "n,B,T,D", sizes, FLOAT_DTYPES)
     for name, x in (("queries", queries), ("gains", gains)):
-        check_tensor(name, x, "Q,D", sizes, FLOAT_DTYPES, representatives.device)
+        check_tensor(name, x, "Q,D", sizes, FLOAT_DTYPES, ("representatives", representatives))
     key = AttnResKey(sizes["D"], float(eps), max(NUM_BLOCKS, sizes["n"]))
     return layer_module(key).block_partials(representatives.contiguous(), queries.contiguous(), gains.contiguous())
 
@@ -195,11 +196,11 @@ def attnres_block_merge(partials, partial_sum: torch.Tensor, query: torch.Tensor
         raise ValueError(f"partials: expected (block_max, block_normaliser, block_numerator) of one query, got {got}")
     check_forward_only("attnres_block_merge", *partials, partial_sum, query, gain)
     sizes: dict[str, int] = {}
-    check_tensor("partial_sum", partial_sum, "B,T,D", sizes, FLOAT_DTYPES, None)
+    check_tensor("partial_sum", partial_sum, "B,T,D", sizes, FLOAT_DTYPES)
     for name, x in (("query", query), ("gain", gain)):
-        check_tensor(name, x, "D", sizes, FLOAT_DTYPES, partial_sum.device)
+        check_tensor(name, x, "D", sizes, FLOAT_DTYPES, ("partial_sum", partial_sum))
     for name, x, layout in zip(("block_max", "block_normaliser", "block_numerator"), partials, ("B,T", "B,T", "B,T,D")):
-        check_tensor(name, x, layout, sizes, (torch.float32,), partial_sum.device)
+        check_tensor(name, x, layout, sizes, (torch.float32,), ("partial_sum", partial_sum))
     block_max, block_normaliser, block_numerator = (x.contiguous() for x in partials)
     (out,) = layer_module(AttnResKey(sizes["D"], float(eps), NUM_BLOCKS)).block_merge(
         partial_sum.contiguous()[None], query.contiguous(), gain.contiguous(), block_max, block_normaliser,
