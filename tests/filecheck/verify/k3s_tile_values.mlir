@@ -3,7 +3,7 @@
 // a value is defined before its use; a loop's body ends in the op that passes its state on. The
 // valid schedule prints back unchanged.
 // RUN: k3c opt %s | filecheck %s --check-prefix=VALID
-// RUN: sed 's/tile<C x C>/tile<C x Q>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DIM
+// RUN: sed 's/tile<C x C>/tile<C x Z>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DIM
 // RUN: sed 's/%%P = k3s.gram %%q_1, %%k_1 </%%P = k3s.gram %%q_1, %%k_1, %%v_1 </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
 // RUN: sed 's/%%P = k3s.gram %%q_1, %%k_1 </%%P = k3s.gram %%q_1, %%k_1, %%k </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
 // RUN: sed 's/<gate = none> : !k3s.tile<K x V>/<gate = scalar> : !k3s.tile<K x V>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DECAY
@@ -38,7 +38,7 @@ builtin.module {
 // VALID-NEXT:   %S_1 = k3s.state_advance %S, %k_1, %v_1 <gate = none> : !k3s.tile<K x V>
 // VALID-NEXT:   k3s.next_chunk %S_1
 
-// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Q'; allowed: C, NB, K, V, D, R, E, KS, M, N{{$}}
+// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Z'; allowed: C, NB, K, V, D, R, E, KS, M, N, Q{{$}}
 // COUNT: {{^}}k3c opt: error: <stdin>: k3s.gram: expected 2 operands for its properties, got 3{{$}}
 // DECAY: {{^}}k3c opt: error: <stdin>: k3s.state_advance: gamma_C is an operand exactly when gate is not none{{$}}
 // UNDEFINED: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: SSA value used before assignment{{$}}

@@ -37,7 +37,7 @@ builtin.module {
 // ROLE-NOT: {{.}}
 
 // SHAPE-NOT: {{\n}}
-// SHAPE: {{^}}k3c opt: error: <stdin>: k3s.tensor: bad dimension 'H'; a positive integer or one of B, T, N, N+1, S, P, NC, R, PP, PB, HS{{$}}
+// SHAPE: {{^}}k3c opt: error: <stdin>: k3s.tensor: bad dimension 'H'; a positive integer or one of B, T, N, N+1, S, P, NC, R, PP, PB, HS, Q{{$}}
 // SHAPE-NOT: {{.}}
 
 // DTYPE-NOT: {{\n}}
