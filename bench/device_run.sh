@@ -30,6 +30,9 @@
 #                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
 #   backward       training: k3compile.ops chunk functions forward + backward vs fla's, gradients vs float64
 #                  autograd of the reference (bench/backward_gpu.py, $BACKWARD_ARGS)
+#   backward-verify every form of bench/backward_gpu.py's verify in its own process, side by side (the
+#                  first-use compiles are the time; $BACKWARD_VERIFY_ARGS, e.g. --no-fla: ours against
+#                  float64 only, without fla's autotuning); the rows of all in $OUT/backward_verify.md
 #   backward-sweep the backward schedule's options (derive-backward / lower-backward) checked and timed with
 #                  per-kernel times and peak memory, next to fla's backward (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS)
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
@@ -167,6 +170,18 @@ for phase in ${PHASES:-verify recurrent chunk}; do
       # training: k3compile.ops' chunk functions forward + backward against fla's, and our gradients
       # against float64 autograd of the reference ($BACKWARD_ARGS: e.g. --skip-verify, --cases ...)
       K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/backward_gpu.py --out "$OUT" ${BACKWARD_ARGS:-} ;;
+    backward-verify)
+      forms=$(python3 -c 'import sys; sys.path.insert(0, "bench"); from backward_gpu import VERIFY_FORMS
+print(*(label.replace(" ", "_").replace(",", "") for label, *_ in VERIFY_FORMS))')
+      for form in $forms; do
+        K3C_CACHE_DIR=/tmp/k3c_cache_$form OMP_NUM_THREADS=1 python3 -P bench/backward_gpu.py --out "/tmp/backward_verify/$form" \
+          --skip-bench --forms "$form" ${BACKWARD_VERIFY_ARGS:-} > "/tmp/backward_verify_$form.txt" 2>&1 &
+      done
+      wait
+      { echo "| form | dtype | gradient | ours / ref (RMS ratio) | fla / ref | tolerance | |"; echo "|---|---|---|---|---|---|---|"
+        for form in $forms; do tail -n +3 "/tmp/backward_verify/$form/backward_verify.md" 2>/dev/null \
+          || echo "| $form | - | - | - | - | - | no result: $(tail -1 /tmp/backward_verify_$form.txt) |"; done; } \
+        | tee "$OUT/backward_verify.md" | grep -c "| pass |" | sed 's/$/ rows pass/' ;;
     backward-sweep)
       # the backward schedule's options side by side, checked and timed with per-kernel times
       # (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS: e.g. --member gdn --long-check)
