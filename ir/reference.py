@@ -248,19 +248,23 @@ def _expert(activation, x, gate_up, down):
     return glu(activation, gate, up) @ down.T
 
 
+ROUTING_SUM_EPS = 1e-20  # added to the top-k sum that normalises the routing weights
+
+
 def latent_moe_routing(op, x, router_weight, router_bias):
     """The router of k3.latent_moe on tokens x [R, d] -> (ids [R, k] int64, weights [R, k]
     float64), on x's device: s = sigmoid(x W_r^T); ids the top_k experts by s + bias in
     decreasing order, equal values ranking the lower expert id first (a stable sort); weights the
-    unbiased s of those experts, normalised over the top_k if norm_topk_prob, times
-    routed_scaling_factor."""
+    unbiased s of those experts, normalised over the top_k if norm_topk_prob (the sum plus 1e-20,
+    as DeepSeek-V3's router: a token whose chosen scores all underflow to 0 gets zero weights, not
+    0/0), times routed_scaling_factor."""
     x, router_weight, router_bias = (t.to(x.device, f64) for t in (x, router_weight, router_bias))
     scores = torch.sigmoid(x @ router_weight.T)
     ranked = torch.sort(scores + router_bias, dim=-1, descending=True, stable=True).indices
     ids = ranked[:, :op.top_k.value.data]
     weights = scores.gather(-1, ids)
     if op.norm_topk_prob.value.data:
-        weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights / (weights.sum(-1, keepdim=True) + ROUTING_SUM_EPS)
     return ids, weights * op.routed_scaling_factor.value.data
 
 

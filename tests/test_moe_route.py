@@ -84,6 +84,19 @@ def test_bias_selects_but_does_not_weigh(layer):
     assert_routes(layer, x, router_weight, router_bias)
 
 
+def test_underflowed_scores_give_zero_weights_not_nan(layer):
+    """A row whose logits are all far below zero: every sigmoid underflows to 0 in fp32 (and in
+    float64 below -745), and the normalised weights are 0, as the reference's, not 0/0."""
+    d, E, k = dims(layer)
+    x, router_weight, router_bias = inputs(5, d, E, k)
+    router_weight = router_weight.abs() + 0.1
+    x[2] = -1e4 * torch.rand(d).add(0.5)  # row 2: logits below -800 for every expert
+    ids, weights = layer.route(x, router_weight, router_bias)
+    assert torch.isfinite(weights).all(), weights
+    assert torch.equal(weights[2], torch.zeros(k)), weights[2]
+    assert_routes(layer, x, router_weight, router_bias)
+
+
 def test_ties_rank_the_lower_expert_first(layer):
     """Exact ties: zero rows score every expert 0.5, so with a zero bias they choose experts
     0..k-1; experts in pairs of equal router rows and biases rank the lower id of a pair first."""

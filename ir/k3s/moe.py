@@ -107,8 +107,9 @@ class SelectTopKOp(KeywordSyntax):
 
 @irdl_op_definition
 class RoutingWeightsOp(KeywordSyntax):
-    """w'[r, j] = scale * w[r, j] / sum_i w[r, i] (sum over the top_k slots) with normalize,
-    else scale * w[r, j]: the weights the experts' outputs are combined with."""
+    """w'[r, j] = scale * w[r, j] / (sum_i w[r, i] + 1e-20) (sum over the top_k slots) with
+    normalize, else scale * w[r, j]: the weights the experts' outputs are combined with (zero,
+    not 0/0, where every chosen score underflowed)."""
 
     name = "k3s.routing_weights"
     normalize = prop_def(BoolAttr)

@@ -126,8 +126,8 @@ class MoE:
     def print_k3s_routing_weights(self, op: k3s.RoutingWeightsOp) -> None:
         weights, scale = register(op.weights), repr(op.scale.value.data)
         if op.normalize.value.data:  # the padded slots hold 0: the sum is over the top_k
-            self.code.comment(op, "normalised over the top-k slots, scaled")
-            self.code(f"{register(op.scaled)} = {weights} / tl.sum({weights}, axis=1)[:, None] * {scale}")
+            self.code.comment(op, "normalised over the top-k slots (+1e-20: all-underflowed scores give 0, not 0/0), scaled")
+            self.code(f"{register(op.scaled)} = {weights} / (tl.sum({weights}, axis=1)[:, None] + 1e-20) * {scale}")
         else:
             self.code.comment(op, "scaled")
             self.code(f"{register(op.scaled)} = {weights} * {scale}")
