@@ -459,14 +459,21 @@ def test_launch_only_choices_do_not_change_kernel_code(kind):
     assert len(hashes) == code_choices and all(len(h) == 1 for h in hashes.values()), hashes
 
 
+COMPILED_CANDIDATES: dict[tuple[str, str], tuple] = {}  # (spec, pipeline) -> (code hash, launch)
+
+
 def synthetic_record(spec, shape, ms_of, gpu=GPU):
-    """A cache record as tune writes it, with made-up times: ms_of(candidate) -> ms or None (failed)."""
+    """A cache record as tune writes it, with made-up times: ms_of(candidate) -> ms or None (failed).
+    Each candidate is compiled once per spec (the records of several shapes share them)."""
     from k3compile.driver import lower
 
     cands = autotune.candidates(autotune.base_pipeline(spec, None), SPACE)
     for c in cands:
-        compilation = lower(spec, c.pipeline, launch_tables={"chunk": {}})
-        c.code_hash, c.launch = autotune.kernel_code_hash(compilation.source), autotune.launch_configs(compilation)
+        key = (f"{spec.source} {sorted(spec.params.items())}", c.pipeline)
+        if key not in COMPILED_CANDIDATES:
+            compilation = lower(spec, c.pipeline, launch_tables={"chunk": {}})
+            COMPILED_CANDIDATES[key] = autotune.kernel_code_hash(compilation.source), autotune.launch_configs(compilation)
+        c.code_hash, c.launch = COMPILED_CANDIDATES[key]
         ms = ms_of(c)
         c.status, c.ms = ("ok", ms) if ms is not None else ("wrong", math.inf)
     ok = [c for c in cands if c.status == "ok"]
