@@ -347,6 +347,9 @@ def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSp
     """`k3c verify --quick`: the most sources (all blocks + the partial one), an odd row count."""
     most = spec.params["num_blocks"] + 1
     yield spec, "aggregate", [AttnResCase(f"S={most} (all blocks + partial), B3 T5", most, 3, 5)]
+    if most > 1:
+        yield spec, "block_merge", [AttnResCase(f"two phases: {most - 1} blocks + partial, Q={BLOCK_QUERIES}, B3 T5",
+                                                most, 3, 5)]
 
 
 def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
@@ -359,24 +362,47 @@ def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, st
     ]
     D = not_power_of_two(spec.params["hidden_size"])
     yield variant(spec, "npow2", hidden_size=D), "aggregate", [AttnResCase(f"D={D} (not a power of two), S={most}", most, 2, 3)]
+    if most > 1:  # Block AttnRes's two phases: the completed blocks, then the partial sum
+        yield spec, "block_merge", [
+            AttnResCase(f"two phases: {most - 1} blocks + partial, Q={BLOCK_QUERIES}, B2 T{length}", most, 2, length),
+            AttnResCase(f"two phases: 1 block + partial, Q={BLOCK_QUERIES}, B1 T3", 2, 1, 3),
+        ]
+
+
+BLOCK_QUERIES = 3  # the pseudo-queries of a block in a two-phase case: more than a program's block of them
 
 
 def run_attnres_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, device, gen):
+    """aggregate: the one pass over the case's sources against reference.attnres. block_merge:
+    Block AttnRes's two phases, block_partials over all sources but the last (the completed
+    blocks) with BLOCK_QUERIES queries, then block_merge of each query's partials with the last
+    source (the partial sum): the partials against reference.attnres_block_partials, each
+    query's h against the one-pass reference.attnres over all the sources."""
     from k3compile.ir import reference
 
     D = layer_op.hidden_size.value.data
+    queries = BLOCK_QUERIES if entry == "block_merge" else 1
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    # sources of different scales, as block sums grow with depth; a non-zero query so the
+    # sources of different scales, as block sums grow with depth; non-zero queries so the
     # softmax is not uniform
     scales = torch.linspace(0.5, 4.0, case.sources, dtype=torch.float64)[:, None, None, None]
     sources = (randn(case.sources, case.batch, case.length, D) * scales).to(device, dtype)
-    query = (randn(D) * 2 / math.sqrt(D)).to(device, dtype)
-    gain = (1 + 0.1 * randn(D)).to(device, dtype)
-    out = getattr(layer, entry)(sources, query, gain)[0]
-    return [("out", out, reference.attnres(layer_op, sources, query, gain))]
+    query = (randn(queries, D) * 2 / math.sqrt(D)).to(device, dtype)
+    gain = (1 + 0.1 * randn(queries, D)).to(device, dtype)
+    if entry == "aggregate":
+        out = layer.aggregate(sources, query[0], gain[0])[0]
+        return [("out", out, reference.attnres(layer_op, sources, query[0], gain[0]))]
+    completed, partial_sum = sources[:-1], sources[-1]
+    partials = layer.block_partials(completed, query, gain)
+    want = reference.attnres_block_partials(layer_op, completed, query, gain)
+    rows = [(name, got, ref) for name, got, ref in zip(("block_max", "block_normaliser", "block_numerator"), partials, want)]
+    merged = torch.stack([layer.block_merge(partial_sum[None], query[j], gain[j], *(x[j] for x in partials))[0]
+                          for j in range(queries)])
+    one_pass = torch.stack([reference.attnres(layer_op, sources, query[j], gain[j]) for j in range(queries)])
+    return [*rows, ("out", merged, one_pass)]
 
 
 @dataclass(frozen=True)

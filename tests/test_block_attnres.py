@@ -238,3 +238,23 @@ def test_bytes_at_k3():
     # every query in one program: the representatives are read once a block either way
     whole = block_attnres_bytes(hidden_size=48, queries_per_program=32)
     assert whole["block_partials"] == whole["block_partials_one_read"]
+
+
+def test_k3c_verify_runs_both_phases_against_the_one_pass_reference(monkeypatch):
+    """`k3c verify` of an attnres spec checks the two phases too: the partials against the
+    reference's and every query's merged h against the one-pass aggregate; a wrong phase fails
+    its rows (here the reference's partials made off by a factor: the comparison is live)."""
+    from k3compile.spec import spec_from_table
+    from k3compile.verify import verify
+
+    spec = spec_from_table({"name": "verify_blocks", "kind": "attnres", "hidden_size": 48, "num_blocks": 3,
+                            "block_size": 4}, source="<test>")
+    results = verify(spec, device="cpu", seed=3)
+    merged = [r for r in results if r.entry == "block_merge"]
+    assert {r.tensor for r in merged} == {"block_max", "block_normaliser", "block_numerator", "out"}
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+    partials = reference.attnres_block_partials
+    monkeypatch.setattr(reference, "attnres_block_partials",
+                        lambda *args: (lambda m, z, a: (m, z, a * 1.01))(*partials(*args)))
+    broken = [r for r in verify(spec, device="cpu", seed=3, quick=True) if r.entry == "block_merge"]
+    assert [r.tensor for r in broken if not r.passed] == ["block_numerator"]
