@@ -4,8 +4,8 @@ take the differences (the method of the device notes; ncu is not on every device
 
     python3 -P bench/backward_ablation.py --module GEN.py --out DIR [--batch 4 --tokens 4096]
 
-GEN.py is a compiled recurrence module (k3c compile, chunk size 16, solve block 1: the
-printed forms the edits below find by the IR op comments over each block). Each variant is the
+GEN.py is a compiled recurrence module (k3c compile; the edits below find the printed forms of
+chunk size 16 and solve block 1). Each variant is the
 module's text with the gradients kernel edited, written to DIR/<variant>.py; its Triton compile
 runs first in worker processes (all side by side), then each variant's chunk_backward is timed at
 the shape with per-kernel times. A variant marked exact must give the base's gradients (within
@@ -38,33 +38,6 @@ def kernel_text(text: str) -> tuple[int, int]:
     return start.start(), end
 
 
-def solve_block(kernel: str) -> re.Match:
-    """The printed k3s.transposed_solve: its comment line through the end of its row loop."""
-    found = re.search(r"( +)# (%\S+) = k3s\.transposed_solve (%\S+), (%\S+):.*\n(?:\1.*\n)*?\1for r in range\(0, BC\):\n"
-                      r"(?:\1    .*\n)+", kernel)
-    if found is None:
-        raise SystemExit("no printed k3s.transposed_solve in the gradients kernel")
-    return found
-
-
-def register(name: str) -> str:
-    return "b_" + name.lstrip("%")
-
-
-def solve_by_inverse(kernel: str) -> str:
-    """(I + A)^-T X as one product with the inverse the recomputed forward substitution already
-    holds (b_Linv, at solve block 1), instead of a back substitution row by row."""
-    found = solve_block(kernel)
-    indent, Y, _, X = found.group(1), *map(register, found.group(2, 3, 4))
-    return kernel.replace(found.group(0), f"{indent}{Y} = _mm_accurate(tl.trans(b_Linv), {X}, DOT)\n")
-
-
-def no_solve(kernel: str) -> str:
-    found = solve_block(kernel)
-    indent, Y, _, X = found.group(1), *map(register, found.group(2, 3, 4))
-    return kernel.replace(found.group(0), f"{indent}{Y} = {X}\n")
-
-
 def half_value_blocks(kernel: str) -> str:
     """Only the first of the value-block loop's iterations (with block_v = V / 2: half the loop)."""
     edited = kernel.replace("tl.static_range(0, (V + BV - 1) // BV)", "tl.static_range(0, 1)")
@@ -90,13 +63,13 @@ def no_inverse(kernel: str) -> str:
     return edited
 
 
-# name: (edit of the kernel's text, launch num_warps or None, exact: the base's gradients)
+# name: (edit of the kernel's text, launch num_warps or None, exact: the base's gradients).
+# (At db23612 the list also took the back substitution of the forward substitution's adjoint out
+# and replaced it by the product with the inverse: bench/results/backward_ablation_h200_076f26a.md;
+# derive-backward derives that product since.)
 VARIANTS = {
     "base": (None, None, True),
-    "solve_by_inverse": (solve_by_inverse, None, True),
     "warps_4": (None, 4, True),
-    "solve_by_inverse_warps_4": (solve_by_inverse, 4, True),
-    "no_solve": (no_solve, None, False),
     "no_inverse_products": (no_inverse, None, False),
     "half_value_blocks": (half_value_blocks, None, False),
     "states_from_cache": (states_from_cache, None, False),
