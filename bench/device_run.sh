@@ -184,7 +184,7 @@ print(*(label.replace(" ", "_").replace(",", "") for label, *_ in VERIFY_FORMS))
         | tee "$OUT/backward_verify.md" | grep -c "| pass |" | sed 's/$/ rows pass/' ;;
     backward-sweep)
       # the backward schedule's options side by side, checked and timed with per-kernel times
-      # (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS: e.g. --member gdn --long-check)
+      # (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS: e.g. --member gdn --long-check, --no-fla)
       K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/backward_sweep.py --out "$OUT/backward_sweep" ${BACKWARD_SWEEP_ARGS:-} ;;
     cp)
       spec=$(variant "${CP_CASE:-kda_h16}")
