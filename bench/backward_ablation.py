@@ -80,9 +80,9 @@ def write_variant(module_text: str, name: str, out: Path) -> Path:
     edit, warps, _ = VARIANTS[name]
     start, end = kernel_text(module_text)
     text = module_text[:start] + (edit(module_text[start:end]) if edit else module_text[start:end]) + module_text[end:]
-    if warps is not None:
-        launch = re.search(r"_backward_gradients_kernel\[grid\]\((?:.*\n)*?\s+num_warps=(\d+),", text)
-        text = text[:launch.start(1)] + str(warps) + text[launch.end(1):]
+    if warps is not None:  # every launch of the gradients kernel (the plain entry's and the segments')
+        text = re.sub(r"(_backward_gradients_kernel\[grid\]\((?:.*\n)*?\s+num_warps=)\d+,",
+                      lambda launch: f"{launch[1]}{warps},", text)
     path = out / f"{name}.py"
     path.write_text(text)
     return path
