@@ -183,7 +183,7 @@ def forward_substitution(e: Emitter, op: k3s.ForwardSubstitutionOp, T_bar):
     """T = (I + A)^{-1} Diag(beta): with Y = (I + A)^{-T} T_bar, A_bar = -Y T^T on the entries the
     solve reads (the lower triangle and diagonal), beta_bar = diag(Y). Y is a product with the
     inverse the recomputed T is made of (derive-backward's recompute holds it as a value), not a
-    substitution row after row; fp32-accurate, since diag(Y) is beta's cotangent as it is."""
+    substitution row after row; `accurate` (at least tf32), since diag(Y) is beta's cotangent as it is."""
     inverse = e.like(k3s.UnitLowerInverseOp, [e(op.gram)], T_bar, block=op.block)
     Y = e.dot(inverse, T_bar, transpose_lhs=True, accurate=True)
     A_bar = e.like(k3s.MaskOp, [e.neg(e.dot(Y, e(op.results[0]), transpose_rhs=True))], T_bar, mask="inclusive")

@@ -94,7 +94,7 @@ class DotOp(KeywordSyntax):
     name = "k3s.dot"
     transpose_lhs = opt_prop_def(BoolAttr)  # absent: false
     transpose_rhs = opt_prop_def(BoolAttr)
-    accurate = opt_prop_def(BoolAttr)  # fp32-accurate operands: a product whose result is read as is (a gradient)
+    accurate = opt_prop_def(BoolAttr)  # at least tf32, finer than a bf16 dot: a product read as is (a gradient)
     lhs = operand_def(TileType)
     rhs = operand_def(TileType)
     result = result_def(TileType)
