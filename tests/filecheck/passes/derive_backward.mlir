@@ -85,7 +85,7 @@
 // CHECK:           k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[CG]], %{{[A-Za-z_0-9]+}} <side = rows, form = guarded> : !k3s.tile<C x K>
 // CHECK-NEXT:      k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[CG]], %{{[A-Za-z_0-9]+}} <side = keys, form = guarded> : !k3s.tile<C x K>
 // the WY factors' transform T = (I + A)^-1 Diag(beta): Y = (I + A)^-T T_bar, the recomputed
-// inverse's transpose times T_bar (fp32-accurate); A's cotangent -Y T^T on the entries the solve
+// inverse's transpose times T_bar (accurate: at least tf32); A's cotangent -Y T^T on the entries the solve
 // reads, beta's the diagonal of Y
 // CHECK:           %[[Y:[A-Za-z_0-9]+]] = k3s.dot %[[TINV]], %{{.*}} <transpose_lhs = true, accurate = true> : !k3s.tile<C x C>
 // CHECK-NEXT:      %[[YT:[A-Za-z_0-9]+]] = k3s.dot %[[Y]], %[[T]] <transpose_rhs = true> : !k3s.tile<C x C>
