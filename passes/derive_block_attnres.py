@@ -38,7 +38,7 @@ from xdsl.rewriter import Rewriter
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_power_of_two, make, props, rebind
-from k3compile.passes.fuse_attnres import FuseAttnResPass, attnres_arg, fused_attnres_entry
+from k3compile.passes.fuse_attnres import FuseAttnResPass, attnres_arg, fused_attnres_entry, warps_holding
 
 # A block_partials program holds its block of queries and their mixes ([BQ, next_pow2(D)] fp32
 # each) and a representative's row. Budget: what the aggregate's backward kernel holds at K3's
@@ -71,12 +71,8 @@ def default_queries_per_program(hidden_size: int) -> int:
 
 
 def partials_warps(hidden_size: int, queries: int) -> int:
-    """4 warps while they hold the program's rows at VALUES_PER_WARP each, else the fewest (a
-    power of two, at most k3s.MAX_NUM_WARPS) that do."""
-    warps = 4
-    while warps < k3s.MAX_NUM_WARPS and warps * VALUES_PER_WARP < rows_held(queries) * padded_width(hidden_size):
-        warps *= 2
-    return warps
+    """The warps that hold the program's rows at VALUES_PER_WARP each (warps_holding)."""
+    return warps_holding(rows_held(queries) * padded_width(hidden_size), VALUES_PER_WARP)
 
 
 def block_attnres_bytes(hidden_size: int = 7168, representatives: int = 8, aggregation_points: int = 24,

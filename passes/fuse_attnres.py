@@ -96,13 +96,19 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int) -> k3s.E
     )
 
 
-def row_warps(layer: AttnResOp, least: int = 4) -> int:
-    """`least` warps while they hold the row (MAX_ROW_PER_WARP columns each), else the fewest (a
-    power of two) that do; the backend refuses a row no count of warps holds."""
+def warps_holding(values: int, per_warp: int, least: int = 4) -> int:
+    """`least` warps while they hold `values` (per_warp each), else the fewest (a power of two, at
+    most k3s.MAX_NUM_WARPS) that do."""
     warps = least
-    while warps < k3s.MAX_NUM_WARPS and warps * k3s.MAX_ROW_PER_WARP < layer.hidden_size.value.data:
+    while warps < k3s.MAX_NUM_WARPS and warps * per_warp < values:
         warps *= 2
     return warps
+
+
+def row_warps(layer: AttnResOp, least: int = 4) -> int:
+    """The warps that hold the row, MAX_ROW_PER_WARP columns each (warps_holding); the backend
+    refuses a row no count of warps holds."""
+    return warps_holding(layer.hidden_size.value.data, k3s.MAX_ROW_PER_WARP, least)
 
 
 @dataclass(frozen=True)
