@@ -24,6 +24,20 @@ from k3compile.passes.common import make
 ADJOINT_RULES: dict[type, Callable] = {}
 
 
+# op type -> unscaled(stage, primal) -> (the stage's value before a scaling by beta, as an op on
+# the recomputed operands; the factor; along) or None: derive-backward recomputes such a stage as
+# the two, because its rule reads the unscaled value too (and cse makes it once)
+UNSCALED_FORMS: dict[type, Callable] = {}
+
+
+def unscaled_form(op_type: type) -> Callable:
+    def register(form: Callable) -> Callable:
+        UNSCALED_FORMS[op_type] = form
+        return form
+
+    return register
+
+
 def adjoint(op_type: type) -> Callable:
     def register(rule: Callable) -> Callable:
         ADJOINT_RULES[op_type] = rule
@@ -178,6 +192,15 @@ def wy_apply(e: Emitter, op: k3s.WYApplyOp, factor_bar):
     return {**cot, 1: rows_bar, 2: gate_cotangent(e, e.mul(applied_bar, rows), op.gate.data)}
 
 
+@unscaled_form(k3s.ForwardSubstitutionOp)
+def forward_substitution_unscaled(op: k3s.ForwardSubstitutionOp, primal: dict):
+    """T = (I + A)^{-1} Diag(beta): the inverse, scaled along the columns."""
+    T = op.results[0]
+    inverse = make(k3s.UnitLowerInverseOp, operands=[primal[op.gram]], result=(f"{T.name_hint}_inverse", T.type),
+                   block=op.block)
+    return inverse, op.beta, "columns"
+
+
 @adjoint(k3s.ForwardSubstitutionOp)
 def forward_substitution(e: Emitter, op: k3s.ForwardSubstitutionOp, T_bar):
     """T = (I + A)^{-1} Diag(beta): with Y = (I + A)^{-T} T_bar, A_bar = -Y T^T on the entries the
@@ -188,6 +211,18 @@ def forward_substitution(e: Emitter, op: k3s.ForwardSubstitutionOp, T_bar):
     Y = e.dot(inverse, T_bar, transpose_lhs=True, accurate=True)
     A_bar = e.like(k3s.MaskOp, [e.neg(e.dot(Y, e(op.results[0]), transpose_rhs=True))], T_bar, mask="inclusive")
     return {0: A_bar, 1: e.emit(k3s.DiagonalOp, [Y], e(op.beta).type)}
+
+
+@unscaled_form(k3s.GramOp)
+def gram_unscaled(op: k3s.GramOp, primal: dict):
+    """A = Diag(beta) M: M, the Gram without beta, scaled along the rows."""
+    if op.row_scale is None:
+        return None
+    A = op.results[0]
+    M = op.create(operands=[primal.get(v, v) for v in op.inputs if v is not op.row_scale],
+                  properties={**op.properties, "beta": BoolAttr.from_bool(False)}, result_types=[A.type])
+    M.results[0].name_hint = f"{A.name_hint}_unscaled"
+    return M, op.row_scale, "rows"
 
 
 @adjoint(k3s.GramOp)

@@ -22,7 +22,7 @@ import itertools
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BoolAttr, ModuleOp
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.traits import IsTerminator
@@ -30,7 +30,7 @@ from xdsl.transforms.common_subexpression_elimination import cse
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.adjoint_rules import ADJOINT_RULES, Emitter
+from k3compile.passes.adjoint_rules import ADJOINT_RULES, UNSCALED_FORMS, Emitter
 from k3compile.passes.common import add_entries, argument_values, make, recurrence_arguments, tensor_arg
 from k3compile.passes.derive_chunkwise import check_schedule_options, chunkwise_schedule
 
@@ -106,23 +106,18 @@ def store_cotangent(load: Operation, cotangent: SSAValue, values: dict[str, SSAV
 
 
 def recompute(stage: Operation, primal: dict[SSAValue, SSAValue]) -> list[Operation]:
-    """A forward stage again in the backward (primal maps the forward's values to the copies).
-    The two stages that scale by beta are recomputed as their unscaled value and the scaling,
-    because their adjoints read the unscaled value too (cse then makes it once): the Gram
-    A = Diag(beta) M and the forward substitution T = (I + A)^-1 Diag(beta)."""
-    result = stage.results[0] if stage.results else None
-    if isinstance(stage, k3s.ForwardSubstitutionOp):
-        unscaled = make(k3s.UnitLowerInverseOp, operands=[primal[stage.gram]], result=(f"{result.name_hint}_inverse", result.type),
-                        block=stage.block)
-        beta, along = stage.beta, "columns"
-    elif isinstance(stage, k3s.GramOp) and stage.row_scale is not None:
-        unscaled = stage.create(operands=[primal.get(v, v) for v in stage.inputs if v is not stage.row_scale],
-                                properties={**stage.properties, "beta": BoolAttr.from_bool(False)}, result_types=[result.type])
-        unscaled.results[0].name_hint = f"{result.name_hint}_unscaled"
-        beta, along = stage.row_scale, "rows"
-    else:
+    """A forward stage again in the backward (primal maps the forward's values to the copies). A
+    stage that scales by beta and has an unscaled form (UNSCALED_FORMS: the Gram A = Diag(beta) M,
+    the forward substitution T = (I + A)^-1 Diag(beta)) is recomputed as that form and the
+    scaling, because its rule reads the unscaled value too (cse then makes it once)."""
+    form = UNSCALED_FORMS.get(type(stage))
+    found = form(stage, primal) if form else None
+    if found is None:
         return [stage.clone(value_mapper=primal)]
-    scaled = make(k3s.ScaleOp, operands=[unscaled.results[0], primal[beta]], result=(result.name_hint, result.type), along=along)
+    unscaled, factor, along = found
+    result = stage.results[0]
+    scaled = make(k3s.ScaleOp, operands=[unscaled.results[0], primal[factor]], result=(result.name_hint, result.type),
+                  along=along)
     primal[result] = scaled.results[0]
     return [unscaled, scaled]
 
