@@ -17,7 +17,9 @@ cotangents) of ours and fla's, bf16, q/k L2-normalised in the kernel, initial st
 state, at the issue's shapes, each under both gate semantics where the member has a gate: bounded
 (ours safe_gate=True, lower_bound=-5 on gates clamped at -5 = fla's same call) and unbounded
 (g = logsigmoid(randn), both sides' default). Times are do_bench medians; peak memory is
-torch.cuda.max_memory_allocated during one forward + backward above what the inputs hold.
+torch.cuda.max_memory_allocated during one forward + backward above what the inputs hold. Rows
+of at most 16384 tokens also check both sides' gradients of the first two heads against float64
+autograd of the reference on those heads.
 Writes DIR/backward_verify.md, DIR/backward_bench.md and DIR/backward.json.
 
 attnres (a case of --cases, run by default): k3compile.ops.attnres.attnres_aggregate's gradients
@@ -219,6 +221,14 @@ def bench(out: Path, results: dict, cases: list[str] | None) -> None:
                     row[f"{side}_fwd_ms"] = do_bench(forward, rep=200)
                     row[f"{side}_fwdbwd_ms"] = do_bench(training, grad_to_none=list(tensors.values()), rep=300)
                 row["grad_rms_vs_fla_each"] = {n: rms_ratio(grads["ours"][n], grads["fla"][n].double()) for n in grads["ours"]}
+                if B * T <= REFERENCE_TOKENS:  # both sides against float64 on two heads (heads are independent)
+                    try:
+                        kept, kept_cot = two_heads(tensors, cot)
+                        want = reference_gradients(member, kept, kwargs, kept_cot)
+                        row["grad_rms_vs_float64"] = {side: {n: rms_ratio(head(n, grads[side][n]), want[n])
+                                                             for n in want} for side in grads}
+                    except Exception:  # the timings stand without it
+                        row["float64_error"] = traceback.format_exc(limit=2)[-300:]
                 row["grad_rms_vs_fla"] = max(row["grad_rms_vs_fla_each"].values())
                 row["ratio"] = row["fla_fwdbwd_ms"] / row["ours_fwdbwd_ms"]
                 row["memory_ratio"] = row["ours_peak_mb"] / row["fla_peak_mb"]
@@ -229,16 +239,39 @@ def bench(out: Path, results: dict, cases: list[str] | None) -> None:
             results["bench"] = rows
             (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))
     text = ["| case | gates | ours fwd ms | ours fwd+bwd ms | fla fwd ms | fla fwd+bwd ms | fla / ours (fwd+bwd) "
-            "| ours peak MiB | fla peak MiB | ours / fla memory | max grad RMS ours vs fla |", "|" + "---|" * 11]
+            "| ours peak MiB | fla peak MiB | ours / fla memory | max grad RMS ours vs fla "
+            "| max grad RMS vs float64, two heads: ours / fla |", "|" + "---|" * 12]
     for r in rows:
         if "error" in r:
-            text.append(f"| {r['case']} | {r['gates']} | error: {r['error'].splitlines()[-1]} |" + " |" * 8)
+            text.append(f"| {r['case']} | {r['gates']} | error: {r['error'].splitlines()[-1]} |" + " |" * 9)
             continue
         text.append(f"| {r['case']} | {r['gates']} | {r['ours_fwd_ms']:.3f} | {r['ours_fwdbwd_ms']:.3f} | "
                     f"{r['fla_fwd_ms']:.3f} | {r['fla_fwdbwd_ms']:.3f} | {r['ratio']:.2f} | {r['ours_peak_mb']:.0f} | "
-                    f"{r['fla_peak_mb']:.0f} | {r['memory_ratio']:.2f} | {r['grad_rms_vs_fla']:.2e} |")
+                    f"{r['fla_peak_mb']:.0f} | {r['memory_ratio']:.2f} | {r['grad_rms_vs_fla']:.2e} | {against_float64(r)} |")
     (out / "backward_bench.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
+
+
+REFERENCE_TOKENS = 16384  # the bench rows whose gradients are also checked against float64 (two heads)
+
+
+def head(name: str, x):
+    """The first two heads of a gradient (the head axis: 1 for states, 2 for token tensors)."""
+    return x[:, :2] if name == "h0" else x[:, :, :2]
+
+
+def against_float64(row: dict) -> str:
+    """'ours / fla' of the largest RMS ratio against float64, naming the gradient; '-' where not checked."""
+    if "grad_rms_vs_float64" not in row:
+        return "-"
+    worst = lambda side: max(row["grad_rms_vs_float64"][side].items(), key=lambda item: item[1])  # noqa: E731
+    return " / ".join(f"d{name} {ratio:.1e}" for name, ratio in (worst("ours"), worst("fla")))
+
+
+def two_heads(tensors: dict, cotangents) -> tuple:
+    """(tensors, cotangents) of the first two heads, for the float64 reference."""
+    kept = {n: head("h0" if n == "initial_state" else n, x).detach() for n, x in tensors.items()}
+    return kept, tuple(head(n, c) for n, c in zip(("o", "h0"), cotangents))
 
 
 # the AttnRes aggregate at K3's width: (sources, token rows)

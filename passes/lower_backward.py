@@ -126,10 +126,10 @@ def split_by_guard(ops: list[Operation]) -> list[list[Operation]]:
 
 
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
-                   block_v: int, num_warps: int, scan_stages: int, state_spill: str = "float32"
+                   block_v: int, num_warps: int, scan_stages: int, state_spill: str
                    ) -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
-    S and S_bar are spilled in `state_spill` (float32, or the input dtype: half the traffic)."""
+    S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic)."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
@@ -214,9 +214,10 @@ class LowerBackwardPass(ModulePass):
     block_v: int = 64
     num_warps: int = 4
     scan_stages: int = 2
-    # the dtype of the per-chunk state and cotangent workspaces: float32, or input (the inputs'
-    # dtype, as fla keeps its chunk states: half the bytes, the scans still carry fp32)
-    state_spill: str = "float32"
+    # the dtype of the per-chunk state and cotangent workspaces: input (the inputs' dtype, as fla
+    # keeps its chunk states; the scans still carry fp32, and the gradients kernel's products
+    # take S and S_bar in the inputs' dtype anyway) or float32 (twice the bytes)
+    state_spill: str = "input"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.state_spill not in ("float32", "input"):
