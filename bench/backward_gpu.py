@@ -118,7 +118,9 @@ def gradients(function, tensors, kwargs, cotangents) -> dict:
         x.grad = None
     o, ht = call(function, tensors, kwargs)
     torch.autograd.backward([o, ht], list(cotangents))
-    return {("h0" if n == "initial_state" else n): x.grad.float() for n, x in tensors.items()}
+    # a copy: .float() of an fp32 gradient (dh0) is the .grad itself, which later backward calls
+    # on the same leaves accumulate into
+    return {("h0" if n == "initial_state" else n): x.grad.to(torch.float32, copy=True) for n, x in tensors.items()}
 
 
 def reference_gradients(member, tensors, kwargs, cotangents) -> dict:
