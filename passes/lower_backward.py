@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, i1
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -96,25 +96,36 @@ def resolved(op: Operation, form: k3s.GramDiagonal, mapped: dict[SSAValue, SSAVa
     return form_op
 
 
-def split_by_guard(ops: list[Operation]) -> list[list[Operation]]:
-    """A chunk kernel's ops as one kernel, or, where they hold guarded forms (a Gram diagonal or
-    gated contraction, factored where the chunk's k3s.block_span_check holds), as two: the forms
-    factored in the chunks where it holds, elementwise in the others. Inlined together, the
-    elementwise loops that most chunks never run would cost every chunk registers (ptxas spills
-    the factored path around them)."""
+def is_guarded(ops: list[Operation]) -> bool:
+    """Whether ops hold a guarded form (a Gram diagonal or gated contraction, factored where the
+    chunk's k3s.block_span_check holds)."""
     guarded = k3s.GramDiagonal.GUARDED
-    if not any(isinstance(op, k3s.GramOp) and op.diagonal is not None and op.diagonal.data == guarded
-               or isinstance(op, k3s.GatedContractionOp) and op.form.data == guarded for op in ops):
+    return any(isinstance(op, k3s.GramOp) and op.diagonal is not None and op.diagonal.data == guarded
+               or isinstance(op, k3s.GatedContractionOp) and op.form.data == guarded for op in ops)
+
+
+def split_by_guard(ops: list[Operation], steep_chunks: SSAValue | None) -> list[list[Operation]]:
+    """A chunk kernel's ops as one kernel, or, where they hold guarded forms, as two: the forms
+    factored in the chunks where the span check holds, elementwise in the others. Inlined
+    together, the elementwise loops that most chunks never run would cost every chunk registers
+    (ptxas spills the factored path around them). The first records each chunk's check in the
+    workspace `steep_chunks` and the twin starts by reading it: most of its programs exit there,
+    before loading anything else."""
+    if not is_guarded(ops):
         return [ops]
+    factored: list[Operation] = []
+    mapped: dict[SSAValue, SSAValue] = {}
+    for op in ops:
+        factored.append(resolved(op, k3s.GramDiagonal.FACTORED, mapped))
+        if isinstance(op, k3s.BlockSpanCheckOp):
+            factored += [make(k3s.RecordCheckOp, operands=[steep_chunks, mapped[op.fits]]),
+                         make(k3s.ExitUnlessOp, operands=[mapped[op.fits]], holds=True)]
+    recorded = make(k3s.RecordedCheckOp, operands=[steep_chunks], result=("factorable", i1))
+    steep: list[Operation] = [recorded, make(k3s.ExitUnlessOp, operands=[recorded.check], holds=False)]
+    mapped = {}
+    steep += [resolved(op, k3s.GramDiagonal.ELEMENTWISE, mapped) for op in ops]
     kernels = []
-    for form in (k3s.GramDiagonal.FACTORED, k3s.GramDiagonal.ELEMENTWISE):
-        mapped: dict[SSAValue, SSAValue] = {}
-        kernel: list[Operation] = []
-        for op in ops:
-            kernel.append(resolved(op, form, mapped))
-            if isinstance(op, k3s.BlockSpanCheckOp):
-                kernel.append(make(k3s.ExitUnlessOp, operands=[mapped[op.fits]],
-                                   holds=form == k3s.GramDiagonal.FACTORED))
+    for kernel in (factored, steep):
         while dead := [op for op in kernel if op.results and not any(r.uses for r in op.results)]:
             for op in dead:
                 kernel.remove(op)
@@ -195,8 +206,13 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
     # time), twice the prepare's warps; the chunks whose decays overflow the factored forms, if
     # any, in a second kernel
+    steep_chunks = None
+    if is_guarded(grads.ops):  # each chunk's span check, recorded by the factored kernel for its twin
+        HV = layer_op.num_v_heads.value.data
+        spilled_to["steep_chunks"] = tensor_arg("steep_chunks", k3s.tensor("NC", HV, dtype="float32"), "workspace")
+        steep_chunks = spilled_to["steep_chunks"].results[0]
     gradient_kernels = []
-    for suffix, ops in zip(("gradients", "gradients_steep"), split_by_guard(grads.ops)):
+    for suffix, ops in zip(("gradients", "gradients_steep"), split_by_guard(grads.ops, steep_chunks)):
         body = KernelBody(spilled_to)
         body.ops = ops
         gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps))

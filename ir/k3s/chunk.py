@@ -201,6 +201,29 @@ class ExitUnlessOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp))
 
 
+@irdl_op_definition
+class RecordCheckOp(KeywordSyntax):
+    """`k3s.record_check %steep_chunks, %factorable`: store the chunk's check (a
+    k3s.block_span_check) to a per-chunk workspace, so that the twin kernel of the other form
+    reads one number instead of recomputing the gates to decide (its programs mostly exit)."""
+
+    name = "k3s.record_check"
+    workspace = operand_def(TensorType)
+    check = operand_def(i1)
+    traits = traits_def(HasParent(KernelOp))
+
+
+@irdl_op_definition
+class RecordedCheckOp(KeywordSyntax):
+    """`%factorable = k3s.recorded_check %steep_chunks`: the check an earlier kernel recorded for
+    this program's chunk (k3s.record_check)."""
+
+    name = "k3s.recorded_check"
+    workspace = operand_def(TensorType)
+    check = result_def(i1)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+
 def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
     """(the state a chunk enters with, the state it leaves)."""
     return loop.body.block.args[0], loop.body.block.last_op.state
@@ -406,6 +429,8 @@ CHUNK_STAGES = [
     ValueBlockLoopOp,
     SumValueBlocksOp,
     ExitUnlessOp,
+    RecordCheckOp,
+    RecordedCheckOp,
     ChunkTileOp,
     LoadChunkOp,
     LoadGateOp,

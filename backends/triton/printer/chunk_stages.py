@@ -73,6 +73,16 @@ class ChunkStages:
         self.code.comment(op, "the other chunks are its twin kernel's")
         self.code(f"if {'not ' if holds else ''}{register(op.check)}:", "    return")
 
+    def print_k3s_record_check(self, op: k3s.RecordCheckOp) -> None:
+        address, _ = self.spill_address(op.workspace)
+        self.code.comment(op, "for the twin kernel, which then skips its gates")
+        self.code(f"tl.store({address}, {register(op.check)}.to(tl.float32))")
+
+    def print_k3s_recorded_check(self, op: k3s.RecordedCheckOp) -> None:
+        address, _ = self.spill_address(op.workspace)
+        self.code.comment(op)
+        self.code(f"{register(op.check)} = tl.load({address}) != 0.0")
+
     def print_k3s_gate_cumsum(self, op: k3s.GateCumsumOp) -> None:
         self.code.comment(op, "G = cumsum(g) over the chunk, in log2 units (rows past the end add 0)")
         self.code(f"{register(op.cumulative)} = tl.cumsum({register(op.log_gate)} * 1.4426950408889634, axis=0)")

@@ -106,6 +106,9 @@
 // ALL-LABEL: def {{[a-z_]+}}_backward_cotangent_scan_kernel(
 // ALL:       for i_rc in range(0, tl.cdiv(eos - bos, BC)):
 // ALL-LABEL: def {{[a-z_]+}}_backward_gradients_kernel(
+// An unbounded channel gate: every chunk's span check recorded for the steep twin below.
+// KDA:       k3s.record_check %steep_chunks, %factorable
+// KDA-NEXT:  tl.store(steep_chunks + (start // BC + i_n) * HV + i_hv, b_factorable.to(tl.float32))
 // The state and its cotangent a value block at a time; what contracts the value columns summed.
 // ALL:       k3s.value_block_loop <block_v = 64>
 // ALL-NEXT:  b_{{[A-Za-z_0-9]+}} = tl.zeros(
@@ -118,7 +121,11 @@
 // An unbounded channel gate's guarded forms, split: the chunks whose span check holds factored in
 // the kernel above, the others elementwise in its twin.
 // KDA:       def kda_backward_gradients_steep_kernel(
-// KDA:       k3s.exit_unless %factorable <holds = false>
+// The twin reads the recorded check before it loads anything of the chunk.
+// KDA-NOT:   tl.load(g +
+// KDA:       k3s.recorded_check %steep_chunks
+// KDA-NEXT:  b_factorable = tl.load(steep_chunks + (start // BC + i_n) * HV + i_hv) != 0.0
+// KDA-NEXT:  k3s.exit_unless %factorable <holds = false>
 // KDA-NEXT:  if b_factorable:
 // KDA-NEXT:      return
 // KDA:       k3s.gated_contraction %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %G <side = rows, form = elementwise>
