@@ -48,10 +48,17 @@ def backward_arguments(op: RecurrenceOp) -> list[Operation]:
     def like(name: str, of: str, role: str) -> Operation:
         return tensor_arg(name, by_name[of].results[0].type, role)
 
+    grouped = op.num_v_heads.value.data > op.num_heads.value.data
+
     def gradient(of: str) -> Operation:
-        """fp32, as the adjoint stages compute; zeroed, as the stores of an input that several
-        programs share (q and k of a group of value heads; the gate's parameters) add up."""
-        return tensor_arg(f"d{of}", k3s.tensor(*by_name[of].results[0].type.dims, dtype="float32"), "output", fill=0)
+        """Zeroed fp32 where the stores of several programs add up (q and k of a group of value
+        heads; the gate's parameters); else each element is stored once, unfilled: q, k and v's
+        in the inputs' dtype (what autograd hands back), the gate's and beta's in fp32 (g may be
+        fp32 beside bf16 q)."""
+        dims = by_name[of].results[0].type.dims
+        if of in ("A_log", "dt_bias") or of in ("q", "k") and grouped:
+            return tensor_arg(f"d{of}", k3s.tensor(*dims, dtype="float32"), "output", fill=0)
+        return tensor_arg(f"d{of}", k3s.tensor(*dims, dtype="float" if of in ("q", "k", "v") else "float32"), "output")
 
     inputs = [a for a in forward if a.sym_name.data not in ("o", "final_state")]
     read = [name for name in DIFFERENTIABLE if by_name[name].role.data == "input"]

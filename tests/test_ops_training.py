@@ -125,3 +125,28 @@ def test_examples_train_step_lowers_the_loss(monkeypatch, capsys):
         runpy.run_path(str(script), run_name="__main__")
     assert done.value.code == 0, capsys.readouterr().out
     assert "loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("group", [1, 2], ids=["value_heads_equal", "grouped_value_heads"])
+def test_backward_fake_gives_the_kernels_dtypes(group):
+    """The backward op's fake says each gradient's dtype as the compiled entry returns it (bf16
+    inputs: dq, dk, dv in bf16 where each element is stored once, fp32 where a group of value
+    heads adds up; dg, dbeta fp32): a mismatch would break torch.compile's graphs, and the fp32
+    inputs of the other tests cannot show one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    key = LayerKey("kda", H, H * group, K, V, qk_l2norm=True)
+    chunk_operator(key)
+    backward = getattr(torch.ops.k3compile, f"chunk_backward_{key.module_name()}").default
+    gen = torch.Generator().manual_seed(group)
+    q, k = (torch.randn(B, T, H, K, generator=gen).bfloat16() for _ in range(2))
+    v = torch.randn(B, T, H * group, V, generator=gen).bfloat16()
+    g = F.logsigmoid(torch.randn(B, T, H * group, K, generator=gen))
+    beta = torch.rand(B, T, H * group, generator=gen).bfloat16()
+    h0, do = torch.randn(B, H * group, K, V, generator=gen), torch.randn(B, T, H * group, V, generator=gen).bfloat16()
+    args = (q, k, v, g, beta, None, None, h0, None, do, None, K ** -0.5, True)
+    real = backward(*args)
+    with FakeTensorMode() as mode:
+        fake = backward(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args))
+    assert [(x.dtype, x.shape) for x in fake] == [(x.dtype, x.shape) for x in real]
+    assert real[0].dtype == (torch.float32 if group > 1 else torch.bfloat16) and real[2].dtype == torch.bfloat16

@@ -59,8 +59,8 @@ def chunk_operator(key):
                        beta: torch.Tensor | None, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
                        initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, do: torch.Tensor,
                        dht: torch.Tensor | None, scale: float, output_dh0: bool) -> list[torch.Tensor]:
-        """The fp32 gradient of each input of DIFFERENTIABLE (an empty tensor for one the layer does
-        not read), then dh0 (empty unless asked for)."""
+        """The gradient of each input of DIFFERENTIABLE (an empty tensor for one the layer does not
+        read; dtypes as the fake below says), then dh0 (empty unless asked for)."""
         given = inputs(q, k, v, g, beta, A_log, dt_bias)
         grads = layer_module(key).chunk_backward(**given, scale=scale, initial_state=initial_state,
                                                  cu_seqlens=cu_seqlens, do=do, dht=dht, output_dh0=output_dh0)
@@ -71,7 +71,12 @@ def chunk_operator(key):
     @chunk_backward.register_fake
     def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do, dht, scale, output_dh0):
         named = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
-        grads = [_nothing(q) if x is None else x.new_empty(x.shape, dtype=torch.float32) for x in named.values()]
+        # derive-backward's gradient dtypes: q, k, v's in the inputs' dtype where each element is
+        # stored once (q and k of a group of value heads add up in fp32), the rest fp32
+        grouped = v.shape[2] > q.shape[2]
+        dtype = {"q": torch.float32 if grouped else q.dtype, "k": torch.float32 if grouped else q.dtype, "v": q.dtype}
+        grads = [_nothing(q) if x is None else x.new_empty(x.shape, dtype=dtype.get(n, torch.float32))
+                 for n, x in named.items()]
         dh0 = initial_state.new_empty(initial_state.shape) if output_dh0 and initial_state is not None else _nothing(q)
         return [*grads, dh0]
 
