@@ -240,6 +240,11 @@ def bench(out: Path, results: dict, cases: list[str] | None) -> None:
             print(row, flush=True)
             results["bench"] = rows
             (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))
+            (out / "backward_bench.md").write_text(bench_table(rows))  # after every row: a cut run keeps them
+    print(bench_table(rows))
+
+
+def bench_table(rows: list[dict]) -> str:
     text = ["| case | gates | ours fwd ms | ours fwd+bwd ms | fla fwd ms | fla fwd+bwd ms | fla / ours (fwd+bwd) "
             "| ours peak MiB | fla peak MiB | ours / fla memory | max grad RMS ours vs fla "
             "| max grad RMS vs float64, two heads: ours / fla |", "|" + "---|" * 12]
@@ -250,8 +255,7 @@ def bench(out: Path, results: dict, cases: list[str] | None) -> None:
         text.append(f"| {r['case']} | {r['gates']} | {r['ours_fwd_ms']:.3f} | {r['ours_fwdbwd_ms']:.3f} | "
                     f"{r['fla_fwd_ms']:.3f} | {r['fla_fwdbwd_ms']:.3f} | {r['ratio']:.2f} | {r['ours_peak_mb']:.0f} | "
                     f"{r['fla_peak_mb']:.0f} | {r['memory_ratio']:.2f} | {r['grad_rms_vs_fla']:.2e} | {against_float64(r)} |")
-    (out / "backward_bench.md").write_text("\n".join(text) + "\n")
-    print("\n".join(text))
+    return "\n".join(text) + "\n"
 
 
 REFERENCE_TOKENS = 16384  # the bench rows whose gradients are also checked against float64 (two heads)
