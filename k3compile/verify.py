@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from k3compile.driver import CompiledLayer, lower, write_module
 from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
-from k3compile.verify_backward import gradient_rows, gradient_tolerance
+from k3compile.verify_backward import GRADIENT_FP32_TOLERANCE, gradient_rows, gradient_tolerance
 from k3compile.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 
 # RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
@@ -347,6 +347,7 @@ def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSp
     """`k3c verify --quick`: the most sources (all blocks + the partial one), an odd row count."""
     most = spec.params["num_blocks"] + 1
     yield spec, "aggregate", [AttnResCase(f"S={most} (all blocks + partial), B3 T5", most, 3, 5)]
+    yield spec, "aggregate_backward", [AttnResCase(f"S={most} (all blocks + partial), B3 T5", most, 3, 5)]
     if most > 1:
         yield spec, "block_merge", [AttnResCase(f"two phases: {most - 1} blocks + partial, Q={BLOCK_QUERIES}, B3 T5",
                                                 most, 3, 5)]
@@ -360,8 +361,14 @@ def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, st
         AttnResCase("S=1 (first block)", 1, 1, 3),
         AttnResCase(f"S={max(1, most // 2)}, B3 T7", max(1, most // 2), 3, 7),
     ]
+    yield spec, "aggregate_backward", [  # the fused backward: d sources, d query, d gain
+        AttnResCase(f"S={most} (all blocks + partial), B2 T{length}", most, 2, length),
+        AttnResCase("S=1 (first block)", 1, 1, 3),
+    ]
     D = not_power_of_two(spec.params["hidden_size"])
-    yield variant(spec, "npow2", hidden_size=D), "aggregate", [AttnResCase(f"D={D} (not a power of two), S={most}", most, 2, 3)]
+    npow2 = variant(spec, "npow2", hidden_size=D)
+    yield npow2, "aggregate", [AttnResCase(f"D={D} (not a power of two), S={most}", most, 2, 3)]
+    yield npow2, "aggregate_backward", [AttnResCase(f"D={D} (not a power of two), S={most}", most, 2, 3)]
     if most > 1:  # Block AttnRes's two phases: the completed blocks, then the partial sum
         yield spec, "block_merge", [
             AttnResCase(f"two phases: {most - 1} blocks + partial, Q={BLOCK_QUERIES}, B2 T{length}", most, 2, length),
@@ -373,7 +380,10 @@ BLOCK_QUERIES = 3  # the pseudo-queries of a block in a two-phase case: more tha
 
 
 def run_attnres_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, device, gen):
-    """aggregate: the one pass over the case's sources against reference.attnres. block_merge:
+    """aggregate: the one pass over the case's sources against reference.attnres.
+    aggregate_backward: the gradients of <dout, out> (dout random) for sources, query and gain,
+    from the fused backward fed by aggregate's out and log-sum-exp, against float64 autograd of
+    reference.attnres. block_merge:
     Block AttnRes's two phases, block_partials over all sources but the last (the completed
     blocks) with BLOCK_QUERIES queries, then block_merge of each query's partials with the last
     source (the partial sum): the partials against reference.attnres_block_partials, each
@@ -395,6 +405,14 @@ def run_attnres_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, de
     if entry == "aggregate":
         out = layer.aggregate(sources, query[0], gain[0])[0]
         return [("out", out, reference.attnres(layer_op, sources, query[0], gain[0]))]
+    if entry == "aggregate_backward":
+        out, lse = layer.aggregate(sources, query[0], gain[0], output_lse=True)
+        dout = randn(case.batch, case.length, D).to(device, dtype)
+        got = layer.aggregate_backward(sources, query[0], gain[0], out, lse, dout)
+        leaves = [x.detach().double().requires_grad_() for x in (sources, query[0], gain[0])]
+        reference.attnres(layer_op, *leaves).backward(dout.double().cpu())
+        return [(name, grad, leaf.grad) for name, grad, leaf in zip(("dsources", "dquery", "dgain"), got, leaves,
+                                                                     strict=True)]
     completed, partial_sum = sources[:-1], sources[-1]
     partials = layer.block_partials(completed, query, gain)
     want = reference.attnres_block_partials(layer_op, completed, query, gain)
@@ -421,7 +439,18 @@ def recurrence_tolerance(entry: str, tensor: str, dtype) -> float:
 FAMILIES: dict[str, Family] = {kind: Family(recurrence_cases, quick_recurrence_cases, run_recurrence_case,
                                             recurrence_tolerance)
                                for kind in RECURRENCE_KINDS}
-FAMILIES["attnres"] = Family(attnres_cases, quick_attnres_cases, run_attnres_case)
+# AttnRes gradients in half precision, by fla's per-gradient tolerances for the like: d sources
+# per element as dv; d query and d gain, sums over every row and source, as dg
+ATTNRES_GRADIENT_HALF_TOLERANCE = {"dsources": 8e-3, "dquery": 2e-2, "dgain": 2e-2}
+
+
+def attnres_tolerance(entry: str, tensor: str, dtype) -> float:
+    if entry != "aggregate_backward":
+        return tolerance(entry, dtype)
+    return GRADIENT_FP32_TOLERANCE if dtype == torch.float32 else ATTNRES_GRADIENT_HALF_TOLERANCE[tensor]
+
+
+FAMILIES["attnres"] = Family(attnres_cases, quick_attnres_cases, run_attnres_case, attnres_tolerance)
 FAMILIES["latent_moe"] = Family(moe_cases, quick_moe_cases, run_moe_case, moe_tolerance)
 
 

@@ -257,3 +257,27 @@ def test_training_through_autograd_and_torch_compile(ops_cache):
         plain = attnres_aggregate(*tensors)
     through_op = attnres_aggregate(*(t.clone().requires_grad_() for t in tensors))
     assert through_op.requires_grad and torch.equal(plain, through_op.detach())
+
+
+def test_k3c_verify_checks_the_fused_backward(monkeypatch):
+    """`k3c verify` of an attnres spec has aggregate_backward rows (d sources, d query, d gain
+    against float64 autograd of the reference, the non-power-of-two width too) that pass, and
+    fail when a gradient is wrong (here the reference's query made off by a factor in the
+    backward's rows only: the comparison is live)."""
+    from k3compile.spec import spec_from_table
+    from k3compile.verify import verify
+
+    spec = spec_from_table({"name": "verify_backward", "kind": "attnres", "hidden_size": 48, "num_blocks": 2,
+                            "block_size": 4}, source="<test>")
+    rows = [r for r in verify(spec, device="cpu", seed=5) if r.entry == "aggregate_backward"]
+    assert {(r.layer.endswith("npow2"), r.tensor) for r in rows} == {
+        (npow2, t) for npow2 in (False, True) for t in ("dsources", "dquery", "dgain")}
+    assert all(r.passed for r in rows), [r for r in rows if not r.passed]
+    attnres = reference.attnres
+
+    def off_in_the_query(op, sources, query, gain):  # only the backward rows' reference: its leaves require grad
+        return attnres(op, sources, query * 1.01, gain) if query.requires_grad else attnres(op, sources, query, gain)
+
+    monkeypatch.setattr(reference, "attnres", off_in_the_query)
+    broken = [r for r in verify(spec, device="cpu", seed=5, quick=True) if r.entry == "aggregate_backward"]
+    assert broken and not any(r.passed for r in broken if r.tensor == "dquery")
