@@ -17,9 +17,9 @@ TILE_BLOCKS = {"C": "BC", "NB": "NB", "K": "BK", "V": "BV"}
 class ChunkStages:
     """TritonPrinter's methods for chunkstages (one per k3s op, and their helpers)."""
 
-    # the [B, T, HV, width] workspaces by name: (width, the offsets and mask of its columns)
-    SPILL_LAYOUT = {"W": ("K", "o_k", "m_k"), "U": ("V", "o_v", "m_v"), "P": ("BC", "o_c", None),
-                    "QG": ("K", "o_k", "m_k"), "KG": ("K", "o_k", "m_k"), "T_ut": ("BC", "o_c", None)}
+    # a [B, T, HV, width] workspace's columns by the spilled tile's column dimension: (width, the
+    # offsets and mask of this program's columns)
+    SPILL_COLUMNS = {"K": ("K", "o_k", "m_k"), "V": ("V", "o_v", "m_v"), "C": ("BC", "o_c", None)}
 
     def gamma(self, gate: str, exponent: str) -> str:
         """exp2 of a log2 expression (Gamma from G) broadcast against a [BC, BK] tile."""
@@ -270,8 +270,9 @@ class ChunkStages:
         self.code.comment(op)
         self.code(f"{register(op.decay)} = tl.exp2({register(op.total)})")
 
-    def spill_address(self, tensor: SSAValue) -> tuple[str, str]:
-        """(the address of this program's rows in a workspace tensor, their mask)."""
+    def spill_address(self, tensor: SSAValue, tile: SSAValue | None = None) -> tuple[str, str]:
+        """(the address of this program's rows in a workspace tensor, their mask); a per-token
+        workspace's columns are those of the `tile` spilled to it or reloaded from it."""
         workspace = tensor_name(tensor)
         if tensor.type.dims[0] == "NC":  # one row per chunk (gamma_C), at slot start // BC + i_n (unique, see NC)
             if len(tensor.type.dims) == 4:  # a [K, V] state per chunk: this program's value columns
@@ -280,21 +281,22 @@ class ChunkStages:
             if len(tensor.type.dims) == 3:  # a channel gate: [NC, HV, K]
                 return f"{workspace} + ((start // BC + i_n) * HV + i_hv) * K + o_k", "m_k"
             return f"{workspace} + (start // BC + i_n) * HV + i_hv", ""
-        if workspace not in self.SPILL_LAYOUT:
-            raise ValueError(f"no layout for the workspace {workspace}: a per-chunk one or one of "
-                             f"{', '.join(self.SPILL_LAYOUT)}")
-        width, offsets, mask = self.SPILL_LAYOUT[workspace]
+        columns = k3s.tile_dims(tile)[-1] if tile is not None else None
+        if columns not in self.SPILL_COLUMNS:
+            raise ValueError(f"no layout for the workspace {workspace}: a per-token one holds [C, K], [C, V] or "
+                             f"[C, C] tiles, got {columns}")
+        width, offsets, mask = self.SPILL_COLUMNS[columns]
         address = f"{workspace} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
         return address, "m_c[:, None]" + (f" & {mask}[None, :]" if mask else "")
 
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
-        address, mask = self.spill_address(op.workspace)
+        address, mask = self.spill_address(op.workspace, op.tile)
         self.code.comment(op)
         self.code(f"tl.store({address}, {register(op.tile)}.to({tensor_name(op.workspace)}.dtype.element_ty)"
                   f"{f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
-        address, mask = self.spill_address(op.workspace)
+        address, mask = self.spill_address(op.workspace, op.tile)
         self.code.comment(op)
         self.code(f"{register(op.tile)} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 
