@@ -58,13 +58,14 @@ def layer_entry(module: ModuleOp, layer: RecurrenceOp, name: str) -> k3s.EntryOp
 
 
 def backward_kernels(entry: k3s.EntryOp) -> tuple[k3s.KernelOp, k3s.KernelOp, k3s.KernelOp, list[k3s.KernelOp]]:
-    """chunk_backward's (prepare, state scan, cotangent scan, gradients kernels: one, or two where
-    lower-backward split guarded forms), as lower-backward builds them."""
+    """chunk_backward's (prepare, state scan, cotangent scan, gradients kernels: one, two where
+    lower-backward split guarded forms, twice that where it cut the kernel after its value-block
+    loop), as lower-backward builds them."""
     kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
     scans = [k for k in kernels if any(isinstance(op, k3s.ChunkLoopOp) for op in k.body.ops)]
     reverse = [k for k in scans if any(op.reverse is not None and op.reverse.value.data
                                        for op in k.body.ops if isinstance(op, k3s.ChunkLoopOp))]
-    if len(kernels) not in (4, 5) or len(scans) != 2 or len(reverse) != 1 or kernels[0] in scans or kernels[-1] in scans:
+    if len(kernels) < 4 or len(scans) != 2 or len(reverse) != 1 or kernels[0] in scans or kernels[-1] in scans:
         raise ValueError(f"{NAME}: @{entry.sym_name.data} of @{entry.source.data} has kernels "
                          f"{[k.sym_name.data for k in kernels]}; expected lower-backward's prepare, state scan, "
                          f"cotangent scan and gradients kernels (run it after lower-backward, before outline-kernels)")
