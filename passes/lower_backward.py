@@ -170,11 +170,12 @@ def cut_after_value_blocks(ops: list[Operation], workspaces: dict[str, k3s.Tenso
 
 
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
-                   block_v: int, num_warps: int, scan_stages: int, state_spill: str, split_gradients: bool
-                   ) -> tuple[list[Operation], list[Operation]]:
+                   block_v: int, num_warps: int, scan_stages: int, state_spill: str, split_gradients: bool,
+                   gradients_maxnreg: int) -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
     S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); with
-    `split_gradients` the gradients kernel is cut after its value-block loop."""
+    `split_gradients` the gradients kernel is cut after its value-block loop; the gradients
+    kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice)."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
@@ -195,10 +196,10 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     offsets = values.get("cu_seqlens")
     name = f"{layer_op.sym_name.data}_backward"
 
-    def chunk_kernel(suffix: str, body: KernelBody, warps: int) -> k3s.KernelOp:
+    def chunk_kernel(suffix: str, body: KernelBody, warps: int, maxnreg: int = 0) -> k3s.KernelOp:
         tile = make(k3s.ChunkTileOp, operands=[offsets], chunk_size=C, head_k_dim=K, head_v_dim=V)
         return make(k3s.KernelOp, [tile, *body.ops], sym_name=f"{name}_{suffix}", grid="chunk,value_head",
-                    num_warps=warps)
+                    num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
 
     prepare = KernelBody(spilled_to)
     prepare.place(feeding(local, list(spilled)), spilled)
@@ -251,7 +252,7 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         for suffix, ops in zip((kind, f"{kind}_steep"), split_by_guard(part, steep_chunks)):
             body = KernelBody(spilled_to)
             body.ops = ops
-            gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps))
+            gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, gradients_maxnreg))
     kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents, *gradient_kernels]
     workspaces = list(spilled_to.values())
     rebind(kernels, {**values, **argument_values(workspaces)})
@@ -272,10 +273,17 @@ class LowerBackwardPass(ModulePass):
     state_spill: str = "input"
     # the gradients kernel cut in two after its value-block loop (cut_after_value_blocks)
     split_gradients: bool = False
+    # the gradients kernels' register cap (ptxas' maxnreg; 0: none). Without one ptxas gives some
+    # of these large kernels (the steep twin, the cut's first half at chunks of 16 or 32) 32
+    # registers and 14-20 KB of stack; capped at 255 it uses 255 and 5-7 KB (bench/sm90_resources.py)
+    gradients_maxnreg: int = 255
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.state_spill not in ("float32", "input"):
             raise ValueError(f"lower-backward: state-spill must be float32 or input, got {self.state_spill!r}")
+        if self.gradients_maxnreg and not k3s.MIN_MAXNREG <= self.gradients_maxnreg <= k3s.MAX_MAXNREG:
+            raise ValueError(f"{self.name}: gradients-maxnreg must be 0 (no cap) or in {k3s.MIN_MAXNREG}.."
+                             f"{k3s.MAX_MAXNREG}, got {self.gradients_maxnreg}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
@@ -283,7 +291,7 @@ class LowerBackwardPass(ModulePass):
             entry = schedule.parent_op()
             workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
-                                                 self.split_gradients)
+                                                 self.split_gradients, self.gradients_maxnreg)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()
