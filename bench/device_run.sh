@@ -185,7 +185,9 @@ print(*(label.replace(" ", "_").replace(",", "") for label, *_ in VERIFY_FORMS))
     backward-sweep)
       # the backward schedule's options side by side, checked and timed with per-kernel times
       # (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS: e.g. --member gdn --long-check, --no-fla)
-      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/backward_sweep.py --out "$OUT/backward_sweep" ${BACKWARD_SWEEP_ARGS:-} ;;
+      # (the generated modules stay in /tmp: only a few files come back from $OUT)
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/backward_sweep.py --out /tmp/backward_sweep ${BACKWARD_SWEEP_ARGS:-}
+      cp /tmp/backward_sweep/backward_sweep.md /tmp/backward_sweep/backward_sweep.json "$OUT/" ;;
     cp)
       spec=$(variant "${CP_CASE:-kda_h16}")
       module="bench/generated/$(basename "$spec" .toml).py"
