@@ -334,7 +334,8 @@ def test_passes_lists_every_pass_with_its_defaults(capsys):
     for name, load in PASSES.items():
         assert name in out
         for field in dataclasses.fields(load()):  # every option, spelled as -p takes it, at its default
-            assert f"{field.name.replace('_', '-')}={field.default}" in out, (name, field.name)
+            default = str(field.default).lower() if isinstance(field.default, bool) else field.default
+            assert f"{field.name.replace('_', '-')}={default}" in out, (name, field.name)
     for kind, pipeline in DEFAULT_PIPELINES.items():
         assert f"default pipeline of kind {kind}: {pipeline}" in out
 
@@ -343,13 +344,15 @@ def test_passes_options_as_listed_are_accepted(capsys, tmp_path):
     """What `k3c passes` prints for a pass is a valid -p spelling of it."""
     import re
 
-    code, out, _ = run(capsys, "passes")
-    row = next(line for line in out.splitlines() if "derive-chunkwise" in line)
+    code, listed, _ = run(capsys, "passes")
+    row = next(line for line in listed.splitlines() if "derive-chunkwise" in line)
     options = " ".join(re.findall(r"[a-z-]+=\w+", row))
     path = write_ir(capsys, tmp_path)
     code, out, err = run(capsys, "opt", path, "-p", f"lower-recurrent,derive-chunkwise{{{options}}}")
     assert code == 0, err
     assert "k3s.chunked <chunk_size = 16>" in out
+    # a bool option as -p spells it: xDSL takes true or false, not Python's False
+    assert "split-gradients=false" in listed and "split-gradients=False" not in listed
 
 
 # --- verify ---------------------------------------------------------------------------------
