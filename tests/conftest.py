@@ -21,6 +21,10 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from bounds import install as install_bounds_checks  # noqa: E402
+
+# every kernel the tests launch checks that it loads and stores only inside its tensors
+install_bounds_checks()
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

@@ -1,0 +1,87 @@
+"""Bounds checking for kernels run in Triton's interpreter.
+
+On the GPU a load or store past a buffer is an illegal memory access at best and a silent wrong
+answer at worst; the interpreter reads and writes host memory through raw addresses and checks
+nothing. `install()` makes every masked-in address of a load, store or atomic lie inside one of
+the tensors the kernel was launched with (their whole storages), and raises `OutOfBounds` naming
+the kernel, the operation and how far past the nearest tensor the address is otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from triton.runtime import interpreter
+
+
+class OutOfBounds(IndexError):
+    """A kernel run in the interpreter addressed memory outside its launch's tensors."""
+
+
+class _Launch:
+    """The storages of the running launch: sorted starts and ends (bytes), the kernel's name."""
+
+    kernel = "?"
+    starts = np.zeros(0, dtype=np.uint64)
+    ends = np.zeros(0, dtype=np.uint64)
+
+
+def _storages(args) -> list[tuple[int, int]]:
+    found = []
+    for arg in args:
+        if isinstance(arg, (tuple, list)):
+            found += _storages(arg)
+        elif hasattr(arg, "untyped_storage"):
+            storage = arg.untyped_storage()
+            found.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    return found
+
+
+def _check(op: str, ptrs, mask) -> None:
+    addresses = np.asarray(ptrs.data, dtype=np.uint64)
+    if mask is not None:
+        addresses = addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)]
+    if addresses.size == 0:
+        return
+    width = np.uint64(interpreter._get_np_dtype(ptrs.get_element_ty()).itemsize)
+    slot = np.searchsorted(_Launch.starts, addresses, side="right").astype(np.int64) - 1
+    inside = slot >= 0
+    inside[inside] = addresses[inside] + width <= _Launch.ends[slot[inside]]
+    if inside.all():
+        return
+    bad = int(addresses[~inside][0])
+    nearest = int(np.argmin(np.abs(_Launch.ends.astype(np.int64) - bad))) if _Launch.ends.size else None
+    where = (f"{bad - int(_Launch.ends[nearest])} bytes past the end of the launch's tensor that ends nearest"
+             if nearest is not None else "with no tensor arguments")
+    raise OutOfBounds(f"{_Launch.kernel}: {op} of {int((~inside).sum())} element(s) outside the launch's tensors, "
+                      f"the first {where}")
+
+
+def install() -> None:
+    """Patch the interpreter (idempotent) so that every launch checks its addresses."""
+    executor, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
+    if getattr(executor, "_k3c_bounds", False):
+        return
+    init_args = executor._init_args_hst
+
+    def init_args_checked(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        ranges = sorted(set(_storages([*args_hst, *kwargs_hst.values()])))
+        _Launch.kernel = getattr(self.fn, "__name__", "?")
+        _Launch.starts = np.array([r[0] for r in ranges], dtype=np.uint64)
+        _Launch.ends = np.array([r[1] for r in ranges], dtype=np.uint64)
+        return args_hst, kwargs_hst
+
+    def checked(name: str, ptr_at: int, mask_at: int | None):
+        original = getattr(builder, name)
+
+        def method(self, *args):
+            _check(name.removeprefix("create_"), args[ptr_at], args[mask_at] if mask_at is not None else None)
+            return original(self, *args)
+
+        return method
+
+    executor._init_args_hst = init_args_checked
+    for name, ptr_at, mask_at in (("create_masked_load", 0, 1), ("create_masked_store", 0, 2),
+                                  ("create_atomic_rmw", 1, 3), ("create_atomic_cas", 0, None)):
+        setattr(builder, name, checked(name, ptr_at, mask_at))
+    executor._k3c_bounds = True
