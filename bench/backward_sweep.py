@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -105,6 +106,8 @@ def warm(job) -> str:
     """One variant's first launches at the check shape (same constexprs as the timed shape): the
     Triton compiles, into the shared cache."""
     member, pairing, heads, variant, root = job
+    # synchronous launches (this worker only times nothing): a fault names the kernel that made it
+    os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     try:
         layer = compiled(member, pairing, heads, variant, Path(root))
         x = inputs(member, pairing, 1, 64, heads, torch.bfloat16)
@@ -113,7 +116,7 @@ def warm(job) -> str:
         torch.cuda.synchronize()
         return "ok"
     except Exception:
-        return traceback.format_exc(limit=3)[-400:]
+        return traceback.format_exc(limit=-3)[-600:]  # the innermost frames: the launch that failed
 
 
 def kernel_resources(module) -> dict[str, str]:
