@@ -31,10 +31,9 @@ from common import kernel_times  # noqa: E402
 
 VARIANTS = [
     "derive-backward|lower-backward",
-    "derive-backward|lower-backward{split-gradients=true}",
     "derive-backward{chunk-size=32}|lower-backward",
-    "derive-backward{chunk-size=64}|lower-backward{split-gradients=true}",
-    "derive-backward{chunk-size=64}|lower-backward{split-gradients=true block-v=32}",
+    "derive-backward{chunk-size=64}|lower-backward",
+    "derive-backward|lower-backward{num-warps=2}",
 ]
 # the members whose fla call takes the same inputs (fla's chunk_gla has no in-kernel l2norm)
 KINDS = {"kda": "kda", "gdn": "gated_deltanet", "deltanet": "deltanet"}

@@ -261,11 +261,6 @@ def cmd_opt(args) -> int:
     return EXIT_OK
 
 
-def option_text(value) -> str:
-    """A pass option's value as a pipeline spells it (bools: true, false)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def cmd_passes(args) -> int:
     import dataclasses
 
@@ -280,7 +275,7 @@ def cmd_passes(args) -> int:
         table.add_column(column)
     for name, load in PASSES.items():
         pass_type = load()
-        options = " ".join(f"{f.name.replace('_', '-')}={option_text(f.default)}" for f in dataclasses.fields(pass_type))
+        options = " ".join(f"{f.name.replace('_', '-')}={f.default}" for f in dataclasses.fields(pass_type))
         table.add_row(name, options or "-", (pass_type.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
     console = Console(width=160)
     console.print(table)

@@ -139,43 +139,12 @@ def without_dead_stages(kernel: list[Operation]) -> list[Operation]:
     return kernel
 
 
-def cut_after_value_blocks(ops: list[Operation], workspaces: dict[str, k3s.TensorArgOp], layer_op: RecurrenceOp,
-                           chunk_size: int) -> list[list[Operation]]:
-    """A gradients kernel's ops as two kernels: the first through the value-block loop, spilling
-    its sums (fp32, to workspaces added to `workspaces` by name); the second the chunk-local
-    adjoints after it, recomputing what they read of the first's stages and reloading the sums.
-    Each holds half the tiles, so longer chunks fit in registers; the sums' round trip through
-    memory is the price."""
-    loop = next((op for op in ops if isinstance(op, k3s.ValueBlockLoopOp)), None)
-    if loop is None:
-        return [ops]
-    before, after = ops[:ops.index(loop)], ops[ops.index(loop) + 1:]
-    HV = layer_op.num_v_heads.value.data
-    width = {"K": layer_op.head_k_dim.value.data, "V": layer_op.head_v_dim.value.data, "C": chunk_size}
-    for total in loop.results:
-        dims = k3s.tile_dims(total)
-        shape = ("B", "T", HV, width[dims[-1]]) if dims[:1] == ("C",) else ("NC", HV, *(width[d] for d in dims))
-        workspaces[total.name_hint] = tensor_arg(total.name_hint, k3s.tensor(*shape, dtype="float32"), "workspace")
-    first = [*before, loop, *(make(k3s.SpillOp, operands=[workspaces[t.name_hint].tensor, t]) for t in loop.results)]
-    second = KernelBody(workspaces)
-    checks = [op.fits for op in before if isinstance(op, k3s.BlockSpanCheckOp)]  # the guard split's, if any
-    for op in feeding(before, [*(v for op in after for v in op.operands), *checks]):
-        second.clone(op)
-    for total in loop.results:
-        second.reload(total)
-    for op in after:
-        second.clone(op)
-        op.drop_all_references()
-    return [without_dead_stages(first), second.ops]
-
-
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
-                   block_v: int, num_warps: int, scan_stages: int, state_spill: str, split_gradients: bool,
+                   block_v: int, num_warps: int, scan_stages: int, state_spill: str,
                    gradients_maxnreg: int) -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
-    S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); with
-    `split_gradients` the gradients kernel is cut after its value-block loop; the gradients
-    kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice)."""
+    S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); the
+    gradients kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice)."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
@@ -246,13 +215,11 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         HV = layer_op.num_v_heads.value.data
         spilled_to["steep_chunks"] = tensor_arg("steep_chunks", k3s.tensor("NC", HV, dtype="float32"), "workspace")
         steep_chunks = spilled_to["steep_chunks"].results[0]
-    parts = cut_after_value_blocks(grads.ops, spilled_to, layer_op, C) if split_gradients else [grads.ops]
     gradient_kernels = []
-    for kind, part in zip(("gradients_value_blocks", "gradients")[-len(parts):], parts):
-        for suffix, ops in zip((kind, f"{kind}_steep"), split_by_guard(part, steep_chunks)):
-            body = KernelBody(spilled_to)
-            body.ops = ops
-            gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, gradients_maxnreg))
+    for suffix, ops in zip(("gradients", "gradients_steep"), split_by_guard(grads.ops, steep_chunks)):
+        body = KernelBody(spilled_to)
+        body.ops = ops
+        gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, gradients_maxnreg))
     kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents, *gradient_kernels]
     workspaces = list(spilled_to.values())
     rebind(kernels, {**values, **argument_values(workspaces)})
@@ -271,11 +238,9 @@ class LowerBackwardPass(ModulePass):
     # keeps its chunk states; the scans still carry fp32, and the gradients kernel's products
     # take S and S_bar in the inputs' dtype anyway) or float32 (twice the bytes)
     state_spill: str = "input"
-    # the gradients kernel cut in two after its value-block loop (cut_after_value_blocks)
-    split_gradients: bool = False
-    # the gradients kernels' register cap (ptxas' maxnreg; 0: none). Without one ptxas gives some
-    # of these large kernels (the steep twin, the cut's first half at chunks of 16 or 32) 32
-    # registers and 14-20 KB of stack; capped at 255 it uses 255 and 5-7 KB (bench/sm90_resources.py)
+    # the gradients kernels' register cap (ptxas' maxnreg; 0: none). Without one ptxas gives the
+    # steep twin 32 registers and 18 KB of stack; capped at 255 it uses 255 and 5.7 KB
+    # (bench/sm90_resources.py)
     gradients_maxnreg: int = 255
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
@@ -291,7 +256,7 @@ class LowerBackwardPass(ModulePass):
             entry = schedule.parent_op()
             workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
-                                                 self.split_gradients, self.gradients_maxnreg)
+                                                 self.gradients_maxnreg)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()

@@ -189,31 +189,6 @@ def test_steep_and_mild_chunks_side_by_side(layers, member):
     check_backward(layer, x, with_dht=True, output_dh0=True)
 
 
-# the gradients kernel cut after its value-block loop (lower-backward{split-gradients}): its sums
-# spilled by the first kernel and reloaded by the second, at chunks of 16 and 32, varlen (an
-# empty and a one-token sequence), grouped value heads, V = 20 in blocks of 16 and a partial 4
-SPLIT = "derive-backward{{chunk-size={chunk}}},lower-backward{{block-v=16 split-gradients=true}},outline-kernels"
-
-
-@pytest.mark.parametrize("chunk", [16, 32])
-@pytest.mark.parametrize("member", MEMBERS)
-def test_gradients_cut_after_the_value_blocks(layers, member, chunk):
-    layer = layers(member, SPLIT.format(chunk=chunk), num_v_heads=4, head_v_dim=20)
-    assert any(name.endswith("_backward_gradients_value_blocks_kernel") for name in dir(layer.module))
-    check_backward(layer, draw_inputs(op_of(layer), 1, None, SEQLENS), with_dht=True, output_dh0=True)
-
-
-def test_cut_gradients_with_steep_and_mild_chunks(layers):
-    """Both halves of the cut split by the guard: each half's factored kernel and elementwise
-    twin store their own chunks' sums and gradients."""
-    layer = layers("kda", SPLIT.format(chunk=16))
-    assert any(name.endswith("_gradients_value_blocks_steep_kernel") for name in dir(layer.module))
-    x = draw_inputs(op_of(layer), 2, 45)
-    x["g"][:, 16:32] = 12 * x["g"][:, 16:32]
-    assert (x["g"][:, 16:32].sum(dim=1) < -90).any(dim=-1).all() and (x["g"][:, :16].sum(dim=1) > -80).all()
-    check_backward(layer, x, with_dht=True, output_dh0=True)
-
-
 # --- input forms: the chain rule of store_cotangent -----------------------------------------
 
 FORMS = [
