@@ -509,6 +509,9 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
         raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
+        from k3compile.interpreter_bounds import install  # imports Triton: after the line above
+
+        install()  # every launch checks that its loads and stores stay inside its tensors
     on_gpu = device != "cpu"
     gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="k3c-verify-"))
@@ -529,10 +532,18 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
             layers[layer_spec.name] = (layer, next(iter(spec_to_module(layer_spec).ops)))
         layer, layer_op = layers[layer_spec.name]
         dtype = DTYPES[dtype_name]
-        for tensor, out, ref in run_case(layer, entry, layer_op, case, dtype, device, gen):
-            max_abs, rms = compare(out, ref)
-            results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
-                                      FAMILIES[spec.kind].tolerance(entry, tensor, dtype)))
+        try:
+            for tensor, out, ref in run_case(layer, entry, layer_op, case, dtype, device, gen):
+                max_abs, rms = compare(out, ref)
+                results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
+                                          FAMILIES[spec.kind].tolerance(entry, tensor, dtype)))
+        except Exception as error:  # an access outside the launch's tensors fails its case (checked before it happens)
+            from k3compile.interpreter_bounds import raised_by
+
+            if (outside := raised_by(error)) is None:
+                raise
+            results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, f"out of bounds: {outside}",
+                                      math.inf, math.inf, 0.0))
     if progress:
         progress(len(cases), len(cases), "")
     return results

@@ -21,7 +21,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bounds import install as install_bounds_checks  # noqa: E402
+
+from k3compile.interpreter_bounds import install as install_bounds_checks  # noqa: E402
 
 # every kernel the tests launch checks that it loads and stores only inside its tensors
 install_bounds_checks()

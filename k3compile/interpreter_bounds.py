@@ -1,10 +1,11 @@
-"""Bounds checking for kernels run in Triton's interpreter.
+"""Bounds checking for kernels run in Triton's interpreter (`k3c verify --device cpu`, the tests).
 
 On the GPU a load or store past a buffer is an illegal memory access at best and a silent wrong
 answer at worst; the interpreter reads and writes host memory through raw addresses and checks
 nothing. `install()` makes every masked-in address of a load, store or atomic lie inside one of
-the tensors the kernel was launched with (their whole storages), and raises `OutOfBounds` naming
-the kernel, the operation and how far past the nearest tensor the address is otherwise.
+the tensors the kernel was launched with (their whole storages), before the access, and raises
+`OutOfBounds` naming the kernel, the operation and how far past the nearest tensor the address
+is otherwise. Triton re-raises it as an InterpreterError whose __cause__ it is (`raised_by`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,18 @@ from __future__ import annotations
 import numpy as np
 from triton.runtime import interpreter
 
+from k3compile.errors import VerificationError
 
-class OutOfBounds(IndexError):
+
+class OutOfBounds(VerificationError):
     """A kernel run in the interpreter addressed memory outside its launch's tensors."""
+
+
+def raised_by(error: BaseException) -> OutOfBounds | None:
+    """The OutOfBounds that `error` (as Triton's interpreter re-raises it) came from, if any."""
+    while error is not None and not isinstance(error, OutOfBounds):
+        error = error.__cause__
+    return error
 
 
 class _Launch:
