@@ -71,12 +71,11 @@ def chunk_operator(key):
     @chunk_backward.register_fake
     def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do, dht, scale, output_dh0):
         named = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
-        # derive-backward's gradient dtypes: q, k, v's in the inputs' dtype where each element is
-        # stored once (q and k of a group of value heads add up in fp32), the rest fp32
-        grouped = v.shape[2] > q.shape[2]
-        dtype = {"q": torch.float32 if grouped else q.dtype, "k": torch.float32 if grouped else q.dtype, "v": q.dtype}
-        grads = [_nothing(q) if x is None else x.new_empty(x.shape, dtype=dtype.get(n, torch.float32))
-                 for n, x in named.items()]
+        # each gradient's dtype as the compiled entry declares it (derive-backward decides)
+        declared = layer_module(key).OUTPUT_DTYPES["chunk_backward"]
+        dtype = {n: q.dtype if declared[f"d{n}"] == "float" else getattr(torch, declared[f"d{n}"])
+                 for n, x in named.items() if x is not None}
+        grads = [_nothing(q) if x is None else x.new_empty(x.shape, dtype=dtype[n]) for n, x in named.items()]
         dh0 = initial_state.new_empty(initial_state.shape) if output_dh0 and initial_state is not None else _nothing(q)
         return [*grads, dh0]
 

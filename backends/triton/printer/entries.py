@@ -87,6 +87,12 @@ class Entries:
         for choice in choices:
             c("", "")
             self.print_entry_by_rows(choice)
+        # what each entry returns, as its IR declares it: a wrapper that allocates without running
+        # the entry (k3compile.ops' fake implementations) reads these rather than restating them
+        outputs = {e.sym_name.data: {t.sym_name.data: t.type.dtype_class for t in EntryView(e).tensors
+                                     if t.role.data in ("output", "optional_output")} for e in entries}
+        c("", "", "# each entry's outputs and their dtypes (float: the inputs' floating dtype)",
+          f"OUTPUT_DTYPES = {outputs!r}")
         exported = [e.sym_name.data for e in entries + choices] + ["pack_expert_weights"] * mxfp4
         c("", "", f"__all__ = {exported!r}")
         return c.text()
