@@ -3,7 +3,7 @@
 On the GPU a load or store past a buffer is an illegal memory access at best and a silent wrong
 answer at worst; the interpreter reads and writes host memory through raw addresses and checks
 nothing. `install()` makes every masked-in address of a load, store or atomic lie inside one of
-the tensors the kernel was launched with (their whole storages), before the access, and raises
+the tensors the kernel was launched with (each view's own elements), before the access, and raises
 `OutOfBounds` naming the kernel, the operation and how far past the nearest tensor the address
 is otherwise. Triton re-raises it as an InterpreterError whose __cause__ it is (`raised_by`).
 """
@@ -28,22 +28,35 @@ def raised_by(error: BaseException) -> OutOfBounds | None:
 
 
 class _Launch:
-    """The storages of the running launch: sorted starts and ends (bytes), the kernel's name."""
+    """The memory of the running launch: sorted, disjoint [start, end) byte ranges, the kernel's name."""
 
     kernel = "?"
     starts = np.zeros(0, dtype=np.uint64)
     ends = np.zeros(0, dtype=np.uint64)
 
 
-def _storages(args) -> list[tuple[int, int]]:
+def _extents(args) -> list[tuple[int, int]]:
+    """The bytes each tensor argument spans: from its first element to one past its last (a view's
+    own elements, not the rest of its storage; an empty tensor spans none)."""
     found = []
     for arg in args:
         if isinstance(arg, (tuple, list)):
-            found += _storages(arg)
-        elif hasattr(arg, "untyped_storage"):
-            storage = arg.untyped_storage()
-            found.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+            found += _extents(arg)
+        elif hasattr(arg, "untyped_storage") and arg.numel():
+            last = sum((size - 1) * stride for size, stride in zip(arg.shape, arg.stride()))
+            found.append((arg.data_ptr(), arg.data_ptr() + (last + 1) * arg.element_size()))
     return found
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of byte ranges as sorted disjoint ones (views may overlap)."""
+    merged: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
 
 
 def _check(op: str, ptrs, mask) -> None:
@@ -75,7 +88,7 @@ def install() -> None:
 
     def init_args_checked(self, args_dev, kwargs):
         args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
-        ranges = sorted(set(_storages([*args_hst, *kwargs_hst.values()])))
+        ranges = _merged(_extents([*args_hst, *kwargs_hst.values()]))
         _Launch.kernel = getattr(self.fn, "__name__", "?")
         _Launch.starts = np.array([r[0] for r in ranges], dtype=np.uint64)
         _Launch.ends = np.array([r[1] for r in ranges], dtype=np.uint64)

@@ -37,6 +37,14 @@ def test_store_past_the_end_is_caught(stored):
     assert isinstance(raised_by(caught.value), OutOfBounds)  # the interpreter wraps what a kernel raises
 
 
+def test_store_past_a_view_into_its_neighbour_is_caught():
+    """A view's own elements bound it, not its storage: a slot of a pool is not the next slot."""
+    pool = torch.randn(3, 8)
+    add_one_kernel[(1,)](pool[1], 8, 8, BLOCK=16)  # in bounds
+    with pytest.raises(Exception, match="add_one_kernel: masked_store of 1 element"):
+        add_one_kernel[(1,)](pool[1], 8, 9, BLOCK=16)
+
+
 def test_unmasked_gather_before_the_start_is_caught():
     x, out = torch.randn(8), torch.full((4,), float("nan"))
     index = torch.tensor([0, 3, -1, 2], dtype=torch.int32)
