@@ -112,7 +112,7 @@ def aggregate_kernel(layer: AttnResOp) -> k3s.KernelOp:
     of an entry that is not in the module: what both phases are derived from (rebind points
     their copies at their own entries' arguments)."""
     fuse = FuseAttnResPass()
-    entry = fused_attnres_entry(layer, fuse.warps_for(layer), fuse.num_stages)
+    entry = fused_attnres_entry(layer, fuse.warps_for(layer), fuse.num_stages, fuse.rows_per_program)
     return first(entry, k3s.KernelOp).clone()
 
 

@@ -60,7 +60,7 @@ def loop(loop_type: type[Operation], initial: list[SSAValue], names: tuple[str, 
     return looped
 
 
-def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int) -> k3s.EntryOp:
+def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int, rows_per_program: int) -> k3s.EntryOp:
     D = op.hidden_size.value.data
     arguments = [*layer_arguments(op), attnres_arg("out", ("B", "T", D), "output"),
                  attnres_arg("lse", ("B", "T"), "optional_output", "float32")]
@@ -70,20 +70,34 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int) -> k3s.E
     # the online softmax carried over the sources: running max, normaliser, mix
     body = Block(arg_types=[v.type for v in start.results])
     running_max, normaliser, mix = body.args
+    if rows_per_program > 1:  # one loop over the group's (row, source) pairs: restart at each row
+        restart = make(k3s.RowStartOp, operands=[running_max], result=("max", running_max.type))
+        body.add_op(restart)
+        running_max = restart.started_max
     x, score = score_stages(op, tensors, fold.results[0])
     softmax = make(k3s.OnlineSoftmaxOp, operands=[running_max, normaliser, score.results[0]],
                    results=[(name, k3s.tile()) for name in ("max", "sum", "p", "rescale")])
     new_max, new_sum, p, rescale = softmax.results
     mixed = make(k3s.MixAccumulateOp, operands=[mix, rescale, p, x.results[0]], result=("acc", k3s.tile("D")))
-    body.add_ops([x, score, softmax, mixed, make(k3s.NextSourceOp, operands=[new_max, new_sum, mixed.results[0]])])
-    sources = loop(k3s.SourceLoopOp, list(start.results), ("max", "sum", "acc"), body)
-    row_max, row_sum, row_mix = sources.results
+    body.add_ops([x, score, softmax, mixed])
+
+    def row_stores(row_max: SSAValue, row_sum: SSAValue, row_mix: SSAValue) -> list[Operation]:
+        return [make(k3s.NormalizeStoreOp, operands=[row_mix, row_sum, tensors["out"]]),
+                make(k3s.StoreLseOp, operands=[row_max, row_sum, tensors["lse"]])]
+
+    if rows_per_program > 1:
+        body.add_op(make(k3s.AtRowEndOp, row_stores(new_max, new_sum, mixed.results[0])))
+    body.add_op(make(k3s.NextSourceOp, operands=[new_max, new_sum, mixed.results[0]]))
+    if rows_per_program > 1:
+        stages = [loop(k3s.RowSourceLoopOp, list(start.results), ("max", "sum", "acc"), body, rows=rows_per_program)]
+    else:
+        sources = loop(k3s.SourceLoopOp, list(start.results), ("max", "sum", "acc"), body)
+        stages = [sources, *row_stores(*sources.results)]
     kernel = make(
         k3s.KernelOp,
-        [fold, start, sources, make(k3s.NormalizeStoreOp, operands=[row_mix, row_sum, tensors["out"]]),
-         make(k3s.StoreLseOp, operands=[row_max, row_sum, tensors["lse"]])],
+        [fold, start, *stages],
         sym_name=f"{op.sym_name.data}_aggregate",
-        grid="row",
+        grid="row_group" if rows_per_program > 1 else "row",
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -124,13 +138,20 @@ class FuseAttnResPass(ModulePass):
     # num_warps 0: by the row, 4 warps while they hold it in registers, else the fewest that do
     num_warps: int = 0
     num_stages: int = 3
+    # rows per program: above 1 a program takes a group of rows and walks their (row, source)
+    # pairs as one pipelined loop, so the next row's sources load while a row is scored and stored
+    # (with S = 2 a row's own loop is too short to keep loads in flight); 1: a program per row
+    rows_per_program: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.num_warps:
             check_num_warps(self.name, self.num_warps)
         if self.num_stages < 1:
             raise ValueError(f"{self.name}: num-stages must be >= 1, got {self.num_stages}")
-        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.warps_for(layer), self.num_stages))
+        if self.rows_per_program < 1:
+            raise ValueError(f"{self.name}: rows-per-program must be >= 1, got {self.rows_per_program}")
+        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.warps_for(layer), self.num_stages,
+                                                                     self.rows_per_program))
 
     def warps_for(self, layer: AttnResOp) -> int:
         """The option, or row_warps(layer)."""

@@ -140,3 +140,25 @@ def test_reference_picks_dominant_source(layer):
     query = torch.ones(D) * 100.0 / math.sqrt(D)
     ref = reference.attnres(layer_op(layer), sources, query, torch.ones(D))
     torch.testing.assert_close(ref, sources[2].double(), rtol=1e-4, atol=1e-4)
+
+
+# fuse-attnres{rows-per-program}: a program walks its group's (row, source) pairs as one loop,
+# restarting the softmax at each row; groups of 2 (the last one partial at 15 rows) and of 5, a
+# single row in a group, one source and the most
+@pytest.mark.parametrize("rows", [2, 5])
+@pytest.mark.parametrize("S", [1, 2, MAX_SOURCES])
+@pytest.mark.parametrize("B,T", [(3, 5), (1, 1)])
+def test_rows_per_program_matches_reference(compile_layer, rows, S, B, T):
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
+    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", f"fuse-attnres{{rows-per-program={rows}}}")
+    layer = compile_layer(pipeline, name="attnres_d100", kind="attnres", hidden_size=100, num_blocks=NUM_BLOCKS,
+                          block_size=3, dtype="float32")
+    assert "for i_rs in" in layer.path.read_text()
+    op = layer_op(layer)
+    sources, query, gain = inputs(S, B, T, 100)
+    out, lse = layer.aggregate(sources, query, gain, output_lse=True)
+    assert_matches(out, reference.attnres(op, sources, query, gain), "out")
+    x = sources.double()
+    scores = (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + op.eps.value.data) * gain.double()) @ query.double()
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, dim=0), rtol=1e-5, atol=1e-5)

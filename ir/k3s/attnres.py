@@ -34,7 +34,7 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
-from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, MemoryWriteEffect, Pure
+from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, MemoryWriteEffect, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.kernels import KernelOp
@@ -51,6 +51,13 @@ def _verify_carried(op: IRDLOperation, loop: str) -> None:
         raise VerifyException(f"{op.name}: the {loop}'s initial values, block arguments and results must have the "
                               f"same types, got ({', '.join(map(str, initial))}), ({', '.join(map(str, carried))}) "
                               f"and ({', '.join(map(str, results))})")
+
+
+def _verify_row_group(op: IRDLOperation, loop: str) -> None:
+    """A loop over a program's group of rows: a positive number of rows, its carried values alike."""
+    if op.rows.value.data < 1:
+        raise VerifyException(f"{op.name}: rows must be positive, got {op.rows.value.data}")
+    _verify_carried(op, loop)
 
 
 @irdl_op_definition
@@ -101,9 +108,7 @@ class RowLoopOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
-        if self.rows.value.data < 1:
-            raise VerifyException(f"{self.name}: rows must be positive, got {self.rows.value.data}")
-        _verify_carried(self, "row loop")
+        _verify_row_group(self, "row loop")
 
 
 @irdl_op_definition
@@ -144,13 +149,54 @@ class SourceLoopOp(KeywordSyntax):
 
 
 @irdl_op_definition
+class RowSourceLoopOp(KeywordSyntax):
+    """The source loops of the program's group of `rows` token rows (fewer in the last group) as
+    one loop over (row, source) pairs, sources innermost, so that a row's first sources are read
+    while the row before is scored and stored (one pipelined loop has no gap between rows). It
+    carries the online softmax as a source loop does; `row_start` restarts it at a row's first
+    source and `at_row_end` holds what follows a row's last source."""
+
+    name = "k3s.row_source_loop"
+    rows = prop_def(IntegerAttr[I64])
+    initial = var_operand_def(TileType)
+    body = region_def("single_block")
+    carried = var_result_def(TileType)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _verify_row_group(self, "row and source loop")
+
+
+@irdl_op_definition
+class RowStartOp(KeywordSyntax):
+    """The running max at a row's first source -inf, at its other sources as carried: the online
+    softmax then rescales what came before by exp(-inf) = 0, so the normaliser and the mix of the
+    row before restart with it."""
+
+    name = "k3s.row_start"
+    running_max = operand_def(TileType)
+    started_max = result_def(TileType)
+    traits = traits_def(HasParent(RowSourceLoopOp), Pure())
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0}
+
+
+@irdl_op_definition
+class AtRowEndOp(KeywordSyntax):
+    """Its body runs after a row's last source only (the row's stores)."""
+
+    name = "k3s.at_row_end"
+    body = region_def("single_block")
+    traits = traits_def(HasParent(RowSourceLoopOp), NoTerminator())
+
+
+@irdl_op_definition
 class NextSourceOp(KeywordSyntax):
     """The carried values the next source starts from (forward: the running max, normaliser
     and mix)."""
 
     name = "k3s.next_source"
     carried = var_operand_def(TileType)
-    traits = traits_def(IsTerminator(), HasParent(SourceLoopOp))
+    traits = traits_def(IsTerminator(), HasParent(SourceLoopOp, RowSourceLoopOp))
 
 
 @irdl_op_definition
@@ -161,7 +207,7 @@ class LoadSourceOp(KeywordSyntax):
     name = "k3s.load_source"
     sources = operand_def(TensorType)
     row = result_def(TileType)
-    traits = traits_def(HasParent(SourceLoopOp), MemoryReadEffect())
+    traits = traits_def(HasParent(SourceLoopOp, RowSourceLoopOp), MemoryReadEffect())
 
 
 @irdl_op_definition
@@ -173,7 +219,7 @@ class RmsScoreOp(KeywordSyntax):
     row = operand_def(TileType)
     query = operand_def(TileType)
     score = result_def(TileType)
-    traits = traits_def(HasParent(SourceLoopOp), Pure())
+    traits = traits_def(HasParent(SourceLoopOp, RowSourceLoopOp), Pure())
 
 
 @irdl_op_definition
@@ -190,7 +236,7 @@ class OnlineSoftmaxOp(KeywordSyntax):
     new_normaliser = result_def(TileType)
     weight = result_def(TileType)
     rescale = result_def(TileType)
-    traits = traits_def(HasParent(SourceLoopOp), Pure())
+    traits = traits_def(HasParent(SourceLoopOp, RowSourceLoopOp), Pure())
     IN_PLACE: ClassVar[dict[int, int]] = {0: 0, 1: 1}  # the running max and normaliser are updated where they are held
 
 
@@ -204,7 +250,7 @@ class MixAccumulateOp(KeywordSyntax):
     weight = operand_def(TileType)
     row = operand_def(TileType)
     updated = result_def(TileType)
-    traits = traits_def(HasParent(SourceLoopOp), Pure())
+    traits = traits_def(HasParent(SourceLoopOp, RowSourceLoopOp), Pure())
     IN_PLACE: ClassVar[dict[int, int]] = {0: 0}
 
 
@@ -216,7 +262,7 @@ class NormalizeStoreOp(KeywordSyntax):
     mix = operand_def(TileType)
     normaliser = operand_def(TileType)
     out = operand_def(TensorType)
-    traits = traits_def(HasParent(KernelOp))
+    traits = traits_def(HasParent(KernelOp, AtRowEndOp))
 
 
 @irdl_op_definition
@@ -229,7 +275,7 @@ class StoreLseOp(KeywordSyntax):
     running_max = operand_def(TileType)
     normaliser = operand_def(TileType)
     lse = operand_def(TensorType)
-    traits = traits_def(HasParent(KernelOp), MemoryWriteEffect())
+    traits = traits_def(HasParent(KernelOp, AtRowEndOp), MemoryWriteEffect())
 
 
 # --- the backward's stages -----------------------------------------------------------------
@@ -401,8 +447,8 @@ class StoreQueryCotangentOp(KeywordSyntax):
 
 
 ATTNRES_STAGES = [
-    FoldQueryOp, SoftmaxStartOp, ZerosOp, RowLoopOp, NextRowOp, SourceLoopOp, NextSourceOp, LoadSourceOp,
-    RmsScoreOp, OnlineSoftmaxOp, MixAccumulateOp, NormalizeStoreOp, StoreLseOp, LoadRowOp, SoftmaxDeltaOp,
-    SoftmaxWeightOp, WeightCotangentOp, SoftmaxAdjointOp, RmsScoreAdjointOp, MixAdjointOp, StoreSourceCotangentOp,
+    FoldQueryOp, SoftmaxStartOp, ZerosOp, RowLoopOp, NextRowOp, SourceLoopOp, RowSourceLoopOp, RowStartOp, AtRowEndOp,
+    NextSourceOp, LoadSourceOp, RmsScoreOp, OnlineSoftmaxOp, MixAccumulateOp, NormalizeStoreOp, StoreLseOp, LoadRowOp,
+    SoftmaxDeltaOp, SoftmaxWeightOp, WeightCotangentOp, SoftmaxAdjointOp, RmsScoreAdjointOp, MixAdjointOp, StoreSourceCotangentOp,
     QueryAdjointOp, RecentreQueryAdjointOp, StoreQueryCotangentOp,
 ]

@@ -103,6 +103,26 @@ class AttnRes:
         with c.indent():
             self.print_ops(op)
 
+    def print_k3s_row_source_loop(self, op: k3s.RowSourceLoopOp) -> None:
+        c = self.code
+        self.print_carried(op)
+        c.comment(op, "the program's rows and their sources as one loop, sources innermost")
+        c(f"for i_rs in {pipelined_range(op, 'i_rg * BR * S', 'tl.minimum(i_rg * BR + BR, R) * S')}:")
+        with c.indent():
+            c("i_r = i_rs // S", "i_s = i_rs % S")
+            self.print_ops(op)
+
+    def print_k3s_row_start(self, op: k3s.RowStartOp) -> None:
+        self.code.comment(op, "a row's first source starts the online softmax anew")
+        self.code(f'{register(op.started_max)} = tl.where(i_s == 0, float("-inf"), {register(op.running_max)})')
+
+    def print_k3s_at_row_end(self, op: k3s.AtRowEndOp) -> None:
+        c = self.code
+        c.comment(op, "after the row's last source")
+        c("if i_s == S - 1:")
+        with c.indent():
+            self.print_ops(op)
+
     def print_k3s_load_source(self, op: k3s.LoadSourceOp) -> None:
         self.code(f"{register(op.row)} = tl.load({tensor_name(op.sources)} + (i_s * R + i_r) * D + o_d, mask=m_d, "
                   "other=0.0).to(tl.float32)")

@@ -87,7 +87,7 @@ class Kernels:
                 constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
                 if op.queries is not None:  # the program's block of a Block AttnRes block's queries
                     constants.update(BQ=op.queries.value.data)
-            elif isinstance(op, k3s.RowLoopOp):
+            elif isinstance(op, (k3s.RowLoopOp, k3s.RowSourceLoopOp)):
                 constants.update(BR=op.rows.value.data)
             elif isinstance(op, k3s.RouterLogitsOp):
                 constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
@@ -110,7 +110,7 @@ class Kernels:
         sizes = []
         if any(isinstance(op, (k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)) for op in kernel.walk()):
             sizes.append("T")
-        if any(isinstance(op, k3s.SourceLoopOp) for op in kernel.walk()):
+        if any(isinstance(op, (k3s.SourceLoopOp, k3s.RowSourceLoopOp)) for op in kernel.walk()):
             sizes += ["S", "R"]
         if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
             sizes.append("R")

@@ -11,6 +11,11 @@
 // The source loop is software-pipelined (num_stages): the next sources' rows load while one is scored.
 // RUN: k3c opt %s -p 'fuse-attnres{num-warps=8 num-stages=1}' | filecheck %s --check-prefix=WARPS
 // RUN: not k3c opt %s -p 'fuse-attnres{num-stages=0}' 2>&1 | filecheck %s --check-prefix=STAGES
+// rows-per-program: a program walks its group of rows' (row, source) pairs as one loop; the
+// running max restarts at each row's first source, the stores follow each row's last.
+// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=4}' | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=4}' --generic | k3c opt - | filecheck %s --check-prefix=ROWS
+// RUN: not k3c opt %s -p 'fuse-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=BADROWS
 
 builtin.module {
   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
@@ -43,3 +48,19 @@ builtin.module {
 
 // WARPS: k3s.kernel @ar_aggregate <grid = row, num_warps = 8, num_stages = 1> {
 // STAGES: {{^}}k3c opt: error: pipeline 'fuse-attnres{num-stages=0}': fuse-attnres: num-stages must be >= 1, got 0{{$}}
+
+// ROWS:      k3s.kernel @ar_aggregate <grid = row_group, num_warps = 4, num_stages = 3> {
+// ROWS:        %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 4> {
+// ROWS-NEXT:   ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
+// ROWS-NEXT:     %max_3 = k3s.row_start %max_2 : !k3s.tile<>
+// ROWS-NEXT:     %x = k3s.load_source %sources : !k3s.tile<D>
+// ROWS:          %max_4, %sum_3, %p, %rescale = k3s.online_softmax %max_3, %sum_2, %score
+// ROWS-NEXT:     %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<D>
+// ROWS-NEXT:     k3s.at_row_end {
+// ROWS-NEXT:       k3s.normalize_store %acc_3, %sum_3, %out
+// ROWS-NEXT:       k3s.store_lse %max_4, %sum_3, %lse
+// ROWS-NEXT:     }
+// ROWS-NEXT:     k3s.next_source %max_4, %sum_3, %acc_3
+// ROWS-NEXT:   } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// ROWS-NEXT: }
+// BADROWS: {{^}}k3c opt: error: pipeline 'fuse-attnres{rows-per-program=0}': fuse-attnres: rows-per-program must be >= 1, got 0{{$}}

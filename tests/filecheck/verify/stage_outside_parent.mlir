@@ -27,7 +27,7 @@ builtin.module {
 // TILE-NOT: {{.}}
 
 // SCORE-NOT: {{\n}}
-// SCORE: {{^}}k3c opt: error: <stdin>: 'k3s.rms_score' expects parent op 'k3s.source_loop'{{$}}
+// SCORE: {{^}}k3c opt: error: <stdin>: 'k3s.rms_score' expects parent op to be one of 'k3s.source_loop', 'k3s.row_source_loop'{{$}}
 // SCORE-NOT: {{.}}
 
 // ARG-NOT: {{\n}}
