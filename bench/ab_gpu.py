@@ -13,6 +13,9 @@ Each build compiles the same set of modules with its own k3compile (`compile`, o
     PYTHONPATH=<build B's site> python -P bench/ab_gpu.py compile --out bench/generated/ab/b
     python3 bench/ab_gpu.py run --a bench/generated/ab/a --b bench/generated/ab/b --out DIR   # on the GPU
 
+One build can stand for both, B with other pass options: `compile --kinds attnres
+--attnres-pipeline '...'` (e.g. fuse-attnres{rows-per-program=4} with the rest of the default).
+
 Writes DIR/ab.md (also printed) and DIR/ab.json.
 """
 
@@ -39,17 +42,25 @@ ATTNRES_CASES = ((2, 8192), (5, 8192), (9, 8192))  # (sources S, rows)
 ROUNDS = 5
 
 
-def compile_modules(out: Path) -> None:
-    """This interpreter's k3compile compiles every variant, the decode layer and the AttnRes block into out."""
+def compile_modules(out: Path, kinds: str = "chunk,decode,attnres", attnres_pipeline: str | None = None) -> None:
+    """This interpreter's k3compile compiles the modules of `kinds` (comma-separated): every chunk
+    variant, the decode layer, the AttnRes block (under `attnres_pipeline`, else its default)."""
     import k3compile
 
-    with tempfile.TemporaryDirectory() as specs:
-        variants = [name for name, _, _ in write_variant_specs(Path(specs), CASES)]
-        for name in variants:
-            k3compile.compile(Path(specs) / f"{name}.toml", out)
-    k3compile.compile(DECODE_SPEC, out)
-    k3compile.compile(ATTNRES_SPEC, out)
-    print(f"compiled {len(variants) + 2} modules into {out} with k3compile from {Path(k3compile.__file__).parent}")
+    kinds_asked = set(kinds.split(","))
+    count = 0
+    if "chunk" in kinds_asked:
+        with tempfile.TemporaryDirectory() as specs:
+            for name, _, _ in write_variant_specs(Path(specs), CASES):
+                k3compile.compile(Path(specs) / f"{name}.toml", out)
+                count += 1
+    if "decode" in kinds_asked:
+        k3compile.compile(DECODE_SPEC, out)
+        count += 1
+    if "attnres" in kinds_asked:
+        k3compile.compile(ATTNRES_SPEC, out, pipeline=attnres_pipeline)
+        count += 1
+    print(f"compiled {count} modules into {out} with k3compile from {Path(k3compile.__file__).parent}")
 
 
 def layer_of(module) -> dict:
@@ -164,6 +175,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     compile_parser = sub.add_parser("compile", help="compile the modules with this interpreter's k3compile")
     compile_parser.add_argument("--out", type=Path, required=True)
+    compile_parser.add_argument("--kinds", default="chunk,decode,attnres", help="which modules (comma-separated)")
+    compile_parser.add_argument("--attnres-pipeline", help="the AttnRes block's pipeline (default: its kind's)")
     run_parser = sub.add_parser("run", help="time build A's modules against build B's on the GPU")
     run_parser.add_argument("--a", type=Path, required=True)
     run_parser.add_argument("--b", type=Path, required=True)
@@ -174,7 +187,7 @@ def main(argv=None) -> int:
                             help="chunk gates drawn as SCALE * logsigmoid(randn) (default 1)")
     args = parser.parse_args(argv)
     if args.command == "compile":
-        compile_modules(args.out)
+        compile_modules(args.out, args.kinds, args.attnres_pipeline)
         return 0
     return run(args)
 
