@@ -71,12 +71,18 @@ def _check(op: str, ptrs, mask) -> None:
     inside[inside] = addresses[inside] + width <= _Launch.ends[slot[inside]]
     if inside.all():
         return
-    bad = int(addresses[~inside][0])
-    nearest = int(np.argmin(np.abs(_Launch.ends.astype(np.int64) - bad))) if _Launch.ends.size else None
-    where = (f"{bad - int(_Launch.ends[nearest])} bytes past the end of the launch's tensor that ends nearest"
-             if nearest is not None else "with no tensor arguments")
     raise OutOfBounds(f"{_Launch.kernel}: {op} of {int((~inside).sum())} element(s) outside the launch's tensors, "
-                      f"the first {where}")
+                      f"the first {_nearest(int(addresses[~inside][0]), int(width))}")
+
+
+def _nearest(address: int, width: int) -> str:
+    """Where an address outside the launch's tensors lies, against the nearest of them."""
+    if not _Launch.starts.size:
+        return "with no tensor arguments"
+    gaps = [(start - address, "before the start") if address < start else (address + width - end, "past the end")
+            for start, end in zip(_Launch.starts.tolist(), _Launch.ends.tolist())]
+    gap, side = min(gaps)
+    return f"{gap} bytes {side} of the nearest tensor"
 
 
 def install() -> None:
