@@ -53,11 +53,20 @@ def _verify_carried(op: IRDLOperation, loop: str) -> None:
                               f"and ({', '.join(map(str, results))})")
 
 
-def _verify_row_group(op: IRDLOperation, loop: str) -> None:
-    """A loop over a program's group of rows: a positive number of rows, its carried values alike."""
-    if op.rows.value.data < 1:
-        raise VerifyException(f"{op.name}: rows must be positive, got {op.rows.value.data}")
-    _verify_carried(op, loop)
+class RowGroupLoop(KeywordSyntax):
+    """What the loops over a program's group of `rows` token rows (fewer in the last group) share:
+    the count, and values carried through the loop (its operands, block arguments and results)."""
+
+    rows = prop_def(IntegerAttr[I64])
+    initial = var_operand_def(TileType)
+    body = region_def("single_block")
+    carried = var_result_def(TileType)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        if self.rows.value.data < 1:
+            raise VerifyException(f"{self.name}: rows must be positive, got {self.rows.value.data}")
+        _verify_carried(self, self.name.removeprefix("k3s.").replace("_", " "))
 
 
 @irdl_op_definition
@@ -94,21 +103,13 @@ class SoftmaxStartOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class RowLoopOp(KeywordSyntax):
+class RowLoopOp(RowGroupLoop):
     """Loop over the program's group of `rows` token rows (fewer in the last group), one row
     after another, carrying values across rows (the query's cotangent, summed over the group):
     they enter the first row as its operands, each row starts from its block arguments and
     passes them on by `next_row`; its results are their values after the group's last row."""
 
     name = "k3s.row_loop"
-    rows = prop_def(IntegerAttr[I64])
-    initial = var_operand_def(TileType)
-    body = region_def("single_block")
-    carried = var_result_def(TileType)
-    traits = traits_def(HasParent(KernelOp))
-
-    def verify_(self) -> None:
-        _verify_row_group(self, "row loop")
 
 
 @irdl_op_definition
@@ -149,7 +150,7 @@ class SourceLoopOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class RowSourceLoopOp(KeywordSyntax):
+class RowSourceLoopOp(RowGroupLoop):
     """The source loops of the program's group of `rows` token rows (fewer in the last group) as
     one loop over (row, source) pairs, sources innermost, so that a row's first sources are read
     while the row before is scored and stored (one pipelined loop has no gap between rows). It
@@ -157,14 +158,6 @@ class RowSourceLoopOp(KeywordSyntax):
     source and `at_row_end` holds what follows a row's last source."""
 
     name = "k3s.row_source_loop"
-    rows = prop_def(IntegerAttr[I64])
-    initial = var_operand_def(TileType)
-    body = region_def("single_block")
-    carried = var_result_def(TileType)
-    traits = traits_def(HasParent(KernelOp))
-
-    def verify_(self) -> None:
-        _verify_row_group(self, "row and source loop")
 
 
 @irdl_op_definition
