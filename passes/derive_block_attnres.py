@@ -108,11 +108,12 @@ def first(op: Operation, op_type: type[Operation]) -> Operation:
 
 
 def aggregate_kernel(layer: AttnResOp) -> k3s.KernelOp:
-    """A copy of fuse-attnres's kernel of the layer (its default options), reading the tensors
-    of an entry that is not in the module: what both phases are derived from (rebind points
-    their copies at their own entries' arguments)."""
+    """A copy of fuse-attnres's kernel of the layer (its default warps and stages, a program per
+    row: both phases scan one row's sources), reading the tensors of an entry that is not in the
+    module: what both phases are derived from (rebind points their copies at their own entries'
+    arguments)."""
     fuse = FuseAttnResPass()
-    entry = fused_attnres_entry(layer, fuse.warps_for(layer), fuse.num_stages, fuse.rows_per_program)
+    entry = fused_attnres_entry(layer, fuse.warps_for(layer), fuse.stages_for(1), rows_per_program=1)
     return first(entry, k3s.KernelOp).clone()
 
 

@@ -1,4 +1,4 @@
-"""fuse-attnres: k3.attnres -> one kernel per token row that scores and mixes in a single read.
+"""fuse-attnres: k3.attnres -> one kernel over groups of token rows that scores and mixes in a single read.
 
 The gain is folded into the pseudo-query and the RMS into the score, so the normalised keys
 are never materialised; an online softmax over the sources lets each source row be read once
@@ -130,28 +130,31 @@ class FuseAttnResPass(ModulePass):
     """Add an `aggregate` entry (fused score+mix kernel) for every k3.attnres."""
 
     name = "fuse-attnres"
-    # a row's sources are loaded num_stages - 1 ahead of the one being scored: on the H200 at
-    # D = 7168, N = 8192 rows, the printed kernel's loop with 4 warps and 3 stages read at 74% /
-    # 83% / 89% of the copy bandwidth with S = 2 / 5 / 9 sources, against 62% / 65% / 66% with 8
-    # warps and no pipelining (4 stages: 68% / 83% / 92%; 8 warps: at most 85%). An exploratory
-    # run (bench/RESULTS.md, "AttnRes aggregate"); the A/B of the compiled modules is still to run.
+    # a program's group of rows walks its (row, source) pairs as one pipelined loop, so the next
+    # row's sources load while a row is scored and stored (a row's own loop of S = 2 sources is
+    # too short to keep loads in flight); 1: a program per row. Loads run num_stages - 1 pairs
+    # ahead; 0: by the form (stages_for). On the H200 at D = 7168, N = 8192 rows, S = 2 / 5 / 9
+    # sources, 8 rows and 4 stages read at 87% / 91% / 93% of the copy bandwidth; a program per row
+    # at 74% / 83% / 89% with 3 stages, 69% / 82% / 92% with 4; 16 and 32 rows tie 8
+    # (bench/results/attnres_rows_per_program_ab_h200_3e6f573.md).
+    rows_per_program: int = 8
+    num_stages: int = 0
     # num_warps 0: by the row, 4 warps while they hold it in registers, else the fewest that do
     num_warps: int = 0
-    num_stages: int = 3
-    # rows per program: above 1 a program takes a group of rows and walks their (row, source)
-    # pairs as one pipelined loop, so the next row's sources load while a row is scored and stored
-    # (with S = 2 a row's own loop is too short to keep loads in flight); 1: a program per row
-    rows_per_program: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.num_warps:
             check_num_warps(self.name, self.num_warps)
-        if self.num_stages < 1:
-            raise ValueError(f"{self.name}: num-stages must be >= 1, got {self.num_stages}")
+        if self.num_stages < 0:
+            raise ValueError(f"{self.name}: num-stages must be >= 1 (0: by rows-per-program), got {self.num_stages}")
         if self.rows_per_program < 1:
             raise ValueError(f"{self.name}: rows-per-program must be >= 1, got {self.rows_per_program}")
-        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self.warps_for(layer), self.num_stages,
-                                                                     self.rows_per_program))
+        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(
+            layer, self.warps_for(layer), self.stages_for(self.rows_per_program), self.rows_per_program))
+
+    def stages_for(self, rows_per_program: int) -> int:
+        """The option, or 3 for a program per row (S sources to overlap), 4 for a group of rows."""
+        return self.num_stages or (3 if rows_per_program == 1 else 4)
 
     def warps_for(self, layer: AttnResOp) -> int:
         """The option, or row_warps(layer)."""

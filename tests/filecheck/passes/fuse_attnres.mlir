@@ -1,20 +1,22 @@
 // fuse-attnres: the attnres op stays and an `aggregate` entry is added after it, with one
-// row-parallel kernel: the gain folded into the query, then one loop over the sources that
+// kernel. A program per row (rows-per-program=1): the gain folded into the query, then one loop over the sources that
 // scores (RMS folded in), updates the online softmax and accumulates the mix (carried from the
 // online softmax's start: the loop's operands), then a single normalise-and-store and, when
 // the caller asks for the optional output lse (training), the row's log-sum-exp; those stages
 // take the entry's arguments they read or write (query, gain, sources, out, lse) as operands.
 // The entry bounds the sources by num_blocks + 1 (blocks + partial sum).
-// RUN: k3c opt %s -p fuse-attnres | filecheck %s
-// RUN: k3c opt %s -p fuse-attnres | k3c opt - | filecheck %s
-// RUN: k3c opt %s -p fuse-attnres --generic | k3c opt - | filecheck %s
-// The source loop is software-pipelined (num_stages): the next sources' rows load while one is scored.
-// RUN: k3c opt %s -p 'fuse-attnres{num-warps=8 num-stages=1}' | filecheck %s --check-prefix=WARPS
-// RUN: not k3c opt %s -p 'fuse-attnres{num-stages=0}' 2>&1 | filecheck %s --check-prefix=STAGES
-// rows-per-program: a program walks its group of rows' (row, source) pairs as one loop; the
-// running max restarts at each row's first source, the stores follow each row's last.
-// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=4}' | filecheck %s --check-prefix=ROWS
-// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=4}' --generic | k3c opt - | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=1}' | filecheck %s
+// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=1}' | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=1}' --generic | k3c opt - | filecheck %s
+// The source loop is software-pipelined (num_stages): the next sources' rows load while one is
+// scored; by default 3 stages for a program per row, 4 for a group of rows.
+// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=1 num-warps=8 num-stages=1}' | filecheck %s --check-prefix=WARPS
+// RUN: not k3c opt %s -p 'fuse-attnres{num-stages=-1}' 2>&1 | filecheck %s --check-prefix=STAGES
+// rows-per-program (default 8): a program walks its group of rows' (row, source) pairs as one
+// loop; the running max restarts at each row's first source, the stores follow each row's last.
+// RUN: k3c opt %s -p fuse-attnres | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p fuse-attnres --generic | k3c opt - | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=4 num-stages=2}' | filecheck %s --check-prefix=ROWS4
 // RUN: not k3c opt %s -p 'fuse-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=BADROWS
 
 builtin.module {
@@ -47,10 +49,10 @@ builtin.module {
 // CHECK-NEXT: }
 
 // WARPS: k3s.kernel @ar_aggregate <grid = row, num_warps = 8, num_stages = 1> {
-// STAGES: {{^}}k3c opt: error: pipeline 'fuse-attnres{num-stages=0}': fuse-attnres: num-stages must be >= 1, got 0{{$}}
+// STAGES: {{^}}k3c opt: error: pipeline 'fuse-attnres{num-stages=-1}': fuse-attnres: num-stages must be >= 1 (0: by rows-per-program), got -1{{$}}
 
-// ROWS:      k3s.kernel @ar_aggregate <grid = row_group, num_warps = 4, num_stages = 3> {
-// ROWS:        %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 4> {
+// ROWS:      k3s.kernel @ar_aggregate <grid = row_group, num_warps = 4, num_stages = 4> {
+// ROWS:        %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
 // ROWS-NEXT:   ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // ROWS-NEXT:     %max_3 = k3s.row_start %max_2 : !k3s.tile<>
 // ROWS-NEXT:     %x = k3s.load_source %sources : !k3s.tile<D>
@@ -63,4 +65,6 @@ builtin.module {
 // ROWS-NEXT:     k3s.next_source %max_4, %sum_3, %acc_3
 // ROWS-NEXT:   } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // ROWS-NEXT: }
+// ROWS4:      k3s.kernel @ar_aggregate <grid = row_group, num_warps = 4, num_stages = 2> {
+// ROWS4:        k3s.row_source_loop %max, %sum, %acc <rows = 4> {
 // BADROWS: {{^}}k3c opt: error: pipeline 'fuse-attnres{rows-per-program=0}': fuse-attnres: rows-per-program must be >= 1, got 0{{$}}

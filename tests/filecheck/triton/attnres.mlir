@@ -1,5 +1,5 @@
 // The printed Triton of an AttnRes spec: one fused kernel that scores and mixes each row in a
-// single read of its sources, storing the row's log-sum-exp when the caller asks for it; and the
+// single read of its sources (a program's group of rows walked as one loop over (row, source)), storing the row's log-sum-exp when the caller asks for it; and the
 // fused backward, one kernel over groups of rows that reads each source row once, recomputes the
 // softmax from the saved log-sum-exp, writes its cotangent once and re-centres the query's
 // cotangent per row (k3c compile --stdout).
@@ -16,25 +16,33 @@
 // CHECK-NEXT: b_max = tl.full([], float("-inf"), dtype=tl.float32)
 // CHECK-NEXT: b_sum = tl.zeros([], dtype=tl.float32)
 // CHECK-NEXT: b_acc = tl.zeros([BD], dtype=tl.float32)
-// the loop over sources pipelined by the kernel's num_stages: the next rows load while one is scored
-// CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
-// CHECK-NEXT: for i_s in tl.range(0, S, num_stages=3):
+// the group's (row, source) pairs pipelined by the kernel's num_stages: the next rows load while one is scored
+// CHECK-NEXT: # %max, %sum, %acc = k3s.row_source_loop %max, %sum, %acc <rows = 8>: the program's rows and their sources as one loop, sources innermost
+// CHECK-NEXT: for i_rs in tl.range(i_rg * BR * S, tl.minimum(i_rg * BR + BR, R) * S, num_stages=4):
+// CHECK-NEXT:     i_r = i_rs // S
+// CHECK-NEXT:     i_s = i_rs % S
+// CHECK-NEXT:     # %max = k3s.row_start %max: a row's first source starts the online softmax anew
+// CHECK-NEXT:     b_max = tl.where(i_s == 0, float("-inf"), b_max)
 // CHECK-NEXT:     b_x = tl.load(sources + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
 // CHECK:      # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
 // CHECK:      # %max, %sum, %p, %rescale = k3s.online_softmax %max, %sum, %score
 // CHECK:      # %acc = k3s.mix_accumulate %acc, %rescale, %p, %x
-// CHECK:      # k3s.normalize_store %acc, %sum, %out
-// CHECK-NEXT: tl.store(out + i_r * D + o_d, (b_acc / b_sum).to(out.dtype.element_ty), mask=m_d)
-// CHECK-NEXT: # k3s.store_lse %max, %sum, %lse: the row's log-sum-exp over its sources, for the backward
-// CHECK-NEXT: if HAS_LSE:
-// CHECK-NEXT:     tl.store(lse + i_r, b_max + tl.log(b_sum))
+// CHECK:      # k3s.at_row_end: after the row's last source
+// CHECK-NEXT: if i_s == S - 1:
+// CHECK-NEXT:     # k3s.normalize_store %acc, %sum, %out
+// CHECK-NEXT:     tl.store(out + i_r * D + o_d, (b_acc / b_sum).to(out.dtype.element_ty), mask=m_d)
+// CHECK-NEXT:     # k3s.store_lse %max, %sum, %lse: the row's log-sum-exp over its sources, for the backward
+// CHECK-NEXT:     if HAS_LSE:
+// CHECK-NEXT:         tl.store(lse + i_r, b_max + tl.log(b_sum))
 // CHECK-LABEL: def aggregate(sources, query, gain, output_lse=False):
 // CHECK:      # k3s.entry @aggregate <source = attnres, max_sources = 9>: argument checks
 // CHECK:      lse = _alloc((dims["B"], dims["T"]), torch.float32, sources.device) if output_lse else None
-// CHECK:      # k3s.kernel @attnres_aggregate <grid = row, num_warps = 4, num_stages = 3, block_d = 8192>: launch
+// CHECK:      # k3s.kernel @attnres_aggregate <grid = row_group, num_warps = 4, num_stages = 4, block_d = 8192>: launch
+// CHECK:          BR = 8
+// CHECK-NEXT:     grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
 // CHECK:          HAS_LSE=lse is not None,
 // CHECK-NEXT:     num_warps=4,
-// CHECK-NEXT:     num_stages=3,
+// CHECK-NEXT:     num_stages=4,
 // CHECK:      return out, lse
 
 // CHECK-LABEL: def attnres_aggregate_backward_kernel(
