@@ -60,7 +60,8 @@ def loop(loop_type: type[Operation], initial: list[SSAValue], names: tuple[str, 
     return looped
 
 
-def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int, rows_per_program: int) -> k3s.EntryOp:
+def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int, rows_per_program: int,
+                        min_programs: int = 0) -> k3s.EntryOp:
     D = op.hidden_size.value.data
     arguments = [*layer_arguments(op), attnres_arg("out", ("B", "T", D), "output"),
                  attnres_arg("lse", ("B", "T"), "optional_output", "float32")]
@@ -103,11 +104,22 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int, rows_per
     )
     return make(
         k3s.EntryOp,
-        [*arguments, kernel],
+        [*arguments, kernel, *smaller_groups(kernel.sym_name.data, rows_per_program, min_programs)],
         sym_name="aggregate",
         source=op.sym_name.data,
         max_sources=op.max_sources,
     )
+
+
+def smaller_groups(kernel: str, rows_per_program: int, min_programs: int) -> list[Operation]:
+    """k3s.launch_by_rows ops that give a call of few rows groups of fewer rows (powers of two, down
+    to one): each group size serves the calls of too few rows to fill min_programs groups of the
+    next larger size; 0: none (every call takes rows_per_program)."""
+    if not min_programs:
+        return []
+    sizes = [1 << i for i in range(rows_per_program.bit_length()) if 1 << i < rows_per_program] + [rows_per_program]
+    return [make(k3s.LaunchByRowsOp, kernel=kernel, max_rows=larger * min_programs - 1, block_r=size)
+            for size, larger in zip(sizes, sizes[1:])]
 
 
 def warps_holding(values: int, per_warp: int, least: int = 4) -> int:
@@ -139,6 +151,10 @@ class FuseAttnResPass(ModulePass):
     # (bench/results/attnres_rows_per_program_ab_h200_3e6f573.md).
     rows_per_program: int = 8
     num_stages: int = 0
+    # a call of fewer rows takes smaller groups (k3s.launch_by_rows), so that its grid keeps
+    # min_programs programs while it can: groups of 8 left 1024 at the measured N = 8192, where a
+    # program per row of a call of a few hundred rows (decode) would have 8x the programs; 0: off
+    min_programs: int = 1024
     # num_warps 0: by the row, 4 warps while they hold it in registers, else the fewest that do
     num_warps: int = 0
 
@@ -149,8 +165,11 @@ class FuseAttnResPass(ModulePass):
             raise ValueError(f"{self.name}: num-stages must be >= 1 (0: by rows-per-program), got {self.num_stages}")
         if self.rows_per_program < 1:
             raise ValueError(f"{self.name}: rows-per-program must be >= 1, got {self.rows_per_program}")
+        if self.min_programs < 0:
+            raise ValueError(f"{self.name}: min-programs must be >= 0 (0: off), got {self.min_programs}")
         add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(
-            layer, self.warps_for(layer), self.stages_for(self.rows_per_program), self.rows_per_program))
+            layer, self.warps_for(layer), self.stages_for(self.rows_per_program), self.rows_per_program,
+            self.min_programs))
 
     def stages_for(self, rows_per_program: int) -> int:
         """The option, or 3 for a program per row (S sources to overlap), 4 for a group of rows."""

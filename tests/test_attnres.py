@@ -152,7 +152,7 @@ def test_reference_picks_dominant_source(layer):
 def test_rows_per_program_matches_reference(compile_layer, rows, S, B, T):
     from k3compile.pipeline import DEFAULT_PIPELINES
 
-    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", f"fuse-attnres{{rows-per-program={rows}}}")
+    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", f"fuse-attnres{{rows-per-program={rows} min-programs=0}}")
     layer = compile_layer(pipeline, name="attnres_d100", kind="attnres", hidden_size=100, num_blocks=NUM_BLOCKS,
                           block_size=3, dtype="float32")
     assert ("for i_rs in" in layer.path.read_text()) == (rows > 1)
@@ -163,3 +163,30 @@ def test_rows_per_program_matches_reference(compile_layer, rows, S, B, T):
     x = sources.double()
     scores = (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + op.eps.value.data) * gain.double()) @ query.double()
     torch.testing.assert_close(lse.double(), torch.logsumexp(scores, dim=0), rtol=1e-5, atol=1e-5)
+
+
+# fuse-attnres{min-programs}: a call of few rows takes smaller groups (k3s.launch_by_rows): with
+# groups of 4 and min-programs 2, 3 rows launch a program per row, 7 groups of 2 (the last
+# partial), 15 groups of 4 (the last partial)
+@pytest.mark.parametrize("B,T,group", [(1, 3, 1), (1, 7, 2), (3, 5, 4)])
+def test_smaller_groups_for_fewer_rows(compile_layer, monkeypatch, B, T, group):
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
+    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", "fuse-attnres{rows-per-program=4 min-programs=2}")
+    layer = compile_layer(pipeline, name="attnres_d100_groups", kind="attnres", hidden_size=100, num_blocks=NUM_BLOCKS,
+                          block_size=3, dtype="float32")
+    launch = layer.path.read_text().split("def aggregate(", 1)[1]
+    assert 'if dims["B"] * dims["T"] <= 3:\n        BR = 1' in launch and "<= 7:\n        BR = 2" in launch
+    grids = []
+    kernel = layer.module.attnres_d100_groups_aggregate_kernel
+
+    class RecordingKernel:  # the launch's grid, then the kernel's own launch
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(layer.module, "attnres_d100_groups_aggregate_kernel", RecordingKernel())
+    sources, query, gain = inputs(3, B, T, 100)
+    out, _ = layer.aggregate(sources, query, gain)
+    assert grids == [(-(-B * T // group),)], f"grid {grids}, expected groups of {group}"
+    assert_matches(out, reference.attnres(layer_op(layer), sources, query, gain), "out")

@@ -230,10 +230,11 @@ def argument_name(value: SSAValue) -> str | None:
 @irdl_op_definition
 class LaunchByRowsOp(KeywordSyntax):
     """Block sizes of the entry's kernel @kernel for calls of at most max_rows token rows (the
-    shape symbol R, known at launch): they replace the kernel's own block sizes there. A kernel's
-    launch_by_rows ops follow it in increasing max_rows and the first that holds R applies; calls
-    of more rows launch with the kernel's own. A backend's legalization writes them (a few rows
-    spread over more programs in narrower tiles than many). hidden_slices, of a kernel with a
+    shape symbol R, or B x T for a kernel over groups of batched rows; known at launch): they
+    replace the kernel's own block sizes there. A kernel's launch_by_rows ops follow it in
+    increasing max_rows and the first that holds the rows applies; calls of more rows launch with
+    the kernel's own. A pass or a backend's legalization writes them (a few rows spread over more
+    programs in narrower tiles or smaller groups than many). hidden_slices, of a kernel with a
     hidden_slice grid axis: the slices of the hidden columns at those calls, the shape symbol HS
     (any positive count; absent: the kernel's own)."""
 

@@ -39,6 +39,12 @@
 // CHECK:      lse = _alloc((dims["B"], dims["T"]), torch.float32, sources.device) if output_lse else None
 // CHECK:      # k3s.kernel @attnres_aggregate <grid = row_group, num_warps = 4, num_stages = 4, block_d = 8192>: launch
 // CHECK:          BR = 8
+// a call of fewer rows takes smaller groups (its k3s.launch_by_rows): the grid keeps its programs
+// CHECK-NEXT:     # k3s.launch_by_rows <kernel = attnres_aggregate, max_rows = 2047, block_r = 1>
+// CHECK-NEXT:     if dims["B"] * dims["T"] <= 2047:
+// CHECK-NEXT:         BR = 1
+// CHECK:          elif dims["B"] * dims["T"] <= 8191:
+// CHECK-NEXT:         BR = 4
 // CHECK-NEXT:     grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
 // CHECK:          HAS_LSE=lse is not None,
 // CHECK-NEXT:     num_warps=4,
