@@ -22,6 +22,7 @@ Writes DIR/ab.md (also printed) and DIR/ab.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -38,7 +39,7 @@ DECODE_SPEC = Path(__file__).resolve().parent / "kda_bench.toml"
 ATTNRES_SPEC = Path(__file__).resolve().parents[1] / "examples" / "attnres.toml"
 DECODE_BATCHES = (1, 64, 256)
 DECODE_POOL = 1024  # state pool rows; each step's rows are a random scattered subset
-ATTNRES_CASES = ((2, 8192), (5, 8192), (9, 8192))  # (sources S, rows)
+ATTNRES_SOURCES = (2, 5, 9)  # S of the AttnRes cases, each at every row count of --attnres-rows
 ROUNDS = 5
 
 
@@ -115,10 +116,10 @@ def decode_cases(torch, a_dir: Path, b_dir: Path):
         yield f"decode B{B} (pool {DECODE_POOL}, scattered slots, CUDA graph)", caller(a, "a"), caller(b, "b")
 
 
-def attnres_cases(torch, a_dir: Path, b_dir: Path):
+def attnres_cases(torch, a_dir: Path, b_dir: Path, row_counts: str = "8192"):
     a, b = (import_file(d / "attnres.py", f"{d.name}_attnres") for d in (a_dir, b_dir))
     D = int(layer_of(a)["hidden_size"])
-    for S, rows in ATTNRES_CASES:
+    for rows, S in itertools.product((int(n) for n in row_counts.split(",")), ATTNRES_SOURCES):
         gen = torch.Generator(device="cpu").manual_seed(S * rows)
         sources = torch.randn(S, 1, rows, D, generator=gen).to("cuda", torch.bfloat16)
         query = torch.randn(D, generator=gen).to("cuda", torch.bfloat16)
@@ -140,7 +141,7 @@ def run(args) -> int:
 
     rows, failed = [], 0
     groups = [("chunk", partial(chunk_cases, gate_scale=args.gate_scale, cases=args.cases)), ("decode", decode_cases),
-              ("attnres", attnres_cases)]
+              ("attnres", partial(attnres_cases, row_counts=args.attnres_rows))]
     for kind, cases in [g for g in groups if g[0] in args.kinds.split(",")]:
         for name, call_a, call_b in cases(torch, args.a, args.b):
             # outputs first (one call each on the same inputs: decode's pools start equal)
@@ -183,6 +184,7 @@ def main(argv=None) -> int:
     run_parser.add_argument("--out", type=Path, required=True)
     run_parser.add_argument("--kinds", default="chunk,decode,attnres", help="which groups of cases (comma-separated)")
     run_parser.add_argument("--cases", help="chunk cases (comma-separated; default: all of chunk_cases.py)")
+    run_parser.add_argument("--attnres-rows", default="8192", help="token rows of the AttnRes cases (comma-separated)")
     run_parser.add_argument("--gate-scale", type=float, default=1.0,
                             help="chunk gates drawn as SCALE * logsigmoid(randn) (default 1)")
     args = parser.parse_args(argv)
