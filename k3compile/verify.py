@@ -356,8 +356,12 @@ def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSp
 def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
     most = spec.params["num_blocks"] + 1
     length = 1023 if on_gpu else 5
+    # on a GPU also 4092 rows: from 2048 (fuse-attnres's grouped-from-rows) the entry launches
+    # its kernel over groups of rows, below its kernel of a program per row
+    many_rows = [AttnResCase(f"S={most}, B4 T{length} (groups of rows)", most, 4, length)] if on_gpu else []
     yield spec, "aggregate", [
         AttnResCase(f"S={most} (all blocks + partial), B2 T{length}", most, 2, length),
+        *many_rows,
         AttnResCase("S=1 (first block)", 1, 1, 3),
         AttnResCase(f"S={max(1, most // 2)}, B3 T7", max(1, most // 2), 3, 7),
     ]

@@ -112,8 +112,7 @@ def aggregate_kernel(layer: AttnResOp) -> k3s.KernelOp:
     row: both phases scan one row's sources), reading the tensors of an entry that is not in the
     module: what both phases are derived from (rebind points their copies at their own entries'
     arguments)."""
-    fuse = FuseAttnResPass()
-    entry = fused_attnres_entry(layer, fuse.warps_for(layer), fuse.stages_for(1), rows_per_program=1)
+    entry = fused_attnres_entry(layer, FuseAttnResPass(rows_per_program=1))
     return first(entry, k3s.KernelOp).clone()
 
 

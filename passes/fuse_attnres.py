@@ -1,10 +1,14 @@
-"""fuse-attnres: k3.attnres -> one kernel over groups of token rows that scores and mixes in a single read.
+"""fuse-attnres: k3.attnres -> a kernel that scores and mixes each token row in a single read.
 
 The gain is folded into the pseudo-query and the RMS into the score, so the normalised keys
 are never materialised; an online softmax over the sources lets each source row be read once
 for both its score and its contribution to the mix. The loop over sources is software-pipelined
 (num_stages): the next sources' rows are in flight while one is scored, since the score's
-reductions over the row would otherwise leave the memory system idle between loads.
+reductions over the row would otherwise leave the memory system idle between loads. With
+rows-per-program > 1 a second kernel takes a group of rows a program, its (row, source) pairs
+walked as one pipelined loop, and serves the calls of at least grouped-from-rows token rows
+(k3s.kernel min_rows / max_rows): a short row loop (S = 2) keeps too few loads in flight, while
+a call of few rows needs a program per row to fill the GPU.
 
 For training the entry can also return each row's log-sum-exp over its sources (`lse`, fp32, an
 optional output: `aggregate(..., output_lse=True)`), from which derive-attnres-backward's kernel
@@ -60,18 +64,18 @@ def loop(loop_type: type[Operation], initial: list[SSAValue], names: tuple[str, 
     return looped
 
 
-def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int, rows_per_program: int,
-                        min_programs: int = 0) -> k3s.EntryOp:
-    D = op.hidden_size.value.data
-    arguments = [*layer_arguments(op), attnres_arg("out", ("B", "T", D), "output"),
-                 attnres_arg("lse", ("B", "T"), "optional_output", "float32")]
-    tensors = argument_values(arguments)
+def aggregate_kernel(op: AttnResOp, tensors: dict[str, SSAValue], num_warps: int, num_stages: int,
+                     rows_per_program: int, **rows_bounds) -> k3s.KernelOp:
+    """The fused kernel: a program per row (rows_per_program 1), else per group of that many rows
+    walked as one loop over (row, source) pairs; rows_bounds: the calls it serves (min_rows,
+    max_rows)."""
     fold = fold_query(op, tensors)
     start = make(k3s.SoftmaxStartOp, results=[("max", k3s.tile()), ("sum", k3s.tile()), ("acc", k3s.tile("D"))])
     # the online softmax carried over the sources: running max, normaliser, mix
     body = Block(arg_types=[v.type for v in start.results])
     running_max, normaliser, mix = body.args
-    if rows_per_program > 1:  # one loop over the group's (row, source) pairs: restart at each row
+    grouped = rows_per_program > 1
+    if grouped:  # one loop over the group's (row, source) pairs: restart at each row
         restart = make(k3s.RowStartOp, operands=[running_max], result=("max", running_max.type))
         body.add_op(restart)
         running_max = restart.started_max
@@ -86,40 +90,49 @@ def fused_attnres_entry(op: AttnResOp, num_warps: int, num_stages: int, rows_per
         return [make(k3s.NormalizeStoreOp, operands=[row_mix, row_sum, tensors["out"]]),
                 make(k3s.StoreLseOp, operands=[row_max, row_sum, tensors["lse"]])]
 
-    if rows_per_program > 1:
+    if grouped:
         body.add_op(make(k3s.AtRowEndOp, row_stores(new_max, new_sum, mixed.results[0])))
     body.add_op(make(k3s.NextSourceOp, operands=[new_max, new_sum, mixed.results[0]]))
-    if rows_per_program > 1:
+    if grouped:
         stages = [loop(k3s.RowSourceLoopOp, list(start.results), ("max", "sum", "acc"), body, rows=rows_per_program)]
     else:
         sources = loop(k3s.SourceLoopOp, list(start.results), ("max", "sum", "acc"), body)
         stages = [sources, *row_stores(*sources.results)]
-    kernel = make(
+    return make(
         k3s.KernelOp,
         [fold, start, *stages],
-        sym_name=f"{op.sym_name.data}_aggregate",
-        grid="row_group" if rows_per_program > 1 else "row",
+        sym_name=f"{op.sym_name.data}_aggregate{'_groups' if grouped else ''}",
+        grid="row_group" if grouped else "row",
         num_warps=num_warps,
         num_stages=num_stages,
+        **rows_bounds,
     )
+
+
+def fused_attnres_entry(op: AttnResOp, options: FuseAttnResPass) -> k3s.EntryOp:
+    """The aggregate entry: the per-row kernel, the grouped one, or both splitting the calls at
+    options.grouped_from_rows token rows."""
+    D = op.hidden_size.value.data
+    arguments = [*layer_arguments(op), attnres_arg("out", ("B", "T", D), "output"),
+                 attnres_arg("lse", ("B", "T"), "optional_output", "float32")]
+    tensors = argument_values(arguments)
+    rows, split = options.rows_per_program, options.grouped_from_rows
+
+    def kernel(rows_per_program: int, **rows_bounds) -> k3s.KernelOp:
+        return aggregate_kernel(op, tensors, options.warps_for(op), options.stages_for(rows_per_program),
+                                rows_per_program, **rows_bounds)
+
+    if rows > 1 and split > 1:
+        kernels = [kernel(1, max_rows=split - 1), kernel(rows, min_rows=split)]
+    else:
+        kernels = [kernel(rows)]
     return make(
         k3s.EntryOp,
-        [*arguments, kernel, *smaller_groups(kernel.sym_name.data, rows_per_program, min_programs)],
+        [*arguments, *kernels],
         sym_name="aggregate",
         source=op.sym_name.data,
         max_sources=op.max_sources,
     )
-
-
-def smaller_groups(kernel: str, rows_per_program: int, min_programs: int) -> list[Operation]:
-    """k3s.launch_by_rows ops that give a call of few rows groups of fewer rows (powers of two, down
-    to one): each group size serves the calls of too few rows to fill min_programs groups of the
-    next larger size; 0: none (every call takes rows_per_program)."""
-    if not min_programs:
-        return []
-    sizes = [1 << i for i in range(rows_per_program.bit_length()) if 1 << i < rows_per_program] + [rows_per_program]
-    return [make(k3s.LaunchByRowsOp, kernel=kernel, max_rows=larger * min_programs - 1, block_r=size)
-            for size, larger in zip(sizes, sizes[1:])]
 
 
 def warps_holding(values: int, per_warp: int, least: int = 4) -> int:
@@ -151,10 +164,11 @@ class FuseAttnResPass(ModulePass):
     # (bench/results/attnres_rows_per_program_ab_h200_3e6f573.md).
     rows_per_program: int = 8
     num_stages: int = 0
-    # a call of fewer rows takes smaller groups (k3s.launch_by_rows), so that its grid keeps
-    # min_programs programs while it can: groups of 8 left 1024 at the measured N = 8192, where a
-    # program per row of a call of a few hundred rows (decode) would have 8x the programs; 0: off
-    min_programs: int = 1024
+    # calls of fewer token rows launch a program per row instead (a second kernel of the entry):
+    # groups of 8 at 256-1024 rows left too few programs, and were 1.0-2.6x slower than a
+    # program per row; from 2048 rows they are level or ahead
+    # (bench/results/attnres_groups_by_rows_ab_h200_4e80a9c.md); 0: groups at every call
+    grouped_from_rows: int = 2048
     # num_warps 0: by the row, 4 warps while they hold it in registers, else the fewest that do
     num_warps: int = 0
 
@@ -165,11 +179,10 @@ class FuseAttnResPass(ModulePass):
             raise ValueError(f"{self.name}: num-stages must be >= 1 (0: by rows-per-program), got {self.num_stages}")
         if self.rows_per_program < 1:
             raise ValueError(f"{self.name}: rows-per-program must be >= 1, got {self.rows_per_program}")
-        if self.min_programs < 0:
-            raise ValueError(f"{self.name}: min-programs must be >= 0 (0: off), got {self.min_programs}")
-        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(
-            layer, self.warps_for(layer), self.stages_for(self.rows_per_program), self.rows_per_program,
-            self.min_programs))
+        if self.grouped_from_rows < 0:
+            raise ValueError(f"{self.name}: grouped-from-rows must be >= 0 (0: always grouped), "
+                             f"got {self.grouped_from_rows}")
+        add_entries(op, AttnResOp, lambda layer: fused_attnres_entry(layer, self))
 
     def stages_for(self, rows_per_program: int) -> int:
         """The option, or 3 for a program per row (S sources to overlap), 4 for a group of rows."""

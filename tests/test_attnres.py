@@ -152,7 +152,7 @@ def test_reference_picks_dominant_source(layer):
 def test_rows_per_program_matches_reference(compile_layer, rows, S, B, T):
     from k3compile.pipeline import DEFAULT_PIPELINES
 
-    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", f"fuse-attnres{{rows-per-program={rows} min-programs=0}}")
+    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", f"fuse-attnres{{rows-per-program={rows} grouped-from-rows=0}}")
     layer = compile_layer(pipeline, name="attnres_d100", kind="attnres", hidden_size=100, num_blocks=NUM_BLOCKS,
                           block_size=3, dtype="float32")
     assert ("for i_rs in" in layer.path.read_text()) == (rows > 1)
@@ -165,28 +165,29 @@ def test_rows_per_program_matches_reference(compile_layer, rows, S, B, T):
     torch.testing.assert_close(lse.double(), torch.logsumexp(scores, dim=0), rtol=1e-5, atol=1e-5)
 
 
-# fuse-attnres{min-programs}: a call of few rows takes smaller groups (k3s.launch_by_rows): with
-# groups of 4 and min-programs 2, 3 rows launch a program per row, 7 groups of 2 (the last
-# partial), 15 groups of 4 (the last partial)
-@pytest.mark.parametrize("B,T,group", [(1, 3, 1), (1, 7, 2), (3, 5, 4)])
-def test_smaller_groups_for_fewer_rows(compile_layer, monkeypatch, B, T, group):
+# fuse-attnres{grouped-from-rows}: the entry launches its per-row kernel for calls of fewer rows,
+# its grouped kernel from that many on; with groups of 4 from 8 rows: 5 and 7 rows per row, 8 and
+# 15 rows in groups (the last one partial)
+@pytest.mark.parametrize("B,T,launched", [(1, 5, "aggregate"), (1, 7, "aggregate"), (2, 4, "aggregate_groups"),
+                                          (3, 5, "aggregate_groups")])
+def test_kernel_by_rows(compile_layer, monkeypatch, B, T, launched):
     from k3compile.pipeline import DEFAULT_PIPELINES
 
-    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", "fuse-attnres{rows-per-program=4 min-programs=2}")
-    layer = compile_layer(pipeline, name="attnres_d100_groups", kind="attnres", hidden_size=100, num_blocks=NUM_BLOCKS,
+    pipeline = DEFAULT_PIPELINES["attnres"].replace("fuse-attnres", "fuse-attnres{rows-per-program=4 grouped-from-rows=8}")
+    layer = compile_layer(pipeline, name="attnres_d100_split", kind="attnres", hidden_size=100, num_blocks=NUM_BLOCKS,
                           block_size=3, dtype="float32")
-    launch = layer.path.read_text().split("def aggregate(", 1)[1]
-    assert 'if dims["B"] * dims["T"] <= 3:\n        BR = 1' in launch and "<= 7:\n        BR = 2" in launch
-    grids = []
-    kernel = layer.module.attnres_d100_groups_aggregate_kernel
+    grids = {}
+    for form in ("aggregate", "aggregate_groups"):
+        name = f"attnres_d100_split_{form}_kernel"
 
-    class RecordingKernel:  # the launch's grid, then the kernel's own launch
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return kernel[grid]
+        class RecordingKernel:  # the launch's grid, then the kernel's own launch
+            def __getitem__(self, grid, form=form, kernel=getattr(layer.module, name)):
+                grids[form] = grid
+                return kernel[grid]
 
-    monkeypatch.setattr(layer.module, "attnres_d100_groups_aggregate_kernel", RecordingKernel())
+        monkeypatch.setattr(layer.module, name, RecordingKernel())
     sources, query, gain = inputs(3, B, T, 100)
     out, _ = layer.aggregate(sources, query, gain)
-    assert grids == [(-(-B * T // group),)], f"grid {grids}, expected groups of {group}"
+    rows = B * T
+    assert grids == {launched: (rows if launched == "aggregate" else -(-rows // 4),)}, f"launched {grids}"
     assert_matches(out, reference.attnres(layer_op(layer), sources, query, gain), "out")

@@ -113,24 +113,18 @@ def test_merge_reads_the_partials(layer, part, off):
 
 
 def test_derived_from_the_aggregate(layer):
-    """Both phases are the aggregate's kernel at a program per row (fuse-attnres's form at
-    rows-per-program=1) with its loop split: block_partials ends in the partials' store where the
-    aggregate normalises, block_merge starts from the partials' load where the aggregate starts
-    from nothing; the loop's stages are the aggregate's."""
+    """Both phases are the aggregate's per-row kernel (the one of calls of few rows) with its loop
+    split: block_partials ends in the partials' store where the aggregate normalises, block_merge
+    starts from the partials' load where the aggregate starts from nothing; the loop's stages are
+    the aggregate's."""
     from k3compile.ir import k3s
-    from k3compile.passes.fuse_attnres import fused_attnres_entry
 
-    def stages(kernel: k3s.KernelOp) -> list[str]:
-        return [o.name for o in kernel.walk()][1:]
-
-    kernels = {op.sym_name.data.removeprefix(f"{layer.spec.name}_"): stages(op)
-               for op in layer.compilation.scheduled.ops if isinstance(op, k3s.KernelOp)}
-    per_row = fused_attnres_entry(layer_op(layer), num_warps=4, num_stages=3, rows_per_program=1)
-    start, *loop, store, lse = stages(next(o for o in per_row.walk() if isinstance(o, k3s.KernelOp)))[1:]
+    stages = {op.sym_name.data.removeprefix(f"{layer.spec.name}_"): [o.name for o in op.walk()][1:]
+              for op in layer.compilation.scheduled.ops if isinstance(op, k3s.KernelOp)}
+    start, *loop, store, lse = stages["aggregate"][1:]
     assert (start, store, lse) == ("k3s.softmax_start", "k3s.normalize_store", "k3s.store_lse")
-    assert loop[0] == "k3s.source_loop"
-    assert kernels["block_partials"] == ["k3s.fold_query", start, *loop, "k3s.store_partials"]
-    assert kernels["block_merge"] == ["k3s.fold_query", "k3s.load_partials", *loop, store]
+    assert stages["block_partials"] == ["k3s.fold_query", start, *loop, "k3s.store_partials"]
+    assert stages["block_merge"] == ["k3s.fold_query", "k3s.load_partials", *loop, store]
 
 
 @pytest.mark.parametrize("entry,name,bad,message", [

@@ -11,7 +11,7 @@ before it is printed, so that the printer only prints.
   the MoE experts' blocks of pairs, token rows, output and input columns.
 - The MoE router's block sizes and hidden slices for calls of fewer token rows
   (k3s.launch_by_rows after its kernels): the row count is known only at launch, and a few rows
-  want other tiles than many. Other kernels keep the launch_by_rows their passes wrote.
+  want other tiles than many.
 """
 
 from __future__ import annotations
@@ -130,16 +130,12 @@ def launches_by_rows(kernel: k3s.KernelOp) -> list[tuple[int | None, dict[str, i
 
 
 def add_launches_by_rows(kernel: k3s.KernelOp) -> None:
-    """k3s.launch_by_rows after the kernel for its block sizes at fewer rows (replacing any), where
-    the tables above have the kernel; others keep what their passes wrote (fuse-attnres's groups)."""
+    """k3s.launch_by_rows after the kernel for its block sizes at fewer rows (replacing any)."""
     name = kernel.sym_name.data
-    rows = launches_by_rows(kernel)
-    if not rows:
-        return
     anchor = k3s.launch_site(kernel)
     for old in [o for o in anchor.parent_op().body.ops if isinstance(o, k3s.LaunchByRowsOp) and o.kernel.data == name]:
         Rewriter.erase_op(old)
-    for most, sizes in rows[:-1]:  # the last is the kernel's own
+    for most, sizes in launches_by_rows(kernel)[:-1]:  # the last is the kernel's own
         launch = make(k3s.LaunchByRowsOp, kernel=name, max_rows=most, **sizes)
         Rewriter.insert_op(launch, InsertPoint.after(anchor))
         anchor = launch

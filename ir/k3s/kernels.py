@@ -104,6 +104,12 @@ class KernelOp(KeywordSyntax):
     # the slices of the hidden columns of a kernel with a hidden_slice grid axis (the shape
     # symbol HS) at calls of more rows than its k3s.launch_by_rows ops take
     hidden_slices = opt_prop_def(IntegerAttr[I64])
+    # the calls that launch it, by their token rows (B x T of a kernel over token rows, else the
+    # shape symbol R): at least min_rows, at most max_rows (absent: no bound); an entry whose
+    # kernels split its calls by size (fuse-attnres: a program per row for few rows, groups for
+    # many) launches those whose bounds hold the call's rows
+    min_rows = opt_prop_def(IntegerAttr[I64])
+    max_rows = opt_prop_def(IntegerAttr[I64])
     # another kernel of the module whose code this one runs (merge-identical-kernels: the same
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(StringAttr)
@@ -131,6 +137,12 @@ class KernelOp(KeywordSyntax):
             raise VerifyException(
                 f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
                 f"got {self.maxnreg.value.data}"
+            )
+        least, most = (None if bound is None else bound.value.data for bound in (self.min_rows, self.max_rows))
+        if (least is not None and least < 1) or (most is not None and most < max(least or 1, 1)):
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: rows bounds must be positive with min_rows <= max_rows, "
+                f"got min_rows {least}, max_rows {most}"
             )
         if self.hidden_slices is not None and self.hidden_slices.value.data < 1:
             raise VerifyException(
@@ -230,11 +242,10 @@ def argument_name(value: SSAValue) -> str | None:
 @irdl_op_definition
 class LaunchByRowsOp(KeywordSyntax):
     """Block sizes of the entry's kernel @kernel for calls of at most max_rows token rows (the
-    shape symbol R, or B x T for a kernel over groups of batched rows; known at launch): they
-    replace the kernel's own block sizes there. A kernel's launch_by_rows ops follow it in
-    increasing max_rows and the first that holds the rows applies; calls of more rows launch with
-    the kernel's own. A pass or a backend's legalization writes them (a few rows spread over more
-    programs in narrower tiles or smaller groups than many). hidden_slices, of a kernel with a
+    shape symbol R, known at launch): they replace the kernel's own block sizes there. A kernel's
+    launch_by_rows ops follow it in increasing max_rows and the first that holds R applies; calls
+    of more rows launch with the kernel's own. A backend's legalization writes them (a few rows
+    spread over more programs in narrower tiles than many). hidden_slices, of a kernel with a
     hidden_slice grid axis: the slices of the hidden columns at those calls, the shape symbol HS
     (any positive count; absent: the kernel's own)."""
 

@@ -7,7 +7,6 @@ from xdsl.dialects.builtin import ModuleOp
 
 from k3compile.backends.triton import context_parallel
 from k3compile.backends.triton.printer.common import (
-    BLOCK_CONSTANTS,
     ENTRY_PARTS,
     KERNEL_GROUPINGS,
     LAUNCH_CONSTANTS,
@@ -322,21 +321,13 @@ class Entries:
                 c(f"{tuple(key)!r}: {{{', '.join(f'{k!r}: {dict(sorted(v.items()))!r}' for k, v in sorted(kernels.items()))}}},")
         c("}", "", "")
 
-    def print_launch_by_rows(self, kernel: k3s.KernelOp, view: EntryView) -> None:
-        """The block sizes of the kernel's k3s.launch_by_rows ops, chosen by the call's token rows
-        (R; B x T for a kernel over groups of batched rows)."""
-        launches = [op for op in view.entry.body.ops
-                    if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
-        rows = 'dims["B"] * dims["T"]' if "row_group" in kernel.grid.data.split(",") else 'dims["R"]'
-        if any(launch.num_warps is not None for launch in launches):  # the launch passes num_warps=num_warps
-            self.code(f"num_warps = {kernel.num_warps.value.data}")
-        for index, launch in enumerate(launches):
-            sizes = {constant: launch.properties[key].value.data
-                     for key, constant in {**BLOCK_CONSTANTS, "num_warps": "num_warps"}.items() if key in launch.properties}
-            self.code(f"# {describe(launch)}",
-                      f'{"el" if index else ""}if {rows} <= {launch.max_rows.value.data}:')
-            with self.code.indent():
-                self.code(f"{', '.join(sizes)} = {', '.join(map(str, sizes.values()))}")
+    @staticmethod
+    def rows_bounds(kernel: k3s.KernelOp) -> list[str]:
+        """The conditions on the call's token rows under which the entry launches the kernel
+        (its min_rows, max_rows)."""
+        rows = 'dims["B"] * dims["T"]' if {"row", "row_group"} & set(kernel.grid.data.split(",")) else 'dims["R"]'
+        return ([f"{rows} >= {kernel.min_rows.value.data}"] if kernel.min_rows is not None else []) + \
+            ([f"{rows} <= {kernel.max_rows.value.data}"] if kernel.max_rows is not None else [])
 
     def print_launch(self, kernel: k3s.KernelOp, view: EntryView) -> None:
         c = self.code
@@ -365,7 +356,7 @@ class Entries:
         code = kernel.shares_code_of.data if kernel.shares_code_of is not None else kernel.sym_name.data
         arguments = {param_name(param): arg for param, arg in self.kernel_params(kernel, view)}
         params = [param_name(param) for param in self.kernel_code[code][0]]
-        c("if all(grid):")
+        c(f"if {' and '.join(['all(grid)', *self.rows_bounds(kernel)])}:")
         with c.indent():
             c(f"{self.kernel_name(code)}[grid](")
             with c.indent():

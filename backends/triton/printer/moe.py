@@ -5,12 +5,12 @@ the HS slices of the hidden columns, all three its grid axes. The top-k kernel: 
 logits' sum, the sigmoid, the top-k selection, the routing weights and their store; a program
 holds a block of BR token rows (its grid axis) with every expert, padded to BE (o_e, m_e: made
 by the sum), and BKS top-k slots. Each kernel's launch takes the block sizes of its
-k3s.launch_by_rows ops by the call's token rows (entries.py); the entry sets the slice count dims["HS"] by them before it
-allocates the partial logits."""
+k3s.launch_by_rows ops by the call's token rows; the entry sets the slice count dims["HS"] by
+them before it allocates the partial logits."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import EntryView, register, tensor_name
+from k3compile.backends.triton.printer.common import BLOCK_CONSTANTS, EntryView, describe, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -47,6 +47,20 @@ class MoE:
             self.code(f'{"el" if index else ""}if dims["R"] <= {most}:')
             with self.code.indent():
                 self.code(f'dims["HS"] = {count}')
+
+    def print_launch_by_rows(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+        """The block sizes of the kernel's k3s.launch_by_rows ops, chosen by the call's rows."""
+        launches = [op for op in view.entry.body.ops
+                    if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+        if any(launch.num_warps is not None for launch in launches):  # the launch passes num_warps=num_warps
+            self.code(f"num_warps = {kernel.num_warps.value.data}")
+        for index, launch in enumerate(launches):
+            sizes = {constant: launch.properties[key].value.data
+                     for key, constant in {**BLOCK_CONSTANTS, "num_warps": "num_warps"}.items() if key in launch.properties}
+            self.code(f"# {describe(launch)}",
+                      f'{"el" if index else ""}if dims["R"] <= {launch.max_rows.value.data}:')
+            with self.code.indent():
+                self.code(f"{', '.join(sizes)} = {', '.join(map(str, sizes.values()))}")
 
     def print_k3s_router_logits(self, op: k3s.RouterLogitsOp) -> None:
         c = self.code

@@ -17,11 +17,12 @@
 // RUN: k3c opt %s -p fuse-attnres | filecheck %s --check-prefix=ROWS
 // RUN: k3c opt %s -p fuse-attnres --generic | k3c opt - | filecheck %s --check-prefix=ROWS
 // RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=4 num-stages=2}' | filecheck %s --check-prefix=ROWS4
-// A call of fewer rows takes smaller groups (k3s.launch_by_rows after the kernel), so that its grid
-// keeps min-programs programs (default 1024) while it can; min-programs=0: every call takes the groups.
-// RUN: k3c opt %s -p 'fuse-attnres{rows-per-program=5 min-programs=3}' | filecheck %s --check-prefix=FEWER
-// RUN: k3c opt %s -p 'fuse-attnres{min-programs=0}' | filecheck %s --check-prefix=NOFEWER
-// RUN: not k3c opt %s -p 'fuse-attnres{min-programs=-1}' 2>&1 | filecheck %s --check-prefix=BADMIN
+// By default the entry has both kernels: the per-row one launched by calls of fewer than
+// grouped-from-rows (2048) token rows, the grouped one by the others (k3s.kernel min_rows /
+// max_rows); grouped-from-rows=0: the grouped kernel alone, at every call.
+// RUN: k3c opt %s -p fuse-attnres | filecheck %s --check-prefix=SPLIT
+// RUN: k3c opt %s -p 'fuse-attnres{grouped-from-rows=0}' | filecheck %s --check-prefix=GROUPED
+// RUN: not k3c opt %s -p 'fuse-attnres{grouped-from-rows=-1}' 2>&1 | filecheck %s --check-prefix=BADSPLIT
 // RUN: not k3c opt %s -p 'fuse-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=BADROWS
 
 builtin.module {
@@ -56,7 +57,7 @@ builtin.module {
 // WARPS: k3s.kernel @ar_aggregate <grid = row, num_warps = 8, num_stages = 1> {
 // STAGES: {{^}}k3c opt: error: pipeline 'fuse-attnres{num-stages=-1}': fuse-attnres: num-stages must be >= 1 (0: by rows-per-program), got -1{{$}}
 
-// ROWS:      k3s.kernel @ar_aggregate <grid = row_group, num_warps = 4, num_stages = 4> {
+// ROWS:      k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
 // ROWS:        %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
 // ROWS-NEXT:   ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // ROWS-NEXT:     %max_3 = k3s.row_start %max_2 : !k3s.tile<>
@@ -70,18 +71,16 @@ builtin.module {
 // ROWS-NEXT:     k3s.next_source %max_4, %sum_3, %acc_3
 // ROWS-NEXT:   } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // ROWS-NEXT: }
-// ROWS-NEXT: k3s.launch_by_rows <kernel = ar_aggregate, max_rows = 2047, block_r = 1>
-// ROWS-NEXT: k3s.launch_by_rows <kernel = ar_aggregate, max_rows = 4095, block_r = 2>
-// ROWS-NEXT: k3s.launch_by_rows <kernel = ar_aggregate, max_rows = 8191, block_r = 4>
 // ROWS-NEXT: }
-// ROWS4:      k3s.kernel @ar_aggregate <grid = row_group, num_warps = 4, num_stages = 2> {
+// ROWS4:      k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 2, min_rows = 2048> {
 // ROWS4:        k3s.row_source_loop %max, %sum, %acc <rows = 4> {
-// FEWER:      k3s.row_source_loop %max, %sum, %acc <rows = 5> {
-// FEWER:      k3s.launch_by_rows <kernel = ar_aggregate, max_rows = 5, block_r = 1>
-// FEWER-NEXT: k3s.launch_by_rows <kernel = ar_aggregate, max_rows = 11, block_r = 2>
-// FEWER-NEXT: k3s.launch_by_rows <kernel = ar_aggregate, max_rows = 14, block_r = 4>
-// FEWER-NEXT: }
-// NOFEWER:     k3s.row_source_loop %max, %sum, %acc <rows = 8> {
-// NOFEWER-NOT: k3s.launch_by_rows
-// BADMIN: {{^}}k3c opt: error: pipeline 'fuse-attnres{min-programs=-1}': fuse-attnres: min-programs must be >= 0 (0: off), got -1{{$}}
+// SPLIT:      k3s.entry @aggregate <source = ar, max_sources = 7> {
+// SPLIT:        k3s.kernel @ar_aggregate <grid = row, num_warps = 4, num_stages = 3, max_rows = 2047> {
+// SPLIT:          k3s.source_loop
+// SPLIT:        k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
+// SPLIT:          k3s.row_source_loop
+// GROUPED:     k3s.entry @aggregate
+// GROUPED-NOT: k3s.source_loop
+// GROUPED:     k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4> {
+// BADSPLIT: {{^}}k3c opt: error: pipeline 'fuse-attnres{grouped-from-rows=-1}': fuse-attnres: grouped-from-rows must be >= 0 (0: always grouped), got -1{{$}}
 // BADROWS: {{^}}k3c opt: error: pipeline 'fuse-attnres{rows-per-program=0}': fuse-attnres: rows-per-program must be >= 1, got 0{{$}}

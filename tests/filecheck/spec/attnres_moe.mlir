@@ -15,7 +15,21 @@
 // AR-NEXT:    %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<7168, float>
 // AR-NEXT:    %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 7168, float>
 // AR-NEXT:    %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
-// AR-NEXT:    k3s.kernel @attnres_aggregate <grid = row_group, num_warps = 4, num_stages = 4> {
+// AR-NEXT:    k3s.kernel @attnres_aggregate <grid = row, num_warps = 4, num_stages = 3, max_rows = 2047> {
+// AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
+// AR-NEXT:      %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// AR-NEXT:      %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
+// AR-NEXT:      ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
+// AR-NEXT:        %x = k3s.load_source %sources : !k3s.tile<D>
+// AR-NEXT:        %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>
+// AR-NEXT:        %max_3, %sum_3, %p, %rescale = k3s.online_softmax %max_2, %sum_2, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// AR-NEXT:        %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<D>
+// AR-NEXT:        k3s.next_source %max_3, %sum_3, %acc_3
+// AR-NEXT:      } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// AR-NEXT:      k3s.normalize_store %acc_1, %sum_1, %out
+// AR-NEXT:      k3s.store_lse %max_1, %sum_1, %lse
+// AR-NEXT:    }
+// AR-NEXT:    k3s.kernel @attnres_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
 // AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
 // AR-NEXT:      %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // AR-NEXT:      %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {

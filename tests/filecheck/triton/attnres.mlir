@@ -1,8 +1,9 @@
-// The printed Triton of an AttnRes spec: one fused kernel that scores and mixes each row in a
-// single read of its sources (a program's group of rows walked as one loop over (row, source)), storing the row's log-sum-exp when the caller asks for it; and the
-// fused backward, one kernel over groups of rows that reads each source row once, recomputes the
-// softmax from the saved log-sum-exp, writes its cotangent once and re-centres the query's
-// cotangent per row (k3c compile --stdout).
+// The printed Triton of an AttnRes spec: two fused kernels that score and mix each row in a
+// single read of its sources, storing the row's log-sum-exp when the caller asks for it, one a
+// program per row (calls of fewer than 2048 rows), one a group of rows a program walked as one
+// loop over (row, source) pairs (the others); and the fused backward, one kernel over groups of
+// rows that reads each source row once, recomputes the softmax from the saved log-sum-exp, writes
+// its cotangent once and re-centres the query's cotangent per row (k3c compile --stdout).
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s
 
 // CHECK:      attnres: compiled attnres layer (k3compile {{[0-9.]+}}). Needs only torch and triton.
@@ -16,6 +17,20 @@
 // CHECK-NEXT: b_max = tl.full([], float("-inf"), dtype=tl.float32)
 // CHECK-NEXT: b_sum = tl.zeros([], dtype=tl.float32)
 // CHECK-NEXT: b_acc = tl.zeros([BD], dtype=tl.float32)
+// the loop over sources pipelined by the kernel's num_stages: the next rows load while one is scored
+// CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
+// CHECK-NEXT: for i_s in tl.range(0, S, num_stages=3):
+// CHECK-NEXT:     b_x = tl.load(sources + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+// CHECK:      # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
+// CHECK:      # %max, %sum, %p, %rescale = k3s.online_softmax %max, %sum, %score
+// CHECK:      # %acc = k3s.mix_accumulate %acc, %rescale, %p, %x
+// CHECK:      # k3s.normalize_store %acc, %sum, %out
+// CHECK-NEXT: tl.store(out + i_r * D + o_d, (b_acc / b_sum).to(out.dtype.element_ty), mask=m_d)
+// CHECK-NEXT: # k3s.store_lse %max, %sum, %lse: the row's log-sum-exp over its sources, for the backward
+// CHECK-NEXT: if HAS_LSE:
+// CHECK-NEXT:     tl.store(lse + i_r, b_max + tl.log(b_sum))
+// CHECK-LABEL: def attnres_aggregate_groups_kernel(
+// CHECK:      b_acc = tl.zeros([BD], dtype=tl.float32)
 // the group's (row, source) pairs pipelined by the kernel's num_stages: the next rows load while one is scored
 // CHECK-NEXT: # %max, %sum, %acc = k3s.row_source_loop %max, %sum, %acc <rows = 8>: the program's rows and their sources as one loop, sources innermost
 // CHECK-NEXT: for i_rs in tl.range(i_rg * BR * S, tl.minimum(i_rg * BR + BR, R) * S, num_stages=4):
@@ -37,18 +52,20 @@
 // CHECK-LABEL: def aggregate(sources, query, gain, output_lse=False):
 // CHECK:      # k3s.entry @aggregate <source = attnres, max_sources = 9>: argument checks
 // CHECK:      lse = _alloc((dims["B"], dims["T"]), torch.float32, sources.device) if output_lse else None
-// CHECK:      # k3s.kernel @attnres_aggregate <grid = row_group, num_warps = 4, num_stages = 4, block_d = 8192>: launch
-// CHECK:          BR = 8
-// a call of fewer rows takes smaller groups (its k3s.launch_by_rows): the grid keeps its programs
-// CHECK-NEXT:     # k3s.launch_by_rows <kernel = attnres_aggregate, max_rows = 2047, block_r = 1>
-// CHECK-NEXT:     if dims["B"] * dims["T"] <= 2047:
-// CHECK-NEXT:         BR = 1
-// CHECK:          elif dims["B"] * dims["T"] <= 8191:
-// CHECK-NEXT:         BR = 4
-// CHECK-NEXT:     grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
-// CHECK:          HAS_LSE=lse is not None,
-// CHECK-NEXT:     num_warps=4,
-// CHECK-NEXT:     num_stages=4,
+// each kernel launched by the calls its rows bounds hold
+// CHECK:      # k3s.kernel @attnres_aggregate <grid = row, num_warps = 4, num_stages = 3, block_d = 8192, max_rows = 2047>: launch
+// CHECK:      grid = (dims["B"] * dims["T"],)
+// CHECK-NEXT: if all(grid) and dims["B"] * dims["T"] <= 2047:
+// CHECK-NEXT:     attnres_aggregate_kernel[grid](
+// CHECK:          num_stages=3,
+// CHECK:      # k3s.kernel @attnres_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4, block_d = 8192, min_rows = 2048>: launch
+// CHECK:      BR = 8
+// CHECK-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
+// CHECK-NEXT: if all(grid) and dims["B"] * dims["T"] >= 2048:
+// CHECK-NEXT:     attnres_aggregate_groups_kernel[grid](
+// CHECK:              HAS_LSE=lse is not None,
+// CHECK-NEXT:         num_warps=4,
+// CHECK-NEXT:         num_stages=4,
 // CHECK:      return out, lse
 
 // CHECK-LABEL: def attnres_aggregate_backward_kernel(

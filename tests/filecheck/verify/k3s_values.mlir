@@ -12,6 +12,8 @@
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 3/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=WARPS
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, num_stages = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STAGES
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, maxnreg = 300/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=MAXNREG
+// RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, min_rows = 8, max_rows = 7/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
+// RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, max_rows = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS0
 // RUN: sed 's/role = maybe/role = input/' %s | k3c opt - | filecheck %s --check-prefix=VALID
 
 builtin.module {
@@ -77,6 +79,8 @@ builtin.module {
 // STAGES-NOT: {{\n}}
 // STAGES: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: num_stages must be >= 1, got 0{{$}}
 // MAXNREG: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: maxnreg must be in 24..255, got 300{{$}}
+// ROWS: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: rows bounds must be positive with min_rows <= max_rows, got min_rows 8, max_rows 7{{$}}
+// ROWS0: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: rows bounds must be positive with min_rows <= max_rows, got min_rows None, max_rows 0{{$}}
 // STAGES-NOT: {{.}}
 
 // VALID: %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 16, float>
