@@ -454,7 +454,7 @@ ARGUMENT_ERRORS = [
     ("chunk_kda", KDA, dict(cp_context=object()), NotImplementedError, "cp_context"),
     ("chunk_kda", KDA, dict(use_graph=True), NotImplementedError, "use_graph"),
     ("chunk_kda", KDA, dict(max_num_seqs=4), NotImplementedError, "max_num_seqs"),
-    ("chunk_kda", KDA, dict(disable_recompute=True), NotImplementedError, "disable_recompute"),
+    ("chunk_kda", KDA, dict(disable_recompute=True, return_intermediate_states=True), ValueError, "disable_recompute"),
     ("chunk_kda", KDA, dict(head_first=False), TypeError, "head_first"),  # fla's chunk_kda never reads it
     ("chunk_kda", KDA, dict(chunk_sz=32), TypeError, "chunk_sz"),
     ("chunk_kda", KDA, dict(allow_neg_eigval=True), ValueError, "use_beta_sigmoid_in_kernel"),

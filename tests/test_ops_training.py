@@ -101,6 +101,24 @@ def test_eager_gradients_match_float64_autograd_of_the_definition():
         assert error < 1e-4, f"d{name}: relative error {error:.2e}"
 
 
+def test_disable_recompute_changes_nothing():
+    """fla's disable_recompute trades memory for time in its backward, not results; ours always
+    recomputes, so outputs and gradients are those of the default call, bit for bit."""
+    from k3compile.ops.kda import chunk_kda
+
+    def step(*inputs, **options):
+        q, k, v, g, beta, h0 = inputs
+        o, ht = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, **options)
+        return (o * o).sum() + (ht * ht).sum()
+
+    inputs = kda_inputs(seed=3)
+    loss, grads = grads_of(step, inputs)
+    loss_saved, grads_saved = grads_of(lambda *x: step(*x, disable_recompute=True), inputs)
+    assert torch.equal(loss, loss_saved)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_saved, strict=True))
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
 def test_no_grad_call_does_not_need_the_backward():
     q, k, v, g, beta, h0 = kda_inputs(3)
     from k3compile.ops.kda import chunk_kda

@@ -81,8 +81,10 @@ def chunk_kda(
             k3compile clamps g at it (gate_input clamped), which equals fla on every input fla
             allows and stays defined on the others.
         lower_bound: the gate's lower bound (log space), read with use_gate_in_kernel or safe_gate.
-        disable_recompute: False only (the backward recomputes the chunk-local stages; saving them is
-            not offered yet).
+        disable_recompute: fla's memory-for-time switch of its backward (save the chunk-local
+            intermediates instead of recomputing them); the gradients are the same either way, and
+            k3compile's derived backward always recomputes, so it changes nothing here. As in fla,
+            it cannot be combined with return_intermediate_states.
         return_intermediate_states: also return h [B, NT, HV, K, V] in the input dtype, the
             state at the start of every chunk of chunk_size tokens (NT = ceil(T / chunk_size);
             varlen: [1, all sequences' chunks, ...]); inference mode only, as in fla.
@@ -106,9 +108,8 @@ def chunk_kda(
         reject("cp_context", NO_FLA_CP)
     if use_graph or max_num_seqs is not None:
         reject("use_graph" if use_graph else "max_num_seqs", NO_CUDA_GRAPH)
-    if disable_recompute:
-        reject("disable_recompute", "the derived backward recomputes the chunk-local stages from the inputs; "
-                                    "saving them instead is not offered yet")
+    if disable_recompute and return_intermediate_states:
+        raise ValueError("return_intermediate_states: must be used with disable_recompute=False, as in fla")
     check_varlen(q, cu_seqlens, initial_state, cu_seqlens_cpu)
     require_fp32_state("chunk_kda", initial_state)
     gate_input, bound = kda_gate(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias)
