@@ -535,12 +535,35 @@ def test_every_kwargs_function_rejects_unknown_keywords():
 
 
 @pytest.mark.parametrize("name", sorted(n for n in FLA_SIGNATURES if n.startswith("fused_recurrent")))
-def test_requires_grad_is_rejected_by_the_recurrent_functions(name):
-    """Only the chunk functions are differentiable (tests/test_ops_training.py, test_backward.py)."""
-    x = call_inputs(name, kind_of(name))
+def test_recurrent_functions_differentiate_through_the_chunk_entry(name):
+    """fused_recurrent_* have no backward of their own: under autograd they run the chunk function
+    of the same arguments (the same function, with a derived backward), as fla's tests expect when
+    they take a recurrent function's gradients for a reference. Gradients of every input against
+    float64 autograd of the reference, at an odd length with initial states."""
+    kind = kind_of(name)
+    x = draw(kind, B=2, T=7)
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items() if t.is_floating_point()}
+    args = {**x, **leaves}
+    if name == "fused_recurrent_gla":
+        args["gk"] = args.pop("g")
+    o, final = getattr(ops, name)(**args, output_final_state=True)
+    do, dfinal = torch.randn_like(o), torch.randn_like(final)
+    ((o * do).sum() + (final * dfinal).sum()).backward()
+    references = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    ref_o, ref_final = expected(op_of(kind), {**x, **references})
+    ((ref_o * do.double()).sum() + (ref_final * dfinal.double()).sum()).backward()
+    for n, leaf in leaves.items():
+        assert leaf.grad is not None and torch.isfinite(leaf.grad).all(), f"d{n}"
+        error = ((leaf.grad.double() - references[n].grad).norm() / references[n].grad.norm()).item()
+        assert error < 1e-4, f"{name}: d{n} relative error {error:.2e}"
+
+
+def test_recurrent_forms_without_a_chunk_function_refuse_grad():
+    """GLA's reverse has no chunk function: under autograd it is a one-line NotImplementedError."""
+    x = call_inputs("fused_recurrent_gla", GLA)
     x["v"] = x["v"].requires_grad_()
-    with pytest.raises(NotImplementedError, match="forward only") as info:
-        getattr(ops, name)(**x)
+    with pytest.raises(NotImplementedError) as info:
+        ops.fused_recurrent_gla(**x, reverse=True)
     assert "v requires grad" in str(info.value) and one_line(str(info.value))
 
 

@@ -15,8 +15,10 @@ from k3compile.ops.layers import LayerKey, layer_module
 
 IN_KERNEL_GATES = ("softplus", "bounded")  # gate inputs that take A_log and dt_bias
 
-NO_BACKWARD = ("k3compile.ops differentiates the chunk_* functions only (fused_recurrent_* are forward "
-               "only); call under torch.no_grad() / torch.inference_mode()")
+NO_BACKWARD = ("k3compile.ops differentiates the chunk_* functions, and fused_recurrent_* through them "
+               "where a chunk function takes the same arguments (not over a state pool, nor GLA's reverse, "
+               "gv, or a gated delta rule's gk or in-kernel gate); call under torch.no_grad() / "
+               "torch.inference_mode()")
 SPECULATIVE = ("k3compile does not keep per-token state slots for speculative decoding: it replays "
                "(pipeline 'derive-replay,lower-speculative': verify, commit, spec_step; "
                "docs/speculative-decoding.md)")
@@ -49,6 +51,13 @@ def state_v_first_of(state_v_first: bool, kwargs: dict) -> bool:
     warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.", DeprecationWarning,
                   stacklevel=3)
     return bool(kwargs["transpose_state_layout"])
+
+
+def wants_grad(**tensors) -> bool:
+    """A call autograd records: grad mode on and an input that requires grad. fused_recurrent_*
+    then run the chunk function of the same arguments (the same function, and it has a backward)
+    where one exists."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors.values())
 
 
 def forward_only(**tensors) -> None:

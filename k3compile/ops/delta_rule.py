@@ -6,8 +6,19 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (check_chunk_size, check_head_first, check_keywords, check_varlen, entry_inputs,
-                                 forward_only, fp32_state, head_dims, run, run_recurrent)
+from k3compile.ops.calls import (
+    check_chunk_size,
+    check_head_first,
+    check_keywords,
+    check_varlen,
+    entry_inputs,
+    forward_only,
+    fp32_state,
+    head_dims,
+    run,
+    run_recurrent,
+    wants_grad,
+)
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_delta_rule", "fused_recurrent_delta_rule"]
@@ -82,6 +93,11 @@ def fused_recurrent_delta_rule(
     Returns:
         (o [B, T, HV, V] in the input dtype, final_state float32 or None).
     """
+    if wants_grad(q=q, k=k, v=v, beta=beta, initial_state=initial_state):
+        # the recurrent entry has no backward: the chunk entry computes the same function and has one
+        return chunk_delta_rule(q, k, v, v.new_ones(v.shape[:3]) if beta is None else beta, scale=scale,
+                                initial_state=fp32_state(initial_state), output_final_state=output_final_state,
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
     forward_only(q=q, k=k, v=v, beta=beta, initial_state=initial_state)
     if scale is not None and not scale > 0:
         raise ValueError(f"scale: must be positive, got {scale!r}")

@@ -7,10 +7,28 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (NO_FLA_CP, beta_input, check_chunk_size, check_head_first, check_keywords,
-                                 check_varlen, described, entry_inputs, forward_only, fp32_state, gate_parameters, head_dims,
-                                 host_offsets, no_gate_parameters, reject, run, run_recurrent, state_layout,
-                                 state_v_first_of)
+from k3compile.ops.calls import (
+    NO_FLA_CP,
+    beta_input,
+    check_chunk_size,
+    check_head_first,
+    check_keywords,
+    check_varlen,
+    described,
+    entry_inputs,
+    forward_only,
+    fp32_state,
+    gate_parameters,
+    head_dims,
+    host_offsets,
+    no_gate_parameters,
+    reject,
+    run,
+    run_recurrent,
+    state_layout,
+    state_v_first_of,
+    wants_grad,
+)
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
@@ -147,6 +165,16 @@ def fused_recurrent_gated_delta_rule(
                                                                 "num_accepted_tokens"))
     state_v_first = state_v_first_of(state_v_first, kwargs)
     ssm_state_indices = kwargs.get("ssm_state_indices")
+    if (wants_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state) and ssm_state_indices is None
+            and g is not None and gk is None and gv is None and not use_gate_in_kernel
+            and kwargs.get("num_accepted_tokens") is None):
+        # the recurrent entry has no backward: the chunk entry computes the same function and has one
+        return chunk_gated_delta_rule(q, k, v, g, v.new_ones(v.shape[:3]) if beta is None else beta, scale=scale,
+                                      initial_state=fp32_state(initial_state), output_final_state=output_final_state,
+                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                      allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
+                                      cu_seqlens=cu_seqlens)
     forward_only(q=q, k=k, v=v, g=g, gk=gk, gv=gv, beta=beta, initial_state=initial_state, A_log=A_log,
                  dt_bias=dt_bias)
     if gv is not None:

@@ -6,9 +6,22 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (check_keywords, check_varlen, entry_inputs, forward_only, head_dims, reject,
-                                 require_fp32_state, reversed_in_time, run, run_recurrent, state_layout,
-                                 state_v_first_of)
+from k3compile.ops.calls import (
+    check_keywords,
+    check_varlen,
+    entry_inputs,
+    forward_only,
+    fp32_state,
+    head_dims,
+    reject,
+    require_fp32_state,
+    reversed_in_time,
+    run,
+    run_recurrent,
+    state_layout,
+    state_v_first_of,
+    wants_grad,
+)
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_gla", "fused_recurrent_gla"]
@@ -80,6 +93,10 @@ def fused_recurrent_gla(
     """
     check_keywords("fused_recurrent_gla", kwargs, ("transpose_state_layout",))
     state_v_first = state_v_first_of(state_v_first, kwargs)
+    if wants_grad(q=q, k=k, v=v, gk=gk, initial_state=initial_state) and gk is not None and gv is None and not reverse:
+        # the recurrent entry has no backward: the chunk entry computes the same function and has one
+        return chunk_gla(q, k, v, gk, scale=scale, initial_state=fp32_state(initial_state),
+                         output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens)
     forward_only(q=q, k=k, v=v, gk=gk, gv=gv, initial_state=initial_state)
     if gv is not None:
         reject("gv", "k3compile's recurrences have no decay over the value dimension")

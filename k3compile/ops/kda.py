@@ -8,10 +8,30 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (NO_CUDA_GRAPH, NO_FLA_CP, beta_input, check_chunk_size, check_keywords,
-                                 check_varlen, entry_inputs, forward_only, gate_parameters, head_dims, host_offsets,
-                                 negative_bound, no_gate_parameters, reject, require_fp32_state, run, run_recurrent,
-                                 state_layout, state_v_first_of, states_at_chunk_starts)
+from k3compile.ops.calls import (
+    NO_CUDA_GRAPH,
+    NO_FLA_CP,
+    beta_input,
+    check_chunk_size,
+    check_keywords,
+    check_varlen,
+    entry_inputs,
+    forward_only,
+    fp32_state,
+    gate_parameters,
+    head_dims,
+    host_offsets,
+    negative_bound,
+    no_gate_parameters,
+    reject,
+    require_fp32_state,
+    run,
+    run_recurrent,
+    state_layout,
+    state_v_first_of,
+    states_at_chunk_starts,
+    wants_grad,
+)
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_kda", "fused_recurrent_kda"]
@@ -187,6 +207,14 @@ def fused_recurrent_kda(
                                                    "num_accepted_tokens"))
     state_v_first = state_v_first_of(state_v_first, kwargs)
     ssm_state_indices = kwargs.get("ssm_state_indices")
+    if (wants_grad(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state)
+            and ssm_state_indices is None and kwargs.get("num_accepted_tokens") is None):
+        # the recurrent entry has no backward: the chunk entry computes the same function and has one
+        return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=fp32_state(initial_state),
+                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                         use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                         allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, state_v_first=state_v_first,
+                         cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias)
     forward_only(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state)
     check_varlen(q, cu_seqlens, initial_state, pool=ssm_state_indices is not None)
     beta_form = beta_input(use_beta_sigmoid_in_kernel, allow_neg_eigval)
