@@ -331,7 +331,11 @@ def test_ops_chunk_kda_training_step(ops_cache, dtype, tol):
         got = leaves[n].grad
         assert got is not None, f"{n}.grad: none"
         assert got.dtype == leaves[n].dtype, f"{n}.grad: dtype {got.dtype}, its input's is {leaves[n].dtype}"
-        assert_grad(got.float(), want["h0" if n == "initial_state" else n], f"{n}.grad", tol=tol)
+        # dA_log, one number per head, sums the fp16 gate gradient over every token and channel:
+        # where its terms cancel, their rounding dominates (a seed gave 4.7e-3); fla checks it at
+        # 3e-3 and only warns, the GPU verify at 2e-2
+        loose = dtype == torch.float16 and n == "A_log"
+        assert_grad(got.float(), want["h0" if n == "initial_state" else n], f"{n}.grad", tol=1e-2 if loose else tol)
     assert list(ops_cache.rglob("*.py")), "ops compiled outside K3C_CACHE_DIR"
 
 
