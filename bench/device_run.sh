@@ -35,6 +35,9 @@
 #                  float64 only, without fla's autotuning); the rows of all in $OUT/backward_verify.md
 #   backward-sweep the backward schedule's options (derive-backward / lower-backward) checked and timed with
 #                  per-kernel times and peak memory, next to fla's backward (bench/backward_sweep.py, $BACKWARD_SWEEP_ARGS)
+#   fla-suite      fla's own op tests with k3compile.ops in place of fla's (bench/fla_suite.py): the tests
+#                  folder of a flash-linear-attention checkout at $FLA_TESTS (default bench/generated/fla/tests,
+#                  carried: `git -C <checkout> archive HEAD tests | tar -x -C bench/generated/fla`); $FLA_SUITE_ARGS
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
 # $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
@@ -181,6 +184,9 @@ for phase in ${PHASES:-verify recurrent chunk}; do
     moe)
       $K3C compile examples/latent_moe.toml -o "$OUT/generated/moe" --no-autotune
       python3 bench/moe_gpu.py --module "$OUT/generated/moe/latent_moe.py" --out "$OUT" ${MOE_ARGS:-} ;;
+    fla-suite)
+      python3 bench/fla_suite.py --tests "${FLA_TESTS:-bench/generated/fla/tests}" --out "$OUT/fla_suite" \
+        ${FLA_SUITE_ARGS:-} 2>&1 | tail -40 ;;
     backward)
       # training: k3compile.ops' chunk functions forward + backward against fla's, and our gradients
       # against float64 autograd of the reference ($BACKWARD_ARGS: e.g. --skip-verify, --cases ...)
