@@ -558,6 +558,25 @@ def test_recurrent_functions_differentiate_through_the_chunk_entry(name):
         assert error < 1e-4, f"{name}: d{n} relative error {error:.2e}"
 
 
+def test_recurrent_gated_delta_rule_in_kernel_gate_differentiates():
+    """The in-kernel gate (A_log, dt_bias) and beta logits travel to the chunk function: every
+    gradient, the gate's parameters included, against float64 autograd of the reference."""
+    x = raw_beta(raw_qk(raw_gate_inputs(draw("gated_deltanet", B=2, T=7), channel=False)))
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items() if t.is_floating_point()}
+    o, final = ops.fused_recurrent_gated_delta_rule(**{**x, **leaves}, output_final_state=True,
+                                                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                                    use_beta_sigmoid_in_kernel=True)
+    do, dfinal = torch.randn_like(o), torch.randn_like(final)
+    ((o * do).sum() + (final * dfinal).sum()).backward()
+    references = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    oracle = op_of("gated_deltanet", qk_l2norm=True, gate_input="softplus", beta_input="logits")
+    ref_o, ref_final = expected(oracle, {**x, **references})
+    ((ref_o * do.double()).sum() + (ref_final * dfinal.double()).sum()).backward()
+    for n, leaf in leaves.items():
+        error = ((leaf.grad.double() - references[n].grad).norm() / references[n].grad.norm()).item()
+        assert error < 1e-4, f"d{n} relative error {error:.2e}"
+
+
 def test_recurrent_forms_without_a_chunk_function_refuse_grad():
     """GLA's reverse has no chunk function: under autograd it is a one-line NotImplementedError."""
     x = call_inputs("fused_recurrent_gla", GLA)

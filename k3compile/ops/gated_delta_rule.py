@@ -166,15 +166,15 @@ def fused_recurrent_gated_delta_rule(
     state_v_first = state_v_first_of(state_v_first, kwargs)
     ssm_state_indices = kwargs.get("ssm_state_indices")
     if (wants_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state) and ssm_state_indices is None
-            and g is not None and gk is None and gv is None and not use_gate_in_kernel
-            and kwargs.get("num_accepted_tokens") is None):
+            and g is not None and gk is None and gv is None and kwargs.get("num_accepted_tokens") is None):
         # the recurrent entry has no backward: the chunk entry computes the same function and has one
         return chunk_gated_delta_rule(q, k, v, g, v.new_ones(v.shape[:3]) if beta is None else beta, scale=scale,
                                       initial_state=fp32_state(initial_state), output_final_state=output_final_state,
                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                       use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                                       allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
-                                      cu_seqlens=cu_seqlens)
+                                      cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                                      dt_bias=dt_bias)
     forward_only(q=q, k=k, v=v, g=g, gk=gk, gv=gv, beta=beta, initial_state=initial_state, A_log=A_log,
                  dt_bias=dt_bias)
     if gv is not None:
