@@ -577,12 +577,36 @@ def test_recurrent_gated_delta_rule_in_kernel_gate_differentiates():
         assert error < 1e-4, f"d{n} relative error {error:.2e}"
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_recurrent_gla_reverse_differentiates(varlen):
+    """GLA's reverse under autograd: the chunk function over the sequences reversed in time; every
+    gradient against float64 autograd of the reference on the reversed inputs."""
+    lengths = SEQLENS if varlen else None
+    x = draw("gla", B=1 if varlen else 2, T=7, seqlens=lengths)
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items() if t.is_floating_point()}
+    args = {**x, **leaves}
+    args["gk"] = args.pop("g")
+    o, final = ops.fused_recurrent_gla(**args, output_final_state=True, reverse=True)
+    do, dfinal = torch.randn_like(o), torch.randn_like(final)
+    ((o * do).sum() + (final * dfinal).sum()).backward()
+    flip = (lambda t: reversed_sequences(t, lengths)) if varlen else (lambda t: t.flip(1))
+    references = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    flipped = {**x, **references, **{n: flip(references[n]) for n in ("q", "k", "v", "g")}}
+    ref_o, ref_final = expected(op_of("gla"), flipped)
+    ((flip(ref_o) * do.double()).sum() + (ref_final * dfinal.double()).sum()).backward()
+    for n, leaf in leaves.items():
+        error = ((leaf.grad.double() - references[n].grad).norm() / references[n].grad.norm()).item()
+        assert error < 1e-4, f"d{n} relative error {error:.2e}"
+
+
 def test_recurrent_forms_without_a_chunk_function_refuse_grad():
-    """GLA's reverse has no chunk function: under autograd it is a one-line NotImplementedError."""
-    x = call_inputs("fused_recurrent_gla", GLA)
+    """A state pool (ssm_state_indices) has no chunk function: under autograd it is a one-line
+    NotImplementedError."""
+    x = call_inputs("fused_recurrent_kda", KDA)
     x["v"] = x["v"].requires_grad_()
+    pool = torch.randn(4, 2, K, V)
     with pytest.raises(NotImplementedError) as info:
-        ops.fused_recurrent_gla(**x, reverse=True)
+        ops.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=torch.tensor([2, 0]))
     assert "v requires grad" in str(info.value) and one_line(str(info.value))
 
 

@@ -93,10 +93,15 @@ def fused_recurrent_gla(
     """
     check_keywords("fused_recurrent_gla", kwargs, ("transpose_state_layout",))
     state_v_first = state_v_first_of(state_v_first, kwargs)
-    if wants_grad(q=q, k=k, v=v, gk=gk, initial_state=initial_state) and gk is not None and gv is None and not reverse:
+    if wants_grad(q=q, k=k, v=v, gk=gk, initial_state=initial_state) and gv is None:
         # the recurrent entry has no backward: the chunk entry computes the same function and has one
-        return chunk_gla(q, k, v, gk, scale=scale, initial_state=fp32_state(initial_state),
-                         output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens)
+        # (reverse: on the sequences reversed in time, differentiably, and its output reversed back)
+        in_order = (lambda x: reversed_in_time(x, cu_seqlens)) if reverse else (lambda x: x)
+        gate = q.new_zeros(*v.shape[:3], q.shape[-1]) if gk is None else gk
+        o, final_state = chunk_gla(*(in_order(x) for x in (q, k, v, gate)), scale=scale,
+                                   initial_state=fp32_state(initial_state), output_final_state=output_final_state,
+                                   state_v_first=state_v_first, cu_seqlens=cu_seqlens)
+        return in_order(o), final_state
     forward_only(q=q, k=k, v=v, gk=gk, gv=gv, initial_state=initial_state)
     if gv is not None:
         reject("gv", "k3compile's recurrences have no decay over the value dimension")
