@@ -599,6 +599,28 @@ def test_recurrent_gla_reverse_differentiates(varlen):
         assert error < 1e-4, f"d{n} relative error {error:.2e}"
 
 
+@pytest.mark.parametrize("gates", ["gk", "g+gk"])
+def test_recurrent_gated_delta_rule_channel_gate_differentiates(gates):
+    """fused_recurrent_gated_delta_rule with gk is KDA (log-decay gk + g with both): under autograd
+    chunk_kda runs; gradients of q, k, v, beta, the gates and the state against float64 autograd."""
+    x = draw("kda", B=2, T=9, HV=4)
+    leaves = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "beta", "initial_state")}
+    leaves["gk"] = x["g"].clone().requires_grad_()
+    if gates == "g+gk":
+        leaves["g"] = F.logsigmoid(torch.randn(2, 9, 4)).requires_grad_()
+    o, final = ops.fused_recurrent_gated_delta_rule(**leaves, output_final_state=True)
+    do, dfinal = torch.randn_like(o), torch.randn_like(final)
+    ((o * do).sum() + (final * dfinal).sum()).backward()
+    references = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    decay = references["gk"] + (references["g"][..., None] if gates == "g+gk" else 0)
+    ref = {**{n: references[n] for n in ("q", "k", "v", "beta", "initial_state")}, "g": decay}
+    ref_o, ref_final = expected(op_of("kda", HV=4), ref)
+    ((ref_o * do.double()).sum() + (ref_final * dfinal.double()).sum()).backward()
+    for n, leaf in leaves.items():
+        error = ((leaf.grad.double() - references[n].grad).norm() / references[n].grad.norm()).item()
+        assert error < 1e-4, f"d{n} relative error {error:.2e}"
+
+
 def test_recurrent_forms_without_a_chunk_function_refuse_grad():
     """A state pool (ssm_state_indices) has no chunk function: under autograd it is a one-line
     NotImplementedError."""

@@ -16,8 +16,8 @@ from k3compile.ops.layers import LayerKey, layer_module
 IN_KERNEL_GATES = ("softplus", "bounded")  # gate inputs that take A_log and dt_bias
 
 NO_BACKWARD = ("k3compile.ops differentiates the chunk_* functions, and fused_recurrent_* through them "
-               "where a chunk function takes the same arguments (not over a state pool, nor with gv or a "
-               "gated delta rule's gk); call under torch.no_grad() / "
+               "where a chunk function takes the same arguments (not over a state pool, nor with gv, nor a "
+               "gated delta rule without gates: use fused_recurrent_delta_rule); call under torch.no_grad() / "
                "torch.inference_mode()")
 SPECULATIVE = ("k3compile does not keep per-token state slots for speculative decoding: it replays "
                "(pipeline 'derive-replay,lower-speculative': verify, commit, spec_step; "

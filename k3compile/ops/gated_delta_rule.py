@@ -29,6 +29,7 @@ from k3compile.ops.calls import (
     state_v_first_of,
     wants_grad,
 )
+from k3compile.ops.kda import chunk_kda
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
@@ -165,18 +166,15 @@ def fused_recurrent_gated_delta_rule(
                                                                 "num_accepted_tokens"))
     state_v_first = state_v_first_of(state_v_first, kwargs)
     ssm_state_indices = kwargs.get("ssm_state_indices")
-    if (wants_grad(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state) and ssm_state_indices is None
-            and g is not None and gk is None and gv is None and kwargs.get("num_accepted_tokens") is None):
-        # the recurrent entry has no backward: the chunk entry computes the same function and has one
-        return chunk_gated_delta_rule(q, k, v, g, v.new_ones(v.shape[:3]) if beta is None else beta, scale=scale,
-                                      initial_state=fp32_state(initial_state), output_final_state=output_final_state,
-                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                                      allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
-                                      cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-                                      dt_bias=dt_bias)
-    forward_only(q=q, k=k, v=v, g=g, gk=gk, gv=gv, beta=beta, initial_state=initial_state, A_log=A_log,
-                 dt_bias=dt_bias)
+    # under autograd the chunk function of the same arguments runs: the recurrent entry has no backward
+    as_chunk = (wants_grad(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state, A_log=A_log,
+                           dt_bias=dt_bias)
+                and ssm_state_indices is None and kwargs.get("num_accepted_tokens") is None and gv is None
+                and (g is not None or gk is not None))
+    if not as_chunk:
+        forward_only(q=q, k=k, v=v, g=g, gk=gk, gv=gv, beta=beta, initial_state=initial_state, A_log=A_log,
+                     dt_bias=dt_bias)
+    given_A_log, given_dt_bias = A_log, dt_bias
     if gv is not None:
         reject("gv", "k3compile's recurrences have no decay over the value dimension")
     check_varlen(q, cu_seqlens, initial_state, pool=ssm_state_indices is not None)
@@ -201,6 +199,15 @@ def fused_recurrent_gated_delta_rule(
         kind = "gated_deltanet" if g is not None else "deltanet"
     if beta is None:
         beta = v.new_ones(v.shape[:3])
+    if as_chunk:
+        shared = dict(scale=scale, initial_state=fp32_state(initial_state), output_final_state=output_final_state,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                      state_v_first=state_v_first, cu_seqlens=cu_seqlens)
+        if kind == "kda":  # g is the channel log-decay (gk, plus the scalar g where both came)
+            return chunk_kda(q, k, v, g, beta, **shared)
+        return chunk_gated_delta_rule(q, k, v, g, beta, **shared, use_gate_in_kernel=use_gate_in_kernel,
+                                      A_log=given_A_log, dt_bias=given_dt_bias)
     key = LayerKey(kind, H, HV, K, V, state_layout(state_v_first), bool(use_qk_l2norm_in_kernel), gate_input,
                    beta_input=beta_form)
     return run_recurrent(key, entry_inputs(key, q, k, v, g, beta, A_log, dt_bias), scale=scale,
