@@ -99,3 +99,17 @@ def test_chunk_bench_refuses_a_module_of_another_gate(compile_layer):
     assert chunk_gpu.import_variant(layer.path, "unbounded").chunk
     with pytest.raises(ValueError, match="compiled with gate_input log, the bounded pairing times clamped"):
         chunk_gpu.import_variant(layer.path, "bounded")
+
+
+def test_fla_suite_refuses_a_folder_that_is_not_flas_tests(tmp_path):
+    """bench/fla_suite.py needs fla's tests folder (conftest.py and the test files): anything else
+    is exit 2 with one line naming the folder and what is missing, before pytest or fla is touched."""
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "test_kda.py").write_text("")
+    run = subprocess.run([sys.executable, "bench/fla_suite.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out"),
+                          "--files", "ops/test_kda.py", "ops/test_gla.py"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and run.stdout == ""
+    message = run.stderr.strip()
+    assert len(message.splitlines()) == 1 and str(tmp_path) in message and "ops/test_gla.py" in message, message
+    assert not (tmp_path / "out").exists()
