@@ -304,6 +304,20 @@ def leaf(t: torch.Tensor) -> torch.Tensor:
     return t.clone().requires_grad_()
 
 
+def assert_sum_grad(got, want, leaves, HV: int, K: int, tol: float) -> None:
+    """dA_log, one number per head, is a sum over every token and channel of terms
+    dg_raw softplus(x) / sigmoid(x), x = g + dt_bias (the softplus gate -exp(A_log) softplus(x) is
+    its own derivative in A_log): where they cancel, rounding of the terms dominates the sum (a
+    seed gave 4.7e-3 relative to the sum in fp16), so each head's error is bounded relative to the
+    sum of the terms' magnitudes."""
+    x = leaves["g"].detach().double() + leaves["dt_bias"].detach().double().view(HV, K)
+    terms = want["g"] * F.softplus(x) / torch.sigmoid(x)
+    torch.testing.assert_close(terms.sum(dim=(0, 1, 3)), want["A_log"], rtol=1e-9, atol=1e-12)  # the terms are dA_log's
+    assert got is not None and got.shape == want["A_log"].shape and torch.isfinite(got).all(), "A_log.grad"
+    err = ((got.double() - want["A_log"]).abs() / terms.abs().sum(dim=(0, 1, 3))).max().item()
+    assert err < tol, f"A_log.grad: error {err:.2e} of the terms' magnitude >= {tol:.0e}"
+
+
 # fp16 inputs: their gradients come back in fp16 (the kernels' workspaces too), so a looser bound.
 # (bf16 is not tested here: Triton's interpreter computes garbage for bf16 tiles, forward included)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, RTOL), (torch.float16, 2e-3)], ids=["fp32", "fp16"])
@@ -331,11 +345,10 @@ def test_ops_chunk_kda_training_step(ops_cache, dtype, tol):
         got = leaves[n].grad
         assert got is not None, f"{n}.grad: none"
         assert got.dtype == leaves[n].dtype, f"{n}.grad: dtype {got.dtype}, its input's is {leaves[n].dtype}"
-        # dA_log, one number per head, sums the fp16 gate gradient over every token and channel:
-        # where its terms cancel, their rounding dominates (a seed gave 4.7e-3); fla checks it at
-        # 3e-3 and only warns, the GPU verify at 2e-2
-        loose = dtype == torch.float16 and n == "A_log"
-        assert_grad(got.float(), want["h0" if n == "initial_state" else n], f"{n}.grad", tol=1e-2 if loose else tol)
+        if n == "A_log":
+            assert_sum_grad(got, want, leaves, HV, K, tol)
+        else:
+            assert_grad(got.float(), want["h0" if n == "initial_state" else n], f"{n}.grad", tol=tol)
     assert list(ops_cache.rglob("*.py")), "ops compiled outside K3C_CACHE_DIR"
 
 
