@@ -6,19 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (
-    check_chunk_size,
-    check_head_first,
-    check_keywords,
-    check_varlen,
-    entry_inputs,
-    forward_only,
-    fp32_state,
-    head_dims,
-    run,
-    run_recurrent,
-    wants_grad,
-)
+from k3compile.ops.calls import (check_chunk_size, check_head_first, check_keywords, check_varlen, entry_inputs,
+                                 forward_only, fp32_state, head_dims, run, run_recurrent, wants_grad)
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_delta_rule", "fused_recurrent_delta_rule"]

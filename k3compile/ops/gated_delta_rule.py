@@ -7,28 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (
-    NO_FLA_CP,
-    beta_input,
-    check_chunk_size,
-    check_head_first,
-    check_keywords,
-    check_varlen,
-    described,
-    entry_inputs,
-    forward_only,
-    fp32_state,
-    gate_parameters,
-    head_dims,
-    host_offsets,
-    no_gate_parameters,
-    reject,
-    run,
-    run_recurrent,
-    state_layout,
-    state_v_first_of,
-    wants_grad,
-)
+from k3compile.ops.calls import (NO_FLA_CP, beta_input, check_chunk_size, check_head_first, check_keywords,
+                                 check_varlen, described, entry_inputs, forward_only, fp32_state, gate_parameters,
+                                 head_dims, host_offsets, no_gate_parameters, reject, run, run_recurrent,
+                                 state_layout, state_v_first_of, wants_grad)
 from k3compile.ops.kda import chunk_kda
 from k3compile.ops.layers import LayerKey
 

@@ -6,22 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (
-    check_keywords,
-    check_varlen,
-    entry_inputs,
-    forward_only,
-    fp32_state,
-    head_dims,
-    reject,
-    require_fp32_state,
-    reversed_in_time,
-    run,
-    run_recurrent,
-    state_layout,
-    state_v_first_of,
-    wants_grad,
-)
+from k3compile.ops.calls import (check_keywords, check_varlen, entry_inputs, forward_only, fp32_state, head_dims,
+                                 reject, require_fp32_state, reversed_in_time, run, run_recurrent, state_layout,
+                                 state_v_first_of, wants_grad)
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_gla", "fused_recurrent_gla"]

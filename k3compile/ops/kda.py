@@ -8,30 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.ops.calls import (
-    NO_CUDA_GRAPH,
-    NO_FLA_CP,
-    beta_input,
-    check_chunk_size,
-    check_keywords,
-    check_varlen,
-    entry_inputs,
-    forward_only,
-    fp32_state,
-    gate_parameters,
-    head_dims,
-    host_offsets,
-    negative_bound,
-    no_gate_parameters,
-    reject,
-    require_fp32_state,
-    run,
-    run_recurrent,
-    state_layout,
-    state_v_first_of,
-    states_at_chunk_starts,
-    wants_grad,
-)
+from k3compile.ops.calls import (NO_CUDA_GRAPH, NO_FLA_CP, beta_input, check_chunk_size, check_keywords, check_varlen,
+                                 entry_inputs, forward_only, fp32_state, gate_parameters, head_dims, host_offsets,
+                                 negative_bound, no_gate_parameters, reject, require_fp32_state, run, run_recurrent,
+                                 state_layout, state_v_first_of, states_at_chunk_starts, wants_grad)
 from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_kda", "fused_recurrent_kda"]
