@@ -4,7 +4,9 @@ records for every test whether it called ours and how it ended. bench/fla_suite.
 (`pytest -p fla_in_place`); it writes the records to $K3C_FLA_RECORDS (JSON).
 
 $K3C_FLA_DEVICE=cpu points fla's test device at the CPU (fla picks "cuda" even without one), for
-runs in Triton's interpreter.
+runs in Triton's interpreter. $K3C_FLA_DEADLINE (seconds since the epoch) skips the tests that
+would start after it, with the reason BUDGET_SPENT, so a run in a bounded device call still ends
+with its records (they are also rewritten after every test).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import functools
 import importlib
 import json
 import os
+import time
 
+import pytest
 import torch
 
 import k3compile.ops as ours
+from fla_suite import BUDGET_SPENT
 
 # fla's module -> the functions of it that k3compile.ops has (same names, same signatures)
 IN_PLACE_OF = {
@@ -52,6 +57,9 @@ if os.environ.get("K3C_FLA_DEVICE") == "cpu":
 
 def pytest_runtest_setup(item) -> None:
     calls_of_test.clear()
+    deadline = os.environ.get("K3C_FLA_DEADLINE")
+    if deadline and time.time() > float(deadline):
+        pytest.skip(BUDGET_SPENT)
 
 
 def pytest_runtest_logreport(report) -> None:
@@ -64,9 +72,14 @@ def pytest_runtest_logreport(report) -> None:
         elif report.skipped:
             message = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
         records.append(dict(test=report.nodeid, outcome=report.outcome, ours=dict(calls_of_test), message=message))
+        write_records()
 
 
 def pytest_sessionfinish(session) -> None:
+    write_records()
+
+
+def write_records() -> None:
     path = os.environ.get("K3C_FLA_RECORDS")
     if path:
         with open(path, "w") as f:

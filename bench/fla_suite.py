@@ -6,6 +6,7 @@ the tests come from a checkout of flash-linear-attention, fla-core must be impor
 
     python bench/fla_suite.py --tests <flash-linear-attention>/tests --out DIR        # on a GPU
     python bench/fla_suite.py --tests ... --out DIR --device cpu -k "T63 or T160"    # interpreter
+    python bench/fla_suite.py --tests ... --out DIR --budget-s 300    # tests after 300 s: not run
 
 On the CPU (Triton's interpreter) bf16 cases are left out: the interpreter's bf16 products are
 not bf16 arithmetic (k3compile's own tests run fp32 there for the same reason). Writes
@@ -22,8 +23,10 @@ import os
 import subprocess
 import sys
 from collections import Counter
+import time
 from pathlib import Path
 
+BUDGET_SPENT = "k3c: the run's time budget was spent before this test"  # fla_in_place skips with it
 DEFAULT_FILES = ("ops/test_kda.py", "ops/test_gdn.py", "ops/test_gla.py", "ops/test_delta.py")
 
 
@@ -38,11 +41,14 @@ def versions() -> str:
 
 
 def table(records: list[dict], header: str) -> str:
-    ours = [r for r in records if r["ours"]]
+    not_run = [r for r in records if r["message"].endswith(BUDGET_SPENT)]
+    ran = [r for r in records if not r["message"].endswith(BUDGET_SPENT)]
+    ours = [r for r in ran if r["ours"]]
     counts = Counter(r["outcome"] for r in ours)
     lines = [header, "",
              f"Tests that called k3compile.ops: {len(ours)}: {counts['passed']} passed, {counts['failed']} failed, "
-             f"{counts['skipped']} skipped. Tests that ran only fla's own code: {len(records) - len(ours)}.", ""]
+             f"{counts['skipped']} skipped. Tests that ran only fla's own code: {len(ran) - len(ours)}."
+             + (f" Not run, the time budget spent: {len(not_run)}." if not_run else ""), ""]
     failed = [r for r in ours if r["outcome"] != "passed"]
     if failed:
         lines += ["| test | outcome | ours called | first error line |", "|---|---|---|---|"]
@@ -58,6 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("--files", nargs="*", default=list(DEFAULT_FILES), help="test files, relative to --tests")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("-k", dest="keyword", default="", help="pytest -k expression")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="start no test after this many seconds (0: no limit); the rest are tabled as not run")
     args = parser.parse_args(argv)
     tests = args.tests.resolve()
     missing = [f for f in args.files if not (tests / f).is_file()]
@@ -72,6 +80,8 @@ def main(argv=None) -> int:
                PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]))
     if args.device == "cpu":
         env["TRITON_INTERPRET"] = "1"
+    if args.budget_s > 0:
+        env["K3C_FLA_DEADLINE"] = str(time.time() + args.budget_s)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "fla_in_place", "-p", "no:cacheprovider", "-W", "ignore",
                *(str(tests / f) for f in args.files), *(["-k", keyword] if keyword else [])]
     # from the checkout's root: fla's conftest (NaN-filled torch.empty) applies as in fla's CI
@@ -84,7 +94,7 @@ def main(argv=None) -> int:
               f"files {', '.join(args.files)}{f'; -k {keyword!r}' if keyword else ''}.\n"
               f"Command: `python bench/fla_suite.py --tests <flash-linear-attention>/tests --out DIR"
               f"{f' --device {args.device}' if args.device != 'cuda' else ''}"
-              f"{f' -k {args.keyword!r}' if args.keyword else ''}`")
+              f"{f' -k {args.keyword!r}' if args.keyword else ''}{f' --budget-s {args.budget_s:g}' if args.budget_s else ''}`")
     text = table(records, header)
     (args.out / "fla_suite.md").write_text(text)
     print(text)
