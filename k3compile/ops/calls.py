@@ -175,7 +175,10 @@ def host_offsets(cu_seqlens, cu_seqlens_cpu=None) -> list[int]:
 
 def check_chunk_size(function: str, chunk_size, allowed: tuple[int, ...]) -> int:
     if isinstance(chunk_size, bool) or chunk_size not in allowed:
-        raise ValueError(f"`chunk_size` must be one of {', '.join(map(str, allowed))} for {function}, got {chunk_size!r}.")
+        # fla's wording, which callers' tests match: "either 32 or 64", "16, 32, or 64"
+        *first, last = map(str, allowed)
+        choices = f"either {first[0]} or {last}" if len(first) == 1 else f"{', '.join(first)}, or {last}"
+        raise ValueError(f"`chunk_size` must be {choices} for {function}, got {chunk_size!r}.")
     return chunk_size
 
 
