@@ -42,22 +42,22 @@ def ops_cache(tmp_path_factory):
 
 
 @functools.cache
-def op_of(kind: str, HV: int = 2, layout: str = "kv", **options):
+def op_of(kind: str, HV: int = 2, layout: str = "kv", head_k_dim: int = K, **options):
     """The k3 op of a spec table written out in the test (the oracle's side of the mapping)."""
     from k3compile.frontend import spec_to_module
     from k3compile.spec import spec_from_table
 
-    table = dict(name="oracle", kind=kind, num_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+    table = dict(name="oracle", kind=kind, num_heads=H, num_v_heads=HV, head_k_dim=head_k_dim, head_v_dim=V,
                  state_layout=layout, **options)
     return next(iter(spec_to_module(spec_from_table(table)).ops))
 
 
 def draw(kind: str, B: int = 1, T: int = 19, HV: int = 2, seqlens=None, layout: str = "kv",
-         initial_state: bool = True) -> dict:
+         initial_state: bool = True, head_k_dim: int = K) -> dict:
     """conftest's fresh inputs: unit q, k, log-sigmoid decays (>= -5), beta in (0, 1), 0.5 randn states."""
     if seqlens:
         B, T = 1, sum(seqlens)
-    return conftest_inputs(kind, layout, RecurrenceShape(B, T, H, HV, K, V, seqlens), initial_state)
+    return conftest_inputs(kind, layout, RecurrenceShape(B, T, H, HV, head_k_dim, V, seqlens), initial_state)
 
 
 def expected(op, x: dict, **extra):
@@ -444,6 +444,56 @@ def test_fused_recurrent_gla_reverse(varlen):
     flipped = {**x, **{name: flip(x[name]) for name in ("q", "k", "v", "g")}}
     ref_o, ref_final = expected(op_of("gla"), flipped)
     assert_close(got, (flip(ref_o), ref_final), RECURRENT_TOL)
+
+
+# GLA wider than a kernel's key rows (256): key blocks, whose outputs sum (k3compile.ops.gla; the
+# identity is proved in tests/test_prove.py). 300 keys: two blocks of 150, not powers of two.
+WIDE_K = 300
+
+
+def test_key_blocks_are_the_fewest_equal_ones_within_a_kernel():
+    from k3compile.ops.gla import key_blocks
+
+    assert [(b.start, b.stop) for b in key_blocks(300)] == [(0, 150), (150, 300)]
+    assert [(b.start, b.stop) for b in key_blocks(513)] == [(0, 171), (171, 342), (342, 513)]
+    assert [(b.start, b.stop) for b in key_blocks(256)] == [(0, 256)]
+
+
+def test_chunk_gla_wide_keys_varlen_grouped_vk():
+    x = draw("gla", HV=4, seqlens=SEQLENS, layout="vk", head_k_dim=WIDE_K)
+    got = ops.chunk_gla(**x, output_final_state=True, state_v_first=True)
+    assert_close(got, expected(op_of("gla", HV=4, layout="vk", head_k_dim=WIDE_K), x), CHUNK_TOL)
+
+
+def test_fused_recurrent_gla_wide_keys_reverse():
+    x = draw("gla", B=2, T=9, head_k_dim=WIDE_K)
+    got = ops.fused_recurrent_gla(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"],
+                                  output_final_state=True, reverse=True)
+    flipped = {**x, **{name: x[name].flip(1) for name in ("q", "k", "v", "g")}}
+    ref_o, ref_final = expected(op_of("gla", head_k_dim=WIDE_K), flipped)
+    assert_close(got, (ref_o.flip(1), ref_final), RECURRENT_TOL)
+
+
+def test_chunk_gla_wide_keys_differentiate():
+    """Every gradient through the key blocks (dv summed over them) against float64 autograd."""
+    x = draw("gla", B=2, T=7, head_k_dim=WIDE_K)
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items() if t.is_floating_point()}
+    o, final = ops.chunk_gla(**leaves, output_final_state=True)
+    do, dfinal = torch.randn_like(o), torch.randn_like(final)
+    ((o * do).sum() + (final * dfinal).sum()).backward()
+    references = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    ref_o, ref_final = expected(op_of("gla", head_k_dim=WIDE_K), references)
+    ((ref_o * do.double()).sum() + (ref_final * dfinal.double()).sum()).backward()
+    for n, leaf in leaves.items():
+        error = ((leaf.grad.double() - references[n].grad).norm() / references[n].grad.norm()).item()
+        assert error < 1e-4, f"d{n} relative error {error:.2e}"
+
+
+def test_chunk_gla_wide_keys_bad_state_names_the_whole_shape():
+    x = draw("gla", B=2, T=5, head_k_dim=WIDE_K)
+    with pytest.raises(ValueError) as info:
+        ops.chunk_gla(**{**x, "initial_state": x["initial_state"][..., :150, :]})
+    assert str(info.value).startswith(f"initial_state: expected [N, 2, {WIDE_K}, {V}]") and one_line(str(info.value))
 
 
 # --- every keyword: rejected ones name themselves ----------------------------------------------------

@@ -5,8 +5,10 @@ ir/reference.py's float64 one) agree with each other."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
+from sympy import Matrix
 from xdsl.dialects.builtin import i1
 
 import k3compile.passes.derive_chunkwise as derive_chunkwise
@@ -617,3 +619,27 @@ def test_wrong_chunked_verify_fails_the_proof(monkeypatch, mutate, fresh_seed):
     else:
         assert not any(r.holds for r in results) and "reloads" in results[0].first_mismatch
     assert not all(r.holds for r in prove_spec_step(spec_of("kda"), 2, seed=fresh_seed, verify="chunked"))
+
+
+# --- GLA's key blocks (k3compile.ops.gla.over_key_blocks) -----------------------------------------
+
+
+@pytest.mark.parametrize("gate", ["channel", "none"])
+def test_key_blocks_of_a_recurrence_without_the_delta_rule_sum_exactly(gate, fresh_seed):
+    """Without the delta rule a recurrence of K keys is the sum of the outputs of the recurrences on
+    its key blocks (same v and scale), its state their key rows stacked: k3compile.ops' chunk_gla /
+    fused_recurrent_gla run K > 256 so. With the delta rule the same split is wrong."""
+    from k3compile.ops.gla import key_blocks
+
+    rng = random.Random(fresh_seed)
+    x = exact.random_inputs(rng, length=5, K=5, V=2, gate=gate)
+    blocks = key_blocks(5, most=2)  # three blocks of 2, 2 and 1 key channels
+    assert [(b.start, b.stop) for b in blocks] == [(0, 2), (2, 4), (4, 5)]
+    for delta_rule in (False, True):
+        whole_o, whole_S = exact.token_recurrence(x, delta_rule)
+        parts = [exact.token_recurrence(replace(x, q=x.q[:, b], k=x.k[:, b], a=x.a[:, b], S0=x.S0[b, :]), delta_rule)
+                 for b in blocks]
+        o = sum((part_o for part_o, _ in parts[1:]), parts[0][0])
+        S = Matrix.vstack(*(part_S for _, part_S in parts))
+        holds = (o - whole_o).is_zero_matrix and (S - whole_S).is_zero_matrix
+        assert holds == (not delta_rule), f"delta_rule={delta_rule}: the split {'fails' if not holds else 'holds'}"
