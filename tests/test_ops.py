@@ -452,7 +452,10 @@ WIDE_K = 300
 
 
 def test_key_blocks_are_the_fewest_equal_ones_within_a_kernel():
-    from k3compile.ops.gla import key_blocks
+    from k3compile.backends.triton.limits import MAX_HEAD_K_DIM
+    from k3compile.ops.gla import KEY_BLOCK, key_blocks
+
+    assert KEY_BLOCK == MAX_HEAD_K_DIM
 
     assert [(b.start, b.stop) for b in key_blocks(300)] == [(0, 150), (150, 300)]
     assert [(b.start, b.stop) for b in key_blocks(513)] == [(0, 171), (171, 342), (342, 513)]

@@ -1,7 +1,7 @@
 """fla.ops.gla, compiled by k3compile (Gated Linear Attention: a channel gate, no delta rule).
 Same signatures as fla-core 0.6.0; docs/fla-compat.md maps every keyword. chunk_* is differentiable.
 
-Key dims beyond what a kernel holds (MAX_HEAD_K_DIM) run in key blocks: without the delta rule no
+Key dims beyond what a kernel holds (KEY_BLOCK) run in key blocks: without the delta rule no
 term couples two key channels (S <- Diag(a_t) S + k_t v_t^T decays and fills each key row of the
 state on its own, and o_t = S^T q_t is a sum over key rows), so a GLA of K keys is the sum of the
 outputs of GLAs on its key blocks, with the same v and scale, and its state their key rows
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from k3compile.backends.triton.limits import MAX_HEAD_K_DIM
 from k3compile.ops.calls import (check_keywords, check_varlen, described, entry_inputs, forward_only, fp32_state,
                                  head_dims, reject, require_fp32_state, reversed_in_time, run, run_recurrent,
                                  state_layout, state_v_first_of, wants_grad)
@@ -21,8 +20,12 @@ from k3compile.ops.layers import LayerKey
 
 __all__ = ["chunk_gla", "fused_recurrent_gla"]
 
+# the most keys a kernel holds: backends/triton/limits.py's MAX_HEAD_K_DIM (tests check they agree),
+# not imported from there, which would import xDSL into every process that imports k3compile.ops
+KEY_BLOCK = 256
 
-def key_blocks(K: int, most: int = MAX_HEAD_K_DIM) -> list[slice]:
+
+def key_blocks(K: int, most: int = KEY_BLOCK) -> list[slice]:
     """The fewest equal blocks (the last possibly narrower) of at most `most` key channels."""
     count = -(-K // most)
     width = -(-K // count)
@@ -83,7 +86,7 @@ def chunk_gla(
     check_varlen(q, cu_seqlens, initial_state, cu_seqlens_cpu)
     require_fp32_state("chunk_gla", initial_state)
     H, HV, K, V = head_dims(q, v)
-    if K > MAX_HEAD_K_DIM:
+    if K > KEY_BLOCK:
         return over_key_blocks(
             lambda q_b, k_b, g_b, h0_b: chunk_gla(q_b, k_b, v, g_b, scale=K ** -0.5 if scale is None else scale,
                                                   initial_state=h0_b, output_final_state=output_final_state,
@@ -144,7 +147,7 @@ def fused_recurrent_gla(
     H, HV, K, V = head_dims(q, v)
     if gk is None:
         gk = q.new_zeros(*v.shape[:3], K)
-    if K > MAX_HEAD_K_DIM:
+    if K > KEY_BLOCK:
         return over_key_blocks(
             lambda q_b, k_b, g_b, h0_b: fused_recurrent_gla(
                 q_b, k_b, v, g_b, scale=K ** -0.5 if scale is None else scale, initial_state=h0_b,
