@@ -26,6 +26,8 @@
 #                  Exports K3C_CACHE_DIR, so phases after it (e.g. PHASES="tune chunk") compile the winners
 #   ab             two builds' kernels side by side (bench/ab_gpu.py, $AB_ARGS: e.g. --kinds chunk --gate-scale 10): the modules each build compiled into
 #                  $AB_A and $AB_B (default bench/generated/ab/a, .../b; carried, compiled where the builds are)
+#   block-attnres  Block AttnRes's two phases against the one-phase aggregate per block of K3's 24 points,
+#                  n = 1, 2, 4, 8 representatives, D = 7168, T = 8192 (bench/block_attnres_gpu.py, $BLOCK_ATTNRES_ARGS)
 #   moe            the LatentMoE layer of examples/latent_moe.toml (K3's dims) vs torch pipelines, decode and
 #                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
 #   backward       training: k3compile.ops chunk functions forward + backward vs fla's, gradients vs float64
@@ -181,6 +183,8 @@ for phase in ${PHASES:-verify recurrent chunk}; do
     ab)
       python3 bench/ab_gpu.py run --a "${AB_A:-bench/generated/ab/a}" --b "${AB_B:-bench/generated/ab/b}" --out "$OUT" \
         ${AB_ARGS:-} ;;
+    block-attnres)
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/block_attnres_gpu.py --out "$OUT" ${BLOCK_ATTNRES_ARGS:-} ;;
     moe)
       $K3C compile examples/latent_moe.toml -o "$OUT/generated/moe" --no-autotune
       python3 bench/moe_gpu.py --module "$OUT/generated/moe/latent_moe.py" --out "$OUT" ${MOE_ARGS:-} ;;

@@ -20,6 +20,7 @@ import chunk_cases  # noqa: E402
 import chunk_gpu  # noqa: E402
 
 SMOKE_RUNS = {
+    "block_attnres_gpu": ["bench/block_attnres_gpu.py", "--smoke"],
     "serving_sweep": ["bench/serving_sweep.py", "--smoke", "--choices", "16:4:0,16:2:2"],
     "speculative_gpu": ["bench/speculative_gpu.py", "--smoke", "--no-fla"],
     "chunk_gpu": ["bench/chunk_gpu.py", "--smoke", "--no-fla"],
