@@ -39,10 +39,13 @@ class Choice:
 # doubles a cold tune; docs/chunk-performance.md).
 SEARCH_SPACE: tuple[Choice, ...] = (
     # the choices the H200 sweeps showed to matter (bench/RESULTS.md); few, so that a new shape
-    # tunes in seconds. Chunks of 64 were 0.4-0.6x the default at every bench shape: left out
+    # tunes in seconds. Chunks of 64 were 0.4-0.6x the default at every bench shape: left out.
+    # The scan's value blocks: 32 (twice the programs) was 3% faster at B2 T16384 H16, where 64
+    # programs leave SMs idle (ab_attnres_s2_chunk_h16_decode_h200_8c8ba14.md). It replaced
+    # scan-stages (3, 2): 2 won no bench shape or bucket since chunks of 16 (three tuning runs).
     Choice("derive-chunkwise", "chunk-size", (16, 32), launch_only=False),
     Choice("fuse-chunkwise", "num-warps", (4, 8), launch_only=True),
-    Choice("fuse-chunkwise", "scan-stages", (3, 2), launch_only=True),
+    Choice("fuse-chunkwise", "block-v", (64, 32), launch_only=True),
 )
 
 # The context-parallel stage after the search (a module with chunk_segments): the winner's launch
