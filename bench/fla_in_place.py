@@ -26,9 +26,11 @@ from fla_suite import BUDGET_SPENT
 # fla's module -> the functions of it that k3compile.ops has (same names, same signatures)
 IN_PLACE_OF = {
     "fla.ops.kda": ("chunk_kda", "fused_recurrent_kda"),
-    "fla.ops.gated_delta_rule": ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"),
+    "fla.ops.gated_delta_rule": ("chunk_gated_delta_rule", "chunk_gdn", "fused_recurrent_gated_delta_rule",
+                                 "fused_recurrent_gdn"),
     "fla.ops.gla": ("chunk_gla", "fused_recurrent_gla"),
     "fla.ops.delta_rule": ("chunk_delta_rule", "fused_recurrent_delta_rule"),
+    "fla.ops": tuple(ours.__all__),  # `from fla.ops import chunk_kda` too
 }
 
 calls_of_test: dict[str, int] = {}  # our function -> calls, in the running test

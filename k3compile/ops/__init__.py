@@ -5,23 +5,27 @@ Each call derives the layer its arguments describe (kind, heads, head dims, stat
 the inputs mean), compiles it once — cached in process and on disk under
 $K3C_CACHE_DIR/modules/ops (default ~/.cache/k3compile) — and runs the generated module's
 `chunk`, `recurrent` or `decode` entry. A new batch size, sequence length, dtype or scale never
-recompiles; a warm disk cache imports the module without xDSL. The chunk_* functions are differentiable (their backward: the layer's derived
-chunk_backward); fused_recurrent_* are forward only.
+recompiles; a warm disk cache imports the module without xDSL. The chunk_* functions are
+differentiable (their backward: the layer's derived chunk_backward), and fused_recurrent_* through
+the chunk function of the same arguments (not over a state pool).
 docs/fla-compat.md maps every keyword of fla-core 0.6.0.
 """
 
 from k3compile.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
-from k3compile.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from k3compile.ops.gated_delta_rule import (chunk_gated_delta_rule, chunk_gdn, fused_recurrent_gated_delta_rule,
+                                            fused_recurrent_gdn)
 from k3compile.ops.gla import chunk_gla, fused_recurrent_gla
 from k3compile.ops.kda import chunk_kda, fused_recurrent_kda
 
 __all__ = [
     "chunk_delta_rule",
     "chunk_gated_delta_rule",
+    "chunk_gdn",
     "chunk_gla",
     "chunk_kda",
     "fused_recurrent_delta_rule",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gdn",
     "fused_recurrent_gla",
     "fused_recurrent_kda",
 ]

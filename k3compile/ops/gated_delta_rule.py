@@ -14,7 +14,7 @@ from k3compile.ops.calls import (NO_FLA_CP, beta_input, check_chunk_size, check_
 from k3compile.ops.kda import chunk_kda
 from k3compile.ops.layers import LayerKey
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+__all__ = ["chunk_gated_delta_rule", "chunk_gdn", "fused_recurrent_gated_delta_rule", "fused_recurrent_gdn"]
 
 
 def scalar_gate(use_gate_in_kernel: bool, A_log, dt_bias, HV: int, device):
@@ -196,3 +196,8 @@ def fused_recurrent_gated_delta_rule(
                          initial_state=initial_state, output_final_state=bool(output_final_state),
                          cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices,
                          num_accepted_tokens=kwargs.get("num_accepted_tokens"))
+
+
+# fla-core 0.6.0's short names, exported beside the long ones (fla.ops and fla.ops.gated_delta_rule)
+chunk_gdn = chunk_gated_delta_rule
+fused_recurrent_gdn = fused_recurrent_gated_delta_rule
