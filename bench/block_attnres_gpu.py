@@ -105,8 +105,9 @@ def main(argv=None) -> int:
                 return [attnres_aggregate(sources, queries[j], gains[j]) for j in range(Q)]
 
             def two_phases():
-                m, z, a = attnres_block_partials(representatives, queries, gains)
-                return [attnres_block_merge((m[j], z[j], a[j]), partial_sum, queries[j], gains[j]) for j in range(Q)]
+                partials = attnres_block_partials(representatives, queries, gains)
+                return [attnres_block_merge([p[j] for p in partials], partial_sum, queries[j], gains[j])
+                        for j in range(Q)]
 
             errors = {"one phase": 0.0, "two phases": 0.0}
             for form, outputs in (("one phase", one_phase()), ("two phases", two_phases())):
@@ -117,10 +118,9 @@ def main(argv=None) -> int:
             failed |= not ok
             times = {"one phase": bench(one_phase), "two phases": bench(two_phases)} if ok else {}
             if ok:
-                m, z, a = attnres_block_partials(representatives, queries, gains)
+                first = [p[0] for p in attnres_block_partials(representatives, queries, gains)]
                 times["block_partials"] = bench(lambda: attnres_block_partials(representatives, queries, gains))
-                times["block_merge"] = bench(lambda: attnres_block_merge((m[0], z[0], a[0]), partial_sum, queries[0],
-                                                                         gains[0]))
+                times["block_merge"] = bench(lambda: attnres_block_merge(first, partial_sum, queries[0], gains[0]))
             per_point = block_attnres_bytes(D, n, Q, activation_bytes=dtype.itemsize)
             row = dict(n=n, T=T, D=D, Q=Q, dtype=args.dtype, errors=errors, check="ok" if ok else "FAILED",
                        ms=times, bytes_per_row_point=per_point)

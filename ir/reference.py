@@ -202,6 +202,12 @@ def attnres_block_partials(op, representatives, queries, gains):
     return top, weights.sum(1), torch.einsum("qn...,n...d->q...d", weights, x)
 
 
+def attnres_normalised_partials(block_max, block_normaliser, block_numerator):
+    """The partials (m, z, a) of attnres_block_partials in the normalised form: the log-sum-exp
+    m + log z and the normalised mix a / z. attnres_block_merge takes them as (lse, 1, a / z)."""
+    return block_max + torch.log(block_normaliser), block_numerator / block_normaliser[..., None]
+
+
 def attnres_block_merge(op, block_max, block_normaliser, block_numerator, partial_sum, query, gain):
     """Block AttnRes's phase 2 at one aggregation point: its query's partials over the completed
     representatives (m, z [...], a [..., D], from attnres_block_partials) merged with the block's

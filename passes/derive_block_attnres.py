@@ -16,11 +16,16 @@ functions of the input, so the first part runs once per block for all of them:
   depends on the folded query gains the leading tile dimension Q (the scores, the softmax's max,
   normaliser, weight and rescale, the mix, and the loop's carried values); the loads of the
   representatives do not, so a program reads each representative row once for its whole block of
-  queries. What the loop leaves is stored (k3s.store_partials) instead of normalised. Grid
-  row_query_block: a program per token row and block of queries, a row's blocks adjacent.
+  queries. What the loop leaves is stored instead of normalised: by default (`partials =
+  normalised`) as its log-sum-exp lse = m + log z and normalised mix a / z in the activations'
+  dtype (k3s.store_normalised_partials), with `partials = numerator` as it stands, m, z and a in
+  fp32 (k3s.store_partials). Grid row_query_block: a program per token row and block of queries,
+  a row's blocks adjacent.
 - block_merge: the aggregate's kernel with its loop started from one query's partials
-  (k3s.load_partials in place of k3s.softmax_start), over the one source after the completed
-  ones, the current partial sum; it stores h as the aggregate does.
+  (k3s.load_normalised_partials, the state (lse, 1, a / z), or k3s.load_partials, in place of
+  k3s.softmax_start), over the one source after the completed ones, the current partial sum; it
+  stores h as the aggregate does. (lse, 1, a / z) and (m, z, a) are the same state: with
+  M = max(lse, s), e^(lse - M) = z e^(m - M), so the merge's numerator and normaliser agree.
 
 Forward only: neither phase has a backward entry (docs/attnres.md).
 """
@@ -75,22 +80,32 @@ def partials_warps(hidden_size: int, queries: int) -> int:
     return warps_holding(rows_held(queries) * padded_width(hidden_size), VALUES_PER_WARP)
 
 
+PARTIALS = ("normalised", "numerator")  # derive-block-attnres{partials=...}: the stored form
+
+
+def partials_bytes(partials: str, hidden_size: int, activation_bytes: int) -> int:
+    """One query's partials of one token row: the log-sum-exp (fp32) and the normalised mix in the
+    activations' dtype, or the max and normaliser (fp32) and the fp32 numerator row."""
+    if partials == "normalised":
+        return 4 + hidden_size * activation_bytes
+    return 2 * 4 + hidden_size * 4
+
+
 def block_attnres_bytes(hidden_size: int = 7168, representatives: int = 8, aggregation_points: int = 24,
                         activation_bytes: int = 2, queries_per_program: int | None = None,
-                        numerator_bytes: int = 4) -> dict[str, float]:
+                        partials: str = PARTIALS[0]) -> dict[str, float]:
     """Bytes per token row and aggregation point that the kernels' loads and stores name, computed
     from the shapes (not measured): the one-phase aggregate over the n representatives and the
     partial sum (n + 1 rows read, h written) against the two phases: block_partials' traffic
     shared by the block's Q aggregation points (each of its cdiv(Q, BQ) programs of a row reads
-    the row's n representatives) plus each point's partials written (two fp32 numbers and the
-    numerator row), and block_merge (the point's partials and the partial sum read, h written).
-    Activations take activation_bytes each (bf16: 2), the numerator numerator_bytes (the kernels
-    store fp32: 4); the weights (queries, gains) are per layer, not per row, and left out.
-    `*_one_read` counts each representative row once per block, as when a row's other programs
-    find it in L2 (they run side by side: row_query_block)."""
+    the row's n representatives) plus each point's partials written (partials_bytes), and
+    block_merge (the point's partials and the partial sum read, h written). Activations take
+    activation_bytes each (bf16: 2); the weights (queries, gains) are per layer, not per row, and
+    left out. `*_one_read` counts each representative row once per block, as when a row's other
+    programs find it in L2 (they run side by side: row_query_block)."""
     D, n, Q, a = hidden_size, representatives, aggregation_points, activation_bytes
     BQ = queries_per_program or default_queries_per_program(D)
-    row, partials = D * a, 2 * 4 + D * numerator_bytes
+    row, partials = D * a, partials_bytes(partials, D, a)
     figures = {
         "one_phase": (n + 1) * row + row,
         "block_partials": n * row * -(-Q // BQ) / Q + partials,
@@ -142,15 +157,31 @@ def derived_kernel(kernel: k3s.KernelOp, layer: AttnResOp, entry: str, **values)
     return kernel
 
 
-def block_partials_entry(layer: AttnResOp, queries_per_program: int) -> k3s.EntryOp:
+def partials_arguments(layer: AttnResOp, partials: str, role: str, per_query: tuple[str, ...]) -> list[Operation]:
+    """The partials' tensors of block_partials (role output, per_query ("Q",)) or of block_merge
+    (input, one query: ()): per token row the normalised form's log-sum-exp (fp32) and mix (the
+    activations' dtype), or the numerator form's max, normaliser and numerator (fp32)."""
     D = layer.hidden_size.value.data
+    if partials == "normalised":
+        return [attnres_arg("block_lse", (*per_query, "B", "T"), role, "float32"),
+                attnres_arg("block_mix", (*per_query, "B", "T", D), role)]
+    return [attnres_arg("block_max", (*per_query, "B", "T"), role, "float32"),
+            attnres_arg("block_normaliser", (*per_query, "B", "T"), role, "float32"),
+            attnres_arg("block_numerator", (*per_query, "B", "T", D), role, "float32")]
+
+
+STORE_PARTIALS = {"normalised": k3s.StoreNormalisedPartialsOp, "numerator": k3s.StorePartialsOp}
+LOAD_PARTIALS = {"normalised": k3s.LoadNormalisedPartialsOp, "numerator": k3s.LoadPartialsOp}
+
+
+def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: str) -> k3s.EntryOp:
+    D = layer.hidden_size.value.data
+    stored = partials_arguments(layer, partials, "output", ("Q",))
     arguments = [
         attnres_arg("representatives", ("S", "B", "T", D)),
         attnres_arg("queries", ("Q", D)),
         attnres_arg("gains", ("Q", D)),
-        attnres_arg("block_max", ("Q", "B", "T"), "output", "float32"),
-        attnres_arg("block_normaliser", ("Q", "B", "T"), "output", "float32"),
-        attnres_arg("block_numerator", ("Q", "B", "T", D), "output", "float32"),
+        *stored,
     ]
     tensors = argument_values(arguments)
     kernel = aggregate_kernel(layer)
@@ -158,8 +189,8 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int) -> k3s.Entr
     loop = first(kernel, k3s.SourceLoopOp)
     for store in [op for op in kernel.body.ops if isinstance(op, (k3s.NormalizeStoreOp, k3s.StoreLseOp))]:
         Rewriter.erase_op(store)
-    kernel.body.block.add_op(make(k3s.StorePartialsOp, operands=[
-        *loop.results, tensors["block_max"], tensors["block_normaliser"], tensors["block_numerator"]]))
+    kernel.body.block.add_op(make(STORE_PARTIALS[partials], operands=[
+        *loop.results, *(tensors[arg.sym_name.data] for arg in stored)]))
     fold = first(kernel, k3s.FoldQueryOp)
     fold.properties.update(props(k3s.FoldQueryOp, queries=queries_per_program))
     batch_over_queries(kernel, fold.query)
@@ -171,15 +202,14 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int) -> k3s.Entr
                 max_sources=layer.num_blocks.value.data)
 
 
-def block_merge_entry(layer: AttnResOp) -> k3s.EntryOp:
+def block_merge_entry(layer: AttnResOp, partials: str) -> k3s.EntryOp:
     D = layer.hidden_size.value.data
+    loaded = partials_arguments(layer, partials, "input", ())
     arguments = [
         attnres_arg("partial_sum", ("S", "B", "T", D)),
         attnres_arg("query", (D,)),
         attnres_arg("gain", (D,)),
-        attnres_arg("block_max", ("B", "T"), dtype="float32"),
-        attnres_arg("block_normaliser", ("B", "T"), dtype="float32"),
-        attnres_arg("block_numerator", ("B", "T", D), dtype="float32"),
+        *loaded,
         attnres_arg("out", ("B", "T", D), "output"),
     ]
     tensors = argument_values(arguments)
@@ -187,7 +217,7 @@ def block_merge_entry(layer: AttnResOp) -> k3s.EntryOp:
     # the loop starts from the query's partials, not from nothing
     start = first(kernel, k3s.SoftmaxStartOp)
     Rewriter.replace_op(start, make(
-        k3s.LoadPartialsOp, operands=[tensors["block_max"], tensors["block_normaliser"], tensors["block_numerator"]],
+        LOAD_PARTIALS[partials], operands=[tensors[arg.sym_name.data] for arg in loaded],
         results=[(value.name_hint, value.type) for value in start.results]))
     Rewriter.erase_op(first(kernel, k3s.StoreLseOp))
     rebind(kernel, {**tensors, "sources": tensors["partial_sum"]})
@@ -203,10 +233,16 @@ class DeriveBlockAttnResPass(ModulePass):
     name = "derive-block-attnres"
     # a block_partials program's block of queries (a power of two); 0: default_queries_per_program
     queries_per_program: int = 0
+    # how the partials are stored: normalised (log-sum-exp, a / z in the activations' dtype) or
+    # numerator (m, z, a in fp32)
+    partials: str = PARTIALS[0]
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.queries_per_program:
             check_power_of_two(self.name, "queries-per-program", self.queries_per_program)
+        if self.partials not in PARTIALS:
+            raise ValueError(f"{self.name}: partials must be one of {', '.join(PARTIALS)}, got {self.partials}")
         add_entries(op, AttnResOp, lambda layer: block_partials_entry(
-            layer, self.queries_per_program or default_queries_per_program(layer.hidden_size.value.data)))
-        add_entries(op, AttnResOp, block_merge_entry)
+            layer, self.queries_per_program or default_queries_per_program(layer.hidden_size.value.data),
+            self.partials))
+        add_entries(op, AttnResOp, lambda layer: block_merge_entry(layer, self.partials))

@@ -14,6 +14,7 @@ most the layer allows), odd row counts.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -25,7 +26,8 @@ from k3compile.ir import reference
 D, Q, NUM_BLOCKS = 48, 5, 4
 RTOL = 1e-5  # relative norm; the interpreter's fp32 gets ~1e-7
 PIPELINES = {"default": None,
-             "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels"}
+             "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels",
+             "numerator": "fuse-attnres,derive-block-attnres{partials=numerator},outline-kernels"}
 
 
 @pytest.fixture(scope="module", params=list(PIPELINES), ids=list(PIPELINES))
@@ -56,6 +58,17 @@ def one_phase(op, representatives, partial_sum, query, gain):
     return reference.attnres(op, torch.cat([representatives, partial_sum[None]]), query, gain)
 
 
+def partial_names(layer) -> list[str]:
+    """The partials block_merge takes, in order: (block_lse, block_mix) in the normalised form,
+    (block_max, block_normaliser, block_numerator) in the numerator form."""
+    return list(inspect.signature(layer.block_merge).parameters)[3:]
+
+
+def reference_partials(layer, op, representatives, queries, gains):
+    partials = reference.attnres_block_partials(op, representatives, queries, gains)
+    return reference.attnres_normalised_partials(*partials) if partial_names(layer)[0] == "block_lse" else partials
+
+
 # --- the reference semantics ---------------------------------------------------------------
 
 
@@ -70,11 +83,16 @@ def test_reference_two_phases_are_the_one_phase_aggregate(n):
     block_max, block_normaliser, block_numerator = reference.attnres_block_partials(op, representatives, queries,
                                                                                     gains)
     assert block_max.shape == block_normaliser.shape == (Q, 2, 3) and block_numerator.shape == (Q, 2, 3, D)
+    block_lse, block_mix = reference.attnres_normalised_partials(block_max, block_normaliser, block_numerator)
     for j in range(Q):
+        want = one_phase(op, representatives, partial_sum, queries[j], gains[j])
         merged = reference.attnres_block_merge(op, block_max[j], block_normaliser[j], block_numerator[j], partial_sum,
                                                queries[j], gains[j])
-        torch.testing.assert_close(merged, one_phase(op, representatives, partial_sum, queries[j], gains[j]),
-                                   rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(merged, want, rtol=1e-12, atol=1e-12)
+        # the normalised partials are the same state: (lse, 1, a / z)
+        merged = reference.attnres_block_merge(op, block_lse[j], torch.ones_like(block_lse[j]), block_mix[j],
+                                               partial_sum, queries[j], gains[j])
+        torch.testing.assert_close(merged, want, rtol=1e-12, atol=1e-12)
 
 
 # --- the compiled entries ------------------------------------------------------------------
@@ -86,9 +104,9 @@ def test_two_phases_match_the_one_phase_reference(layer, n, B, T):
     op = layer_op(layer)
     representatives, partial_sum, queries, gains = inputs(n, B, T)
     partials = layer.block_partials(representatives, queries, gains)
-    for name, got, want in zip(("block_max", "block_normaliser", "block_numerator"), partials,
-                               reference.attnres_block_partials(op, representatives, queries, gains), strict=True):
-        assert got.dtype == torch.float32, name
+    for name, got, want in zip(partial_names(layer), partials,
+                               reference_partials(layer, op, representatives, queries, gains), strict=True):
+        assert got.dtype == (representatives.dtype if name == "block_mix" else torch.float32), name
         assert_close(name, got, want)
     for j in range(Q):
         (out,) = layer.block_merge(partial_sum[None], queries[j], gains[j], *(p[j] for p in partials))
@@ -99,13 +117,15 @@ def test_two_phases_match_the_one_phase_reference(layer, n, B, T):
         assert weights_spread > 0.05, "test inputs should give the queries different scores"
 
 
-@pytest.mark.parametrize("part,off", [(0, 0.1), (1, 1.1), (2, 1.1)], ids=["max", "normaliser", "numerator"])
+@pytest.mark.parametrize("part,off", [(0, 0.1), (1, 1.1), (2, 1.1)], ids=["first", "second", "third"])
 def test_merge_reads_the_partials(layer, part, off):
-    """A partial that is off (the max shifted, the normaliser or numerator scaled) must break the
-    merge: the test would see a merge that ignores or misreads them."""
+    """A partial that is off (the max or log-sum-exp shifted, the normaliser or a mix scaled) must
+    break the merge: the test would see a merge that ignores or misreads them."""
     op = layer_op(layer)
     representatives, partial_sum, queries, gains = inputs(3, 2, 3)
     partials = [p[1].clone() for p in layer.block_partials(representatives, queries, gains)]
+    if part >= len(partials):
+        pytest.skip(f"the form of {partial_names(layer)} has {len(partials)} partials")
     partials[part] = partials[part] + off if part == 0 else partials[part] * off
     (out,) = layer.block_merge(partial_sum[None], queries[1], gains[1], *partials)
     want = one_phase(op, representatives, partial_sum, queries[1], gains[1])
@@ -123,25 +143,26 @@ def test_derived_from_the_aggregate(layer):
               for op in layer.compilation.scheduled.ops if isinstance(op, k3s.KernelOp)}
     start, *loop, store, lse = stages["aggregate"][1:]
     assert (start, store, lse) == ("k3s.softmax_start", "k3s.normalize_store", "k3s.store_lse")
-    assert stages["block_partials"] == ["k3s.fold_query", start, *loop, "k3s.store_partials"]
-    assert stages["block_merge"] == ["k3s.fold_query", "k3s.load_partials", *loop, store]
+    form = "normalised_" if partial_names(layer)[0] == "block_lse" else ""
+    assert stages["block_partials"] == ["k3s.fold_query", start, *loop, f"k3s.store_{form}partials"]
+    assert stages["block_merge"] == ["k3s.fold_query", f"k3s.load_{form}partials", *loop, store]
 
 
 @pytest.mark.parametrize("entry,name,bad,message", [
-    ("block_partials", "representatives", lambda a: torch.randn(NUM_BLOCKS + 1, 1, 3, D), "expected 1 to 4 sources"),
-    ("block_partials", "gains", lambda a: a["gains"][:, :-1].contiguous(), "dim 1"),
-    ("block_merge", "partial_sum", lambda a: torch.randn(2, 1, 3, D), "expected 1 to 1 sources"),
-    ("block_merge", "block_numerator", lambda a: a["block_numerator"].half(), "expected dtype torch.float32"),
-    ("block_merge", "block_max", lambda a: a["block_max"][:, :-1].contiguous(), "dim 1"),
+    ("block_partials", "representatives", lambda x: torch.randn(NUM_BLOCKS + 1, 1, 3, D), "expected 1 to 4 sources"),
+    ("block_partials", "gains", lambda x: x[:, :-1].contiguous(), "dim 1"),
+    ("block_merge", "partial_sum", lambda x: torch.randn(2, 1, 3, D), "expected 1 to 1 sources"),
+    ("block_merge", 0, lambda x: x.half(), "expected dtype torch.float32"),  # max or lse: fp32 in either form
+    ("block_merge", -1, lambda x: x[:, :-1].contiguous(), "dim 1"),  # numerator or mix: [B, T, D]
 ])
 def test_entries_refuse_bad_arguments(layer, entry, name, bad, message):
     representatives, partial_sum, queries, gains = inputs(2, 1, 3)
     partials = layer.block_partials(representatives, queries, gains)
     args = {"block_partials": dict(representatives=representatives, queries=queries, gains=gains),
             "block_merge": dict(partial_sum=partial_sum[None], query=queries[0], gain=gains[0],
-                                **{k: p[0] for k, p in zip(("block_max", "block_normaliser", "block_numerator"),
-                                                           partials)})}[entry]
-    args[name] = bad(args)
+                                **{k: p[0] for k, p in zip(partial_names(layer), partials, strict=True)})}[entry]
+    name = partial_names(layer)[name] if isinstance(name, int) else name  # a partial, by its place
+    args[name] = bad(args[name])
     with pytest.raises(ValueError) as err:
         getattr(layer, entry)(**args)
     assert one_line(str(err.value)) and str(err.value).startswith(f"{name}:") and message in str(err.value)
@@ -160,7 +181,7 @@ def test_ops_two_phases_are_attnres_aggregate(ops_cache):
 
     representatives, partial_sum, queries, gains = inputs(3, 1, 5)
     partials = attnres_block_partials(representatives, queries, gains, eps=1e-5)
-    assert [tuple(p.shape) for p in partials] == [(Q, 1, 5), (Q, 1, 5), (Q, 1, 5, D)]
+    assert [tuple(p.shape) for p in partials] == [(Q, 1, 5), (Q, 1, 5, D)]
     for j in range(Q):
         out = attnres_block_merge([p[j] for p in partials], partial_sum, queries[j], gains[j], eps=1e-5)
         want = attnres_aggregate(torch.cat([representatives, partial_sum[None]]), queries[j], gains[j], eps=1e-5)
@@ -170,7 +191,7 @@ def test_ops_two_phases_are_attnres_aggregate(ops_cache):
 
 def ops_arguments():
     representatives, partial_sum, queries, gains = inputs(2, 1, 3)
-    partials = [torch.randn(1, 3), torch.rand(1, 3) + 1, torch.randn(1, 3, D)]
+    partials = [torch.randn(1, 3), torch.randn(1, 3, D)]
     return dict(representatives=representatives, queries=queries, gains=gains, partials=partials,
                 partial_sum=partial_sum, query=queries[0], gain=gains[0])
 
@@ -191,12 +212,13 @@ def replace_partial(index: int, make):
     ("partials", "gains", lambda a: a["gains"][:-1], "expected shape [Q, D] with Q = 5, D = 48, got [4, 48]"),
     ("partials", "gains", lambda a: a["gains"].to("meta"), "expected a tensor on cpu (as representatives), got meta"),
     ("partials", "queries", lambda a: a["queries"].tolist(), "expected a tensor [Q, D], got list"),
-    ("merge", "partials", lambda a: a["partials"][:2], "expected (block_max, block_normaliser, block_numerator)"),
+    ("merge", "partials", lambda a: a["partials"][:1], "expected (block_lse, block_mix) of one query, got a list of 1"),
     ("merge", "partial_sum", lambda a: a["partial_sum"].int(), "expected dtype"),
     ("merge", "query", lambda a: a["query"][:-1], "expected shape [D] with D = 48, got [47]"),
-    ("merge", "block_max", replace_partial(0, lambda p: p[:, :-1]), "expected shape [B, T] with B = 1, T = 3"),
-    ("merge", "block_normaliser", replace_partial(1, lambda p: p.bfloat16()), "expected dtype torch.float32"),
-    ("merge", "block_numerator", replace_partial(2, lambda p: p.to("meta")),
+    ("merge", "block_lse", replace_partial(0, lambda p: p[:, :-1]), "expected shape [B, T] with B = 1, T = 3"),
+    ("merge", "block_lse", replace_partial(0, lambda p: p.bfloat16()), "expected dtype torch.float32"),
+    ("merge", "block_mix", replace_partial(1, lambda p: p[..., :-1]), "expected shape [B, T, D] with B = 1, T = 3, D = 48"),
+    ("merge", "block_mix", replace_partial(1, lambda p: p.to("meta")),
      "expected a tensor on cpu (as partial_sum), got meta"),
 ])
 def test_ops_refuse_bad_input(ops_cache, function, name, bad, message):
@@ -231,11 +253,14 @@ def test_bytes_at_k3():
     from k3compile.passes.derive_block_attnres import block_attnres_bytes, default_queries_per_program
 
     assert default_queries_per_program(7168) == 2
-    figures = block_attnres_bytes()
+    figures = block_attnres_bytes()  # the normalised partials: an fp32 log-sum-exp and a bf16 row
     assert figures["one_phase"] == 10 * 7168 * 2  # 9 rows read, h written
-    assert figures["block_merge"] == 8 + 7168 * 4 + 2 * 7168 * 2
-    assert figures["block_partials"] == 8 * 7168 * 2 * 12 / 24 + 8 + 7168 * 4  # 12 programs a row read its 8
-    assert round(figures["two_phase"]) == 143376 and round(figures["two_phase_one_read"]) == 90811
+    assert figures["block_merge"] == 4 + 7168 * 2 + 2 * 7168 * 2
+    assert figures["block_partials"] == 8 * 7168 * 2 * 12 / 24 + 4 + 7168 * 2  # 12 programs a row read its 8
+    assert round(figures["two_phase"]) == 114696 and round(figures["two_phase_one_read"]) == 62131
+    numerator = block_attnres_bytes(partials="numerator")  # max and normaliser fp32, an fp32 row
+    assert numerator["block_merge"] == 8 + 7168 * 4 + 2 * 7168 * 2
+    assert round(numerator["two_phase"]) == 143376 and round(numerator["two_phase_one_read"]) == 90811
     # every query in one program: the representatives are read once a block either way
     whole = block_attnres_bytes(hidden_size=48, queries_per_program=32)
     assert whole["block_partials"] == whole["block_partials_one_read"]
@@ -252,10 +277,10 @@ def test_k3c_verify_runs_both_phases_against_the_one_pass_reference(monkeypatch)
                             "block_size": 4}, source="<test>")
     results = verify(spec, device="cpu", seed=3)
     merged = [r for r in results if r.entry == "block_merge"]
-    assert {r.tensor for r in merged} == {"block_max", "block_normaliser", "block_numerator", "out"}
+    assert {r.tensor for r in merged} == {"block_lse", "block_mix", "out"}
     assert all(r.passed for r in results), [r for r in results if not r.passed]
     partials = reference.attnres_block_partials
     monkeypatch.setattr(reference, "attnres_block_partials",
                         lambda *args: (lambda m, z, a: (m, z, a * 1.01))(*partials(*args)))
     broken = [r for r in verify(spec, device="cpu", seed=3, quick=True) if r.entry == "block_merge"]
-    assert [r.tensor for r in broken if not r.passed] == ["block_numerator"]
+    assert [r.tensor for r in broken if not r.passed] == ["block_mix"]

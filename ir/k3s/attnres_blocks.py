@@ -7,6 +7,8 @@ mix (k3s.store_partials). Phase 2 (`block_merge`) starts the aggregate's loop fr
 stored partials instead of from nothing (k3s.load_partials, in place of k3s.softmax_start) and
 takes it over the block's current partial sum: one step of the online softmax from the partials
 is split-KV attention's merge. derive-block-attnres derives both from fuse-attnres's aggregate.
+The partials are stored in one of two forms: as the loop carries them (m, z, a; fp32), or
+normalised (the log-sum-exp and a / z in the activations' dtype: k3s.store_normalised_partials).
 """
 
 from __future__ import annotations
@@ -82,4 +84,47 @@ class LoadPartialsOp(KeywordSyntax):
             _expect_rank(self, what, tensor, rank)
 
 
-BLOCK_ATTNRES_STAGES = [StorePartialsOp, LoadPartialsOp]
+@irdl_op_definition
+class StoreNormalisedPartialsOp(KeywordSyntax):
+    """Phase 1's end in the normalised form: the online softmax's state (m, z, a) stored as its
+    log-sum-exp lse = m + log z to `block_lse` ([Q, B, T] fp32) and its normalised mix a / z to
+    `block_mix` ([Q, B, T, D] in the activations' dtype). (lse, 1, a / z) is the same state as
+    (m, z, a): with M = max(lse, s), e^(lse - M) = z e^(m - M), so the merge's numerator and
+    normaliser are unchanged. a / z is a convex mix of the representatives, bounded by them (no
+    overflow in fp16), and takes half the bytes of an fp32 row at bf16."""
+
+    name = "k3s.store_normalised_partials"
+    running_max = operand_def(TileType)
+    normaliser = operand_def(TileType)
+    mix = operand_def(TileType)
+    block_lse = operand_def(TensorType)
+    block_mix = operand_def(TensorType)
+    traits = traits_def(HasParent(KernelOp), MemoryWriteEffect())
+
+    def verify_(self) -> None:
+        _expect_partials(self, self.running_max, self.normaliser, self.mix, ("Q",))
+        for what, tensor, rank in (("block_lse", self.block_lse, 3), ("block_mix", self.block_mix, 4)):
+            _expect_rank(self, what, tensor, rank)
+
+
+@irdl_op_definition
+class LoadNormalisedPartialsOp(KeywordSyntax):
+    """Phase 2's start from the normalised partials of one query and token row: the state
+    (running max, normaliser, mix) = (lse, 1, a / z), from `block_lse` ([B, T] fp32) and
+    `block_mix` ([B, T, D], the activations' dtype), read as fp32."""
+
+    name = "k3s.load_normalised_partials"
+    block_lse = operand_def(TensorType)
+    block_mix = operand_def(TensorType)
+    running_max = result_def(TileType)
+    normaliser = result_def(TileType)
+    mix = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _expect_partials(self, self.running_max, self.normaliser, self.mix, ())
+        for what, tensor, rank in (("block_lse", self.block_lse, 2), ("block_mix", self.block_mix, 3)):
+            _expect_rank(self, what, tensor, rank)
+
+
+BLOCK_ATTNRES_STAGES = [StorePartialsOp, LoadPartialsOp, StoreNormalisedPartialsOp, LoadNormalisedPartialsOp]

@@ -189,6 +189,25 @@ class AttnRes:
           f"{register(op.normaliser)} = tl.load({tensor_name(op.block_normaliser)} + i_r)",
           f"{register(op.mix)} = tl.load({tensor_name(op.block_numerator)} + i_r * D + o_d, mask=m_d, other=0.0)")
 
+    def print_k3s_store_normalised_partials(self, op: k3s.StoreNormalisedPartialsOp) -> None:
+        c = self.code
+        c.comment(op, "per query its log-sum-exp over the representatives and its normalised mix: [Q, rows], "
+                      "[Q, rows, D]")
+        mix = tensor_name(op.block_mix)
+        c(f"tl.store({tensor_name(op.block_lse)} + o_q * R + i_r, "
+          f"{register(op.running_max)} + tl.log({register(op.normaliser)}), mask=m_q)",
+          f"tl.store({mix} + (o_q[:, None] * R + i_r) * D + o_d[None, :], "
+          f"({register(op.mix)} / {register(op.normaliser)}[:, None]).to({mix}.dtype.element_ty), mask=m_qd)")
+
+    def print_k3s_load_normalised_partials(self, op: k3s.LoadNormalisedPartialsOp) -> None:
+        c = self.code
+        c.comment(op, "the query's state over the completed representatives, (lse, 1, normalised mix): "
+                      "the loop resumes from it")
+        c(f"{register(op.running_max)} = tl.load({tensor_name(op.block_lse)} + i_r)",
+          f"{register(op.normaliser)} = tl.full({_tile_shape(op.normaliser)}, 1.0, dtype=tl.float32)",
+          f"{register(op.mix)} = tl.load({tensor_name(op.block_mix)} + i_r * D + o_d, mask=m_d, other=0.0)"
+          ".to(tl.float32)")
+
     # --- the backward -------------------------------------------------------------------------
 
     def print_k3s_load_row(self, op: k3s.LoadRowOp) -> None:
