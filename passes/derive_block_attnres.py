@@ -19,8 +19,11 @@ functions of the input, so the first part runs once per block for all of them:
   queries. What the loop leaves is stored instead of normalised: by default (`partials =
   normalised`) as its log-sum-exp lse = m + log z and normalised mix a / z in the activations'
   dtype (k3s.store_normalised_partials), with `partials = numerator` as it stands, m, z and a in
-  fp32 (k3s.store_partials). Grid row_query_block: a program per token row and block of queries,
-  a row's blocks adjacent.
+  fp32 (k3s.store_partials). It is fuse-attnres's grouped kernel (`rows-per-program`, 8: a
+  program's rows and their representatives as one pipelined loop, the partials stored at each
+  row's end), so a program folds its block of queries and gains once for all its rows. Grid
+  row_group_query_block: a program per group of rows and block of queries, a group's blocks
+  adjacent (rows-per-program=1: the per-row kernel, grid row_query_block).
 - block_merge: the aggregate's kernel with its loop started from one query's partials
   (k3s.load_normalised_partials, the state (lse, 1, a / z), or k3s.load_partials, in place of
   k3s.softmax_start), over the one source after the completed ones, the current partial sum; it
@@ -38,7 +41,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import Rewriter
+from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
@@ -122,12 +125,12 @@ def first(op: Operation, op_type: type[Operation]) -> Operation:
     return next(o for o in op.walk() if isinstance(o, op_type))
 
 
-def aggregate_kernel(layer: AttnResOp) -> k3s.KernelOp:
-    """A copy of fuse-attnres's kernel of the layer (its default warps and stages, a program per
-    row: both phases scan one row's sources), reading the tensors of an entry that is not in the
-    module: what both phases are derived from (rebind points their copies at their own entries'
-    arguments)."""
-    entry = fused_attnres_entry(layer, FuseAttnResPass(rows_per_program=1))
+def aggregate_kernel(layer: AttnResOp, rows_per_program: int = 1) -> k3s.KernelOp:
+    """A copy of fuse-attnres's kernel of the layer (its default warps and stages) for a program
+    per row (rows_per_program 1) or per group of rows, reading the tensors of an entry that is not
+    in the module: what both phases are derived from (rebind points their copies at their own
+    entries' arguments)."""
+    entry = fused_attnres_entry(layer, FuseAttnResPass(rows_per_program=rows_per_program, grouped_from_rows=0))
     return first(entry, k3s.KernelOp).clone()
 
 
@@ -139,7 +142,7 @@ def batch_over_queries(kernel: k3s.KernelOp, query: SSAValue) -> None:
     while True:
         count = len(batched)
         for op in kernel.walk():
-            if isinstance(op, k3s.SourceLoopOp):
+            if isinstance(op, (k3s.SourceLoopOp, k3s.RowSourceLoopOp)):
                 for carried in zip(op.initial, op.body.block.args, op.body.block.last_op.carried, op.results,
                                    strict=True):
                     if batched.intersection(carried):
@@ -174,7 +177,8 @@ STORE_PARTIALS = {"normalised": k3s.StoreNormalisedPartialsOp, "numerator": k3s.
 LOAD_PARTIALS = {"normalised": k3s.LoadNormalisedPartialsOp, "numerator": k3s.LoadPartialsOp}
 
 
-def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: str) -> k3s.EntryOp:
+def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: str,
+                         rows_per_program: int) -> k3s.EntryOp:
     D = layer.hidden_size.value.data
     stored = partials_arguments(layer, partials, "output", ("Q",))
     arguments = [
@@ -184,19 +188,22 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: s
         *stored,
     ]
     tensors = argument_values(arguments)
-    kernel = aggregate_kernel(layer)
-    # the loop over the sources is the scan over the representatives; what it leaves is stored
-    loop = first(kernel, k3s.SourceLoopOp)
-    for store in [op for op in kernel.body.ops if isinstance(op, (k3s.NormalizeStoreOp, k3s.StoreLseOp))]:
-        Rewriter.erase_op(store)
-    kernel.body.block.add_op(make(STORE_PARTIALS[partials], operands=[
-        *loop.results, *(tensors[arg.sym_name.data] for arg in stored)]))
+    kernel = aggregate_kernel(layer, rows_per_program)
+    # the loop over the sources is the scan over the representatives; where a row's h and lse are
+    # stored (after the loop, or at each row's end in a group's loop), its partials are instead
+    normalized, lse_store = first(kernel, k3s.NormalizeStoreOp), first(kernel, k3s.StoreLseOp)
+    Rewriter.insert_op(make(STORE_PARTIALS[partials], operands=[
+        lse_store.running_max, normalized.normaliser, normalized.mix, *(tensors[arg.sym_name.data] for arg in stored)]),
+        InsertPoint.before(normalized))
+    Rewriter.erase_op(normalized)
+    Rewriter.erase_op(lse_store)
     fold = first(kernel, k3s.FoldQueryOp)
     fold.properties.update(props(k3s.FoldQueryOp, queries=queries_per_program))
     batch_over_queries(kernel, fold.query)
     rebind(kernel, {**tensors, "sources": tensors["representatives"], "query": tensors["queries"],
                     "gain": tensors["gains"]})
-    derived_kernel(kernel, layer, "block_partials", grid="row_query_block",
+    derived_kernel(kernel, layer, "block_partials",
+                   grid="row_group_query_block" if rows_per_program > 1 else "row_query_block",
                    num_warps=partials_warps(D, queries_per_program))
     return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_partials", source=layer.sym_name.data,
                 max_sources=layer.num_blocks.value.data)
@@ -236,13 +243,20 @@ class DeriveBlockAttnResPass(ModulePass):
     # how the partials are stored: normalised (log-sum-exp, a / z in the activations' dtype) or
     # numerator (m, z, a in fp32)
     partials: str = PARTIALS[0]
+    # block_partials' token rows a program: its block of queries and gains is loaded once for all
+    # of them (per row they are Q * D * 4 bytes at bf16, 688 KB at K3's width, from L2), and its
+    # group's (row, representative) pairs run as one pipelined loop, as fuse-attnres's groups;
+    # 1: a program per row. Not measured on a GPU yet.
+    rows_per_program: int = 8
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.queries_per_program:
             check_power_of_two(self.name, "queries-per-program", self.queries_per_program)
+        if self.rows_per_program < 1:
+            raise ValueError(f"{self.name}: rows-per-program must be >= 1, got {self.rows_per_program}")
         if self.partials not in PARTIALS:
             raise ValueError(f"{self.name}: partials must be one of {', '.join(PARTIALS)}, got {self.partials}")
         add_entries(op, AttnResOp, lambda layer: block_partials_entry(
             layer, self.queries_per_program or default_queries_per_program(layer.hidden_size.value.data),
-            self.partials))
+            self.partials, self.rows_per_program))
         add_entries(op, AttnResOp, lambda layer: block_merge_entry(layer, self.partials))

@@ -17,6 +17,7 @@ from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def
 from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect
 from xdsl.utils.exceptions import VerifyException
 
+from k3compile.ir.k3s.attnres import AtRowEndOp
 from k3compile.ir.k3s.kernels import KernelOp
 from k3compile.ir.k3s.types import expect_dims, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
@@ -51,7 +52,7 @@ class StorePartialsOp(KeywordSyntax):
     block_max = operand_def(TensorType)
     block_normaliser = operand_def(TensorType)
     block_numerator = operand_def(TensorType)
-    traits = traits_def(HasParent(KernelOp), MemoryWriteEffect())
+    traits = traits_def(HasParent(KernelOp, AtRowEndOp), MemoryWriteEffect())
 
     def verify_(self) -> None:
         _expect_partials(self, self.running_max, self.normaliser, self.mix, ("Q",))
@@ -99,7 +100,7 @@ class StoreNormalisedPartialsOp(KeywordSyntax):
     mix = operand_def(TileType)
     block_lse = operand_def(TensorType)
     block_mix = operand_def(TensorType)
-    traits = traits_def(HasParent(KernelOp), MemoryWriteEffect())
+    traits = traits_def(HasParent(KernelOp, AtRowEndOp), MemoryWriteEffect())
 
     def verify_(self) -> None:
         _expect_partials(self, self.running_max, self.normaliser, self.mix, ("Q",))

@@ -7,8 +7,9 @@ block's queries (`<Q>` and `<Q x D>` tiles, broadcast against the `<D>` source r
 partials' store and load.
 
 Names the grid axes define (print_axis_row is in kernels.py): i_rg (row_group: the program's
-group of BR rows), o_d, m_d (the hidden columns), o_q, m_q (row_query_block: the program's BQ
-queries of the block's Q); the loops define i_r (the row) and i_s (the source)."""
+group of BR rows), o_d, m_d (the hidden columns), o_q, m_q (row_query_block and
+row_group_query_block: the program's BQ queries of the block's Q); the loops define i_r (the
+row) and i_s (the source)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,19 @@ class AttnRes:
             f"i_rq = tl.program_id({axis}).to(tl.int64)",
             "i_r = i_rq // tl.cdiv(Q, BQ)",
             "o_q = (i_rq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)",
+            "m_q = o_q < Q",
+            "o_d = tl.arange(0, BD)",
+            "m_d = o_d < D",
+            "m_qd = m_q[:, None] & m_d[None, :]",
+        )
+
+    def print_axis_row_group_query_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a group of BR token rows and a block of BQ of the Q queries; a group's blocks",
+            "# are adjacent programs, so they read its representatives close together in time",
+            f"i_rgq = tl.program_id({axis}).to(tl.int64)",
+            "i_rg = i_rgq // tl.cdiv(Q, BQ)",
+            "o_q = (i_rgq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)",
             "m_q = o_q < Q",
             "o_d = tl.arange(0, BD)",
             "m_d = o_d < D",

@@ -35,6 +35,7 @@ class Entries:
         "row": 'dims["B"] * dims["T"]',
         "row_group": 'triton.cdiv(dims["B"] * dims["T"], BR)',
         "row_query_block": 'dims["B"] * dims["T"] * triton.cdiv(dims["Q"], BQ)',
+        "row_group_query_block": 'triton.cdiv(dims["B"] * dims["T"], BR) * triton.cdiv(dims["Q"], BQ)',
         "chunk": "num_chunks",
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',

@@ -114,7 +114,7 @@ class Kernels:
             sizes += ["S", "R"]
         if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
             sizes.append("R")
-        if "row_query_block" in kernel.grid.data.split(","):
+        if {"row_query_block", "row_group_query_block"} & set(kernel.grid.data.split(",")):
             sizes.append("Q")  # a Block AttnRes block's queries
         if any(isinstance(op, (k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)) for op in kernel.walk()):
             sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
