@@ -19,11 +19,11 @@ functions of the input, so the first part runs once per block for all of them:
   queries. What the loop leaves is stored instead of normalised: by default (`partials =
   normalised`) as its log-sum-exp lse = m + log z and normalised mix a / z in the activations'
   dtype (k3s.store_normalised_partials), with `partials = numerator` as it stands, m, z and a in
-  fp32 (k3s.store_partials). It is fuse-attnres's grouped kernel (`rows-per-program`, 8: a
-  program's rows and their representatives as one pipelined loop, the partials stored at each
-  row's end), so a program folds its block of queries and gains once for all its rows. Grid
-  row_group_query_block: a program per group of rows and block of queries, a group's blocks
-  adjacent (rows-per-program=1: the per-row kernel, grid row_query_block).
+  fp32 (k3s.store_partials). By default the aggregate's per-row kernel (grid row_query_block: a
+  program per token row and block of queries, a row's blocks adjacent); with `rows-per-program`
+  > 1 its grouped kernel (a program's rows and their representatives as one pipelined loop, the
+  partials stored at each row's end), so a program folds its block of queries and gains once for
+  all its rows (grid row_group_query_block, a group's blocks adjacent).
 - block_merge: the aggregate's kernel with its loop started from one query's partials
   (k3s.load_normalised_partials, the state (lse, 1, a / z), or k3s.load_partials, in place of
   k3s.softmax_start), over the one source after the completed ones, the current partial sum; it
@@ -243,11 +243,12 @@ class DeriveBlockAttnResPass(ModulePass):
     # how the partials are stored: normalised (log-sum-exp, a / z in the activations' dtype) or
     # numerator (m, z, a in fp32)
     partials: str = PARTIALS[0]
-    # block_partials' token rows a program: its block of queries and gains is loaded once for all
-    # of them (per row they are Q * D * 4 bytes at bf16, 688 KB at K3's width, from L2), and its
-    # group's (row, representative) pairs run as one pipelined loop, as fuse-attnres's groups;
-    # 1: a program per row. Not measured on a GPU yet.
-    rows_per_program: int = 8
+    # block_partials' token rows a program: > 1 loads its block of queries and gains once for all
+    # of them (per row they are Q * D * 4 bytes at bf16, 688 KB at K3's width, from L2) and runs
+    # the group's (row, representative) pairs as one pipelined loop, as fuse-attnres's groups.
+    # 1 (a program per row) stays the default until the groups have run on a GPU (verified and
+    # timed: bench/block_attnres_gpu.py); the per-row kernel is the one k3c verify ran there.
+    rows_per_program: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.queries_per_program:

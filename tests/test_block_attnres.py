@@ -28,7 +28,8 @@ RTOL = 1e-5  # relative norm; the interpreter's fp32 gets ~1e-7
 PIPELINES = {"default": None,
              "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels",
              "numerator": "fuse-attnres,derive-block-attnres{partials=numerator},outline-kernels",
-             "per-row": "fuse-attnres,derive-block-attnres{rows-per-program=1},outline-kernels"}
+             "groups-of-rows": "fuse-attnres,derive-block-attnres{rows-per-program=8},outline-kernels",
+             "groups-numerator": "fuse-attnres,derive-block-attnres{rows-per-program=4 partials=numerator},outline-kernels"}
 
 
 @pytest.fixture(scope="module", params=list(PIPELINES), ids=list(PIPELINES))
@@ -135,7 +136,7 @@ def test_merge_reads_the_partials(layer, part, off):
 
 def test_derived_from_the_aggregate(layer):
     """Both phases are the aggregate's kernels with the loop over the sources split: block_partials
-    the grouped kernel (the per-row one with rows-per-program=1), its partials stored where the
+    the per-row kernel (the grouped one with rows-per-program > 1), its partials stored where the
     aggregate stores h and the log-sum-exp; block_merge the per-row kernel, starting from the
     partials' load where the aggregate starts from nothing. The loops' stages are the aggregate's."""
     from k3compile.ir import k3s

@@ -1,15 +1,15 @@
 // derive-block-attnres: the attnres op stays and two entries are added after it, Block AttnRes's
 // two phases, each fuse-attnres's aggregate kernel with its loop over the sources split:
-// - block_partials: the aggregate's grouped kernel (a program's 8 rows and their sources as one
-//   loop) over a block's completed representatives, batched over the block's queries (every
-//   value of the query gains the tile dimension Q: the fold of the program's block of queries,
-//   the scores, the online softmax, the mix and what the loop carries; the representative's row
-//   does not, so each is read once for all the program's queries, and the queries once for all
-//   its rows), and what the loop leaves at each row's end stored as its log-sum-exp and
-//   normalised mix in the activations' dtype (k3s.store_normalised_partials;
-//   `partials=numerator`: as it stands, k3s.store_partials). A program per group of rows and
-//   block of queries (grid row_group_query_block; `rows-per-program=1`: the per-row kernel, grid
-//   row_query_block); at most num_blocks representatives.
+// - block_partials: the aggregate's loop over a block's completed representatives, batched over
+//   the block's queries (every value of the query gains the tile dimension Q: the fold of the
+//   program's block of queries, the scores, the online softmax, the mix and what the loop
+//   carries; the representative's row does not, so each is read once for all the program's
+//   queries), and what the loop leaves stored as its log-sum-exp and normalised mix in the
+//   activations' dtype (k3s.store_normalised_partials; `partials=numerator`: as it stands,
+//   k3s.store_partials). A program per token row and block of queries (grid row_query_block);
+//   with `rows-per-program=8` the aggregate's grouped kernel (a program's rows and their sources
+//   as one loop, the partials stored at each row's end, the queries folded once for all its
+//   rows: grid row_group_query_block); at most num_blocks representatives.
 // - block_merge: the loop started from one query's partials (k3s.load_normalised_partials, or
 //   k3s.load_partials, where the aggregate has k3s.softmax_start) over the one source after
 //   them, the block's partial sum, and the aggregate's normalised store; nothing to pipeline.
@@ -27,15 +27,15 @@
 // RUN: not k3c opt %s -p 'derive-block-attnres{queries-per-program=3}' 2>&1 | filecheck %s --check-prefix=POW2
 // The numerator form: m, z and a stored and loaded as the loop carries them, in fp32.
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | filecheck %s --check-prefix=NUMERATOR
-// A program per row: the aggregate's per-row kernel, the partials stored after its loop.
-// RUN: k3c opt %s -p 'derive-block-attnres{rows-per-program=1}' | filecheck %s --check-prefix=ROW
+// Groups of rows: the aggregate's grouped kernel, the partials stored at each row's end.
+// RUN: k3c opt %s -p 'derive-block-attnres{rows-per-program=8}' | filecheck %s --check-prefix=GROUPS
 // RUN: not k3c opt %s -p 'derive-block-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=ROWS0
 // RUN: not k3c opt %s -p 'derive-block-attnres{partials=fp32}' 2>&1 | filecheck %s --check-prefix=PARTIALS
 // The partials' stages and the fold of a block of queries verify their tiles and tensors (one line each).
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/k3s.store_partials %%max_4, %%sum_3, %%acc_3/k3s.store_partials %%acc_3, %%sum_3, %%max_4/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/%%acc_3, %%block_max, %%block_normaliser/%%acc_3, %%block_numerator, %%block_normaliser/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RANK
+// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/k3s.store_partials %%max_1, %%sum_1, %%acc_1/k3s.store_partials %%acc_1, %%sum_1, %%max_1/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
+// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/%%acc_1, %%block_max, %%block_normaliser/%%acc_1, %%block_numerator, %%block_normaliser/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RANK
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
-// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%acc_3, %%block_lse, %%block_mix/%%acc_3, %%block_mix, %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NRANK
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%acc_1, %%block_lse, %%block_mix/%%acc_1, %%block_mix, %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NRANK
 // RUN: k3c opt %s -p derive-block-attnres | sed 's/%%block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_mix : !k3s.tile<D>, !k3s.tile<>, !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NLOAD
 // RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32> : !k3s.tile<Q x D>/queries = 32> : !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD
 // RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32>/queries = 24>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD24
@@ -55,21 +55,18 @@ builtin.module {
 // CHECK-NEXT:     %gains = k3s.tensor_arg @gains <role = input> : !k3s.tensor<Q x 96, float>
 // CHECK-NEXT:     %block_lse = k3s.tensor_arg @block_lse <role = output> : !k3s.tensor<Q x B x T, float32>
 // CHECK-NEXT:     %block_mix = k3s.tensor_arg @block_mix <role = output> : !k3s.tensor<Q x B x T x 96, float>
-// CHECK-NEXT:     k3s.kernel @ar_block_partials <grid = row_group_query_block, num_warps = 4, num_stages = 4> {
+// CHECK-NEXT:     k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
-// CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
+// CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
 // CHECK-NEXT:       ^bb0(%max_2: !k3s.tile<Q>, %sum_2: !k3s.tile<Q>, %acc_2: !k3s.tile<Q x D>):
-// CHECK-NEXT:         %max_3 = k3s.row_start %max_2 : !k3s.tile<Q>
 // CHECK-NEXT:         %x = k3s.load_source %representatives : !k3s.tile<D>
 // CHECK-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.0001> : !k3s.tile<Q>
-// CHECK-NEXT:         %max_4, %sum_3, %p, %rescale = k3s.online_softmax %max_3, %sum_2, %score : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>
+// CHECK-NEXT:         %max_3, %sum_3, %p, %rescale = k3s.online_softmax %max_2, %sum_2, %score : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>
 // CHECK-NEXT:         %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<Q x D>
-// CHECK-NEXT:         k3s.at_row_end {
-// CHECK-NEXT:           k3s.store_normalised_partials %max_4, %sum_3, %acc_3, %block_lse, %block_mix
-// CHECK-NEXT:         }
-// CHECK-NEXT:         k3s.next_source %max_4, %sum_3, %acc_3
+// CHECK-NEXT:         k3s.next_source %max_3, %sum_3, %acc_3
 // CHECK-NEXT:       } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
+// CHECK-NEXT:       k3s.store_normalised_partials %max_1, %sum_1, %acc_1, %block_lse, %block_mix
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT:   k3s.entry @ar_block_merge <source = ar, max_sources = 1> {
@@ -103,10 +100,10 @@ builtin.module {
 // ORDER-NOT:  k3s.entry @ar_
 // ORDER:      k3.attnres @wide
 
-// OPTS:       k3s.kernel @ar_block_partials <grid = row_group_query_block, num_warps = 4, num_stages = 4> {
+// OPTS:       k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
 // OPTS-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 2> : !k3s.tile<Q x D>
 
-// WIDE:       k3s.kernel @wide_block_partials <grid = row_group_query_block, num_warps = 16, num_stages = 4> {
+// WIDE:       k3s.kernel @wide_block_partials <grid = row_query_block, num_warps = 16, num_stages = 3> {
 // WIDE-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 9000, queries = 1> : !k3s.tile<Q x D>
 // a row of 9000 columns takes 8 warps in the aggregate (2048 columns a warp): the merge is its kernel
 // WIDE:       k3s.kernel @wide_block_merge <grid = row, num_warps = 8> {
@@ -116,17 +113,28 @@ builtin.module {
 // NUMERATOR:      %block_max = k3s.tensor_arg @block_max <role = output> : !k3s.tensor<Q x B x T, float32>
 // NUMERATOR-NEXT: %block_normaliser = k3s.tensor_arg @block_normaliser <role = output> : !k3s.tensor<Q x B x T, float32>
 // NUMERATOR-NEXT: %block_numerator = k3s.tensor_arg @block_numerator <role = output> : !k3s.tensor<Q x B x T x 96, float32>
-// NUMERATOR:      k3s.store_partials %max_4, %sum_3, %acc_3, %block_max, %block_normaliser, %block_numerator
+// NUMERATOR:      k3s.store_partials %max_1, %sum_1, %acc_1, %block_max, %block_normaliser, %block_numerator
 // NUMERATOR:      %block_max = k3s.tensor_arg @block_max <role = input> : !k3s.tensor<B x T, float32>
 // NUMERATOR-NEXT: %block_normaliser = k3s.tensor_arg @block_normaliser <role = input> : !k3s.tensor<B x T, float32>
 // NUMERATOR-NEXT: %block_numerator = k3s.tensor_arg @block_numerator <role = input> : !k3s.tensor<B x T x 96, float32>
 // NUMERATOR:      %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 
-// ROW:          k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
-// ROW:            %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
-// ROW:            } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
-// ROW-NEXT:       k3s.store_normalised_partials %max_1, %sum_1, %acc_1, %block_lse, %block_mix
-// ROW-NEXT:     }
+// GROUPS:          k3s.kernel @ar_block_partials <grid = row_group_query_block, num_warps = 4, num_stages = 4> {
+// GROUPS-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
+// GROUPS-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
+// GROUPS-NEXT:       %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
+// GROUPS-NEXT:       ^bb0(%max_2: !k3s.tile<Q>, %sum_2: !k3s.tile<Q>, %acc_2: !k3s.tile<Q x D>):
+// GROUPS-NEXT:         %max_3 = k3s.row_start %max_2 : !k3s.tile<Q>
+// GROUPS-NEXT:         %x = k3s.load_source %representatives : !k3s.tile<D>
+// GROUPS-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.0001> : !k3s.tile<Q>
+// GROUPS-NEXT:         %max_4, %sum_3, %p, %rescale = k3s.online_softmax %max_3, %sum_2, %score : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q>
+// GROUPS-NEXT:         %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<Q x D>
+// GROUPS-NEXT:         k3s.at_row_end {
+// GROUPS-NEXT:           k3s.store_normalised_partials %max_4, %sum_3, %acc_3, %block_lse, %block_mix
+// GROUPS-NEXT:         }
+// GROUPS-NEXT:         k3s.next_source %max_4, %sum_3, %acc_3
+// GROUPS-NEXT:       } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
+// GROUPS-NEXT:     }
 // ROWS0: {{^}}k3c opt: error: pipeline 'derive-block-attnres{rows-per-program=0}': derive-block-attnres: rows-per-program must be >= 1, got 0{{$}}
 
 // PARTIALS: {{^}}k3c opt: error: pipeline 'derive-block-attnres{partials=fp32}': derive-block-attnres: partials must be one of normalised, numerator, got fp32{{$}}
@@ -141,7 +149,7 @@ builtin.module {
 
 // K3:      k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
 // K3-NEXT: k3s.entry @block_partials <source = attnres, max_sources = 8> {
-// K3:        k3s.kernel @attnres_block_partials <grid = row_group_query_block, num_warps = 16, num_stages = 4> {
+// K3:        k3s.kernel @attnres_block_partials <grid = row_query_block, num_warps = 16, num_stages = 3> {
 // K3-NEXT:     %q = k3s.fold_query %queries, %gains <hidden_size = 7168, queries = 2> : !k3s.tile<Q x D>
 // K3:      k3s.entry @block_merge <source = attnres, max_sources = 1> {
 // K3:        k3s.kernel @attnres_block_merge <grid = row, num_warps = 4> {

@@ -1,18 +1,22 @@
 // The printed Triton of Block AttnRes's two phases (derive-block-attnres, in the attnres default
-// pipeline; k3c compile --stdout): block_partials, one program per group of BR token rows and
-// block of BQ of the block's queries that folds its queries once for its rows, walks the rows'
-// representatives as one pipelined loop reading each once for all its queries ([BQ] scores and
-// softmax, a [BQ, BD] mix: the <Q> tiles broadcast against the row) and at each row's end stores
+// pipeline; k3c compile --stdout): block_partials, one program per token row and block of BQ of
+// the block's queries that folds its queries, reads each representative row once for all of them
+// ([BQ] scores and softmax, a [BQ, BD] mix: the <Q> tiles broadcast against the row) and stores
 // the partials normalised (the log-sum-exp, the mix over the normaliser in the activations'
 // dtype); block_merge, the aggregate's kernel resuming its loop from one query's state (lse, 1, mix).
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s
+// With derive-block-attnres{rows-per-program=8}, block_partials takes a group of BR rows for its
+// block of queries: it folds them once and walks the group's (row, representative) pairs as one
+// pipelined loop, the softmax restarted at each row's first source and the partials stored at
+// its last.
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{rows-per-program=8},outline-kernels' | filecheck %s --check-prefix=GROUPS
 
 // CHECK-LABEL: def attnres_block_partials_kernel(
 // CHECK:      Q,
 // CHECK:      BQ: tl.constexpr,
-// CHECK:      # grid axis 0: a group of BR token rows and a block of BQ of the Q queries; a group's blocks
-// CHECK:      i_rg = i_rgq // tl.cdiv(Q, BQ)
-// CHECK-NEXT: o_q = (i_rgq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)
+// CHECK:      # grid axis 0: one token row and a block of BQ of its Q queries; a row's blocks are adjacent
+// CHECK:      i_r = i_rq // tl.cdiv(Q, BQ)
+// CHECK-NEXT: o_q = (i_rq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)
 // CHECK-NEXT: m_q = o_q < Q
 // CHECK:      m_qd = m_q[:, None] & m_d[None, :]
 // CHECK-NEXT: # %q = k3s.fold_query %queries, %gains <hidden_size = 7168, queries = 2>: RMSNorm gains folded into the program's block of the pseudo-queries
@@ -21,28 +25,21 @@
 // CHECK-NEXT: b_max = tl.full([BQ], float("-inf"), dtype=tl.float32)
 // CHECK-NEXT: b_sum = tl.zeros([BQ], dtype=tl.float32)
 // CHECK-NEXT: b_acc = tl.zeros([BQ, BD], dtype=tl.float32)
-// CHECK-NEXT: # %max, %sum, %acc = k3s.row_source_loop %max, %sum, %acc <rows = 8>: {{.*}}
-// CHECK-NEXT: for i_rs in tl.range(i_rg * BR * S, tl.minimum(i_rg * BR + BR, R) * S, num_stages=4):
-// CHECK-NEXT:     i_r = i_rs // S
-// CHECK-NEXT:     i_s = i_rs % S
-// CHECK-NEXT:     # %max = k3s.row_start %max: a row's first source starts the online softmax anew
-// CHECK-NEXT:     b_max = tl.where(i_s == 0, float("-inf"), b_max)
+// CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
+// CHECK-NEXT: for i_s in tl.range(0, S, num_stages=3):
 // CHECK-NEXT:     b_x = tl.load(representatives + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
 // CHECK-NEXT:     # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
 // CHECK-NEXT:     b_score = tl.sum(b_x[None, :] * b_q, axis=1) / tl.sqrt(tl.sum(b_x * b_x) / D + 1e-06)
 // CHECK:          b_acc = b_acc * b_rescale[:, None] + b_p[:, None] * b_x[None, :]
-// CHECK-NEXT:     # k3s.at_row_end: after the row's last source
-// CHECK-NEXT:     if i_s == S - 1:
-// CHECK-NEXT:         # k3s.store_normalised_partials %max, %sum, %acc, %block_lse, %block_mix: {{.*}}
-// CHECK-NEXT:         tl.store(block_lse + o_q * R + i_r, b_max + tl.log(b_sum), mask=m_q)
-// CHECK-NEXT:         tl.store(block_mix + (o_q[:, None] * R + i_r) * D + o_d[None, :], (b_acc / b_sum[:, None]).to(block_mix.dtype.element_ty), mask=m_qd)
+// CHECK-NEXT: # k3s.store_normalised_partials %max, %sum, %acc, %block_lse, %block_mix: {{.*}}
+// CHECK-NEXT: tl.store(block_lse + o_q * R + i_r, b_max + tl.log(b_sum), mask=m_q)
+// CHECK-NEXT: tl.store(block_mix + (o_q[:, None] * R + i_r) * D + o_d[None, :], (b_acc / b_sum[:, None]).to(block_mix.dtype.element_ty), mask=m_qd)
 
 // CHECK-LABEL: def block_partials(representatives, queries, gains):
 // CHECK:      if not 1 <= dims["S"] <= 8:
 // CHECK:      block_mix = _alloc((dims["Q"], dims["B"], dims["T"], 7168), representatives.dtype, representatives.device)
 // CHECK:      BQ = 2
-// CHECK-NEXT: BR = 8
-// CHECK-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR) * triton.cdiv(dims["Q"], BQ),)
+// CHECK-NEXT: grid = (dims["B"] * dims["T"] * triton.cdiv(dims["Q"], BQ),)
 // CHECK:      num_warps=16,
 // CHECK:      return block_lse, block_mix
 
@@ -62,3 +59,23 @@
 // CHECK:      _check_tensor("block_mix", block_mix, "B,T,7168", "float", dims, partial_sum.device)
 // CHECK:      if not 1 <= dims["S"] <= 1:
 // CHECK:      return out,
+
+// GROUPS-LABEL: def attnres_block_partials_kernel(
+// GROUPS:      # grid axis 0: a group of BR token rows and a block of BQ of the Q queries; a group's blocks
+// GROUPS:      i_rg = i_rgq // tl.cdiv(Q, BQ)
+// GROUPS-NEXT: o_q = (i_rgq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)
+// GROUPS:      # %max, %sum, %acc = k3s.row_source_loop %max, %sum, %acc <rows = 8>: {{.*}}
+// GROUPS-NEXT: for i_rs in tl.range(i_rg * BR * S, tl.minimum(i_rg * BR + BR, R) * S, num_stages=4):
+// GROUPS-NEXT:     i_r = i_rs // S
+// GROUPS-NEXT:     i_s = i_rs % S
+// GROUPS-NEXT:     # %max = k3s.row_start %max: a row's first source starts the online softmax anew
+// GROUPS-NEXT:     b_max = tl.where(i_s == 0, float("-inf"), b_max)
+// GROUPS:          b_acc = b_acc * b_rescale[:, None] + b_p[:, None] * b_x[None, :]
+// GROUPS-NEXT:     # k3s.at_row_end: after the row's last source
+// GROUPS-NEXT:     if i_s == S - 1:
+// GROUPS-NEXT:         # k3s.store_normalised_partials %max, %sum, %acc, %block_lse, %block_mix: {{.*}}
+// GROUPS-NEXT:         tl.store(block_lse + o_q * R + i_r, b_max + tl.log(b_sum), mask=m_q)
+// GROUPS-LABEL: def block_partials(representatives, queries, gains):
+// GROUPS:      BQ = 2
+// GROUPS-NEXT: BR = 8
+// GROUPS-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR) * triton.cdiv(dims["Q"], BQ),)
