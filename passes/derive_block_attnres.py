@@ -189,13 +189,14 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: s
     ]
     tensors = argument_values(arguments)
     kernel = aggregate_kernel(layer, rows_per_program)
-    # the loop over the sources is the scan over the representatives; where a row's h and lse are
-    # stored (after the loop, or at each row's end in a group's loop), its partials are instead
-    normalized, lse_store = first(kernel, k3s.NormalizeStoreOp), first(kernel, k3s.StoreLseOp)
-    Rewriter.insert_op(make(STORE_PARTIALS[partials], operands=[
-        lse_store.running_max, normalized.normaliser, normalized.mix, *(tensors[arg.sym_name.data] for arg in stored)]),
-        InsertPoint.before(normalized))
-    Rewriter.erase_op(normalized)
+    # the loop over the sources is the scan over the representatives; where the aggregate stores a
+    # row's h and log-sum-exp (after the loop, or at each row's end in a group's loop), the row's
+    # partials are stored instead
+    h_store, lse_store = first(kernel, k3s.NormalizeStoreOp), first(kernel, k3s.StoreLseOp)
+    state = [lse_store.running_max, h_store.normaliser, h_store.mix]
+    partials_store = make(STORE_PARTIALS[partials], operands=[*state, *(tensors[arg.sym_name.data] for arg in stored)])
+    Rewriter.insert_op(partials_store, InsertPoint.before(h_store))
+    Rewriter.erase_op(h_store)
     Rewriter.erase_op(lse_store)
     fold = first(kernel, k3s.FoldQueryOp)
     fold.properties.update(props(k3s.FoldQueryOp, queries=queries_per_program))
