@@ -168,3 +168,29 @@ def test_backward_fake_gives_the_kernels_dtypes(group):
         fake = backward(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args))
     assert [(x.dtype, x.shape) for x in fake] == [(x.dtype, x.shape) for x in real]
     assert real[0].dtype == (torch.float32 if group > 1 else torch.bfloat16) and real[2].dtype == torch.bfloat16
+
+
+def test_wide_key_gla_compiles_without_graph_breaks_and_matches_eager():
+    """GLA with more keys than a kernel holds runs as key blocks (k3compile.ops.gla): the slices,
+    the blocks' custom ops and the sum of their outputs trace into one graph, forward and backward."""
+    from k3compile.ops.gla import KEY_BLOCK, chunk_gla
+
+    wide = KEY_BLOCK + 44  # two blocks of 150 keys
+    gen = torch.Generator().manual_seed(3)
+    q = F.normalize(torch.randn(B, 7, H, wide, generator=gen), dim=-1)
+    k = F.normalize(torch.randn(B, 7, H, wide, generator=gen), dim=-1)
+    v = torch.randn(B, 7, H, V, generator=gen)
+    g = F.logsigmoid(torch.randn(B, 7, H, wide, generator=gen))
+    h0 = 0.5 * torch.randn(B, H, wide, V, generator=gen)
+
+    def gla_step(q, k, v, g, h0):
+        o, ht = chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True)
+        return (o * o).sum() + (ht * ht).sum()
+
+    inputs = (q, k, v, g, h0)
+    eager_loss, eager_grads = grads_of(gla_step, inputs)
+    compiled_loss, compiled_grads = grads_of(torch.compile(gla_step, fullgraph=True, backend="aot_eager"), inputs)
+    assert torch.equal(compiled_loss, eager_loss)
+    for name, a, b in zip(("q", "k", "v", "g", "h0"), compiled_grads, eager_grads, strict=True):
+        assert b is not None and torch.isfinite(b).all() and b.abs().sum() > 0, name
+        assert torch.equal(a, b), name
