@@ -29,6 +29,9 @@ functions of the input, so the first part runs once per block for all of them:
   k3s.softmax_start), over the one source after the completed ones, the current partial sum; it
   stores h as the aggregate does. (lse, 1, a / z) and (m, z, a) are the same state: with
   M = max(lse, s), e^(lse - M) = z e^(m - M), so the merge's numerator and normaliser agree.
+  With `rows-per-program` > 1 the aggregate's grouped kernel, its query folded once for the
+  group's rows, each row resumed from its own partials at its first source (k3s.row_resume where
+  the grouped aggregate restarts at -inf); grid row_group.
 
 Forward only: neither phase has a backward entry (docs/attnres.md).
 """
@@ -210,7 +213,25 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: s
                 max_sources=layer.num_blocks.value.data)
 
 
-def block_merge_entry(layer: AttnResOp, partials: str) -> k3s.EntryOp:
+def resume_rows_from_partials(kernel: k3s.KernelOp, load: Operation) -> None:
+    """A group's loop (rows-per-program > 1) resumes each row from its own partials: the load in
+    the loop, and at each row's first source k3s.row_resume in place of k3s.row_start (which
+    restarts from nothing), its results feeding what read the carried values."""
+    row_start = first(kernel, k3s.RowStartOp)
+    loop_body = row_start.parent_block()
+    carried_max, carried_sum, carried_mix = loop_body.args
+    for result, name in zip(load.results, ("row_max", "row_sum", "row_acc"), strict=True):
+        result.name_hint = name
+    resume = make(k3s.RowResumeOp, operands=[carried_max, carried_sum, carried_mix, *load.results],
+                  results=[(value.name_hint, value.type) for value in (carried_max, carried_sum, carried_mix)])
+    Rewriter.insert_op([load, resume], InsertPoint.before(row_start))
+    for carried, resumed in zip((carried_sum, carried_mix), resume.results[1:], strict=True):
+        carried.replace_uses_with_if(resumed, lambda use: use.operation is not resume)
+    row_start.started_max.replace_all_uses_with(resume.results[0])
+    Rewriter.erase_op(row_start)
+
+
+def block_merge_entry(layer: AttnResOp, partials: str, rows_per_program: int) -> k3s.EntryOp:
     D = layer.hidden_size.value.data
     loaded = partials_arguments(layer, partials, "input", ())
     arguments = [
@@ -221,15 +242,18 @@ def block_merge_entry(layer: AttnResOp, partials: str) -> k3s.EntryOp:
         attnres_arg("out", ("B", "T", D), "output"),
     ]
     tensors = argument_values(arguments)
-    kernel = aggregate_kernel(layer)
+    kernel = aggregate_kernel(layer, rows_per_program)
     # the loop starts from the query's partials, not from nothing
     start = first(kernel, k3s.SoftmaxStartOp)
-    Rewriter.replace_op(start, make(
-        LOAD_PARTIALS[partials], operands=[tensors[arg.sym_name.data] for arg in loaded],
-        results=[(value.name_hint, value.type) for value in start.results]))
+    load = make(LOAD_PARTIALS[partials], operands=[tensors[arg.sym_name.data] for arg in loaded],
+                results=[(value.name_hint, value.type) for value in start.results])
+    if rows_per_program > 1:  # each row of the group from its own partials
+        resume_rows_from_partials(kernel, load)
+    else:
+        Rewriter.replace_op(start, load)
+        del kernel.properties["num_stages"]  # one source: no next rows to load ahead
     Rewriter.erase_op(first(kernel, k3s.StoreLseOp))
     rebind(kernel, {**tensors, "sources": tensors["partial_sum"]})
-    del kernel.properties["num_stages"]  # one source: no next rows to load ahead
     derived_kernel(kernel, layer, "block_merge")
     return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_merge", source=layer.sym_name.data, max_sources=1)
 
@@ -244,11 +268,12 @@ class DeriveBlockAttnResPass(ModulePass):
     # how the partials are stored: normalised (log-sum-exp, a / z in the activations' dtype) or
     # numerator (m, z, a in fp32)
     partials: str = PARTIALS[0]
-    # block_partials' token rows a program: > 1 loads its block of queries and gains once for all
-    # of them (per row they are Q * D * 4 bytes at bf16, 688 KB at K3's width, from L2) and runs
-    # the group's (row, representative) pairs as one pipelined loop, as fuse-attnres's groups.
-    # 1 (a program per row) stays the default until the groups have run on a GPU (verified and
-    # timed: bench/block_attnres_gpu.py); the per-row kernel is the one k3c verify ran there.
+    # both phases' token rows a program: > 1 loads the program's queries and gains once for all
+    # of them (per row they are Q * D * 4 bytes at bf16 in phase 1, 688 KB at K3's width, and
+    # 2 * D * 2 in each merge, from L2) and runs the group's (row, source) pairs as one pipelined
+    # loop, as fuse-attnres's groups. 1 (a program per row) stays the default until the groups
+    # have run on a GPU (verified and timed: bench/block_attnres_gpu.py); the per-row kernels are
+    # the ones k3c verify ran there. Calls of few rows (decoding) leave few groups.
     rows_per_program: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
@@ -261,4 +286,4 @@ class DeriveBlockAttnResPass(ModulePass):
         add_entries(op, AttnResOp, lambda layer: block_partials_entry(
             layer, self.queries_per_program or default_queries_per_program(layer.hidden_size.value.data),
             self.partials, self.rows_per_program))
-        add_entries(op, AttnResOp, lambda layer: block_merge_entry(layer, self.partials))
+        add_entries(op, AttnResOp, lambda layer: block_merge_entry(layer, self.partials, self.rows_per_program))

@@ -29,7 +29,8 @@ PIPELINES = {"default": None,
              "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels",
              "numerator": "fuse-attnres,derive-block-attnres{partials=numerator},outline-kernels",
              "groups-of-rows": "fuse-attnres,derive-block-attnres{rows-per-program=8},outline-kernels",
-             "groups-numerator": "fuse-attnres,derive-block-attnres{rows-per-program=4 partials=numerator},outline-kernels"}
+             "groups-numerator":
+                 "fuse-attnres,derive-block-attnres{rows-per-program=4 partials=numerator},outline-kernels"}
 
 
 @pytest.fixture(scope="module", params=list(PIPELINES), ids=list(PIPELINES))
@@ -135,10 +136,11 @@ def test_merge_reads_the_partials(layer, part, off):
 
 
 def test_derived_from_the_aggregate(layer):
-    """Both phases are the aggregate's kernels with the loop over the sources split: block_partials
-    the per-row kernel (the grouped one with rows-per-program > 1), its partials stored where the
-    aggregate stores h and the log-sum-exp; block_merge the per-row kernel, starting from the
-    partials' load where the aggregate starts from nothing. The loops' stages are the aggregate's."""
+    """Both phases are the aggregate's kernels with the loop over the sources split, the per-row
+    kernel (the grouped one with rows-per-program > 1): block_partials stores its partials where
+    the aggregate stores h and the log-sum-exp; block_merge starts from the partials' load where
+    the aggregate starts from nothing (in a group's loop: each row resumes from its own partials
+    where the aggregate restarts at -inf). The loops' stages are the aggregate's."""
     from k3compile.ir import k3s
 
     stages = {op.sym_name.data.removeprefix(f"{layer.spec.name}_"): [o.name for o in op.walk()][1:]
@@ -146,14 +148,17 @@ def test_derived_from_the_aggregate(layer):
     start, *loop, store, lse = stages["aggregate"][1:]
     assert (start, store, lse) == ("k3s.softmax_start", "k3s.normalize_store", "k3s.store_lse")
     form = "normalised_" if partial_names(layer)[0] == "block_lse" else ""
-    if "k3s.row_source_loop" in stages["block_partials"]:
+    if "k3s.row_source_loop" in stages["block_partials"]:  # both phases over groups of rows
         groups = stages["aggregate_groups"]
-        at = groups.index("k3s.normalize_store")
+        at, restart = groups.index("k3s.normalize_store"), groups.index("k3s.row_start")
         assert groups[at:at + 2] == ["k3s.normalize_store", "k3s.store_lse"]
         assert stages["block_partials"] == [*groups[:at], f"k3s.store_{form}partials", *groups[at + 2:]]
+        # each row resumes from its own partials where the aggregate restarts from nothing
+        assert stages["block_merge"] == [*groups[:restart], f"k3s.load_{form}partials", "k3s.row_resume",
+                                         *groups[restart + 1:at + 1], *groups[at + 2:]]
     else:
         assert stages["block_partials"] == ["k3s.fold_query", start, *loop, f"k3s.store_{form}partials"]
-    assert stages["block_merge"] == ["k3s.fold_query", f"k3s.load_{form}partials", *loop, store]
+        assert stages["block_merge"] == ["k3s.fold_query", f"k3s.load_{form}partials", *loop, store]
 
 
 @pytest.mark.parametrize("entry,name,bad,message", [
@@ -225,7 +230,8 @@ def replace_partial(index: int, make):
     ("merge", "query", lambda a: a["query"][:-1], "expected shape [D] with D = 48, got [47]"),
     ("merge", "block_lse", replace_partial(0, lambda p: p[:, :-1]), "expected shape [B, T] with B = 1, T = 3"),
     ("merge", "block_lse", replace_partial(0, lambda p: p.bfloat16()), "expected dtype torch.float32"),
-    ("merge", "block_mix", replace_partial(1, lambda p: p[..., :-1]), "expected shape [B, T, D] with B = 1, T = 3, D = 48"),
+    ("merge", "block_mix", replace_partial(1, lambda p: p[..., :-1]),
+     "expected shape [B, T, D] with B = 1, T = 3, D = 48"),
     ("merge", "block_mix", replace_partial(1, lambda p: p.to("meta")),
      "expected a tensor on cpu (as partial_sum), got meta"),
 ])

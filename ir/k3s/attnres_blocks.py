@@ -13,11 +13,13 @@ normalised (the log-sum-exp and a / z in the activations' dtype: k3s.store_norma
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
-from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect
+from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.k3s.attnres import AtRowEndOp
+from k3compile.ir.k3s.attnres import AtRowEndOp, RowSourceLoopOp
 from k3compile.ir.k3s.kernels import KernelOp
 from k3compile.ir.k3s.types import expect_dims, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
@@ -76,7 +78,7 @@ class LoadPartialsOp(KeywordSyntax):
     running_max = result_def(TileType)
     normaliser = result_def(TileType)
     mix = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+    traits = traits_def(HasParent(KernelOp, RowSourceLoopOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _expect_partials(self, self.running_max, self.normaliser, self.mix, ())
@@ -120,7 +122,7 @@ class LoadNormalisedPartialsOp(KeywordSyntax):
     running_max = result_def(TileType)
     normaliser = result_def(TileType)
     mix = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+    traits = traits_def(HasParent(KernelOp, RowSourceLoopOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _expect_partials(self, self.running_max, self.normaliser, self.mix, ())
@@ -128,4 +130,29 @@ class LoadNormalisedPartialsOp(KeywordSyntax):
             _expect_rank(self, what, tensor, rank)
 
 
-BLOCK_ATTNRES_STAGES = [StorePartialsOp, LoadPartialsOp, StoreNormalisedPartialsOp, LoadNormalisedPartialsOp]
+@irdl_op_definition
+class RowResumeOp(KeywordSyntax):
+    """Phase 2 over a group of rows: at a row's first source the online softmax's state becomes
+    the row's partials (`max_from`, `sum_from`, `mix_from`: a load of them), at its other sources
+    it stays as carried. In place: the results are the carried values' registers."""
+
+    name = "k3s.row_resume"
+    running_max = operand_def(TileType)
+    normaliser = operand_def(TileType)
+    mix = operand_def(TileType)
+    max_from = operand_def(TileType)
+    sum_from = operand_def(TileType)
+    mix_from = operand_def(TileType)
+    resumed_max = result_def(TileType)
+    resumed_sum = result_def(TileType)
+    resumed_mix = result_def(TileType)
+    traits = traits_def(HasParent(RowSourceLoopOp), Pure())
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0, 1: 1, 2: 2}
+
+    def verify_(self) -> None:
+        _expect_partials(self, self.running_max, self.normaliser, self.mix, ())
+        _expect_partials(self, self.max_from, self.sum_from, self.mix_from, ())
+
+
+BLOCK_ATTNRES_STAGES = [StorePartialsOp, LoadPartialsOp, StoreNormalisedPartialsOp, LoadNormalisedPartialsOp,
+                        RowResumeOp]

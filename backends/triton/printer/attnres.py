@@ -130,6 +130,11 @@ class AttnRes:
         self.code.comment(op, "a row's first source starts the online softmax anew")
         self.code(f'{register(op.started_max)} = tl.where(i_s == 0, float("-inf"), {register(op.running_max)})')
 
+    def print_k3s_row_resume(self, op: k3s.RowResumeOp) -> None:
+        self.code.comment(op, "a row's first source resumes the online softmax from the row's partials")
+        for carried, start in ((op.running_max, op.max_from), (op.normaliser, op.sum_from), (op.mix, op.mix_from)):
+            self.code(f"{register(carried)} = tl.where(i_s == 0, {register(start)}, {register(carried)})")
+
     def print_k3s_at_row_end(self, op: k3s.AtRowEndOp) -> None:
         c = self.code
         c.comment(op, "after the row's last source")

@@ -27,7 +27,9 @@
 // RUN: not k3c opt %s -p 'derive-block-attnres{queries-per-program=3}' 2>&1 | filecheck %s --check-prefix=POW2
 // The numerator form: m, z and a stored and loaded as the loop carries them, in fp32.
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | filecheck %s --check-prefix=NUMERATOR
-// Groups of rows: the aggregate's grouped kernel, the partials stored at each row's end.
+// Groups of rows: both phases from the aggregate's grouped kernel, block_partials storing each
+// row's partials at its end, block_merge resuming each row from its own partials at its first
+// source (k3s.row_resume where the aggregate restarts at -inf).
 // RUN: k3c opt %s -p 'derive-block-attnres{rows-per-program=8}' | filecheck %s --check-prefix=GROUPS
 // RUN: not k3c opt %s -p 'derive-block-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=ROWS0
 // RUN: not k3c opt %s -p 'derive-block-attnres{partials=fp32}' 2>&1 | filecheck %s --check-prefix=PARTIALS
@@ -135,6 +137,18 @@ builtin.module {
 // GROUPS-NEXT:         k3s.next_source %max_4, %sum_3, %acc_3
 // GROUPS-NEXT:       } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
 // GROUPS-NEXT:     }
+// GROUPS:          k3s.kernel @ar_block_merge <grid = row_group, num_warps = 4, num_stages = 4> {
+// GROUPS:            %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
+// GROUPS-NEXT:       ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
+// GROUPS-NEXT:         %row_max, %row_sum, %row_acc = k3s.load_normalised_partials %block_lse, %block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// GROUPS-NEXT:         %max_3, %sum_3, %acc_3 = k3s.row_resume %max_2, %sum_2, %acc_2, %row_max, %row_sum, %row_acc : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// GROUPS-NEXT:         %x = k3s.load_source %partial_sum : !k3s.tile<D>
+// GROUPS-NEXT:         %score = k3s.rms_score %x, %q <eps = 0.0001> : !k3s.tile<>
+// GROUPS-NEXT:         %max_4, %sum_4, %p, %rescale = k3s.online_softmax %max_3, %sum_3, %score : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>, !k3s.tile<>
+// GROUPS-NEXT:         %acc_4 = k3s.mix_accumulate %acc_3, %rescale, %p, %x : !k3s.tile<D>
+// GROUPS-NEXT:         k3s.at_row_end {
+// GROUPS-NEXT:           k3s.normalize_store %acc_4, %sum_4, %out
+// GROUPS-NEXT:         }
 // ROWS0: {{^}}k3c opt: error: pipeline 'derive-block-attnres{rows-per-program=0}': derive-block-attnres: rows-per-program must be >= 1, got 0{{$}}
 
 // PARTIALS: {{^}}k3c opt: error: pipeline 'derive-block-attnres{partials=fp32}': derive-block-attnres: partials must be one of normalised, numerator, got fp32{{$}}

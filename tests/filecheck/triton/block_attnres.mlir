@@ -8,7 +8,7 @@
 // With derive-block-attnres{rows-per-program=8}, block_partials takes a group of BR rows for its
 // block of queries: it folds them once and walks the group's (row, representative) pairs as one
 // pipelined loop, the softmax restarted at each row's first source and the partials stored at
-// its last.
+// its last; block_merge takes a group of rows for its query, each row resumed from its partials.
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{rows-per-program=8},outline-kernels' | filecheck %s --check-prefix=GROUPS
 
 // CHECK-LABEL: def attnres_block_partials_kernel(
@@ -79,3 +79,13 @@
 // GROUPS:      BQ = 2
 // GROUPS-NEXT: BR = 8
 // GROUPS-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR) * triton.cdiv(dims["Q"], BQ),)
+// GROUPS-LABEL: def attnres_block_merge_kernel(
+// GROUPS:      b_row_max = tl.load(block_lse + i_r)
+// GROUPS-NEXT: b_row_sum = tl.full([], 1.0, dtype=tl.float32)
+// GROUPS-NEXT: b_row_acc = tl.load(block_mix + i_r * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+// GROUPS-NEXT: # %max, %sum, %acc = k3s.row_resume {{.*}}
+// GROUPS-NEXT: b_max = tl.where(i_s == 0, b_row_max, b_max)
+// GROUPS-NEXT: b_sum = tl.where(i_s == 0, b_row_sum, b_sum)
+// GROUPS-NEXT: b_acc = tl.where(i_s == 0, b_row_acc, b_acc)
+// GROUPS-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix):
+// GROUPS:      grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
