@@ -5,8 +5,11 @@ aggregation points over n completed representatives (docs/attnres.md, "Block Att
     two phases  attnres_block_partials([b_0 .. b_{n-1}], W, G) once, then at each point
                 attnres_block_merge(partials_j, x, w_j, g_j)                            (1 + Q calls)
 
-Both through k3compile.ops, bf16 activations, D = 7168 and Q = 24 (K3's configuration) unless
-told otherwise; the sources of the one-phase calls are stacked once, outside the timing. Every
+The layer (K3's configuration unless told otherwise: D = 7168, 8 blocks, Q = 24 points a block,
+bf16 activations) is compiled once per value of derive-block-attnres's rows-per-program
+(--rows-per-program: a program per row, or groups of rows in both phases), its entries called
+directly; the one-phase aggregate is the same kernel in every build. The sources of the
+one-phase calls are stacked once, outside the timing. Every
 output of both forms is first checked against a float64 evaluation of the definition (softmax over
 the sources of w_j . (g_j * RMSNorm(b_i)), the mix of the sources) on the first token rows, then
 each form is timed per block (do_bench median). Bytes per token row and point are the kernels'
@@ -14,7 +17,7 @@ loads and stores counted from the shapes (k3compile.passes.derive_block_attnres.
 as loaded and as if a row's programs shared one read of its representatives from L2; the table
 gives the achieved bandwidth for the as-loaded figure and the copy bandwidth of the same run.
 
-    python3 -P bench/block_attnres_gpu.py --out DIR [--tokens 8192] [--representatives 1,2,4,8]
+    python3 -P bench/block_attnres_gpu.py --out DIR [--tokens 8192] [--representatives 1,2,4,8] [--rows-per-program 1,8]
     python3 bench/block_attnres_gpu.py --out DIR --smoke      # CPU: Triton's interpreter, tiny sizes
 
 Writes DIR/block_attnres.md (also printed) and DIR/block_attnres.json; exits 1 if a check fails.
@@ -23,6 +26,7 @@ Writes DIR/block_attnres.md (also printed) and DIR/block_attnres.json; exits 1 i
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -35,6 +39,7 @@ from common import fmt, git_commit, ints  # noqa: E402
 TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}  # RMS ratio against float64
 CHECK_ROWS = 256  # token rows of the float64 check
 EPS = 1e-6
+NUM_BLOCKS = 8  # K3's block representatives at most (the layer's num_blocks)
 
 
 def rms_ratio(torch, got, want) -> float:
@@ -56,6 +61,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=7168, help="D (default 7168: K3's)")
     p.add_argument("--queries", type=int, default=24, help="aggregation points a block, Q (default 24: K3's)")
     p.add_argument("--representatives", default="1,2,4,8", help="completed block representatives n (comma-separated)")
+    p.add_argument("--rows-per-program", default="1,8",
+                   help="derive-block-attnres{rows-per-program=...} builds (comma-separated; default 1,8)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE))
     p.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")
     p.add_argument("--rep", type=float, default=100.0, help="do_bench rep, ms")
@@ -67,8 +74,10 @@ def main(argv=None) -> int:
     import torch
     import triton.testing
 
-    from k3compile.ops.attnres import attnres_aggregate, attnres_block_merge, attnres_block_partials
+    import k3compile
     from k3compile.passes.derive_block_attnres import block_attnres_bytes
+    from k3compile.pipeline import DEFAULT_PIPELINES
+    from k3compile.spec import spec_from_table
 
     device = "cpu" if args.smoke else "cuda"
     dtype = getattr(torch, args.dtype)
@@ -91,22 +100,30 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     print(f"copy bandwidth: {fmt(copy_Bps and copy_Bps / 1e12, 3)} TB/s", flush=True)
 
+    layers = {}
+    for rows_per_program in ints(args.rows_per_program):
+        pipeline = DEFAULT_PIPELINES["attnres"].replace(
+            "derive-block-attnres", f"derive-block-attnres{{rows-per-program={rows_per_program}}}")
+        spec = spec_from_table(dict(name=f"block_attnres_r{rows_per_program}", kind="attnres", hidden_size=D,
+                                    num_blocks=NUM_BLOCKS, block_size=12, eps=EPS), source="<block_attnres_gpu>")
+        layers[rows_per_program] = k3compile.compile(spec, pipeline=pipeline)
+
     gen = torch.Generator(device=device).manual_seed(0)
     results, failed = [], False
     with torch.no_grad():
         queries = (0.05 * torch.randn(Q, D, generator=gen, device=device)).to(dtype)
         gains = (1 + 0.1 * torch.randn(Q, D, generator=gen, device=device)).to(dtype)
         partial_sum = torch.randn(1, T, D, generator=gen, device=device).to(dtype)
-        for n in ints(args.representatives):
+        for n, (rows_per_program, layer) in itertools.product(ints(args.representatives), layers.items()):
             representatives = torch.randn(n, 1, T, D, generator=gen, device=device).to(dtype)
             sources = torch.cat([representatives, partial_sum[None]])
 
-            def one_phase():
-                return [attnres_aggregate(sources, queries[j], gains[j]) for j in range(Q)]
+            def one_phase(layer=layer, sources=sources):
+                return [layer.aggregate(sources, queries[j], gains[j])[0] for j in range(Q)]
 
-            def two_phases():
-                partials = attnres_block_partials(representatives, queries, gains)
-                return [attnres_block_merge([p[j] for p in partials], partial_sum, queries[j], gains[j])
+            def two_phases(layer=layer, representatives=representatives):
+                partials = layer.block_partials(representatives, queries, gains)
+                return [layer.block_merge(partial_sum[None], queries[j], gains[j], *(p[j] for p in partials))[0]
                         for j in range(Q)]
 
             errors = {"one phase": 0.0, "two phases": 0.0}
@@ -118,17 +135,17 @@ def main(argv=None) -> int:
             failed |= not ok
             times = {"one phase": bench(one_phase), "two phases": bench(two_phases)} if ok else {}
             if ok:
-                first = [p[0] for p in attnres_block_partials(representatives, queries, gains)]
-                times["block_partials"] = bench(lambda: attnres_block_partials(representatives, queries, gains))
-                times["block_merge"] = bench(lambda: attnres_block_merge(first, partial_sum, queries[0], gains[0]))
+                first = [p[0] for p in layer.block_partials(representatives, queries, gains)]
+                times["block_partials"] = bench(lambda: layer.block_partials(representatives, queries, gains))
+                times["block_merge"] = bench(lambda: layer.block_merge(partial_sum[None], queries[0], gains[0], *first))
             per_point = block_attnres_bytes(D, n, Q, activation_bytes=dtype.itemsize)
-            row = dict(n=n, T=T, D=D, Q=Q, dtype=args.dtype, errors=errors, check="ok" if ok else "FAILED",
-                       ms=times, bytes_per_row_point=per_point)
+            row = dict(n=n, rows_per_program=rows_per_program, T=T, D=D, Q=Q, dtype=args.dtype, errors=errors,
+                       check="ok" if ok else "FAILED", ms=times, bytes_per_row_point=per_point)
             for form, key in (("one phase", "one_phase"), ("two phases", "two_phase")):
                 if form in times and copy_Bps:
                     row[f"{key}_TBps"] = per_point[key] * T * Q / (times[form] * 1e-3) / 1e12
             results.append(row)
-            print(f"n={n}: one phase {fmt(times.get('one phase'), 3)} ms, two phases {fmt(times.get('two phases'), 3)} "
+            print(f"n={n} rows-per-program={rows_per_program}: one phase {fmt(times.get('one phase'), 3)} ms, two phases {fmt(times.get('two phases'), 3)} "
                   f"ms per block of {Q} points; errors {errors}; {row['check']}", flush=True)
 
     out = Path(args.out)
@@ -141,20 +158,21 @@ def main(argv=None) -> int:
         f"triton {triton.__version__}; commit {git_commit()}; {args.dtype}, B = 1, T = {T}, D = {D}, Q = {Q}; "
         f"copy bandwidth {copy_text}.",
         f"Command: `python3 -P bench/block_attnres_gpu.py --out DIR --tokens {T} --hidden {D} --queries {Q} "
-        f"--representatives {args.representatives} --dtype {args.dtype}`" + (" (--smoke)" if args.smoke else ""),
+        f"--representatives {args.representatives} --rows-per-program {args.rows_per_program} --dtype {args.dtype}`"
+        + (" (--smoke)" if args.smoke else ""),
         "Times per block (Q points), do_bench median; check: both forms' every output against float64 on the first "
         f"{rows} rows (RMS ratio <= {TOLERANCE[args.dtype]:g}). Bytes per token row and point from the kernels' "
         "shapes: two phases as loaded / with one read of the representatives per row.",
         "",
-        "| n | one phase ms | two phases ms | two / one | block_partials ms | block_merge ms | bytes one phase | "
+        "| n | rows a program | one phase ms | two phases ms | two / one | block_partials ms | block_merge ms | bytes one phase | "
         "bytes two phases (one read) | one phase TB/s | two phases TB/s | max error one / two | check |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         t, b = r["ms"], r["bytes_per_row_point"]
         ratio = t["two phases"] / t["one phase"] if t else None
         lines.append(
-            f"| {r['n']} | {fmt(t.get('one phase'), 3)} | {fmt(t.get('two phases'), 3)} | {fmt(ratio, 2)} | "
+            f"| {r['n']} | {r['rows_per_program']} | {fmt(t.get('one phase'), 3)} | {fmt(t.get('two phases'), 3)} | {fmt(ratio, 2)} | "
             f"{fmt(t.get('block_partials'), 3)} | {fmt(t.get('block_merge'), 3)} | {b['one_phase']:,.0f} | "
             f"{b['two_phase']:,.0f} ({b['two_phase_one_read']:,.0f}) | {fmt(r.get('one_phase_TBps'), 2)} | "
             f"{fmt(r.get('two_phase_TBps'), 2)} | {r['errors']['one phase']:.1e} / {r['errors']['two phases']:.1e} | "

@@ -27,7 +27,8 @@
 #   ab             two builds' kernels side by side (bench/ab_gpu.py, $AB_ARGS: e.g. --kinds chunk --gate-scale 10): the modules each build compiled into
 #                  $AB_A and $AB_B (default bench/generated/ab/a, .../b; carried, compiled where the builds are)
 #   block-attnres  Block AttnRes's two phases against the one-phase aggregate per block of K3's 24 points,
-#                  n = 1, 2, 4, 8 representatives, D = 7168, T = 8192 (bench/block_attnres_gpu.py, $BLOCK_ATTNRES_ARGS)
+#                  n = 1, 2, 4, 8 representatives, D = 7168, T = 8192, a program per row and groups of 8
+#                  rows (bench/block_attnres_gpu.py, $BLOCK_ATTNRES_ARGS)
 #   moe            the LatentMoE layer of examples/latent_moe.toml (K3's dims) vs torch pipelines, decode and
 #                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
 #   backward       training: k3compile.ops chunk functions forward + backward vs fla's, gradients vs float64
