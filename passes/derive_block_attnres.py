@@ -31,7 +31,9 @@ functions of the input, so the first part runs once per block for all of them:
   M = max(lse, s), e^(lse - M) = z e^(m - M), so the merge's numerator and normaliser agree.
   With `rows-per-program` > 1 the aggregate's grouped kernel, its query folded once for the
   group's rows, each row resumed from its own partials at its first source (k3s.row_resume where
-  the grouped aggregate restarts at -inf); grid row_group.
+  the grouped aggregate restarts at -inf); grid row_group. With groups both entries hold the
+  per-row kernel too, for calls of fewer than grouped-from-rows token rows, as fuse-attnres's
+  aggregate does.
 
 Forward only: neither phase has a backward entry (docs/attnres.md).
 """
@@ -128,13 +130,19 @@ def first(op: Operation, op_type: type[Operation]) -> Operation:
     return next(o for o in op.walk() if isinstance(o, op_type))
 
 
-def aggregate_kernel(layer: AttnResOp, rows_per_program: int = 1) -> k3s.KernelOp:
-    """A copy of fuse-attnres's kernel of the layer (its default warps and stages) for a program
-    per row (rows_per_program 1) or per group of rows, reading the tensors of an entry that is not
-    in the module: what both phases are derived from (rebind points their copies at their own
-    entries' arguments)."""
-    entry = fused_attnres_entry(layer, FuseAttnResPass(rows_per_program=rows_per_program, grouped_from_rows=0))
-    return first(entry, k3s.KernelOp).clone()
+def aggregate_kernels(layer: AttnResOp, rows_per_program: int, grouped_from_rows: int) -> list[k3s.KernelOp]:
+    """Copies of fuse-attnres's kernels of the layer (their default warps and stages) for a program
+    per row (rows_per_program 1) or per group of rows, split at grouped_from_rows token rows as
+    fuse-attnres splits them (the per-row kernel for fewer), reading the tensors of an entry that
+    is not in the module: what both phases are derived from (rebind points their copies at their
+    own entries' arguments)."""
+    options = FuseAttnResPass(rows_per_program=rows_per_program, grouped_from_rows=grouped_from_rows)
+    return [kernel.clone() for kernel in k3s.entry_kernels(fused_attnres_entry(layer, options))]
+
+
+def grouped(kernel: k3s.KernelOp) -> bool:
+    """Whether the kernel walks a group of rows (fuse-attnres's rows-per-program > 1)."""
+    return any(isinstance(op, k3s.RowSourceLoopOp) for op in kernel.walk())
 
 
 def batch_over_queries(kernel: k3s.KernelOp, query: SSAValue) -> None:
@@ -159,7 +167,8 @@ def batch_over_queries(kernel: k3s.KernelOp, query: SSAValue) -> None:
 
 
 def derived_kernel(kernel: k3s.KernelOp, layer: AttnResOp, entry: str, **values) -> k3s.KernelOp:
-    kernel.properties.update(props(k3s.KernelOp, sym_name=f"{layer.sym_name.data}_{entry}", **values))
+    name = f"{layer.sym_name.data}_{entry}{'_groups' if grouped(kernel) else ''}"
+    kernel.properties.update(props(k3s.KernelOp, sym_name=name, **values))
     return kernel
 
 
@@ -180,10 +189,9 @@ STORE_PARTIALS = {"normalised": k3s.StoreNormalisedPartialsOp, "numerator": k3s.
 LOAD_PARTIALS = {"normalised": k3s.LoadNormalisedPartialsOp, "numerator": k3s.LoadPartialsOp}
 
 
-def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: str,
-                         rows_per_program: int) -> k3s.EntryOp:
+def block_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass) -> k3s.EntryOp:
     D = layer.hidden_size.value.data
-    stored = partials_arguments(layer, partials, "output", ("Q",))
+    stored = partials_arguments(layer, options.partials, "output", ("Q",))
     arguments = [
         attnres_arg("representatives", ("S", "B", "T", D)),
         attnres_arg("queries", ("Q", D)),
@@ -191,13 +199,25 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: s
         *stored,
     ]
     tensors = argument_values(arguments)
-    kernel = aggregate_kernel(layer, rows_per_program)
+    kernels = [partials_kernel(kernel, layer, tensors, stored, options)
+               for kernel in aggregate_kernels(layer, options.rows_per_program, options.grouped_from_rows)]
+    return make(k3s.EntryOp, [*arguments, *kernels], sym_name="block_partials", source=layer.sym_name.data,
+                max_sources=layer.num_blocks.value.data)
+
+
+def partials_kernel(kernel: k3s.KernelOp, layer: AttnResOp, tensors: dict[str, SSAValue], stored: list[Operation],
+                    options: DeriveBlockAttnResPass) -> k3s.KernelOp:
+    """block_partials' kernel from an aggregate kernel: batched over the program's block of queries,
+    the row's partials stored in place of h."""
+    D = layer.hidden_size.value.data
+    queries_per_program = options.queries_per_program or default_queries_per_program(D)
     # the loop over the sources is the scan over the representatives; where the aggregate stores a
     # row's h and log-sum-exp (after the loop, or at each row's end in a group's loop), the row's
     # partials are stored instead
     h_store, lse_store = first(kernel, k3s.NormalizeStoreOp), first(kernel, k3s.StoreLseOp)
     state = [lse_store.running_max, h_store.normaliser, h_store.mix]
-    partials_store = make(STORE_PARTIALS[partials], operands=[*state, *(tensors[arg.sym_name.data] for arg in stored)])
+    partials_store = make(STORE_PARTIALS[options.partials],
+                          operands=[*state, *(tensors[arg.sym_name.data] for arg in stored)])
     Rewriter.insert_op(partials_store, InsertPoint.before(h_store))
     Rewriter.erase_op(h_store)
     Rewriter.erase_op(lse_store)
@@ -206,11 +226,9 @@ def block_partials_entry(layer: AttnResOp, queries_per_program: int, partials: s
     batch_over_queries(kernel, fold.query)
     rebind(kernel, {**tensors, "sources": tensors["representatives"], "query": tensors["queries"],
                     "gain": tensors["gains"]})
-    derived_kernel(kernel, layer, "block_partials",
-                   grid="row_group_query_block" if rows_per_program > 1 else "row_query_block",
-                   num_warps=partials_warps(D, queries_per_program))
-    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_partials", source=layer.sym_name.data,
-                max_sources=layer.num_blocks.value.data)
+    return derived_kernel(kernel, layer, "block_partials",
+                          grid="row_group_query_block" if grouped(kernel) else "row_query_block",
+                          num_warps=partials_warps(D, queries_per_program))
 
 
 def resume_rows_from_partials(kernel: k3s.KernelOp, load: Operation) -> None:
@@ -231,9 +249,9 @@ def resume_rows_from_partials(kernel: k3s.KernelOp, load: Operation) -> None:
     Rewriter.erase_op(row_start)
 
 
-def block_merge_entry(layer: AttnResOp, partials: str, rows_per_program: int) -> k3s.EntryOp:
+def block_merge_entry(layer: AttnResOp, options: DeriveBlockAttnResPass) -> k3s.EntryOp:
     D = layer.hidden_size.value.data
-    loaded = partials_arguments(layer, partials, "input", ())
+    loaded = partials_arguments(layer, options.partials, "input", ())
     arguments = [
         attnres_arg("partial_sum", ("S", "B", "T", D)),
         attnres_arg("query", (D,)),
@@ -242,20 +260,27 @@ def block_merge_entry(layer: AttnResOp, partials: str, rows_per_program: int) ->
         attnres_arg("out", ("B", "T", D), "output"),
     ]
     tensors = argument_values(arguments)
-    kernel = aggregate_kernel(layer, rows_per_program)
+    kernels = [merge_kernel(kernel, layer, tensors, loaded, options.partials)
+               for kernel in aggregate_kernels(layer, options.rows_per_program, options.grouped_from_rows)]
+    return make(k3s.EntryOp, [*arguments, *kernels], sym_name="block_merge", source=layer.sym_name.data,
+                max_sources=1)
+
+
+def merge_kernel(kernel: k3s.KernelOp, layer: AttnResOp, tensors: dict[str, SSAValue], loaded: list[Operation],
+                 partials: str) -> k3s.KernelOp:
+    """block_merge's kernel from an aggregate kernel: the softmax started from the partials."""
     # the loop starts from the query's partials, not from nothing
     start = first(kernel, k3s.SoftmaxStartOp)
     load = make(LOAD_PARTIALS[partials], operands=[tensors[arg.sym_name.data] for arg in loaded],
                 results=[(value.name_hint, value.type) for value in start.results])
-    if rows_per_program > 1:  # each row of the group from its own partials
+    if grouped(kernel):  # each row of the group from its own partials
         resume_rows_from_partials(kernel, load)
     else:
         Rewriter.replace_op(start, load)
         del kernel.properties["num_stages"]  # one source: no next rows to load ahead
     Rewriter.erase_op(first(kernel, k3s.StoreLseOp))
     rebind(kernel, {**tensors, "sources": tensors["partial_sum"]})
-    derived_kernel(kernel, layer, "block_merge")
-    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_merge", source=layer.sym_name.data, max_sources=1)
+    return derived_kernel(kernel, layer, "block_merge")
 
 
 @dataclass(frozen=True)
@@ -275,15 +300,19 @@ class DeriveBlockAttnResPass(ModulePass):
     # have run on a GPU (verified and timed: bench/block_attnres_gpu.py); the per-row kernels are
     # the ones k3c verify ran there. Calls of few rows (decoding) leave few groups.
     rows_per_program: int = 1
+    # with groups, calls of fewer token rows launch a program per row instead (fuse-attnres's split
+    # and its threshold: groups of 8 left too few programs below 2048 rows); 0: groups at every call
+    grouped_from_rows: int = 2048
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.queries_per_program:
             check_power_of_two(self.name, "queries-per-program", self.queries_per_program)
         if self.rows_per_program < 1:
             raise ValueError(f"{self.name}: rows-per-program must be >= 1, got {self.rows_per_program}")
+        if self.grouped_from_rows < 0:
+            raise ValueError(f"{self.name}: grouped-from-rows must be >= 0 (0: always grouped), "
+                             f"got {self.grouped_from_rows}")
         if self.partials not in PARTIALS:
             raise ValueError(f"{self.name}: partials must be one of {', '.join(PARTIALS)}, got {self.partials}")
-        add_entries(op, AttnResOp, lambda layer: block_partials_entry(
-            layer, self.queries_per_program or default_queries_per_program(layer.hidden_size.value.data),
-            self.partials, self.rows_per_program))
-        add_entries(op, AttnResOp, lambda layer: block_merge_entry(layer, self.partials, self.rows_per_program))
+        add_entries(op, AttnResOp, lambda layer: block_partials_entry(layer, self))
+        add_entries(op, AttnResOp, lambda layer: block_merge_entry(layer, self))

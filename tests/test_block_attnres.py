@@ -28,9 +28,11 @@ RTOL = 1e-5  # relative norm; the interpreter's fp32 gets ~1e-7
 PIPELINES = {"default": None,
              "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels",
              "numerator": "fuse-attnres,derive-block-attnres{partials=numerator},outline-kernels",
-             "groups-of-rows": "fuse-attnres,derive-block-attnres{rows-per-program=8},outline-kernels",
-             "groups-numerator":
-                 "fuse-attnres,derive-block-attnres{rows-per-program=4 partials=numerator},outline-kernels"}
+             # groups of 8 from 8 rows: the calls of 7 and 1 rows take the per-row kernels, of 15 the groups
+             "groups-of-rows":
+                 "fuse-attnres,derive-block-attnres{rows-per-program=8 grouped-from-rows=8},outline-kernels",
+             "groups-numerator": "fuse-attnres,derive-block-attnres{rows-per-program=4 grouped-from-rows=0 "
+                                 "partials=numerator},outline-kernels"}
 
 
 @pytest.fixture(scope="module", params=list(PIPELINES), ids=list(PIPELINES))
@@ -148,17 +150,18 @@ def test_derived_from_the_aggregate(layer):
     start, *loop, store, lse = stages["aggregate"][1:]
     assert (start, store, lse) == ("k3s.softmax_start", "k3s.normalize_store", "k3s.store_lse")
     form = "normalised_" if partial_names(layer)[0] == "block_lse" else ""
-    if "k3s.row_source_loop" in stages["block_partials"]:  # both phases over groups of rows
+    assert "block_partials" in stages or "block_partials_groups" in stages
+    if "block_partials" in stages:  # a program per row (every call, or those below grouped-from-rows)
+        assert stages["block_partials"] == ["k3s.fold_query", start, *loop, f"k3s.store_{form}partials"]
+        assert stages["block_merge"] == ["k3s.fold_query", f"k3s.load_{form}partials", *loop, store]
+    if "block_partials_groups" in stages:  # both phases over groups of rows
         groups = stages["aggregate_groups"]
         at, restart = groups.index("k3s.normalize_store"), groups.index("k3s.row_start")
         assert groups[at:at + 2] == ["k3s.normalize_store", "k3s.store_lse"]
-        assert stages["block_partials"] == [*groups[:at], f"k3s.store_{form}partials", *groups[at + 2:]]
+        assert stages["block_partials_groups"] == [*groups[:at], f"k3s.store_{form}partials", *groups[at + 2:]]
         # each row resumes from its own partials where the aggregate restarts from nothing
-        assert stages["block_merge"] == [*groups[:restart], f"k3s.load_{form}partials", "k3s.row_resume",
-                                         *groups[restart + 1:at + 1], *groups[at + 2:]]
-    else:
-        assert stages["block_partials"] == ["k3s.fold_query", start, *loop, f"k3s.store_{form}partials"]
-        assert stages["block_merge"] == ["k3s.fold_query", f"k3s.load_{form}partials", *loop, store]
+        assert stages["block_merge_groups"] == [*groups[:restart], f"k3s.load_{form}partials", "k3s.row_resume",
+                                                *groups[restart + 1:at + 1], *groups[at + 2:]]
 
 
 @pytest.mark.parametrize("entry,name,bad,message", [

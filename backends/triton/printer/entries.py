@@ -326,7 +326,8 @@ class Entries:
     def rows_bounds(kernel: k3s.KernelOp) -> list[str]:
         """The conditions on the call's token rows under which the entry launches the kernel
         (its min_rows, max_rows)."""
-        rows = 'dims["B"] * dims["T"]' if {"row", "row_group"} & set(kernel.grid.data.split(",")) else 'dims["R"]'
+        token_rows = {"row", "row_group", "row_query_block", "row_group_query_block"}
+        rows = 'dims["B"] * dims["T"]' if token_rows & set(kernel.grid.data.split(",")) else 'dims["R"]'
         return ([f"{rows} >= {kernel.min_rows.value.data}"] if kernel.min_rows is not None else []) + \
             ([f"{rows} <= {kernel.max_rows.value.data}"] if kernel.max_rows is not None else [])
 

@@ -27,11 +27,13 @@
 // RUN: not k3c opt %s -p 'derive-block-attnres{queries-per-program=3}' 2>&1 | filecheck %s --check-prefix=POW2
 // The numerator form: m, z and a stored and loaded as the loop carries them, in fp32.
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | filecheck %s --check-prefix=NUMERATOR
-// Groups of rows: both phases from the aggregate's grouped kernel, block_partials storing each
-// row's partials at its end, block_merge resuming each row from its own partials at its first
-// source (k3s.row_resume where the aggregate restarts at -inf).
+// Groups of rows: both phases from the aggregate's two kernels, split at grouped-from-rows (2048)
+// as fuse-attnres splits them; the grouped block_partials stores each row's partials at its end,
+// the grouped block_merge resumes each row from its own partials at its first source
+// (k3s.row_resume where the aggregate restarts at -inf).
 // RUN: k3c opt %s -p 'derive-block-attnres{rows-per-program=8}' | filecheck %s --check-prefix=GROUPS
 // RUN: not k3c opt %s -p 'derive-block-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=ROWS0
+// RUN: not k3c opt %s -p 'derive-block-attnres{grouped-from-rows=-1}' 2>&1 | filecheck %s --check-prefix=SPLIT
 // RUN: not k3c opt %s -p 'derive-block-attnres{partials=fp32}' 2>&1 | filecheck %s --check-prefix=PARTIALS
 // The partials' stages and the fold of a block of queries verify their tiles and tensors (one line each).
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/k3s.store_partials %%max_1, %%sum_1, %%acc_1/k3s.store_partials %%acc_1, %%sum_1, %%max_1/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
@@ -121,7 +123,8 @@ builtin.module {
 // NUMERATOR-NEXT: %block_numerator = k3s.tensor_arg @block_numerator <role = input> : !k3s.tensor<B x T x 96, float32>
 // NUMERATOR:      %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 
-// GROUPS:          k3s.kernel @ar_block_partials <grid = row_group_query_block, num_warps = 4, num_stages = 4> {
+// GROUPS:          k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3, max_rows = 2047> {
+// GROUPS:          k3s.kernel @ar_block_partials_groups <grid = row_group_query_block, num_warps = 4, num_stages = 4, min_rows = 2048> {
 // GROUPS-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
 // GROUPS-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
 // GROUPS-NEXT:       %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
@@ -137,7 +140,8 @@ builtin.module {
 // GROUPS-NEXT:         k3s.next_source %max_4, %sum_3, %acc_3
 // GROUPS-NEXT:       } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
 // GROUPS-NEXT:     }
-// GROUPS:          k3s.kernel @ar_block_merge <grid = row_group, num_warps = 4, num_stages = 4> {
+// GROUPS:          k3s.kernel @ar_block_merge <grid = row, num_warps = 4, max_rows = 2047> {
+// GROUPS:          k3s.kernel @ar_block_merge_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
 // GROUPS:            %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
 // GROUPS-NEXT:       ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // GROUPS-NEXT:         %row_max, %row_sum, %row_acc = k3s.load_normalised_partials %block_lse, %block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
@@ -149,6 +153,7 @@ builtin.module {
 // GROUPS-NEXT:         k3s.at_row_end {
 // GROUPS-NEXT:           k3s.normalize_store %acc_4, %sum_4, %out
 // GROUPS-NEXT:         }
+// SPLIT: {{^}}k3c opt: error: pipeline 'derive-block-attnres{grouped-from-rows=-1}': derive-block-attnres: grouped-from-rows must be >= 0 (0: always grouped), got -1{{$}}
 // ROWS0: {{^}}k3c opt: error: pipeline 'derive-block-attnres{rows-per-program=0}': derive-block-attnres: rows-per-program must be >= 1, got 0{{$}}
 
 // PARTIALS: {{^}}k3c opt: error: pipeline 'derive-block-attnres{partials=fp32}': derive-block-attnres: partials must be one of normalised, numerator, got fp32{{$}}

@@ -60,7 +60,7 @@
 // CHECK:      if not 1 <= dims["S"] <= 1:
 // CHECK:      return out,
 
-// GROUPS-LABEL: def attnres_block_partials_kernel(
+// GROUPS-LABEL: def attnres_block_partials_groups_kernel(
 // GROUPS:      # grid axis 0: a group of BR token rows and a block of BQ of the Q queries; a group's blocks
 // GROUPS:      i_rg = i_rgq // tl.cdiv(Q, BQ)
 // GROUPS-NEXT: o_q = (i_rgq % tl.cdiv(Q, BQ)) * BQ + tl.arange(0, BQ)
@@ -76,10 +76,12 @@
 // GROUPS-NEXT:         # k3s.store_normalised_partials %max, %sum, %acc, %block_lse, %block_mix: {{.*}}
 // GROUPS-NEXT:         tl.store(block_lse + o_q * R + i_r, b_max + tl.log(b_sum), mask=m_q)
 // GROUPS-LABEL: def block_partials(representatives, queries, gains):
+// GROUPS:      if all(grid) and dims["B"] * dims["T"] <= 2047:
 // GROUPS:      BQ = 2
 // GROUPS-NEXT: BR = 8
 // GROUPS-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR) * triton.cdiv(dims["Q"], BQ),)
-// GROUPS-LABEL: def attnres_block_merge_kernel(
+// GROUPS-NEXT: if all(grid) and dims["B"] * dims["T"] >= 2048:
+// GROUPS-LABEL: def attnres_block_merge_groups_kernel(
 // GROUPS:      b_row_max = tl.load(block_lse + i_r)
 // GROUPS-NEXT: b_row_sum = tl.full([], 1.0, dtype=tl.float32)
 // GROUPS-NEXT: b_row_acc = tl.load(block_mix + i_r * D + o_d, mask=m_d, other=0.0).to(tl.float32)
@@ -88,4 +90,6 @@
 // GROUPS-NEXT: b_sum = tl.where(i_s == 0, b_row_sum, b_sum)
 // GROUPS-NEXT: b_acc = tl.where(i_s == 0, b_row_acc, b_acc)
 // GROUPS-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix):
+// GROUPS:      if all(grid) and dims["B"] * dims["T"] <= 2047:
 // GROUPS:      grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
+// GROUPS-NEXT: if all(grid) and dims["B"] * dims["T"] >= 2048:
