@@ -6,8 +6,9 @@ aggregation points over n completed representatives (docs/attnres.md, "Block Att
                 attnres_block_merge(partials_j, x, w_j, g_j)                            (1 + Q calls)
 
 The layer (K3's configuration unless told otherwise: D = 7168, 8 blocks, Q = 24 points a block,
-bf16 activations) is compiled once per value of derive-block-attnres's rows-per-program
-(--rows-per-program: a program per row, or groups of rows in both phases), its entries called
+bf16 activations) is compiled once per pair of derive-block-attnres's rows-per-program and
+partials (--builds: a program per row or groups of rows in both phases; the partials in fp32 as
+the loop carries them or normalised in the activations' dtype), its entries called
 directly; the one-phase aggregate is the same kernel in every build. The sources of the
 one-phase calls are stacked once, outside the timing. Every
 output of both forms is first checked against a float64 evaluation of the definition (softmax over
@@ -17,7 +18,7 @@ loads and stores counted from the shapes (k3compile.passes.derive_block_attnres.
 as loaded and as if a row's programs shared one read of its representatives from L2; the table
 gives the achieved bandwidth for the as-loaded figure and the copy bandwidth of the same run.
 
-    python3 -P bench/block_attnres_gpu.py --out DIR [--tokens 8192] [--representatives 1,2,4,8] [--rows-per-program 1,8]
+    python3 -P bench/block_attnres_gpu.py --out DIR [--tokens 8192] [--representatives 1,2,4,8] [--builds 1:numerator,1:normalised,8:normalised]
     python3 bench/block_attnres_gpu.py --out DIR --smoke      # CPU: Triton's interpreter, tiny sizes
 
 Writes DIR/block_attnres.md (also printed) and DIR/block_attnres.json; exits 1 if a check fails.
@@ -61,8 +62,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=7168, help="D (default 7168: K3's)")
     p.add_argument("--queries", type=int, default=24, help="aggregation points a block, Q (default 24: K3's)")
     p.add_argument("--representatives", default="1,2,4,8", help="completed block representatives n (comma-separated)")
-    p.add_argument("--rows-per-program", default="1,8",
-                   help="derive-block-attnres{rows-per-program=...} builds (comma-separated; default 1,8)")
+    p.add_argument("--builds", default="1:numerator,1:normalised,8:normalised",
+                   help="derive-block-attnres{rows-per-program=R partials=P} builds as R:P, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE))
     p.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")
     p.add_argument("--rep", type=float, default=100.0, help="do_bench rep, ms")
@@ -101,12 +102,14 @@ def main(argv=None) -> int:
     print(f"copy bandwidth: {fmt(copy_Bps and copy_Bps / 1e12, 3)} TB/s", flush=True)
 
     layers = {}
-    for rows_per_program in ints(args.rows_per_program):
+    for build in args.builds.split(","):
+        rows_per_program, _, partials = build.partition(":")
         pipeline = DEFAULT_PIPELINES["attnres"].replace(
-            "derive-block-attnres", f"derive-block-attnres{{rows-per-program={rows_per_program}}}")
-        spec = spec_from_table(dict(name=f"block_attnres_r{rows_per_program}", kind="attnres", hidden_size=D,
-                                    num_blocks=NUM_BLOCKS, block_size=12, eps=EPS), source="<block_attnres_gpu>")
-        layers[rows_per_program] = k3compile.compile(spec, pipeline=pipeline)
+            "derive-block-attnres", f"derive-block-attnres{{rows-per-program={rows_per_program} partials={partials}}}")
+        spec = spec_from_table(dict(name=f"block_attnres_r{rows_per_program}_{partials}", kind="attnres",
+                                    hidden_size=D, num_blocks=NUM_BLOCKS, block_size=12, eps=EPS),
+                               source="<block_attnres_gpu>")
+        layers[build] = k3compile.compile(spec, pipeline=pipeline)
 
     gen = torch.Generator(device=device).manual_seed(0)
     results, failed = [], False
@@ -114,7 +117,7 @@ def main(argv=None) -> int:
         queries = (0.05 * torch.randn(Q, D, generator=gen, device=device)).to(dtype)
         gains = (1 + 0.1 * torch.randn(Q, D, generator=gen, device=device)).to(dtype)
         partial_sum = torch.randn(1, T, D, generator=gen, device=device).to(dtype)
-        for n, (rows_per_program, layer) in itertools.product(ints(args.representatives), layers.items()):
+        for n, (build, layer) in itertools.product(ints(args.representatives), layers.items()):
             representatives = torch.randn(n, 1, T, D, generator=gen, device=device).to(dtype)
             sources = torch.cat([representatives, partial_sum[None]])
 
@@ -138,14 +141,14 @@ def main(argv=None) -> int:
                 first = [p[0] for p in layer.block_partials(representatives, queries, gains)]
                 times["block_partials"] = bench(lambda: layer.block_partials(representatives, queries, gains))
                 times["block_merge"] = bench(lambda: layer.block_merge(partial_sum[None], queries[0], gains[0], *first))
-            per_point = block_attnres_bytes(D, n, Q, activation_bytes=dtype.itemsize)
-            row = dict(n=n, rows_per_program=rows_per_program, T=T, D=D, Q=Q, dtype=args.dtype, errors=errors,
+            per_point = block_attnres_bytes(D, n, Q, activation_bytes=dtype.itemsize, partials=build.partition(":")[2])
+            row = dict(n=n, build=build, T=T, D=D, Q=Q, dtype=args.dtype, errors=errors,
                        check="ok" if ok else "FAILED", ms=times, bytes_per_row_point=per_point)
             for form, key in (("one phase", "one_phase"), ("two phases", "two_phase")):
                 if form in times and copy_Bps:
                     row[f"{key}_TBps"] = per_point[key] * T * Q / (times[form] * 1e-3) / 1e12
             results.append(row)
-            print(f"n={n} rows-per-program={rows_per_program}: one phase {fmt(times.get('one phase'), 3)} ms, two phases {fmt(times.get('two phases'), 3)} "
+            print(f"n={n} build {build}: one phase {fmt(times.get('one phase'), 3)} ms, two phases {fmt(times.get('two phases'), 3)} "
                   f"ms per block of {Q} points; errors {errors}; {row['check']}", flush=True)
 
     out = Path(args.out)
@@ -158,13 +161,13 @@ def main(argv=None) -> int:
         f"triton {triton.__version__}; commit {git_commit()}; {args.dtype}, B = 1, T = {T}, D = {D}, Q = {Q}; "
         f"copy bandwidth {copy_text}.",
         f"Command: `python3 -P bench/block_attnres_gpu.py --out DIR --tokens {T} --hidden {D} --queries {Q} "
-        f"--representatives {args.representatives} --rows-per-program {args.rows_per_program} --dtype {args.dtype}`"
+        f"--representatives {args.representatives} --builds {args.builds} --dtype {args.dtype}`"
         + (" (--smoke)" if args.smoke else ""),
         "Times per block (Q points), do_bench median; check: both forms' every output against float64 on the first "
         f"{rows} rows (RMS ratio <= {TOLERANCE[args.dtype]:g}). Bytes per token row and point from the kernels' "
         "shapes: two phases as loaded / with one read of the representatives per row.",
         "",
-        "| n | rows a program | one phase ms | two phases ms | two / one | block_partials ms | block_merge ms | bytes one phase | "
+        "| n | rows a program : partials | one phase ms | two phases ms | two / one | block_partials ms | block_merge ms | bytes one phase | "
         "bytes two phases (one read) | one phase TB/s | two phases TB/s | max error one / two | check |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -172,7 +175,7 @@ def main(argv=None) -> int:
         t, b = r["ms"], r["bytes_per_row_point"]
         ratio = t["two phases"] / t["one phase"] if t else None
         lines.append(
-            f"| {r['n']} | {r['rows_per_program']} | {fmt(t.get('one phase'), 3)} | {fmt(t.get('two phases'), 3)} | {fmt(ratio, 2)} | "
+            f"| {r['n']} | {r['build']} | {fmt(t.get('one phase'), 3)} | {fmt(t.get('two phases'), 3)} | {fmt(ratio, 2)} | "
             f"{fmt(t.get('block_partials'), 3)} | {fmt(t.get('block_merge'), 3)} | {b['one_phase']:,.0f} | "
             f"{b['two_phase']:,.0f} ({b['two_phase_one_read']:,.0f}) | {fmt(r.get('one_phase_TBps'), 2)} | "
             f"{fmt(r.get('two_phase_TBps'), 2)} | {r['errors']['one phase']:.1e} / {r['errors']['two phases']:.1e} | "

@@ -17,9 +17,10 @@ functions of the input, so the first part runs once per block for all of them:
   normaliser, weight and rescale, the mix, and the loop's carried values); the loads of the
   representatives do not, so a program reads each representative row once for its whole block of
   queries. What the loop leaves is stored instead of normalised: by default (`partials =
-  normalised`) as its log-sum-exp lse = m + log z and normalised mix a / z in the activations'
-  dtype (k3s.store_normalised_partials), with `partials = numerator` as it stands, m, z and a in
-  fp32 (k3s.store_partials). By default the aggregate's per-row kernel (grid row_query_block: a
+  numerator`) as it stands, m, z and a in fp32 (k3s.store_partials), with `partials =
+  normalised` as its log-sum-exp lse = m + log z and normalised mix a / z in the activations'
+  dtype (k3s.store_normalised_partials), half the bytes at bf16; the default until the
+  normalised form has run on a GPU. By default the aggregate's per-row kernel (grid row_query_block: a
   program per token row and block of queries, a row's blocks adjacent); with `rows-per-program`
   > 1 its grouped kernel (a program's rows and their representatives as one pipelined loop, the
   partials stored at each row's end), so a program folds its block of queries and gains once for
@@ -88,7 +89,7 @@ def partials_warps(hidden_size: int, queries: int) -> int:
     return warps_holding(rows_held(queries) * padded_width(hidden_size), VALUES_PER_WARP)
 
 
-PARTIALS = ("normalised", "numerator")  # derive-block-attnres{partials=...}: the stored form
+PARTIALS = ("numerator", "normalised")  # derive-block-attnres{partials=...}: the stored form, default first
 
 
 def partials_bytes(partials: str, hidden_size: int, activation_bytes: int) -> int:
@@ -290,8 +291,8 @@ class DeriveBlockAttnResPass(ModulePass):
     name = "derive-block-attnres"
     # a block_partials program's block of queries (a power of two); 0: default_queries_per_program
     queries_per_program: int = 0
-    # how the partials are stored: normalised (log-sum-exp, a / z in the activations' dtype) or
-    # numerator (m, z, a in fp32)
+    # how the partials are stored: numerator (m, z, a in fp32: the form k3c verify ran on the
+    # H200) or normalised (log-sum-exp, a / z in the activations' dtype: CPU-tested only)
     partials: str = PARTIALS[0]
     # both phases' token rows a program: > 1 loads the program's queries and gains once for all
     # of them (per row they are Q * D * 4 bytes at bf16 in phase 1, 688 KB at K3's width, and
