@@ -18,7 +18,7 @@ loads and stores counted from the shapes (k3compile.passes.derive_block_attnres.
 as loaded and as if a row's programs shared one read of its representatives from L2; the table
 gives the achieved bandwidth for the as-loaded figure and the copy bandwidth of the same run.
 
-    python3 -P bench/block_attnres_gpu.py --out DIR [--tokens 8192] [--representatives 1,2,4,8] [--builds 1:numerator,1:normalised,8:normalised]
+    python3 -P bench/block_attnres_gpu.py --out DIR [--tokens 8192] [--representatives 1,2,4,8] [--builds 1:normalised,8:normalised,1:numerator]
     python3 bench/block_attnres_gpu.py --out DIR --smoke      # CPU: Triton's interpreter, tiny sizes
 
 Writes DIR/block_attnres.md (also printed) and DIR/block_attnres.json; exits 1 if a check fails.
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=7168, help="D (default 7168: K3's)")
     p.add_argument("--queries", type=int, default=24, help="aggregation points a block, Q (default 24: K3's)")
     p.add_argument("--representatives", default="1,2,4,8", help="completed block representatives n (comma-separated)")
-    p.add_argument("--builds", default="1:numerator,1:normalised,8:normalised",
+    p.add_argument("--builds", default="1:normalised,8:normalised,1:numerator",
                    help="derive-block-attnres{rows-per-program=R partials=P} builds as R:P, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE))
     p.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")

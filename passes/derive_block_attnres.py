@@ -17,11 +17,12 @@ functions of the input, so the first part runs once per block for all of them:
   normaliser, weight and rescale, the mix, and the loop's carried values); the loads of the
   representatives do not, so a program reads each representative row once for its whole block of
   queries. What the loop leaves is stored instead of normalised: by default (`partials =
-  numerator`) as it stands, m, z and a in fp32 (k3s.store_partials), with `partials =
-  normalised` as its log-sum-exp lse = m + log z and normalised mix a / z in the activations'
-  dtype (k3s.store_normalised_partials), half the bytes at bf16; the default until the
-  normalised form has run on a GPU. By default the aggregate's per-row kernel (grid row_query_block: a
-  program per token row and block of queries, a row's blocks adjacent); with `rows-per-program`
+  normalised`) as its log-sum-exp lse = m + log z and normalised mix a / z in the activations'
+  dtype (k3s.store_normalised_partials), half the bytes at bf16 and the faster form on the H200
+  at every n (bench/results/block_attnres_h200_a8d64b6.md); with `partials = numerator` as it
+  stands, m, z and a in fp32 (k3s.store_partials). By default the aggregate's per-row kernel
+  (grid row_query_block: a program per token row and block of queries, a row's blocks adjacent;
+  at K3's n = 8 the faster on the H200); with `rows-per-program`
   > 1 its grouped kernel (a program's rows and their representatives as one pipelined loop, the
   partials stored at each row's end), so a program folds its block of queries and gains once for
   all its rows (grid row_group_query_block, a group's blocks adjacent).
@@ -56,8 +57,9 @@ from k3compile.passes.fuse_attnres import FuseAttnResPass, attnres_arg, fused_at
 
 # A block_partials program holds its block of queries and their mixes ([BQ, next_pow2(D)] fp32
 # each) and a representative's row. Budget: what the aggregate's backward kernel holds at K3's
-# width, six rows of 8192 fp32 in 16 warps (96 per thread; derive-attnres-backward). Not measured
-# for this kernel (no GPU run yet).
+# width, six rows of 8192 fp32 in 16 warps (96 per thread; derive-attnres-backward). Not tuned
+# for this kernel: at K3's width it gives BQ = 2 in 16 warps, the build timed on the H200
+# (bench/results/block_attnres_h200_a8d64b6.md), no other BQ or warps there.
 ROW_TILE_BUDGET = 6 * 8192
 VALUES_PER_WARP = ROW_TILE_BUDGET // 16
 # a block's 24 aggregation points (K3: 12 layers of two) in one program where they fit
@@ -89,7 +91,7 @@ def partials_warps(hidden_size: int, queries: int) -> int:
     return warps_holding(rows_held(queries) * padded_width(hidden_size), VALUES_PER_WARP)
 
 
-PARTIALS = ("numerator", "normalised")  # derive-block-attnres{partials=...}: the stored form, default first
+PARTIALS = ("normalised", "numerator")  # derive-block-attnres{partials=...}: the stored form, default first
 
 
 def partials_bytes(partials: str, hidden_size: int, activation_bytes: int) -> int:
@@ -291,15 +293,19 @@ class DeriveBlockAttnResPass(ModulePass):
     name = "derive-block-attnres"
     # a block_partials program's block of queries (a power of two); 0: default_queries_per_program
     queries_per_program: int = 0
-    # how the partials are stored: numerator (m, z, a in fp32: the form k3c verify ran on the
-    # H200) or normalised (log-sum-exp, a / z in the activations' dtype: CPU-tested only)
+    # how the partials are stored: normalised (log-sum-exp, a / z in the activations' dtype) or
+    # numerator (m, z, a in fp32). Both passed their float64 checks on the H200 at K3's
+    # configuration (bf16, T = 8192, D = 7168, Q = 24); the normalised two phases took 3.63 / 5.22
+    # / 6.53 / 9.13 ms a block at n = 1 / 2 / 4 / 8 against the numerator's 4.81 / 6.31 / 7.61 /
+    # 10.31 (bench/results/block_attnres_h200_a8d64b6.md), hence the default
     partials: str = PARTIALS[0]
     # both phases' token rows a program: > 1 loads the program's queries and gains once for all
     # of them (per row they are Q * D * 4 bytes at bf16 in phase 1, 688 KB at K3's width, and
     # 2 * D * 2 in each merge, from L2) and runs the group's (row, source) pairs as one pipelined
-    # loop, as fuse-attnres's groups. 1 (a program per row) stays the default until the groups
-    # have run on a GPU (verified and timed: bench/block_attnres_gpu.py); the per-row kernels are
-    # the ones k3c verify ran there. Calls of few rows (decoding) leave few groups.
+    # loop, as fuse-attnres's groups. 1 (a program per row) is the default: on the H200 groups of
+    # 8 passed and were faster at n = 1, 2, 4 (3.47, 4.65, 6.37 ms a block with the normalised
+    # partials against 3.63, 5.22, 6.53) but slower at K3's n = 8 (9.87 against 9.13 ms;
+    # bench/results/block_attnres_h200_a8d64b6.md). Calls of few rows (decoding) leave few groups.
     rows_per_program: int = 1
     # with groups, calls of fewer token rows launch a program per row instead (fuse-attnres's split
     # and its threshold: groups of 8 left too few programs below 2048 rows); 0: groups at every call

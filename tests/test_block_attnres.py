@@ -27,12 +27,12 @@ D, Q, NUM_BLOCKS = 48, 5, 4
 RTOL = 1e-5  # relative norm; the interpreter's fp32 gets ~1e-7
 PIPELINES = {"default": None,
              "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels",
-             "normalised": "fuse-attnres,derive-block-attnres{partials=normalised},outline-kernels",
+             "numerator": "fuse-attnres,derive-block-attnres{partials=numerator},outline-kernels",
              # groups of 8 from 8 rows: the calls of 7 and 1 rows take the per-row kernels, of 15 the groups
-             "groups-of-rows": "fuse-attnres,derive-block-attnres{rows-per-program=8 grouped-from-rows=8 "
-                               "partials=normalised},outline-kernels",
-             "groups-numerator":
-                 "fuse-attnres,derive-block-attnres{rows-per-program=4 grouped-from-rows=0},outline-kernels"}
+             "groups-of-rows":
+                 "fuse-attnres,derive-block-attnres{rows-per-program=8 grouped-from-rows=8},outline-kernels",
+             "groups-numerator": "fuse-attnres,derive-block-attnres{rows-per-program=4 grouped-from-rows=0 "
+                                 "partials=numerator},outline-kernels"}
 
 
 @pytest.fixture(scope="module", params=list(PIPELINES), ids=list(PIPELINES))
@@ -197,7 +197,7 @@ def test_ops_two_phases_are_attnres_aggregate(ops_cache):
 
     representatives, partial_sum, queries, gains = inputs(3, 1, 5)
     partials = attnres_block_partials(representatives, queries, gains, eps=1e-5)
-    assert [tuple(p.shape) for p in partials] == [(Q, 1, 5), (Q, 1, 5), (Q, 1, 5, D)]
+    assert [tuple(p.shape) for p in partials] == [(Q, 1, 5), (Q, 1, 5, D)]
     for j in range(Q):
         out = attnres_block_merge([p[j] for p in partials], partial_sum, queries[j], gains[j], eps=1e-5)
         want = attnres_aggregate(torch.cat([representatives, partial_sum[None]]), queries[j], gains[j], eps=1e-5)
@@ -207,7 +207,7 @@ def test_ops_two_phases_are_attnres_aggregate(ops_cache):
 
 def ops_arguments():
     representatives, partial_sum, queries, gains = inputs(2, 1, 3)
-    partials = [torch.randn(1, 3), torch.rand(1, 3) + 1, torch.randn(1, 3, D)]
+    partials = [torch.randn(1, 3), torch.randn(1, 3, D)]
     return dict(representatives=representatives, queries=queries, gains=gains, partials=partials,
                 partial_sum=partial_sum, query=queries[0], gain=gains[0])
 
@@ -228,12 +228,14 @@ def replace_partial(index: int, make):
     ("partials", "gains", lambda a: a["gains"][:-1], "expected shape [Q, D] with Q = 5, D = 48, got [4, 48]"),
     ("partials", "gains", lambda a: a["gains"].to("meta"), "expected a tensor on cpu (as representatives), got meta"),
     ("partials", "queries", lambda a: a["queries"].tolist(), "expected a tensor [Q, D], got list"),
-    ("merge", "partials", lambda a: a["partials"][:2], "expected (block_max, block_normaliser, block_numerator)"),
+    ("merge", "partials", lambda a: a["partials"][:1], "expected (block_lse, block_mix) of one query, got a list of 1"),
     ("merge", "partial_sum", lambda a: a["partial_sum"].int(), "expected dtype"),
     ("merge", "query", lambda a: a["query"][:-1], "expected shape [D] with D = 48, got [47]"),
-    ("merge", "block_max", replace_partial(0, lambda p: p[:, :-1]), "expected shape [B, T] with B = 1, T = 3"),
-    ("merge", "block_normaliser", replace_partial(1, lambda p: p.bfloat16()), "expected dtype torch.float32"),
-    ("merge", "block_numerator", replace_partial(2, lambda p: p.to("meta")),
+    ("merge", "block_lse", replace_partial(0, lambda p: p[:, :-1]), "expected shape [B, T] with B = 1, T = 3"),
+    ("merge", "block_lse", replace_partial(0, lambda p: p.bfloat16()), "expected dtype torch.float32"),
+    ("merge", "block_mix", replace_partial(1, lambda p: p[..., :-1]),
+     "expected shape [B, T, D] with B = 1, T = 3, D = 48"),
+    ("merge", "block_mix", replace_partial(1, lambda p: p.to("meta")),
      "expected a tensor on cpu (as partial_sum), got meta"),
 ])
 def test_ops_refuse_bad_input(ops_cache, function, name, bad, message):
@@ -268,14 +270,14 @@ def test_bytes_at_k3():
     from k3compile.passes.derive_block_attnres import block_attnres_bytes, default_queries_per_program
 
     assert default_queries_per_program(7168) == 2
-    figures = block_attnres_bytes()  # the numerator partials: max and normaliser fp32, an fp32 row
+    figures = block_attnres_bytes()  # the normalised partials: an fp32 log-sum-exp and a bf16 row
     assert figures["one_phase"] == 10 * 7168 * 2  # 9 rows read, h written
-    assert figures["block_merge"] == 8 + 7168 * 4 + 2 * 7168 * 2
-    assert figures["block_partials"] == 8 * 7168 * 2 * 12 / 24 + 8 + 7168 * 4  # 12 programs a row read its 8
-    assert round(figures["two_phase"]) == 143376 and round(figures["two_phase_one_read"]) == 90811
-    normalised = block_attnres_bytes(partials="normalised")  # an fp32 log-sum-exp and a bf16 row
-    assert normalised["block_merge"] == 4 + 7168 * 2 + 2 * 7168 * 2
-    assert round(normalised["two_phase"]) == 114696 and round(normalised["two_phase_one_read"]) == 62131
+    assert figures["block_merge"] == 4 + 7168 * 2 + 2 * 7168 * 2
+    assert figures["block_partials"] == 8 * 7168 * 2 * 12 / 24 + 4 + 7168 * 2  # 12 programs a row read its 8
+    assert round(figures["two_phase"]) == 114696 and round(figures["two_phase_one_read"]) == 62131
+    numerator = block_attnres_bytes(partials="numerator")  # max and normaliser fp32, an fp32 row
+    assert numerator["block_merge"] == 8 + 7168 * 4 + 2 * 7168 * 2
+    assert round(numerator["two_phase"]) == 143376 and round(numerator["two_phase_one_read"]) == 90811
     # every query in one program: the representatives are read once a block either way
     whole = block_attnres_bytes(hidden_size=48, queries_per_program=32)
     assert whole["block_partials"] == whole["block_partials_one_read"]
@@ -292,13 +294,13 @@ def test_k3c_verify_runs_both_phases_against_the_one_pass_reference(monkeypatch)
                             "block_size": 4}, source="<test>")
     results = verify(spec, device="cpu", seed=3)
     merged = [r for r in results if r.entry == "block_merge"]
-    assert {r.tensor for r in merged} == {"block_max", "block_normaliser", "block_numerator", "out"}
+    assert {r.tensor for r in merged} == {"block_lse", "block_mix", "out"}
     assert all(r.passed for r in results), [r for r in results if not r.passed]
     partials = reference.attnres_block_partials
     monkeypatch.setattr(reference, "attnres_block_partials",
                         lambda *args: (lambda m, z, a: (m, z, a * 1.01))(*partials(*args)))
     broken = [r for r in verify(spec, device="cpu", seed=3, quick=True) if r.entry == "block_merge"]
-    assert [r.tensor for r in broken if not r.passed] == ["block_numerator"]
+    assert [r.tensor for r in broken if not r.passed] == ["block_mix"]
 
 
 def test_verify_checks_the_partials_in_the_layers_form(layer):

@@ -168,12 +168,13 @@ def check_forward_only(function: str, *tensors) -> None:
 
 
 def attnres_block_partials(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor,
-                           eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """Block AttnRes's phase 1, once per block: the softmax of each of the block's Q queries over
     its n completed block representatives, kept in parts. representatives [n, B, T, D] (1 <= n),
-    queries and gains [Q, D] (query j's pseudo-query and RMSNorm gain). Returns, fp32, per query
-    and token the scores' max m [Q, B, T], the normaliser z = sum_i exp(s_i - m) [Q, B, T] and
-    the un-normalised mix a = sum_i exp(s_i - m) b_i [Q, B, T, D]."""
+    queries and gains [Q, D] (query j's pseudo-query and RMSNorm gain). Returns per query and
+    token the log-sum-exp of the scores, lse = log sum_i exp(s_i) [Q, B, T] fp32, and the
+    softmax's mix of the representatives, sum_i softmax(s)_i b_i [Q, B, T, D] in their dtype
+    (derive-block-attnres's normalised partials)."""
     check_forward_only("attnres_block_partials", representatives, queries, gains)
     sizes: dict[str, int] = {}
     check_tensor("representatives", representatives, "n,B,T,D", sizes, FLOAT_DTYPES)
@@ -185,24 +186,23 @@ def attnres_block_partials(representatives: torch.Tensor, queries: torch.Tensor,
 
 def attnres_block_merge(partials, partial_sum: torch.Tensor, query: torch.Tensor, gain: torch.Tensor,
                         eps: float = 1e-6) -> torch.Tensor:
-    """Block AttnRes's phase 2, at one aggregation point: its query's partials (block_max [B, T],
-    block_normaliser [B, T], block_numerator [B, T, D], fp32: row j of each of
-    attnres_block_partials's results, with the same eps) merged with the block's current partial
-    sum [B, T, D] under its pseudo-query and RMSNorm gain ([D] each). Returns h [B, T, D] in the
-    partial sum's dtype."""
-    if not isinstance(partials, (tuple, list)) or len(partials) != 3:
+    """Block AttnRes's phase 2, at one aggregation point: its query's partials (block_lse [B, T]
+    fp32, block_mix [B, T, D]: row j of each of attnres_block_partials's results, with the same
+    eps) merged with the block's current partial sum [B, T, D] under its pseudo-query and RMSNorm
+    gain ([D] each). Returns h [B, T, D] in the partial sum's dtype."""
+    if not isinstance(partials, (tuple, list)) or len(partials) != 2:
         got = f"a {type(partials).__name__} of {len(partials)}" if isinstance(partials, (tuple, list)) else \
             type(partials).__name__
-        raise ValueError(f"partials: expected (block_max, block_normaliser, block_numerator) of one query, got {got}")
+        raise ValueError(f"partials: expected (block_lse, block_mix) of one query, got {got}")
     check_forward_only("attnres_block_merge", *partials, partial_sum, query, gain)
     sizes: dict[str, int] = {}
     check_tensor("partial_sum", partial_sum, "B,T,D", sizes, FLOAT_DTYPES)
     for name, x in (("query", query), ("gain", gain)):
         check_tensor(name, x, "D", sizes, FLOAT_DTYPES, ("partial_sum", partial_sum))
-    for name, x, layout in zip(("block_max", "block_normaliser", "block_numerator"), partials, ("B,T", "B,T", "B,T,D")):
-        check_tensor(name, x, layout, sizes, (torch.float32,), ("partial_sum", partial_sum))
-    block_max, block_normaliser, block_numerator = (x.contiguous() for x in partials)
+    block_lse, block_mix = partials
+    check_tensor("block_lse", block_lse, "B,T", sizes, (torch.float32,), ("partial_sum", partial_sum))
+    check_tensor("block_mix", block_mix, "B,T,D", sizes, FLOAT_DTYPES, ("partial_sum", partial_sum))
     (out,) = layer_module(AttnResKey(sizes["D"], float(eps), NUM_BLOCKS)).block_merge(
-        partial_sum.contiguous()[None], query.contiguous(), gain.contiguous(), block_max, block_normaliser,
-        block_numerator)
+        partial_sum.contiguous()[None], query.contiguous(), gain.contiguous(), block_lse.contiguous(),
+        block_mix.contiguous())
     return out

@@ -4,14 +4,14 @@
 //   the block's queries (every value of the query gains the tile dimension Q: the fold of the
 //   program's block of queries, the scores, the online softmax, the mix and what the loop
 //   carries; the representative's row does not, so each is read once for all the program's
-//   queries), and what the loop leaves stored as it stands (k3s.store_partials;
-//   `partials=normalised`: as its log-sum-exp and normalised mix in the activations' dtype,
-//   k3s.store_normalised_partials). A program per token row and block of queries (grid row_query_block);
+//   queries), and what the loop leaves stored as its log-sum-exp and normalised mix in the
+//   activations' dtype (k3s.store_normalised_partials; `partials=numerator`: as it stands,
+//   k3s.store_partials). A program per token row and block of queries (grid row_query_block);
 //   with `rows-per-program=8` the aggregate's grouped kernel (a program's rows and their sources
 //   as one loop, the partials stored at each row's end, the queries folded once for all its
 //   rows: grid row_group_query_block); at most num_blocks representatives.
-// - block_merge: the loop started from one query's partials (k3s.load_partials, or
-//   k3s.load_normalised_partials, where the aggregate has k3s.softmax_start) over the one source after
+// - block_merge: the loop started from one query's partials (k3s.load_normalised_partials, or
+//   k3s.load_partials, where the aggregate has k3s.softmax_start) over the one source after
 //   them, the block's partial sum, and the aggregate's normalised store; nothing to pipeline.
 // RUN: k3c opt %s -p derive-block-attnres | filecheck %s
 // RUN: k3c opt %s -p derive-block-attnres | k3c opt - | filecheck %s
@@ -25,14 +25,13 @@
 // RUN: k3c opt %s -p 'derive-block-attnres{queries-per-program=2}' | filecheck %s --check-prefix=OPTS
 // RUN: k3c opt %s -p derive-block-attnres | filecheck %s --check-prefix=WIDE
 // RUN: not k3c opt %s -p 'derive-block-attnres{queries-per-program=3}' 2>&1 | filecheck %s --check-prefix=POW2
-// The normalised form (CPU-tested only, not the default yet): each query's log-sum-exp (fp32) and
-// its mix over the normaliser in the activations' dtype, loaded as the state (lse, 1, mix).
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=normalised}' | filecheck %s --check-prefix=NORMALISED
+// The numerator form: m, z and a stored and loaded as the loop carries them, in fp32.
+// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | filecheck %s --check-prefix=NUMERATOR
 // Groups of rows: both phases from the aggregate's two kernels, split at grouped-from-rows (2048)
 // as fuse-attnres splits them; the grouped block_partials stores each row's partials at its end,
 // the grouped block_merge resumes each row from its own partials at its first source
 // (k3s.row_resume where the aggregate restarts at -inf).
-// RUN: k3c opt %s -p 'derive-block-attnres{rows-per-program=8 partials=normalised}' | filecheck %s --check-prefix=GROUPS
+// RUN: k3c opt %s -p 'derive-block-attnres{rows-per-program=8}' | filecheck %s --check-prefix=GROUPS
 // RUN: not k3c opt %s -p 'derive-block-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=ROWS0
 // RUN: not k3c opt %s -p 'derive-block-attnres{grouped-from-rows=-1}' 2>&1 | filecheck %s --check-prefix=SPLIT
 // RUN: not k3c opt %s -p 'derive-block-attnres{partials=fp32}' 2>&1 | filecheck %s --check-prefix=PARTIALS
@@ -40,8 +39,8 @@
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/k3s.store_partials %%max_1, %%sum_1, %%acc_1/k3s.store_partials %%acc_1, %%sum_1, %%max_1/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/%%acc_1, %%block_max, %%block_normaliser/%%acc_1, %%block_numerator, %%block_normaliser/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RANK
 // RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=normalised}' | sed 's/%%acc_1, %%block_lse, %%block_mix/%%acc_1, %%block_mix, %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NRANK
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=normalised}' | sed 's/%%block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_mix : !k3s.tile<D>, !k3s.tile<>, !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NLOAD
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%acc_1, %%block_lse, %%block_mix/%%acc_1, %%block_mix, %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NRANK
+// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_mix : !k3s.tile<D>, !k3s.tile<>, !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NLOAD
 // RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32> : !k3s.tile<Q x D>/queries = 32> : !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD
 // RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32>/queries = 24>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD24
 // The shown IR of the example spec.
@@ -58,9 +57,8 @@ builtin.module {
 // CHECK-NEXT:     %representatives = k3s.tensor_arg @representatives <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %queries = k3s.tensor_arg @queries <role = input> : !k3s.tensor<Q x 96, float>
 // CHECK-NEXT:     %gains = k3s.tensor_arg @gains <role = input> : !k3s.tensor<Q x 96, float>
-// CHECK-NEXT:     %block_max = k3s.tensor_arg @block_max <role = output> : !k3s.tensor<Q x B x T, float32>
-// CHECK-NEXT:     %block_normaliser = k3s.tensor_arg @block_normaliser <role = output> : !k3s.tensor<Q x B x T, float32>
-// CHECK-NEXT:     %block_numerator = k3s.tensor_arg @block_numerator <role = output> : !k3s.tensor<Q x B x T x 96, float32>
+// CHECK-NEXT:     %block_lse = k3s.tensor_arg @block_lse <role = output> : !k3s.tensor<Q x B x T, float32>
+// CHECK-NEXT:     %block_mix = k3s.tensor_arg @block_mix <role = output> : !k3s.tensor<Q x B x T x 96, float>
 // CHECK-NEXT:     k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
@@ -72,20 +70,19 @@ builtin.module {
 // CHECK-NEXT:         %acc_3 = k3s.mix_accumulate %acc_2, %rescale, %p, %x : !k3s.tile<Q x D>
 // CHECK-NEXT:         k3s.next_source %max_3, %sum_3, %acc_3
 // CHECK-NEXT:       } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
-// CHECK-NEXT:       k3s.store_partials %max_1, %sum_1, %acc_1, %block_max, %block_normaliser, %block_numerator
+// CHECK-NEXT:       k3s.store_normalised_partials %max_1, %sum_1, %acc_1, %block_lse, %block_mix
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT:   k3s.entry @ar_block_merge <source = ar, max_sources = 1> {
 // CHECK-NEXT:     %partial_sum = k3s.tensor_arg @partial_sum <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
-// CHECK-NEXT:     %block_max = k3s.tensor_arg @block_max <role = input> : !k3s.tensor<B x T, float32>
-// CHECK-NEXT:     %block_normaliser = k3s.tensor_arg @block_normaliser <role = input> : !k3s.tensor<B x T, float32>
-// CHECK-NEXT:     %block_numerator = k3s.tensor_arg @block_numerator <role = input> : !k3s.tensor<B x T x 96, float32>
+// CHECK-NEXT:     %block_lse = k3s.tensor_arg @block_lse <role = input> : !k3s.tensor<B x T, float32>
+// CHECK-NEXT:     %block_mix = k3s.tensor_arg @block_mix <role = input> : !k3s.tensor<B x T x 96, float>
 // CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
 // CHECK-NEXT:     k3s.kernel @ar_block_merge <grid = row, num_warps = 4> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
-// CHECK-NEXT:       %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// CHECK-NEXT:       %max, %sum, %acc = k3s.load_normalised_partials %block_lse, %block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
 // CHECK-NEXT:       ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // CHECK-NEXT:         %x = k3s.load_source %partial_sum : !k3s.tile<D>
@@ -117,12 +114,14 @@ builtin.module {
 
 // POW2: {{^}}k3c opt: error: pipeline 'derive-block-attnres{queries-per-program=3}': derive-block-attnres: queries-per-program must be a power of two, got 3{{$}}
 
-// NORMALISED:      %block_lse = k3s.tensor_arg @block_lse <role = output> : !k3s.tensor<Q x B x T, float32>
-// NORMALISED-NEXT: %block_mix = k3s.tensor_arg @block_mix <role = output> : !k3s.tensor<Q x B x T x 96, float>
-// NORMALISED:      k3s.store_normalised_partials %max_1, %sum_1, %acc_1, %block_lse, %block_mix
-// NORMALISED:      %block_lse = k3s.tensor_arg @block_lse <role = input> : !k3s.tensor<B x T, float32>
-// NORMALISED-NEXT: %block_mix = k3s.tensor_arg @block_mix <role = input> : !k3s.tensor<B x T x 96, float>
-// NORMALISED:      %max, %sum, %acc = k3s.load_normalised_partials %block_lse, %block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
+// NUMERATOR:      %block_max = k3s.tensor_arg @block_max <role = output> : !k3s.tensor<Q x B x T, float32>
+// NUMERATOR-NEXT: %block_normaliser = k3s.tensor_arg @block_normaliser <role = output> : !k3s.tensor<Q x B x T, float32>
+// NUMERATOR-NEXT: %block_numerator = k3s.tensor_arg @block_numerator <role = output> : !k3s.tensor<Q x B x T x 96, float32>
+// NUMERATOR:      k3s.store_partials %max_1, %sum_1, %acc_1, %block_max, %block_normaliser, %block_numerator
+// NUMERATOR:      %block_max = k3s.tensor_arg @block_max <role = input> : !k3s.tensor<B x T, float32>
+// NUMERATOR-NEXT: %block_normaliser = k3s.tensor_arg @block_normaliser <role = input> : !k3s.tensor<B x T, float32>
+// NUMERATOR-NEXT: %block_numerator = k3s.tensor_arg @block_numerator <role = input> : !k3s.tensor<B x T x 96, float32>
+// NUMERATOR:      %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 
 // GROUPS:          k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3, max_rows = 2047> {
 // GROUPS:          k3s.kernel @ar_block_partials_groups <grid = row_group_query_block, num_warps = 4, num_stages = 4, min_rows = 2048> {
@@ -157,7 +156,7 @@ builtin.module {
 // SPLIT: {{^}}k3c opt: error: pipeline 'derive-block-attnres{grouped-from-rows=-1}': derive-block-attnres: grouped-from-rows must be >= 0 (0: always grouped), got -1{{$}}
 // ROWS0: {{^}}k3c opt: error: pipeline 'derive-block-attnres{rows-per-program=0}': derive-block-attnres: rows-per-program must be >= 1, got 0{{$}}
 
-// PARTIALS: {{^}}k3c opt: error: pipeline 'derive-block-attnres{partials=fp32}': derive-block-attnres: partials must be one of numerator, normalised, got fp32{{$}}
+// PARTIALS: {{^}}k3c opt: error: pipeline 'derive-block-attnres{partials=fp32}': derive-block-attnres: partials must be one of normalised, numerator, got fp32{{$}}
 
 // STORE: k3s.store_partials: the running max must be <Q>, got <Q x D>
 // RANK: k3s.store_partials: block_max must have 3 dimensions, got 4 (Q,B,T,96)

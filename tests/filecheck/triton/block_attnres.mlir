@@ -2,16 +2,17 @@
 // pipeline; k3c compile --stdout): block_partials, one program per token row and block of BQ of
 // the block's queries that folds its queries, reads each representative row once for all of them
 // ([BQ] scores and softmax, a [BQ, BD] mix: the <Q> tiles broadcast against the row) and stores
-// the partials; block_merge, the aggregate's kernel resuming its loop from one query's partials.
+// the partials normalised (the log-sum-exp, the mix over the normaliser in the activations'
+// dtype); block_merge, the aggregate's kernel resuming its loop from one query's state (lse, 1, mix).
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s
-// derive-block-attnres{partials=normalised} stores each query's log-sum-exp and its mix over the
-// normaliser in the activations' dtype; block_merge resumes from the state (lse, 1, mix).
-// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials=normalised},outline-kernels' | filecheck %s --check-prefix=NORMALISED
+// derive-block-attnres{partials=numerator} stores each query's running max, normaliser and
+// un-normalised mix as the loop carries them, fp32; block_merge resumes from (m, z, a).
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials=numerator},outline-kernels' | filecheck %s --check-prefix=NUMERATOR
 // With derive-block-attnres{rows-per-program=8}, block_partials takes a group of BR rows for its
 // block of queries: it folds them once and walks the group's (row, representative) pairs as one
 // pipelined loop, the softmax restarted at each row's first source and the partials stored at
 // its last; block_merge takes a group of rows for its query, each row resumed from its partials.
-// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{rows-per-program=8 partials=normalised},outline-kernels' | filecheck %s --check-prefix=GROUPS
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{rows-per-program=8},outline-kernels' | filecheck %s --check-prefix=GROUPS
 
 // CHECK-LABEL: def attnres_block_partials_kernel(
 // CHECK:      Q,
@@ -33,24 +34,23 @@
 // CHECK-NEXT:     # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
 // CHECK-NEXT:     b_score = tl.sum(b_x[None, :] * b_q, axis=1) / tl.sqrt(tl.sum(b_x * b_x) / D + 1e-06)
 // CHECK:          b_acc = b_acc * b_rescale[:, None] + b_p[:, None] * b_x[None, :]
-// CHECK-NEXT: # k3s.store_partials %max, %sum, %acc, %block_max, %block_normaliser, %block_numerator: {{.*}}
-// CHECK-NEXT: tl.store(block_max + o_q * R + i_r, b_max, mask=m_q)
-// CHECK-NEXT: tl.store(block_normaliser + o_q * R + i_r, b_sum, mask=m_q)
-// CHECK-NEXT: tl.store(block_numerator + (o_q[:, None] * R + i_r) * D + o_d[None, :], b_acc, mask=m_qd)
+// CHECK-NEXT: # k3s.store_normalised_partials %max, %sum, %acc, %block_lse, %block_mix: {{.*}}
+// CHECK-NEXT: tl.store(block_lse + o_q * R + i_r, b_max + tl.log(b_sum), mask=m_q)
+// CHECK-NEXT: tl.store(block_mix + (o_q[:, None] * R + i_r) * D + o_d[None, :], (b_acc / b_sum[:, None]).to(block_mix.dtype.element_ty), mask=m_qd)
 
 // CHECK-LABEL: def block_partials(representatives, queries, gains):
 // CHECK:      if not 1 <= dims["S"] <= 8:
-// CHECK:      block_numerator = _alloc((dims["Q"], dims["B"], dims["T"], 7168), torch.float32, representatives.device)
+// CHECK:      block_mix = _alloc((dims["Q"], dims["B"], dims["T"], 7168), representatives.dtype, representatives.device)
 // CHECK:      BQ = 2
 // CHECK-NEXT: grid = (dims["B"] * dims["T"] * triton.cdiv(dims["Q"], BQ),)
 // CHECK:      num_warps=16,
-// CHECK:      return block_max, block_normaliser, block_numerator
+// CHECK:      return block_lse, block_mix
 
 // CHECK-LABEL: def attnres_block_merge_kernel(
-// CHECK:      # %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator: {{.*}}
-// CHECK-NEXT: b_max = tl.load(block_max + i_r)
-// CHECK-NEXT: b_sum = tl.load(block_normaliser + i_r)
-// CHECK-NEXT: b_acc = tl.load(block_numerator + i_r * D + o_d, mask=m_d, other=0.0)
+// CHECK:      # %max, %sum, %acc = k3s.load_normalised_partials %block_lse, %block_mix: {{.*}}
+// CHECK-NEXT: b_max = tl.load(block_lse + i_r)
+// CHECK-NEXT: b_sum = tl.full([], 1.0, dtype=tl.float32)
+// CHECK-NEXT: b_acc = tl.load(block_mix + i_r * D + o_d, mask=m_d, other=0.0).to(tl.float32)
 // CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
 // CHECK-NEXT: for i_s in range(0, S):
 // CHECK-NEXT:     b_x = tl.load(partial_sum + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
@@ -58,25 +58,26 @@
 // CHECK-NEXT: # k3s.normalize_store %acc, %sum, %out
 // CHECK-NEXT: tl.store(out + i_r * D + o_d, (b_acc / b_sum).to(out.dtype.element_ty), mask=m_d)
 
-// CHECK-LABEL: def block_merge(partial_sum, query, gain, block_max, block_normaliser, block_numerator):
-// CHECK:      _check_tensor("block_numerator", block_numerator, "B,T,7168", "float32", dims, partial_sum.device)
+// CHECK-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix):
+// CHECK:      _check_tensor("block_mix", block_mix, "B,T,7168", "float", dims, partial_sum.device)
 // CHECK:      if not 1 <= dims["S"] <= 1:
 // CHECK:      return out,
 
-// NORMALISED-LABEL: def attnres_block_partials_kernel(
-// NORMALISED:      # k3s.store_normalised_partials %max, %sum, %acc, %block_lse, %block_mix: {{.*}}
-// NORMALISED-NEXT: tl.store(block_lse + o_q * R + i_r, b_max + tl.log(b_sum), mask=m_q)
-// NORMALISED-NEXT: tl.store(block_mix + (o_q[:, None] * R + i_r) * D + o_d[None, :], (b_acc / b_sum[:, None]).to(block_mix.dtype.element_ty), mask=m_qd)
-// NORMALISED-LABEL: def block_partials(representatives, queries, gains):
-// NORMALISED:      block_mix = _alloc((dims["Q"], dims["B"], dims["T"], 7168), representatives.dtype, representatives.device)
-// NORMALISED:      return block_lse, block_mix
-// NORMALISED-LABEL: def attnres_block_merge_kernel(
-// NORMALISED:      # %max, %sum, %acc = k3s.load_normalised_partials %block_lse, %block_mix: {{.*}}
-// NORMALISED-NEXT: b_max = tl.load(block_lse + i_r)
-// NORMALISED-NEXT: b_sum = tl.full([], 1.0, dtype=tl.float32)
-// NORMALISED-NEXT: b_acc = tl.load(block_mix + i_r * D + o_d, mask=m_d, other=0.0).to(tl.float32)
-// NORMALISED-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix):
-// NORMALISED:      _check_tensor("block_mix", block_mix, "B,T,7168", "float", dims, partial_sum.device)
+// NUMERATOR-LABEL: def attnres_block_partials_kernel(
+// NUMERATOR:      # k3s.store_partials %max, %sum, %acc, %block_max, %block_normaliser, %block_numerator: {{.*}}
+// NUMERATOR-NEXT: tl.store(block_max + o_q * R + i_r, b_max, mask=m_q)
+// NUMERATOR-NEXT: tl.store(block_normaliser + o_q * R + i_r, b_sum, mask=m_q)
+// NUMERATOR-NEXT: tl.store(block_numerator + (o_q[:, None] * R + i_r) * D + o_d[None, :], b_acc, mask=m_qd)
+// NUMERATOR-LABEL: def block_partials(representatives, queries, gains):
+// NUMERATOR:      block_numerator = _alloc((dims["Q"], dims["B"], dims["T"], 7168), torch.float32, representatives.device)
+// NUMERATOR:      return block_max, block_normaliser, block_numerator
+// NUMERATOR-LABEL: def attnres_block_merge_kernel(
+// NUMERATOR:      # %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator: {{.*}}
+// NUMERATOR-NEXT: b_max = tl.load(block_max + i_r)
+// NUMERATOR-NEXT: b_sum = tl.load(block_normaliser + i_r)
+// NUMERATOR-NEXT: b_acc = tl.load(block_numerator + i_r * D + o_d, mask=m_d, other=0.0)
+// NUMERATOR-LABEL: def block_merge(partial_sum, query, gain, block_max, block_normaliser, block_numerator):
+// NUMERATOR:      _check_tensor("block_numerator", block_numerator, "B,T,7168", "float32", dims, partial_sum.device)
 
 // GROUPS-LABEL: def attnres_block_partials_groups_kernel(
 // GROUPS:      # grid axis 0: a group of BR token rows and a block of BQ of the Q queries; a group's blocks
