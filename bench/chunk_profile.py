@@ -3,6 +3,7 @@
     python3 bench/chunk_profile.py --module bench/generated/kda_h96_clamped.py --batch 1 --tokens 8192 --heads 96
     python3 bench/chunk_profile.py --module bench/generated/kda_h16_clamped.py --tokens 131072 --heads 16 --segments 8
     python3 bench/chunk_profile.py --module bench/generated/gdn_h32_log.py --batch 4 --tokens 4096 --heads 32 --scalar-gate
+    python3 bench/chunk_profile.py --module bench/generated/gla_h32_log.py --batch 4 --tokens 4096 --heads 32 --no-beta
 
 Also prints the wall time of a call (synchronised): above the sum of the kernels, the GPU waited
 for the host (Python, synchronising copies).
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--segments", type=int, default=None, help="chunk(..., segments=P): context parallelism")
     parser.add_argument("--scalar-gate", action="store_true", help="g of shape [B, T, H] (Gated DeltaNet)")
+    parser.add_argument("--no-beta", action="store_true", help="no beta argument (GLA: no delta rule)")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("generated", args.module)
     module = importlib.util.module_from_spec(spec)
@@ -41,7 +43,7 @@ def main() -> None:
     k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).bfloat16()
     v = torch.randn(B, T, H, D, device=dev).bfloat16()
     g = F.logsigmoid(torch.randn(B, T, H, *(() if args.scalar_gate else (D,)), device=dev)).clamp(min=-5)
-    beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).bfloat16()
+    beta = None if args.no_beta else torch.sigmoid(torch.randn(B, T, H, device=dev)).bfloat16()
     h0 = 0.1 * torch.randn(B, H, D, D, device=dev)
     run = lambda: module.chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True,  # noqa: E731
                                    **({} if args.segments is None else {"segments": args.segments}))
