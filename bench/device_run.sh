@@ -29,6 +29,8 @@
 #   block-attnres  Block AttnRes's two phases against the one-phase aggregate per block of K3's 24 points,
 #                  n = 1, 2, 4, 8 representatives, D = 7168, T = 8192, a program per row and groups of 8
 #                  rows (bench/block_attnres_gpu.py, $BLOCK_ATTNRES_ARGS)
+#   attnres-ceiling the AttnRes aggregate next to torch's sum of the same sources and a copy, S = 2, 5, 9
+#                  (bench/attnres_ceiling_gpu.py): what bandwidth its traffic can reach
 #   moe            the LatentMoE layer of examples/latent_moe.toml (K3's dims) vs torch pipelines, decode and
 #                  prefill: bench/moe_gpu.py ($MOE_ARGS), its module compiled into $OUT/generated/moe
 #   backward       training: k3compile.ops chunk functions forward + backward vs fla's, gradients vs float64
@@ -186,6 +188,9 @@ for phase in ${PHASES:-verify recurrent chunk}; do
         ${AB_ARGS:-} ;;
     block-attnres)
       K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/block_attnres_gpu.py --out "$OUT" ${BLOCK_ATTNRES_ARGS:-} ;;
+    attnres-ceiling)
+      $K3C compile examples/attnres.toml -o "$OUT/generated/attnres"
+      python3 bench/attnres_ceiling_gpu.py --module "$OUT/generated/attnres/attnres.py" --out "$OUT" ;;
     moe)
       $K3C compile examples/latent_moe.toml -o "$OUT/generated/moe" --no-autotune
       python3 bench/moe_gpu.py --module "$OUT/generated/moe/latent_moe.py" --out "$OUT" ${MOE_ARGS:-} ;;
