@@ -41,6 +41,8 @@ def versions() -> str:
 
 
 def table(records: list[dict], header: str) -> str:
+    """The counts, then every test that called k3compile.ops with its outcome (and the first error
+    line of those that did not pass), then the tests the time budget left unrun, by name."""
     not_run = [r for r in records if r["message"].endswith(BUDGET_SPENT)]
     ran = [r for r in records if not r["message"].endswith(BUDGET_SPENT)]
     ours = [r for r in ran if r["ours"]]
@@ -49,11 +51,12 @@ def table(records: list[dict], header: str) -> str:
              f"Tests that called k3compile.ops: {len(ours)}: {counts['passed']} passed, {counts['failed']} failed, "
              f"{counts['skipped']} skipped. Tests that ran only fla's own code: {len(ran) - len(ours)}."
              + (f" Not run, the time budget spent: {len(not_run)}." if not_run else ""), ""]
-    failed = [r for r in ours if r["outcome"] != "passed"]
-    if failed:
+    if ours:
         lines += ["| test | outcome | ours called | first error line |", "|---|---|---|---|"]
         lines += [f"| `{r['test']}` | {r['outcome']} | {', '.join(f'{k} x{n}' for k, n in r['ours'].items())} | "
-                  f"{r['message'].replace('|', '/')} |" for r in failed]
+                  f"{r['message'].replace('|', '/') if r['outcome'] != 'passed' else ''} |" for r in ours]
+    if not_run:
+        lines += ["", "Not run (the time budget spent):", *(f"- `{r['test']}`" for r in not_run)]
     return "\n".join(lines) + "\n"
 
 

@@ -114,3 +114,23 @@ def test_fla_suite_refuses_a_folder_that_is_not_flas_tests(tmp_path):
     message = run.stderr.strip()
     assert len(message.splitlines()) == 1 and str(tmp_path) in message and "ops/test_gla.py" in message, message
     assert not (tmp_path / "out").exists()
+
+
+def test_fla_suite_table_names_every_test_of_ours_and_every_test_not_run():
+    """fla_suite.md says which of fla's tests ran ours and how each ended (a passed one too, so a
+    case of interest is shown to have run), and names the tests the time budget cut."""
+    import fla_suite
+
+    records = [
+        dict(test="ops/test_gla.py::test_chunk[D512-bf16]", outcome="passed", ours={"chunk_gla": 1}, message=""),
+        dict(test="ops/test_kda.py::test_chunk[T160]", outcome="failed", ours={"chunk_kda": 2}, message="E  a | b"),
+        dict(test="ops/test_kda.py::test_naive", outcome="passed", ours={}, message=""),
+        dict(test="ops/test_delta.py::test_chunk[C64]", outcome="skipped", ours={}, message=fla_suite.BUDGET_SPENT),
+    ]
+    text = fla_suite.table(records, "# header")
+    assert "Tests that called k3compile.ops: 2: 1 passed, 1 failed, 0 skipped." in text
+    assert "fla's own code: 1." in text and "Not run, the time budget spent: 1." in text
+    assert "| `ops/test_gla.py::test_chunk[D512-bf16]` | passed | chunk_gla x1 |  |" in text
+    assert "| `ops/test_kda.py::test_chunk[T160]` | failed | chunk_kda x2 | E  a / b |" in text
+    assert "test_naive" not in text
+    assert text.rstrip().endswith("- `ops/test_delta.py::test_chunk[C64]`")
