@@ -14,7 +14,9 @@ Each build compiles the same set of modules with its own k3compile (`compile`, o
     python3 bench/ab_gpu.py run --a bench/generated/ab/a --b bench/generated/ab/b --out DIR   # on the GPU
 
 One build can stand for both, B with other pass options: `compile --kinds attnres
---attnres-pipeline '...'` (e.g. fuse-attnres{rows-per-program=4} with the rest of the default).
+--attnres-pipeline '...'` (e.g. fuse-attnres{rows-per-program=4} with the rest of the default), or
+`compile --kinds chunk --chunk-pipeline '...'` for every chunk variant (e.g.
+'lower-recurrent,derive-chunkwise,fuse-chunkwise{block-v=128 scan-warps=8}').
 
 Writes DIR/ab.md (also printed) and DIR/ab.json.
 """
@@ -43,9 +45,11 @@ ATTNRES_SOURCES = (2, 5, 9)  # S of the AttnRes cases, each at every row count o
 ROUNDS = 5
 
 
-def compile_modules(out: Path, kinds: str = "chunk,decode,attnres", attnres_pipeline: str | None = None) -> None:
+def compile_modules(out: Path, kinds: str = "chunk,decode,attnres", attnres_pipeline: str | None = None,
+                    chunk_pipeline: str | None = None) -> None:
     """This interpreter's k3compile compiles the modules of `kinds` (comma-separated): every chunk
-    variant, the decode layer, the AttnRes block (under `attnres_pipeline`, else its default)."""
+    variant (under `chunk_pipeline`, else its kind's default), the decode layer, the AttnRes block
+    (under `attnres_pipeline`, else its default)."""
     import k3compile
 
     kinds_asked = set(kinds.split(","))
@@ -53,7 +57,7 @@ def compile_modules(out: Path, kinds: str = "chunk,decode,attnres", attnres_pipe
     if "chunk" in kinds_asked:
         with tempfile.TemporaryDirectory() as specs:
             for name, _, _ in write_variant_specs(Path(specs), CASES):
-                k3compile.compile(Path(specs) / f"{name}.toml", out)
+                k3compile.compile(Path(specs) / f"{name}.toml", out, pipeline=chunk_pipeline)
                 count += 1
     if "decode" in kinds_asked:
         k3compile.compile(DECODE_SPEC, out)
@@ -178,6 +182,7 @@ def main(argv=None) -> int:
     compile_parser.add_argument("--out", type=Path, required=True)
     compile_parser.add_argument("--kinds", default="chunk,decode,attnres", help="which modules (comma-separated)")
     compile_parser.add_argument("--attnres-pipeline", help="the AttnRes block's pipeline (default: its kind's)")
+    compile_parser.add_argument("--chunk-pipeline", help="every chunk variant's pipeline (default: its kind's)")
     run_parser = sub.add_parser("run", help="time build A's modules against build B's on the GPU")
     run_parser.add_argument("--a", type=Path, required=True)
     run_parser.add_argument("--b", type=Path, required=True)
@@ -189,7 +194,7 @@ def main(argv=None) -> int:
                             help="chunk gates drawn as SCALE * logsigmoid(randn) (default 1)")
     args = parser.parse_args(argv)
     if args.command == "compile":
-        compile_modules(args.out, args.kinds, args.attnres_pipeline)
+        compile_modules(args.out, args.kinds, args.attnres_pipeline, args.chunk_pipeline)
         return 0
     return run(args)
 

@@ -167,12 +167,13 @@ def workspace_arguments(layer_op, chunk_size: int, names: set[str]) -> dict[str,
 
 def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: dict[str, SSAValue], block_v: int,
                   num_warps: int, scan_stages: int, kernel_prefix: str | None = None, grouping: str = "split",
-                  prepare_maxnreg: int = 0):
+                  prepare_maxnreg: int = 0, scan_warps: int = 0):
     """(the workspaces, the kernels) of a chunked schedule of entry's layer, for the entry whose
     argument values are `values` (the kernels' stages read and write those of the same names;
     the sequence offsets where it has them); the schedule itself is left as is. The scan's state
     tile starts from initial_state and its store writes final_state, where that entry has them:
-    an entry without them (a summary, a verify) replaces the two."""
+    an entry without them (a summary, a verify) replaces the two. The scan kernel runs scan_warps
+    warps (0: num_warps, as the token-parallel ones)."""
     local = [op for op in chunked.local_ops() if not isinstance(op, LOADS)]
     scan_region = chunked.scan
     scan = list(scan_region.body.ops)[:-1]  # but next_chunk
@@ -230,7 +231,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: 
         ],
         sym_name=f"{name}_scan",
         grid="value_block,sequence_head",
-        num_warps=num_warps,
+        num_warps=scan_warps or num_warps,
         num_stages=scan_stages,
     )
     kernels = [*prepares, scan_kernel]
@@ -249,6 +250,11 @@ class FuseChunkwisePass(ModulePass):
     # 4 warps: the H200 tuner's winner at every bench shape, chunks of 16 or 32 (8 warps: 0.5-0.7x,
     # bench/RESULTS.md)
     num_warps: int = 4
+    # the scan kernel's warps, 0: num-warps. Whole value rows (block-v = V) in 8 warps halve the
+    # scan's reads of W, QG and KG where B H fills the SMs (sm_90 offline, K = V = 128: 220
+    # registers, no spills, 338 instructions a step against 366 for block-v 64 in 4 warps);
+    # not measured on a GPU yet, so neither a default nor a tuner choice
+    scan_warps: int = 0
     # each pipelining stage of the scan buffers a chunk of W, U, P, QG and KG in shared memory;
     # with chunks of 16, 3 stages hide the loads best (1.13x 2 stages at B1 T8192 H96)
     scan_stages: int = 3
@@ -261,6 +267,8 @@ class FuseChunkwisePass(ModulePass):
             raise ValueError(f"fuse-chunkwise: unknown grouping '{self.grouping}'; allowed: {', '.join(GROUPINGS)}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
+        if self.scan_warps:  # 0: num-warps
+            check_power_of_two(self.name, "scan-warps", self.scan_warps, k3s.MAX_NUM_WARPS)
         if self.prepare_maxnreg and not k3s.MIN_MAXNREG <= self.prepare_maxnreg <= k3s.MAX_MAXNREG:
             raise ValueError(f"{self.name}: prepare-maxnreg must be 0 (no cap) or in {k3s.MIN_MAXNREG}..{k3s.MAX_MAXNREG}, "
                              f"got {self.prepare_maxnreg}")
@@ -271,7 +279,7 @@ class FuseChunkwisePass(ModulePass):
             layer = layers[entry.source.data]
             workspaces, kernels = split_kernels(layer, entry, chunked, entry_values(entry), self.block_v,
                                                 self.num_warps, self.scan_stages, grouping=self.grouping,
-                                                prepare_maxnreg=self.prepare_maxnreg)
+                                                prepare_maxnreg=self.prepare_maxnreg, scan_warps=self.scan_warps)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(chunked))
             chunked.detach()
             chunked.erase()

@@ -385,6 +385,22 @@ def test_split_prepare_matches_the_recurrence(kind, compile_layer):
     check(layer, recurrence_inputs(kind, layout, varlen_shape((5, 2 * C + 3))))
 
 
+
+@pytest.mark.parametrize("kind", RECURRENCE_KINDS)
+def test_scan_warps_whole_value_rows(kind, compile_layer):
+    """fuse-chunkwise{scan-warps=8} with whole value rows in one block (block-v 64 >= V = 40): the
+    scan kernel runs 8 warps, the prepare keeps num-warps; varlen with a partial chunk, initial
+    states, grouped value heads, both layouts across the members, against the recurrence."""
+    layout = LAYOUTS[RECURRENCE_KINDS.index(kind) % 2]
+    pipeline = "lower-recurrent,derive-chunkwise{chunk-size=16},fuse-chunkwise{block-v=64 num-warps=4 scan-warps=8}"
+    layer = compile_layer(pipeline=pipeline, **recurrence_table(kind, layout, name=f"{kind}_{layout}_scan_warps",
+                                                               H=H, HV=HV, K=K, V=V))
+    kernels = {op.sym_name.data.rsplit("_", 1)[-1]: op.num_warps.value.data for op in layer.compilation.scheduled.walk()
+               if isinstance(op, k3s.KernelOp) and "_chunk_" in op.sym_name.data}
+    assert kernels == {"prepare": 4, "scan": 8}, kernels
+    check(layer, recurrence_inputs(kind, layout, varlen_shape((5, 2 * 16 + 3))))
+
+
 # --- derive-chunkwise{solve-block=N}: how much of the triangular solve runs row by row ------------
 
 
