@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
 from ab_gpu import layer_of  # noqa: E402
-from common import git_commit, import_file  # noqa: E402
+from common import copy_bandwidth, git_commit, import_file  # noqa: E402
 
 SOURCES = (2, 5, 9)
 
@@ -40,9 +40,8 @@ def main(argv=None) -> int:
         us = triton.testing.do_bench(fn, return_mode="median") * 1e3
         return us, nbytes / (us * 1e-6) / 1e12
 
-    copy_src = torch.randn(2 * N * D, device="cuda", dtype=torch.bfloat16)
-    copy_dst = torch.empty_like(copy_src)
-    copy_us, copy_tbs = bandwidth(2 * copy_src.numel() * 2, lambda: copy_dst.copy_(copy_src))
+    copy_mib = 2 * N * D * 2 // 2**20  # two activation rows a token: about the bytes the aggregate moves at S = 2
+    copy_tbs = copy_bandwidth(torch, lambda fn: triton.testing.do_bench(fn, return_mode="median"), copy_mib) / 1e12
     rows = []
     for S in SOURCES:
         gen = torch.Generator(device="cpu").manual_seed(S)
@@ -58,8 +57,8 @@ def main(argv=None) -> int:
         "# The AttnRes aggregate's traffic: the generated kernel against torch's sum of the same sources",
         "",
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, tree {git_commit()}; "
-        f"N = {N} rows, D = {D}, bf16; do_bench medians. Copy of {2 * N * D * 2 / 2**20:.0f} MiB: "
-        f"{copy_us:.1f} µs, {copy_tbs:.3f} TB/s (read + write).",
+        f"N = {N} rows, D = {D}, bf16; do_bench medians. Copy of {copy_mib} MiB: "
+        f"{copy_tbs:.3f} TB/s (read + write).",
         f"Command: `python3 bench/attnres_ceiling_gpu.py --module {args.module} --out DIR --rows {N}`",
         "",
         "| S | bytes (MB) | aggregate µs | aggregate TB/s (of copy) | torch.sum µs | torch.sum TB/s (of copy) | aggregate / torch.sum time |",

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
-from common import fmt, git_commit, ints  # noqa: E402
+from common import copy_bandwidth, fmt, git_commit, ints  # noqa: E402
 
 TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}  # RMS ratio against float64
 CHECK_ROWS = 256  # token rows of the float64 check
@@ -94,11 +94,7 @@ def main(argv=None) -> int:
 
     copy_Bps = None
     if not args.smoke:
-        src = torch.ones(2**29 // 4 * 4, dtype=torch.float32, device=device)  # 2 GiB: well past L2
-        dst = torch.empty_like(src)
-        copy_Bps = 2 * src.numel() * 4 / (bench(lambda: dst.copy_(src)) * 1e-3)
-        del src, dst
-        torch.cuda.empty_cache()
+        copy_Bps = copy_bandwidth(torch, bench, 2048, device)  # 2 GiB: well past L2
     print(f"copy bandwidth: {fmt(copy_Bps and copy_Bps / 1e12, 3)} TB/s", flush=True)
 
     layers = {}

@@ -63,6 +63,7 @@ from chunk_cases import (  # noqa: E402
 )
 from common import (  # noqa: E402
     compare,
+    copy_bandwidth,
     device_name as get_device_name,
     fmt,
     git_commit,
@@ -194,14 +195,7 @@ def main(argv=None):
     # ---- copy bandwidth: bytes read + written by a device copy, over its median time ----
     copy_Bps, copy_error = None, None
     try:
-        n = copy_mib * 2**20 // 4
-        src = torch.ones(n, dtype=torch.float32, device=device)
-        dst = torch.empty_like(src)
-        copy_ms = bench(lambda: dst.copy_(src))
-        copy_Bps = 2 * n * 4 / (copy_ms * 1e-3)
-        del src, dst
-        if not on_cpu:
-            torch.cuda.empty_cache()
+        copy_Bps = copy_bandwidth(torch, bench, copy_mib, device)
     except Exception as err:  # noqa: BLE001 - the floor columns stay empty
         copy_error = short_error(err)
         traceback.print_exc()

@@ -147,6 +147,17 @@ def reference(torch, inp, scale):
     return o, S
 
 
+def copy_bandwidth(torch, bench, mib: int, device="cuda") -> float:
+    """Bytes read + written per second by a device copy of `mib` MiB of fp32, timed with `bench`
+    (a callable's ms). The figure depends on the size (a copy that fits L2 runs faster, a small
+    one pays its launch): each table states the buffer it used, and a kernel's fraction of it is
+    best read against a copy of about the bytes the kernel moves."""
+    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    seconds = bench(lambda: dst.copy_(src)) * 1e-3
+    return 2 * mib * 2**20 / seconds
+
+
 def compare(torch, out, ref):
     """(max |out - ref|, ||out - ref|| / ||ref||) in fp32."""
     out, ref = out.float(), ref.float()

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
-from common import argument_shapes, compare, cpu_time_ms, device_name, fmt, git_commit, import_file, ints, make_inputs, reference  # noqa: E402
+from common import argument_shapes, compare, copy_bandwidth, cpu_time_ms, device_name, fmt, git_commit, import_file, ints, make_inputs, reference  # noqa: E402
 
 PIPELINE = ("lower-decode{{block-v={bv} num-warps={warps} token-stages={stages}}},derive-replay{{draft-tokens={depth}}},"
             "lower-speculative{{block-v={bv} num-warps={warps} token-stages={stages}}}")
@@ -65,11 +65,7 @@ def main(argv=None):
             return cpu_time_ms(fn, reps=1)
         return triton.testing.do_bench(fn, warmup=10, rep=args.rep, return_mode="median")
 
-    count = (1 if args.smoke else 512) * 2**20 // 4
-    src = torch.randn(count, device=device)
-    dst = torch.empty_like(src)
-    copy_Bps = 2 * count * 4 / (bench(lambda: dst.copy_(src)) * 1e-3)
-    del src, dst
+    copy_Bps = copy_bandwidth(torch, bench, 1 if args.smoke else 512, device)
 
     rows = []
     for choice in args.choices.split(","):

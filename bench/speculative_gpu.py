@@ -46,7 +46,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 import traceback
@@ -56,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, als
 from common import (  # noqa: E402
     argument_shapes,
     compare,
+    copy_bandwidth,
     cpu_time_ms,
     device_name as get_device_name,
     fmt,
@@ -232,11 +232,7 @@ def main(argv=None):
     # ---- copy bandwidth: bytes read + written by a device copy, over its median time ----
     copy_Bps, copy_error = None, None
     try:
-        count = (1 if on_cpu else args.copy_mib) * 2**20 // 4
-        src = torch.randn(count, device=device)
-        dst = torch.empty_like(src)
-        copy_Bps = 2 * count * 4 / (bench(lambda: dst.copy_(src)) * 1e-3)
-        del src, dst
+        copy_Bps = copy_bandwidth(torch, bench, 1 if on_cpu else args.copy_mib, device)
     except Exception as err:  # noqa: BLE001
         copy_error = short_error(err)
     print(f"copy bandwidth: {fmt(copy_Bps and copy_Bps / 1e12, 3)} TB/s", flush=True)
