@@ -117,24 +117,56 @@ def test_two_phases_match_the_one_phase_reference(layer, n, B, T):
         (out,) = layer.block_merge(partial_sum[None], queries[j], gains[j], *(p[j] for p in partials))
         assert out.dtype == partial_sum.dtype
         assert_close(f"out of query {j}", out, one_phase(op, representatives, partial_sum, queries[j], gains[j]))
-    if n > 1:  # the inputs make the scores matter: not the sources' mean
-        weights_spread = (partials[0] - partials[0].mean(0)).abs().max()
-        assert weights_spread > 0.05, "test inputs should give the queries different scores"
+    if n > 1:  # the queries' scores differ far beyond the tolerance: partials of a mixed-up query fail
+        first = partials[0].double()
+        spread = ((first - first.mean(0)).norm() / first.norm()).item()
+        assert spread > 100 * RTOL, f"test inputs should give the queries different scores: {spread:.1e}"
 
 
-@pytest.mark.parametrize("part,off", [(0, 0.1), (1, 1.1), (2, 1.1)], ids=["first", "second", "third"])
-def test_merge_reads_the_partials(layer, part, off):
-    """A partial that is off (the max or log-sum-exp shifted, the normaliser or a mix scaled) must
-    break the merge: the test would see a merge that ignores or misreads them."""
+def reference_merge(layer, op, partials, partial_sum, query, gain):
+    """The reference's merge of one query's partials, given in the layer's form."""
+    if partial_names(layer)[0] == "block_lse":
+        block_lse, block_mix = partials
+        partials = (block_lse, torch.ones_like(block_lse), block_mix)
+    return reference.attnres_block_merge(op, *partials, partial_sum, query, gain)
+
+
+@pytest.mark.parametrize("part", [0, 1, 2], ids=["first", "second", "third"])
+def test_merge_reads_the_partials(layer, part):
+    """The merge computes what the reference merge does from the partials it is given, off ones
+    included (the max or log-sum-exp moved, the normaliser or a mix scaled), and each change
+    moves that result far beyond the tolerance, so a merge that ignores or misreads a partial
+    fails. The first partial is moved by `shift`, which hands the whole weight to the block's
+    row or to the partial sum's (a small move can change nothing where one already has it); the
+    others are scaled with the block's row weighted alone, where they make the output."""
     op = layer_op(layer)
-    representatives, partial_sum, queries, gains = inputs(3, 2, 3)
+    n = 3
+    representatives, partial_sum, queries, gains = inputs(n, 2, 3)
+    query, gain = queries[1], gains[1]
     partials = [p[1].clone() for p in layer.block_partials(representatives, queries, gains)]
     if part >= len(partials):
         pytest.skip(f"the form of {partial_names(layer)} has {len(partials)} partials")
-    partials[part] = partials[part] + off if part == 0 else partials[part] * off
-    (out,) = layer.block_merge(partial_sum[None], queries[1], gains[1], *partials)
-    want = one_phase(op, representatives, partial_sum, queries[1], gains[1])
-    assert ((out.double() - want).norm() / want.norm()).item() > 100 * RTOL
+    # every score is within sqrt(D) |gain * query| of 0 (an RMSNorm'd row has norm <= sqrt(D)) and the
+    # block's log-weight (its max or log-sum-exp, the normaliser in [1, n]) within log n above its scores,
+    # so after the shift the other side weighs at most e^-40 of the winner
+    shift = 2 * math.sqrt(D) * (gain * query).norm().item() + math.log(n) + 40
+
+    def moved(by: float) -> list[torch.Tensor]:
+        return [partials[0] + by, *partials[1:]]
+
+    def scaled(given: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [p * 1.1 if i == part else p for i, p in enumerate(given)]
+
+    pairs = ([(partials, moved(shift)), (partials, moved(-shift))] if part == 0
+             else [(moved(shift), scaled(moved(shift)))])
+    changes = []
+    for given, off in pairs:
+        (out,) = layer.block_merge(partial_sum[None], query, gain, *off)
+        want = reference_merge(layer, op, off, partial_sum, query, gain)
+        assert_close(f"merge of {partial_names(layer)[part]} off", out, want)
+        unchanged = reference_merge(layer, op, given, partial_sum, query, gain)
+        changes.append(((want - unchanged).norm() / want.norm()).item())
+    assert max(changes) > 100 * RTOL, f"the change to {partial_names(layer)[part]} should move the merge: {changes}"
 
 
 def test_derived_from_the_aggregate(layer):
