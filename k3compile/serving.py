@@ -87,6 +87,19 @@ def _count(name: str, value: Any) -> int:
     return int(value)
 
 
+def _offsets(name: str, offsets: Any) -> list[int]:
+    """A chunk entry's varlen offsets (the checks its own entry makes): 1-D int32 or int64, at
+    least one sequence, from 0, non-decreasing."""
+    if not isinstance(offsets, torch.Tensor) or offsets.ndim != 1 or offsets.dtype not in (torch.int32, torch.int64) \
+            or offsets.numel() < 2:
+        raise ValueError(f"{name}: expected a 1-D int32 or int64 tensor of N + 1 >= 2 offsets, "
+                         f"got {_describe(offsets)}")
+    bounds = offsets.tolist()
+    if bounds[0] != 0 or any(end < begin for begin, end in zip(bounds, bounds[1:])):
+        raise ValueError(f"{name}: expected non-decreasing offsets from 0, got {bounds}")
+    return bounds
+
+
 def _describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"a {str(x.dtype).removeprefix('torch.')} tensor of shape {tuple(x.shape)} on {x.device}"
@@ -253,9 +266,7 @@ def split_checkpoints(checkpoints: torch.Tensor, every: int, cu_seqlens: torch.T
             raise ValueError(f"checkpoints: expected [N, T // every, *state], got {_describe(checkpoints)}")
         per_sequence = [checkpoints[n] for n in range(checkpoints.shape[0])]
     else:
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.dtype.is_floating_point:
-            raise ValueError(f"cu_seqlens: expected a 1-D integer tensor of offsets, got {_describe(cu_seqlens)}")
-        bounds = cu_seqlens.tolist()
+        bounds = _offsets("cu_seqlens", cu_seqlens)
         counts = [(end - begin) // every for begin, end in zip(bounds, bounds[1:])]
         if checkpoints.ndim < 1 or checkpoints.shape[0] != sum(counts):
             raise ValueError(f"checkpoints: expected {sum(counts)} states (the sequences of cu_seqlens every "

@@ -78,9 +78,13 @@ def head_dims(q, v) -> tuple[int, int, int, int]:
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"{name}: expected a tensor of shape [{dims}], got {described(x)}")
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
-    if H == 0 or HV % H:
+    for name, x, dim, size in (("q", q, "H", H), ("q", q, "K", K), ("v", v, "HV", HV), ("v", v, "V", V)):
+        if size == 0:
+            raise ValueError(f"{name}: expected {dim} >= 1 (no zero-size heads), got {dim} = 0 in shape "
+                             f"{list(x.shape)}")
+    if HV % H:
         raise ValueError(f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), "
-                         f"but got HV % H = {HV % H if H else 'undefined'}")
+                         f"but got HV % H = {HV % H}")
     return H, HV, K, V
 
 
@@ -166,6 +170,11 @@ def check_varlen(q, cu_seqlens, initial_state, cu_seqlens_cpu=None, pool: bool =
             where = f" on {cu_seqlens_cpu.device}" if isinstance(cu_seqlens_cpu, torch.Tensor) else ""
             raise ValueError(f"cu_seqlens_cpu: expected a CPU tensor of cu_seqlens' shape {list(cu_seqlens.shape)}, "
                              f"got {described(cu_seqlens_cpu)}{where}")
+        # the chunk entry reads cu_seqlens on the host anyway, so comparing costs no extra
+        # synchronisation; under torch.compile the values are unknown, and then nothing reads the copy
+        if not torch.compiler.is_compiling() and cu_seqlens_cpu.tolist() != cu_seqlens.tolist():
+            raise ValueError(f"cu_seqlens_cpu: expected the values of cu_seqlens {cu_seqlens.tolist()} (its host "
+                             f"copy), got {cu_seqlens_cpu.tolist()}")
 
 
 def host_offsets(cu_seqlens, cu_seqlens_cpu=None) -> list[int]:
