@@ -6,8 +6,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import secrets
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,8 +131,8 @@ class CompiledLayer:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("K3C_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "k3compile")
-    return Path(root) / "modules"
+    root = os.environ.get("K3C_CACHE_DIR") or os.path.join("~", ".cache", "k3compile")
+    return Path(root).expanduser() / "modules"
 
 
 def compile(spec: LayerSpec | str | Path, out_dir: str | Path | None = None, pipeline: str | None = None) -> CompiledLayer:
@@ -153,18 +153,34 @@ def compile(spec: LayerSpec | str | Path, out_dir: str | Path | None = None, pip
 
 
 def write_module(compilation: Compilation, out_dir: str | Path, file_name: str | None = None) -> Path:
-    """Write the module as out_dir/<name>.py (or file_name) atomically: a process that imports
-    it while another writes it sees the old file or the new one, never half of one."""
+    """Write the module as out_dir/<name>.py (or file_name) atomically (write_file_atomic),
+    unless the file already holds exactly this source."""
     out_dir = Path(out_dir)
     path = out_dir / (file_name or f"{compilation.spec.name}.py")
+    source = compilation.source.encode()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.read_text() == compilation.source:
-            return path
-        fd, scratch = tempfile.mkstemp(dir=out_dir, prefix=f".{path.stem}-", suffix=".tmp")
-        with os.fdopen(fd, "w") as stream:
-            stream.write(compilation.source)
-        os.replace(scratch, path)
+        # bytes, not text: whatever is there (another encoding, garbage) is simply replaced
+        if not (path.is_file() and path.read_bytes() == source):
+            write_file_atomic(path, source)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write {path.name} there ({err.strerror})") from None
     return path
+
+
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """Write via a temporary file in the same folder and a rename: a process that reads the file
+    while another writes it sees the old file or the new one, never half of one, and a crash
+    never leaves an empty one (fsync before the rename). The file gets mode 0666 less the umask,
+    as open() gives (mkstemp's 0600 would hide a shared cache from other users)."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise

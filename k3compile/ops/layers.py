@@ -4,7 +4,9 @@ compiled on first use and kept in process (a dict) and on disk.
 The key holds what determines the kernels — kind, heads, head dims, state layout, the input
 options — and a fingerprint of the compiler's own source, so an edited compiler never reuses a
 stale module. Batch size, sequence length, dtype and scale are run-time arguments of the module,
-so they never recompile. A module found on disk is imported directly: no xDSL, no passes.
+so they never recompile. A module found on disk is imported directly: no xDSL, no passes. Its
+first line holds a hash of the rest, checked on every load: a file that fails it (empty,
+truncated, overwritten) is compiled and written again, never imported.
 """
 
 from __future__ import annotations
@@ -76,9 +78,12 @@ def compiler_fingerprint() -> str:
 def cache_dir() -> Path:
     """k3compile.driver.default_cache_dir() / "ops". Spelled out here: k3compile.driver imports
     xDSL, which a warm cache must not."""
-    root = os.environ.get("K3C_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "k3compile")
-    return Path(root) / "modules" / "ops"
+    root = os.environ.get("K3C_CACHE_DIR") or os.path.join("~", ".cache", "k3compile")
+    return Path(root).expanduser() / "modules" / "ops"
 
+
+# a cached module's first line: this prefix, then the sha256 of everything after that line
+HASH_PREFIX = b"# k3compile.ops module, sha256 of the rest: "
 
 _LOADED: dict[LayerKey, ModuleType] = {}
 
@@ -90,24 +95,51 @@ def layer_module(key: LayerKey) -> ModuleType:
     if module is None:
         name = key.module_name()
         path = cache_dir() / f"{name}.py"
-        if not path.exists():
-            compile_layer(key, path)
-        module = _LOADED[key] = import_module(path, f"k3compile_ops_{name}")
+        source = read_cached(path)
+        if source is None:
+            source = compile_layer(key, path)
+        module = _LOADED[key] = import_module(path, source, f"k3compile_ops_{name}")
     return module
 
 
-def compile_layer(key: LayerKey, path: Path) -> None:
+def with_hash(source: bytes) -> bytes:
+    return HASH_PREFIX + hashlib.sha256(source).hexdigest().encode() + b"\n" + source
+
+
+def read_cached(path: Path) -> bytes | None:
+    """The cached module at `path` (hash line included), or None where it is missing, unreadable
+    or fails its hash."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data if data == with_hash(data.partition(b"\n")[2]) else None
+
+
+def compile_layer(key: LayerKey, path: Path) -> bytes:
+    """Compile `key`'s module and write it to `path`; returns what was written."""
     from k3compile import driver
+    from k3compile.errors import OutputError
     from k3compile.spec import spec_from_table
 
     spec = spec_from_table(key.table(), source=f"<k3compile.ops {key.kind}>")
-    driver.write_module(driver.lower(spec), path.parent, path.name)
+    data = with_hash(driver.lower(spec).source.encode())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        driver.write_file_atomic(path, data)
+    except OSError as err:
+        found = " (the file there is unreadable or fails its hash)" if path.exists() else ""
+        raise OutputError(f"{path}: cannot write the compiled k3compile.ops module ({err.strerror}){found}; "
+                          "make the folder writable or set K3C_CACHE_DIR to one") from None
+    return data
 
 
-def import_module(path: Path, module_name: str) -> ModuleType:
-    """Import a generated module from its file (kept: Triton reads the kernels' source there)."""
+def import_module(path: Path, source: bytes, module_name: str) -> ModuleType:
+    """Import a generated module from the bytes checked or written (not the file again: it could
+    have changed since, and a stale or damaged __pycache__ is never read). Its functions name
+    `path`, which stays: Triton reads the kernels' source there."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - our own generated module
     return module
