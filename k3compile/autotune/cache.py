@@ -1,14 +1,15 @@
 """The on-disk tuning cache: one JSON record per tuned bucket (TuneCache), under a key of the
 schedule (layer IR + pipeline), the bucket, the dtype, the GPU, and the triton and k3compile
-versions (key_for), written atomically; the cache folder (cache_root).
+versions (key_for), written atomically and checked when read (record_problem); the cache folder
+(cache_root).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-import tempfile
 from pathlib import Path
 
 from k3compile.autotune.space import Bucket, base_pipeline
@@ -50,11 +51,11 @@ def cache_root(override: str | Path | None = None) -> Path:
     """k3compile's cache folder: the override (CLI --cache-dir), else $K3C_CACHE_DIR, else
     $XDG_CACHE_HOME/k3compile, else ~/.cache/k3compile. Tuning results live in its autotune/."""
     if override:
-        return Path(override)
+        return Path(override).expanduser()
     if os.environ.get("K3C_CACHE_DIR"):
-        return Path(os.environ["K3C_CACHE_DIR"])
+        return Path(os.environ["K3C_CACHE_DIR"]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "k3compile" if xdg else Path.home() / ".cache" / "k3compile"
+    return Path(xdg).expanduser() / "k3compile" if xdg else Path.home() / ".cache" / "k3compile"
 
 
 # --- keys and records -------------------------------------------------------------------------
@@ -86,53 +87,140 @@ def key_digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and a rename: readers see the old file or
-    the new one, never half of one (two tuning processes may race; the last rename wins)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+KEY_TYPES = {"schedule": str, "heads_bucket": int, "tokens_bucket": int, "dtype": str, "gpu": str, "triton": str,
+             "k3compile": str}
+CANDIDATE_TYPES = {"index": int, "options": dict, "pipeline": str, "code_options": dict, "code_hash": str,
+                   "launch": (dict, type(None)), "status": str, "ms": (int, float, type(None)), "detail": str}
+CHOICE_TYPES = {"pass": str, "option": str, "values": list, "launch_only": bool}
+SEGMENT_TYPES = {"P": int, "status": str, "ms": (int, float, type(None)), "detail": str}
+
+
+def mistyped(item, types: dict, required=()) -> str | None:
+    """What is wrong with `item` as a JSON object of these field types: not an object, a missing
+    required field, an unknown one or one of the wrong type (None: nothing)."""
+    if not isinstance(item, dict):
+        return f"{json.dumps(item)[:40]} is not an object"
+    unknown = sorted(item.keys() - types.keys())
+    missing = [name for name in required if name not in item]
+    if unknown or missing:
+        return f"unknown field {unknown[0]!r}" if unknown else f"no {missing[0]!r}"
+    for name, value in item.items():
+        if isinstance(value, bool) is not (types[name] is bool) or not isinstance(value, types[name]):
+            return f"{name!r} is {json.dumps(value)[:40]}"  # (JSON true is no int, nor 1 a bool)
+    return None
+
+
+def candidate_problem(candidate) -> str | None:
+    """Why a record's candidate cannot be read back (Candidate.from_json) and used."""
+    problem = mistyped(candidate, CANDIDATE_TYPES, required=("index", "options", "pipeline", "code_options"))
+    if problem:
+        return problem
+    launch = candidate.get("launch") or {}
+    if not all(isinstance(config, dict) and all(type(v) is int and v > 0 for v in config.values())
+               for config in launch.values()):
+        return "'launch' is not kernel -> {parameter: positive int}"
+    if candidate.get("status") == "ok" and not 0 < (candidate.get("ms") or 0) < math.inf:
+        return f"a passing candidate with 'ms' {candidate.get('ms')}"
+    return None
+
+
+def record_problem(record) -> str | None:
+    """Why a cached record cannot be used (None: it can). Checks every field that tune, `k3c
+    tune` and compile_tuned read, so a damaged or hand-edited record is skipped, never a crash."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if problem := mistyped(record.get("key"), KEY_TYPES, required=KEY_TYPES):
+        return f"'key': {problem}"
+    candidates = record.get("candidates")
+    if not isinstance(candidates, list):
+        return f"'candidates' is {json.dumps(candidates)[:40]}, not a list"
+    for i, candidate in enumerate(candidates):
+        if problem := candidate_problem(candidate):
+            return f"candidate {i}: {problem}"
+    if len({tuple(sorted(c["options"])) for c in candidates}) > 1:
+        return "the candidates choose different options"
+    for name in ("winner", "default"):
+        index = record.get(name)
+        if index is not None and not (type(index) is int and 0 <= index < len(candidates)):
+            return f"{name!r} is {json.dumps(index)[:40]}, not the index of one of {len(candidates)} candidates"
+    space = record.get("space", [])
+    if not isinstance(space, list) or any(mistyped(c, CHOICE_TYPES, required=("pass", "option")) for c in space):
+        return "'space' is not a list of choices {'pass', 'option', 'values', 'launch_only'}"
+    unowned = {option for c in candidates for option in c["code_options"]} - {choice["option"] for choice in space}
+    if unowned:
+        return f"code option {sorted(unowned)[0]!r} of a candidate is in no choice of 'space'"
+    segments = record.get("segments")
+    if segments is not None and (problem := segments_problem(segments)):
+        return f"'segments': {problem}"
+    return None
+
+
+def segments_problem(segments) -> str | None:
+    """Why a record's context-parallel stage ({'winner': P, 'candidates': rows}) is unusable."""
+    if problem := mistyped(segments, {"winner": int, "candidates": list}, required=("winner", "candidates")):
+        return problem
+    for i, row in enumerate(segments["candidates"]):
+        if problem := mistyped(row, SEGMENT_TYPES, required=SEGMENT_TYPES):
+            return f"row {i}: {problem}"
+        if row["status"] == "ok" and row["ms"] is None:
+            return f"row {i}: a passing P with no 'ms'"
+    return None if segments["winner"] >= 1 else f"'winner' is P = {segments['winner']}"
 
 
 class TuneCache:
     """<root>/autotune/<schedule hash>/<key hash>.json, one record per (schedule, bucket,
-    dtype, GPU, triton, k3compile)."""
+    dtype, GPU, triton, k3compile). A record that cannot be used (truncated, damaged, edited)
+    is skipped, and said once in `messages`."""
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = cache_root(root) / "autotune"
+        self.skipped: dict[Path, str] = {}  # records found unusable: path -> why
+
+    @property
+    def messages(self) -> list[str]:
+        return [f"skipped the tuning-cache record {path}: {why} (`k3c tune` again replaces it)"
+                for path, why in self.skipped.items()]
 
     def path(self, key: dict) -> Path:
         return self.root / key["schedule"][:16] / f"{key_digest(key)}.json"
 
-    def get(self, key: dict) -> dict | None:
+    def read(self, path: Path) -> dict | None:
+        """The record at `path`, or None where there is none or it is unusable (then skipped)."""
         try:
-            record = json.loads(self.path(key).read_text())
-        except (OSError, ValueError):
+            record = json.loads(path.read_bytes())
+        except FileNotFoundError:
             return None
-        return record if isinstance(record, dict) and record.get("key") == key else None
+        except (OSError, ValueError) as err:
+            self.skipped[path] = f"unreadable ({getattr(err, 'strerror', None) or 'truncated or not JSON'})"
+            return None
+        problem = record_problem(record)
+        if problem is not None:
+            self.skipped[path] = problem
+            return None
+        return record
+
+    def get(self, key: dict) -> dict | None:
+        record = self.read(self.path(key))
+        if record is not None and record["key"] != key:
+            self.skipped[self.path(key)] = "its 'key' is not the one its file name hashes"
+            return None
+        return record
 
     def put(self, record: dict) -> Path:
+        from k3compile.driver import write_file_atomic  # imported by tune already
+
         path = self.path(record["key"])
-        write_atomic(path, json.dumps(record, indent=1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, json.dumps(record, indent=1).encode())
+        self.skipped.pop(path, None)
         return path
 
     def records(self, schedule: str, gpu: str, triton: str, k3c: str) -> list[dict]:
         """Every cached record of a schedule on a GPU with these versions (all buckets, dtypes)."""
         found = []
         for path in sorted((self.root / schedule[:16]).glob("*.json")):
-            try:
-                record = json.loads(path.read_text())
-                key = record["key"]
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if (key.get("schedule"), key.get("gpu"), key.get("triton"), key.get("k3compile")) == (schedule, gpu, triton, k3c):
+            record = self.read(path)
+            if record is not None and (record["key"]["schedule"], record["key"]["gpu"], record["key"]["triton"],
+                                       record["key"]["k3compile"]) == (schedule, gpu, triton, k3c):
                 found.append(record)
         return found

@@ -76,6 +76,11 @@ def describe_record(spec, record: dict) -> str:
             f"{key['dtype']}, GPU '{key['gpu']}'")
 
 
+def skipped_note(cache: TuneCache) -> str:
+    """The records of `cache` skipped as unusable, for an error that a record is missing."""
+    return "".join(f"; {message}" for message in cache.messages)
+
+
 def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu: str | None = None,
                   shapes: Sequence[tuple[int, int]] = (), dtypes: Sequence[str] = ("bfloat16",),
                   cache: TuneCache | None = None, tune_missing: Callable | None = None):
@@ -113,7 +118,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
                 raise TuningError(f"frozen: no tuned config for {spec.name} ({spec.source}), bucket "
                                   f"{Bucket.of(batch, tokens, layer_heads)} {dtype} (shape {batch},{tokens}), GPU '{gpu}' "
                                   f"in {cache.root} (run `k3c tune {spec.source} --shape {batch},{tokens} --dtype {dtype}` "
-                                  "on that GPU)")
+                                  f"on that GPU){skipped_note(cache)}")
             if record is None and tune_missing is not None and gpu == gpu_name():
                 record = tune_missing(spec, (batch, tokens), dtype).record
             if record is None:
@@ -125,7 +130,8 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
         records = cache.records(schedule, gpu, *versions)
         if not records and mode == "frozen":
             raise TuningError(f"frozen: no tuned config for {spec.name} ({spec.source}), any bucket, GPU '{gpu}' "
-                              f"in {cache.root} (run `k3c tune {spec.source} --shape B,T` on that GPU)")
+                              f"in {cache.root} (run `k3c tune {spec.source} --shape B,T` on that GPU){skipped_note(cache)}")
+    plan.messages.extend(cache.messages)
     if not records:
         return lower(spec, pipeline), plan
     plan.records = records
