@@ -13,6 +13,8 @@ row) and i_s (the source)."""
 
 from __future__ import annotations
 
+import math
+
 from k3compile.backends.triton.printer.common import pipelined_range, presence_flag, register, tensor_name
 from k3compile.ir import k3s
 
@@ -24,17 +26,33 @@ def _tile_shape(value) -> str:
     return TILE_SHAPES[k3s.tile_dims(value)]
 
 
-def _broadcast(value, dims: tuple[str, ...]) -> str:
-    """A tile's register indexed to broadcast against a tile of `dims` (a `<Q>` or `<D>` one
-    against `<Q x D>`); as it is where its dimensions are those or none."""
-    own = k3s.tile_dims(value)
+def _broadcast(value, dims: tuple[str, ...], name: str | None = None) -> str:
+    """A tile's register (or `name`, a register of its shape) indexed to broadcast against a tile
+    of `dims` (a `<Q>` or `<D>` one against `<Q x D>`); as it is where its dimensions are those or none."""
+    own, name = k3s.tile_dims(value), name or register(value)
     if own in (dims, ()):
-        return register(value)
-    return f"{register(value)}[{', '.join(':' if d in own else 'None' for d in dims)}]"
+        return name
+    return f"{name}[{', '.join(':' if d in own else 'None' for d in dims)}]"
 
 
 class AttnRes:
     """TritonPrinter's methods for AttnRes (one per k3s op, and their helpers)."""
+
+    def print_scaled_row(self, row, eps) -> None:
+        """Prints b_scaled_row = x / s and b_scaled_rms = rms(x) / s of a <D> row, rms(x) =
+        sqrt(mean(x^2) + eps) and s (b_scale) the row's max-abs: as sqrt(mean((x / s)^2) +
+        (sqrt(eps) / s)^2). x * x overflows fp32 for finite rows (past ~1e19) and a tiny row's
+        squares underflow; the scaled ones do neither, nor do q . x / s and x / s. s is at least
+        sqrt(eps) (so (sqrt(eps) / s)^2 <= 1) and a normal float, and at most 2^126 (div.full.f32,
+        the GPU's fp32 `/`, returns 0 for divisors past it)."""
+        root_eps = math.sqrt(eps.value.data)
+        self.code(f"b_scale = tl.minimum(tl.maximum(tl.max(tl.abs({register(row)})), {max(root_eps, 2.0 ** -126)!r}), "
+                  f"{2.0 ** 126!r})",
+                  "b_inverse_scale = 1.0 / b_scale",
+                  f"b_scaled_row = {register(row)} * b_inverse_scale",
+                  f"b_scaled_root_eps = {root_eps!r} * b_inverse_scale",
+                  "b_scaled_rms = tl.sqrt(tl.sum(b_scaled_row * b_scaled_row) / D "
+                  "+ b_scaled_root_eps * b_scaled_root_eps)")
 
     def print_axis_row_group(self, axis: int) -> None:
         self.code(
@@ -147,11 +165,13 @@ class AttnRes:
                   "other=0.0).to(tl.float32)")
 
     def print_k3s_rms_score(self, op: k3s.RmsScoreOp) -> None:
-        x, q = register(op.row), register(op.query)
+        q = register(op.query)
         dims = k3s.tile_dims(op.query)
-        dot = f"tl.sum({_broadcast(op.row, dims)} * {q}{', axis=1' if len(dims) == 2 else ''})"  # over D, per query
-        self.code.comment(op, "score = q . x / rms(x)")
-        self.code(f"{register(op.score)} = {dot} / tl.sqrt(tl.sum({x} * {x}) / D + {op.eps.value.data!r})")
+        scaled_row = _broadcast(op.row, dims, "b_scaled_row")
+        dot = f"tl.sum({scaled_row} * {q}{', axis=1' if len(dims) == 2 else ''})"  # over D, per query
+        self.code.comment(op, "score = q . x / rms(x), as q . (x / s) / (rms(x) / s)")
+        self.print_scaled_row(op.row, op.eps)
+        self.code(f"{register(op.score)} = {dot} / b_scaled_rms")
 
     def print_k3s_online_softmax(self, op: k3s.OnlineSoftmaxOp) -> None:
         running_max, normaliser, score = (register(v) for v in (op.running_max, op.normaliser, op.score))
@@ -254,15 +274,18 @@ class AttnRes:
                   f"{register(op.delta)})")
 
     def print_k3s_rms_score_adjoint(self, op: k3s.RmsScoreAdjointOp) -> None:
-        x, q, score, score_bar = (register(v) for v in (op.row, op.query, op.score, op.score_bar))
-        self.code.comment(op, "x_bar = score_bar (q - score x / (D rms)) / rms")
-        self.code(f"b_rms = tl.sqrt(tl.sum({x} * {x}) / D + {op.eps.value.data!r})",
-                  f"{register(op.row_bar)} = {score_bar} / b_rms * ({q} - {score} / (D * b_rms) * {x})")
+        q, score, score_bar = (register(v) for v in (op.query, op.score, op.score_bar))
+        self.code.comment(op, "x_bar = score_bar (q - score x / (D rms)) / rms, x / rms as (x / s) / (rms / s)")
+        self.print_scaled_row(op.row, op.eps)
+        self.code(f"{register(op.row_bar)} = {score_bar} / (b_scale * b_scaled_rms) * "
+                  f"({q} - {score} / D * (b_scaled_row / b_scaled_rms))")
 
     def print_k3s_query_adjoint(self, op: k3s.QueryAdjointOp) -> None:
-        x, p, score_bar = (register(v) for v in (op.row, op.weight, op.score_bar))
-        self.code.comment(op, "k = x / rms: q_bar += score_bar k, kbar += p k, sigma += score_bar")
-        self.code(f"b_k = {x} / tl.sqrt(tl.sum({x} * {x}) / D + {op.eps.value.data!r})",
+        p, score_bar = (register(v) for v in (op.weight, op.score_bar))
+        self.code.comment(op, "k = x / rms = (x / s) / (rms / s): q_bar += score_bar k, kbar += p k, "
+                              "sigma += score_bar")
+        self.print_scaled_row(op.row, op.eps)
+        self.code("b_k = b_scaled_row / b_scaled_rms",
                   f"{register(op.updated_query_bar)} = {register(op.query_bar)} + {score_bar} * b_k",
                   f"{register(op.updated_key_mean)} = {register(op.key_mean)} + {p} * b_k",
                   f"{register(op.updated_score_bar_sum)} = {register(op.score_bar_sum)} + {score_bar}")

@@ -21,7 +21,7 @@
 // CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
 // CHECK-NEXT: for i_s in tl.range(0, S, num_stages=3):
 // CHECK-NEXT:     b_x = tl.load(sources + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
-// CHECK:      # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
+// CHECK:      # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x), as q . (x / s) / (rms(x) / s)
 // CHECK:      # %max, %sum, %p, %rescale = k3s.online_softmax %max, %sum, %score
 // CHECK:      # %acc = k3s.mix_accumulate %acc, %rescale, %p, %x
 // CHECK:      # k3s.normalize_store %acc, %sum, %out
@@ -39,7 +39,7 @@
 // CHECK-NEXT:     # %max = k3s.row_start %max: a row's first source starts the online softmax anew
 // CHECK-NEXT:     b_max = tl.where(i_s == 0, float("-inf"), b_max)
 // CHECK-NEXT:     b_x = tl.load(sources + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
-// CHECK:      # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
+// CHECK:      # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x), as q . (x / s) / (rms(x) / s)
 // CHECK:      # %max, %sum, %p, %rescale = k3s.online_softmax %max, %sum, %score
 // CHECK:      # %acc = k3s.mix_accumulate %acc, %rescale, %p, %x
 // CHECK:      # k3s.at_row_end: after the row's last source
@@ -89,23 +89,37 @@
 // CHECK-NEXT:     # %q_bar, %k_mean, %score_bar_sum = k3s.source_loop %q_bar, %k_mean, %score_bar_sum: each source row is read once
 // CHECK-NEXT:     for i_s in tl.range(0, S, num_stages=3):
 // CHECK-NEXT:         b_x = tl.load(sources + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
-// CHECK-NEXT:         # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
-// CHECK-NEXT:         b_score = tl.sum(b_x * b_q) / tl.sqrt(tl.sum(b_x * b_x) / D + 1e-06)
+// CHECK-NEXT:         # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x), as q . (x / s) / (rms(x) / s)
+// CHECK-NEXT:         b_scale = tl.minimum(tl.maximum(tl.max(tl.abs(b_x)), 0.001), 8.507059173023462e+37)
+// CHECK-NEXT:         b_inverse_scale = 1.0 / b_scale
+// CHECK-NEXT:         b_scaled_row = b_x * b_inverse_scale
+// CHECK-NEXT:         b_scaled_root_eps = 0.001 * b_inverse_scale
+// CHECK-NEXT:         b_scaled_rms = tl.sqrt(tl.sum(b_scaled_row * b_scaled_row) / D + b_scaled_root_eps * b_scaled_root_eps)
+// CHECK-NEXT:         b_score = tl.sum(b_scaled_row * b_q) / b_scaled_rms
 // CHECK-NEXT:         # %p = k3s.softmax_weight %score, %lse: p = exp(score - L), from the saved log-sum-exp
 // CHECK-NEXT:         b_p = tl.exp(b_score - b_lse)
 // CHECK-NEXT:         # %dp = k3s.weight_cotangent %x, %dout: dp = dh . x
 // CHECK-NEXT:         b_dp = tl.sum(b_dout * b_x)
 // CHECK-NEXT:         # %score_bar = k3s.softmax_adjoint %p, %dp, %delta: score_bar = p (dp - delta)
 // CHECK-NEXT:         b_score_bar = b_p * (b_dp - b_delta)
-// CHECK-NEXT:         # %x_bar = k3s.rms_score_adjoint %x, %q, %score, %score_bar <eps = 1.0e-06>: x_bar = score_bar (q - score x / (D rms)) / rms
-// CHECK-NEXT:         b_rms = tl.sqrt(tl.sum(b_x * b_x) / D + 1e-06)
-// CHECK-NEXT:         b_x_bar = b_score_bar / b_rms * (b_q - b_score / (D * b_rms) * b_x)
+// CHECK-NEXT:         # %x_bar = k3s.rms_score_adjoint %x, %q, %score, %score_bar <eps = 1.0e-06>: x_bar = score_bar (q - score x / (D rms)) / rms, x / rms as (x / s) / (rms / s)
+// CHECK-NEXT:         b_scale = tl.minimum(tl.maximum(tl.max(tl.abs(b_x)), 0.001), 8.507059173023462e+37)
+// CHECK-NEXT:         b_inverse_scale = 1.0 / b_scale
+// CHECK-NEXT:         b_scaled_row = b_x * b_inverse_scale
+// CHECK-NEXT:         b_scaled_root_eps = 0.001 * b_inverse_scale
+// CHECK-NEXT:         b_scaled_rms = tl.sqrt(tl.sum(b_scaled_row * b_scaled_row) / D + b_scaled_root_eps * b_scaled_root_eps)
+// CHECK-NEXT:         b_x_bar = b_score_bar / (b_scale * b_scaled_rms) * (b_q - b_score / D * (b_scaled_row / b_scaled_rms))
 // CHECK-NEXT:         # %x_bar = k3s.mix_adjoint %x_bar, %p, %dout: x_bar += p dh
 // CHECK-NEXT:         b_x_bar = b_x_bar + b_p * b_dout
 // CHECK-NEXT:         # k3s.store_source_cotangent %x_bar, %dsources
 // CHECK-NEXT:         tl.store(dsources + (i_s * R + i_r) * D + o_d, b_x_bar.to(dsources.dtype.element_ty), mask=m_d)
-// CHECK-NEXT:         # %q_bar, %k_mean, %score_bar_sum = k3s.query_adjoint %x, %p, %score_bar, %q_bar, %k_mean, %score_bar_sum <eps = 1.0e-06>: k = x / rms: q_bar += score_bar k, kbar += p k, sigma += score_bar
-// CHECK-NEXT:         b_k = b_x / tl.sqrt(tl.sum(b_x * b_x) / D + 1e-06)
+// CHECK-NEXT:         # %q_bar, %k_mean, %score_bar_sum = k3s.query_adjoint %x, %p, %score_bar, %q_bar, %k_mean, %score_bar_sum <eps = 1.0e-06>: k = x / rms = (x / s) / (rms / s): q_bar += score_bar k, kbar += p k, sigma += score_bar
+// CHECK-NEXT:         b_scale = tl.minimum(tl.maximum(tl.max(tl.abs(b_x)), 0.001), 8.507059173023462e+37)
+// CHECK-NEXT:         b_inverse_scale = 1.0 / b_scale
+// CHECK-NEXT:         b_scaled_row = b_x * b_inverse_scale
+// CHECK-NEXT:         b_scaled_root_eps = 0.001 * b_inverse_scale
+// CHECK-NEXT:         b_scaled_rms = tl.sqrt(tl.sum(b_scaled_row * b_scaled_row) / D + b_scaled_root_eps * b_scaled_root_eps)
+// CHECK-NEXT:         b_k = b_scaled_row / b_scaled_rms
 // CHECK-NEXT:         b_q_bar = b_q_bar + b_score_bar * b_k
 // CHECK-NEXT:         b_k_mean = b_k_mean + b_p * b_k
 // CHECK-NEXT:         b_score_bar_sum = b_score_bar_sum + b_score_bar

@@ -31,8 +31,13 @@
 // CHECK-NEXT: # %max, %sum, %acc = k3s.source_loop %max, %sum, %acc: each source row is read once
 // CHECK-NEXT: for i_s in tl.range(0, S, num_stages=3):
 // CHECK-NEXT:     b_x = tl.load(representatives + (i_s * R + i_r) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
-// CHECK-NEXT:     # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x)
-// CHECK-NEXT:     b_score = tl.sum(b_x[None, :] * b_q, axis=1) / tl.sqrt(tl.sum(b_x * b_x) / D + 1e-06)
+// CHECK-NEXT:     # %score = k3s.rms_score %x, %q <eps = 1.0e-06>: score = q . x / rms(x), as q . (x / s) / (rms(x) / s)
+// CHECK-NEXT:     b_scale = tl.minimum(tl.maximum(tl.max(tl.abs(b_x)), 0.001), 8.507059173023462e+37)
+// CHECK-NEXT:     b_inverse_scale = 1.0 / b_scale
+// CHECK-NEXT:     b_scaled_row = b_x * b_inverse_scale
+// CHECK-NEXT:     b_scaled_root_eps = 0.001 * b_inverse_scale
+// CHECK-NEXT:     b_scaled_rms = tl.sqrt(tl.sum(b_scaled_row * b_scaled_row) / D + b_scaled_root_eps * b_scaled_root_eps)
+// CHECK-NEXT:     b_score = tl.sum(b_scaled_row[None, :] * b_q, axis=1) / b_scaled_rms
 // CHECK:          b_acc = b_acc * b_rescale[:, None] + b_p[:, None] * b_x[None, :]
 // CHECK-NEXT: # k3s.store_normalised_partials %max, %sum, %acc, %block_lse, %block_mix: {{.*}}
 // CHECK-NEXT: tl.store(block_lse + o_q * R + i_r, b_max + tl.log(b_sum), mask=m_q)
