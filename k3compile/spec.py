@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import keyword
 import math
 import sys
@@ -80,19 +81,41 @@ SCHEMAS["latent_moe"] = {
     "expert_weight_format": Key(str, default="bf16", choices=WEIGHT_FORMATS),
 }
 KINDS = tuple(SCHEMAS)
-# A layer's name is its module's file name (<name>.py): one of these would shadow the module it
-# names for any Python started in the output folder (numpy: Triton's interpreter imports it)
-IMPORTED_BY_MODULES = ("torch", "triton", "numpy")
+
+
+def shadowed_module(name: str) -> str | None:
+    """Where Python finds the module that `name`.py in an output folder would shadow for any
+    Python started there (typing_extensions.py breaks `import torch`), or None. The module
+    k3compile compiled for a layer of this name is not one: compiling it again replaces it."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # ValueError: imported without a spec, as __main__
+        return "sys.modules"
+    if found is None or ((found.origin or "").endswith(".py") and compiled_for(Path(found.origin), name)):
+        return None
+    return found.origin or ", ".join(found.submodule_search_locations or ()) or "sys.meta_path"
+
+
+def compiled_for(path: Path, name: str) -> bool:
+    """Whether `path` is the module k3compile compiled for a layer called `name` (its docstring says so)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as file:
+            return file.readline().startswith(f'"""{name}: compiled ')
+    except OSError:
+        return False
 
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot name a layer (its module file), or None."""
+    if not name.isidentifier():
+        return "not a Python identifier (letters, digits, _), so its module could not be imported"
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return "a Python keyword"
-    if name in IMPORTED_BY_MODULES:
-        return f"a module the compiled module imports: {name}.py in the output folder would shadow it"
+    # the standard library's names whether or not this Python has the module (tkinter)
     if name in sys.stdlib_module_names:
         return f"a standard-library module: {name}.py in the output folder would shadow it"
+    if where := shadowed_module(name):
+        return f"an importable module ({where}): {name}.py in the output folder would shadow it"
     return None
 
 
@@ -136,10 +159,10 @@ def spec_from_table(table: dict[str, Any], source: str = "<spec>") -> LayerSpec:
         if key not in table:
             raise SpecError(f"{where}: missing key '{key}'")
     name, kind = table["name"], table["kind"]
-    if not isinstance(name, str) or not name.isidentifier():
+    if not isinstance(name, str):
         raise SpecError(f"{where}: key 'name': expected a Python identifier (letters, digits, _), got {name!r}")
-    if name_problem(name):
-        raise SpecError(f"{where}: key 'name': {name!r} is {name_problem(name)}; choose another name")
+    if problem := name_problem(name):
+        raise SpecError(f"{where}: key 'name': {name!r} is {problem}; choose another name")
     if kind not in SCHEMAS:
         raise SpecError(f"{where}: key 'kind': expected one of {', '.join(KINDS)}, got {kind!r}")
     schema = SCHEMAS[kind]

@@ -185,15 +185,44 @@ def test_bad_name(tmp_path, name):
 
 @pytest.mark.parametrize("name, why", [
     ("class", "a Python keyword"), ("match", "a Python keyword"), ("case", "a Python keyword"),
-    ("torch", "a module the compiled module imports: torch.py in the output folder would shadow it"),
-    ("triton", "a module the compiled module imports"), ("numpy", "a module the compiled module imports"),
     ("os", "a standard-library module: os.py in the output folder would shadow it"), ("math", "a standard-library"),
+    ("tkinter", "a standard-library module"),  # whether or not this Python has it
 ])
 def test_name_that_would_shadow_or_not_parse(tmp_path, name, why):
-    """The name is the module's file name: a keyword cannot be imported by name, and out/torch.py
-    (or any module the generated one or Python itself imports) shadows it in that folder."""
+    """The name is the module's file name: a keyword cannot be imported by name, and out/os.py
+    shadows os for any Python started in that folder."""
     message = spec_error(write(tmp_path, replace_line(KDA, "name", f'name = "{name}"')))
     assert f"key 'name': {name!r} is {why}" in message
+
+
+@pytest.mark.parametrize("name", ["torch", "triton", "numpy", "typing_extensions", "k3compile", "xdsl", "sympy"])
+def test_name_of_an_installed_module(tmp_path, name):
+    """Any module Python here can import, not only those the compiled module imports: out/
+    typing_extensions.py breaks `import torch` there, out/k3compile.py the package."""
+    import importlib
+
+    message = spec_error(write(tmp_path, replace_line(KDA, "name", f'name = "{name}"')))
+    where = importlib.import_module(name).__file__
+    assert f"key 'name': {name!r} is an importable module ({where}): {name}.py in the output folder" in message
+
+
+def test_name_of_a_module_on_the_path(tmp_path, monkeypatch):
+    """A module of the user's own, found on sys.path, is shadowed as well."""
+    (tmp_path / "helpers.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(tmp_path)
+    message = spec_error(write(tmp_path, replace_line(KDA, "name", 'name = "helpers"')))
+    assert f"importable module ({tmp_path / 'helpers.py'})" in message
+
+
+def test_name_of_its_own_compiled_module_on_the_path(tmp_path, monkeypatch):
+    """The module compiled for this layer, in a folder on sys.path (a notebook compiling into
+    its working folder), is no module to shadow: compiling the layer again replaces it."""
+    import k3compile
+
+    path = write(tmp_path, replace_line(KDA, "name", 'name = "mykda_here"'))
+    k3compile.compile(path, out_dir=tmp_path)
+    monkeypatch.syspath_prepend(tmp_path)
+    assert k3compile.compile(path, out_dir=tmp_path).path == tmp_path / "mykda_here.py"
 
 
 @pytest.mark.parametrize("name", ["torch_kda", "kda_os", "classy", "Match"])
