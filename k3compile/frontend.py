@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import functools
+
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.errors import SpecError
 from k3compile.passes.common import props
-from k3compile.spec import RECURRENCE_KINDS, LayerSpec
+from k3compile.spec import REQUIRED, RECURRENCE_KINDS, SCHEMAS, LayerSpec, spec_from_table
+
+# the layer module_symbols compiles: a name no pass gives a symbol (kernels are <layer>_<what>)
+PROBE_NAME = "k3c_symbol_probe"
 
 
 def spec_to_module(spec: LayerSpec) -> ModuleOp:
+    """The layer's k3 IR; SpecError if the spec describes an impossible layer or its name is
+    one its module's symbols take."""
+    if clash := name_clash(spec.name, spec.kind):
+        fixed = ", ".join(sorted(module_symbols(spec.kind)[0]))
+        raise SpecError(f"{spec.source}: [layer]: key 'name': {spec.name!r} would define {clash!r} twice in the "
+                        f"compiled module (every {spec.kind} module defines {fixed}, whatever its layer's name); "
+                        "choose another name")
+    return layer_module(spec)
+
+
+def layer_module(spec: LayerSpec) -> ModuleOp:
     from k3compile.ir.k3 import AttnResOp, LatentMoEOp, RecurrenceOp
 
     params = dict(spec.params)
@@ -32,3 +48,33 @@ def spec_to_module(spec: LayerSpec) -> ModuleOp:
     except VerifyException as err:
         raise SpecError(f"{spec.source}: {err}") from None
     return module
+
+
+def name_clash(name: str, kind: str) -> str | None:
+    """The symbol of a compiled `kind` module that a layer called `name` would define twice, or None."""
+    fixed, suffixes = module_symbols(kind)
+    if name in fixed:
+        return name
+    return next((f"{name}_{suffix}" for suffix in suffixes if f"{name}_{suffix}" in fixed), None)
+
+
+@functools.cache
+def module_symbols(kind: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(the symbols every compiled `kind` module defines whatever its layer's name: its entries
+    and those passes make on the way; the suffixes of those named after the layer: its kernels),
+    after each pass of the kind's pipelines over a small layer (the symbols do not depend on
+    its dimensions)."""
+    from k3compile.pipeline import DEFAULT_PIPELINES, SPECULATIVE_PIPELINE, run_pipeline
+
+    table = {key: 2 for key, rule in SCHEMAS[kind].items() if rule.default is REQUIRED}  # dimensions and counts
+    probe = spec_from_table({"name": PROBE_NAME, "kind": kind, **table})
+    pipelines = [DEFAULT_PIPELINES[kind]] + ([SPECULATIVE_PIPELINE] if kind in RECURRENCE_KINDS else [])
+    symbols = set()
+    for pipeline in pipelines:
+        module = layer_module(probe)
+        for step in pipeline.split(","):
+            run_pipeline(module, step)
+            symbols.update(op.properties["sym_name"].data for op in module.ops)
+    named_after = {symbol for symbol in symbols if symbol.startswith(f"{PROBE_NAME}_")}
+    return (frozenset(symbols - named_after - {PROBE_NAME}),
+            frozenset(symbol.removeprefix(f"{PROBE_NAME}_") for symbol in named_after))

@@ -29,6 +29,8 @@ DEFAULT_PIPELINES = {
     "attnres": "fuse-attnres,derive-attnres-backward,derive-block-attnres,outline-kernels",
     "latent_moe": "lower-moe-routing,lower-moe-experts,outline-kernels",
 }
+# the pipeline of speculative decoding's serving entries (verify, commit, spec_step; README)
+SPECULATIVE_PIPELINE = "derive-replay,lower-speculative"
 # how an option's expected type is named in a message
 TYPE_WORDS = {int: "an integer", str: "a word", bool: "true or false", float: "a number"}
 

@@ -240,7 +240,7 @@ def dense_moe(x, w, act, experts, norm, rsf, latent, eps, Fdim, Fs, Ns):
 
 
 def moe_op(d, latent, E, top_k, Fdim, Ns, Fs, act, norm, rsf):
-    return op_of(name="moe", kind="latent_moe", hidden_size=d, latent_dim=latent, num_experts=E, top_k=top_k,
+    return op_of(name="mymoe", kind="latent_moe", hidden_size=d, latent_dim=latent, num_experts=E, top_k=top_k,
                  expert_ffn_dim=Fdim, num_shared_experts=Ns, shared_ffn_dim=Fs, activation=act,
                  norm_topk_prob=norm, routed_scaling_factor=rsf)
 

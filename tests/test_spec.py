@@ -26,7 +26,7 @@ block_size = 3
 """
 MOE = """\
 [layer]
-name = "moe"
+name = "mymoe"
 kind = "latent_moe"
 hidden_size = 32
 latent_dim = 16
@@ -228,6 +228,38 @@ def test_name_of_its_own_compiled_module_on_the_path(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["torch_kda", "kda_os", "classy", "Match"])
 def test_names_near_reserved_ones_are_fine(tmp_path, name):
     assert load_spec(write(tmp_path, replace_line(KDA, "name", f'name = "{name}"'))).name == name
+
+
+# every compiled module's entries of each kind (README, docs/speculative-decoding.md): the
+# speculative ones come with `-p derive-replay,lower-speculative`
+ENTRIES = {
+    "kda": ["recurrent", "decode", "chunk", "chunk_backward", "segment_summary", "chunk_segments",
+            "chunk_backward_segments", "verify", "commit", "spec_step"],
+    "attnres": ["aggregate", "aggregate_backward", "block_partials", "block_merge"],
+    "latent_moe": ["route", "moe_prefill", "moe_decode", "moe"],
+}
+
+
+@pytest.mark.parametrize("kind, entry", [(kind, entry) for kind, entries in ENTRIES.items() for entry in entries])
+def test_name_of_an_entry_of_its_kind(tmp_path, kind, entry):
+    """A layer called `moe` would define the symbol @moe twice in its module (the layer's and the
+    entry's): a SpecError at the name key, not a pipeline's 'Redefinition of symbol'."""
+    import sys
+
+    spec = {"kda": KDA, "attnres": ATTNRES, "latent_moe": MOE}[kind]
+    message = spec_error(write(tmp_path, replace_line(spec, "name", f'name = "{entry}"')), build=True)
+    if entry in sys.stdlib_module_names:  # chunk: out/chunk.py would shadow the standard library's first
+        assert f"key 'name': {entry!r} is a standard-library module" in message
+    else:
+        assert f"key 'name': {entry!r} would define {entry!r} twice in the compiled module" in message
+
+
+@pytest.mark.parametrize("name", ["moe2", "chunked", "kda", "my_route"])
+def test_names_near_entries_are_fine(tmp_path, name):
+    """Kernels are named after their layer (<name>_<what>), so no other name meets a symbol."""
+    import k3compile
+
+    assert k3compile.compile(write(tmp_path, replace_line(MOE, "name", f'name = "{name}"')), tmp_path).entries
 
 
 def test_name_not_a_string(tmp_path):
