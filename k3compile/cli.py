@@ -1,8 +1,9 @@
 """`k3c`: compile, inspect, transform, verify, prove and tune k3 layers.
 
-Exit codes: 0 ok, 1 verification (or a proof, or every tuning candidate) failed, 2 bad input
-(spec, IR, pipeline, arguments; one line naming the problem), 3 an internal error (a bug in
-k3compile or its toolchain: one line, K3C_TRACEBACK=1 for the traceback).
+Exit codes: 0 ok (a stdout closed early, as by `| head`, included), 1 verification (or a proof,
+or every tuning candidate) failed, 2 bad input (spec, IR, pipeline, arguments; one line naming
+the problem), 3 an internal error (a bug in k3compile or its toolchain: one line, or with
+K3C_TRACEBACK=1 or true its traceback).
 Imports of xDSL, torch and triton are deferred to the subcommand that needs them.
 """
 
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,9 +24,31 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's usage errors use our bad-input code
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+    def error(self, message: str):  # argparse's usage errors: one line and the bad-input code, as every bad input
+        if option := re.fullmatch(r"argument (\S+): expected one argument", message):
+            # argparse takes `--shard -1/2`'s value for an option
+            message += f"; a value that starts with '-' is written {option[1]}=VALUE"
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class AppendOnce(argparse.Action):
+    """A repeatable option's values, each once: a repeated --dtype would run every case twice."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        values = getattr(namespace, self.dest) or []
+        setattr(namespace, self.dest, values if value in values else [*values, value])
+
+
+def stdout_console(width: int):
+    """A rich console on stdout whose closed pipe (`k3c passes | head -1`) raises BrokenPipeError
+    for main (rich's own handling exits 1)."""
+    from rich.console import Console
+
+    class PipedConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return PipedConsole(width=width)
 
 
 def print_timings(timings: list[tuple[str, float]]) -> None:
@@ -88,7 +113,6 @@ def run_tune(spec, shape, dtype, args, console):
 
 
 def print_tune_result(spec, shape, dtype, result) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from k3compile.autotune import Bucket
@@ -113,7 +137,7 @@ def print_tune_result(spec, shape, dtype, result) -> None:
         speedup = (f"{default.ms / c.ms:.2f}x" if default is not None and default.status == "ok" and c.status == "ok" else "")
         table.add_row(str(c.index), *(str(c.options[o]) for o in options), status,
                       f"{c.ms:.3f}" if c.status == "ok" else "inf" if not c.status.startswith("same") else "", speedup)
-    Console(width=160).print(table)
+    stdout_console(160).print(table)
     if winner is None:
         print(f"no candidate passed for {where}: compiles there use the heuristic default")
     else:
@@ -264,7 +288,6 @@ def cmd_opt(args) -> int:
 def cmd_passes(args) -> int:
     import dataclasses
 
-    from rich.console import Console
     from rich.table import Table
 
     from k3compile.passes import PASSES
@@ -277,7 +300,7 @@ def cmd_passes(args) -> int:
         pass_type = load()
         options = " ".join(f"{f.name.replace('_', '-')}={f.default}" for f in dataclasses.fields(pass_type))
         table.add_row(name, options or "-", (pass_type.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
-    console = Console(width=160)
+    console = stdout_console(160)
     console.print(table)
     for kind, pipeline in DEFAULT_PIPELINES.items():
         console.print(f"default pipeline of kind {kind}: {pipeline}", highlight=False, soft_wrap=True)
@@ -309,14 +332,13 @@ def cmd_verify(args) -> int:
     for r in results:
         table.add_row(r.layer, r.entry, r.case, r.dtype, r.tensor, f"{r.max_abs:.2e}", f"{r.rms_ratio:.2e}",
                       f"{r.tolerance:.0e}", "pass" if r.passed else "[bold red]FAIL[/]")
-    Console(width=160).print(table)
+    stdout_console(160).print(table)
     failed = sum(not r.passed for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")
     return EXIT_FAILED if failed else EXIT_OK
 
 
 def cmd_prove(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from k3compile.errors import UnsupportedError
@@ -355,7 +377,7 @@ def cmd_prove(args) -> int:
                       {None: "-", True: "equal", False: "DIFFER"}[r.outputs_equal],
                       {None: "-", True: "equal", False: "DIFFER"}[r.state_equal],
                       "proved" if r.holds else f"[bold red]FAILED[/] {r.first_mismatch}")
-    Console(width=140).print(table)
+    stdout_console(140).print(table)
     failed = sum(not r.holds for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")
     return EXIT_FAILED if failed else EXIT_OK
@@ -376,10 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--no-autotune", action="store_true", help="the heuristic default schedule, ignoring the tuning cache")
     tuning.add_argument("--frozen", action="store_true",
                         help="use only cached tuning results; fail (exit 2) if one is missing (see --shape)")
-    p.add_argument("--shape", type=parse_shape, action="append", metavar="B,T",
+    p.add_argument("--shape", type=parse_shape, action=AppendOnce, metavar="B,T",
                    help="a shape the module must be tuned for (repeatable): tuned now on this GPU if not cached, "
                         "an error with --frozen (default: embed every cached bucket of this GPU)")
-    p.add_argument("--dtype", action="append", choices=("bfloat16", "float16", "float32"),
+    p.add_argument("--dtype", action=AppendOnce, choices=("bfloat16", "float16", "float32"),
                    help="input dtype of --shape (repeatable; default bfloat16)")
     p.add_argument("--gpu", help="embed the cached tuning of this GPU (name as torch reports it; default: this machine's)")
     p.add_argument("--cache-dir", help="k3compile cache folder (default $K3C_CACHE_DIR, else $XDG_CACHE_HOME/k3compile "
@@ -388,9 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="autotune the chunk entry's schedule on this GPU for some shapes; fills the cache")
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
-    p.add_argument("--shape", type=parse_shape, action="append", required=True, metavar="B,T",
+    p.add_argument("--shape", type=parse_shape, action=AppendOnce, required=True, metavar="B,T",
                    help="batch and tokens per sequence to tune for (repeatable; one bucket each, powers of two)")
-    p.add_argument("--dtype", action="append", choices=("bfloat16", "float16", "float32"),
+    p.add_argument("--dtype", action=AppendOnce, choices=("bfloat16", "float16", "float32"),
                    help="input dtype (repeatable; default bfloat16)")
     p.add_argument("-p", "--pipeline", help="base pass pipeline (default: the kind's); options it sets are not searched")
     p.add_argument("--cache-dir", help="k3compile cache folder (default $K3C_CACHE_DIR, else $XDG_CACHE_HOME/k3compile "
@@ -420,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="run the compiled kernels against the float64 reference")
     p.add_argument("spec", help="layer spec (.toml)")
     p.add_argument("--device", help="cpu (Triton's interpreter) or cuda[:N] (default: cuda if available)")
-    p.add_argument("--dtype", action="append", choices=("float32", "float16", "bfloat16"),
+    p.add_argument("--dtype", action=AppendOnce, choices=("float32", "float16", "bfloat16"),
                    help="input dtype (repeatable; default fp32 on CPU, bf16, fp16 and fp32 on GPU)")
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.add_argument("--quick", action="store_true",
@@ -435,8 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "token recurrence, and the derived backward's gradients equal to its "
                                      "derivative (sympy)")
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
-    p.add_argument("--chunk-size", type=int, action="append",
-                   help="chunk size (repeatable; default 3, 16, 32, 64; the fused-kernel and segment-scan proofs "
+    p.add_argument("--chunk-size", type=int, action=AppendOnce,
+                   help="chunk size, 1 .. 64 (repeatable; default 3, 16, 32, 64; the fused-kernel and segment-scan proofs "
                         "use the smallest; the backward's at every size: its three default lengths at the smallest, "
                         "one (two chunks, the second partial) at the others)")
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens per round of the speculative proofs (verify/replay, spec_step; default 4)")
@@ -459,15 +481,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `k3c ir ... | head`
-        sys.stderr.close()
+    except BrokenPipeError:  # stdout closed early (`k3c passes | head -1`): the reader has what it wanted
+        silence_stdout()
         return EXIT_OK
     except Exception as err:  # a bug in k3compile or the toolchain: one line, the traceback on request
-        if os.environ.get("K3C_TRACEBACK"):
-            raise
-        print(f"k3c {args.command}: internal error: {type(err).__name__}: {first_line(err)} "
-              "(set K3C_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        if os.environ.get("K3C_TRACEBACK", "").strip().lower() in ("1", "true"):
+            traceback.print_exc()
+        else:
+            print(f"k3c {args.command}: internal error: {type(err).__name__}: {first_line(err)} "
+                  "(set K3C_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def silence_stdout() -> None:
+    """Point stdout at the null device: Python flushes it at exit, which would fail on the
+    closed pipe again (a message and exit 120)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (stdout captured in-process): nothing to flush
+        pass
 
 
 if __name__ == "__main__":
