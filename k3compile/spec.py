@@ -15,6 +15,8 @@ from k3compile.errors import SpecError
 from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GLU_ACTIVATIONS, STATE_LAYOUTS, WEIGHT_FORMATS
 
 REQUIRED = object()
+# every integer key's range: TOML's integers are 64-bit, and so are the IR's (i64 properties)
+INT_RANGE = (-2**63, 2**63 - 1)
 
 # The KDA family: each kind is the recurrence op with its gate and delta-rule attributes.
 RECURRENCE_KINDS = {
@@ -36,10 +38,12 @@ class Key:
     def describe(self) -> str:
         if self.choices:
             return "one of " + ", ".join(map(str, self.choices))
-        if self.kind in (int, float) and self.minimum is not None:
-            word = "an integer" if self.kind is int else "a number"
-            return f"{word} {'>' if self.exclusive else '>='} {self.minimum:g}"
-        return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.kind]
+        if self.kind is int:
+            low = "-2**63" if self.minimum is None else f"{self.minimum:g}"
+            return f"an integer in {low} .. 2**63 - 1"
+        if self.kind is float and self.minimum is not None:
+            return f"a number {'>' if self.exclusive else '>='} {self.minimum:g}"
+        return {float: "a number", str: "a string", bool: "true or false"}[self.kind]
 
 
 _RECURRENCE_SCHEMA = {
@@ -147,6 +151,8 @@ def _check_value(where: str, key: str, rule: Key, value: Any) -> Any:
         ok_type = value in rule.choices
     if ok_type and rule.kind in (int, float) and rule.minimum is not None:
         ok_type = value > rule.minimum if rule.exclusive else value >= rule.minimum
+    if ok_type and rule.kind is int:
+        ok_type = INT_RANGE[0] <= value <= INT_RANGE[1]
     if not ok_type:
         raise SpecError(f"{where}: key '{key}': expected {rule.describe()}, got {value!r}")
     return value
@@ -191,7 +197,7 @@ def load_spec(path: str | Path) -> LayerSpec:
     """Read and validate a layer spec file; raises SpecError with a one-line message."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not TOML
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file") from None
     except OSError as err:
@@ -206,6 +212,8 @@ def load_spec(path: str | Path) -> LayerSpec:
     if extra:
         raise SpecError(f"{path}: unknown table or key '{extra[0]}'; a spec holds one [layer] table")
     table = document.get("layer")
+    if isinstance(table, list) and table and all(isinstance(item, dict) for item in table):
+        raise SpecError(f"{path}: [[layer]] is an array of {len(table)} table(s); a spec holds one [layer] table")
     if not isinstance(table, dict):
         raise SpecError(f"{path}: missing [layer] table")
     return spec_from_table(table, source=str(path))

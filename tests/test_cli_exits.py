@@ -161,3 +161,14 @@ def test_verify_runs_each_case_once_for_a_repeated_dtype(capsys, tmp_path, monke
                              "--dtype", "float32")
     assert code == 0, err
     assert len(cases) == len(set(cases)) == sum(len(group) for _, _, group in family.quick(spec, False))
+
+
+# --- integers past 64 bits: bad input (exit 2), not an internal error -----------------------
+
+
+@pytest.mark.parametrize("key", ["num_heads", "head_k_dim"])
+def test_integer_past_64_bits_exits_2(capsys, tmp_path, key):
+    path = write_spec(tmp_path)
+    path.write_text(path.read_text().replace(f"{key} = ", f"{key} = {2**64 + 1}\n# "))
+    message = one_error_line(capsys, "compile", path, "-o", tmp_path / "out")
+    assert f"key '{key}': expected an integer in 1 .. 2**63 - 1, got {2**64 + 1}" in message

@@ -292,6 +292,19 @@ def test_not_utf8(tmp_path):
     spec_error(path)
 
 
+def test_byte_order_mark_is_not_toml(tmp_path):
+    """A spec saved with a UTF-8 byte-order mark (as some Windows editors do) loads as without it."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + KDA.encode())
+    spec, plain = load_spec(path), load_spec(write(tmp_path, KDA))
+    assert (spec.name, spec.kind, spec.params) == (plain.name, plain.kind, plain.params)
+
+
+def test_array_of_layer_tables(tmp_path):
+    message = spec_error(write(tmp_path, KDA.replace("[layer]", "[[layer]]") + "\n" + MOE.replace("[layer]", "[[layer]]")))
+    assert "[[layer]] is an array of 2 table(s); a spec holds one [layer] table" in message
+
+
 def test_missing_layer_table(tmp_path):
     message = spec_error(write(tmp_path, KDA.replace("[layer]", "[layers]")))
     assert "layer" in message
@@ -366,6 +379,23 @@ def test_spec_from_table_errors_name_source():
     with pytest.raises(SpecError) as info:
         spec_from_table(dict(name="x", kind="kda", num_heads=2, head_k_dim=8), source="my.toml")
     assert str(info.value).startswith("my.toml") and "'head_v_dim'" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64 + 1, 10**30])
+@pytest.mark.parametrize("kind, key", [("kda", "num_heads"), ("kda", "head_k_dim"), ("kda", "head_v_dim"),
+                                       ("kda", "num_v_heads"), ("attnres", "num_blocks"),
+                                       ("latent_moe", "num_experts"), ("latent_moe", "latent_dim")])
+def test_integer_past_64_bits(tmp_path, kind, key, value):
+    """TOML's integers, and the IR's, are 64-bit: past them a key is out of range, named as such
+    (not wrapped to a negative count, not an internal error of the IR)."""
+    spec = {"kda": KDA, "attnres": ATTNRES, "latent_moe": MOE}[kind]
+    message = spec_error(write(tmp_path, replace_line(spec, key, None) + f"{key} = {value}\n"))
+    assert f"key '{key}': expected an integer in " in message and f".. 2**63 - 1, got {value}" in message
+
+
+def test_largest_64_bit_integer_is_a_valid_spec(tmp_path):
+    assert load_spec(write(tmp_path, replace_line(KDA, "head_k_dim", f"head_k_dim = {2**63 - 1}"))).params[
+        "head_k_dim"] == 2**63 - 1
 
 
 def test_spec_from_table_rejects_bool_for_int():
