@@ -131,14 +131,18 @@ def run_pipeline(module: ModuleOp, spec_text: str, keep_snapshots: bool = False)
                 result.snapshots.append((done.name, str(mod)))
         last[0] = time.perf_counter()
 
+    def syntax_error(column: str | None, message: str) -> IRError:
+        return IRError(f"pipeline '{spec_text}': {f'column {column}: ' if column else ''}{message} (passes are "
+                       "separated by commas, a pass's options by spaces: 'lower-recurrent{block-v=64 num-warps=8}')")
+
     try:
-        passes = tuple(build_pass(spec_text, name, options) for name, options in parse_passes(spec_text))
+        parsed = parse_passes(spec_text)
     except ArgSpecParseError as err:  # a BaseException; its first line is a header, the message its last
         where = re.search(r"^pass-pipeline:\d+:(\d+)$", str(err), re.MULTILINE)
-        raise IRError(
-            f"pipeline '{spec_text}': {f'column {where[1]}: ' if where else ''}{str(err).splitlines()[-1].strip()} "
-            "(passes are separated by commas, a pass's options by spaces: 'lower-recurrent{block-v=64 num-warps=8}')"
-        ) from None
+        raise syntax_error(where and where[1], str(err).splitlines()[-1].strip()) from None
+    if spec_text.rstrip().endswith(","):  # xDSL's parser takes a trailing comma, as no other empty pass name
+        raise syntax_error(str(len(spec_text.rstrip()) + 1), "Expected pass name here")
+    passes = tuple(build_pass(spec_text, name, options) for name, options in parsed)
     try:
         PassPipeline(passes, after_pass).apply(ctx, module)
     except (DiagnosticException, ValueError) as err:

@@ -163,6 +163,16 @@ def test_verify_runs_each_case_once_for_a_repeated_dtype(capsys, tmp_path, monke
     assert len(cases) == len(set(cases)) == sum(len(group) for _, _, group in family.quick(spec, False))
 
 
+# --- pipelines: a trailing comma is refused like every other empty pass name ----------------
+
+
+@pytest.mark.parametrize("pipeline, column", [("lower-recurrent,", 17), ("lower-recurrent, ", 17),
+                                              ("lower-recurrent,,lower-decode", 17), (",lower-recurrent", 1)])
+def test_empty_pass_name_in_a_pipeline(capsys, pipeline, column):
+    message = one_error_line(capsys, "ir", EXAMPLES / "kda.toml", "-p", pipeline)
+    assert f"pipeline '{pipeline}': column {column}: Expected pass name here" in message
+
+
 # --- integers past 64 bits: bad input (exit 2), not an internal error -----------------------
 
 
