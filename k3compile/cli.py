@@ -343,14 +343,17 @@ def cmd_prove(args) -> int:
 
     from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
-    from k3compile.prove import (prove_backward, prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise,
-                                 prove_input_forms, prove_replay, prove_segment_scan, prove_spec_step)
+    from k3compile.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
+                                 prove_fused_chunkwise, prove_input_forms, prove_replay, prove_segment_scan,
+                                 prove_spec_step)
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
     if not spec.is_recurrence:
         raise UnsupportedError(f"{args.spec}: kind '{spec.kind}' has no derived schedule to prove")
     sizes = args.chunk_size or [3, 16, 32, 64]
+    for size in sizes:  # all before the first proof: a bad size fails at once, not after minutes of the others
+        check_chunk_size(size)
     results = [r for size in sizes for r in prove_chunkwise(spec, size, seed=args.seed)]
     # the kernels fuse-chunkwise makes of it, every grouping (the schedule is the same at every size)
     results += [r for grouping in GROUPINGS for r in prove_fused_chunkwise(spec, min(sizes), grouping, seed=args.seed)]

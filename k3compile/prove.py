@@ -16,9 +16,20 @@ from dataclasses import dataclass, replace
 
 import sympy
 
+from k3compile.errors import ArgumentError
 from k3compile.spec import LayerSpec
 
 PROOF_K, PROOF_V = 2, 3
+# the largest chunk size proved: sympy solves the C x C tiles' systems in exact rationals, at a
+# cost that grows faster than C^3 (C = 64, the largest default, takes minutes for a full proof)
+MAX_CHUNK_SIZE = 64
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    """ArgumentError unless the proofs can take `chunk_size` (1 .. MAX_CHUNK_SIZE)."""
+    if not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+        raise ArgumentError(f"chunk size {chunk_size}: expected 1 .. {MAX_CHUNK_SIZE} (the proofs solve C x C "
+                            f"systems in exact rationals, at a cost that grows faster than C^3)")
 
 
 @dataclass
@@ -137,6 +148,8 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
     sub_chunk: the channel-gated Grams' row blocks (the pass's default if None)."""
     from k3compile.ir import exact, k3s
 
+    check_chunk_size(chunk_size)
+
     def runner(module):
         chunked = first_op(module, k3s.ChunkedOp)
         return lambda x: exact.run_chunked(chunked, x)
@@ -249,6 +262,7 @@ def prove_backward(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | 
     guard outcome); sub_chunk as prove_chunkwise's."""
     from k3compile.ir import exact_backward, k3s
 
+    check_chunk_size(chunk_size)
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
     blocks = f" sub-chunk={sub_chunk}" if sub_chunk else ""
     pipeline = f"derive-backward{{chunk-size={chunk_size}{blocks}}}"
@@ -279,6 +293,7 @@ def prove_input_forms(spec: LayerSpec, chunk_size: int) -> list[ProofResult]:
     store, in the schedule's order (q, k, v, g, beta), naming each gradient that differs."""
     from k3compile.ir import exact_backward, k3s
 
+    check_chunk_size(chunk_size)
     pipeline = f"derive-backward{{chunk-size={chunk_size}}}"
     _, module = derived(spec, pipeline)
     block = first_op(module, k3s.ChunkedBackwardOp).body.block
@@ -304,6 +319,8 @@ def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "spl
     then the scan kernel's chunk loop runs from the initial state on what it reloads. A stage
     left out of every kernel, or a value read but never spilled, fails the proof."""
     from k3compile.ir import exact
+
+    check_chunk_size(chunk_size)
 
     def runner(module):
         kernels = entry_kernels(module, "chunk")
@@ -472,6 +489,7 @@ def prove_segment_scan(spec: LayerSpec, chunk_size: int, length: int | None = No
     and the segments finished from their combined initial states give every output."""
     from k3compile.ir import exact, k3s
 
+    check_chunk_size(chunk_size)
     rng = random.Random(seed)
     pipeline = f"derive-segment-scan{{chunk-size={chunk_size}}}"
     layer_op, module = derived(spec, pipeline)

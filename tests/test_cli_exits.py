@@ -173,6 +173,27 @@ def test_empty_pass_name_in_a_pipeline(capsys, pipeline, column):
     assert f"pipeline '{pipeline}': column {column}: Expected pass name here" in message
 
 
+# --- k3c prove: chunk sizes its exact solves can finish -------------------------------------
+
+
+@pytest.mark.parametrize("size", ["65", "1000", "0", "-3"])
+def test_prove_chunk_size_out_of_range(capsys, size):
+    message = one_error_line(capsys, "prove", EXAMPLES / "deltanet.toml", "--chunk-size", "3", f"--chunk-size={size}")
+    assert message.startswith(f"k3c prove: error: chunk size {size}: expected 1 .. 64 (")
+    assert "exact rationals" in message
+
+
+def test_prove_functions_refuse_the_same_sizes():
+    from k3compile.errors import ArgumentError
+    from k3compile.prove import prove_backward, prove_chunkwise, prove_segment_scan
+    from k3compile.spec import load_spec
+
+    spec = load_spec(EXAMPLES / "deltanet.toml")
+    for prove in (prove_chunkwise, prove_backward, prove_segment_scan):
+        with pytest.raises(ArgumentError, match="^chunk size 1000: expected 1 .. 64"):
+            prove(spec, 1000)
+
+
 # --- integers past 64 bits: bad input (exit 2), not an internal error -----------------------
 
 
