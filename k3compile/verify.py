@@ -9,6 +9,7 @@ compare each gradient with float64 autograd of the reference (k3compile/verify_b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy
 import torch
 import torch.nn.functional as F
 
@@ -484,7 +486,8 @@ def defaults(device: str | None, dtypes: list[str] | None) -> tuple[str, list[st
     """The device (cuda if available; ArgumentError if this machine lacks the one asked for) and
     dtypes (CPU: fp32 in the interpreter; GPU: bf16, fp16 and fp32) of a run."""
     device = check_device(device) if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
-    return device, dtypes or (["bfloat16", "float16", "float32"] if device != "cpu" else ["float32"])
+    dtypes = dtypes or (["bfloat16", "float16", "float32"] if device != "cpu" else ["float32"])
+    return device, list(dict.fromkeys(dtypes))  # each once: a repeated dtype would run every case twice
 
 
 def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
@@ -498,36 +501,14 @@ def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
             for case in cases for dtype_name in dtypes]
 
 
-def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None = None,
-           seed: int | None = None, out_dir: Path | None = None,
-           progress: Callable[[int, int, str], None] | None = None,
-           shard: tuple[int, int] | None = None, quick: bool = False) -> list[CaseResult]:
-    """Run the verification grid of a spec. On a CPU: Triton's interpreter in fp32; on a GPU:
-    native, in bf16, fp16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
-    positions p of `grid` with p % N == I; quick: one case per entry (see `grid`).
-    progress(done, total, case) is called before each case and once at the end (case "").
-    Raises UnsupportedError for a kind without verification cases, ArgumentError for a device this machine
-    lacks or a seed torch cannot take."""
+def run_cases(spec: LayerSpec, cases: list, device: str, gen: torch.Generator, out_dir: Path,
+              progress: Callable[[int, int, str], None] | None) -> list[CaseResult]:
+    """Run `cases` (rows of `grid`), each layer's module written to out_dir when a case first needs it."""
     from k3compile.frontend import spec_to_module
 
-    if spec.kind not in FAMILIES:
-        raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no verification cases yet")
-    device, dtypes = defaults(device, dtypes)
-    if seed is not None and not -2**63 <= seed < 2**64:  # what torch.Generator takes
-        raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
-        from k3compile.interpreter_bounds import install  # imports Triton: after the line above
-
-        install()  # every launch checks that its loads and stores stay inside its tensors
-    on_gpu = device != "cpu"
-    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="k3c-verify-"))
-    run_case = FAMILIES[spec.kind].run
-    index, count = shard or (0, 1)
+    family = FAMILIES[spec.kind]
     results = []
     layers: dict[str, tuple] = {}
-    cases = grid(spec, on_gpu, dtypes, quick)[index::count]
     # a shard lowers a layer only when one of its own cases needs it and launches (so Triton
     # compiles) only its own cases' kernels: the others' compile time is what sharding saves
     for done, (layer_spec, entry, case, dtype_name) in enumerate(cases):
@@ -541,10 +522,16 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
         layer, layer_op = layers[layer_spec.name]
         dtype = DTYPES[dtype_name]
         try:
-            for tensor, out, ref in run_case(layer, entry, layer_op, case, dtype, device, gen):
+            # Triton's interpreter runs the kernels in numpy, values they discard included: a
+            # guarded Gram's factored operands, computed before its span check picks the
+            # elementwise blocks for steep gates, overflow there (exp2), and masked lanes' zeros
+            # times that inf are NaN. What the kernels keep is compared below: a NaN or inf fails.
+            with numpy.errstate(over="ignore", invalid="ignore"):
+                rows = family.run(layer, entry, layer_op, case, dtype, device, gen)
+            for tensor, out, ref in rows:
                 max_abs, rms = compare(out, ref)
                 results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
-                                          FAMILIES[spec.kind].tolerance(entry, tensor, dtype)))
+                                          family.tolerance(entry, tensor, dtype)))
         except Exception as error:  # an access outside the launch's tensors fails its case (checked before it happens)
             from k3compile.interpreter_bounds import raised_by
 
@@ -552,6 +539,38 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
                 raise
             results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, f"out of bounds: {outside}",
                                       math.inf, math.inf, 0.0))
+    return results
+
+
+def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None = None,
+           seed: int | None = None, out_dir: Path | None = None,
+           progress: Callable[[int, int, str], None] | None = None,
+           shard: tuple[int, int] | None = None, quick: bool = False) -> list[CaseResult]:
+    """Run the verification grid of a spec. On a CPU: Triton's interpreter in fp32; on a GPU:
+    native, in bf16, fp16 and fp32 (unless `dtypes` says otherwise). shard=(I, N): only the cases at
+    positions p of `grid` with p % N == I; quick: one case per entry (see `grid`).
+    progress(done, total, case) is called before each case and once at the end (case "").
+    The modules go to out_dir, by default a temporary folder removed when the run ends (however it ends).
+    Raises UnsupportedError for a kind without verification cases, ArgumentError for a device this machine
+    lacks or a seed torch cannot take."""
+    if spec.kind not in FAMILIES:
+        raise UnsupportedError(f"{spec.source}: kind '{spec.kind}' has no verification cases yet")
+    device, dtypes = defaults(device, dtypes)
+    if seed is not None and not -2**63 <= seed < 2**64:  # what torch.Generator takes
+        raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
+        from k3compile.interpreter_bounds import install  # imports Triton: after the line above
+
+        install()  # every launch checks that its loads and stores stay inside its tensors
+    on_gpu = device != "cpu"
+    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    index, count = shard or (0, 1)
+    cases = grid(spec, on_gpu, dtypes, quick)[index::count]
+    with contextlib.ExitStack() as stack:
+        if out_dir is None:
+            out_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="k3c-verify-")))
+        results = run_cases(spec, cases, device, gen, out_dir, progress)
     if progress:
         progress(len(cases), len(cases), "")
     return results

@@ -203,3 +203,80 @@ def test_integer_past_64_bits_exits_2(capsys, tmp_path, key):
     path.write_text(path.read_text().replace(f"{key} = ", f"{key} = {2**64 + 1}\n# "))
     message = one_error_line(capsys, "compile", path, "-o", tmp_path / "out")
     assert f"key '{key}': expected an integer in 1 .. 2**63 - 1, got {2**64 + 1}" in message
+
+
+# --- k3c verify: nothing left behind, no warnings above its table ---------------------------
+
+
+def verify_folders(tmp_path) -> list[str]:
+    return [path.name for path in tmp_path.iterdir() if path.name.startswith("k3c-verify-")]
+
+
+@pytest.mark.parametrize("raised", [None, RuntimeError("a case exploded"), KeyboardInterrupt()])
+def test_verify_removes_its_temporary_folder(tmp_path, monkeypatch, raised):
+    """However the run ends (done, an error, Ctrl-C), the folder of its modules is gone after."""
+    import dataclasses
+    import tempfile
+
+    import torch
+
+    from k3compile import verify as verify_module
+    from k3compile.spec import load_spec
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    spec = load_spec(write_spec(tmp_path))
+    seen = []
+
+    def one_row(layer, entry, layer_op, case, dtype, device, gen):
+        seen.extend(verify_folders(tmp_path))
+        if raised is not None:
+            raise raised
+        return [("o", torch.ones(1), torch.ones(1))]
+
+    family = verify_module.FAMILIES[spec.kind]
+    monkeypatch.setitem(verify_module.FAMILIES, spec.kind, dataclasses.replace(family, run=one_row))
+    if raised is None:
+        assert all(r.passed for r in verify_module.verify(spec, device="cpu", quick=True))
+    else:
+        with pytest.raises(type(raised)):
+            verify_module.verify(spec, device="cpu", quick=True)
+    assert seen, "the modules were not written to a k3c-verify- folder of the temporary directory"
+    assert verify_folders(tmp_path) == []
+
+
+def test_verify_prints_no_numpy_warnings_for_discarded_lanes(tmp_path, monkeypatch):
+    """Steep gates: the interpreter computes a guarded Gram's factored operands before its span
+    check picks the elementwise blocks, and they overflow (exp2; 0 * inf in masked lanes). With
+    numpy's errstate left as it is, the same run does warn (so the case computes such values);
+    verify keeps its output clean, and every result still passes."""
+    import contextlib
+
+    from k3compile import verify as verify_module
+    from k3compile.spec import load_spec
+    from k3compile.verify import RecurrenceCase
+
+    spec = load_spec(write_spec(tmp_path, kind="kda", K=16))
+    steep = RecurrenceCase("varlen (1, 22), gates steep from token 5", 1, 0, seqlens=(1, 22), steep_from=5)
+    family = verify_module.FAMILIES[spec.kind]
+    monkeypatch.setitem(verify_module.FAMILIES, spec.kind,
+                        verify_module.Family(family.full, lambda spec, on_gpu: [(spec, "chunk", [steep])],
+                                             family.run, family.tolerance))
+
+    def runtime_warnings() -> tuple[list, list]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results = verify_module.verify(spec, device="cpu", quick=True, seed=1, out_dir=tmp_path / "out")
+        return [w for w in caught if issubclass(w.category, RuntimeWarning)], results
+
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_module.numpy, "errstate", lambda **kwargs: contextlib.nullcontext())
+        assert runtime_warnings()[0], "the case no longer computes values the kernels discard"
+    caught, results = runtime_warnings()
+    assert caught == [] and results and all(r.passed for r in results)
+
+
+def test_verify_takes_each_dtype_once():
+    """verify(dtypes=[...]) as --dtype: a repeated dtype would run every case twice."""
+    from k3compile.verify import defaults
+
+    assert defaults("cpu", ["float32", "float16", "float32"]) == ("cpu", ["float32", "float16"])
