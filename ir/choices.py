@@ -56,6 +56,13 @@ class GateInput(Word):
 
 
 BOUNDED_GATE_INPUTS = (GateInput.CLAMPED, GateInput.BOUNDED)  # g >= gate_lower_bound by construction
+
+# The log-decay below which the decay is zero: exp(-110) ~ 1.7e-48 rounds to 0 in fp32 (below half
+# of 2^-149), so every g <= -110, -inf included, is the same full reset, and a gate load may raise
+# g to it without changing the fp32 recurrence. A chunk's cumulative log-decays then stay within
+# 110 x chunk size, where fp32 keeps the differences of two of them accurate (at -1e9 they are
+# multiples of 64; at -inf, NaN).
+ZERO_DECAY_FLOOR = -110.0
 GATE_INPUTS_WITH_PARAMETERS = (GateInput.SOFTPLUS, GateInput.BOUNDED)  # computed in-kernel from A_log, dt_bias
 
 

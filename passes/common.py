@@ -9,6 +9,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.rewriter import InsertPoint, Rewriter
 
+from k3compile.ir.choices import BOUNDED_GATE_INPUTS, ZERO_DECAY_FLOOR
 from k3compile.ir.syntax import fit_to_property
 
 
@@ -195,6 +196,17 @@ def gate_tensors(op, values: dict[str, SSAValue]) -> list[SSAValue]:
     return [values[name] for name in ("g", *parameters)]
 
 
+def can_reach_zero_decay(op) -> bool:
+    """Whether a k3.recurrence's gate form can give log-decays below ZERO_DECAY_FLOOR (then its
+    loads raise them to it): the log and softplus forms can (-inf included), the bounded ones
+    only with a lower bound below it."""
+    if op.gate.data == "none":
+        return False
+    if op.input_option("gate_input") in BOUNDED_GATE_INPUTS:
+        return op.input_option("gate_lower_bound") < ZERO_DECAY_FLOOR
+    return True
+
+
 def input_loads(op, values: dict[str, SSAValue]) -> dict[str, Callable[[type[Operation]], Operation]]:
     """Builders of the load stage of each input of a k3.recurrence, by input name; the load
     op type (per token or per chunk) is the argument. They read the tensors of `values` (the
@@ -203,6 +215,7 @@ def input_loads(op, values: dict[str, SSAValue]) -> dict[str, Callable[[type[Ope
     from k3compile.ir import k3s
 
     normalised = {"l2norm": True} if op.input_option("qk_l2norm") else {}
+    floor = {"floor": ZERO_DECAY_FLOOR} if can_reach_zero_decay(op) else {}
     gate_dims = ("K",) if op.gate.data == "channel" else ()
 
     def rows(load: type[Operation], *dims: str) -> Attribute:
@@ -214,7 +227,7 @@ def input_loads(op, values: dict[str, SSAValue]) -> dict[str, Callable[[type[Ope
         "v": lambda load: make(load, operands=[values["v"]], result=("v", rows(load, "V"))),
         "g": lambda load: make(k3s.LoadGateOp, operands=gate_tensors(op, values), gate=op.gate.data,
                                input=op.input_option("gate_input"), lower_bound=op.input_option("gate_lower_bound"),
-                               result=("g", rows(load, *gate_dims))),
+                               result=("g", rows(load, *gate_dims)), **floor),
         "beta": lambda load: make(k3s.LoadBetaOp, operands=[values["beta"]], input=op.input_option("beta_input"),
                                   result=("beta", rows(load))),
     }

@@ -106,6 +106,8 @@ def store_cotangent(load: Operation, cotangent: SSAValue, values: dict[str, SSAV
         carried["l2norm"] = load.l2norm
     elif isinstance(load, k3s.LoadGateOp):
         carried.update(gate_input=load.input, lower_bound=load.lower_bound)
+        if load.floor is not None:
+            carried["floor"] = load.floor
     elif isinstance(load, k3s.LoadBetaOp):
         carried["beta_input"] = load.input
     return make(k3s.StoreCotangentOp, operands=[cotangent, *gradients, *inputs], of=load.results[0].name_hint,

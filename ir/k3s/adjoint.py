@@ -313,6 +313,7 @@ class StoreCotangentOp(KeywordSyntax):
     l2norm = opt_prop_def(BoolAttr)
     gate_input = opt_prop_def(GateInputAttr)
     lower_bound = opt_prop_def(FloatAttr)
+    floor = opt_prop_def(FloatAttr)  # the gate load's: no cotangent where the form's g lies below it
     beta_input = opt_prop_def(BetaInputAttr)
     cotangent = operand_def(TileType)
     tensors = var_operand_def(TensorType)

@@ -274,12 +274,15 @@ class LoadGateOp(KeywordSyntax):
     rows past the end read 0). input log: g as given; clamped: max(g, lower_bound); softplus:
     -exp(A_log) softplus(g + dt_bias); bounded: lower_bound sigmoid(exp(A_log) (g + dt_bias)).
     The two forms that read A_log and dt_bias take them as operands after g: `k3s.load_gate %g,
-    %A_log, %dt_bias`."""
+    %A_log, %dt_bias`. With a floor, the form's result is raised to it: a log-decay whose decay is
+    zero in fp32 anyway (ir/choices.py ZERO_DECAY_FLOOR), kept small enough for the chunk's
+    cumulative sums; its cotangent is zero below the floor (as the decay's derivative is)."""
 
     name = "k3s.load_gate"
     gate = prop_def(GATED)
     input = prop_def(GateInputAttr)
     lower_bound = prop_def(FloatAttr)
+    floor = opt_prop_def(FloatAttr)  # absent: the form cannot go below ZERO_DECAY_FLOOR
     tensor = operand_def(TensorType)  # g
     parameters = var_operand_def(TensorType)  # A_log, dt_bias: with input softplus or bounded
     log_gate = result_def(TileType)
@@ -288,6 +291,8 @@ class LoadGateOp(KeywordSyntax):
     def verify_(self) -> None:
         if self.lower_bound.value.data >= 0:
             raise VerifyException(f"{self.name}: lower_bound must be < 0, got {self.lower_bound.value.data}")
+        if self.floor is not None and self.floor.value.data >= 0:
+            raise VerifyException(f"{self.name}: floor must be < 0, got {self.floor.value.data}")
         expected = 2 if self.input.data in GATE_INPUTS_WITH_PARAMETERS else 0
         if len(self.parameters) != expected:
             raise VerifyException(f"{self.name}: input {self.input.data} reads {expected} gate parameters "

@@ -171,23 +171,30 @@ class AdjointStages:
         rows, mask = (("(t_c[:, None] * HV + i_hv) * K + o_k[None, :]", "m_c[:, None] & m_k[None, :]") if channel
                       else ("t_c * HV + i_hv", "m_c"))
         form = op.gate_input.data
-        if form != "log":
+        # the floor: no gradient where the form's g lies below it (nor has the decay one there)
+        floor = None if op.floor is None else f"{x} = tl.where({{}} >= {op.floor.value.data!r}, {x}, 0.0)"
+        if form != "log" or floor:
             c(f"b_raw = tl.load({g} + {rows}, mask={mask}, other=0.0).to(tl.float32)")
-        if form == "clamped":  # max(g, bound): no gradient where the bound holds (torch's clamp)
-            c(f"{x} = tl.where(b_raw >= {op.lower_bound.value.data!r}, {x}, 0.0)")
-        elif form in ("softplus", "bounded"):
+        if form in ("log", "clamped"):
+            if form == "clamped":  # max(g, bound): no gradient where the bound holds (torch's clamp)
+                c(f"{x} = tl.where(b_raw >= {op.lower_bound.value.data!r}, {x}, 0.0)")
+            if floor:
+                c(floor.format("b_raw"))
+        else:
             A_log, dt_bias = parameters
             dA_log, ddt_bias = parameter_grads
             bias = (f"tl.load({dt_bias} + i_hv * K + o_k, mask=m_k, other=0.0)[None, :]" if channel
                     else f"tl.load({dt_bias} + i_hv)")
             c(f"b_a = tl.exp(tl.load({A_log} + i_hv).to(tl.float32))",
               f"b_z = b_raw + {bias}.to(tl.float32)")
+            bound = repr(op.lower_bound.value.data)
             if form == "softplus":  # g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g
                 c("b_dz = -b_a * tl.sigmoid(b_z)",
                   "b_dlog = -b_a * tl.where(b_z > 20.0, b_z, tl.log(1.0 + tl.exp(tl.minimum(b_z, 20.0))))")
             else:  # g = bound sigmoid(a z): dg/dz = bound s (1 - s) a, dg/dA_log = that times z
-                bound = repr(op.lower_bound.value.data)
                 c("b_s = tl.sigmoid(b_a * b_z)", f"b_dz = {bound} * b_s * (1.0 - b_s) * b_a", "b_dlog = b_dz * b_z")
+            if floor:
+                c(floor.format("b_dlog" if form == "softplus" else f"{bound} * b_s"))
             c(f"tl.atomic_add({dA_log} + i_hv, tl.sum(tl.where({mask}, {x} * b_dlog, 0.0)))")
             c(f"{x} = tl.where({mask}, {x} * b_dz, 0.0)")
             if channel:

@@ -84,8 +84,10 @@ class Loads:
                 c(f"{target} = -b_a * tl.where({target} > 20.0, {target}, tl.log(1.0 + tl.exp(tl.minimum({target}, 20.0))))")
             else:
                 c(f"{target} = {op.lower_bound.value.data!r} * tl.sigmoid(b_a * {target})")
-            if mask:  # rows or channels past the end must not decay: the cumsum relies on it
-                c(f"{target} = tl.where({mask}, {target}, 0.0)")
+        if op.floor is not None:  # a zero decay either way; -inf and -1e9 would wreck the cumsum
+            c(f"{target} = tl.maximum({target}, {op.floor.value.data!r})")
+        if mask and form in ("softplus", "bounded"):  # rows or channels past the end must not decay:
+            c(f"{target} = tl.where({mask}, {target}, 0.0)")  # the cumsum relies on it
 
     def print_k3s_load_beta(self, op: k3s.LoadBetaOp) -> None:
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)

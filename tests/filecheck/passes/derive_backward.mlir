@@ -41,7 +41,7 @@
 // CHECK-NEXT:      %[[q:[a-z_0-9]+]] = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
 // CHECK-NEXT:      %[[k:[a-z_0-9]+]] = k3s.load_chunk %[[K]] : !k3s.tile<C x K>
 // CHECK-NEXT:      %[[v:[a-z_0-9]+]] = k3s.load_chunk %[[V]] : !k3s.tile<C x V>
-// CHECK-NEXT:      %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
+// CHECK-NEXT:      %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<C x K>
 // CHECK-NEXT:      %[[CG:[A-Za-z_0-9]+]] = k3s.gate_cumsum %[[g]] <gate = channel> : !k3s.tile<C x K>
 // the Gram A = Diag(beta) M and T = (I + A)^-1 Diag(beta) as their unscaled values and the
 // scalings: the adjoints read M and the inverse too (cse keeps one of each)
@@ -104,7 +104,7 @@
 // CHECK-NEXT:      k3s.store_cotangent %{{[A-Za-z_0-9]+}}, %[[DQ]], %[[Q]] <of = q>
 // CHECK-NEXT:      k3s.store_cotangent %{{[A-Za-z_0-9]+}}, %[[DK]], %[[K]] <of = k>
 // CHECK-NEXT:      k3s.store_cotangent %{{[A-Za-z_0-9]+}}, %[[DV]], %[[V]] <of = v>
-// CHECK-NEXT:      k3s.store_cotangent %[[g_bar]], %[[DG]], %[[G]] <of = g, gate_input = log, lower_bound = -5.0>
+// CHECK-NEXT:      k3s.store_cotangent %[[g_bar]], %[[DG]], %[[G]] <of = g, gate_input = log, lower_bound = -5.0, floor = -110.0>
 // CHECK-NEXT:      k3s.store_cotangent %{{[A-Za-z_0-9]+}}, %[[DBETA]], %[[BETA]] <of = beta, beta_input = probability>
 // CHECK-NEXT:    }
 // CHECK-NEXT:  }
@@ -140,7 +140,7 @@
 // GDN:         k3s.pair_decay %[[CG]] <mask = strict> : !k3s.tile<C x C>
 // GDN:         k3s.onto_last_row %{{.*}} : !k3s.tile<C>
 // GDN:         %[[g_bar:[A-Za-z_0-9]+]] = k3s.reverse_cumsum %{{.*}} : !k3s.tile<C>
-// GDN:         k3s.store_cotangent %[[g_bar]], %[[DG]], %[[G]] <of = g, gate_input = log, lower_bound = -5.0>
+// GDN:         k3s.store_cotangent %[[g_bar]], %[[DG]], %[[G]] <of = g, gate_input = log, lower_bound = -5.0, floor = -110.0>
 // a scalar gate's decays are pairs (never above 1): no contraction under channel decays
 // SCALAR-NOT:  k3s.gated_contraction
 
@@ -168,7 +168,7 @@
 // GLA:         k3s.state_scan
 // GLA:         k3s.cotangent_scan
 // GLA:         k3s.store_cotangent %{{.*}} <of = v>
-// GLA-NEXT:    k3s.store_cotangent %{{.*}} <of = g, gate_input = log, lower_bound = -5.0>
+// GLA-NEXT:    k3s.store_cotangent %{{.*}} <of = g, gate_input = log, lower_bound = -5.0, floor = -110.0>
 // GLA-NEXT:  }
 // NODELTA-NOT: @dbeta
 // NODELTA-NOT: k3s.delta_residual

@@ -35,7 +35,7 @@ builtin.module {
 // CHECK-NEXT:       %[[q:[a-z_0-9]+]] = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
 // CHECK-NEXT:       %[[k:[a-z_0-9]+]] = k3s.load_chunk %[[K]] : !k3s.tile<C x K>
 // CHECK-NEXT:       %[[v:[a-z_0-9]+]] = k3s.load_chunk %[[V]] : !k3s.tile<C x V>
-// CHECK-NEXT:       %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>
+// CHECK-NEXT:       %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<C x K>
 // CHECK-NEXT:       %G = k3s.gate_cumsum %[[g]] <gate = channel> : !k3s.tile<C x K>
 // CHECK-NEXT:       %Glast = k3s.gate_total %G <gate = channel> : !k3s.tile<K>
 // CHECK-NEXT:       %Gstart, %Gend = k3s.block_gates %G <sub_chunk = 16> : !k3s.tile<NB x K>, !k3s.tile<NB x K>

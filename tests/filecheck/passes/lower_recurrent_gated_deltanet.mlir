@@ -19,7 +19,7 @@ builtin.module {
 // CHECK-NEXT:       %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // CHECK-NEXT:       %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // CHECK-NEXT:       %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// CHECK-NEXT:       %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
+// CHECK-NEXT:       %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<>
 // CHECK-NEXT:       %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 // CHECK-NEXT:       %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
 // CHECK-NEXT:       %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>

@@ -20,7 +20,7 @@ builtin.module {
 // CHECK-NEXT:     %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // CHECK-NEXT:     %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // CHECK-NEXT:     %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// CHECK-NEXT:     %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT:     %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // CHECK-NEXT:     %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:     %S_2 = k3s.rank1_update %S_1, %[[k]], %[[v]] : !k3s.tile<K x V>
 // CHECK-NEXT:     %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>

@@ -41,7 +41,7 @@ builtin.module {
 // CHECK-NEXT:         %[[q:[a-z_0-9]+]] = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %[[k:[a-z_0-9]+]] = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// CHECK-NEXT:         %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT:         %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // CHECK-NEXT:         %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits> : !k3s.tile<>
 // CHECK-NEXT:         %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
@@ -60,7 +60,7 @@ builtin.module {
 // GENERIC:      %[[q:[a-z_0-9]+]] = "k3s.load_token"(%q) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
 // GENERIC-NEXT: %[[k:[a-z_0-9]+]] = "k3s.load_token"(%k) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
 // GENERIC-NEXT: %[[v:[a-z_0-9]+]] = "k3s.load_token"(%v) : (!k3s.tensor<B x T x 4 x 32, float>) -> !k3s.tile<V>
-// GENERIC-NEXT: %[[g:[a-z_0-9]+]] = "k3s.load_gate"(%g, %A_log, %dt_bias) <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64}> : (!k3s.tensor<B x T x 4 x 16, float>, !k3s.tensor<4, float>, !k3s.tensor<64, float>) -> !k3s.tile<K>
+// GENERIC-NEXT: %[[g:[a-z_0-9]+]] = "k3s.load_gate"(%g, %A_log, %dt_bias) <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64, floor = -1.100000e+02 : f64}> : (!k3s.tensor<B x T x 4 x 16, float>, !k3s.tensor<4, float>, !k3s.tensor<64, float>) -> !k3s.tile<K>
 // GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %[[g]]) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
 // GENERIC-NEXT: %[[beta:[a-z_0-9]+]] = "k3s.load_beta"(%beta) <{input = #k3<beta_input logits>}> : (!k3s.tensor<B x T x 4, float>) -> !k3s.tile<>
 // GENERIC-NEXT: %u = "k3s.delta_correct"(%S_1, %[[k]], %[[v]], %[[beta]]) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
@@ -83,7 +83,7 @@ builtin.module {
 // CHUNK-NOT:     k3s.load_chunk %[[V]] <l2norm
 // CHUNK-NOT:     input = log,
 // CHUNK-NOT:     input = probability
-// CHUNK:         k3s.load_gate %[[G]], %[[ALOG]], %[[DTBIAS]] <gate = channel, input = softplus, lower_bound = -5.0>
+// CHUNK:         k3s.load_gate %[[G]], %[[ALOG]], %[[DTBIAS]] <gate = channel, input = softplus, lower_bound = -5.0, floor = -110.0>
 // CHUNK-NOT:     k3s.load_chunk %[[Q]] :
 // CHUNK-NOT:     k3s.load_chunk %[[K]] :
 // CHUNK:         k3s.load_chunk %[[K]] <l2norm = true>
@@ -103,7 +103,7 @@ builtin.module {
 // L2ONLY:      %[[q:[a-z_0-9]+]] = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
 // L2ONLY-NEXT: %[[k:[a-z_0-9]+]] = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
 // L2ONLY-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// L2ONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// L2ONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // L2ONLY-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // L2ONLY-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
 
@@ -112,14 +112,14 @@ builtin.module {
 // BETAONLY:      %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // BETAONLY-NEXT: %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // BETAONLY-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// BETAONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// BETAONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // BETAONLY-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // BETAONLY-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits> : !k3s.tile<>
 // BETAONLY-NEXT: %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
 
 // NEGEIG:      %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // NEGEIG-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// NEGEIG-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// NEGEIG-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // NEGEIG-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // NEGEIG-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits_neg_eigval> : !k3s.tile<>
 // NEGEIG-NEXT: %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>

@@ -40,7 +40,7 @@ builtin.module {
 // SOFTPLUS:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = softplus>
 // SOFTPLUS:      %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // SOFTPLUS-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
-// SOFTPLUS:      %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = softplus, lower_bound = -5.0> : !k3s.tile<>
+// SOFTPLUS:      %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = softplus, lower_bound = -5.0, floor = -110.0> : !k3s.tile<>
 // SOFTPLUS-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 
 // CHUNK:       k3s.entry @chunk <source = gdn> {
@@ -63,7 +63,7 @@ builtin.module {
 // GLA-NOT:  k3s.load_beta
 // GLA:      %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // GLA-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// GLA-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0> : !k3s.tile<K>
+// GLA-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // GLA-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // GLA-NEXT: %S_2 = k3s.rank1_update %S_1, %[[k]], %[[v]] : !k3s.tile<K x V>
 // GLA-NOT:  k3s.load_beta

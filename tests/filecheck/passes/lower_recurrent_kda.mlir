@@ -37,7 +37,7 @@ builtin.module {
 // CHECK-NEXT:         %[[q:[A-Za-z_0-9]+]] = k3s.load_token %[[Q]] : !k3s.tile<K>
 // CHECK-NEXT:         %[[k:[A-Za-z_0-9]+]] = k3s.load_token %[[K]] : !k3s.tile<K>
 // CHECK-NEXT:         %[[v:[A-Za-z_0-9]+]] = k3s.load_token %[[V]] : !k3s.tile<V>
-// CHECK-NEXT:         %[[g:[A-Za-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT:         %[[g:[A-Za-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // CHECK-NEXT:         %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %[[beta:[A-Za-z_0-9]+]] = k3s.load_beta %[[BETA]] <input = probability> : !k3s.tile<>
 // CHECK-NEXT:         %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>

@@ -15,7 +15,7 @@ builtin.module {
 // CHECK:      %[[G1:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
 // CHECK:      %[[k1:[a-z_0-9]+]] = k3s.load_token %[[K1]] : !k3s.tile<K>
 // CHECK-NEXT: %[[v1:[a-z_0-9]+]] = k3s.load_token
-// CHECK-NEXT: %[[g1:[a-z_0-9]+]] = k3s.load_gate %[[G1]] <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT: %[[g1:[a-z_0-9]+]] = k3s.load_gate %[[G1]] <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // CHECK-NEXT: %S_1 = k3s.decay %S, %[[g1]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT: %[[beta1:[a-z_0-9]+]] = k3s.load_beta
 // CHECK-NEXT: %u = k3s.delta_correct %S_1, %[[k1]], %[[v1]], %[[beta1]] : !k3s.tile<V>

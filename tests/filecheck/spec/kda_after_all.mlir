@@ -36,7 +36,7 @@
 // CHECK-NEXT:          %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // CHECK-NEXT:          %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // CHECK-NEXT:          %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// CHECK-NEXT:          %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// CHECK-NEXT:          %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // CHECK-NEXT:          %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:          %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
 // CHECK-NEXT:          %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
@@ -64,7 +64,7 @@
 // REPARSED-NEXT:   %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // REPARSED-NEXT:   %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // REPARSED-NEXT:   %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// REPARSED-NEXT:   %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// REPARSED-NEXT:   %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // REPARSED-NEXT:   %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // REPARSED-NEXT:   %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
 // REPARSED-NEXT:   %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>

@@ -19,7 +19,7 @@
 // GDN-NEXT:    %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // GDN-NEXT:    %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // GDN-NEXT:    %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// GDN-NEXT:    %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
+// GDN-NEXT:    %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<>
 // GDN-NEXT:    %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 // GDN-NEXT:    %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
 // GDN-NEXT:    %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
@@ -70,7 +70,7 @@
 // GLA-NEXT:    %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // GLA-NEXT:    %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // GLA-NEXT:    %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
-// GLA-NEXT:    %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<K>
+// GLA-NEXT:    %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
 // GLA-NEXT:    %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // GLA-NEXT:    %S_2 = k3s.rank1_update %S_1, %[[k]], %[[v]] : !k3s.tile<K x V>
 // GLA-NEXT:    %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>

@@ -29,12 +29,13 @@
 // ALL:       # %q = k3s.load_token %q
 // ALL:       # %k = k3s.load_token %k
 // ALL:       # %v = k3s.load_token %v
-// KDA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// KDA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0>: the log-decay g
 // KDA-NEXT:  b_g = tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+// KDA-NEXT:  b_g = tl.maximum(b_g, -110.0)
 // KDA-NEXT:  # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
-// GDN:       # %g = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0>: the log-decay g
+// GDN:       # %g = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0, floor = -110.0>: the log-decay g
 // GDN:       # %S = k3s.decay %S, %g <gate = scalar>: S <- Diag(exp g_t) S
-// GLA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0>: the log-decay g
+// GLA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0>: the log-decay g
 // GLA:       # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
 // DN-NOT:    k3s.decay
 // GLA-NOT:   k3s.load_beta
