@@ -111,17 +111,21 @@ def print_context_parallel(printer, module: ModuleOp, cp) -> None:
           "        state per sequence that starts on this rank (None: zeros); final_state: one per",
           "        sequence that ends on this rank. One all_gather of 4 + (the summary) fp32 numbers per",
           "        rank, independent of T. Combines with segments; no checkpoint_every.",
-          *(["With segments or cp_group, differentiable (torch.autograd; the backward: chunk_backward with",
-             "the same segments / cp_group, one all-gather across ranks; checkpoints are not differentiated)."]
+          *(["Differentiable (torch.autograd; the backward: chunk_backward with the same segments /",
+             "cp_group, one all-gather across ranks; checkpoints are not differentiated)."]
             if backward_view is not None else []),
           '"""')
-        print_plain_and_check(printer, "chunk", PLAIN_CHUNK, chunk_view, "the per-token inputs")
+        differentiable = [*tokens, *(n for n in params if n != "scale"), "initial_state"]
+        needs_grad = f"_needs_grad({', '.join(differentiable)})"
+        # a call autograd records goes through the differentiable op, split or not (the plain
+        # entry refuses it: its outputs would carry no grad_fn)
+        print_plain_and_check(printer, "chunk", PLAIN_CHUNK, chunk_view, "the per-token inputs", unless=needs_grad)
         c("", f"tokens = dict({', '.join(f'{n}={n}' for n in tokens)})",
           f"params = dict({', '.join(f'{n}={n}' for n in params)})")
-        c("if _needs_grad(*tokens.values(), *params.values(), initial_state):  # a module without a backward refuses")
+        c(f"if {needs_grad}:  # a module without a backward refuses")
         with c.indent():
             c("return _CHUNK_CP.differentiable(check, tokens, params, initial_state, output_final_state, cu_seqlens,",
-              "                                  checkpoint_every, segments, cp_group)")
+              "                                  checkpoint_every, 1 if segments is None else segments, cp_group)")
         c("if cp_group is not None:")
         with c.indent():
             c("return _CHUNK_CP.run_group(cp_group, check, tokens, params, initial_state, output_final_state, cu_seqlens,",
@@ -133,12 +137,14 @@ def print_context_parallel(printer, module: ModuleOp, cp) -> None:
         print_backward(printer, backward_view, tokens)
 
 
-def print_plain_and_check(printer, entry: str, plain_entry: str, view, checked: str) -> None:
+def print_plain_and_check(printer, entry: str, plain_entry: str, view, checked: str, unless: str = "") -> None:
     """A context-parallel entry's first lines: the plain entry where neither segments nor
-    cp_group splits the call, and check(), which checks `checked` before any work."""
+    cp_group splits the call (and the condition `unless` does not hold), and check(), which
+    checks `checked` before any work."""
     c = printer.code
     first = view.tensors[0].sym_name.data
-    c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1)):")
+    c("if cp_group is None and (segments is None or (type(segments) is int and segments == 1))"
+      f"{f' and not {unless}' if unless else ''}:")
     with c.indent():
         plain = [f"{n}={n}" for n in (p.split("=")[0] for p in printer.signatures[entry])]
         c(f"return {plain_entry}({', '.join(plain)})")

@@ -22,6 +22,14 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 
+# where an entry's module has a backward entry, what wraps both as a differentiable op: what an
+# entry's refusal of inputs that require grad points to
+DIFFERENTIABLE_WRAPPERS = {
+    "chunk_backward": "for gradients call this module's chunk (differentiable, any segments / cp_group) "
+                      "or k3compile.ops",
+    "aggregate_backward": "for gradients call k3compile.ops.attnres.attnres_aggregate (differentiable)",
+}
+
 # the dtype classes of MXFP4 weights' bytes, checked by the mxfp4 runtime's _check_mx
 MX_DTYPE_CLASSES = (k3s.ArgDtype.FP4X2, k3s.ArgDtype.E8M0)
 
@@ -60,6 +68,7 @@ class Entries:
         self.kernel_code: dict[str, tuple[list[str], list[str]]] = {}
         # every entry's argument names (kernels.py checks its kernels read no other)
         self.argument_names: set[str] = set()
+        self.entry_names: set[str] = set()  # the module's entries (print_grad_refusal reads them)
 
     def print_module(self, module: ModuleOp, docstring: str) -> str:
         c = self.code
@@ -71,6 +80,7 @@ class Entries:
             c("", "", *emitted("mxfp4"))
         entries = [op for op in module.ops if isinstance(op, k3s.EntryOp)]
         self.argument_names = {arg.sym_name.data for entry in entries for arg in EntryView(entry).args}
+        self.entry_names = {entry.sym_name.data for entry in entries}
         # context parallelism (docs/context-parallel.md): with a chunk_segments entry, the chunk
         # entry is printed as _chunk_single and wrapped by a `chunk` that takes segments / cp_group
         cp = context_parallel.cp_entries(module)
@@ -152,6 +162,7 @@ class Entries:
             c(f"Returns ({', '.join(o.sym_name.data for o in outputs)}"
               f"{'[, checkpoints]' if view.checkpoint else ''}); optional outputs are None unless asked for.")
             c('"""')
+            self.print_grad_refusal(view)
             self.print_argument_checks(view)
             for arg in view.scalars:
                 name = arg.sym_name.data
@@ -223,6 +234,14 @@ class Entries:
                     c(f"return {entry}({', '.join(f'{n}={n}' for n in names)})")
             c(f'raise ValueError(f"schedule: expected \'auto\', \'{op.small_word.data}\' or '
               f'\'{op.large_word.data}\', got {{schedule!r}}")')
+
+    def print_grad_refusal(self, view: EntryView) -> None:
+        """No printed entry has a backward of its own (a differentiable op wraps one: the chunk
+        of a module with chunk_backward, k3compile.ops'): under autograd it refuses its inputs."""
+        inputs = [t.sym_name.data for t in view.tensors if t.role.data in ("input", "inout", "optional_input")]
+        instead = next((hint for entry, hint in DIFFERENTIABLE_WRAPPERS.items() if entry in self.entry_names),
+                       "call it under torch.no_grad() or on inputs that do not require grad")
+        self.code(f"_refuse_grad({view.entry.sym_name.data!r}, {instead!r}, {', '.join(inputs)})")
 
     def print_argument_checks(self, view: EntryView) -> None:
         c = self.code

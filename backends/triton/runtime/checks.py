@@ -234,6 +234,13 @@ def _check_grid_axis(name, sequences, heads):
                          f"grid axis 1, above CUDA's 65535; at most {65535 // heads} sequences per call")
 
 
+def _refuse_grad(entry, instead, *tensors):
+    """An entry with no backward, called where autograd would record it: its outputs would carry
+    no grad_fn, and the inputs' producers would train on zero gradients without a word."""
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
+        raise RuntimeError(f"{entry}: has no backward, and an input requires grad; {instead}")
+
+
 def _check_none(name, x, why):
     if x is not None:
         raise ValueError(f"{name}: must be None ({why})")
