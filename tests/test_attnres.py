@@ -22,20 +22,30 @@ def layer(request, compile_layer):
 
 
 def inputs(S: int, B: int, T: int, D: int):
-    # sources of different scales (block sums grow with depth); a non-zero query, so the
-    # softmax over sources is far from uniform
+    """Sources of different scales (block sums grow with depth), a gain that is not 1, and a random
+    query moved (with S > 1) so that the first row's last source scores 1 above its first: the
+    softmax is far from uniform on every draw. Its weights spread at least 1 / (2 S), 0.1 at S = 5:
+    if the first source's weight w is below 1 / (2 S), the largest is at least 1 / S; if not, the
+    last source's, w e, exceeds w by more than that."""
     scales = torch.linspace(0.5, 4.0, S)[:, None, None, None]
     sources = torch.randn(S, B, T, D) * scales + 0.3 * torch.randn(S, 1, 1, D)
     query = torch.randn(D) * 3 / math.sqrt(D)
     gain = 1 + 0.3 * torch.randn(D)
+    if S > 1:
+        first_row = keys(sources[:, 0, 0], gain)
+        gap = first_row[-1] - first_row[0]
+        query = (query + (1 - query.double() @ gap) * gap / gap.pow(2).sum()).float()
     return sources, query, gain
 
 
-def softmax_weights(op, sources, query, gain):
-    eps = op.eps.value.data
+def keys(sources, gain, eps: float = 1e-6):
+    """The sources' keys in float64; eps is the spec's default, every layer's here."""
     x = sources.double()
-    keys = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain.double()
-    return torch.softmax(keys @ query.double(), dim=0)
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain.double()
+
+
+def softmax_weights(op, sources, query, gain):
+    return torch.softmax(keys(sources, gain, op.eps.value.data) @ query.double(), dim=0)
 
 
 @pytest.mark.parametrize("S", [1, 3, MAX_SOURCES])
@@ -54,7 +64,7 @@ def test_matches_reference(layer, S, B, T):
     if S > 1:
         weights = softmax_weights(op, sources, query, gain)
         spread = (weights.max(0).values - weights.min(0).values).max().item()
-        assert spread > 0.05, "test inputs should give a non-uniform softmax"
+        assert spread > 0.05, "test inputs should give a non-uniform softmax (inputs() bounds it)"
         assert not torch.allclose(ref, sources.double().mean(0), atol=1e-3), "not trivially the mean"
 
 
