@@ -45,6 +45,11 @@
 #                  carried: `git -C <checkout> archive HEAD tests | tar -x -C bench/generated/fla`); $FLA_SUITE_ARGS
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
+#   million        a million tokens on one GPU: KDA B1 T1048576 H16 forward + backward through k3compile.ops'
+#                  layer's chunk(segments="auto") and segments=None against fla's chunk_kda, both gate
+#                  pairings, times, peak memory and gradients side by side (bench/million_tokens_gpu.py,
+#                  $MILLION_ARGS: e.g. --no-fla, --gates bounded, --tokens 524288); about 4 minutes, most
+#                  of it fla's autotuning and the first compiles; $OUT/million_tokens.{md,json}
 # $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
 # phases. Run from the repo root with OUT set. Two runs side by side, one per GPU, share one install:
 #   OUT=$OUT PHASES=none bash bench/device_run.sh
@@ -228,6 +233,8 @@ print(*(label.replace(" ", "_").replace(",", "") for label, *_ in VERIFY_FORMS))
       if [ "$gpus" -ge 2 ]; then
         torchrun --nproc-per-node "$gpus" bench/cp_gpu.py multi --module "$module" --out "$OUT" ${CP_MULTI_ARGS:-}
       fi ;;
+    million)
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/million_tokens_gpu.py --out "$OUT" ${MILLION_ARGS:-} ;;
     *) echo "unknown phase '$phase'" >&2; exit 2 ;;
   esac
 done

@@ -24,6 +24,7 @@ SMOKE_RUNS = {
     "serving_sweep": ["bench/serving_sweep.py", "--smoke", "--choices", "16:4:0,16:2:2"],
     "speculative_gpu": ["bench/speculative_gpu.py", "--smoke", "--no-fla"],
     "chunk_gpu": ["bench/chunk_gpu.py", "--smoke", "--no-fla"],
+    "million_tokens_gpu": ["bench/million_tokens_gpu.py", "--smoke", "--gates", "bounded", "--tokens", "48"],
 }
 
 
