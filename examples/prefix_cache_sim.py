@@ -1,7 +1,11 @@
 """Prefix-cache policies for a hybrid (attention + KDA) model, simulated over synthetic traces.
 
     .venv/bin/python examples/prefix_cache_sim.py               # CPU, a few seconds
-    .venv/bin/python examples/prefix_cache_sim.py --requests 200 --no-plot
+    .venv/bin/python examples/prefix_cache_sim.py --requests 200 --no-plot --out DIR
+
+It writes prefix_cache_sim.md (and, with matplotlib, prefix_cache_sim.png) to --out, a new
+temporary folder unless named; the tracked bench/results/prefix_cache_sim.md and
+docs/prefix_cache_sim.png are what `--out bench/results --plot docs/prefix_cache_sim.png` writes.
 
 Every policy is the real `k3compile.serving.PrefixCache`, driven with token ids:
 
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -413,8 +418,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kda-layers", type=int, default=48, help="KDA layers a checkpoint holds")
     parser.add_argument("--budget-gib", type=float, nargs="+", default=[16.0, 64.0],
                         help="checkpoint byte budgets (GiB, true bytes), each run besides a run without one")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/prefix_cache_sim.md"))
-    parser.add_argument("--plot", type=Path, default=Path("docs/prefix_cache_sim.png"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for prefix_cache_sim.md and the plot (default: a new temporary folder)")
+    parser.add_argument("--plot", type=Path, default=None, help="the plot's path (default: OUT/prefix_cache_sim.png)")
     parser.add_argument("--no-plot", action="store_true")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -426,12 +432,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     text, outcomes = run(args)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    # never into the repository unless asked: its copies are the tracked results
+    out = args.out or Path(tempfile.mkdtemp(prefix="prefix_cache_sim_"))
+    out.mkdir(parents=True, exist_ok=True)
+    table = out / "prefix_cache_sim.md"
+    table.write_text(text)
+    print(f"wrote {table}")
     if not args.no_plot:
-        if plot(outcomes, args.plot):
-            print(f"wrote {args.plot}")
+        figure = args.plot or out / "prefix_cache_sim.png"
+        if plot(outcomes, figure):
+            print(f"wrote {figure}")
         else:
             print("matplotlib is not installed (not a project dependency): no plot; "
                   "`.venv/bin/python -m pip install matplotlib` to draw it")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import tempfile
 
 import pytest
 
@@ -91,11 +92,27 @@ def test_traces_are_seeded():
 
 
 def test_command_line_writes_the_table(tmp_path, capsys):
-    out = tmp_path / "sim.md"
-    sim.main(["--requests", "12", "--budget-gib", "1", "--no-plot", "--out", str(out)])
-    text = out.read_text()
+    sim.main(["--requests", "12", "--budget-gib", "1", "--no-plot", "--out", str(tmp_path / "sim")])
+    text = (tmp_path / "sim" / "prefix_cache_sim.md").read_text()
     assert text in capsys.readouterr().out
     for trace in SHARED_TRACES:
         for policy in ("ours-n4", "ours-n8", "every-block", "aligned-2112", "aligned-8320"):
             assert text.count(f"| {trace} | {policy} |") == 2  # without a budget and under 1 GiB
     assert "Not measured separately" in text and "96 MiB" in text
+
+
+def test_writes_to_a_temporary_folder_unless_told(tmp_path, monkeypatch, capsys):
+    """With no --out nothing is written where the script runs (from the repository root that
+    overwrote the tracked results): the table and the plot go to a new temporary folder, named."""
+    for folder in ("temporary", "checkout"):
+        (tmp_path / folder).mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temporary"))
+    monkeypatch.chdir(tmp_path / "checkout")
+    drawn = []
+    monkeypatch.setattr(sim, "plot", lambda outcomes, path: drawn.append(path) or True)
+    sim.main(["--requests", "12", "--budget-gib", "1"])
+    [folder] = (tmp_path / "temporary").iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == ["prefix_cache_sim.md"]
+    assert drawn == [folder / "prefix_cache_sim.png"]
+    assert not any((tmp_path / "checkout").iterdir()), "nothing written where it ran"
+    assert f"wrote {folder / 'prefix_cache_sim.md'}" in capsys.readouterr().out
