@@ -6,6 +6,10 @@ step through it without graph breaks and matches eager. Kernels run in Triton's 
 
 from __future__ import annotations
 
+import runpy
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -131,18 +135,36 @@ def test_no_grad_call_does_not_need_the_backward():
     assert o2.requires_grad and ht2.requires_grad
 
 
-def test_examples_train_step_lowers_the_loss(monkeypatch, capsys):
-    """examples/train_step.py: optimizer steps of a KDA block (in-kernel gate, beta logits, l2norm)."""
-    import runpy
-    import sys
-    from pathlib import Path
+TRAIN_STEP = Path(__file__).resolve().parent.parent / "examples" / "train_step.py"
 
-    script = Path(__file__).resolve().parent.parent / "examples" / "train_step.py"
-    monkeypatch.setattr(sys, "argv", [str(script), "--steps", "3", "--tokens", "17"])
+
+@pytest.mark.parametrize("options,mode", [
+    (["--backend", "aot_eager"], "torch.compile(fullgraph=True, backend='aot_eager')"),
+    (["--eager"], "eager"),
+], ids=["compiled", "eager"])
+def test_examples_train_step_lowers_the_loss(monkeypatch, capsys, options, mode):
+    """examples/train_step.py: optimizer steps of a KDA block (in-kernel gate, beta logits, l2norm)
+    through torch.compile(fullgraph=True) (aot_eager here: inductor's C++ build of the graphs takes
+    longer than the steps) or eagerly; the last line says which."""
+    monkeypatch.setattr(sys, "argv", [str(TRAIN_STEP), "--steps", "3", "--tokens", "17", *options])
     with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(script), run_name="__main__")
-    assert done.value.code == 0, capsys.readouterr().out
-    assert "loss" in capsys.readouterr().out
+        runpy.run_path(str(TRAIN_STEP), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    assert out.strip().splitlines()[-1].endswith(f"over 3 steps (cpu, torch.float32, {mode})"), out
+
+
+def test_examples_train_step_falls_back_where_the_backend_cannot_build(capsys):
+    """A backend that cannot build its code (inductor without a C++ compiler) gives aot_eager, and
+    the script says why; one that can is kept."""
+    usable_backend = runpy.run_path(str(TRAIN_STEP))["usable_backend"]
+
+    def no_compiler(graph, example_inputs):
+        raise RuntimeError("No working C++ compiler found")
+
+    assert usable_backend(torch, no_compiler, "cpu") == "aot_eager"
+    assert "cannot build its code here (No working C++ compiler found)" in capsys.readouterr().out
+    assert usable_backend(torch, "eager", "cpu") == "eager"
 
 
 @pytest.mark.parametrize("group", [1, 2], ids=["value_heads_equal", "grouped_value_heads"])
