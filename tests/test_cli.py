@@ -218,6 +218,14 @@ def test_readme_ir_sample_is_the_real_output(capsys, monkeypatch):
     assert at == len(real), f"the README leaves out the last {len(real) - at} lines"
 
 
+def test_readme_names_the_default_recurrence_pipeline():
+    """The README's default pipeline of a recurrence is the one `k3c passes` lists and compiles."""
+    from k3compile.pipeline import DEFAULT_PIPELINES
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"The default pipeline of a recurrence (`{DEFAULT_PIPELINES['kda']}`" in readme
+
+
 def test_ir_after_all_timing(capsys):
     code, out, err = run(capsys, "ir", EXAMPLES / "gla.toml", "--after-all", "--timing", "-p", "lower-recurrent")
     assert code == 0
