@@ -167,6 +167,27 @@ def test_state_tile_past_tritons_block_size(capsys, tmp_path):
     assert "the state tile [256, 8192] of kernel @tiny_recurrent exceeds Triton's 1048576 elements per block" in message
 
 
+@pytest.mark.parametrize("chunk_size, block_v, refused", [(64, 32, True), (64, 16, True), (64, 64, False),
+                                                          (32, 32, False)])
+def test_backward_value_blocks_triton_faults_on(capsys, tmp_path, chunk_size, block_v, refused):
+    """Value blocks under 64 columns at 64-row chunks: Triton 3.6's Hopper lowering of the gradients
+    kernel's products read shared memory out of bounds (compute-sanitizer on the H100); refused
+    when compiling, the neighbouring tilings (which ran) still compile."""
+    spec = write_spec(tmp_path, kind="kda", K=16, V=16)
+    pipeline = (f"lower-recurrent,derive-chunkwise,fuse-chunkwise,derive-backward{{chunk-size={chunk_size}}},"
+                f"lower-backward{{block-v={block_v}}}")
+    if refused:
+        message = bad_input(capsys, "compile", spec, "-o", tmp_path / "out", "-p", pipeline)
+        assert message == (f"k3c compile: error: {spec}: block-v {block_v} at chunk size {chunk_size} (kernel "
+                           "@tiny_backward_gradients): Triton 3.6 lowers these tiles' Hopper products to an "
+                           "out-of-bounds shared-memory read; use block-v 64 or smaller chunks")
+    else:
+        from k3compile.driver import lower
+        from k3compile.spec import load_spec
+
+        assert "def chunk_backward(" in lower(load_spec(spec), pipeline).source
+
+
 def test_attnres_hidden_size_by_the_warps(tmp_path):
     from k3compile.driver import lower
     from k3compile.errors import UnsupportedError

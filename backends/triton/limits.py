@@ -25,6 +25,11 @@ MAX_HEAD_K_DIM = 256
 # 16 x 4096 on sm_90, of the 227 KB a program may have; 8192 columns would not fit
 MAX_CHUNK_TILE = 16 * 4096
 CHUNK_SIZES = (16, 32, 64)  # tl.dot tiles: powers of two, at least 16
+# value blocks of fewer columns than this in a kernel of 64-row chunks: Triton 3.6 lowers their
+# Hopper (wgmma) products to a shared-memory read out of bounds (compute-sanitizer: "Invalid
+# __shared__ read of size 512 bytes" in the backward's gradients kernel; the same launch runs with
+# wgmma off, with value blocks of 64, and at 32-row chunks; bench/results/backward_fault_h100_*.md)
+MIN_VALUE_BLOCK_AT_64_ROWS = 64
 # the MoE router's top-k programs take blocks of at most 16 token rows and hold their
 # [rows, next_pow2(E)] fp32 logits (summed over the hidden slices), then scores, whole in
 # registers: at most k3s.MAX_ROW_PER_WARP elements per warp, AttnRes's bound for its rows (not
@@ -57,6 +62,12 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
                               f"{MAX_CHUNK_TILE} elements at most in shared memory; a smaller chunk-size allows more")
         if isinstance(op, (k3s.ChunkTileOp, k3s.ChunkLoopOp)) and op.chunk_size.value.data not in CHUNK_SIZES:
             raise UnsupportedError(f"Triton backend: chunk size must be 16, 32 or 64, got {op.chunk_size.value.data}")
+        if isinstance(op, k3s.ValueBlockLoopOp) and chunk_rows(op) >= 64 \
+                and op.block_v.value.data < MIN_VALUE_BLOCK_AT_64_ROWS:
+            raise UnsupportedError(
+                f"{source}: block-v {op.block_v.value.data} at chunk size {chunk_rows(op)} (kernel {name}): Triton 3.6 "
+                f"lowers these tiles' Hopper products to an out-of-bounds shared-memory read; use block-v "
+                f"{MIN_VALUE_BLOCK_AT_64_ROWS} or smaller chunks")
         blocks = {k3s.BlockGatesOp: ("sub-chunk", lambda o: o.sub_chunk.value.data),
                   k3s.ForwardSubstitutionOp: ("forward-substitution block", lambda o: o.block.value.data),
                   k3s.UnitLowerInverseOp: ("forward-substitution block", lambda o: o.block.value.data)}
