@@ -150,16 +150,20 @@ class KernelBody:
 def workspace_arguments(layer_op, chunk_size: int, names: set[str]) -> dict[str, k3s.TensorArgOp]:
     """The workspace tensor each value crossing a cut between kernels is spilled to, by the value's
     name: [B, T, HV, width] in the input dtype (T: what the WY products' dots read, cast to it
-    anyway); per chunk in fp32 the chunk's decay (it multiplies the fp32 state at every chunk,
+    anyway) or fp32 (the backward's A_unscaled and T_inverse); per chunk in fp32 the chunk's decay (it multiplies the fp32 state at every chunk,
     bf16 would compound) and a backward schedule's states and their cotangents."""
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
     HV = layer_op.num_v_heads.value.data
     per_token = {"W": K, "U": V, "P": chunk_size, "QG": K, "KG": K, "T": chunk_size}
+    # a backward's triangular factors, reloaded where an adjoint takes them at more than bf16's precision
+    per_token_fp32 = {"A_unscaled": chunk_size, "T_inverse": chunk_size}
     per_chunk = {"gamma_C": ("NC", HV, K) if layer_op.gate.data == "channel" else ("NC", HV),
                  "S": ("NC", HV, K, V), "S_bar": ("NC", HV, K, V)}
     return {
         n: tensor_arg(k3s.workspace_name(n), k3s.tensor("B", "T", HV, per_token[n], dtype="float"), "workspace")
         if n in per_token else
+        tensor_arg(k3s.workspace_name(n), k3s.tensor("B", "T", HV, per_token_fp32[n], dtype="float32"), "workspace")
+        if n in per_token_fp32 else
         tensor_arg(n, k3s.tensor(*per_chunk[n], dtype="float32"), "workspace")
         for n in sorted(names)
     }

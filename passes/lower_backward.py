@@ -9,7 +9,8 @@ as in fuse-chunkwise:
 - cotangent scan (the same grid, the chunks in reverse): from dht, spilling the cotangent of the
   state each chunk leaves to S_bar, storing the first chunk's entering one to dh0;
 - gradients (chunk, value head, all value columns): the forward stages the adjoints read,
-  recomputed from the inputs; S and S_bar reloaded; the adjoint stages and the stores.
+  recomputed from the inputs (or, with gradients-forward=reload, the matrix stages among them
+  reloaded from the prepare's spills); S and S_bar reloaded; the adjoint stages and the stores.
 """
 
 from __future__ import annotations
@@ -29,13 +30,18 @@ from k3compile.passes.common import (argument_values, check_num_warps, check_pow
 from k3compile.passes.fuse_chunkwise import LOADS, KernelBody, crossing, workspace_arguments
 
 
-def feeding(stages: list[Operation], read: list[SSAValue]) -> list[Operation]:
-    """The stages (in order) that make the values `read`, directly or through other stages."""
+def feeding(stages: list[Operation], read: list[SSAValue], given: frozenset[SSAValue] = frozenset()
+            ) -> list[Operation]:
+    """The stages (in order) that make the values `read`, directly or through other stages, short
+    of the values `given` (reloaded: neither they nor what only they need are recomputed)."""
     made = {result: op for op in stages for result in op.results}
     wanted: set[Operation] = set()
-    frontier = list(read)
+    frontier = [v for v in read if v not in given]
     while frontier:
-        producer = made.get(frontier.pop())
+        value = frontier.pop()
+        if value in given:
+            continue
+        producer = made.get(value)
         if producer is not None and producer not in wanted:
             wanted.add(producer)
             frontier += producer.operands
@@ -139,12 +145,28 @@ def without_dead_stages(kernel: list[Operation]) -> list[Operation]:
     return kernel
 
 
+# the forward stages that multiply matrices: what gradients-forward=reload hands from the prepare
+# to the gradients kernel instead of recomputing there (their results without value columns)
+MATRIX_STAGES = (k3s.GramOp, k3s.UnitLowerInverseOp, k3s.ForwardSubstitutionOp, k3s.WYApplyOp)
+GRADIENTS_FORWARD = ("recompute", "reload")
+
+
+def handed_to_gradients(local: list[Operation], read: list[SSAValue]) -> list[SSAValue]:
+    """The results of local's matrix stages that the gradients kernel reads (directly or through
+    the stages it recomputes), but for those with value columns (made in its value-block loop)."""
+    recomputed = feeding(local, read)
+    return [r for op in recomputed if isinstance(op, MATRIX_STAGES) for r in op.results if not has_value_columns(r)]
+
+
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
                    block_v: int, num_warps: int, scan_stages: int, state_spill: str,
-                   gradients_maxnreg: int) -> tuple[list[Operation], list[Operation]]:
+                   gradients_maxnreg: int, gradients_forward: str = "recompute"
+                   ) -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
     S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); the
-    gradients kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice)."""
+    gradients kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice); the forward's
+    matrix stages that the gradients kernel reads recomputed there, or (`gradients_forward` reload)
+    spilled by the prepare and reloaded."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
@@ -154,6 +176,9 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     recomputed_s, spilled_s = crossing(local, state_stages)
     recomputed_c, spilled_c = crossing(local, cotangent_stages)
     spilled = set(spilled_s) | set(spilled_c)
+    gradients_read = [v for op in gradients for v in op.operands]
+    handed = handed_to_gradients(local, gradients_read) if gradients_forward == "reload" else []
+    spilled |= set(handed)
 
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
     C = schedule.chunk_size.value.data
@@ -205,7 +230,9 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         reloaded = make(k3s.ReloadOp, operands=[spilled_to[workspace].results[0]], result=(workspace, scan.results[0].type))
         grads.add(reloaded)
         grads.mapped[scan.results[0]] = reloaded.results[0]
-    grads.place([*feeding(local, [v for op in gradients for v in op.operands]), *gradients])
+    for value in handed:
+        grads.reload(value)
+    grads.place([*feeding(local, gradients_read, frozenset(handed)), *gradients])
     grads.ops = in_value_blocks(grads.ops, block_v)
     # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
     # time), twice the prepare's warps; the chunks whose decays overflow the factored forms, if
@@ -242,8 +269,15 @@ class LowerBackwardPass(ModulePass):
     # steep twin 32 registers and 18 KB of stack; capped at 255 it uses 255 and 5.7 KB
     # (bench/sm90_resources.py)
     gradients_maxnreg: int = 255
+    # the forward's matrix stages the gradients kernel reads (the Grams, the triangular inverse, W):
+    # recompute them there from the inputs, or reload them (the prepare spills them: C x C rows in
+    # fp32, W in the input dtype), so that kernel holds fewer tiles
+    gradients_forward: str = "recompute"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.gradients_forward not in GRADIENTS_FORWARD:
+            raise ValueError(f"{self.name}: gradients-forward must be one of {', '.join(GRADIENTS_FORWARD)}, "
+                             f"got {self.gradients_forward!r}")
         if self.state_spill not in ("float32", "input"):
             raise ValueError(f"lower-backward: state-spill must be float32 or input, got {self.state_spill!r}")
         if self.gradients_maxnreg and not k3s.MIN_MAXNREG <= self.gradients_maxnreg <= k3s.MAX_MAXNREG:
@@ -256,7 +290,7 @@ class LowerBackwardPass(ModulePass):
             entry = schedule.parent_op()
             workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
-                                                 self.gradients_maxnreg)
+                                                 self.gradients_maxnreg, self.gradients_forward)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()

@@ -189,6 +189,30 @@ def test_steep_and_mild_chunks_side_by_side(layers, member):
     check_backward(layer, x, with_dht=True, output_dh0=True)
 
 
+# --- gradients-forward=reload: the matrix stages handed from the prepare ---------------------
+
+RELOAD_PIPELINE = "derive-backward{chunk-size=16},lower-backward{block-v=16 gradients-forward=reload},outline-kernels"
+RELOAD_CASES = [("kda", {}), ("gated_deltanet", {}), ("deltanet", {}), ("gla", {}),
+                ("kda", dict(qk_l2norm=True, gate_input="softplus", beta_input="logits"))]
+
+
+@pytest.mark.parametrize("member, options", RELOAD_CASES,
+                         ids=["-".join([m, *(f"{k}={v}" for k, v in o.items())]) for m, o in RELOAD_CASES])
+def test_gradients_reload_the_forward_matrix_stages(layers, member, options):
+    """The Grams, the triangular inverse and W reloaded by the gradients kernel (the prepare spills
+    them) instead of recomputed there: the same gradients, varlen with every kind of sequence, and
+    steep chunks next to mild ones where the member has an unbounded channel gate."""
+    layer = layers(member, RELOAD_PIPELINE, **options)
+    source = layer.path.read_text()
+    gradients = source[source.index(f"def {layer.spec.name}_backward_gradients_kernel("):]
+    assert "k3s.reload %T_inverse" in gradients or member == "gla", "the inverse is not reloaded"
+    assert "k3s.gram" not in gradients[:gradients.index("\n\n\n")], "a Gram is still recomputed"
+    x = draw_inputs(op_of(layer), 1, None, SEQLENS)
+    if member in ("kda", "gla") and not options:
+        x["g"][:, 5:21] = 12 * x["g"][:, 5:21]  # the packed stream's second chunk fails its span check
+    check_backward(layer, x, with_dht=True, output_dh0=True)
+
+
 # --- input forms: the chain rule of store_cotangent -----------------------------------------
 
 FORMS = [
