@@ -132,12 +132,17 @@ class KernelBody:
                                  result=(value.name_hint, value.type)))
         self.mapped[value] = reloaded.results[0]
 
-    def place(self, stages: list[Operation], spilled: set[SSAValue] = frozenset()) -> None:
+    def place(self, stages: list[Operation], spilled: set[SSAValue] = frozenset(),
+              reloaded: frozenset[SSAValue] = frozenset()) -> None:
+        """Clone `stages` in order, each after the loads of the inputs it reads first and the
+        reloads of the `reloaded` values it reads first; spill the `spilled` values they make."""
         for op in stages:
             inputs = sorted({v for v in op.operands if is_input(v) and v not in self.mapped},
                             key=lambda v: INPUT_ORDER.index(v.name_hint))
             for value in inputs:
                 self.clone(producer(value))
+            for value in dict.fromkeys(v for v in op.operands if v in reloaded and v not in self.mapped):
+                self.reload(value)
             self.clone(op)
             for value in op.results:
                 if value in spilled:

@@ -230,9 +230,7 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         reloaded = make(k3s.ReloadOp, operands=[spilled_to[workspace].results[0]], result=(workspace, scan.results[0].type))
         grads.add(reloaded)
         grads.mapped[scan.results[0]] = reloaded.results[0]
-    for value in handed:
-        grads.reload(value)
-    grads.place([*feeding(local, gradients_read, frozenset(handed)), *gradients])
+    grads.place([*feeding(local, gradients_read, frozenset(handed)), *gradients], reloaded=frozenset(handed))
     grads.ops = in_value_blocks(grads.ops, block_v)
     # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
     # time), twice the prepare's warps; the chunks whose decays overflow the factored forms, if
