@@ -47,9 +47,12 @@
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
 #   million        a million tokens on one GPU: KDA B1 T1048576 H16 forward + backward through k3compile.ops'
 #                  layer's chunk(segments="auto") and segments=None against fla's chunk_kda, both gate
-#                  pairings, times, peak memory and gradients side by side (bench/million_tokens_gpu.py,
-#                  $MILLION_ARGS: e.g. --no-fla, --gates bounded, --tokens 524288); about 4 minutes, most
-#                  of it fla's autotuning and the first compiles; $OUT/million_tokens.{md,json}
+#                  pairings, times, peak memory and gradients (slices and norms) side by side, each side
+#                  in a fresh Python process of its own so that one's OOM cannot touch another's run
+#                  (bench/million_tokens_gpu.py, $MILLION_ARGS: e.g. --no-fla, --gates bounded, --tokens
+#                  524288, --tokens-list 262144,524288,1048576 for the longest each side fits, OOM per
+#                  side and length); about 4 minutes a length, most of it fla's autotuning and the first
+#                  compiles; $OUT/million_tokens.{md,json}
 # $GATE_PAIRING (bounded or unbounded; default bounded) picks the variant of the profile, sweep and cp
 # phases. Run from the repo root with OUT set. Two runs side by side, one per GPU, share one install:
 #   OUT=$OUT PHASES=none bash bench/device_run.sh
