@@ -38,6 +38,8 @@ Each pass is one idea, named for what it derives:
   prepare's code without the output's stages);
 - outline-kernels: every kernel built inside an entry becomes a symbol of the module whose
   arguments are the entry's values its stages use, and the entry launches it (k3s.launch);
+- overlap-launches: an entry's consecutive launches that share no tensor either writes run side by
+  side, the first on a side stream (the backward's state and cotangent scans);
 - merge-identical-kernels: kernels of different entries with the same code run one code (the
   backend runs both after fixing block sizes).
 """
@@ -68,6 +70,7 @@ _WHERE = {
     "lower-segment-scan": ("lower_segment_scan", "LowerSegmentScanPass"),
     "derive-segment-scan-backward": ("derive_segment_scan_backward", "DeriveSegmentScanBackwardPass"),
     "guard-spill-only-stages": ("guard_spill_only_stages", "GuardSpillOnlyStagesPass"),
+    "overlap-launches": ("overlap_launches", "OverlapLaunchesPass"),
     "merge-identical-kernels": ("merge_identical_kernels", "MergeIdenticalKernelsPass"),
     "outline-kernels": ("outline_kernels", "OutlineKernelsPass"),
 }

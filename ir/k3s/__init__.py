@@ -53,6 +53,8 @@ K3S = Dialect(
         RestoreSnapshotOp,
         KernelOp,
         LaunchOp,
+        ForkStreamsOp,
+        JoinStreamsOp,
         AbsentTensorOp,
         LaunchByRowsOp,
         WhenOp,

@@ -8,7 +8,7 @@ import itertools
 import re
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, DictionaryAttr, ModuleOp, IntegerAttr, StringAttr, i1
+from xdsl.dialects.builtin import I64, DictionaryAttr, ModuleOp, IntegerAttr, StringAttr, UnitAttr, i1
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import BlockArgument, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
@@ -198,6 +198,7 @@ class LaunchOp(KeywordSyntax):
     name = "k3s.launch"
     SYMBOL_PROP: ClassVar[str] = "kernel"
     kernel = prop_def(StringAttr)
+    side_stream = opt_prop_def(UnitAttr)  # run on the side stream of the k3s.fork_streams before it
     arguments = var_operand_def()
     traits = traits_def(HasParent(EntryOp))
 
@@ -334,3 +335,21 @@ def outlined_kernels(module: ModuleOp, pass_name: str) -> list[KernelOp]:
     if inline := [op.sym_name.data for op in module.walk() if isinstance(op, KernelOp) and not op.is_outlined()]:
         raise ValueError(f"{pass_name}: kernels {inline} are still built in their entries; run outline-kernels first")
     return [op for op in module.ops if isinstance(op, KernelOp)]
+
+
+@irdl_op_definition
+class ForkStreamsOp(KeywordSyntax):
+    """`k3s.fork_streams`: the launches marked `side_stream` after it, up to the k3s.join_streams,
+    run on a side stream that starts after everything before the fork (on a GPU; elsewhere in
+    order): they overlap the main stream's launches in between, which share no tensor they write."""
+
+    name = "k3s.fork_streams"
+    traits = traits_def(HasParent(EntryOp))
+
+
+@irdl_op_definition
+class JoinStreamsOp(KeywordSyntax):
+    """`k3s.join_streams`: what follows waits for the side stream's launches since the fork."""
+
+    name = "k3s.join_streams"
+    traits = traits_def(HasParent(EntryOp))

@@ -3,6 +3,8 @@ kernels (kernels.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 from xdsl.dialects.builtin import ModuleOp
 
 from k3compile.backends.triton import context_parallel
@@ -197,7 +199,11 @@ class Entries:
                 if isinstance(op, k3s.KernelOp):
                     self.print_launch(op, view)
                 elif isinstance(op, k3s.LaunchOp):
-                    self.print_launch(op.callee(), view)
+                    self.print_launch(op.callee(), view, side_stream=op.side_stream is not None)
+                elif isinstance(op, k3s.ForkStreamsOp):
+                    c(f"_side = _fork({view.tensors[0].sym_name.data}.device)  # k3s.fork_streams")
+                elif isinstance(op, k3s.JoinStreamsOp):
+                    c("_join(_side)  # k3s.join_streams")
                 elif isinstance(op, k3s.SummaryCombineOp):
                     self.print_combine(op, view)
             returned = ", ".join(o.sym_name.data for o in outputs) + ("," if len(outputs) == 1 else "")
@@ -350,7 +356,7 @@ class Entries:
         return ([f"{rows} >= {kernel.min_rows.value.data}"] if kernel.min_rows is not None else []) + \
             ([f"{rows} <= {kernel.max_rows.value.data}"] if kernel.max_rows is not None else [])
 
-    def print_launch(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+    def print_launch(self, kernel: k3s.KernelOp, view: EntryView, side_stream: bool = False) -> None:
         c = self.code
         constants = self.kernel_constants(kernel, view)
         axes = kernel.grid.data.split(",")
@@ -379,24 +385,27 @@ class Entries:
         params = [param_name(param) for param in self.kernel_code[code][0]]
         c(f"if {' and '.join(['all(grid)', *self.rows_bounds(kernel)])}:")
         with c.indent():
-            c(f"{self.kernel_name(code)}[grid](")
-            with c.indent():
-                for name in params:
-                    skipped = arguments[name] == "None"
-                    c(f"None,  # {name}: read only by the stages this launch skips" if skipped else f"{arguments[name]},")
-                if tabled:
-                    c('num_warps=launch["num_warps"],')
-                    if kernel.num_stages is not None:
-                        c('num_stages=launch["num_stages"],')
-                    if "chunk" in axes:  # a tuned cap on the token-parallel kernels' registers (None: none)
-                        c('maxnreg=launch.get("maxnreg"),')
-                else:
-                    by_rows = any(isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data
-                                  and op.num_warps is not None for op in view.entry.body.ops)
-                    c(f"num_warps={'num_warps' if by_rows else kernel.num_warps.value.data},")
-                    if kernel.num_stages is not None:
-                        c(f"num_stages={kernel.num_stages.value.data},")
-                    if kernel.maxnreg is not None:
-                        c(f"maxnreg={kernel.maxnreg.value.data},")
-            c(")")
+            if side_stream:  # k3s.launch <side_stream>: on the stream k3s.fork_streams made
+                c("with torch.cuda.stream(_side):")
+            with c.indent() if side_stream else contextlib.nullcontext():
+                c(f"{self.kernel_name(code)}[grid](")
+                with c.indent():
+                    for name in params:
+                        skipped = arguments[name] == "None"
+                        c(f"None,  # {name}: read only by the stages this launch skips" if skipped else f"{arguments[name]},")
+                    if tabled:
+                        c('num_warps=launch["num_warps"],')
+                        if kernel.num_stages is not None:
+                            c('num_stages=launch["num_stages"],')
+                        if "chunk" in axes:  # a tuned cap on the token-parallel kernels' registers (None: none)
+                            c('maxnreg=launch.get("maxnreg"),')
+                    else:
+                        by_rows = any(isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data
+                                      and op.num_warps is not None for op in view.entry.body.ops)
+                        c(f"num_warps={'num_warps' if by_rows else kernel.num_warps.value.data},")
+                        if kernel.num_stages is not None:
+                            c(f"num_stages={kernel.num_stages.value.data},")
+                        if kernel.maxnreg is not None:
+                            c(f"maxnreg={kernel.maxnreg.value.data},")
+                c(")")
 

@@ -234,6 +234,27 @@ def _check_grid_axis(name, sequences, heads):
                          f"grid axis 1, above CUDA's 65535; at most {65535 // heads} sequences per call")
 
 
+_SIDE_STREAMS = {}  # device -> the side stream its entries' overlapping launches run on
+
+
+def _fork(device):
+    """k3s.fork_streams: the device's side stream, made to wait for the current stream's work so
+    far (None off the GPU: torch.cuda.stream(None) changes nothing, the launches run in order)."""
+    if device.type != "cuda":
+        return None
+    side = _SIDE_STREAMS.get(device)
+    if side is None:
+        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    return side
+
+
+def _join(side):
+    """k3s.join_streams: the current stream waits for the side stream's launches since the fork."""
+    if side is not None:
+        torch.cuda.current_stream(side.device).wait_stream(side)
+
+
 def _refuse_grad(entry, instead, *tensors):
     """An entry with no backward, called where autograd would record it: its outputs would carry
     no grad_fn, and the inputs' producers would train on zero gradients without a word."""
