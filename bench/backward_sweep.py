@@ -6,8 +6,9 @@ shape with per-kernel times and peak memory, next to fla-core's backward on the 
     python3 -P bench/backward_sweep.py --out DIR [--member kda] [--pairings bounded,unbounded]
         [--batch 4 --tokens 4096 --heads 32] [--backward 'derive-backward{chunk-size=64}|lower-backward;...']
 
-A variant is `<derive-backward options>|<lower-backward options>`; the rest of the pipeline is
-the default one. The Triton compiles (a minute or two for a gradients kernel) run first, all
+A variant is `<derive-backward options>|<lower-backward options>`, optionally `|<passes run
+after the default pipeline>` (e.g. `derive-backward|lower-backward|overlap-launches`); the rest of
+the pipeline is the default one. The Triton compiles (a minute or two for a gradients kernel) run first, all
 variants side by side in worker processes; the checks and timings after them, one at a time.
 Writes DIR/backward_sweep.md and DIR/backward_sweep.json.
 """
@@ -52,8 +53,8 @@ def layer_table(member: str, pairing: str, heads: int) -> dict:
 def pipeline_of(variant: str) -> str:
     from k3compile.pipeline import RECURRENCE_PIPELINE
 
-    derive, lower = variant.split("|")
-    return RECURRENCE_PIPELINE.replace("derive-backward", derive).replace("lower-backward", lower)
+    derive, lower, *after = variant.split("|")
+    return ",".join([RECURRENCE_PIPELINE.replace("derive-backward", derive).replace("lower-backward", lower), *after])
 
 
 def compiled(member: str, pairing: str, heads: int, variant: str, root: Path):
