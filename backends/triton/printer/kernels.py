@@ -42,6 +42,8 @@ def free_names(code: ast.Module) -> set[str]:
 def launched(code: ast.Module, kernel: k3s.KernelOp) -> ast.Module:
     """The code a launch of kernel runs: without the guards (`if FLAG:`) of the flags it turns off."""
     off = {flag for flag in (kernel.flags.data if kernel.flags is not None else {}) if not kernel.flag_on(flag)}
+    if not off:  # most launches: the code as printed (the copy below cost half of printing a module)
+        return code
 
     class SkipOff(ast.NodeTransformer):
         def visit_If(self, node: ast.If) -> ast.AST | None:
