@@ -70,6 +70,18 @@ class LayerCache:
         return self.layers[key]
 
 
+@pytest.fixture(scope="module")
+def own_ops_cache(tmp_path_factory):
+    """k3compile.ops' disk cache in a folder of the test module's own, and an in-process cache of
+    its own (a module that uses it: `pytestmark = pytest.mark.usefixtures("own_ops_cache")`)."""
+    from k3compile.ops import layers
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("K3C_CACHE_DIR", str(tmp_path_factory.mktemp("ops_cache")))
+        patch.setattr(layers, "_LOADED", {})
+        yield
+
+
 @pytest.fixture(scope="session")
 def compile_layer(tmp_path_factory):
     """compile_layer(pipeline=None, name=..., kind=..., ...) -> CompiledLayer (cached)."""

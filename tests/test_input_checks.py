@@ -12,19 +12,12 @@ import torch
 
 from conftest import one_line
 from k3compile import ops
-from k3compile.ops import layers
 from k3compile.serving import split_checkpoints
 
 H, K, V = 2, 8, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def ops_cache(tmp_path_factory):
-    """A layer that compiles (an unrefused call) lands in a folder of this module's own."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("K3C_CACHE_DIR", str(tmp_path_factory.mktemp("ops_cache")))
-        patch.setattr(layers, "_LOADED", {})
-        yield
+pytestmark = pytest.mark.usefixtures("own_ops_cache")
 
 
 def arguments(function: str, T: int = 9, B: int = 1, H: int = H, HV: int = H, K: int = K, V: int = V) -> dict:

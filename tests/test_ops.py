@@ -32,13 +32,7 @@ CHUNK_TOL, RECURRENT_TOL = 1e-4, 1e-5
 SEQLENS = (5, 0, 1, 13)  # an empty and a one-token sequence, T = 19
 
 
-@pytest.fixture(autouse=True, scope="module")
-def ops_cache(tmp_path_factory):
-    """The ops' disk cache in a folder of this module's own, and an in-process cache of its own."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("K3C_CACHE_DIR", str(tmp_path_factory.mktemp("ops_cache")))
-        patch.setattr(layers, "_LOADED", {})
-        yield
+pytestmark = pytest.mark.usefixtures("own_ops_cache")
 
 
 @functools.cache
