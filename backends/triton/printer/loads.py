@@ -86,8 +86,10 @@ class Loads:
                 c(f"{target} = {op.lower_bound.value.data!r} * tl.sigmoid(b_a * {target})")
         if op.floor is not None:  # a zero decay either way; -inf and -1e9 would wreck the cumsum
             c(f"{target} = tl.maximum({target}, {op.floor.value.data!r})")
-        if mask and form in ("softplus", "bounded"):  # rows or channels past the end must not decay:
-            c(f"{target} = tl.where({mask}, {target}, 0.0)")  # the cumsum relies on it
+        # rows or channels past the end must not decay (the cumsum relies on it): the forms that
+        # add dt_bias give them a log-decay
+        if mask and form in ("softplus", "bounded"):
+            c(f"{target} = tl.where({mask}, {target}, 0.0)")
 
     def print_k3s_load_beta(self, op: k3s.LoadBetaOp) -> None:
         per_token = isinstance(op.parent_op(), k3s.TokenLoopOp)
