@@ -1,5 +1,5 @@
 """overlap-launches: two consecutive launches of an entry that share no tensor one of them writes
-run side by side, the first on a side stream (k3s.fork_streams, the launch `side_stream`,
+run side by side, the first on a side stream (k3s.fork_streams, the launch <side_stream = true>,
 k3s.join_streams after the second).
 
 Which launches may overlap follows from the kernels: a kernel's block arguments are exactly the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, UnitAttr
+from xdsl.dialects.builtin import BoolAttr, ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -61,7 +61,7 @@ def overlap(entry: k3s.EntryOp) -> None:
     while at + 1 < len(ops):
         first, second = ops[at], ops[at + 1]
         if isinstance(first, k3s.LaunchOp) and isinstance(second, k3s.LaunchOp) and independent(first, second):
-            first.properties["side_stream"] = UnitAttr()
+            first.properties["side_stream"] = BoolAttr.from_bool(True)
             Rewriter.insert_op(make(k3s.ForkStreamsOp), InsertPoint.before(first))
             Rewriter.insert_op(make(k3s.JoinStreamsOp), InsertPoint.after(second))
             at += 2

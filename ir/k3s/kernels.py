@@ -8,7 +8,7 @@ import itertools
 import re
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, DictionaryAttr, ModuleOp, IntegerAttr, StringAttr, UnitAttr, i1
+from xdsl.dialects.builtin import I64, BoolAttr, DictionaryAttr, ModuleOp, IntegerAttr, StringAttr, i1
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import BlockArgument, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
@@ -198,7 +198,7 @@ class LaunchOp(KeywordSyntax):
     name = "k3s.launch"
     SYMBOL_PROP: ClassVar[str] = "kernel"
     kernel = prop_def(StringAttr)
-    side_stream = opt_prop_def(UnitAttr)  # run on the side stream of the k3s.fork_streams before it
+    side_stream = opt_prop_def(BoolAttr)  # true: on the side stream of the k3s.fork_streams before it
     arguments = var_operand_def()
     traits = traits_def(HasParent(EntryOp))
 
@@ -353,3 +353,7 @@ class JoinStreamsOp(KeywordSyntax):
 
     name = "k3s.join_streams"
     traits = traits_def(HasParent(EntryOp))
+
+
+def on_side_stream(launch: LaunchOp) -> bool:
+    return launch.side_stream is not None and bool(launch.side_stream.value.data)

@@ -199,7 +199,7 @@ class Entries:
                 if isinstance(op, k3s.KernelOp):
                     self.print_launch(op, view)
                 elif isinstance(op, k3s.LaunchOp):
-                    self.print_launch(op.callee(), view, side_stream=op.side_stream is not None)
+                    self.print_launch(op.callee(), view, side_stream=k3s.on_side_stream(op))
                 elif isinstance(op, k3s.ForkStreamsOp):
                     c(f"_side = _fork({view.tensors[0].sym_name.data}.device)  # k3s.fork_streams")
                 elif isinstance(op, k3s.JoinStreamsOp):
@@ -385,7 +385,7 @@ class Entries:
         params = [param_name(param) for param in self.kernel_code[code][0]]
         c(f"if {' and '.join(['all(grid)', *self.rows_bounds(kernel)])}:")
         with c.indent():
-            if side_stream:  # k3s.launch <side_stream>: on the stream k3s.fork_streams made
+            if side_stream:  # k3s.launch <side_stream = true>: on the stream k3s.fork_streams made
                 c("with torch.cuda.stream(_side):")
             with c.indent() if side_stream else contextlib.nullcontext():
                 c(f"{self.kernel_name(code)}[grid](")
