@@ -97,6 +97,9 @@ class RecurrenceCase:
     # an unbounded channel gate decays about 10x faster from this (packed) token on, past what a
     # factored Gram diagonal block may span: the chunks there take the elementwise blocks
     steep_from: int | None = None
+    # zero decays at these (packed) tokens, in every channel: log-decays of -1e9 and -inf in turn,
+    # or a softplus gate's exp(A_log) softplus(1e9); a bounded form has none to give
+    resets: tuple[int, ...] = ()
     dht: bool = True  # chunk_backward: a random cotangent of the final state (else none: zero)
 
 
@@ -129,6 +132,11 @@ def recurrence_inputs(layer_op, case: RecurrenceCase, dtype, device, gen) -> dic
             inputs["g"][:, steep] += 10  # softplus ~ 10: decays of exp(-6) a token or so
             inputs["A_log"] = -0.5 + 0.3 * randn(HV)
             inputs["dt_bias"] = 0.5 * randn(HV * K if gate == "channel" else HV)
+        for i, t in enumerate(case.resets):
+            if layer_op.input_option("gate_input") == "log":
+                inputs["g"][:, t] = (-1e9, float("-inf"))[i % 2]
+            elif layer_op.input_option("gate_input") == "softplus":
+                inputs["g"][:, t] = 1e9
     if layer_op.delta_rule.value.data:
         beta = randn(B, T, HV)
         inputs["beta"] = beta if layer_op.input_option("beta_input") != "probability" else torch.sigmoid(beta)
@@ -172,6 +180,7 @@ def quick_recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[Laye
                        checkpoint_every=16),
         RecurrenceCase("varlen (1, 22), initial states, 2 segments each, gates steep from token 12", 1, 0,
                        seqlens=(1, 22), segments=2, steep_from=12),
+        RecurrenceCase("varlen (7, 16), zero decays at tokens 2, 9, 10", 1, 0, seqlens=(7, 16), resets=(2, 9, 10)),
     ]
     yield layer, "segment_summary", [RecurrenceCase("segments (5, 17, 1)", 1, 0, seqlens=(5, 17, 1),
                                                     initial_state=False)]
@@ -227,6 +236,9 @@ def recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec,
                                 # Gram's elementwise blocks) beside chunks within it
                                 RecurrenceCase(f"varlen (40, {long}), initial states, gates steep from token 57", 1,
                                                0, seqlens=(40, long), steep_from=57),
+                                # the gate's domain reaches -inf: a zero decay resets the state
+                                RecurrenceCase(f"varlen (40, {long}), zero decays at tokens 3, 20, 21, 70", 1, 0,
+                                               seqlens=(40, long), resets=(3, 20, 21, 70)),
                                 # context parallelism on one device (chunk_segments)
                                 RecurrenceCase(f"varlen (5, {long}, 40), 3 segments each", 1, 0,
                                                seqlens=(5, long, 40), segments=3)]
@@ -259,8 +271,10 @@ def gradient_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, s
         RecurrenceCase(f"varlen (16, 0, 1, {long}), initial states, dht", 1, 0, seqlens=(16, 0, 1, long)),
     ]
     if RECURRENCE_KINDS[spec.kind]["gate"] != "none":
-        cases.append(RecurrenceCase(f"varlen (20, {long}), gates steep from token 30", 1, 0,
-                                    seqlens=(20, long), steep_from=30))
+        cases += [RecurrenceCase(f"varlen (20, {long}), gates steep from token 30", 1, 0,
+                                 seqlens=(20, long), steep_from=30),
+                  RecurrenceCase(f"varlen (20, {long}), zero decays at tokens 3, 20, 21, 40", 1, 0,
+                                 seqlens=(20, long), resets=(3, 20, 21, 40))]
     yield quick_layer(spec, on_gpu), "chunk_backward", cases
     bounded = bounded_gate_variant(spec)
     for layer_spec, label in recurrence_variants(spec) + ([bounded] if bounded else []):
