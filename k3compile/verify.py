@@ -180,7 +180,7 @@ def quick_recurrence_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[Laye
                        checkpoint_every=16),
         RecurrenceCase("varlen (1, 22), initial states, 2 segments each, gates steep from token 12", 1, 0,
                        seqlens=(1, 22), segments=2, steep_from=12),
-        RecurrenceCase("varlen (7, 16), zero decays at tokens 2, 9, 10", 1, 0, seqlens=(7, 16), resets=(2, 9, 10)),
+        RecurrenceCase("varlen (7, 18), zero decays at tokens 2, 9, 10", 1, 0, seqlens=(7, 18), resets=(2, 9, 10)),
     ]
     yield layer, "segment_summary", [RecurrenceCase("segments (5, 17, 1)", 1, 0, seqlens=(5, 17, 1),
                                                     initial_state=False)]
