@@ -222,6 +222,15 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
+def bad_input(capsys, *argv) -> str:
+    """Run k3c; it must exit 2 with nothing on stdout and one stderr line, which is returned."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2, f"exit code {code}, stderr {err!r}"
+    assert out == "" and "Traceback" not in err
+    assert one_line(err), f"expected one stderr line, got {err!r}"
+    return err.strip()
+
+
 def assert_causal(entry, kind: str, layout: str, shape, t0: int) -> None:
     """Changing every input at t >= t0 leaves o[:, :t0] of entry(**inputs) bit-identical."""
     inputs = recurrence_inputs(kind, layout, shape)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, REPO, one_line, run_cli
+from conftest import EXAMPLES, REPO, bad_input, one_line, run_cli
 from k3compile.cli import build_parser, main
 
 TINY = """\
@@ -33,15 +33,6 @@ def write_spec(tmp_path, kind="gla", K=8) -> Path:
     return path
 
 
-def one_error_line(capsys, *argv) -> str:
-    """Run k3c; it must exit 2 with nothing on stdout and one stderr line, which is returned."""
-    code, out, err = run_cli(capsys, *argv)
-    assert code == 2, f"exit code {code}, stderr {err!r}"
-    assert out == "" and "Traceback" not in err
-    assert one_line(err), f"expected one stderr line, got {err!r}"
-    return err.strip()
-
-
 # --- argparse's errors: one line, as every other bad input ----------------------------------
 
 
@@ -59,7 +50,7 @@ def one_error_line(capsys, *argv) -> str:
     (["compile", "examples/kda.toml", "--stdout", "--shape", "-1,5"], ["written --shape=VALUE"]),
 ])
 def test_usage_errors_are_one_line(capsys, argv, words):
-    message = one_error_line(capsys, *argv)
+    message = bad_input(capsys, *argv)
     for word in words:
         assert word in message, f"{word!r} not in {message!r}"
 
@@ -169,7 +160,7 @@ def test_verify_runs_each_case_once_for_a_repeated_dtype(capsys, tmp_path, monke
 @pytest.mark.parametrize("pipeline, column", [("lower-recurrent,", 17), ("lower-recurrent, ", 17),
                                               ("lower-recurrent,,lower-decode", 17), (",lower-recurrent", 1)])
 def test_empty_pass_name_in_a_pipeline(capsys, pipeline, column):
-    message = one_error_line(capsys, "ir", EXAMPLES / "kda.toml", "-p", pipeline)
+    message = bad_input(capsys, "ir", EXAMPLES / "kda.toml", "-p", pipeline)
     assert f"pipeline '{pipeline}': column {column}: Expected pass name here" in message
 
 
@@ -178,7 +169,7 @@ def test_empty_pass_name_in_a_pipeline(capsys, pipeline, column):
 
 @pytest.mark.parametrize("size", ["65", "1000", "0", "-3"])
 def test_prove_chunk_size_out_of_range(capsys, size):
-    message = one_error_line(capsys, "prove", EXAMPLES / "deltanet.toml", "--chunk-size", "3", f"--chunk-size={size}")
+    message = bad_input(capsys, "prove", EXAMPLES / "deltanet.toml", "--chunk-size", "3", f"--chunk-size={size}")
     assert message.startswith(f"k3c prove: error: chunk size {size}: expected 1 .. 64 (")
     assert "exact rationals" in message
 
@@ -201,7 +192,7 @@ def test_prove_functions_refuse_the_same_sizes():
 def test_integer_past_64_bits_exits_2(capsys, tmp_path, key):
     path = write_spec(tmp_path)
     path.write_text(path.read_text().replace(f"{key} = ", f"{key} = {2**64 + 1}\n# "))
-    message = one_error_line(capsys, "compile", path, "-o", tmp_path / "out")
+    message = bad_input(capsys, "compile", path, "-o", tmp_path / "out")
     assert f"key '{key}': expected an integer in 1 .. 2**63 - 1, got {2**64 + 1}" in message
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import EXAMPLES, RecurrenceShape, layer_op, one_line, recurrence_inputs, run_cli
+from conftest import EXAMPLES, RecurrenceShape, bad_input, layer_op, recurrence_inputs
 
 TINY = """\
 [layer]
@@ -24,15 +24,6 @@ def write_spec(tmp_path, name="tiny", kind="gla", heads=1, K=8, V=6, extra=""):
     path = tmp_path / f"{name}.toml"
     path.write_text(TINY.format(name=name, kind=kind, heads=heads, K=K, V=V) + extra)
     return path
-
-
-def bad_input(capsys, *argv) -> str:
-    """Run k3c; it must exit 2 with nothing on stdout and one stderr line, which is returned."""
-    code, out, err = run_cli(capsys, *argv)
-    assert code == 2, f"exit code {code}, stderr {err!r}"
-    assert out == "" and "Traceback" not in err
-    assert one_line(err), f"expected one stderr line, got {err!r}"
-    return err.strip()
 
 
 # --- files that are not what they should be -------------------------------------------------
