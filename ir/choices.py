@@ -75,6 +75,14 @@ class BetaInput(Word):
     LOGITS_NEG_EIGVAL = "logits_neg_eigval"
 
 
+class VisionPosition(Word):
+    """Where a vision layer's patches learn their place: 2D rotary embedding of (row, column) on
+    the queries and keys (MoonViT's Rope2DPosEmb), or none (the caller adds positions)."""
+
+    ROPE_2D = "rope_2d"
+    NONE = "none"
+
+
 # The words as tuples for checks of plain strings (the spec's values): `str in EnumClass` raises
 # on Python 3.11.
 DTYPES = tuple(Dtype)
@@ -83,3 +91,4 @@ GLU_ACTIVATIONS = tuple(GluActivation)
 WEIGHT_FORMATS = tuple(WeightFormat)
 GATE_INPUTS = tuple(GateInput)
 BETA_INPUTS = tuple(BetaInput)
+VISION_POSITIONS = tuple(VisionPosition)

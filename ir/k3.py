@@ -15,7 +15,8 @@ from xdsl.irdl import irdl_attr_definition, irdl_op_definition, opt_prop_def, pr
 from xdsl.traits import SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import BetaInput, Dtype, Gate, GateInput, GluActivation, StateLayout, WeightFormat
+from k3compile.ir.choices import (BetaInput, Dtype, Gate, GateInput, GluActivation, StateLayout, VisionPosition,
+                                  WeightFormat)
 from k3compile.ir.syntax import KeywordSyntax
 
 # The shared vocabularies (ir/choices.py) as enum attributes: a property declared with one takes
@@ -55,6 +56,11 @@ class GateInputAttr(EnumAttribute[GateInput], SpacedOpaqueSyntaxAttribute):
 @irdl_attr_definition
 class BetaInputAttr(EnumAttribute[BetaInput], SpacedOpaqueSyntaxAttribute):
     name = "k3.beta_input"
+
+
+@irdl_attr_definition
+class VisionPositionAttr(EnumAttribute[VisionPosition], SpacedOpaqueSyntaxAttribute):
+    name = "k3.vision_position"
 
 
 def _int(op, name: str) -> int:
@@ -250,8 +256,48 @@ class LatentMoEOp(KeywordSyntax):
                     )
 
 
+@irdl_op_definition
+class VisionOp(KeywordSyntax):
+    """One pre-norm ViT encoder layer over images packed in one sequence (MoonViT's block).
+
+        h = x + W_o attn(LayerNorm_0(x)) + b_o,   y = h + W_2 gelu_tanh(W_1 LayerNorm_1(h) + b_1) + b_2
+    with q, k, v = LayerNorm_0(x) W_qkv + b_qkv split into num_heads heads of head_dim. Attention
+    is bidirectional within an image and absent between images: the packed sequence's mask is
+    block-diagonal over the images (a video is one block of frames x patches), softmax scale
+    head_dim ** -0.5. position rope_2d rotates the pairs (2i, 2i+1) of q and k by the patch's
+    column and row times rope_theta ** (-4 i / head_dim) (pair 2i by the column, 2i+1 by the
+    row), so head_dim is a multiple of 4. num_layers and patch_size describe the encoder the
+    layer belongs to (the cost model of the context-parallel plan: docs/vision.md).
+    Reference semantics: k3compile.ir.vision.
+    """
+
+    name = "k3.vision"
+    sym_name = prop_def(StringAttr)
+    hidden_size = prop_def(IntegerAttr[I64])
+    num_heads = prop_def(IntegerAttr[I64])
+    head_dim = prop_def(IntegerAttr[I64])
+    mlp_dim = prop_def(IntegerAttr[I64])
+    patch_size = prop_def(IntegerAttr[I64])
+    num_layers = prop_def(IntegerAttr[I64])
+    position = prop_def(VisionPositionAttr)
+    rope_theta = prop_def(FloatAttr)
+    eps = prop_def(FloatAttr)
+    dtype = prop_def(DtypeAttr)
+    traits = traits_def(SymbolOpInterface())
+
+    def verify_(self) -> None:
+        _require_positive(self, "hidden_size", "num_heads", "head_dim", "mlp_dim", "patch_size", "num_layers")
+        _require_float_in(self, "eps", 0.0)
+        _require_float_in(self, "rope_theta", 1.0)
+        if self.position.data == VisionPosition.ROPE_2D and _int(self, "head_dim") % 4:
+            raise VerifyException(f"{self.name} @{self.sym_name.data}: position = rope_2d rotates pairs of channels "
+                                  f"by row and column in turn, so head_dim must be a multiple of 4, got "
+                                  f"{_int(self, 'head_dim')}")
+
+
 K3 = Dialect(
     "k3",
-    [RecurrenceOp, AttnResOp, LatentMoEOp],
-    [DtypeAttr, StateLayoutAttr, GateAttr, GluActivationAttr, GateInputAttr, BetaInputAttr, WeightFormatAttr],
+    [RecurrenceOp, AttnResOp, LatentMoEOp, VisionOp],
+    [DtypeAttr, StateLayoutAttr, GateAttr, GluActivationAttr, GateInputAttr, BetaInputAttr, WeightFormatAttr,
+     VisionPositionAttr],
 )

@@ -27,14 +27,14 @@ def spec_to_module(spec: LayerSpec) -> ModuleOp:
 
 
 def layer_module(spec: LayerSpec) -> ModuleOp:
-    from k3compile.ir.k3 import AttnResOp, LatentMoEOp, RecurrenceOp
+    from k3compile.ir.k3 import AttnResOp, LatentMoEOp, RecurrenceOp, VisionOp
 
     params = dict(spec.params)
     if spec.kind in RECURRENCE_KINDS:
         op_type = RecurrenceOp
         params.update(RECURRENCE_KINDS[spec.kind])
     else:
-        op_type = {"attnres": AttnResOp, "latent_moe": LatentMoEOp}[spec.kind]
+        op_type = {"attnres": AttnResOp, "latent_moe": LatentMoEOp, "vision": VisionOp}[spec.kind]
     params["sym_name"] = spec.name
     # in the op's declaration order, so printed IR reads the same for every spec
     order = op_type.get_irdl_definition().properties

@@ -28,6 +28,8 @@ DEFAULT_PIPELINES = {
     "gla": RECURRENCE_PIPELINE,
     "attnres": "fuse-attnres,derive-attnres-backward,derive-block-attnres,outline-kernels",
     "latent_moe": "lower-moe-routing,lower-moe-experts,outline-kernels",
+    # no kernels derived: attention runs on torch's (k3compile.vision; docs/vision.md)
+    "vision": "",
 }
 # the pipeline of speculative decoding's serving entries (verify, commit, spec_step; README)
 SPECULATIVE_PIPELINE = "derive-replay,lower-speculative"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from k3compile.errors import SpecError
-from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GLU_ACTIVATIONS, STATE_LAYOUTS, WEIGHT_FORMATS
+from k3compile.ir.choices import BETA_INPUTS, DTYPES, GATE_INPUTS, GLU_ACTIVATIONS, STATE_LAYOUTS, VISION_POSITIONS, WEIGHT_FORMATS
 
 REQUIRED = object()
 # every integer key's range: TOML's integers are 64-bit, and so are the IR's (i64 properties)
@@ -83,6 +83,22 @@ SCHEMAS["latent_moe"] = {
     "dtype": Key(str, default="bfloat16", choices=DTYPES),
     # the routed experts' weights: bf16 (in dtype, whatever it is) or mxfp4 (docs/moe.md)
     "expert_weight_format": Key(str, default="bf16", choices=WEIGHT_FORMATS),
+}
+# A ViT encoder layer (docs/vision.md). Defaults: MoonViT, the Kimi-VL / Kimi K2.5 vision encoder
+# (MoonViTConfig in Kimi-VL-A3B's configuration_kimi_vl.py: hidden 1152, 16 heads (head dim 72),
+# MLP 4304, 27 layers, patch 14, 2D RoPE with base 10000; nn.LayerNorm's eps 1e-5). K3's own
+# encoder is not public; these are the closest published figures.
+SCHEMAS["vision"] = {
+    "hidden_size": Key(int, default=1152),
+    "num_heads": Key(int, default=16),
+    "head_dim": Key(int, default=72),
+    "mlp_dim": Key(int, default=4304),
+    "patch_size": Key(int, default=14),
+    "num_layers": Key(int, default=27),
+    "position": Key(str, default="rope_2d", choices=VISION_POSITIONS),
+    "rope_theta": Key(float, default=10000.0, minimum=1, exclusive=True),
+    "eps": Key(float, default=1e-5, minimum=0, exclusive=True),
+    "dtype": Key(str, default="bfloat16", choices=DTYPES),
 }
 KINDS = tuple(SCHEMAS)
 
