@@ -467,6 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens per round of the speculative proofs (verify/replay, spec_step; default 4)")
     p.add_argument("--seed", type=int, help="seed for the random rationals (default: fresh each run)")
     p.set_defaults(run=cmd_prove)
+
+    from k3compile.vision.plan_cli import add_parser as add_plan_vision
+
+    add_plan_vision(sub)  # k3c plan-vision
     return parser
 
 
