@@ -11,6 +11,9 @@ as in fuse-chunkwise:
 - gradients (chunk, value head, all value columns): the forward stages the adjoints read,
   recomputed from the inputs (or, with gradients-forward=reload, the matrix stages among them
   reloaded from the prepare's spills); S and S_bar reloaded; the adjoint stages and the stores.
+  With scan-values=spill, the values the gradients kernel reads that a scan also makes from its
+  carried tile (the delta residual, the residual's cotangent) are spilled by the scan and
+  reloaded, and what only they needed (the query Gram, W, U) is no longer recomputed.
 """
 
 from __future__ import annotations
@@ -145,10 +148,56 @@ def without_dead_stages(kernel: list[Operation]) -> list[Operation]:
     return kernel
 
 
+def scan_values(scans: list[Operation], gradients: list[Operation]) -> dict[SSAValue, SSAValue]:
+    """The values the gradients stages read that a scan's body also makes from its carried tile:
+    {the gradients' value: the scan body's}. Two values are the same when the same stages make
+    them from the same operands, a scan's carried tile (its block argument in the body, its result
+    in the gradients stages) standing for itself and a load for its tensor and properties. Kept:
+    the values with value columns that depend on a carried tile (what a scan can spill per token,
+    and not cheaper to load again) and that a gradients stage other than such a value's reads."""
+    keys: dict[SSAValue, object] = {}
+    carried_by: dict[SSAValue, bool] = {}
+
+    def key(value: SSAValue, stages: set[Operation]) -> object:
+        if value not in keys:
+            op = value.owner
+            if isinstance(op, Operation) and (isinstance(op, LOADS) or op in stages):
+                operands = tuple(v if isinstance(v.type, k3s.TensorType) else key(v, stages) for v in op.operands)
+                keys[value] = (op.name, tuple(sorted((n, str(a)) for n, a in op.properties.items())), operands,
+                               list(op.results).index(value))
+                carried_by[value] = any(carried_by.get(v, False) for v in op.operands)
+            else:  # made before the scans, or an entry's argument
+                keys[value] = value
+        return keys[value]
+
+    made_by_scans: dict[object, SSAValue] = {}
+    for scan in scans:
+        body = list(scan.body.ops)[:-1]  # but next_chunk
+        for carried in (scan.body.block.args[0], scan.results[0]):
+            keys[carried], carried_by[carried] = scan.name, True
+        for op in body:
+            for result in op.results:
+                made_by_scans.setdefault(key(result, set(body)), result)
+    stages = set(gradients)
+    shared = {result: made_by_scans[key(result, stages)] for op in gradients for result in op.results
+              if key(result, stages) in made_by_scans and carried_by[result] and has_value_columns(result)}
+    producers = {value.owner for value in shared}
+    return {value: made for value, made in shared.items() if any(use.operation not in producers for use in value.uses)}
+
+
+def needed_stages(stages: list[Operation], given: set[SSAValue]) -> list[Operation]:
+    """stages (in order) less those that only make the `given` values (reloaded) or feed them:
+    the stores and what they read, short of the given values."""
+    stores = [op for op in stages if not op.results]
+    wanted = set(feeding(stages, [v for op in stores for v in op.operands], frozenset(given))) | set(stores)
+    return [op for op in stages if op in wanted]
+
+
 # the forward stages that multiply matrices: what gradients-forward=reload hands from the prepare
 # to the gradients kernel instead of recomputing there (their results without value columns)
 MATRIX_STAGES = (k3s.GramOp, k3s.UnitLowerInverseOp, k3s.ForwardSubstitutionOp, k3s.WYApplyOp)
 GRADIENTS_FORWARD = ("recompute", "reload")
+SCAN_VALUES = ("recompute", "spill")
 
 
 def handed_to_gradients(local: list[Operation], read: list[SSAValue]) -> list[SSAValue]:
@@ -160,18 +209,21 @@ def handed_to_gradients(local: list[Operation], read: list[SSAValue]) -> list[SS
 
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
                    block_v: int, num_warps: int, scan_stages: int, state_spill: str,
-                   gradients_maxnreg: int, gradients_forward: str = "recompute"
+                   gradients_maxnreg: int, gradients_forward: str = "recompute", scan_spills: bool = False
                    ) -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
     S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); the
     gradients kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice); the forward's
     matrix stages that the gradients kernel reads recomputed there, or (`gradients_forward` reload)
-    spilled by the prepare and reloaded."""
+    spilled by the prepare and reloaded; with `scan_spills`, the scans spill the values the gradients
+    kernel reads of theirs (scan_values) and the gradients kernel reloads them."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
     local = [op for op in ops[:ops.index(state_scan)] if not isinstance(op, LOADS)]
     gradients = [op for op in ops[ops.index(state_scan) + 1:] if op is not cotangent_scan and not isinstance(op, LOADS)]
+    from_scans = scan_values([state_scan, cotangent_scan], gradients) if scan_spills else {}
+    gradients = needed_stages(gradients, set(from_scans))
     state_stages, cotangent_stages = (list(scan.body.ops)[:-1] for scan in (state_scan, cotangent_scan))
     recomputed_s, spilled_s = crossing(local, state_stages)
     recomputed_c, spilled_c = crossing(local, cotangent_stages)
@@ -183,6 +235,12 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     K, V = layer_op.head_k_dim.value.data, layer_op.head_v_dim.value.data
     C = schedule.chunk_size.value.data
     spilled_to = workspace_arguments(layer_op, C, {v.name_hint for v in spilled} | {"S", "S_bar"})
+    HV = layer_op.num_v_heads.value.data
+    for value in from_scans:  # [C, V] rows per token, in the inputs' dtype (as U)
+        if value.name_hint in spilled_to:
+            raise ValueError(f"lower-backward: the scans' value {value.name_hint} has the name of another workspace")
+        spilled_to[value.name_hint] = tensor_arg(k3s.workspace_name(value.name_hint),
+                                                 k3s.tensor("B", "T", HV, V, dtype="float"), "workspace")
     if state_spill == "input":
         for name in ("S", "S_bar"):
             dims = spilled_to[name].results[0].type.dims
@@ -211,7 +269,12 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         for value in reloaded:
             loop.reload(value)
         stages = list(scan.body.ops)
+        spills = {made: spilled_to[value.name_hint].results[0] for value, made in from_scans.items()
+                  if made.owner.parent_op() is scan}
         loop.place([*recomputed, *stages[:-1]])
+        for made, workspace in spills.items():  # right after the stage that makes it
+            at = loop.ops.index(loop.mapped[made].owner) + 1
+            loop.ops.insert(at, make(k3s.SpillOp, operands=[workspace, loop.mapped[made]]))
         loop_block.add_ops([*loop.ops, make(k3s.NextChunkOp, operands=[loop.mapped[stages[-1].state]])])
         layout = {"layout": layer_op.state_layout.data}
         body = [make(k3s.StateTileOp, operands=[start], head_k_dim=K, head_v_dim=V, block_v=block_v, **layout),
@@ -230,14 +293,14 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         reloaded = make(k3s.ReloadOp, operands=[spilled_to[workspace].results[0]], result=(workspace, scan.results[0].type))
         grads.add(reloaded)
         grads.mapped[scan.results[0]] = reloaded.results[0]
-    grads.place([*feeding(local, gradients_read, frozenset(handed)), *gradients], reloaded=frozenset(handed))
+    grads.place([*feeding(local, gradients_read, frozenset(handed)), *gradients],
+                reloaded=frozenset(handed) | frozenset(from_scans))
     grads.ops = in_value_blocks(grads.ops, block_v)
     # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
     # time), twice the prepare's warps; the chunks whose decays overflow the factored forms, if
     # any, in a second kernel
     steep_chunks = None
     if is_guarded(grads.ops):  # each chunk's span check, recorded by the factored kernel for its twin
-        HV = layer_op.num_v_heads.value.data
         spilled_to["steep_chunks"] = tensor_arg("steep_chunks", k3s.tensor("NC", HV, dtype="float32"), "workspace")
         steep_chunks = spilled_to["steep_chunks"].results[0]
     gradient_kernels = []
@@ -271,6 +334,11 @@ class LowerBackwardPass(ModulePass):
     # recompute them there from the inputs, or reload them (the prepare spills them: C x C rows in
     # fp32, W in the input dtype), so that kernel holds fewer tiles
     gradients_forward: str = "recompute"
+    # the values of the gradients kernel's value-block loop that a scan also makes from its
+    # carried tile (the delta residual U - W S, its cotangent): recompute them there, or spill
+    # them from the scans ([C, V] per chunk in the inputs' dtype) and reload them, so that the
+    # gradients kernel no longer recomputes them or what only they read (the query Gram, W, U)
+    scan_values: str = "recompute"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.gradients_forward not in GRADIENTS_FORWARD:
@@ -281,6 +349,8 @@ class LowerBackwardPass(ModulePass):
         if self.gradients_maxnreg and not k3s.MIN_MAXNREG <= self.gradients_maxnreg <= k3s.MAX_MAXNREG:
             raise ValueError(f"{self.name}: gradients-maxnreg must be 0 (no cap) or in {k3s.MIN_MAXNREG}.."
                              f"{k3s.MAX_MAXNREG}, got {self.gradients_maxnreg}")
+        if self.scan_values not in SCAN_VALUES:
+            raise ValueError(f"{self.name}: scan-values must be one of {', '.join(SCAN_VALUES)}, got {self.scan_values!r}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
@@ -288,7 +358,8 @@ class LowerBackwardPass(ModulePass):
             entry = schedule.parent_op()
             workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
-                                                 self.gradients_maxnreg, self.gradients_forward)
+                                                 self.gradients_maxnreg, self.gradients_forward,
+                                                 self.scan_values == "spill")
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()

@@ -213,6 +213,41 @@ def test_gradients_reload_the_forward_matrix_stages(layers, member, options):
     check_backward(layer, x, with_dht=True, output_dh0=True)
 
 
+# --- scan-values=spill: the scans' values handed to the gradients kernel ----------------------
+
+SCAN_SPILL_PIPELINE = "derive-backward{chunk-size=16},lower-backward{block-v=16 scan-values=spill},outline-kernels"
+BOTH_PIPELINE = ("derive-backward{chunk-size=16},lower-backward{block-v=16 scan-values=spill "
+                 "gradients-forward=reload},outline-kernels")
+SCAN_SPILL_CASES = [("kda", SCAN_SPILL_PIPELINE, {}), ("gated_deltanet", SCAN_SPILL_PIPELINE, {}),
+                    ("deltanet", SCAN_SPILL_PIPELINE, {}), ("gla", SCAN_SPILL_PIPELINE, {}),
+                    ("kda", BOTH_PIPELINE, {}),
+                    ("kda", SCAN_SPILL_PIPELINE, dict(qk_l2norm=True, gate_input="softplus", beta_input="logits",
+                                                      state_layout="vk"))]
+
+
+@pytest.mark.parametrize("member, pipeline, options", SCAN_SPILL_CASES,
+                         ids=["-".join([m, "reload" if p == BOTH_PIPELINE else "spill", *(f"{k}={v}" for k, v in o.items())])
+                              for m, p, o in SCAN_SPILL_CASES])
+def test_gradients_reload_the_scans_values(layers, member, pipeline, options):
+    """The delta residual U - W S and its cotangent spilled by the scans that make them and
+    reloaded by the gradients kernel, which then no longer recomputes the query Gram, W or U: the
+    same gradients, varlen with every kind of sequence, steep chunks beside mild ones where the
+    member has an unbounded channel gate. GLA (no delta rule) shares nothing with its scans."""
+    layer = layers(member, pipeline, **options)
+    source = layer.path.read_text()
+    gradients = source[source.index(f"def {layer.spec.name}_backward_gradients_kernel("):]
+    gradients = gradients[:gradients.index("\n\n\n")]
+    if member == "gla":
+        assert "k3s.reload %vr" not in gradients
+    else:
+        assert "k3s.reload %vr" in gradients and "k3s.reload %vr_bar" in gradients, "the scans' values are not reloaded"
+        assert "k3s.delta_residual" not in gradients and "k3s.wy_apply" not in gradients, "the residual is recomputed"
+    x = draw_inputs(op_of(layer), 1, None, SEQLENS)
+    if member in ("kda", "gla") and not options:
+        x["g"][:, 5:21] = 12 * x["g"][:, 5:21]  # the packed stream's second chunk fails its span check
+    check_backward(layer, x, with_dht=True, output_dh0=True)
+
+
 # --- input forms: the chain rule of store_cotangent -----------------------------------------
 
 FORMS = [
