@@ -242,15 +242,16 @@ def _water_levels(blocks: np.ndarray, work: float) -> np.ndarray:
 
 def _shares(image: Image, loads: np.ndarray, level: float, per_patch: float) -> list[int]:
     """Patches of `image` per member so the members' loads rise to `level`: whole granules, at
-    least one each, summing to the image (largest remainders)."""
+    least one each, summing to the image; the granules left after rounding down go one by one to
+    the member whose load stays least (and any excess leaves the most loaded)."""
     units = math.ceil(image.patches / image.granule)
-    wanted = np.maximum(level - loads, 0.0) / (per_patch * image.granule)
-    wanted = wanted * (units / wanted.sum()) if wanted.sum() > 0 else np.full(len(loads), units / len(loads))
+    granule = per_patch * image.granule
+    wanted = np.maximum(level - loads, 0.0) / granule
     count = np.maximum(np.floor(wanted).astype(int), 1)
     while count.sum() > units:
-        count[np.argmax(np.where(count > 1, count - wanted, -np.inf))] -= 1
+        count[np.argmax(np.where(count > 1, loads + count * granule, -np.inf))] -= 1
     while count.sum() < units:
-        count[np.argmax(wanted - count)] += 1
+        count[np.argmin(loads + (count + 1) * granule)] += 1
     sizes = [int(c) * image.granule for c in count]
     sizes[-1] -= units * image.granule - image.patches  # the last granule may be partial
     return sizes
