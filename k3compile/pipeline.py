@@ -27,7 +27,7 @@ DEFAULT_PIPELINES = {
     "deltanet": RECURRENCE_PIPELINE,
     "gla": RECURRENCE_PIPELINE,
     "attnres": "fuse-attnres,derive-attnres-backward,derive-block-attnres,outline-kernels",
-    "latent_moe": "lower-moe-routing,lower-moe-experts,outline-kernels",
+    "latent_moe": "lower-moe-routing,lower-moe-experts,derive-moe-backward,outline-kernels",
     # no kernels derived: attention runs on torch's (k3compile.vision; docs/vision.md)
     "vision": "",
 }

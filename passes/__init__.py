@@ -17,6 +17,9 @@ Each pass is one idea, named for what it derives:
   the device, grouped GEMMs), `moe_decode` (token-centric: no sorting, slots combined in
   registers) and `moe` (picks by token count): routing, latent projections with the fused
   RMSNorm, GLU experts, shared experts;
+- derive-moe-backward: k3.latent_moe -> `moe_forward` (the expert-centric forward returning what
+  its backward reads) and `moe_backward`, derived from it by one adjoint rule per stage (dgrad and
+  wgrad GEMMs over the expert-sorted pair list, the GLU's adjoint in the dgrad's epilogue);
 - derive-chunkwise: k3.recurrence -> its chunkwise (WY/UT) schedule of stages;
 - fuse-chunkwise: a chunkwise schedule -> kernels (which stages run together, what is spilled);
 - derive-backward: k3.recurrence -> the reverse-mode derivative of its chunkwise schedule (each
@@ -60,6 +63,7 @@ _WHERE = {
     "derive-block-attnres": ("derive_block_attnres", "DeriveBlockAttnResPass"),
     "lower-moe-routing": ("lower_moe_routing", "LowerMoeRoutingPass"),
     "lower-moe-experts": ("lower_moe_experts", "LowerMoeExpertsPass"),
+    "derive-moe-backward": ("derive_moe_backward", "DeriveMoeBackwardPass"),
     "derive-chunkwise": ("derive_chunkwise", "DeriveChunkwisePass"),
     "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
     "derive-backward": ("derive_backward", "DeriveBackwardPass"),

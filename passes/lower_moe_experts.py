@@ -119,9 +119,11 @@ class MoeEntry:
     arguments' values, which `tensors` holds by name as they are declared (the inputs and weights
     first, each workspace as it is made)."""
 
-    def __init__(self, op: LatentMoEOp, plan: str, num_warps: int) -> None:
+    def __init__(self, op: LatentMoEOp, plan: str, num_warps: int, saving: bool = False) -> None:
         self.op, self.n, self.num_warps = op, Widths.of(op), num_warps
         self.layer, self.plan = op.sym_name.data, plan
+        # saving (the training forward, derive-moe-backward's): what the backward reads is returned
+        self.saving = saving
         self.inputs = [*routing_inputs(op), *weight_arguments(self.n)]
         self.tensors = argument_values(self.inputs)
 
@@ -132,6 +134,10 @@ class MoeEntry:
 
     def workspace(self, name: str, type: k3s.TensorType, **values) -> k3s.TensorArgOp:
         return self.declare([tensor_arg(name, type, "workspace", **values)])[0]
+
+    def kept(self, name: str, type: k3s.TensorType, **values) -> k3s.TensorArgOp:
+        """A workspace the backward reads: an output of the training forward."""
+        return self.declare([tensor_arg(name, type, "output" if self.saving else "workspace", **values)])[0]
 
     def project(self, rows: str, input: str, index: str, weight: str, in_dim: int, out_dim: int, layout: str,
                 glu: bool = False, scales: str | None = None, gain: str | None = None, **extra) -> k3s.ProjectOp:
@@ -149,10 +155,17 @@ class MoeEntry:
         return make(k3s.ProjectSlotsOp, operands=[self.tensors[name] for name in names],
                     result=("y", k3s.tile("M", "N")), **extra)
 
-    def glu_stages(self, projection: k3s.ProjectOp, tensor: str, index: str, width: int) -> list:
+    def glu_stages(self, projection: k3s.ProjectOp, tensor: str, index: str, width: int,
+                   saved: tuple[str, int] | None = None) -> list:
+        """The GLU of the projection's halves stored to `tensor`; saving, its pre-activations too,
+        to saved = (tensor, its group) in the weight's row order (k3s.store_glu_halves: the
+        backward's GLU adjoint reads them, 2 out values a row, rather than recompute the projection)."""
         act = make(k3s.GluOp, operands=list(projection.results), activation=self.op.activation.data,
                    result=("act", k3s.tile("M", "N")))
-        return [projection, act, self.store(act.results[0], projection.rows.data.value, tensor, index, width)]
+        rows = projection.rows.data.value
+        halves = [make(k3s.StoreGluHalvesOp, operands=[*projection.results, self.tensors[saved[0]]], rows=rows,
+                       index=index, group=saved[1], width=2 * width)] if self.saving and saved else []
+        return [projection, *halves, act, self.store(act.results[0], rows, tensor, index, width)]
 
     def store(self, value, rows: str, tensor: str, index: str, width: int, accumulate: bool = False
               ) -> k3s.StoreRowsOp:
@@ -170,13 +183,13 @@ class MoeEntry:
     def before_experts(self) -> tuple[list, list]:
         """Workspaces and kernels: the routing, and the latent down-projection h = x W_down^T."""
         n = self.n
-        routing = self.declare(routing_outputs(self.op, "workspace"))
+        routing = self.declare(routing_outputs(self.op, "output" if self.saving else "workspace"))
         workspaces, kernels = routing_stages(self.op, LowerMoeRoutingPass.num_warps, self.tensors)
         for kernel in kernels:  # kernel names are the module's: each entry's its own
             kernel.properties["sym_name"] = StringAttr(kernel.sym_name.data.replace(self.layer, self.kernel_prefix, 1))
         workspaces = [*routing, *self.declare(workspaces)]
         if n.latent:
-            workspaces.append(self.workspace("h", k3s.tensor("R", n.w, dtype="float")))
+            workspaces.append(self.kept("h", k3s.tensor("R", n.w, dtype="float")))
             down = self.project("token_block", "x", "token", "latent_down", n.d, n.w, "dense")
             kernels.append(self.kernel("latent_down", "row_block,column_block",
                                        [down, self.store(down.results[0], "token_block", "h", "token", n.w)]))
@@ -197,11 +210,13 @@ class MoeEntry:
                                        [up, self.store(up.results[0], "token_block", "out", "token", n.d)]))
         if n.S:
             width = n.S * n.Fs
-            workspaces.append(self.workspace("shared_act", k3s.tensor("R", width, dtype="float")))
+            workspaces.append(self.kept("shared_act", k3s.tensor("R", width, dtype="float")))
+            if self.saving:
+                workspaces.append(self.kept("shared_gu", k3s.tensor("R", 2 * width, dtype="float")))
             gate_up = self.project("token_block", "x", "token", "shared_gate_up", n.d, width, "stacked_out", glu=True,
                                    group=n.Fs)
             kernels.append(self.kernel("shared_gate_up", "row_block,column_block",
-                                       self.glu_stages(gate_up, "shared_act", "token", width)))
+                                       self.glu_stages(gate_up, "shared_act", "token", width, ("shared_gu", n.Fs))))
             down = self.project("token_block", "shared_act", "token", "shared_down", width, n.d, "stacked_in",
                                 group=n.Fs)
             # out holds the routed experts' part already (the latent up-projection's or the combine's)
@@ -215,23 +230,24 @@ class MoeEntry:
         normalises, or (full width) the output itself."""
         n = self.n
         if n.latent:
-            return "combined", [self.workspace("combined", k3s.tensor("R", n.w, dtype="float32"))]
+            return "combined", [self.kept("combined", k3s.tensor("R", n.w, dtype="float32"))]
         return "out", []
 
     def entry(self, name: str, workspaces: list, kernels: list) -> k3s.EntryOp:
         return make(k3s.EntryOp, [*self.inputs, *workspaces, *kernels], sym_name=name, source=self.layer)
 
-    def expert_centric(self, block_rows: int) -> k3s.EntryOp:
+    def expert_centric(self, block_rows: int, name: str = "moe_prefill") -> k3s.EntryOp:
         n = self.n
         workspaces, kernels = self.before_experts()
         combined, combined_workspace = self.combined_target()
         workspaces += [
             self.workspace("expert_counts", k3s.tensor(n.E, dtype="index"), fill=0),
             self.workspace("pair_rank", k3s.tensor("R", n.k, dtype="index")),
-            self.workspace("expert_offsets", k3s.tensor(n.E + 1, dtype="index")),
-            self.workspace("sorted_pairs", k3s.tensor("PP", dtype="index"), fill=-1),
-            self.workspace("block_expert", k3s.tensor("PB", dtype="index")),
-            self.workspace("expert_act", k3s.tensor("PP", n.F, dtype="float")),
+            self.kept("expert_offsets", k3s.tensor(n.E + 1, dtype="index")),
+            self.kept("sorted_pairs", k3s.tensor("PP", dtype="index"), fill=-1),
+            self.kept("block_expert", k3s.tensor("PB", dtype="index")),
+            *([self.kept("expert_gu", k3s.tensor("PP", 2 * n.F, dtype="float"))] if self.saving else []),
+            self.kept("expert_act", k3s.tensor("PP", n.F, dtype="float")),
             self.workspace("pair_out", k3s.tensor("R", n.k, n.w, dtype="float")),
             *combined_workspace,
         ]
@@ -251,7 +267,7 @@ class MoeEntry:
         gate_up = self.project("sorted_block", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"),
                                in_dim=n.w, out_dim=n.F, layout="expert", glu=True, block_rows=block_rows)
         kernels.append(self.kernel("expert_gate_up", "sorted_block,column_block",
-                                   self.glu_stages(gate_up, "expert_act", "position", n.F)))
+                                   self.glu_stages(gate_up, "expert_act", "position", n.F, ("expert_gu", n.F))))
         down = self.project("sorted_block", "expert_act", "position", **expert_weight(n, "expert_down"), in_dim=n.F,
                             out_dim=n.w, layout="expert", block_rows=block_rows)
         weighed = make(k3s.WeighPairsOp, operands=[down.results[0], t["topk_weights"]],
@@ -265,7 +281,7 @@ class MoeEntry:
                                    [summed, self.store(summed.results[0], "token_block", combined, "token", n.w)]))
         more_workspaces, more_kernels = self.after_experts(combined)
         # the padded pair list's sizes (shape symbols PP, PB) follow from the plan's block rows
-        return self.entry("moe_prefill", workspaces + more_workspaces, kernels + more_kernels)
+        return self.entry(name, workspaces + more_workspaces, kernels + more_kernels)
 
     def token_centric(self) -> k3s.EntryOp:
         n = self.n

@@ -7,7 +7,7 @@ Entries become host functions (argument checks, allocation, launch), kernels bec
 family: entries.py (module, entries), kernels.py (kernels, grid axes), loads.py, token_stages.py,
 chunk_stages.py, adjoint_stages.py (backward schedules), serving.py (speculative decoding), segments.py (context parallelism),
 attnres.py, moe.py (MoE routing, its expert_block axis and launches by rows), experts.py (MoE
-experts); common.py holds what they share.
+experts), moe_backward.py (the MoE backward's stages); common.py holds what they share.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from k3compile.backends.triton.printer.experts import Experts
 from k3compile.backends.triton.printer.kernels import Kernels
 from k3compile.backends.triton.printer.loads import Loads
 from k3compile.backends.triton.printer.moe import MoE
+from k3compile.backends.triton.printer.moe_backward import MoeBackward
 from k3compile.backends.triton.printer.segments import Segments
 from k3compile.backends.triton.printer.serving import Serving
 from k3compile.backends.triton.printer.token_stages import TokenStages
@@ -31,7 +32,7 @@ __all__ = ["EntryView", "TritonPrinter", "describe", "launch_table_name", "print
 
 
 class TritonPrinter(Entries, Kernels, Loads, TokenStages, ChunkStages, AdjointStages, Serving, Segments, AttnRes, MoE,
-                    Experts):
+                    Experts, MoeBackward):
     """One method per k3s op. `print_module` returns the source of the compiled module."""
 
 

@@ -12,10 +12,13 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 # the stages that multiply matrices (_mm of the runtime prelude, at the kernel's precision DOT)
-MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp)
+MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp, k3s.ProjectInputGradOp,
+                      k3s.ProjectWeightGradOp)
 # the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
 EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
-                      k3s.SumSlotsOp)
+                      k3s.SumSlotsOp, *k3s.MOE_BACKWARD_STAGES)
+# stages that loop over every token row of the call (the MoE backward's dense weight gradients)
+ROW_LOOP_STAGE_TYPES = (k3s.ProjectWeightGradOp, k3s.NormGainGradOp)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp)
 # the pass that turns each kind of schedule into kernels

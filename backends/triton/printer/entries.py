@@ -30,6 +30,7 @@ DIFFERENTIABLE_WRAPPERS = {
     "chunk_backward": "for gradients call this module's chunk (differentiable, any segments / cp_group) "
                       "or k3compile.ops",
     "aggregate_backward": "for gradients call k3compile.ops.attnres.attnres_aggregate (differentiable)",
+    "moe_backward": "for gradients call k3compile.ops.moe.latent_moe (differentiable)",
 }
 
 # the dtype classes of MXFP4 weights' bytes, checked by the mxfp4 runtime's _check_mx
@@ -57,6 +58,8 @@ class Entries:
         "sorted_block": 'dims["PB"]',
         "pair": 'dims["R"] * TOP_K',
         "token": 'dims["R"]',
+        "expert": "E",
+        "input_block": "triton.cdiv(DIN, BD)",
     }
 
     def __init__(self, launch_tables: dict | None = None) -> None:

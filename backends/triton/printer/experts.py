@@ -46,6 +46,8 @@ class Experts:
         """A stage's compile-time sizes: its widths and top_k, the block sizes legalize-triton
         fixed (BR rows, BN output and BD input columns, BE experts), the dispatch plan's BM."""
         block = lambda name: getattr(kernel, name).value.data  # noqa: E731
+        if isinstance(op, tuple(k3s.MOE_BACKWARD_STAGES)):
+            return self.backward_constants(op, kernel, view)
         if isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
             sizes = {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
             return sizes | ({"BM": op.block_rows.value.data} if isinstance(op, k3s.SortPairsOp) else {})
@@ -88,8 +90,9 @@ class Experts:
 
     def row_tensors(self) -> dict[str, str]:
         """The names of the tensors that the rows of the kernel's programs come from (the
-        sorted_block and pair axes): those its projection takes (k3s.project's ROW_TENSORS)."""
-        project = next(op for op in self.kernel.walk() if isinstance(op, k3s.ProjectOp))
+        sorted_block and pair axes): those its projection (or its input gradient) takes
+        (k3s.project's ROW_TENSORS)."""
+        project = next(op for op in self.kernel.walk() if isinstance(op, (k3s.ProjectOp, k3s.ProjectInputGradOp)))
         return {role: tensor_name(value) for role, value in project.named_tensors().items()}
 
     def print_axis_sorted_block(self, axis: int) -> None:

@@ -13,6 +13,7 @@ from k3compile.backends.triton.printer.common import (
     DOT_PRECISION,
     EXPERT_STAGE_TYPES,
     MATMUL_STAGE_TYPES,
+    ROW_LOOP_STAGE_TYPES,
     Code,
     EntryView,
     describe,
@@ -114,7 +115,8 @@ class Kernels:
             sizes.append("T")
         if any(isinstance(op, (k3s.SourceLoopOp, k3s.RowSourceLoopOp)) for op in kernel.walk()):
             sizes += ["S", "R"]
-        if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")):
+        if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")) or \
+                any(isinstance(op, ROW_LOOP_STAGE_TYPES) for op in kernel.walk()):
             sizes.append("R")
         if {"row_query_block", "row_group_query_block"} & set(kernel.grid.data.split(",")):
             sizes.append("Q")  # a Block AttnRes block's queries

@@ -1,0 +1,255 @@
+"""The MoE backward's stages (derive-moe-backward): the projections' input gradients (a K loop
+over blocks of BD of the forward's output columns, the weight read transposed) and weight
+gradients (a [BN, BD] tile summed over the rows in order: every token row, or the program's
+expert's run of the sorted pair list), the GLU's saved halves and adjoint, the routing weights'
+partial row dots, the latent RMSNorm's adjoint and its gain's gradient, the router's adjoints.
+
+Names the grid axes define: those of experts.py (o_r, m_r; o_n, m_n; the sorted_block axis's
+o_s, m_s, b_pairs, o_t, i_e), and here i_e (expert: one expert) and o_d, m_d (input_block: a
+block of BD input columns of a weight)."""
+
+from __future__ import annotations
+
+from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.experts import BLOCK_ROWS
+from k3compile.ir import k3s
+
+# a weight's element [k, n] read for the input gradient (k over the forward's output rows DIN,
+# n over its input columns DOUT: the transposed product's), by the forward's layout
+TRANSPOSED_OFFSETS = {
+    "dense": "o_k[:, None] * DOUT + o_n[None, :]",
+    "expert": "i_e * DIN * DOUT + o_k[:, None] * DOUT + o_n[None, :]",
+    "stacked_in": "(o_n // GROUP)[None, :] * DIN * GROUP + o_k[:, None] * GROUP + (o_n % GROUP)[None, :]",
+}
+# a weight gradient tile's element [n, d] (n < DOUT its rows, d < DIN its columns), by layout
+WEIGHT_OFFSETS = {
+    "dense": "o_n[:, None] * DIN + o_d[None, :]",
+    "expert": "i_e * DOUT * DIN + o_n[:, None] * DIN + o_d[None, :]",
+    "stacked_in": "(o_d // GROUP)[None, :] * DOUT * GROUP + o_n[:, None] * GROUP + (o_d % GROUP)[None, :]",
+}
+
+
+class MoeBackward:
+    """TritonPrinter's methods for the MoE backward (one per k3s op, and their helpers)."""
+
+    def backward_constants(self, op, kernel: k3s.KernelOp, view) -> dict[str, int]:
+        """A backward stage's compile-time sizes (its widths, the block sizes derive-moe-backward set)."""
+        block = lambda name: getattr(kernel, name).value.data  # noqa: E731
+        if isinstance(op, k3s.StoreWeightGradOp):
+            return {"GROUP": op.group.value.data} if op.group is not None else {}
+        if isinstance(op, k3s.RmsNormAdjointOp):
+            return {"BR": block("block_r"), "BD": block("block_d")}
+        if isinstance(op, k3s.NormGainGradOp):
+            return {"DOUT": op.width.value.data, "BN": block("block_n"), "BR": block("block_r")}
+        if not isinstance(op, (k3s.ProjectInputGradOp, k3s.ProjectWeightGradOp)):
+            return {}
+        sizes = {"DIN": op.in_dim.value.data, "DOUT": op.out_dim.value.data, "BN": block("block_n"),
+                 "BD": block("block_d")}
+        if op.rows.data.value == "sorted_block":
+            sizes |= {"BM": op.block_rows.value.data, "TOP_K": self.top_k(view),
+                      "E": int(view.dims("expert_offsets")[0]) - 1}
+        else:
+            sizes["BR"] = block("block_r")
+        if isinstance(op, k3s.ProjectInputGradOp) and op.group is not None:
+            sizes["GROUP"] = op.group.value.data
+        return sizes
+
+    def print_axis_expert(self, axis: int) -> None:
+        self.code(f"# grid axis {axis}: one expert", f"i_e = tl.program_id({axis}).to(tl.int64)")
+
+    def print_axis_input_block(self, axis: int) -> None:
+        self.code(
+            f"# grid axis {axis}: a block of BD input columns of the weight",
+            f"o_d = tl.program_id({axis}) * BD + tl.arange(0, BD)",
+            "m_d = o_d < DIN",
+        )
+
+    def print_k3s_project_input_grad(self, op: k3s.ProjectInputGradOp) -> None:
+        c = self.code
+        acc = register(op.result)
+        row, mask = BLOCK_ROWS[op.rows.data.value, op.input_index.data.value]
+        c.comment(op, "fp32 accumulation over blocks of BD of the forward's output columns, the weight transposed")
+        c(f"{acc} = tl.zeros([{'BR' if op.rows.data.value == 'token_block' else 'BM'}, BN], dtype=tl.float32)",
+          "for i_k in range(0, tl.cdiv(DIN, BD)):")
+        with c.indent():
+            c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
+              f"b_y = tl.load({tensor_name(op.input)} + {row}[:, None] * DIN + o_k[None, :], "
+              f"mask={mask}[:, None] & m_k[None, :], other=0.0)",
+              f"b_w = tl.load({tensor_name(op.weight)} + {TRANSPOSED_OFFSETS[op.layout.data.value]}, "
+              "mask=m_k[:, None] & m_n[None, :], other=0.0)",
+              f"{acc} += _mm(b_y, b_w, DOT)")
+
+    def print_k3s_project_weight_grad(self, op: k3s.ProjectWeightGradOp) -> None:
+        c = self.code
+        acc, tensors = register(op.result), {role: tensor_name(v) for role, v in op.named_tensors().items()}
+        rows = op.rows.data.value
+        c.comment(op, "fp32 accumulation of cotangent^T input over the rows, in order")
+        c(f"{acc} = tl.zeros([BN, BD], dtype=tl.float32)")
+        if rows == "token_block":
+            c("for i_r in range(0, R, BR):")
+            with c.indent():
+                c("o_r = i_r + tl.arange(0, BR)", "m_r = o_r < R")
+                self.print_weight_grad_step(op, acc, tensors)
+            return
+        c(f"for i_s in range(tl.load({tensors['expert_offsets']} + i_e), tl.load({tensors['expert_offsets']} + i_e + 1), "
+          "BM):  # the expert's run, block by block")
+        with c.indent():
+            c("o_s = i_s + tl.arange(0, BM)",
+              f"b_pairs = tl.load({tensors['sorted_pairs']} + o_s).to(tl.int64)",
+              "m_s = b_pairs >= 0  # -1: padding",
+              "o_t = tl.where(m_s, b_pairs // TOP_K, 0)")
+            self.print_weight_grad_step(op, acc, tensors)
+
+    def print_weight_grad_step(self, op: k3s.ProjectWeightGradOp, acc: str, tensors: dict[str, str]) -> None:
+        """One block of rows of a weight gradient: its cotangent rows (weighted), input rows (normalised)."""
+        rows = op.rows.data.value
+        dy_row, mask = BLOCK_ROWS[rows, op.cotangent_index.data.value]
+        a_row, _ = BLOCK_ROWS[rows, op.input_index.data.value]
+        self.code(f"b_dy = tl.load({tensor_name(op.cotangent)} + {dy_row}[:, None] * DOUT + o_n[None, :], "
+                  f"mask={mask}[:, None] & m_n[None, :], other=0.0)",
+                  f"b_a = tl.load({tensor_name(op.input)} + {a_row}[:, None] * DIN + o_d[None, :], "
+                  f"mask={mask}[:, None] & m_d[None, :], other=0.0)")
+        if op.scale_rows.value.data:
+            self.code(f"b_dy = b_dy * tl.load({tensors['row_scale']} + b_pairs, mask=m_s, other=0.0)[:, None]")
+        if op.rms.value.data:
+            self.code(f"b_a = b_a.to(tl.float32) * tl.load({tensors['rstd']} + {a_row}, mask={mask}, other=0.0)[:, None] "
+                      f"* tl.load({tensors['gain']} + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]")
+        self.code(f"{acc} += _mm(tl.trans(b_dy), b_a, DOT)")
+
+    def print_k3s_store_weight_grad(self, op: k3s.StoreWeightGradOp) -> None:
+        tensor = tensor_name(op.tensor)
+        self.code.comment(op, "every element once, by this program")
+        self.code(f"tl.store({tensor} + {WEIGHT_OFFSETS[op.layout.data.value]}, "
+                  f"{register(op.value)}.to({tensor}.dtype.element_ty), mask=m_n[:, None] & m_d[None, :])")
+
+    def rows_at(self, op) -> tuple[str, str]:
+        """(row offsets [M], their mask) of a stage's rows (`rows`, `index`)."""
+        return BLOCK_ROWS[op.rows.data.value, op.index.data.value]
+
+    def print_k3s_load_rows(self, op: k3s.LoadRowsOp) -> None:
+        row, mask = self.rows_at(op)
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = tl.load({tensor_name(op.tensor)} + {row}[:, None] * {op.width.value.data} + "
+                  f"o_n[None, :], mask={mask}[:, None] & m_n[None, :], other=0.0).to(tl.float32)")
+
+    def glu_half_offsets(self, op) -> tuple[str, str]:
+        """(the offsets of the gate half's elements of the program's rows and columns, their mask);
+        the up half's are group further."""
+        row, mask = self.rows_at(op)
+        group = op.group.value.data
+        self.code(f"o_h = (o_n // {group}) * {2 * group} + o_n % {group}  # the gate rows of column n's expert")
+        return f"{row}[:, None] * {op.width.value.data} + o_h[None, :]", f"{mask}[:, None] & m_n[None, :]"
+
+    def print_k3s_store_glu_halves(self, op: k3s.StoreGluHalvesOp) -> None:
+        tensor = tensor_name(op.tensor)
+        self.code.comment(op, "in the weight's row order")
+        at, mask = self.glu_half_offsets(op)
+        for value, shift in ((op.gate, ""), (op.up, f" + {op.group.value.data}")):
+            self.code(f"tl.store({tensor} + {at}{shift}, {register(value)}.to({tensor}.dtype.element_ty), mask={mask})")
+
+    def print_k3s_load_glu_halves(self, op: k3s.LoadGluHalvesOp) -> None:
+        self.code.comment(op, "the forward's saved pre-activations")
+        at, mask = self.glu_half_offsets(op)
+        for value, shift in ((op.gate, ""), (op.up, f" + {op.group.value.data}")):
+            self.code(f"{register(value)} = tl.load({tensor_name(op.tensor)} + {at}{shift}, mask={mask}, "
+                      "other=0.0).to(tl.float32)")
+
+    def print_k3s_glu_adjoint(self, op: k3s.GluAdjointOp) -> None:
+        g, u, bar = register(op.gate), register(op.up), register(op.act_bar)
+        g_bar, u_bar = register(op.gate_bar), register(op.up_bar)
+        self.code.comment(op, "tanh(x) = 2 sigmoid(2 x) - 1" if op.activation.data.value == "situ_glu" else "")
+        self.code(f"b_sigmoid_g = tl.sigmoid({g})")
+        if op.activation.data.value == "swiglu":
+            self.code(f"{g_bar} = {bar} * {u} * b_sigmoid_g * (1 + {g} * (1 - b_sigmoid_g))",
+                      f"{u_bar} = {bar} * {g} * b_sigmoid_g")
+            return
+        self.code(f"b_tanh_g = 2 * tl.sigmoid({g} / 2) - 1", f"b_tanh_u = 2 * tl.sigmoid({u} / 12.5) - 1",
+                  f"{g_bar} = {bar} * ((1 - b_tanh_g * b_tanh_g) * b_sigmoid_g + 4 * b_tanh_g * b_sigmoid_g * "
+                  "(1 - b_sigmoid_g)) * 25 * b_tanh_u",
+                  f"{u_bar} = {bar} * 4 * b_tanh_g * b_sigmoid_g * (1 - b_tanh_u * b_tanh_u)")
+
+    def print_k3s_store_pair_dot(self, op: k3s.StorePairDotOp) -> None:
+        partials = int(op.tensor.type.dims[-1])
+        column_axis = self.kernel.grid.data.split(",").index("column_block")
+        self.code.comment(op, f"partial {partials} of each pair's row dot: this program's block of columns")
+        self.code(f"tl.store({tensor_name(op.tensor)} + b_pairs * {partials} + tl.program_id({column_axis}), "
+                  f"tl.sum({register(op.a)} * {register(op.b)}, axis=1), mask=m_s)")
+
+    def print_k3s_sum_partials(self, op: k3s.SumPartialsOp) -> None:
+        c, res = self.code, register(op.result)
+        partials = int(op.tensor.type.dims[-1])
+        c.comment(op, "in order: deterministic")
+        c("o_ks = tl.arange(0, BKS)", f"{res} = tl.zeros([BR, BKS], dtype=tl.float32)", f"for i_p in range({partials}):")
+        with c.indent():
+            c(f"{res} += tl.load({tensor_name(op.tensor)} + (o_r[:, None] * TOP_K + o_ks[None, :]) * {partials} + i_p, "
+              "mask=m_r[:, None] & (o_ks < TOP_K)[None, :], other=0.0)")
+
+    def print_k3s_routing_weights_adjoint(self, op: k3s.RoutingWeightsAdjointOp) -> None:
+        w, bar, scale = register(op.weights), register(op.scaled_bar), repr(op.scale.value.data)
+        self.code.comment(op)
+        if op.normalize.value.data:
+            self.code(f"b_total = tl.sum({w}, axis=1)[:, None] + 1e-20",
+                      f"{register(op.result)} = {scale} * ({bar} / b_total - tl.sum({bar} * {w}, axis=1)[:, None] "
+                      "/ (b_total * b_total))")
+        else:
+            self.code(f"{register(op.result)} = {bar} * {scale}")
+
+    def print_k3s_select_top_k_adjoint(self, op: k3s.SelectTopKAdjointOp) -> None:
+        c, res = self.code, register(op.result)
+        c.comment(op, "slot by slot (the padded slots have none)")
+        c(f"{res} = tl.zeros([BR, BE], dtype=tl.float32)", "for i_k in range(TOP_K):")
+        with c.indent():
+            c("b_slot = o_ks[None, :] == i_k",
+              f"b_id = tl.sum(tl.where(b_slot, {register(op.ids)}, 0), axis=1)",
+              f"b_slot_bar = tl.sum(tl.where(b_slot, {register(op.weights_bar)}, 0.0), axis=1)",
+              f"{res} += tl.where(o_e[None, :] == b_id[:, None], b_slot_bar[:, None], 0.0)")
+
+    def print_k3s_router_sigmoid_adjoint(self, op: k3s.RouterSigmoidAdjointOp) -> None:
+        s = register(op.scores)
+        self.code.comment(op)
+        self.code(f"{register(op.result)} = {register(op.scores_bar)} * {s} * (1 - {s})")
+
+    def print_k3s_store_logits(self, op: k3s.StoreLogitsOp) -> None:
+        self.code.comment(op)
+        self.code(f"tl.store({tensor_name(op.tensor)} + o_r[:, None] * E + o_e[None, :], {register(op.value)}, "
+                  "mask=m_r[:, None] & m_e[None, :])")
+
+    def print_rms_rows(self, op: k3s.RmsNormAdjointOp, width: int) -> None:
+        """One block of BD columns of the program's rows: b_c (the input) and b_q (gain * the
+        normalised rows' cotangent), fp32."""
+        self.code("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < " + str(width),
+                  "m_rk = m_r[:, None] & m_k[None, :]",
+                  f"b_c = tl.load({tensor_name(op.input)} + o_r[:, None] * {width} + o_k[None, :], mask=m_rk, "
+                  "other=0.0).to(tl.float32)",
+                  f"b_q = tl.load({tensor_name(op.normed_bar)} + o_r[:, None] * {width} + o_k[None, :], mask=m_rk, "
+                  f"other=0.0) * tl.load({tensor_name(op.gain)} + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :]")
+
+    def print_k3s_rms_norm_adjoint(self, op: k3s.RmsNormAdjointOp) -> None:
+        c, width = self.code, op.width.value.data
+        c.comment(op, "two passes over the rows: their sums, then the cotangent")
+        c("b_sumsq = tl.zeros([BR], dtype=tl.float32)", "b_cq = tl.zeros([BR], dtype=tl.float32)",
+          f"for i_k in range(0, tl.cdiv({width}, BD)):")
+        with c.indent():
+            self.print_rms_rows(op, width)
+            c("b_sumsq += tl.sum(b_c * b_c, axis=1)", "b_cq += tl.sum(b_c * b_q, axis=1)")
+        c(f"b_rstd = tl.rsqrt(b_sumsq / {width} + {op.eps.value.data!r})",
+          f"tl.store({tensor_name(op.rstd)} + o_r, b_rstd, mask=m_r)",
+          f"b_shift = b_rstd * b_rstd * b_rstd * b_cq / {width}",
+          f"for i_k in range(0, tl.cdiv({width}, BD)):")
+        with c.indent():
+            self.print_rms_rows(op, width)
+            c(f"tl.store({tensor_name(op.input_bar)} + o_r[:, None] * {width} + o_k[None, :], "
+              "b_rstd[:, None] * b_q - b_c * b_shift[:, None], mask=m_rk)")
+
+    def print_k3s_norm_gain_grad(self, op: k3s.NormGainGradOp) -> None:
+        c, width = self.code, op.width.value.data
+        c.comment(op, "every token row, in order")
+        c("b_gain_bar = tl.zeros([BN], dtype=tl.float32)", "for i_r in range(0, R, BR):")
+        with c.indent():
+            c("o_r = i_r + tl.arange(0, BR)", "m_r = o_r < R", "m_rn = m_r[:, None] & m_n[None, :]",
+              f"b_c = tl.load({tensor_name(op.input)} + o_r[:, None] * {width} + o_n[None, :], mask=m_rn, other=0.0)",
+              f"b_dn = tl.load({tensor_name(op.normed_bar)} + o_r[:, None] * {width} + o_n[None, :], mask=m_rn, "
+              "other=0.0)",
+              f"b_gain_bar += tl.sum(b_dn * b_c * tl.load({tensor_name(op.rstd)} + o_r, mask=m_r, other=0.0)[:, None], "
+              "axis=0)")
+        c(f"tl.store({tensor_name(op.gain_bar)} + o_n, b_gain_bar, mask=m_n)")

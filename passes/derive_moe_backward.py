@@ -1,0 +1,340 @@
+"""derive-moe-backward: k3.latent_moe -> `moe_forward` (the expert-centric forward, returning what
+its backward reads) and `moe_backward`, the reverse-mode derivative of that schedule.
+
+The backward is derived, not written: the forward's kernels are walked in reverse, each stage's
+adjoint rule (passes/moe_adjoint_rules.py, one per k3s op) taking the cotangents of its results
+and emitting the stages and kernels that make its operands':
+- a projection (k3s.project) gives a dgrad GEMM (its input's cotangent, the weight transposed)
+  and a wgrad GEMM (the weight's: a sum over the rows, for the routed experts over the same
+  expert-sorted (token, slot) list as the forward, each expert's run block by block);
+- the GLU's adjoint is elementwise and lands in the epilogue of the dgrad GEMM that made its
+  output's cotangent (the down projection's), with the forward's saved pre-activations;
+- the routing weight's product (k3s.weigh_pairs) scales that GEMM's input rows and asks for the
+  routing weights' cotangent, a row dot product computed in the same epilogue in the GEMM's
+  input terms, one partial per block of columns (summed in order later: no atomics);
+- the combine (k3s.sum_slots) broadcasts a token's cotangent to its slots; a token's input
+  cotangent from its k pairs is stored per pair and summed in slot order (the forward's combine);
+- the latent RMSNorm (a k3s.project with rms_eps) gets a row kernel for its adjoint and one for
+  its gain's gradient;
+- the router's stages are recomputed in one kernel (the chosen scores), then sigmoid, top-k and
+  normalisation are differentiated there: the selection has no cotangent, the bias none.
+Saved by the forward (bytes per token at K3's widths, bf16, top-16: the GLU pre-activations
+16 x 2 x 3072 x 2 = 192 KiB, the GLU outputs 96 KiB) rather than recomputed (another gate/up
+GEMM over every pair, 2 x 3584 x 6144 x 16 flop per token): the pair list, the routing, h, the
+experts' pre-activations and activations, the combined rows (fp32), the shared experts' too.
+
+Every gradient element is written once by one program (the input's, x's, accumulated in a fixed
+order over its three uses: shared experts, latent down-projection, router): deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import LatentMoEOp
+from k3compile.passes.common import add_entries, argument_values, check_num_warps, check_power_of_two, make, tensor_arg
+from k3compile.passes.lower_moe_experts import MoeEntry, Widths
+from k3compile.passes.moe_adjoint_rules import MOE_ADJOINT_RULES, Rows, Tile
+
+# the gradients the backward returns, of the forward's inputs that have one (not router_bias)
+DIFFERENTIABLE = ("x", "router_weight", "expert_gate_up", "expert_down", "latent_down", "latent_up",
+                  "latent_norm_gain", "shared_gate_up", "shared_down")
+
+
+@dataclass(frozen=True)
+class Product:
+    """A forward GEMM y = a W^T as its adjoints see it: a's tensor and rows, W's tensor and layout
+    (a GLU's [2 out, in], a stacked_out weight read dense), the forward's in and out widths."""
+
+    source: str
+    weight: str
+    rows: str
+    index: str
+    in_dim: int
+    out_dim: int
+    layout: str
+    group: int | None = None
+    block_rows: int | None = None
+
+    @classmethod
+    def of(cls, op: k3s.ProjectOp) -> Product:
+        glu = op.up is not None
+        layout = op.layout.data.value
+        return cls(k3s.argument_name(op.input), k3s.argument_name(op.weight), op.rows.data.value,
+                   op.input_index.data.value, op.in_dim.value.data, op.out_dim.value.data * (2 if glu else 1),
+                   "dense" if layout == "stacked_out" else layout,
+                   op.group.value.data if layout == "stacked_in" else None,
+                   op.block_rows.value.data if op.block_rows is not None else None)
+
+
+def given(props: dict) -> dict:
+    """The properties that are set (an optional one left out where None)."""
+    return {key: value for key, value in props.items() if value is not None}
+
+
+class MoeBackward:
+    """Builds `moe_backward` of one layer from its `moe_forward`: the rules call these methods."""
+
+    def __init__(self, op: LatentMoEOp, forward: k3s.EntryOp, options: DeriveMoeBackwardPass) -> None:
+        self.op, self.n, self.forward, self.o = op, Widths.of(op), forward, options
+        self.layer = op.sym_name.data
+        forward_args = [a for a in forward.body.ops if isinstance(a, k3s.TensorArgOp)]
+        inputs = [tensor_arg(a.sym_name.data, a.results[0].type, a.role.data) for a in forward_args
+                  if a.role.data in ("input", "forbidden")]
+        saved = [tensor_arg(a.sym_name.data, a.results[0].type, "input") for a in forward_args
+                 if a.role.data == "output" and a.sym_name.data != "out"]
+        present = {a.sym_name.data: a for a in forward_args if a.role.data == "input"}
+        gradients = [self.gradient(name, present[name]) for name in DIFFERENTIABLE if name in present]
+        out = next(a for a in forward_args if a.sym_name.data == "out")
+        self.arguments = [*inputs, *saved, tensor_arg("dout", out.results[0].type), *gradients]
+        self.t = argument_values(self.arguments)
+        self.workspaces: list[Operation] = []
+        self.kernels: list[k3s.KernelOp] = []
+        self.open: tuple[list[Operation], dict] | None = None
+        self.cot = {"out": Rows(self.t["dout"])}  # forward tensor name -> its cotangent
+        self.tile_cot: dict[SSAValue, Tile | Rows] = {}  # forward tile value -> its cotangent
+        self.primal: dict[SSAValue, SSAValue] = {}  # forward tile value -> its recomputation
+        self.glu_layout: dict[SSAValue, dict] = {}  # a GLU projection's gate -> its saved halves' layout
+        self.rstd: dict[str, SSAValue] = {}  # an RMS-normalised tensor -> its saved 1 / RMS
+
+    @staticmethod
+    def gradient(name: str, of: k3s.TensorArgOp) -> Operation:
+        """x's in fp32, zero-filled (its three uses add to it in order); the norm gain's in fp32; the
+        weights' in their dtype, each element written once."""
+        dims = of.results[0].type.dims
+        if name == "x":
+            return tensor_arg("dx", k3s.tensor(*dims, dtype="float32"), "output", fill=0)
+        return tensor_arg(f"d{name}", k3s.tensor(*dims, dtype="float32" if name == "latent_norm_gain" else "float"),
+                          "output")
+
+    def derive(self) -> k3s.EntryOp:
+        for kernel in reversed(k3s.entry_kernels(self.forward)):
+            for stage in reversed(list(kernel.body.ops)):
+                if type(stage) in MOE_ADJOINT_RULES:
+                    MOE_ADJOINT_RULES[type(stage)](self, stage)
+        self.close()
+        return make(k3s.EntryOp, [*self.arguments, *self.workspaces, *self.kernels], sym_name="moe_backward",
+                    source=self.layer)
+
+    # --- kernels --------------------------------------------------------------------------
+    def workspace(self, name: str, type: k3s.TensorType, **values) -> SSAValue:
+        arg = tensor_arg(name, type, "workspace", **values)
+        self.workspaces.append(arg)
+        self.t[name] = arg.results[0]
+        return arg.results[0]
+
+    def kernel(self, suffix: str, grid: str, stages: list[Operation], **sizes) -> k3s.KernelOp:
+        return make(k3s.KernelOp, stages, sym_name=f"{self.layer}_backward_{suffix}", grid=grid,
+                    num_warps=self.o.num_warps, **sizes)
+
+    def begin(self, suffix: str, grid: str, **sizes) -> None:
+        self.close()
+        self.open = ([], dict(suffix=suffix, grid=grid, **sizes))
+
+    def close(self) -> None:
+        """The open kernel, without the recomputed stages no adjoint read, made."""
+        if self.open is not None:
+            stages, properties = self.open
+            while dead := [s for s in stages if s.results and not any(r.uses for r in s.results)]:
+                for stage in dead:
+                    stages.remove(stage)
+                    stage.erase()
+            self.kernels.append(self.kernel(stages=stages, **properties))
+            self.open = None
+
+    def emit_op(self, op_type: type, operands: list[SSAValue], results: list[tuple], **props) -> Operation:
+        """A stage in the open kernel; results as (name, *tile dims)."""
+        op = make(op_type, operands=operands, results=[(name, k3s.tile(*dims)) for name, *dims in results],
+                  **given(props))
+        self.open[0].append(op)
+        return op
+
+    def store_rows(self, tile: Tile, tensor: SSAValue, width: int, accumulate: bool = False) -> None:
+        self.emit_op(k3s.StoreRowsOp, [tile.value, tensor], [], rows=tile.rows, index=tile.index, width=width,
+                     accumulate=accumulate)
+
+    def width(self, name: str) -> int:
+        return int(self.t[name].type.dims[-1])
+
+    def materialise(self, name: str, tile: Tile, width: int | None = None) -> Rows:
+        """The open kernel's cotangent of tensor `name` ([R, width], its rows by token) stored to
+        `<name>_bar` in fp32, the kernel closed."""
+        width = width or self.width(name)
+        bar = self.workspace(f"{name}_bar", k3s.tensor("R", width, dtype="float32"))
+        self.store_rows(tile, bar, width)
+        self.close()
+        return Rows(bar)
+
+    @staticmethod
+    def as_rows(cot: Tile | Rows, op: Operation) -> Rows:
+        """A cotangent that op's rule reads from a tensor (every schedule lower-moe-experts builds
+        gives one there)."""
+        if isinstance(cot, Tile):
+            raise NotImplementedError(f"derive-moe-backward: {op.name}'s result has its cotangent in registers, "
+                                      "where its adjoint reads a tensor")
+        return cot
+
+    def partials(self, columns: int) -> int:
+        """The column blocks of the dgrad GEMM of `columns` output columns (its partial row dots)."""
+        return -(-columns // self.o.dgrad_block_n)
+
+    # --- the adjoints' kernels ---------------------------------------------------------------
+    def input_grad(self, p: Product, y_bar: Rows) -> SSAValue:
+        """Open a dgrad kernel: a_bar = y_bar W over the forward's rows, the program's block of a's columns."""
+        sorted_rows = p.rows == "sorted_block"
+        grid = "sorted_block,column_block" if sorted_rows else "row_block,column_block"
+        sizes = dict(block_n=self.o.dgrad_block_n, block_d=self.o.dgrad_block_d, num_stages=self.o.num_stages)
+        self.begin(f"{p.weight}_dgrad", grid, **sizes, **({} if sorted_rows else {"block_r": self.o.dgrad_block_r}))
+        plan = [self.t[name] for name in k3s.ROW_TENSORS.get(p.rows, ())]
+        return self.emit_op(k3s.ProjectInputGradOp, [y_bar.value, self.t[p.weight], *plan], [("a_bar", "M", "N")],
+                            in_dim=p.out_dim, out_dim=p.in_dim, rows=p.rows, input_index=y_bar.index, layout=p.layout,
+                            group=p.group, block_rows=p.block_rows).results[0]
+
+    def weight_grad(self, p: Product, y_bar: Rows, rms: bool = False) -> None:
+        """A wgrad kernel: d<weight> = y_bar^T a over the rows, in the weight's layout."""
+        sorted_rows = p.rows == "sorted_block"
+        tensors = ([y_bar.scale] if y_bar.scale is not None else []) + \
+            ([self.rstd[p.source], self.t[self.gain_of(p)]] if rms else []) + \
+            ([self.t["expert_offsets"], self.t["sorted_pairs"]] if sorted_rows else [])
+        grad = make(k3s.ProjectWeightGradOp, operands=[y_bar.value, self.t[p.source], *tensors],
+                    result=("w_bar", k3s.tile("N", "D")), **given(dict(
+                        in_dim=p.in_dim, out_dim=p.out_dim, rows=p.rows, cotangent_index=y_bar.index,
+                        input_index=p.index, scale_rows=y_bar.scale is not None, rms=rms, block_rows=p.block_rows)))
+        store = make(k3s.StoreWeightGradOp, operands=[grad.results[0], self.t[f"d{p.weight}"]],
+                     **given(dict(layout="expert" if sorted_rows else p.layout, group=p.group)))
+        sizes = dict(block_n=self.o.wgrad_block_n, block_d=self.o.wgrad_block_d, num_stages=self.o.num_stages)
+        self.kernels.append(self.kernel(f"{p.weight}_wgrad", ("expert," if sorted_rows else "") + "column_block,input_block",
+                                        [grad, store], **sizes, **({} if sorted_rows else {"block_r": self.o.wgrad_block_r})))
+
+    def gain_of(self, p: Product) -> str:
+        return "latent_norm_gain"
+
+    def product_adjoint(self, p: Product, y_bar: Rows) -> None:
+        """A plain GEMM's two adjoints: the input's cotangent to its tensor, the weight's gradient."""
+        self.contribute(p.source, Tile(self.input_grad(p, y_bar), p.rows, p.index))
+        self.weight_grad(p, y_bar)
+
+    def store_glu_cotangent(self, op: k3s.ProjectOp, gate: Tile, up: Tile, name: str) -> Rows:
+        """The GLU halves' cotangents stored in the weight's row order (the open kernel closed)."""
+        layout = self.glu_layout[op.result]
+        rows = ("PP" if layout["rows"] == "sorted_block" else "R", layout["width"])
+        bar = self.workspace(name, k3s.tensor(*rows, dtype="float"))
+        self.emit_op(k3s.StoreGluHalvesOp, [gate.value, up.value, bar], [], **layout)
+        self.close()
+        return Rows(bar, layout["index"])
+
+    def contribute(self, name: str, tile: Tile) -> None:
+        """A cotangent of tensor `name` from the open kernel: added to its gradient (x), or kept
+        open for the stage that stored the tensor; a token's rows from its pairs are stored per
+        pair and summed over its slots in order."""
+        gradient = self.t.get(f"d{name}")
+        per_pair = tile.rows == "sorted_block" and tile.index == "token"
+        if per_pair:
+            pairs = self.workspace(f"{name}_pair_bar", k3s.tensor("R", self.n.k, self.width(name), dtype="float"))
+            self.store_rows(Tile(tile.value, tile.rows, "pair"), pairs, self.width(name))
+            self.begin(f"{name}_sum_slots", "row_block,column_block")
+            summed = self.emit_op(k3s.SumSlotsOp, [pairs], [("c", "M", "N")], out_dim=self.width(name), top_k=self.n.k)
+            tile = Tile(summed.results[0], "token_block", "token")
+        if gradient is not None:
+            self.store_rows(tile, gradient, self.width(name), accumulate=True)
+            self.close()
+        elif per_pair:
+            self.cot[name] = self.materialise(name, tile)
+        else:
+            self.cot[name] = tile
+
+    def rms_norm_adjoint(self, p: Product, normed_bar: SSAValue, eps: float) -> None:
+        """The cotangent of a's normalised rows -> a's (and the saved 1 / RMS), and the gain's gradient."""
+        width = p.in_dim
+        stored = self.materialise(f"{p.source}_normed", Tile(normed_bar, p.rows, p.index), width).value
+        bar = self.workspace(f"{p.source}_bar", k3s.tensor("R", width, dtype="float32"))
+        rstd = self.workspace(f"{p.source}_rstd", k3s.tensor("R", dtype="float32"))
+        self.rstd[p.source] = rstd
+        gain = self.gain_of(p)
+        self.kernels.append(self.kernel(f"{p.source}_rms_norm_adjoint", "row_block", [make(
+            k3s.RmsNormAdjointOp, operands=[self.t[p.source], self.t[gain], stored, bar, rstd], eps=eps, width=width)],
+            block_r=self.o.row_block, block_d=self.o.wgrad_block_d))
+        self.kernels.append(self.kernel(f"{gain}_grad", "column_block", [make(
+            k3s.NormGainGradOp, operands=[self.t[p.source], rstd, stored, self.t[f"d{gain}"]], width=width)],
+            block_r=self.o.wgrad_block_r, block_n=self.o.wgrad_block_n))
+        self.cot[p.source] = Rows(bar)
+
+    def recompute_routing(self, store: k3s.StoreRoutingOp) -> None:
+        """Open the router's backward kernel with the top-k kernel's stages (before its store)
+        again, after the kernels that make the tensors they read (the router logits)."""
+        top_k = store.parent_op()
+        read = {k3s.argument_name(v) for s in top_k.body.ops for v in s.operands if isinstance(v.type, k3s.TensorType)}
+        mapper = dict(self.tensor_mapper())
+        for kernel in k3s.entry_kernels(self.forward):
+            made = {k3s.argument_name(v) for s in kernel.body.ops for v in s.operands if isinstance(v.type, k3s.TensorType)}
+            if kernel is top_k or not made & read - set(self.t):
+                continue
+            for name in made & read - set(self.t):
+                mapper[self.forward_value(name)] = self.workspace(name, self.forward_value(name).type)
+            clone = kernel.clone(value_mapper=mapper)
+            clone.properties["sym_name"] = StringAttr(kernel.sym_name.data.replace(f"{self.layer}_forward",
+                                                                                   f"{self.layer}_backward", 1))
+            self.kernels.append(clone)
+        self.begin("router", top_k.grid.data)
+        mapper = dict(self.tensor_mapper())
+        for stage in top_k.body.ops:
+            if stage is store:
+                break
+            copy = stage.clone(value_mapper=mapper)
+            self.open[0].append(copy)
+            self.primal.update(zip(stage.results, copy.results, strict=True))
+
+    def forward_value(self, name: str) -> SSAValue:
+        return next(a.results[0] for a in self.forward.body.ops if isinstance(a, k3s.TensorArgOp)
+                    and a.sym_name.data == name)
+
+    def tensor_mapper(self):
+        for a in self.forward.body.ops:
+            if isinstance(a, k3s.TensorArgOp) and a.sym_name.data in self.t:
+                yield a.results[0], self.t[a.sym_name.data]
+
+
+@dataclass(frozen=True)
+class DeriveMoeBackwardPass(ModulePass):
+    """Add `moe_forward` (moe_prefill's schedule returning what the backward reads) and
+    `moe_backward` (its derivative) for every k3.latent_moe with bf16/fp32 expert weights."""
+
+    name = "derive-moe-backward"
+    block_rows: int = 128  # the pair list's blocks, as lower-moe-experts' block-rows
+    # the dgrad GEMMs' tiles: BR token rows (dense), BN output and BD reduction columns
+    dgrad_block_r: int = 64
+    dgrad_block_n: int = 128
+    dgrad_block_d: int = 64
+    # the wgrad GEMMs' [BN, BD] weight tiles, BR token rows a step (dense; an expert's run steps by block_rows)
+    wgrad_block_r: int = 64
+    wgrad_block_n: int = 128
+    wgrad_block_d: int = 128
+    row_block: int = 16  # the RMSNorm adjoint's rows per program
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_num_warps(self.name, self.num_warps)
+        check_power_of_two(self.name, "block-rows", self.block_rows, 256)
+        for option in ("dgrad_block_r", "dgrad_block_n", "dgrad_block_d", "wgrad_block_r", "wgrad_block_n",
+                       "wgrad_block_d", "row_block"):
+            check_power_of_two(self.name, option.replace("_", "-"), getattr(self, option), 256)
+        if self.block_rows < 16:
+            raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
+        if any(isinstance(layer, LatentMoEOp) and Widths.of(layer).mxfp4 for layer in op.ops):
+            return  # MXFP4 weights are packed for serving: no gradient for them
+        forwards = {}
+
+        def forward(layer: LatentMoEOp) -> k3s.EntryOp:
+            forwards[layer.sym_name.data] = MoeEntry(layer, "forward", self.num_warps, saving=True).expert_centric(
+                self.block_rows, "moe_forward")
+            return forwards[layer.sym_name.data]
+
+        add_entries(op, LatentMoEOp, forward)
+        add_entries(op, LatentMoEOp, lambda layer: MoeBackward(layer, forwards[layer.sym_name.data], self).derive())
