@@ -26,7 +26,7 @@ DEFAULT_PIPELINES = {
     "gated_deltanet": RECURRENCE_PIPELINE,
     "deltanet": RECURRENCE_PIPELINE,
     "gla": RECURRENCE_PIPELINE,
-    "attnres": "fuse-attnres,derive-attnres-backward,derive-block-attnres,outline-kernels",
+    "attnres": "fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward,outline-kernels",
     "latent_moe": "lower-moe-routing,lower-moe-experts,derive-moe-backward,outline-kernels",
     # no kernels derived: attention runs on torch's (k3compile.vision; docs/vision.md)
     "vision": "",

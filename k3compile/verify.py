@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import os
 import tempfile
@@ -26,7 +25,9 @@ import torch.nn.functional as F
 from k3compile.driver import CompiledLayer, lower, write_module
 from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
-from k3compile.verify_backward import GRADIENT_FP32_TOLERANCE, gradient_rows, gradient_tolerance
+from k3compile.verify_attnres import (AttnResCase, attnres_cases, attnres_tolerance, quick_attnres_cases,
+                                      run_attnres_case)
+from k3compile.verify_backward import gradient_rows, gradient_tolerance
 from k3compile.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 
 # RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
@@ -349,104 +350,6 @@ def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype,
     return [("o", o, ref_o), ("final_state", final, ref_final)]
 
 
-# --- AttnRes -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AttnResCase:
-    name: str
-    sources: int
-    batch: int
-    length: int
-
-
-def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
-    """`k3c verify --quick`: the most sources (all blocks + the partial one), an odd row count."""
-    most = spec.params["num_blocks"] + 1
-    yield spec, "aggregate", [AttnResCase(f"S={most} (all blocks + partial), B3 T5", most, 3, 5)]
-    yield spec, "aggregate_backward", [AttnResCase(f"S={most} (all blocks + partial), B3 T5", most, 3, 5)]
-    if most > 1:
-        yield spec, "block_merge", [AttnResCase(f"two phases: {most - 1} blocks + partial, Q={BLOCK_QUERIES}, B3 T5",
-                                                most, 3, 5)]
-
-
-def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
-    most = spec.params["num_blocks"] + 1
-    length = 1023 if on_gpu else 5
-    # on a GPU also 4092 rows: from 2048 (fuse-attnres's grouped-from-rows) the entry launches
-    # its kernel over groups of rows, below its kernel of a program per row
-    many_rows = [AttnResCase(f"S={most}, B4 T{length} (groups of rows)", most, 4, length)] if on_gpu else []
-    yield spec, "aggregate", [
-        AttnResCase(f"S={most} (all blocks + partial), B2 T{length}", most, 2, length),
-        *many_rows,
-        AttnResCase("S=1 (first block)", 1, 1, 3),
-        AttnResCase(f"S={max(1, most // 2)}, B3 T7", max(1, most // 2), 3, 7),
-    ]
-    yield spec, "aggregate_backward", [  # the fused backward: d sources, d query, d gain
-        AttnResCase(f"S={most} (all blocks + partial), B2 T{length}", most, 2, length),
-        AttnResCase("S=1 (first block)", 1, 1, 3),
-    ]
-    D = not_power_of_two(spec.params["hidden_size"])
-    npow2 = variant(spec, "npow2", hidden_size=D)
-    yield npow2, "aggregate", [AttnResCase(f"D={D} (not a power of two), S={most}", most, 2, 3)]
-    yield npow2, "aggregate_backward", [AttnResCase(f"D={D} (not a power of two), S={most}", most, 2, 3)]
-    if most > 1:  # Block AttnRes's two phases: the completed blocks, then the partial sum
-        yield spec, "block_merge", [
-            AttnResCase(f"two phases: {most - 1} blocks + partial, Q={BLOCK_QUERIES}, B2 T{length}", most, 2, length),
-            AttnResCase(f"two phases: 1 block + partial, Q={BLOCK_QUERIES}, B1 T3", 2, 1, 3),
-        ]
-
-
-BLOCK_QUERIES = 3  # the pseudo-queries of a block in a two-phase case: more than a program's block of them
-
-
-def run_attnres_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, device, gen):
-    """aggregate: the one pass over the case's sources against reference.attnres.
-    aggregate_backward: the gradients of <dout, out> (dout random) for sources, query and gain,
-    from the fused backward fed by aggregate's out and log-sum-exp, against float64 autograd of
-    reference.attnres. block_merge:
-    Block AttnRes's two phases, block_partials over all sources but the last (the completed
-    blocks) with BLOCK_QUERIES queries, then block_merge of each query's partials with the last
-    source (the partial sum): the partials against reference.attnres_block_partials, each
-    query's h against the one-pass reference.attnres over all the sources."""
-    from k3compile.ir import reference
-
-    D = layer_op.hidden_size.value.data
-    queries = BLOCK_QUERIES if entry == "block_merge" else 1
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    # sources of different scales, as block sums grow with depth; non-zero queries so the
-    # softmax is not uniform
-    scales = torch.linspace(0.5, 4.0, case.sources, dtype=torch.float64)[:, None, None, None]
-    sources = (randn(case.sources, case.batch, case.length, D) * scales).to(device, dtype)
-    query = (randn(queries, D) * 2 / math.sqrt(D)).to(device, dtype)
-    gain = (1 + 0.1 * randn(queries, D)).to(device, dtype)
-    if entry == "aggregate":
-        out = layer.aggregate(sources, query[0], gain[0])[0]
-        return [("out", out, reference.attnres(layer_op, sources, query[0], gain[0]))]
-    if entry == "aggregate_backward":
-        out, lse = layer.aggregate(sources, query[0], gain[0], output_lse=True)
-        dout = randn(case.batch, case.length, D).to(device, dtype)
-        got = layer.aggregate_backward(sources, query[0], gain[0], out, lse, dout)
-        leaves = [x.detach().double().requires_grad_() for x in (sources, query[0], gain[0])]
-        reference.attnres(layer_op, *leaves).backward(dout.double().cpu())
-        return [(name, grad, leaf.grad) for name, grad, leaf in zip(("dsources", "dquery", "dgain"), got, leaves,
-                                                                     strict=True)]
-    completed, partial_sum = sources[:-1], sources[-1]
-    partials = layer.block_partials(completed, query, gain)
-    want = reference.attnres_block_partials(layer_op, completed, query, gain)
-    names = list(inspect.signature(layer.block_merge).parameters)[3:]  # the module's form of the partials
-    if names == ["block_lse", "block_mix"]:
-        want = reference.attnres_normalised_partials(*want)
-    rows = [(name, got, ref) for name, got, ref in zip(names, partials, want, strict=True)]
-    merged = torch.stack([layer.block_merge(partial_sum[None], query[j], gain[j], *(x[j] for x in partials))[0]
-                          for j in range(queries)])
-    one_pass = torch.stack([reference.attnres(layer_op, sources, query[j], gain[j]) for j in range(queries)])
-    return [*rows, ("out", merged, one_pass)]
-
-
 @dataclass(frozen=True)
 class Family:
     full: Callable  # (spec, on_gpu) -> (layer spec, entry, cases) of the full grid
@@ -463,17 +366,6 @@ def recurrence_tolerance(entry: str, tensor: str, dtype) -> float:
 FAMILIES: dict[str, Family] = {kind: Family(recurrence_cases, quick_recurrence_cases, run_recurrence_case,
                                             recurrence_tolerance)
                                for kind in RECURRENCE_KINDS}
-# AttnRes gradients in half precision, by fla's per-gradient tolerances for the like: d sources
-# per element as dv; d query and d gain, sums over every row and source, as dg
-ATTNRES_GRADIENT_HALF_TOLERANCE = {"dsources": 8e-3, "dquery": 2e-2, "dgain": 2e-2}
-
-
-def attnres_tolerance(entry: str, tensor: str, dtype) -> float:
-    if entry != "aggregate_backward":
-        return tolerance(entry, dtype)
-    return GRADIENT_FP32_TOLERANCE if dtype == torch.float32 else ATTNRES_GRADIENT_HALF_TOLERANCE[tensor]
-
-
 FAMILIES["attnres"] = Family(attnres_cases, quick_attnres_cases, run_attnres_case, attnres_tolerance)
 FAMILIES["latent_moe"] = Family(moe_cases, quick_moe_cases, run_moe_case, moe_tolerance)
 

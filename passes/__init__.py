@@ -61,6 +61,7 @@ _WHERE = {
     "fuse-attnres": ("fuse_attnres", "FuseAttnResPass"),
     "derive-attnres-backward": ("derive_attnres_backward", "DeriveAttnResBackwardPass"),
     "derive-block-attnres": ("derive_block_attnres", "DeriveBlockAttnResPass"),
+    "derive-block-attnres-backward": ("derive_block_attnres_backward", "DeriveBlockAttnResBackwardPass"),
     "lower-moe-routing": ("lower_moe_routing", "LowerMoeRoutingPass"),
     "lower-moe-experts": ("lower_moe_experts", "LowerMoeExpertsPass"),
     "derive-moe-backward": ("derive_moe_backward", "DeriveMoeBackwardPass"),

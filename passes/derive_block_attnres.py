@@ -37,7 +37,10 @@ functions of the input, so the first part runs once per block for all of them:
   per-row kernel too, for calls of fewer than grouped-from-rows token rows, as fuse-attnres's
   aggregate does.
 
-Forward only: neither phase has a backward entry (docs/attnres.md).
+For training the merge can also return each row's log-sum-exp over the partials and the partial
+sum (`lse`, fp32, an optional output: `block_merge(..., output_lse=True)`, the aggregate's store
+kept), from which derive-block-attnres-backward's merge backward recomputes the weights; phase
+1's backward recomputes them from its stored partials (docs/attnres.md).
 """
 
 from __future__ import annotations
@@ -77,18 +80,18 @@ def rows_held(queries: int) -> int:
     return 2 * queries + 1
 
 
-def default_queries_per_program(hidden_size: int) -> int:
-    """The most queries (a power of two, at most MOST_QUERIES_PER_PROGRAM) whose rows fit
-    ROW_TILE_BUDGET; at least one."""
+def default_queries_per_program(hidden_size: int, held=rows_held) -> int:
+    """The most queries (a power of two, at most MOST_QUERIES_PER_PROGRAM) whose `held(queries)`
+    rows fit ROW_TILE_BUDGET; at least one."""
     queries = MOST_QUERIES_PER_PROGRAM
-    while queries > 1 and rows_held(queries) * padded_width(hidden_size) > ROW_TILE_BUDGET:
+    while queries > 1 and held(queries) * padded_width(hidden_size) > ROW_TILE_BUDGET:
         queries //= 2
     return queries
 
 
-def partials_warps(hidden_size: int, queries: int) -> int:
-    """The warps that hold the program's rows at VALUES_PER_WARP each (warps_holding)."""
-    return warps_holding(rows_held(queries) * padded_width(hidden_size), VALUES_PER_WARP)
+def partials_warps(hidden_size: int, queries: int, held=rows_held) -> int:
+    """The warps that hold the program's `held(queries)` rows at VALUES_PER_WARP each (warps_holding)."""
+    return warps_holding(held(queries) * padded_width(hidden_size), VALUES_PER_WARP)
 
 
 PARTIALS = ("normalised", "numerator")  # derive-block-attnres{partials=...}: the stored form, default first
@@ -148,20 +151,23 @@ def grouped(kernel: k3s.KernelOp) -> bool:
     return any(isinstance(op, k3s.RowSourceLoopOp) for op in kernel.walk())
 
 
-def batch_over_queries(kernel: k3s.KernelOp, query: SSAValue) -> None:
-    """Give every value of the kernel that depends on `query` the leading tile dimension Q: the
-    results of an op reading such a value, and a loop's carried value (its initial value, block
-    argument, next value and result alike) when any of its four does."""
-    batched = {query}
+def batch_over_queries(kernel: k3s.KernelOp, *per_query: SSAValue, summed: tuple[type[Operation], ...] = ()
+                       ) -> None:
+    """Give every value of the kernel that depends on the `per_query` values (the folded query, the
+    loads of per-query tensors) the leading tile dimension Q: the results of an op reading such a
+    value, but for the ops of the `summed` types (their results sum their terms over the queries),
+    and a loop's carried value (its initial value, block argument, next value and result alike)
+    when any of its four does."""
+    batched = set(per_query)
     while True:
         count = len(batched)
         for op in kernel.walk():
-            if isinstance(op, (k3s.SourceLoopOp, k3s.RowSourceLoopOp)):
+            if isinstance(op, (k3s.SourceLoopOp, k3s.RowSourceLoopOp, k3s.RowLoopOp)):
                 for carried in zip(op.initial, op.body.block.args, op.body.block.last_op.carried, op.results,
                                    strict=True):
                     if batched.intersection(carried):
                         batched.update(carried)
-            elif batched.intersection(op.operands):
+            elif batched.intersection(op.operands) and not isinstance(op, summed):
                 batched.update(op.results)
         if len(batched) == count:
             break
@@ -261,6 +267,7 @@ def block_merge_entry(layer: AttnResOp, options: DeriveBlockAttnResPass) -> k3s.
         attnres_arg("gain", (D,)),
         *loaded,
         attnres_arg("out", ("B", "T", D), "output"),
+        attnres_arg("lse", ("B", "T"), "optional_output", "float32"),
     ]
     tensors = argument_values(arguments)
     kernels = [merge_kernel(kernel, layer, tensors, loaded, options.partials)
@@ -271,7 +278,8 @@ def block_merge_entry(layer: AttnResOp, options: DeriveBlockAttnResPass) -> k3s.
 
 def merge_kernel(kernel: k3s.KernelOp, layer: AttnResOp, tensors: dict[str, SSAValue], loaded: list[Operation],
                  partials: str) -> k3s.KernelOp:
-    """block_merge's kernel from an aggregate kernel: the softmax started from the partials."""
+    """block_merge's kernel from an aggregate kernel: the softmax started from the partials (its
+    normalised store and optional log-sum-exp store as the aggregate's)."""
     # the loop starts from the query's partials, not from nothing
     start = first(kernel, k3s.SoftmaxStartOp)
     load = make(LOAD_PARTIALS[partials], operands=[tensors[arg.sym_name.data] for arg in loaded],
@@ -281,7 +289,6 @@ def merge_kernel(kernel: k3s.KernelOp, layer: AttnResOp, tensors: dict[str, SSAV
     else:
         Rewriter.replace_op(start, load)
         del kernel.properties["num_stages"]  # one source: no next rows to load ahead
-    Rewriter.erase_op(first(kernel, k3s.StoreLseOp))
     rebind(kernel, {**tensors, "sources": tensors["partial_sum"]})
     return derived_kernel(kernel, layer, "block_merge")
 

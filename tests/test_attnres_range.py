@@ -101,6 +101,6 @@ def test_block_attnres_at_any_scale(layer, scale):
     queries, gains = torch.randn(Q, D) * 3 / math.sqrt(D), 1 + 0.3 * torch.randn(Q, D)
     partials = layer.block_partials(representatives, queries, gains)
     for j in range(Q):
-        (out,) = layer.block_merge(partial_sum[None], queries[j], gains[j], *(p[j] for p in partials))
+        out = layer.block_merge(partial_sum[None], queries[j], gains[j], *(p[j] for p in partials))[0]
         want = reference.attnres(op, sources, queries[j], gains[j])
         assert relative_error(out, want) < RTOL, f"query {j}"

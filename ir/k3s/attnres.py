@@ -295,7 +295,8 @@ class LoadRowOp(KeywordSyntax):
 class SoftmaxDeltaOp(KeywordSyntax):
     """delta = dh . h: the softmax's row correction sum_i p_i (dh . x_i), read off the saved
     output h = sum_i p_i x_i and its cotangent dh before the sources (FlashAttention's
-    D = rowsum(dO * O)), for the sources' cotangents; h is rounded to its dtype."""
+    D = rowsum(dO * O)), for the sources' cotangents; h is rounded to its dtype. Per query for a
+    block of queries (`<Q x D>` rows, a `<Q>` delta: Block AttnRes's phase 1)."""
 
     name = "k3s.softmax_delta"
     out_bar = operand_def(TileType)
@@ -304,9 +305,10 @@ class SoftmaxDeltaOp(KeywordSyntax):
     traits = traits_def(HasParent(RowLoopOp), Pure())
 
     def verify_(self) -> None:
-        expect_dims(self, "dh", tile_dims(self.out_bar), ("D",))
-        expect_dims(self, "h", tile_dims(self.out), ("D",))
-        expect_dims(self, "delta", tile_dims(self.delta), ())
+        per_query = ("Q",) if len(tile_dims(self.out_bar)) == 2 else ()
+        expect_dims(self, "dh", tile_dims(self.out_bar), (*per_query, "D"))
+        expect_dims(self, "h", tile_dims(self.out), (*per_query, "D"))
+        expect_dims(self, "delta", tile_dims(self.delta), per_query)
 
 
 @irdl_op_definition

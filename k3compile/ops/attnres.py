@@ -16,14 +16,16 @@ recomputed from the log-sum-exp; d sources, d query, d gain in one kernel). Both
 implementations, so torch.compile(fullgraph=True) captures a training step through them.
 Gradients come back in each input's dtype and shape.
 
-Block AttnRes's two phases (derive-block-attnres; docs/attnres.md, "Block AttnRes: two phases"),
-forward only:
+Block AttnRes's two phases (derive-block-attnres; docs/attnres.md, "Block AttnRes: two phases"):
 
     partials = attnres_block_partials(representatives, queries, gains)    # once per block
     h_j = attnres_block_merge([p[j] for p in partials], partial_sum, queries[j], gains[j])
 
 equal, up to rounding, to attnres_aggregate over the representatives and the partial sum with
-query j.
+query j, and differentiable as it is: each phase is a custom op (`k3compile::attnres_block_partials_<layer>`,
+`k3compile::attnres_block_merge_<layer>`) whose autograd formula runs the layer's
+`block_partials_backward` or `block_merge_backward` (derive-block-attnres-backward) through a
+second custom op; the merge also saves its log-sum-exp (marked non-differentiable).
 """
 
 from __future__ import annotations
@@ -137,9 +139,118 @@ def attnres_aggregate(sources: torch.Tensor, query: torch.Tensor, gain: torch.Te
     return layer_module(key).aggregate(sources, query, gain)[0]
 
 
-# --- Block AttnRes's two phases (forward only) -----------------------------------------------
+# --- Block AttnRes's two phases -------------------------------------------------------------
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def zeros_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """An output's cotangent, zeros where autograd passes none (the output was not used)."""
+    return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+
+@cache
+def block_partials_operator(key: AttnResKey):
+    """The custom op of phase 1 of the layer of `key`: representatives, queries, gains ->
+    (block_lse, block_mix), differentiable in all three through a second op running
+    block_partials_backward."""
+    name = key.module_name()
+
+    @torch.library.custom_op(f"k3compile::attnres_block_partials_{name}", mutates_args=())
+    def block_partials(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer_module(key).block_partials(representatives, queries, gains)
+
+    @block_partials.register_fake
+    def _(representatives, queries, gains):
+        _, B, T, D = representatives.shape
+        Q = queries.shape[0]
+        return (representatives.new_empty((Q, B, T), dtype=torch.float32),
+                representatives.new_empty((Q, B, T, D)))
+
+    @torch.library.custom_op(f"k3compile::attnres_block_partials_backward_{name}", mutates_args=())
+    def block_partials_backward(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor,
+                                block_lse: torch.Tensor, block_mix: torch.Tensor, dblock_lse: torch.Tensor,
+                                dblock_mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """drepresentatives, dqueries and dgains (fp32: every block of queries adds its share)."""
+        return layer_module(key).block_partials_backward(representatives, queries, gains, block_lse, block_mix,
+                                                         dblock_lse, dblock_mix)
+
+    @block_partials_backward.register_fake
+    def _(representatives, queries, gains, block_lse, block_mix, dblock_lse, dblock_mix):
+        return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (representatives, queries, gains))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs, *output)
+
+    def backward(ctx, dblock_lse, dblock_mix):
+        representatives, queries, gains, block_lse, block_mix = ctx.saved_tensors
+        grads = block_partials_backward(representatives, queries, gains, block_lse, block_mix,
+                                        zeros_if_none(dblock_lse, block_lse), zeros_if_none(dblock_mix, block_mix))
+        return tuple(grad.to(x.dtype) for grad, x in zip(grads, (representatives, queries, gains), strict=True))
+
+    block_partials.register_autograd(backward, setup_context=setup_context)
+    return block_partials
+
+
+@cache
+def block_merge_operator(key: AttnResKey):
+    """The custom op of phase 2 of the layer of `key`: partial_sum [B, T, D], query, gain, block_lse,
+    block_mix -> (out, lse), differentiable in all five through a second op running
+    block_merge_backward."""
+    name = key.module_name()
+
+    @torch.library.custom_op(f"k3compile::attnres_block_merge_{name}", mutates_args=())
+    def block_merge(partial_sum: torch.Tensor, query: torch.Tensor, gain: torch.Tensor, block_lse: torch.Tensor,
+                    block_mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer_module(key).block_merge(partial_sum[None], query, gain, block_lse, block_mix, output_lse=True)
+
+    @block_merge.register_fake
+    def _(partial_sum, query, gain, block_lse, block_mix):
+        return partial_sum.new_empty(partial_sum.shape), block_lse.new_empty(block_lse.shape)
+
+    @torch.library.custom_op(f"k3compile::attnres_block_merge_backward_{name}", mutates_args=())
+    def block_merge_backward(partial_sum: torch.Tensor, query: torch.Tensor, gain: torch.Tensor,
+                             block_lse: torch.Tensor, block_mix: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                             dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                          torch.Tensor]:
+        """dpartial_sum (its dtype), dquery and dgain (fp32), dblock_lse (fp32), dblock_mix (the
+        partial sum's dtype)."""
+        dpartial_sum, *grads = layer_module(key).block_merge_backward(partial_sum[None], query, gain, block_lse,
+                                                                      block_mix, out, lse, dout)
+        return dpartial_sum[0], *grads
+
+    @block_merge_backward.register_fake
+    def _(partial_sum, query, gain, block_lse, block_mix, out, lse, dout):
+        return (partial_sum.new_empty(partial_sum.shape), query.new_empty(query.shape, dtype=torch.float32),
+                gain.new_empty(gain.shape, dtype=torch.float32), block_lse.new_empty(block_lse.shape),
+                partial_sum.new_empty(block_mix.shape))
+
+    def setup_context(ctx, inputs, output):
+        out, lse = output
+        ctx.save_for_backward(*inputs, out, lse)
+        ctx.mark_non_differentiable(lse)  # a by-product saved for the backward: never a loss's input
+
+    def backward(ctx, dout, _dlse):
+        partial_sum, query, gain, block_lse, block_mix, out, lse = ctx.saved_tensors
+        grads = block_merge_backward(partial_sum, query, gain, block_lse, block_mix, out, lse,
+                                     zeros_if_none(dout, out))
+        return tuple(grad.to(x.dtype) for grad, x in zip(grads, (partial_sum, query, gain, block_lse, block_mix),
+                                                          strict=True))
+
+    block_merge.register_autograd(backward, setup_context=setup_context)
+    return block_merge
+
+
+def block_operator_name(phase: str, *fields) -> str:
+    """The name under torch.ops.k3compile of phase ("block_partials" or "block_merge") of the layer
+    whose AttnResKey has these fields, registering its ops (run, not traced, by torch.compile)."""
+    key = AttnResKey(*fields)
+    (block_partials_operator if phase == "block_partials" else block_merge_operator)(key)
+    return f"attnres_{phase}_{key.module_name()}"
+
+
+block_operator_name._dynamo_marked_constant = True  # as operator_name's
 
 
 def check_tensor(name: str, x, layout: str, sizes: dict[str, int], dtypes: tuple,
@@ -161,12 +272,6 @@ def check_tensor(name: str, x, layout: str, sizes: dict[str, int], dtypes: tuple
         raise ValueError(f"{name}: expected a tensor on {like[1].device} (as {like[0]}), got {x.device}")
 
 
-def check_forward_only(function: str, *tensors) -> None:
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
-        raise NotImplementedError(f"{function}: forward only (the two-phase form has no backward entry); call it "
-                                  "under torch.no_grad(), or train through attnres_aggregate")
-
-
 def attnres_block_partials(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor,
                            eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """Block AttnRes's phase 1, once per block: the softmax of each of the block's Q queries over
@@ -174,14 +279,17 @@ def attnres_block_partials(representatives: torch.Tensor, queries: torch.Tensor,
     queries and gains [Q, D] (query j's pseudo-query and RMSNorm gain). Returns per query and
     token the log-sum-exp of the scores, lse = log sum_i exp(s_i) [Q, B, T] fp32, and the
     softmax's mix of the representatives, sum_i softmax(s)_i b_i [Q, B, T, D] in their dtype
-    (derive-block-attnres's normalised partials)."""
-    check_forward_only("attnres_block_partials", representatives, queries, gains)
+    (derive-block-attnres's normalised partials). Differentiable in the three inputs (through
+    both results)."""
     sizes: dict[str, int] = {}
     check_tensor("representatives", representatives, "n,B,T,D", sizes, FLOAT_DTYPES)
     for name, x in (("queries", queries), ("gains", gains)):
         check_tensor(name, x, "Q,D", sizes, FLOAT_DTYPES, ("representatives", representatives))
     key = AttnResKey(sizes["D"], float(eps), max(NUM_BLOCKS, sizes["n"]))
-    return layer_module(key).block_partials(representatives.contiguous(), queries.contiguous(), gains.contiguous())
+    inputs = tuple(x.contiguous() for x in (representatives, queries, gains))
+    if needs_grad(*inputs) or torch.compiler.is_compiling():
+        return getattr(torch.ops.k3compile, block_operator_name("block_partials", *astuple(key)))(*inputs)
+    return layer_module(key).block_partials(*inputs)
 
 
 def attnres_block_merge(partials, partial_sum: torch.Tensor, query: torch.Tensor, gain: torch.Tensor,
@@ -189,12 +297,12 @@ def attnres_block_merge(partials, partial_sum: torch.Tensor, query: torch.Tensor
     """Block AttnRes's phase 2, at one aggregation point: its query's partials (block_lse [B, T]
     fp32, block_mix [B, T, D]: row j of each of attnres_block_partials's results, with the same
     eps) merged with the block's current partial sum [B, T, D] under its pseudo-query and RMSNorm
-    gain ([D] each). Returns h [B, T, D] in the partial sum's dtype."""
+    gain ([D] each). Returns h [B, T, D] in the partial sum's dtype. Differentiable in the five
+    inputs."""
     if not isinstance(partials, (tuple, list)) or len(partials) != 2:
         got = f"a {type(partials).__name__} of {len(partials)}" if isinstance(partials, (tuple, list)) else \
             type(partials).__name__
         raise ValueError(f"partials: expected (block_lse, block_mix) of one query, got {got}")
-    check_forward_only("attnres_block_merge", *partials, partial_sum, query, gain)
     sizes: dict[str, int] = {}
     check_tensor("partial_sum", partial_sum, "B,T,D", sizes, FLOAT_DTYPES)
     for name, x in (("query", query), ("gain", gain)):
@@ -202,7 +310,9 @@ def attnres_block_merge(partials, partial_sum: torch.Tensor, query: torch.Tensor
     block_lse, block_mix = partials
     check_tensor("block_lse", block_lse, "B,T", sizes, (torch.float32,), ("partial_sum", partial_sum))
     check_tensor("block_mix", block_mix, "B,T,D", sizes, FLOAT_DTYPES, ("partial_sum", partial_sum))
-    (out,) = layer_module(AttnResKey(sizes["D"], float(eps), NUM_BLOCKS)).block_merge(
-        partial_sum.contiguous()[None], query.contiguous(), gain.contiguous(), block_lse.contiguous(),
-        block_mix.contiguous())
-    return out
+    key = AttnResKey(sizes["D"], float(eps), NUM_BLOCKS)
+    inputs = tuple(x.contiguous() for x in (partial_sum, query, gain, block_lse, block_mix))
+    if needs_grad(*inputs) or torch.compiler.is_compiling():
+        return getattr(torch.ops.k3compile, block_operator_name("block_merge", *astuple(key)))(*inputs)[0]
+    partial_sum, *rest = inputs
+    return layer_module(key).block_merge(partial_sum[None], *rest)[0]

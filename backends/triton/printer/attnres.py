@@ -35,6 +35,12 @@ def _broadcast(value, dims: tuple[str, ...], name: str | None = None) -> str:
     return f"{name}[{', '.join(':' if d in own else 'None' for d in dims)}]"
 
 
+def _row_dot(a, b) -> str:
+    """a . b over the hidden columns of two tiles, one per query where either is `<Q x D>`."""
+    dims = max(k3s.tile_dims(a), k3s.tile_dims(b), key=len)
+    return f"tl.sum({_broadcast(a, dims)} * {_broadcast(b, dims)}{', axis=1' if len(dims) == 2 else ''})"
+
+
 class AttnRes:
     """TritonPrinter's methods for AttnRes (one per k3s op, and their helpers)."""
 
@@ -258,7 +264,7 @@ class AttnRes:
 
     def print_k3s_softmax_delta(self, op: k3s.SoftmaxDeltaOp) -> None:
         self.code.comment(op, "sum_i p_i (dh . x_i) = dh . h")
-        self.code(f"{register(op.delta)} = tl.sum({register(op.out_bar)} * {register(op.out)})")
+        self.code(f"{register(op.delta)} = {_row_dot(op.out_bar, op.out)}")
 
     def print_k3s_softmax_weight(self, op: k3s.SoftmaxWeightOp) -> None:
         self.code.comment(op, "p = exp(score - L), from the saved log-sum-exp")
@@ -266,7 +272,7 @@ class AttnRes:
 
     def print_k3s_weight_cotangent(self, op: k3s.WeightCotangentOp) -> None:
         self.code.comment(op, "dp = dh . x")
-        self.code(f"{register(op.weight_bar)} = tl.sum({register(op.out_bar)} * {register(op.row)})")
+        self.code(f"{register(op.weight_bar)} = {_row_dot(op.out_bar, op.row)}")
 
     def print_k3s_softmax_adjoint(self, op: k3s.SoftmaxAdjointOp) -> None:
         self.code.comment(op, "score_bar = p (dp - delta)")
@@ -275,29 +281,43 @@ class AttnRes:
 
     def print_k3s_rms_score_adjoint(self, op: k3s.RmsScoreAdjointOp) -> None:
         q, score, score_bar = (register(v) for v in (op.query, op.score, op.score_bar))
-        self.code.comment(op, "x_bar = score_bar (q - score x / (D rms)) / rms, x / rms as (x / s) / (rms / s)")
+        if "Q" not in k3s.tile_dims(op.query):
+            self.code.comment(op, "x_bar = score_bar (q - score x / (D rms)) / rms, x / rms as (x / s) / (rms / s)")
+            self.print_scaled_row(op.row, op.eps)
+            self.code(f"{register(op.row_bar)} = {score_bar} / (b_scale * b_scaled_rms) * "
+                      f"({q} - {score} / D * (b_scaled_row / b_scaled_rms))")
+            return
+        self.code.comment(op, "x_bar = sum_j score_bar_j (q_j - score_j x / (D rms)) / rms over the program's "
+                              "queries")
         self.print_scaled_row(op.row, op.eps)
-        self.code(f"{register(op.row_bar)} = {score_bar} / (b_scale * b_scaled_rms) * "
-                  f"({q} - {score} / D * (b_scaled_row / b_scaled_rms))")
+        self.code(f"{register(op.row_bar)} = (tl.sum({_broadcast(op.score_bar, ('Q', 'D'))} * {q}, axis=0) - "
+                  f"tl.sum({score_bar} * {score}) / D * (b_scaled_row / b_scaled_rms)) / (b_scale * b_scaled_rms)")
 
     def print_k3s_query_adjoint(self, op: k3s.QueryAdjointOp) -> None:
-        p, score_bar = (register(v) for v in (op.weight, op.score_bar))
+        dims = k3s.tile_dims(op.query_bar)
+        p, score_bar, k = _broadcast(op.weight, dims), _broadcast(op.score_bar, dims), _broadcast(op.row, dims, "b_k")
         self.code.comment(op, "k = x / rms = (x / s) / (rms / s): q_bar += score_bar k, kbar += p k, "
                               "sigma += score_bar")
         self.print_scaled_row(op.row, op.eps)
         self.code("b_k = b_scaled_row / b_scaled_rms",
-                  f"{register(op.updated_query_bar)} = {register(op.query_bar)} + {score_bar} * b_k",
-                  f"{register(op.updated_key_mean)} = {register(op.key_mean)} + {p} * b_k",
-                  f"{register(op.updated_score_bar_sum)} = {register(op.score_bar_sum)} + {score_bar}")
+                  f"{register(op.updated_query_bar)} = {register(op.query_bar)} + {score_bar} * {k}",
+                  f"{register(op.updated_key_mean)} = {register(op.key_mean)} + {p} * {k}",
+                  f"{register(op.updated_score_bar_sum)} = {register(op.score_bar_sum)} + {register(op.score_bar)}")
 
     def print_k3s_recentre_query_adjoint(self, op: k3s.RecentreQueryAdjointOp) -> None:
         self.code.comment(op, "q_bar -= sigma kbar: the scores' cotangents re-centred to sum to zero")
-        self.code(f"{register(op.updated)} = {register(op.query_bar)} - {register(op.score_bar_sum)} * "
-                  f"{register(op.key_mean)}")
+        sigma = _broadcast(op.score_bar_sum, k3s.tile_dims(op.query_bar))
+        self.code(f"{register(op.updated)} = {register(op.query_bar)} - {sigma} * {register(op.key_mean)}")
 
     def print_k3s_mix_adjoint(self, op: k3s.MixAdjointOp) -> None:
-        self.code.comment(op, "x_bar += p dh")
-        self.code(f"{register(op.updated)} = {register(op.row_bar)} + {register(op.weight)} * {register(op.out_bar)}")
+        if "Q" not in k3s.tile_dims(op.weight):
+            self.code.comment(op, "x_bar += p dh")
+            self.code(f"{register(op.updated)} = {register(op.row_bar)} + {register(op.weight)} * "
+                      f"{register(op.out_bar)}")
+            return
+        self.code.comment(op, "x_bar += sum_j p_j dh_j over the program's queries")
+        self.code(f"{register(op.updated)} = {register(op.row_bar)} + tl.sum({_broadcast(op.weight, ('Q', 'D'))} * "
+                  f"{register(op.out_bar)}, axis=0)")
 
     def print_k3s_store_source_cotangent(self, op: k3s.StoreSourceCotangentOp) -> None:
         self.code.comment(op)
@@ -309,6 +329,43 @@ class AttnRes:
         c = self.code
         c.comment(op, "q = w * gain: dw += q_bar * gain, dgain += q_bar * w, summed over the programs")
         q_bar = register(op.query_bar)
+        at, mask = ("o_d", "m_d") if "Q" not in k3s.tile_dims(op.query_bar) else \
+            ("o_q[:, None] * D + o_d[None, :]", "m_qd")
         for grad, other in ((op.dquery, op.gain), (op.dgain, op.pseudo_query)):
-            c(f"tl.atomic_add({tensor_name(grad)} + o_d, {q_bar} * tl.load({tensor_name(other)} + o_d, mask=m_d, "
-              f"other=0.0).to(tl.float32), mask=m_d)")
+            c(f"tl.atomic_add({tensor_name(grad)} + {at}, {q_bar} * tl.load({tensor_name(other)} + {at}, "
+              f"mask={mask}, other=0.0).to(tl.float32), mask={mask})")
+
+    # --- the backward of Block AttnRes's two phases ---------------------------------------------
+
+    def print_k3s_load_query_rows(self, op: k3s.LoadQueryRowsOp) -> None:
+        tensor = tensor_name(op.tensor)
+        if _tile_shape(op.rows) == "[BQ]":
+            self.code(f"{register(op.rows)} = tl.load({tensor} + o_q * R + i_r, mask=m_q, other=0.0).to(tl.float32)")
+        else:
+            self.code(f"{register(op.rows)} = tl.load({tensor} + (o_q[:, None] * R + i_r) * D + o_d[None, :], "
+                      "mask=m_qd, other=0.0).to(tl.float32)")
+
+    def print_k3s_lse_adjoint(self, op: k3s.LseAdjointOp) -> None:
+        self.code.comment(op, "the log-sum-exp's cotangent: score_bar = p (dp - (delta - lse_bar)), summing to "
+                              "lse_bar")
+        self.code(f"{register(op.shifted_delta)} = {register(op.delta)} - {register(op.lse_bar)}",
+                  f"{register(op.score_bar_sum)} = -{register(op.lse_bar)}")
+
+    def print_k3s_add_source_cotangent(self, op: k3s.AddSourceCotangentOp) -> None:
+        self.code.comment(op, "the program's queries' share of the row's cotangent")
+        self.code(f"tl.atomic_add({tensor_name(op.dsources)} + (i_s * R + i_r) * D + o_d, {register(op.row_bar)}, "
+                  "mask=m_d)")
+
+    def print_k3s_partials_adjoint(self, op: k3s.PartialsAdjointOp) -> None:
+        alpha = register(op.weight)
+        self.code.comment(op, "the partials as a source: alpha = exp(L_p - L), lse_bar = alpha (dh . mix - delta)")
+        self.code(f"{alpha} = tl.exp({register(op.partials_lse)} - {register(op.lse)})",
+                  f"{register(op.lse_bar)} = {alpha} * ({_row_dot(op.out_bar, op.mix)} - {register(op.delta)})")
+
+    def print_k3s_store_partials_cotangent(self, op: k3s.StorePartialsCotangentOp) -> None:
+        alpha, dmix = register(op.weight), tensor_name(op.dblock_mix)
+        self.code.comment(op, "d block_lse = lse_bar - alpha sigma (re-centred), d block_mix = alpha dh")
+        self.code(f"tl.store({tensor_name(op.dblock_lse)} + i_r, {register(op.lse_bar)} - {alpha} * "
+                  f"{register(op.score_bar_sum)})",
+                  f"tl.store({dmix} + i_r * D + o_d, ({alpha} * {register(op.out_bar)}).to({dmix}.dtype.element_ty), "
+                  "mask=m_d)")

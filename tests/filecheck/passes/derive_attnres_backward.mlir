@@ -92,4 +92,4 @@ builtin.module {
 // WARPS: {{^}}k3c opt: error: pipeline 'derive-attnres-backward{num-warps=3}': derive-attnres-backward: num-warps {{.*}}
 
 // PASSES: derive-attnres-backward
-// PASSES: attnres{{.*}}fuse-attnres,derive-attnres-backward,derive-block-attnres,outline-kernels
+// PASSES: attnres{{.*}}fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward,outline-kernels

@@ -12,7 +12,8 @@
 //   rows: grid row_group_query_block); at most num_blocks representatives.
 // - block_merge: the loop started from one query's partials (k3s.load_normalised_partials, or
 //   k3s.load_partials, where the aggregate has k3s.softmax_start) over the one source after
-//   them, the block's partial sum, and the aggregate's normalised store; nothing to pipeline.
+//   them, the block's partial sum, and the aggregate's normalised store and optional log-sum-exp
+//   store (for the backward); nothing to pipeline.
 // RUN: k3c opt %s -p derive-block-attnres | filecheck %s
 // RUN: k3c opt %s -p derive-block-attnres | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p derive-block-attnres --generic | k3c opt - | filecheck %s
@@ -80,6 +81,7 @@ builtin.module {
 // CHECK-NEXT:     %block_lse = k3s.tensor_arg @block_lse <role = input> : !k3s.tensor<B x T, float32>
 // CHECK-NEXT:     %block_mix = k3s.tensor_arg @block_mix <role = input> : !k3s.tensor<B x T x 96, float>
 // CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
+// CHECK-NEXT:     %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
 // CHECK-NEXT:     k3s.kernel @ar_block_merge <grid = row, num_warps = 4> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.load_normalised_partials %block_lse, %block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
@@ -92,6 +94,7 @@ builtin.module {
 // CHECK-NEXT:         k3s.next_source %max_3, %sum_3, %acc_3
 // CHECK-NEXT:       } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // CHECK-NEXT:       k3s.normalize_store %acc_1, %sum_1, %out
+// CHECK-NEXT:       k3s.store_lse %max_1, %sum_1, %lse
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT:   k3.attnres @wide
@@ -152,6 +155,7 @@ builtin.module {
 // GROUPS-NEXT:         %acc_4 = k3s.mix_accumulate %acc_3, %rescale, %p, %x : !k3s.tile<D>
 // GROUPS-NEXT:         k3s.at_row_end {
 // GROUPS-NEXT:           k3s.normalize_store %acc_4, %sum_4, %out
+// GROUPS-NEXT:           k3s.store_lse %max_4, %sum_4, %lse
 // GROUPS-NEXT:         }
 // SPLIT: {{^}}k3c opt: error: pipeline 'derive-block-attnres{grouped-from-rows=-1}': derive-block-attnres: grouped-from-rows must be >= 0 (0: always grouped), got -1{{$}}
 // ROWS0: {{^}}k3c opt: error: pipeline 'derive-block-attnres{rows-per-program=0}': derive-block-attnres: rows-per-program must be >= 1, got 0{{$}}

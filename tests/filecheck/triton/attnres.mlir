@@ -8,7 +8,7 @@
 
 // CHECK:      attnres: compiled attnres layer (k3compile {{[0-9.]+}}). Needs only torch and triton.
 // CHECK:      layer: k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
-// CHECK:      pipeline: fuse-attnres,derive-attnres-backward,derive-block-attnres,outline-kernels
+// CHECK:      pipeline: fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward,outline-kernels
 // CHECK-LABEL: def attnres_aggregate_kernel(
 // CHECK:      HAS_LSE: tl.constexpr,
 // CHECK:      # %q = k3s.fold_query %query, %gain <hidden_size = 7168>: RMSNorm gain folded into the pseudo-query
@@ -137,4 +137,4 @@
 // CHECK:      BR = 16
 // CHECK-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
 // CHECK:      return dsources, dquery, dgain
-// CHECK:      __all__ = ['aggregate', 'aggregate_backward', 'block_partials', 'block_merge']
+// CHECK:      __all__ = ['aggregate', 'aggregate_backward', 'block_partials', 'block_merge', 'block_partials_backward', 'block_merge_backward']

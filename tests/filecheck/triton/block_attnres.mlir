@@ -63,10 +63,10 @@
 // CHECK-NEXT: # k3s.normalize_store %acc, %sum, %out
 // CHECK-NEXT: tl.store(out + i_r * D + o_d, (b_acc / b_sum).to(out.dtype.element_ty), mask=m_d)
 
-// CHECK-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix):
+// CHECK-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix, output_lse=False):
 // CHECK:      _check_tensor("block_mix", block_mix, "B,T,7168", "float", dims, partial_sum.device)
 // CHECK:      if not 1 <= dims["S"] <= 1:
-// CHECK:      return out,
+// CHECK:      return out, lse
 
 // NUMERATOR-LABEL: def attnres_block_partials_kernel(
 // NUMERATOR:      # k3s.store_partials %max, %sum, %acc, %block_max, %block_normaliser, %block_numerator: {{.*}}
@@ -81,7 +81,7 @@
 // NUMERATOR-NEXT: b_max = tl.load(block_max + i_r)
 // NUMERATOR-NEXT: b_sum = tl.load(block_normaliser + i_r)
 // NUMERATOR-NEXT: b_acc = tl.load(block_numerator + i_r * D + o_d, mask=m_d, other=0.0)
-// NUMERATOR-LABEL: def block_merge(partial_sum, query, gain, block_max, block_normaliser, block_numerator):
+// NUMERATOR-LABEL: def block_merge(partial_sum, query, gain, block_max, block_normaliser, block_numerator, output_lse=False):
 // NUMERATOR:      _check_tensor("block_numerator", block_numerator, "B,T,7168", "float32", dims, partial_sum.device)
 
 // GROUPS-LABEL: def attnres_block_partials_groups_kernel(
@@ -113,7 +113,7 @@
 // GROUPS-NEXT: b_max = tl.where(i_s == 0, b_row_max, b_max)
 // GROUPS-NEXT: b_sum = tl.where(i_s == 0, b_row_sum, b_sum)
 // GROUPS-NEXT: b_acc = tl.where(i_s == 0, b_row_acc, b_acc)
-// GROUPS-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix):
+// GROUPS-LABEL: def block_merge(partial_sum, query, gain, block_lse, block_mix, output_lse=False):
 // GROUPS:      if all(grid) and dims["B"] * dims["T"] <= 2047:
 // GROUPS:      grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
 // GROUPS-NEXT: if all(grid) and dims["B"] * dims["T"] >= 2048:

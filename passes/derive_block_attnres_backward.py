@@ -1,0 +1,223 @@
+"""derive-block-attnres-backward: k3.attnres -> `block_partials_backward` and
+`block_merge_backward`, the backward of Block AttnRes's two phases, derived from
+derive-attnres-backward's aggregate backward by the splits derive-block-attnres makes of the
+aggregate's forward.
+
+The merge takes the softmax over the completed representatives one source further, so the two
+phases together are the aggregate's softmax over [b_0 .. b_{n-1}, x] split after b_{n-1}; their
+backward is the aggregate's backward split at the same place, the softmax recomputed from saved
+log-sum-exps as there:
+
+- block_merge_backward: h = alpha m + beta x over two sources, the partials (score: their
+  log-sum-exp L_p, row: the normalised mix m) and the partial sum x (score s = q . x / rho(x)),
+  alpha = exp(L_p - L), beta = exp(s - L), L the merged log-sum-exp the forward saves
+  (block_merge(..., output_lse=True)). It is the aggregate's backward kernel over the one source x
+  with the partials' adjoint before its loop (k3s.partials_adjoint: alpha and the partials' score
+  cotangent lse_bar = alpha (dh . m - delta), delta = dh . h off the saved output as there) and
+  their stores after it (k3s.store_partials_cotangent: d block_lse = lse_bar - alpha sigma,
+  d block_mix = alpha dh). The partials' score cotangent starts the loop's sum sigma of the
+  scores' cotangents, so the query's re-centring (q_bar -= sigma kbar) and d block_lse's take the
+  rounding of the saved output out of both. d partial_sum, d query and d gain as the aggregate's.
+- block_partials_backward: per query j and token, lse_j = log sum_i exp(s_ij) and the mix
+  m_j = sum_i p_ij b_i (p_ij = exp(s_ij - lse_j)); with their cotangents lse_bar_j and m_bar_j,
+  s_bar_ij = p_ij (m_bar_j . b_i - m_bar_j . m_j + lse_bar_j). It is the aggregate's backward kernel
+  batched over the program's block of queries as block_partials batches the forward: the saved
+  log-sum-exp, output and its cotangent become the block's rows of block_lse, block_mix and
+  d block_mix (k3s.load_query_rows), every value that depends on them or on the folded query gets
+  the tile dimension Q, and the log-sum-exp's cotangent is taken from delta (k3s.lse_adjoint, which
+  also starts sigma at -lse_bar: the scores' cotangents sum to lse_bar). A representative row is
+  read once for the program's queries; its cotangent (k3s.rms_score_adjoint and k3s.mix_adjoint
+  sum their terms over the queries) is added into a zero-filled fp32 d representatives by atomics
+  (k3s.add_source_cotangent), since every block of queries of the row adds its share; d queries and
+  d gains are summed over the program's rows and added by atomics as the aggregate's.
+
+Grids: block_merge_backward row_group (a program per group of `rows-per-program` token rows),
+block_partials_backward row_group_query_block (a program per group of rows and block of queries).
+Only the normalised partials (derive-block-attnres's default) have a backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from k3compile.ir import k3s
+from k3compile.ir.k3 import AttnResOp
+from k3compile.passes.common import add_entries, argument_values, check_num_warps, check_power_of_two, make, props, \
+    rebind
+from k3compile.passes.derive_attnres_backward import aggregate_backward_entry
+from k3compile.passes.derive_block_attnres import batch_over_queries, default_queries_per_program, first, \
+    partials_warps
+from k3compile.passes.fuse_attnres import attnres_arg, row_warps
+
+
+def backward_rows_held(queries: int) -> int:
+    """The [next_pow2(D)] fp32 rows a block_partials_backward program holds: per query its folded
+    query, d mix, its query cotangent and kbar; a representative's row and its cotangent."""
+    return 4 * queries + 2
+
+
+def aggregate_backward_kernel(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass, num_warps: int
+                              ) -> k3s.KernelOp:
+    """A copy of derive-attnres-backward's kernel of the layer, reading the tensors of an entry that
+    is not in the module: what both phases' backward is derived from (rebind points the copy at its
+    own entry's arguments)."""
+    entry = aggregate_backward_entry(layer, options.rows_per_program, num_warps, options.num_stages)
+    return k3s.entry_kernels(entry)[0].clone()
+
+
+def row_load(kernel: k3s.KernelOp, tensor: str) -> Operation:
+    """The kernel's k3s.load_row of the argument named `tensor` (lse, out, dout)."""
+    return next(op for op in kernel.walk() if isinstance(op, k3s.LoadRowOp) and k3s.argument_name(op.tensor) == tensor)
+
+
+def start_score_bar_sum(kernel: k3s.KernelOp, start: SSAValue) -> None:
+    """The source loop's sum of the scores' cotangents starts from `start`, not from zero."""
+    zeros = first(kernel, k3s.SourceLoopOp).initial[2].owner
+    zeros.results[0].replace_all_uses_with(start)
+    Rewriter.erase_op(zeros)
+
+
+def derived(kernel: k3s.KernelOp, layer: AttnResOp, entry: str, **values) -> k3s.KernelOp:
+    kernel.properties.update(props(k3s.KernelOp, sym_name=f"{layer.sym_name.data}_{entry}", **values))
+    return kernel
+
+
+def block_merge_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass) -> k3s.EntryOp:
+    D = layer.hidden_size.value.data
+    arguments = [
+        attnres_arg("partial_sum", ("S", "B", "T", D)),
+        attnres_arg("query", (D,)),
+        attnres_arg("gain", (D,)),
+        attnres_arg("block_lse", ("B", "T"), dtype="float32"),
+        attnres_arg("block_mix", ("B", "T", D)),
+        attnres_arg("out", ("B", "T", D)),
+        attnres_arg("lse", ("B", "T"), dtype="float32"),
+        attnres_arg("dout", ("B", "T", D)),
+        attnres_arg("dpartial_sum", ("S", "B", "T", D), "output"),
+        attnres_arg("dquery", (D,), "output", "float32", fill=0),
+        attnres_arg("dgain", (D,), "output", "float32", fill=0),
+        attnres_arg("dblock_lse", ("B", "T"), "output", "float32"),
+        attnres_arg("dblock_mix", ("B", "T", D), "output"),
+    ]
+    tensors = argument_values(arguments)
+    warps = options.num_warps or min(4 * row_warps(layer), k3s.MAX_NUM_WARPS)
+    kernel = aggregate_backward_kernel(layer, options, warps)
+    # the partials are the merge's first source: their weight and score cotangent before the loop
+    delta = first(kernel, k3s.SoftmaxDeltaOp)
+    lse, dout = row_load(kernel, "lse").results[0], row_load(kernel, "dout").results[0]
+    partials_lse = make(k3s.LoadRowOp, operands=[tensors["block_lse"]], result=("partials_lse", k3s.tile()))
+    mix = make(k3s.LoadRowOp, operands=[tensors["block_mix"]], result=("mix", k3s.tile("D")))
+    adjoint = make(k3s.PartialsAdjointOp, operands=[partials_lse.results[0], lse, mix.results[0], dout,
+                                                    delta.results[0]],
+                   results=[("alpha", k3s.tile()), ("lse_bar", k3s.tile())])
+    Rewriter.insert_op([partials_lse, mix, adjoint], InsertPoint.after(delta))
+    alpha, lse_bar = adjoint.results
+    start_score_bar_sum(kernel, lse_bar)
+    # after the loop sigma sums every score's cotangent: the partials' re-centred and stored
+    recentre = first(kernel, k3s.RecentreQueryAdjointOp)
+    store = make(k3s.StorePartialsCotangentOp, operands=[alpha, lse_bar, recentre.score_bar_sum, dout,
+                                                         tensors["dblock_lse"], tensors["dblock_mix"]])
+    Rewriter.insert_op(store, InsertPoint.after(recentre))
+    rebind(kernel, {**tensors, "sources": tensors["partial_sum"], "dsources": tensors["dpartial_sum"]})
+    del kernel.properties["num_stages"]  # one source: no next rows to load ahead
+    kernel = derived(kernel, layer, "block_merge_backward")
+    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_merge_backward", source=layer.sym_name.data,
+                max_sources=1)
+
+
+# the aggregate backward's saved tensors and the per-query tensors of block_partials_backward in their place
+PER_QUERY = {"lse": "block_lse", "out": "block_mix", "dout": "dblock_mix"}
+
+
+def block_partials_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass) -> k3s.EntryOp:
+    D = layer.hidden_size.value.data
+    arguments = [
+        attnres_arg("representatives", ("S", "B", "T", D)),
+        attnres_arg("queries", ("Q", D)),
+        attnres_arg("gains", ("Q", D)),
+        attnres_arg("block_lse", ("Q", "B", "T"), dtype="float32"),
+        attnres_arg("block_mix", ("Q", "B", "T", D)),
+        attnres_arg("dblock_lse", ("Q", "B", "T"), dtype="float32"),
+        attnres_arg("dblock_mix", ("Q", "B", "T", D)),
+        attnres_arg("drepresentatives", ("S", "B", "T", D), "output", "float32", fill=0),
+        attnres_arg("dqueries", ("Q", D), "output", "float32", fill=0),
+        attnres_arg("dgains", ("Q", D), "output", "float32", fill=0),
+    ]
+    tensors = argument_values(arguments)
+    queries = options.queries_per_program or default_queries_per_program(D, backward_rows_held)
+    warps = options.num_warps or partials_warps(D, queries, backward_rows_held)
+    kernel = aggregate_backward_kernel(layer, options, warps)
+    # the saved rows per query
+    loads = []
+    for name, per_query in PER_QUERY.items():
+        load = row_load(kernel, name)
+        rows = make(k3s.LoadQueryRowsOp, operands=[tensors[per_query]],
+                    result=(load.results[0].name_hint, k3s.tile(*k3s.tile_dims(load.results[0]))))
+        Rewriter.replace_op(load, rows)
+        loads.append(rows.results[0])
+    # the log-sum-exp's cotangent, taken from delta
+    delta = first(kernel, k3s.SoftmaxDeltaOp)
+    lse_bar = make(k3s.LoadQueryRowsOp, operands=[tensors["dblock_lse"]], result=("lse_bar", k3s.tile()))
+    adjoint = make(k3s.LseAdjointOp, operands=[delta.results[0], lse_bar.results[0]],
+                   results=[("delta", k3s.tile()), ("score_bar_sum", k3s.tile())])
+    Rewriter.insert_op([lse_bar, adjoint], InsertPoint.after(delta))
+    delta.results[0].replace_uses_with_if(adjoint.results[0], lambda use: use.operation is not adjoint)
+    start_score_bar_sum(kernel, adjoint.results[1])
+    # a representative's cotangent: the program's queries' share, added to the other blocks'
+    stored = first(kernel, k3s.StoreSourceCotangentOp)
+    Rewriter.replace_op(stored, make(k3s.AddSourceCotangentOp, operands=list(stored.operands)))
+    fold = first(kernel, k3s.FoldQueryOp)
+    fold.properties.update(props(k3s.FoldQueryOp, queries=queries))
+    batch_over_queries(kernel, fold.query, *loads, lse_bar.results[0],
+                       summed=(k3s.RmsScoreAdjointOp, k3s.MixAdjointOp))
+    rebind(kernel, {**tensors, "sources": tensors["representatives"], "query": tensors["queries"],
+                    "gain": tensors["gains"], "dsources": tensors["drepresentatives"],
+                    "dquery": tensors["dqueries"], "dgain": tensors["dgains"]})
+    kernel = derived(kernel, layer, "block_partials_backward", grid="row_group_query_block")
+    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_partials_backward", source=layer.sym_name.data,
+                max_sources=layer.num_blocks.value.data)
+
+
+def normalised_partials(module: ModuleOp, name: str) -> None:
+    """ValueError unless the module's block_merge entries (if any) take the normalised partials."""
+    for op in module.ops:
+        if isinstance(op, k3s.EntryOp) and op.sym_name.data.endswith("block_merge"):
+            if not any(isinstance(arg, k3s.TensorArgOp) and arg.sym_name.data == "block_lse" for arg in op.body.ops):
+                raise ValueError(f"{name}: the backward takes derive-block-attnres's normalised partials "
+                                 f"(partials=normalised), got {op.sym_name.data} with the numerator form")
+
+
+@dataclass(frozen=True)
+class DeriveBlockAttnResBackwardPass(ModulePass):
+    """Add the `block_partials_backward` and `block_merge_backward` entries for every k3.attnres."""
+
+    name = "derive-block-attnres-backward"
+    # both kernels' token rows a program (derive-attnres-backward's 16): the query's cotangent is
+    # summed over them in registers before the atomics. Not timed for these kernels.
+    rows_per_program: int = 16
+    # block_partials_backward's block of queries (a power of two); 0: the most whose
+    # backward_rows_held rows fit derive-block-attnres's budget (1 at K3's width, 32 at D = 48)
+    queries_per_program: int = 0
+    # 0: the merge's as the aggregate backward's (4x the aggregate's warps), the partials' by the
+    # rows they hold (partials_warps)
+    num_warps: int = 0
+    num_stages: int = 3
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.rows_per_program < 1:
+            raise ValueError(f"{self.name}: rows-per-program must be >= 1, got {self.rows_per_program}")
+        if self.queries_per_program:
+            check_power_of_two(self.name, "queries-per-program", self.queries_per_program)
+        if self.num_warps:
+            check_num_warps(self.name, self.num_warps)
+        if self.num_stages < 1:
+            raise ValueError(f"{self.name}: num-stages must be >= 1, got {self.num_stages}")
+        normalised_partials(op, self.name)
+        add_entries(op, AttnResOp, lambda layer: block_partials_backward_entry(layer, self))
+        add_entries(op, AttnResOp, lambda layer: block_merge_backward_entry(layer, self))
