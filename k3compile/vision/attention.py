@@ -74,7 +74,9 @@ def image_block_mask(lengths, device):
         return image[q_idx] == image[kv_idx]
 
     total = sum(lengths)
-    return create_block_mask(same_image, None, None, total, total, device=device)
+    # compiled on a GPU: the mask is evaluated block by block, never as a total x total tensor
+    return create_block_mask(same_image, None, None, total, total, device=device,
+                             _compile=torch.device(device).type == "cuda")
 
 
 def flex_block_mask(q, k, v, lengths, scale=None, block_mask=None) -> torch.Tensor:

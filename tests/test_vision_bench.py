@@ -1,0 +1,24 @@
+"""The vision benches' CPU modes: bench/vision_attention_gpu.py --smoke checks every backend it
+runs against fp32 SDPA per image before timing and writes its table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from conftest import REPO
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_attention_bench_smoke(tmp_path, capsys):
+    assert load("vision_attention_gpu").main(["--smoke", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "vision_attention.json").read_text())["records"]
+    assert {r["backend"] for r in records} == {"sdpa", "flex"}
+    assert all("error" not in r and r["max_error"] < 1e-4 for r in records), records
+    assert "| tiny mix |" in (tmp_path / "vision_attention.md").read_text()
