@@ -22,3 +22,16 @@ def test_attention_bench_smoke(tmp_path, capsys):
     assert {r["backend"] for r in records} == {"sdpa", "flex"}
     assert all("error" not in r and r["max_error"] < 1e-4 for r in records), records
     assert "| tiny mix |" in (tmp_path / "vision_attention.md").read_text()
+
+
+def test_bubbles_sim_small(tmp_path, capsys):
+    """bench/vision_bubbles_sim.py at PP 2 and 4, three microbatches: its table and records, the
+    bubble-filled step never above the ViT-before-the-pipeline one."""
+    assert load("vision_bubbles_sim").main(["--out", str(tmp_path), "--stages", "2,4", "--microbatches", "3",
+                                            "--tokens", "1024"]) == 0
+    records = json.loads((tmp_path / "vision_bubbles_sim.json").read_text())["records"]
+    assert len(records) == 2
+    for r in records:
+        assert r["text_step_ms"] <= r["bubbles_step_ms"] <= r["before_step_ms"] + 1e-6
+        assert r["floor_exposed"] <= r["bubbles_exposed"] + 1e-9
+    assert "| 1,024 | 4 | 3 |" in (tmp_path / "vision_bubbles_sim.md").read_text()
