@@ -76,6 +76,10 @@ class ModelSpec:
         except KeyError:
             raise AttributeError(key) from None
 
+    def table(self) -> dict[str, Any]:
+        """The `[model]` table of this spec (model_spec_from_table(spec.table()) == spec)."""
+        return {key: value for key, value in self.params.items() if value is not None}
+
     @property
     def points_per_block(self) -> int:
         """Aggregation points a full block holds: two a layer (before the mixer and the FFN)."""

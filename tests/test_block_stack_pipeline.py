@@ -1,0 +1,119 @@
+"""The block stack over torch.distributed.pipelining (k3compile.stack_pipeline) in 2 and 4 gloo
+processes on the CPU (tests/pipeline_worker.py): one training step gives the loss and every
+parameter's gradient of the single-process stack run on the same microbatches (fp32, 1e-5), and the bytes each stage's P2P sends
+carried, forward and backward, equal the plan's (k3compile.pipeline_plan) and, with several
+stages a rank, are below resending every completed block. Fresh random weights and inputs each
+run; the torch form of the aggregate where the interpreter would be too slow, the compiled KDA
+and aggregate in one 2-process run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from conftest import REPO
+from k3compile.pipeline_plan import plan_pipeline
+from k3compile.stack import build_stack
+from k3compile.stack_spec import model_spec_from_table
+
+WORKER = REPO / "tests" / "pipeline_worker.py"
+SMALL = dict(hidden_size=24, num_layers=8, layer_pattern="attn", block_size=2, attn_heads=2, attn_head_dim=8,
+             ffn_hidden_size=40, attnres="torch", dtype="float32")
+
+
+def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=None, schedule=None,
+             microbatches: int | None = None, vocab: int = 0, tokens: int = 6, timeout: float = 240):
+    """One pipelined training step in `world` processes and the same step in this one: returns
+    (plan, the ranks' outputs, the single-process loss and gradients, microbatches, tensor bytes)."""
+    microbatches = microbatches or world
+    spec = model_spec_from_table({**table, "vocab_size": vocab})
+    model = build_stack(spec)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    B = microbatches
+    x = torch.randint(0, vocab, (B, tokens)) if vocab else torch.randn(B, tokens, spec.hidden_size)
+    target = torch.randn(B, tokens, vocab or spec.hidden_size)
+    torch.save(dict(table=spec.table(), state=model.state_dict(), x=x, target=target, stages_per_rank=stages_per_rank,
+                    cuts=cuts, microbatches=microbatches, schedule=schedule), workdir / "case.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "K3C_POISON_OUTPUTS": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(workdir)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for r, (proc, log) in enumerate(zip(procs, logs)):
+        assert proc.returncode == 0, f"rank {r} failed:\n{log[-3000:]}"
+    outs = [torch.load(workdir / f"out{r}.pt") for r in range(world)]
+    loss = 0  # the same microbatches in one process, their gradients accumulated
+    for x_mb, target_mb in zip(x.chunk(microbatches), target.chunk(microbatches)):
+        mb_loss = ((model(x_mb) - target_mb) ** 2).sum()
+        mb_loss.backward()
+        loss = loss + mb_loss.detach()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    plan = plan_pipeline(spec, world, stages_per_rank, cuts=cuts)
+    return plan, outs, loss, grads, microbatches, tokens * spec.hidden_size * 4
+
+
+def check_step(plan, outs, loss, grads, microbatches, tensor_bytes) -> None:
+    losses = [value for out in outs for value in out["losses"]]
+    assert len(losses) == microbatches
+    assert abs(sum(losses) - loss) <= 1e-5 * abs(loss)
+    got: dict[str, torch.Tensor] = {}
+    for out in outs:
+        for name, grad in out["grads"].items():
+            assert name not in got, f"{name}: gradients on two ranks"
+            got[name] = grad
+    assert got.keys() == grads.keys(), "every parameter's gradient on the rank of its stage"
+    for name, want in grads.items():
+        err = ((got[name] - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+        assert err <= 1e-5, f"{name}: relative error {err:.2e}"
+    sent_fwd = {s: n for out in outs for s, n in out["sent"]["fwd"].items()}
+    sent_bwd = {s: n for out in outs for s, n in out["sent"]["bwd"].items()}
+    for b in plan.boundaries:  # the backward of stage b.source + 1 returns what b sent
+        assert sent_fwd[b.source] == b.tensors * tensor_bytes * microbatches, f"boundary {b.source} forward"
+        assert sent_bwd[b.source + 1] == b.tensors * tensor_bytes * microbatches, f"boundary {b.source} backward"
+    assert sent_fwd.get(len(plan.stages) - 1, 0) == 0 and sent_bwd.get(0, 0) == 0
+
+
+def test_two_ranks_one_stage_each(tmp_path):
+    """Schedule1F1B: each boundary sends every completed block (a rank sees them once)."""
+    plan, *rest = run_step(SMALL, 2, 1, tmp_path, vocab=11)
+    check_step(plan, *rest)
+    assert [b.sent for b in plan.boundaries] == [(0, 1, 2)] and not plan.boundaries[0].partial
+
+
+def test_two_ranks_two_stages_cut_inside_blocks(tmp_path):
+    """ScheduleLoopedBFS, every cut inside a block (the partial sum crosses too): rank 0's second
+    stage gets b0 and b1 from its cache, only b2 over the wire."""
+    plan, *rest = run_step(SMALL, 2, 2, tmp_path, cuts=[0, 1, 3, 5, 8], schedule="looped-bfs")
+    check_step(plan, *rest)
+    assert [(b.cached, b.sent, b.partial) for b in plan.boundaries] == [
+        ((), (0,), True), ((0,), (1,), True), ((0, 1), (2,), True)]
+    assert sum(b.tensors for b in plan.boundaries) < sum(b.resend_all_tensors for b in plan.boundaries)
+
+
+def test_four_ranks_two_stages(tmp_path):
+    """ScheduleInterleaved1F1B over 4 ranks, blocks of 3 over 11 layers (the last block partial)."""
+    plan, *rest = run_step({**SMALL, "num_layers": 11, "block_size": 3}, 4, 2, tmp_path)
+    check_step(plan, *rest)
+    cached = [b for b in plan.boundaries if b.cached]
+    assert cached and sum(b.tensors for b in plan.boundaries) < sum(b.resend_all_tensors for b in plan.boundaries)
+
+
+def test_compiled_layers_two_ranks_two_stages(tmp_path):
+    """KDA (chunk_kda) and the compiled aggregate, checkpointed, under the interleaved schedule."""
+    table = {**SMALL, "hidden_size": 16, "num_layers": 4, "layer_pattern": "kda,attn", "kda_heads": 1,
+             "kda_head_dim": 16, "attnres": "aggregate"}
+    plan, *rest = run_step(table, 2, 2, tmp_path, cuts=[0, 1, 2, 3, 4], tokens=5)
+    check_step(plan, *rest)
