@@ -3,9 +3,10 @@ scale, against the ViT before the pipeline, in the first stage, and as its own s
 
     python3 bench/vision_bubbles_sim.py --out bench/results      # with matplotlib: the PNG too
 
-Costs are analytic (FLOPs at one MFU for text and ViT alike; no GPU measured them yet):
-- text: 32B activated parameters a token (Kimi K2's public figure; K3's is not public), 8,192
-  tokens a microbatch, forward 2 x params x tokens split evenly over the PP stages, backward 2x;
+Costs are analytic (FLOPs at 40% of H100's bf16 peak for text and ViT alike; no GPU measured them):
+- text: 32B activated parameters a token (Kimi K2's public figure; K3's is not public), --tokens
+  a microbatch (8,192 and 32,768), forward 2 x params x tokens split evenly over the PP stages,
+  backward 2x;
 - ViT: MoonViT (27 layers of k3compile.vision's cost model: hidden 1152, 16 x 72 heads, MLP 4304),
   each microbatch's images drawn from the synthetic distribution (log-normal 256 .. 65,536
   patches; a video in some) until it holds --patches patches; backward 2x forward;
@@ -135,7 +136,8 @@ def main(argv=None) -> int:
                     shown = (stages, microbatches, tokens, schedules)
                 rows.append(row(record, tokens))
     table = ["Step time in seconds (exposed ViT time: step minus text-only step, over the ViT's compute per rank "
-             "if spread evenly); own stage uses S + 1 GPUs. Costs: " + " ".join(__doc__.split("\n\n")[2].split()),
+             "if spread evenly; floor: k3compile.vision.bubbles.exposure_floor); own stage uses S + 1 GPUs. "
+             + " ".join(__doc__.split("\n\n")[2].split("Writes OUT")[0].split()),
              "", "| text tokens / microbatch | PP | microbatches | text stage fwd ms | ViT fwd ms / microbatch | text only "
                  "| ViT per rank | ViT before pipeline | ViT in first stage | ViT own stage | ViT in bubbles | floor "
                  "| live ViT microbatches |",
