@@ -261,3 +261,29 @@ def compile_member(kind: str, layout: str, pipeline: str, out_dir, prefix: str):
     compiled = compile_layer(spec, out_dir=out_dir, pipeline=pipeline)
     compiled.module.POISON_OUTPUTS = True
     return compiled, next(iter(spec_to_module(spec).ops))
+
+
+# --- ranks of a gloo group: one process per rank ---------------------------------------------
+
+
+def run_worker_ranks(worker: Path, world: int, workdir: Path, env: dict, timeout: float = 300) -> list:
+    """Run `python worker RANK WORLD WORKDIR` in `world` processes (each joins a gloo group through
+    a file in workdir and writes workdir/out<RANK>.pt); every rank must exit 0; per rank, what it
+    wrote. A rank that hangs is killed after `timeout` seconds."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, str(worker), str(r), str(world), str(workdir)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for r, (proc, log) in enumerate(zip(procs, logs)):
+        assert proc.returncode == 0, f"rank {r} failed:\n{log[-3000:]}"
+    return [torch.load(workdir / f"out{r}.pt") for r in range(world)]
