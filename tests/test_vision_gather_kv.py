@@ -6,13 +6,12 @@ random inputs, for whole and split images (uneven pieces, several sub-groups a r
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import run_worker_ranks
 from k3compile.frontend import spec_to_module
 from k3compile.ir import vision as reference
 from k3compile.passes.plan_vision_cp import parse_image, plan_vision_cp
@@ -30,23 +29,9 @@ BATCHES = {
 CONFIG = dict(hidden_size=12, num_heads=HEADS, head_dim=DIM, mlp_dim=10, rope_theta=100.0)
 
 
-def run_ranks(world: int, cases: list[dict], workdir: Path, timeout: float = 300) -> list[list]:
+def run_ranks(world: int, cases: list[dict], workdir: Path) -> list[list]:
     torch.save(cases, workdir / "cases.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(workdir)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for r, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"rank {r} failed:\n{log[-3000:]}"
-    return [torch.load(workdir / f"out{r}.pt") for r in range(world)]
+    return run_worker_ranks(WORKER, world, workdir, {**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def lengths_of(images) -> list[int]:
