@@ -45,6 +45,9 @@ Each pass is one idea, named for what it derives:
   side, the first on a side stream (the backward's state and cotangent scans);
 - merge-identical-kernels: kernels of different entries with the same code run one code (the
   backend runs both after fixing block sizes).
+
+plan_vision_cp.py is no pass of a pipeline: a planner run per batch (its input is the batch's
+images, not the layer), `k3c plan-vision` (docs/vision.md).
 """
 
 from __future__ import annotations
