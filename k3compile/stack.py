@@ -16,7 +16,10 @@ Training: each point's aggregate and pre-norm run under torch.utils.checkpoint (
 what the backward keeps of a point is what the checkpoint holds, the representatives and the
 partial sum (which exist anyway), and the aggregate is recomputed from them in the backward.
 Activation memory is that of the same stack with plain residuals (attnres = "none") plus the
-representatives (tests/test_block_stack.py measures it).
+representatives (tests/test_block_stack.py measures it). attnres = "two_phase" runs Block
+AttnRes's phase 1 once for a block's points and recomputes it once in the backward
+(k3compile.stack_two_phase: the same floor, no torch checkpoint); "torch" is the aggregate's
+definition in torch ops (the baseline).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from torch.utils import checkpoint as torch_checkpoint
 
 from k3compile.errors import SpecError, UnsupportedError
 from k3compile.stack_spec import ModelSpec, load_model_spec
+from k3compile.stack_two_phase import BlockPartials
 
 __all__ = ["BlockStack", "build_stack"]
 
@@ -151,16 +155,31 @@ class BlockStack(nn.Module):
 
     def finish(self, reps: list[torch.Tensor], partial: torch.Tensor | None) -> torch.Tensor:
         """The final point's output (hidden states, or logits with a vocabulary)."""
-        u = self.point_input(self.final, reps, partial)
+        if self.spec.attnres == "two_phase":
+            u = BlockPartials(reps, [self.final], self.spec.eps).point_input(0, partial)
+        else:
+            u = self.point_input(self.final, reps, partial)
         return self.head(u) if self.head is not None else u
 
     def run_layers(self, start: int, stop: int, reps: list[torch.Tensor], partial: torch.Tensor | None):
+        S = self.spec.block_size
+        block = None
         for index in range(start, stop):
             layer = self.layers[index]
+            if self.spec.attnres == "two_phase" and block is None:  # phase 1 for the block's points in this run
+                points = [p for later in self.layers[index:min(stop, (index // S + 1) * S)] for p in later.points]
+                block, k = BlockPartials(reps, points, self.spec.eps), 0
             for point, sublayer in zip(layer.points, (layer.mixer, layer.ffn)):
-                out = sublayer(self.point_input(point, reps, partial))
+                if block is not None:
+                    u, k = block.point_input(k, partial), k + 1
+                else:
+                    u = self.point_input(point, reps, partial)
+                out = sublayer(u)
                 partial = out if partial is None else partial + out
-            if self.spec.attnres != "none" and (index + 1) % self.spec.block_size == 0:
+            if block is not None and ((index + 1) % S == 0 or index + 1 == stop):
+                block.end_forward()
+                block = None
+            if self.spec.attnres != "none" and (index + 1) % S == 0:
                 reps, partial = [*reps, partial], None  # the block's representative: its partial sum, kept
         return reps, partial
 
@@ -201,29 +220,6 @@ def one_phase(sources: list[torch.Tensor], query, gain, eps: float) -> torch.Ten
     return attnres_aggregate(torch.stack(sources), query, gain, eps)
 
 
-def two_phase(sources: list[torch.Tensor], query, gain, eps: float) -> torch.Tensor:
-    """Block AttnRes's two phases at one point: block_partials over the representatives (this
-    point's query), block_merge with the partial sum (the last source). Trains only where the ops
-    have a backward: an op that refuses inputs requiring grad, or returns a result that does not
-    require grad while its inputs do, stops the step with one line."""
-    from k3compile.ops.attnres import attnres_aggregate, attnres_block_merge, attnres_block_partials
-
-    if len(sources) == 1:  # no partial sum and one representative: the aggregate is the identity's mix
-        return attnres_aggregate(sources[0][None], query, gain, eps)
-    reps, partial = torch.stack(sources[:-1]), sources[-1]
-    try:
-        lse, mix = attnres_block_partials(reps, query[None], gain[None], eps)
-        h = attnres_block_merge((lse[0], mix[0]), partial, query, gain, eps)
-    except NotImplementedError as err:
-        raise NotImplementedError(f"attnres = 'two_phase' cannot train: {err}; use attnres = 'aggregate' "
-                                  "(or run the stack under torch.no_grad())") from None
-    if torch.is_grad_enabled() and not h.requires_grad and any(
-            t.requires_grad for t in (*sources, query, gain)):
-        raise NotImplementedError("attnres = 'two_phase': block_merge's result does not require grad while its "
-                                  "inputs do (the gradients would be dropped); use attnres = 'aggregate'")
-    return h
-
-
 def torch_ops(sources: list[torch.Tensor], query, gain, eps: float) -> torch.Tensor:
     """The aggregate's definition in torch ops (autograd saves its intermediates: under the
     checkpoint they are recomputed too): the baseline the compiled forms are measured against, and
@@ -233,7 +229,7 @@ def torch_ops(sources: list[torch.Tensor], query, gain, eps: float) -> torch.Ten
     return (torch.softmax(scores.float(), dim=0).to(x.dtype)[..., None] * x).sum(0)
 
 
-ATTNRES = {"aggregate": one_phase, "two_phase": two_phase, "torch": torch_ops}
+ATTNRES = {"aggregate": one_phase, "torch": torch_ops}
 
 
 def check_input(spec: ModelSpec, x) -> None:

@@ -4,7 +4,7 @@ parameter's gradient of the single-process stack run on the same microbatches (f
 carried, forward and backward, equal the plan's (k3compile.pipeline_plan) and, with several
 stages a rank, are below resending every completed block. Fresh random weights and inputs each
 run; the torch form of the aggregate where the interpreter would be too slow, the compiled KDA
-and aggregate in one 2-process run."""
+and two phases in one 2-process run."""
 
 from __future__ import annotations
 
@@ -112,8 +112,9 @@ def test_four_ranks_two_stages(tmp_path):
 
 
 def test_compiled_layers_two_ranks_two_stages(tmp_path):
-    """KDA (chunk_kda) and the compiled aggregate, checkpointed, under the interleaved schedule."""
+    """KDA (chunk_kda) and the compiled two phases under the interleaved schedule, every stage a
+    layer of a block of 2 (phase 1 for half a block a stage, recomputed in its backward)."""
     table = {**SMALL, "hidden_size": 16, "num_layers": 4, "layer_pattern": "kda,attn", "kda_heads": 1,
-             "kda_head_dim": 16, "attnres": "aggregate"}
+             "kda_head_dim": 16, "attnres": "two_phase"}
     plan, *rest = run_step(table, 2, 2, tmp_path, cuts=[0, 1, 2, 3, 4], tokens=5)
     check_step(plan, *rest)
