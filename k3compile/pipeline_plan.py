@@ -2,7 +2,7 @@
 block representatives each stage boundary carries (docs/block-stack.md, "The pipeline plan").
 
     plan = plan_pipeline(spec, ranks=4, stages_per_rank=2, costs={"kda": 1.0, "attn": 1.3})
-    print(plan.table(tokens=4096))                 # k3c plan-pipeline examples/k3_stack.toml --ranks 4 ...
+    print(plan.table(tokens=4096))                 # k3c plan-pipeline examples/models/k3_stack.toml --ranks 4 ...
 
 Stages are placed as torch.distributed.pipelining's looped schedules place them (stage s on rank
 s mod P: ScheduleInterleaved1F1B, ScheduleLoopedBFS; Schedule1F1B with v = 1). The cut points

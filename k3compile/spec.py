@@ -209,9 +209,8 @@ def spec_from_table(table: dict[str, Any], source: str = "<spec>") -> LayerSpec:
     return LayerSpec(name=name, kind=kind, params=params, source=source)
 
 
-def load_spec(path: str | Path) -> LayerSpec:
-    """Read and validate a layer spec file; raises SpecError with a one-line message."""
-    path = Path(path)
+def read_toml(path: Path) -> dict[str, Any]:
+    """A spec file's TOML document; SpecError with a one-line message (also k3compile.stack_spec's)."""
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not TOML
     except FileNotFoundError:
@@ -221,9 +220,15 @@ def load_spec(path: str | Path) -> LayerSpec:
     except UnicodeDecodeError as err:
         raise SpecError(f"{path}: not UTF-8 text (byte {err.start})") from None
     try:
-        document = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise SpecError(f"{path}: not valid TOML ({err})") from None
+
+
+def load_spec(path: str | Path) -> LayerSpec:
+    """Read and validate a layer spec file; raises SpecError with a one-line message."""
+    path = Path(path)
+    document = read_toml(path)
     extra = sorted(set(document) - {"layer"})
     if extra:
         raise SpecError(f"{path}: unknown table or key '{extra[0]}'; a spec holds one [layer] table")

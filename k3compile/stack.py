@@ -1,7 +1,7 @@
 """A K3-style block stack as one torch.nn.Module, built from a `[model]` spec (docs/block-stack.md):
 
     from k3compile.stack import build_stack
-    model = build_stack("examples/k3_stack.toml")          # or a ModelSpec
+    model = build_stack("examples/models/k3_stack.toml")   # or a ModelSpec
     y = model(x)                                             # x [B, T, D] (token ids [B, T] with vocab_size)
 
 Layers follow the spec's pattern (KDA through k3compile.ops.kda.chunk_kda, attention through

@@ -19,13 +19,12 @@ vs got). Needs no torch, so the pipeline planner (`k3c plan-pipeline`) reads it 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from k3compile.errors import SpecError
-from k3compile.spec import REQUIRED, Key, _check_value
+from k3compile.spec import REQUIRED, Key, _check_value, read_toml
 
 MIXERS = ("kda", "attn")
 FFNS = ("dense", "moe")
@@ -126,18 +125,7 @@ def model_spec_from_table(table: dict[str, Any], source: str = "<model spec>") -
 def load_model_spec(path: str | Path) -> ModelSpec:
     """Read and validate a model spec file; raises SpecError with a one-line message."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such spec file") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read spec file ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{path}: not valid TOML ({err})") from None
+    document = read_toml(path)
     extra = sorted(set(document) - {"model"})
     if extra:
         raise SpecError(f"{path}: unknown table or key '{extra[0]}'; a model spec holds one [model] table")

@@ -72,7 +72,7 @@ def assert_close(got: dict, want: dict, rtol: float) -> None:
 
 
 def test_example_spec_is_k3_pattern():
-    spec = load_model_spec(EXAMPLES / "k3_stack.toml")
+    spec = load_model_spec(EXAMPLES / "models" / "k3_stack.toml")
     assert spec.layers == ("kda", "kda", "kda", "attn") * 2 and spec.num_blocks == 4
     k3 = model_spec_from_table({**TINY, "num_layers": 93, "block_size": 12, "layer_pattern": "kda,kda,kda,attn"})
     assert k3.num_blocks == 8 and k3.layers.count("attn") == 23 and k3.layers[-1] == "kda"

@@ -98,7 +98,7 @@ def test_plan_refusals(call, words):
 
 
 def test_cli_prints_the_plan(capsys):
-    code, out, err = run_cli(capsys, "plan-pipeline", EXAMPLES / "k3_stack.toml", "--ranks", "4",
+    code, out, err = run_cli(capsys, "plan-pipeline", EXAMPLES / "models" / "k3_stack.toml", "--ranks", "4",
                              "--stages-per-rank", "2", "--cost", "kda=1", "--cost", "attn=1.5", "--tokens", "64")
     assert code == 0 and err == ""
     assert "4 ranks x 2 stages" in out and "| 7 | 3 |" in out and "resending every block" in out
@@ -112,7 +112,7 @@ def test_cli_prints_the_plan(capsys):
     (("--ranks", "2", "--tokens", "0"), "--tokens: expected a positive integer"),
 ])
 def test_cli_errors(capsys, argv, words):
-    assert words in bad_input(capsys, "plan-pipeline", EXAMPLES / "k3_stack.toml", *argv)
+    assert words in bad_input(capsys, "plan-pipeline", EXAMPLES / "models" / "k3_stack.toml", *argv)
 
 
 def test_cli_refuses_a_layer_spec(capsys):
