@@ -1,6 +1,8 @@
 """Differential verification of the LatentMoE layer (`k3c verify` on a latent_moe spec): its
 entries route, moe_decode and moe_prefill against reference.latent_moe_routing and
-reference.latent_moe in float64 (computed on the inputs' device, one expert at a time). MXFP4
+reference.latent_moe in float64 (computed on the inputs' device, one expert at a time), and the
+training pair moe_forward + moe_backward: every gradient against torch autograd of the reference
+(float64 leaves on a CPU; on a GPU fp32 leaves, the reference's arithmetic still float64). MXFP4
 expert weights are drawn as for bf16 and packed by the module's pack_expert_weights: the kernels
 are verified against dequantise-then-reference, so the tolerances are bf16's (the dequantised
 weights are exact in every dtype; what MXFP4 loses is the packing's, not the kernels').
@@ -24,9 +26,17 @@ import torch
 from k3compile.spec import LayerSpec
 
 GPU_EXPERTS = 128
+# the backward's GPU layer: the spec's widths with this many experts (the reference's autograd
+# holds fp32 copies of every weight and their gradients: 4 GB at K3's widths)
+GPU_BACKWARD_EXPERTS = 32
 # the outputs pass through four roundings to the input dtype (h, the GLU activations, each
 # expert's weighted output, out), each a relative error of up to 2**-8 in bf16
 MOE_RMS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# the gradients pass through the forward's roundings and as many again (each cotangent stored in
+# the input dtype: the GLU halves' and the per-pair input cotangents; the GEMMs' operands)
+MOE_GRAD_RMS_TOLERANCE = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2.5e-2}
+DIFFERENTIABLE = ("x", "router_weight", "expert_gate_up", "expert_down", "latent_down", "latent_up",
+                  "latent_norm_gain", "shared_gate_up", "shared_down")
 TIE_GAP = 1e-4  # in s + bias: far above fp32 accumulation over the hidden width
 
 
@@ -53,8 +63,8 @@ def small_layer(spec: LayerSpec, suffix: str = "small", **changes) -> LayerSpec:
     return dataclasses.replace(spec, name=f"{spec.name}_{suffix}", params={**p, **small})
 
 
-def gpu_layer(spec: LayerSpec) -> LayerSpec:
-    E = min(spec.params["num_experts"], GPU_EXPERTS)
+def gpu_layer(spec: LayerSpec, experts: int = GPU_EXPERTS) -> LayerSpec:
+    E = min(spec.params["num_experts"], experts)
     if E == spec.params["num_experts"]:
         return spec
     return dataclasses.replace(spec, name=f"{spec.name}_{E}experts",
@@ -66,6 +76,13 @@ def quick_moe_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, 
     yield layer, "route", [MoeCase("R5", 5)]
     yield layer, "moe_decode", [MoeCase("R5", 5)]
     yield layer, "moe_prefill", [MoeCase("R37, crowded experts", 37, crowded=True)]
+    if trains(spec):
+        yield gpu_layer(spec, GPU_BACKWARD_EXPERTS) if on_gpu else layer, "moe_backward", [MoeCase("R37", 37)]
+
+
+def trains(spec: LayerSpec) -> bool:
+    """Whether the spec's module has moe_backward (MXFP4 expert weights have none)."""
+    return spec.params["expert_weight_format"] == "bf16"
 
 
 def moe_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[MoeCase]]]:
@@ -79,6 +96,12 @@ def moe_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, l
             MoeCase("R7, crowded experts", 7, crowded=True)]
         yield layer, "moe_prefill", [MoeCase(f"R{r}", r) for r in ((33, 2048) if large else (1, 37))] + [
             MoeCase(f"R{300 if large else 37}, crowded experts", 300 if large else 37, crowded=True)]
+        if trains(spec) and not large:
+            yield layer, "moe_backward", [MoeCase("R1", 1), MoeCase("R37", 37),
+                                          MoeCase("R37, crowded experts", 37, crowded=True)]
+    if trains(spec) and on_gpu:
+        yield gpu_layer(spec, GPU_BACKWARD_EXPERTS), "moe_backward", [
+            MoeCase("R256", 256), MoeCase("R300, crowded experts", 300, crowded=True)]
 
 
 def boundary_gaps(scores: torch.Tensor, top_k: int, every_rank: bool) -> torch.Tensor:
@@ -147,13 +170,35 @@ def run_moe_case(layer, entry: str, layer_op, case: MoeCase, dtype, device, gen)
         # the experts exactly, in order: a wrong one shows as a difference of at least 1
         return [("topk_ids", out_ids, ids.to(out_ids.device, torch.float64)), ("topk_weights", out_weights, weights)]
     arguments = routing | expert_weights(layer_op, dtype, device, gen)
+    if entry == "moe_backward":
+        return backward_rows(layer, layer_op, arguments, gen)
     if layer_op.weight_format == "mxfp4":  # packed by the module itself; the reference dequantises them
         arguments |= layer.pack_expert_weights(arguments.pop("expert_gate_up"), arguments.pop("expert_down"))
     (out,) = getattr(layer, entry)(**arguments)
     return [("out", out, reference.latent_moe(layer_op, **arguments))]
 
 
+def backward_rows(layer, layer_op, arguments: dict, gen) -> list:
+    """moe_forward, then moe_backward on what it saved and a fresh output cotangent, against
+    autograd of reference.latent_moe: the output and every gradient."""
+    from k3compile.ir import reference
+
+    x = arguments["x"]
+    saved = dict(zip(layer.module.OUTPUT_DTYPES["moe_forward"], layer.moe_forward(**arguments), strict=True))
+    out = saved.pop("out")
+    dout = torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device, x.dtype)
+    grads = layer.moe_backward(**arguments, **saved, dout=dout)
+    leaf_dtype = torch.float64 if x.device.type == "cpu" else torch.float32
+    leaves = {n: t.detach().to(leaf_dtype).requires_grad_(n in DIFFERENTIABLE) for n, t in arguments.items()}
+    ref = reference.latent_moe(layer_op, **leaves)
+    ref.backward(dout.to(torch.float64))
+    names = [n[1:] for n in layer.module.OUTPUT_DTYPES["moe_backward"]]
+    return [("out", out, ref.detach()), *((f"d{n}", g, leaves[n].grad.double()) for n, g in zip(names, grads, strict=True))]
+
+
 def moe_tolerance(entry: str, tensor: str, dtype) -> float:
     """The chosen experts exactly; the routing weights as fp32 arithmetic on the same inputs
-    gives them; the layer's output per MOE_RMS_TOLERANCE."""
+    gives them; the layer's output per MOE_RMS_TOLERANCE, the gradients per MOE_GRAD_RMS_TOLERANCE."""
+    if entry == "moe_backward" and tensor != "out":
+        return MOE_GRAD_RMS_TOLERANCE[dtype]
     return {"topk_ids": 0.0, "topk_weights": 1e-5}.get(tensor, MOE_RMS_TOLERANCE[dtype])

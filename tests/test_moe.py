@@ -35,9 +35,9 @@ def layer(request, compile_layer):
                          shared_ffn_dim=Fs, activation=activation, dtype="float32")
 
 
-def weights(layer, generator_seed: int = 0) -> dict:
-    """Fresh weights in reference.latent_moe's layouts, scaled so activations stay O(1)."""
-    p = layer.spec.params
+def weights(p: dict) -> dict:
+    """Fresh weights in reference.latent_moe's layouts for the spec parameters p, scaled so
+    activations stay O(1)."""
     d, l, E, F = p["hidden_size"], p["latent_dim"], p["num_experts"], p["expert_ffn_dim"]
     S, Fs = p["num_shared_experts"], p["shared_ffn_dim"]
     w = l or d
@@ -52,10 +52,14 @@ def weights(layer, generator_seed: int = 0) -> dict:
     return out
 
 
-def moe_inputs(layer, R: int) -> dict:
-    p = layer.spec.params
+def inputs_of(p: dict, R: int) -> dict:
+    """Fresh inputs of a layer of the spec parameters p at R tokens (no near ties in the routing)."""
     x, router_weight, router_bias = routing_inputs(R, p["hidden_size"], p["num_experts"], p["top_k"])
-    return {"x": x, "router_weight": router_weight, "router_bias": router_bias, **weights(layer)}
+    return {"x": x, "router_weight": router_weight, "router_bias": router_bias, **weights(p)}
+
+
+def moe_inputs(layer, R: int) -> dict:
+    return inputs_of(layer.spec.params, R)
 
 
 def assert_moe(layer, arguments: dict, schedule: str) -> None:

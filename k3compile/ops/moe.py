@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, astuple, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cache
 from pathlib import Path
 
@@ -61,6 +61,12 @@ class MoeKey:
     eps: float = 1e-6
 
     kind = "latent_moe"
+
+    def __post_init__(self) -> None:
+        # the name of its custom op (not a field): what a traced call reads of the key, a string,
+        # which torch.compile keeps constant where it may make a changed integer field symbolic
+        object.__setattr__(self, "operator", f"latent_moe_{self.module_name()}")
+        _KEYS[self.operator] = self
 
     @classmethod
     def of(cls, spec) -> MoeKey:
@@ -111,6 +117,7 @@ class MoeKey:
 
 
 DTYPE_CLASSES = {"float32": torch.float32, "index": torch.int32}
+_KEYS: dict[str, MoeKey] = {}  # the keys made in this process, by their operator's name
 
 
 @cache
@@ -169,12 +176,11 @@ def moe_operator(key: MoeKey):
     return forward
 
 
-def operator_name(*fields) -> str:
-    """The name of the layer op of the MoeKey with these fields, under torch.ops.k3compile,
-    registering its ops (run, not traced, by torch.compile)."""
-    key = MoeKey(*fields)
-    moe_operator(key)
-    return f"latent_moe_{key.module_name()}"
+def operator_name(name: str) -> str:
+    """`name` (a MoeKey's operator), its ops registered under torch.ops.k3compile (run, not
+    traced, by torch.compile)."""
+    moe_operator(_KEYS[name])
+    return name
 
 
 # torch.compiler.assume_constant_result without importing torch._dynamo, as
@@ -224,6 +230,6 @@ def latent_moe(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.
     check_arguments(key, tensors)
     tensors = {n: t.contiguous() if t is not None else None for n, t in tensors.items()}
     if needs_grad(*tensors.values()) or torch.compiler.is_compiling():
-        op = getattr(torch.ops.k3compile, operator_name(*astuple(key)))
+        op = getattr(torch.ops.k3compile, operator_name(key.operator))
         return op(*tensors.values())[0]
     return layer_module(key).moe(**{n: t for n, t in tensors.items() if t is not None})[0]
