@@ -9,7 +9,8 @@ Costs are analytic (FLOPs at 40% of H100's bf16 peak for text and ViT alike; no 
   backward 2x;
 - ViT: MoonViT (27 layers of k3compile.vision's cost model: hidden 1152, 16 x 72 heads, MLP 4304),
   each microbatch's images drawn from the synthetic distribution (log-normal 256 .. 65,536
-  patches; a video in some) until it holds --patches patches; backward 2x forward;
+  patches; a video in some) until it holds --patches patches; backward 3x forward (2x, and the
+  forward recomputed: k3compile.vision.runner keeps no encoder activations between VF and VB);
 - a bubble takes pieces of at least a layer over an eighth of a microbatch's images.
 Writes OUT/vision_bubbles_sim.md and .json, and OUT/vision_bubbles_sim.png if matplotlib imports.
 """
@@ -50,7 +51,7 @@ def costs_for(stages: int, microbatches: int, tokens: int, args):
     text_forward = 2 * args.active_params * tokens / flops_per_ms / stages
     vit = microbatch_vit_ms(microbatches, args.patches, args.seed, flops_per_ms)
     return PipelineCosts(forward=(text_forward,) * stages, backward=(2 * text_forward,) * stages,
-                         vit_forward=tuple(vit), vit_backward=tuple(2 * t for t in vit),
+                         vit_forward=tuple(vit), vit_backward=tuple(args.vit_backward * t for t in vit),
                          chunk=min(vit) / 27 / 8, latency=args.latency)
 
 
@@ -125,6 +126,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mfu", type=float, default=0.4)
     parser.add_argument("--latency", type=float, default=0.05, help="ms to send embeddings / their gradient")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vit-backward", type=float, default=3.0,
+                        help="ViT backward over forward time (default 3: 2 and the recomputed forward)")
     args = parser.parse_args(argv)
     rows, records, shown = [], [], None
     for tokens in (int(t) for t in args.tokens.split(",")):

@@ -106,3 +106,77 @@ def test_plans_of_the_cases_split_over_several_groups():
     split = [g for g in plan.groups if g[1] > 1]
     assert len(set(split)) >= 2 and any(size == 4 for _, size in split)
     assert any(len({p.stop - p.start for p in pieces}) > 1 for pieces, g in zip(plan.pieces, plan.groups) if g[1] > 1)
+
+
+# --- the bubble-filled schedule, run: PP 2 x CP 2 over 4 gloo processes --------------------------
+
+PIPELINE = dict(stages=2, cp=2, layers=3, text_width=6, text_hidden=7,
+                vit_config=dict(hidden_size=8, num_heads=2, head_dim=4, mlp_dim=9, rope_theta=30.0))
+MICROBATCHES = [["6x5", "2x3"], ["3x4", "1x1", "4x4"], ["2x2x6", "5x2"], ["7x4"], ["3x3", "2x5", "1x6"]]
+
+
+def pipeline_case(name: str):
+    """Weights, microbatches and the schedule (name: before / bubbles) of the pipeline case, and
+    the single-process float64 loss and gradients it must reproduce."""
+    from k3compile.vision import bubbles
+    from vision_worker import TextStage
+
+    cfg, vit_cfg = PIPELINE, PIPELINE["vit_config"]
+    vit = torch.nn.ModuleList(VisionLayer(**vit_cfg, dtype=torch.float64) for _ in range(cfg["layers"]))
+    project = torch.nn.Linear(vit_cfg["hidden_size"], cfg["text_width"], dtype=torch.float64)
+    stages = torch.nn.ModuleList(TextStage(cfg["text_width"], cfg["text_hidden"]) for _ in range(cfg["stages"]))
+    for module in (vit, project, stages):
+        for p in module.parameters():
+            torch.nn.init.normal_(p, std=0.4)
+    batches = []
+    for images in MICROBATCHES:
+        grids = grids_of(images)
+        tokens = 5 + len(batches)
+        batches.append(dict(grids=grids, patches=torch.randn(sum(lengths_of(images)), vit_cfg["hidden_size"],
+                                                             dtype=torch.float64),
+                            text=torch.randn(tokens, cfg["text_width"], dtype=torch.float64),
+                            target=torch.randn(len(grids) + tokens, cfg["text_width"], dtype=torch.float64)))
+    vit_ms = [float(sum(lengths_of(images))) for images in MICROBATCHES]
+    costs = bubbles.PipelineCosts(forward=(30.0, 30.0), backward=(60.0, 60.0), vit_forward=tuple(vit_ms),
+                                  vit_backward=tuple(3 * t for t in vit_ms), chunk=1.0)
+    schedule = {"before": bubbles.vit_before_pipeline, "bubbles": bubbles.fill_bubbles}[name](costs)
+    loss = torch.zeros((), dtype=torch.float64)
+    for batch in batches:  # one process, no schedule: the encoder, the mean per image, the text stages
+        h = batch["patches"]
+        for layer in vit:
+            h = layer(h, grids=batch["grids"])
+        pooled = torch.stack([part.mean(0) for part in h.split([f * hh * w for f, hh, w in batch["grids"]])])
+        y = torch.cat([project(pooled), batch["text"]])
+        for stage in stages:
+            y = stage(y)
+        loss = loss + (y * batch["target"]).sum()
+    loss.backward()
+    grads = {f"{prefix}.{name}": p.grad for prefix, module in (("vit", vit), ("project", project), ("stages", stages))
+             for name, p in module.named_parameters()}
+    case = dict(call="pipeline", schedule=schedule, microbatches=batches, **cfg,
+                weights={"vit": vit.state_dict(), "project": project.state_dict(), "stages": stages.state_dict()})
+    return case, loss.detach(), grads
+
+
+def test_bubble_schedule_runs_and_matches_one_process(tmp_path):
+    """The issue's CPU run: a tiny encoder + text model, PP 2 x CP 2 (4 gloo processes), the
+    bubble-filled schedule (ViT pieces in the warm-up and cool-down, the encoder's backward
+    recomputed on other rows than its forward) and ViT-before-the-pipeline give the loss and every
+    gradient of one process."""
+    cases, wants = [], []
+    for name in ("bubbles", "before"):
+        case, loss, grads = pipeline_case(name)
+        cases.append(case)
+        wants.append((name, loss, grads))
+    lists = cases[0]["schedule"].lists
+    assert any(a.kind == "VF" for a in lists[1][: lists[1].index(next(a for a in lists[1] if a.kind == "F"))])
+    out = run_ranks(4, cases, tmp_path)
+    for index, (name, loss, grads) in enumerate(wants):
+        for rank in range(4):
+            got = out[rank][index]
+            assert isinstance(got, dict), f"{name} rank {rank}: {got}"
+            torch.testing.assert_close(got["loss"], loss, atol=1e-10, rtol=1e-10)
+            for key, want in grads.items():
+                assert want is not None and torch.isfinite(got["grads"][key]).all()
+                torch.testing.assert_close(got["grads"][key], want, atol=1e-10, rtol=1e-9,
+                                           msg=lambda m, key=key, name=name: f"{name} {key}: {m}")
