@@ -208,9 +208,12 @@ class MoeBackward:
                         input_index=p.index, scale_rows=y_bar.scale is not None, rms=rms, block_rows=p.block_rows)))
         store = make(k3s.StoreWeightGradOp, operands=[grad.results[0], self.t[f"d{p.weight}"]],
                      **given(dict(layout="expert" if sorted_rows else p.layout, group=p.group)))
-        sizes = dict(block_n=self.o.wgrad_block_n, block_d=self.o.wgrad_block_d, num_stages=self.o.num_stages)
+        # an expert's run is whole blocks of block_rows: a step of at most one block stays in it
+        step = min(self.o.wgrad_block_r, self.o.block_rows) if sorted_rows else self.o.wgrad_block_r
+        sizes = dict(block_r=step, block_n=self.o.wgrad_block_n, block_d=self.o.wgrad_block_d,
+                     num_stages=self.o.num_stages)
         self.kernels.append(self.kernel(f"{p.weight}_wgrad", ("expert," if sorted_rows else "") + "column_block,input_block",
-                                        [grad, store], **sizes, **({} if sorted_rows else {"block_r": self.o.wgrad_block_r})))
+                                        [grad, store], **sizes))
 
     def gain_of(self, p: Product) -> str:
         return "latent_norm_gain"
@@ -311,7 +314,8 @@ class DeriveMoeBackwardPass(ModulePass):
     dgrad_block_r: int = 64
     dgrad_block_n: int = 128
     dgrad_block_d: int = 64
-    # the wgrad GEMMs' [BN, BD] weight tiles, BR token rows a step (dense; an expert's run steps by block_rows)
+    # the wgrad GEMMs' [BN, BD] weight tiles, BR rows a step (every token row, or an expert's run of
+    # the pair list); fp32 cotangent rows [64, 128] and bf16 input rows, 3 stages: 144 KB of shared memory
     wgrad_block_r: int = 64
     wgrad_block_n: int = 128
     wgrad_block_d: int = 128
@@ -327,6 +331,9 @@ class DeriveMoeBackwardPass(ModulePass):
             check_power_of_two(self.name, option.replace("_", "-"), getattr(self, option), 256)
         if self.block_rows < 16:
             raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
+        if self.wgrad_block_r < 16:
+            raise ValueError(f"{self.name}: wgrad-block-r must be at least 16 (the depth of its tl.dot), got "
+                             f"{self.wgrad_block_r}")
         if any(isinstance(layer, LatentMoEOp) and Widths.of(layer).mxfp4 for layer in op.ops):
             return  # MXFP4 weights are packed for serving: no gradient for them
         forwards = {}

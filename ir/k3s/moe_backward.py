@@ -83,7 +83,8 @@ class ProjectWeightGradOp(KeywordSyntax):
     """A weight's cotangent tile: W_bar[n, c] = sum_m y_bar[m, n] a[m, c] in fp32 for the program's
     block of weight rows n < out_dim (BN) and input columns c < in_dim (BD), m over the rows in a
     fixed order: every token row in blocks of BR (rows = token_block), or the program's expert's
-    run of the sorted pair list in blocks of block_rows (rows = sorted_block, grid axis expert).
+    run of the sorted pair list (whole blocks of block_rows) in steps of BR (rows = sorted_block,
+    grid axis expert; BR divides block_rows).
     y_bar is `cotangent`'s row of m (`cotangent_index`), times `row_scale`[pair of m] with
     scale_rows (the routing weight); a is `input`'s row of m (`input_index`), RMS-normalised with
     rms, a[m, c] rstd[m] gain[c] (the forward's saved 1 / RMS `rstd`, its gain `gain`). Operands:

@@ -46,10 +46,11 @@ class MoeBackward:
         sizes = {"DIN": op.in_dim.value.data, "DOUT": op.out_dim.value.data, "BN": block("block_n"),
                  "BD": block("block_d")}
         if op.rows.data.value == "sorted_block":
-            sizes |= {"BM": op.block_rows.value.data, "TOP_K": self.top_k(view),
-                      "E": int(view.dims("expert_offsets")[0]) - 1}
+            sizes |= {"TOP_K": self.top_k(view), "E": int(view.dims("expert_offsets")[0]) - 1}
+        if isinstance(op, k3s.ProjectWeightGradOp) or op.rows.data.value == "token_block":
+            sizes["BR"] = block("block_r")  # a weight gradient's rows a step, a dense dgrad's rows
         else:
-            sizes["BR"] = block("block_r")
+            sizes["BM"] = op.block_rows.value.data  # a sorted dgrad's rows: a block of the pair list
         if isinstance(op, k3s.ProjectInputGradOp) and op.group is not None:
             sizes["GROUP"] = op.group.value.data
         return sizes
@@ -92,9 +93,9 @@ class MoeBackward:
                 self.print_weight_grad_step(op, acc, tensors)
             return
         c(f"for i_s in range(tl.load({tensors['expert_offsets']} + i_e), tl.load({tensors['expert_offsets']} + i_e + 1), "
-          "BM):  # the expert's run, block by block")
+          "BR):  # the expert's run (whole blocks of BM, a multiple of BR)")
         with c.indent():
-            c("o_s = i_s + tl.arange(0, BM)",
+            c("o_s = i_s + tl.arange(0, BR)",
               f"b_pairs = tl.load({tensors['sorted_pairs']} + o_s).to(tl.int64)",
               "m_s = b_pairs >= 0  # -1: padding",
               "o_t = tl.where(m_s, b_pairs // TOP_K, 0)")
