@@ -171,7 +171,7 @@ def test_cli_prints_a_plan(capsys):
 
 
 def test_cli_reads_a_batch_file_and_a_spec(capsys):
-    code, out, err = run_cli(capsys, "plan-vision", EXAMPLES / "vision_batch.toml", "--spec", EXAMPLES / "vision.toml")
+    code, out, err = run_cli(capsys, "plan-vision", EXAMPLES / "vision_batches" / "mixed.toml", "--spec", EXAMPLES / "vision.toml")
     assert code == 0, err
     assert "over 8 ranks" in out and f"{PAIR:g} FLOP a (query, key) pair" in out
 
