@@ -138,11 +138,13 @@ def layer_costs(spec: ModelSpec, costs: dict[str, float] | list[float] | None) -
     return [float(c) for c in values]
 
 
-def cut_points(costs: list[float], stages: int, first_extra: float = 0.0, last_extra: float = 0.0) -> list[int]:
+def cut_points(costs: list[float], stages: int, first_extra: float = 0.0, last_extra: float = 0.0,
+               block_size: int = 0) -> list[int]:
     """Boundaries 0 = c_0 < c_1 < ... < c_stages = len(costs) minimising the largest stage cost
     (a stage's: the sum of its layers', plus first_extra / last_extra for the first / last
-    stage), each stage at least one layer; among equal maxima the earliest cuts. Dynamic
-    programming over prefixes: O(L^2 S)."""
+    stage), each stage at least one layer; among the cut sets that reach it, the fewest cuts
+    inside a block of `block_size` layers (each sends the block's partial sum), then the
+    earliest. Two dynamic programmes over prefixes, O(L^2 S) each."""
     L = len(costs)
     prefix = [0.0]
     for c in costs:
@@ -151,6 +153,16 @@ def cut_points(costs: list[float], stages: int, first_extra: float = 0.0, last_e
     def cost(i: int, j: int, s: int) -> float:  # layers i..j-1 as stage s
         return prefix[j] - prefix[i] + (first_extra if s == 0 else 0.0) + (last_extra if s == stages - 1 else 0.0)
 
+    largest = partition(L, stages, lambda before, i, j, s: max(before, cost(i, j, s)))[-1]
+    inside = (lambda j: j % block_size != 0 and j != L) if block_size else (lambda j: False)
+    return partition(L, stages, lambda before, i, j, s: before + inside(j)
+                     if cost(i, j, s) <= largest * (1 + 1e-12) else float("inf"))[:-1]
+
+
+def partition(L: int, stages: int, extend) -> list:
+    """The cuts of layers 0..L-1 into `stages` non-empty runs minimising a value built stage by
+    stage, extend(value before, i, j, s) for layers i..j-1 as stage s (the earliest cuts on ties),
+    and that value last."""
     inf = float("inf")
     best = [[inf] * (L + 1) for _ in range(stages + 1)]  # best[s][j]: layers 0..j-1 in s stages
     back = [[0] * (L + 1) for _ in range(stages + 1)]
@@ -158,13 +170,13 @@ def cut_points(costs: list[float], stages: int, first_extra: float = 0.0, last_e
     for s in range(1, stages + 1):
         for j in range(s, L - (stages - s) + 1):
             for i in range(s - 1, j):
-                value = max(best[s - 1][i], cost(i, j, s - 1))
+                value = extend(best[s - 1][i], i, j, s - 1)
                 if value < best[s][j] - 1e-12:
                     best[s][j], back[s][j] = value, i
     cuts = [L]
     for s in range(stages, 0, -1):
         cuts.append(back[s][cuts[-1]])
-    return cuts[::-1]
+    return [*cuts[::-1], best[stages][L]]
 
 
 def plan_pipeline(spec: ModelSpec, ranks: int, stages_per_rank: int = 1,
@@ -183,7 +195,7 @@ def plan_pipeline(spec: ModelSpec, ranks: int, stages_per_rank: int = 1,
                             "every stage needs a layer")
     per_layer = layer_costs(spec, costs)
     if cuts is None:
-        cuts = cut_points(per_layer, count, first_extra, last_extra)
+        cuts = cut_points(per_layer, count, first_extra, last_extra, 0 if spec.attnres == "none" else spec.block_size)
     elif (len(cuts) != count + 1 or cuts[0] != 0 or cuts[-1] != L
           or any(a >= b for a, b in zip(cuts, cuts[1:]))):
         raise ArgumentError(f"cuts: expected {count + 1} increasing layer indices from 0 to {L}, got {cuts}")

@@ -9,13 +9,11 @@ and two phases in one 2-process run."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from conftest import REPO
+from conftest import REPO, run_worker_ranks
 from k3compile.pipeline_plan import plan_pipeline
 from k3compile.stack import build_stack
 from k3compile.stack_spec import model_spec_from_table
@@ -41,20 +39,7 @@ def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=
     torch.save(dict(table=spec.table(), state=model.state_dict(), x=x, target=target, stages_per_rank=stages_per_rank,
                     cuts=cuts, microbatches=microbatches, schedule=schedule), workdir / "case.pt")
     env = {**os.environ, "TRITON_INTERPRET": "1", "K3C_POISON_OUTPUTS": "1", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(workdir)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for r, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"rank {r} failed:\n{log[-3000:]}"
-    outs = [torch.load(workdir / f"out{r}.pt") for r in range(world)]
+    outs = run_worker_ranks(WORKER, world, workdir, env, timeout)
     loss = 0  # the same microbatches in one process, their gradients accumulated
     for x_mb, target_mb in zip(x.chunk(microbatches), target.chunk(microbatches)):
         mb_loss = ((model(x_mb) - target_mb) ** 2).sum()
