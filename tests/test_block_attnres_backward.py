@@ -129,6 +129,29 @@ def test_merge_saves_the_log_sum_exp_over_partials_and_partial_sum(layer):
         assert lse.dtype == torch.float32 and (lse.double() - want).abs().max() < 1e-5
 
 
+def test_grouped_merge_saves_the_log_sum_exp_for_the_backward(compile_layer):
+    """With derive-block-attnres{rows-per-program=4} the merge's kernel walks groups of rows (each
+    row resumed from its own partials); its saved log-sum-exp feeds the backward as the per-row
+    kernel's does: 7 rows, a full group and a partial one."""
+    D = 40
+    layer = compile_layer(name="block_attnres_bw_groups", kind="attnres", hidden_size=D, num_blocks=NUM_BLOCKS,
+                          block_size=3, eps=EPS, dtype="float32",
+                          pipeline="fuse-attnres,derive-attnres-backward,derive-block-attnres{rows-per-program=4 "
+                                   "grouped-from-rows=0},derive-block-attnres-backward,outline-kernels")
+    assert "_block_merge_groups_kernel[grid](" in layer.path.read_text()
+    op = layer_op(layer)
+    representatives, partial_sum, queries, gains = inputs(2, 1, 7, D)
+    block_lse, block_mix = layer.block_partials(representatives, queries, gains)
+    args = (partial_sum[None], queries[1], gains[1], block_lse[1], block_mix[1])
+    out, lse = layer.block_merge(*args, output_lse=True)
+    dout = torch.randn(1, 7, D)
+    got = layer.block_merge_backward(*args, out, lse, dout)
+    want = merge_reference_gradients(op, partial_sum, queries[1], gains[1], block_lse[1], block_mix[1], dout)
+    for name, g, w in zip(("dpartial_sum", "dquery", "dgain", "dblock_lse", "dblock_mix"), (got[0][0], *got[1:]),
+                          want, strict=True):
+        assert_gradient(name, g, w)
+
+
 def test_softmax_is_recomputed_from_the_saved_lse(layer):
     """Both backwards take the softmax's weights from saved log-sum-exps: one off by 0.1 breaks
     every gradient they give."""
