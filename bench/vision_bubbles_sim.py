@@ -12,7 +12,9 @@ Costs are analytic (FLOPs at 40% of H100's bf16 peak for text and ViT alike; no 
   patches; a video in some) until it holds --patches patches; backward 3x forward (2x, and the
   forward recomputed: k3compile.vision.runner keeps no encoder activations between VF and VB);
 - a bubble takes pieces of at least a layer over an eighth of a microbatch's images.
-Writes OUT/vision_bubbles_sim.md and .json, and OUT/vision_bubbles_sim.png if matplotlib imports.
+With --layer-costs DIR/vision_layer.json (bench/vision_layer_gpu.py on the GPU) the ViT's times are
+the measured layer's instead (a n + b n^2 a layer, fitted per image). Writes
+OUT/vision_bubbles_sim.md and .json, and OUT/vision_bubbles_sim.png if matplotlib imports.
 """
 
 from __future__ import annotations
@@ -26,22 +28,46 @@ KINDS = {"F": ("text forward", "#4878cf"), "B": ("text backward", "#6acc65"), "V
          "VB": ("ViT backward", "#d65f5f")}
 
 
-def microbatch_vit_ms(count: int, patches: int, seed: int, flops_per_ms: float, layers: int = 27):
-    """Per microbatch: its ViT forward ms (images drawn until `patches` patches)."""
+def fitted(records: list[dict], key: str):
+    """ms(n) = a n + b n^2, least squares over measured one-image layer times (bench/vision_layer_gpu.py)."""
+    import numpy as np
+
+    n = np.array([r["patches"] for r in records if key in r], dtype=float)
+    ms = np.array([r[key] for r in records if key in r], dtype=float)
+    if len(n) < 2:
+        raise SystemExit(f"--layer-costs: need {key} at two sizes at least, got {len(n)}")
+    (a, b), *_ = np.linalg.lstsq(np.stack([n, n * n], axis=1), ms, rcond=None)
+    return lambda patches: max(a, 0.0) * patches + max(b, 0.0) * patches * patches
+
+
+def microbatch_vit_ms(count: int, args, flops_per_ms: float, layers: int = 27):
+    """Per microbatch: (ViT forward ms, ViT backward ms), its images drawn until --patches patches.
+    From --layer-costs (measured): forward = layers x the fitted forward; backward (recomputing)
+    = layers x the fitted forward + backward. Else analytic FLOPs, backward --vit-backward x."""
     import random
 
     from k3compile.passes.plan_vision_cp import MOONVIT_COST, parse_image
     from k3compile.vision.batches import synthetic_images
 
-    rng, times = random.Random(seed), []
+    if args.layer_costs:
+        measured = json.loads(Path(args.layer_costs).read_text())
+        layers, records = measured["layers"], measured["records"]
+        forward, both = fitted(records, "forward_ms"), fitted(records, "forward_backward_ms")
+    else:
+        forward = both = None
+    rng, out = random.Random(args.seed), []
     for m in range(count):
         images, held = [], 0
-        while held < patches:
+        while held < args.patches:
             image = parse_image(synthetic_images(1, seed=rng.randrange(1 << 30), videos=int(rng.random() < 0.05))[-1])
             images.append(image)
             held += image.patches
-        times.append(layers * sum(MOONVIT_COST.of(i.patches, i.patches) for i in images) / flops_per_ms)
-    return times
+        if forward is None:
+            vf = layers * sum(MOONVIT_COST.of(i.patches, i.patches) for i in images) / flops_per_ms
+            out.append((vf, args.vit_backward * vf))
+        else:
+            out.append((layers * sum(forward(i.patches) for i in images), layers * sum(both(i.patches) for i in images)))
+    return out
 
 
 def costs_for(stages: int, microbatches: int, tokens: int, args):
@@ -49,10 +75,10 @@ def costs_for(stages: int, microbatches: int, tokens: int, args):
 
     flops_per_ms = args.peak_tflops * 1e9 * args.mfu
     text_forward = 2 * args.active_params * tokens / flops_per_ms / stages
-    vit = microbatch_vit_ms(microbatches, args.patches, args.seed, flops_per_ms)
+    vit = microbatch_vit_ms(microbatches, args, flops_per_ms)
     return PipelineCosts(forward=(text_forward,) * stages, backward=(2 * text_forward,) * stages,
-                         vit_forward=tuple(vit), vit_backward=tuple(args.vit_backward * t for t in vit),
-                         chunk=min(vit) / 27 / 8, latency=args.latency)
+                         vit_forward=tuple(f for f, _ in vit), vit_backward=tuple(b for _, b in vit),
+                         chunk=min(f for f, _ in vit) / 27 / 8, latency=args.latency)
 
 
 def compare(costs) -> dict:
@@ -126,6 +152,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mfu", type=float, default=0.4)
     parser.add_argument("--latency", type=float, default=0.05, help="ms to send embeddings / their gradient")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layer-costs", help="vision_layer.json of bench/vision_layer_gpu.py: measured ViT layer times "
+                                               "instead of analytic FLOPs")
     parser.add_argument("--vit-backward", type=float, default=3.0,
                         help="ViT backward over forward time (default 3: 2 and the recomputed forward)")
     args = parser.parse_args(argv)
@@ -140,7 +168,9 @@ def main(argv=None) -> int:
                 rows.append(row(record, tokens))
     table = ["Step time in seconds (exposed ViT time: step minus text-only step, over the ViT's compute per rank "
              "if spread evenly; floor: k3compile.vision.bubbles.exposure_floor); own stage uses S + 1 GPUs. "
-             + " ".join(__doc__.split("\n\n")[2].split("Writes OUT")[0].split()),
+             + " ".join(__doc__.split("\n\n")[2].split("With --layer-costs")[0].split())
+             + (f" ViT times measured instead ({args.layer_costs}: {json.loads(Path(args.layer_costs).read_text())['header']})."
+                if args.layer_costs else ""),
              "", "| text tokens / microbatch | PP | microbatches | text stage fwd ms | ViT fwd ms / microbatch | text only "
                  "| ViT per rank | ViT before pipeline | ViT in first stage | ViT own stage | ViT in bubbles | floor "
                  "| live ViT microbatches |",
