@@ -192,7 +192,9 @@ class MoeBackward:
         sizes = dict(block_n=self.o.dgrad_block_n, block_d=self.o.dgrad_block_d, num_stages=self.o.num_stages)
         self.begin(f"{p.weight}_dgrad", grid, **sizes, **({} if sorted_rows else {"block_r": self.o.dgrad_block_r}))
         plan = [self.t[name] for name in k3s.ROW_TENSORS.get(p.rows, ())]
-        return self.emit_op(k3s.ProjectInputGradOp, [y_bar.value, self.t[p.weight], *plan], [("a_bar", "M", "N")],
+        # with a row scale still to apply (the routing weight), the product is yw_bar W, not yet a_bar
+        name = "a_bar" if y_bar.scale is None else "yw_bar_w"
+        return self.emit_op(k3s.ProjectInputGradOp, [y_bar.value, self.t[p.weight], *plan], [(name, "M", "N")],
                             in_dim=p.out_dim, out_dim=p.in_dim, rows=p.rows, input_index=y_bar.index, layout=p.layout,
                             group=p.group, block_rows=p.block_rows).results[0]
 

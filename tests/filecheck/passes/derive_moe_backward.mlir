@@ -59,12 +59,12 @@ builtin.module {
 // CHECK:        k3s.kernel @mlp_backward_expert_down_wgrad <grid = "expert,column_block,input_block"
 // CHECK-NEXT:     k3s.project_weight_grad %combined_bar, %expert_act, %topk_weights, %expert_offsets, %sorted_pairs <in_dim = 32, out_dim = 16, rows = sorted_block, cotangent_index = token, input_index = position, scale_rows = true, rms = false, block_rows = 128>
 // CHECK:        k3s.kernel @mlp_backward_expert_down_dgrad <grid = "sorted_block,column_block"
-// CHECK-NEXT:     %a_bar = k3s.project_input_grad %combined_bar, %expert_down, %expert_offsets, %sorted_pairs, %block_expert <in_dim = 16, out_dim = 32, rows = sorted_block, input_index = token, layout = expert, block_rows = 128>
+// CHECK-NEXT:     %yw_bar_w = k3s.project_input_grad %combined_bar, %expert_down, %expert_offsets, %sorted_pairs, %block_expert <in_dim = 16, out_dim = 32, rows = sorted_block, input_index = token, layout = expert, block_rows = 128>
 // CHECK-NEXT:     %a = k3s.load_rows %expert_act <rows = sorted_block, index = position, width = 32>
-// CHECK-NEXT:     k3s.store_pair_dot %a_bar, %a, %topk_weights_bar_partials
-// CHECK-NEXT:     %a_bar_1 = k3s.weigh_pairs %a_bar, %topk_weights
+// CHECK-NEXT:     k3s.store_pair_dot %yw_bar_w, %a, %topk_weights_bar_partials
+// CHECK-NEXT:     %a_bar = k3s.weigh_pairs %yw_bar_w, %topk_weights
 // CHECK-NEXT:     %g, %u = k3s.load_glu_halves %expert_gu <rows = sorted_block, index = position, group = 32, width = 64>
-// CHECK-NEXT:     %g_bar, %u_bar = k3s.glu_adjoint %g, %u, %a_bar_1 <activation = situ_glu>
+// CHECK-NEXT:     %g_bar, %u_bar = k3s.glu_adjoint %g, %u, %a_bar <activation = situ_glu>
 // CHECK-NEXT:     k3s.store_glu_halves %g_bar, %u_bar, %expert_gate_up_out_bar <rows = sorted_block, index = position, group = 32, width = 64>
 // CHECK:        k3s.kernel @mlp_backward_expert_gate_up_dgrad
 // CHECK-NEXT:     k3s.project_input_grad %expert_gate_up_out_bar, %expert_gate_up, {{.*}} <in_dim = 64, out_dim = 16, rows = sorted_block, input_index = position, layout = expert, block_rows = 128>
