@@ -412,7 +412,18 @@ def cmd_plan_pipeline(args) -> int:
     from k3compile.stack_spec import load_model_spec
 
     spec = load_model_spec(args.spec)
-    plan = plan_pipeline(spec, args.ranks, args.stages_per_rank, costs=dict(args.cost) if args.cost else None)
+    costs = dict(args.cost) if args.cost else None
+    if args.layer_costs:
+        import json
+
+        from k3compile.errors import ArgumentError
+        try:
+            costs = json.loads(Path(args.layer_costs).read_text())
+        except (OSError, ValueError) as err:
+            raise ArgumentError(f"{args.layer_costs}: cannot read a JSON list of layer costs ({err})") from None
+        if not isinstance(costs, list):
+            raise ArgumentError(f"{args.layer_costs}: expected a JSON list of one cost a layer, got {type(costs).__name__}")
+    plan = plan_pipeline(spec, args.ranks, args.stages_per_rank, costs=costs)
     print(plan.table(args.tokens))
     return EXIT_OK
 
@@ -509,8 +520,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=positive_int, required=True, help="pipeline ranks P (at least 2)")
     p.add_argument("--stages-per-rank", type=positive_int, default=1, help="stages a rank holds, v (default 1; stage s on rank s mod P)")
     p.add_argument("--tokens", type=positive_int, default=4096, help="tokens a microbatch (batch x sequence) for the bytes (default 4096)")
-    p.add_argument("--cost", type=parse_cost, action="append", metavar="KIND=COST",
-                   help="a mixer's relative cost, e.g. kda=1.0 attn=1.4 (repeatable; default every layer 1)")
+    costs = p.add_mutually_exclusive_group()
+    costs.add_argument("--cost", type=parse_cost, action="append", metavar="KIND=COST",
+                       help="a mixer's relative cost, e.g. kda=1.0 attn=1.4 (repeatable; default every layer 1)")
+    costs.add_argument("--layer-costs", metavar="JSON",
+                       help="a JSON file of one cost a layer (e.g. k3compile.stack_pipeline.measure_layer_costs's)")
     p.set_defaults(run=cmd_plan_pipeline)
     return parser
 

@@ -134,6 +134,35 @@ class StageModule(nn.Module):
                    for b in self.plan.boundaries)
 
 
+def measure_layer_costs(stack: BlockStack, x: torch.Tensor, repeats: int = 3) -> list[float]:
+    """Each layer's forward + backward time in ms (median of `repeats`, after one warm-up) on the
+    residual state the stack's forward gives it for input x: plan_pipeline's `costs`. A layer's
+    aggregation points cost more the more blocks precede it, so the layers are timed one by one."""
+    import time
+
+    with torch.no_grad():
+        states, (reps, partial) = [], stack.begin(x)
+        for index in range(len(stack.layers)):
+            states.append((reps, partial))
+            reps, partial = stack.run_layers(index, index + 1, reps, partial)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    costs = []
+    for index, (reps, partial) in enumerate(states):
+        leaves = [t.detach().requires_grad_(True) for t in reps]
+        start = None if partial is None else partial.detach().requires_grad_(True)
+        times = []
+        for _ in range(repeats + 1):
+            sync()
+            began = time.perf_counter()
+            out_reps, out_partial = stack.run_layers(index, index + 1, leaves, start)
+            (out_partial if out_partial is not None else out_reps[-1]).float().sum().backward()
+            sync()
+            times.append((time.perf_counter() - began) * 1e3)
+        costs.append(sorted(times[1:])[len(times[1:]) // 2])
+    stack.zero_grad(set_to_none=True)
+    return costs
+
+
 def stage_shapes(plan: PipelinePlan, index: int, example: torch.Tensor) -> tuple[tuple, tuple]:
     """(inputs, outputs) of stage `index` as example tensors on the meta device, for a microbatch
     like `example` (the stack's input): PipelineStage's static metadata, so no stage is traced."""

@@ -5,9 +5,11 @@ each rank holds, K3's 93 layers in blocks of 12, and the refusals (one line, exi
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
+import torch
 
 from conftest import EXAMPLES, bad_input, one_line, run_cli
 from k3compile.errors import ArgumentError
@@ -120,6 +122,27 @@ def test_cli_prints_the_plan(capsys):
 ])
 def test_cli_errors(capsys, argv, words):
     assert words in bad_input(capsys, "plan-pipeline", EXAMPLES / "models" / "k3_stack.toml", *argv)
+
+
+def test_cli_reads_measured_layer_costs(capsys, tmp_path):
+    """k3compile.stack_pipeline.measure_layer_costs on a small stack, written as JSON, cuts the plan."""
+    from k3compile.stack import build_stack
+    from k3compile.stack_pipeline import measure_layer_costs
+
+    table = dict(hidden_size=16, num_layers=5, block_size=2, layer_pattern="attn", attn_heads=2, attn_head_dim=8,
+                 ffn_hidden_size=24, attnres="torch", dtype="float32")
+    path = tmp_path / "m.toml"
+    path.write_text("[model]\n" + "\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in table.items()))
+    costs = measure_layer_costs(build_stack(model_spec_from_table(table)), torch.randn(1, 6, 16), repeats=1)
+    assert len(costs) == 5 and all(c > 0 for c in costs)
+    (tmp_path / "costs.json").write_text(json.dumps([1, 1, 1, 1, 8]))  # the last layer alone in its stage
+    code, out, err = run_cli(capsys, "plan-pipeline", path, "--ranks", "2", "--layer-costs", tmp_path / "costs.json")
+    assert code == 0 and "| 0 | 0 | 0-3 | 4 |" in out and "| 1 | 1 | 4-4 | 8 |" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert "expected a JSON list" in bad_input(capsys, "plan-pipeline", path, "--ranks", "2", "--layer-costs",
+                                               tmp_path / "bad.json")
+    assert "not allowed with" in bad_input(capsys, "plan-pipeline", path, "--ranks", "2", "--layer-costs",
+                                           tmp_path / "costs.json", "--cost", "attn=1")
 
 
 def test_cli_refuses_a_layer_spec(capsys):
