@@ -12,8 +12,10 @@ returned; `k3c plan-vision` prints one. docs/vision.md has the algorithm and fig
 - Cost of m patches of an n-patch image, one layer forward: m (attention n + linear): each query
   meets n keys (gather-KV: a piece's queries attend to the whole image), and every patch goes
   through the projections and the MLP. Summed over an image's pieces it is the image's own cost,
-  so splitting moves work without adding any: the lower bound of the makespan is
-  max(total / P, the costliest granule), since no plan can cut below a granule.
+  so splitting moves compute without adding any: the lower bound of the makespan is
+  max(total / P, the costliest granule), since no plan can cut below a granule. With a gather
+  cost (VisionCost.gather, `with_link`), a split image's member also pays for the n - m rows of K
+  and V it receives, so the planner weighs a larger sub-group's traffic against its balance.
 - Sub-groups are aligned blocks of ranks (sizes 2, 4, 8, ... starting at multiples of their size,
   and the whole group): at most 2P groups, the same for every batch, so a trainer makes each
   process group once (k3compile.vision.gather_kv.subgroups) and a plan only picks among them.
@@ -22,7 +24,9 @@ returned; `k3c plan-vision` prints one. docs/vision.md has the algorithm and fig
   smallest block (then the one of its size) whose water-filled level stays under U, its rows
   shared so that the block's loads rise to one level (every member at least one granule). The
   whole group always fits (its level is at most total / P), so the makespan is at most U up to a
-  granule a member.
+  granule a member. With a gather cost the block is chosen on compute alone (the smallest that
+  fits: every member gathers about n rows whatever the size, so a larger block only adds
+  traffic), the shares count each member's traffic, and U grows by the traffic's average.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,10 +44,19 @@ from k3compile.errors import ArgumentError
 @dataclass(frozen=True)
 class VisionCost:
     """Forward FLOPs of one encoder layer: `attention` per (query, key) pair (QK^T and PV over the
-    heads: 4 heads x head_dim), `linear` per patch (QKV, output projection, the MLP's two)."""
+    heads: 4 heads x head_dim), `linear` per patch (QKV, output projection, the MLP's two);
+    `gather`: receiving one patch's K and V row, in the FLOPs the rank would do meanwhile (a split
+    image's member pays it for every row it gathers from the others; 0: communication is free)."""
 
     attention: float
     linear: float
+    gather: float = 0.0
+
+    def with_link(self, gbps: float, tflops: float, value_bytes: int = 2) -> VisionCost:
+        """gather for K and V rows of bf16 (value_bytes) arriving at gbps GB/s on a rank that does
+        tflops TFLOP/s."""
+        row_bytes = 2 * (self.attention / 4) * value_bytes
+        return replace(self, gather=row_bytes / (gbps * 1e9) * tflops * 1e12)
 
     @classmethod
     def from_dims(cls, hidden_size: int, num_heads: int, head_dim: int, mlp_dim: int) -> VisionCost:
@@ -58,6 +71,10 @@ class VisionCost:
 
     def of(self, patches: int, image_patches: int) -> float:
         return patches * (self.attention * image_patches + self.linear)
+
+    def piece(self, patches: int, image_patches: int, split: bool) -> float:
+        """A piece's compute, and the rows it gathers if its image is split."""
+        return self.of(patches, image_patches) + (self.gather * (image_patches - patches) if split else 0.0)
 
 
 # MoonViT's dims (the vision spec's defaults): hidden 1152, 16 heads of 72, MLP 4304
@@ -139,7 +156,7 @@ class VisionCPPlan:
         loads = [0.0] * self.ranks
         for image, pieces in zip(self.images, self.pieces):
             for piece in pieces:
-                loads[piece.rank] += self.cost.of(piece.stop - piece.start, image.patches)
+                loads[piece.rank] += self.cost.piece(piece.stop - piece.start, image.patches, len(pieces) > 1)
         return loads
 
     @property
@@ -172,10 +189,12 @@ class VisionCPPlan:
         split = [i for i, (_, size) in enumerate(self.groups) if size > 1]
         lines = [f"vision context-parallel plan: {len(self.images)} images "
                  f"({sum(i.patches for i in self.images):,} patches) over {self.ranks} ranks; cost a layer forward: "
-                 f"{self.cost.attention:g} FLOP a (query, key) pair + {self.cost.linear:,.0f} FLOP a patch",
+                 f"{self.cost.attention:g} FLOP a (query, key) pair + {self.cost.linear:,.0f} FLOP a patch"
+                 + (f" + {self.cost.gather:,.0f} FLOP-time a gathered K/V row" if self.cost.gather else ""),
                  f"makespan {self.makespan / unit:,.3f} {unit_name} = {self.makespan / bound:.4f} x lower bound "
                  f"{bound / unit:,.3f} {unit_name} (max of total / P = {self.total / self.ranks / unit:,.3f}, "
-                 f"costliest granule = {self.indivisible / unit:,.3f}); target {1 + self.slack:g} x bound",
+                 f"costliest granule = {self.indivisible / unit:,.3f}); target {1 + self.slack:g} x bound"
+                 + (" (raised by the traffic's average)" if self.cost.gather else ""),
                  f"images: {len(self.images) - len(split)} whole on one rank, {len(split)} split over sub-groups "
                  f"(aligned blocks: {', '.join(str(s) for s in sorted({self.groups[i][1] for i in split})) or '-'})",
                  "", f"{'rank':>4}  {'load':>12}  {'/ bound':>7}  {'whole':>5}  {'patches':>9}  gathered"]
@@ -266,14 +285,18 @@ def plan_vision_cp(images, ranks: int, cost: VisionCost = MOONVIT_COST, slack: f
         raise ArgumentError(f"rows_per_cut: expected a positive integer, got {rows_per_cut!r}")
     if not isinstance(slack, (int, float)) or isinstance(slack, bool) or not 0 <= slack < 1:
         raise ArgumentError(f"slack: expected a number in [0, 1), got {slack!r}")
+    if not isinstance(cost, VisionCost) or not 0 <= cost.gather < cost.linear:
+        raise ArgumentError(f"cost: expected a VisionCost with 0 <= gather < linear, got {cost!r}")
     if isinstance(images, (str, bytes)) or not hasattr(images, "__iter__"):
         raise ArgumentError(f"images: expected a sequence of images, got {type(images).__name__}")
     images = tuple(as_image(item, rows_per_cut) for item in images)
     if not images:
         raise ArgumentError("images: expected at least one image, got none")
     costs = [cost.of(image.patches, image.patches) for image in images]
-    bound = max(sum(costs) / ranks, max(cost.of(min(i.granule, i.patches), i.patches) for i in images))
-    target = bound * (1 + slack)
+    total = sum(costs)
+    bound = max(total / ranks, max(cost.of(min(i.granule, i.patches), i.patches) for i in images))
+    # the target: the bound's average with the traffic of the splits so far (none without a gather cost)
+    traffic, target = 0.0, bound * (1 + slack)
     sizes = sorted({size for _, size in subgroup_layout(ranks) if size > 1})
     loads = np.zeros(ranks)
     groups: list[tuple[int, int] | None] = [None] * len(images)
@@ -298,12 +321,19 @@ def plan_vision_cp(images, ranks: int, cost: VisionCost = MOONVIT_COST, slack: f
             if levels[choice] <= target:
                 break
         _, first, size = best
-        members = loads[first:first + size]
-        shares = _shares(image, members, best[0], cost.of(1, image.patches))
+        # the block's level with the rows its members gather (n (size - 1) over the block), which
+        # also raise the target: the average now carries them
+        gathered = cost.gather * image.patches * (size - 1)
+        level = float(_water_levels(loads[None, first:first + size], work + gathered)[0])
+        traffic += gathered
+        target = max(target, (total + traffic) / ranks * (1 + slack))
+        # a member's load grows by gather n, then by (per patch - gather) a row it holds
+        members = loads[first:first + size] + cost.gather * image.patches
+        shares = _shares(image, members, level, cost.of(1, image.patches) - cost.gather)
         starts = np.concatenate([[0], np.cumsum(shares)]).astype(int)
         groups[index] = (first, size)
         pieces[index] = tuple(Piece(index, first + j, int(starts[j]), int(starts[j + 1])) for j in range(size))
-        loads[first:first + size] += [cost.of(s, image.patches) for s in shares]
+        loads[first:first + size] += [cost.piece(s, image.patches, True) for s in shares]
     plan = VisionCPPlan(ranks, images, cost, float(slack), tuple(groups), tuple(pieces))
     plan.verify()
     return plan

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import EXAMPLES, bad_input, run_cli
 from k3compile.errors import ArgumentError
-from k3compile.passes.plan_vision_cp import Piece, VisionCost, parse_image, plan_vision_cp
+from k3compile.passes.plan_vision_cp import MOONVIT_COST, Piece, VisionCost, parse_image, plan_vision_cp
 from k3compile.vision.batches import synthetic_images
 
 # MoonViT's dims, the planner's default cost model, written out here: forward FLOPs a layer
@@ -28,8 +28,9 @@ def sizes_of(text: str) -> tuple[int, int]:
                                                                                  else 1), 2 * numbers[-1])
 
 
-def audit(plan, images, ranks: int) -> tuple[float, float]:
-    """Check the plan from its pieces alone; return (makespan, lower bound) recomputed here."""
+def audit(plan, images, ranks: int, gather: float = 0.0) -> tuple[float, float]:
+    """Check the plan from its pieces alone; return (makespan, lower bound) recomputed here.
+    gather: the cost of a K/V row a split image's member receives."""
     loads = [0.0] * ranks
     for index, text in enumerate(images):
         patches, granule = sizes_of(text)
@@ -43,13 +44,16 @@ def audit(plan, images, ranks: int) -> tuple[float, float]:
             assert p.start % granule == 0
             for i in range(p.start, p.stop):
                 covered[i] += 1
-            loads[p.rank] += (p.stop - p.start) * (PAIR * patches + PATCH)
+            loads[p.rank] += (p.stop - p.start) * (PAIR * patches + PATCH) + (
+                gather * (patches - (p.stop - p.start)) if size > 1 else 0.0)
         assert covered == [1] * patches, f"image {index}: some patch not computed exactly once"
     bound = max(sum((PAIR * n + PATCH) * n for n, _ in map(sizes_of, images)) / ranks,
                 max(min(g, n) * (PAIR * n + PATCH) for n, g in map(sizes_of, images)))
     assert max(loads) == pytest.approx(plan.makespan, rel=1e-9)
     assert bound == pytest.approx(plan.lower_bound, rel=1e-9)
     assert max(loads) >= bound * (1 - 1e-9)
+    if gather:
+        return max(loads), bound
     # what the planner promises: the target, plus a granule of each split image on the busiest rank
     busiest = loads.index(max(loads))
     slop = sum(sizes_of(images[i])[1] * (PAIR * sizes_of(images[i])[0] + PATCH)
@@ -123,6 +127,30 @@ def test_cost_model_follows_the_spec_dims():
     assert plan_vision_cp(images, 2, cost).cost == cost
 
 
+def test_link_cost_is_bytes_over_flops():
+    """K and V rows of bf16 (2 x 16 x 72 values of 2 bytes) at 450 GB/s, 400 TFLOP/s meanwhile."""
+    cost = MOONVIT_COST.with_link(450, 400)
+    assert cost.gather == pytest.approx(2 * HEADS * HEAD_DIM * 2 / 450e9 * 400e12)
+    assert (cost.attention, cost.linear) == (PAIR, PATCH)
+
+
+@pytest.mark.parametrize("per_rank, ranks", [(1, 16), (4, 64), (40, 8)])
+def test_traffic_aware_plans_keep_the_invariants_and_beat_oblivious_ones(per_rank, ranks):
+    """With the gather cost the loads count every member's received rows; planned with it, the
+    makespan (traffic included) over five fixed batches is no worse than the compute-only plans'
+    under the same costs."""
+    linked = MOONVIT_COST.with_link(450, 400)
+    aware_total = oblivious_total = 0.0
+    for seed in range(5):
+        images = synthetic_images(per_rank * ranks, seed=seed, videos=max(1, ranks // 16))
+        aware = plan_vision_cp(images, ranks, linked)
+        makespan, bound = audit(aware, images, ranks, gather=linked.gather)
+        assert makespan == pytest.approx(aware.makespan) and makespan >= bound
+        aware_total += makespan
+        oblivious_total += dataclasses.replace(plan_vision_cp(images, ranks), cost=linked).makespan
+    assert aware_total <= oblivious_total * 1.001, aware_total / oblivious_total
+
+
 def broken(plan, index: int, **change):
     pieces = list(plan.pieces)
     pieces[index] = tuple(dataclasses.replace(p, **change) if i == 0 else p for i, p in enumerate(pieces[index]))
@@ -158,7 +186,9 @@ def test_bad_inputs_one_line(images, ranks, match):
 
 
 def test_bad_options_one_line():
-    for options, match in (({"slack": 1.0}, "slack"), ({"slack": -0.1}, "slack"), ({"rows_per_cut": 0}, "rows_per_cut")):
+    for options, match in (({"slack": 1.0}, "slack"), ({"slack": -0.1}, "slack"), ({"rows_per_cut": 0}, "rows_per_cut"),
+                           ({"cost": VisionCost(1.0, 10.0, gather=10.0)}, "gather < linear"),
+                           ({"cost": VisionCost(1.0, 10.0, gather=-1.0)}, "0 <= gather"), ({"cost": 3}, "VisionCost")):
         with pytest.raises(ArgumentError, match=match):
             plan_vision_cp([256], 2, **options)
 
@@ -180,6 +210,10 @@ def test_cli_synthetic(capsys):
     code, out, err = run_cli(capsys, "plan-vision", "--ranks", "16", "--synthetic", "200", "--videos", "2")
     assert code == 0, err
     assert "202 images" in out
+    code, out, err = run_cli(capsys, "plan-vision", "--ranks", "16", "--synthetic", "20", "--link-gbps", "450",
+                             "--tflops", "400")
+    assert code == 0, err
+    assert "4,096,000 FLOP-time a gathered K/V row" in out and "raised by the traffic's average" in out
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -192,6 +226,8 @@ def test_cli_synthetic(capsys):
     (["missing.toml", "--ranks", "2"], ["missing.toml", "no such batch file"]),
     (["--ranks", "2", "--images", "256", "--spec", str(EXAMPLES / "kda.toml")], ["expected a vision layer spec"]),
     (["--ranks", "2", "--synthetic", "0"], ["--synthetic"]),
+    (["--ranks", "2", "--images", "256", "--link-gbps", "450"], ["--link-gbps and --tflops"]),
+    (["--ranks", "2", "--images", "256", "--link-gbps", "0", "--tflops", "400"], ["positive"]),
 ])
 def test_cli_bad_input_exits_2(capsys, argv, words):
     err = bad_input(capsys, "plan-vision", *argv)

@@ -21,6 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("--videos", type=int, default=0, help="long videos added to --synthetic (default 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of --synthetic (default 0)")
     p.add_argument("--spec", help="a vision layer spec (.toml) whose dims give the cost model (default: MoonViT's)")
+    p.add_argument("--link-gbps", type=float, help="charge a split image's members for the K/V rows they gather, "
+                                                    "at this many GB/s (with --tflops; default: traffic is free)")
+    p.add_argument("--tflops", type=float, help="what a rank computes meanwhile, TFLOP/s (with --link-gbps)")
     p.add_argument("--slack", type=float, default=0.02, help="target makespan over the lower bound, minus 1 "
                                                               "(default 0.02)")
     p.add_argument("--rows-per-cut", type=int, default=2,
@@ -81,6 +84,14 @@ def cmd_plan_vision(args) -> int:
         if spec.kind != "vision":
             raise ArgumentError(f"--spec {args.spec}: expected a vision layer spec, got kind '{spec.kind}'")
         cost = VisionCost.from_params(spec.params)
+    if (args.link_gbps is None) != (args.tflops is None):
+        raise ArgumentError("--link-gbps and --tflops: give both (the traffic's cost is bytes at one over FLOPs at "
+                            "the other) or neither")
+    if args.link_gbps is not None:
+        if not (args.link_gbps > 0 and args.tflops > 0):
+            raise ArgumentError(f"--link-gbps, --tflops: expected positive numbers, got {args.link_gbps} and "
+                                f"{args.tflops}")
+        cost = cost.with_link(args.link_gbps, args.tflops)
     start = time.perf_counter()
     plan = plan_vision_cp(images, ranks, cost, slack=args.slack, rows_per_cut=args.rows_per_cut)
     took = time.perf_counter() - start
