@@ -386,48 +386,6 @@ def cmd_prove(args) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def parse_cost(text: str) -> tuple[str, float]:
-    kind, _, value = text.partition("=")
-    try:
-        cost = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected KIND=COST (a mixer of the pattern and a number), got {text!r}") from None
-    if not 0 < cost < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite cost, got {text!r}")
-    return kind, cost
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def cmd_plan_pipeline(args) -> int:
-    from k3compile.pipeline_plan import plan_pipeline
-    from k3compile.stack_spec import load_model_spec
-
-    spec = load_model_spec(args.spec)
-    costs = dict(args.cost) if args.cost else None
-    if args.layer_costs:
-        import json
-
-        from k3compile.errors import ArgumentError
-        try:
-            costs = json.loads(Path(args.layer_costs).read_text())
-        except (OSError, ValueError) as err:
-            raise ArgumentError(f"{args.layer_costs}: cannot read a JSON list of layer costs ({err})") from None
-        if not isinstance(costs, list):
-            raise ArgumentError(f"{args.layer_costs}: expected a JSON list of one cost a layer, got {type(costs).__name__}")
-    plan = plan_pipeline(spec, args.ranks, args.stages_per_rank, costs=costs)
-    print(plan.table(args.tokens))
-    return EXIT_OK
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="k3c", description="k3compile: Kimi K3-style layers -> Triton kernels")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
@@ -514,18 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_vision(sub)  # k3c plan-vision
 
-    p = sub.add_parser("plan-pipeline", help="cut a [model] block stack into pipeline stages and print which block "
-                                             "representatives each boundary sends (docs/block-stack.md)")
-    p.add_argument("spec", help="model spec (.toml with a [model] table)")
-    p.add_argument("--ranks", type=positive_int, required=True, help="pipeline ranks P (at least 2)")
-    p.add_argument("--stages-per-rank", type=positive_int, default=1, help="stages a rank holds, v (default 1; stage s on rank s mod P)")
-    p.add_argument("--tokens", type=positive_int, default=4096, help="tokens a microbatch (batch x sequence) for the bytes (default 4096)")
-    costs = p.add_mutually_exclusive_group()
-    costs.add_argument("--cost", type=parse_cost, action="append", metavar="KIND=COST",
-                       help="a mixer's relative cost, e.g. kda=1.0 attn=1.4 (repeatable; default every layer 1)")
-    costs.add_argument("--layer-costs", metavar="JSON",
-                       help="a JSON file of one cost a layer (e.g. k3compile.stack_pipeline.measure_layer_costs's)")
-    p.set_defaults(run=cmd_plan_pipeline)
+    from k3compile.pipeline_plan_cli import add_parser as add_plan_pipeline
+
+    add_plan_pipeline(sub)  # k3c plan-pipeline
     return parser
 
 
