@@ -174,6 +174,20 @@ def _check_value(where: str, key: str, rule: Key, value: Any) -> Any:
     return value
 
 
+def check_keys(where: str, schema: dict[str, Key], table: dict[str, Any], missing_note: str = "") -> dict[str, Any]:
+    """Every key of `schema` checked in `table` or defaulted (a missing required key: SpecError,
+    its message ending in `missing_note`); also k3compile.stack_spec's."""
+    params: dict[str, Any] = {}
+    for key, rule in schema.items():
+        if key in table:
+            params[key] = _check_value(where, key, rule, table[key])
+        elif rule.default is REQUIRED:
+            raise SpecError(f"{where}: missing key '{key}' ({rule.describe()}){missing_note}")
+        else:
+            params[key] = rule.default
+    return params
+
+
 def spec_from_table(table: dict[str, Any], source: str = "<spec>") -> LayerSpec:
     """Validate a `[layer]` table (already parsed) into a LayerSpec."""
     where = f"{source}: [layer]"
@@ -193,14 +207,7 @@ def spec_from_table(table: dict[str, Any], source: str = "<spec>") -> LayerSpec:
         raise SpecError(
             f"{where}: unknown key '{unknown[0]}' for kind '{kind}'; allowed: name, kind, {', '.join(schema)}"
         )
-    params: dict[str, Any] = {}
-    for key, rule in schema.items():
-        if key in table:
-            params[key] = _check_value(where, key, rule, table[key])
-        elif rule.default is REQUIRED:
-            raise SpecError(f"{where}: missing key '{key}' ({rule.describe()}) for kind '{kind}'")
-        else:
-            params[key] = rule.default
+    params = check_keys(where, schema, table, f" for kind '{kind}'")
     if kind in RECURRENCE_KINDS:
         if params["num_v_heads"] is None:
             params["num_v_heads"] = params["num_heads"]

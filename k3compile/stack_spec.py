@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from k3compile.errors import SpecError
-from k3compile.spec import REQUIRED, Key, _check_value, read_toml
+from k3compile.spec import Key, check_keys, read_toml
 
 MIXERS = ("kda", "attn")
 FFNS = ("dense", "moe")
@@ -95,14 +95,7 @@ def model_spec_from_table(table: dict[str, Any], source: str = "<model spec>") -
     unknown = sorted(set(table) - set(SCHEMA))
     if unknown:
         raise SpecError(f"{where}: unknown key '{unknown[0]}'; allowed: {', '.join(SCHEMA)}")
-    params: dict[str, Any] = {}
-    for key, rule in SCHEMA.items():
-        if key in table:
-            params[key] = _check_value(where, key, rule, table[key])
-        elif rule.default is REQUIRED:
-            raise SpecError(f"{where}: missing key '{key}' ({rule.describe()})")
-        else:
-            params[key] = rule.default
+    params = check_keys(where, SCHEMA, table)
     pattern = tuple(word.strip() for word in params["layer_pattern"].split(","))
     if not all(word in MIXERS for word in pattern):
         raise SpecError(f"{where}: key 'layer_pattern': expected comma-separated words of {', '.join(MIXERS)}, "
