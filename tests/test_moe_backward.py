@@ -35,8 +35,12 @@ def layer_name(p) -> str:
     return "moe_bwd_d{}_l{}_e{}_k{}_f{}_s{}x{}_{}".format(*p)
 
 
-@pytest.fixture(scope="module", params=[(p, SMALL_BLOCKS) for p in LAYERS] + [(LAYERS[0], None)],
-                ids=lambda q: layer_name(q[0]) + ("_blocks16" if q[1] else ""))
+# (layer, pipeline): the small blocks for every structure, the default blocks for the first
+CASES = [pytest.param((p, SMALL_BLOCKS), id=layer_name(p) + "_blocks16") for p in LAYERS] + [
+    pytest.param((LAYERS[0], None), id=layer_name(LAYERS[0]))]
+
+
+@pytest.fixture(scope="module")
 def layer(request, compile_layer):
     (d, l, E, k, F, S, Fs, activation), pipeline = request.param  # noqa: E741
     return compile_layer(pipeline=pipeline, name=layer_name(request.param[0]), kind="latent_moe", hidden_size=d,
@@ -71,12 +75,14 @@ def assert_gradients(layer, arguments: dict, what: str) -> None:
         assert_matches(grad, ref_grads[name], f"{what}: d{name}", rms_tol=2e-5, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("layer", CASES, indirect=True)
 @pytest.mark.parametrize("R", [1, 7, 37])
 def test_gradients_match_float64_autograd(layer, R):
     torch.manual_seed(100 + R)
     assert_gradients(layer, inputs_of(layer.spec.params, R), f"R={R}")
 
 
+@pytest.mark.parametrize("layer", CASES[:4], indirect=True)
 def test_crowded_and_idle_experts(layer):
     """A bias that sends every token to the same top_k experts: those get every pair (runs of
     several blocks), the others none (no block, no gradient rows: their weights' gradients are 0)."""
@@ -92,6 +98,7 @@ def test_crowded_and_idle_experts(layer):
         assert grads["expert_down"][idle].abs().max() == 0 and grads["expert_gate_up"][idle].abs().max() == 0
 
 
+@pytest.mark.parametrize("layer", CASES[:4], indirect=True)
 def test_extreme_gate_values(layer):
     """Large inputs: the GLU's gates far in both tails (sigmoid, tanh saturated), still finite and matching."""
     torch.manual_seed(5)
@@ -100,6 +107,7 @@ def test_extreme_gate_values(layer):
     assert_gradients(layer, arguments, "large gates")
 
 
+@pytest.mark.parametrize("layer", CASES[:2], indirect=True)
 def test_backward_is_deterministic(layer):
     torch.manual_seed(6)
     arguments = inputs_of(layer.spec.params, 37)
