@@ -16,7 +16,6 @@ Writes OUT/moe_lm.json (both runs' losses per step) and OUT/moe_lm.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os

@@ -61,6 +61,7 @@ class Product:
     layout: str
     group: int | None = None
     block_rows: int | None = None
+    gain: str | None = None  # an RMS-normalised input's gain (rms_eps)
 
     @classmethod
     def of(cls, op: k3s.ProjectOp) -> Product:
@@ -70,7 +71,8 @@ class Product:
                    op.input_index.data.value, op.in_dim.value.data, op.out_dim.value.data * (2 if glu else 1),
                    "dense" if layout == "stacked_out" else layout,
                    op.group.value.data if layout == "stacked_in" else None,
-                   op.block_rows.value.data if op.block_rows is not None else None)
+                   op.block_rows.value.data if op.block_rows is not None else None,
+                   k3s.argument_name(op.gain) if op.gain is not None else None)
 
 
 def given(props: dict) -> dict:
@@ -202,7 +204,7 @@ class MoeBackward:
         """A wgrad kernel: d<weight> = y_bar^T a over the rows, in the weight's layout."""
         sorted_rows = p.rows == "sorted_block"
         tensors = ([y_bar.scale] if y_bar.scale is not None else []) + \
-            ([self.rstd[p.source], self.t[self.gain_of(p)]] if rms else []) + \
+            ([self.rstd[p.source], self.t[p.gain]] if rms else []) + \
             ([self.t["expert_offsets"], self.t["sorted_pairs"]] if sorted_rows else [])
         grad = make(k3s.ProjectWeightGradOp, operands=[y_bar.value, self.t[p.source], *tensors],
                     result=("w_bar", k3s.tile("N", "D")), **given(dict(
@@ -216,9 +218,6 @@ class MoeBackward:
                      num_stages=self.o.num_stages)
         self.kernels.append(self.kernel(f"{p.weight}_wgrad", ("expert," if sorted_rows else "") + "column_block,input_block",
                                         [grad, store], **sizes))
-
-    def gain_of(self, p: Product) -> str:
-        return "latent_norm_gain"
 
     def product_adjoint(self, p: Product, y_bar: Rows) -> None:
         """A plain GEMM's two adjoints: the input's cotangent to its tensor, the weight's gradient."""
@@ -261,7 +260,7 @@ class MoeBackward:
         bar = self.workspace(f"{p.source}_bar", k3s.tensor("R", width, dtype="float32"))
         rstd = self.workspace(f"{p.source}_rstd", k3s.tensor("R", dtype="float32"))
         self.rstd[p.source] = rstd
-        gain = self.gain_of(p)
+        gain = p.gain
         self.kernels.append(self.kernel(f"{p.source}_rms_norm_adjoint", "row_block", [make(
             k3s.RmsNormAdjointOp, operands=[self.t[p.source], self.t[gain], stored, bar, rstd], eps=eps, width=width)],
             block_r=self.o.row_block, block_d=self.o.wgrad_block_d))
