@@ -217,7 +217,7 @@ def spec_from_table(table: dict[str, Any], source: str = "<spec>") -> LayerSpec:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """A spec file's TOML document; SpecError with a one-line message (also k3compile.stack_spec's)."""
+    """A spec file's TOML document; SpecError with a one-line message."""
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not TOML
     except FileNotFoundError:
@@ -232,16 +232,21 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise SpecError(f"{path}: not valid TOML ({err})") from None
 
 
+def read_table(path: Path, name: str, holder: str = "a spec") -> dict[str, Any]:
+    """The one table `name` a spec file holds (`holder` names the file's kind in the messages);
+    SpecError with a one-line message (also k3compile.stack_spec's, for [model])."""
+    document = read_toml(path)
+    extra = sorted(set(document) - {name})
+    if extra:
+        raise SpecError(f"{path}: unknown table or key '{extra[0]}'; {holder} holds one [{name}] table")
+    table = document.get(name)
+    if isinstance(table, list) and table and all(isinstance(item, dict) for item in table):
+        raise SpecError(f"{path}: [[{name}]] is an array of {len(table)} table(s); {holder} holds one [{name}] table")
+    if not isinstance(table, dict):
+        raise SpecError(f"{path}: missing [{name}] table")
+    return table
+
+
 def load_spec(path: str | Path) -> LayerSpec:
     """Read and validate a layer spec file; raises SpecError with a one-line message."""
-    path = Path(path)
-    document = read_toml(path)
-    extra = sorted(set(document) - {"layer"})
-    if extra:
-        raise SpecError(f"{path}: unknown table or key '{extra[0]}'; a spec holds one [layer] table")
-    table = document.get("layer")
-    if isinstance(table, list) and table and all(isinstance(item, dict) for item in table):
-        raise SpecError(f"{path}: [[layer]] is an array of {len(table)} table(s); a spec holds one [layer] table")
-    if not isinstance(table, dict):
-        raise SpecError(f"{path}: missing [layer] table")
-    return spec_from_table(table, source=str(path))
+    return spec_from_table(read_table(Path(path), "layer"), source=str(path))

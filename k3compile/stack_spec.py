@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from k3compile.errors import SpecError
-from k3compile.spec import Key, check_keys, read_toml
+from k3compile.spec import Key, check_keys, read_table
 
 MIXERS = ("kda", "attn")
 FFNS = ("dense", "moe")
@@ -117,12 +117,5 @@ def model_spec_from_table(table: dict[str, Any], source: str = "<model spec>") -
 
 def load_model_spec(path: str | Path) -> ModelSpec:
     """Read and validate a model spec file; raises SpecError with a one-line message."""
-    path = Path(path)
-    document = read_toml(path)
-    extra = sorted(set(document) - {"model"})
-    if extra:
-        raise SpecError(f"{path}: unknown table or key '{extra[0]}'; a model spec holds one [model] table")
-    table = document.get("model")
-    if not isinstance(table, dict):
-        raise SpecError(f"{path}: missing [model] table")
+    table = read_table(Path(path), "model", "a model spec")
     return model_spec_from_table(table, source=str(path))
