@@ -14,7 +14,7 @@ allocated), one step is measured: `saved` = torch.cuda.memory_allocated() after 
 before (what the forward leaves for the backward, the output excluded), `peak` =
 max_memory_allocated() over forward and backward less before; the bound = plain residuals' + the
 n representatives the forward makes (n = layers / 12; b_0 is the input), n x T x 7168 x 2 bytes.
-Outputs are checked first: every form against the torch form (RMS ratio, bf16) and the checkpointed
+Outputs are checked first: every form against the torch form (RMS ratio <= 5e-2 in bf16, a sanity check) and the checkpointed
 aggregate bit-equal to the unchecked one. Times: forward + backward, CUDA events, median of --reps.
 Writes DIR/block_stack_memory.md (also printed) and .json; exits 1 if a check fails.
 """
@@ -34,8 +34,8 @@ from common import device_name, fmt, git_commit  # noqa: E402
 
 FORMS = (("plain residuals", "none", True), ("aggregate, checkpointed", "aggregate", True),
          ("aggregate, not checkpointed", "aggregate", False), ("torch form, checkpointed", "torch", True),
-         ("two phases, checkpointed", "two_phase", True))
-TOLERANCE = 3e-2  # RMS ratio of a bf16 stack's output against the torch form's
+         ("two phases (own recompute)", "two_phase", True))
+TOLERANCE = 5e-2  # RMS ratio of a bf16 stack's output against the torch form's: a sanity check (k3c verify checks the kernels)
 
 
 def main(argv=None) -> int:
@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     state = None
     results, outputs, failed = [], {}, False
     for label, form, checkpointed in FORMS:
-        model = build_stack(model_spec_from_table({**table, "attnres": form, "checkpoint_attnres": checkpointed}))
+        with torch.device(device):  # the weights made where they run
+            model = build_stack(model_spec_from_table({**table, "attnres": form, "checkpoint_attnres": checkpointed}))
         if state is None:
             with torch.no_grad():
                 for name, param in model.named_parameters():
@@ -79,7 +80,6 @@ def main(argv=None) -> int:
                         param.normal_(0, 0.05)  # away from the init's uniform mix
             state = model.state_dict()
         model.load_state_dict(state)
-        model.to(device)
         try:
             out = model(x)
             (out.float() * weights).sum().backward()  # warm-up: kernels compiled, gradient buffers made
