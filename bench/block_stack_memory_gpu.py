@@ -8,15 +8,16 @@ stack with plain residuals plus its block representatives.
 A K3-like stack that fits one GPU: hidden 7168, blocks of 12 layers, K3's 3 KDA : 1 attention
 pattern (narrower mixers and FFN than K3's, so 24 layers' weights and gradients fit), bf16, one
 sequence of --tokens tokens. Each form (plain residuals; the compiled one-phase aggregate
-checkpointed and not; the torch form of the aggregate checkpointed; the two phases where they
-train) gets the same weights. After a warm-up step (kernels compiled, gradient buffers
+checkpointed and not; the torch form of the aggregate checkpointed; the two phases with their
+own recompute) gets the same weights. After a warm-up step (kernels compiled, gradient buffers
 allocated), one step is measured: `saved` = torch.cuda.memory_allocated() after the forward less
 before (what the forward leaves for the backward, the output excluded), `peak` =
 max_memory_allocated() over forward and backward less before; the bound = plain residuals' + the
 n representatives the forward makes (n = layers / 12; b_0 is the input), n x T x 7168 x 2 bytes.
-Outputs are checked first: every form against the torch form (RMS ratio <= 5e-2 in bf16, a sanity check) and the checkpointed
-aggregate bit-equal to the unchecked one. Times: forward + backward, CUDA events, median of --reps.
-Writes DIR/block_stack_memory.md (also printed) and .json; exits 1 if a check fails.
+The outputs of the warm-up step are checked: every form against the torch form (RMS ratio <=
+5e-2 in bf16, a sanity check: k3c verify checks the kernels) and the checkpointed aggregate
+bit-equal to the unchecked one. Times: forward + backward, CUDA events, median of --reps. Writes
+DIR/block_stack_memory.md (also printed) and .json; exits 1 if a check fails.
 """
 
 from __future__ import annotations
