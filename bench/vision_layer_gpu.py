@@ -17,8 +17,10 @@ import json
 import math
 import platform
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/vision_attention_gpu.py
+from vision_attention_gpu import run as timed  # noqa: E402
 
 SIZES = (256, 1024, 4096, 16384, 65536)
 REPO = Path(__file__).resolve().parents[1]
@@ -28,19 +30,6 @@ def grid_of(patches: int) -> tuple[int, int, int]:
     """A near-square grid of exactly `patches` patches (one frame)."""
     height = max(d for d in range(1, math.isqrt(patches) + 1) if patches % d == 0)
     return (1, height, patches // height)
-
-
-def timed(fn, device: str, rep: int) -> float:
-    if device == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=5, rep=rep))
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[1]
 
 
 def main(argv=None) -> int:
