@@ -141,9 +141,9 @@ def test_attention_stack_matches_float64_autograd(form):
     ref = model64.head(reference(model64, model64.embed(x)))
     with torch.no_grad():  # inference: no checkpoint, phase 1 straight through
         inference = model(x)
-    for got in (out, inference):
-        assert torch.isfinite(got).all()
-        assert (got.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    for result in (out, inference):
+        assert torch.isfinite(result).all()
+        assert (result.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
     want = grads_of(model64, lambda: (model64.head(reference(model64, model64.embed(x))) * weights.double()).sum())
     assert_close(got, want, 1e-4)
 
