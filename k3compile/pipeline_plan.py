@@ -69,10 +69,6 @@ class PipelinePlan:
         """Bytes of one [tokens, hidden_size] activation in the spec's dtype (a microbatch's rep)."""
         return tokens * self.spec.hidden_size * BYTES[self.spec.dtype]
 
-    def held_by_rank(self, rank: int) -> int:
-        """Distinct representatives a rank holds a microbatch (cached once, shared by its stages)."""
-        return max(stage.made for stage in self.stages if stage.rank == rank)
-
     def table(self, tokens: int) -> str:
         """The plan as a markdown table: one row a stage, what crosses its boundary a microbatch."""
         one = self.tensor_bytes(tokens)

@@ -25,7 +25,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleIn
 
 from k3compile.errors import ArgumentError
 from k3compile.pipeline_plan import PipelinePlan
-from k3compile.stack import BlockStack
+from k3compile.stack import DTYPES, BlockStack
 
 SCHEDULES = {"1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B, "looped-bfs": ScheduleLoopedBFS}
 
@@ -168,7 +168,7 @@ def stage_shapes(plan: PipelinePlan, index: int, example: torch.Tensor) -> tuple
     like `example` (the stack's input): PipelineStage's static metadata, so no stage is traced."""
     spec = plan.spec
     B, T = example.shape[:2]
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[spec.dtype]
+    dtype = DTYPES[spec.dtype]
 
     def hidden(count: int) -> tuple:
         # requires_grad: PipelineStage allocates its receive buffers (and the gradients it sends back) by it

@@ -79,15 +79,6 @@ class ModelSpec:
         """The `[model]` table of this spec (model_spec_from_table(spec.table()) == spec)."""
         return {key: value for key, value in self.params.items() if value is not None}
 
-    @property
-    def points_per_block(self) -> int:
-        """Aggregation points a full block holds: two a layer (before the mixer and the FFN)."""
-        return 2 * self.block_size
-
-    def block_of_layer(self, layer: int) -> int:
-        """The block (1-based: block 0 is the embedding, the first representative) layer `layer` is in."""
-        return layer // self.block_size + 1
-
 
 def model_spec_from_table(table: dict[str, Any], source: str = "<model spec>") -> ModelSpec:
     """Validate a `[model]` table (already parsed) into a ModelSpec."""
