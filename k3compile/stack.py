@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
-from k3compile.errors import SpecError, UnsupportedError
+from k3compile.errors import UnsupportedError
 from k3compile.stack_spec import ModelSpec, load_model_spec
 from k3compile.stack_two_phase import BlockPartials
 
@@ -156,19 +156,20 @@ class BlockStack(nn.Module):
     def finish(self, reps: list[torch.Tensor], partial: torch.Tensor | None) -> torch.Tensor:
         """The final point's output (hidden states, or logits with a vocabulary)."""
         if self.spec.attnres == "two_phase":
-            u = BlockPartials(reps, [self.final], self.spec.eps).point_input(0, partial)
+            u = BlockPartials(reps, [self.final], self.spec.eps, self.spec.checkpoint_attnres).point_input(0, partial)
         else:
             u = self.point_input(self.final, reps, partial)
         return self.head(u) if self.head is not None else u
 
     def run_layers(self, start: int, stop: int, reps: list[torch.Tensor], partial: torch.Tensor | None):
+        """Layers start .. stop - 1 on the state (reps, partial); returns the state after them."""
         S = self.spec.block_size
         block = None
         for index in range(start, stop):
             layer = self.layers[index]
             if self.spec.attnres == "two_phase" and block is None:  # phase 1 for the block's points in this run
                 points = [p for later in self.layers[index:min(stop, (index // S + 1) * S)] for p in later.points]
-                block, k = BlockPartials(reps, points, self.spec.eps), 0
+                block, k = BlockPartials(reps, points, self.spec.eps, self.spec.checkpoint_attnres), 0
             for point, sublayer in zip(layer.points, (layer.mixer, layer.ffn)):
                 if block is not None:
                     u, k = block.point_input(k, partial), k + 1
@@ -246,9 +247,9 @@ def check_input(spec: ModelSpec, x) -> None:
 
 
 def build_stack(spec: ModelSpec | str | Path) -> BlockStack:
-    """The BlockStack of a ModelSpec or a model spec file (SpecError: one line naming the key)."""
+    """The BlockStack of a ModelSpec or a model spec file (a bad file: SpecError, one line naming the key)."""
     if isinstance(spec, (str, Path)):
         spec = load_model_spec(spec)
     if not isinstance(spec, ModelSpec):
-        raise SpecError(f"spec: expected a ModelSpec or a path to a [model] spec, got {type(spec).__name__}")
+        raise TypeError(f"spec: expected a ModelSpec or a path to a [model] spec, got {type(spec).__name__}")
     return BlockStack(spec)

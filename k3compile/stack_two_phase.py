@@ -21,10 +21,12 @@ import torch.nn.functional as F
 
 
 class BlockPartials:
-    """One block's phase 1 for the points `points` (k3compile.stack.Point, in order) of one run."""
+    """One block's phase 1 for the points `points` (k3compile.stack.Point, in order) of one run;
+    recompute False (the spec's checkpoint_attnres = false): plain autograd, which keeps phase 1's
+    results for the backward."""
 
-    def __init__(self, reps: list[torch.Tensor], points: list, eps: float) -> None:
-        self.reps, self.points, self.eps = reps, points, eps
+    def __init__(self, reps: list[torch.Tensor], points: list, eps: float, recompute: bool = True) -> None:
+        self.reps, self.points, self.eps, self.recompute = reps, points, eps, recompute
         self.forward_partials = None
         self.recomputed = None  # (leaves, (lse, mix)) in the backward
         self.cotangents = None
@@ -40,7 +42,7 @@ class BlockPartials:
     def point_input(self, k: int, partial: torch.Tensor | None) -> torch.Tensor:
         """The sublayer input of point k of this block's run (differentiable when grad is on)."""
         point = self.points[k]
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not self.recompute:  # recompute False: autograd keeps phase 1's results
             return point_output(self.partials_of_forward(), k, partial, point.query, point.gain, point.norm, self.eps)
         queries, gains = self.queries() if k == 0 else (None, None)
         leaders = (*self.reps, queries, gains) if k == 0 else ()
@@ -48,7 +50,7 @@ class BlockPartials:
 
     def partials_of_forward(self):
         if self.forward_partials is None:
-            with torch.no_grad():
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not self.recompute):
                 self.forward_partials = self.phase1(self.reps, *self.queries())
         return self.forward_partials
 

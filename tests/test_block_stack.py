@@ -270,6 +270,19 @@ def test_two_phase_runs_split_inside_blocks():
         assert_close(grads_of(model, split(*cuts)), whole, 1e-5)
 
 
+def test_two_phase_without_recompute_is_plain_autograd():
+    """checkpoint_attnres = false: the two phases' own autograd (phase 1's results kept), the same
+    gradients as the recomputing path."""
+    model = stack_of(layer_pattern="attn", attnres="two_phase", num_layers=3)
+    plain = build_stack(model_spec_from_table({**model.spec.table(), "checkpoint_attnres": False}))
+    plain.load_state_dict(model.state_dict())
+    x, weights = torch.randn(1, 4, 20), torch.randn(1, 4, 20)
+    assert_close(grads_of(plain, lambda: (plain(x) * weights).sum()), grads_of(model, lambda: (model(x) * weights).sum()),
+                 1e-5)
+    with pytest.raises(TypeError, match="^spec: expected a ModelSpec"):
+        build_stack(42)
+
+
 def test_two_phase_keeps_no_partials_for_the_backward():
     """Phase 1's results ([Q, B, T, D] a block) and the stacked representatives ([n, B, T, D]) are
     not among what the forward leaves (attention's [B, H, T, head_dim] are)."""
