@@ -24,7 +24,9 @@ GEMM over every pair, 2 x 3584 x 6144 x 16 flop per token): the pair list, the r
 experts' pre-activations and activations, the combined rows (fp32), the shared experts' too.
 
 Every gradient element is written once by one program (the input's, x's, accumulated in a fixed
-order over its three uses: shared experts, latent down-projection, router): deterministic.
+order over its three uses: shared experts, latent down-projection, router), an expert's weight
+gradient summing its run of the pair list in order, which moe_forward builds in pair order
+(lower-moe-experts' saving plan): deterministic, bit for bit.
 """
 
 from __future__ import annotations

@@ -18,6 +18,11 @@ How the routed experts run is the dispatch plan:
   (token, block of output columns) for the down projection, which accumulates the token's
   weighted slots in registers: no sorting, no padding, no per-pair output buffer.
 
+The training forward (derive-moe-backward's moe_forward) is the expert-centric plan built with
+saving: the tensors its backward reads are outputs, the GLUs' pre-activations are stored too, and
+the pair list is built in pair order (k3s.rank_pairs, k3s.chunk_offsets) rather than by atomic
+ranks, which fixes the order the experts' weight gradients sum in.
+
 With expert_weight_format = mxfp4 the routed experts' weights are each two arguments, packed
 values and scales (<name>_packed, <name>_scales), and the projections that read them say
 weight_format = mxfp4 (the latent and shared experts' weights stay in the layer's dtype).
@@ -40,6 +45,7 @@ from k3compile.passes.common import (
     check_num_warps,
     check_power_of_two,
     make,
+    props,
     tensor_arg,
 )
 from k3compile.passes.lower_moe_routing import (
@@ -236,6 +242,27 @@ class MoeEntry:
     def entry(self, name: str, workspaces: list, kernels: list) -> k3s.EntryOp:
         return make(k3s.EntryOp, [*self.inputs, *workspaces, *kernels], sym_name=name, source=self.layer)
 
+    def rank_stages(self, block_rows: int) -> tuple[list, list[k3s.KernelOp]]:
+        """The kernels that count each expert's pairs and rank each pair among them: atomic ranks
+        (k3s.count_pairs), or, saving (training), ranks in pair order (k3s.rank_pairs over chunks of a
+        block's pairs, then k3s.chunk_offsets), which fix the order the weight gradients sum in."""
+        n, t = self.n, self.tensors
+        if not self.saving:
+            return [], [self.kernel("count_pairs", "pair_chunk", [make(
+                k3s.CountPairsOp, operands=[t["topk_ids"], t["expert_counts"], t["pair_rank"]], num_experts=n.E,
+                top_k=n.k)])]
+        # chunks of block_rows pairs: at most PB of them (a block per chunk the pairs fill)
+        counts = self.workspace("chunk_counts", k3s.tensor("PB", n.E, dtype="index"), fill=0)
+        plan = dict(num_experts=n.E, top_k=n.k, pairs_per_chunk=block_rows)
+        rank = self.kernel("rank_pairs", "pair_chunk", [make(
+            k3s.RankPairsOp, operands=[t["topk_ids"], t["chunk_counts"], t["pair_rank"]], **plan)])
+        rank.properties.update(props(block_r=block_rows))  # a program per chunk
+        offsets = self.kernel("chunk_offsets", "one", [make(
+            k3s.ChunkOffsetsOp, operands=[t["chunk_counts"], t["expert_counts"]], **plan)])
+        # the prefix in [chunks, experts] tiles: 32 chunks by up to 128 experts
+        offsets.properties.update(props(block_r=32, block_e=min(128, 1 << (n.E - 1).bit_length())))
+        return [counts], [rank, offsets]
+
     def expert_centric(self, block_rows: int, name: str = "moe_prefill") -> k3s.EntryOp:
         n = self.n
         workspaces, kernels = self.before_experts()
@@ -252,17 +279,18 @@ class MoeEntry:
             *combined_workspace,
         ]
         t = self.tensors
+        ranking_workspaces, ranking = self.rank_stages(block_rows)
+        workspaces += ranking_workspaces
         kernels += [
-            self.kernel("count_pairs", "pair_chunk", [make(
-                k3s.CountPairsOp, operands=[t["topk_ids"], t["expert_counts"], t["pair_rank"]], num_experts=n.E,
-                top_k=n.k)]),
+            *ranking,
             self.kernel("expert_offsets", "one", [make(
                 k3s.ExpertOffsetsOp, operands=[t["expert_counts"], t["expert_offsets"]], num_experts=n.E,
                 block_rows=block_rows)]),
             self.kernel("sort_pairs", "pair_chunk", [make(
                 k3s.SortPairsOp, operands=[t[name] for name in ("topk_ids", "expert_offsets", "pair_rank",
-                                                                "sorted_pairs", "block_expert")],
-                top_k=n.k, block_rows=block_rows)]),
+                                                                "sorted_pairs", "block_expert")]
+                + ([t["chunk_counts"]] if self.saving else []),
+                top_k=n.k, block_rows=block_rows, **({"pairs_per_chunk": block_rows} if self.saving else {}))]),
         ]
         gate_up = self.project("sorted_block", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"),
                                in_dim=n.w, out_dim=n.F, layout="expert", glu=True, block_rows=block_rows)

@@ -117,6 +117,30 @@ def test_backward_is_deterministic(layer):
         assert torch.equal(first[name], again[name]), f"d{name} differs between two runs"
 
 
+@pytest.mark.parametrize("layer", CASES[:1], indirect=True)
+@pytest.mark.parametrize("crowded", [False, True])
+def test_training_pair_list_is_in_pair_order(layer, crowded):
+    """moe_forward's sorted pair list (k3s.rank_pairs, k3s.chunk_offsets): every pair once, in a block
+    of its expert, each expert's run holding its pairs in increasing order (the order the weight
+    gradients sum in: no atomic decides it), runs in expert order, padded to whole blocks."""
+    torch.manual_seed(9)
+    p = layer.spec.params
+    arguments = inputs_of(p, 37)
+    if crowded:  # runs of several blocks: more than one chunk of pairs counts towards an expert
+        arguments["router_bias"][:p["top_k"]] += 10
+    saved = dict(zip(layer.module.OUTPUT_DTYPES["moe_forward"], layer.moe_forward(**arguments), strict=True))
+    ids = saved["topk_ids"].flatten().long()
+    sorted_pairs, block_expert, offsets = (saved[n].long() for n in ("sorted_pairs", "block_expert", "expert_offsets"))
+    BM = sorted_pairs.numel() // block_expert.numel()
+    for e in range(p["num_experts"]):
+        run = sorted_pairs[offsets[e]:offsets[e + 1]]
+        expected = torch.nonzero(ids == e).flatten()
+        assert torch.equal(run[:expected.numel()], expected), f"expert {e}'s run is not its pairs in order"
+        assert (run[expected.numel():] == -1).all() and run.numel() == -(-expected.numel() // BM) * BM
+        assert (block_expert[offsets[e] // BM:offsets[e + 1] // BM] == e).all()
+    assert (sorted_pairs[offsets[-1]:] == -1).all()
+
+
 # --- each adjoint op's printed formula, in float64 ---------------------------------------
 
 

@@ -154,20 +154,26 @@ class ExpertOffsetsOp(KeywordSyntax):
 class SortPairsOp(KeywordSyntax):
     """Dispatch plan, step 3, over blocks of pairs: sorted_pairs[expert_offsets[e] + pair_rank[p]]
     = p for every pair p of expert e = topk_ids[p], and block_expert[b] = e for every block b of
-    e's run; the rest of sorted_pairs keeps its fill, -1 (padding rows, masked in every stage)."""
+    e's run; the rest of sorted_pairs keeps its fill, -1 (padding rows, masked in every stage).
+    With `chunk_base` (the pair-order plan, k3s.rank_pairs): expert_offsets[e] + chunk_base[c, e]
+    + pair_rank[p] for p in chunk c (pairs_per_chunk pairs a chunk)."""
 
     name = "k3s.sort_pairs"
     top_k = prop_def(IntegerAttr[I64])
     block_rows = prop_def(IntegerAttr[I64])
+    pairs_per_chunk = opt_prop_def(IntegerAttr[I64])
     topk_ids = operand_def(TensorType)
     expert_offsets = operand_def(TensorType)
     pair_rank = operand_def(TensorType)
     sorted_pairs = operand_def(TensorType)
     block_expert = operand_def(TensorType)
+    chunk_base = opt_operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
-        _positive(self, "top_k", "block_rows")
+        _positive(self, "top_k", "block_rows", "pairs_per_chunk")
+        if (self.chunk_base is None) != (self.pairs_per_chunk is None):
+            raise VerifyException(f"{self.name}: chunk_base and pairs_per_chunk come together (the pair-order plan)")
 
 
 # the tensors a projection's rows come from, by its rows (the rest need none): the dispatch plan

@@ -1,4 +1,5 @@
-"""The LatentMoE backward's stages (derive-moe-backward), as ops on values: the adjoints of the
+"""The LatentMoE backward's stages (derive-moe-backward), and the training forward's pair-order
+dispatch plan (k3s.rank_pairs, k3s.chunk_offsets), as ops on values: the adjoints of the
 forward's projections (the input's gradient, a product with the weight transposed; the weight's,
 a sum over the rows of cotangent x input), of the GLU (with the forward's saved pre-activations),
 of the routing weights' combine and of the latent RMSNorm, and the router's adjoints.
@@ -316,6 +317,46 @@ class StoreLogitsOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp))
 
 
-MOE_BACKWARD_STAGES = [ProjectInputGradOp, ProjectWeightGradOp, StoreWeightGradOp, LoadRowsOp, StoreGluHalvesOp,
+@irdl_op_definition
+class RankPairsOp(KeywordSyntax):
+    """The training forward's dispatch plan in pair order, step 1, a program per chunk c of
+    pairs_per_chunk pairs (grid pair_chunk): chunk_counts[c, e] (zero-filled) counts the chunk's
+    pairs routed to e, and pair_rank[p] is the number of the chunk's pairs before p routed to p's
+    expert. Integer counts, the same in whatever order the adds land: with k3s.chunk_offsets each
+    expert's run holds its pairs in increasing order, so the weight gradients, which sum over a
+    run in its order, are the same bits run after run (k3s.count_pairs' atomic ranks are not)."""
+
+    name = "k3s.rank_pairs"
+    num_experts = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    pairs_per_chunk = prop_def(IntegerAttr[I64])
+    topk_ids = operand_def(TensorType)
+    chunk_counts = operand_def(TensorType)
+    pair_rank = operand_def(TensorType)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _positive(self, "num_experts", "top_k", "pairs_per_chunk")
+
+
+@irdl_op_definition
+class ChunkOffsetsOp(KeywordSyntax):
+    """The pair-order plan, step 2, one program: chunk_counts[c, e] becomes the count of expert e's
+    pairs in the chunks before c (an exclusive prefix over the chunks, in place) and
+    expert_counts[e] the expert's total, which k3s.expert_offsets takes as k3s.count_pairs' counts."""
+
+    name = "k3s.chunk_offsets"
+    num_experts = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    pairs_per_chunk = prop_def(IntegerAttr[I64])
+    chunk_counts = operand_def(TensorType)
+    expert_counts = operand_def(TensorType)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        _positive(self, "num_experts", "top_k", "pairs_per_chunk")
+
+
+MOE_BACKWARD_STAGES = [RankPairsOp, ChunkOffsetsOp, ProjectInputGradOp, ProjectWeightGradOp, StoreWeightGradOp, LoadRowsOp, StoreGluHalvesOp,
                        LoadGluHalvesOp, GluAdjointOp, StorePairDotOp, SumPartialsOp, RmsNormAdjointOp, NormGainGradOp,
                        RoutingWeightsAdjointOp, SelectTopKAdjointOp, RouterSigmoidAdjointOp, StoreLogitsOp]

@@ -180,7 +180,8 @@ class Entries:
             sort = next((op for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.SortPairsOp)), None)
             if sort is not None:
                 k, BM = sort.top_k.value.data, sort.block_rows.value.data
-                E = next(op.num_experts.value.data for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.CountPairsOp))
+                E = next(op.num_experts.value.data for op in k3s.walk_entry(view.entry)
+                         if isinstance(op, (k3s.CountPairsOp, k3s.RankPairsOp)))
                 c(f"# {describe(sort)}: each expert's run of pairs padded to whole blocks of {BM} rows: at most",
                   "# one partial block per expert that has pairs",
                   f'dims["PB"] = triton.cdiv(dims["R"] * {k}, {BM}) + min(dims["R"] * {k}, {E})',

@@ -50,6 +50,8 @@ class Experts:
             return self.backward_constants(op, kernel, view)
         if isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
             sizes = {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
+            if isinstance(op, k3s.SortPairsOp) and op.chunk_base is not None:  # the pair-order plan's chunks
+                sizes |= {"CH": op.pairs_per_chunk.value.data, "E": int(view.dims("expert_counts")[0])}
             return sizes | ({"BM": op.block_rows.value.data} if isinstance(op, k3s.SortPairsOp) else {})
         if isinstance(op, k3s.ExpertOffsetsOp):
             return {"E": op.num_experts.value.data, "BE": block("block_e"), "BM": op.block_rows.value.data}
@@ -146,8 +148,10 @@ class Experts:
                                                                       op.sorted_pairs, op.block_expert))
         self.code.comment(op, "each pair to its expert's run; every block of the run names the expert")
         self.code(f"b_e = tl.load({ids} + o_p, mask=m_p, other=0)",
-                  f"b_at = tl.load({offsets} + b_e, mask=m_p, other=0) + tl.load({rank} + o_p, mask=m_p, other=0)",
-                  f"tl.store({pairs} + b_at, o_p.to(tl.int32), mask=m_p)",
+                  f"b_at = tl.load({offsets} + b_e, mask=m_p, other=0) + tl.load({rank} + o_p, mask=m_p, other=0)")
+        if op.chunk_base is not None:  # the pair-order plan: the expert's pairs in the chunks before
+            self.code(f"b_at += tl.load({tensor_name(op.chunk_base)} + (o_p // CH) * E + b_e, mask=m_p, other=0)")
+        self.code(f"tl.store({pairs} + b_at, o_p.to(tl.int32), mask=m_p)",
                   f"tl.store({blocks} + b_at // BM, b_e, mask=m_p)")
 
     def print_k3s_project(self, op: k3s.ProjectOp) -> None:

@@ -35,6 +35,11 @@ class MoeBackward:
     def backward_constants(self, op, kernel: k3s.KernelOp, view) -> dict[str, int]:
         """A backward stage's compile-time sizes (its widths, the block sizes derive-moe-backward set)."""
         block = lambda name: getattr(kernel, name).value.data  # noqa: E731
+        if isinstance(op, k3s.RankPairsOp):
+            return {"E": op.num_experts.value.data, "TOP_K": op.top_k.value.data, "BR": block("block_r")}
+        if isinstance(op, k3s.ChunkOffsetsOp):
+            return {"E": op.num_experts.value.data, "TOP_K": op.top_k.value.data, "CH": op.pairs_per_chunk.value.data,
+                    "BC": block("block_r"), "BE": block("block_e")}
         if isinstance(op, k3s.StoreWeightGradOp):
             return {"GROUP": op.group.value.data} if op.group is not None else {}
         if isinstance(op, k3s.RmsNormAdjointOp):
@@ -54,6 +59,33 @@ class MoeBackward:
         if isinstance(op, k3s.ProjectInputGradOp) and op.group is not None:
             sizes["GROUP"] = op.group.value.data
         return sizes
+
+    def print_k3s_rank_pairs(self, op: k3s.RankPairsOp) -> None:
+        ids, counts, rank = (tensor_name(v) for v in (op.topk_ids, op.chunk_counts, op.pair_rank))
+        self.code.comment(op, "the chunk's counts (integer adds: any order gives them), each pair's rank among "
+                              "the chunk's earlier pairs of its expert")
+        self.code(f"b_e = tl.load({ids} + o_p, mask=m_p, other=0)",
+                  f"tl.atomic_add({counts} + tl.program_id(0) * E + b_e, 1, mask=m_p)",
+                  "o_i = tl.arange(0, BR)",
+                  "b_earlier = (b_e[:, None] == b_e[None, :]) & (o_i[None, :] < o_i[:, None])",
+                  f"tl.store({rank} + o_p, tl.sum(b_earlier.to(tl.int32), axis=1), mask=m_p)")
+
+    def print_k3s_chunk_offsets(self, op: k3s.ChunkOffsetsOp) -> None:
+        c = self.code
+        counts, totals = tensor_name(op.chunk_counts), tensor_name(op.expert_counts)
+        c.comment(op, "per block of BE experts, the chunks in order, BC at a time")
+        c("for i_eb in range(0, tl.cdiv(E, BE)):")
+        with c.indent():
+            c("o_e = i_eb * BE + tl.arange(0, BE)", "m_e = o_e < E", "b_total = tl.zeros([BE], dtype=tl.int32)",
+              "for i_cb in range(0, tl.cdiv(tl.cdiv(R * TOP_K, CH), BC)):")
+            with c.indent():
+                c("o_c = i_cb * BC + tl.arange(0, BC)",
+                  "m_ce = (o_c < tl.cdiv(R * TOP_K, CH))[:, None] & m_e[None, :]",
+                  f"b_count = tl.load({counts} + o_c[:, None] * E + o_e[None, :], mask=m_ce, other=0)",
+                  f"tl.store({counts} + o_c[:, None] * E + o_e[None, :], "
+                  "tl.cumsum(b_count, axis=0) - b_count + b_total[None, :], mask=m_ce)",
+                  "b_total += tl.sum(b_count, axis=0)")
+            c(f"tl.store({totals} + o_e, b_total, mask=m_e)")
 
     def print_axis_expert(self, axis: int) -> None:
         self.code(f"# grid axis {axis}: one expert", f"i_e = tl.program_id({axis}).to(tl.int64)")

@@ -1,6 +1,7 @@
 // derive-moe-backward: moe_forward (the expert-centric plan returning what the backward reads:
-// the routing, h, the pair list, the GLU pre-activations in the weight's row order and outputs,
-// the combined rows, the shared experts') and moe_backward, its kernels derived by the adjoint
+// the routing, h, the pair list (in pair order within each expert's run: ranks counted per chunk
+// of pairs, no atomic return value), the GLU pre-activations in the weight's row order and
+// outputs, the combined rows, the shared experts') and moe_backward, its kernels derived by the adjoint
 // rules in reverse of the forward's: each projection a wgrad and a dgrad GEMM, the GLU's adjoint
 // in the epilogue of the dgrad that made its output's cotangent (the routing weights' partial
 // row dots there too), the RMSNorm's adjoint and gain gradient after the latent up-projection's
@@ -27,8 +28,15 @@ builtin.module {
 // CHECK:        k3s.tensor_arg @expert_gu <role = output> : !k3s.tensor<PP x 64, float>
 // CHECK-NEXT:   k3s.tensor_arg @expert_act <role = output> : !k3s.tensor<PP x 32, float>
 // CHECK:        k3s.tensor_arg @combined <role = output> : !k3s.tensor<R x 16, float32>
+// CHECK-NEXT:   k3s.tensor_arg @chunk_counts <role = workspace, fill = 0> : !k3s.tensor<PB x 12, index>
 // CHECK-NEXT:   k3s.tensor_arg @shared_act <role = output> : !k3s.tensor<R x 24, float>
 // CHECK-NEXT:   k3s.tensor_arg @shared_gu <role = output> : !k3s.tensor<R x 48, float>
+// CHECK:        k3s.kernel @mlp_forward_rank_pairs <grid = pair_chunk, num_warps = 8, block_r = 128> {
+// CHECK-NEXT:     k3s.rank_pairs %topk_ids, %chunk_counts, %pair_rank <num_experts = 12, top_k = 3, pairs_per_chunk = 128>
+// CHECK:        k3s.kernel @mlp_forward_chunk_offsets <grid = one
+// CHECK-NEXT:     k3s.chunk_offsets %chunk_counts, %expert_counts <num_experts = 12, top_k = 3, pairs_per_chunk = 128>
+// CHECK:          k3s.expert_offsets %expert_counts, %expert_offsets
+// CHECK:          k3s.sort_pairs %topk_ids, %expert_offsets, %pair_rank, %sorted_pairs, %block_expert, %chunk_counts <top_k = 3, block_rows = 128, pairs_per_chunk = 128>
 // CHECK:        k3s.kernel @mlp_forward_expert_gate_up
 // CHECK:          k3s.store_glu_halves %g, %u, %expert_gu <rows = sorted_block, index = position, group = 32, width = 64>
 
