@@ -26,7 +26,7 @@ from pathlib import Path
 SIZES = {
     # the interpreter runs every kernel in numpy, a fraction of a second a launch: one block, tiny
     # widths, no shared experts (six launches fewer a step)
-    "tiny": dict(vocab=32, d=32, heads=2, layers=1, seq=16, batch=2, moe=dict(
+    "tiny": dict(vocab=32, d=32, heads=2, layers=1, seq=16, batch=1, moe=dict(
         hidden_size=32, latent_dim=16, num_experts=4, top_k=2, expert_ffn_dim=16, activation="situ_glu")),
     "gpu": dict(vocab=4096, d=1024, heads=8, layers=4, seq=512, batch=16, moe=dict(
         hidden_size=1024, latent_dim=512, num_experts=32, top_k=4, expert_ffn_dim=512, num_shared_experts=2,

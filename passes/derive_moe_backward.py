@@ -77,6 +77,11 @@ class Product:
                    k3s.argument_name(op.gain) if op.gain is not None else None)
 
 
+def fit(block: int, width: int) -> int:
+    """A block of columns no wider than the layer's (padded to a power of two, at least tl.dot's 16)."""
+    return min(block, max(16, 1 << (width - 1).bit_length()))
+
+
 def given(props: dict) -> dict:
     """The properties that are set (an optional one left out where None)."""
     return {key: value for key, value in props.items() if value is not None}
@@ -186,14 +191,15 @@ class MoeBackward:
 
     def partials(self, columns: int) -> int:
         """The column blocks of the dgrad GEMM of `columns` output columns (its partial row dots)."""
-        return -(-columns // self.o.dgrad_block_n)
+        return -(-columns // fit(self.o.dgrad_block_n, columns))
 
     # --- the adjoints' kernels ---------------------------------------------------------------
     def input_grad(self, p: Product, y_bar: Rows) -> SSAValue:
         """Open a dgrad kernel: a_bar = y_bar W over the forward's rows, the program's block of a's columns."""
         sorted_rows = p.rows == "sorted_block"
         grid = "sorted_block,column_block" if sorted_rows else "row_block,column_block"
-        sizes = dict(block_n=self.o.dgrad_block_n, block_d=self.o.dgrad_block_d, num_stages=self.o.num_stages)
+        sizes = dict(block_n=fit(self.o.dgrad_block_n, p.in_dim), block_d=fit(self.o.dgrad_block_d, p.out_dim),
+                     num_stages=self.o.num_stages)
         self.begin(f"{p.weight}_dgrad", grid, **sizes, **({} if sorted_rows else {"block_r": self.o.dgrad_block_r}))
         plan = [self.t[name] for name in k3s.ROW_TENSORS.get(p.rows, ())]
         # with a row scale still to apply (the routing weight), the product is yw_bar W, not yet a_bar
@@ -216,8 +222,8 @@ class MoeBackward:
                      **given(dict(layout="expert" if sorted_rows else p.layout, group=p.group)))
         # an expert's run is whole blocks of block_rows: a step of at most one block stays in it
         step = min(self.o.wgrad_block_r, self.o.block_rows) if sorted_rows else self.o.wgrad_block_r
-        sizes = dict(block_r=step, block_n=self.o.wgrad_block_n, block_d=self.o.wgrad_block_d,
-                     num_stages=self.o.num_stages)
+        sizes = dict(block_r=step, block_n=fit(self.o.wgrad_block_n, p.out_dim),
+                     block_d=fit(self.o.wgrad_block_d, p.in_dim), num_stages=self.o.num_stages)
         self.kernels.append(self.kernel(f"{p.weight}_wgrad", ("expert," if sorted_rows else "") + "column_block,input_block",
                                         [grad, store], **sizes))
 
@@ -265,10 +271,10 @@ class MoeBackward:
         gain = p.gain
         self.kernels.append(self.kernel(f"{p.source}_rms_norm_adjoint", "row_block", [make(
             k3s.RmsNormAdjointOp, operands=[self.t[p.source], self.t[gain], stored, bar, rstd], eps=eps, width=width)],
-            block_r=self.o.row_block, block_d=self.o.wgrad_block_d))
+            block_r=self.o.row_block, block_d=fit(self.o.wgrad_block_d, width)))
         self.kernels.append(self.kernel(f"{gain}_grad", "column_block", [make(
             k3s.NormGainGradOp, operands=[self.t[p.source], rstd, stored, self.t[f"d{gain}"]], width=width)],
-            block_r=self.o.wgrad_block_r, block_n=self.o.wgrad_block_n))
+            block_r=self.o.wgrad_block_r, block_n=fit(self.o.wgrad_block_n, width)))
         self.cot[p.source] = Rows(bar)
 
     def recompute_routing(self, store: k3s.StoreRoutingOp) -> None:

@@ -357,6 +357,7 @@ class ChunkOffsetsOp(KeywordSyntax):
         _positive(self, "num_experts", "top_k", "pairs_per_chunk")
 
 
-MOE_BACKWARD_STAGES = [RankPairsOp, ChunkOffsetsOp, ProjectInputGradOp, ProjectWeightGradOp, StoreWeightGradOp, LoadRowsOp, StoreGluHalvesOp,
-                       LoadGluHalvesOp, GluAdjointOp, StorePairDotOp, SumPartialsOp, RmsNormAdjointOp, NormGainGradOp,
-                       RoutingWeightsAdjointOp, SelectTopKAdjointOp, RouterSigmoidAdjointOp, StoreLogitsOp]
+MOE_BACKWARD_STAGES = [RankPairsOp, ChunkOffsetsOp, ProjectInputGradOp, ProjectWeightGradOp, StoreWeightGradOp,
+                       LoadRowsOp, StoreGluHalvesOp, LoadGluHalvesOp, GluAdjointOp, StorePairDotOp, SumPartialsOp,
+                       RmsNormAdjointOp, NormGainGradOp, RoutingWeightsAdjointOp, SelectTopKAdjointOp,
+                       RouterSigmoidAdjointOp, StoreLogitsOp]
