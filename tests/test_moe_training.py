@@ -63,6 +63,24 @@ def test_gradients_eager_and_compiled(key):
         assert_matches(latent_moe(**tensors, layer=key), ref, "no_grad out", rms_tol=1e-5, atol=1e-4, rtol=1e-4)
 
 
+def test_compiled_step_over_token_counts():
+    """torch.compile(fullgraph) over calls of 5, 17 and 40 tokens: after the first, the token count
+    is symbolic in the fake implementations (the pair list's length from it), each call's gradients
+    still autograd's."""
+    key = KEYS[1]
+    compiled = torch.compile(lambda leaves: latent_moe(**leaves, layer=key), fullgraph=True, backend="aot_eager")
+    for R in (5, 17, 40):
+        torch.manual_seed(R)
+        tensors = arguments(key, R)
+        dout = torch.randn_like(tensors["x"])
+        ref, ref_grads = reference_gradients(reference_op(key), {n: t for n, t in tensors.items() if t is not None},
+                                             dout)
+        out, grads = grads_of(compiled, tensors, dout)
+        assert_matches(out, ref, f"R={R} out", rms_tol=1e-5, atol=1e-4, rtol=1e-4)
+        for name, grad in grads.items():
+            assert_matches(grad, ref_grads[name], f"R={R} d{name}", rms_tol=2e-5, atol=2e-4, rtol=2e-4)
+
+
 def test_fake_shapes_follow_the_pass():
     """The fake implementation sizes the pair list by derive-moe-backward's block rows."""
     assert BLOCK_ROWS == DeriveMoeBackwardPass.block_rows
