@@ -177,7 +177,7 @@ def router_sigmoid(b, op: k3s.RouterSigmoidOp) -> None:
 @moe_adjoint(k3s.SumPartialLogitsOp)
 def sum_partial_logits(b, op: k3s.SumPartialLogitsOp) -> None:
     """logits = the sum of the slices' partial logits: each slice's cotangent is the logits'."""
-    logits_bar = b.workspace("logits_bar", k3s.tensor("R", b.n.E, dtype="float32"))
+    logits_bar = b.workspace("router_logits_bar", k3s.tensor("R", b.n.E, dtype="float32"))
     b.emit_op(k3s.StoreLogitsOp, [b.tile_cot[op.logits].value, logits_bar], [])
     b.close()
     b.cot[k3s.argument_name(op.partial_logits)] = Rows(logits_bar, "token")
