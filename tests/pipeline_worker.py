@@ -4,7 +4,8 @@
 
 Joins a gloo process group (rendezvous through a file in WORKDIR), reads WORKDIR/case.pt (the
 [model] table, the state dict, the batch and target, stages per rank, cuts, microbatches,
-schedule), builds the stack and this rank's stages of the plan with
+schedule, and the test process's compiler fingerprint, whose compiled modules it imports),
+builds the stack and this rank's stages of the plan with
 k3compile.stack_pipeline.build_schedule, runs one training step, and writes WORKDIR/out<RANK>.pt:
 the losses (last stage's rank), every parameter gradient this rank computed, and the bytes each of
 its stages' send ops carried, forward and backward, per stage (counted on the P2P ops
@@ -37,6 +38,15 @@ def count_sends(stage, sent: dict, direction: str) -> None:
     setattr(stage, name, counted)
 
 
+def pin_compiler(fingerprint: str) -> None:
+    """Name k3compile.ops' layers by the test process's compiler fingerprint, so this rank imports
+    the modules that process compiled (from the disk cache) rather than compiling the source as
+    it is now, which another engineer may be editing."""
+    from k3compile.ops import attnres, layers
+
+    layers.compiler_fingerprint = attnres.compiler_fingerprint = lambda: fingerprint
+
+
 def main(rank: int, world: int, workdir: str) -> None:
     from k3compile.pipeline_plan import plan_pipeline
     from k3compile.stack import build_stack
@@ -46,6 +56,7 @@ def main(rank: int, world: int, workdir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     case = torch.load(os.path.join(workdir, "case.pt"))
+    pin_compiler(case["compiler"])
     spec = model_spec_from_table(case["table"])
     model = build_stack(spec)
     model.load_state_dict(case["state"])

@@ -61,9 +61,13 @@ def grads_of(model, run) -> dict:
 
 
 def assert_close(got: dict, want: dict, rtol: float) -> None:
+    """Each gradient within rtol of its largest element, or of 1e-6 of the model's largest gradient
+    where it is smaller (a gradient zero in exact arithmetic — a block's first point over b_0 alone
+    has a softmax over one source — comes out of the kernels as rounding noise)."""
     assert got.keys() == want.keys()
+    floor = 1e-6 * max(w.abs().max().item() for w in want.values())
     for name in want:
-        scale = want[name].abs().max().clamp_min(1e-6)
+        scale = want[name].abs().max().clamp_min(floor)
         err = ((got[name].double() - want[name].double()).abs().max() / scale).item()
         assert err <= rtol, f"{name}: relative error {err:.2e} > {rtol:.0e}"
 

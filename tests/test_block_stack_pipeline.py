@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from conftest import REPO, run_worker_ranks
+from k3compile.ops.layers import compiler_fingerprint
 from k3compile.pipeline_plan import plan_pipeline
 from k3compile.stack import build_stack
 from k3compile.stack_spec import model_spec_from_table
@@ -36,15 +37,18 @@ def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=
     B = microbatches
     x = torch.randint(0, vocab, (B, tokens)) if vocab else torch.randn(B, tokens, spec.hidden_size)
     target = torch.randn(B, tokens, vocab or spec.hidden_size)
-    torch.save(dict(table=spec.table(), state=model.state_dict(), x=x, target=target, stages_per_rank=stages_per_rank,
-                    cuts=cuts, microbatches=microbatches, schedule=schedule), workdir / "case.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "K3C_POISON_OUTPUTS": "1", "OMP_NUM_THREADS": "1"}
-    outs = run_worker_ranks(WORKER, world, workdir, env, timeout)
     loss = 0  # the same microbatches in one process, their gradients accumulated
     for x_mb, target_mb in zip(x.chunk(microbatches), target.chunk(microbatches)):
         mb_loss = ((model(x_mb) - target_mb) ** 2).sum()
         mb_loss.backward()
         loss = loss + mb_loss.detach()
+    # the ranks import the modules this process compiled (their names carry its compiler's
+    # fingerprint): a compiler source edited meanwhile by someone else is not mixed in
+    torch.save(dict(compiler=compiler_fingerprint(), table=spec.table(), state=model.state_dict(), x=x, target=target,
+                    stages_per_rank=stages_per_rank, cuts=cuts, microbatches=microbatches, schedule=schedule),
+               workdir / "case.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "K3C_POISON_OUTPUTS": "1", "OMP_NUM_THREADS": "1"}
+    outs = run_worker_ranks(WORKER, world, workdir, env, timeout)
     grads = {name: p.grad for name, p in model.named_parameters()}
     plan = plan_pipeline(spec, world, stages_per_rank, cuts=cuts)
     return plan, outs, loss, grads, microbatches, tokens * spec.hidden_size * 4
@@ -60,8 +64,11 @@ def check_step(plan, outs, loss, grads, microbatches, tensor_bytes) -> None:
             assert name not in got, f"{name}: gradients on two ranks"
             got[name] = grad
     assert got.keys() == grads.keys(), "every parameter's gradient on the rank of its stage"
+    # a floor for gradients that are zero in exact arithmetic (a block's first point over b_0 alone:
+    # a softmax over one source has no query gradient), which the kernels give as rounding noise
+    floor = 1e-6 * max(want.abs().max() for want in grads.values())
     for name, want in grads.items():
-        err = ((got[name] - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+        err = ((got[name] - want).abs().max() / want.abs().max().clamp_min(floor)).item()
         assert err <= 1e-5, f"{name}: relative error {err:.2e}"
     sent_fwd = {s: n for out in outs for s, n in out["sent"]["fwd"].items()}
     sent_bwd = {s: n for out in outs for s, n in out["sent"]["bwd"].items()}
