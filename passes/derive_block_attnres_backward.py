@@ -42,18 +42,24 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, check_power_of_two, make, props, \
-    rebind
+    rebind, tensor_arg
 from k3compile.passes.derive_attnres_backward import aggregate_backward_entry
 from k3compile.passes.derive_block_attnres import batch_over_queries, default_queries_per_program, first, \
-    partials_warps
-from k3compile.passes.fuse_attnres import attnres_arg, row_warps
+    padded_width, partials_warps
+from k3compile.passes.fuse_attnres import attnres_arg, loop, row_warps
+
+
+# partials-backward=columns: its warps (not tuned: the program's largest values are the per-column
+# products of a block's representatives and queries, [next_pow2(num_blocks), next_pow2(Q), columns])
+COLUMNS_WARPS = 8
+PARTIALS_BACKWARD = ("columns", "query-blocks")  # derive-block-attnres-backward{partials-backward=...}, default first
 
 
 def backward_rows_held(queries: int) -> int:
@@ -135,9 +141,11 @@ def block_merge_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBack
 PER_QUERY = {"lse": "block_lse", "out": "block_mix", "dout": "dblock_mix"}
 
 
-def block_partials_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass) -> k3s.EntryOp:
+def partials_backward_arguments(layer: AttnResOp, drepresentatives: dict) -> list[Operation]:
+    """What block_partials_backward takes (the forward's inputs and outputs and the outputs'
+    cotangents) and gives (a gradient per input; d representatives as `drepresentatives` says)."""
     D = layer.hidden_size.value.data
-    arguments = [
+    return [
         attnres_arg("representatives", ("S", "B", "T", D)),
         attnres_arg("queries", ("Q", D)),
         attnres_arg("gains", ("Q", D)),
@@ -145,10 +153,17 @@ def block_partials_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResB
         attnres_arg("block_mix", ("Q", "B", "T", D)),
         attnres_arg("dblock_lse", ("Q", "B", "T"), dtype="float32"),
         attnres_arg("dblock_mix", ("Q", "B", "T", D)),
-        attnres_arg("drepresentatives", ("S", "B", "T", D), "output", "float32", fill=0),
+        attnres_arg("drepresentatives", ("S", "B", "T", D), "output", **drepresentatives),
         attnres_arg("dqueries", ("Q", D), "output", "float32", fill=0),
         attnres_arg("dgains", ("Q", D), "output", "float32", fill=0),
     ]
+
+
+def query_blocks_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass) -> k3s.EntryOp:
+    """partials-backward=query-blocks: the aggregate's backward batched over the program's block
+    of queries (every block re-reads the representatives and adds its share by atomics)."""
+    D = layer.hidden_size.value.data
+    arguments = partials_backward_arguments(layer, dict(dtype="float32", fill=0))
     tensors = argument_values(arguments)
     queries = options.queries_per_program or default_queries_per_program(D, backward_rows_held)
     warps = options.num_warps or partials_warps(D, queries, backward_rows_held)
@@ -184,6 +199,76 @@ def block_partials_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResB
                 max_sources=layer.num_blocks.value.data)
 
 
+def columns_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass) -> k3s.EntryOp:
+    """partials-backward=columns: a program's rows with all the call's queries, in two sweeps over
+    the hidden columns in blocks of `block-columns`. Per row the first sweep sums the dots q_j . x_i,
+    dh_j . x_i and each representative's squares (the representatives and d mixes read once) and
+    turns them into the row's coefficients (k3s.sources_score_adjoint: delta from the
+    representatives, so the saved mix is not read), kept in fp32 workspaces; the second, column
+    block by column block over the program's rows, reads them back, the representatives and d
+    mixes again, writes the representatives' cotangents once (their dtype, no atomics) and sums
+    the queries' over the rows, added to dqueries and dgains per column block by fp32 atomics."""
+    D, eps = layer.hidden_size.value.data, layer.eps.value.data
+    sources, columns = layer.num_blocks.value.data, min(options.block_columns, padded_width(D))
+    arguments = partials_backward_arguments(layer, {})
+    workspaces = [tensor_arg("weights", k3s.tensor("S", "B", "T", "Q", dtype="float32"), "workspace"),
+                  tensor_arg("score_bars", k3s.tensor("S", "B", "T", "Q", dtype="float32"), "workspace"),
+                  tensor_arg("centres", k3s.tensor("S", "B", "T", dtype="float32"), "workspace")]
+    t = argument_values([*arguments, *workspaces])
+
+    def all_queries(tensor: str, dims: tuple[str, ...], name: str) -> Operation:
+        return make(k3s.LoadQueryRowsOp, operands=[t[tensor]], result=(name, k3s.tile(*dims)))
+
+    def column_inputs() -> list[Operation]:  # the folded queries, d mixes and representatives of a column block
+        return [make(k3s.FoldQueryOp, operands=[t["queries"], t["gains"]], hidden_size=D, queries=0,
+                     result=("q", k3s.tile("Q", "D"))),
+                all_queries("dblock_mix", ("Q", "D"), "dout"),
+                make(k3s.LoadSourceColumnsOp, operands=[t["representatives"]], sources=sources,
+                     result=("x", k3s.tile("S", "D")))]
+
+    # sweep 1, per row: the row's dots over its columns, then its coefficients
+    sums = (("scale", ("S",)), ("sum_sq", ("S",)), ("qx", ("S", "Q")), ("dp", ("S", "Q")))
+    starts = [make(k3s.ZerosOp, result=(name, k3s.tile(*dims))) for name, dims in sums]
+    dots_body = Block(arg_types=[k3s.tile(*dims) for _, dims in sums])
+    q, dout, x = inputs = column_inputs()
+    dots = make(k3s.ColumnDotsOp, operands=[x.results[0], q.results[0], dout.results[0], *dots_body.args],
+                results=[(name, k3s.tile(*dims)) for name, dims in sums], eps=eps)
+    dots_body.add_ops([*inputs, dots, make(k3s.NextColumnOp, operands=list(dots.results))])
+    dot_loop = loop(k3s.ColumnLoopOp, [z.results[0] for z in starts], tuple(n for n, _ in sums), dots_body,
+                    columns=columns)
+    lse, lse_bar = all_queries("block_lse", ("Q",), "lse"), all_queries("dblock_lse", ("Q",), "lse_bar")
+    coefficients = make(k3s.SourcesScoreAdjointOp, operands=[*dot_loop.results, lse.results[0], lse_bar.results[0]],
+                        results=[("p", k3s.tile("S", "Q")), ("t", k3s.tile("S", "Q")), ("c", k3s.tile("S"))], eps=eps)
+    store = make(k3s.StoreRowCoefficientsOp, operands=[*coefficients.results, t["weights"], t["score_bars"],
+                                                       t["centres"]])
+    sweep1 = loop(k3s.RowLoopOp, [], (), Block([lse, lse_bar, *starts, dot_loop, coefficients, store,
+                                                 make(k3s.NextRowOp)]), rows=options.rows_per_program)
+
+    # sweep 2, per block of columns over the program's rows: the cotangents
+    q, dout, x = inputs = column_inputs()
+    q_bar = make(k3s.ZerosOp, result=("q_bar", k3s.tile("Q", "D")))
+    row_body = Block(arg_types=[k3s.tile("Q", "D")])
+    load = make(k3s.LoadRowCoefficientsOp, operands=[t["weights"], t["score_bars"], t["centres"]],
+                results=[("p", k3s.tile("S", "Q")), ("t", k3s.tile("S", "Q")), ("c", k3s.tile("S"))])
+    x_bar = make(k3s.SourcesAdjointOp, operands=[x.results[0], q.results[0], dout.results[0], *load.results],
+                 result=("x_bar", k3s.tile("S", "D")))
+    q_bar_row = make(k3s.SourcesQueryAdjointOp, operands=[x.results[0], load.results[1], row_body.args[0]],
+                     result=("q_bar", k3s.tile("Q", "D")))
+    row_body.add_ops([load, dout, x, x_bar, make(k3s.StoreSourceColumnsOp, operands=[x_bar.results[0],
+                                                                                    t["drepresentatives"]]),
+                      q_bar_row, make(k3s.NextRowOp, operands=[q_bar_row.results[0]])])
+    rows = loop(k3s.RowLoopOp, [q_bar.results[0]], ("q_bar",), row_body, rows=options.rows_per_program)
+    query_store = make(k3s.StoreQueryCotangentOp, operands=[rows.results[0], t["queries"], t["gains"], t["dqueries"],
+                                                            t["dgains"]])
+    sweep2 = loop(k3s.ColumnLoopOp, [], (), Block([q, q_bar, rows, query_store, make(k3s.NextColumnOp)]),
+                  columns=columns)
+    kernel = make(k3s.KernelOp, [sweep1, make(k3s.ProgramBarrierOp), sweep2],
+                  sym_name=f"{layer.sym_name.data}_block_partials_backward_columns", grid="row_group_all_queries",
+                  num_warps=options.num_warps or COLUMNS_WARPS)
+    return make(k3s.EntryOp, [*arguments, *workspaces, kernel], sym_name="block_partials_backward",
+                source=layer.sym_name.data, max_sources=sources)
+
+
 def normalised_partials(module: ModuleOp, name: str) -> None:
     """ValueError unless the module's block_merge entries (if any) take the normalised partials."""
     for op in module.ops:
@@ -204,8 +289,17 @@ class DeriveBlockAttnResBackwardPass(ModulePass):
     # block_partials_backward's block of queries (a power of two); 0: the most whose
     # backward_rows_held rows fit derive-block-attnres's budget (1 at K3's width, 32 at D = 48)
     queries_per_program: int = 0
+    # block_partials_backward's schedule: "columns" (all the call's queries a program, the
+    # representatives read twice and their gradient written once, in blocks of `block-columns`
+    # hidden columns) or "query-blocks" (the aggregate's backward over a block of queries a
+    # program: each block re-reads the representatives and adds their gradient by atomics). By the
+    # bytes the kernels name columns moves fewer at every n, Q and D (docs/attnres.md); query-blocks
+    # is kept for the A/B on the GPU (bench/block_attnres_train_gpu.py), where neither is timed yet
+    partials_backward: str = PARTIALS_BACKWARD[0]
+    # columns: the hidden columns of a block (a power of two); not tuned
+    block_columns: int = 64
     # 0: the merge's as the aggregate backward's (4x the aggregate's warps), the partials' by the
-    # rows they hold (partials_warps)
+    # rows they hold (partials_warps; COLUMNS_WARPS with columns)
     num_warps: int = 0
     num_stages: int = 3
 
@@ -218,6 +312,11 @@ class DeriveBlockAttnResBackwardPass(ModulePass):
             check_num_warps(self.name, self.num_warps)
         if self.num_stages < 1:
             raise ValueError(f"{self.name}: num-stages must be >= 1, got {self.num_stages}")
+        if self.partials_backward not in PARTIALS_BACKWARD:
+            raise ValueError(f"{self.name}: partials-backward must be one of {', '.join(PARTIALS_BACKWARD)}, "
+                             f"got {self.partials_backward}")
+        check_power_of_two(self.name, "block-columns", self.block_columns)
         normalised_partials(op, self.name)
-        add_entries(op, AttnResOp, lambda layer: block_partials_backward_entry(layer, self))
+        partials = columns_backward_entry if self.partials_backward == "columns" else query_blocks_backward_entry
+        add_entries(op, AttnResOp, lambda layer: partials(layer, self))
         add_entries(op, AttnResOp, lambda layer: block_merge_backward_entry(layer, self))

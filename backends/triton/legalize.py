@@ -79,8 +79,10 @@ def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
                          block_v=next_power_of_2(op.head_v_dim.value.data))
         elif isinstance(op, k3s.ValueBlockLoopOp):  # after the kernel's chunk tile: its value blocks
             sizes.update(block_v=min(sizes["block_v"], op.block_v.value.data))
-        elif isinstance(op, k3s.FoldQueryOp):
-            sizes.update(block_d=next_power_of_2(op.hidden_size.value.data))
+        elif isinstance(op, k3s.ColumnLoopOp):  # a row's columns in blocks (before the fold it holds)
+            sizes.update(block_d=op.columns.value.data)
+        elif isinstance(op, k3s.FoldQueryOp):  # a row's columns whole, but in a column loop
+            sizes.setdefault("block_d", next_power_of_2(op.hidden_size.value.data))
         elif isinstance(op, k3s.RouterLogitsOp):
             sizes.update(launches_by_rows(kernel)[-1][1])
         elif isinstance(op, k3s.SumPartialLogitsOp):  # every expert

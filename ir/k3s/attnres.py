@@ -53,6 +53,35 @@ def _verify_carried(op: IRDLOperation, loop: str) -> None:
                               f"and ({', '.join(map(str, results))})")
 
 
+@irdl_op_definition
+class ColumnLoopOp(KeywordSyntax):
+    """Loop over a row's hidden columns in blocks of `columns` (a power of two; the last block
+    partial), carrying values across blocks as a source loop does (sums over the columns: a
+    row's dots and sum of squares), or, outside a row loop, over the blocks of the rows a program
+    holds (Block AttnRes's phase 1 backward in blocks of columns: a block's gradient rows written
+    before the next block is read). Inside it a `<D>` tile is the block's columns."""
+
+    name = "k3s.column_loop"
+    columns = prop_def(IntegerAttr[I64])
+    initial = var_operand_def(TileType)
+    body = region_def("single_block")
+    carried = var_result_def(TileType)
+
+    def verify_(self) -> None:
+        if not is_power_of_two(self.columns.value.data):
+            raise VerifyException(f"{self.name}: columns must be a power of two, got {self.columns.value.data}")
+        _verify_carried(self, "column loop")
+
+
+@irdl_op_definition
+class NextColumnOp(KeywordSyntax):
+    """The carried values the next block of columns starts from."""
+
+    name = "k3s.next_column"
+    carried = var_operand_def(TileType)
+    traits = traits_def(IsTerminator(), HasParent(ColumnLoopOp))
+
+
 class RowGroupLoop(KeywordSyntax):
     """What the loops over a program's group of `rows` token rows (fewer in the last group) share:
     the count, and values carried through the loop (its operands, block arguments and results)."""
@@ -61,7 +90,7 @@ class RowGroupLoop(KeywordSyntax):
     initial = var_operand_def(TileType)
     body = region_def("single_block")
     carried = var_result_def(TileType)
-    traits = traits_def(HasParent(KernelOp))
+    traits = traits_def(HasParent(KernelOp, ColumnLoopOp))
 
     def verify_(self) -> None:
         if self.rows.value.data < 1:
@@ -75,7 +104,8 @@ class FoldQueryOp(KeywordSyntax):
     are never materialised; w and gain are the tensors it reads ([hidden_size] each, a `<D>`
     tile). With `queries` (Block AttnRes's phase 1) they are a block's queries and gains
     ([Q, hidden_size] each) and it folds the program's block of that many of them (a power of
-    two; fewer in the last block): a `<Q x D>` tile."""
+    two; fewer in the last block; 0: all the call's queries): a `<Q x D>` tile. In a column loop
+    it folds the loop's block of columns."""
 
     name = "k3s.fold_query"
     hidden_size = prop_def(IntegerAttr[I64])
@@ -83,11 +113,12 @@ class FoldQueryOp(KeywordSyntax):
     pseudo_query = operand_def(TensorType)
     gain = operand_def(TensorType)
     query = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+    traits = traits_def(HasParent(KernelOp, ColumnLoopOp), MemoryReadEffect())
 
     def verify_(self) -> None:
-        if self.queries is not None and not is_power_of_two(self.queries.value.data):
-            raise VerifyException(f"{self.name}: queries must be a power of two, got {self.queries.value.data}")
+        if self.queries is not None and self.queries.value.data and not is_power_of_two(self.queries.value.data):
+            raise VerifyException(f"{self.name}: queries must be a power of two, got {self.queries.value.data} "
+                                  "(or 0: all the call's)")
         expect_dims(self, "the folded query", tile_dims(self.query), ("D",) if self.queries is None else ("Q", "D"))
 
 
@@ -119,7 +150,7 @@ class ZerosOp(KeywordSyntax):
 
     name = "k3s.zeros"
     result = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp, RowLoopOp), Pure())
+    traits = traits_def(HasParent(KernelOp, RowLoopOp, ColumnLoopOp), Pure())
 
 
 @irdl_op_definition
@@ -438,11 +469,12 @@ class StoreQueryCotangentOp(KeywordSyntax):
     gain = operand_def(TensorType)
     dquery = operand_def(TensorType)
     dgain = operand_def(TensorType)
-    traits = traits_def(HasParent(KernelOp), MemoryReadEffect(), MemoryWriteEffect())
+    traits = traits_def(HasParent(KernelOp, ColumnLoopOp), MemoryReadEffect(), MemoryWriteEffect())
 
 
 ATTNRES_STAGES = [
-    FoldQueryOp, SoftmaxStartOp, ZerosOp, RowLoopOp, NextRowOp, SourceLoopOp, RowSourceLoopOp, RowStartOp, AtRowEndOp,
+    ColumnLoopOp, NextColumnOp, FoldQueryOp, SoftmaxStartOp, ZerosOp, RowLoopOp, NextRowOp, SourceLoopOp,
+    RowSourceLoopOp, RowStartOp, AtRowEndOp,
     NextSourceOp, LoadSourceOp, RmsScoreOp, OnlineSoftmaxOp, MixAccumulateOp, NormalizeStoreOp, StoreLseOp, LoadRowOp,
     SoftmaxDeltaOp, SoftmaxWeightOp, WeightCotangentOp, SoftmaxAdjointOp, RmsScoreAdjointOp, MixAdjointOp, StoreSourceCotangentOp,
     QueryAdjointOp, RecentreQueryAdjointOp, StoreQueryCotangentOp,

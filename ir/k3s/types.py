@@ -35,7 +35,7 @@ GATED = AnyOf.get(GateAttr(Gate.CHANNEL), GateAttr(Gate.SCALAR))
 SHAPE_SYMBOLS = ("B", "T", "N", "N+1", "S", "P", "NC", "R", "PP", "PB", "HS", "Q")
 
 
-TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS", "M", "N", "Q")
+TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS", "M", "N", "Q", "S")
 
 
 @irdl_attr_definition
@@ -45,8 +45,9 @@ class TileType(ParametrizedAttribute, TypeAttribute):
     columns), D (AttnRes's hidden columns), R (the program's block of token rows, MoE routing),
     E (the program's experts: a block of them on an expert_block grid axis, else every expert),
     KS (the top-k slots of a row), M (an MoE projection's rows: token rows, sorted (token, slot)
-    pairs, or one), N (its block of output columns) and Q (the program's block of a Block
-    AttnRes block's queries, k3s.fold_query <queries>); `<C>` one number per row, `<>` one
+    pairs, or one), N (its block of output columns), Q (the program's block of a Block
+    AttnRes block's queries, k3s.fold_query <queries>) and S (a row's Block AttnRes
+    representatives, all of them: k3s.load_source_columns); `<C>` one number per row, `<>` one
     number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
 
     name = "k3s.tile"

@@ -172,13 +172,15 @@ def block_partials_operator(key: AttnResKey):
     def block_partials_backward(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor,
                                 block_lse: torch.Tensor, block_mix: torch.Tensor, dblock_lse: torch.Tensor,
                                 dblock_mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """drepresentatives, dqueries and dgains (fp32: every block of queries adds its share)."""
+        """drepresentatives (their dtype: the default partials-backward=columns writes each element
+        once), dqueries and dgains (fp32: every program adds its share)."""
         return layer_module(key).block_partials_backward(representatives, queries, gains, block_lse, block_mix,
                                                          dblock_lse, dblock_mix)
 
     @block_partials_backward.register_fake
     def _(representatives, queries, gains, block_lse, block_mix, dblock_lse, dblock_mix):
-        return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (representatives, queries, gains))
+        return (representatives.new_empty(representatives.shape),
+                *(x.new_empty(x.shape, dtype=torch.float32) for x in (queries, gains)))
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*inputs, *output)

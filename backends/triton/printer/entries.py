@@ -47,6 +47,7 @@ class Entries:
         "row_group": 'triton.cdiv(dims["B"] * dims["T"], BR)',
         "row_query_block": 'dims["B"] * dims["T"] * triton.cdiv(dims["Q"], BQ)',
         "row_group_query_block": 'triton.cdiv(dims["B"] * dims["T"], BR) * triton.cdiv(dims["Q"], BQ)',
+        "row_group_all_queries": 'triton.cdiv(dims["B"] * dims["T"], BR)',
         "chunk": "num_chunks",
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',
@@ -355,7 +356,7 @@ class Entries:
     def rows_bounds(kernel: k3s.KernelOp) -> list[str]:
         """The conditions on the call's token rows under which the entry launches the kernel
         (its min_rows, max_rows)."""
-        token_rows = {"row", "row_group", "row_query_block", "row_group_query_block"}
+        token_rows = {"row", "row_group", "row_query_block", "row_group_query_block", "row_group_all_queries"}
         rows = 'dims["B"] * dims["T"]' if token_rows & set(kernel.grid.data.split(",")) else 'dims["R"]'
         return ([f"{rows} >= {kernel.min_rows.value.data}"] if kernel.min_rows is not None else []) + \
             ([f"{rows} <= {kernel.max_rows.value.data}"] if kernel.max_rows is not None else [])

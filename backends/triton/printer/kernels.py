@@ -17,6 +17,7 @@ from k3compile.backends.triton.printer.common import (
     Code,
     EntryView,
     describe,
+    next_power_of_2,
     presence_flag,
     tensor_name,
 )
@@ -60,9 +61,10 @@ def param_name(declaration: str) -> str:
 class Kernels:
     """TritonPrinter's methods for kernels."""
 
-    def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+    def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
-        block sizes as legalize-triton fixed them."""
+        block sizes as legalize-triton fixed them (or, as the IR says, the launch's expression of
+        the call's sizes: a fold of all the call's queries)."""
         if all(getattr(kernel, block) is None for block in ("block_k", "block_d", "block_r", "block_e")):
             raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
         constants: dict[str, int] = {}
@@ -88,8 +90,10 @@ class Kernels:
                 constants.update(BC=op.chunk_size.value.data)
             elif isinstance(op, k3s.FoldQueryOp):
                 constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
-                if op.queries is not None:  # the program's block of a Block AttnRes block's queries
-                    constants.update(BQ=op.queries.value.data)
+                if op.queries is not None:  # the program's block of a Block AttnRes block's queries (0: all)
+                    constants.update(BQ=op.queries.value.data or 'triton.next_power_of_2(dims["Q"])')
+            elif isinstance(op, k3s.LoadSourceColumnsOp):  # all of a row's representatives
+                constants.update(BS=next_power_of_2(op.sources.value.data))
             elif isinstance(op, (k3s.RowLoopOp, k3s.RowSourceLoopOp)):
                 constants.update(BR=op.rows.value.data)
             elif isinstance(op, k3s.RouterLogitsOp):
@@ -113,12 +117,13 @@ class Kernels:
         sizes = []
         if any(isinstance(op, (k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)) for op in kernel.walk()):
             sizes.append("T")
-        if any(isinstance(op, (k3s.SourceLoopOp, k3s.RowSourceLoopOp)) for op in kernel.walk()):
+        sources = (k3s.SourceLoopOp, k3s.RowSourceLoopOp, k3s.LoadSourceColumnsOp)
+        if any(isinstance(op, sources) for op in kernel.walk()):
             sizes += ["S", "R"]
         if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")) or \
                 any(isinstance(op, ROW_LOOP_STAGE_TYPES) for op in kernel.walk()):
             sizes.append("R")
-        if {"row_query_block", "row_group_query_block"} & set(kernel.grid.data.split(",")):
+        if {"row_query_block", "row_group_query_block", "row_group_all_queries"} & set(kernel.grid.data.split(",")):
             sizes.append("Q")  # a Block AttnRes block's queries
         if any(isinstance(op, (k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)) for op in kernel.walk()):
             sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
