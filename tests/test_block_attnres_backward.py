@@ -26,28 +26,31 @@ from k3compile.ir import reference
 
 Q, NUM_BLOCKS, EPS = 3, 3, 1e-5
 RTOL = 1e-4  # relative norm per gradient; the interpreter's fp32 gets ~1e-7 .. 1e-6
+PASSES = "fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward{%s},outline-kernels"
 PIPELINES = {
-    "default": None,
-    # blocks of 2 of the 3 queries (the last partial), groups of 4 rows
-    "blocks-of-2": "fuse-attnres,derive-attnres-backward,derive-block-attnres,"
-                   "derive-block-attnres-backward{queries-per-program=2 rows-per-program=4},outline-kernels",
+    # phase 1's backward in blocks of 16 columns (D = 48: three; D = 40: two and a partial one),
+    # all the call's queries a program, groups of 4 rows
+    "columns-of-16": PASSES % "block-columns=16 rows-per-program=4",
+    # the other form: blocks of 2 of the 3 queries (the last partial), groups of 4 rows
+    "query-blocks": PASSES % "partials-backward=query-blocks queries-per-program=2 rows-per-program=4",
 }
 
 
-@pytest.fixture(scope="module", params=[(48, "default"), (40, "blocks-of-2")], ids=["D48", "D40-blocks-of-2"])
+@pytest.fixture(scope="module", params=[(48, "columns-of-16"), (40, "columns-of-16"), (40, "query-blocks")],
+                ids=["D48-columns", "D40-columns", "D40-query-blocks"])
 def layer(request, compile_layer):
     D, pipeline = request.param
     return compile_layer(name=f"block_attnres_bw_d{D}_{pipeline.replace('-', '_')}", kind="attnres", hidden_size=D,
                          num_blocks=NUM_BLOCKS, block_size=3, eps=EPS, dtype="float32", pipeline=PIPELINES[pipeline])
 
 
-def inputs(n: int, B: int, T: int, D: int, score_scale: float = 3.0):
+def inputs(n: int, B: int, T: int, D: int, score_scale: float = 3.0, queries: int = Q):
     """Representatives of growing scale (block sums grow with depth) sharing a direction, a
-    partial sum, Q queries large enough that the softmaxes are far from uniform, gains not 1."""
+    partial sum, `queries` queries large enough that the softmaxes are far from uniform, gains not 1."""
     scales = torch.linspace(0.5, 4.0, n + 1)[:, None, None, None]
     sources = torch.randn(n + 1, B, T, D) * scales + 0.3 * torch.randn(n + 1, 1, 1, D)
-    queries = torch.randn(Q, D) * score_scale / math.sqrt(D)
-    gains = 1 + 0.3 * torch.randn(Q, D)
+    queries = torch.randn(queries, D) * score_scale / math.sqrt(D)
+    gains = 1 + 0.3 * torch.randn(queries.shape[0], D)
     return sources[:n].contiguous(), sources[n].contiguous(), queries, gains
 
 
@@ -82,18 +85,42 @@ def merge_reference_gradients(op, partial_sum, query, gain, block_lse, block_mix
 
 @pytest.mark.parametrize("n", [1, 2, NUM_BLOCKS])
 @pytest.mark.parametrize("B,T", [(1, 7), (3, 5)], ids=["R7", "R15"])
-def test_block_partials_backward_matches_float64_autograd(layer, n, B, T):
+@pytest.mark.parametrize("num_queries", [Q, 5], ids=["Q3", "Q5"])
+def test_block_partials_backward_matches_float64_autograd(layer, n, B, T, num_queries):
     D = layer.spec.params["hidden_size"]
     op = layer_op(layer)
-    representatives, _, queries, gains = inputs(n, B, T, D)
+    representatives, _, queries, gains = inputs(n, B, T, D, queries=num_queries)
     block_lse, block_mix = layer.block_partials(representatives, queries, gains)
-    dlse, dmix = torch.randn(Q, B, T), torch.randn(Q, B, T, D)
+    dlse, dmix = torch.randn(num_queries, B, T), torch.randn(num_queries, B, T, D)
     got = layer.block_partials_backward(representatives, queries, gains, block_lse, block_mix, dlse, dmix)
     want = partials_reference_gradients(op, representatives, queries, gains, dlse, dmix)
     for name, g, w in zip(("drepresentatives", "dqueries", "dgains"), got, want, strict=True):
         assert_gradient(name, g, w)
     if n == 1:  # one representative: its weight is 1, the mix passes d mix through, lse = its score
         assert got[1].norm() > 1e-3 * want[1].norm().item()  # ... whose cotangent reaches the queries
+
+
+def test_columns_form_reads_each_representative_in_column_blocks_and_never_the_saved_mix(layer):
+    """partials-backward=columns: the printed kernel walks the row in blocks of 16 columns (D = 40:
+    two and a partial one; D = 48: three), stores d representatives in their dtype without atomics,
+    and takes delta from the representatives: a NaN saved mix leaves every gradient as it was."""
+    source = layer.path.read_text()
+    if "_block_partials_backward_columns_kernel(" not in source:
+        pytest.skip("partials-backward=query-blocks reads the saved mix (delta = dh . mix)")
+    columns = source[source.index("_block_partials_backward_columns_kernel("):]
+    columns = columns[:columns.index("\n\n\ndef ")]
+    assert "BD = 16" in source and "tl.atomic_add(drepresentatives" not in source
+    parameters = {line.strip().rstrip(",") for line in columns.split(")")[0].splitlines()[1:]}
+    assert "tl.store(drepresentatives" in columns and "dblock_mix" in parameters and "block_mix" not in parameters
+    D = layer.spec.params["hidden_size"]
+    representatives, _, queries, gains = inputs(2, 1, 7, D, queries=5)
+    block_lse, block_mix = layer.block_partials(representatives, queries, gains)
+    dlse, dmix = torch.randn(5, 1, 7), torch.randn(5, 1, 7, D)
+    right = layer.block_partials_backward(representatives, queries, gains, block_lse, block_mix, dlse, dmix)
+    nan_mix = torch.full_like(block_mix, math.nan)
+    unread = layer.block_partials_backward(representatives, queries, gains, block_lse, nan_mix, dlse, dmix)
+    for name, a, b in zip(("drepresentatives", "dqueries", "dgains"), unread, right, strict=True):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("B,T", [(1, 7), (3, 5)], ids=["R7", "R15"])

@@ -1,6 +1,8 @@
 // derive-block-attnres-backward: the attnres op stays and two entries are added after it, the
 // backward of Block AttnRes's two phases, each derive-attnres-backward's aggregate backward
-// kernel split where derive-block-attnres splits the aggregate:
+// kernel split where derive-block-attnres splits the aggregate (phase 1's as the option
+// partials-backward=query-blocks here; the default, in blocks of columns, in
+// derive_block_attnres_backward_columns.mlir):
 // - block_partials_backward: the aggregate backward batched over the program's block of queries
 //   (grid row_group_query_block): the saved log-sum-exp, output and its cotangent are the block's
 //   rows of block_lse, block_mix and dblock_mix (k3s.load_query_rows); every value of them or of
@@ -15,29 +17,29 @@
 //   (L the merge's saved log-sum-exp) and score cotangent (k3s.partials_adjoint), which starts
 //   the loop's sum sigma; after it the query's re-centring and the partials' cotangents
 //   (k3s.store_partials_cotangent: lse_bar - alpha sigma, alpha dh). Nothing to pipeline.
-// RUN: k3c opt %s -p derive-block-attnres-backward | filecheck %s
-// RUN: k3c opt %s -p derive-block-attnres-backward | k3c opt - | filecheck %s
-// RUN: k3c opt %s -p derive-block-attnres-backward --generic | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' --generic | k3c opt - | filecheck %s
 // In the default pipeline's order the backward entries follow the forward phases; running the pass again adds nothing.
 // RUN: k3c opt %s -p fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward,derive-block-attnres-backward | filecheck %s --check-prefix=ORDER
 // The program's block of queries: by default the most (at most 32) whose 4 BQ + 2 rows fit
 // derive-block-attnres's budget (six rows of 8192 fp32); a row of 9000 columns leaves one, in
 // 32 warps. Options: the block, the rows a program takes, warps.
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{queries-per-program=2 rows-per-program=4 num-warps=8}' | filecheck %s --check-prefix=OPTS
-// RUN: k3c opt %s -p derive-block-attnres-backward | filecheck %s --check-prefix=WIDE
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks queries-per-program=2 rows-per-program=4 num-warps=8}' | filecheck %s --check-prefix=OPTS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | filecheck %s --check-prefix=WIDE
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{queries-per-program=3}' 2>&1 | filecheck %s --check-prefix=POW2
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=ROWS0
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{num-stages=0}' 2>&1 | filecheck %s --check-prefix=STAGES
 // Only the normalised partials have a backward.
 // RUN: not k3c opt %s -p 'derive-block-attnres{partials=numerator},derive-block-attnres-backward' 2>&1 | filecheck %s --check-prefix=NUMERATOR
 // The new stages verify their tiles and tensors (one line each).
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/%%dout = k3s.load_query_rows %%dblock_mix : !k3s.tile<Q x D>/%%dout = k3s.load_query_rows %%dblock_mix : !k3s.tile<Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/k3s.lse_adjoint %%delta, %%lse_bar : !k3s.tile<Q>, !k3s.tile<Q>/k3s.lse_adjoint %%delta, %%lse_bar : !k3s.tile<Q>, !k3s.tile<>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=LSE
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/k3s.add_source_cotangent %%x_bar_1/k3s.add_source_cotangent %%p/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ADD
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/%%mix = k3s.load_row %%block_mix/%%mix = k3s.load_row %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=PARTIALS
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/%%dout_1, %%dblock_lse, %%dblock_mix/%%dout_1, %%dblock_mix, %%dblock_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | sed 's/%%dout = k3s.load_query_rows %%dblock_mix : !k3s.tile<Q x D>/%%dout = k3s.load_query_rows %%dblock_mix : !k3s.tile<Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | sed 's/k3s.lse_adjoint %%delta, %%lse_bar : !k3s.tile<Q>, !k3s.tile<Q>/k3s.lse_adjoint %%delta, %%lse_bar : !k3s.tile<Q>, !k3s.tile<>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=LSE
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | sed 's/k3s.add_source_cotangent %%x_bar_1/k3s.add_source_cotangent %%p/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ADD
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | sed 's/%%mix = k3s.load_row %%block_mix/%%mix = k3s.load_row %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=PARTIALS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=query-blocks}' | sed 's/%%dout_1, %%dblock_lse, %%dblock_mix/%%dout_1, %%dblock_mix, %%dblock_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
 // The example spec (K3's width) shown.
-// RUN: k3c ir %examples/attnres.toml -p derive-block-attnres,derive-block-attnres-backward | filecheck %s --check-prefix=K3
+// RUN: k3c ir %examples/attnres.toml -p 'derive-block-attnres,derive-block-attnres-backward{partials-backward=query-blocks}' | filecheck %s --check-prefix=K3
 
 builtin.module {
   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
