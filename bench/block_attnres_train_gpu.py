@@ -15,6 +15,13 @@ k3compile.ops.attnres's differentiable custom ops, at T = 8192 token rows and n 
     call + 12 merges) against the one-phase aggregate (12 attnres_aggregate calls over the n
     representatives and the partial sum, stacked once outside the timing), forward and
     forward + backward (the loss sum_j <dh_j, h_j>, random dh_j).
+(c) phase 1's backward alone at both of those configurations: the `block_partials_backward`
+    entry of the default derive-block-attnres-backward{partials-backward=columns} (a program's
+    rows with all the queries, each representative row read twice and its gradient written once)
+    against partials-backward=query-blocks (the kernel before: each block of queries re-reads the
+    representatives and adds their gradient by atomics), each layer compiled here with its
+    pipeline; bytes per token row from block_attnres_backward_bytes (the rows the kernels' loads
+    and stores name), and a same-size copy's time over each form's.
 
 Before timing every output and gradient is checked against float32 torch autograd of the
 definition on the first CHECK_ROWS token rows (the same ops called on those rows), RMS ratio
@@ -37,6 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
 from common import fmt, git_commit, ints  # noqa: E402
+
+from k3compile.passes.derive_block_attnres_backward import PARTIALS_BACKWARD, block_attnres_backward_bytes  # noqa: E402
 
 EPS = 1e-6
 CHECK_ROWS = 256
@@ -91,6 +100,24 @@ def check(torch, name, ours, reference, inputs, cotangents, tolerance) -> dict[s
     return errors
 
 
+def phase1_backward_layers(hidden_size: int, out_dir: Path) -> dict:
+    """The layer of width hidden_size compiled once per derive-block-attnres-backward form
+    (partials-backward=...), by form."""
+    from k3compile.driver import compile as compile_layer
+    from k3compile.ops.attnres import AttnResKey, NUM_BLOCKS
+    from k3compile.spec import spec_from_table
+
+    layers = {}
+    for form in PARTIALS_BACKWARD:
+        table = AttnResKey(hidden_size, EPS, NUM_BLOCKS).table() | {"name": f"bench_attnres_{form.replace('-', '_')}"}
+        pipeline = ("fuse-attnres,derive-attnres-backward,derive-block-attnres,"
+                    f"derive-block-attnres-backward{{partials-backward={form}}},outline-kernels")
+        folder = out_dir / f"d{hidden_size}_{form}"
+        folder.mkdir(parents=True, exist_ok=True)
+        layers[form] = compile_layer(spec_from_table(table, source="<bench>"), out_dir=folder, pipeline=pipeline)
+    return layers
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -101,7 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=7168, help="(b)'s D (default 7168: K3's)")
     p.add_argument("--queries", type=int, default=12, help="(b)'s queries a block (default 12)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE))
-    p.add_argument("--parts", default="a,b", help="which comparisons: a, b or a,b")
+    p.add_argument("--parts", default="a,b,c", help="which comparisons: any of a, b, c (default all)")
     p.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")
     p.add_argument("--rep", type=float, default=100.0, help="do_bench rep, ms")
     p.add_argument("--smoke", action="store_true", help="CPU smoke run: interpreter, fp32, T 5, D 32/24, Q 4/3, n 1,2")
@@ -260,6 +287,36 @@ def main(argv=None) -> int:
             results.append(row)
             print(f"(b) n={n}: {row['check']}, ms {row['ms']}", flush=True)
 
+    # (c) phase 1's backward entry alone, in both derived forms
+    if "c" in args.parts:
+        for D, Q in ((args.peer_hidden, args.peer_queries), (args.hidden, args.queries)):
+            layers = phase1_backward_layers(D, Path(args.out) / "layers")
+            queries, gains = randn(Q, D, scale=2 / D ** 0.5), 1 + randn(Q, D, scale=0.1)
+            for n in ints(args.representatives):
+                representatives = randn(n, 1, T, D)
+                with torch.no_grad():
+                    block_lse, block_mix = attnres_block_partials(representatives, queries, gains, eps=EPS)
+                dlse, dmix = torch.randn(Q, 1, T, device=device), randn(Q, 1, T, D)
+                full = (representatives, queries, gains, block_lse, block_mix, dlse, dmix)
+                cut = [x[..., :rows, :] if x.dim() == 4 else x[..., :rows] if x.dim() == 3 else x for x in full]
+                cut = [x.contiguous() for x in cut]
+                _, want = outputs_and_grads(torch, lambda r, q, g: reference_partials(torch, r, q, g),
+                                            [x.float() for x in cut[:3]], cut[5:])
+                errors = {f"{form} d{i}": rms_ratio(g, w) for form, layer in layers.items()
+                          for i, (g, w) in enumerate(zip(layer.block_partials_backward(*cut), want, strict=True))}
+                ok = all(e <= tolerance for e in errors.values())
+                failed |= not ok
+                row = dict(part="c", n=n, T=T, D=D, Q=Q, dtype=args.dtype, errors=errors,
+                           check="ok" if ok else "FAILED", ms={}, copy_ms={},
+                           bytes={form: T * block_attnres_backward_bytes(D, n, Q, size, form)["block_partials_backward"]
+                                  for form in layers})
+                if ok:
+                    for form, layer in layers.items():
+                        row["ms"][form] = bench(lambda layer=layer: layer.block_partials_backward(*full))
+                        row["copy_ms"][form] = copy_ms(row["bytes"][form])
+                results.append(row)
+                print(f"(c) D={D} n={n}: {row['check']}, ms {row['ms']}", flush=True)
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device_name = "CPU (interpreter, smoke: times are not measurements)" if args.smoke else \
@@ -300,6 +357,22 @@ def main(argv=None) -> int:
             lines.append(f"| {r['n']} | {fmt(t.get('two phases fwd'), 3)} | {fmt(t.get('one phase fwd'), 3)} | "
                          f"{fmt(ratio['fwd'], 2)} | {fmt(t.get('two phases fwd_bwd'), 3)} | "
                          f"{fmt(t.get('one phase fwd_bwd'), 3)} | {fmt(ratio['fwd_bwd'], 2)} | {r['check']} |")
+    part_c = [r for r in results if r["part"] == "c"]
+    if part_c:
+        lines += ["", "## (c) phase 1's backward entry alone: partials-backward=columns (the default) / query-blocks",
+                  "", "MB: bytes the kernels' loads and stores of rows name (block_attnres_backward_bytes); copy %: a "
+                  "torch clone moving as many bytes, its time over the form's.", "",
+                  "| D | Q | n | columns ms | MB | copy % | query-blocks ms | MB | copy % | query-blocks / columns "
+                  "| check |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in part_c:
+            cells = []
+            for form in PARTIALS_BACKWARD:
+                ms, copy = r["ms"].get(form), r["copy_ms"].get(form)
+                cells += [fmt(ms, 3), fmt(r["bytes"][form] / 1e6, 1), fmt(copy and ms and 100 * copy / ms, 0)]
+            ms = r["ms"]
+            speedup = ms.get("columns") and ms.get("query-blocks") and ms["query-blocks"] / ms["columns"]
+            lines.append(f"| {r['D']} | {r['Q']} | {r['n']} | {' | '.join(cells)} | {fmt(speedup, 2)} | {r['check']} |")
     table = "\n".join(lines) + "\n"
     (out / "block_attnres_train.md").write_text(table)
     (out / "block_attnres_train.json").write_text(json.dumps(dict(peer=peer_note, rows=results), indent=1) + "\n")

@@ -20,7 +20,15 @@ log-sum-exps as there:
   rounding of the saved output out of both. d partial_sum, d query and d gain as the aggregate's.
 - block_partials_backward: per query j and token, lse_j = log sum_i exp(s_ij) and the mix
   m_j = sum_i p_ij b_i (p_ij = exp(s_ij - lse_j)); with their cotangents lse_bar_j and m_bar_j,
-  s_bar_ij = p_ij (m_bar_j . b_i - m_bar_j . m_j + lse_bar_j). It is the aggregate's backward kernel
+  s_bar_ij = p_ij (m_bar_j . b_i - m_bar_j . m_j + lse_bar_j). By default (partials-backward =
+  columns, columns_backward_entry) a program takes a group of rows with all the call's queries and
+  sweeps the hidden columns twice in blocks: first per row the full-row dots it needs
+  (q_j . b_i, m_bar_j . b_i, b_i . b_i), from which the row's coefficients follow (delta_j =
+  m_bar_j . m_j taken as sum_i p_ij (m_bar_j . b_i), from the representatives, so the saved mix is
+  not read and nothing needs re-centring), then per block of columns over its rows
+  b_bar_i = sum_j (t_ij q_j + p_ij m_bar_j) - c_i b_i (t = s_bar / rho, c_i = sum_j s_bar_ij s_ij /
+  (D rho_i^2)), stored once, and q_bar_j = sum_i t_ij b_i summed over the rows. With
+  partials-backward = query-blocks it is the aggregate's backward kernel
   batched over the program's block of queries as block_partials batches the forward: the saved
   log-sum-exp, output and its cotangent become the block's rows of block_lse, block_mix and
   d block_mix (k3s.load_query_rows), every value that depends on them or on the folded query gets
@@ -32,7 +40,8 @@ log-sum-exps as there:
   d gains are summed over the program's rows and added by atomics as the aggregate's.
 
 Grids: block_merge_backward row_group (a program per group of `rows-per-program` token rows),
-block_partials_backward row_group_query_block (a program per group of rows and block of queries).
+block_partials_backward row_group_all_queries (columns: a program per group of rows) or
+row_group_query_block (query-blocks: per group of rows and block of queries).
 Only the normalised partials (derive-block-attnres's default) have a backward.
 """
 
@@ -66,6 +75,33 @@ def backward_rows_held(queries: int) -> int:
     """The [next_pow2(D)] fp32 rows a block_partials_backward program holds: per query its folded
     query, d mix, its query cotangent and kbar; a representative's row and its cotangent."""
     return 4 * queries + 2
+
+
+def block_attnres_backward_bytes(hidden_size: int = 7168, representatives: int = 8, queries: int = 12,
+                                 activation_bytes: int = 2, partials_backward: str = PARTIALS_BACKWARD[0],
+                                 queries_per_program: int = 0) -> dict[str, int]:
+    """Bytes per token row and block of `queries` aggregation points that the backward kernels'
+    loads and stores of rows name, counted from the kernels (not measured): phase 1's backward,
+    the block's merges' backwards, and the one-phase aggregate's backward at as many points. A
+    row of D takes activation_bytes a column (bf16: 2), log-sum-exps and workspaces fp32; weights
+    (queries, gains) and the atomics into dqueries and dgains (per program, not per row) are left
+    out. columns: the representatives and d mixes read in both sweeps, d representatives written
+    once, the workspaces written once and read back (their re-reads per block of columns come
+    from the program's own rows: L1/L2). query-blocks: each of the row's cdiv(Q, BQ) programs
+    reads the representatives and adds their cotangents (fp32 atomics, counted as a write), the
+    mixes and their cotangents read once, then d representatives cast (fp32 read, written in
+    their dtype)."""
+    D, n, Q, a = hidden_size, representatives, queries, activation_bytes
+    row, lse = D * a, 4
+    if partials_backward == "columns":
+        phase1 = 2 * n * row + 2 * Q * row + 2 * Q * lse + n * row + 2 * (2 * n * Q + n) * 4
+    else:
+        programs = -(-Q // (queries_per_program or default_queries_per_program(D, backward_rows_held)))
+        phase1 = programs * n * (row + 4 * D) + Q * (2 * row + 2 * lse) + n * (4 * D + row)
+    merge = 4 * row + 2 * lse + 2 * row + lse  # x, m, h, dh and two lse read; dx, dm, d lse written
+    aggregate = 2 * (n + 1) * row + 2 * row + lse  # the sources, h, dh and lse read; d sources written
+    return {"block_partials_backward": phase1, "block_merge_backward": merge,
+            "two_phase": phase1 + Q * merge, "one_phase": Q * aggregate}
 
 
 def aggregate_backward_kernel(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass, num_warps: int
