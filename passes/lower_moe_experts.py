@@ -14,9 +14,18 @@ How the routed experts run is the dispatch plan:
   each program of the GLU and down kernels multiplies one block of one expert's pairs with that
   expert's weights; the down kernel writes each pair's weighted output, and a combine sums each
   token's slots in slot order (deterministic: no atomics on outputs).
-- token-centric (decode): one program per (pair, block of FFN columns) for the GLU, and per
-  (token, block of output columns) for the down projection, which accumulates the token's
-  weighted slots in registers: no sorting, no padding, no per-pair output buffer.
+- token-centric (decode), decode = split: one program per (pair, block of FFN columns) for the
+  GLU, and per (token, block of output columns) for the down projection, which accumulates the
+  token's weighted slots in registers: no sorting, no padding, no per-pair output buffer.
+- token-centric, decode = warp (WarpDecode, split by output neurons): a program per (token,
+  block of FFN columns) holds all the token's slots as a tile axis (k3s.project_token_slots)
+  and streams each slot's expert gate/up rows whole, its GLU stored per (token, slot); a program
+  per (token, block of output rows) streams the slots' down rows in teams of warp-slots (a tile
+  axis), accumulating the weighted teams in fp32 registers and reducing over the slot axis at
+  the end (k3s.sum_expert_rows). The GLU output goes through the small [R, top_k, F] fp32 buffer:
+  a down program owns output rows and needs every FFN column of every slot, which a program
+  covering the whole FFN in registers would recompute per block of output rows (w / BN times
+  the gate/up bytes).
 
 The training forward (derive-moe-backward's moe_forward) is the expert-centric plan built with
 saving: the tensors its backward reads are outputs, the GLUs' pre-activations are stored too, and
@@ -311,6 +320,32 @@ class MoeEntry:
         # the padded pair list's sizes (shape symbols PP, PB) follow from the plan's block rows
         return self.entry(name, workspaces + more_workspaces, kernels + more_kernels)
 
+    def warp_plan(self, block_n: int, block_d: int, team: int) -> k3s.EntryOp:
+        """moe_decode split by output neurons (decode = warp): the GLU of every slot of a token a
+        tile axis, the down projection over teams of `team` slots reduced in registers."""
+        n, t = self.n, self.tensors
+        workspaces, kernels = self.before_experts()
+        combined, combined_workspace = self.combined_target()
+        workspaces += [self.workspace("pair_act", k3s.tensor("R", n.k, n.F, dtype="float")), *combined_workspace]
+        tile = props(block_n=block_n, block_d=block_d)
+        gate_up = make(k3s.ProjectTokenSlotsOp, operands=[t[self.expert_input()], t["topk_ids"], t["expert_gate_up"]],
+                       in_dim=n.w, out_dim=n.F, top_k=n.k, slots=1 << (n.k - 1).bit_length(), glu=True,
+                       results=[("g", k3s.tile("M", "N")), ("u", k3s.tile("M", "N"))])
+        act = make(k3s.GluOp, operands=list(gate_up.results), activation=self.op.activation.data,
+                   result=("act", k3s.tile("M", "N")))
+        kernels.append(self.kernel("token_gate_up", "token,column_block", [
+            gate_up, act, self.store(act.results[0], "token_slots", "pair_act", "pair", n.F)]))
+        down = make(k3s.SumExpertRowsOp, operands=[t[name] for name in ("pair_act", "topk_ids", "topk_weights",
+                                                                         "expert_down")],
+                    in_dim=n.F, out_dim=n.w, top_k=n.k, slots=min(team, 1 << (n.k - 1).bit_length()),
+                    result=("y", k3s.tile("N")))
+        kernels.append(self.kernel("token_down", "token,column_block",
+                                   [down, self.store(down.results[0], "token", combined, "token", n.w)]))
+        for kernel in kernels[-2:]:
+            kernel.properties.update(tile)
+        more_workspaces, more_kernels = self.after_experts(combined)
+        return self.entry("moe_decode", workspaces + more_workspaces, kernels + more_kernels)
+
     def token_centric(self) -> k3s.EntryOp:
         n = self.n
         workspaces, kernels = self.before_experts()
@@ -342,6 +377,15 @@ class LowerMoeExpertsPass(ModulePass):
     # at one token, 1.25 vs 1.22 ms at 4, 3.72 vs 2.42 ms at 16
     max_decode_rows: int = 4
     num_warps: int = 4
+    # moe_decode's plan: split (a program per pair for the GLU, per token for the down
+    # projection) or warp (split by output neurons, the slots a tile axis; bf16 weights only).
+    # Not measured yet on a GPU: split stays the default
+    decode: str = "split"
+    # the warp plan's tiles: output columns (BN) and input columns (BD) per step of both its
+    # kernels, and the slots per team of its down projection (the GLU holds all top_k)
+    warp_block_n: int = 4
+    warp_block_d: int = 128
+    warp_slots: int = 4
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_num_warps(self.name, self.num_warps)
@@ -350,10 +394,24 @@ class LowerMoeExpertsPass(ModulePass):
             raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
         if self.max_decode_rows < 0:
             raise ValueError(f"{self.name}: max-decode-rows must be >= 0, got {self.max_decode_rows}")
+        if self.decode not in ("split", "warp"):
+            raise ValueError(f"{self.name}: decode must be split or warp, got {self.decode}")
+        for option, value in (("warp-block-n", self.warp_block_n), ("warp-block-d", self.warp_block_d),
+                              ("warp-slots", self.warp_slots)):
+            check_power_of_two(self.name, option, value, 1024)
         prefill = add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "prefill", self.num_warps)
                               .expert_centric(self.block_rows))
-        decode = add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "decode", self.num_warps).token_centric())
+        decode = add_entries(op, LatentMoEOp, self.decode_entry)
         add_entries(op, LatentMoEOp, lambda layer: make(
             k3s.EntryByRowsOp, sym_name="moe", source=layer.sym_name.data, small=decode[layer.sym_name.data],
             large=prefill[layer.sym_name.data], small_word="decode", large_word="prefill",
             max_small_rows=self.max_decode_rows))
+
+    def decode_entry(self, layer: LatentMoEOp) -> k3s.EntryOp:
+        entry = MoeEntry(layer, "decode", self.num_warps)
+        if self.decode == "split":
+            return entry.token_centric()
+        if entry.n.mxfp4:
+            raise ValueError(f"{self.name}: decode=warp reads expert weights in the layer's dtype; "
+                             f"@{layer.sym_name.data} has mxfp4 ones (use decode=split)")
+        return entry.warp_plan(self.warp_block_n, self.warp_block_d, self.warp_slots)

@@ -8,7 +8,9 @@ topk_weights[t, j]). Where a program's rows come from is its `rows` word:
 - sorted_block: a block of block_rows positions of the expert-sorted pair list, all of one
   expert (grid axis sorted_block; the dispatch plan pads each expert's run to whole blocks);
 - pair: one pair (grid axis pair), its token's row;
-- token: one token (grid axis token).
+- token: one token (grid axis token);
+- token_slots: one token's top_k slots as a tile axis (grid axis token; the slot tile is made by
+  k3s.project_token_slots: o_j, m_j, o_pj = t * top_k + j).
 Tiles: M the program's rows (one for pair and token), N its block of output columns. The tensors
 a stage reads or writes are its operands (values of its entry's arguments).
 """
@@ -46,6 +48,7 @@ class Rows(Word):
     SORTED_BLOCK = "sorted_block"
     PAIR = "pair"
     TOKEN = "token"
+    TOKEN_SLOTS = "token_slots"
 
 
 @irdl_attr_definition
@@ -334,6 +337,71 @@ class StoreRowsOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp))
 
 
+@irdl_op_definition
+class ProjectTokenSlotsOp(KeywordSyntax):
+    """The warp plan's GLU stage (token-centric, split by output neurons): y[j, n] = sum_c a[t, c]
+    W[e_j, h * out_dim + n, c] in fp32 for the program's token t (grid axis token), each of its
+    top_k slots j a row of a `slots`-wide tile axis (top_k padded to a power of two; padded
+    slots read nothing and give 0), e_j = topk_ids[t, j], over its block of output columns n: a
+    [slots, BN, BD] weight tile a step, every slot's rows streamed whole along c. glu: the gate
+    (h = 0) and up (h = 1) halves, two results. `input` rows by token, `weight` [E, halves *
+    out_dim, in_dim]."""
+
+    name = "k3s.project_token_slots"
+    in_dim = prop_def(IntegerAttr[I64])
+    out_dim = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    slots = prop_def(IntegerAttr[I64])  # the slot axis' tile width
+    glu = prop_def(BoolAttr)
+    input = operand_def(TensorType)
+    topk_ids = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    result = result_def(TileType)
+    up = opt_result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _positive(self, "in_dim", "out_dim", "top_k", "slots")
+        _verify_slot_tile(self, whole=True)
+        if bool(self.glu.value.data) != (self.up is not None):
+            raise VerifyException(f"{self.name}: a glu projection has two results (gate, up), another one")
+
+
+@irdl_op_definition
+class SumExpertRowsOp(KeywordSyntax):
+    """The warp plan's down projection and combine (WarpDecode): y[n] = sum_j topk_weights[t, j]
+    sum_c a[t * top_k + j, c] W[e_j, n, c] in fp32 for the program's token t and block of output
+    rows n, the token's slots j in teams of `slots` (a tile axis: a [slots, BN, BD] weight tile
+    a step, each slot's row read whole along c, its activations weighted on load), accumulated
+    over the teams in a [slots, BN] fp32 register tile and reduced over the slot axis at the end:
+    no per-pair buffer, no combine. `input` rows by pair, `weight` [E, out_dim, in_dim]."""
+
+    name = "k3s.sum_expert_rows"
+    in_dim = prop_def(IntegerAttr[I64])
+    out_dim = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    slots = prop_def(IntegerAttr[I64])  # a team's slots
+    input = operand_def(TensorType)
+    topk_ids = operand_def(TensorType)
+    topk_weights = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    result = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        _positive(self, "in_dim", "out_dim", "top_k", "slots")
+        _verify_slot_tile(self, whole=False)
+
+
+def _verify_slot_tile(op, whole: bool) -> None:
+    """The slot axis is a power of two (a tile axis); whole: it holds every slot."""
+    slots, top_k = op.slots.value.data, op.top_k.value.data
+    if slots & (slots - 1):
+        raise VerifyException(f"{op.name}: slots must be a power of two (a tile axis), got {slots}")
+    if whole and slots < top_k:
+        raise VerifyException(f"{op.name}: slots must hold every one of the top_k = {top_k} slots, got {slots}")
+
+
 MOE_EXPERT_STAGES = [CountPairsOp, ExpertOffsetsOp, SortPairsOp, ProjectOp, ProjectSlotsOp, GluOp, WeighPairsOp,
-                     SumSlotsOp, StoreRowsOp]
+                     SumSlotsOp, StoreRowsOp, ProjectTokenSlotsOp, SumExpertRowsOp]
 MOE_EXPERT_ATTRS = [RowsAttr, RowIndexAttr, WeightLayoutAttr]

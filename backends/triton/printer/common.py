@@ -16,7 +16,7 @@ MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.
                       k3s.ProjectWeightGradOp)
 # the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
 EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
-                      k3s.SumSlotsOp, *k3s.MOE_BACKWARD_STAGES)
+                      k3s.SumSlotsOp, k3s.ProjectTokenSlotsOp, k3s.SumExpertRowsOp, *k3s.MOE_BACKWARD_STAGES)
 # stages that loop over every token row of the call (the MoE backward's dense weight gradients, the
 # training forward's prefix over chunks of pairs)
 ROW_LOOP_STAGE_TYPES = (k3s.ProjectWeightGradOp, k3s.NormGainGradOp, k3s.ChunkOffsetsOp)

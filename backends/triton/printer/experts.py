@@ -19,6 +19,7 @@ BLOCK_ROWS = {
     ("sorted_block", "token"): ("o_t", "m_s"),
     ("sorted_block", "position"): ("o_s", "m_s"),
     ("sorted_block", "pair"): ("b_pairs", "m_s"),
+    ("token_slots", "pair"): ("o_pj", "m_j"),  # made by k3s.project_token_slots
 }
 ONE_ROW = {("pair", "token"): "o_t", ("pair", "pair"): "i_p", ("token", "token"): "i_t"}
 
@@ -56,6 +57,9 @@ class Experts:
         if isinstance(op, k3s.ExpertOffsetsOp):
             return {"E": op.num_experts.value.data, "BE": block("block_e"), "BM": op.block_rows.value.data}
         sizes = {"DOUT": op.out_dim.value.data, "BN": block("block_n")}
+        if isinstance(op, (k3s.ProjectTokenSlotsOp, k3s.SumExpertRowsOp)):
+            return sizes | {"DIN": op.in_dim.value.data, "BD": block("block_d"), "TOP_K": op.top_k.value.data,
+                            "BJ": op.slots.value.data}
         if isinstance(op, k3s.SumSlotsOp):
             return sizes | {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
         sizes |= {"DIN": op.in_dim.value.data, "BD": block("block_d")}
@@ -265,6 +269,49 @@ class Experts:
                   f"b_w = tl.load({tensor_name(op.weight)} + {weight_offsets('expert', 0, 1, 'o_n[:, None]', 'o_k[None, :]')}, "
                   "mask=m_n[:, None] & m_k[None, :], other=0.0)",
                   "b_part += tl.sum(b_w.to(tl.float32) * b_a.to(tl.float32)[None, :], axis=1)")
+
+    def print_k3s_project_token_slots(self, op: k3s.ProjectTokenSlotsOp) -> None:
+        c = self.code
+        accumulators = [register(op.result)] + ([register(op.up)] if op.up is not None else [])
+        c.comment(op, "the token's slots a tile axis (o_j), each slot's expert rows streamed whole along the "
+                      "input columns, fp32 multiply-and-sum")
+        c("o_j = tl.arange(0, BJ)", "m_j = o_j < TOP_K", "o_pj = i_t * TOP_K + o_j",
+          f"b_e = tl.load({tensor_name(op.topk_ids)} + o_pj, mask=m_j, other=0).to(tl.int64)",
+          *(f"{acc} = tl.zeros([BJ, BN], dtype=tl.float32)" for acc in accumulators),
+          "for i_k in range(0, tl.cdiv(DIN, BD)):")
+        with c.indent():
+            c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
+              f"b_a = tl.load({tensor_name(op.input)} + i_t * DIN + o_k, mask=m_k, other=0.0).to(tl.float32)")
+            for half, acc in enumerate(accumulators):
+                self.print_slot_rows(op.weight, half, len(accumulators), "m_j")
+                c(f"{acc} += tl.sum(b_w.to(tl.float32) * b_a[None, None, :], axis=2)")
+
+    def print_k3s_sum_expert_rows(self, op: k3s.SumExpertRowsOp) -> None:
+        c = self.code
+        y, ids = register(op.result), tensor_name(op.topk_ids)
+        c.comment(op, "teams of BJ slots (a tile axis), each slot's down rows streamed whole, its activations "
+                      "weighted on load; the teams accumulated in fp32 registers, reduced over the slots at the end")
+        c("b_teams = tl.zeros([BJ, BN], dtype=tl.float32)", "for i_j in range(0, tl.cdiv(TOP_K, BJ)):")
+        with c.indent():
+            c("o_j = i_j * BJ + tl.arange(0, BJ)", "m_j = o_j < TOP_K", "o_pj = i_t * TOP_K + o_j",
+              f"b_e = tl.load({ids} + o_pj, mask=m_j, other=0).to(tl.int64)",
+              f"b_route = tl.load({tensor_name(op.topk_weights)} + o_pj, mask=m_j, other=0.0)",
+              "for i_k in range(0, tl.cdiv(DIN, BD)):")
+            with c.indent():
+                c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
+                  f"b_a = tl.load({tensor_name(op.input)} + o_pj[:, None] * DIN + o_k[None, :], "
+                  "mask=m_j[:, None] & m_k[None, :], other=0.0).to(tl.float32) * b_route[:, None]")
+                self.print_slot_rows(op.weight, 0, 1, "m_j")
+                c("b_teams += tl.sum(b_w.to(tl.float32) * b_a[:, None, :], axis=2)")
+        c(f"{y} = tl.sum(b_teams, axis=0)")
+
+    def print_slot_rows(self, weight, half: int, halves: int, slots_mask: str) -> None:
+        """b_w: a [BJ, BN, BD] tile of the slots' experts' rows (b_e) of `weight` [E, halves * DOUT,
+        DIN], half `half`'s output rows o_n, input columns o_k."""
+        rows = f"({half} * DOUT + o_n)" if half else "o_n"
+        self.code(f"b_w = tl.load({tensor_name(weight)} + b_e[:, None, None] * {halves} * DOUT * DIN + "
+                  f"{rows}[None, :, None] * DIN + o_k[None, None, :], "
+                  f"mask={slots_mask}[:, None, None] & m_n[None, :, None] & m_k[None, None, :], other=0.0)")
 
     def print_k3s_glu(self, op: k3s.GluOp) -> None:
         g, u = register(op.gate), register(op.up)
