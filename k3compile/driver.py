@@ -19,6 +19,11 @@ from k3compile.errors import OutputError, UnsupportedError
 from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, run_pipeline
 from k3compile.spec import LayerSpec, load_spec
 
+# what runs a layer whose kind's pipeline lowers no kernels: its float64 reference, or (a vision
+# layer, whose attention is torch's) its torch module
+REFERENCE = "k3compile.ir.reference"
+RUNS_WITHOUT_KERNELS = {"vision": "k3compile.vision.VisionLayer (torch's attention; docs/vision.md)"}
+
 
 @dataclass
 class Compilation:
@@ -68,7 +73,7 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
         layer_op = next(iter(compilation.scheduled.ops)).name
         raise UnsupportedError(
             f"{spec.source}: no kernel lowering for {layer_op} (kind '{spec.kind}') in pipeline "
-            f"'{compilation.pipeline}'; `k3c ir` shows its IR and k3compile.ir.reference runs it"
+            f"'{compilation.pipeline}'; `k3c ir` shows its IR and {RUNS_WITHOUT_KERNELS.get(spec.kind, REFERENCE)} runs it"
         )
     # a pipeline that ends before outline-kernels leaves kernels in their entries
     OutlineKernelsPass().apply(Context(), compilation.scheduled)

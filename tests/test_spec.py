@@ -235,8 +235,9 @@ def test_names_near_reserved_ones_are_fine(tmp_path, name):
 ENTRIES = {
     "kda": ["recurrent", "decode", "chunk", "chunk_backward", "segment_summary", "chunk_segments",
             "chunk_backward_segments", "verify", "commit", "spec_step"],
-    "attnres": ["aggregate", "aggregate_backward", "block_partials", "block_merge"],
-    "latent_moe": ["route", "moe_prefill", "moe_decode", "moe"],
+    "attnres": ["aggregate", "aggregate_backward", "block_partials", "block_merge", "block_partials_backward",
+                "block_merge_backward"],
+    "latent_moe": ["route", "moe_prefill", "moe_decode", "moe", "moe_forward", "moe_backward"],
 }
 
 
