@@ -34,9 +34,34 @@ _E2M1_TIES_UP = (0.75, 1.75, 3.5)
 _MX_MIN_EXPONENT = -125
 
 
-def _mxfp4_quantize(name, weight):
+# layout = "words": each block's 32 codes as four little-endian 32-bit words; word q holds inputs
+# c = 16 h + 4 i + q (lane h = 0, 1; extraction i = 0..3) with code c's magnitude bits (e1 e0 m)
+# at 9 + 16 h + _WORD_MAGNITUDE_SHIFT[i] and its sign at 15 + 16 h - _WORD_SIGN_SHIFT[i]: so
+# (w >> r_i) & 0x0E000E00 | (w << s_i) & 0x80008000 (r < 0: a left shift) puts extraction i's two
+# codes into fp16 patterns, sign bit 15, exponent's low bits and mantissa's top bit 11..9, whose
+# values are the E2M1 values times 2^-14 (code 1 an fp16 subnormal: exact, as E2M1's is)
+_WORD_MAGNITUDE_SHIFT = (0, 3, -3, -6)
+_WORD_SIGN_SHIFT = (0, 15, 14, 13)
+
+
+def _mxfp4_words(codes):
+    """E2M1 codes [..., 32] (uint8 0..15, a block's inputs in order) -> its 16 bytes of the words
+    layout (four little-endian uint32 words)."""
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], 2, 4, 4)  # [.., h, i, q]: input 16 h + 4 i + q
+    bits = torch.zeros(*codes.shape[:-1], 4, dtype=torch.int64, device=codes.device)
+    for i in range(4):
+        for h in range(2):
+            code = c[..., h, i, :]
+            bits |= (code & 7) << (9 + 16 * h + _WORD_MAGNITUDE_SHIFT[i])
+            bits |= (code >> 3) << (15 + 16 * h - _WORD_SIGN_SHIFT[i])
+    return torch.stack([(bits >> (8 * b)) & 255 for b in range(4)], dim=-1).to(torch.uint8).reshape(
+        *codes.shape[:-1], 16)
+
+
+def _mxfp4_quantize(name, weight, layout="nibbles"):
     """One weight [E, rows, in] -> (packed [E, rows, in / 2], scales [E, rows, in / 32]), uint8,
-    on its device; ValueError naming it unless a finite float tensor of whole 32-input blocks."""
+    on its device, in `layout` (nibbles or words); ValueError naming it unless a finite float
+    tensor of whole 32-input blocks."""
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         got = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"{name}: expected a float tensor (the weights to pack), got {got}")
@@ -61,22 +86,27 @@ def _mxfp4_quantize(name, weight):
         # the E2M1 magnitude code 0..7: thresholds passed, saturating at 6 (code 7)
         codes = (torch.bucketize(magnitude, ties_down) + torch.bucketize(magnitude, ties_up, right=True)).to(torch.uint8)
         codes |= (scaled < 0).to(torch.uint8) << 3
-        packed[e] = (codes[..., :16] | (codes[..., 16:] << 4)).reshape(rows, inputs // 2)
+        packed[e] = (codes[..., :16] | (codes[..., 16:] << 4) if layout == "nibbles"
+                     else _mxfp4_words(codes)).reshape(rows, inputs // 2)
         scales[e] = (exponent + 127).to(torch.uint8)
     return packed, scales
 
 
-def pack_expert_weights(expert_gate_up, expert_down):
+def pack_expert_weights(expert_gate_up, expert_down, layout="nibbles"):
     """The routed experts' weights (any float dtype, reference.latent_moe's layouts: expert_gate_up
     [E, 2F, w], expert_down [E, w, F]) as MXFP4, on their device: a dict of the entries' packed
     arguments (expert_gate_up_packed [E, 2F, w / 2], expert_gate_up_scales [E, 2F, w / 32],
     expert_down_packed, expert_down_scales), so that moe(x, ..., **pack_expert_weights(gate_up,
     down)) runs. Each block of 32 inputs of a row shares the scale 2^(floor(log2(amax)) - 2), amax
     its largest magnitude (OCP's rule); its weights over the scale are rounded to the nearest E2M1
-    value, ties to even, saturating at +-6. The layout: docs/moe.md."""
+    value, ties to even, saturating at +-6. The layout (docs/moe.md): nibbles (what the kernels
+    read today) or words (the same codes placed for a few-instruction dequantisation, _e2m1_pair;
+    no kernel reads it yet)."""
+    if layout not in ("nibbles", "words"):
+        raise ValueError(f"layout: expected 'nibbles' or 'words', got {layout!r}")
     out = {}
     for name, weight in (("expert_gate_up", expert_gate_up), ("expert_down", expert_down)):
-        out[f"{name}_packed"], out[f"{name}_scales"] = _mxfp4_quantize(name, weight)
+        out[f"{name}_packed"], out[f"{name}_scales"] = _mxfp4_quantize(name, weight, layout)
     return out
 
 
@@ -117,3 +147,26 @@ def _mxfp4_dequant(packed, scales):
     codes = packed.to(tl.uint32)
     half_scale = (scales.to(tl.uint32) - 1) << 23
     return _e2m1(codes & 15, half_scale), _e2m1(codes >> 4, half_scale)
+
+
+@triton.jit
+def _e2m1_pair(words, magnitude_shift: tl.constexpr, sign_shift: tl.constexpr):
+    """Extraction i of the words layout (uint32 words; its shifts _WORD_MAGNITUDE_SHIFT[i],
+    _WORD_SIGN_SHIFT[i]): lane 0's and lane 1's codes as fp32, E2M1 values times 2^-14. Two shifts
+    and a bit-select (one LOP3) give both codes' fp16 patterns; each lane's conversion is exact."""
+    if magnitude_shift >= 0:
+        magnitudes = (words >> magnitude_shift) & 0x0E000E00
+    else:
+        magnitudes = (words << -magnitude_shift) & 0x0E000E00
+    bits = magnitudes | ((words << sign_shift) & 0x80008000)
+    lo = (bits & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _mxfp4_block_scale(scales):
+    """2^(s - 127) of scale bytes s, built as fp32 bits: a block's factor after _e2m1_pair's
+    values are multiplied by 2^14 (their bias; the two products exact for s in 2..252, one product
+    2^(s - 113) would overflow from s = 241). A GEMV applies both to a block's partial sum."""
+    return (scales.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
