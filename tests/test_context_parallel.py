@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, RecurrenceShape, assert_rms, layer_op, one_line, recurrence_inputs, recurrence_table
+from conftest import (REPO, RecurrenceShape, assert_rms, layer_op, one_line, recurrence_inputs, recurrence_table,
+                      run_worker_ranks)
 from k3compile.ir import reference
 
 C = 16
@@ -278,20 +279,7 @@ def run_ranks(world: int, cases: list[dict], workdir: Path, timeout: float = 300
     case: the returned tensors or a ValueError's message."""
     torch.save(cases, workdir / "cases.pt")
     env = {**os.environ, "TRITON_INTERPRET": "1", "K3C_POISON_OUTPUTS": "1", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(workdir)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for r, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"rank {r} failed:\n{log[-3000:]}"
-    return [torch.load(workdir / f"out{r}.pt") for r in range(world)]
+    return run_worker_ranks(WORKER, world, workdir, env, timeout)
 
 
 def expect(layer, inputs: dict, world: int, options: dict) -> dict:
