@@ -8,7 +8,7 @@
 // (k3c compile --stdout).
 // RUN: k3c compile %examples/latent_moe_mxfp4.toml --stdout --no-autotune | filecheck %s
 
-// CHECK-LABEL: def pack_expert_weights(expert_gate_up, expert_down):
+// CHECK-LABEL: def pack_expert_weights(expert_gate_up, expert_down, layout="nibbles"):
 // CHECK-LABEL: def _check_mx(name, x, shape, dtype_class, dims, device):
 // CHECK-LABEL: def _mxfp4_dequant(packed, scales):
 // CHECK-LABEL: def latent_moe_mxfp4_prefill_latent_down_kernel(

@@ -38,7 +38,7 @@ builtin.module {
 // VALID-NEXT:   %S_1 = k3s.state_advance %S, %k_1, %v_1 <gate = none> : !k3s.tile<K x V>
 // VALID-NEXT:   k3s.next_chunk %S_1
 
-// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Z'; allowed: C, NB, K, V, D, R, E, KS, M, N, Q{{$}}
+// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Z'; allowed: C, NB, K, V, D, R, E, KS, M, N, Q, S{{$}}
 // COUNT: {{^}}k3c opt: error: <stdin>: k3s.gram: expected 2 operands for its properties, got 3{{$}}
 // DECAY: {{^}}k3c opt: error: <stdin>: k3s.state_advance: gamma_C is an operand exactly when gate is not none{{$}}
 // UNDEFINED: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: SSA value used before assignment{{$}}
