@@ -100,8 +100,9 @@ def main(argv=None) -> int:
     layers = {}
     for build in args.builds.split(","):
         rows_per_program, _, partials = build.partition(":")
-        pipeline = DEFAULT_PIPELINES["attnres"].replace(
-            "derive-block-attnres", f"derive-block-attnres{{rows-per-program={rows_per_program} partials={partials}}}")
+        # the forward phases only (the numerator partials have no derived backward)
+        pipeline = DEFAULT_PIPELINES["attnres"].replace("derive-block-attnres-backward,", "").replace(
+            "derive-block-attnres,", f"derive-block-attnres{{rows-per-program={rows_per_program} partials={partials}}},")
         spec = spec_from_table(dict(name=f"block_attnres_r{rows_per_program}_{partials}", kind="attnres",
                                     hidden_size=D, num_blocks=NUM_BLOCKS, block_size=12, eps=EPS),
                                source="<block_attnres_gpu>")

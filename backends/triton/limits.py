@@ -76,7 +76,8 @@ def check_kernel(kernel: k3s.KernelOp, source: str) -> None:
             if not k3s.is_power_of_two(size) or chunk_rows(op) % size:
                 raise UnsupportedError(f"Triton backend: {what} {size} must be a power of two dividing the chunk "
                                        f"size {chunk_rows(op)}")
-        if isinstance(op, k3s.FoldQueryOp):
+        # a fold in a column loop holds only the loop's block of columns, whatever the row's width
+        if isinstance(op, k3s.FoldQueryOp) and not isinstance(op.parent_op(), k3s.ColumnLoopOp):
             most = k3s.MAX_ROW_PER_WARP * kernel.num_warps.value.data
             if next_power_of_2(op.hidden_size.value.data) > most:
                 raise exceeds(source, "hidden_size", op.hidden_size.value.data, most,
