@@ -96,7 +96,7 @@ def check_heads(layer: RecurrenceOp, kernels: list[k3s.KernelOp], source: str) -
     """A kernel of one program per value head (or per sequence and value head) on grid axis 1
     launches at least num_v_heads programs there."""
     heads = layer.num_v_heads.value.data
-    on_axis_1 = [k for k in kernels if {"value_head", "sequence_head"} & set(k.grid.data.split(",")[1:])]
+    on_axis_1 = [k for k in kernels if {"value_head", "sequence_head"} & set(k.axes[1:])]
     if on_axis_1 and heads > MAX_GRID_AXIS:
         raise exceeds(source, "num_v_heads", heads, MAX_GRID_AXIS,
                       f"num_heads when not given; kernel @{on_axis_1[0].sym_name.data} launches a program per "

@@ -47,6 +47,31 @@ class KernelDotsAttr(EnumAttribute[KernelDots], SpacedOpaqueSyntaxAttribute):
     name = "k3s.dots"
 
 
+class GridAxis(Word):
+    """A parallel axis of a kernel's grid: what one program index along it stands for."""
+
+    VALUE_BLOCK = "value_block"  # a block of the value columns
+    SEQUENCE_HEAD = "sequence_head"  # one (sequence, value head)
+    CHUNK = "chunk"  # one chunk of tokens (varlen: a row of the chunk table)
+    VALUE_HEAD = "value_head"  # one value head
+    ROW = "row"  # one token row
+    ROW_BLOCK = "row_block"  # a block of token rows
+    ROW_GROUP = "row_group"  # a group of token rows, one after another
+    ROW_QUERY_BLOCK = "row_query_block"  # one token row and a block of a Block AttnRes block's queries
+    ROW_GROUP_QUERY_BLOCK = "row_group_query_block"  # a group of token rows and a block of the queries
+    ROW_GROUP_ALL_QUERIES = "row_group_all_queries"  # a group of token rows with all the queries
+    EXPERT = "expert"  # one MoE expert
+    EXPERT_BLOCK = "expert_block"  # a block of MoE experts
+    HIDDEN_SLICE = "hidden_slice"  # one of the HS slices of the hidden columns (the router's logits)
+    TOKEN = "token"  # one token row of an MoE layer
+    PAIR = "pair"  # one (token, slot) pair
+    PAIR_CHUNK = "pair_chunk"  # a block of (token, slot) pairs
+    SORTED_BLOCK = "sorted_block"  # a block of the expert-sorted pair list, all of one expert
+    INPUT_BLOCK = "input_block"  # a block of a weight's input columns
+    COLUMN_BLOCK = "column_block"  # a block of output columns
+    ONE = "one"  # a single program
+
+
 class IsolatedOnceOutlined(IsolatedFromAbove):
     """A kernel reads nothing from outside once outline-kernels made it a module symbol; built in
     its entry, it reads the entry's arguments. Either way its values print in their own scope."""
@@ -70,10 +95,8 @@ class KernelOp(KeywordSyntax):
     reading the entry's arguments directly; outline-kernels then makes it a symbol (as MLIR's
     gpu.launch bodies become gpu.func by outlining).
 
-    `grid` names the parallel axes, fastest first: value_block (blocks of the value dim),
-    sequence_head (sequence x value head), row (one token row), row_block (a block of token rows),
-    expert_block (a block of MoE experts), hidden_slice (one of the HS slices of the hidden
-    columns that the MoE router's logits are summed over, k3s.router_logits).
+    `grid` names the parallel axes, fastest first, comma-separated: each a GridAxis (value_block,
+    sequence_head, chunk, ..., verified); `axes` is the list.
     """
 
     name = "k3s.kernel"
@@ -122,7 +145,15 @@ class KernelOp(KeywordSyntax):
     def flag_on(self, flag: str) -> bool:
         return bool(self.flags.data[flag].value.data)
 
+    @property
+    def axes(self) -> list[GridAxis]:
+        """The grid's axes, fastest first."""
+        return [GridAxis(axis) for axis in self.grid.data.split(",")]
+
     def verify_(self) -> None:
+        if unknown := [a for a in self.grid.data.split(",") if a not in GridAxis.__members__.values()]:
+            raise VerifyException(f"{self.name} @{self.sym_name.data}: unknown grid axis {unknown[0]!r}; allowed: "
+                                  f"{', '.join(GridAxis)}")
         warps = self.num_warps.value.data
         if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
             raise VerifyException(

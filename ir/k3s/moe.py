@@ -44,7 +44,7 @@ class RouterLogitsOp(KeywordSyntax):
 
     def verify_(self) -> None:
         kernel = self.parent_op()
-        if isinstance(kernel, KernelOp) and "hidden_slice" not in kernel.grid.data.split(","):
+        if isinstance(kernel, KernelOp) and "hidden_slice" not in kernel.axes:
             raise VerifyException(f"{self.name} in @{kernel.sym_name.data}: its kernel's grid has no hidden_slice "
                                   "axis (the slice of the hidden columns its programs sum over)")
 

@@ -289,7 +289,7 @@ class Entries:
             depth = next(int(view.dims(b)[1]) for b in ("cache", "snapshots") if b in view.names)
             c(f'_check_counts("accepted", accepted, {depth}, check_indices)')
         heads = {self.kernel_constants(k, view).get("HV") for k in view.kernels
-                 if "sequence_head" in k.grid.data.split(",")[1:]}
+                 if "sequence_head" in k.axes[1:]}
         rows = "state_indices" if "state_indices" in view.names else first  # what sets the sequence count
         for HV in sorted(heads - {None}):
             c(f'_check_grid_axis("{rows}", dims["N"], {HV})')
@@ -357,14 +357,14 @@ class Entries:
         """The conditions on the call's token rows under which the entry launches the kernel
         (its min_rows, max_rows)."""
         token_rows = {"row", "row_group", "row_query_block", "row_group_query_block", "row_group_all_queries"}
-        rows = 'dims["B"] * dims["T"]' if token_rows & set(kernel.grid.data.split(",")) else 'dims["R"]'
+        rows = 'dims["B"] * dims["T"]' if token_rows & set(kernel.axes) else 'dims["R"]'
         return ([f"{rows} >= {kernel.min_rows.value.data}"] if kernel.min_rows is not None else []) + \
             ([f"{rows} <= {kernel.max_rows.value.data}"] if kernel.max_rows is not None else [])
 
     def print_launch(self, kernel: k3s.KernelOp, view: EntryView, side_stream: bool = False) -> None:
         c = self.code
         constants = self.kernel_constants(kernel, view)
-        axes = kernel.grid.data.split(",")
+        axes = kernel.axes
         c(f"# {describe(kernel)}: launch")
         for name, value in constants.items():
             c(f"{name} = {value}")

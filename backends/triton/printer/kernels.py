@@ -120,10 +120,10 @@ class Kernels:
         sources = (k3s.SourceLoopOp, k3s.RowSourceLoopOp, k3s.LoadSourceColumnsOp)
         if any(isinstance(op, sources) for op in kernel.walk()):
             sizes += ["S", "R"]
-        if {"row_block", "pair_chunk"} & set(kernel.grid.data.split(",")) or \
+        if {"row_block", "pair_chunk"} & set(kernel.axes) or \
                 any(isinstance(op, ROW_LOOP_STAGE_TYPES) for op in kernel.walk()):
             sizes.append("R")
-        if {"row_query_block", "row_group_query_block", "row_group_all_queries"} & set(kernel.grid.data.split(",")):
+        if {"row_query_block", "row_group_query_block", "row_group_all_queries"} & set(kernel.axes):
             sizes.append("Q")  # a Block AttnRes block's queries
         if any(isinstance(op, (k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)) for op in kernel.walk()):
             sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
@@ -140,7 +140,7 @@ class Kernels:
         passed as None), then what its code derives from them."""
         params = [(arg.name_hint, "None" if isinstance(passed.owner, k3s.AbsentTensorOp) else tensor_name(passed))
                   for arg, passed in zip(kernel.body.block.args, k3s.launch_site(kernel).operands, strict=True)]
-        if "chunk" in kernel.grid.data.split(","):
+        if "chunk" in kernel.axes:
             params.append(("chunk_table", "chunk_table"))
         # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
         rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
@@ -171,7 +171,7 @@ class Kernels:
         self.view, self.kernel = view, kernel
         self.code = body = Code(level=1)
         body(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
-        for axis_index, axis in enumerate(kernel.grid.data.split(",")):
+        for axis_index, axis in enumerate(kernel.axes):
             getattr(self, f"print_axis_{axis}")(axis_index)
         self.print_ops(kernel)
         self.code = c

@@ -32,7 +32,7 @@ class MoE:
         """dims["HS"]: the hidden slices of the entry's router kernel at the call's rows, those of
         the first of its k3s.launch_by_rows ops that holds R, else its own. Set with the other
         sizes, before the allocations: the partial logits' workspace has HS planes."""
-        kernel = next(k for k in view.kernels if "hidden_slice" in k.grid.data.split(","))
+        kernel = next(k for k in view.kernels if "hidden_slice" in k.axes)
         own = kernel.hidden_slices.value.data
         launches = [(op.max_rows.value.data, own if op.hidden_slices is None else op.hidden_slices.value.data)
                     for op in view.entry.body.ops

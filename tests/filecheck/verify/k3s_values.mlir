@@ -10,6 +10,7 @@
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk>/layout = vk, home = pool>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=POOLREADS
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk/layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 3/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=WARPS
+// RUN: sed 's/role = maybe/role = input/; s/value_block,sequence_head/value_blok,sequence_head/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GRID
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, num_stages = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STAGES
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, maxnreg = 300/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=MAXNREG
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, min_rows = 8, max_rows = 7/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
@@ -75,6 +76,10 @@ builtin.module {
 // WARPS-NOT: {{\n}}
 // WARPS: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: num_warps must be a power of two in 1..32, got 3{{$}}
 // WARPS-NOT: {{.}}
+
+// GRID-NOT: {{\n}}
+// GRID: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: unknown grid axis 'value_blok'; allowed: value_block, sequence_head, chunk, {{.*}}, one{{$}}
+// GRID-NOT: {{.}}
 
 // STAGES-NOT: {{\n}}
 // STAGES: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: num_stages must be >= 1, got 0{{$}}
