@@ -103,6 +103,15 @@ def test_compile_is_fast(capsys, tmp_path):
     assert elapsed < 5.0, f"k3c compile took {elapsed:.2f} s"
 
 
+def test_the_cli_imports_no_torch():
+    """`k3c` starts without torch (1.7 s of import on this machine): the IR tests run it hundreds
+    of times. Only commands that run kernels (verify, tune) import it, when they run."""
+    code = "import sys; from k3compile.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", "building the k3c parser imports torch"
+
+
 def test_compile_bad_spec(capsys, bad_spec, tmp_path):
     code, out, err = run(capsys, "compile", bad_spec, "-o", tmp_path)
     assert_bad_input(code, out, err, "k3c compile", str(bad_spec), "head_dim")
