@@ -303,7 +303,8 @@ def cmd_passes(args) -> int:
     console = stdout_console(160)
     console.print(table)
     for kind, pipeline in DEFAULT_PIPELINES.items():
-        console.print(f"default pipeline of kind {kind}: {pipeline}", highlight=False, soft_wrap=True)
+        shown = pipeline or "none (no kernels: torch runs the layer)"
+        console.print(f"default pipeline of kind {kind}: {shown}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
