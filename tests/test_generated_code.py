@@ -11,6 +11,8 @@ import pytest
 from xdsl.context import Context
 
 from conftest import EXAMPLE_SPECS
+from k3compile.backends.triton.printer import TritonPrinter, print_triton
+from k3compile.backends.triton.printer.kernels import name_uses
 from k3compile.driver import lower, schedule
 from k3compile.ir import k3s
 from k3compile.passes.common import props
@@ -144,3 +146,105 @@ def test_merge_needs_the_same_code_properties():
     for kernel in kernels.values():
         if kernel.shares_code_of is not None:
             assert k3s.launching_entry(kernels[kernel.shares_code_of.data]) is not k3s.launching_entry(kernel)
+
+
+# --- the printer's self-check (kernels.py print_kernel): what each kernel's printed code reads -----
+
+
+@pytest.fixture(scope="module")
+def kda_scheduled():
+    """kda's module as the printer gets it (all passes run), and its printed source."""
+    compilation = lower(load_spec(next(p for p in RECURRENCES if p.stem == "kda")))
+    return compilation.scheduled, compilation.source
+
+
+def print_with(module, monkeypatch, kernel: str, *lines: str) -> str:
+    """Print module with `lines` added at the end of kernel's code."""
+    printed = TritonPrinter.print_ops
+
+    def print_ops(self, parent):
+        printed(self, parent)
+        if isinstance(parent, k3s.KernelOp) and parent.sym_name.data == kernel:
+            self.code(*lines)
+
+    monkeypatch.setattr(TritonPrinter, "print_ops", print_ops)
+    return print_triton(module, "doc")
+
+
+def test_self_check_prints_the_same_module(kda_scheduled):
+    module, source = kda_scheduled
+    docstring = source.split('"""')[1].removesuffix("\n")
+    assert print_triton(module, docstring) == source  # a second printer (its caches) prints the same
+
+
+def test_self_check_kernel_reads_only_its_arguments(kda_scheduled, monkeypatch):
+    module, _ = kda_scheduled
+    with pytest.raises(ValueError, match=r"kernel @kda_chunk_scan: its arguments .* are not the tensors its code "
+                                         r"reads, .*'dht'"):
+        print_with(module, monkeypatch, "kda_chunk_scan", "b_extra = dht")  # chunk_backward's argument
+
+
+def test_self_check_launch_reads_no_absent_argument(kda_scheduled, monkeypatch):
+    """The summary prepare runs the chunk prepare's code with SPILL_P_QG off and None for q, P,
+    QG: with the flag on, its launch would run the query stages, which read them."""
+    module, _ = kda_scheduled
+    flag_on = k3s.KernelOp.flag_on
+    monkeypatch.setattr(k3s.KernelOp, "flag_on",
+                        lambda self, flag: self.sym_name.data == "kda_summary_prepare" or flag_on(self, flag))
+    with pytest.raises(ValueError, match=r"kernel @kda_summary_prepare: its launch runs code that reads "
+                                         r"\['P', 'QG', 'q'\], which entry @segment_summary does not have"):
+        print_triton(module, "doc")
+
+
+@pytest.mark.parametrize("lines, differs", [(["b_extra = 1"], True), (["# a comment: not code"], False)])
+def test_self_check_shared_code_is_the_same(kda_scheduled, monkeypatch, lines, differs):
+    """A kernel that shares another's code must print the same statements (comments aside)."""
+    module, _ = kda_scheduled
+    if differs:
+        with pytest.raises(ValueError, match="kernel @kda_segments_scan of @chunk_segments shares the code of "
+                                             "@kda_chunk_scan, but its code differs"):
+            print_with(module, monkeypatch, "kda_segments_scan", *lines)
+    else:
+        print_with(module, monkeypatch, "kda_segments_scan", *lines)
+
+
+def reference_launch_free(code: str, off: set[str]) -> set[str]:
+    """The free names of the code a launch runs, as the printer first found them: a copy of the
+    AST without the guards of the flags off."""
+    import copy
+
+    class SkipOff(ast.NodeTransformer):
+        def visit_If(self, node):
+            return None if isinstance(node.test, ast.Name) and node.test.id in off else self.generic_visit(node)
+
+    names = [n for n in ast.walk(SkipOff().visit(copy.deepcopy(ast.parse(code)))) if isinstance(n, ast.Name)]
+    return {n.id for n in names if isinstance(n.ctx, ast.Load)} - {n.id for n in names if isinstance(n.ctx, ast.Store)}
+
+
+def test_name_uses_skips_the_guards_a_launch_turns_off():
+    code = "\n".join([
+        "b_x = tl.load(x + o)",
+        "if A:",
+        "    b_y = tl.load(y)",
+        "    if B:",
+        "        b_z = tl.load(z)",
+        "elif B:",
+        "    b_w = w",
+        "else:",
+        "    for i in range(N):",
+        "        if A:",
+        "            b_v = v[i]",
+        "        b_u = u",
+        "if not A:",
+        "    b_t = t",
+        "del b_x",
+        "tl.store(out, b_x)",
+    ])
+    tree = ast.parse(code)
+    for off in (set(), {"A"}, {"B"}, {"A", "B"}, {"C"}):
+        uses = name_uses(tree, off)
+        assert uses.launch_free() == reference_launch_free(code, off), off
+        assert uses.free() == reference_launch_free(code, set())
+        assert uses.read == {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    # `if A:` goes with its elif and else; `if not A:` is no flag's guard
+    assert name_uses(tree, {"A"}).launch_free() == {"tl", "x", "o", "A", "t", "out"}

@@ -4,7 +4,6 @@ the entry, sizes, constexprs, flags) and what frames their stages (the grid axes
 from __future__ import annotations
 
 import ast
-import copy
 import textwrap
 
 from xdsl.ir import Operation
@@ -31,27 +30,91 @@ def statements(code: str) -> ast.Module:
     return ast.Module(body=body[1:] if isinstance(body[0], ast.Expr) else body, type_ignores=[])
 
 
-def names_read(code: ast.Module) -> set[str]:
-    return {node.id for node in ast.walk(code) if isinstance(node, ast.Name)}
+class NameUses:
+    """What name_uses finds: every name the code mentions (read), loads and stores, and the
+    loads and stores of the code a launch runs."""
+
+    def __init__(self) -> None:
+        self.read: set[str] = set()
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.launch_loaded: set[str] = set()
+        self.launch_stored: set[str] = set()
+
+    def free(self) -> set[str]:
+        """The names the code reads but never assigns: its parameters and the module's globals."""
+        return self.loaded - self.stored
+
+    def launch_free(self) -> set[str]:
+        """The free names of the code a launch runs (its flags' guards that it turns off gone)."""
+        return self.launch_loaded - self.launch_stored
 
 
-def free_names(code: ast.Module) -> set[str]:
-    """The names the code reads but never assigns: its parameters and the module's globals."""
-    names = [node for node in ast.walk(code) if isinstance(node, ast.Name)]
-    return {n.id for n in names if isinstance(n.ctx, ast.Load)} - {n.id for n in names if isinstance(n.ctx, ast.Store)}
+def name_uses(code: ast.Module, off: frozenset[str] | set[str] = frozenset()) -> NameUses:
+    """The names code reads and assigns, in one read-only walk; also those of the code a launch
+    that turns the flags `off` off runs: without their guards (`if FLAG:`, test, body and else),
+    as if the launch's code were printed without them (no copy of the AST is made)."""
+    uses = NameUses()
+    stack = [(code, False)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, skipped = pop()
+        if type(node) is ast.Name:
+            ctx = type(node.ctx)
+            uses.read.add(node.id)
+            if ctx is ast.Load:
+                uses.loaded.add(node.id)
+                if not skipped:
+                    uses.launch_loaded.add(node.id)
+            elif ctx is ast.Store:
+                uses.stored.add(node.id)
+                if not skipped:
+                    uses.launch_stored.add(node.id)
+            continue
+        if off and not skipped and type(node) is ast.If and type(node.test) is ast.Name and node.test.id in off:
+            skipped = True
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        push((item, skipped))
+            elif isinstance(value, ast.AST):
+                push((value, skipped))
+    return uses
 
 
-def launched(code: ast.Module, kernel: k3s.KernelOp) -> ast.Module:
-    """The code a launch of kernel runs: without the guards (`if FLAG:`) of the flags it turns off."""
-    off = {flag for flag in (kernel.flags.data if kernel.flags is not None else {}) if not kernel.flag_on(flag)}
-    if not off:  # most launches: the code as printed (the copy below cost half of printing a module)
-        return code
+def flags_off(kernel: k3s.KernelOp) -> set[str]:
+    """The flags a launch of kernel turns off (the guards `if FLAG:` whose code it skips)."""
+    return {flag for flag in (kernel.flags.data if kernel.flags is not None else {}) if not kernel.flag_on(flag)}
 
-    class SkipOff(ast.NodeTransformer):
-        def visit_If(self, node: ast.If) -> ast.AST | None:
-            return None if isinstance(node.test, ast.Name) and node.test.id in off else self.generic_visit(node)
 
-    return SkipOff().visit(copy.deepcopy(code))
+class PrintedCode:
+    """A kernel's printed body (its lines, the first its docstring) and its statements parsed
+    (statements(): no docstring, no comments). Bodies printed the same after their docstring
+    (a kernel and those that share its code) are parsed once and walked once per set of flags
+    turned off: the same text parses to the same statements."""
+
+    def __init__(self, lines: list[str], parsed: dict) -> None:
+        self.text = "\n".join(lines[1:])
+        self.parsed = parsed  # text after the docstring -> [statements, {flags off: name_uses}]
+        if self.text not in parsed:
+            parsed[self.text] = [statements("\n".join(lines) + "\n"), {}]
+        self.tree = parsed[self.text][0]
+
+    def name_uses(self, off: set[str]) -> NameUses:
+        """name_uses() of the statements, walked once per set of flags off."""
+        walked = self.parsed[self.text][1]
+        key = frozenset(off)
+        if key not in walked:
+            walked[key] = name_uses(self.tree, key)
+        return walked[key]
+
+    def same_as(self, other: PrintedCode) -> bool:
+        """Whether two kernels' statements are the same (an AST comparison: comments and the
+        docstring aside). The same lines after the docstring parse the same; only bodies whose
+        text differs are compared as ASTs."""
+        return self.text == other.text or ast.dump(self.tree) == ast.dump(other.tree)
 
 
 def param_name(declaration: str) -> str:
@@ -61,10 +124,23 @@ def param_name(declaration: str) -> str:
 class Kernels:
     """TritonPrinter's methods for kernels."""
 
+    def known(self, what: str, kernel: k3s.KernelOp, view: EntryView, compute):
+        """compute(), once per kernel and entry view for this printer (the printer reads the IR,
+        never changes it; a kernel's constants and parameters are read by its code and again by
+        each of its launches)."""
+        known = self.__dict__.setdefault("_known", {})
+        key = (what, id(kernel), id(view))
+        if key not in known:  # the objects kept with their value: their ids are not reused
+            known[key] = (kernel, view, compute())
+        return known[key][2]
+
     def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
         block sizes as legalize-triton fixed them (or, as the IR says, the launch's expression of
         the call's sizes: a fold of all the call's queries)."""
+        return dict(self.known("constants", kernel, view, lambda: self.read_kernel_constants(kernel, view)))
+
+    def read_kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         if all(getattr(kernel, block) is None for block in ("block_k", "block_d", "block_r", "block_e")):
             raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
         constants: dict[str, int] = {}
@@ -115,19 +191,23 @@ class Kernels:
     def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
         """Sizes known only at run time that a kernel reads (the token count, rows, sources)."""
         sizes = []
-        if any(isinstance(op, (k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)) for op in kernel.walk()):
+        ops = [*kernel.walk()]
+        stage_types = {type(op) for op in ops}
+
+        def has(types) -> bool:
+            return any(issubclass(t, types) for t in stage_types)
+
+        if has((k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)):
             sizes.append("T")
-        sources = (k3s.SourceLoopOp, k3s.RowSourceLoopOp, k3s.LoadSourceColumnsOp)
-        if any(isinstance(op, sources) for op in kernel.walk()):
+        if has((k3s.SourceLoopOp, k3s.RowSourceLoopOp, k3s.LoadSourceColumnsOp)):
             sizes += ["S", "R"]
-        if {"row_block", "pair_chunk"} & set(kernel.axes) or \
-                any(isinstance(op, ROW_LOOP_STAGE_TYPES) for op in kernel.walk()):
+        if {"row_block", "pair_chunk"} & set(kernel.axes) or has(ROW_LOOP_STAGE_TYPES):
             sizes.append("R")
         if {"row_query_block", "row_group_query_block", "row_group_all_queries"} & set(kernel.axes):
             sizes.append("Q")  # a Block AttnRes block's queries
-        if any(isinstance(op, (k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)) for op in kernel.walk()):
+        if has((k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)):
             sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
-        if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in kernel.walk()):
+        if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in ops):
             sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
         return sizes
 
@@ -138,6 +218,9 @@ class Kernels:
         """(parameter declaration, launch argument) of every kernel parameter, in order: first its
         arguments (the tensors and scalars its stages read and write; a tensor its entry lacks is
         passed as None), then what its code derives from them."""
+        return list(self.known("params", kernel, view, lambda: self.read_kernel_params(kernel, view)))
+
+    def read_kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
         params = [(arg.name_hint, "None" if isinstance(passed.owner, k3s.AbsentTensorOp) else tensor_name(passed))
                   for arg, passed in zip(kernel.body.block.args, k3s.launch_site(kernel).operands, strict=True)]
         if "chunk" in kernel.axes:
@@ -147,7 +230,8 @@ class Kernels:
         runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]', "HS": 'dims["HS"]',
                    "Q": 'dims["Q"]'}
         params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
-        checkpointing = any(isinstance(op, k3s.StoreCheckpointOp) for op in kernel.walk())
+        stage_types = {type(op) for op in kernel.walk()}
+        checkpointing = any(issubclass(t, k3s.StoreCheckpointOp) for t in stage_types)
         if checkpointing:
             params += [("checkpoints", "checkpoints"), ("checkpoint_base", "checkpoint_base"),
                        ("checkpoint_every", "checkpoint_every or 0")]
@@ -157,7 +241,7 @@ class Kernels:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
         if kernel.flags is not None:  # each flag as this kernel's launch sets it
             params += [(f"{flag}: tl.constexpr", f"{flag}={kernel.flag_on(flag)}") for flag in kernel.flags.data]
-        if any(isinstance(op, MATMUL_STAGE_TYPES) for op in kernel.walk()):
+        if any(issubclass(t, MATMUL_STAGE_TYPES) for t in stage_types):
             first = view.tensors[0].sym_name.data
             # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
             dot = repr(DOT_PRECISION[kernel.dots.data]) if kernel.dots is not None else f"_DOT_OF_DTYPE[{first}.dtype]"
@@ -176,25 +260,27 @@ class Kernels:
         self.print_ops(kernel)
         self.code = c
         # its parameters: its arguments, exactly what its code reads of the entries' (the IR says
-        # so, the printed code must agree), then the sizes and constexprs its code reads
-        code = statements(body.text())
-        used = names_read(code)
+        # so, the printed code must agree), then the sizes and constexprs its code reads. The
+        # checks read the parsed code once, without copying it (a copy cost half of printing)
+        printed = PrintedCode(body.lines, self.__dict__.setdefault("_parsed", {}))
+        uses = printed.name_uses(flags_off(kernel))
         arguments = [arg.name_hint for arg in kernel.body.block.args]
-        if set(arguments) != free_names(code) & (self.argument_names | set(arguments)):
+        if set(arguments) != uses.free() & (self.argument_names | set(arguments)):
             raise ValueError(f"kernel @{kernel.sym_name.data}: its arguments {arguments} are not the tensors its "
-                             f"code reads, {sorted(free_names(code) & self.argument_names)}")
-        absent = [name for name, passed in self.kernel_params(kernel, view)[:len(arguments)] if passed == "None"]
-        if skipped_read := set(absent) & free_names(launched(code, kernel)):
+                             f"code reads, {sorted(uses.free() & self.argument_names)}")
+        all_params = self.kernel_params(kernel, view)
+        absent = [name for name, passed in all_params[:len(arguments)] if passed == "None"]
+        if skipped_read := set(absent) & uses.launch_free():
             raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(skipped_read)}, "
                              f"which entry @{view.entry.sym_name.data} does not have")
-        params = [param for param, _ in self.kernel_params(kernel, view) if param_name(param) in used]
+        params = [param for param, _ in all_params if param_name(param) in uses.read]
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
             twin_params, twin_code = self.kernel_code[kernel.shares_code_of.data]
-            if (sorted(twin_params), twin_code) != (sorted(params), ast.dump(code)):
+            if sorted(twin_params) != sorted(params) or not twin_code.same_as(printed):
                 raise ValueError(f"kernel @{kernel.sym_name.data} of @{view.entry.sym_name.data} shares the code "
                                  f"of @{kernel.shares_code_of.data}, but its code differs (merge-identical-kernels)")
             return
-        self.kernel_code[kernel.sym_name.data] = (params, ast.dump(code))
+        self.kernel_code[kernel.sym_name.data] = (params, printed)
         c("@triton.jit", f"def {self.kernel_name(kernel.sym_name.data)}(")
         with c.indent():
             for param in params:
