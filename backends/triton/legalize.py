@@ -12,14 +12,21 @@ before it is printed, so that the printer only prints.
 - The MoE router's block sizes and hidden slices for calls of fewer token rows
   (k3s.launch_by_rows after its kernels): the row count is known only at launch, and a few rows
   want other tiles than many.
+
+Each op type's part of these is one function, registered with @block_sizes_of (and
+@sizes_by_rows_of for the sizes by rows) below the tables; an op whose block sizes the pass that
+builds it fixes says which pass (block_sizes_fixed_by). tests/test_op_interfaces.py checks that
+every op whose kernel constants read a block size is one of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
@@ -68,66 +75,175 @@ SLOT_PROJECTION_TILES = ((2, dict(block_n=4, block_d=512)), (8, dict(block_n=16,
 GEMM_STAGES = 3  # software pipelining of the tl.dot projections' loads
 
 
+# --- each op's part of its kernel's block sizes ----------------------------------------------
+# An op interface that this backend keeps, one function per op type (as ir/exact.py's @semantics
+# keeps each op's exact meaning): the tables above are Triton's, so the IR's op classes do not
+# carry them. legalize-triton asks a kernel's ops in program order, each given the sizes its
+# kernel's earlier ops fixed; a later op's sizes replace an earlier's.
+
+Rows = list[tuple[int | None, dict[str, int]]]
+BLOCK_SIZES: dict[type[Operation], Callable[[Operation, dict[str, int]], dict[str, int]]] = {}
+SIZES_BY_ROWS: dict[type[Operation], Callable[[Operation], Rows | None]] = {}
+FIXED_BY_PASS: dict[type[Operation], str] = {}
+
+
+def block_sizes_of(*op_types: type[Operation]) -> Callable:
+    """Register f(op, sizes) -> the block sizes op fixes of its kernel (`sizes`: those of the
+    kernel's ops before it)."""
+    def register(function: Callable) -> Callable:
+        BLOCK_SIZES.update(dict.fromkeys(op_types, function))
+        return function
+
+    return register
+
+
+def sizes_by_rows_of(*op_types: type[Operation]) -> Callable:
+    """Register f(op) -> (at most this many token rows, None for any; block sizes and warps) of
+    the launches of op's kernel, the last row the kernel's own (launches_by_rows below); None: op
+    has none."""
+    def register(function: Callable) -> Callable:
+        SIZES_BY_ROWS.update(dict.fromkeys(op_types, function))
+        return function
+
+    return register
+
+
+def block_sizes_fixed_by(pass_name: str, *op_types: type[Operation]) -> None:
+    """Op types whose kernels' block sizes the pass that builds them fixes: legalize-triton adds
+    none (an op implements the interface either way: tests/test_op_interfaces.py)."""
+    FIXED_BY_PASS.update(dict.fromkeys(op_types, pass_name))
+    BLOCK_SIZES.update(dict.fromkeys(op_types, lambda op, sizes: {}))
+
+
+@block_sizes_of(k3s.StateTileOp)
+def state_tile_blocks(op: k3s.StateTileOp, sizes: dict[str, int]) -> dict[str, int]:
+    """Key columns whole; value columns a block of at most the tile's block_v."""
+    return dict(block_k=next_power_of_2(op.head_k_dim.value.data),
+                block_v=min(next_power_of_2(op.head_v_dim.value.data), op.block_v.value.data))
+
+
+@block_sizes_of(k3s.ChunkTileOp)
+def chunk_tile_blocks(op: k3s.ChunkTileOp, sizes: dict[str, int]) -> dict[str, int]:
+    """A whole chunk, all key and value columns."""
+    return dict(block_k=next_power_of_2(op.head_k_dim.value.data), block_v=next_power_of_2(op.head_v_dim.value.data))
+
+
+@block_sizes_of(k3s.ValueBlockLoopOp)
+def value_block_loop_blocks(op: k3s.ValueBlockLoopOp, sizes: dict[str, int]) -> dict[str, int]:
+    """After the kernel's chunk tile: its value columns in blocks of at most the loop's."""
+    return dict(block_v=min(sizes["block_v"], op.block_v.value.data))
+
+
+@block_sizes_of(k3s.ColumnLoopOp)
+def column_loop_blocks(op: k3s.ColumnLoopOp, sizes: dict[str, int]) -> dict[str, int]:
+    """A row's columns in blocks (before the fold it holds)."""
+    return dict(block_d=op.columns.value.data)
+
+
+@block_sizes_of(k3s.FoldQueryOp)
+def fold_query_blocks(op: k3s.FoldQueryOp, sizes: dict[str, int]) -> dict[str, int]:
+    """A row's columns whole, unless a column loop before it took blocks of them."""
+    return {} if "block_d" in sizes else dict(block_d=next_power_of_2(op.hidden_size.value.data))
+
+
+@block_sizes_of(k3s.RouterLogitsOp, k3s.ProjectSlotsOp)
+def own_row_blocks(op: Operation, sizes: dict[str, int]) -> dict[str, int]:
+    """The last row of its sizes by rows: those of calls of any row count."""
+    return dict(SIZES_BY_ROWS[type(op)](op)[-1][1])
+
+
+@block_sizes_of(k3s.SumPartialLogitsOp)
+def sum_partial_logits_blocks(op: k3s.SumPartialLogitsOp, sizes: dict[str, int]) -> dict[str, int]:
+    """Its rows by rows (own_row_blocks), every expert."""
+    return own_row_blocks(op, sizes) | dict(block_e=next_power_of_2(op.num_experts.value.data))
+
+
+@block_sizes_of(k3s.SelectTopKOp)
+def select_top_k_blocks(op: k3s.SelectTopKOp, sizes: dict[str, int]) -> dict[str, int]:
+    return dict(block_ks=next_power_of_2(op.top_k.value.data))
+
+
+@block_sizes_of(k3s.CountPairsOp, k3s.SortPairsOp)
+def pair_blocks(op: Operation, sizes: dict[str, int]) -> dict[str, int]:
+    return dict(block_r=PAIRS_PER_PROGRAM)
+
+
+@block_sizes_of(k3s.ExpertOffsetsOp)
+def expert_offsets_blocks(op: k3s.ExpertOffsetsOp, sizes: dict[str, int]) -> dict[str, int]:
+    """Every expert's count in one program."""
+    return dict(block_e=next_power_of_2(op.num_experts.value.data))
+
+
+@block_sizes_of(k3s.ProjectOp)
+def project_blocks(op: k3s.ProjectOp, sizes: dict[str, int]) -> dict[str, int]:
+    """Token rows: by rows (own_row_blocks); the expert-sorted pair list's blocks: GEMM tiles;
+    one pair a program: a weight tile by the weights' format."""
+    rows = op.rows.data.value
+    if rows == "token_block":
+        return own_row_blocks(op, sizes) | dict(num_stages=GEMM_STAGES)
+    if rows == "sorted_block":
+        return dict(SORTED_PROJECTION_TILE, num_stages=GEMM_STAGES)
+    return dict(PAIR_PROJECTION_TILE["bf16" if op.weight_format is None else op.weight_format.data.value])
+
+
+@block_sizes_of(k3s.SumSlotsOp)
+def sum_slots_blocks(op: k3s.SumSlotsOp, sizes: dict[str, int]) -> dict[str, int]:
+    return dict(block_r=16, block_n=128)
+
+
+block_sizes_fixed_by("lower-moe-experts", k3s.RankPairsOp, k3s.ChunkOffsetsOp, k3s.ProjectTokenSlotsOp,
+                     k3s.SumExpertRowsOp)
+block_sizes_fixed_by("derive-moe-backward", k3s.ProjectInputGradOp, k3s.ProjectWeightGradOp, k3s.RmsNormAdjointOp,
+                     k3s.NormGainGradOp)
+
+
+@sizes_by_rows_of(k3s.ProjectOp)
+def project_sizes_by_rows(op: k3s.ProjectOp) -> Rows | None:
+    """Token rows only (a dense projection); the experts' rows are the dispatch plan's."""
+    return list(DENSE_PROJECTION_TILES) if op.rows.data.value == "token_block" else None
+
+
+@sizes_by_rows_of(k3s.ProjectSlotsOp)
+def project_slots_sizes_by_rows(op: k3s.ProjectSlotsOp) -> Rows:
+    return list(SLOT_PROJECTION_TILES)
+
+
+@sizes_by_rows_of(k3s.RouterLogitsOp)
+def router_logits_sizes_by_rows(op: k3s.RouterLogitsOp) -> Rows:
+    # no wider than the layer: experts and hidden columns padded to powers of two, at least 16
+    # (tl.dot's operands); no more slices than blocks of hidden columns (a slice without columns
+    # would be a program that stores zeros)
+    d = op.hidden_size.value.data
+    experts = max(16, next_power_of_2(op.num_experts.value.data))
+    columns = max(16, next_power_of_2(d))
+    return [(most, dict(block_r=br, block_e=min(be, experts), block_d=min(bd, columns),
+                        hidden_slices=min(hs, -(-d // min(bd, columns)))))
+            for most, br, be, bd, hs in ROUTER_LOGIT_TILES]
+
+
+@sizes_by_rows_of(k3s.SumPartialLogitsOp)
+def sum_partial_logits_sizes_by_rows(op: k3s.SumPartialLogitsOp) -> Rows:
+    return [(most, dict(block_r=br)) for most, br in ROUTER_TOP_K_ROWS]
+
+
 def block_sizes(kernel: k3s.KernelOp) -> dict[str, int]:
+    """The kernel's block sizes: what its ops fix (BLOCK_SIZES), in program order."""
     sizes: dict[str, int] = {}
     for op in kernel.walk():
-        if isinstance(op, k3s.StateTileOp):
-            sizes.update(block_k=next_power_of_2(op.head_k_dim.value.data),
-                         block_v=min(next_power_of_2(op.head_v_dim.value.data), op.block_v.value.data))
-        elif isinstance(op, k3s.ChunkTileOp):  # a whole chunk, all value columns
-            sizes.update(block_k=next_power_of_2(op.head_k_dim.value.data),
-                         block_v=next_power_of_2(op.head_v_dim.value.data))
-        elif isinstance(op, k3s.ValueBlockLoopOp):  # after the kernel's chunk tile: its value blocks
-            sizes.update(block_v=min(sizes["block_v"], op.block_v.value.data))
-        elif isinstance(op, k3s.ColumnLoopOp):  # a row's columns in blocks (before the fold it holds)
-            sizes.update(block_d=op.columns.value.data)
-        elif isinstance(op, k3s.FoldQueryOp):  # a row's columns whole, but in a column loop
-            sizes.setdefault("block_d", next_power_of_2(op.hidden_size.value.data))
-        elif isinstance(op, k3s.RouterLogitsOp):
-            sizes.update(launches_by_rows(kernel)[-1][1])
-        elif isinstance(op, k3s.SumPartialLogitsOp):  # every expert
-            sizes.update(launches_by_rows(kernel)[-1][1], block_e=next_power_of_2(op.num_experts.value.data))
-        elif isinstance(op, k3s.SelectTopKOp):
-            sizes.update(block_ks=next_power_of_2(op.top_k.value.data))
-        elif isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
-            sizes.update(block_r=PAIRS_PER_PROGRAM)
-        elif isinstance(op, k3s.ExpertOffsetsOp):  # every expert's count in one program
-            sizes.update(block_e=next_power_of_2(op.num_experts.value.data))
-        elif isinstance(op, k3s.ProjectOp) and op.rows.data.value == "token_block":
-            sizes.update(launches_by_rows(kernel)[-1][1], num_stages=GEMM_STAGES)
-        elif isinstance(op, k3s.ProjectOp) and op.rows.data.value == "sorted_block":
-            sizes.update(SORTED_PROJECTION_TILE, num_stages=GEMM_STAGES)
-        elif isinstance(op, k3s.ProjectOp):
-            sizes.update(PAIR_PROJECTION_TILE["bf16" if op.weight_format is None else op.weight_format.data.value])
-        elif isinstance(op, k3s.ProjectSlotsOp):
-            sizes.update(launches_by_rows(kernel)[-1][1])
-        elif isinstance(op, k3s.SumSlotsOp):
-            sizes.update(block_r=16, block_n=128)
+        if (of_op := BLOCK_SIZES.get(type(op))) is not None:
+            sizes.update(of_op(op, sizes))
     return sizes
 
 
-def launches_by_rows(kernel: k3s.KernelOp) -> list[tuple[int | None, dict[str, int]]]:
+def launches_by_rows(kernel: k3s.KernelOp) -> Rows:
     """(at most this many rows, None for any; block sizes and warps) of an MoE router kernel or
-    projection, the tables above fitted to its layer; [] for other kernels. A row whose sizes
-    equal the next row's is left out: the next launches its calls the same."""
-    rows: list[tuple[int | None, dict[str, int]]] = []
+    projection, the tables above fitted to its layer (its last op's of SIZES_BY_ROWS); [] for
+    other kernels. A row whose sizes equal the next row's is left out: the next launches its
+    calls the same."""
+    rows: Rows = []
     for op in kernel.walk():
-        if isinstance(op, k3s.ProjectOp) and op.rows.data.value == "token_block":
-            rows = list(DENSE_PROJECTION_TILES)
-        elif isinstance(op, k3s.ProjectSlotsOp):
-            rows = list(SLOT_PROJECTION_TILES)
-        if isinstance(op, k3s.RouterLogitsOp):
-            # no wider than the layer: experts and hidden columns padded to powers of two, at
-            # least 16 (tl.dot's operands); no more slices than blocks of hidden columns (a
-            # slice without columns would be a program that stores zeros)
-            d = op.hidden_size.value.data
-            experts = max(16, next_power_of_2(op.num_experts.value.data))
-            columns = max(16, next_power_of_2(d))
-            rows = [(most, dict(block_r=br, block_e=min(be, experts), block_d=min(bd, columns),
-                                hidden_slices=min(hs, -(-d // min(bd, columns)))))
-                    for most, br, be, bd, hs in ROUTER_LOGIT_TILES]
-        elif isinstance(op, k3s.SumPartialLogitsOp):
-            rows = [(most, dict(block_r=br)) for most, br in ROUTER_TOP_K_ROWS]
+        if type(op) in SIZES_BY_ROWS and (op_rows := SIZES_BY_ROWS[type(op)](op)) is not None:
+            rows = op_rows
     return [row for row, after in zip(rows, [*rows[1:], None]) if after is None or row[1] != after[1]]
 
 
