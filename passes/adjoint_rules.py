@@ -12,7 +12,8 @@ derive-backward (passes/derive_backward.py) walks a schedule's stages in reverse
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable
 
 from xdsl.dialects.builtin import BoolAttr
 from xdsl.ir import Attribute, Block, Operation, SSAValue
@@ -50,13 +51,21 @@ class Emitter:
     """Appends stages to a block, reading forward values through `primal` (a forward value ->
     the value the backward schedule holds for it: its recomputation)."""
 
-    def __init__(self, block: Block, primal: dict[SSAValue, SSAValue], numbers: Iterator[int]) -> None:
+    def __init__(self, block: Block, primal: dict[SSAValue, SSAValue], names: Counter) -> None:
         self.block = block
         self.primal = primal
-        self.numbers = numbers  # every value is named (the printer's registers): op kind and a number
+        self.names = names  # shared by a backward's emitters: how often each name was given
+        self.rule = "backward"  # the adjoint rule emitting now (accumulate_adjoints sets it)
 
     def name(self, op_type: type) -> str:
-        return f"{op_type.name.split('.')[-1]}{next(self.numbers)}"
+        """Every value is named (the printer's registers) after the rule that makes it and its op's
+        kind, e.g. `state_advance_reduce_sum`; a second one of the same name gets a 2 (xDSL drops
+        a name's `_<digits>` ending)."""
+        return self.fresh(f"{self.rule}_{op_type.name.split('.')[-1]}")
+
+    def fresh(self, base: str) -> str:
+        self.names[base] += 1
+        return base if self.names[base] == 1 else f"{base}{self.names[base]}"
 
     def __call__(self, value: SSAValue) -> SSAValue:
         return self.primal.get(value, value)  # an entry's argument is itself

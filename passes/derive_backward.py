@@ -18,7 +18,7 @@ exact arithmetic.
 
 from __future__ import annotations
 
-import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -77,6 +77,13 @@ def remove_dead_stages(block: Block) -> None:
                 op.erase()
 
 
+def made_here(operand: SSAValue, contribution: SSAValue) -> bool:
+    """Whether a cotangent contribution is a stage a rule emitted for a named operand (not a
+    cotangent passed through as it came, which keeps its own name)."""
+    return bool(operand.name_hint) and isinstance(contribution.owner, Operation) and \
+        not contribution.name_hint.endswith("_bar")
+
+
 def accumulate_adjoints(ops: list[Operation], e: Emitter, cotangents: dict[SSAValue, SSAValue]) -> None:
     """Walk ops in reverse: each op with a cotangent on its result gets its rule applied, and
     what the rule returns adds to its operands' cotangents. Loads end the walk."""
@@ -88,11 +95,15 @@ def accumulate_adjoints(ops: list[Operation], e: Emitter, cotangents: dict[SSAVa
             continue
         if type(op) not in ADJOINT_RULES:
             raise NotImplementedError(f"derive-backward: {op.name} has no adjoint rule")
-        for index, contribution in ADJOINT_RULES[type(op)](e, op, *results).items():
+        rule = ADJOINT_RULES[type(op)]
+        e.rule = rule.__name__
+        for index, contribution in rule(e, op, *results).items():
             operand = op.operands[index]
             if operand in cotangents:
+                if made_here(operand, contribution):  # this rule's part of operand's cotangent
+                    contribution.name_hint = e.fresh(f"{operand.name_hint}_bar_from_{e.rule}")
                 contribution = e.add(cotangents[operand], contribution)
-            if operand.name_hint and isinstance(contribution.owner, Operation) and not contribution.name_hint.endswith("_bar"):
+            if made_here(operand, contribution):
                 contribution.name_hint = f"{operand.name_hint}_bar"  # the accumulated cotangent of operand
             cotangents[operand] = contribution
 
@@ -169,8 +180,8 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
     cotangent_block = Block(arg_types=[S.type])
     cotangent_block.args[0].name_hint = "S_bar"
     chain = {leaving: cotangent_block.args[0], output.output: o_bar.results[0]}
-    numbers = itertools.count()
-    accumulate_adjoints(scan_stages, Emitter(cotangent_block, on_state, numbers), chain)
+    names = Counter()
+    accumulate_adjoints(scan_stages, Emitter(cotangent_block, on_state, names), chain)
     cotangent_block.add_op(make(k3s.NextChunkOp, operands=[chain[S]]))
     remove_dead_stages(cotangent_block)
     cotangent_scan = make(k3s.CotangentScanOp, cotangent_block, operands=[values["dht"], values["dh0"]],
@@ -179,7 +190,7 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
 
     # chunk-local from here: the scan's adjoints on S and the cotangent of the state left, then
     # the local stages' in reverse, down to the loads
-    e = Emitter(body, on_state, numbers)
+    e = Emitter(body, on_state, names)
     cotangents = {leaving: cotangent_scan.results[0], output.output: o_bar.results[0]}
     accumulate_adjoints([*scan_stages, terminator], e, cotangents)
     accumulate_adjoints(local, e, cotangents)

@@ -430,3 +430,20 @@ def test_ops_chunk_gated_delta_rule_training_step(ops_cache):
     for n in names:
         assert_grad(leaves[n].grad, want[n], f"{n}.grad", like=leaves[n])
     assert h0.grad is None
+
+
+# --- the backward's registers are named after the adjoint rule that makes them ---------------
+
+
+@pytest.mark.parametrize("member", ["kda", "gated_deltanet", "deltanet", "gla"])
+def test_adjoint_values_named_after_their_rule(layers, member):
+    """No register of the backward kernels is an op kind and a counter (`b_mul19`): each is named
+    after its rule (`b_state_advance_mul`) or the cotangent part it is (`b_k_bar_from_gram`)."""
+    import re
+
+    source = layers(member).path.read_text()
+    backward = source[source.index(f"def {layers(member).spec.name}_backward_prepare_kernel("):]
+    kinds = "mul|dot|scale|neg|sub|add|mask|reduce_sum|gate_apply|gated_contraction|onto_last_row|reverse_cumsum"
+    numbered = sorted(set(re.findall(rf"\bb_(?:{kinds})\d+\b", backward)))
+    assert not numbered, f"registers named by op kind and counter: {numbered[:5]}"
+    assert "_bar_from_" in backward, "no cotangent part is named after its rule"
