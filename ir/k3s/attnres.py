@@ -37,7 +37,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsTerminator, MemoryReadEffect, MemoryWriteEffect, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.k3s.kernels import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
 from k3compile.ir.k3s.types import expect_dims, is_power_of_two, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -163,7 +163,7 @@ class NextRowOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class SourceLoopOp(KeywordSyntax):
+class SourceLoopOp(KeywordSyntax, RuntimeSizesInterface):
     """Loop over the depth sources of one row, reading each source row once, carrying values
     across sources: they enter the first source as its operands (the online softmax's start in
     the forward, the query's cotangent so far in the backward), each source starts from its
@@ -179,9 +179,12 @@ class SourceLoopOp(KeywordSyntax):
     def verify_(self) -> None:
         _verify_carried(self, "source loop")
 
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("S", "R")  # the call's sources, each of R rows
+
 
 @irdl_op_definition
-class RowSourceLoopOp(RowGroupLoop):
+class RowSourceLoopOp(RowGroupLoop, RuntimeSizesInterface):
     """The source loops of the program's group of `rows` token rows (fewer in the last group) as
     one loop over (row, source) pairs, sources innermost, so that a row's first sources are read
     while the row before is scored and stored (one pipelined loop has no gap between rows). It
@@ -189,6 +192,9 @@ class RowSourceLoopOp(RowGroupLoop):
     source and `at_row_end` holds what follows a row's last source."""
 
     name = "k3s.row_source_loop"
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("S", "R")  # the call's sources, each of R rows
 
 
 @irdl_op_definition

@@ -29,7 +29,7 @@ from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.attnres import AtRowEndOp, ColumnLoopOp, RowLoopOp, RowSourceLoopOp, SourceLoopOp
-from k3compile.ir.k3s.kernels import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
 from k3compile.ir.k3s.types import expect_dims, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -279,7 +279,7 @@ def _expect(op: IRDLOperation, *expected: tuple[str, object, tuple[str, ...]]) -
 
 
 @irdl_op_definition
-class LoadSourceColumnsOp(KeywordSyntax):
+class LoadSourceColumnsOp(KeywordSyntax, RuntimeSizesInterface):
     """This token row's representatives, all of them (`<S x D>`: a row per source, at most
     `sources`; masked ones read 0), over the column loop's block of columns, in fp32."""
 
@@ -291,6 +291,9 @@ class LoadSourceColumnsOp(KeywordSyntax):
 
     def verify_(self) -> None:
         _expect(self, ("the rows", self.rows, ("S", "D")))
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("S", "R")  # the call's sources, each of R rows
 
 
 @irdl_op_definition

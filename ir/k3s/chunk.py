@@ -25,7 +25,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
-from k3compile.ir.k3s.kernels import KernelOp, WhenOp
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
@@ -133,7 +133,7 @@ class CotangentScanOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class ChunkLoopOp(KeywordSyntax):
+class ChunkLoopOp(KeywordSyntax, RuntimeSizesInterface):
     """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule), carrying
     the kernel's state tile: the block argument S, the operand of the closing `next_chunk`. Its
     operand, when the entry has them, is the sequence offsets (`k3s.chunk_loop %cu_seqlens`:
@@ -146,6 +146,9 @@ class ChunkLoopOp(KeywordSyntax):
     offsets = opt_operand_def(TensorType)
     body = region_def("single_block")
     traits = traits_def(HasParent(KernelOp))
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("T",)  # its sequences' tokens
 
 
 @irdl_op_definition
@@ -238,7 +241,7 @@ SCAN_PARENTS = (ChunkScanOp, ChunkLoopOp, StateScanOp, ChunkedBackwardOp, Kernel
 
 
 @irdl_op_definition
-class ChunkTileOp(KeywordSyntax):
+class ChunkTileOp(KeywordSyntax, RuntimeSizesInterface):
     """In a kernel over chunks: the token rows of this program's chunk (C rows, the last
     chunk of a sequence masked) and the key/value ranges. Its operand, when the entry has them,
     is the sequence offsets (`k3s.chunk_tile %cu_seqlens`: with them passed, a chunk's sequence
@@ -250,6 +253,9 @@ class ChunkTileOp(KeywordSyntax):
     head_v_dim = prop_def(IntegerAttr[I64])
     offsets = opt_operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("T",)  # its chunk's rows end at its sequence's last token
 
 
 @irdl_op_definition

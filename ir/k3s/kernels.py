@@ -4,13 +4,14 @@ sizes by row count (k3s.launch_by_rows), and the walks over an entry's kernels."
 
 from __future__ import annotations
 
+import abc
 import itertools
 import re
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, DictionaryAttr, ModuleOp, IntegerAttr, StringAttr, i1
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import BlockArgument, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import BlockArgument, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
@@ -70,6 +71,39 @@ class GridAxis(Word):
     INPUT_BLOCK = "input_block"  # a block of a weight's input columns
     COLUMN_BLOCK = "column_block"  # a block of output columns
     ONE = "one"  # a single program
+
+
+# --- sizes known only at run time ----------------------------------------------------------
+# What a kernel may read of a call's sizes, in the order its parameters take them: T (tokens per
+# sequence), S (AttnRes sources), R (token rows), Q (a Block AttnRes block's queries), HS (the
+# MoE router's hidden slices) and NSLOTS (the state pool's rows: the shape symbol P).
+RUNTIME_SIZES = ("T", "S", "R", "Q", "HS", "NSLOTS")
+# the grid axes whose program indices range over a run-time size
+AXIS_RUNTIME_SIZES = {
+    GridAxis.ROW_BLOCK: ("R",),
+    GridAxis.PAIR_CHUNK: ("R",),
+    GridAxis.ROW_QUERY_BLOCK: ("Q",),
+    GridAxis.ROW_GROUP_QUERY_BLOCK: ("Q",),
+    GridAxis.ROW_GROUP_ALL_QUERIES: ("Q",),
+}
+
+
+class RuntimeSizesInterface(Operation, abc.ABC):
+    """An op interface (in the manner of xdsl.interfaces): an op whose kernel reads sizes known
+    only at run time says which (runtime_sizes, below, asks a kernel's ops and grid axes)."""
+
+    @abc.abstractmethod
+    def runtime_sizes(self) -> tuple[str, ...]:
+        """The RUNTIME_SIZES the op's code reads."""
+        raise NotImplementedError()
+
+
+def runtime_sizes(kernel: KernelOp) -> list[str]:
+    """The sizes known only at run time that a kernel reads: its grid axes' and its ops', in the
+    order of RUNTIME_SIZES."""
+    read = {size for axis in kernel.axes for size in AXIS_RUNTIME_SIZES.get(axis, ())}
+    read.update(size for op in kernel.walk() if isinstance(op, RuntimeSizesInterface) for size in op.runtime_sizes())
+    return [size for size in RUNTIME_SIZES if size in read]
 
 
 class IsolatedOnceOutlined(IsolatedFromAbove):

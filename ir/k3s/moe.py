@@ -19,13 +19,13 @@ from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def, tra
 from xdsl.traits import HasParent, MemoryReadEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.k3s.kernels import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
 
 @irdl_op_definition
-class RouterLogitsOp(KeywordSyntax):
+class RouterLogitsOp(KeywordSyntax, RuntimeSizesInterface):
     """logits[r, e] = sum_{c in C_i} x[r, c] W_r[e, c], accumulated in fp32: the block's rows of
     x [R, d] (`input`) against the router rows (`weight` [num_experts, d]) of the program's block of
     experts (its expert_block grid axis), over the columns C_i of the program's hidden slice i
@@ -48,6 +48,9 @@ class RouterLogitsOp(KeywordSyntax):
             raise VerifyException(f"{self.name} in @{kernel.sym_name.data}: its kernel's grid has no hidden_slice "
                                   "axis (the slice of the hidden columns its programs sum over)")
 
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("HS",)  # the call's slices of the hidden columns
+
 
 @irdl_op_definition
 class StorePartialLogitsOp(KeywordSyntax):
@@ -62,7 +65,7 @@ class StorePartialLogitsOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class SumPartialLogitsOp(KeywordSyntax):
+class SumPartialLogitsOp(KeywordSyntax, RuntimeSizesInterface):
     """logits[r, e] = (..((0 + p[0, r, e]) + p[1, r, e]) + ..) + p[HS-1, r, e] in fp32, p the
     `partial_logits` workspace [HS, R, num_experts] (k3s.store_partial_logits), for the
     block's rows and every expert e < num_experts: the slices summed in increasing order, a
@@ -73,6 +76,9 @@ class SumPartialLogitsOp(KeywordSyntax):
     partial_logits = operand_def(TensorType)
     logits = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("HS",)  # the slices it sums
 
 
 @irdl_op_definition

@@ -29,7 +29,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3 import GluActivationAttr
 from k3compile.ir.k3s.experts import ROW_TENSORS, RowIndexAttr, Rows, RowsAttr, WeightLayout, WeightLayoutAttr
-from k3compile.ir.k3s.kernels import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -80,7 +80,7 @@ class ProjectInputGradOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class ProjectWeightGradOp(KeywordSyntax):
+class ProjectWeightGradOp(KeywordSyntax, RuntimeSizesInterface):
     """A weight's cotangent tile: W_bar[n, c] = sum_m y_bar[m, n] a[m, c] in fp32 for the program's
     block of weight rows n < out_dim (BN) and input columns c < in_dim (BD), m over the rows in a
     fixed order: every token row in blocks of BR (rows = token_block), or the program's expert's
@@ -122,6 +122,9 @@ class ProjectWeightGradOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: rows is token_block or sorted_block, got {self.rows.data}")
         if (self.block_rows is not None) != (self.rows.data == Rows.SORTED_BLOCK):
             raise VerifyException(f"{self.name}: block_rows is given exactly for rows = sorted_block")
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("R",)  # it loops over every token row of the call
 
 
 @irdl_op_definition
@@ -255,7 +258,7 @@ class RmsNormAdjointOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class NormGainGradOp(KeywordSyntax):
+class NormGainGradOp(KeywordSyntax, RuntimeSizesInterface):
     """`gain_bar`[n] = sum_r normed_bar[r, n] input[r, n] rstd[r] (fp32) for the program's block of
     columns, every token row in order (blocks of BR)."""
 
@@ -266,6 +269,9 @@ class NormGainGradOp(KeywordSyntax):
     normed_bar = operand_def(TensorType)
     gain_bar = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("R",)  # it loops over every token row of the call
 
 
 @irdl_op_definition
@@ -340,7 +346,7 @@ class RankPairsOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class ChunkOffsetsOp(KeywordSyntax):
+class ChunkOffsetsOp(KeywordSyntax, RuntimeSizesInterface):
     """The pair-order plan, step 2, one program: chunk_counts[c, e] becomes the count of expert e's
     pairs in the chunks before c (an exclusive prefix over the chunks, in place) and
     expert_counts[e] the expert's total, which k3s.expert_offsets takes as k3s.count_pairs' counts."""
@@ -355,6 +361,9 @@ class ChunkOffsetsOp(KeywordSyntax):
 
     def verify_(self) -> None:
         _positive(self, "num_experts", "top_k", "pairs_per_chunk")
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("R",)  # it loops over every token row of the call
 
 
 MOE_BACKWARD_STAGES = [RankPairsOp, ChunkOffsetsOp, ProjectInputGradOp, ProjectWeightGradOp, StoreWeightGradOp,

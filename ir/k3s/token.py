@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
-from k3compile.ir.k3s.kernels import KernelOp
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -53,7 +53,7 @@ class StateStartAttr(EnumAttribute[StateStart], SpacedOpaqueSyntaxAttribute):
 
 
 @irdl_op_definition
-class StateTileOp(KeywordSyntax):
+class StateTileOp(KeywordSyntax, RuntimeSizesInterface):
     """A [K, V-block] fp32 state tile kept on chip. Its home, its operands: the initial state
     (`k3s.state_tile %initial_state`: read when the caller passes it, an optional argument; else
     zero) or, home = pool, a pool row `state[state_indices[n]]` (`k3s.state_tile %state,
@@ -90,6 +90,10 @@ class StateTileOp(KeywordSyntax):
         if not is_power_of_two(self.block_v.value.data):
             raise VerifyException(f"{self.name}: block_v must be a power of two, got {self.block_v.value.data}")
 
+    def runtime_sizes(self) -> tuple[str, ...]:
+        """A pool row's tile reads the pool's row count (its slots beyond it start from zero)."""
+        return ("NSLOTS",) if in_pool(self) else ()
+
 
 @irdl_op_definition
 class SpeculativeOp(KeywordSyntax):
@@ -110,7 +114,7 @@ class SpeculativeOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class TokenLoopOp(KeywordSyntax):
+class TokenLoopOp(KeywordSyntax, RuntimeSizesInterface):
     """Sequential loop over the tokens of one sequence, carrying the kernel's state tile: the
     block argument S, the operand of the closing `next_token`. Its operand, when the entry has
     them, is the sequence offsets (`k3s.token_loop %cu_seqlens`: varlen when the caller passes
@@ -120,6 +124,9 @@ class TokenLoopOp(KeywordSyntax):
     offsets = opt_operand_def(TensorType)
     body = region_def("single_block")
     traits = traits_def(HasParent(KernelOp, SpeculativeOp))
+
+    def runtime_sizes(self) -> tuple[str, ...]:
+        return ("T",)  # its sequences' tokens
 
 
 @irdl_op_definition
