@@ -87,8 +87,9 @@ class TensorArgOp(KeywordSyntax):
     float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
     offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1),
     state (fp32 or bf16 state storage), index (int32/int64 slot numbers; an output of indices,
-    e.g. chosen experts, is int32), fp4x2 (uint8: two E2M1 codes a byte, MXFP4 weights' values)
-    and e8m0 (uint8: their power-of-two scales 2^(s - 127)).
+    e.g. chosen experts, is int32), fp4x2 (uint8: two E2M1 codes a byte, MXFP4 weights' values),
+    fp4x8 (int32: eight E2M1 codes a 32-bit word, MXFP4 weights' values in the words layout) and
+    e8m0 (uint8: their power-of-two scales 2^(s - 127)).
     """
 
     name = "k3s.tensor_arg"

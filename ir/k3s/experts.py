@@ -89,6 +89,25 @@ class WeightLayoutAttr(EnumAttribute[WeightLayout], SpacedOpaqueSyntaxAttribute)
     name = "k3s.weight_layout"
 
 
+class Packing(Word):
+    """How MXFP4 weights' E2M1 codes lie in their packed tensor (docs/moe.md): nibbles, two a byte
+    (fp4x2), input j of a block of 32 in byte j's low nibble and input j + 16 in its high one;
+    words, eight a 32-bit word (fp4x8), placed so that two shifts and a bit-select give two codes'
+    fp16 patterns (runtime/mxfp4.py's _e2m1_pair)."""
+
+    NIBBLES = "nibbles"
+    WORDS = "words"
+
+
+@irdl_attr_definition
+class PackingAttr(EnumAttribute[Packing], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.packing"
+
+
+# the packed values' dtype class by packing
+PACKED_DTYPES = {Packing.NIBBLES: "fp4x2", Packing.WORDS: "fp4x8"}
+
+
 def _positive(op, *names: str) -> None:
     for name in names:
         value = getattr(op, name)
@@ -100,15 +119,26 @@ def _mxfp4(op) -> bool:
     return op.weight_format is not None and op.weight_format.data == WeightFormat.MXFP4
 
 
+def weight_packing(op) -> Packing | None:
+    """An MXFP4 projection's packing (absent: nibbles); None for weights of the input's dtype."""
+    if not _mxfp4(op):
+        return None
+    return Packing.NIBBLES if op.packing is None else op.packing.data
+
+
 def _verify_weight_format(op, layout: str) -> None:
     """MXFP4 weights: `scales` is their scales' tensor (e8m0), `weight` their packed values'
-    (fp4x2), the layout is an expert's [E, out, in] (the packed layout's) and the input width a
-    whole number of 32-weight blocks."""
+    (fp4x2 with packing nibbles, the default; fp4x8 with words), the layout is an expert's [E,
+    out, in] (the packed layout's) and the input width a whole number of 32-weight blocks."""
     mxfp4 = _mxfp4(op)
+    if op.packing is not None and not mxfp4:
+        raise VerifyException(f"{op.name}: packing is given only with weight_format = mxfp4")
     if mxfp4 != (op.scales is not None):
         raise VerifyException(f"{op.name}: scales is given exactly for weight_format = mxfp4")
-    if mxfp4 and (op.weight.type.dtype_class, op.scales.type.dtype_class) != ("fp4x2", "e8m0"):
-        raise VerifyException(f"{op.name}: weight_format = mxfp4 reads fp4x2 weights and e8m0 scales, got "
+    values = PACKED_DTYPES[weight_packing(op)] if mxfp4 else None
+    if mxfp4 and (op.weight.type.dtype_class, op.scales.type.dtype_class) != (values, "e8m0"):
+        raise VerifyException(f"{op.name}: weight_format = mxfp4 reads {values} weights and e8m0 scales"
+                              f"{' (packing = words)' if values == 'fp4x8' else ''}, got "
                               f"{op.weight.type.dtype_class} and {op.scales.type.dtype_class}")
     if mxfp4 and layout != WeightLayout.EXPERT:
         raise VerifyException(f"{op.name}: weight_format = mxfp4 needs layout = expert, got {layout}")
@@ -211,6 +241,7 @@ class ProjectOp(KeywordSyntax):
     block_rows = opt_prop_def(IntegerAttr[I64])  # rows = sorted_block: the dispatch plan's block
     rms_eps = opt_prop_def(FloatAttr)
     weight_format = opt_prop_def(WeightFormatAttr)  # absent: the input's float dtype
+    packing = opt_prop_def(PackingAttr)  # mxfp4's; absent: nibbles
     input = operand_def(TensorType)
     weight = operand_def(TensorType)
     tensors = var_operand_def(TensorType)
@@ -266,6 +297,7 @@ class ProjectSlotsOp(KeywordSyntax):
     out_dim = prop_def(IntegerAttr[I64])
     top_k = prop_def(IntegerAttr[I64])
     weight_format = opt_prop_def(WeightFormatAttr)
+    packing = opt_prop_def(PackingAttr)  # mxfp4's; absent: nibbles
     input = operand_def(TensorType)
     topk_ids = operand_def(TensorType)
     topk_weights = operand_def(TensorType)
@@ -345,7 +377,8 @@ class ProjectTokenSlotsOp(KeywordSyntax):
     slots read nothing and give 0), e_j = topk_ids[t, j], over its block of output columns n: a
     [slots, BN, BD] weight tile a step, every slot's rows streamed whole along c. glu: the gate
     (h = 0) and up (h = 1) halves, two results. `input` rows by token, `weight` [E, halves *
-    out_dim, in_dim]."""
+    out_dim, in_dim]; with weight_format = mxfp4 packed (packing = words only), its scales
+    `scales`, as k3s.project's."""
 
     name = "k3s.project_token_slots"
     in_dim = prop_def(IntegerAttr[I64])
@@ -353,9 +386,12 @@ class ProjectTokenSlotsOp(KeywordSyntax):
     top_k = prop_def(IntegerAttr[I64])
     slots = prop_def(IntegerAttr[I64])  # the slot axis' tile width
     glu = prop_def(BoolAttr)
+    weight_format = opt_prop_def(WeightFormatAttr)
+    packing = opt_prop_def(PackingAttr)
     input = operand_def(TensorType)
     topk_ids = operand_def(TensorType)
     weight = operand_def(TensorType)
+    scales = opt_operand_def(TensorType)  # weight_format = mxfp4
     result = result_def(TileType)
     up = opt_result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
@@ -363,6 +399,8 @@ class ProjectTokenSlotsOp(KeywordSyntax):
     def verify_(self) -> None:
         _positive(self, "in_dim", "out_dim", "top_k", "slots")
         _verify_slot_tile(self, whole=True)
+        _verify_weight_format(self, WeightLayout.EXPERT)
+        _verify_words_only(self)
         if bool(self.glu.value.data) != (self.up is not None):
             raise VerifyException(f"{self.name}: a glu projection has two results (gate, up), another one")
 
@@ -374,23 +412,29 @@ class SumExpertRowsOp(KeywordSyntax):
     rows n, the token's slots j in teams of `slots` (a tile axis: a [slots, BN, BD] weight tile
     a step, each slot's row read whole along c, its activations weighted on load), accumulated
     over the teams in a [slots, BN] fp32 register tile and reduced over the slot axis at the end:
-    no per-pair buffer, no combine. `input` rows by pair, `weight` [E, out_dim, in_dim]."""
+    no per-pair buffer, no combine. `input` rows by pair, `weight` [E, out_dim, in_dim]; with
+    weight_format = mxfp4 packed (packing = words only), its scales `scales`."""
 
     name = "k3s.sum_expert_rows"
     in_dim = prop_def(IntegerAttr[I64])
     out_dim = prop_def(IntegerAttr[I64])
     top_k = prop_def(IntegerAttr[I64])
     slots = prop_def(IntegerAttr[I64])  # a team's slots
+    weight_format = opt_prop_def(WeightFormatAttr)
+    packing = opt_prop_def(PackingAttr)
     input = operand_def(TensorType)
     topk_ids = operand_def(TensorType)
     topk_weights = operand_def(TensorType)
     weight = operand_def(TensorType)
+    scales = opt_operand_def(TensorType)  # weight_format = mxfp4
     result = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _positive(self, "in_dim", "out_dim", "top_k", "slots")
         _verify_slot_tile(self, whole=False)
+        _verify_weight_format(self, WeightLayout.EXPERT)
+        _verify_words_only(self)
 
 
 def _verify_slot_tile(op, whole: bool) -> None:
@@ -402,6 +446,27 @@ def _verify_slot_tile(op, whole: bool) -> None:
         raise VerifyException(f"{op.name}: slots must hold every one of the top_k = {top_k} slots, got {slots}")
 
 
+def _verify_words_only(op) -> None:
+    """The warp plan's stages read MXFP4 weights in the words layout (a slot tile's rows
+    dequantised by extraction), not nibbles."""
+    if weight_packing(op) == Packing.NIBBLES:
+        raise VerifyException(f"{op.name}: weight_format = mxfp4 is read here in packing = words, got nibbles")
+
+
+# the stages that read the routed experts' weights (MXFP4 ones with scales and a packing)
+EXPERT_WEIGHT_READERS = (ProjectOp, ProjectSlotsOp, ProjectTokenSlotsOp, SumExpertRowsOp)
+
+
+def mxfp4_packing(module) -> Packing | None:
+    """The packing of the MXFP4 weights a module's stages read (None: no MXFP4 weights); one per
+    module: its pack_expert_weights packs in it."""
+    found = {weight_packing(op) for op in module.walk() if isinstance(op, EXPERT_WEIGHT_READERS)} - {None}
+    if len(found) > 1:
+        raise VerifyException(f"MXFP4 weights read in packings {', '.join(sorted(found))} in one module; "
+                              "its pack_expert_weights packs one")
+    return next(iter(found), None)
+
+
 MOE_EXPERT_STAGES = [CountPairsOp, ExpertOffsetsOp, SortPairsOp, ProjectOp, ProjectSlotsOp, GluOp, WeighPairsOp,
                      SumSlotsOp, StoreRowsOp, ProjectTokenSlotsOp, SumExpertRowsOp]
-MOE_EXPERT_ATTRS = [RowsAttr, RowIndexAttr, WeightLayoutAttr]
+MOE_EXPERT_ATTRS = [RowsAttr, RowIndexAttr, WeightLayoutAttr, PackingAttr]

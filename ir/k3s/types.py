@@ -22,6 +22,7 @@ class ArgDtype(Word):
     STATE = "state"
     INDEX = "index"
     FP4X2 = "fp4x2"
+    FP4X8 = "fp4x8"
     E8M0 = "e8m0"
 
 
