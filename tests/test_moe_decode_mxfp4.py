@@ -1,5 +1,5 @@
 """The MXFP4 `words` layout (pack_expert_weights(..., layout="words"), runtime/mxfp4.py): the
-kernels' few-instruction dequantisation (_e2m1_pair, _mxfp4_block_scale) run in the interpreter
+kernels' few-instruction dequantisation (_e2m1_words, _mxfp4_scaled) run in the interpreter
 is bit-exact against the E2M1 / E8M0 definitions for every code at every input position and
 every scale byte 2..252; the words layout holds the nibbles layout's codes."""
 
@@ -21,23 +21,27 @@ def e2m1(codes: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def dequantize_words(words_ptr, scales_ptr, out_ptr):
-    """One block a program: its four words, each extraction i's two lanes to inputs 16 h + 4 i + q."""
-    i_b = tl.program_id(0)
+def dequantize_words(words_ptr, scales_ptr, out_ptr, n, BB: tl.constexpr):
+    """BB blocks a program: each block's four words, extraction i's two lanes to inputs 16 h + 4 i
+    + q (the printed kernels' _e2m1_words and _mxfp4_scaled)."""
+    o_b = tl.program_id(0) * BB + tl.arange(0, BB)
+    m_b = o_b < n
     o_q = tl.arange(0, 4)
-    b_words = tl.load(words_ptr + i_b * 4 + o_q).to(tl.uint32)
-    b_scale = mxfp4._mxfp4_block_scale(tl.load(scales_ptr + i_b))
+    b_words = tl.load(words_ptr + o_b[:, None] * 4 + o_q[None, :], mask=m_b[:, None], other=0).to(tl.uint32,
+                                                                                                  bitcast=True)
+    b_scale = tl.load(scales_ptr + o_b, mask=m_b, other=0)[:, None]
     for i in tl.static_range(4):
-        lo, hi = mxfp4._e2m1_pair(b_words, mxfp4._WORD_MAGNITUDE_SHIFT[i], mxfp4._WORD_SIGN_SHIFT[i])
-        tl.store(out_ptr + i_b * 32 + 4 * i + o_q, lo * 16384.0 * b_scale)
-        tl.store(out_ptr + i_b * 32 + 16 + 4 * i + o_q, hi * 16384.0 * b_scale)
+        lo, hi = mxfp4._e2m1_words(b_words, i)
+        at = out_ptr + o_b[:, None] * 32 + 4 * i + o_q[None, :]
+        tl.store(at, mxfp4._mxfp4_scaled(lo, b_scale), mask=m_b[:, None])
+        tl.store(at + 16, mxfp4._mxfp4_scaled(hi, b_scale), mask=m_b[:, None])
 
 
-def run_words(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The kernels' dequantisation of words-layout blocks packed [n, 16] (uint8), scales [n]."""
-    out = torch.full((packed.shape[0], 32), float("nan"))
-    words = packed.contiguous().view(torch.int32)  # little-endian: byte 4 q + b is word q's bits 8 b..
-    dequantize_words[(packed.shape[0],)](words, scales.to(torch.int32), out)
+def run_words(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The kernels' dequantisation of words-layout blocks, words [n, 4] (int32), scales [n]."""
+    out = torch.full((words.shape[0], 32), float("nan"))
+    dequantize_words[(triton.cdiv(words.shape[0], 256),)](words.contiguous(), scales.to(torch.int32), out,
+                                                          words.shape[0], BB=256)
     return out
 
 
@@ -48,7 +52,7 @@ def test_every_code_at_every_position_and_scale_is_exact():
     scale_bytes = torch.arange(2, 253, dtype=torch.uint8)
     codes = rotations.repeat(len(scale_bytes), 1).to(torch.uint8)
     scales = scale_bytes.repeat_interleave(16)
-    got = run_words(mxfp4._mxfp4_words(codes), scales)
+    got = run_words(mxfp4._mxfp4_words(codes).view(torch.int32), scales)
     want = e2m1(codes) * torch.pow(2.0, scales.double() - 127)[:, None]
     assert torch.equal(got.double(), want), (got.double() - want).abs().max()
     assert torch.equal(torch.signbit(got), codes >= 8), "a sign bit lost (the -0 code)"
@@ -56,15 +60,17 @@ def test_every_code_at_every_position_and_scale_is_exact():
 
 def test_words_hold_the_nibbles_codes():
     """pack_expert_weights' two layouts, the same random weights (scales over 2^-100..2^100):
-    the same scales, and the words dequantised by the kernels' code equal the nibbles decoded by
-    the reference, bit for bit."""
+    the same scales, words as int32 [E, rows, in / 8], and the words dequantised by the kernels'
+    code equal the nibbles decoded by the reference, bit for bit."""
     torch.manual_seed(5)
     weight = torch.randn(3, 4, 64) * torch.pow(2.0, torch.randint(-100, 100, (3, 4, 2)).float()).repeat_interleave(
         32, dim=2)
     nibbles = mxfp4.pack_expert_weights(weight, weight[:, :, :32])
     words = mxfp4.pack_expert_weights(weight, weight[:, :, :32], layout="words")
     assert torch.equal(nibbles["expert_gate_up_scales"], words["expert_gate_up_scales"])
-    got = run_words(words["expert_gate_up_packed"].reshape(-1, 16), words["expert_gate_up_scales"].reshape(-1))
+    packed = words["expert_gate_up_packed"]
+    assert packed.dtype == torch.int32 and packed.shape == (3, 4, 8)
+    got = run_words(packed.reshape(-1, 4), words["expert_gate_up_scales"].reshape(-1))
     want = reference.dequantize_mxfp4(nibbles["expert_gate_up_packed"], nibbles["expert_gate_up_scales"])
     assert torch.equal(got.double().reshape(3, 4, 64), want)
 
@@ -77,3 +83,4 @@ def test_a_bad_layout_is_refused():
         assert str(error) == "layout: expected 'nibbles' or 'words', got 'bytes'"
     else:
         raise AssertionError("layout='bytes' accepted")
+

@@ -34,7 +34,7 @@ DIFFERENTIABLE_WRAPPERS = {
 }
 
 # the dtype classes of MXFP4 weights' bytes, checked by the mxfp4 runtime's _check_mx
-MX_DTYPE_CLASSES = (k3s.ArgDtype.FP4X2, k3s.ArgDtype.E8M0)
+MX_DTYPE_CLASSES = (k3s.ArgDtype.FP4X2, k3s.ArgDtype.FP4X8, k3s.ArgDtype.E8M0)
 
 
 class Entries:
@@ -81,9 +81,13 @@ class Entries:
         c(f'"""{docstring}', '"""', "", "import os", "", "import torch", "import triton", "import triton.language as tl", "")
         c(*emitted("checks"))
         # MXFP4 expert weights: their packing (pack_expert_weights), checks and dequantisation
-        mxfp4 = any(isinstance(op, (k3s.ProjectOp, k3s.ProjectSlotsOp)) and op.scales is not None for op in module.walk())
+        packing = k3s.mxfp4_packing(module)
+        mxfp4 = packing is not None
         if mxfp4:
-            c("", "", *emitted("mxfp4"))
+            c("", "", *emitted("mxfp4"), "", "",
+              "# the layout this module's kernels read MXFP4 weights in (their k3s ops' packing): "
+              "pack_expert_weights' default",
+              f'_MXFP4_PACKING = "{packing.value}"')
         entries = [op for op in module.ops if isinstance(op, k3s.EntryOp)]
         self.argument_names = {arg.sym_name.data for entry in entries for arg in EntryView(entry).args}
         self.entry_names = {entry.sym_name.data for entry in entries}

@@ -8,9 +8,10 @@
 // (k3c compile --stdout).
 // RUN: k3c compile %examples/latent_moe_mxfp4.toml --stdout --no-autotune | filecheck %s
 
-// CHECK-LABEL: def pack_expert_weights(expert_gate_up, expert_down, layout="nibbles"):
+// CHECK-LABEL: def pack_expert_weights(expert_gate_up, expert_down, layout=None):
 // CHECK-LABEL: def _check_mx(name, x, shape, dtype_class, dims, device):
 // CHECK-LABEL: def _mxfp4_dequant(packed, scales):
+// CHECK:       _MXFP4_PACKING = "nibbles"
 // CHECK-LABEL: def latent_moe_mxfp4_prefill_latent_down_kernel(
 // CHECK:           b_w = tl.load(latent_down + o_n[None, :] * DIN + o_k[:, None], mask=m_k[:, None] & m_n[None, :], other=0.0)
 // CHECK-LABEL: def latent_moe_mxfp4_prefill_expert_gate_up_kernel(
