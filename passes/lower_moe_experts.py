@@ -34,7 +34,12 @@ ranks, which fixes the order the experts' weight gradients sum in.
 
 With expert_weight_format = mxfp4 the routed experts' weights are each two arguments, packed
 values and scales (<name>_packed, <name>_scales), and the projections that read them say
-weight_format = mxfp4 (the latent and shared experts' weights stay in the layer's dtype).
+weight_format = mxfp4 (the latent and shared experts' weights stay in the layer's dtype). Their
+layout is the decode plan's choice, written on every stage that reads them: decode = split reads
+nibbles (two codes a byte, the default: no packing property), decode = warp words (packing =
+words: eight codes a 32-bit word, fp4x8, dequantised by two shifts and a bit-select per two
+values and one multiply per block of 32); the layer's moe_prefill reads the same layout, since
+`moe` passes both entries the same tensors.
 """
 
 from __future__ import annotations
@@ -79,35 +84,42 @@ class Widths:
     Fs: int
     latent: bool
     mxfp4: bool  # the routed experts' weights as MXFP4
+    packing: k3s.Packing = k3s.Packing.NIBBLES  # MXFP4's layout, the same for every entry of the layer
 
     @classmethod
-    def of(cls, op: LatentMoEOp) -> Widths:
+    def of(cls, op: LatentMoEOp, packing: k3s.Packing = k3s.Packing.NIBBLES) -> Widths:
         value = lambda name: getattr(op, name).value.data  # noqa: E731
         latent = value("latent_dim") > 0
         shared = value("num_shared_experts") if value("shared_ffn_dim") > 0 else 0
         return cls(d=value("hidden_size"), w=value("latent_dim") if latent else value("hidden_size"),
                    F=value("expert_ffn_dim"), k=value("top_k"), E=value("num_experts"), S=shared,
-                   Fs=value("shared_ffn_dim"), latent=latent, mxfp4=op.weight_format == WeightFormat.MXFP4)
+                   Fs=value("shared_ffn_dim"), latent=latent, mxfp4=op.weight_format == WeightFormat.MXFP4,
+                   packing=packing)
 
 
 def expert_weight(n: Widths, name: str) -> dict:
     """What a projection reads of the routed experts' weight `name`: the tensor, or with MXFP4 the
-    packed values (`name`_packed) and their scales (`name`_scales), and its weight_format."""
+    packed values (`name`_packed) and their scales (`name`_scales), its weight_format and, words,
+    its packing (nibbles, the default, is left out)."""
     if n.mxfp4:
-        return dict(weight=f"{name}_packed", weight_format=WeightFormat.MXFP4.value, scales=f"{name}_scales")
+        words = {"packing": n.packing.value} if n.packing == k3s.Packing.WORDS else {}
+        return dict(weight=f"{name}_packed", weight_format=WeightFormat.MXFP4.value, scales=f"{name}_scales", **words)
     return dict(weight=name)
 
 
 def expert_weight_arguments(n: Widths) -> list[k3s.TensorArgOp]:
     """expert_gate_up [E, 2F, w] and expert_down [E, w, F] in the layer's float dtype, or with
-    MXFP4 each as its packed values (two E2M1 codes a byte: [.., in / 2]) and scales (an E8M0
-    byte per 32 inputs: [.., in / 32]), pack_expert_weights' outputs."""
+    MXFP4 each as its packed values (nibbles: two E2M1 codes a byte, [.., in / 2]; words: eight a
+    32-bit word, [.., in / 8]) and scales (an E8M0 byte per 32 inputs: [.., in / 32]),
+    pack_expert_weights' outputs."""
     shapes = {"expert_gate_up": (n.E, 2 * n.F, n.w), "expert_down": (n.E, n.w, n.F)}
     if not n.mxfp4:
         return [tensor_arg(name, k3s.tensor(*shape, dtype="float")) for name, shape in shapes.items()]
+    codes_per_element = {k3s.Packing.NIBBLES: 2, k3s.Packing.WORDS: 8}[n.packing]
     arguments = []
     for name, (*rows, inputs) in shapes.items():
-        arguments += [tensor_arg(f"{name}_packed", k3s.tensor(*rows, inputs // 2, dtype="fp4x2")),
+        packed = k3s.tensor(*rows, inputs // codes_per_element, dtype=k3s.PACKED_DTYPES[n.packing])
+        arguments += [tensor_arg(f"{name}_packed", packed),
                       tensor_arg(f"{name}_scales", k3s.tensor(*rows, inputs // 32, dtype="e8m0"))]
     return arguments
 
@@ -134,8 +146,9 @@ class MoeEntry:
     arguments' values, which `tensors` holds by name as they are declared (the inputs and weights
     first, each workspace as it is made)."""
 
-    def __init__(self, op: LatentMoEOp, plan: str, num_warps: int, saving: bool = False) -> None:
-        self.op, self.n, self.num_warps = op, Widths.of(op), num_warps
+    def __init__(self, op: LatentMoEOp, plan: str, num_warps: int, saving: bool = False,
+                 packing: k3s.Packing = k3s.Packing.NIBBLES) -> None:
+        self.op, self.n, self.num_warps = op, Widths.of(op, packing), num_warps
         self.layer, self.plan = op.sym_name.data, plan
         # saving (the training forward, derive-moe-backward's): what the backward reads is returned
         self.saving = saving
@@ -328,23 +341,30 @@ class MoeEntry:
         combined, combined_workspace = self.combined_target()
         workspaces += [self.workspace("pair_act", k3s.tensor("R", n.k, n.F, dtype="float")), *combined_workspace]
         tile = props(block_n=block_n, block_d=block_d)
-        gate_up = make(k3s.ProjectTokenSlotsOp, operands=[t[self.expert_input()], t["topk_ids"], t["expert_gate_up"]],
+        gate_up_weight, down_weight = self.slot_weights("expert_gate_up"), self.slot_weights("expert_down")
+        gate_up = make(k3s.ProjectTokenSlotsOp, operands=[t[self.expert_input()], t["topk_ids"], *gate_up_weight[0]],
                        in_dim=n.w, out_dim=n.F, top_k=n.k, slots=1 << (n.k - 1).bit_length(), glu=True,
-                       results=[("g", k3s.tile("M", "N")), ("u", k3s.tile("M", "N"))])
+                       results=[("g", k3s.tile("M", "N")), ("u", k3s.tile("M", "N"))], **gate_up_weight[1])
         act = make(k3s.GluOp, operands=list(gate_up.results), activation=self.op.activation.data,
                    result=("act", k3s.tile("M", "N")))
         kernels.append(self.kernel("token_gate_up", "token,column_block", [
             gate_up, act, self.store(act.results[0], "token_slots", "pair_act", "pair", n.F)]))
-        down = make(k3s.SumExpertRowsOp, operands=[t[name] for name in ("pair_act", "topk_ids", "topk_weights",
-                                                                         "expert_down")],
+        down = make(k3s.SumExpertRowsOp, operands=[t["pair_act"], t["topk_ids"], t["topk_weights"], *down_weight[0]],
                     in_dim=n.F, out_dim=n.w, top_k=n.k, slots=min(team, 1 << (n.k - 1).bit_length()),
-                    result=("y", k3s.tile("N")))
+                    result=("y", k3s.tile("N")), **down_weight[1])
         kernels.append(self.kernel("token_down", "token,column_block",
                                    [down, self.store(down.results[0], "token", combined, "token", n.w)]))
         for kernel in kernels[-2:]:
             kernel.properties.update(tile)
         more_workspaces, more_kernels = self.after_experts(combined)
         return self.entry("moe_decode", workspaces + more_workspaces, kernels + more_kernels)
+
+    def slot_weights(self, name: str) -> tuple[list, dict]:
+        """The operands (the weight, with MXFP4 its scales after it) and properties with which a
+        warp-plan stage reads the routed experts' weight `name`."""
+        read = expert_weight(self.n, name)
+        tensors = [read.pop("weight"), *([read.pop("scales")] if "scales" in read else [])]
+        return [self.tensors[tensor] for tensor in tensors], read
 
     def token_centric(self) -> k3s.EntryOp:
         n = self.n
@@ -378,8 +398,10 @@ class LowerMoeExpertsPass(ModulePass):
     max_decode_rows: int = 4
     num_warps: int = 4
     # moe_decode's plan: split (a program per pair for the GLU, per token for the down
-    # projection) or warp (split by output neurons, the slots a tile axis; bf16 weights only).
-    # Not measured yet on a GPU: split stays the default
+    # projection) or warp (split by output neurons, the slots a tile axis). Not measured yet on a
+    # GPU: split stays the default. MXFP4 weights' layout follows: warp reads them in words (the
+    # layout made for its one-row products), split in nibbles; the layer's moe_prefill reads the
+    # same layout (`moe` passes both entries the same tensors)
     decode: str = "split"
     # the warp plan's tiles: output columns (BN) and input columns (BD) per step of both its
     # kernels, and the slots per team of its down projection (the GLU holds all top_k)
@@ -399,7 +421,8 @@ class LowerMoeExpertsPass(ModulePass):
         for option, value in (("warp-block-n", self.warp_block_n), ("warp-block-d", self.warp_block_d),
                               ("warp-slots", self.warp_slots)):
             check_power_of_two(self.name, option, value, 1024)
-        prefill = add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "prefill", self.num_warps)
+        prefill = add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "prefill", self.num_warps,
+                                                                      packing=self.packing)
                               .expert_centric(self.block_rows))
         decode = add_entries(op, LatentMoEOp, self.decode_entry)
         add_entries(op, LatentMoEOp, lambda layer: make(
@@ -407,11 +430,17 @@ class LowerMoeExpertsPass(ModulePass):
             large=prefill[layer.sym_name.data], small_word="decode", large_word="prefill",
             max_small_rows=self.max_decode_rows))
 
+    @property
+    def packing(self) -> k3s.Packing:
+        """The layout of MXFP4 weights, the decode plan's: words for warp (a shift-and-mask per two
+        values, a multiply per block of 32), nibbles for split."""
+        return k3s.Packing.WORDS if self.decode == "warp" else k3s.Packing.NIBBLES
+
     def decode_entry(self, layer: LatentMoEOp) -> k3s.EntryOp:
-        entry = MoeEntry(layer, "decode", self.num_warps)
+        entry = MoeEntry(layer, "decode", self.num_warps, packing=self.packing)
         if self.decode == "split":
             return entry.token_centric()
-        if entry.n.mxfp4:
-            raise ValueError(f"{self.name}: decode=warp reads expert weights in the layer's dtype; "
-                             f"@{layer.sym_name.data} has mxfp4 ones (use decode=split)")
+        if entry.n.mxfp4 and self.warp_block_d < 32:
+            raise ValueError(f"{self.name}: warp-block-d must hold whole blocks of 32 inputs (a scale each) for "
+                             f"@{layer.sym_name.data}'s mxfp4 weights, got {self.warp_block_d}")
         return entry.warp_plan(self.warp_block_n, self.warp_block_d, self.warp_slots)

@@ -1,16 +1,22 @@
 """The MXFP4 `words` layout (pack_expert_weights(..., layout="words"), runtime/mxfp4.py): the
 kernels' few-instruction dequantisation (_e2m1_words, _mxfp4_scaled) run in the interpreter
 is bit-exact against the E2M1 / E8M0 definitions for every code at every input position and
-every scale byte 2..252; the words layout holds the nibbles layout's codes."""
+every scale byte 2..252; the words layout holds the nibbles layout's codes. And the plan that
+reads it, lower-moe-experts{decode=warp} on an mxfp4 layer (its moe_prefill too), in the
+interpreter in fp32 against dequantise-then-reference, with its refusal of the other layout."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
 
+from conftest import assert_matches, layer_op
 from k3compile.backends.triton.runtime import mxfp4
 from k3compile.ir import reference
+from test_moe import layer_name, moe_inputs
+from test_moe_mxfp4 import MX_LAYERS, compile_mx
 
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
 
@@ -84,3 +90,71 @@ def test_a_bad_layout_is_refused():
     else:
         raise AssertionError("layout='bytes' accepted")
 
+
+# --- the warp plan over MXFP4 weights (lower-moe-experts{decode=warp}: packing = words) ---------
+
+# teams of 2 slots, blocks of 16 output columns and one block of 32 inputs a step (w = 32: one
+# step, F = 64: two); the layer's moe_prefill reads the words too (tl.dot, blocks of 16 pairs)
+WARP = "lower-moe-routing,lower-moe-experts{decode=warp warp-slots=2 warp-block-n=16 warp-block-d=32 block-rows=16}"
+
+
+@pytest.fixture(scope="module", params=MX_LAYERS, ids=lambda p: layer_name(p) + "_warp")
+def warp_layer(request, compile_layer):
+    return compile_mx(compile_layer, request.param, WARP)
+
+
+def words_and_reference(layer, R: int) -> tuple[dict, torch.Tensor]:
+    """The layer's inputs at R tokens with the experts' weights packed by the module's own
+    pack_expert_weights (its default: words), and the float64 reference on the same codes in the
+    nibbles layout (reference.latent_moe dequantises those)."""
+    arguments = moe_inputs(layer, R)
+    gate_up, down = arguments.pop("expert_gate_up"), arguments.pop("expert_down")
+    nibbles = layer.pack_expert_weights(gate_up, down, layout="nibbles")
+    return arguments | layer.pack_expert_weights(gate_up, down), reference.latent_moe(layer_op(layer), **arguments,
+                                                                                      **nibbles)
+
+
+@pytest.mark.parametrize("R", [1, 5])
+def test_warp_decode_reads_words(warp_layer, R):
+    """moe_decode (outputs and workspaces NaN-poisoned, conftest) against dequantise-then-reference."""
+    torch.manual_seed(200 + R)
+    arguments, ref = words_and_reference(warp_layer, R)
+    assert arguments["expert_gate_up_packed"].dtype == torch.int32  # the module packs what it reads
+    (out,) = warp_layer.moe_decode(**arguments)
+    assert_matches(out, ref, "moe_decode out (warp, words)", rms_tol=1e-5, atol=1e-4, rtol=1e-4)
+
+
+def test_warp_layer_prefill_reads_words(warp_layer):
+    """moe at 37 tokens runs moe_prefill: the expert-centric tl.dot projections over the words."""
+    torch.manual_seed(37)
+    arguments, ref = words_and_reference(warp_layer, 37)
+    (out,) = warp_layer.moe(**arguments)
+    assert_matches(out, ref, "moe out (prefill, words)", rms_tol=1e-5, atol=1e-4, rtol=1e-4)
+
+
+def test_nibbles_are_refused_by_the_words_module(warp_layer):
+    """The words module's entries given a nibbles-packed weight: a one-line ValueError naming the
+    tensor, the layout expected and the one got."""
+    arguments, _ = words_and_reference(warp_layer, 2)
+    weights = moe_inputs(warp_layer, 2)
+    nibbles = warp_layer.pack_expert_weights(weights["expert_gate_up"], weights["expert_down"], layout="nibbles")
+    for entry in (warp_layer.moe_decode, warp_layer.moe_prefill, warp_layer.moe):
+        with pytest.raises(ValueError) as error:
+            entry(**arguments | {"expert_down_packed": nibbles["expert_down_packed"]})
+        assert str(error.value) == (
+            "expert_down_packed: expected a torch.int32 tensor (the words layout: eight E2M1 codes a word: "
+            "pack_expert_weights makes them), got torch.uint8 (the nibbles layout; this module reads words: "
+            "pack_expert_weights(..., layout='words'))")
+
+
+def test_words_are_refused_by_the_nibbles_module(compile_layer):
+    """The split plan's module (nibbles) given a words-packed weight: named the same way."""
+    layer = compile_mx(compile_layer, MX_LAYERS[0])
+    arguments = moe_inputs(layer, 2)
+    words = layer.pack_expert_weights(arguments.pop("expert_gate_up"), arguments.pop("expert_down"), layout="words")
+    with pytest.raises(ValueError) as error:
+        layer.moe_decode(**arguments, **words)
+    assert str(error.value) == (
+        "expert_gate_up_packed: expected a torch.uint8 tensor (two E2M1 codes a byte: pack_expert_weights makes "
+        "them), got torch.int32 (the words layout; this module reads nibbles: "
+        "pack_expert_weights(..., layout='nibbles'))")

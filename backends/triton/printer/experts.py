@@ -11,6 +11,7 @@ kernel's projection takes its rows from (k3s.project's ROW_TENSORS operands)."""
 from __future__ import annotations
 
 from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.experts_words import ExpertWords
 from k3compile.ir import k3s
 
 # (rows, input_index) -> the row numbers and the mask of a program's rows
@@ -22,6 +23,7 @@ BLOCK_ROWS = {
     ("token_slots", "pair"): ("o_pj", "m_j"),  # made by k3s.project_token_slots
 }
 ONE_ROW = {("pair", "token"): "o_t", ("pair", "pair"): "i_p", ("token", "token"): "i_t"}
+MXFP4_WORDS = "; MXFP4 weights (words layout) dequantised in registers, each block's sum scaled once"
 
 
 def weight_offsets(layout: str, half: int, halves: int, n: str, k: str, row_length: str = "DIN") -> str:
@@ -40,8 +42,9 @@ def weight_offsets(layout: str, half: int, halves: int, n: str, k: str, row_leng
     return f"{o_k.format('o_k // GROUP')} * DOUT * GROUP + {n} * GROUP + {o_k.format('o_k % GROUP')}"
 
 
-class Experts:
-    """TritonPrinter's methods for the MoE experts (one per k3s op, and their helpers)."""
+class Experts(ExpertWords):
+    """TritonPrinter's methods for the MoE experts (one per k3s op, and their helpers); MXFP4
+    weights in the words layout (packing = words) through ExpertWords' steps."""
 
     def expert_constants(self, op, kernel: k3s.KernelOp, view) -> dict[str, int]:
         """A stage's compile-time sizes: its widths and top_k, the block sizes legalize-triton
@@ -177,10 +180,13 @@ class Experts:
         c("for i_k in range(0, tl.cdiv(DIN, BD)):")
         with c.indent():
             if op.scales is not None:  # never RMS-normalised (k3s.project's verifier)
+                words = k3s.weight_packing(op) == k3s.Packing.WORDS
                 if one_row:
-                    self.print_mxfp4_row_step(op, f"{source} + {ONE_ROW[rows, index]} * DIN", accumulators)
+                    step = self.print_words_step if words else self.print_mxfp4_row_step
+                    step(op, accumulators, f"{source} + {ONE_ROW[rows, index]} * DIN")
                 else:
-                    self.print_mxfp4_block_step(op, *BLOCK_ROWS[rows, index], accumulators)
+                    step = self.print_words_block_step if words else self.print_mxfp4_block_step
+                    step(op, *BLOCK_ROWS[rows, index], accumulators)
                 return
             c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN")
             if one_row:
@@ -206,7 +212,7 @@ class Experts:
         if rms:
             c(f"{accumulators[0]} *= tl.rsqrt(b_sumsq / DIN + {op.rms_eps.value.data!r})[:, None]")
 
-    def print_mxfp4_row_step(self, op, row: str, accumulators: list[str]) -> None:
+    def print_mxfp4_row_step(self, op, accumulators: list[str], row: str) -> None:
         """A step of one row's K loop over MXFP4 weights: the tile's BD // 32 blocks of 32 input
         columns as [BN, blocks, 16] bytes (their scales [BN, blocks, 1] broadcast), the low nibbles
         against each block's first 16 columns of the row (`row`: where it starts), the high ones
@@ -257,7 +263,9 @@ class Experts:
               "for i_k in range(0, tl.cdiv(DIN, BD)):")
             with c.indent():
                 if op.scales is not None:
-                    self.print_mxfp4_row_step(op, f"{tensor_name(op.input)} + (i_t * TOP_K + i_j) * DIN", ["b_part"])
+                    step = (self.print_words_step if k3s.weight_packing(op) == k3s.Packing.WORDS
+                            else self.print_mxfp4_row_step)
+                    step(op, ["b_part"], f"{tensor_name(op.input)} + (i_t * TOP_K + i_j) * DIN")
                 else:
                     self.print_dense_slot_step(op)
             c(f"{y} += tl.load({weights} + i_t * TOP_K + i_j) * b_part")
@@ -274,12 +282,15 @@ class Experts:
         c = self.code
         accumulators = [register(op.result)] + ([register(op.up)] if op.up is not None else [])
         c.comment(op, "the token's slots a tile axis (o_j), each slot's expert rows streamed whole along the "
-                      "input columns, fp32 multiply-and-sum")
+                      "input columns, fp32 multiply-and-sum" + MXFP4_WORDS * (op.scales is not None))
         c("o_j = tl.arange(0, BJ)", "m_j = o_j < TOP_K", "o_pj = i_t * TOP_K + o_j",
           f"b_e = tl.load({tensor_name(op.topk_ids)} + o_pj, mask=m_j, other=0).to(tl.int64)",
           *(f"{acc} = tl.zeros([BJ, BN], dtype=tl.float32)" for acc in accumulators),
           "for i_k in range(0, tl.cdiv(DIN, BD)):")
         with c.indent():
+            if op.scales is not None:  # words only (its verifier)
+                self.print_words_step(op, accumulators, f"{tensor_name(op.input)} + i_t * DIN", slots=True)
+                return
             c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
               f"b_a = tl.load({tensor_name(op.input)} + i_t * DIN + o_k, mask=m_k, other=0.0).to(tl.float32)")
             for half, acc in enumerate(accumulators):
@@ -290,7 +301,8 @@ class Experts:
         c = self.code
         y, ids = register(op.result), tensor_name(op.topk_ids)
         c.comment(op, "teams of BJ slots (a tile axis), each slot's down rows streamed whole, its activations "
-                      "weighted on load; the teams accumulated in fp32 registers, reduced over the slots at the end")
+                      "weighted on load; the teams accumulated in fp32 registers, reduced over the slots at the end"
+                  + MXFP4_WORDS * (op.scales is not None))
         c("b_teams = tl.zeros([BJ, BN], dtype=tl.float32)", "for i_j in range(0, tl.cdiv(TOP_K, BJ)):")
         with c.indent():
             c("o_j = i_j * BJ + tl.arange(0, BJ)", "m_j = o_j < TOP_K", "o_pj = i_t * TOP_K + o_j",
@@ -298,11 +310,15 @@ class Experts:
               f"b_route = tl.load({tensor_name(op.topk_weights)} + o_pj, mask=m_j, other=0.0)",
               "for i_k in range(0, tl.cdiv(DIN, BD)):")
             with c.indent():
-                c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
-                  f"b_a = tl.load({tensor_name(op.input)} + o_pj[:, None] * DIN + o_k[None, :], "
-                  "mask=m_j[:, None] & m_k[None, :], other=0.0).to(tl.float32) * b_route[:, None]")
-                self.print_slot_rows(op.weight, 0, 1, "m_j")
-                c("b_teams += tl.sum(b_w.to(tl.float32) * b_a[:, None, :], axis=2)")
+                if op.scales is not None:  # words only (its verifier)
+                    self.print_words_step(op, ["b_teams"], f"{tensor_name(op.input)} + o_pj[:, None, None] * DIN",
+                                          slots=True, slot_rows=True, factor=" * b_route[:, None, None]")
+                else:
+                    c("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < DIN",
+                      f"b_a = tl.load({tensor_name(op.input)} + o_pj[:, None] * DIN + o_k[None, :], "
+                      "mask=m_j[:, None] & m_k[None, :], other=0.0).to(tl.float32) * b_route[:, None]")
+                    self.print_slot_rows(op.weight, 0, 1, "m_j")
+                    c("b_teams += tl.sum(b_w.to(tl.float32) * b_a[:, None, :], axis=2)")
         c(f"{y} = tl.sum(b_teams, axis=0)")
 
     def print_slot_rows(self, weight, half: int, halves: int, slots_mask: str) -> None:
