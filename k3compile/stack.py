@@ -18,7 +18,8 @@ partial sum (which exist anyway), and the aggregate is recomputed from them in t
 Activation memory is that of the same stack with plain residuals (attnres = "none") plus the
 representatives (tests/test_block_stack.py measures it). attnres = "two_phase" runs Block
 AttnRes's phase 1 once for a block's points and recomputes it once in the backward
-(k3compile.stack_two_phase: the same floor, no torch checkpoint); "torch" is the aggregate's
+(k3compile.stack_two_phase: the same floor, no torch checkpoint in eager; under torch.compile a
+traced path, docs/block-stack.md); "torch" is the aggregate's
 definition in torch ops (the baseline).
 """
 

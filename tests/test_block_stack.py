@@ -9,6 +9,7 @@ interpreter (fp32, tiny shapes, NaN-poisoned outputs); fresh random weights ever
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -253,6 +254,56 @@ def test_one_layer_compiles_fullgraph():
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
     assert_close(comp_params, eager_params, 1e-4)
 
+
+# ops through which a saved tensor is its producer's output (the partitioned graph's views)
+VIEWS = {getattr(torch.ops.aten, name).default for name in ("view", "_unsafe_view", "t", "detach", "alias")} | {
+    torch.ops.aten.transpose.int, torch.ops.aten.select.int, torch.ops.aten.unbind.int, torch.ops.aten.split.Tensor,
+    torch.ops.aten.slice.Tensor, operator.getitem}
+
+
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd is returning a function that doesn't take boxed")
+def test_one_layer_of_each_form_compiles_fullgraph_and_saves_no_aggregation():
+    """One attention layer at a block's start (its first point mixes the representatives alone, its
+    second merges the partial sum) of the one-phase aggregate and of the two phases, under
+    torch.compile(fullgraph=True) with aot_eager (torch._dynamo.testing's, which records the
+    partitioned graphs): output and every gradient (representatives, parameters) equal to eager on
+    fresh random inputs; and, as in eager, the compiled forward saves for the backward no output of
+    an AttnRes op (the aggregate's, phase 1's rows, a merge's output or log-sum-exp), only the
+    representatives, partial sums and weights they are recomputed from, and the sublayers' own."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    for form in ("aggregate", "two_phase"):
+        model = stack_of(layer_pattern="attn", attnres=form)  # 3 layers in blocks of 2: layer 2 starts block 1
+        reps = [torch.randn(1, 6, 20, requires_grad=True) for _ in range(2)]
+        weights = torch.randn(1, 6, 20)
+
+        def layer(reps):
+            return model.run_layers(2, 3, reps, None)[1]  # the block's partial sum after the layer
+
+        backend = AotEagerAndRecordGraphs()
+        results = []
+        for run in (layer, torch.compile(layer, fullgraph=True, backend=backend)):
+            model.zero_grad()
+            for t in reps:
+                t.grad = None
+            out = run(reps)
+            (out * weights).sum().backward()
+            results.append((out.detach(), {f"rep{i}": t.grad for i, t in enumerate(reps)} | {
+                name: p.grad.clone() for name, p in model.layers[2].named_parameters()}))
+        (eager, eager_grads), (compiled, compiled_grads) = results
+        assert torch.isfinite(eager).all() and (compiled - eager).abs().max() <= 1e-5, form
+        assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) == 2 + 10
+        for name, want in eager_grads.items():
+            assert (compiled_grads[name] - want).abs().max() <= 1e-5 + 1e-5 * want.abs().max(), (form, name)
+        (forward,) = backend.fw_graphs
+        saved = next(iter(reversed(forward.graph.nodes))).args[0][1:]  # after the layer's output
+        producers = set()
+        for node in saved:
+            while node.op == "call_function" and node.target in VIEWS:
+                node = node.args[0]
+            producers.add(str(node.target))
+        assert not any("k3compile.attnres_" in name for name in producers), (form, sorted(producers))
+        assert any("k3compile.attnres_" in str(node.target) for node in forward.graph.nodes), form
 
 def test_two_phase_runs_split_inside_blocks():
     """A run of layers that starts or ends inside a block (a pipeline stage's) computes phase 1 for
