@@ -10,8 +10,9 @@ bf16, side by side in one process with torch pipelines of the same semantics:
   run (an 8192^3 torch.matmul).
 Each output is checked against the per-expert torch pipeline in fp32 (RMS ratio reported). A
 module whose layer has expert_weight_format = mxfp4 (examples/latent_moe_mxfp4.toml) is timed on
-the weights packed by its own pack_expert_weights; torch runs the dequantised weights (exact in
-bf16), so the RMS ratios compare the same layer, and the decode floor counts the packed bytes.
+the weights packed by its own pack_expert_weights (in the layout its kernels read: nibbles, or
+words under lower-moe-experts{decode=warp}); torch runs the dequantised weights (exact in bf16),
+so the RMS ratios compare the same layer, and the decode floor counts the packed bytes.
 Needs only torch and triton:
 
     python -c "import k3compile; k3compile.compile('examples/latent_moe.toml', 'bench/generated/moe')"
@@ -163,9 +164,13 @@ def main(argv=None) -> int:
     mxfp4 = a.get("expert_weight_format") == "mxfp4"
     ours = weights  # what the module's entries take
     if mxfp4:
-        packed = module.pack_expert_weights(weights["expert_gate_up"], weights["expert_down"])
+        nibbles = module.pack_expert_weights(weights["expert_gate_up"], weights["expert_down"], layout="nibbles")
         for name in ("expert_gate_up", "expert_down"):  # torch's weights: the ones our kernels decode
-            dequantize_mxfp4_(torch, weights[name], packed[f"{name}_packed"], packed[f"{name}_scales"])
+            dequantize_mxfp4_(torch, weights[name], nibbles[f"{name}_packed"], nibbles[f"{name}_scales"])
+        del nibbles
+        # ours in the module's layout (words under decode=warp), packed from the dequantised
+        # weights: the same values (E2M1 values times the same block scales pack as themselves)
+        packed = module.pack_expert_weights(weights["expert_gate_up"], weights["expert_down"])
         ours = {n: t for n, t in weights.items() if not n.startswith("expert_")} | packed
     torch_moe = TorchMoe(torch, a, weights)
     # a touched expert's gate/up and down weights: bf16, or MXFP4's half byte a weight plus a scale byte per 32
