@@ -6,7 +6,9 @@ Every op prints as
 
 where the results, symbol, operands, region and types are present only if the op has them, and
 the keyword list holds the op's properties in declaration order. Operands are values defined
-before their use (earlier ops of the block, or block arguments of an enclosing region). Values are integers, floats (always printed with a
+before their use (earlier ops of the block, or block arguments of an enclosing region): the
+syntax prints no operand types, so an operand takes the type of its definition. Values are
+integers, floats (always printed with a
 '.', so they re-parse as floats), booleans, bare identifiers (enum values), quoted strings and
 types in their own syntax (`type = !k3s.tensor<B x T x 32 x 128, float>`) and dictionaries of
 them (`flags = {SPILL_P_QG = true}`).
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -34,7 +35,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, Region, TypeAttribute
+from xdsl.ir import Attribute, Region, SSAValue, TypeAttribute
 from xdsl.irdl import AttrConstraint, IRDLOperation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -210,13 +211,20 @@ class KeywordSyntax(IRDLOperation):
         return cls.create(operands=operands, result_types=result_types, properties=properties, regions=regions)
 
 
-def parse_defined_operand(parser: Parser, required: bool = False):
+def parse_defined_operand(parser: Parser, required: bool = False) -> SSAValue | None:
     """`%name`, a value defined before this use: our syntax prints no operand types, so the
-    value resolves by name (xDSL's untyped lookup, which needs the definition first)."""
+    operand is resolved with the type of its definition (a use before the definition, which
+    would need the type written, is an error)."""
     start = parser.pos
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        value = parser.parse_optional_operand()
-    if value is None and required:
-        parser.raise_error("expected an operand (%name)", start, parser.pos)
-    return value
+    operand = parser.parse_optional_unresolved_operand()
+    if operand is None:
+        if required:
+            parser.raise_error("expected an operand (%name)", start, parser.pos)
+        return None
+    defined = parser.ssa_values.get(operand.operand_name)
+    if defined is None:
+        parser.raise_error("SSA value used before assignment", operand.span)
+    if operand.index >= len(defined):
+        parser.raise_error(f"SSA value tuple index out of bounds. Tuple is of size {len(defined)} but tried to "
+                           f"access element {operand.index}.", operand.span)
+    return parser.resolve_operand(operand, defined[operand.index].type)
