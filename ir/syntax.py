@@ -7,8 +7,10 @@ Every op prints as
 where the results, symbol, operands, region and types are present only if the op has them, and
 the keyword list holds the op's properties in declaration order. Operands are values defined
 before their use (earlier ops of the block, or block arguments of an enclosing region): the
-syntax prints no operand types, so an operand takes the type of its definition. Values are
-integers, floats (always printed with a
+syntax prints no operand types, so an operand takes the type of its definition. An op with
+several optional or variadic operands (AttrSizedOperandSegments) prints them in order without
+their segment sizes; its `operand_segment_sizes` reads them back from the operands and the
+properties. Values are integers, floats (always printed with a
 '.', so they re-parse as floats), booleans, bare identifiers (enum values), quoted strings and
 types in their own syntax (`type = !k3s.tensor<B x T x 32 x 128, float>`) and dictionaries of
 them (`flags = {SPILL_P_QG = true}`).
@@ -22,21 +24,24 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     BoolAttr,
+    DenseArrayBase,
     DictionaryAttr,
     FloatAttr,
     IntegerAttr,
     IntegerType,
     StringAttr,
     f64,
+    i32,
     i64,
 )
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Attribute, Region, SSAValue, TypeAttribute
-from xdsl.irdl import AttrConstraint, IRDLOperation
+from xdsl.irdl import AttrConstraint, AttrSizedOperandSegments, IRDLOperation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
@@ -150,7 +155,8 @@ class KeywordSyntax(IRDLOperation):
         order it was written or built in; undeclared keys (the verifier rejects them) come last."""
         declared = type(self).get_irdl_definition().properties
         order = [*declared, *(k for k in self.properties if k not in declared)]
-        return [(k, self.properties[k]) for k in order if k in self.properties and k != self.SYMBOL_PROP]
+        unprinted = (self.SYMBOL_PROP, AttrSizedOperandSegments.attribute_name)  # the segments: by the operands
+        return [(k, self.properties[k]) for k in order if k in self.properties and k not in unprinted]
 
     def print(self, printer: Printer) -> None:
         symbol = self.properties.get(self.SYMBOL_PROP)
@@ -180,11 +186,13 @@ class KeywordSyntax(IRDLOperation):
         symbol = parser.parse_optional_symbol_name()
         if symbol is not None:
             properties[cls.SYMBOL_PROP] = symbol
+        operands_start = parser.pos
         operands = []
         if (first := parse_defined_operand(parser)) is not None:
             operands.append(first)
             while parser.parse_optional_punctuation(",") is not None:
                 operands.append(parse_defined_operand(parser, required=True))
+        operands_end = parser.pos
         if parser.parse_optional_punctuation("<") is not None:
 
             def parse_item() -> None:
@@ -208,7 +216,20 @@ class KeywordSyntax(IRDLOperation):
         result_types = []
         if parser.parse_optional_punctuation(":") is not None:
             result_types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+        if any(isinstance(o, AttrSizedOperandSegments) for o in cls.get_irdl_definition().options):
+            try:
+                sizes = cls.operand_segment_sizes(operands, properties)
+            except ValueError as err:
+                parser.raise_error(str(err), operands_start, operands_end)
+            properties[AttrSizedOperandSegments.attribute_name] = DenseArrayBase.from_list(i32, sizes)
         return cls.create(operands=operands, result_types=result_types, properties=properties, regions=regions)
+
+    @classmethod
+    def operand_segment_sizes(cls, operands: Sequence[SSAValue], properties: Mapping[str, Attribute]) -> list[int]:
+        """An op with AttrSizedOperandSegments: how many of `operands` (printed in order, without
+        their names) each of its operand definitions takes, given its parsed `properties`. Raises
+        ValueError (a parse error at the operands) where they cannot say."""
+        raise NotImplementedError(f"{cls.name}: an op with operand segments says how its printed operands split")
 
 
 def parse_defined_operand(parser: Parser, required: bool = False) -> SSAValue | None:
