@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from xdsl.dialects.builtin import BoolAttr
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from k3compile.ir import k3s
@@ -82,8 +81,12 @@ class Emitter:
         """A forward stage again, on other operands (a linear stage applied to a cotangent)."""
         new = op.create(operands=operands, properties={**op.properties, **{k: v for k, v in props.items()}},
                         result_types=[r.type for r in op.results])
+        return self.add_op(new, type(op))
+
+    def add_op(self, new: Operation, kind: type) -> SSAValue:
+        """A stage made elsewhere, added and its result named as a `kind` of this rule."""
         self.block.add_op(new)
-        new.results[0].name_hint = self.name(type(op))
+        new.results[0].name_hint = self.name(kind)
         return new.results[0]
 
     # tile algebra
@@ -228,8 +231,7 @@ def gram_unscaled(op: k3s.GramOp, primal: dict):
     if op.row_scale is None:
         return None
     A = op.results[0]
-    M = op.create(operands=[primal.get(v, v) for v in op.inputs if v is not op.row_scale],
-                  properties={**op.properties, "beta": BoolAttr.from_bool(False)}, result_types=[A.type])
+    M = op.rebuilt(lambda v: primal.get(v, v), row_scale=None, beta=False)
     M.results[0].name_hint = f"{A.name_hint}_unscaled"
     return M, op.row_scale, "rows"
 
@@ -246,8 +248,7 @@ def gram(e: Emitter, op: k3s.GramOp, gram_bar):
     tiles = [v for v in op.inputs if isinstance(v.type, k3s.TileType)]
     unscaled = None
     if op.row_scale is not None or gate == "scalar":  # M itself: the Gram without beta's rows
-        rest = [e(v) for v in op.inputs if v is not op.row_scale]
-        unscaled = e.clone(op, rest, beta=BoolAttr.from_bool(False))
+        unscaled = e.add_op(op.rebuilt(e, row_scale=None, beta=False), type(op))
     if op.row_scale is not None:
         cot[tiles.index(op.row_scale)] = e.reduce_sum(e.mul(gram_bar, unscaled), "rows")
         M_bar = e.scale(M_bar, e(op.row_scale), "rows")

@@ -86,7 +86,7 @@ def chunkwise_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size
     delta_rule = bool(op.delta_rule.value.data)
     gate_dims = ("K",) if gate == "channel" else ()
     gram = {"gate": gate}
-    guard = []
+    guard = None
     if gate == "channel":
         gram["diagonal"] = gram_diagonal(op, sub_chunk, unbounded_diagonal)
     local: list[Operation] = []
@@ -113,31 +113,36 @@ def chunkwise_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size
                               result=(name, k3s.tile("C", "K"))))
 
         right = rescale(k, Gend, "reference_over_row", "kr")
-        diagonal = [rescale(k, Gstart, "reference_over_row", "kd")] if gram["diagonal"].has_factor else []
+        diagonal = rescale(k, Gstart, "reference_over_row", "kd") if gram["diagonal"].has_factor else None
         if gram["diagonal"] == k3s.GramDiagonal.GUARDED:
-            guard = [stage(make(k3s.BlockSpanCheckOp, operands=[Gstart, Gend], limit=FACTORED_DECAY_LIMIT,
-                                result=("factorable", i1)))]
+            guard = stage(make(k3s.BlockSpanCheckOp, operands=[Gstart, Gend], limit=FACTORED_DECAY_LIMIT,
+                               result=("factorable", i1)))
 
-    def gram_operands(lhs, name: str) -> list:
+    def gram_operands(lhs, name: str) -> dict:
         """What the Gram of lhs against the keys reads: with a channel gate, lhs's left factor too."""
         if gate != "channel":
-            return [lhs, k, *([G] if G is not None else [])]
+            return dict(lhs=lhs, keys=k, cumulative_gate=G)
         left = rescale(lhs, Gstart, "row_over_reference", f"{name}l")
-        return [lhs, k, G, Gstart, Gend, left, right, *diagonal]
+        return dict(lhs=lhs, keys=k, cumulative_gate=G, gate_start=Gstart, gate_end=Gend, left_factor=left,
+                    right_factor=right, diagonal_factor=diagonal)
+
+    def gram_stage(name: str, **operands_and_properties):
+        value = stage(k3s.GramOp(**operands_and_properties, result_type=k3s.tile("C", "C"), factored_guard=guard,
+                                 tensors=reloaded, **gram))
+        value.name_hint = name
+        return value
 
     # an elementwise (or guarded) diagonal reloads key rows and log-decays: the tensors the loads
     # of k and g read
     reloaded = [values["k"], *gate_tensors(op, values)] if gate == "channel" and gram["diagonal"].reloads else []
     if delta_rule:
         beta = stage(load["beta"](k3s.LoadChunkOp))
-        A = stage(make(k3s.GramOp, operands=[*gram_operands(k, "k"), beta, *guard, *reloaded],
-                       result=("A", k3s.tile("C", "C")), mask="strict", beta=True, **gram))
+        A = gram_stage("A", **gram_operands(k, "k"), row_scale=beta, mask="strict", beta=True)
         T = stage(make(k3s.ForwardSubstitutionOp, operands=[A, beta], result=("T", k3s.tile("C", "C")),
                        block=min(solve_block, chunk_size)))
         W = stage(make(k3s.WYApplyOp, operands=[T, k, G], result=("W", k3s.tile("C", "K")), gate=gate))
         U = stage(make(k3s.WYApplyOp, operands=[T, v], result=("U", k3s.tile("C", "V")), gate="none"))
-    P = stage(make(k3s.GramOp, operands=[*gram_operands(q, "q"), *guard, *reloaded], result=("P", k3s.tile("C", "C")),
-                   mask="inclusive", beta=False, **gram))
+    P = gram_stage("P", **gram_operands(q, "q"), mask="inclusive", beta=False)
     queries, keys, decay = q, k, None
     if gate != "none":
         queries = stage(make(k3s.GateApplyOp, operands=[q, G], result=("QG", k3s.tile("C", "K")), anchor="start",

@@ -90,15 +90,14 @@ def resolved(op: Operation, form: k3s.GramDiagonal, mapped: dict[SSAValue, SSAVa
     clone = op.clone(value_mapper=mapped)
     guarded = k3s.GramDiagonal.GUARDED
     if isinstance(clone, k3s.GramOp) and clone.diagonal is not None and clone.diagonal.data == guarded:
-        tiles = [v for v in clone.inputs if isinstance(v.type, k3s.TileType)]
-        operands = tiles if form == k3s.GramDiagonal.FACTORED else [*tiles[:7], *tiles[8:], *clone.tensors]
-        properties = {**clone.properties, "diagonal": k3s.GramDiagonalAttr(form)}
+        only_other = {"tensors": []} if form == k3s.GramDiagonal.FACTORED else {"diagonal_factor": None}
+        form_op = clone.rebuilt(diagonal=form, factored_guard=None, **only_other)
     elif isinstance(clone, k3s.GatedContractionOp) and clone.form.data == guarded:
         operands = [clone.cotangent, clone.rows, clone.cumulative_gate]
         properties = {**clone.properties, "form": k3s.GramDiagonalAttr(form)}
+        form_op = type(clone).create(operands=operands, properties=properties, result_types=[clone.results[0].type])
     else:
         return clone
-    form_op = type(clone).create(operands=operands, properties=properties, result_types=[clone.results[0].type])
     form_op.results[0].name_hint = clone.results[0].name_hint
     mapped[op.results[0]] = form_op.results[0]
     clone.erase()

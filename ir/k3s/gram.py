@@ -5,11 +5,13 @@ output) that those factors make safe for any gate."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, IntegerType, i1
+from collections.abc import Callable, Mapping, Sequence
+
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr, i1
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import Attribute, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
-    IRDLOperation,
+    AttrSizedOperandSegments,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -23,11 +25,11 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.choices import Word
+from k3compile.ir.choices import Gate, Word
 from k3compile.ir.k3 import GateAttr
 from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
-from k3compile.ir.syntax import KeywordSyntax
+from k3compile.ir.syntax import KeywordSyntax, attr_to_literal
 
 
 class Mask(Word):
@@ -85,11 +87,6 @@ class BlockDecay(Word):
 @irdl_attr_definition
 class BlockDecayAttr(EnumAttribute[BlockDecay], SpacedOpaqueSyntaxAttribute):
     name = "k3s.block_decay"
-
-
-def _operand_count(op: IRDLOperation, expected: int) -> None:
-    if len(op.operands) != expected:
-        raise VerifyException(f"{op.name}: expected {expected} operands for its properties, got {len(op.operands)}")
 
 
 @irdl_op_definition
@@ -160,6 +157,27 @@ class BlockRescaleOp(KeywordSyntax):
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
 
+# the operands a Gram takes besides lhs and keys, in order, each with what it is and the
+# properties under which (and only under which) it is present
+_OPTIONAL_TILES = (
+    ("cumulative_gate", "G, the gate's cumulative sum", "gate = scalar or channel"),
+    ("gate_start", "the row blocks' references at their start, k3s.block_gates'", "gate = channel"),
+    ("gate_end", "the row blocks' references at their end, k3s.block_gates'", "gate = channel"),
+    ("left_factor", "lhs rescaled row_over_reference from gate_start", "gate = channel"),
+    ("right_factor", "the keys rescaled reference_over_row to gate_end", "gate = channel"),
+    ("diagonal_factor", "the keys rescaled reference_over_row to gate_start", "diagonal = factored or guarded"),
+    ("row_scale", "beta, the rows' scale", "beta = true"),
+)
+
+
+def _gram_takes(gate: str | None, beta: bool, diagonal: GramDiagonal | None) -> dict[str, bool]:
+    """Which of a Gram's optional tile operands its properties ask for."""
+    channel = gate == Gate.CHANNEL
+    return {"cumulative_gate": gate in (Gate.SCALAR, Gate.CHANNEL), "gate_start": channel, "gate_end": channel,
+            "left_factor": channel, "right_factor": channel,
+            "diagonal_factor": channel and diagonal is not None and diagonal.has_factor, "row_scale": beta}
+
+
 @irdl_op_definition
 class GramOp(KeywordSyntax):
     """A gated Gram matrix of the chunk, masked lower-triangular:
@@ -168,17 +186,21 @@ class GramOp(KeywordSyntax):
         lhs = q: P = Tril_mask( (Gamma*Q) (K/Gamma)^T )                 (intra-chunk scores)
 
     mask strict excludes the diagonal, inclusive keeps it; gate none means Gamma = 1; `beta`
-    scales the rows by beta. Operands: lhs (q or k), the keys, then with a gate G, then with a
-    channel gate the row blocks' references (gate_start, gate_end of k3s.block_gates) and the
-    factors: left (lhs rescaled row_over_reference from gate_start), right (the keys rescaled
-    reference_over_row to gate_end) and, unless the diagonal is elementwise, the diagonal factor
-    (the keys rescaled reference_over_row to gate_start); then beta when `beta`; then a guarded
-    diagonal's k3s.block_span_check. A block below the diagonal is left_I (right_J)^T bridged by
-    the decay Gamma_start(I) / Gamma_end(J) between the two references: no exponent is
-    positive. `diagonal` says how the blocks on the diagonal are evaluated (GramDiagonal); only
-    a channel gate has it. An elementwise (or guarded) diagonal reloads key rows and log-decays
-    from memory as the key and gate loads read them: last, the tensors they read (k, g, and
-    A_log, dt_bias when the gate's input form reads them).
+    scales the rows by beta. Operands (each present exactly when the properties ask for it): lhs
+    (q or k), the keys, then with a gate G, then with a channel gate the row blocks' references
+    (gate_start, gate_end of k3s.block_gates) and the factors: left (lhs rescaled
+    row_over_reference from gate_start), right (the keys rescaled reference_over_row to gate_end)
+    and, unless the diagonal is elementwise, the diagonal factor (the keys rescaled
+    reference_over_row to gate_start); then beta (row_scale) when `beta`; then a guarded
+    diagonal's k3s.block_span_check (factored_guard). A block below the diagonal is left_I
+    (right_J)^T bridged by the decay Gamma_start(I) / Gamma_end(J) between the two references: no
+    exponent is positive. `diagonal` says how the blocks on the diagonal are evaluated
+    (GramDiagonal); only a channel gate has it. An elementwise (or guarded) diagonal reloads key
+    rows and log-decays from memory as the key and gate loads read them: last, the tensors they
+    read (k, g, and A_log, dt_bias when the gate's input form reads them).
+
+    The custom syntax prints the operands in this order, without their names: the properties
+    and the operands' types (tiles, then an i1, then tensors) say which is which.
     """
 
     name = "k3s.gram"
@@ -186,76 +208,97 @@ class GramOp(KeywordSyntax):
     gate = prop_def(GateAttr)
     beta = prop_def(BoolAttr)
     diagonal = opt_prop_def(GramDiagonalAttr)
-    # the tiles, then a guarded diagonal's check, then the tensors its elementwise blocks read
-    inputs = var_operand_def(TileType | TensorType | IntegerType)
+    lhs = operand_def(TileType)
+    keys = operand_def(TileType)
+    cumulative_gate = opt_operand_def(TileType)
+    gate_start = opt_operand_def(TileType)
+    gate_end = opt_operand_def(TileType)
+    left_factor = opt_operand_def(TileType)
+    right_factor = opt_operand_def(TileType)
+    diagonal_factor = opt_operand_def(TileType)
+    row_scale = opt_operand_def(TileType)
+    factored_guard = opt_operand_def(i1)  # a guarded diagonal's k3s.block_span_check: whether its blocks factor
+    tensors = var_operand_def(TensorType)  # what an elementwise diagonal reads: k, g (and A_log, dt_bias)
     gram = result_def(TileType)
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), Pure())
 
+    def __init__(self, lhs: SSAValue, keys: SSAValue, *, mask: str, gate: str, beta: bool,
+                 diagonal: str | None = None, result_type: TileType, cumulative_gate: SSAValue | None = None,
+                 gate_start: SSAValue | None = None, gate_end: SSAValue | None = None,
+                 left_factor: SSAValue | None = None, right_factor: SSAValue | None = None,
+                 diagonal_factor: SSAValue | None = None, row_scale: SSAValue | None = None,
+                 factored_guard: SSAValue | None = None, tensors: Sequence[SSAValue] = ()):
+        properties = {"mask": MaskAttr(Mask(mask)), "gate": GateAttr(Gate(gate)), "beta": BoolAttr.from_bool(beta),
+                      "diagonal": GramDiagonalAttr(GramDiagonal(diagonal)) if diagonal is not None else None}
+        super().__init__(operands=[lhs, keys, cumulative_gate, gate_start, gate_end, left_factor, right_factor,
+                                   diagonal_factor, row_scale, factored_guard, tensors],
+                         properties=properties, result_types=[result_type])
+
+    def rebuilt(self, value: Callable[[SSAValue], SSAValue] = lambda v: v, **changes) -> GramOp:
+        """This Gram again, a new op (not inserted): its operands mapped by `value`, and `changes`
+        (properties as __init__ takes them, operands by name, None for an absent one) applied."""
+        named = {name: getattr(self, name) for name in GRAM_OPERANDS}
+        named = {name: v if v is None else value(v) for name, v in named.items()}
+        named["tensors"] = [value(v) for v in self.tensors]
+        properties = {"mask": self.mask.data, "gate": self.gate.data, "beta": bool(self.beta.value.data),
+                      "diagonal": self.diagonal and self.diagonal.data}
+        merged = {**named, **properties, **changes}
+        return GramOp(merged.pop("lhs"), merged.pop("keys"), result_type=self.gram.type, **merged)
+
+    @classmethod
+    def operand_segment_sizes(cls, operands: Sequence[SSAValue], properties: Mapping[str, Attribute]) -> list[int]:
+        """The operand segments of a Gram printed with `operands` (by type: tiles, then a
+        guard, then tensors) and `properties`: which tiles are which is what the properties ask
+        for. Raises ValueError where they cannot say."""
+        kinds = [0 if isinstance(v.type, TileType) else 2 if isinstance(v.type, TensorType) else 1 for v in operands]
+        if kinds != sorted(kinds):
+            raise ValueError(f"{cls.name}: its operands are its tiles, then a guard, then tensors")
+        gate, beta, diagonal = (properties.get(key) for key in ("gate", "beta", "diagonal"))
+        takes = _gram_takes(gate.data if isinstance(gate, GateAttr) else None,
+                            isinstance(beta, IntegerAttr) and bool(beta.value.data),
+                            diagonal.data if isinstance(diagonal, GramDiagonalAttr) else None)
+        tiles = ["lhs", "keys", *(name for name, _, _ in _OPTIONAL_TILES if takes[name])]
+        if kinds.count(0) != len(tiles):
+            raise ValueError(f"{cls.name}: its properties take {len(tiles)} tile operands ({', '.join(tiles)}), "
+                             f"got {kinds.count(0)}")
+        return [1, 1, *(int(takes[name]) for name, _, _ in _OPTIONAL_TILES), kinds.count(1), kinds.count(2)]
+
     def verify_(self) -> None:
-        if (self.diagonal is not None) != (self.gate.data == "channel"):
+        if (self.diagonal is not None) != (self.gate.data == Gate.CHANNEL):
             raise VerifyException(f"{self.name}: diagonal is set exactly when gate = channel; "
                                   f"got gate {self.gate.data!r}, diagonal {self.diagonal and self.diagonal.data!r}")
         diagonal = self.diagonal and self.diagonal.data
-        factors = 0 if diagonal is None else 4 + diagonal.has_factor
-        tiles = 2 + (self.gate.data != "none") + factors + bool(self.beta.value.data)
-        kinds = [0 if isinstance(v.type, TileType) else 2 if isinstance(v.type, TensorType) else 1 for v in self.inputs]
-        if kinds != sorted(kinds):
-            raise VerifyException(f"{self.name}: its operands are its tiles, then a guard, then tensors")
-        if kinds.count(1) != (diagonal == GramDiagonal.GUARDED):
+        takes = _gram_takes(self.gate.data, bool(self.beta.value.data), diagonal)
+        for name, what, when in _OPTIONAL_TILES:
+            if takes[name] and getattr(self, name) is None:
+                raise VerifyException(f"{self.name}: with {when} it takes {name} ({what}); it has none")
+            if not takes[name] and getattr(self, name) is not None:
+                raise VerifyException(f"{self.name}: {name} ({what}) is an operand only with {when}; "
+                                      f"it has one with {self.properties_text()}")
+        if (self.factored_guard is not None) != (diagonal == GramDiagonal.GUARDED):
             raise VerifyException(f"{self.name}: a guarded diagonal (and only it) takes a k3s.block_span_check "
-                                  f"operand; got {kinds.count(1)} with diagonal {diagonal!r}")
+                                  f"operand (factored_guard); got {int(self.factored_guard is not None)} with "
+                                  f"diagonal {diagonal!r}")
         reloads = diagonal is not None and diagonal.reloads
         if reloads and len(self.tensors) not in (2, 4):
             raise VerifyException(f"{self.name}: an elementwise diagonal reads k and g (and A_log, dt_bias with "
                                   f"an in-kernel gate), got {len(self.tensors)} tensor operands")
-        _operand_count(self, tiles + kinds.count(1) + (len(self.tensors) if reloads else 0))
+        if not reloads and self.tensors:
+            raise VerifyException(f"{self.name}: only an elementwise or guarded diagonal reads tensors; got "
+                                  f"{len(self.tensors)} with {self.properties_text()}")
+
+    def properties_text(self) -> str:
+        return ", ".join(f"{key} = {attr_to_literal(value)}" for key, value in self.keyword_items())
 
     @property
-    def tensors(self) -> list[SSAValue]:
-        """The tensors an elementwise diagonal reads: k, g (and A_log, dt_bias)."""
-        return [v for v in self.inputs if isinstance(v.type, TensorType)]
+    def inputs(self) -> list[SSAValue]:
+        """Every operand, in order: the tiles, then the guard, then the tensors."""
+        return list(self.operands)
 
-    @property
-    def lhs(self) -> SSAValue:
-        return self.inputs[0]
 
-    @property
-    def keys(self) -> SSAValue:
-        return self.inputs[1]
-
-    @property
-    def cumulative_gate(self) -> SSAValue | None:
-        return self.inputs[2] if self.gate.data != "none" else None
-
-    @property
-    def gate_start(self) -> SSAValue:
-        return self.inputs[3]
-
-    @property
-    def gate_end(self) -> SSAValue:
-        return self.inputs[4]
-
-    @property
-    def left_factor(self) -> SSAValue:
-        return self.inputs[5]
-
-    @property
-    def right_factor(self) -> SSAValue:
-        return self.inputs[6]
-
-    @property
-    def diagonal_factor(self) -> SSAValue:
-        return self.inputs[7]
-
-    @property
-    def factored_guard(self) -> SSAValue | None:
-        """A guarded diagonal's k3s.block_span_check: whether this chunk's diagonal blocks factor."""
-        return next((v for v in self.inputs if v.type == i1), None)
-
-    @property
-    def row_scale(self) -> SSAValue | None:
-        tiles = [v for v in self.inputs if isinstance(v.type, TileType)]
-        return tiles[-1] if self.beta.value.data else None
+GRAM_OPERANDS = ("lhs", "keys", *(name for name, _, _ in _OPTIONAL_TILES), "factored_guard")
+"""A Gram's single operands by name, in order (its tensors follow them)."""
 
 
 @irdl_op_definition

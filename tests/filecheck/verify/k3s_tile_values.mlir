@@ -5,7 +5,7 @@
 // RUN: k3c opt %s | filecheck %s --check-prefix=VALID
 // RUN: sed 's/tile<C x C>/tile<C x Z>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DIM
 // RUN: sed 's/%%P = k3s.gram %%q_1, %%k_1 </%%P = k3s.gram %%q_1, %%k_1, %%v_1 </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
-// RUN: sed 's/%%P = k3s.gram %%q_1, %%k_1 </%%P = k3s.gram %%q_1, %%k_1, %%k </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=COUNT
+// RUN: sed 's/%%P = k3s.gram %%q_1, %%k_1 </%%P = k3s.gram %%q_1, %%k_1, %%k </' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TENSOR
 // RUN: sed 's/<gate = none> : !k3s.tile<K x V>/<gate = scalar> : !k3s.tile<K x V>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=DECAY
 // RUN: sed 's/chunk_output %%q_1, %%S,/chunk_output %%q_1, %%S_9,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNDEFINED
 // RUN: sed '/k3s.next_chunk/d' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TERMINATOR
@@ -39,7 +39,8 @@ builtin.module {
 // VALID-NEXT:   k3s.next_chunk %S_1
 
 // DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Z'; allowed: C, NB, K, V, D, R, E, KS, M, N, Q, S{{$}}
-// COUNT: {{^}}k3c opt: error: <stdin>: k3s.gram: expected 2 operands for its properties, got 3{{$}}
+// COUNT: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.gram: its properties take 2 tile operands (lhs, keys), got 3{{$}}
+// TENSOR: {{^}}k3c opt: error: <stdin>: k3s.gram: only an elementwise or guarded diagonal reads tensors; got 1 with mask = inclusive, gate = none, beta = false{{$}}
 // DECAY: {{^}}k3c opt: error: <stdin>: k3s.state_advance: gamma_C is an operand exactly when gate is not none{{$}}
 // UNDEFINED: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: SSA value used before assignment{{$}}
 // TERMINATOR: {{^}}k3c opt: error: <stdin>: Operation k3s.state_advance terminates block in single-block region but is not a terminator{{$}}
