@@ -32,7 +32,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.passes.common import make
-from k3compile.passes.merge_identical_kernels import code_properties, equivalent
+from k3compile.passes.merge_identical_kernels import code_properties, equivalent, launching_entries
 
 
 def spilled(kernel: k3s.KernelOp) -> set[str]:
@@ -57,18 +57,6 @@ def is_one_run(kernel: k3s.KernelOp, stages: list[Operation]) -> bool:
     ops = list(kernel.body.ops)
     first = ops.index(stages[0])
     return ops[first:first + len(stages)] == stages
-
-
-def without(kernel: k3s.KernelOp, stages: list[Operation]) -> Region:
-    """A copy of kernel's body without the given top-level stages (and the arguments only they
-    used)."""
-    body = kernel.body.clone()
-    doomed = [copy for copy, op in zip(body.block.ops, kernel.body.ops, strict=True) if op in stages]
-    for op in reversed(doomed):  # readers first
-        Rewriter.erase_op(op)
-    for arg in [a for a in body.block.args if not a.uses]:
-        body.block.erase_arg(arg)
-    return body
 
 
 def same_body(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
@@ -126,14 +114,16 @@ class GuardSpillOnlyStagesPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         kernels = k3s.outlined_kernels(op, self.name)
+        entry_of = launching_entries(op)  # once: no kernel changes entry here
         for narrow in kernels:
             for wide in kernels:
-                if (narrow.flags is not None or wide.flags is not None
-                        or k3s.launching_entry(narrow) is k3s.launching_entry(wide)):
+                if (narrow.flags is not None or wide.flags is not None or entry_of[narrow] is entry_of[wide]
+                        # cheap necessary conditions first: the same code properties, and extra stages to drop
+                        or code_properties(wide) != code_properties(narrow)
+                        or len(wide.body.block.ops) <= len(narrow.body.block.ops)):
                     continue
                 extra = spill_only_stages(wide, spilled(narrow))
-                if not (extra and is_one_run(wide, extra) and code_properties(wide) == code_properties(narrow)
-                        and equivalent(without(wide, extra), narrow.body)):
+                if not (extra and is_one_run(wide, extra) and equivalent(wide.body, narrow.body, without=extra)):
                     continue
                 flag = "SPILL_" + "_".join(k3s.argument_name(s.workspace).upper()
                                            for s in extra if isinstance(s, k3s.SpillOp))

@@ -14,11 +14,12 @@ entries and says so if it does not.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr
-from xdsl.ir import Region
+from xdsl.ir import Operation, Region
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -41,42 +42,76 @@ def code_properties(kernel: k3s.KernelOp) -> dict:
     return code
 
 
-def code_of(kernel: k3s.KernelOp) -> Region:
-    """A copy of the kernel's body without the properties that only say how it is launched."""
-    body = kernel.body.clone()
-    for op in body.walk():
-        for key in LAUNCH_ONLY_IN_BODY.get(type(op), ()):
-            op.properties.pop(key, None)
-    return body
-
-
-def in_argument_order(body: Region, names: list[str]) -> Region:
-    """A copy of an outlined kernel's body with its arguments in the order of `names` (an entry
-    orders its kernels' arguments as it declares them; launches pass them by name)."""
-    body = body.clone()
-    block = body.block
-    old = list(block.args)
-    by_name = {arg.name_hint: arg for arg in old}
-    for name in names:
-        moved = block.insert_arg(by_name[name].type, len(block.args))
-        moved.name_hint = name
-        by_name[name].replace_all_uses_with(moved)
-    for arg in old:
-        block.erase_arg(arg)
-    return body
-
-
-def equivalent(body: Region, other: Region) -> bool:
+def equivalent(body: Region, other: Region, *, without: Collection[Operation] = (),
+               ignore_launch_only: bool = False) -> bool:
     """Whether two outlined kernels' bodies are the same code: arguments of the same names and
-    types, and the same ops on them (xDSL's structural equivalence)."""
-    names = [arg.name_hint for arg in other.block.args]
-    if sorted(arg.name_hint for arg in body.block.args) != sorted(names):
+    types, and the same ops on them: xDSL's structural equivalence (is_structurally_equivalent:
+    the same ops in the same order, with the same attributes and properties, their operands the
+    corresponding values), its arguments matched by name instead of position (an entry orders
+    its kernels' arguments as it declares them; launches pass them by name). Read-only, no copy
+    of either body. without: top-level ops of `body` that do not count (nor the arguments only
+    they read), as if erased; ignore_launch_only: the properties in LAUNCH_ONLY_IN_BODY do not
+    count."""
+    block, other_block = body.block, other.block
+    skipped = set(without)
+    args = list(block.args)
+    if skipped:  # as if the ops were erased: the arguments left unread go too
+        args = [arg for arg in args if any(block.find_ancestor_op_in_block(use.operation) not in skipped
+                                           for use in arg.uses)]
+    by_name = {arg.name_hint: arg for arg in other_block.args}
+    if (len(args) != len(other_block.args) or len(by_name) != len(other_block.args)
+            or {arg.name_hint for arg in args} != by_name.keys()):
         return False
-    return in_argument_order(body, names).is_structurally_equivalent(other)
+    context: dict = {}
+    for arg in args:
+        if arg.type != by_name[arg.name_hint].type:
+            return False
+        context[arg] = by_name[arg.name_hint]
+    context[block] = other_block
+    ops = [op for op in block.ops if op not in skipped] if skipped else list(block.ops)
+    other_ops = list(other_block.ops)
+    ignored = LAUNCH_ONLY_IN_BODY if ignore_launch_only else {}
+    return len(ops) == len(other_ops) and all(
+        same_op(op, other_op, context, ignored) for op, other_op in zip(ops, other_ops))
+
+
+def same_op(op: Operation, other: Operation, context: dict, ignored: dict) -> bool:
+    """Operation.is_structurally_equivalent, the properties `ignored` names per op type left out."""
+    if (op.name != other.name or len(op.operands) != len(other.operands) or len(op.results) != len(other.results)
+            or len(op.regions) != len(other.regions) or len(op.successors) != len(other.successors)
+            or op.attributes != other.attributes):
+        return False
+    if keys := ignored.get(type(op)):
+        if ({k: v for k, v in op.properties.items() if k not in keys}
+                != {k: v for k, v in other.properties.items() if k not in keys}):
+            return False
+    elif op.properties != other.properties:
+        return False
+    if not all(context.get(operand, operand) == theirs for operand, theirs in zip(op.operands, other.operands)):
+        return False
+    if not all(context.get(block, block) == theirs for block, theirs in zip(op.successors, other.successors)):
+        return False
+    for region, other_region in zip(op.regions, other.regions):
+        blocks, other_blocks = list(region.blocks), list(other_region.blocks)
+        if len(blocks) != len(other_blocks):
+            return False
+        context.update(zip(blocks, other_blocks))
+        for block, other_block in zip(blocks, other_blocks):
+            if len(block.args) != len(other_block.args) or len(block.ops) != len(other_block.ops):
+                return False
+            for arg, other_arg in zip(block.args, other_block.args):
+                if arg.type != other_arg.type:
+                    return False
+                context[arg] = other_arg
+            if not all(same_op(o, theirs, context, ignored) for o, theirs in zip(block.ops, other_block.ops)):
+                return False
+    context.update(zip(op.results, other.results))
+    return True
 
 
 def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
-    return code_properties(kernel) == code_properties(other) and equivalent(code_of(kernel), code_of(other))
+    return (code_properties(kernel) == code_properties(other)
+            and equivalent(kernel.body, other.body, ignore_launch_only=True))
 
 
 @dataclass(frozen=True)
@@ -87,12 +122,26 @@ class MergeIdenticalKernelsPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         originals: list[k3s.KernelOp] = []
-        for kernel in k3s.outlined_kernels(op, self.name):
+        kernels = k3s.outlined_kernels(op, self.name)
+        entry_of = launching_entries(op)
+        for kernel in kernels:
             if kernel.shares_code_of is not None:
                 continue
-            entry = k3s.launching_entry(kernel)
-            twin = next((k for k in originals if k3s.launching_entry(k) is not entry and same_code(k, kernel)), None)
+            entry = entry_of[kernel]
+            twin = next((k for k in originals if entry_of[k] is not entry and same_code(k, kernel)), None)
             if twin is None:
                 originals.append(kernel)
             else:
                 kernel.properties["shares_code_of"] = StringAttr(twin.sym_name.data)
+
+
+def launching_entries(module: ModuleOp) -> dict[k3s.KernelOp, k3s.EntryOp]:
+    """k3s.launching_entry of every outlined kernel of module, in one walk over its entries (the
+    first entry that launches a kernel)."""
+    first: dict[str, k3s.EntryOp] = {}
+    for entry in module.ops:
+        if isinstance(entry, k3s.EntryOp):
+            for launch in entry.body.ops:
+                if isinstance(launch, k3s.LaunchOp):
+                    first.setdefault(launch.kernel.data, entry)
+    return {op: first[op.sym_name.data] for op in module.ops if isinstance(op, k3s.KernelOp)}
