@@ -16,7 +16,7 @@ from types import ModuleType
 from xdsl.dialects.builtin import ModuleOp
 
 from k3compile.errors import OutputError, UnsupportedError
-from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, run_pipeline
+from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, Verify, run_passes, run_pipeline
 from k3compile.spec import LayerSpec, load_spec
 
 # what runs a layer whose kind's pipeline lowers no kernels: its float64 reference, or (a vision
@@ -42,8 +42,10 @@ def as_spec(spec: LayerSpec | str | Path) -> LayerSpec:
     return spec if isinstance(spec, LayerSpec) else load_spec(spec)
 
 
-def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool = False) -> Compilation:
-    """Build the IR of a spec and run its pipeline (no code printed yet)."""
+def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool = False,
+             verify: Verify = "each") -> Compilation:
+    """Build the IR of a spec and run its pipeline (no code printed yet), verifying the IR after
+    every pass, or as `verify` says (k3compile.pipeline)."""
     from k3compile.frontend import spec_to_module
 
     start = time.perf_counter()
@@ -51,7 +53,7 @@ def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool 
     layer_ir = str(module)
     timings = [("build-ir", time.perf_counter() - start)]
     pipeline = DEFAULT_PIPELINES[spec.kind] if pipeline is None else pipeline
-    run = run_pipeline(module, pipeline, keep_snapshots=keep_snapshots)
+    run = run_pipeline(module, pipeline, keep_snapshots=keep_snapshots, verify=verify)
     return Compilation(spec, pipeline, layer_ir, module, "", run, timings + run.timings)
 
 
@@ -59,16 +61,39 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
           note: str = "") -> Compilation:
     """Schedule a spec and print its Triton module. launch_tables: entry -> tuned launch configs
     per bucket, embedded in the module (k3compile.autotune; docs/autotuning.md); note: added
-    to the module's docstring."""
-    from xdsl.context import Context
+    to the module's docstring.
 
-    from k3compile.backends.triton.legalize import LegalizeTritonPass
+    The IR is verified once, the module that is printed (after the pipeline and the backend's
+    passes); should anything fail on the way, the compile is repeated verifying after every pass
+    and raises what that raises (k3compile.pipeline). K3C_VERIFY_EACH=1 verifies after every pass
+    from the start."""
     from k3compile.backends.triton.printer import print_triton
+
+    if os.environ.get("K3C_VERIFY_EACH", "").lower() in ("1", "true"):
+        compilation = schedule_for_triton(spec, pipeline, verify="each")
+    else:
+        try:
+            compilation = schedule_for_triton(spec, pipeline, verify="off")
+            start = time.perf_counter()
+            compilation.scheduled.verify()
+            compilation.timings.append(("verify", time.perf_counter() - start))
+        except Exception:
+            schedule_for_triton(spec, pipeline, verify="each")  # raises the error of the pass that failed
+            raise
+    start = time.perf_counter()
+    compilation.source = print_triton(compilation.scheduled, provenance(compilation, note), launch_tables)
+    compilation.timings.append(("print-triton", time.perf_counter() - start))
+    return compilation
+
+
+def schedule_for_triton(spec: LayerSpec, pipeline: str | None, verify: Verify) -> Compilation:
+    """Schedule a spec and run the Triton backend's passes over its module."""
+    from k3compile.backends.triton.legalize import LegalizeTritonPass
     from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
     from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
     from k3compile.passes.outline_kernels import OutlineKernelsPass
 
-    compilation = schedule(spec, pipeline)
+    compilation = schedule(spec, pipeline, verify=verify)
     if not any(op.name == "k3s.entry" for op in compilation.scheduled.ops):
         layer_op = next(iter(compilation.scheduled.ops)).name
         raise UnsupportedError(
@@ -76,13 +101,10 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and {RUNS_WITHOUT_KERNELS.get(spec.kind, REFERENCE)} runs it"
         )
     # a pipeline that ends before outline-kernels leaves kernels in their entries
-    OutlineKernelsPass().apply(Context(), compilation.scheduled)
-    LegalizeTritonPass(source=spec.source).apply(Context(), compilation.scheduled)
-    GuardSpillOnlyStagesPass().apply(Context(), compilation.scheduled)
-    MergeIdenticalKernelsPass().apply(Context(), compilation.scheduled)
-    start = time.perf_counter()
-    compilation.source = print_triton(compilation.scheduled, provenance(compilation, note), launch_tables)
-    compilation.timings.append(("print-triton", time.perf_counter() - start))
+    passes = (OutlineKernelsPass(), LegalizeTritonPass(source=spec.source), GuardSpillOnlyStagesPass(),
+              MergeIdenticalKernelsPass())
+    run = run_passes(compilation.scheduled, passes, verify=verify, label="triton:")
+    compilation.timings += run.timings
     return compilation
 
 

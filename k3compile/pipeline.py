@@ -1,4 +1,22 @@
-"""Pass pipelines: named defaults per layer kind, parsing of `-p a,b{opt=v}`, timing and dumps."""
+"""Pass pipelines: named defaults per layer kind, parsing of `-p a,b{opt=v}`, timing and dumps.
+
+Verification (`verify`; issue 39). What a user of the compiler can count on: the IR it prints
+was verified, and an invalid IR is reported as per-pass verification reports it (the verifier's
+error right after the pass that made it). How often the module is verified is the caller's choice:
+- "each" (the default, as MLIR's pass manager): after every pass. `k3c ir`, `k3c opt`,
+  `k3c prove`, schedule() and the tests' run_pipeline run so: they look at the IR between passes.
+- "once": after the last pass. A compile (driver.lower) verifies so the module it prints, after
+  the backend's passes too (which nothing verified before). xDSL verifies in Python, and each
+  pass re-verified the whole module, the entries it never touched included: after each of the
+  10 passes of examples/kda.toml's pipeline that was ~130 ms of a 720 ms compile (and as much
+  again in the frontend's symbol probe); one verification of the printed module is ~35 ms.
+  Nothing is lost when something fails: a pass raising, or the final verification, makes the
+  whole run repeat from a copy of its input verifying after each pass, and what that run raises
+  is raised, the error "each" gives (passes are deterministic). K3C_VERIFY_EACH=1 makes a
+  compile verify after each pass from the start.
+- "off": never, for a caller that only reads symbol names off the result (frontend's
+  module_symbols probe layer; the compile it guards verifies its own IR).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +33,8 @@ from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind, parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
 from k3compile.errors import IRError
+
+Verify = typing.Literal["each", "once", "off"]
 
 # The default pipeline of each spec kind (passes run in order).
 # the segment summaries (context parallelism) come with every recurrence: the chunk entry finishes
@@ -115,23 +135,24 @@ def build_pass(spec_text: str, name: str, options: list[tuple[str, str | None, t
     return pass_type(**kwargs)
 
 
-def run_pipeline(module: ModuleOp, spec_text: str, keep_snapshots: bool = False) -> PipelineRun:
-    """Run `spec_text` (e.g. "lower-recurrent{block-v=64}") over module in place, verifying after each pass."""
-    from k3compile.ir.dialects import make_context
-
-    ctx = make_context()
+def run_pipeline(module: ModuleOp, spec_text: str, keep_snapshots: bool = False, verify: Verify = "each",
+                 observe: Callable[[str, ModuleOp], None] | None = None) -> PipelineRun:
+    """Run `spec_text` (e.g. "lower-recurrent{block-v=64}") over module in place, verifying as
+    `verify` says (the module docstring); observe(pass name, module), when given, is called after
+    each pass."""
     result = PipelineRun()
     if not spec_text.strip():
         return result
-    last = [time.perf_counter()]
+    passes = parse_pipeline_passes(spec_text)
+    try:
+        run_passes(module, passes, result, verify=verify, keep_snapshots=keep_snapshots, observe=observe)
+    except (DiagnosticException, ValueError) as err:
+        raise IRError(f"pipeline '{spec_text}': {str(err).splitlines()[0]}") from None
+    return result
 
-    def after_pass(done: ModulePass | None, mod: ModuleOp, _next: ModulePass | None) -> None:
-        if done is not None:  # xDSL also calls back once before the first pass
-            result.timings.append((done.name, time.perf_counter() - last[0]))
-            mod.verify()
-            if keep_snapshots:
-                result.snapshots.append((done.name, str(mod)))
-        last[0] = time.perf_counter()
+
+def parse_pipeline_passes(spec_text: str) -> tuple[ModulePass, ...]:
+    """The passes of a pipeline, built with their options; IRError naming a bad pipeline."""
 
     def syntax_error(column: str | None, message: str) -> IRError:
         return IRError(f"pipeline '{spec_text}': {f'column {column}: ' if column else ''}{message} (passes are "
@@ -144,9 +165,43 @@ def run_pipeline(module: ModuleOp, spec_text: str, keep_snapshots: bool = False)
         raise syntax_error(where and where[1], str(err).splitlines()[-1].strip()) from None
     if spec_text.rstrip().endswith(","):  # xDSL's parser takes a trailing comma, as no other empty pass name
         raise syntax_error(str(len(spec_text.rstrip()) + 1), "Expected pass name here")
-    passes = tuple(build_pass(spec_text, name, options) for name, options in parsed)
-    try:
-        PassPipeline(passes, after_pass).apply(ctx, module)
-    except (DiagnosticException, ValueError) as err:
-        raise IRError(f"pipeline '{spec_text}': {str(err).splitlines()[0]}") from None
+    return tuple(build_pass(spec_text, name, options) for name, options in parsed)
+
+
+def run_passes(module: ModuleOp, passes: typing.Sequence[ModulePass], result: PipelineRun | None = None, *,
+               verify: Verify = "each", keep_snapshots: bool = False,
+               observe: Callable[[str, ModuleOp], None] | None = None, label: str = "") -> PipelineRun:
+    """Apply passes to module in place, timing each (as label + its name) into result. verify
+    "each": the module after every pass; "once": after the last pass, and on any failure the
+    passes again over a copy of the module as it came, verifying after each, raising what that
+    raises; "off": never. Raises what the passes and xDSL's verifier (VerifyException) raise."""
+    from k3compile.ir.dialects import make_context
+
+    result = PipelineRun() if result is None else result
+    if verify == "once":
+        original = module.clone()
+        try:
+            run_passes(module, passes, result, verify="off", keep_snapshots=keep_snapshots, observe=observe,
+                       label=label)
+            module.verify()
+        except Exception:
+            # the same passes verified after each: the error a per-pass verification reports
+            run_passes(original, passes, verify="each")
+            raise
+        return result
+    ctx = make_context()
+    last = [time.perf_counter()]
+
+    def after_pass(done: ModulePass | None, mod: ModuleOp, _next: ModulePass | None) -> None:
+        if done is not None:  # xDSL also calls back once before the first pass
+            result.timings.append((label + done.name, time.perf_counter() - last[0]))
+            if verify == "each":
+                mod.verify()
+            if keep_snapshots:
+                result.snapshots.append((done.name, str(mod)))
+            if observe is not None:
+                observe(done.name, mod)
+        last[0] = time.perf_counter()
+
+    PassPipeline(tuple(passes), after_pass).apply(ctx, module)
     return result
