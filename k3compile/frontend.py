@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
@@ -62,8 +67,64 @@ def name_clash(name: str, kind: str) -> str | None:
 def module_symbols(kind: str) -> tuple[frozenset[str], frozenset[str]]:
     """(the symbols every compiled `kind` module defines whatever its layer's name: its entries
     and those passes make on the way; the suffixes of those named after the layer: its kernels),
-    after each pass of the kind's pipelines over a small layer (the symbols do not depend on
-    its dimensions)."""
+    from probe_symbols, once per kind and version of k3compile's source: kept in the k3compile
+    cache folder (symbols_cache_path). Running the probe's pipelines costs as much as the
+    compile's own (~95 ms of a ~430 ms compile of examples/kda.toml); reading it back ~1 ms."""
+    try:
+        path = symbols_cache_path(kind)
+    except (OSError, TypeError, AttributeError, IndexError):  # sources not in folders (a zip): no cache
+        return probe_symbols(kind)
+    try:
+        cached = json.loads(path.read_text())
+        if (isinstance(cached, dict) and set(cached) == {"fixed", "suffixes"}
+                and all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in cached.values())):
+            return frozenset(cached["fixed"]), frozenset(cached["suffixes"])
+    except (OSError, ValueError):  # none yet, unreadable, or not JSON: probe again (and replace it)
+        pass
+    fixed, suffixes = probe_symbols(kind)
+    try:  # a cache the user cannot write to only costs time
+        from k3compile.driver import write_file_atomic
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, json.dumps({"fixed": sorted(fixed), "suffixes": sorted(suffixes)}).encode())
+        for stale in path.parent.glob(f"{kind}-*.json"):  # those of other source versions
+            if stale != path:
+                stale.unlink(missing_ok=True)
+    except OSError:
+        pass
+    return fixed, suffixes
+
+
+def symbols_cache_path(kind: str) -> Path:
+    """<cache folder>/symbols/<kind>-<digest>.json: the folder of driver.default_cache_dir
+    ($K3C_CACHE_DIR, else ~/.cache/k3compile); the digest of what the probe's answer depends on,
+    the kind and the source of k3compile, its IR, passes and backends (source_digest), and the
+    xDSL and Python versions."""
+    import sys
+
+    import xdsl
+
+    root = Path(os.environ.get("K3C_CACHE_DIR") or os.path.join("~", ".cache", "k3compile")).expanduser()
+    packages = ("k3compile", "k3compile.ir", "k3compile.passes", "k3compile.backends")
+    roots = [Path(importlib.util.find_spec(name).submodule_search_locations[0]) for name in packages]
+    key = f"{kind}\0{xdsl.__version__}\0{sys.version_info[:2]}\0{source_digest(roots)}"
+    return root / "symbols" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def source_digest(roots: list[Path]) -> str:
+    """sha256 of every .py file under the folders (their paths in them and their bytes): ~4 ms."""
+    digest = hashlib.sha256()
+    for index, root in enumerate(roots):
+        for path in sorted(root.rglob("*.py")):
+            digest.update(f"{index}/{path.relative_to(root).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def probe_symbols(kind: str) -> tuple[frozenset[str], frozenset[str]]:
+    """module_symbols' answer, found after each pass of the kind's pipelines over a small layer
+    (the symbols do not depend on its dimensions)."""
     from k3compile.pipeline import DEFAULT_PIPELINES, SPECULATIVE_PIPELINE, run_pipeline
 
     table = {key: 2 for key, rule in SCHEMAS[kind].items() if rule.default is REQUIRED}  # dimensions and counts

@@ -1,9 +1,12 @@
 """What made `k3c compile` faster (issue 39) decides the same as before: the backend passes'
 read-only kernel comparison against the copy-and-compare it replaced, their launching entries
-found in one walk against k3s.launching_entry, and a compile that verifies its IR once against
-per-pass verification when a pass breaks the IR."""
+found in one walk against k3s.launching_entry, a compile that verifies its IR once against
+per-pass verification when a pass breaks the IR, and the frontend's symbol probe read back from
+the cache folder against probing again."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from xdsl.context import Context
@@ -188,3 +191,70 @@ def test_compile_timings_name_the_backend_passes_and_the_verification():
     names = [name for name, _ in lower(load_spec(SPECS["kda"])).timings]
     assert names[-6:] == ["triton:outline-kernels", "triton:legalize-triton", "triton:guard-spill-only-stages",
                           "triton:merge-identical-kernels", "verify", "print-triton"]
+
+
+# --- the frontend's symbol probe, kept on disk ------------------------------------------------
+
+@pytest.fixture
+def symbols_cache(tmp_path, monkeypatch):
+    from k3compile import frontend
+
+    monkeypatch.setenv("K3C_CACHE_DIR", str(tmp_path))
+    frontend.module_symbols.cache_clear()
+    yield tmp_path / "symbols"
+    frontend.module_symbols.cache_clear()
+
+
+def test_module_symbols_are_probed_once_per_source_version(symbols_cache, monkeypatch):
+    from k3compile import frontend
+
+    probed = frontend.probe_symbols("attnres")
+    assert frontend.module_symbols("attnres") == probed
+    [path] = symbols_cache.glob("attnres-*.json")
+    assert path == frontend.symbols_cache_path("attnres")
+    frontend.module_symbols.cache_clear()  # a new process: read back, not probed
+    monkeypatch.setattr(frontend, "probe_symbols", lambda kind: pytest.fail("probed again"))
+    assert frontend.module_symbols("attnres") == probed
+    assert frontend.name_clash("aggregate", "attnres") == "aggregate"
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"fixed": ["a"]}', '{"fixed": "a", "suffixes": []}', "[1, 2]"])
+def test_a_damaged_symbols_file_is_probed_again_and_replaced(symbols_cache, text):
+    from k3compile import frontend
+
+    path = frontend.symbols_cache_path("attnres")
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    stale = path.with_name("attnres-0000000000000000.json")  # another source version's
+    stale.write_text("{}")
+    assert frontend.module_symbols("attnres") == frontend.probe_symbols("attnres")
+    assert sorted(symbols_cache.iterdir()) == [path]
+    assert json.loads(path.read_text())["fixed"] == sorted(frontend.probe_symbols("attnres")[0])
+
+
+def test_an_unwritable_cache_only_costs_time(tmp_path, monkeypatch):
+    from k3compile import frontend
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("K3C_CACHE_DIR", str(tmp_path / "file"))  # a file, not a folder
+    frontend.module_symbols.cache_clear()
+    try:
+        assert frontend.module_symbols("attnres") == frontend.probe_symbols("attnres")
+    finally:
+        frontend.module_symbols.cache_clear()
+
+
+def test_source_digest_changes_with_a_source(tmp_path):
+    from k3compile.frontend import source_digest
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.py").write_text("x = 1\n")
+    (tmp_path / "a" / "notes.txt").write_text("not source")
+    before = source_digest([tmp_path / "a"])
+    (tmp_path / "a" / "notes.txt").write_text("still not source")
+    assert source_digest([tmp_path / "a"]) == before
+    (tmp_path / "a" / "x.py").write_text("x = 2\n")
+    assert source_digest([tmp_path / "a"]) != before
+    (tmp_path / "a" / "x.py").write_text("x = 1\n")
+    (tmp_path / "a" / "y.py").write_text("")
+    assert source_digest([tmp_path / "a"]) != before
