@@ -103,12 +103,13 @@ def progress_bar(console, description: str, *fields: str):
             bar.stop()
 
 
-def run_tune(spec, shape, dtype, args, console):
+def run_tune(spec, shape, dtype, args, console, entry="chunk"):
     from k3compile.autotune import TuneCache, tune
 
-    with progress_bar(console, f"tuning {spec.name} B,T={shape[0]},{shape[1]} {dtype}", "best") as update:
+    what = f"{spec.name}{'' if entry == 'chunk' else ' ' + entry} B,T={shape[0]},{shape[1]} {dtype}"
+    with progress_bar(console, f"tuning {what}", "best") as update:
         return tune(spec, shape, dtype, pipeline=args.pipeline, cache=TuneCache(args.cache_dir),
-                    retune=getattr(args, "retune", False),
+                    retune=getattr(args, "retune", False), entry=entry,
                     progress=lambda done, total, best: update(done, total, best=best))
 
 
@@ -118,7 +119,8 @@ def print_tune_result(spec, shape, dtype, result) -> None:
     from k3compile.autotune import Bucket
 
     key = result.record["key"]
-    where = f"{spec.name} B,T={shape[0]},{shape[1]} {dtype} (bucket {Bucket(key['heads_bucket'], key['tokens_bucket'])}) on {key['gpu']}"
+    entry = "" if result.entry == "chunk" else f" {result.entry}"
+    where = f"{spec.name}{entry} B,T={shape[0]},{shape[1]} {dtype} (bucket {Bucket(key['heads_bucket'], key['tokens_bucket'])}) on {key['gpu']}"
     cands = result.candidates
     winner, default = result.winner, result.default
     options = list(cands[0].options) if cands else []
@@ -166,11 +168,13 @@ def cmd_tune(args) -> int:
     spec = load_spec(args.spec)
     console = Console(stderr=True)
     failed = 0
+    entries = ("chunk", "chunk_backward") if args.entry == "both" else (args.entry,)
     for shape in args.shape:
         for dtype in args.dtype or ["bfloat16"]:
-            result = run_tune(spec, shape, dtype, args, console)
-            print_tune_result(spec, shape, dtype, result)
-            failed += result.winner is None
+            for entry in entries:
+                result = run_tune(spec, shape, dtype, args, console, entry)
+                print_tune_result(spec, shape, dtype, result)
+                failed += result.winner is None
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -412,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "or ~/.cache/k3compile); tuning results live in its autotune/")
     p.set_defaults(run=cmd_compile)
 
-    p = sub.add_parser("tune", help="autotune the chunk entry's schedule on this GPU for some shapes; fills the cache")
+    p = sub.add_parser("tune", help="autotune the chunk entry's (or chunk_backward's) schedule on this GPU for some shapes; "
+                                    "fills the cache")
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
     p.add_argument("--shape", type=parse_shape, action=AppendOnce, required=True, metavar="B,T",
                    help="batch and tokens per sequence to tune for (repeatable; one bucket each, powers of two)")
@@ -422,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="k3compile cache folder (default $K3C_CACHE_DIR, else $XDG_CACHE_HOME/k3compile "
                                        "or ~/.cache/k3compile); tuning results live in its autotune/")
     p.add_argument("--retune", action="store_true", help="tune again even if the cache has the bucket")
+    p.add_argument("--entry", choices=("chunk", "chunk_backward", "both"), default="chunk",
+                   help="the entry to tune: the forward (chunk, the default), the backward (chunk_backward: its "
+                        "gradients checked against float64 autograd, then timed with do, dht and dh0) or both")
     p.set_defaults(run=cmd_tune)
 
     p = sub.add_parser("ir", help="print the IR of a layer spec (and after every pass)")

@@ -563,3 +563,152 @@ def test_precompile_warms_every_candidate_up_without_launching():
     autotune.precompile([(module, group)], "chunk", [{"x": 1}, {"x": 2}], jobs=2)
     assert sorted(kernel.warmups) == [((1,), 4), ((1,), 8), ((2,), 4), ((2,), 8)]
     assert kernel.launches == 0 and module.fake_scan_kernel is kernel and module.POISON_OUTPUTS is True
+
+
+# --- the backward entry (k3c tune --entry chunk_backward) ------------------------------------
+
+# one kernel code, three launches of its value blocks; block-v 8 is made wrong below
+BACKWARD_SPACE = (Choice("lower-backward", "block-v", (32, 16, 8), launch_only=True),)
+
+
+class BackwardTimer(FakeTimer):
+    """block-v 8 fastest (it is made wrong), then 16, then 32."""
+
+    def __call__(self, fn, candidate) -> float:
+        self.calls += 1
+        return {32: 1.0, 16: 0.7, 8: 0.1}[candidate.options["block-v"]]
+
+
+@pytest.fixture(scope="module")
+def tuned_backward(tmp_path_factory):
+    """One real tune of chunk_backward (interpreter, fake timer) into a fresh cache; the candidate
+    the timer calls fastest returns a dk off by noise, as a wrong schedule would."""
+    real = measure.run_backward
+
+    def run_backward(module, inputs, candidate, entry_name="chunk_backward", **options):
+        grads = real(module, inputs, candidate, entry_name, **options)
+        if candidate.options["block-v"] == 8:
+            grads["dk"] = grads["dk"] + 0.1 * torch.randn_like(grads["dk"])
+        return grads
+
+    cache = TuneCache(tmp_path_factory.mktemp("k3c-cache-backward"))
+    timer = BackwardTimer()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(measure, "run_backward", run_backward)
+        result = autotune.tune(spec_of(), SHAPE, "float32", gpu=GPU, timer=timer, cache=cache, space=BACKWARD_SPACE,
+                               check_shape=CHECK, entry="chunk_backward")
+    return cache, result, timer
+
+
+def test_backward_space_starts_at_the_pass_defaults_and_leaves_the_forward_out():
+    from k3compile.passes import PASSES
+
+    for choice in autotune.BACKWARD_SEARCH_SPACE:
+        assert getattr(PASSES[choice.pass_name](), choice.option.replace("-", "_")) == choice.values[0], choice
+    assert len({c.option for c in autotune.BACKWARD_SEARCH_SPACE}) == len(autotune.BACKWARD_SEARCH_SPACE)
+    found = autotune.candidates(autotune.base_pipeline(spec_of(), None), entry="chunk_backward")
+    assert len(found) == math.prod(len(c.values) for c in autotune.BACKWARD_SEARCH_SPACE)
+    assert found[0].options == {c.option: c.values[0] for c in autotune.BACKWARD_SEARCH_SPACE}
+    # the backward saves nothing of the forward's: its candidates compile without the forward's passes
+    assert [name for name, _ in autotune.split_pipeline(found[0].pipeline)] == \
+        ["derive-backward", "lower-backward", "outline-kernels"]
+    given = autotune.candidates("derive-chunkwise,derive-backward{chunk-size=32},lower-backward{num-warps=2}",
+                                entry="chunk_backward")
+    assert {(c.options["chunk-size"], c.options["num-warps"]) for c in given} == {(32, 2)}
+    assert autotune.candidates("derive-chunkwise,fuse-chunkwise", entry="chunk_backward") == []
+
+
+def test_backward_launch_only_choices_do_not_change_kernel_code():
+    """What BACKWARD_SEARCH_SPACE declares launch-only leaves the @triton.jit code alone (at the
+    default code choices and at the other extreme)."""
+    from k3compile.driver import lower
+
+    spec = spec_of(recurrence_table("kda", H=1, K=16, V=32, name="space_backward"))
+    found = autotune.candidates(autotune.base_pipeline(spec, None), entry="chunk_backward")
+    launches = len(found) // math.prod(len(c.values) for c in autotune.BACKWARD_SEARCH_SPACE if not c.launch_only)
+    assert found[0].code_options == found[launches - 1].code_options != found[-1].code_options
+    hashes: dict[tuple, set] = {}
+    for cand in (found[0], found[launches - 1], found[-launches], found[-1]):  # each code's first and last launch
+        source = lower(spec, cand.pipeline, launch_tables={"chunk_backward": {}}).source
+        hashes.setdefault(tuple(sorted(cand.code_options.items())), set()).add(autotune.kernel_code_hash(source))
+    assert len(hashes) == 2 and all(len(h) == 1 for h in hashes.values()), hashes
+
+
+def test_backward_tune_checks_gradients_and_picks_the_fastest(tuned_backward):
+    """The fake timer's fastest candidate (block-v 8) returns a wrong dk: it is rejected with its
+    reason and never timed; the fastest that passed (block-v 16) wins and is cached as the
+    backward's record, next to (not over) the forward's of the bucket."""
+    _, result, timer = tuned_backward
+    by_bv = {c.options["block-v"]: c for c in result.candidates}
+    assert by_bv[8].status == "wrong" and by_bv[8].detail.startswith("dk: RMS ratio") and math.isinf(by_bv[8].ms)
+    assert by_bv[32].status == by_bv[16].status == "ok", [(c.label, c.status, c.detail) for c in result.candidates]
+    assert result.entry == "chunk_backward" and result.winner.options == {"block-v": 16}
+    assert timer.calls == result.timed == 2 and result.record["segments"] is None
+    assert result.winner.launch["tuned_backward_gradients"]["BV"] == 16
+    assert result.winner.launch["tuned_backward_state_scan"]["BV"] == 16
+    assert len({c.code_hash for c in result.candidates}) == 1
+    record = json.loads(result.path.read_text())
+    assert record["key"]["entry"] == "chunk_backward" and record["winner"] == result.winner.index
+    forward_key = autotune.key_for(spec_of(), None, SHAPE, "float32", GPU)
+    assert "entry" not in forward_key and autotune.key_digest(forward_key) != autotune.key_digest(record["key"])
+    assert forward_key == {k: v for k, v in record["key"].items() if k != "entry"}
+
+
+def test_second_backward_tune_hits_the_cache_without_compiling(tuned_backward, monkeypatch, capsys, tmp_path):
+    cache, first, _ = tuned_backward
+    timer = BackwardTimer()
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a cached tune compiled something")
+
+    monkeypatch.setattr("k3compile.driver.lower", no_compiling)
+    again = autotune.tune(spec_of(), (1, 33), "float32", gpu=GPU, timer=timer, cache=cache, space=BACKWARD_SPACE,
+                          check_shape=CHECK, entry="chunk_backward")
+    assert again.cached and again.timed == 0 and timer.calls == 0
+    assert again.winner.options == first.winner.options
+    # the same through `k3c tune --entry chunk_backward`
+    fake_gpu(monkeypatch, GPU)
+    monkeypatch.setattr(search, "BACKWARD_SEARCH_SPACE", BACKWARD_SPACE)
+    code, out, err = run_cli(capsys, "tune", write_spec(tmp_path / "tuned.toml"), "--shape", "1,64", "--dtype",
+                             "float32", "--entry", "chunk_backward", "--cache-dir", cache.root.parent)
+    assert code == 0, err
+    assert "k3c tune tuned chunk_backward B,T=1,64 float32" in out and "(cached)" in out
+    assert "winner: block-v=16" in out and "0 s of tuning, nothing timed" in out
+
+
+def test_compiled_module_uses_the_tuned_backward_and_its_gradients_match(tuned_backward, tuned, monkeypatch, tmp_path):
+    """The cache's backward record (and the forward's, side by side) embedded: chunk_backward's
+    launches in the tuned bucket take block-v 16 from TUNED_CHUNK_BACKWARD, other sizes the
+    default; the gradients equal the untuned module's and the float64 reference's."""
+    from conftest import assert_rms
+
+    from k3compile.driver import load_module, lower
+    from k3compile.frontend import spec_to_module
+    from k3compile.verify_backward import draw_cotangents, reference_gradients
+
+    cache, _, _ = tuned_backward
+    forward_cache, _, _ = tuned
+    cache.put(forward_cache.get(autotune.key_for(spec_of(), None, SHAPE, "float32", GPU)))  # the forward's record
+    compilation, plan = autotune.compile_tuned(spec_of(), gpu=GPU, cache=cache)
+    assert set(plan.launch_tables) == {"chunk", "chunk_backward"} and not plan.messages
+    assert plan.launch_tables["chunk_backward"][("float32", 1, 64)]["tuned_backward_gradients"]["BV"] == 16
+    assert "chunk-size=64" in plan.pipeline  # the forward's tuned code choice stays
+    (tmp_path / "tuned.py").write_text(compilation.source)
+    (tmp_path / "plain.py").write_text(lower(spec_of()).source)
+    module = load_module(tmp_path / "tuned.py", "tuned_backward_module")
+    plain = load_module(tmp_path / "plain.py", "untuned_backward_module")
+    assert module.TUNED_CHUNK and module.TUNED_CHUNK_BACKWARD and "TUNED_CHUNK_BACKWARD" not in vars(plain)
+    gradients = LaunchRecorder(module.tuned_backward_gradients_kernel)
+    monkeypatch.setattr(module, "tuned_backward_gradients_kernel", gradients)
+    op = next(iter(spec_to_module(spec_of()).ops))
+    for T, bv in ((37, 16), (70, 32)):  # the tuned bucket (T <= 64), then an untuned one: the default
+        inputs = recurrence_inputs("kda", "kv", RecurrenceShape(1, T, 1, 1, 16, 32))
+        do, dht = draw_cotangents(op, inputs, True)
+        tuned_grads = module.chunk_backward(**inputs, do=do, dht=dht, output_dh0=True)
+        assert gradients.launches[-1]["BV"] == bv, (T, gradients.launches)
+        if T == 37:
+            default_grads = plain.chunk_backward(**inputs, do=do, dht=dht, output_dh0=True)
+            ref = reference_gradients(op, inputs, do, dht)
+            for name, ours, theirs in zip(("q", "k", "v", "g", "beta", "h0"), tuned_grads, default_grads, strict=True):
+                assert_rms(ours, theirs.double(), f"d{name}: tuned against the default", 1e-5)
+                assert_rms(ours, ref[name], f"d{name}: tuned against float64", 1e-4)

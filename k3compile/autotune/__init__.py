@@ -1,15 +1,20 @@
-"""Autotuning of the chunk entry's schedule choices on the GPU, with an on-disk cache.
+"""Autotuning of the chunk entry's schedule choices on the GPU, and of the chunk_backward
+entry's, with an on-disk cache.
 
-The search space is SEARCH_SPACE: a table of pass options that change the chunk entry. For
-every shape bucket (tune) each candidate pipeline is compiled, run with NaN-filled outputs
-(the module's POISON_OUTPUTS) and checked against the float64 reference (k3compile.ir.reference)
-on a small shape, checked to write every output at the target shape, and only then timed
-there; compile failures, out-of-resources and wrong results score infinity and are reported.
+The search spaces are SEARCH_SPACE (the forward, `chunk`) and BACKWARD_SEARCH_SPACE (the
+backward, `chunk_backward`, tuned with tune(..., entry="chunk_backward") / `k3c tune --entry`):
+tables of pass options that change the entry. For every shape bucket (tune) each candidate
+pipeline is compiled, run with NaN-filled outputs (the module's POISON_OUTPUTS) and checked
+against the float64 reference (k3compile.ir.reference; the backward's gradients against its
+float64 autograd) on a small shape, checked to write every output at the target shape, and only
+then timed there; compile failures, out-of-resources and wrong results score infinity and are
+reported.
 The result of a bucket is cached on disk (TuneCache) under a key of the schedule (layer IR +
 pipeline), the bucket, the dtype, the GPU, and the triton and k3compile versions, so a later
-tune or compile times nothing. compile_tuned() turns cached results into a module: one chunk
-size for the module (it changes kernel code), and a launch table per bucket (block sizes,
-num_warps, num_stages) that the generated launches read. docs/autotuning.md has the design.
+tune or compile times nothing. compile_tuned() turns cached results into a module: per entry one
+kernel code for the module (the chunk size among its choices), and a launch table per bucket
+(block sizes, num_warps, num_stages) that the entry's generated launches read.
+docs/autotuning.md has the design.
 
 The timer and the GPU name are parameters (defaults: `time_candidate`, `gpu_name`) so that the
 CPU tests run the whole search in Triton's interpreter with a fake timer.
@@ -27,17 +32,22 @@ compile_tuned in compile.py), not this package.
 
 from k3compile.autotune.cache import TuneCache, cache_root, key_digest, key_for
 from k3compile.autotune.compile import ModulePlan, compile_tuned
-from k3compile.autotune.measure import precompile
+from k3compile.autotune.measure import precompile, run_backward
 from k3compile.autotune.search import TuneResult, TuningError, tune
 from k3compile.autotune.space import (
+    BACKWARD_ENTRY,
+    BACKWARD_SEARCH_SPACE,
+    ENTRIES,
     SEARCH_SPACE,
     SEGMENTS,
     Bucket,
     Candidate,
     Choice,
+    backward_entry_pipeline,
     base_pipeline,
     bucket,
     candidates,
+    entry_pipeline,
     kernel_code_hash,
     launch_configs,
     split_pipeline,
@@ -45,6 +55,9 @@ from k3compile.autotune.space import (
 )
 
 __all__ = [
+    "BACKWARD_ENTRY",
+    "BACKWARD_SEARCH_SPACE",
+    "ENTRIES",
     "SEARCH_SPACE",
     "SEGMENTS",
     "Bucket",
@@ -54,16 +67,19 @@ __all__ = [
     "TuneCache",
     "TuneResult",
     "TuningError",
+    "backward_entry_pipeline",
     "base_pipeline",
     "bucket",
     "cache_root",
     "candidates",
     "compile_tuned",
+    "entry_pipeline",
     "kernel_code_hash",
     "key_digest",
     "key_for",
     "launch_configs",
     "precompile",
+    "run_backward",
     "split_pipeline",
     "tuned_entry_pipeline",
     "tune",

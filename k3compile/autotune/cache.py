@@ -1,7 +1,8 @@
-"""The on-disk tuning cache: one JSON record per tuned bucket (TuneCache), under a key of the
-schedule (layer IR + pipeline), the bucket, the dtype, the GPU, and the triton and k3compile
-versions (key_for), written atomically and checked when read (record_problem); the cache folder
-(cache_root).
+"""The on-disk tuning cache: one JSON record per tuned entry and bucket (TuneCache), under a key
+of the schedule (layer IR + pipeline), the bucket, the dtype, the GPU, and the triton and
+k3compile versions (key_for; a backward record's key also names its entry, chunk_backward, so
+it lies next to the forward's record of the bucket), written atomically and checked when read
+(record_problem); the cache folder (cache_root).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import os
 from pathlib import Path
 
-from k3compile.autotune.space import Bucket, base_pipeline
+from k3compile.autotune.space import ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
 
 # --- environment: versions, cache folder ------------------------------------------------------
 
@@ -69,18 +70,28 @@ def schedule_hash(spec, pipeline: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cache_key(schedule: str, bucket_: Bucket, dtype: str, gpu: str, triton: str, k3c: str) -> dict:
-    return {"schedule": schedule, "heads_bucket": bucket_.heads, "tokens_bucket": bucket_.tokens, "dtype": dtype,
-            "gpu": gpu, "triton": triton, "k3compile": k3c}
+def cache_key(schedule: str, bucket_: Bucket, dtype: str, gpu: str, triton: str, k3c: str,
+              entry: str = TUNED_ENTRY) -> dict:
+    """The key of a record; the forward's (chunk) has no "entry" field (keys as before the backward
+    was tuned), the backward's says "entry": "chunk_backward"."""
+    key = {"schedule": schedule, "heads_bucket": bucket_.heads, "tokens_bucket": bucket_.tokens, "dtype": dtype,
+           "gpu": gpu, "triton": triton, "k3compile": k3c}
+    return key if entry == TUNED_ENTRY else {**key, "entry": entry}
 
 
-def key_for(spec, pipeline: str | None, shape: tuple[int, int], dtype: str, gpu: str) -> dict:
-    """The cache key of tuning `spec` (under `pipeline`, None: the kind's) for shape (B, T)."""
+def entry_of(key: dict) -> str:
+    """The tuned entry of a record's key."""
+    return key.get("entry", TUNED_ENTRY)
+
+
+def key_for(spec, pipeline: str | None, shape: tuple[int, int], dtype: str, gpu: str,
+            entry: str = TUNED_ENTRY) -> dict:
+    """The cache key of tuning `entry` of `spec` (under `pipeline`, None: the kind's) for shape (B, T)."""
     from k3compile.frontend import spec_to_module
 
     heads = next(iter(spec_to_module(spec).ops)).num_v_heads.value.data
     return cache_key(schedule_hash(spec, base_pipeline(spec, pipeline)), Bucket.of(shape[0], shape[1], heads), dtype,
-                     gpu, triton_version(), k3compile_version())
+                     gpu, triton_version(), k3compile_version(), entry)
 
 
 def key_digest(key: dict) -> str:
@@ -88,7 +99,8 @@ def key_digest(key: dict) -> str:
 
 
 KEY_TYPES = {"schedule": str, "heads_bucket": int, "tokens_bucket": int, "dtype": str, "gpu": str, "triton": str,
-             "k3compile": str}
+             "k3compile": str, "entry": str}
+KEY_REQUIRED = tuple(name for name in KEY_TYPES if name != "entry")  # no "entry": the forward's
 CANDIDATE_TYPES = {"index": int, "options": dict, "pipeline": str, "code_options": dict, "code_hash": str,
                    "launch": (dict, type(None)), "status": str, "ms": (int, float, type(None)), "detail": str}
 CHOICE_TYPES = {"pass": str, "option": str, "values": list, "launch_only": bool}
@@ -129,8 +141,10 @@ def record_problem(record) -> str | None:
     tune` and compile_tuned read, so a damaged or hand-edited record is skipped, never a crash."""
     if not isinstance(record, dict):
         return "not a JSON object"
-    if problem := mistyped(record.get("key"), KEY_TYPES, required=KEY_TYPES):
+    if problem := mistyped(record.get("key"), KEY_TYPES, required=KEY_REQUIRED):
         return f"'key': {problem}"
+    if entry_of(record["key"]) not in ENTRIES:
+        return f"'key': 'entry' is {json.dumps(record['key']['entry'])[:40]}, not one of the tuned entries"
     candidates = record.get("candidates")
     if not isinstance(candidates, list):
         return f"'candidates' is {json.dumps(candidates)[:40]}, not a list"
@@ -215,12 +229,13 @@ class TuneCache:
         self.skipped.pop(path, None)
         return path
 
-    def records(self, schedule: str, gpu: str, triton: str, k3c: str) -> list[dict]:
-        """Every cached record of a schedule on a GPU with these versions (all buckets, dtypes)."""
+    def records(self, schedule: str, gpu: str, triton: str, k3c: str, entry: str = TUNED_ENTRY) -> list[dict]:
+        """Every cached record of `entry` of a schedule on a GPU with these versions (all buckets, dtypes)."""
         found = []
         for path in sorted((self.root / schedule[:16]).glob("*.json")):
             record = self.read(path)
             if record is not None and (record["key"]["schedule"], record["key"]["gpu"], record["key"]["triton"],
-                                       record["key"]["k3compile"]) == (schedule, gpu, triton, k3c):
+                                       record["key"]["k3compile"], entry_of(record["key"])) == \
+                    (schedule, gpu, triton, k3c, entry):
                 found.append(record)
         return found

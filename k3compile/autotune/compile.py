@@ -1,7 +1,8 @@
 """Compiling with tuned configs: compile_tuned() turns the cached records of a spec's buckets
-into a module, one kernel code for the whole module (the code closest to each bucket's winner,
-choose_code) and a launch table per bucket (block sizes, num_warps, num_stages, the P of
-segments="auto") that the generated launches read.
+into a module: per tuned entry (chunk, and chunk_backward where `k3c tune --entry` cached it),
+one kernel code for the whole module (the code closest to each bucket's winner, choose_code)
+and a launch table per bucket (block sizes, num_warps, num_stages, the forward's P of
+segments="auto") that the entry's generated launches read (TUNED_CHUNK, TUNED_CHUNK_BACKWARD).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from k3compile.autotune.cache import (
 from k3compile.autotune.measure import gpu_name
 from k3compile.autotune.search import TuningError
 from k3compile.autotune.space import (
+    BACKWARD_ENTRY,
     TUNED_ENTRY,
     Bucket,
     Candidate,
     base_pipeline,
+    entry_pipeline,
     join_pipeline,
     kernel_code_hash,
     split_pipeline,
-    tuned_entry_pipeline,
     tunable,
 )
 
@@ -93,7 +95,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     from k3compile.frontend import spec_to_module
 
     plan = ModulePlan(pipeline)
-    if mode == "off" or not tunable(spec, pipeline):
+    if mode == "off" or not (tunable(spec, pipeline) or tunable(spec, pipeline, BACKWARD_ENTRY)):
         return lower(spec, pipeline), plan
     base = base_pipeline(spec, pipeline)
     cache = cache or TuneCache()
@@ -126,27 +128,65 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
                                      f"on '{gpu}': the heuristic default there")
             else:
                 records.append(record)
+    # the backward's records (k3c tune --entry chunk_backward), where cached: never required, never
+    # tuned here (its heuristic default where there is none)
+    backward_records = []
+    if tunable(spec, pipeline, BACKWARD_ENTRY):
+        if shapes:
+            found = (cache.get(key_for(spec, pipeline, shape, dtype, gpu, BACKWARD_ENTRY))
+                     for shape in shapes for dtype in dtypes)
+            backward_records = [record for record in found if record is not None]
+        else:
+            backward_records = cache.records(schedule, gpu, *versions, entry=BACKWARD_ENTRY)
     if not shapes:
         records = cache.records(schedule, gpu, *versions)
-        if not records and mode == "frozen":
+        if not records and not backward_records and mode == "frozen":
             raise TuningError(f"frozen: no tuned config for {spec.name} ({spec.source}), any bucket, GPU '{gpu}' "
                               f"in {cache.root} (run `k3c tune {spec.source} --shape B,T` on that GPU){skipped_note(cache)}")
     plan.messages.extend(cache.messages)
-    if not records:
+    if not records and not backward_records:
         return lower(spec, pipeline), plan
-    plan.records = records
-    chosen = choose_code(records)
-    code_options = chosen[0] if chosen else {}
+    plan.records = records + backward_records
+    by_entry = {entry: found for entry, found in ((TUNED_ENTRY, records), (BACKWARD_ENTRY, backward_records)) if found}
     passes = split_pipeline(base)
     names = [name for name, _ in passes]
-    owner = {c["option"]: c["pass"] for record in records for c in record.get("space", [])}
-    for option, value in code_options.items():
-        passes[names.index(owner[option])][1][option] = str(value)
+    codes = {}
+    for entry, found in by_entry.items():  # each entry's kernel code, one for the module
+        chosen = choose_code(found)
+        codes[entry] = chosen[0] if chosen else {}
+        owner = {c["option"]: c["pass"] for record in found for c in record.get("space", [])}
+        for option, value in codes[entry].items():
+            passes[names.index(owner[option])][1][option] = str(value)
     plan.pipeline = join_pipeline(passes)
-    empty = lower(spec, tuned_entry_pipeline(plan.pipeline), launch_tables={TUNED_ENTRY: {}})  # as tune hashed it
+    for entry, found in by_entry.items():
+        plan.launch_tables[entry] = entry_table(spec, plan, entry, found, codes[entry])
+    described = []
+    for entry, table in plan.launch_tables.items():
+        buckets = ", ".join(f"{d} {Bucket(h, t)}" for d, h, t in sorted(table))
+        code = " ".join(f"{k}={v}" for k, v in codes[entry].items()) or "the pipeline's"
+        described.append(f"`{entry}`: {len(table)} bucket(s): {buckets or 'none'}; kernel code {code}, launches\n"
+                         f"read from {launch_table_name(entry)}.")
+    plan.note = (
+        f"Autotuned (k3c tune) on '{gpu}'. " + "\n".join(described) + "\n"
+        "Kernel code (one choice per entry for the whole module): the code whose best candidate is\n"
+        "closest to each tuned bucket's winner. Launch configs (block sizes, num_warps, num_stages) per\n"
+        "bucket in the TUNED_* tables, read by the entry's launches; other sizes use the heuristic\n"
+        "default; the bucket's P of segments=\"auto\" (context parallelism) under 'segments'. docs/autotuning.md\n"
+        "has the design."
+    )
+    return lower(spec, plan.pipeline, launch_tables=plan.launch_tables, note=plan.note), plan
+
+
+def entry_table(spec, plan: ModulePlan, entry: str, records: list[dict], code_options: dict) -> dict:
+    """The launch table of `entry` in a module of kernel code `code_options`: per record's bucket,
+    the launch config of the fastest passing candidate with that code (and, for chunk, the
+    bucket's P of segments="auto"); buckets without one are said in plan.messages."""
+    from k3compile.driver import lower
+
+    # the entry's kernel code as tune hashed it: its pipeline less the passes of other entries
+    empty = lower(spec, entry_pipeline(plan.pipeline, entry), launch_tables={entry: {}})
     code_hash = kernel_code_hash(empty.source)
     table = {}
-    untuned = []
     for record in records:
         key = record["key"]
         cands = [Candidate.from_json(c) for c in record["candidates"]]
@@ -157,19 +197,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
                 launch = {**launch, "segments": {"P": record["segments"]["winner"]}}
             table[(key["dtype"], key["heads_bucket"], key["tokens_bucket"])] = launch
         else:
-            untuned.append(describe_record(spec, record))
-    for what in untuned:
-        plan.messages.append(f"no passing tuned candidate with this module's kernel code for {what}: the heuristic "
-                             "default there")
-    plan.launch_tables = {TUNED_ENTRY: table}
-    buckets = ", ".join(f"{d} {Bucket(h, t)}" for d, h, t in sorted(table))
-    code = " ".join(f"{k}={v}" for k, v in code_options.items()) or "the pipeline's"
-    plan.note = (
-        f"Autotuned (k3c tune) on '{gpu}' for {len(table)} bucket(s): {buckets or 'none'}.\n"
-        f"Kernel code (one choice for the whole module, {code}): the code whose best candidate is\n"
-        "closest to each tuned bucket's winner. Launch configs (block sizes, num_warps, num_stages) per\n"
-        f"bucket in {launch_table_name(TUNED_ENTRY)}, read by the launches of `{TUNED_ENTRY}`; other sizes use the heuristic\n"
-        "default; the bucket's P of segments=\"auto\" (context parallelism) under 'segments'. docs/autotuning.md\n"
-        "has the design."
-    )
-    return lower(spec, plan.pipeline, launch_tables=plan.launch_tables, note=plan.note), plan
+            what = describe_record(spec, record) + ("" if entry == TUNED_ENTRY else f" ({entry})")
+            plan.messages.append(f"no passing tuned candidate with this module's kernel code for {what}: the "
+                                 "heuristic default there")
+    return table

@@ -1,7 +1,8 @@
 """Measuring one candidate: the GPU's name, the inputs of the reference check and of the target
-shape, a call of the tuned entry with the candidate's launch config, the check of its
-NaN-poisoned outputs against the reference and of every output written at the target shape,
-the timer (triton.testing.do_bench), and the parallel precompile of every candidate's kernels.
+shape, a call of the tuned entry with the candidate's launch config (chunk: o and the final
+state; chunk_backward: every gradient and dh0, from do and dht), the check of its NaN-poisoned
+outputs against the reference and of every output written at the target shape, the timer
+(triton.testing.do_bench), and the parallel precompile of every candidate's kernels.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from k3compile.autotune.space import TUNED_ENTRY, Candidate
+from k3compile.autotune.space import BACKWARD_ENTRY, TUNED_ENTRY, Candidate
 
 DEFAULT_CHECK_SHAPE = None  # (B, T) of the reference check; None: check_shape_for(the target)
 BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40  # triton.testing.do_bench per candidate
@@ -72,6 +73,20 @@ def timing_inputs(layer_op, batch: int, tokens: int, dtype, device: str, seed: i
     return inputs
 
 
+def with_cotangents(layer_op, inputs: dict, seed: int = 1) -> dict:
+    """The backward's inputs at the target shape: the forward's `inputs` (an initial state among
+    them) plus random cotangents as a training step hands them to chunk_backward (k3compile.ops):
+    do in o's layout and dtype, dht of the final state in fp32, drawn on the inputs' device."""
+    import torch
+
+    v, state = inputs["v"], inputs["initial_state"]
+    gen = torch.Generator(device=v.device).manual_seed(seed)
+    do = torch.randn(*v.shape[:3], layer_op.head_v_dim.value.data, generator=gen, device=v.device,
+                     dtype=torch.float32)
+    dht = torch.randn(*state.shape, generator=gen, device=v.device, dtype=torch.float32)
+    return {**inputs, "do": do.to(v.dtype), "dht": dht}
+
+
 # --- running candidates -----------------------------------------------------------------------
 
 
@@ -100,6 +115,29 @@ def run_entry(module, inputs: dict, candidate: Candidate, entry_name: str = TUNE
     options: more arguments of the call (segments=P). Tests replace this to make a candidate wrong."""
     set_launch(module, candidate.launch, entry_name)
     return getattr(module, entry_name)(**inputs, output_final_state=True, **options)
+
+
+def run_backward(module, inputs: dict, candidate: Candidate, entry_name: str = BACKWARD_ENTRY, **options) -> dict:
+    """One call of the backward entry with the candidate's launch config, as k3compile.ops calls it
+    in a training step with an initial state and a final state (do, dht, output_dh0=True): each
+    gradient by name (dq, dk, ..., dh0). Tests replace this to make a candidate wrong."""
+    from k3compile.verify_backward import DIFFERENTIABLE
+
+    set_launch(module, candidate.launch, entry_name)
+    grads = getattr(module, entry_name)(**inputs, output_dh0=True, **options)
+    names = [f"d{n}" for n in DIFFERENTIABLE if inputs.get(n) is not None] + ["dh0"]
+    if len(grads) != len(names):
+        raise ValueError(f"{entry_name} returned {len(grads)} values for {', '.join(names)}")
+    return dict(zip(names, grads))
+
+
+def entry_outputs(module, inputs: dict, candidate: Candidate, entry_name: str = TUNED_ENTRY, **options) -> dict:
+    """The outputs of one call of the tuned entry by name: chunk's o and final_state (run_entry),
+    chunk_backward's gradients (run_backward)."""
+    if entry_name == BACKWARD_ENTRY:
+        return run_backward(module, inputs, candidate, entry_name, **options)
+    o, state = run_entry(module, inputs, candidate, entry_name, **options)
+    return {"o": o, "final_state": state}
 
 
 def time_candidate(fn: Callable[[], object], candidate: Candidate) -> float:
@@ -144,7 +182,7 @@ def precompile(modules: list[tuple[object, list[Candidate]]], entry_name: str, i
                 for candidate in group:
                     for inputs in input_sets:
                         try:
-                            run_entry(module, inputs, candidate, entry_name)
+                            entry_outputs(module, inputs, candidate, entry_name)
                         except Exception:  # noqa: BLE001, S110 - reported by the real run
                             pass
     finally:
@@ -154,30 +192,30 @@ def precompile(modules: list[tuple[object, list[Candidate]]], entry_name: str, i
             module.POISON_OUTPUTS = poison
 
 
-def check_and_time(module, cand: Candidate, *, check: dict, reference: tuple, target: dict, tol: float,
-                   timer: Callable, phases: dict[str, float], **options) -> tuple[str, float, str]:
+def check_and_time(module, cand: Candidate, *, check: dict, reference: dict, target: dict, tol,
+                   timer: Callable, phases: dict[str, float], entry_name: str = TUNED_ENTRY,
+                   **options) -> tuple[str, float, str]:
     """(status, ms, detail) of one call of the entry (options: more arguments, segments=P):
-    NaN-poisoned outputs checked against `reference`, the reference's (o, final_state) on the
-    `check` inputs, within `tol`; every output written at the `target` inputs; only then timed
-    there by timer(fn, candidate). Any error scores infinity (out of resources, launch errors).
-    Adds its seconds to phases["check"] and phases["time"]."""
+    NaN-poisoned outputs checked against `reference` (output name -> the reference's, on the
+    `check` inputs) within `tol` (one RMS ratio, or one per output name); every output written at
+    the `target` inputs; only then timed there by timer(fn, candidate). Any error scores infinity
+    (out of resources, launch errors). Adds its seconds to phases["check"] and phases["time"]."""
     import torch
 
     from k3compile.verify import compare
 
-    ref_o, ref_state = reference
     t0 = time.perf_counter()
     try:
         module.POISON_OUTPUTS = True  # unwritten elements stay NaN and fail
-        o, state = run_entry(module, check, cand, **options)
-        errors = [(name, compare(out, ref)) for name, out, ref in (("o", o, ref_o), ("final_state", state, ref_state))]
-        bad = [(name, rms) for name, (_, rms) in errors if not (math.isfinite(rms) and rms <= tol)]
-        if bad:
-            name, rms = bad[0]
-            return "wrong", math.inf, (f"{name}: NaN (unwritten elements or a blow-up)" if math.isnan(rms)
-                                       else f"{name}: RMS ratio {rms:.1e} > {tol:.0e}")
-        o, state = run_entry(module, target, cand, **options)
-        if not (bool(torch.isfinite(o).all()) and bool(torch.isfinite(state).all())):
+        outputs = entry_outputs(module, check, cand, entry_name, **options)
+        for name, ref in reference.items():
+            limit = tol[name] if isinstance(tol, dict) else tol
+            rms = compare(outputs[name], ref)[1]
+            if not (math.isfinite(rms) and rms <= limit):
+                return "wrong", math.inf, (f"{name}: NaN (unwritten elements or a blow-up)" if math.isnan(rms)
+                                           else f"{name}: RMS ratio {rms:.1e} > {limit:.0e}")
+        outputs = entry_outputs(module, target, cand, entry_name, **options)
+        if not all(bool(torch.isfinite(out).all()) for out in outputs.values() if out is not None):
             return "unwritten", math.inf, "NaN in the outputs at the target shape"
     except Exception as err:  # noqa: BLE001
         return "error", math.inf, short(err)
@@ -187,7 +225,7 @@ def check_and_time(module, cand: Candidate, *, check: dict, reference: tuple, ta
     try:
         module.POISON_OUTPUTS = False
         timed_as = replace(cand, options={**cand.options, **options})  # what the timer is told
-        ms = float(timer(lambda: run_entry(module, target, cand, **options), timed_as))
+        ms = float(timer(lambda: entry_outputs(module, target, cand, entry_name, **options), timed_as))
     except Exception as err:  # noqa: BLE001
         return "error", math.inf, short(err)
     finally:

@@ -1,7 +1,8 @@
-"""The search: tune() takes every candidate of a bucket (space.py), compiles it into one module
-per kernel code, checks and times it (measure.py), picks the fastest that passed, runs the
-context-parallel stage on the winner, and caches the record (cache.py); a cached record is
-returned without compiling or timing anything. TuneResult is what it returns.
+"""The search: tune() takes every candidate of an entry (chunk or chunk_backward) and bucket
+(space.py), compiles it into one module per kernel code, checks and times it (measure.py), picks
+the fastest that passed, runs the context-parallel stage on the forward's winner, and caches the
+record (cache.py); a cached record is returned without compiling or timing anything. TuneResult
+is what it returns.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from k3compile.autotune.cache import TuneCache, key_for
+from k3compile.autotune.cache import TuneCache, entry_of, key_for
 from k3compile.autotune.measure import (
     DEFAULT_CHECK_SHAPE,
     check_and_time,
@@ -26,8 +27,12 @@ from k3compile.autotune.measure import (
     short,
     time_candidate,
     timing_inputs,
+    with_cotangents,
 )
 from k3compile.autotune.space import (
+    BACKWARD_ENTRY,
+    BACKWARD_SEARCH_SPACE,
+    ENTRIES,
     SEARCH_SPACE,
     SEGMENTS,
     TUNED_ENTRY,
@@ -57,6 +62,10 @@ class TuneResult:
     messages: list[str] = field(default_factory=list)
 
     @property
+    def entry(self) -> str:
+        return entry_of(self.record["key"])
+
+    @property
     def candidates(self) -> list[Candidate]:
         return [Candidate.from_json(c) for c in self.record["candidates"]]
 
@@ -83,23 +92,27 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
          gpu: str | None = None, timer: Callable | None = None, cache: TuneCache | None = None,
          space: Sequence[Choice] | None = None, check_shape: tuple[int, int] | None = None,
          retune: bool = False, jobs: int | None = None, segments: Sequence[int] | None = None,
-         progress: Callable[[int, int, str], None] | None = None) -> TuneResult:
-    """Tune the chunk entry of `spec` for the bucket of shape (B, T) and dtype, then the
-    context-parallel stage (P of `segments`, default SEGMENTS); cached results are returned
-    without compiling or timing anything (unless retune)."""
+         progress: Callable[[int, int, str], None] | None = None, entry: str = TUNED_ENTRY) -> TuneResult:
+    """Tune `entry` of `spec` (chunk: the forward, then its context-parallel stage, P of
+    `segments`, default SEGMENTS; chunk_backward: the backward, each candidate's gradients checked
+    against float64 autograd of the reference) for the bucket of shape (B, T) and dtype; cached
+    results are returned without compiling or timing anything (unless retune)."""
     from k3compile.driver import load_module, lower
     from k3compile.frontend import spec_to_module
 
     start = time.perf_counter()
-    space = SEARCH_SPACE if space is None else space
+    if entry not in ENTRIES:
+        raise TuningError(f"the tuned entries are {', '.join(ENTRIES)}, got {entry!r}")
+    backward = entry == BACKWARD_ENTRY
+    space = (BACKWARD_SEARCH_SPACE if backward else SEARCH_SPACE) if space is None else space
     check_shape = check_shape or DEFAULT_CHECK_SHAPE or check_shape_for(shape[1])
     torch_dtype = parse_dtype(dtype)
     pipeline = base_pipeline(spec, pipeline)
     if not spec.is_recurrence:
-        raise TuningError(f"{spec.source}: kind '{spec.kind}' has no chunk entry to tune")
-    found = candidates(pipeline, space)
+        raise TuningError(f"{spec.source}: kind '{spec.kind}' has no {entry} entry to tune")
+    found = candidates(pipeline, space, entry)
     if not found:
-        raise TuningError(f"{spec.source}: pipeline '{pipeline}' has none of the tuned passes "
+        raise TuningError(f"{spec.source}: pipeline '{pipeline}' has none of the tuned passes of {entry} "
                           f"({', '.join(sorted({c.pass_name for c in space}))})")
     gpu = gpu if gpu is not None else gpu_name()
     if gpu is None:
@@ -109,7 +122,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
         raise TuningError(f"shape B,T must be positive, got {batch},{tokens}")
     layer_op = next(iter(spec_to_module(spec).ops))
     cache = cache or TuneCache()
-    key = key_for(spec, pipeline, shape, dtype, gpu)
+    key = key_for(spec, pipeline, shape, dtype, gpu, entry)
     if not retune:
         record = cache.get(key)
         if record is not None:
@@ -142,11 +155,11 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     sources: dict[int, str] = {}
     for cand in found:
         try:
-            compilation = lower(spec, cand.pipeline, launch_tables={TUNED_ENTRY: {}})
-            if not has_entry(compilation):
-                raise TuningError(f"pipeline '{cand.pipeline}' has no '{TUNED_ENTRY}' entry")
+            compilation = lower(spec, cand.pipeline, launch_tables={entry: {}})
+            if not has_entry(compilation, entry):
+                raise TuningError(f"pipeline '{cand.pipeline}' has no '{entry}' entry")
             cand.code_hash = kernel_code_hash(compilation.source)
-            cand.launch = launch_configs(compilation)
+            cand.launch = launch_configs(compilation, entry)
             sources[cand.index] = compilation.source
         except Exception as err:  # noqa: BLE001 - a candidate that does not compile scores infinity
             cand.status, cand.detail = "compile error", short(err)
@@ -163,12 +176,24 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
 
     # 2. one module per kernel code; the reference once
     check_case = RecurrenceCase("tune check", check_shape[0], check_shape[1])
-    check = recurrence_inputs(layer_op, check_case, torch_dtype, device, torch.Generator().manual_seed(1234))
-    t0 = time.perf_counter()
-    ref_o, ref_state = reference.recurrence(layer_op, **check, output_final_state=True)
-    phases["check"] += time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(1234)
+    check = recurrence_inputs(layer_op, check_case, torch_dtype, device, gen)
     target = timing_inputs(layer_op, batch, tokens, torch_dtype, device)
-    tol = tolerance(TUNED_ENTRY, torch_dtype)
+    t0 = time.perf_counter()
+    if backward:  # the gradients of <do, o> + <dht, final_state> by float64 autograd, dh0 included
+        from k3compile.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
+
+        do, dht = draw_cotangents(layer_op, check, True, gen)
+        check = {**check, "do": do, "dht": dht}
+        grads = reference_gradients(layer_op, {n: x for n, x in check.items() if n not in ("do", "dht")}, do, dht)
+        ref = {f"d{n}": grad for n, grad in grads.items() if grad is not None}
+        tol = {name: gradient_tolerance(name, torch_dtype) for name in ref}
+        target = with_cotangents(layer_op, target)
+    else:
+        ref_o, ref_state = reference.recurrence(layer_op, **check, output_final_state=True)
+        ref = {"o": ref_o, "final_state": ref_state}
+        tol = tolerance(TUNED_ENTRY, torch_dtype)
+    phases["check"] += time.perf_counter() - t0
     done = sum(c.status != "pending" for c in found)
     with tempfile.TemporaryDirectory(prefix="k3c-tune-") as tmp:
         t0 = time.perf_counter()
@@ -181,13 +206,13 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
         if device == "cuda":
             t0 = time.perf_counter()
             try:
-                precompile(modules, TUNED_ENTRY, [check, target], jobs or min(32, os.cpu_count() or 1))
+                precompile(modules, entry, [check, target], jobs or min(32, os.cpu_count() or 1))
             except Exception:  # noqa: BLE001, S110 - only a speed-up: the runs below compile what is missing
                 pass
             phases["precompile"] += time.perf_counter() - t0
         # (status, ms, detail) of one call of a candidate (measure.py)
-        measure = partial(check_and_time, check=check, reference=(ref_o, ref_state), target=target, tol=tol,
-                          timer=timed_call, phases=phases)
+        measure = partial(check_and_time, check=check, reference=ref, target=target, tol=tol,
+                          timer=timed_call, phases=phases, entry_name=entry)
 
         for module, group in modules:
             for cand in group:
@@ -201,7 +226,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
         winner = min(ok, key=lambda c: c.ms) if ok else None
         segments_record = None
         module = next((m for m, group in modules if winner in group), None)
-        if winner is not None and hasattr(module, "_CHUNK_CP"):
+        if winner is not None and not backward and hasattr(module, "_CHUNK_CP"):
             rows = [{"P": 1, "status": "ok", "ms": winner.ms, "detail": "the winner"}]
             for P in SEGMENTS if segments is None else segments:
                 status, ms, detail = measure(module, winner, segments=P)
@@ -220,7 +245,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
                   for c in space],
         "candidates": [c.to_json() for c in found],
         "winner": None if winner is None else winner.index,
-        "segments": segments_record,  # the context-parallel stage (SEGMENTS), None without one
+        "segments": segments_record,  # the forward's context-parallel stage (SEGMENTS), None without one
         "default": 0,  # the first value of every choice: the heuristic default
         "seconds": round(time.perf_counter() - start, 3),
         "phases": {k: round(v, 3) for k, v in phases.items()},

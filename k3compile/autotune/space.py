@@ -1,7 +1,9 @@
-"""What the autotuner searches: the schedule choices (Choice, SEARCH_SPACE), the context-parallel
-stage's segment counts (SEGMENTS), the shape buckets that share tuned configs (Bucket), and the
-candidates: the product of the space's values on top of a pipeline, each with the options it
-sets, its kernel code (hash of its @triton.jit functions) and its launch configs read from the IR.
+"""What the autotuner searches: the schedule choices of each tuned entry (Choice, SEARCH_SPACE for
+`chunk`, BACKWARD_SEARCH_SPACE for `chunk_backward`), the context-parallel stage's segment counts
+(SEGMENTS), the shape buckets that share tuned configs (Bucket), and the candidates: the product
+of the space's values on top of a pipeline (less the passes that add only the other entries),
+each with the options it sets, its kernel code (hash of its @triton.jit functions) and its
+launch configs read from the IR.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-TUNED_ENTRY = "chunk"  # the entry whose schedule choices are tuned
+TUNED_ENTRY = "chunk"  # the forward entry whose schedule choices are tuned
+BACKWARD_ENTRY = "chunk_backward"  # the backward entry, tuned on its own (`k3c tune --entry`)
+ENTRIES = (TUNED_ENTRY, BACKWARD_ENTRY)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,26 @@ SEARCH_SPACE: tuple[Choice, ...] = (
     Choice("derive-chunkwise", "chunk-size", (16, 32), launch_only=False),
     Choice("fuse-chunkwise", "num-warps", (4, 8), launch_only=True),
     Choice("fuse-chunkwise", "block-v", (64, 32), launch_only=True),
+)
+
+# The search space of the backward entry (`k3c tune --entry chunk_backward`). The backward saves
+# nothing from the forward (k3compile.ops saves the inputs; derive-backward re-derives the chunk-
+# local stages at its own chunk size), so its choices are independent of the forward's: its
+# candidates are compiled without the forward's passes and the forward's config stays as tuned.
+# No GPU A/B has decided any of these defaults yet (docs/backward.md): chunks of 32, value blocks
+# of 32 and the gradients kernel at 4 warps (num-warps 2) lost on the H200 before scan-values=spill
+# and gradients-forward=reload existed, which change the gradients kernel's register pressure.
+# num-warps: the prepare's and scans' warps, the gradients kernels' twice that; 8 (16 warps at 255
+# registers) cannot launch. 32 candidates, 8 kernel codes. Left out: state-spill=float32 (9.6 ms
+# against 7.7 at B4 T4096 H32) and gradients-maxnreg, whose "no cap" (0) a shared module cannot
+# launch (the launch table merges a kernel's tuned config over the printed default, which has
+# the cap; docs/autotuning.md).
+BACKWARD_SEARCH_SPACE: tuple[Choice, ...] = (
+    Choice("derive-backward", "chunk-size", (16, 32), launch_only=False),
+    Choice("lower-backward", "scan-values", ("recompute", "spill"), launch_only=False),
+    Choice("lower-backward", "gradients-forward", ("recompute", "reload"), launch_only=False),
+    Choice("lower-backward", "num-warps", (4, 2), launch_only=True),
+    Choice("lower-backward", "block-v", (64, 32), launch_only=True),
 )
 
 # The context-parallel stage after the search (a module with chunk_segments): the winner's launch
@@ -133,16 +157,44 @@ class Candidate:
 BACKWARD_PASSES = frozenset({"derive-backward", "lower-backward", "derive-segment-scan-backward"})
 
 
+# Passes that add only entries other than chunk_backward (the forward's chunk, recurrent, decode,
+# segments, speculative): the backward's candidates are compiled without them (derive-backward
+# derives from the k3.recurrence, not from the chunk entry). derive-segment-scan-backward adds
+# chunk_backward_segments, which needs the forward's chunk_segments. Passes in neither set
+# (outline-kernels, overlap-launches) stay in both.
+FORWARD_PASSES = frozenset({"lower-recurrent", "lower-decode", "derive-chunkwise", "fuse-chunkwise",
+                            "derive-segment-scan", "lower-segment-scan", "derive-segment-scan-backward",
+                            "derive-replay", "lower-speculative"})
+
+
 def tuned_entry_pipeline(pipeline: str) -> str:
     """`pipeline` without the passes that only add backward entries."""
     return join_pipeline([p for p in split_pipeline(pipeline) if p[0] not in BACKWARD_PASSES])
 
 
-def candidates(pipeline: str, space: Sequence[Choice] | None = None) -> list[Candidate]:
-    """Every combination of the space's values on top of `pipeline` (less its backward passes);
-    options the pipeline sets itself are kept. Empty when the pipeline has none of the space's passes."""
-    space = SEARCH_SPACE if space is None else space
-    passes = split_pipeline(tuned_entry_pipeline(pipeline))
+def backward_entry_pipeline(pipeline: str) -> str:
+    """`pipeline` without the passes that only add the forward's entries."""
+    return join_pipeline([p for p in split_pipeline(pipeline) if p[0] not in FORWARD_PASSES])
+
+
+def entry_pipeline(pipeline: str, entry: str = TUNED_ENTRY) -> str:
+    """What `entry`'s candidates compile: `pipeline` less the passes that add only other entries."""
+    return backward_entry_pipeline(pipeline) if entry == BACKWARD_ENTRY else tuned_entry_pipeline(pipeline)
+
+
+def space_for(entry: str) -> tuple[Choice, ...]:
+    """The default search space of a tuned entry."""
+    if entry not in ENTRIES:
+        raise ValueError(f"the tuned entries are {', '.join(ENTRIES)}, got {entry!r}")
+    return BACKWARD_SEARCH_SPACE if entry == BACKWARD_ENTRY else SEARCH_SPACE
+
+
+def candidates(pipeline: str, space: Sequence[Choice] | None = None, entry: str = TUNED_ENTRY) -> list[Candidate]:
+    """Every combination of the space's values on top of `pipeline` (less the passes that add only
+    other entries than `entry`); options the pipeline sets itself are kept. Empty when the
+    pipeline has none of the space's passes."""
+    space = space_for(entry) if space is None else space
+    passes = split_pipeline(entry_pipeline(pipeline, entry))
     names = [name for name, _ in passes]
     axes = []
     for choice in space:
@@ -203,5 +255,5 @@ def base_pipeline(spec, pipeline: str | None) -> str:
     return DEFAULT_PIPELINES[spec.kind] if pipeline is None else pipeline
 
 
-def tunable(spec, pipeline: str | None = None) -> bool:
-    return spec.is_recurrence and bool(candidates(base_pipeline(spec, pipeline), SEARCH_SPACE))
+def tunable(spec, pipeline: str | None = None, entry: str = TUNED_ENTRY) -> bool:
+    return spec.is_recurrence and bool(candidates(base_pipeline(spec, pipeline), space_for(entry), entry))
