@@ -712,3 +712,17 @@ def test_compiled_module_uses_the_tuned_backward_and_its_gradients_match(tuned_b
             for name, ours, theirs in zip(("q", "k", "v", "g", "beta", "h0"), tuned_grads, default_grads, strict=True):
                 assert_rms(ours, theirs.double(), f"d{name}: tuned against the default", 1e-5)
                 assert_rms(ours, ref[name], f"d{name}: tuned against float64", 1e-4)
+
+
+def test_code_choices_that_make_the_same_module_are_timed_once(tmp_path):
+    """GLA shares nothing with its scans, so scan-values=spill prints the module of recompute:
+    the second candidate is "same as #0" (not checked, not timed) instead of a second module."""
+    spec = spec_of(recurrence_table("gla", H=1, K=16, V=32, name="tuned_gla"))
+    space = (Choice("lower-backward", "scan-values", ("recompute", "spill"), launch_only=False),)
+    timer = FakeTimer()
+    result = autotune.tune(spec, SHAPE, "float32", gpu=GPU, timer=timer, cache=TuneCache(tmp_path), space=space,
+                           check_shape=CHECK, entry="chunk_backward")
+    first, second = result.candidates
+    assert first.status == "ok" and result.winner.index == 0 and timer.calls == 1
+    assert second.status == "same as #0" and second.detail == "same generated module and launch config"
+    assert first.code_options != second.code_options and first.code_hash == second.code_hash

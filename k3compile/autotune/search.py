@@ -7,6 +7,7 @@ is what it returns.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -43,6 +44,7 @@ from k3compile.autotune.space import (
     has_entry,
     kernel_code_hash,
     launch_configs,
+    module_code_hash,
 )
 from k3compile.errors import K3Error
 from k3compile.ir.choices import DTYPES
@@ -153,6 +155,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     # 1. the pipeline of every candidate: its kernel code and launch configs
     t0 = time.perf_counter()
     sources: dict[int, str] = {}
+    modules_of: dict[int, str] = {}  # candidate -> module_code_hash of its module
     for cand in found:
         try:
             compilation = lower(spec, cand.pipeline, launch_tables={entry: {}})
@@ -161,17 +164,24 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
             cand.code_hash = kernel_code_hash(compilation.source)
             cand.launch = launch_configs(compilation, entry)
             sources[cand.index] = compilation.source
+            modules_of[cand.index] = module_code_hash(compilation.source)
         except Exception as err:  # noqa: BLE001 - a candidate that does not compile scores infinity
             cand.status, cand.detail = "compile error", short(err)
     groups: dict[tuple, list[Candidate]] = {}
+    programs: dict[tuple, Candidate] = {}  # (module hash, launch) -> the first candidate of that program
     for cand in found:
         if cand.status == "pending":
             group = groups.setdefault((tuple(sorted(cand.code_options.items())), cand.code_hash), [])
             same = next((c for c in group if c.launch == cand.launch), None)
             if same is not None:  # e.g. block-v 128 when V = 64: the launch of block-v 64
                 cand.status, cand.detail = f"same as #{same.index}", "same kernel code and launch config"
+                continue
+            program = programs.setdefault((modules_of[cand.index], json.dumps(cand.launch, sort_keys=True)), cand)
+            if program is not cand:  # other code options, the same module (GLA's scan-values)
+                cand.status, cand.detail = f"same as #{program.index}", "same generated module and launch config"
             else:
                 group.append(cand)
+    groups = {code: group for code, group in groups.items() if group}
     phases["compile"] = time.perf_counter() - t0
 
     # 2. one module per kernel code; the reference once

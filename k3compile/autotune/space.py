@@ -232,6 +232,20 @@ def kernel_code_hash(source: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+def module_code_hash(source: str) -> str:
+    """Hash of a whole generated module without its docstrings (the module's names the pipeline):
+    equal hashes mean the same program, host code included, whatever options made it (GLA's
+    backward is the same module under scan-values=spill, which shares nothing with its scans)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+
+
 def launch_configs(compilation, entry_name: str = TUNED_ENTRY) -> dict[str, dict[str, int]]:
     """kernel -> launch config (block sizes, num_warps, num_stages) of an entry, from the IR."""
     from k3compile.backends.triton.printer import EntryView, TritonPrinter
