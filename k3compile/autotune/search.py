@@ -45,6 +45,7 @@ from k3compile.autotune.space import (
     kernel_code_hash,
     launch_configs,
     module_code_hash,
+    with_pass_defaults,
 )
 from k3compile.errors import K3Error
 from k3compile.ir.choices import DTYPES
@@ -106,7 +107,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     if entry not in ENTRIES:
         raise TuningError(f"the tuned entries are {', '.join(ENTRIES)}, got {entry!r}")
     backward = entry == BACKWARD_ENTRY
-    space = (BACKWARD_SEARCH_SPACE if backward else SEARCH_SPACE) if space is None else space
+    space = with_pass_defaults(BACKWARD_SEARCH_SPACE if backward else SEARCH_SPACE) if space is None else space
     check_shape = check_shape or DEFAULT_CHECK_SHAPE or check_shape_for(shape[1])
     torch_dtype = parse_dtype(dtype)
     pipeline = base_pipeline(spec, pipeline)

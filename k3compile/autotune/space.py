@@ -14,7 +14,7 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TUNED_ENTRY = "chunk"  # the forward entry whose schedule choices are tuned
 BACKWARD_ENTRY = "chunk_backward"  # the backward entry, tuned on its own (`k3c tune --entry`)
@@ -56,9 +56,11 @@ SEARCH_SPACE: tuple[Choice, ...] = (
 # nothing from the forward (k3compile.ops saves the inputs; derive-backward re-derives the chunk-
 # local stages at its own chunk size), so its choices are independent of the forward's: its
 # candidates are compiled without the forward's passes and the forward's config stays as tuned.
-# No GPU A/B has decided any of these defaults yet (docs/backward.md): chunks of 32, value blocks
-# of 32 and the gradients kernel at 4 warps (num-warps 2) lost on the H200 before scan-values=spill
-# and gradients-forward=reload existed, which change the gradients kernel's register pressure.
+# Chunks of 32, value blocks of 32 and the gradients kernel at 4 warps (num-warps 2) lost on the
+# H200 before scan-values=spill and gradients-forward=reload existed, which change the gradients
+# kernel's register pressure (docs/backward.md), so all five are searched together. Candidate 0
+# takes each pass's default wherever it is in the row (with_pass_defaults), so a default changed
+# on a GPU A/B (scan-values) needs no edit here.
 # num-warps: the prepare's and scans' warps, the gradients kernels' twice that; 8 (16 warps at 255
 # registers) cannot launch. 32 candidates, 8 kernel codes. Left out: state-spill=float32 (9.6 ms
 # against 7.7 at B4 T4096 H32) and gradients-maxnreg, whose "no cap" (0) a shared module cannot
@@ -189,11 +191,32 @@ def space_for(entry: str) -> tuple[Choice, ...]:
     return BACKWARD_SEARCH_SPACE if entry == BACKWARD_ENTRY else SEARCH_SPACE
 
 
+def pass_default(choice: Choice):
+    """The default of the choice's pass option (None: no such pass or option)."""
+    from k3compile.passes import PASSES
+
+    factory = PASSES.get(choice.pass_name)
+    return None if factory is None else getattr(factory(), choice.option.replace("-", "_"), None)
+
+
+def with_pass_defaults(space: Sequence[Choice]) -> tuple[Choice, ...]:
+    """The space with each choice's pass default moved to the front where it is among the values:
+    candidate 0 of a built-in space stays the heuristic default when a pass's default changes
+    (on a GPU A/B) before the table follows. Spaces a caller passes are used as given."""
+    result = []
+    for choice in space:
+        default = pass_default(choice)
+        if default in choice.values and choice.values[0] != default:
+            choice = replace(choice, values=(default, *(v for v in choice.values if v != default)))
+        result.append(choice)
+    return tuple(result)
+
+
 def candidates(pipeline: str, space: Sequence[Choice] | None = None, entry: str = TUNED_ENTRY) -> list[Candidate]:
-    """Every combination of the space's values on top of `pipeline` (less the passes that add only
-    other entries than `entry`); options the pipeline sets itself are kept. Empty when the
-    pipeline has none of the space's passes."""
-    space = space_for(entry) if space is None else space
+    """Every combination of the space's values (the built-in space's with each pass default first,
+    with_pass_defaults) on top of `pipeline` (less the passes that add only other entries than `entry`); options the
+    pipeline sets itself are kept. Empty when the pipeline has none of the space's passes."""
+    space = with_pass_defaults(space_for(entry)) if space is None else space
     passes = split_pipeline(entry_pipeline(pipeline, entry))
     names = [name for name, _ in passes]
     axes = []
