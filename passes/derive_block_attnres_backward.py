@@ -68,7 +68,10 @@ from k3compile.passes.fuse_attnres import attnres_arg, loop, row_warps
 # partials-backward=columns: its warps (not tuned: the program's largest values are the per-column
 # products of a block's representatives and queries, [next_pow2(num_blocks), next_pow2(Q), columns])
 COLUMNS_WARPS = 8
-PARTIALS_BACKWARD = ("columns", "query-blocks")  # derive-block-attnres-backward{partials-backward=...}, default first
+# derive-block-attnres-backward{partials-backward=...}, default first: query-blocks, since columns
+# took 50-60 ms at T = 8192 on an H100 where query-blocks took 6-52 ms (n = 1-8; 3-4% of a copy's
+# bandwidth against 34-45%: bench/results/block_attnres_train_gpu_h100_f3f7295.md)
+PARTIALS_BACKWARD = ("query-blocks", "columns")
 
 
 def backward_rows_held(queries: int) -> int:

@@ -336,8 +336,10 @@ class LowerBackwardPass(ModulePass):
     # the values of the gradients kernel's value-block loop that a scan also makes from its
     # carried tile (the delta residual U - W S, its cotangent): recompute them there, or spill
     # them from the scans ([C, V] per chunk in the inputs' dtype) and reload them, so that the
-    # gradients kernel no longer recomputes them or what only they read (the query Gram, W, U)
-    scan_values: str = "recompute"
+    # gradients kernel no longer recomputes them or what only they read (the query Gram, W, U).
+    # spill by default: backward 7.76 -> 7.24 ms bounded, 8.31 -> 7.71 unbounded at B4 T4096 H32
+    # on an H100 (bench/results/backward_sweep_scan_values_h100_900b2d5.md)
+    scan_values: str = "spill"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.gradients_forward not in GRADIENTS_FORWARD:

@@ -1,4 +1,4 @@
-// derive-block-attnres-backward's default phase 1 backward (partials-backward=columns): a program's
+// derive-block-attnres-backward's phase 1 backward with partials-backward=columns: a program's
 // group of token rows with all the call's queries (grid row_group_all_queries; the fold's queries = 0,
 // BQ the next power of two of the call's Q) and all of a row's representatives (<S x ..> tiles,
 // k3s.load_source_columns <sources = num_blocks>), the hidden columns in blocks (k3s.column_loop,
@@ -9,20 +9,20 @@
 // block of columns over the program's rows: the coefficients back, the representatives and d mixes
 // read again, the representatives' cotangents stored once in their dtype (no fill, no atomics) and
 // the queries' summed over the rows, added by the fold's adjoint per block of columns.
-// RUN: k3c opt %s -p derive-block-attnres-backward | filecheck %s
-// RUN: k3c opt %s -p derive-block-attnres-backward | k3c opt - | filecheck %s
-// RUN: k3c opt %s -p derive-block-attnres-backward --generic | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' --generic | k3c opt - | filecheck %s
 // Options: the columns of a block (at most the row's padded width), rows a program, warps.
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{block-columns=16 rows-per-program=3 num-warps=4}' | filecheck %s --check-prefix=OPTS
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{block-columns=1024}' | filecheck %s --check-prefix=WHOLE
-// RUN: not k3c opt %s -p 'derive-block-attnres-backward{block-columns=48}' 2>&1 | filecheck %s --check-prefix=POW2
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=16 rows-per-program=3 num-warps=4}' | filecheck %s --check-prefix=OPTS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=1024}' | filecheck %s --check-prefix=WHOLE
+// RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=48}' 2>&1 | filecheck %s --check-prefix=POW2
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=rows}' 2>&1 | filecheck %s --check-prefix=FORM
 // The new stages verify their tiles (one line each).
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/%%x = k3s.load_source_columns %%representatives <sources = 6> : !k3s.tile<S x D>/%%x = k3s.load_source_columns %%representatives <sources = 6> : !k3s.tile<Q x D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/%%t_1, %%c_1 :/%%t_1, %%t_1 :/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=CENTRE
-// RUN: k3c opt %s -p derive-block-attnres-backward | sed 's/%%sum_sq = k3s.zeros : !k3s.tile<S>/%%sum_sq = k3s.zeros : !k3s.tile<S x Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=CARRIED
-// The example spec (K3's width) printed: blocks of 64 columns, 8 representatives, BQ from the call.
-// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s --check-prefix=TRITON
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%x = k3s.load_source_columns %%representatives <sources = 6> : !k3s.tile<S x D>/%%x = k3s.load_source_columns %%representatives <sources = 6> : !k3s.tile<Q x D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_1, %%c_1 :/%%t_1, %%t_1 :/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=CENTRE
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%sum_sq = k3s.zeros : !k3s.tile<S>/%%sum_sq = k3s.zeros : !k3s.tile<S x Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=CARRIED
+// The example spec (K3's width) printed with this form: blocks of 64 columns, 8 representatives, BQ from the call.
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward{partials-backward=columns},outline-kernels' | filecheck %s --check-prefix=TRITON
 
 builtin.module {
   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
@@ -94,7 +94,7 @@ builtin.module {
 // WHOLE:      k3s.column_loop <columns = 128> {
 
 // POW2:       derive-block-attnres-backward: block-columns must be a power of two, got 48
-// FORM:       derive-block-attnres-backward: partials-backward must be one of columns, query-blocks, got rows
+// FORM:       derive-block-attnres-backward: partials-backward must be one of query-blocks, columns, got rows
 // ROWS:       k3s.load_source_columns: the rows must be <S x D>, got <Q x D>
 // CENTRE:     k3s.sources_adjoint: c must be <S>, got <S x Q>
 // CARRIED:    k3s.column_loop: the column loop's initial values, block arguments and results must have the same types

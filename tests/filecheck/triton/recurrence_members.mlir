@@ -132,7 +132,7 @@
 // KDA:       k3s.gated_contraction %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %G <side = rows, form = elementwise>
 // KDA-NEXT:  = tl.zeros([BC, BK], dtype=tl.float32)
 // KDA-NEXT:  for j in range(0, BC):
-// GDN:       k3s.mul %{{[a-z_0-9]+}}, %pair_decay
+// GDN:       k3s.mul %{{[a-z_0-9]+}}, %{{[a-z_0-9]*}}pair_decay
 // DN-NOT:    k3s.gated_contraction
 // ALL:       k3s.store_cotangent %{{[a-z_0-9]+}}, %dq, %q
 // ALL-LABEL: def _chunk_backward_single(q, k, v,

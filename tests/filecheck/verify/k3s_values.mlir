@@ -44,7 +44,7 @@ builtin.module {
 // SHAPE-NOT: {{.}}
 
 // DTYPE-NOT: {{\n}}
-// DTYPE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.tensor: the dtype class must be one of float, float32, offsets, state, index, fp4x2, e8m0; got double{{$}}
+// DTYPE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.tensor: the dtype class must be one of float, float32, offsets, state, index, fp4x2, fp4x8, e8m0; got double{{$}}
 // DTYPE-NOT: {{.}}
 
 // BLOCKV-NOT: {{\n}}
