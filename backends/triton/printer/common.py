@@ -17,9 +17,6 @@ MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.
 # the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
 EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
                       k3s.SumSlotsOp, k3s.ProjectTokenSlotsOp, k3s.SumExpertRowsOp, *k3s.MOE_BACKWARD_STAGES)
-# stages that loop over every token row of the call (the MoE backward's dense weight gradients, the
-# training forward's prefix over chunks of pairs)
-ROW_LOOP_STAGE_TYPES = (k3s.ProjectWeightGradOp, k3s.NormGainGradOp, k3s.ChunkOffsetsOp)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp)
 # the pass that turns each kind of schedule into kernels

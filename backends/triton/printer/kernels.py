@@ -12,7 +12,6 @@ from k3compile.backends.triton.printer.common import (
     DOT_PRECISION,
     EXPERT_STAGE_TYPES,
     MATMUL_STAGE_TYPES,
-    ROW_LOOP_STAGE_TYPES,
     Code,
     EntryView,
     describe,
@@ -189,27 +188,9 @@ class Kernels:
         return constants
 
     def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
-        """Sizes known only at run time that a kernel reads (the token count, rows, sources)."""
-        sizes = []
-        ops = [*kernel.walk()]
-        stage_types = {type(op) for op in ops}
-
-        def has(types) -> bool:
-            return any(issubclass(t, types) for t in stage_types)
-
-        if has((k3s.TokenLoopOp, k3s.ChunkLoopOp, k3s.ChunkTileOp)):
-            sizes.append("T")
-        if has((k3s.SourceLoopOp, k3s.RowSourceLoopOp, k3s.LoadSourceColumnsOp)):
-            sizes += ["S", "R"]
-        if {"row_block", "pair_chunk"} & set(kernel.axes) or has(ROW_LOOP_STAGE_TYPES):
-            sizes.append("R")
-        if {"row_query_block", "row_group_query_block", "row_group_all_queries"} & set(kernel.axes):
-            sizes.append("Q")  # a Block AttnRes block's queries
-        if has((k3s.RouterLogitsOp, k3s.SumPartialLogitsOp)):
-            sizes.append("HS")  # the call's hidden slices: the router's slices, or those it sums
-        if any(isinstance(op, k3s.StateTileOp) and k3s.in_pool(op) for op in ops):
-            sizes.append("NSLOTS")  # the pool's rows (dims P; P itself may be the query Gram's workspace)
-        return sizes
+        """Sizes known only at run time that a kernel reads (the token count, rows, sources): its
+        ops' and grid axes' (k3s.RuntimeSizesInterface)."""
+        return k3s.runtime_sizes(kernel)
 
     def kernel_name(self, symbol: str) -> str:
         return f"{symbol}_kernel"
