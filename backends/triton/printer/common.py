@@ -3,7 +3,7 @@ the constants that the IR's attributes are printed with."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from xdsl.ir import Operation, OpResult, SSAValue
@@ -14,9 +14,6 @@ from k3compile.ir.syntax import attr_to_literal
 # the stages that multiply matrices (_mm of the runtime prelude, at the kernel's precision DOT)
 MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp, k3s.ProjectInputGradOp,
                       k3s.ProjectWeightGradOp)
-# the MoE experts' stages whose sizes are kernel constants (Experts.expert_constants)
-EXPERT_STAGE_TYPES = (k3s.CountPairsOp, k3s.ExpertOffsetsOp, k3s.SortPairsOp, k3s.ProjectOp, k3s.ProjectSlotsOp,
-                      k3s.SumSlotsOp, k3s.ProjectTokenSlotsOp, k3s.SumExpertRowsOp, *k3s.MOE_BACKWARD_STAGES)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp)
 # the pass that turns each kind of schedule into kernels
@@ -39,6 +36,30 @@ def pipelined_range(op: Operation, start: str, stop: str) -> str:
     return f"tl.range({start}, {stop}, num_stages={kernel.num_stages.value.data})"
 
 
+
+
+# --- each op's part of its kernel's compile-time constants ----------------------------------
+# An op interface of the printer, one function per op type (as legalize-triton's @block_sizes_of
+# keeps each op's block sizes): Kernels.kernel_constants asks a kernel's ops in program order; a
+# later op's constant of the same name replaces an earlier's. An op whose code reads no constant
+# of its own registers none. tests/test_op_interfaces.py checks that every name a printed kernel
+# reads is defined (a parameter, a constant, a run-time size or a module global), naming the op
+# whose code reads one that is not.
+KERNEL_CONSTANTS: dict[type[Operation], Callable[..., dict[str, int | str]]] = {}
+
+
+def kernel_constants_of(*op_types: type[Operation]) -> Callable:
+    """Register f(printer, op, kernel, view) -> the compile-time constants (name -> value) that
+    op's code reads: its sizes, the block sizes legalize-triton fixed (kernel.block_k, ...), the
+    sizes of the entry's arguments (view: its EntryView). Written as a printer method, so that it
+    may use the printer's helpers."""
+    def register(function: Callable) -> Callable:
+        if twice := [t.name for t in op_types if KERNEL_CONSTANTS.get(t, function) is not function]:
+            raise ValueError(f"{', '.join(twice)}: kernel constants registered twice")
+        KERNEL_CONSTANTS.update(dict.fromkeys(op_types, function))
+        return function
+
+    return register
 
 
 # k3s.kernel <dots = ...> as the DOT constexpr of the runtime prelude's _mm (Triton's input_precision)

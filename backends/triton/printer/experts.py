@@ -10,7 +10,7 @@ kernel's projection takes its rows from (k3s.project's ROW_TENSORS operands)."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.common import EntryView, kernel_constants_of, register, tensor_name
 from k3compile.backends.triton.printer.experts_words import ExpertWords
 from k3compile.ir import k3s
 
@@ -46,31 +46,49 @@ class Experts(ExpertWords):
     """TritonPrinter's methods for the MoE experts (one per k3s op, and their helpers); MXFP4
     weights in the words layout (packing = words) through ExpertWords' steps."""
 
-    def expert_constants(self, op, kernel: k3s.KernelOp, view) -> dict[str, int]:
-        """A stage's compile-time sizes: its widths and top_k, the block sizes legalize-triton
-        fixed (BR rows, BN output and BD input columns, BE experts), the dispatch plan's BM."""
-        block = lambda name: getattr(kernel, name).value.data  # noqa: E731
-        if isinstance(op, tuple(k3s.MOE_BACKWARD_STAGES)):
-            return self.backward_constants(op, kernel, view)
-        if isinstance(op, (k3s.CountPairsOp, k3s.SortPairsOp)):
-            sizes = {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
-            if isinstance(op, k3s.SortPairsOp) and op.chunk_base is not None:  # the pair-order plan's chunks
-                sizes |= {"CH": op.pairs_per_chunk.value.data, "E": int(view.dims("expert_counts")[0])}
-            return sizes | ({"BM": op.block_rows.value.data} if isinstance(op, k3s.SortPairsOp) else {})
-        if isinstance(op, k3s.ExpertOffsetsOp):
-            return {"E": op.num_experts.value.data, "BE": block("block_e"), "BM": op.block_rows.value.data}
-        sizes = {"DOUT": op.out_dim.value.data, "BN": block("block_n")}
-        if isinstance(op, (k3s.ProjectTokenSlotsOp, k3s.SumExpertRowsOp)):
-            return sizes | {"DIN": op.in_dim.value.data, "BD": block("block_d"), "TOP_K": op.top_k.value.data,
-                            "BJ": op.slots.value.data}
-        if isinstance(op, k3s.SumSlotsOp):
-            return sizes | {"TOP_K": op.top_k.value.data, "BR": block("block_r")}
-        sizes |= {"DIN": op.in_dim.value.data, "BD": block("block_d")}
-        if isinstance(op, k3s.ProjectSlotsOp):
-            return sizes | {"TOP_K": op.top_k.value.data}
+    # --- each stage's compile-time sizes (common.KERNEL_CONSTANTS): its widths and top_k, the
+    # block sizes legalize-triton fixed (BR rows, BN output and BD input columns, BE experts),
+    # the dispatch plan's BM
+
+    @kernel_constants_of(k3s.CountPairsOp, k3s.SortPairsOp)
+    def pair_plan_constants(self, op: k3s.CountPairsOp | k3s.SortPairsOp, kernel: k3s.KernelOp,
+                            view: EntryView) -> dict[str, int]:
+        sizes = {"TOP_K": op.top_k.value.data, "BR": kernel.block_r.value.data}
+        if isinstance(op, k3s.CountPairsOp):
+            return sizes
+        if op.chunk_base is not None:  # the pair-order plan's chunks
+            sizes |= {"CH": op.pairs_per_chunk.value.data, "E": int(view.dims("expert_counts")[0])}
+        return sizes | {"BM": op.block_rows.value.data}
+
+    @kernel_constants_of(k3s.ExpertOffsetsOp)
+    def expert_offsets_constants(self, op: k3s.ExpertOffsetsOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return {"E": op.num_experts.value.data, "BE": kernel.block_e.value.data, "BM": op.block_rows.value.data}
+
+    @kernel_constants_of(k3s.ProjectTokenSlotsOp, k3s.SumExpertRowsOp)
+    def token_slots_constants(self, op: k3s.ProjectTokenSlotsOp | k3s.SumExpertRowsOp, kernel: k3s.KernelOp,
+                              view: EntryView) -> dict[str, int]:
+        return {"DOUT": op.out_dim.value.data, "BN": kernel.block_n.value.data, "DIN": op.in_dim.value.data,
+                "BD": kernel.block_d.value.data, "TOP_K": op.top_k.value.data, "BJ": op.slots.value.data}
+
+    @kernel_constants_of(k3s.SumSlotsOp)
+    def sum_slots_constants(self, op: k3s.SumSlotsOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return {"DOUT": op.out_dim.value.data, "BN": kernel.block_n.value.data, "TOP_K": op.top_k.value.data,
+                "BR": kernel.block_r.value.data}
+
+    @kernel_constants_of(k3s.ProjectSlotsOp)
+    def project_slots_constants(self, op: k3s.ProjectSlotsOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return {"DOUT": op.out_dim.value.data, "BN": kernel.block_n.value.data, "DIN": op.in_dim.value.data,
+                "BD": kernel.block_d.value.data, "TOP_K": op.top_k.value.data}
+
+    @kernel_constants_of(k3s.ProjectOp)
+    def project_constants(self, op: k3s.ProjectOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """By its rows: a block of token rows (BR), of the expert-sorted pair list (BM, its experts
+        E), or one pair; an output of grouped columns' GROUP."""
+        sizes = {"DOUT": op.out_dim.value.data, "BN": kernel.block_n.value.data, "DIN": op.in_dim.value.data,
+                 "BD": kernel.block_d.value.data}
         rows = op.rows.data.value
         if rows == "token_block":
-            sizes["BR"] = block("block_r")
+            sizes["BR"] = kernel.block_r.value.data
         elif rows == "sorted_block":
             sizes |= {"BM": op.block_rows.value.data, "TOP_K": self.top_k(view),
                       "E": int(view.dims("expert_counts")[0])}
@@ -79,6 +97,11 @@ class Experts(ExpertWords):
         if op.group is not None:
             sizes["GROUP"] = op.group.value.data
         return sizes
+
+    @kernel_constants_of(*k3s.MOE_BACKWARD_STAGES)
+    def moe_backward_constants(self, op, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """The backward's stages: MoeBackward.backward_constants (its own chain, still to be split)."""
+        return self.backward_constants(op, kernel, view)
 
     def print_axis_column_block(self, axis: int) -> None:
         self.code(

@@ -10,11 +10,12 @@ from xdsl.ir import Operation
 
 from k3compile.backends.triton.printer.common import (
     DOT_PRECISION,
-    EXPERT_STAGE_TYPES,
+    KERNEL_CONSTANTS,
     MATMUL_STAGE_TYPES,
     Code,
     EntryView,
     describe,
+    kernel_constants_of,
     next_power_of_2,
     presence_flag,
     tensor_name,
@@ -142,50 +143,68 @@ class Kernels:
     def read_kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         if all(getattr(kernel, block) is None for block in ("block_k", "block_d", "block_r", "block_e")):
             raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
-        constants: dict[str, int] = {}
-        for op in kernel.walk():
-            if isinstance(op, k3s.StateTileOp):
-                # a commit kernel has no q or v: its heads come from the state pool
-                HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
-                constants.update(
-                    H=int(view.dims("q" if "q" in view.names else "k")[2]) if {"q", "k"} & set(view.names) else HV,
-                    HV=HV,
-                    K=op.head_k_dim.value.data,
-                    V=op.head_v_dim.value.data,
-                    BK=kernel.block_k.value.data,
-                    BV=kernel.block_v.value.data,
-                )
-            elif isinstance(op, k3s.ChunkTileOp):
-                constants.update(
-                    H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=op.head_k_dim.value.data,
-                    V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data,
-                    BC=op.chunk_size.value.data,
-                )
-            elif isinstance(op, k3s.ChunkLoopOp):
-                constants.update(BC=op.chunk_size.value.data)
-            elif isinstance(op, k3s.FoldQueryOp):
-                constants.update(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
-                if op.queries is not None:  # the program's block of a Block AttnRes block's queries (0: all)
-                    constants.update(BQ=op.queries.value.data or 'triton.next_power_of_2(dims["Q"])')
-            elif isinstance(op, k3s.LoadSourceColumnsOp):  # all of a row's representatives
-                constants.update(BS=next_power_of_2(op.sources.value.data))
-            elif isinstance(op, (k3s.RowLoopOp, k3s.RowSourceLoopOp)):
-                constants.update(BR=op.rows.value.data)
-            elif isinstance(op, k3s.RouterLogitsOp):
-                constants.update(D=op.hidden_size.value.data, E=op.num_experts.value.data,
-                                 BR=kernel.block_r.value.data, BD=kernel.block_d.value.data,
-                                 BE=kernel.block_e.value.data)
-            elif isinstance(op, k3s.SumPartialLogitsOp):
-                constants.update(E=op.num_experts.value.data, BR=kernel.block_r.value.data,
-                                 BE=kernel.block_e.value.data)
-            elif isinstance(op, k3s.SelectTopKOp):
-                constants.update(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
-            elif isinstance(op, EXPERT_STAGE_TYPES):
-                constants.update(self.expert_constants(op, kernel, view))
+        constants: dict[str, int | str] = {}
+        for op in kernel.walk():  # each op's (@kernel_constants_of), in program order
+            if (of_op := KERNEL_CONSTANTS.get(type(op))) is not None:
+                constants.update(of_op(self, op, kernel, view))
         for buffer in ("cache", "snapshots"):
             if buffer in view.names:
                 constants["DEPTH"] = int(view.dims(buffer)[1])
         return constants
+
+    # --- each op's constants (common.KERNEL_CONSTANTS); the MoE experts' in experts.py ----------
+
+    @kernel_constants_of(k3s.StateTileOp)
+    def state_tile_constants(self, op: k3s.StateTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """Its heads (a commit kernel has no q or v: its heads come from the state pool), widths
+        and blocks of key and value columns."""
+        HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
+        return dict(H=int(view.dims("q" if "q" in view.names else "k")[2]) if {"q", "k"} & set(view.names) else HV,
+                    HV=HV, K=op.head_k_dim.value.data, V=op.head_v_dim.value.data, BK=kernel.block_k.value.data,
+                    BV=kernel.block_v.value.data)
+
+    @kernel_constants_of(k3s.ChunkTileOp)
+    def chunk_tile_constants(self, op: k3s.ChunkTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return dict(H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=op.head_k_dim.value.data,
+                    V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data,
+                    BC=op.chunk_size.value.data)
+
+    @kernel_constants_of(k3s.ChunkLoopOp)
+    def chunk_loop_constants(self, op: k3s.ChunkLoopOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return dict(BC=op.chunk_size.value.data)
+
+    @kernel_constants_of(k3s.FoldQueryOp)
+    def fold_query_constants(self, op: k3s.FoldQueryOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
+        """A row's width and block of columns; the program's block of a Block AttnRes block's
+        queries (0: all of them, as the launch folds them)."""
+        constants: dict[str, int | str] = dict(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
+        if op.queries is not None:
+            constants.update(BQ=op.queries.value.data or 'triton.next_power_of_2(dims["Q"])')
+        return constants
+
+    @kernel_constants_of(k3s.LoadSourceColumnsOp)
+    def load_source_columns_constants(self, op: k3s.LoadSourceColumnsOp, kernel: k3s.KernelOp,
+                                      view: EntryView) -> dict[str, int]:
+        return dict(BS=next_power_of_2(op.sources.value.data))  # all of a row's representatives
+
+    @kernel_constants_of(k3s.RowLoopOp, k3s.RowSourceLoopOp)
+    def row_loop_constants(self, op: k3s.RowLoopOp | k3s.RowSourceLoopOp, kernel: k3s.KernelOp,
+                           view: EntryView) -> dict[str, int]:
+        return dict(BR=op.rows.value.data)
+
+    @kernel_constants_of(k3s.RouterLogitsOp)
+    def router_logits_constants(self, op: k3s.RouterLogitsOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return dict(D=op.hidden_size.value.data, E=op.num_experts.value.data, BR=kernel.block_r.value.data,
+                    BD=kernel.block_d.value.data, BE=kernel.block_e.value.data)
+
+    @kernel_constants_of(k3s.SumPartialLogitsOp)
+    def sum_partial_logits_constants(self, op: k3s.SumPartialLogitsOp, kernel: k3s.KernelOp,
+                                     view: EntryView) -> dict[str, int]:
+        return dict(E=op.num_experts.value.data, BR=kernel.block_r.value.data, BE=kernel.block_e.value.data)
+
+    @kernel_constants_of(k3s.SelectTopKOp)
+    def select_top_k_constants(self, op: k3s.SelectTopKOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return dict(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
 
     def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
         """Sizes known only at run time that a kernel reads (the token count, rows, sources): its
