@@ -1,27 +1,31 @@
 """The op interfaces that replace per-op isinstance chains: each op whose kernel needs block sizes
 says how they are fixed (backends/triton/legalize.py's @block_sizes_of, or the pass that fixes
-them: block_sizes_fixed_by), and each op whose kernel reads a size known only at run time
-implements k3s.RuntimeSizesInterface. Which ops need them is read off the printer: the block
-sizes an op's kernel constants read, the run-time sizes a kernel of that op alone reads.
+them: block_sizes_fixed_by); each op whose code reads compile-time constants registers them
+(backends/triton/printer's @kernel_constants_of); each op whose kernel reads a size known only
+at run time implements k3s.RuntimeSizesInterface. Which ops need them is read off the printer:
+the block sizes an op's kernel constants read; every name a printed kernel's code reads is a
+parameter of the kernel or a global of the module, else the op that printed it is named.
 
-Checked on the kernels of the examples' modules (scheduled and legalized, not printed: a few
-seconds), the MoE layer also with the warp decode and the backward's small blocks."""
+Checked on the kernels of the examples' modules (scheduled and through the Triton backend's
+passes, then printed: a few seconds), the MoE layer also with the warp decode and the
+backward's small blocks."""
 
 from __future__ import annotations
 
+import ast
+import builtins
+import re
 from pathlib import Path
 
 import pytest
-from xdsl.context import Context
 
 from k3compile.backends.triton import legalize
-from k3compile.backends.triton.legalize import LegalizeTritonPass
 from k3compile.backends.triton.printer import TritonPrinter
-from k3compile.backends.triton.printer.common import EntryView
-from k3compile.driver import schedule
+from k3compile.backends.triton.printer.common import KERNEL_CONSTANTS, EntryView, kernel_constants_of
+from k3compile.backends.triton.printer.kernels import name_uses, param_name, statements
+from k3compile.driver import schedule_for_triton
 from k3compile.ir import k3s
 from k3compile.ir.k3s import K3S
-from k3compile.passes.outline_kernels import OutlineKernelsPass
 from k3compile.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -33,13 +37,17 @@ MODULES = [("kda", None), ("gated_deltanet", None), ("attnres", None), ("latent_
 
 
 @pytest.fixture(scope="module")
-def kernels() -> list[tuple[k3s.KernelOp, EntryView]]:
-    """Every (kernel, a view of an entry that launches it) of the modules, legalized."""
+def modules() -> list:
+    """The modules as the printer gets them (the Triton backend's passes run)."""
+    return [schedule_for_triton(load_spec(EXAMPLES / f"{name}.toml"), pipeline, verify="off").scheduled
+            for name, pipeline in MODULES]
+
+
+@pytest.fixture(scope="module")
+def kernels(modules) -> list[tuple[k3s.KernelOp, EntryView]]:
+    """Every (kernel, a view of an entry that launches it) of the modules."""
     found = []
-    for name, pipeline in MODULES:
-        module = schedule(load_spec(EXAMPLES / f"{name}.toml"), pipeline).scheduled
-        OutlineKernelsPass().apply(Context(), module)
-        LegalizeTritonPass(source=name).apply(Context(), module)
+    for module in modules:
         for entry in [op for op in module.ops if isinstance(op, k3s.EntryOp)]:
             view = EntryView(entry)
             found += [(kernel, view) for kernel in view.kernels]
@@ -47,19 +55,15 @@ def kernels() -> list[tuple[k3s.KernelOp, EntryView]]:
 
 
 class OneOp:
-    """A kernel as the printer reads it, of one of its ops alone (or none) and maybe other grid
-    axes; records the block sizes (block_k, ...) whose values are read."""
+    """A kernel as the printer reads it, of one of its ops alone; records the block sizes
+    (block_k, ...) whose values are read."""
 
-    def __init__(self, kernel: k3s.KernelOp, op=None, axes=None) -> None:
-        self._kernel, self._op, self._axes = kernel, op, axes
+    def __init__(self, kernel: k3s.KernelOp, op) -> None:
+        self._kernel, self._op = kernel, op
         self.blocks_read: set[str] = set()
 
     def walk(self):
-        return iter([] if self._op is None else [self._op])
-
-    @property
-    def axes(self):
-        return self._kernel.axes if self._axes is None else self._axes
+        return iter([self._op])
 
     def __getattr__(self, name: str):
         value = getattr(self._kernel, name)
@@ -126,24 +130,113 @@ def test_block_sizes_interface_registers_k3s_ops():
     assert set(legalize.SIZES_BY_ROWS) <= set(legalize.BLOCK_SIZES)
 
 
-def test_every_op_whose_kernel_reads_runtime_sizes_implements_the_interface(kernels):
-    printer, seen = TritonPrinter(None), set()
+class RecordingPrinter(TritonPrinter):
+    """The printer, recording each kernel's printed code and which op printed each of its lines
+    (the innermost op: a loop's lines but its body's)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.printed: list[tuple[k3s.KernelOp, EntryView, list[str], list[tuple[object, int, int]]]] = []
+
+    def print_kernel(self, kernel: k3s.KernelOp, view: EntryView) -> None:
+        self.spans: list[tuple[object, int, int]] = []
+        super().print_kernel(kernel, view)
+        self.printed.append((kernel, view, self.body, self.spans))
+
+    def print_ops(self, parent) -> None:
+        self.body = self.code.lines
+        for op in parent.regions[0].ops:
+            first = len(self.code.lines)
+            getattr(self, "print_" + op.name.replace(".", "_"))(op)
+            self.spans.append((op, first, len(self.code.lines)))
+
+
+def module_globals(source: str) -> set[str]:
+    names = set(dir(builtins))
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def undefined_names(module) -> list[str]:
+    """One line per op type whose printed code reads a name that is neither a parameter of its
+    kernel (an argument, a run-time size, a constant, a flag) nor a global of the module: the
+    registration the op (or another op of its kernel) lacks."""
+    printer = RecordingPrinter()
+    known = module_globals(printer.print_module(module, ""))
+    problems: dict[str, tuple[set[str], set[str]]] = {}  # op name -> (the names, the kernels)
+    for kernel, view, lines, spans in printer.printed:
+        params = {param_name(param) for param, _ in printer.kernel_params(kernel, view)}
+        unknown = name_uses(statements("\n".join(lines) + "\n")).free() - params - known
+        for name in sorted(unknown):
+            word = re.compile(rf"\b{name}\b")
+            for at, line in enumerate(lines):
+                if not word.search(line.split("#")[0]):
+                    continue
+                # the innermost op whose printing wrote the line; lines before any op: the grid axes'
+                around = [(last - first, op.name) for op, first, last in spans if first <= at < last]
+                where = min(around)[1] if around else f"the grid axes {', '.join(kernel.axes)}"
+                names, kernels = problems.setdefault(where, (set(), set()))
+                names.add(name)
+                kernels.add(f"@{kernel.sym_name.data}")
+    messages = []
+    for where, (names, kernels) in sorted(problems.items()):
+        sizes, constants = sorted(names & set(k3s.RUNTIME_SIZES)), sorted(names - set(k3s.RUNTIME_SIZES))
+        at = ", ".join(sorted(kernels)[:2]) + (f" and {len(kernels) - 2} more" if len(kernels) > 2 else "")
+        messages.append(f"{where}: its code (in {at}) reads names its kernel does not define"
+                        + (f"; constants no @kernel_constants_of (backends/triton/printer) gives: "
+                           f"{', '.join(constants)}" if constants else "")
+                        + (f"; run-time sizes its runtime_sizes() (k3s.RuntimeSizesInterface) omits: "
+                           f"{', '.join(sizes)}" if sizes else ""))
+    return messages
+
+
+def test_every_name_a_printed_kernel_reads_is_defined(modules):
+    for module in modules:
+        assert undefined_names(module) == []
+
+
+def test_a_missing_kernel_constants_registration_names_the_op(modules, monkeypatch):
+    monkeypatch.delitem(KERNEL_CONSTANTS, k3s.SelectTopKOp)
+    messages = undefined_names(modules[MODULES.index(("latent_moe", None))])
+    message = next(m for m in messages if m.startswith("k3s.select_top_k:"))
+    assert re.match(r"k3s\.select_top_k: its code \(in @\w+, @\w+ and 3 more\) reads names its kernel does not "
+                    r"define; constants no @kernel_constants_of \(backends/triton/printer\) gives: BKS, TOP_K$",
+                    message), message
+    assert all("\n" not in m for m in messages)
+
+
+def test_a_missing_runtime_size_names_the_op(modules, monkeypatch):
+    monkeypatch.setattr(k3s.RouterLogitsOp, "runtime_sizes", lambda self: ())
+    message, = undefined_names(modules[MODULES.index(("latent_moe", None))])
+    assert re.match(r"k3s\.router_logits: its code \(in @\w+, @\w+ and 3 more\) reads names its kernel does not "
+                    r"define; run-time sizes its runtime_sizes\(\) \(k3s.RuntimeSizesInterface\) omits: HS$",
+                    message), message
+
+
+def test_kernel_constants_interface_registers_k3s_ops():
+    assert set(KERNEL_CONSTANTS) <= set(K3S.operations), \
+        sorted(t.__name__ for t in set(KERNEL_CONSTANTS) - set(K3S.operations))
+    with pytest.raises(ValueError, match="k3s.project: kernel constants registered twice"):
+        kernel_constants_of(k3s.ProjectOp)(lambda printer, op, kernel, view: {})
+
+
+def test_runtime_sizes_are_known_sizes(kernels):
+    seen = set()
     for kernel, _ in kernels:
-        # the interface gives the printer's sizes for the whole kernel ...
-        assert k3s.runtime_sizes(kernel) == printer.runtime_sizes(kernel), kernel.sym_name.data
-        for op in kernel.walk():  # ... op by op
-            sizes = printer.runtime_sizes(OneOp(kernel, op, axes=[]))
-            if sizes:
-                seen.add(type(op))
-                assert isinstance(op, k3s.RuntimeSizesInterface), \
-                    f"{op.name}: its kernel reads the run-time sizes {sizes}; it does not implement " \
-                    f"k3s.RuntimeSizesInterface"
+        for op in kernel.walk():
             if isinstance(op, k3s.RuntimeSizesInterface):
-                assert list(op.runtime_sizes()) == sizes, op.name
-        for axis in kernel.axes:  # ... and axis by axis
-            assert list(k3s.AXIS_RUNTIME_SIZES.get(axis, ())) == printer.runtime_sizes(OneOp(kernel, axes=[axis])), axis
+                seen.add(type(op))
+                assert set(op.runtime_sizes()) <= set(k3s.RUNTIME_SIZES), op.name
     assert {k3s.TokenLoopOp, k3s.ChunkTileOp, k3s.StateTileOp, k3s.RouterLogitsOp, k3s.SourceLoopOp,
             k3s.ProjectWeightGradOp} <= seen
+    assert set(k3s.AXIS_RUNTIME_SIZES.values()) <= {(size,) for size in k3s.RUNTIME_SIZES}
 
 
 def test_an_op_without_runtime_sizes_cannot_be_made():

@@ -61,7 +61,8 @@ class Experts(ExpertWords):
         return sizes | {"BM": op.block_rows.value.data}
 
     @kernel_constants_of(k3s.ExpertOffsetsOp)
-    def expert_offsets_constants(self, op: k3s.ExpertOffsetsOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+    def expert_offsets_constants(self, op: k3s.ExpertOffsetsOp, kernel: k3s.KernelOp,
+                                 view: EntryView) -> dict[str, int]:
         return {"E": op.num_experts.value.data, "BE": kernel.block_e.value.data, "BM": op.block_rows.value.data}
 
     @kernel_constants_of(k3s.ProjectTokenSlotsOp, k3s.SumExpertRowsOp)
