@@ -166,7 +166,9 @@ class ValueBlockLoopOp(KeywordSyntax):
     (a [K, V] state and its cotangent, whole, would not fit one program's registers). The body is
     the stages that read or make value columns; each result is a sum over the blocks (a product
     or reduction that contracts the value columns), carried in the block argument of its index
-    and summed by the closing `k3s.sum_value_blocks`."""
+    and summed by the closing `k3s.sum_value_blocks`. In a kernel whose grid has a value_block
+    axis the program runs one block, its own: the results are that block's parts of the sums
+    (k3s.spill_value_block_part hands them to a kernel that adds them, k3s.sum_value_block_parts)."""
 
     name = "k3s.value_block_loop"
     block_v = prop_def(IntegerAttr[I64])
@@ -190,6 +192,61 @@ class SumValueBlocksOp(KeywordSyntax):
     name = "k3s.sum_value_blocks"
     parts = var_operand_def(TileType)
     traits = traits_def(IsTerminator(), HasParent(ValueBlockLoopOp))
+
+
+def value_block_parts_layout(workspace: TensorType, part_dims: tuple[str, ...]) -> int:
+    """The number of value blocks (NVB) of a workspace of value blocks' parts: [B, T, HV, NVB, ...]
+    for a part of C rows (per token, the part's other dimensions after NVB), [NC, HV, NVB, ...]
+    for a part without rows (per chunk); a VerifyException where it is not that layout in fp32."""
+    dims = workspace.dims
+    per_token = part_dims[:1] == ("C",)
+    lead = ["B", "T"] if per_token else ["NC"]
+    columns = part_dims[1:] if per_token else part_dims
+    if (workspace.dtype_class != "float32" or len(dims) != len(lead) + 2 + len(columns) or dims[:len(lead)] != lead
+            or not dims[len(lead) + 1].isdigit()):
+        shape = " x ".join([*lead, "HV", "NVB", *columns])
+        raise VerifyException(f"the workspace of a <{' x '.join(part_dims)}> tile's value-block parts is <{shape}, "
+                              f"float32>, NVB the number of value blocks; got <{' x '.join(dims)}, "
+                              f"{workspace.dtype_class}>")
+    return int(dims[len(lead) + 1])
+
+
+@irdl_op_definition
+class SpillValueBlockPartOp(KeywordSyntax):
+    """`k3s.spill_value_block_part %KG_bar_parts, %KG_bar`: this program's part of a sum over the
+    value blocks (the result of a k3s.value_block_loop in a kernel whose grid has a value_block
+    axis, where each program runs one block) to its block's slot of an fp32 workspace of parts:
+    [B, T, HV, NVB, ...] for a tile of C rows, [NC, HV, NVB, ...] for a per-chunk one. A later
+    kernel adds the NVB slots (k3s.sum_value_block_parts)."""
+
+    name = "k3s.spill_value_block_part"
+    workspace = operand_def(TensorType)
+    part = operand_def(TileType)
+    traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        try:
+            value_block_parts_layout(self.workspace.type, tuple(d.data for d in self.part.type.dims.data))
+        except VerifyException as error:
+            raise VerifyException(f"{self.name}: {error}") from None
+
+
+@irdl_op_definition
+class SumValueBlockPartsOp(KeywordSyntax):
+    """`%KG_bar = k3s.sum_value_block_parts %KG_bar_parts`: the sum over the value blocks of the
+    parts that an earlier kernel spilled (k3s.spill_value_block_part), added in block order (as a
+    k3s.value_block_loop adds them)."""
+
+    name = "k3s.sum_value_block_parts"
+    workspace = operand_def(TensorType)
+    total = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        try:
+            value_block_parts_layout(self.workspace.type, tuple(d.data for d in self.total.type.dims.data))
+        except VerifyException as error:
+            raise VerifyException(f"{self.name}: {error}") from None
 
 
 @irdl_op_definition
@@ -439,6 +496,8 @@ CHUNK_STAGES = [
     NextChunkOp,
     ValueBlockLoopOp,
     SumValueBlocksOp,
+    SpillValueBlockPartOp,
+    SumValueBlockPartsOp,
     ExitUnlessOp,
     RecordCheckOp,
     RecordedCheckOp,
