@@ -25,7 +25,16 @@ class ChunkStages:
         """exp2 of a log2 expression (Gamma from G) broadcast against a [BC, BK] tile."""
         return f"tl.exp2({exponent})" if gate == "channel" else f"tl.exp2({exponent})[:, None]"
 
+    def in_value_block_grid(self) -> bool:
+        """Whether the kernel being printed runs a value block a program (a value_block grid axis)."""
+        return k3s.GridAxis.VALUE_BLOCK in self.kernel.axes
+
     def print_k3s_chunk_tile(self, op: k3s.ChunkTileOp) -> None:
+        if self.in_value_block_grid():  # o_v, m_v: the grid axis's block
+            self.code.comment(op, "this program's token rows, all key columns")
+            self.code("o_c = tl.arange(0, BC)", "t_c = start + o_c", "m_c = t_c < eos",
+                      "o_k = tl.arange(0, BK)", "m_k = o_k < K")
+            return
         self.code.comment(op, "this program's token rows, all key and value columns")
         self.code(
             "o_c = tl.arange(0, BC)", "t_c = start + o_c", "m_c = t_c < eos",
@@ -54,6 +63,11 @@ class ChunkStages:
 
     def print_k3s_value_block_loop(self, op: k3s.ValueBlockLoopOp) -> None:
         c = self.code
+        if self.in_value_block_grid():
+            c.comment(op, "one block of BV value columns, this program's (grid axis value_block): what "
+                          "contracts them, its part of the sums over the blocks")
+            self.print_ops(op)
+            return
         c.comment(op, "the value columns in blocks of BV; what contracts them summed over the blocks")
         for carried in op.body.block.args:
             shape = ", ".join(TILE_BLOCKS[d.data] for d in carried.type.dims.data)
@@ -65,8 +79,53 @@ class ChunkStages:
 
     def print_k3s_sum_value_blocks(self, op: k3s.SumValueBlocksOp) -> None:
         self.code.comment(op)
+        add = "=" if self.in_value_block_grid() else "+="  # one block a program: its part
         for carried, part in zip(op.parent_block().args, op.parts, strict=True):
-            self.code(f"{register(carried)} += {register(part)}")
+            self.code(f"{register(carried)} {add} {register(part)}")
+
+    def value_block_part_address(self, workspace: SSAValue, tile: SSAValue, block: str) -> tuple[str, str, int]:
+        """(the address of this program's part of a sum over the value blocks in a workspace of
+        parts, value block `block`; its mask; the number of blocks the workspace holds, NVB):
+        [B, T, HV, NVB, columns] per token row, [NC, HV, NVB, columns] per chunk (the slot of
+        spill_address's per-chunk rows)."""
+        dims = k3s.tile_dims(tile)
+        blocks = k3s.value_block_parts_layout(workspace.type, dims)
+        name = tensor_name(workspace)
+        per_token = dims[:1] == ("C",)
+        columns = dims[1:] if per_token else dims
+        if len(columns) > 1:
+            raise ValueError(f"no layout for the value-block parts {name}: a [C], [C, K], [C, C], [K] or "
+                             f"scalar tile, got {list(dims)}")
+        row = "t_c[:, None]" if per_token and columns else "t_c" if per_token else "(start // BC + i_n)"
+        slot = f"({row} * HV + i_hv) * {blocks} + {block}"
+        mask = "m_c[:, None]" if per_token and columns else "m_c" if per_token else ""
+        if columns:
+            width, offsets, column_mask = self.SPILL_COLUMNS[columns[0]]
+            slot = f"({slot}) * {width} + {offsets}" + ("[None, :]" if per_token else "")
+            if column_mask:
+                column_mask = f"{column_mask}[None, :]" if per_token else column_mask
+                mask = f"{mask} & {column_mask}" if mask else column_mask
+        return f"{name} + {slot}", mask, blocks
+
+    def print_k3s_spill_value_block_part(self, op: k3s.SpillValueBlockPartOp) -> None:
+        address, mask, blocks = self.value_block_part_address(op.workspace, op.part, "i_v")
+        tile = next(o for o in self.kernel.body.ops if isinstance(o, k3s.ChunkTileOp))
+        V, BV = tile.head_v_dim.value.data, self.kernel.block_v.value.data
+        if blocks != -(-V // BV):  # as many slots as the programs' blocks
+            raise ValueError(f"{tensor_name(op.workspace)} holds the parts of {blocks} value blocks, but kernel "
+                             f"@{self.kernel.sym_name.data} runs {-(-V // BV)} (V = {V}, BV = {BV})")
+        self.code.comment(op, "its block's slot, for the kernel that adds them up")
+        self.code(f"tl.store({address}, {register(op.part)}{f', mask={mask}' if mask else ''})")
+
+    def print_k3s_sum_value_block_parts(self, op: k3s.SumValueBlockPartsOp) -> None:
+        address, mask, blocks = self.value_block_part_address(op.workspace, op.total, "i_p")
+        out = register(op.total)
+        shape = ", ".join(TILE_BLOCKS[d] for d in k3s.tile_dims(op.total))
+        self.code.comment(op, "the value blocks' parts added in block order")
+        self.code(f"{out} = tl.zeros([{shape}], dtype=tl.float32)",
+                  f"for i_p in tl.static_range(0, {blocks}):")
+        with self.code.indent():
+            self.code(f"{out} += tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 
     def print_k3s_exit_unless(self, op: k3s.ExitUnlessOp) -> None:
         holds = op.holds.value.data
