@@ -147,6 +147,92 @@ def without_dead_stages(kernel: list[Operation]) -> list[Operation]:
     return kernel
 
 
+def loop_reads(loop: k3s.ValueBlockLoopOp) -> list[SSAValue]:
+    """The values the stages of a value-block loop read that are made outside it, in order."""
+    inside = {*loop.body.block.args, *(r for op in loop.walk() for r in op.results)}
+    return list(dict.fromkeys(v for op in loop.walk() for v in op.operands if v not in inside))
+
+
+# the stages that multiply matrices in a gradients kernel's value-block loop (tl.dot when printed)
+PRODUCTS = (k3s.DotOp, k3s.DeltaResidualOp, k3s.WYApplyOp)
+
+
+def widest_product_last(loop: k3s.ValueBlockLoopOp, sizes: dict[str, int]) -> None:
+    """Reorder the loop's stages (dependencies kept, its terminator last) so that the product with
+    the most columns among those with fewer rows than columns comes after every stage that does
+    not read it. Triton (3.6 to 3.9) lays out a chain of products as the first it converts, which
+    is a kernel's last: a [C, C] product last at C = 16 gives every product warps along the rows
+    ([8, 1]: each warp repeats the whole [16, n] product), a [C, K] one warps along the columns
+    ([1, 8]). Offline for sm_90, the value-block kernel of bounded KDA went from 260 tensor-core
+    instructions, 255 registers and 704 B of stack to 55, 195 and none."""
+    ops = list(loop.body.ops)[:-1]
+
+    def shape(op: Operation) -> tuple[int, ...]:
+        return tuple(sizes[d] for d in k3s.tile_dims(op.results[0]))
+
+    wide = [op for op in ops if isinstance(op, PRODUCTS) and len(shape(op)) == 2 and shape(op)[0] < shape(op)[1]]
+    if not wide:
+        return
+    widest = max(reversed(wide), key=lambda op: shape(op)[1])  # the last of the widest
+    reads = {*widest.results}
+    moved = [widest]
+    for op in ops[ops.index(widest) + 1:]:
+        if any(v in reads for v in op.operands):
+            moved.append(op)
+            reads.update(op.results)
+    for op in moved:
+        op.detach()
+        loop.body.block.insert_op_before(op, loop.body.block.last_op)
+
+
+def split_value_blocks(ops: list[Operation], workspaces: dict[str, k3s.TensorArgOp], layer_op: RecurrenceOp,
+                       chunk_size: int, block_v: int) -> list[list[Operation]]:
+    """A gradients kernel's ops (in_value_blocks') as two kernels, where they have a value-block
+    loop: the loop with what it reads of the stages before it (recomputed, or reloaded where those
+    are), each program one value block of a chunk, spilling its parts of the loop's sums (fp32, to
+    [.., NVB, ..] workspaces added to `workspaces`); then the stages after the loop, with what
+    they read of the stages before it, each loop sum added up from its NVB parts right before its
+    first reader. The stores before the loop, if any, go with the second. ops as one kernel where
+    there is no loop."""
+    loop = next((op for op in ops if isinstance(op, k3s.ValueBlockLoopOp)), None)
+    if loop is None:
+        return [ops]
+    before, after = ops[:ops.index(loop)], ops[ops.index(loop) + 1:]
+    stores = [op for op in before if not op.results]
+    K, HV = layer_op.head_k_dim.value.data, layer_op.num_v_heads.value.data
+    blocks = -(-layer_op.head_v_dim.value.data // block_v)  # NVB: as many as the loop's (legalize-triton's BV)
+    width = {"K": K, "C": chunk_size}
+    parts: dict[SSAValue, SSAValue] = {}
+    for total in loop.results:
+        dims = k3s.tile_dims(total)
+        per_token = dims[:1] == ("C",)
+        columns = [width[d] for d in (dims[1:] if per_token else dims)]
+        shape = ("B", "T", HV, blocks, *columns) if per_token else ("NC", HV, blocks, *columns)
+        name = f"{total.name_hint}_parts"
+        if name in workspaces:
+            raise ValueError(f"lower-backward: the value-block parts {name} have the name of another workspace")
+        workspaces[name] = tensor_arg(name, k3s.tensor(*shape, dtype="float32"), "workspace")
+        parts[total] = workspaces[name].results[0]
+    widest_product_last(loop, {"C": chunk_size, "K": K, "V": min(block_v, layer_op.head_v_dim.value.data)})
+    value_blocks = [*feeding(before, loop_reads(loop)), loop,
+                    *(make(k3s.SpillValueBlockPartOp, operands=[parts[t], t]) for t in loop.results)]
+    rest = KernelBody(workspaces)
+    for op in [*feeding(before, [v for op in [*stores, *after] for v in op.operands]), *stores]:
+        rest.clone(op)
+    for op in after:
+        for total in dict.fromkeys(v for v in op.operands if v in parts and v not in rest.mapped):
+            summed = rest.add(make(k3s.SumValueBlockPartsOp, operands=[parts[total]],
+                                   result=(total.name_hint, total.type)))
+            rest.mapped[total] = summed.results[0]
+        rest.clone(op)
+    for op in [*stores, *after]:
+        op.drop_all_references()
+    for op in before:
+        if op not in value_blocks:
+            op.drop_all_references()
+    return [without_dead_stages(value_blocks), rest.ops]
+
+
 def scan_values(scans: list[Operation], gradients: list[Operation]) -> dict[SSAValue, SSAValue]:
     """The values the gradients stages read that a scan's body also makes from its carried tile:
     {the gradients' value: the scan body's}. Two values are the same when the same stages make
@@ -197,6 +283,7 @@ def needed_stages(stages: list[Operation], given: set[SSAValue]) -> list[Operati
 MATRIX_STAGES = (k3s.GramOp, k3s.UnitLowerInverseOp, k3s.ForwardSubstitutionOp, k3s.WYApplyOp)
 GRADIENTS_FORWARD = ("recompute", "reload")
 SCAN_VALUES = ("recompute", "spill")
+GRADIENTS_SPLIT = ("none", "value-blocks")
 
 
 def handed_to_gradients(local: list[Operation], read: list[SSAValue]) -> list[SSAValue]:
@@ -208,14 +295,16 @@ def handed_to_gradients(local: list[Operation], read: list[SSAValue]) -> list[SS
 
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
                    block_v: int, num_warps: int, scan_stages: int, state_spill: str,
-                   gradients_maxnreg: int, gradients_forward: str = "recompute", scan_spills: bool = False
-                   ) -> tuple[list[Operation], list[Operation]]:
+                   gradients_maxnreg: int, gradients_forward: str = "recompute", scan_spills: bool = False,
+                   gradients_split: str = "none") -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
     S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); the
     gradients kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice); the forward's
     matrix stages that the gradients kernel reads recomputed there, or (`gradients_forward` reload)
     spilled by the prepare and reloaded; with `scan_spills`, the scans spill the values the gradients
-    kernel reads of theirs (scan_values) and the gradients kernel reloads them."""
+    kernel reads of theirs (scan_values) and the gradients kernel reloads them; with `gradients_split`
+    value-blocks, the gradients kernel's value-block loop is a kernel of its own (split_value_blocks),
+    a program per chunk, value head and value block."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
@@ -247,9 +336,10 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     offsets = values.get("cu_seqlens")
     name = f"{layer_op.sym_name.data}_backward"
 
-    def chunk_kernel(suffix: str, body: KernelBody, warps: int, maxnreg: int = 0) -> k3s.KernelOp:
+    def chunk_kernel(suffix: str, body: KernelBody, warps: int, maxnreg: int = 0,
+                     grid: str = "chunk,value_head") -> k3s.KernelOp:
         tile = make(k3s.ChunkTileOp, operands=[offsets], chunk_size=C, head_k_dim=K, head_v_dim=V)
-        return make(k3s.KernelOp, [tile, *body.ops], sym_name=f"{name}_{suffix}", grid="chunk,value_head",
+        return make(k3s.KernelOp, [tile, *body.ops], sym_name=f"{name}_{suffix}", grid=grid,
                     num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
 
     prepare = KernelBody(spilled_to)
@@ -298,15 +388,21 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
     # time), twice the prepare's warps; the chunks whose decays overflow the factored forms, if
     # any, in a second kernel
+    # with gradients-split=value-blocks, the value-block loop a kernel of its own, a value block a
+    # program, before the rest
+    parts = split_value_blocks(grads.ops, spilled_to, layer_op, C, block_v) if gradients_split == "value-blocks" \
+        else [grads.ops]
     steep_chunks = None
-    if is_guarded(grads.ops):  # each chunk's span check, recorded by the factored kernel for its twin
+    if any(is_guarded(ops) for ops in parts):  # each chunk's span check, recorded by a factored kernel for its twin
         spilled_to["steep_chunks"] = tensor_arg("steep_chunks", k3s.tensor("NC", HV, dtype="float32"), "workspace")
         steep_chunks = spilled_to["steep_chunks"].results[0]
     gradient_kernels = []
-    for suffix, ops in zip(("gradients", "gradients_steep"), split_by_guard(grads.ops, steep_chunks)):
-        body = KernelBody(spilled_to)
-        body.ops = ops
-        gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, gradients_maxnreg))
+    for kind, part in zip(("value_blocks", "gradients")[-len(parts):], parts):
+        grid = "chunk,value_head,value_block" if kind == "value_blocks" else "chunk,value_head"
+        for suffix, ops in zip((kind, f"{kind}_steep"), split_by_guard(part, steep_chunks)):
+            body = KernelBody(spilled_to)
+            body.ops = ops
+            gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, gradients_maxnreg, grid))
     kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents, *gradient_kernels]
     workspaces = list(spilled_to.values())
     rebind(kernels, {**values, **argument_values(workspaces)})
@@ -340,6 +436,11 @@ class LowerBackwardPass(ModulePass):
     # spill by default: backward 7.76 -> 7.24 ms bounded, 8.31 -> 7.71 unbounded at B4 T4096 H32
     # on an H100 (bench/results/backward_sweep_scan_values_h100_900b2d5.md)
     scan_values: str = "spill"
+    # none: one gradients kernel (a program per chunk and value head, its value-block loop
+    # inside); value-blocks: the loop a kernel of its own, a program per chunk, value head and
+    # value block, its parts of the loop's sums spilled in fp32 for the gradients kernel, which
+    # adds them up and runs the rest (split_value_blocks)
+    gradients_split: str = "none"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.gradients_forward not in GRADIENTS_FORWARD:
@@ -352,6 +453,9 @@ class LowerBackwardPass(ModulePass):
                              f"{k3s.MAX_MAXNREG}, got {self.gradients_maxnreg}")
         if self.scan_values not in SCAN_VALUES:
             raise ValueError(f"{self.name}: scan-values must be one of {', '.join(SCAN_VALUES)}, got {self.scan_values!r}")
+        if self.gradients_split not in GRADIENTS_SPLIT:
+            raise ValueError(f"{self.name}: gradients-split must be one of {', '.join(GRADIENTS_SPLIT)}, "
+                             f"got {self.gradients_split!r}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
         layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
@@ -360,7 +464,7 @@ class LowerBackwardPass(ModulePass):
             workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
                                                  self.gradients_maxnreg, self.gradients_forward,
-                                                 self.scan_values == "spill")
+                                                 self.scan_values == "spill", self.gradients_split)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()

@@ -447,3 +447,44 @@ def test_adjoint_values_named_after_their_rule(layers, member):
     numbered = sorted(set(re.findall(rf"\bb_(?:{kinds})\d+\b", backward)))
     assert not numbered, f"registers named by op kind and counter: {numbered[:5]}"
     assert "_bar_from_" in backward, "no cotangent part is named after its rule"
+
+
+# --- gradients-split=value-blocks: the value-block loop a kernel of its own -----------------------
+
+SPLIT_PIPELINE = "derive-backward{chunk-size=16},lower-backward{block-v=16 gradients-split=value-blocks},outline-kernels"
+SPLIT_RELOAD_PIPELINE = ("derive-backward{chunk-size=16},lower-backward{block-v=16 gradients-split=value-blocks "
+                         "gradients-forward=reload},outline-kernels")
+# V = 20 (not a power of two): two value blocks of 16, the second partial
+SPLIT_DIMS = dict(head_v_dim=20)
+SPLIT_CASES = [("kda", SPLIT_PIPELINE, {}), ("gated_deltanet", SPLIT_PIPELINE, dict(num_v_heads=4)),
+               ("deltanet", SPLIT_PIPELINE, {}), ("gla", SPLIT_PIPELINE, {}), ("kda", SPLIT_RELOAD_PIPELINE, {}),
+               ("kda", SPLIT_PIPELINE, dict(qk_l2norm=True, gate_input="softplus", beta_input="logits",
+                                            state_layout="vk"))]
+
+
+@pytest.mark.parametrize("member, pipeline, options", SPLIT_CASES,
+                         ids=["-".join([m, "reload" if p == SPLIT_RELOAD_PIPELINE else "split",
+                                        *(f"{k}={v}" for k, v in o.items())]) for m, p, o in SPLIT_CASES])
+def test_gradients_split_by_value_blocks(layers, member, pipeline, options):
+    """The gradients kernel's value-block loop a kernel of its own (a program per chunk, value head
+    and value block, its parts of the loop's sums spilled in fp32), the rest adding them up: the
+    same gradients, varlen with every kind of sequence, an initial state and dh0, grouped value
+    heads, steep chunks beside mild ones where the member has an unbounded channel gate (each
+    kernel and its steep twin), the matrix stages reloaded."""
+    layer = layers(member, pipeline, **SPLIT_DIMS, **options)
+    source = layer.path.read_text()
+    name = layer.spec.name
+    blocks = source[source.index(f"def {name}_backward_value_blocks_kernel("):]
+    blocks = blocks[:blocks.index("\n\n\n")]
+    gradients = source[source.index(f"def {name}_backward_gradients_kernel("):]
+    gradients = gradients[:gradients.index("\n\n\n")]
+    assert "i_v = tl.program_id(2)" in blocks and "k3s.spill_value_block_part" in blocks
+    assert "tl.static_range" not in blocks.split("k3s.value_block_loop")[1], "the value blocks are looped over"
+    assert "k3s.sum_value_block_parts" in gradients and "k3s.value_block_loop" not in gradients
+    assert "k3s.reload %S\n" not in gradients, "the gradients kernel still reads the states"
+    assert (f"def {name}_backward_value_blocks_steep_kernel(" in source) == (member in ("kda", "gla") and
+                                                                             pipeline == SPLIT_PIPELINE)
+    x = draw_inputs(op_of(layer), 1, None, SEQLENS)
+    if member in ("kda", "gla") and "gate_input" not in options:
+        x["g"][:, 5:21] = 12 * x["g"][:, 5:21]  # the packed stream's second chunk fails its span check
+    check_backward(layer, x, with_dht=True, output_dh0=True)
