@@ -82,6 +82,24 @@ def fit(block: int, width: int) -> int:
     return min(block, max(16, 1 << (width - 1).bit_length()))
 
 
+def row_bytes(tensor: SSAValue, width: int) -> int:
+    """A row's bytes at bf16 training (fp32 workspaces twice the input dtype's)."""
+    return width * (4 if tensor.type.dtype_class == "float32" else 2)
+
+
+def wgrad_grid(p: Product, cotangent: SSAValue, source: SSAValue, sorted_rows: bool) -> str:
+    """A weight gradient's grid. Its programs loop over the same rows in step: a wave of W
+    programs reads, per row, the fastest axis's operand whole and W / (its blocks) blocks of the
+    other's, so over the grid the fastest axis's operand is read (tiles / W) times and the
+    other's once: the fastest axis is the one over the narrower operand in bytes per row. The
+    expert is the slowest axis, so the programs of one expert run together and its run of the
+    pair list (cotangent and input rows, tens of MB) is read from DRAM a few times, not once per
+    block of the other axis (experts fastest: 28 times over at K3's gate/up)."""
+    narrower_input = row_bytes(source, p.in_dim) < row_bytes(cotangent, p.out_dim)
+    axes = "input_block,column_block" if narrower_input else "column_block,input_block"
+    return axes + (",expert" if sorted_rows else "")
+
+
 def given(props: dict) -> dict:
     """The properties that are set (an optional one left out where None)."""
     return {key: value for key, value in props.items() if value is not None}
@@ -111,6 +129,10 @@ class MoeBackward:
         self.primal: dict[SSAValue, SSAValue] = {}  # forward tile value -> its recomputation
         self.glu_layout: dict[SSAValue, dict] = {}  # a GLU projection's gate -> its saved halves' layout
         self.rstd: dict[str, SSAValue] = {}  # an RMS-normalised tensor -> its saved 1 / RMS
+        # the tensors the forward stores a GLU's output to: their dgrad holds the GLU's adjoint
+        self.glu_outputs = {k3s.argument_name(s.tensor) for kernel in k3s.entry_kernels(forward)
+                            for s in kernel.body.ops if isinstance(s, k3s.StoreRowsOp)
+                            and isinstance(s.value.owner, k3s.GluOp)}
 
     @staticmethod
     def gradient(name: str, of: k3s.TensorArgOp) -> Operation:
@@ -171,11 +193,11 @@ class MoeBackward:
     def width(self, name: str) -> int:
         return int(self.t[name].type.dims[-1])
 
-    def materialise(self, name: str, tile: Tile, width: int | None = None) -> Rows:
+    def materialise(self, name: str, tile: Tile, width: int | None = None, dtype: str = "float32") -> Rows:
         """The open kernel's cotangent of tensor `name` ([R, width], its rows by token) stored to
-        `<name>_bar` in fp32, the kernel closed."""
+        `<name>_bar` (fp32, or `dtype`), the kernel closed."""
         width = width or self.width(name)
-        bar = self.workspace(f"{name}_bar", k3s.tensor("R", width, dtype="float32"))
+        bar = self.workspace(f"{name}_bar", k3s.tensor("R", width, dtype=dtype))
         self.store_rows(tile, bar, width)
         self.close()
         return Rows(bar)
@@ -189,16 +211,29 @@ class MoeBackward:
                                       "where its adjoint reads a tensor")
         return cot
 
-    def partials(self, columns: int) -> int:
-        """The column blocks of the dgrad GEMM of `columns` output columns (its partial row dots)."""
-        return -(-columns // fit(self.o.dgrad_block_n, columns))
+    def dgrad_columns(self, source: str, columns: int) -> int:
+        """The block of a dgrad's output columns (a's): glu-dgrad-block-n where its epilogue holds
+        the GLU's adjoint (the forward's saved gate and up halves and their cotangents: five fp32
+        tiles [rows, BN] at once, which spill at 128 x 128 on sm_90), dgrad-block-n elsewhere."""
+        block = self.o.glu_dgrad_block_n if source in self.glu_outputs else self.o.dgrad_block_n
+        return fit(block, columns)
+
+    def partials(self, source: str, columns: int) -> int:
+        """The column blocks of the dgrad GEMM making `source`'s cotangent (its partial row dots)."""
+        return -(-columns // self.dgrad_columns(source, columns))
 
     # --- the adjoints' kernels ---------------------------------------------------------------
     def input_grad(self, p: Product, y_bar: Rows) -> SSAValue:
-        """Open a dgrad kernel: a_bar = y_bar W over the forward's rows, the program's block of a's columns."""
+        """Open a dgrad kernel: a_bar = y_bar W over the forward's rows, the program's block of a's
+        columns. Over the sorted pair list the column blocks are the fastest grid axis: the
+        programs running together share a block's cotangent rows (per pair, R top_k rows of the
+        whole depth: re-read from DRAM once per wave of row blocks the other way round, 28 times
+        over at K3's gate/up) and sweep one expert's weight; sorted blocks on axis 1, which CUDA
+        caps at 65535 (8.4M pairs at block-rows 128). Over token rows the row blocks stay fastest
+        (the cotangent rows, a few hundred MB, against the weight's tens)."""
         sorted_rows = p.rows == "sorted_block"
-        grid = "sorted_block,column_block" if sorted_rows else "row_block,column_block"
-        sizes = dict(block_n=fit(self.o.dgrad_block_n, p.in_dim), block_d=fit(self.o.dgrad_block_d, p.out_dim),
+        grid = "column_block,sorted_block" if sorted_rows else "row_block,column_block"
+        sizes = dict(block_n=self.dgrad_columns(p.source, p.in_dim), block_d=fit(self.o.dgrad_block_d, p.out_dim),
                      num_stages=self.o.num_stages)
         self.begin(f"{p.weight}_dgrad", grid, **sizes, **({} if sorted_rows else {"block_r": self.o.dgrad_block_r}))
         plan = [self.t[name] for name in k3s.ROW_TENSORS.get(p.rows, ())]
@@ -223,8 +258,9 @@ class MoeBackward:
         # an expert's run is whole blocks of block_rows: a step of at most one block stays in it
         step = min(self.o.wgrad_block_r, self.o.block_rows) if sorted_rows else self.o.wgrad_block_r
         sizes = dict(block_r=step, block_n=fit(self.o.wgrad_block_n, p.out_dim),
-                     block_d=fit(self.o.wgrad_block_d, p.in_dim), num_stages=self.o.num_stages)
-        self.kernels.append(self.kernel(f"{p.weight}_wgrad", ("expert," if sorted_rows else "") + "column_block,input_block",
+                     block_d=fit(self.o.wgrad_block_d, p.in_dim),
+                     num_stages=self.o.sorted_wgrad_num_stages if sorted_rows else self.o.num_stages)
+        self.kernels.append(self.kernel(f"{p.weight}_wgrad", wgrad_grid(p, y_bar.value, self.t[p.source], sorted_rows),
                                         [grad, store], **sizes))
 
     def product_adjoint(self, p: Product, y_bar: Rows) -> None:
@@ -256,8 +292,8 @@ class MoeBackward:
         if gradient is not None:
             self.store_rows(tile, gradient, self.width(name), accumulate=True)
             self.close()
-        elif per_pair:
-            self.cot[name] = self.materialise(name, tile)
+        elif per_pair:  # read only by the GEMMs of its producer's adjoint, which round it to the input dtype
+            self.cot[name] = self.materialise(name, tile, dtype="float")
         else:
             self.cot[name] = tile
 
@@ -265,7 +301,9 @@ class MoeBackward:
         """The cotangent of a's normalised rows -> a's (and the saved 1 / RMS), and the gain's gradient."""
         width = p.in_dim
         stored = self.materialise(f"{p.source}_normed", Tile(normed_bar, p.rows, p.index), width).value
-        bar = self.workspace(f"{p.source}_bar", k3s.tensor("R", width, dtype="float32"))
+        # the input's cotangent in the input dtype: read only by the GEMMs of its producer's
+        # adjoint (the experts' down projection: dgrad and wgrad operands, rounded to it anyway)
+        bar = self.workspace(f"{p.source}_bar", k3s.tensor("R", width, dtype="float"))
         rstd = self.workspace(f"{p.source}_rstd", k3s.tensor("R", dtype="float32"))
         self.rstd[p.source] = rstd
         gain = p.gain
@@ -319,10 +357,13 @@ class DeriveMoeBackwardPass(ModulePass):
 
     name = "derive-moe-backward"
     block_rows: int = 128  # the pair list's blocks, as lower-moe-experts' block-rows
-    # the dgrad GEMMs' tiles: BR token rows (dense), BN output and BD reduction columns
-    dgrad_block_r: int = 64
+    # the dgrad GEMMs' tiles: BR token rows (dense; the forward's 128: each wave of programs
+    # re-reads the cotangent rows once per its blocks of columns), BN output and BD reduction
+    # columns; BN for a dgrad whose epilogue is a GLU's adjoint (MoeBackward.dgrad_columns)
+    dgrad_block_r: int = 128
     dgrad_block_n: int = 128
     dgrad_block_d: int = 64
+    glu_dgrad_block_n: int = 64
     # the wgrad GEMMs' [BN, BD] weight tiles, BR rows a step (every token row, or an expert's run of
     # the pair list); fp32 cotangent rows [64, 128] and bf16 input rows, 3 stages: 144 KB of shared memory
     wgrad_block_r: int = 64
@@ -331,15 +372,22 @@ class DeriveMoeBackwardPass(ModulePass):
     row_block: int = 16  # the RMSNorm adjoint's rows per program
     num_warps: int = 8
     num_stages: int = 3
+    # an expert's wgrad loads each step's rows through the pair list (an index load, then the
+    # rows it names): Triton's pipeliner gives the index its own stage, so 3 stages prefetch the
+    # rows one step ahead (two buffers, every step waiting for the last); 5 keep them two steps
+    # ahead with three buffers, as the dense wgrads' 3 (sm_90, Triton 3.9: 99 KB of shared memory)
+    sorted_wgrad_num_stages: int = 5
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_num_warps(self.name, self.num_warps)
         check_power_of_two(self.name, "block-rows", self.block_rows, 256)
-        for option in ("dgrad_block_r", "dgrad_block_n", "dgrad_block_d", "wgrad_block_r", "wgrad_block_n",
-                       "wgrad_block_d", "row_block"):
+        for option in ("dgrad_block_r", "dgrad_block_n", "dgrad_block_d", "glu_dgrad_block_n", "wgrad_block_r",
+                       "wgrad_block_n", "wgrad_block_d", "row_block"):
             check_power_of_two(self.name, option.replace("_", "-"), getattr(self, option), 256)
         if self.block_rows < 16:
             raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
+        if self.num_stages < 1 or self.sorted_wgrad_num_stages < 1:
+            raise ValueError(f"{self.name}: num-stages and sorted-wgrad-num-stages must be positive")
         if self.wgrad_block_r < 16:
             raise ValueError(f"{self.name}: wgrad-block-r must be at least 16 (the depth of its tl.dot), got "
                              f"{self.wgrad_block_r}")

@@ -87,8 +87,8 @@ def weigh_pairs(b, op: k3s.WeighPairsOp) -> None:
     yw_bar = b.as_rows(b.tile_cot[op.result], op)
     name = k3s.argument_name(op.topk_weights)
     projection = op.value.owner
-    partials = b.workspace(f"{name}_bar_partials", k3s.tensor("R", b.n.k, b.partials(projection.in_dim.value.data),
-                                                                 dtype="float32"))
+    columns = b.partials(k3s.argument_name(projection.input), projection.in_dim.value.data)
+    partials = b.workspace(f"{name}_bar_partials", k3s.tensor("R", b.n.k, columns, dtype="float32"))
     b.tile_cot[op.value] = dataclasses.replace(yw_bar, scale=b.t[name], dot_into=partials)
     b.cot[name] = Rows(partials)
 

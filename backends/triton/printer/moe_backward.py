@@ -134,7 +134,10 @@ class MoeBackward:
             self.print_weight_grad_step(op, acc, tensors)
 
     def print_weight_grad_step(self, op: k3s.ProjectWeightGradOp, acc: str, tensors: dict[str, str]) -> None:
-        """One block of rows of a weight gradient: its cotangent rows (weighted), input rows (normalised)."""
+        """One block of rows of a weight gradient: its cotangent rows, its input rows (normalised,
+        and weighted: (y_bar s)^T a = y_bar^T (s a), the row scale on the operand that goes through
+        registers anyway, so the cotangent tile reaches tl.dot as loaded, which for a transposed
+        operand of sm_90's wgmma saves a shuffle through shared memory)."""
         rows = op.rows.data.value
         dy_row, mask = BLOCK_ROWS[rows, op.cotangent_index.data.value]
         a_row, _ = BLOCK_ROWS[rows, op.input_index.data.value]
@@ -142,11 +145,11 @@ class MoeBackward:
                   f"mask={mask}[:, None] & m_n[None, :], other=0.0)",
                   f"b_a = tl.load({tensor_name(op.input)} + {a_row}[:, None] * DIN + o_d[None, :], "
                   f"mask={mask}[:, None] & m_d[None, :], other=0.0)")
-        if op.scale_rows.value.data:
-            self.code(f"b_dy = b_dy * tl.load({tensors['row_scale']} + b_pairs, mask=m_s, other=0.0)[:, None]")
         if op.rms.value.data:
             self.code(f"b_a = b_a.to(tl.float32) * tl.load({tensors['rstd']} + {a_row}, mask={mask}, other=0.0)[:, None] "
                       f"* tl.load({tensors['gain']} + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]")
+        if op.scale_rows.value.data:
+            self.code(f"b_a = b_a.to(tl.float32) * tl.load({tensors['row_scale']} + b_pairs, mask=m_s, other=0.0)[:, None]")
         self.code(f"{acc} += _mm(tl.trans(b_dy), b_a, DOT)")
 
     def print_k3s_store_weight_grad(self, op: k3s.StoreWeightGradOp) -> None:
@@ -272,7 +275,8 @@ class MoeBackward:
         with c.indent():
             self.print_rms_rows(op, width)
             c(f"tl.store({tensor_name(op.input_bar)} + o_r[:, None] * {width} + o_k[None, :], "
-              "b_rstd[:, None] * b_q - b_c * b_shift[:, None], mask=m_rk)")
+              f"(b_rstd[:, None] * b_q - b_c * b_shift[:, None]).to({tensor_name(op.input_bar)}.dtype.element_ty), "
+              "mask=m_rk)")
 
     def print_k3s_norm_gain_grad(self, op: k3s.NormGainGradOp) -> None:
         c, width = self.code, op.width.value.data

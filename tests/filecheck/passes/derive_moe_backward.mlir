@@ -10,7 +10,7 @@
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts,derive-moe-backward | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts,derive-moe-backward | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing,derive-moe-backward,derive-moe-backward | filecheck %s --check-prefix=ONCE
-// RUN: k3c opt %s -p 'lower-moe-routing,derive-moe-backward{block-rows=16 dgrad-block-n=16}' | filecheck %s --check-prefix=OPTS
+// RUN: k3c opt %s -p 'lower-moe-routing,derive-moe-backward{block-rows=16 glu-dgrad-block-n=16}' | filecheck %s --check-prefix=OPTS
 // RUN: sed 's/latent_dim = 16/latent_dim = 0/; s/num_shared_experts = 1/num_shared_experts = 0/' %s | k3c opt - -p lower-moe-routing,derive-moe-backward | filecheck %s --check-prefix=PLAIN
 // RUN: sed 's/latent_dim = 16/latent_dim = 32/; s/dtype = bfloat16/dtype = bfloat16, expert_weight_format = mxfp4/' %s | k3c opt - -p lower-moe-routing,lower-moe-experts,derive-moe-backward | filecheck %s --check-prefix=MXFP4
 // RUN: not k3c opt %s -p 'derive-moe-backward{block-rows=24}' 2>&1 | filecheck %s --check-prefix=BAD
@@ -46,11 +46,17 @@ builtin.module {
 // CHECK-NEXT:   k3s.tensor_arg @dx <role = output, fill = 0> : !k3s.tensor<R x 40, float32>
 // CHECK-NEXT:   k3s.tensor_arg @drouter_weight <role = output> : !k3s.tensor<12 x 40, float>
 // CHECK:        k3s.tensor_arg @dlatent_norm_gain <role = output> : !k3s.tensor<16, float32>
+// CHECK:        k3s.tensor_arg @shared_gate_up_out_bar <role = workspace> : !k3s.tensor<R x 48, float>
+// CHECK:        k3s.tensor_arg @combined_bar <role = workspace> : !k3s.tensor<R x 16, float>
 // CHECK:        k3s.tensor_arg @topk_weights_bar_partials <role = workspace> : !k3s.tensor<R x 3 x 1, float32>
-// CHECK:        k3s.kernel @mlp_backward_shared_down_wgrad <grid = "column_block,input_block"
+// CHECK:        k3s.tensor_arg @h_bar <role = workspace> : !k3s.tensor<R x 16, float>
+// the weight gradients' fastest grid axis is over the operand with the narrower rows in bytes
+// (shared_act 24 < dout 40 columns); an expert's programs run together (expert slowest)
+// CHECK:        k3s.kernel @mlp_backward_shared_down_wgrad <grid = "input_block,column_block", num_warps = 8, num_stages = 3, block_d = 32, block_r = 64, block_n = 64>
 // CHECK-NEXT:     k3s.project_weight_grad %dout, %shared_act <in_dim = 24, out_dim = 40, rows = token_block, cotangent_index = token, input_index = token, scale_rows = false, rms = false>
 // CHECK-NEXT:     k3s.store_weight_grad %w_bar, %dshared_down <layout = stacked_in, group = 24>
-// CHECK:        k3s.kernel @mlp_backward_shared_down_dgrad <grid = "row_block,column_block"
+// a dgrad with a GLU's adjoint in its epilogue takes glu-dgrad-block-n columns
+// CHECK:        k3s.kernel @mlp_backward_shared_down_dgrad <grid = "row_block,column_block", num_warps = 8, num_stages = 3, block_d = 64, block_r = 128, block_n = 32>
 // CHECK-NEXT:     %a_bar = k3s.project_input_grad %dout, %shared_down <in_dim = 40, out_dim = 24, rows = token_block, input_index = token, layout = stacked_in, group = 24>
 // CHECK-NEXT:     %g, %u = k3s.load_glu_halves %shared_gu <rows = token_block, index = token, group = 24, width = 48>
 // CHECK-NEXT:     %g_bar, %u_bar = k3s.glu_adjoint %g, %u, %a_bar <activation = situ_glu>
@@ -64,9 +70,10 @@ builtin.module {
 // CHECK:        k3s.kernel @mlp_backward_latent_norm_gain_grad <grid = column_block
 // CHECK:        k3s.kernel @mlp_backward_latent_up_wgrad
 // CHECK-NEXT:     k3s.project_weight_grad %dout, %combined, %combined_rstd, %latent_norm_gain <{{.*}}rms = true>
-// CHECK:        k3s.kernel @mlp_backward_expert_down_wgrad <grid = "expert,column_block,input_block"
+// CHECK:        k3s.kernel @mlp_backward_expert_down_wgrad <grid = "column_block,input_block,expert", num_warps = 8, num_stages = 5,
 // CHECK-NEXT:     k3s.project_weight_grad %combined_bar, %expert_act, %topk_weights, %expert_offsets, %sorted_pairs <in_dim = 32, out_dim = 16, rows = sorted_block, cotangent_index = token, input_index = position, scale_rows = true, rms = false, block_rows = 128>
-// CHECK:        k3s.kernel @mlp_backward_expert_down_dgrad <grid = "sorted_block,column_block"
+// over the pair list, the columns fastest: the programs running together share a block's rows
+// CHECK:        k3s.kernel @mlp_backward_expert_down_dgrad <grid = "column_block,sorted_block"
 // CHECK-NEXT:     %yw_bar_w = k3s.project_input_grad %combined_bar, %expert_down, %expert_offsets, %sorted_pairs, %block_expert <in_dim = 16, out_dim = 32, rows = sorted_block, input_index = token, layout = expert, block_rows = 128>
 // CHECK-NEXT:     %a = k3s.load_rows %expert_act <rows = sorted_block, index = position, width = 32>
 // CHECK-NEXT:     k3s.store_pair_dot %yw_bar_w, %a, %topk_weights_bar_partials
@@ -80,7 +87,7 @@ builtin.module {
 // CHECK:        k3s.kernel @mlp_backward_h_sum_slots
 // CHECK-NEXT:     %c = k3s.sum_slots %h_pair_bar <out_dim = 16, top_k = 3>
 // CHECK-NEXT:     k3s.store_rows %c, %h_bar <rows = token_block, index = token, width = 16, accumulate = false>
-// CHECK:        k3s.kernel @mlp_backward_expert_gate_up_wgrad
+// CHECK:        k3s.kernel @mlp_backward_expert_gate_up_wgrad <grid = "input_block,column_block,expert"
 // CHECK:        k3s.kernel @mlp_backward_latent_down_dgrad
 // CHECK:          k3s.store_rows %a_bar, %dx <rows = token_block, index = token, width = 40, accumulate = true>
 // CHECK:        k3s.kernel @mlp_backward_latent_down_wgrad

@@ -1,0 +1,116 @@
+"""Compile the kernels one entry of a generated module launches for sm_90 without a GPU (as
+bench/sm90_resources.py does) with each pointer typed from the entry's docstring (float -> bf16,
+float32 -> fp32, index -> int32) and each kernel's constexprs, num_warps and num_stages read off
+its launch in that entry; report shared memory, registers, spills (STL/LDL), the tensor-core
+instructions by kind (HGMMA: wgmma, Hopper's; HMMA: mma.sync, Ampere's), the asynchronous
+global loads (LDGSTS: cp.async; UTMALDG: TMA) and the SASS loop bodies' sizes.
+
+    .venv/bin/python bench/entry_sm90.py /tmp/shard/latent_moe.py moe_backward [--kernels wgrad,dgrad]
+
+A kernel with HMMA and no HGMMA runs its products on Ampere's instructions (about half an
+H100's bf16 rate); one whose loop body has no LDGSTS/UTMALDG loads its tiles synchronously (no
+software pipeline). Use the device's Triton version for shared-memory figures that match it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sm90_resources import sass_loops  # noqa: E402
+
+POINTER = {"float": "*bf16", "float32": "*fp32", "index": "*i32"}
+
+
+def entry_source(source: str, entry: str) -> str:
+    start = source.index(f"\ndef {entry}(")
+    end = source.find("\ndef ", start + 1)
+    return source[start:end if end > 0 else len(source)]
+
+
+def launches(body: str) -> list[tuple[str, dict, int, int]]:
+    """(kernel, its integer constexprs, num_warps, num_stages) per launch, in order: the
+    constants assigned since the previous launch (the first k3s.launch_by_rows branch's values are
+    not taken: the defaults, the ones at the largest row counts, are)."""
+    out, constants = [], {}
+    for line in body.splitlines():
+        if m := re.match(r"^    (\w+) = (\d+)$", line):
+            constants[m.group(1)] = int(m.group(2))
+        elif m := re.match(r"^    (\w+(?:, \w+)+) = ((?:\d+, )+\d+)$", line):
+            constants.update(zip(m.group(1).split(", "), map(int, m.group(2).split(", ")), strict=True))
+        elif m := re.match(r"^\s+(\w+_kernel)\[grid\]\($", line):
+            out.append([m.group(1), dict(constants), 4, 3])
+        elif out and (m := re.match(r"^\s+num_(warps|stages)=(\w+),$", line)):
+            value = int(m.group(2)) if m.group(2).isdigit() else constants.get(m.group(2), 4)
+            out[-1][2 if m.group(1) == "warps" else 3] = value
+    return [tuple(launch) for launch in out]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("module")
+    parser.add_argument("entry")
+    parser.add_argument("--kernels", default="", help="only kernels whose name contains one of these (comma-separated)")
+    parser.add_argument("--launch-constants", default="", help="override constexprs, e.g. BN=256")
+    parser.add_argument("--num-stages", type=int, default=None, help="override every launch's num_stages")
+    parser.add_argument("--pointers", default="", help="override pointer types, e.g. combined_bar=float")
+    args = parser.parse_args()
+    spec = importlib.util.spec_from_file_location("generated", args.module)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    body = entry_source(open(args.module).read(), args.entry)
+    dtypes = dict(re.findall(r"^        (\w+): \[[^\]]*\] (float32|float|index) \(", body, flags=re.M))
+    dtypes.update(kv.split("=") for kv in args.pointers.split(",") if kv)
+    overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.launch_constants.split(",") if kv)}
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    done = set()
+    for name, values, num_warps, num_stages in launches(body):
+        if name in done or (args.kernels and not any(part in name for part in args.kernels.split(","))):
+            continue
+        done.add(name)
+        kernel = getattr(module, name)
+        values = values | overrides
+        num_stages = args.num_stages or num_stages
+        signature, constexprs = {}, {}
+        for index, arg in enumerate(kernel.arg_names):
+            if arg == "DOT":
+                signature[arg], constexprs[(index,)] = "constexpr", "bf16"
+            elif arg in values and arg.isupper():
+                signature[arg], constexprs[(index,)] = "constexpr", values[arg]
+            elif arg in dtypes:
+                signature[arg] = POINTER[dtypes[arg]]
+            else:  # a run-time size (R, HS, ...)
+                signature[arg] = "i32"
+        aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
+                   if signature[a].startswith("*")}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": num_warps, "num_stages": num_stages})
+        cubin = f"/tmp/{name}.cubin"
+        with open(cubin, "wb") as handle:
+            handle.write(compiled.asm["cubin"])
+        with open(f"/tmp/{name}.ttgir", "w") as handle:
+            handle.write(compiled.asm["ttgir"])
+        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
+        sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+        registers = re.search(r"REG:(\d+)", usage)
+        count = lambda op: len(re.findall(rf"\b{op}\b", sass))  # noqa: E731
+        tiles = ", ".join(f"{k}={v}" for k, v in values.items() if k.startswith("B") and len(k) <= 3)
+        print(f"{name} [{tiles}; warps {num_warps}, stages {num_stages}]: shared {compiled.metadata.shared} B, "
+              f"registers {registers.group(1) if registers else '?'}, STL {count('STL')}, LDL {count('LDL')}, "
+              f"HGMMA {sass.count('HGMMA')}, HMMA {sass.count('HMMA')}, LDGSTS {sass.count('LDGSTS')}, "
+              f"UTMALDG {sass.count('UTMALDG')}, instructions {len(re.findall(r'/[*][0-9a-f]{4,}[*]/', sass))}, "
+              f"loops {sass_loops(sass)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
