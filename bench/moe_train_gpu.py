@@ -11,7 +11,15 @@ gradients reset each call), forward alone, TFLOP/s (the layer's GEMMs, backward 
 forward's) against a measured bf16 GEMM (8192^3 torch.matmul), and the peak memory a step adds
 over the weights and their gradients. Writes DIR/moe_train.md (also printed) and moe_train.json.
 
+--profile: our training step's GPU time per kernel (torch.profiler, mean of a few steps) at the
+first token count, each backward kernel beside its roofline floor at the measured GEMM rate and
+--bandwidth (bench/moe_backward_roofline.py). --variants 'NAME:OPTIONS;...': the layer compiled
+again with derive-moe-backward{OPTIONS} (e.g. 'n256:dgrad-block-n=256'), its moe_backward
+timed and profiled per kernel on its own moe_forward's tensors, its gradients against the
+default module's (RMS ratio): tiles compared in one run.
+
     PYTHONPATH=/tmp/site python3 -P bench/moe_train_gpu.py --out DIR           # on the GPU
+    PYTHONPATH=/tmp/site python3 -P bench/moe_train_gpu.py --out DIR --profile --variants 'n256:dgrad-block-n=256'
     TRITON_INTERPRET=1 python3 bench/moe_train_gpu.py --smoke --out /tmp/x      # tiny, CPU
 """
 
@@ -27,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 from common import ints, short_error  # noqa: E402
+from moe_backward_roofline import Shard, floor_ms, kernels  # noqa: E402
 
 SMOKE_LAYER = dict(hidden_size=48, latent_dim=24, num_experts=6, top_k=2, expert_ffn_dim=20, num_shared_experts=2,
                    shared_ffn_dim=12, activation="situ_glu")
@@ -124,6 +133,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=ints, default=[8192], help="token counts to time")
     parser.add_argument("--check-tokens", type=int, default=2048, help="tokens of the gradient check")
     parser.add_argument("--smoke", action="store_true", help="tiny widths on the CPU (Triton's interpreter)")
+    parser.add_argument("--profile", action="store_true", help="our step's GPU time per kernel beside its floor")
+    parser.add_argument("--variants", default="", help="'NAME:derive-moe-backward options;...' timed per kernel")
+    parser.add_argument("--bandwidth", type=float, default=3.0, help="DRAM TB/s of the floors (H100 SXM: 3.35 peak)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -227,6 +239,8 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    profiled = profile_step(torch, methods, leaves_of, step, key, tokens[0], gen, device, dtype, gemm_flops,
+                            args) if args.profile or args.variants else []
     gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter, smoke sizes)"
     head = (f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {key.hidden_size} hidden, latent "
             f"{key.latent_dim}, {key.num_experts} local experts top-{key.top_k}, FFN {key.expert_ffn_dim}, "
@@ -252,6 +266,7 @@ def main(argv=None) -> int:
         speedup = (f"{row[f'{baseline}_step_ms'] / row['ours_step_ms']:.2f}"
                    if f"{baseline}_step_ms" in row and "ours_step_ms" in row else "-")
         lines.append(f"| {row['T']} | " + " | ".join(cells) + f" | {speedup} |")
+    lines += profiled
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "moe_train.md").write_text("\n".join(lines) + "\n")
     (args.out / "moe_train.json").write_text(json.dumps({"head": head, "gemm_flops": gemm_flops, "check": check,
@@ -259,6 +274,115 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     worst = max(v for c in check.values() for v in c.values())
     return 0 if math.isfinite(worst) and all("ours_error" not in r for r in rows) else 1
+
+
+def kernel_times(torch, fn, calls: int) -> dict[str, float]:
+    """GPU ms per call of each kernel (and torch op) fn launches: torch.profiler over `calls` calls."""
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else \
+        [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        total = event.device_time_total if torch.cuda.is_available() else event.cpu_time_total
+        if total > 0 and (torch.cuda.is_available() or event.key.endswith("_kernel")):
+            times[event.key] = total / calls / 1e3
+    return times
+
+
+def kernel_table(times: dict[str, float], shard: Shard, gemm_flops: float, bandwidth: float) -> list[str]:
+    """Rows: each kernel's ms per call, the backward's beside their roofline floor (and its share)."""
+    floors = {name: floor_ms(flop, nbytes, gemm_flops, bandwidth) for name, flop, nbytes in kernels(shard)}
+    lines = ["| kernel | ms | floor ms | floor / ms |", "|---|---|---|---|"]
+    backward = floor_total = 0.0
+    for name, ms in sorted(times.items(), key=lambda item: -item[1]):
+        suffix = name.removesuffix("_kernel").rpartition("_backward_")[2] if "_backward_" in name else None
+        floor = floors.get(suffix) if suffix else None
+        if floor is not None:
+            backward, floor_total = backward + ms, floor_total + floor
+        cells = f"{floor:.2f} | {floor / ms:.0%}" if floor is not None else "- | -"
+        lines.append(f"| {name} | {ms:.3f} | {cells} |")
+    lines.append(f"| **moe_backward's kernels** | **{backward:.2f}** | **{floor_total:.2f}** | "
+                 f"{floor_total / backward if backward else math.nan:.0%} |")
+    return lines
+
+
+def profile_step(torch, methods, leaves_of, step, key, T, gen, device, dtype, gemm_flops, args) -> list[str]:
+    """--profile's and --variants' sections of the report (markdown lines)."""
+    import triton.testing
+
+    from k3compile.ops.layers import layer_module
+    from k3compile.ops.moe import ARGUMENTS
+
+    rate = gemm_flops if math.isfinite(gemm_flops) else 717e12
+    bandwidth = args.bandwidth * 1e12
+    shard = Shard.of(key, T)
+    x = torch.randn(T, key.hidden_size, generator=gen, device=device, dtype=dtype)
+    dout = torch.randn(x.shape, generator=gen, device=device, dtype=dtype)
+    lines = []
+    if args.profile:
+        leaves = leaves_of(x)
+
+        def train():
+            for t in leaves.values():
+                t.grad = None
+            step(methods["ours"], leaves, dout)
+
+        calls = 1 if args.smoke else 5
+        lines += ["", f"Our training step per kernel at {T} tokens (torch.profiler, GPU ms per step, mean of {calls}); "
+                  f"floors at {rate / 1e12:.0f} TFLOP/s and {args.bandwidth} TB/s (bench/moe_backward_roofline.py)",
+                  ""] + kernel_table(kernel_times(torch, train, calls), shard, rate, bandwidth)
+        del leaves
+    if not args.variants:
+        return lines
+    from k3compile import compile as compile_spec
+    from k3compile.spec import spec_from_table
+
+    weights = {n: t.detach() for n, t in leaves_of(x).items() if n in ARGUMENTS and t is not None}
+    default = layer_module(key)
+    saved = default.moe_forward(**weights)
+    names = [n for n in default.OUTPUT_DTYPES["moe_forward"] if n != "out"]
+    reference = default.moe_backward(**weights, **dict(zip(names, saved[1:], strict=True)), dout=dout)
+    lines += ["", f"moe_backward at {T} tokens under derive-moe-backward's options (each its own module and "
+              "moe_forward; gradients: the largest RMS ratio against the default module's)", "",
+              "| variant | options | moe_backward ms | gradients |", "|---|---|---|---|"]
+    sections = []
+    for variant in ["default:", *args.variants.split(";")]:
+        if not variant.strip():
+            continue
+        name, _, options = variant.partition(":")
+        try:
+            if options.strip():
+                pipeline = f"lower-moe-routing,lower-moe-experts,derive-moe-backward{{{options.strip()}}},outline-kernels"
+                table = key.table() | {"name": f"{key.table()['name']}_{name.strip()}"}
+                out_dir = args.out / "variants" / name.strip()
+                module = compile_spec(spec_from_table(table, source=f"<variant {name}>"), out_dir=out_dir,
+                                      pipeline=pipeline)
+            else:
+                module = default
+            forward = module.moe_forward(**weights)
+            tensors = dict(zip(names, forward[1:], strict=True))
+
+            def backward(module=module, tensors=tensors):
+                return module.moe_backward(**weights, **tensors, dout=dout)
+
+            grads = backward()
+            worst = max((((g.float() - r.float()).norm() / r.float().norm()).item()
+                         for g, r in zip(grads, reference, strict=True)), default=0.0)
+            ms = triton.testing.do_bench(backward, warmup=3, rep=50) if not args.smoke else math.nan
+            lines.append(f"| {name} | {options.strip() or '(defaults)'} | {ms:.2f} | {worst:.1e} |")
+            sections += ["", f"moe_backward per kernel, variant {name}", ""] + kernel_table(
+                kernel_times(torch, backward, 1 if args.smoke else 5), shard, rate, bandwidth)
+            del forward, tensors, grads
+        except Exception as err:  # noqa: BLE001 - a failing variant must not hide the others
+            lines.append(f"| {name} | {options.strip()} | error | {short_error(err)} |")
+    return lines + sections
 
 
 if __name__ == "__main__":
