@@ -296,7 +296,8 @@ def handed_to_gradients(local: list[Operation], read: list[SSAValue]) -> list[SS
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
                    block_v: int, num_warps: int, scan_stages: int, state_spill: str,
                    gradients_maxnreg: int, gradients_forward: str = "recompute", scan_spills: bool = False,
-                   gradients_split: str = "none") -> tuple[list[Operation], list[Operation]]:
+                   gradients_split: str = "none", value_blocks_maxnreg: int = 255
+                   ) -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
     S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); the
     gradients kernels' registers capped at `gradients_maxnreg` (0: ptxas' choice); the forward's
@@ -304,7 +305,7 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     spilled by the prepare and reloaded; with `scan_spills`, the scans spill the values the gradients
     kernel reads of theirs (scan_values) and the gradients kernel reloads them; with `gradients_split`
     value-blocks, the gradients kernel's value-block loop is a kernel of its own (split_value_blocks),
-    a program per chunk, value head and value block."""
+    a program per chunk, value head and value block, its registers capped at `value_blocks_maxnreg`."""
     ops = list(schedule.body.ops)
     state_scan = next(op for op in ops if isinstance(op, k3s.StateScanOp))
     cotangent_scan = next(op for op in ops if isinstance(op, k3s.CotangentScanOp))
@@ -399,10 +400,11 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     gradient_kernels = []
     for kind, part in zip(("value_blocks", "gradients")[-len(parts):], parts):
         grid = "chunk,value_head,value_block" if kind == "value_blocks" else "chunk,value_head"
+        maxnreg = value_blocks_maxnreg if kind == "value_blocks" else gradients_maxnreg
         for suffix, ops in zip((kind, f"{kind}_steep"), split_by_guard(part, steep_chunks)):
             body = KernelBody(spilled_to)
             body.ops = ops
-            gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, gradients_maxnreg, grid))
+            gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, maxnreg, grid))
     kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents, *gradient_kernels]
     workspaces = list(spilled_to.values())
     rebind(kernels, {**values, **argument_values(workspaces)})
@@ -441,6 +443,10 @@ class LowerBackwardPass(ModulePass):
     # value block, its parts of the loop's sums spilled in fp32 for the gradients kernel, which
     # adds them up and runs the rest (split_value_blocks)
     gradients_split: str = "none"
+    # with gradients-split=value-blocks, the value-block kernels' register cap (0: none). Offline
+    # for sm_90 (bounded KDA, chunks of 16) ptxas gives them 190 registers without stack at 255;
+    # 128 fits two 8-warp programs on an SM for 24 B of stack
+    value_blocks_maxnreg: int = 255
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.gradients_forward not in GRADIENTS_FORWARD:
@@ -448,11 +454,13 @@ class LowerBackwardPass(ModulePass):
                              f"got {self.gradients_forward!r}")
         if self.state_spill not in ("float32", "input"):
             raise ValueError(f"lower-backward: state-spill must be float32 or input, got {self.state_spill!r}")
-        if self.gradients_maxnreg and not k3s.MIN_MAXNREG <= self.gradients_maxnreg <= k3s.MAX_MAXNREG:
-            raise ValueError(f"{self.name}: gradients-maxnreg must be 0 (no cap) or in {k3s.MIN_MAXNREG}.."
-                             f"{k3s.MAX_MAXNREG}, got {self.gradients_maxnreg}")
         if self.scan_values not in SCAN_VALUES:
             raise ValueError(f"{self.name}: scan-values must be one of {', '.join(SCAN_VALUES)}, got {self.scan_values!r}")
+        for option, cap in (("gradients-maxnreg", self.gradients_maxnreg),
+                            ("value-blocks-maxnreg", self.value_blocks_maxnreg)):
+            if cap and not k3s.MIN_MAXNREG <= cap <= k3s.MAX_MAXNREG:
+                raise ValueError(f"{self.name}: {option} must be 0 (no cap) or in {k3s.MIN_MAXNREG}.."
+                                 f"{k3s.MAX_MAXNREG}, got {cap}")
         if self.gradients_split not in GRADIENTS_SPLIT:
             raise ValueError(f"{self.name}: gradients-split must be one of {', '.join(GRADIENTS_SPLIT)}, "
                              f"got {self.gradients_split!r}")
@@ -464,7 +472,8 @@ class LowerBackwardPass(ModulePass):
             workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
                                                  self.gradients_maxnreg, self.gradients_forward,
-                                                 self.scan_values == "spill", self.gradients_split)
+                                                 self.scan_values == "spill", self.gradients_split,
+                                                 self.value_blocks_maxnreg)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()

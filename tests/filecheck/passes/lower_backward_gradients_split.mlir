@@ -7,12 +7,15 @@
 // states. Each kernel has its steep twin where the member's gate is unbounded. The loop's widest
 // product comes last (Triton lays out a chain of products as the last one). The printed Triton:
 // the two kernels by name, the grid's third axis, the parts stored at the program's block and
-// summed in block order. Anything but none / value-blocks is refused.
+// summed in block order. value-blocks-maxnreg caps the value-block kernels' registers alone.
+// Anything but none / value-blocks is refused.
 // RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-split=value-blocks}' | filecheck %s
 // RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-split=value-blocks}' | k3c opt - | filecheck %s
 // RUN: k3c compile %examples/kda.toml --stdout --no-autotune -p 'derive-backward,lower-backward{gradients-split=value-blocks},outline-kernels' | filecheck %s --check-prefix=TRITON
 // RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward' | filecheck %s --check-prefix=NONE
+// RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-split=value-blocks value-blocks-maxnreg=128}' | filecheck %s --check-prefix=CAP
 // RUN: not k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-split=loop}' 2>&1 | filecheck %s --check-prefix=BAD
+// RUN: not k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{value-blocks-maxnreg=12}' 2>&1 | filecheck %s --check-prefix=BADCAP
 
 // CHECK:       %KG_bar_parts = k3s.tensor_arg @KG_bar_parts <role = workspace> : !k3s.tensor<B x T x 32 x 2 x 128, float32>
 // CHECK-NEXT:  %gamma_C_bar_parts = k3s.tensor_arg @gamma_C_bar_parts <role = workspace> : !k3s.tensor<NC x 32 x 2 x 128, float32>
@@ -81,5 +84,11 @@
 
 // NONE-NOT:    k3s.kernel @kda_backward_value_blocks
 // NONE-NOT:    _parts
+
+// CAP:       k3s.kernel @kda_backward_value_blocks <grid = "chunk,value_head,value_block", num_warps = 8, maxnreg = 128>
+// CAP:       k3s.kernel @kda_backward_value_blocks_steep <grid = "chunk,value_head,value_block", num_warps = 8, maxnreg = 128>
+// CAP:       k3s.kernel @kda_backward_gradients <grid = "chunk,value_head", num_warps = 8, maxnreg = 255>
+
+// BADCAP: k3c ir: error: pipeline {{.*}}: lower-backward: value-blocks-maxnreg must be 0 (no cap) or in 24..255, got 12
 
 // BAD: k3c ir: error: pipeline {{.*}}: lower-backward: gradients-split must be one of none, value-blocks, got 'loop'
