@@ -128,7 +128,7 @@ class MoeBackward:
         self.tile_cot: dict[SSAValue, Tile | Rows] = {}  # forward tile value -> its cotangent
         self.primal: dict[SSAValue, SSAValue] = {}  # forward tile value -> its recomputation
         self.glu_layout: dict[SSAValue, dict] = {}  # a GLU projection's gate -> its saved halves' layout
-        self.rstd: dict[str, SSAValue] = {}  # an RMS-normalised tensor -> its saved 1 / RMS
+        self.normed: dict[str, SSAValue] = {}  # an RMS-normalised tensor -> its normalised rows
         # the tensors the forward stores a GLU's output to: their dgrad holds the GLU's adjoint
         self.glu_outputs = {k3s.argument_name(s.tensor) for kernel in k3s.entry_kernels(forward)
                             for s in kernel.body.ops if isinstance(s, k3s.StoreRowsOp)
@@ -212,10 +212,17 @@ class MoeBackward:
         return cot
 
     def dgrad_columns(self, source: str, columns: int) -> int:
-        """The block of a dgrad's output columns (a's): glu-dgrad-block-n where its epilogue holds
-        the GLU's adjoint (the forward's saved gate and up halves and their cotangents: five fp32
-        tiles [rows, BN] at once, which spill at 128 x 128 on sm_90), dgrad-block-n elsewhere."""
-        block = self.o.glu_dgrad_block_n if source in self.glu_outputs else self.o.dgrad_block_n
+        """The block of a dgrad's output columns (a's), by what its epilogue holds besides the
+        accumulator: glu-dgrad-block-n for the GLU's adjoint (the forward's saved gate and up
+        halves and their cotangents: five fp32 tiles [rows, BN] at once, which spill at 128 x 128
+        on sm_90), x-dgrad-block-n for x's fp32 gradient added to (a second fp32 tile: 128 x 256
+        spills), dgrad-block-n for a plain store."""
+        if source in self.glu_outputs:
+            block = self.o.glu_dgrad_block_n
+        elif f"d{source}" in self.t:
+            block = self.o.x_dgrad_block_n
+        else:
+            block = self.o.dgrad_block_n
         return fit(block, columns)
 
     def partials(self, source: str, columns: int) -> int:
@@ -243,16 +250,17 @@ class MoeBackward:
                             in_dim=p.out_dim, out_dim=p.in_dim, rows=p.rows, input_index=y_bar.index, layout=p.layout,
                             group=p.group, block_rows=p.block_rows).results[0]
 
-    def weight_grad(self, p: Product, y_bar: Rows, rms: bool = False) -> None:
-        """A wgrad kernel: d<weight> = y_bar^T a over the rows, in the weight's layout."""
+    def weight_grad(self, p: Product, y_bar: Rows) -> None:
+        """A wgrad kernel: d<weight> = y_bar^T a over the rows, in the weight's layout (a the
+        normalised rows of an RMS-normalised input, which its adjoint stored)."""
         sorted_rows = p.rows == "sorted_block"
         tensors = ([y_bar.scale] if y_bar.scale is not None else []) + \
-            ([self.rstd[p.source], self.t[p.gain]] if rms else []) + \
             ([self.t["expert_offsets"], self.t["sorted_pairs"]] if sorted_rows else [])
-        grad = make(k3s.ProjectWeightGradOp, operands=[y_bar.value, self.t[p.source], *tensors],
+        source = self.normed[p.source] if p.gain is not None else self.t[p.source]
+        grad = make(k3s.ProjectWeightGradOp, operands=[y_bar.value, source, *tensors],
                     result=("w_bar", k3s.tile("N", "D")), **given(dict(
                         in_dim=p.in_dim, out_dim=p.out_dim, rows=p.rows, cotangent_index=y_bar.index,
-                        input_index=p.index, scale_rows=y_bar.scale is not None, rms=rms, block_rows=p.block_rows)))
+                        input_index=p.index, scale_rows=y_bar.scale is not None, block_rows=p.block_rows)))
         store = make(k3s.StoreWeightGradOp, operands=[grad.results[0], self.t[f"d{p.weight}"]],
                      **given(dict(layout="expert" if sorted_rows else p.layout, group=p.group)))
         # an expert's run is whole blocks of block_rows: a step of at most one block stays in it
@@ -260,7 +268,7 @@ class MoeBackward:
         sizes = dict(block_r=step, block_n=fit(self.o.wgrad_block_n, p.out_dim),
                      block_d=fit(self.o.wgrad_block_d, p.in_dim),
                      num_stages=self.o.sorted_wgrad_num_stages if sorted_rows else self.o.num_stages)
-        self.kernels.append(self.kernel(f"{p.weight}_wgrad", wgrad_grid(p, y_bar.value, self.t[p.source], sorted_rows),
+        self.kernels.append(self.kernel(f"{p.weight}_wgrad", wgrad_grid(p, y_bar.value, source, sorted_rows),
                                         [grad, store], **sizes))
 
     def product_adjoint(self, p: Product, y_bar: Rows) -> None:
@@ -298,17 +306,19 @@ class MoeBackward:
             self.cot[name] = tile
 
     def rms_norm_adjoint(self, p: Product, normed_bar: SSAValue, eps: float) -> None:
-        """The cotangent of a's normalised rows -> a's (and the saved 1 / RMS), and the gain's gradient."""
+        """The cotangent of a's normalised rows -> a's (and 1 / RMS, and the normalised rows in the
+        input dtype for the weight's gradient), and the gain's gradient."""
         width = p.in_dim
         stored = self.materialise(f"{p.source}_normed", Tile(normed_bar, p.rows, p.index), width).value
         # the input's cotangent in the input dtype: read only by the GEMMs of its producer's
         # adjoint (the experts' down projection: dgrad and wgrad operands, rounded to it anyway)
         bar = self.workspace(f"{p.source}_bar", k3s.tensor("R", width, dtype="float"))
         rstd = self.workspace(f"{p.source}_rstd", k3s.tensor("R", dtype="float32"))
-        self.rstd[p.source] = rstd
+        self.normed[p.source] = self.workspace(f"{p.source}_normed", k3s.tensor("R", width, dtype="float"))
         gain = p.gain
         self.kernels.append(self.kernel(f"{p.source}_rms_norm_adjoint", "row_block", [make(
-            k3s.RmsNormAdjointOp, operands=[self.t[p.source], self.t[gain], stored, bar, rstd], eps=eps, width=width)],
+            k3s.RmsNormAdjointOp, operands=[self.t[p.source], self.t[gain], stored, bar, rstd, self.normed[p.source]],
+            eps=eps, width=width)],
             block_r=self.o.row_block, block_d=fit(self.o.wgrad_block_d, width)))
         self.kernels.append(self.kernel(f"{gain}_grad", "column_block", [make(
             k3s.NormGainGradOp, operands=[self.t[p.source], rstd, stored, self.t[f"d{gain}"]], width=width)],
@@ -359,16 +369,20 @@ class DeriveMoeBackwardPass(ModulePass):
     block_rows: int = 128  # the pair list's blocks, as lower-moe-experts' block-rows
     # the dgrad GEMMs' tiles: BR token rows (dense; the forward's 128: each wave of programs
     # re-reads the cotangent rows once per its blocks of columns), BN output and BD reduction
-    # columns; BN for a dgrad whose epilogue is a GLU's adjoint (MoeBackward.dgrad_columns)
+    # columns, 128 x 256 x 64 (sm_90's widest wgmma, half the shared-memory bytes per flop of
+    # 128 x 128); BN where the epilogue holds more (MoeBackward.dgrad_columns): a GLU's
+    # adjoint, x's fp32 gradient added to
     dgrad_block_r: int = 128
-    dgrad_block_n: int = 128
+    dgrad_block_n: int = 256
     dgrad_block_d: int = 64
     glu_dgrad_block_n: int = 64
+    x_dgrad_block_n: int = 128
     # the wgrad GEMMs' [BN, BD] weight tiles, BR rows a step (every token row, or an expert's run of
-    # the pair list); fp32 cotangent rows [64, 128] and bf16 input rows, 3 stages: 144 KB of shared memory
+    # the pair list): 128 x 256, 64 rows a step, bf16 operands, 3 stages: 144 KB of shared memory
+    # (the latent up-projection's fp32 input rows: 208 KB)
     wgrad_block_r: int = 64
     wgrad_block_n: int = 128
-    wgrad_block_d: int = 128
+    wgrad_block_d: int = 256
     row_block: int = 16  # the RMSNorm adjoint's rows per program
     num_warps: int = 8
     num_stages: int = 3
@@ -381,8 +395,8 @@ class DeriveMoeBackwardPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_num_warps(self.name, self.num_warps)
         check_power_of_two(self.name, "block-rows", self.block_rows, 256)
-        for option in ("dgrad_block_r", "dgrad_block_n", "dgrad_block_d", "glu_dgrad_block_n", "wgrad_block_r",
-                       "wgrad_block_n", "wgrad_block_d", "row_block"):
+        for option in ("dgrad_block_r", "dgrad_block_n", "dgrad_block_d", "glu_dgrad_block_n", "x_dgrad_block_n",
+                       "wgrad_block_r", "wgrad_block_n", "wgrad_block_d", "row_block"):
             check_power_of_two(self.name, option.replace("_", "-"), getattr(self, option), 256)
         if self.block_rows < 16:
             raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")

@@ -134,7 +134,7 @@ def project(b, op: k3s.ProjectOp) -> None:
         b.rms_norm_adjoint(p, a_bar, op.rms_eps.value.data)
     else:
         b.contribute(p.source, Tile(a_bar, p.rows, p.index))
-    b.weight_grad(p, y_bar, rms=op.rms_eps is not None)
+    b.weight_grad(p, y_bar)
 
 
 @moe_adjoint(k3s.StoreRoutingOp)

@@ -87,10 +87,9 @@ class ProjectWeightGradOp(KeywordSyntax, RuntimeSizesInterface):
     run of the sorted pair list (whole blocks of block_rows) in steps of BR (rows = sorted_block,
     grid axis expert; BR divides block_rows).
     y_bar is `cotangent`'s row of m (`cotangent_index`), times `row_scale`[pair of m] with
-    scale_rows (the routing weight); a is `input`'s row of m (`input_index`), RMS-normalised with
-    rms, a[m, c] rstd[m] gain[c] (the forward's saved 1 / RMS `rstd`, its gain `gain`). Operands:
-    cotangent, input, then row_scale (scale_rows), rstd and gain (rms), and the dispatch plan's
-    expert_offsets, sorted_pairs (rows = sorted_block)."""
+    scale_rows (the routing weight); a is `input`'s row of m (`input_index`; an RMS-normalised
+    input is k3s.rms_norm_adjoint's `normed` rows). Operands: cotangent, input, then row_scale
+    (scale_rows) and the dispatch plan's expert_offsets, sorted_pairs (rows = sorted_block)."""
 
     name = "k3s.project_weight_grad"
     in_dim = prop_def(IntegerAttr[I64])
@@ -99,7 +98,6 @@ class ProjectWeightGradOp(KeywordSyntax, RuntimeSizesInterface):
     cotangent_index = prop_def(RowIndexAttr)
     input_index = prop_def(RowIndexAttr)
     scale_rows = prop_def(BoolAttr)
-    rms = prop_def(BoolAttr)
     block_rows = opt_prop_def(IntegerAttr[I64])
     cotangent = operand_def(TensorType)
     input = operand_def(TensorType)
@@ -108,7 +106,7 @@ class ProjectWeightGradOp(KeywordSyntax, RuntimeSizesInterface):
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
     def tensor_roles(self) -> list[str]:
-        return ((["row_scale"] if self.scale_rows.value.data else []) + (["rstd", "gain"] if self.rms.value.data else [])
+        return ((["row_scale"] if self.scale_rows.value.data else [])
                 + (["expert_offsets", "sorted_pairs"] if self.rows.data == Rows.SORTED_BLOCK else []))
 
     def named_tensors(self) -> dict[str, SSAValue]:
@@ -243,8 +241,9 @@ class RmsNormAdjointOp(KeywordSyntax):
     """The latent RMSNorm's input cotangent for the program's token rows, each row whole (a loop
     over its width columns): with c = `input`'s row, r = 1 / sqrt(mean(c^2) + eps) and
     q = gain * `normed_bar`'s row (the cotangent of c r gain), stores
-    `input_bar` = r q - c r^3 mean(c q) and `rstd` = r (fp32, read by the gradients of the gain
-    and of the weight the normalised rows multiply)."""
+    `input_bar` = r q - c r^3 mean(c q), `rstd` = r (fp32, read by the gain's gradient) and
+    `normed` = c r gain in its dtype (the rows the weight's gradient multiplies, as the forward's
+    GEMM rounded them: a plain GEMM operand for the wgrad)."""
 
     name = "k3s.rms_norm_adjoint"
     eps = prop_def(FloatAttr)
@@ -254,6 +253,7 @@ class RmsNormAdjointOp(KeywordSyntax):
     normed_bar = operand_def(TensorType)
     input_bar = operand_def(TensorType)
     rstd = operand_def(TensorType)
+    normed = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
 

@@ -134,10 +134,9 @@ class MoeBackward:
             self.print_weight_grad_step(op, acc, tensors)
 
     def print_weight_grad_step(self, op: k3s.ProjectWeightGradOp, acc: str, tensors: dict[str, str]) -> None:
-        """One block of rows of a weight gradient: its cotangent rows, its input rows (normalised,
-        and weighted: (y_bar s)^T a = y_bar^T (s a), the row scale on the operand that goes through
-        registers anyway, so the cotangent tile reaches tl.dot as loaded, which for a transposed
-        operand of sm_90's wgmma saves a shuffle through shared memory)."""
+        """One block of rows of a weight gradient: its cotangent rows, its input rows (weighted:
+        (y_bar s)^T a = y_bar^T (s a), so the cotangent tile reaches tl.dot as loaded, which for
+        the transposed operand of sm_90's wgmma saves a shuffle through shared memory)."""
         rows = op.rows.data.value
         dy_row, mask = BLOCK_ROWS[rows, op.cotangent_index.data.value]
         a_row, _ = BLOCK_ROWS[rows, op.input_index.data.value]
@@ -145,9 +144,6 @@ class MoeBackward:
                   f"mask={mask}[:, None] & m_n[None, :], other=0.0)",
                   f"b_a = tl.load({tensor_name(op.input)} + {a_row}[:, None] * DIN + o_d[None, :], "
                   f"mask={mask}[:, None] & m_d[None, :], other=0.0)")
-        if op.rms.value.data:
-            self.code(f"b_a = b_a.to(tl.float32) * tl.load({tensors['rstd']} + {a_row}, mask={mask}, other=0.0)[:, None] "
-                      f"* tl.load({tensors['gain']} + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]")
         if op.scale_rows.value.data:
             self.code(f"b_a = b_a.to(tl.float32) * tl.load({tensors['row_scale']} + b_pairs, mask=m_s, other=0.0)[:, None]")
         self.code(f"{acc} += _mm(tl.trans(b_dy), b_a, DOT)")
@@ -251,18 +247,19 @@ class MoeBackward:
                   "mask=m_r[:, None] & m_e[None, :])")
 
     def print_rms_rows(self, op: k3s.RmsNormAdjointOp, width: int) -> None:
-        """One block of BD columns of the program's rows: b_c (the input) and b_q (gain * the
-        normalised rows' cotangent), fp32."""
+        """One block of BD columns of the program's rows: b_c (the input), b_gain and b_q (gain *
+        the normalised rows' cotangent), fp32."""
         self.code("o_k = i_k * BD + tl.arange(0, BD)", "m_k = o_k < " + str(width),
                   "m_rk = m_r[:, None] & m_k[None, :]",
                   f"b_c = tl.load({tensor_name(op.input)} + o_r[:, None] * {width} + o_k[None, :], mask=m_rk, "
                   "other=0.0).to(tl.float32)",
+                  f"b_gain = tl.load({tensor_name(op.gain)} + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :]",
                   f"b_q = tl.load({tensor_name(op.normed_bar)} + o_r[:, None] * {width} + o_k[None, :], mask=m_rk, "
-                  f"other=0.0) * tl.load({tensor_name(op.gain)} + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :]")
+                  "other=0.0) * b_gain")
 
     def print_k3s_rms_norm_adjoint(self, op: k3s.RmsNormAdjointOp) -> None:
         c, width = self.code, op.width.value.data
-        c.comment(op, "two passes over the rows: their sums, then the cotangent")
+        c.comment(op, "two passes over the rows: their sums, then the cotangent and the normalised rows")
         c("b_sumsq = tl.zeros([BR], dtype=tl.float32)", "b_cq = tl.zeros([BR], dtype=tl.float32)",
           f"for i_k in range(0, tl.cdiv({width}, BD)):")
         with c.indent():
@@ -274,9 +271,10 @@ class MoeBackward:
           f"for i_k in range(0, tl.cdiv({width}, BD)):")
         with c.indent():
             self.print_rms_rows(op, width)
-            c(f"tl.store({tensor_name(op.input_bar)} + o_r[:, None] * {width} + o_k[None, :], "
-              f"(b_rstd[:, None] * b_q - b_c * b_shift[:, None]).to({tensor_name(op.input_bar)}.dtype.element_ty), "
-              "mask=m_rk)")
+            for tensor, value in ((op.input_bar, "b_rstd[:, None] * b_q - b_c * b_shift[:, None]"),
+                                  (op.normed, "b_c * b_rstd[:, None] * b_gain")):
+                c(f"tl.store({tensor_name(tensor)} + o_r[:, None] * {width} + o_k[None, :], "
+                  f"({value}).to({tensor_name(tensor)}.dtype.element_ty), mask=m_rk)")
 
     def print_k3s_norm_gain_grad(self, op: k3s.NormGainGradOp) -> None:
         c, width = self.code, op.width.value.data

@@ -53,7 +53,7 @@ builtin.module {
 // the weight gradients' fastest grid axis is over the operand with the narrower rows in bytes
 // (shared_act 24 < dout 40 columns); an expert's programs run together (expert slowest)
 // CHECK:        k3s.kernel @mlp_backward_shared_down_wgrad <grid = "input_block,column_block", num_warps = 8, num_stages = 3, block_d = 32, block_r = 64, block_n = 64>
-// CHECK-NEXT:     k3s.project_weight_grad %dout, %shared_act <in_dim = 24, out_dim = 40, rows = token_block, cotangent_index = token, input_index = token, scale_rows = false, rms = false>
+// CHECK-NEXT:     k3s.project_weight_grad %dout, %shared_act <in_dim = 24, out_dim = 40, rows = token_block, cotangent_index = token, input_index = token, scale_rows = false>
 // CHECK-NEXT:     k3s.store_weight_grad %w_bar, %dshared_down <layout = stacked_in, group = 24>
 // a dgrad with a GLU's adjoint in its epilogue takes glu-dgrad-block-n columns
 // CHECK:        k3s.kernel @mlp_backward_shared_down_dgrad <grid = "row_block,column_block", num_warps = 8, num_stages = 3, block_d = 64, block_r = 128, block_n = 32>
@@ -66,12 +66,12 @@ builtin.module {
 // CHECK-NEXT:     k3s.store_rows %a_bar, %dx <rows = token_block, index = token, width = 40, accumulate = true>
 // CHECK:        k3s.kernel @mlp_backward_latent_up_dgrad
 // CHECK:        k3s.kernel @mlp_backward_combined_rms_norm_adjoint <grid = row_block
-// CHECK-NEXT:     k3s.rms_norm_adjoint %combined, %latent_norm_gain, %combined_normed_bar, %combined_bar, %combined_rstd <eps = 1.0e-06, width = 16>
+// CHECK-NEXT:     k3s.rms_norm_adjoint %combined, %latent_norm_gain, %combined_normed_bar, %combined_bar, %combined_rstd, %combined_normed <eps = 1.0e-06, width = 16>
 // CHECK:        k3s.kernel @mlp_backward_latent_norm_gain_grad <grid = column_block
 // CHECK:        k3s.kernel @mlp_backward_latent_up_wgrad
-// CHECK-NEXT:     k3s.project_weight_grad %dout, %combined, %combined_rstd, %latent_norm_gain <{{.*}}rms = true>
+// CHECK-NEXT:     k3s.project_weight_grad %dout, %combined_normed <in_dim = 16, out_dim = 40, rows = token_block, cotangent_index = token, input_index = token, scale_rows = false>
 // CHECK:        k3s.kernel @mlp_backward_expert_down_wgrad <grid = "column_block,input_block,expert", num_warps = 8, num_stages = 5,
-// CHECK-NEXT:     k3s.project_weight_grad %combined_bar, %expert_act, %topk_weights, %expert_offsets, %sorted_pairs <in_dim = 32, out_dim = 16, rows = sorted_block, cotangent_index = token, input_index = position, scale_rows = true, rms = false, block_rows = 128>
+// CHECK-NEXT:     k3s.project_weight_grad %combined_bar, %expert_act, %topk_weights, %expert_offsets, %sorted_pairs <in_dim = 32, out_dim = 16, rows = sorted_block, cotangent_index = token, input_index = position, scale_rows = true, block_rows = 128>
 // over the pair list, the columns fastest: the programs running together share a block's rows
 // CHECK:        k3s.kernel @mlp_backward_expert_down_dgrad <grid = "column_block,sorted_block"
 // CHECK-NEXT:     %yw_bar_w = k3s.project_input_grad %combined_bar, %expert_down, %expert_offsets, %sorted_pairs, %block_expert <in_dim = 16, out_dim = 32, rows = sorted_block, input_index = token, layout = expert, block_rows = 128>
