@@ -49,14 +49,14 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import AttnResOp
-from k3compile.passes.common import add_entries, argument_values, check_power_of_two, make, props, rebind
-from k3compile.passes.fuse_attnres import FuseAttnResPass, attnres_arg, fused_attnres_entry, warps_holding
+from k3compile.passes.common import add_entries, argument_values, check_power_of_two, make, props, rebind, tensor_arg
+from k3compile.passes.fuse_attnres import FuseAttnResPass, attnres_arg, fused_attnres_entry, loop, warps_holding
 
 # A block_partials program holds its block of queries and their mixes ([BQ, next_pow2(D)] fp32
 # each) and a representative's row. Budget: what the aggregate's backward kernel holds at K3's
@@ -207,6 +207,8 @@ def block_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass) -> k
         attnres_arg("gains", ("Q", D)),
         *stored,
     ]
+    if options.partials_schedule == "columns":
+        return columns_partials_entry(layer, options, arguments, stored)
     tensors = argument_values(arguments)
     kernels = [partials_kernel(kernel, layer, tensors, stored, options)
                for kernel in aggregate_kernels(layer, options.rows_per_program, options.grouped_from_rows)]
@@ -238,6 +240,85 @@ def partials_kernel(kernel: k3s.KernelOp, layer: AttnResOp, tensors: dict[str, S
     return derived_kernel(kernel, layer, "block_partials",
                           grid="row_group_query_block" if grouped(kernel) else "row_query_block",
                           num_warps=partials_warps(D, queries_per_program))
+
+
+
+# --- phase 1 in blocks of columns (partials-schedule=columns) ---------------------------------------
+
+PARTIALS_SCHEDULES = ("columns", "query-blocks")  # derive-block-attnres{partials-schedule=...}, default first
+FOLD_COLUMNS = 256  # the fold kernel's block of hidden columns (its programs: cdiv(D, 256); all queries each)
+DOT_LEAST = 16  # tl.dot's least size of an operand's dimension: the (row, representative) pairs of a program
+
+
+def columns_rows(layer: AttnResOp, rows: int) -> int:
+    """The token rows of a columns program: at least `rows`, and enough that its (row,
+    representative) pairs, next_pow2(num_blocks) a row, make a product's dimension (DOT_LEAST)."""
+    sources = 1 << (layer.num_blocks.value.data - 1).bit_length()
+    return max(rows, -(-DOT_LEAST // sources))
+
+
+def columns_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass, arguments: list[Operation],
+                           stored: list[Operation]) -> k3s.EntryOp:
+    """block_partials as two kernels: the call's queries folded once (k3s.fold_queries_split:
+    q = w * gain, stored split in two parts of the activations' dtype), then a program per group
+    of `columns-rows` token rows with all the call's queries and all of a row's representatives,
+    sweeping the hidden columns twice in blocks of `block-columns`. Sweep 1 reads each
+    representative row once and sums, as products on the tensor cores, the group's Gram matrix
+    (its diagonal: the sums of squares) and every query's dot with every representative row;
+    then the scores, the softmax over a row's representatives per query (its log-sum-exp, or max
+    and normaliser, stored) and the mix's weights. Sweep 2, its column blocks last to first (the
+    most recently read first: L2 hits), reads the rows again and writes each (row, query)'s mix
+    once, the weights' product with the rows. No query is folded per row or per program, no
+    online rescale: each representative row is read twice per group (once from HBM if the
+    second read hits L2) and each mix written once, whatever Q."""
+    D, eps = layer.hidden_size.value.data, layer.eps.value.data
+    sources, rows = layer.num_blocks.value.data, columns_rows(layer, options.columns_rows)
+    columns = min(options.block_columns, padded_width(D))
+    folded_arg = tensor_arg("folded", k3s.tensor(2, "Q", D, dtype="float"), "workspace")
+    t = argument_values([*arguments, folded_arg])
+    name = layer.sym_name.data
+
+    fold = make(k3s.KernelOp, [make(k3s.FoldQueriesSplitOp, operands=[t["queries"], t["gains"], t["folded"]],
+                                    hidden_size=D, columns=min(FOLD_COLUMNS, padded_width(D)))],
+                sym_name=f"{name}_block_partials_fold", grid="input_block", num_warps=4,
+                block_d=min(FOLD_COLUMNS, padded_width(D)))
+
+    def load_rows(**last) -> Operation:
+        return make(k3s.LoadGroupSourcesOp, operands=[t["representatives"]], hidden_size=D, rows=rows,
+                    sources=sources, result=("x", k3s.tile("R", "S", "D")), **last)
+
+    # sweep 1: the Gram matrix and the queries' dots over the columns
+    sums = (("gram", ("R", "S", "R", "S")), ("qx", ("Q", "R", "S")))
+    starts = [make(k3s.ZerosOp, result=(n, k3s.tile(*dims))) for n, dims in sums]
+    body = Block(arg_types=[k3s.tile(*dims) for _, dims in sums])
+    x = load_rows()
+    queries = make(k3s.LoadFoldedQueriesOp, operands=[t["folded"]],
+                   results=[("q_high", k3s.tile("Q", "D")), ("q_low", k3s.tile("Q", "D"))])
+    dots = make(k3s.GroupColumnDotsOp, operands=[x.results[0], *queries.results, *body.args],
+                results=[(n, k3s.tile(*dims)) for n, dims in sums])
+    body.add_ops([x, queries, dots, make(k3s.NextColumnOp, operands=list(dots.results))])
+    sweep1 = loop(k3s.ColumnLoopOp, [z.results[0] for z in starts], tuple(n for n, _ in sums), body, columns=columns)
+    scores = make(k3s.GroupScoresOp, operands=[*sweep1.results, t["representatives"], t["folded"]], eps=eps,
+                  result=("score", k3s.tile("R", "S", "Q")))
+    normalised = options.partials == "normalised"
+    softmax = make(k3s.GroupSoftmaxOp, operands=[scores.results[0]], results=[
+        ("max", k3s.tile("R", "Q")), ("sum", k3s.tile("R", "Q")), ("p", k3s.tile("R", "Q", "R", "S"))],
+        **({"normalised": True} if normalised else {}))
+    stats = make(k3s.StoreGroupStatsOp, operands=[*softmax.results[:2], *(t[a.sym_name.data] for a in stored[:-1])])
+    split = make(k3s.SplitWeightsOp, operands=[softmax.results[2], t["representatives"]],
+                 results=[("p_high", k3s.tile("R", "Q", "R", "S")), ("p_low", k3s.tile("R", "Q", "R", "S"))])
+
+    # sweep 2, last block of columns first: the mixes
+    x = load_rows(last_use=True)
+    mix = make(k3s.GroupMixOp, operands=[x.results[0], *split.results], result=("mix", k3s.tile("R", "Q", "D")))
+    store = make(k3s.StoreGroupRowsOp, operands=[mix.results[0], t[stored[-1].sym_name.data]])
+    sweep2 = loop(k3s.ColumnLoopOp, [], (), Block([x, mix, store, make(k3s.NextColumnOp)]), columns=columns,
+                  reverse=True)
+    kernel = make(k3s.KernelOp, [*starts, sweep1, scores, softmax, stats, split, sweep2],
+                  sym_name=f"{name}_block_partials_columns", grid="row_group_all_queries",
+                  num_warps=options.columns_warps, num_stages=options.columns_stages)
+    return make(k3s.EntryOp, [*arguments, folded_arg, fold, kernel], sym_name="block_partials", source=name,
+                max_sources=sources)
 
 
 def resume_rows_from_partials(kernel: k3s.KernelOp, load: Operation) -> None:
@@ -317,6 +398,21 @@ class DeriveBlockAttnResPass(ModulePass):
     # with groups, calls of fewer token rows launch a program per row instead (fuse-attnres's split
     # and its threshold: groups of 8 left too few programs below 2048 rows); 0: groups at every call
     grouped_from_rows: int = 2048
+    # block_partials' schedule: "columns" (a program's group of rows with all the call's queries,
+    # two sweeps over the hidden columns: each representative row read twice, each mix written
+    # once, the queries folded once per call; columns_partials_entry) or "query-blocks" (the
+    # aggregate's kernel batched over a program's block of queries, as before: every program
+    # folds its queries and scans its row's representatives once per block of queries, one row
+    # at a time; queries-per-program and rows-per-program above). docs/attnres.md gives both
+    # forms' bytes and instruction counts; neither is timed against the other on a GPU yet
+    partials_schedule: str = PARTIALS_SCHEDULES[0]
+    # columns: a program's token rows (raised to 16 / next_pow2(num_blocks) where fewer: tl.dot's
+    # least), its block of hidden columns, warps and pipeline stages. 4 rows, 128 columns, 4 warps:
+    # no spill offline for sm_90 at K3's and flash-attn-res's shapes (bench/block_attnres_sm90.py)
+    columns_rows: int = 4
+    block_columns: int = 128
+    columns_warps: int = 4
+    columns_stages: int = 3
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.queries_per_program:
@@ -328,5 +424,17 @@ class DeriveBlockAttnResPass(ModulePass):
                              f"got {self.grouped_from_rows}")
         if self.partials not in PARTIALS:
             raise ValueError(f"{self.name}: partials must be one of {', '.join(PARTIALS)}, got {self.partials}")
+        if self.partials_schedule not in PARTIALS_SCHEDULES:
+            raise ValueError(f"{self.name}: partials-schedule must be one of {', '.join(PARTIALS_SCHEDULES)}, "
+                             f"got {self.partials_schedule}")
+        if self.columns_rows < 1:
+            raise ValueError(f"{self.name}: columns-rows must be >= 1, got {self.columns_rows}")
+        check_power_of_two(self.name, "block-columns", self.block_columns)
+        if self.block_columns < DOT_LEAST:
+            raise ValueError(f"{self.name}: block-columns must be at least {DOT_LEAST} (tl.dot's least), "
+                             f"got {self.block_columns}")
+        check_power_of_two(self.name, "columns-warps", self.columns_warps, k3s.MAX_NUM_WARPS)
+        if self.columns_stages < 1:
+            raise ValueError(f"{self.name}: columns-stages must be >= 1, got {self.columns_stages}")
         add_entries(op, AttnResOp, lambda layer: block_partials_entry(layer, self))
         add_entries(op, AttnResOp, lambda layer: block_merge_entry(layer, self))

@@ -25,14 +25,18 @@ from k3compile.ir import reference
 
 D, Q, NUM_BLOCKS = 48, 5, 4
 RTOL = 1e-5  # relative norm; the interpreter's fp32 gets ~1e-7
-PIPELINES = {"default": None,
-             "two-per-program": "fuse-attnres,derive-block-attnres{queries-per-program=2},outline-kernels",
-             "numerator": "fuse-attnres,derive-block-attnres{partials=numerator},outline-kernels",
+QUERY_BLOCKS = "partials-schedule=query-blocks"
+PIPELINES = {"default": None,  # phase 1 in blocks of columns: one block of 64 at D = 48, groups of 4 rows
+             # the columns form's numerators, in blocks of 32 columns (the last partial), groups of 8 rows
+             "columns-numerator": "fuse-attnres,derive-block-attnres{partials=numerator block-columns=32 "
+                                  "columns-rows=8},outline-kernels",
+             "two-per-program": f"fuse-attnres,derive-block-attnres{{{QUERY_BLOCKS} queries-per-program=2}},"
+                                "outline-kernels",
              # groups of 8 from 8 rows: the calls of 7 and 1 rows take the per-row kernels, of 15 the groups
-             "groups-of-rows":
-                 "fuse-attnres,derive-block-attnres{rows-per-program=8 grouped-from-rows=8},outline-kernels",
-             "groups-numerator": "fuse-attnres,derive-block-attnres{rows-per-program=4 grouped-from-rows=0 "
-                                 "partials=numerator},outline-kernels"}
+             "groups-of-rows": f"fuse-attnres,derive-block-attnres{{{QUERY_BLOCKS} rows-per-program=8 "
+                               "grouped-from-rows=8},outline-kernels",
+             "groups-numerator": f"fuse-attnres,derive-block-attnres{{{QUERY_BLOCKS} rows-per-program=4 "
+                                 "grouped-from-rows=0 partials=numerator},outline-kernels"}
 
 
 @pytest.fixture(scope="module", params=list(PIPELINES), ids=list(PIPELINES))
@@ -178,11 +182,13 @@ def test_derived_from_the_aggregate(layer):
     backward). The loops' stages are the aggregate's."""
     from k3compile.ir import k3s
 
-    stages = {op.sym_name.data.removeprefix(f"{layer.spec.name}_"): [o.name for o in op.walk()][1:]
-              for op in layer.compilation.scheduled.ops if isinstance(op, k3s.KernelOp)}
+    stages = kernel_stages(layer)
     start, *loop, store, lse = stages["aggregate"][1:]
     assert (start, store, lse) == ("k3s.softmax_start", "k3s.normalize_store", "k3s.store_lse")
     form = "normalised_" if partial_names(layer)[0] == "block_lse" else ""
+    if "block_partials_columns" in stages:  # phase 1 in blocks of columns (its own test below)
+        assert stages["block_merge"] == ["k3s.fold_query", f"k3s.load_{form}partials", *loop, store, lse]
+        return
     assert "block_partials" in stages or "block_partials_groups" in stages
     if "block_partials" in stages:  # a program per row (every call, or those below grouped-from-rows)
         assert stages["block_partials"] == ["k3s.fold_query", start, *loop, f"k3s.store_{form}partials"]
@@ -195,6 +201,45 @@ def test_derived_from_the_aggregate(layer):
         # each row resumes from its own partials where the aggregate restarts from nothing
         assert stages["block_merge_groups"] == [*groups[:restart], f"k3s.load_{form}partials", "k3s.row_resume",
                                                 *groups[restart + 1:]]
+
+
+def kernel_stages(layer) -> dict[str, list[str]]:
+    """Each kernel's ops in program order (the kernel itself left out), by the kernel's name
+    without the layer's."""
+    from k3compile.ir import k3s
+
+    return {op.sym_name.data.removeprefix(f"{layer.spec.name}_"): [o.name for o in op.walk()][1:]
+            for op in layer.compilation.scheduled.ops if isinstance(op, k3s.KernelOp)}
+
+
+def test_columns_form(layer):
+    """partials-schedule=columns (the default): the queries folded once per call by a kernel of
+    their own, then per group of rows two sweeps over the hidden columns, the second last block
+    first: the Gram matrix and the queries' dots on the first, the group's mixes written on the
+    second; no online rescale (k3s.online_softmax), no fold per program. The printed kernel's
+    products are tl.dot, its rows read with L2 hints (kept, then last use)."""
+    from k3compile.ir import k3s
+
+    stages = kernel_stages(layer)
+    if "block_partials_columns" not in stages:
+        pytest.skip("the query-blocks form")
+    assert stages["block_partials_fold"] == ["k3s.fold_queries_split"]
+    stored = "k3s.store_group_stats"
+    assert stages["block_partials_columns"] == [
+        "k3s.zeros", "k3s.zeros", "k3s.column_loop", "k3s.load_group_sources", "k3s.load_folded_queries",
+        "k3s.group_column_dots", "k3s.next_column", "k3s.group_scores", "k3s.group_softmax", stored,
+        "k3s.split_weights", "k3s.column_loop", "k3s.load_group_sources", "k3s.group_mix", "k3s.store_group_rows",
+        "k3s.next_column"]
+    kernel = next(op for op in layer.compilation.scheduled.ops
+                  if isinstance(op, k3s.KernelOp) and op.sym_name.data.endswith("block_partials_columns"))
+    sweeps = [op for op in kernel.walk() if isinstance(op, k3s.ColumnLoopOp)]
+    assert [op.reverse is not None and bool(op.reverse.value.data) for op in sweeps] == [False, True]
+    source = layer.path.read_text()
+    code = source[source.index("def " + kernel.sym_name.data + "_kernel("):]
+    code = code[:code.index("\ndef ")]
+    assert code.count("tl.dot(") == 5 + 1  # Gram, dots (2), mix (2); the rare rescan's
+    assert "eviction_policy='evict_last'" in code and "eviction_policy='evict_first'" in code
+    assert "tl.exp(b_score - b_max" not in code.split("k3s.group_softmax")[0]  # no softmax in the sweeps
 
 
 @pytest.mark.parametrize("entry,name,bad,message", [

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, FloatAttr, IntegerAttr
+from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
@@ -63,6 +63,9 @@ class ColumnLoopOp(KeywordSyntax):
 
     name = "k3s.column_loop"
     columns = prop_def(IntegerAttr[I64])
+    # the blocks last to first (absent: first to last): a second sweep over rows the first sweep
+    # just read finds its last blocks, the most recent, still in the L2 cache
+    reverse = opt_prop_def(BoolAttr)
     initial = var_operand_def(TileType)
     body = region_def("single_block")
     carried = var_result_def(TileType)

@@ -14,38 +14,44 @@
 //   k3s.load_partials, where the aggregate has k3s.softmax_start) over the one source after
 //   them, the block's partial sum, and the aggregate's normalised store and optional log-sum-exp
 //   store (for the backward); nothing to pipeline.
-// RUN: k3c opt %s -p derive-block-attnres | filecheck %s
-// RUN: k3c opt %s -p derive-block-attnres | k3c opt - | filecheck %s
-// RUN: k3c opt %s -p derive-block-attnres --generic | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' --generic | k3c opt - | filecheck %s
+// The default phase 1 (partials-schedule=columns): the queries folded once a call (a kernel of
+// their own, split in two parts of the activations' dtype), then a program per group of rows
+// sweeping the columns twice: the Gram matrix and the queries' dots carried through the first
+// sweep, the softmax between the sweeps, the mixes stored on the second (last block first).
+// RUN: k3c opt %s -p derive-block-attnres | filecheck %s --check-prefix=COLUMNS
+// RUN: k3c opt %s -p derive-block-attnres --generic | k3c opt - | filecheck %s --check-prefix=COLUMNS
 // After fuse-attnres and derive-attnres-backward (the default pipeline's order) the two phases
 // follow the aggregate's entries; running the pass again adds nothing.
 // RUN: k3c opt %s -p fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres | filecheck %s --check-prefix=ORDER
 // The program's block of queries: by default the most (at most 32) whose rows ([BQ, D] queries
 // and mixes, a representative's row) fit what the aggregate's backward holds, six rows of 8192
 // fp32; a row of 9000 columns (16384 padded) leaves one query a program, in 16 warps.
-// RUN: k3c opt %s -p 'derive-block-attnres{queries-per-program=2}' | filecheck %s --check-prefix=OPTS
-// RUN: k3c opt %s -p derive-block-attnres | filecheck %s --check-prefix=WIDE
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks queries-per-program=2}' | filecheck %s --check-prefix=OPTS
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | filecheck %s --check-prefix=WIDE
 // RUN: not k3c opt %s -p 'derive-block-attnres{queries-per-program=3}' 2>&1 | filecheck %s --check-prefix=POW2
 // The numerator form: m, z and a stored and loaded as the loop carries them, in fp32.
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | filecheck %s --check-prefix=NUMERATOR
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks partials=numerator}' | filecheck %s --check-prefix=NUMERATOR
 // Groups of rows: both phases from the aggregate's two kernels, split at grouped-from-rows (2048)
 // as fuse-attnres splits them; the grouped block_partials stores each row's partials at its end,
 // the grouped block_merge resumes each row from its own partials at its first source
 // (k3s.row_resume where the aggregate restarts at -inf).
-// RUN: k3c opt %s -p 'derive-block-attnres{rows-per-program=8}' | filecheck %s --check-prefix=GROUPS
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks rows-per-program=8}' | filecheck %s --check-prefix=GROUPS
 // RUN: not k3c opt %s -p 'derive-block-attnres{rows-per-program=0}' 2>&1 | filecheck %s --check-prefix=ROWS0
 // RUN: not k3c opt %s -p 'derive-block-attnres{grouped-from-rows=-1}' 2>&1 | filecheck %s --check-prefix=SPLIT
 // RUN: not k3c opt %s -p 'derive-block-attnres{partials=fp32}' 2>&1 | filecheck %s --check-prefix=PARTIALS
 // The partials' stages and the fold of a block of queries verify their tiles and tensors (one line each).
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/k3s.store_partials %%max_1, %%sum_1, %%acc_1/k3s.store_partials %%acc_1, %%sum_1, %%max_1/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/%%acc_1, %%block_max, %%block_normaliser/%%acc_1, %%block_numerator, %%block_normaliser/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RANK
-// RUN: k3c opt %s -p 'derive-block-attnres{partials=numerator}' | sed 's/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
-// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%acc_1, %%block_lse, %%block_mix/%%acc_1, %%block_mix, %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NRANK
-// RUN: k3c opt %s -p derive-block-attnres | sed 's/%%block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_mix : !k3s.tile<D>, !k3s.tile<>, !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NLOAD
-// RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32> : !k3s.tile<Q x D>/queries = 32> : !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD
-// RUN: k3c opt %s -p derive-block-attnres | sed 's/queries = 32>/queries = 24>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD24
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks partials=numerator}' | sed 's/k3s.store_partials %%max_1, %%sum_1, %%acc_1/k3s.store_partials %%acc_1, %%sum_1, %%max_1/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks partials=numerator}' | sed 's/%%acc_1, %%block_max, %%block_normaliser/%%acc_1, %%block_numerator, %%block_normaliser/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RANK
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks partials=numerator}' | sed 's/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=LOAD
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | sed 's/%%acc_1, %%block_lse, %%block_mix/%%acc_1, %%block_mix, %%block_lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NRANK
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | sed 's/%%block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>/%%block_mix : !k3s.tile<D>, !k3s.tile<>, !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NLOAD
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | sed 's/queries = 32> : !k3s.tile<Q x D>/queries = 32> : !k3s.tile<D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | sed 's/queries = 32>/queries = 24>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=FOLD24
 // The shown IR of the example spec.
-// RUN: k3c ir %examples/attnres.toml -p derive-block-attnres | filecheck %s --check-prefix=K3
+// RUN: k3c ir %examples/attnres.toml -p 'derive-block-attnres{partials-schedule=query-blocks}' | filecheck %s --check-prefix=K3
 
 builtin.module {
   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
@@ -176,3 +182,25 @@ builtin.module {
 // K3-NEXT:     %q = k3s.fold_query %queries, %gains <hidden_size = 7168, queries = 2> : !k3s.tile<Q x D>
 // K3:      k3s.entry @block_merge <source = attnres, max_sources = 1> {
 // K3:        k3s.kernel @attnres_block_merge <grid = row, num_warps = 4> {
+
+// COLUMNS:      k3s.entry @ar_block_partials <source = ar, max_sources = 6> {
+// COLUMNS:        %folded = k3s.tensor_arg @folded <role = workspace> : !k3s.tensor<2 x Q x 96, float>
+// COLUMNS-NEXT:   k3s.kernel @ar_block_partials_fold <grid = input_block, num_warps = 4, block_d = 128> {
+// COLUMNS-NEXT:     k3s.fold_queries_split %queries, %gains, %folded <hidden_size = 96, columns = 128>
+// COLUMNS:        k3s.kernel @ar_block_partials_columns <grid = row_group_all_queries
+// COLUMNS-NEXT:     %gram = k3s.zeros : !k3s.tile<R x S x R x S>
+// COLUMNS-NEXT:     %qx = k3s.zeros : !k3s.tile<Q x R x S>
+// COLUMNS-NEXT:     %gram_1, %qx_1 = k3s.column_loop %gram, %qx <columns = 128> {
+// COLUMNS:            %x = k3s.load_group_sources %representatives <hidden_size = 96, rows = 4, sources = 6> : !k3s.tile<R x S x D>
+// COLUMNS-NEXT:       %q_high, %q_low = k3s.load_folded_queries %folded
+// COLUMNS-NEXT:       %gram_3, %qx_3 = k3s.group_column_dots %x, %q_high, %q_low, %gram_2, %qx_2
+// COLUMNS-NEXT:       k3s.next_column %gram_3, %qx_3
+// COLUMNS:          %score = k3s.group_scores %gram_1, %qx_1, %representatives, %folded <eps = 0.0001> : !k3s.tile<R x S x Q>
+// COLUMNS-NEXT:     %max, %sum, %p = k3s.group_softmax %score <normalised = true>
+// COLUMNS-NEXT:     k3s.store_group_stats %max, %sum, %block_lse
+// COLUMNS-NEXT:     %p_high, %p_low = k3s.split_weights %p, %representatives
+// COLUMNS-NEXT:     k3s.column_loop <columns = 128, reverse = true> {
+// COLUMNS-NEXT:       %x_1 = k3s.load_group_sources %representatives <hidden_size = 96, rows = 4, sources = 6, last_use = true>
+// COLUMNS-NEXT:       %mix = k3s.group_mix %x_1, %p_high, %p_low : !k3s.tile<R x Q x D>
+// COLUMNS-NEXT:       k3s.store_group_rows %mix, %block_mix
+// COLUMNS:        k3s.entry @ar_block_merge

@@ -117,6 +117,7 @@ builtin.module {
 // TRITON-LABEL: def block_partials_backward(
 // TRITON:         drepresentatives = _alloc((dims["S"], dims["B"], dims["T"], 7168), representatives.dtype, representatives.device)
 // TRITON:         BD = 64
+// TRITON-NEXT:    D = 7168
 // TRITON-NEXT:    BQ = triton.next_power_of_2(dims["Q"])
 // TRITON-NEXT:    BS = 8
 // TRITON-NEXT:    grid = (triton.cdiv(dims["B"] * dims["T"], BR),)

@@ -1,18 +1,23 @@
-// The printed Triton of Block AttnRes's two phases (derive-block-attnres, in the attnres default
-// pipeline; k3c compile --stdout): block_partials, one program per token row and block of BQ of
+// The printed Triton of Block AttnRes's two phases (derive-block-attnres; k3c compile --stdout):
+// with partials-schedule=query-blocks, block_partials is one program per token row and block of BQ of
 // the block's queries that folds its queries, reads each representative row once for all of them
 // ([BQ] scores and softmax, a [BQ, BD] mix: the <Q> tiles broadcast against the row) and stores
 // the partials normalised (the log-sum-exp, the mix over the normaliser in the activations'
 // dtype); block_merge, the aggregate's kernel resuming its loop from one query's state (lse, 1, mix).
-// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s
-// derive-block-attnres{partials=numerator} stores each query's running max, normaliser and
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=query-blocks},outline-kernels' | filecheck %s
+// The default block_partials (partials-schedule=columns): a fold kernel (the queries once a call,
+// in two parts of the activations' dtype), then a program per group of BR rows with all queries
+// and representatives: the first sweep's products on tl.dot (the Gram matrix, the queries'
+// dots), the softmax between the sweeps, the second sweep last block first writing the mixes.
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s --check-prefix=COLUMNS
+// derive-block-attnres{partials-schedule=query-blocks partials=numerator} stores each query's running max, normaliser and
 // un-normalised mix as the loop carries them, fp32; block_merge resumes from (m, z, a).
-// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials=numerator},outline-kernels' | filecheck %s --check-prefix=NUMERATOR
-// With derive-block-attnres{rows-per-program=8}, block_partials takes a group of BR rows for its
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=query-blocks partials=numerator},outline-kernels' | filecheck %s --check-prefix=NUMERATOR
+// With derive-block-attnres{partials-schedule=query-blocks rows-per-program=8}, block_partials takes a group of BR rows for its
 // block of queries: it folds them once and walks the group's (row, representative) pairs as one
 // pipelined loop, the softmax restarted at each row's first source and the partials stored at
 // its last; block_merge takes a group of rows for its query, each row resumed from its partials.
-// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{rows-per-program=8},outline-kernels' | filecheck %s --check-prefix=GROUPS
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=query-blocks rows-per-program=8},outline-kernels' | filecheck %s --check-prefix=GROUPS
 
 // CHECK-LABEL: def attnres_block_partials_kernel(
 // CHECK:      Q,
@@ -117,3 +122,28 @@
 // GROUPS:      if all(grid) and dims["B"] * dims["T"] <= 2047:
 // GROUPS:      grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
 // GROUPS-NEXT: if all(grid) and dims["B"] * dims["T"] >= 2048:
+
+// COLUMNS-LABEL: def attnres_block_partials_fold_kernel(
+// COLUMNS:       # k3s.fold_queries_split %queries, %gains, %folded
+// COLUMNS-LABEL: def attnres_block_partials_columns_kernel(
+// COLUMNS:       # grid axis 0: a group of BR token rows, with all Q queries and all S representatives of a row
+// COLUMNS:       b_gram = tl.zeros([BR * BS, BR * BS], dtype=tl.float32)
+// COLUMNS:       b_qx = tl.zeros([BQ, BR * BS], dtype=tl.float32)
+// COLUMNS:       for i_c in range(0, D, BD):
+// COLUMNS:           b_x = tl.load(representatives + (i_sk[:, None] * R + i_rk[:, None]) * D + o_d[None, :], {{.*}}eviction_policy='evict_last')
+// COLUMNS:           b_gram = tl.dot(b_x, tl.trans(b_x), b_gram, input_precision="ieee")
+// COLUMNS-NEXT:      b_qx = tl.dot(b_q_high, tl.trans(b_x), b_qx, input_precision="ieee")
+// COLUMNS:       # %score = k3s.group_scores
+// COLUMNS:       # %max, %sum, %p = k3s.group_softmax %score <normalised = true>
+// COLUMNS:       tl.store(block_lse + o_q[None, :] * R + i_rg * BR + tl.arange(0, BR)[:, None], b_max + tl.log(b_sum)
+// COLUMNS:       # k3s.column_loop <columns = 128, reverse = true>: the hidden columns in blocks of BD, the last block first
+// COLUMNS-NEXT:  for i_b in range(tl.cdiv(D, BD)):
+// COLUMNS-NEXT:      i_c = (tl.cdiv(D, BD) - 1 - i_b) * BD
+// COLUMNS:           b_x = tl.load({{.*}}eviction_policy='evict_first')
+// COLUMNS:           b_mix = tl.dot(b_p_high, b_x, input_precision="ieee")
+// COLUMNS:           tl.store(block_mix + (i_qm[:, None] * R + i_rm[:, None]) * D + o_d[None, :], b_mix.to(block_mix.dtype.element_ty)
+// COLUMNS-LABEL: def block_partials(representatives, queries, gains):
+// COLUMNS:       folded = _alloc((2, dims["Q"], 7168), representatives.dtype, representatives.device)
+// COLUMNS:       grid = (triton.cdiv(DIN, BD),)
+// COLUMNS:       attnres_block_partials_fold_kernel[grid](
+// COLUMNS:       attnres_block_partials_columns_kernel[grid](
