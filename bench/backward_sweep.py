@@ -261,14 +261,8 @@ def main() -> int:
             return 1 if failed else 0
     rows = []
     for pairing in pairings:
-        try:
-            if args.no_fla:
-                raise RuntimeError("not run (--no-fla)")
-            fla = fla_row(args.member, pairing, args.batch, args.tokens, args.heads)
-        except Exception:  # fla refuses some members on some GPUs: the row says so, ours still run
-            fla = {"member": args.member, "gates": pairing, "variant": "fla-core", "grads": {},
-                   "error": traceback.format_exc(limit=3)[-400:]}
-        baseline = None
+        # ours first, fla after (its autotuning may take minutes: a run cut short keeps ours' rows)
+        baseline, ours_grads = None, {}
         for variant in variants:
             job = (args.member, pairing, args.heads, variant, str(root))
             if warmed[job] != "ok":
@@ -282,20 +276,38 @@ def main() -> int:
                 rows.append(row)
                 print(row, flush=True)
                 continue
-            grads = row.pop("grads")
+            grads = {n: g.cpu() for n, g in row.pop("grads").items()}
             baseline = baseline or grads
             row["vs_first_variant"] = {n: rms_ratio(grads[n], baseline[n].double()) for n in grads}
-            row["vs_fla"] = {n: rms_ratio(grads[n], fla["grads"][n].double()) for n in grads if n in fla["grads"]}
-            if variant == variants[0] and args.long_check and "error" not in fla:
-                row["long_check"] = long_check(compiled(args.member, pairing, args.heads, variant, root), args.member,
-                                               pairing, args.tokens, args.heads)
+            ours_grads[id(row)] = grads
             rows.append(row)
             print({k: v for k, v in row.items() if k != "kernels"}, flush=True)
-            (out / "backward_sweep.json").write_text(json.dumps(rows, indent=1, default=str))  # a cut run keeps them
-        fla.pop("grads")
+            write_table(out, args, rows)  # a cut run keeps them
+        try:
+            if args.no_fla:
+                raise RuntimeError("not run (--no-fla)")
+            fla = fla_row(args.member, pairing, args.batch, args.tokens, args.heads)
+        except Exception:  # fla refuses some members on some GPUs: the row says so, ours still run
+            fla = {"member": args.member, "gates": pairing, "variant": "fla-core", "grads": {},
+                   "error": traceback.format_exc(limit=3)[-400:]}
+        fla_grads = {n: g.cpu() for n, g in fla.pop("grads").items()}
+        for row in rows:
+            if id(row) in ours_grads:
+                grads = ours_grads.pop(id(row))
+                row["vs_fla"] = {n: rms_ratio(grads[n], fla_grads[n].double()) for n in grads if n in fla_grads}
+        if args.long_check and "error" not in fla and variants[0] in {r["variant"] for r in rows if "error" not in r}:
+            first = next(r for r in rows if r["variant"] == variants[0] and r["gates"] == pairing)
+            first["long_check"] = long_check(compiled(args.member, pairing, args.heads, variants[0], root),
+                                             args.member, pairing, args.tokens, args.heads)
         rows.append(fla)
         print(fla, flush=True)
-        (out / "backward_sweep.json").write_text(json.dumps(rows, indent=1, default=str))
+        write_table(out, args, rows)
+    return 0 if all(r.get("passed", True) and "error" not in r for r in rows) else 1
+
+
+def write_table(out: Path, args, rows: list[dict]) -> None:
+    """DIR/backward_sweep.json and .md of the rows so far."""
+    (out / "backward_sweep.json").write_text(json.dumps(rows, indent=1, default=str))
     header = ("| gates | variant | bf16 check T333 (largest RMS ratio vs float64) | fwd ms | bwd ms | fwd+bwd ms "
               "| fwd+bwd peak MiB | kernels of the backward (ms) | grad RMS vs fla (bf16, T) |")
     text = [f"# Backward sweep: {args.member}, B{args.batch} T{args.tokens} H{args.heads} K=V=128, bf16 "
@@ -321,7 +333,6 @@ def main() -> int:
                      for side, ratios in r["long_check"].items()]
     (out / "backward_sweep.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
-    return 0 if all(r.get("passed", True) and "error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -22,6 +22,12 @@ k3compile.ops.attnres's differentiable custom ops, at T = 8192 token rows and n 
     representatives and adds their gradient by atomics), each layer compiled here with its
     pipeline; bytes per token row from block_attnres_backward_bytes (the rows the kernels' loads
     and stores name), and a same-size copy's time over each form's.
+(d) phase 1's forward alone at both configurations: the `block_partials` entry of the default
+    derive-block-attnres{partials-schedule=columns} (a fold kernel, then a program per group of
+    rows with all queries: two sweeps over the columns, products on the tensor cores) against
+    partials-schedule=query-blocks (a program per row and block of queries, the online softmax),
+    each layer compiled here with its pipeline; bytes: the representatives read once, the
+    partials written once, and a same-size copy's time over each form's.
 
 Before timing every output and gradient is checked against float32 torch autograd of the
 definition on the first CHECK_ROWS token rows (the same ops called on those rows), RMS ratio
@@ -45,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also under `python -P`
 from common import fmt, git_commit, ints  # noqa: E402
 
+from k3compile.passes.derive_block_attnres import PARTIALS_SCHEDULES  # noqa: E402
 from k3compile.passes.derive_block_attnres_backward import PARTIALS_BACKWARD, block_attnres_backward_bytes  # noqa: E402
 
 EPS = 1e-6
@@ -100,19 +107,28 @@ def check(torch, name, ours, reference, inputs, cotangents, tolerance) -> dict[s
     return errors
 
 
-def phase1_backward_layers(hidden_size: int, out_dir: Path) -> dict:
-    """The layer of width hidden_size compiled once per derive-block-attnres-backward form
-    (partials-backward=...), by form."""
+# phase 1's forms, by the stage they choose: the forms and the pipeline that compiles one
+PHASE1_FORMS = {
+    "forward": (PARTIALS_SCHEDULES, "derive-block-attnres{{partials-schedule={form}}},derive-block-attnres-backward"),
+    "backward": (PARTIALS_BACKWARD, "derive-block-attnres,derive-block-attnres-backward{{partials-backward={form}}}"),
+}
+
+
+def phase1_layers(hidden_size: int, out_dir: Path, stage: str) -> dict:
+    """The layer of width hidden_size compiled once per form of phase 1's `stage` (forward:
+    derive-block-attnres's partials-schedule; backward: derive-block-attnres-backward's
+    partials-backward), by form."""
     from k3compile.driver import compile as compile_layer
     from k3compile.ops.attnres import AttnResKey, NUM_BLOCKS
     from k3compile.spec import spec_from_table
 
+    forms, passes = PHASE1_FORMS[stage]
     layers = {}
-    for form in PARTIALS_BACKWARD:
-        table = AttnResKey(hidden_size, EPS, NUM_BLOCKS).table() | {"name": f"bench_attnres_{form.replace('-', '_')}"}
-        pipeline = ("fuse-attnres,derive-attnres-backward,derive-block-attnres,"
-                    f"derive-block-attnres-backward{{partials-backward={form}}},outline-kernels")
-        folder = out_dir / f"d{hidden_size}_{form}"
+    for form in forms:
+        name = f"bench_attnres_{stage}_{form.replace('-', '_')}"
+        table = AttnResKey(hidden_size, EPS, NUM_BLOCKS).table() | {"name": name}
+        pipeline = f"fuse-attnres,derive-attnres-backward,{passes.format(form=form)},outline-kernels"
+        folder = out_dir / f"d{hidden_size}_{stage}_{form}"
         folder.mkdir(parents=True, exist_ok=True)
         layers[form] = compile_layer(spec_from_table(table, source="<bench>"), out_dir=folder, pipeline=pipeline)
     return layers
@@ -128,7 +144,7 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=7168, help="(b)'s D (default 7168: K3's)")
     p.add_argument("--queries", type=int, default=12, help="(b)'s queries a block (default 12)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE))
-    p.add_argument("--parts", default="a,b,c", help="which comparisons: any of a, b, c (default all)")
+    p.add_argument("--parts", default="a,b,c,d", help="which comparisons: any of a, b, c, d (default all)")
     p.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")
     p.add_argument("--rep", type=float, default=100.0, help="do_bench rep, ms")
     p.add_argument("--smoke", action="store_true", help="CPU smoke run: interpreter, fp32, T 5, D 32/24, Q 4/3, n 1,2")
@@ -290,7 +306,7 @@ def main(argv=None) -> int:
     # (c) phase 1's backward entry alone, in both derived forms
     if "c" in args.parts:
         for D, Q in ((args.peer_hidden, args.peer_queries), (args.hidden, args.queries)):
-            layers = phase1_backward_layers(D, Path(args.out) / "layers")
+            layers = phase1_layers(D, Path(args.out) / "layers", "backward")
             queries, gains = randn(Q, D, scale=2 / D ** 0.5), 1 + randn(Q, D, scale=0.1)
             for n in ints(args.representatives):
                 representatives = randn(n, 1, T, D)
@@ -316,6 +332,30 @@ def main(argv=None) -> int:
                         row["copy_ms"][form] = copy_ms(row["bytes"][form])
                 results.append(row)
                 print(f"(c) D={D} n={n}: {row['check']}, ms {row['ms']}", flush=True)
+
+    # (d) phase 1's forward entry alone, in both derived forms
+    if "d" in args.parts:
+        for D, Q in ((args.peer_hidden, args.peer_queries), (args.hidden, args.queries)):
+            layers = phase1_layers(D, Path(args.out) / "layers", "forward")
+            queries, gains = randn(Q, D, scale=2 / D ** 0.5), 1 + randn(Q, D, scale=0.1)
+            for n in ints(args.representatives):
+                representatives = randn(n, 1, T, D)
+                cut = [representatives[:, :, :rows].contiguous(), queries, gains]
+                want = reference_partials(torch, *cut)
+                errors = {f"{form} out{i}": rms_ratio(g, w) for form, layer in layers.items()
+                          for i, (g, w) in enumerate(zip(layer.block_partials(*cut), want, strict=True))}
+                ok = all(e <= tolerance for e in errors.values())
+                failed |= not ok
+                nbytes = n * T * D * size + Q * T * (D * size + 4)
+                row = dict(part="d", n=n, T=T, D=D, Q=Q, dtype=args.dtype, errors=errors,
+                           check="ok" if ok else "FAILED", ms={}, bytes=nbytes)
+                if ok:
+                    for form, layer in layers.items():
+                        row["ms"][form] = bench(lambda layer=layer: layer.block_partials(representatives, queries,
+                                                                                         gains))
+                    row["copy_ms"] = copy_ms(nbytes)
+                results.append(row)
+                print(f"(d) D={D} n={n}: {row['check']}, ms {row['ms']}", flush=True)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -373,6 +413,20 @@ def main(argv=None) -> int:
             ms = r["ms"]
             speedup = ms.get("columns") and ms.get("query-blocks") and ms["query-blocks"] / ms["columns"]
             lines.append(f"| {r['D']} | {r['Q']} | {r['n']} | {' | '.join(cells)} | {fmt(speedup, 2)} | {r['check']} |")
+    part_d = [r for r in results if r["part"] == "d"]
+    if part_d:
+        lines += ["", "## (d) phase 1's forward entry alone: partials-schedule=columns (the default) / query-blocks",
+                  "", "MB: the representatives read once and the partials written once; copy %: a torch clone moving "
+                  "as many bytes, its time over the form's.", "",
+                  "| D | Q | n | MB | columns ms | copy % | query-blocks ms | copy % | query-blocks / columns | check |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in part_d:
+            ms, copy = r["ms"], r.get("copy_ms")
+            cells = [c for form in PARTIALS_SCHEDULES
+                     for c in (fmt(ms.get(form), 3), fmt(copy and ms.get(form) and 100 * copy / ms[form], 0))]
+            speedup = ms.get("columns") and ms.get("query-blocks") and ms["query-blocks"] / ms["columns"]
+            lines.append(f"| {r['D']} | {r['Q']} | {r['n']} | {fmt(r['bytes'] / 1e6, 1)} | {' | '.join(cells)} | "
+                         f"{fmt(speedup, 2)} | {r['check']} |")
     table = "\n".join(lines) + "\n"
     (out / "block_attnres_train.md").write_text(table)
     (out / "block_attnres_train.json").write_text(json.dumps(dict(peer=peer_note, rows=results), indent=1) + "\n")
