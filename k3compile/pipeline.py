@@ -32,27 +32,12 @@ from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind, parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
+# re-exported: the defaults live apart, where reading them imports no xDSL
+from k3compile.default_pipelines import DEFAULT_PIPELINES, RECURRENCE_PIPELINE, SPECULATIVE_PIPELINE  # noqa: F401
 from k3compile.errors import IRError
 
 Verify = typing.Literal["each", "once", "off"]
 
-# The default pipeline of each spec kind (passes run in order).
-# the segment summaries (context parallelism) come with every recurrence: the chunk entry finishes
-# the segments, so CP needs no recompilation; so does the chunk entry's backward (training)
-RECURRENCE_PIPELINE = ("lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,"
-                       "lower-segment-scan,derive-backward,lower-backward,derive-segment-scan-backward,outline-kernels")
-DEFAULT_PIPELINES = {
-    "kda": RECURRENCE_PIPELINE,
-    "gated_deltanet": RECURRENCE_PIPELINE,
-    "deltanet": RECURRENCE_PIPELINE,
-    "gla": RECURRENCE_PIPELINE,
-    "attnres": "fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward,outline-kernels",
-    "latent_moe": "lower-moe-routing,lower-moe-experts,derive-moe-backward,outline-kernels",
-    # no kernels derived: attention runs on torch's (k3compile.vision; docs/vision.md)
-    "vision": "",
-}
-# the pipeline of speculative decoding's serving entries (verify, commit, spec_step; README)
-SPECULATIVE_PIPELINE = "derive-replay,lower-speculative"
 # how an option's expected type is named in a message
 TYPE_WORDS = {int: "an integer", str: "a word", bool: "true or false", float: "a number"}
 

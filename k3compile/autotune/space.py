@@ -287,7 +287,7 @@ def has_entry(compilation, entry_name: str = TUNED_ENTRY) -> bool:
 
 
 def base_pipeline(spec, pipeline: str | None) -> str:
-    from k3compile.pipeline import DEFAULT_PIPELINES
+    from k3compile.default_pipelines import DEFAULT_PIPELINES
 
     return DEFAULT_PIPELINES[spec.kind] if pipeline is None else pipeline
 
