@@ -197,6 +197,11 @@ def main(argv=None) -> int:
         return step
 
     results, failed = [], False
+    started = time.perf_counter()
+
+    def progress(part: str, D: int, n: int) -> None:
+        """A line before each row's first calls (compiles, autotuning): a run cut short shows where."""
+        print(f"({part}) D={D} n={n}: starting at {time.perf_counter() - started:.0f} s", flush=True)
 
     # (a) the phases one at a time, ours against flash-attn-res, and against a copy
     if "a" in args.parts:
@@ -205,6 +210,7 @@ def main(argv=None) -> int:
         queries = randn(Q, D, scale=2 / D ** 0.5)
         partial_sum = randn(1, T, D)
         for n in ints(args.representatives):
+            progress("a", D, n)
             representatives = randn(n, 1, T, D)
             dlse, dmix = torch.randn(Q, 1, T, device=device), randn(Q, 1, T, D)
             dout = randn(1, T, D)
@@ -269,6 +275,7 @@ def main(argv=None) -> int:
         partial_sum = randn(1, T, D)
         douts = randn(Q, 1, T, D)
         for n in ints(args.representatives):
+            progress("b", D, n)
             representatives = randn(n, 1, T, D)
             sources = torch.cat([representatives, partial_sum[None]])
 
@@ -309,6 +316,7 @@ def main(argv=None) -> int:
             layers = phase1_layers(D, Path(args.out) / "layers", "backward")
             queries, gains = randn(Q, D, scale=2 / D ** 0.5), 1 + randn(Q, D, scale=0.1)
             for n in ints(args.representatives):
+                progress("c", D, n)
                 representatives = randn(n, 1, T, D)
                 with torch.no_grad():
                     block_lse, block_mix = attnres_block_partials(representatives, queries, gains, eps=EPS)
@@ -339,6 +347,7 @@ def main(argv=None) -> int:
             layers = phase1_layers(D, Path(args.out) / "layers", "forward")
             queries, gains = randn(Q, D, scale=2 / D ** 0.5), 1 + randn(Q, D, scale=0.1)
             for n in ints(args.representatives):
+                progress("d", D, n)
                 representatives = randn(n, 1, T, D)
                 cut = [representatives[:, :, :rows].contiguous(), queries, gains]
                 want = reference_partials(torch, *cut)
