@@ -16,9 +16,9 @@ k3compile.ops.attnres's differentiable custom ops, at T = 8192 token rows and n 
     representatives and the partial sum, stacked once outside the timing), forward and
     forward + backward (the loss sum_j <dh_j, h_j>, random dh_j).
 (c) phase 1's backward alone at both of those configurations: the `block_partials_backward`
-    entry of the default derive-block-attnres-backward{partials-backward=columns} (a program's
-    rows with all the queries, each representative row read twice and its gradient written once)
-    against partials-backward=query-blocks (the kernel before: each block of queries re-reads the
+    entry of derive-block-attnres-backward{partials-backward=columns} (a program's rows with all
+    the queries, each representative row read twice and its gradient written once) against
+    partials-backward=query-blocks (the default: each block of queries re-reads the
     representatives and adds their gradient by atomics), each layer compiled here with its
     pipeline; bytes per token row from block_attnres_backward_bytes (the rows the kernels' loads
     and stores name), and a same-size copy's time over each form's.
@@ -408,7 +408,7 @@ def main(argv=None) -> int:
                          f"{fmt(t.get('one phase fwd_bwd'), 3)} | {fmt(ratio['fwd_bwd'], 2)} | {r['check']} |")
     part_c = [r for r in results if r["part"] == "c"]
     if part_c:
-        lines += ["", "## (c) phase 1's backward entry alone: partials-backward=columns (the default) / query-blocks",
+        lines += ["", "## (c) phase 1's backward entry alone: partials-backward=columns / query-blocks (the default)",
                   "", "MB: bytes the kernels' loads and stores of rows name (block_attnres_backward_bytes); copy %: a "
                   "torch clone moving as many bytes, its time over the form's.", "",
                   "| D | Q | n | columns ms | MB | copy % | query-blocks ms | MB | copy % | query-blocks / columns "
