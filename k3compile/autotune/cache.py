@@ -1,8 +1,9 @@
 """The on-disk tuning cache: one JSON record per tuned entry and bucket (TuneCache), under a key
-of the schedule (layer IR + pipeline), the bucket, the dtype, the GPU, and the triton and
-k3compile versions (key_for; a backward record's key also names its entry, chunk_backward, so
-it lies next to the forward's record of the bucket), written atomically and checked when read
-(record_problem); the cache folder (cache_root).
+of the schedule (the layer's semantics + pipeline: not its name, scale or spec dtype), the
+bucket, the input dtype, the GPU, and the triton and k3compile versions (key_for; a backward
+record's key also names its entry, chunk_backward, so it lies next to the forward's record of
+the bucket), written atomically and checked when read (record_problem); the cache folder
+(cache_root).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _SOURCE_HASH: list[str] = []
 def k3compile_version() -> str:
     """__version__ plus a hash of the package's source (passes, printer, IR): tuned winners
     belong to the kernel code that was timed, and a working tree changes it between releases."""
-    import importlib
+    import importlib.util
 
     import k3compile
 
@@ -38,7 +39,8 @@ def k3compile_version() -> str:
         digest = hashlib.sha256()
         for package in ("k3compile", "k3compile.autotune", "k3compile.ir", "k3compile.passes",
                         "k3compile.backends"):
-            root = Path(importlib.import_module(package).__path__[0])
+            # found, not imported: the passes import xDSL, which k3compile.ops' warm start must not
+            root = Path(importlib.util.find_spec(package).submodule_search_locations[0])
             for path in sorted(root.rglob("*.py")):
                 if package == "k3compile" and path.parent != root:
                     continue
@@ -62,11 +64,24 @@ def cache_root(override: str | Path | None = None) -> Path:
 # --- keys and records -------------------------------------------------------------------------
 
 
-def schedule_hash(spec, pipeline: str) -> str:
-    """Hash of the printed schedule IR before tuning: the spec's layer op and the pipeline."""
-    from k3compile.frontend import spec_to_module
+# A spec's parameters that make no kernel code: the compiled module takes the scale and the
+# input dtype at run time (the key's "dtype" is the input dtype the bucket was timed at); the
+# name only names the kernels, and kernel_code_hash leaves it out.
+RUN_TIME_PARAMS = ("scale", "dtype")
 
-    text = f"{spec_to_module(spec)}\n// pipeline: {pipeline}\n"
+
+def layer_semantics(spec) -> dict:
+    """What a layer's kernels are a function of: its kind (the member: gate form, delta rule) and
+    its parameters (head dims, grouped value heads, state layout, what the inputs mean: gate input
+    and bound, beta input, l2norm), less its name, scale and dtype. A spec of `k3c tune` and the
+    layer k3compile.ops compiles for a call share tuned records when these are equal."""
+    return {"kind": spec.kind, **{name: value for name, value in spec.params.items() if name not in RUN_TIME_PARAMS}}
+
+
+def schedule_hash(spec, pipeline: str) -> str:
+    """Hash of the schedule before tuning: the layer's semantics and the pipeline (no xDSL: read
+    on every start of k3compile.ops)."""
+    text = json.dumps({"layer": layer_semantics(spec), "pipeline": pipeline}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -87,9 +102,7 @@ def entry_of(key: dict) -> str:
 def key_for(spec, pipeline: str | None, shape: tuple[int, int], dtype: str, gpu: str,
             entry: str = TUNED_ENTRY) -> dict:
     """The cache key of tuning `entry` of `spec` (under `pipeline`, None: the kind's) for shape (B, T)."""
-    from k3compile.frontend import spec_to_module
-
-    heads = next(iter(spec_to_module(spec).ops)).num_v_heads.value.data
+    heads = spec.params["num_v_heads"]
     return cache_key(schedule_hash(spec, base_pipeline(spec, pipeline)), Bucket.of(shape[0], shape[1], heads), dtype,
                      gpu, triton_version(), k3compile_version(), entry)
 
@@ -105,6 +118,8 @@ CANDIDATE_TYPES = {"index": int, "options": dict, "pipeline": str, "code_options
                    "launch": (dict, type(None)), "status": str, "ms": (int, float, type(None)), "detail": str}
 CHOICE_TYPES = {"pass": str, "option": str, "values": list, "launch_only": bool}
 SEGMENT_TYPES = {"P": int, "status": str, "ms": (int, float, type(None)), "detail": str}
+# the spec a record was tuned under: its "name" prefixes the kernels its launch configs name
+SPEC_TYPES = {"name": str, "source": str, "kind": str}
 
 
 def mistyped(item, types: dict, required=()) -> str | None:
@@ -166,6 +181,8 @@ def record_problem(record) -> str | None:
     segments = record.get("segments")
     if segments is not None and (problem := segments_problem(segments)):
         return f"'segments': {problem}"
+    if "spec" in record and (problem := mistyped(record["spec"], SPEC_TYPES, required=("name",))):
+        return f"'spec': {problem}"
     return None
 
 

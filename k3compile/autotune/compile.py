@@ -1,8 +1,10 @@
 """Compiling with tuned configs: compile_tuned() turns the cached records of a spec's buckets
-into a module: per tuned entry (chunk, and chunk_backward where `k3c tune --entry` cached it),
-one kernel code for the whole module (the code closest to each bucket's winner, choose_code)
-and a launch table per bucket (block sizes, num_warps, num_stages, the forward's P of
-segments="auto") that the entry's generated launches read (TUNED_CHUNK, TUNED_CHUNK_BACKWARD).
+into a module (embed_records): per tuned entry (chunk, and chunk_backward where `k3c tune
+--entry` cached it), one kernel code for the whole module (the code closest to each bucket's
+winner, choose_code) and a launch table per bucket (block sizes, num_warps, num_stages, the
+forward's P of segments="auto") that the entry's generated launches read (TUNED_CHUNK,
+TUNED_CHUNK_BACKWARD). k3compile.ops embeds its layers' records the same way (cached_records,
+embed_records); a record tuned under another name of the layer has its kernels renamed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from k3compile.autotune.measure import gpu_name
 from k3compile.autotune.search import TuningError
 from k3compile.autotune.space import (
     BACKWARD_ENTRY,
+    ENTRIES,
     TUNED_ENTRY,
     Bucket,
     Candidate,
@@ -90,16 +93,13 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     when present; missing requested buckets are tuned by tune_missing(spec, shape, dtype) when
     given), "frozen" (only cached results; a missing one raises TuningError naming it), "off"
     (the heuristic default, as without tuning). Returns (Compilation, ModulePlan)."""
-    from k3compile.backends.triton.printer import launch_table_name
     from k3compile.driver import lower
-    from k3compile.frontend import spec_to_module
 
     plan = ModulePlan(pipeline)
     if mode == "off" or not (tunable(spec, pipeline) or tunable(spec, pipeline, BACKWARD_ENTRY)):
         return lower(spec, pipeline), plan
-    base = base_pipeline(spec, pipeline)
     cache = cache or TuneCache()
-    schedule = schedule_hash(spec, base)
+    schedule = schedule_hash(spec, base_pipeline(spec, pipeline))
     if mode == "auto" and not shapes and gpu is None and not (cache.root / schedule[:16]).is_dir():
         return lower(spec, pipeline), plan  # nothing cached for this schedule (and torch stays unimported)
     gpu = gpu if gpu is not None else gpu_name()
@@ -110,8 +110,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
         if shapes:
             plan.messages.append("no CUDA GPU here and no --gpu: the heuristic default, untuned")
         return lower(spec, pipeline), plan
-    versions = (triton_version(), k3compile_version())
-    layer_heads = next(iter(spec_to_module(spec).ops)).num_v_heads.value.data
+    layer_heads = spec.params["num_v_heads"]
     records = []
     for batch, tokens in shapes:
         for dtype in dtypes:
@@ -131,24 +130,44 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     # the backward's records (k3c tune --entry chunk_backward), where cached: never required, never
     # tuned here (its heuristic default where there is none)
     backward_records = []
-    if tunable(spec, pipeline, BACKWARD_ENTRY):
-        if shapes:
-            found = (cache.get(key_for(spec, pipeline, shape, dtype, gpu, BACKWARD_ENTRY))
-                     for shape in shapes for dtype in dtypes)
-            backward_records = [record for record in found if record is not None]
-        else:
-            backward_records = cache.records(schedule, gpu, *versions, entry=BACKWARD_ENTRY)
+    if shapes and tunable(spec, pipeline, BACKWARD_ENTRY):
+        found = (cache.get(key_for(spec, pipeline, shape, dtype, gpu, BACKWARD_ENTRY))
+                 for shape in shapes for dtype in dtypes)
+        backward_records = [record for record in found if record is not None]
     if not shapes:
-        records = cache.records(schedule, gpu, *versions)
+        cached = cached_records(spec, pipeline, gpu, cache)
+        records, backward_records = cached.get(TUNED_ENTRY, []), cached.get(BACKWARD_ENTRY, [])
         if not records and not backward_records and mode == "frozen":
             raise TuningError(f"frozen: no tuned config for {spec.name} ({spec.source}), any bucket, GPU '{gpu}' "
                               f"in {cache.root} (run `k3c tune {spec.source} --shape B,T` on that GPU){skipped_note(cache)}")
     plan.messages.extend(cache.messages)
-    if not records and not backward_records:
-        return lower(spec, pipeline), plan
-    plan.records = records + backward_records
     by_entry = {entry: found for entry, found in ((TUNED_ENTRY, records), (BACKWARD_ENTRY, backward_records)) if found}
-    passes = split_pipeline(base)
+    if not by_entry:
+        return lower(spec, pipeline), plan
+    return embed_records(spec, plan, gpu, by_entry), plan
+
+
+def cached_records(spec, pipeline: str | None, gpu: str, cache: TuneCache) -> dict[str, list[dict]]:
+    """Every usable cached record of `spec`'s tuned entries on `gpu` under today's triton and
+    k3compile (all buckets and dtypes), by entry; entries without one are left out. Where the
+    schedule has no folder nothing more is read (k3compile.ops asks on every start)."""
+    schedule = schedule_hash(spec, base_pipeline(spec, pipeline))
+    if not (cache.root / schedule[:16]).is_dir():
+        return {}
+    versions = (triton_version(), k3compile_version())
+    found = {entry: cache.records(schedule, gpu, *versions, entry=entry) for entry in ENTRIES}
+    return {entry: records for entry, records in found.items() if records}
+
+
+def embed_records(spec, plan: ModulePlan, gpu: str, by_entry: dict[str, list[dict]]):
+    """The module of `spec` under plan.pipeline with the records of each entry embedded: per
+    entry one kernel code (choose_code) set on its passes, and its launch table per bucket
+    (entry_table); plan's pipeline, tables, note and records say what was embedded."""
+    from k3compile.backends.triton.printer import launch_table_name
+    from k3compile.driver import lower
+
+    plan.records = [record for found in by_entry.values() for record in found]
+    passes = split_pipeline(base_pipeline(spec, plan.pipeline))
     names = [name for name, _ in passes]
     codes = {}
     for entry, found in by_entry.items():  # each entry's kernel code, one for the module
@@ -174,7 +193,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
         "default; the bucket's P of segments=\"auto\" (context parallelism) under 'segments'. docs/autotuning.md\n"
         "has the design."
     )
-    return lower(spec, plan.pipeline, launch_tables=plan.launch_tables, note=plan.note), plan
+    return lower(spec, plan.pipeline, launch_tables=plan.launch_tables, note=plan.note)
 
 
 def entry_table(spec, plan: ModulePlan, entry: str, records: list[dict], code_options: dict) -> dict:
@@ -192,7 +211,10 @@ def entry_table(spec, plan: ModulePlan, entry: str, records: list[dict], code_op
         cands = [Candidate.from_json(c) for c in record["candidates"]]
         mine = [c for c in cands if c.status == "ok" and c.code_options == code_options and c.code_hash == code_hash]
         if mine:
-            launch = min(mine, key=lambda c: c.ms).launch
+            # tuned under another name of the layer (a spec of `k3c tune`, k3compile.ops' own): its
+            # kernels by this module's names; a record without its spec names them as this module
+            tuned_layer = record.get("spec", {}).get("name", spec.name)
+            launch = renamed_kernels(min(mine, key=lambda c: c.ms).launch, tuned_layer, spec.name)
             if record.get("segments"):  # the bucket's P for segments="auto", beside the kernels' configs
                 launch = {**launch, "segments": {"P": record["segments"]["winner"]}}
             table[(key["dtype"], key["heads_bucket"], key["tokens_bucket"])] = launch
@@ -201,3 +223,11 @@ def entry_table(spec, plan: ModulePlan, entry: str, records: list[dict], code_op
             plan.messages.append(f"no passing tuned candidate with this module's kernel code for {what}: the "
                                  "heuristic default there")
     return table
+
+
+def renamed_kernels(launch: dict, tuned_layer: str, layer: str) -> dict:
+    """A launch config (kernel -> config) of the kernels of layer `tuned_layer`, named after
+    `layer` (a kernel is <layer>_<role>)."""
+    prefix = f"{tuned_layer}_"
+    return {f"{layer}_{kernel.removeprefix(prefix)}" if kernel.startswith(prefix) else kernel: config
+            for kernel, config in launch.items()}

@@ -244,13 +244,16 @@ def candidates(pipeline: str, space: Sequence[Choice] | None = None, entry: str 
 
 def kernel_code_hash(source: str) -> str:
     """Hash of a module's @triton.jit functions without their docstrings (which describe the
-    kernel op, launch attributes included): equal hashes mean equal kernel code."""
+    kernel op, launch attributes included) and names (the layer's name prefixes every kernel's:
+    one layer under two names, a spec of `k3c tune` and k3compile.ops' own, has one code): equal
+    hashes mean equal kernel code."""
     parts = []
     for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).startswith("triton.jit") for d in node.decorator_list):
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
                 node.body = body[1:] or [ast.Pass()]
+            node.name = "kernel"
             parts.append(ast.unparse(node))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
