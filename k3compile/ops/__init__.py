@@ -9,6 +9,11 @@ recompiles; a warm disk cache imports the module without xDSL. The chunk_* funct
 differentiable (their backward: the layer's derived chunk_backward), and fused_recurrent_* through
 the chunk function of the same arguments (not over a state pool).
 docs/fla-compat.md maps every keyword of fla-core 0.6.0.
+
+Tuned kernels: a layer's module embeds the winners that `k3c tune` (of a spec of the same layer)
+or `with k3compile.ops.tuning():` (the calls' own layers and shapes) cached on this GPU, forward
+and backward; an untuned shape runs the heuristic defaults, and nothing is tuned unless asked
+(docs/autotuning.md, "k3compile.ops").
 """
 
 from k3compile.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
@@ -16,6 +21,8 @@ from k3compile.ops.gated_delta_rule import (chunk_gated_delta_rule, chunk_gdn, f
                                             fused_recurrent_gdn)
 from k3compile.ops.gla import chunk_gla, fused_recurrent_gla
 from k3compile.ops.kda import chunk_kda, fused_recurrent_kda
+# k3compile's own, beside fla's functions (not in __all__: `import *` gives fla's names only)
+from k3compile.ops.autotuning import tuning
 
 __all__ = [
     "chunk_delta_rule",

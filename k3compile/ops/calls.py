@@ -12,6 +12,7 @@ import torch
 
 from k3compile.ops.autograd import needs_grad, run_chunk
 from k3compile.ops.layers import LayerKey, layer_module
+from k3compile.ops.autotuning import tune_call, tuning_requested
 
 IN_KERNEL_GATES = ("softplus", "bounded")  # gate inputs that take A_log and dt_bias
 
@@ -209,9 +210,12 @@ def entry_inputs(key: LayerKey, q, k, v, g, beta, A_log=None, dt_bias=None) -> d
 def run(entry: str, key: LayerKey, tensors: dict, *, scale, **options):
     """Entry `chunk` or `recurrent` of the layer of `key` (scale None: fla's K ** -0.5); a chunk
     call with an input that requires grad, or under torch.compile, runs as the layer's custom op
-    (its backward: the layer's chunk_backward; k3compile/ops/autograd.py)."""
+    (its backward: the layer's chunk_backward; k3compile/ops/autograd.py). Inside
+    k3compile.ops.tuning() a chunk call tunes its bucket first (k3compile/ops/autotuning.py)."""
     scale = key.head_k_dim ** -0.5 if scale is None else scale
     options = {name: contiguous(x) for name, x in options.items()}
+    if entry == "chunk" and tuning_requested():  # opted in: k3compile.ops.tuning()
+        tune_call(key, tensors, options.get("cu_seqlens"), needs_grad(options.get("initial_state"), *tensors.values()))
     if entry == "chunk" and "checkpoint_every" not in options and (
             needs_grad(options.get("initial_state"), *tensors.values()) or torch.compiler.is_compiling()):
         return run_chunk(key, tensors, scale=scale, **options)

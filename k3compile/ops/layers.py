@@ -4,9 +4,11 @@ compiled on first use and kept in process (a dict) and on disk.
 The key holds what determines the kernels — kind, heads, head dims, state layout, the input
 options — and a fingerprint of the compiler's own source, so an edited compiler never reuses a
 stale module. Batch size, sequence length, dtype and scale are run-time arguments of the module,
-so they never recompile. A module found on disk is imported directly: no xDSL, no passes. Its
-first line holds a hash of the rest, checked on every load: a file that fails it (empty,
-truncated, overwritten) is compiled and written again, never imported.
+so they never recompile. A recurrence's module embeds the tuning cache's winners of its layer on
+this GPU (`k3c tune`, k3compile.ops.tuning(); docs/autotuning.md), and its file name a digest of
+them. A module found on disk is imported directly: no xDSL, no passes. Its first line holds a
+hash of the rest, checked on every load: a file that fails it (empty, truncated, overwritten) is
+compiled and written again, never imported.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+
+from k3compile.autotune.measure import gpu_name
 
 # the packages whose source makes a module: driver, IR, passes, printer (k3compile.ops is inside
 # the first; an edit there costs a recompile, never a stale module)
@@ -90,16 +95,63 @@ _LOADED: dict[LayerKey, ModuleType] = {}
 
 def layer_module(key: LayerKey) -> ModuleType:
     """The generated module of `key`: from this process, else from the disk cache, else compiled
-    (and written there atomically, so processes side by side never see half a file)."""
+    (and written there atomically, so processes side by side never see half a file), with the
+    tuned winners of its layer on this GPU embedded (tuned_records) as of its first use here."""
     module = _LOADED.get(key)
     if module is None:
-        name = key.module_name()
-        path = cache_dir() / f"{name}.py"
+        spec = layer_spec(key)
+        gpu, records = tuned_records(spec)
+        stem = module_stem(key, records)
+        path = cache_dir() / f"{stem}.py"
         source = read_cached(path)
         if source is None:
-            source = compile_layer(key, path)
-        module = _LOADED[key] = import_module(path, source, f"k3compile_ops_{name}")
+            source = compile_layer(spec, path, gpu, records)
+        module = _LOADED[key] = import_module(path, source, f"k3compile_ops_{stem}")
     return module
+
+
+def forget_if_retuned(key: LayerKey) -> None:
+    """Forget the loaded module of `key` where the tuning cache's records of its layer have
+    changed since it was loaded (a tune in this process, or `k3c tune` beside it): its next call
+    loads the module that embeds them."""
+    module = _LOADED.get(key)
+    if module is not None and module.__name__ != f"k3compile_ops_{module_stem(key, tuned_records(layer_spec(key))[1])}":
+        del _LOADED[key]
+
+
+def layer_spec(key: LayerKey):
+    """The spec k3compile.ops compiles for `key` (a recurrence's LayerKey, or the AttnRes and
+    MoE keys of k3compile.ops.attnres and .moe)."""
+    from k3compile.spec import spec_from_table
+
+    return spec_from_table(key.table(), source=f"<k3compile.ops {key.kind}>")
+
+
+def tuned_records(spec) -> tuple[str | None, dict[str, list[dict]]]:
+    """(this GPU's name, the tuning cache's records of the layer on it by tuned entry: chunk,
+    chunk_backward). A record is the layer's whatever spec it was tuned under (`k3c tune` of a
+    spec file, k3compile.ops.tuning()): the cache is keyed by what the kernels are a function
+    of, not by names. No GPU, or a layer of no tuned entry: (None, {})."""
+    from k3compile.autotune.cache import TuneCache
+    from k3compile.autotune.compile import cached_records
+
+    gpu = gpu_name() if spec.is_recurrence else None
+    if gpu is None:
+        return None, {}
+    cache = TuneCache()
+    records = cached_records(spec, None, gpu, cache)
+    for message in cache.messages:
+        warnings.warn(f"k3compile.ops: {message}", stacklevel=2)
+    return gpu, records
+
+
+def module_stem(key: LayerKey, records: dict[str, list[dict]]) -> str:
+    """The file name of `key`'s module: its name, and where tuned records are embedded a digest
+    of them, so a module compiled before a tune (or a retune) is never reused after it."""
+    if not records:
+        return key.module_name()
+    digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{key.module_name()}_tuned_{digest}"
 
 
 def with_hash(source: bytes) -> bytes:
@@ -116,14 +168,21 @@ def read_cached(path: Path) -> bytes | None:
     return data if data == with_hash(data.partition(b"\n")[2]) else None
 
 
-def compile_layer(key: LayerKey, path: Path) -> bytes:
-    """Compile `key`'s module and write it to `path`; returns what was written."""
+def compile_layer(spec, path: Path, gpu: str | None, records: dict[str, list[dict]]) -> bytes:
+    """Compile `spec`'s module, with `records` (tuned on `gpu`, by entry) embedded as `k3c
+    compile` embeds them, and write it to `path`; returns what was written."""
     from k3compile import driver
+    from k3compile.autotune.compile import ModulePlan, embed_records
     from k3compile.errors import OutputError
-    from k3compile.spec import spec_from_table
 
-    spec = spec_from_table(key.table(), source=f"<k3compile.ops {key.kind}>")
-    data = with_hash(driver.lower(spec).source.encode())
+    if records:
+        plan = ModulePlan(None)
+        compilation = embed_records(spec, plan, gpu, records)
+        for message in plan.messages:  # a bucket whose winners this module's kernel code cannot take
+            warnings.warn(f"k3compile.ops: {message}", stacklevel=3)
+    else:
+        compilation = driver.lower(spec)
+    data = with_hash(compilation.source.encode())
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         driver.write_file_atomic(path, data)
