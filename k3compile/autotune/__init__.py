@@ -9,9 +9,10 @@ against the float64 reference (k3compile.ir.reference; the backward's gradients 
 float64 autograd) on a small shape, checked to write every output at the target shape, and only
 then timed there; compile failures, out-of-resources and wrong results score infinity and are
 reported.
-The result of a bucket is cached on disk (TuneCache) under a key of the schedule (layer IR +
-pipeline), the bucket, the dtype, the GPU, and the triton and k3compile versions, so a later
-tune or compile times nothing. compile_tuned() turns cached results into a module: per entry one
+The result of a bucket is cached on disk (TuneCache) under a key of the schedule (the layer's
+semantics, not its name, + pipeline), the bucket, the dtype, the GPU, and the triton and
+k3compile versions, so a later tune or compile times nothing, and k3compile.ops' module of the
+same layer embeds it. compile_tuned() turns cached results into a module: per entry one
 kernel code for the module (the chunk size among its choices), and a launch table per bucket
 (block sizes, num_warps, num_stages) that the entry's generated launches read.
 docs/autotuning.md has the design.

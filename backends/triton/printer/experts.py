@@ -99,11 +99,6 @@ class Experts(ExpertWords):
             sizes["GROUP"] = op.group.value.data
         return sizes
 
-    @kernel_constants_of(*k3s.MOE_BACKWARD_STAGES)
-    def moe_backward_constants(self, op, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        """The backward's stages: MoeBackward.backward_constants (its own chain, still to be split)."""
-        return self.backward_constants(op, kernel, view)
-
     def print_axis_column_block(self, axis: int) -> None:
         self.code(
             f"# grid axis {axis}: a block of BN output columns",

@@ -10,7 +10,7 @@ block of BD input columns of a weight)."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.common import EntryView, kernel_constants_of, register, tensor_name
 from k3compile.backends.triton.printer.experts import BLOCK_ROWS
 from k3compile.ir import k3s
 
@@ -32,33 +32,54 @@ WEIGHT_OFFSETS = {
 class MoeBackward:
     """TritonPrinter's methods for the MoE backward (one per k3s op, and their helpers)."""
 
-    def backward_constants(self, op, kernel: k3s.KernelOp, view) -> dict[str, int]:
-        """A backward stage's compile-time sizes (its widths, the block sizes derive-moe-backward set)."""
-        block = lambda name: getattr(kernel, name).value.data  # noqa: E731
-        if isinstance(op, k3s.RankPairsOp):
-            return {"E": op.num_experts.value.data, "TOP_K": op.top_k.value.data, "BR": block("block_r")}
-        if isinstance(op, k3s.ChunkOffsetsOp):
-            return {"E": op.num_experts.value.data, "TOP_K": op.top_k.value.data, "CH": op.pairs_per_chunk.value.data,
-                    "BC": block("block_r"), "BE": block("block_e")}
-        if isinstance(op, k3s.StoreWeightGradOp):
-            return {"GROUP": op.group.value.data} if op.group is not None else {}
-        if isinstance(op, k3s.RmsNormAdjointOp):
-            return {"BR": block("block_r"), "BD": block("block_d")}
-        if isinstance(op, k3s.NormGainGradOp):
-            return {"DOUT": op.width.value.data, "BN": block("block_n"), "BR": block("block_r")}
-        if not isinstance(op, (k3s.ProjectInputGradOp, k3s.ProjectWeightGradOp)):
-            return {}
-        sizes = {"DIN": op.in_dim.value.data, "DOUT": op.out_dim.value.data, "BN": block("block_n"),
-                 "BD": block("block_d")}
+    # --- each stage's compile-time sizes (common.KERNEL_CONSTANTS): its widths and top_k, the
+    # block sizes derive-moe-backward set on its kernel, the dispatch plan's BM and experts E
+
+    @kernel_constants_of(k3s.RankPairsOp)
+    def rank_pairs_constants(self, op: k3s.RankPairsOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        return {"E": op.num_experts.value.data, "TOP_K": op.top_k.value.data, "BR": kernel.block_r.value.data}
+
+    @kernel_constants_of(k3s.ChunkOffsetsOp)
+    def chunk_offsets_constants(self, op: k3s.ChunkOffsetsOp, kernel: k3s.KernelOp,
+                                view: EntryView) -> dict[str, int]:
+        return {"E": op.num_experts.value.data, "TOP_K": op.top_k.value.data, "CH": op.pairs_per_chunk.value.data,
+                "BC": kernel.block_r.value.data, "BE": kernel.block_e.value.data}
+
+    @kernel_constants_of(k3s.StoreWeightGradOp)
+    def store_weight_grad_constants(self, op: k3s.StoreWeightGradOp, kernel: k3s.KernelOp,
+                                    view: EntryView) -> dict[str, int]:
+        return {"GROUP": op.group.value.data} if op.group is not None else {}
+
+    @kernel_constants_of(k3s.RmsNormAdjointOp)
+    def rms_norm_adjoint_constants(self, op: k3s.RmsNormAdjointOp, kernel: k3s.KernelOp,
+                                   view: EntryView) -> dict[str, int]:
+        return {"BR": kernel.block_r.value.data, "BD": kernel.block_d.value.data}
+
+    @kernel_constants_of(k3s.NormGainGradOp)
+    def norm_gain_grad_constants(self, op: k3s.NormGainGradOp, kernel: k3s.KernelOp,
+                                 view: EntryView) -> dict[str, int]:
+        return {"DOUT": op.width.value.data, "BN": kernel.block_n.value.data, "BR": kernel.block_r.value.data}
+
+    @kernel_constants_of(k3s.ProjectInputGradOp, k3s.ProjectWeightGradOp)
+    def projection_grad_constants(self, op: k3s.ProjectInputGradOp | k3s.ProjectWeightGradOp, kernel: k3s.KernelOp,
+                                  view: EntryView) -> dict[str, int]:
+        """Its widths and tile; over the sorted pair list its slots and experts; its rows a step: a
+        weight gradient's and a dense dgrad's BR, a sorted dgrad's block of the pair list BM."""
+        sizes = {"DIN": op.in_dim.value.data, "DOUT": op.out_dim.value.data, "BN": kernel.block_n.value.data,
+                 "BD": kernel.block_d.value.data}
         if op.rows.data.value == "sorted_block":
-            sizes |= {"TOP_K": self.top_k(view), "E": int(view.dims("expert_offsets")[0]) - 1}
+            sizes |= self.pair_list_constants(view)
         if isinstance(op, k3s.ProjectWeightGradOp) or op.rows.data.value == "token_block":
-            sizes["BR"] = block("block_r")  # a weight gradient's rows a step, a dense dgrad's rows
+            sizes["BR"] = kernel.block_r.value.data
         else:
-            sizes["BM"] = op.block_rows.value.data  # a sorted dgrad's rows: a block of the pair list
+            sizes["BM"] = op.block_rows.value.data
         if isinstance(op, k3s.ProjectInputGradOp) and op.group is not None:
             sizes["GROUP"] = op.group.value.data
         return sizes
+
+    def pair_list_constants(self, view: EntryView) -> dict[str, int]:
+        """TOP_K and the experts E of the sorted pair list the entry reads (expert_offsets: E + 1)."""
+        return {"TOP_K": self.top_k(view), "E": int(view.dims("expert_offsets")[0]) - 1}
 
     def print_k3s_rank_pairs(self, op: k3s.RankPairsOp) -> None:
         ids, counts, rank = (tensor_name(v) for v in (op.topk_ids, op.chunk_counts, op.pair_rank))
