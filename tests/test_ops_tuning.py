@@ -199,8 +199,11 @@ WARM_PROCESS = textwrap.dedent("""
     import os, sys
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
+    from k3compile.autotune import compile as embedding
     from k3compile.ops import chunk_kda, layers
     layers.gpu_name = lambda: sys.argv[1]
+    layers.compiler_fingerprint = lambda: sys.argv[2]
+    embedding.k3compile_version = lambda: sys.argv[3]
     q, k = torch.nn.functional.normalize(torch.randn(2, 1, 37, 1, 16), dim=-1)
     g = torch.nn.functional.logsigmoid(torch.randn(1, 37, 1, 16))
     with torch.no_grad():
@@ -213,9 +216,14 @@ WARM_PROCESS = textwrap.dedent("""
 def test_a_warm_process_loads_the_tuned_module_without_xdsl(tuned_cache):
     """Finding a layer's records needs no xDSL: a second process with the cache imports the
     tuned module from disk as it imports an untuned one."""
+    from k3compile.autotune.cache import k3compile_version
+
     compiled = Path(layers.layer_module(KEY).__file__).name
     env = {**os.environ, "K3C_CACHE_DIR": str(tuned_cache)}
-    result = subprocess.run([sys.executable, "-c", WARM_PROCESS, GPU], env=env, capture_output=True, text=True,
-                            cwd=REPO)
+    # this process's hashes of the compiler's source (the module's name, the records' key): the
+    # tree may change under a long run, and what is tested here is the load, not the hashes
+    versions = [layers.compiler_fingerprint(), k3compile_version()]
+    result = subprocess.run([sys.executable, "-c", WARM_PROCESS, GPU, *versions], env=env, capture_output=True,
+                            text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split(None, 2) == ["False", compiled, "[('float32', 1, 64)]\n"], result.stdout

@@ -115,7 +115,10 @@ def forget_if_retuned(key: LayerKey) -> None:
     changed since it was loaded (a tune in this process, or `k3c tune` beside it): its next call
     loads the module that embeds them."""
     module = _LOADED.get(key)
-    if module is not None and module.__name__ != f"k3compile_ops_{module_stem(key, tuned_records(layer_spec(key))[1])}":
+    if module is None:
+        return
+    _, records = tuned_records(layer_spec(key))
+    if module.__name__ != f"k3compile_ops_{module_stem(key, records)}":
         del _LOADED[key]
 
 
