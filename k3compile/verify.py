@@ -466,10 +466,10 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
         raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
-        from k3compile import interpreter_bounds, interpreter_dots  # import Triton: after the line above
+        from k3compile import interpreter_bf16, interpreter_bounds  # import Triton: after the line above
 
         interpreter_bounds.install()  # every launch checks that its loads and stores stay inside its tensors
-        interpreter_dots.install()  # and multiplies bf16 operands by their values, not their bits
+        interpreter_bf16.install()  # and computes on bf16 operands' values, not their bits
     on_gpu = device != "cpu"
     gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     index, count = shard or (0, 1)

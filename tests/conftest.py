@@ -23,12 +23,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from k3compile.interpreter_bounds import install as install_bounds_checks  # noqa: E402
-from k3compile.interpreter_dots import install as install_bf16_dots  # noqa: E402
+from k3compile.interpreter_bf16 import install as install_bf16_by_value  # noqa: E402
 
 # every kernel the tests launch checks that it loads and stores only inside its tensors, and
-# multiplies bf16 operands by their values (the interpreter's own tl.dot multiplies their bits)
+# computes on bf16 operands' values, rounding as the GPU does (the interpreter's own ops compute on
+# their bits)
 install_bounds_checks()
-install_bf16_dots()
+install_bf16_by_value()
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
