@@ -8,10 +8,13 @@ and emitting the stages and kernels that make its operands':
   and a wgrad GEMM (the weight's: a sum over the rows, for the routed experts over the same
   expert-sorted (token, slot) list as the forward, each expert's run block by block);
 - the GLU's adjoint is elementwise and lands in the epilogue of the dgrad GEMM that made its
-  output's cotangent (the down projection's), with the forward's saved pre-activations;
+  output's cotangent (the down projection's), with the forward's saved pre-activations, or
+  (glu-adjoint=kernel) that dgrad stores its product plainly and a row kernel of its own loads
+  it again and applies the routing weight's terms and the GLU's adjoint;
 - the routing weight's product (k3s.weigh_pairs) scales that GEMM's input rows and asks for the
-  routing weights' cotangent, a row dot product computed in the same epilogue in the GEMM's
-  input terms, one partial per block of columns (summed in order later: no atomics);
+  routing weights' cotangent, a row dot product computed in the same epilogue (or the GLU's row
+  kernel) in the GEMM's input terms, one partial per block of columns (summed in order later:
+  no atomics);
 - the combine (k3s.sum_slots) broadcasts a token's cotangent to its slots; a token's input
   cotangent from its k pairs is stored per pair and summed in slot order (the forward's combine);
 - the latent RMSNorm (a k3s.project with rms_eps) gets a row kernel for its adjoint and one for
@@ -47,6 +50,8 @@ from k3compile.passes.moe_adjoint_rules import MOE_ADJOINT_RULES, Rows, Tile
 # the gradients the backward returns, of the forward's inputs that have one (not router_bias)
 DIFFERENTIABLE = ("x", "router_weight", "expert_gate_up", "expert_down", "latent_down", "latent_up",
                   "latent_norm_gain", "shared_gate_up", "shared_down")
+GLU_ADJOINTS = ("epilogue", "kernel")  # derive-moe-backward{glu-adjoint=...}, the default first
+SORTED_WGRAD_ROWS = ("gather", "copy")  # derive-moe-backward{sorted-wgrad-rows=...}, the default first
 
 
 @dataclass(frozen=True)
@@ -211,13 +216,18 @@ class MoeBackward:
                                       "where its adjoint reads a tensor")
         return cot
 
+    def glu_in_kernel(self, source: str) -> bool:
+        """Whether the cotangent of `source`, a GLU's output, is stored by its dgrad for the GLU's
+        adjoint to run in a row kernel of its own (glu-adjoint=kernel)."""
+        return source in self.glu_outputs and self.o.glu_adjoint == "kernel"
+
     def dgrad_columns(self, source: str, columns: int) -> int:
         """The block of a dgrad's output columns (a's), by what its epilogue holds besides the
         accumulator: glu-dgrad-block-n for the GLU's adjoint (the forward's saved gate and up
         halves and their cotangents: five fp32 tiles [rows, BN] at once, which spill at 128 x 128
         on sm_90), x-dgrad-block-n for x's fp32 gradient added to (a second fp32 tile: 128 x 256
-        spills), dgrad-block-n for a plain store."""
-        if source in self.glu_outputs:
+        spills), dgrad-block-n for a plain store (a GLU's output with glu-adjoint=kernel too)."""
+        if source in self.glu_outputs and not self.glu_in_kernel(source):
             block = self.o.glu_dgrad_block_n
         elif f"d{source}" in self.t:
             block = self.o.x_dgrad_block_n
@@ -226,8 +236,76 @@ class MoeBackward:
         return fit(block, columns)
 
     def partials(self, source: str, columns: int) -> int:
-        """The column blocks of the dgrad GEMM making `source`'s cotangent (its partial row dots)."""
-        return -(-columns // self.dgrad_columns(source, columns))
+        """The column blocks of the kernel that holds `source`'s cotangent whole in registers, the
+        dgrad GEMM making it or the GLU's row kernel (its partial row dots)."""
+        block = fit(self.o.row_kernel_block_n, columns) if self.glu_in_kernel(source) else \
+            self.dgrad_columns(source, columns)
+        return -(-columns // block)
+
+    def row_terms(self, value: SSAValue, cot: Rows, source: str, rows: str, index: str, width: int) -> SSAValue:
+        """k3s.weigh_pairs' terms on the open kernel's product with the weight, y_bar W over a's rows
+        (`source`'s, `rows` by `index`): the routing weights' partial row dots (y_bar W) . a and the
+        rows scaled by the routing weight, a's cotangent."""
+        if cot.dot_into is not None:
+            a = self.emit_op(k3s.LoadRowsOp, [self.t[source]], [("a", "M", "N")], rows=rows, index=index,
+                             width=width).results[0]
+            self.emit_op(k3s.StorePairDotOp, [value, a, cot.dot_into], [])
+        if cot.scale is not None:
+            value = self.emit_op(k3s.WeighPairsOp, [value, cot.scale], [("a_bar", "M", "N")]).results[0]
+        return value
+
+    def store_input_cotangent(self, p: Product, product: SSAValue, y_bar: Rows) -> Rows:
+        """The dgrad's product y_bar W stored plainly, shaped and ordered as the forward's input
+        rows (the open kernel closed), in the input dtype: the activation's cotangent as torch's
+        autograd of the layer keeps it, half the bytes of fp32 on the way to GEMMs that round it
+        anyway. The routing weight's terms go with it to the kernel that loads it again
+        (open_row_kernel)."""
+        bar = self.workspace(f"{p.source}_bar", k3s.tensor(*self.t[p.source].type.dims, dtype="float"))
+        self.store_rows(Tile(product, p.rows, p.index), bar, p.in_dim)
+        self.close()
+        return Rows(bar, p.index, y_bar.scale, y_bar.dot_into)
+
+    def row_grid(self, rows: str, width: int) -> tuple[str, dict]:
+        """A row kernel's grid and blocks: a program per block of the pair list (block-rows) or of
+        dgrad-block-r token rows, and row-kernel-block-n columns."""
+        sizes = dict(block_n=fit(self.o.row_kernel_block_n, width))
+        if rows == "sorted_block":
+            return "column_block,sorted_block", sizes | dict(block_r=self.o.block_rows)
+        return "row_block,column_block", sizes | dict(block_r=self.o.dgrad_block_r)
+
+    def row_source(self, tensor: SSAValue, rows: str, index: str, width: int) -> Operation:
+        """The k3s.load_rows that is a row kernel's rows (it takes the tensors they come from)."""
+        plan = [self.t[name] for name in k3s.ROW_TENSORS.get(rows, ())]
+        name = k3s.argument_name(tensor)
+        return make(k3s.LoadRowsOp, operands=[tensor, *plan], result=(f"{name}_rows", k3s.tile("M", "N")),
+                    rows=rows, index=index, width=width)
+
+    def open_row_kernel(self, suffix: str, cot: Rows, source: str, rows: str, width: int) -> Tile:
+        """Open a row kernel over the forward's rows of `source` (`rows`) that loads a cotangent a
+        dgrad stored (store_input_cotangent) and applies its routing weight's terms."""
+        grid, sizes = self.row_grid(rows, width)
+        self.begin(suffix, grid, **sizes)
+        load = self.row_source(cot.value, rows, cot.index, width)
+        self.open[0].append(load)
+        value = self.row_terms(load.results[0], cot, source, rows, cot.index, width)
+        return Tile(value, rows, cot.index)
+
+    def pair_rows(self, tensor: SSAValue, index: str, scale: SSAValue | None) -> SSAValue:
+        """`tensor`'s row of each position of the sorted pair list (`index`: its token's or its
+        pair's), times the routing weight with `scale`, stored contiguous in the list's order
+        [PP, width] by a row kernel of its own (sorted-wgrad-rows=copy)."""
+        name, width = k3s.argument_name(tensor), int(tensor.type.dims[-1])
+        copy = self.workspace(f"{name}_pair_rows", k3s.tensor("PP", width, dtype="float"))
+        load = self.row_source(tensor, "sorted_block", index, width)
+        stages = [load]
+        if scale is not None:
+            stages.append(make(k3s.WeighPairsOp, operands=[load.results[0], scale],
+                               result=(f"{name}_rows_weighted", k3s.tile("M", "N"))))
+        stages.append(make(k3s.StoreRowsOp, operands=[stages[-1].results[0], copy], rows="sorted_block",
+                           index="position", width=width, accumulate=False))
+        grid, sizes = self.row_grid("sorted_block", width)
+        self.kernels.append(self.kernel(f"{name}_pair_rows", grid, stages, **sizes))
+        return copy
 
     # --- the adjoints' kernels ---------------------------------------------------------------
     def input_grad(self, p: Product, y_bar: Rows) -> SSAValue:
@@ -254,21 +332,30 @@ class MoeBackward:
         """A wgrad kernel: d<weight> = y_bar^T a over the rows, in the weight's layout (a the
         normalised rows of an RMS-normalised input, which its adjoint stored)."""
         sorted_rows = p.rows == "sorted_block"
-        tensors = ([y_bar.scale] if y_bar.scale is not None else []) + \
-            ([self.t["expert_offsets"], self.t["sorted_pairs"]] if sorted_rows else [])
+        cotangent, cotangent_index, scale = y_bar.value, y_bar.index, y_bar.scale
         source = self.normed[p.source] if p.gain is not None else self.t[p.source]
-        grad = make(k3s.ProjectWeightGradOp, operands=[y_bar.value, source, *tensors],
+        input_index = p.index
+        if sorted_rows and self.o.sorted_wgrad_rows == "copy":
+            # each operand gathered through the pair list copied in the list's order first, the
+            # routing weight folded into the first copy: the wgrad's steps read contiguous rows
+            if cotangent_index != "position":
+                cotangent, cotangent_index, scale = self.pair_rows(cotangent, cotangent_index, scale), "position", None
+            if input_index != "position":
+                source, input_index, scale = self.pair_rows(source, input_index, scale), "position", None
+        tensors = ([scale] if scale is not None else []) + \
+            ([self.t["expert_offsets"], self.t["sorted_pairs"]] if sorted_rows else [])
+        grad = make(k3s.ProjectWeightGradOp, operands=[cotangent, source, *tensors],
                     result=("w_bar", k3s.tile("N", "D")), **given(dict(
-                        in_dim=p.in_dim, out_dim=p.out_dim, rows=p.rows, cotangent_index=y_bar.index,
-                        input_index=p.index, scale_rows=y_bar.scale is not None, block_rows=p.block_rows)))
+                        in_dim=p.in_dim, out_dim=p.out_dim, rows=p.rows, cotangent_index=cotangent_index,
+                        input_index=input_index, scale_rows=scale is not None, block_rows=p.block_rows)))
         store = make(k3s.StoreWeightGradOp, operands=[grad.results[0], self.t[f"d{p.weight}"]],
                      **given(dict(layout="expert" if sorted_rows else p.layout, group=p.group)))
         # an expert's run is whole blocks of block_rows: a step of at most one block stays in it
-        step = min(self.o.wgrad_block_r, self.o.block_rows) if sorted_rows else self.o.wgrad_block_r
+        step = min(self.o.sorted_wgrad_block_r, self.o.block_rows) if sorted_rows else self.o.wgrad_block_r
         sizes = dict(block_r=step, block_n=fit(self.o.wgrad_block_n, p.out_dim),
                      block_d=fit(self.o.wgrad_block_d, p.in_dim),
                      num_stages=self.o.sorted_wgrad_num_stages if sorted_rows else self.o.num_stages)
-        self.kernels.append(self.kernel(f"{p.weight}_wgrad", wgrad_grid(p, y_bar.value, source, sorted_rows),
+        self.kernels.append(self.kernel(f"{p.weight}_wgrad", wgrad_grid(p, cotangent, source, sorted_rows),
                                         [grad, store], **sizes))
 
     def product_adjoint(self, p: Product, y_bar: Rows) -> None:
@@ -377,6 +464,22 @@ class DeriveMoeBackwardPass(ModulePass):
     dgrad_block_d: int = 64
     glu_dgrad_block_n: int = 64
     x_dgrad_block_n: int = 128
+    # where the GLU's adjoint runs: "epilogue" (in the dgrad GEMM making its output's cotangent,
+    # glu-dgrad-block-n columns: each program re-reads its rows' cotangent, the GEMM's K operand,
+    # once per 64 of the FFN's columns) or "kernel" (that dgrad stores its product plainly at
+    # dgrad-block-n columns, and a row kernel of its own, row-kernel-block-n columns a program,
+    # applies the routing weight's terms and the GLU's adjoint to it); docs/moe.md gives both
+    # forms' bytes, flop and offline sm_90 resources
+    glu_adjoint: str = GLU_ADJOINTS[0]
+    # the columns a program of the backward's row kernels holds (the GLU's adjoint with
+    # glu-adjoint=kernel, the pair-list row copies with sorted-wgrad-rows=copy), block-rows rows
+    row_kernel_block_n: int = 64
+    # the routed experts' weight gradients: "gather" (a step's rows gathered through the pair list
+    # by token, the routing weight applied to the expert's input rows in registers: on sm_90 that
+    # operand goes global -> shared -> registers -> shared) or "copy" (row kernels first copy each
+    # gathered operand, times the routing weight, contiguous in the list's order: [PP, width] in
+    # the input dtype, written and read once more, and the wgrad's loop reads two plain operands)
+    sorted_wgrad_rows: str = SORTED_WGRAD_ROWS[0]
     # the wgrad GEMMs' [BN, BD] weight tiles, BR rows a step (every token row, or an expert's run of
     # the pair list): 128 x 256, 64 rows a step, bf16 operands, 3 stages: 144 KB of shared memory
     # (the latent up-projection's fp32 input rows: 208 KB)
@@ -391,20 +494,29 @@ class DeriveMoeBackwardPass(ModulePass):
     # rows one step ahead (two buffers, every step waiting for the last); 5 keep them two steps
     # ahead with three buffers, as the dense wgrads' 3 (sm_90, Triton 3.9: 99 KB of shared memory)
     sorted_wgrad_num_stages: int = 5
+    # an expert's wgrad's rows a step (at most block-rows), apart from the dense wgrads' (128 rows
+    # at 3 stages: 193 KB of shared memory, which the dense wgrads' 3 stages at 128 would exceed)
+    sorted_wgrad_block_r: int = 64
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_num_warps(self.name, self.num_warps)
         check_power_of_two(self.name, "block-rows", self.block_rows, 256)
         for option in ("dgrad_block_r", "dgrad_block_n", "dgrad_block_d", "glu_dgrad_block_n", "x_dgrad_block_n",
-                       "wgrad_block_r", "wgrad_block_n", "wgrad_block_d", "row_block"):
+                       "wgrad_block_r", "wgrad_block_n", "wgrad_block_d", "row_block", "row_kernel_block_n",
+                       "sorted_wgrad_block_r"):
             check_power_of_two(self.name, option.replace("_", "-"), getattr(self, option), 256)
+        for option, words in (("glu_adjoint", GLU_ADJOINTS), ("sorted_wgrad_rows", SORTED_WGRAD_ROWS)):
+            if getattr(self, option) not in words:
+                raise ValueError(f"{self.name}: {option.replace('_', '-')} must be one of {', '.join(words)}, "
+                                 f"got {getattr(self, option)}")
         if self.block_rows < 16:
             raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
         if self.num_stages < 1 or self.sorted_wgrad_num_stages < 1:
             raise ValueError(f"{self.name}: num-stages and sorted-wgrad-num-stages must be positive")
-        if self.wgrad_block_r < 16:
-            raise ValueError(f"{self.name}: wgrad-block-r must be at least 16 (the depth of its tl.dot), got "
-                             f"{self.wgrad_block_r}")
+        for option in ("wgrad_block_r", "sorted_wgrad_block_r"):
+            if getattr(self, option) < 16:
+                raise ValueError(f"{self.name}: {option.replace('_', '-')} must be at least 16 (the depth of its "
+                                 f"tl.dot), got {getattr(self, option)}")
         if any(isinstance(layer, LatentMoEOp) and Widths.of(layer).mxfp4 for layer in op.ops):
             return  # MXFP4 weights are packed for serving: no gradient for them
         forwards = {}

@@ -96,11 +96,17 @@ def weigh_pairs(b, op: k3s.WeighPairsOp) -> None:
 @moe_adjoint(k3s.GluOp)
 def glu(b, op: k3s.GluOp) -> None:
     """act = f(g, u) elementwise: (g_bar, u_bar) = act_bar f'(g, u) in the open kernel, g and u
-    the forward's saved pre-activations (k3s.store_glu_halves in its kernel)."""
+    the forward's saved pre-activations (k3s.store_glu_halves in its kernel). A cotangent the
+    dgrad that made it stored (glu-adjoint=kernel) is loaded again by a row kernel of its own
+    over the forward's rows, which applies what that dgrad left to it (the routing weight's terms)."""
     act_bar = b.tile_cot[op.result]
     saved = next(s for s in op.parent_op().body.ops if isinstance(s, k3s.StoreGluHalvesOp) and s.gate is op.gate)
     layout = dict(rows=saved.rows.data.value, index=saved.index.data.value, group=saved.group.value.data,
                   width=saved.width.value.data)
+    if isinstance(act_bar, Rows):
+        stored = next(s for s in op.parent_op().body.ops if isinstance(s, k3s.StoreRowsOp) and s.value is op.result)
+        name = k3s.argument_name(stored.tensor)
+        act_bar = b.open_row_kernel(f"{name}_glu_adjoint", act_bar, name, layout["rows"], stored.width.value.data)
     g, u = b.emit_op(k3s.LoadGluHalvesOp, [b.t[k3s.argument_name(saved.tensor)]], [("g", "M", "N"), ("u", "M", "N")],
                      **layout).results
     adjoint = b.emit_op(k3s.GluAdjointOp, [g, u, act_bar.value], [("g_bar", "M", "N"), ("u_bar", "M", "N")],
@@ -124,16 +130,14 @@ def project(b, op: k3s.ProjectOp) -> None:
     else:
         y_bar = b.as_rows(b.tile_cot[op.result], op)
     a_bar = b.input_grad(p, y_bar)
-    if y_bar.dot_into is not None:  # weigh_pairs' row dot: yw_bar . (a W^T) = (yw_bar W) . a
-        a = b.emit_op(k3s.LoadRowsOp, [b.t[p.source]], [("a", "M", "N")], rows=p.rows, index=p.index,
-                      width=p.in_dim).results[0]
-        b.emit_op(k3s.StorePairDotOp, [a_bar, a, y_bar.dot_into], [])
-    if y_bar.scale is not None:
-        a_bar = b.emit_op(k3s.WeighPairsOp, [a_bar, y_bar.scale], [("a_bar", "M", "N")]).results[0]
-    if op.rms_eps is not None:
-        b.rms_norm_adjoint(p, a_bar, op.rms_eps.value.data)
-    else:
-        b.contribute(p.source, Tile(a_bar, p.rows, p.index))
+    if b.glu_in_kernel(p.source):  # stored as it is: the GLU's row kernel applies weigh_pairs' terms
+        b.cot[p.source] = b.store_input_cotangent(p, a_bar, y_bar)
+    else:  # weigh_pairs' row dot, yw_bar . (a W^T) = (yw_bar W) . a, and the rows' scale, here
+        a_bar = b.row_terms(a_bar, y_bar, p.source, p.rows, p.index, p.in_dim)
+        if op.rms_eps is not None:
+            b.rms_norm_adjoint(p, a_bar, op.rms_eps.value.data)
+        else:
+            b.contribute(p.source, Tile(a_bar, p.rows, p.index))
     b.weight_grad(p, y_bar)
 
 

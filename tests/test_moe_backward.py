@@ -35,15 +35,28 @@ def layer_name(p) -> str:
     return "moe_bwd_d{}_l{}_e{}_k{}_f{}_s{}x{}_{}".format(*p)
 
 
-# (layer, pipeline): the small blocks for every structure, the default blocks for the first
-CASES = [pytest.param((p, SMALL_BLOCKS), id=layer_name(p) + "_blocks16") for p in LAYERS] + [
-    pytest.param((LAYERS[0], None), id=layer_name(LAYERS[0]))]
+# the GLU's adjoint in a row kernel of its own and the routed experts' weight gradients on
+# contiguous copies of their gathered rows (two column blocks of the row kernels: two partials)
+KERNEL_FORMS = SMALL_BLOCKS.replace("row-block=4", "row-block=4 glu-adjoint=kernel sorted-wgrad-rows=copy "
+                                    "row-kernel-block-n=16")
+
+
+def pipeline_name(pipeline: str | None) -> str:
+    return {None: "", SMALL_BLOCKS: "_blocks16", KERNEL_FORMS: "_blocks16_glu_kernel_wgrad_copy"}[pipeline]
+
+
+# (layer, pipeline): the small blocks for every structure, the default blocks for the first, the
+# small blocks with the GLU's adjoint kernel and the weight gradients' row copies for every structure
+CASES = [pytest.param((p, pipeline), id=layer_name(p) + pipeline_name(pipeline))
+         for p, pipeline in [*((p, SMALL_BLOCKS) for p in LAYERS), (LAYERS[0], None),
+                             *((p, KERNEL_FORMS) for p in LAYERS)]]
 
 
 @pytest.fixture(scope="module")
 def layer(request, compile_layer):
     (d, l, E, k, F, S, Fs, activation), pipeline = request.param  # noqa: E741
-    return compile_layer(pipeline=pipeline, name=layer_name(request.param[0]), kind="latent_moe", hidden_size=d,
+    return compile_layer(pipeline=pipeline, name=layer_name(request.param[0]) + pipeline_name(pipeline),
+                         kind="latent_moe", hidden_size=d,
                          latent_dim=l, num_experts=E, top_k=k, expert_ffn_dim=F, num_shared_experts=S,
                          shared_ffn_dim=Fs, activation=activation, dtype="float32")
 
@@ -82,7 +95,7 @@ def test_gradients_match_float64_autograd(layer, R):
     assert_gradients(layer, inputs_of(layer.spec.params, R), f"R={R}")
 
 
-@pytest.mark.parametrize("layer", CASES[:4], indirect=True)
+@pytest.mark.parametrize("layer", CASES[:4] + CASES[5:], indirect=True)
 def test_crowded_and_idle_experts(layer):
     """A bias that sends every token to the same top_k experts: those get every pair (runs of
     several blocks), the others none (no block, no gradient rows: their weights' gradients are 0)."""

@@ -7,8 +7,8 @@ the block sizes an op's kernel constants read; every name a printed kernel's cod
 parameter of the kernel or a global of the module, else the op that printed it is named.
 
 Checked on the kernels of the examples' modules (scheduled and through the Triton backend's
-passes, then printed: a few seconds), the MoE layer also with the warp decode and the
-backward's small blocks."""
+passes, then printed: a few seconds), the MoE layer also with the warp decode, the backward's
+small blocks and its row kernels."""
 
 from __future__ import annotations
 
@@ -32,8 +32,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MOE_SMALL_BLOCKS = ("lower-moe-routing,lower-moe-experts,derive-moe-backward{block-rows=16 dgrad-block-n=16 "
                     "dgrad-block-d=16 wgrad-block-r=16 wgrad-block-n=16 wgrad-block-d=16 row-block=4},outline-kernels")
 MOE_WARP = "lower-moe-routing,lower-moe-experts{decode=warp warp-slots=2 warp-block-n=8 warp-block-d=16}"
+# the backward's row kernels: the GLU's adjoint, the routed wgrads' row copies
+MOE_ROW_KERNELS = ("lower-moe-routing,lower-moe-experts,derive-moe-backward{glu-adjoint=kernel "
+                   "sorted-wgrad-rows=copy},outline-kernels")
 MODULES = [("kda", None), ("gated_deltanet", None), ("attnres", None), ("latent_moe", None),
-           ("latent_moe", MOE_SMALL_BLOCKS), ("latent_moe", MOE_WARP), ("latent_moe_mxfp4", None)]
+           ("latent_moe", MOE_SMALL_BLOCKS), ("latent_moe", MOE_WARP), ("latent_moe_mxfp4", None),
+           ("latent_moe", MOE_ROW_KERNELS)]
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,7 @@ def sum_slots_blocks(op: k3s.SumSlotsOp, sizes: dict[str, int]) -> dict[str, int
 block_sizes_fixed_by("lower-moe-experts", k3s.RankPairsOp, k3s.ChunkOffsetsOp, k3s.ProjectTokenSlotsOp,
                      k3s.SumExpertRowsOp)
 block_sizes_fixed_by("derive-moe-backward", k3s.ProjectInputGradOp, k3s.ProjectWeightGradOp, k3s.RmsNormAdjointOp,
-                     k3s.NormGainGradOp)
+                     k3s.NormGainGradOp, k3s.LoadRowsOp)
 
 
 @sizes_by_rows_of(k3s.ProjectOp)

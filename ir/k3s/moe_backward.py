@@ -146,15 +146,27 @@ class StoreWeightGradOp(KeywordSyntax):
 @irdl_op_definition
 class LoadRowsOp(KeywordSyntax):
     """t[m, n] = `tensor`[row of m, n] in fp32 for the program's rows (`rows`, `index`) and block
-    of columns n < width; 0 on padded rows and columns."""
+    of columns n < width; 0 on padded rows and columns. In a kernel of rows without a projection
+    (the GLU's adjoint of glu-adjoint=kernel, a weight gradient's row copies) the first load is
+    the kernel's rows, block_r of them a program (over the sorted pair list: its blocks), and
+    takes the tensors they come from after `tensor` (k3s.project's ROW_TENSORS); elsewhere none."""
 
     name = "k3s.load_rows"
     rows = prop_def(RowsAttr)
     index = prop_def(RowIndexAttr)
     width = prop_def(IntegerAttr[I64])
     tensor = operand_def(TensorType)
+    tensors = var_operand_def(TensorType)
     result = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def named_tensors(self) -> dict[str, SSAValue]:
+        return dict(zip(ROW_TENSORS.get(self.rows.data, ()), self.tensors, strict=True))
+
+    def verify_(self) -> None:
+        _positive(self, "width")
+        if self.tensors and len(self.tensors) != len(ROW_TENSORS.get(self.rows.data, ())):
+            raise VerifyException(f"{self.name}: rows = {self.rows.data} reads {ROW_TENSORS.get(self.rows.data, ())}")
 
 
 @irdl_op_definition

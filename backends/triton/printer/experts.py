@@ -119,9 +119,10 @@ class Experts(ExpertWords):
     def row_tensors(self) -> dict[str, str]:
         """The names of the tensors that the rows of the kernel's programs come from (the
         sorted_block and pair axes): those its projection (or its input gradient) takes
-        (k3s.project's ROW_TENSORS)."""
-        project = next(op for op in self.kernel.walk() if isinstance(op, (k3s.ProjectOp, k3s.ProjectInputGradOp)))
-        return {role: tensor_name(value) for role, value in project.named_tensors().items()}
+        (k3s.project's ROW_TENSORS), in a row kernel without one its first k3s.load_rows'."""
+        source = next(op for op in self.kernel.walk() if isinstance(op, (k3s.ProjectOp, k3s.ProjectInputGradOp))
+                      or isinstance(op, k3s.LoadRowsOp) and op.tensors)
+        return {role: tensor_name(value) for role, value in source.named_tensors().items()}
 
     def print_axis_sorted_block(self, axis: int) -> None:
         plan = self.row_tensors()

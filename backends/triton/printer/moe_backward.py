@@ -77,6 +77,18 @@ class MoeBackward:
             sizes["GROUP"] = op.group.value.data
         return sizes
 
+    @kernel_constants_of(k3s.LoadRowsOp)
+    def load_rows_constants(self, op: k3s.LoadRowsOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """Its columns (the program's block of them); as a row kernel's rows (k3s.load_rows with the
+        pair list's tensors, or of token rows) the rows a program takes, BM of the pair list or BR
+        token rows. In a dgrad's epilogue the same values as the dgrad's."""
+        sizes = {"DOUT": op.width.value.data, "BN": kernel.block_n.value.data}
+        if op.rows.data.value == "token_block":
+            sizes["BR"] = kernel.block_r.value.data
+        elif op.tensors:
+            sizes |= self.pair_list_constants(view) | {"BM": kernel.block_r.value.data}
+        return sizes
+
     def pair_list_constants(self, view: EntryView) -> dict[str, int]:
         """TOP_K and the experts E of the sorted pair list the entry reads (expert_offsets: E + 1)."""
         return {"TOP_K": self.top_k(view), "E": int(view.dims("expert_offsets")[0]) - 1}
