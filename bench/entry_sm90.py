@@ -55,6 +55,43 @@ def launches(body: str) -> list[tuple[str, dict, int, int]]:
     return [tuple(launch) for launch in out]
 
 
+def compile_sm90(kernel, values: dict[str, int], dtypes: dict[str, str], num_warps: int, num_stages: int) -> dict:
+    """Compile one kernel of a generated module for sm_90: its constexprs `values`, its pointers
+    typed by `dtypes` (argument -> float / float32 / index), run-time sizes i32. Returns the
+    figures (registers, shared, spills, tensor-core and asynchronous-load instructions, loop
+    sizes) and the SASS."""
+    signature, constexprs = {}, {}
+    for index, arg in enumerate(kernel.arg_names):
+        if arg == "DOT":
+            signature[arg], constexprs[(index,)] = "constexpr", "bf16"
+        elif arg in values and arg.isupper():
+            signature[arg], constexprs[(index,)] = "constexpr", values[arg]
+        elif arg in dtypes:
+            signature[arg] = POINTER[dtypes[arg]]
+        else:  # a run-time size (R, HS, ...)
+            signature[arg] = "i32"
+    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
+               if signature[a].startswith("*")}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    name = kernel.fn.__name__
+    cubin = f"/tmp/{name}.cubin"
+    with open(cubin, "wb") as handle:
+        handle.write(compiled.asm["cubin"])
+    with open(f"/tmp/{name}.ttgir", "w") as handle:
+        handle.write(compiled.asm["ttgir"])
+    usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
+    sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    registers = re.search(r"REG:(\d+)", usage)
+    return dict(shared=compiled.metadata.shared, registers=int(registers.group(1)) if registers else None,
+                stl=len(re.findall(r"\bSTL\b", sass)), ldl=len(re.findall(r"\bLDL\b", sass)),
+                hgmma=sass.count("HGMMA"), hmma=sass.count("HMMA"), ldgsts=sass.count("LDGSTS"),
+                utmaldg=sass.count("UTMALDG"), instructions=len(re.findall(r"/[*][0-9a-f]{4,}[*]/", sass)),
+                loops=sass_loops(sass), sass=sass)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module")
@@ -68,48 +105,27 @@ def main() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     body = entry_source(open(args.module).read(), args.entry)
-    dtypes = dict(re.findall(r"^        (\w+): \[[^\]]*\] (float32|float|index) \(", body, flags=re.M))
+    dtypes = pointer_dtypes(body)
     dtypes.update(kv.split("=") for kv in args.pointers.split(",") if kv)
     overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.launch_constants.split(",") if kv)}
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     done = set()
     for name, values, num_warps, num_stages in launches(body):
         if name in done or (args.kernels and not any(part in name for part in args.kernels.split(","))):
             continue
         done.add(name)
-        kernel = getattr(module, name)
         values = values | overrides
         num_stages = args.num_stages or num_stages
-        signature, constexprs = {}, {}
-        for index, arg in enumerate(kernel.arg_names):
-            if arg == "DOT":
-                signature[arg], constexprs[(index,)] = "constexpr", "bf16"
-            elif arg in values and arg.isupper():
-                signature[arg], constexprs[(index,)] = "constexpr", values[arg]
-            elif arg in dtypes:
-                signature[arg] = POINTER[dtypes[arg]]
-            else:  # a run-time size (R, HS, ...)
-                signature[arg] = "i32"
-        aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
-                   if signature[a].startswith("*")}
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": num_warps, "num_stages": num_stages})
-        cubin = f"/tmp/{name}.cubin"
-        with open(cubin, "wb") as handle:
-            handle.write(compiled.asm["cubin"])
-        with open(f"/tmp/{name}.ttgir", "w") as handle:
-            handle.write(compiled.asm["ttgir"])
-        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-        sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
-        registers = re.search(r"REG:(\d+)", usage)
-        count = lambda op: len(re.findall(rf"\b{op}\b", sass))  # noqa: E731
+        f = compile_sm90(getattr(module, name), values, dtypes, num_warps, num_stages)
         tiles = ", ".join(f"{k}={v}" for k, v in values.items() if k.startswith("B") and len(k) <= 3)
-        print(f"{name} [{tiles}; warps {num_warps}, stages {num_stages}]: shared {compiled.metadata.shared} B, "
-              f"registers {registers.group(1) if registers else '?'}, STL {count('STL')}, LDL {count('LDL')}, "
-              f"HGMMA {sass.count('HGMMA')}, HMMA {sass.count('HMMA')}, LDGSTS {sass.count('LDGSTS')}, "
-              f"UTMALDG {sass.count('UTMALDG')}, instructions {len(re.findall(r'/[*][0-9a-f]{4,}[*]/', sass))}, "
-              f"loops {sass_loops(sass)}", flush=True)
+        print(f"{name} [{tiles}; warps {num_warps}, stages {num_stages}]: shared {f['shared']} B, "
+              f"registers {f['registers'] or '?'}, STL {f['stl']}, LDL {f['ldl']}, "
+              f"HGMMA {f['hgmma']}, HMMA {f['hmma']}, LDGSTS {f['ldgsts']}, "
+              f"UTMALDG {f['utmaldg']}, instructions {f['instructions']}, loops {f['loops']}", flush=True)
+
+
+def pointer_dtypes(entry_body: str) -> dict[str, str]:
+    """Each tensor argument's dtype word (float, float32, index) as the entry's docstring lists it."""
+    return dict(re.findall(r"^        (\w+): \[[^\]]*\] (float32|float|index) \(", entry_body, flags=re.M))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,22 @@ over the weights and their gradients. Writes DIR/moe_train.md (also printed) and
 
 --profile: our training step's GPU time per kernel (torch.profiler, mean of a few steps) at the
 first token count, each backward kernel beside its roofline floor at the measured GEMM rate and
---bandwidth (bench/moe_backward_roofline.py). --variants 'NAME:OPTIONS;...': the layer compiled
-again with derive-moe-backward{OPTIONS} (e.g. 'n256:dgrad-block-n=256'), its moe_backward
-timed and profiled per kernel on its own moe_forward's tensors, its gradients against the
-default module's (RMS ratio): tiles compared in one run.
+--bandwidth (bench/moe_backward_roofline.py, under the variant's options). --variants
+'NAME:OPTIONS;...': the layer compiled again with derive-moe-backward{OPTIONS} (e.g.
+'n256:dgrad-block-n=256'), its moe_backward timed and profiled per kernel on its own
+moe_forward's tensors, its gradients against the default module's (RMS ratio): tiles compared
+in one run.
 
     PYTHONPATH=/tmp/site python3 -P bench/moe_train_gpu.py --out DIR           # on the GPU
     PYTHONPATH=/tmp/site python3 -P bench/moe_train_gpu.py --out DIR --profile --variants 'n256:dgrad-block-n=256'
     TRITON_INTERPRET=1 python3 bench/moe_train_gpu.py --smoke --out /tmp/x      # tiny, CPU
+
+The next device run (issue 36): the GLU's adjoint in a row kernel of its own, the routed wgrads
+on contiguous copies of their gathered rows, both, both with 128-row wgrad steps, and the GLU
+kernel at 32 columns (docs/moe.md, "The backward's options, offline"):
+
+    PYTHONPATH=/tmp/site python3 -P bench/moe_train_gpu.py --out DIR --profile --variants \
+        'glu_kernel:glu-adjoint=kernel;wgrad_copy:sorted-wgrad-rows=copy;both:glu-adjoint=kernel sorted-wgrad-rows=copy;both_r128:glu-adjoint=kernel sorted-wgrad-rows=copy sorted-wgrad-block-r=128 sorted-wgrad-num-stages=3;glu_kernel_n32:glu-adjoint=kernel row-kernel-block-n=32'
 """
 
 from __future__ import annotations
@@ -378,7 +386,7 @@ def profile_step(torch, methods, leaves_of, step, key, T, gen, device, dtype, ge
             ms = triton.testing.do_bench(backward, warmup=3, rep=50) if not args.smoke else math.nan
             lines.append(f"| {name} | {options.strip() or '(defaults)'} | {ms:.2f} | {worst:.1e} |")
             sections += ["", f"moe_backward per kernel, variant {name}", ""] + kernel_table(
-                kernel_times(torch, backward, 1 if args.smoke else 5), shard, rate, bandwidth)
+                kernel_times(torch, backward, 1 if args.smoke else 5), Shard.of(key, T, options), rate, bandwidth)
             del forward, tensors, grads
         except Exception as err:  # noqa: BLE001 - a failing variant must not hide the others
             lines.append(f"| {name} | {options.strip()} | error | {short_error(err)} |")
