@@ -5,7 +5,8 @@
     y = model(x)                                             # x [B, T, D] (token ids [B, T] with vocab_size)
 
 Layers follow the spec's pattern (KDA through k3compile.ops.kda.chunk_kda, attention through
-torch's causal SDPA), each a mixer and a dense SwiGLU FFN, each of the two behind a Block AttnRes
+torch's causal SDPA), each a mixer and an FFN (dense SwiGLU, or LatentMoE through
+k3compile.ops.moe), each of the two behind a Block AttnRes
 aggregation point: its input is the softmax-weighted mix (k3compile.ops.attnres) of the completed
 block representatives b_0 (the embedding), b_1, ... and its block's partial sum (the sum of the
 block's sublayer outputs so far), RMS-normalised for the sublayer. At a block's last layer the
@@ -33,7 +34,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
-from k3compile.errors import UnsupportedError
 from k3compile.stack_spec import ModelSpec, load_model_spec
 from k3compile.stack_two_phase import BlockPartials
 
@@ -96,16 +96,38 @@ class DenseFFN(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+class LatentMoeFFN(nn.Module):
+    """The LatentMoE layer (k3compile.ops.moe.latent_moe: compiled forward and derived backward) on
+    the stack's rows [B, T, D] taken as B T tokens. Its weights in the layouts MoeKey.shapes()
+    gives, drawn with variance 1 / fan-in (gains 1); router_bias a buffer of zeros (the selection
+    bias has no gradient: load balancing updates it), kept and passed in fp32."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        from k3compile.ops.moe import MoeKey  # the compiled op, only for a stack that has one
+
+        self.key = MoeKey(hidden_size=spec.hidden_size, num_experts=spec.num_experts, top_k=spec.top_k,
+                          expert_ffn_dim=spec.expert_ffn_dim, latent_dim=spec.latent_dim,
+                          num_shared_experts=spec.num_shared_experts, shared_ffn_dim=spec.shared_ffn_dim,
+                          activation=spec.moe_activation, eps=spec.eps)
+        self.weights = [name for name, shape in self.key.shapes().items()
+                        if shape is not None and name not in ("x", "router_bias")]
+        for name in self.weights:
+            shape = self.key.shapes()[name]
+            init = torch.ones(shape) if name == "latent_norm_gain" else torch.randn(shape) * shape[-1] ** -0.5
+            self.register_parameter(name, nn.Parameter(init))
+        self.register_buffer("router_bias", torch.zeros(spec.num_experts))
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        from k3compile.ops.moe import latent_moe
+
+        weights = {name: getattr(self, name) for name in self.weights}
+        out = latent_moe(u.reshape(-1, u.shape[-1]), router_bias=self.router_bias.float(), layer=self.key, **weights)
+        return out.view(u.shape)
+
+
 def make_ffn(spec: ModelSpec) -> nn.Module:
-    if spec.ffn == "dense":
-        return DenseFFN(spec.hidden_size, spec.ffn_hidden_size)
-    try:
-        import k3compile.ops.moe  # noqa: F401
-    except ImportError:
-        raise UnsupportedError(f"{spec.source}: [model] ffn = 'moe': LatentMoE has no differentiable op yet "
-                               "(k3compile.ops.moe does not exist); use ffn = 'dense'") from None
-    raise UnsupportedError(f"{spec.source}: [model] ffn = 'moe': k3compile.ops.moe exists but the stack does not "
-                           "call it yet; use ffn = 'dense'")
+    return DenseFFN(spec.hidden_size, spec.ffn_hidden_size) if spec.ffn == "dense" else LatentMoeFFN(spec)
 
 
 class Point(nn.Module):

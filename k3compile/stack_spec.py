@@ -9,8 +9,10 @@
     kda_head_dim = 128
     attn_heads = 64
     attn_head_dim = 128
-    ffn = "dense"                        # or "moe" (refused by the stack until k3compile.ops.moe exists)
+    ffn = "dense"                        # or "moe": LatentMoE (k3compile.ops.moe), with the keys below
     ffn_hidden_size = 18432
+    # ffn = "moe": num_experts, top_k, expert_ffn_dim; optional latent_dim, num_shared_experts,
+    # shared_ffn_dim, moe_activation (K3: 896 experts top-16, FFN 3072, latent 3584, 2 shared, situ_glu)
 
 checked key by key as layer specs are (k3compile.spec: one-line SpecError naming the key, expected
 vs got). Needs no torch, so the pipeline planner (`k3c plan-pipeline`) reads it cheaply.
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from k3compile.errors import SpecError
+from k3compile.ir.choices import GLU_ACTIVATIONS
 from k3compile.spec import Key, check_keys, read_table
 
 MIXERS = ("kda", "attn")
@@ -50,6 +53,10 @@ SCHEMA = {
     "num_experts": Key(int, default=None),
     "top_k": Key(int, default=None),
     "expert_ffn_dim": Key(int, default=None),
+    "latent_dim": Key(int, default=0, minimum=0),  # 0: the experts run at hidden_size (no latent projections)
+    "num_shared_experts": Key(int, default=0, minimum=0),
+    "shared_ffn_dim": Key(int, default=0, minimum=0),
+    "moe_activation": Key(str, default="swiglu", choices=GLU_ACTIVATIONS),
     "vocab_size": Key(int, default=0, minimum=0),  # 0: no embedding or LM head (hidden states in and out)
     "attnres": Key(str, default="aggregate", choices=ATTNRES_FORMS),
     "checkpoint_attnres": Key(bool, default=True),
@@ -103,6 +110,9 @@ def model_spec_from_table(table: dict[str, Any], source: str = "<model spec>") -
             if params[key] is None:
                 raise SpecError(f"{where}: missing key '{key}' ({SCHEMA[key].describe()}), needed by "
                                 f"{'ffn' if word in FFNS else 'layer_pattern'} {word!r}")
+    if params["ffn"] == "moe" and params["num_shared_experts"] and not params["shared_ffn_dim"]:
+        raise SpecError(f"{where}: key 'shared_ffn_dim': expected an integer >= 1 with num_shared_experts = "
+                        f"{params['num_shared_experts']}, got {params['shared_ffn_dim']}")
     return ModelSpec(params=params, layers=layers, source=source)
 
 

@@ -17,13 +17,17 @@ import torch.nn.functional as F
 from torch.autograd.graph import saved_tensors_hooks
 
 from conftest import EXAMPLES, one_line
-from k3compile.errors import SpecError, UnsupportedError
+from k3compile.errors import SpecError
 from k3compile.stack import build_stack
 from k3compile.stack_spec import load_model_spec, model_spec_from_table
 
 # a non-power-of-two width, a last block of one layer (3 layers in blocks of 2)
 TINY = dict(hidden_size=20, num_layers=3, block_size=2, attn_heads=2, attn_head_dim=6, kda_heads=1,
             kda_head_dim=16, ffn_hidden_size=28, dtype="float32")
+
+
+MOE = dict(ffn="moe", num_experts=4, top_k=2, expert_ffn_dim=8, latent_dim=12, num_shared_experts=1,
+           shared_ffn_dim=6, moe_activation="situ_glu")  # LatentMoE FFNs: latent, a shared expert, SiTU-GLU
 
 
 def stack_of(**overrides):
@@ -91,6 +95,8 @@ def test_example_spec_is_k3_pattern():
     ({"num_blocks": 3}, "key 'num_blocks': expected ceil(num_layers / block_size) = 2"),
     ({"kda_heads": None, "layer_pattern": "kda"}, "missing key 'kda_heads'"),
     ({"ffn": "moe"}, "missing key 'num_experts'"),
+    ({**MOE, "shared_ffn_dim": 0}, "key 'shared_ffn_dim': expected an integer >= 1 with num_shared_experts = 1"),
+    ({**MOE, "moe_activation": "gelu"}, "key 'moe_activation': expected one of"),
     ({"ffn": "sparse"}, "key 'ffn': expected one of dense, moe"),
     ({"attnres": "full"}, "key 'attnres': expected one of aggregate, two_phase, torch, none"),
     ({"checkpoint_attnres": 1}, "key 'checkpoint_attnres': expected true or false"),
@@ -112,9 +118,44 @@ def test_spec_file_errors(tmp_path):
         assert words in str(err.value) and one_line(str(err.value))
 
 
-def test_moe_ffn_is_refused_until_the_op_exists():
-    with pytest.raises(UnsupportedError, match="ffn = 'moe'.*use ffn = 'dense'"):
-        build_stack(model_spec_from_table({**TINY, "ffn": "moe", "num_experts": 4, "top_k": 2, "expert_ffn_dim": 8}))
+def test_moe_ffn_is_the_latent_moe_layer():
+    """ffn = 'moe': a layer's FFN is k3compile.ops.moe's LatentMoE (latent projections, a shared
+    expert, SiTU-GLU) on the rows as tokens: its output and every weight's gradient against float64
+    autograd of reference.latent_moe on the same weights; router_bias a buffer, no gradient."""
+    from test_moe_backward import reference_gradients
+    from test_moe_training import reference_op
+
+    ffn = stack_of(layer_pattern="attn", attnres="torch", **MOE).layers[0].ffn
+    assert "router_bias" not in dict(ffn.named_parameters()) and "router_bias" in dict(ffn.named_buffers())
+    with torch.no_grad():
+        ffn.router_bias.copy_(torch.randn(4) * 0.1)  # a bias that ranks: the selection must take it
+    u, dout = torch.randn(2, 3, 20), torch.randn(2, 3, 20)
+    ffn.zero_grad()
+    out = ffn(u)
+    out.backward(dout)
+    weights = {name: getattr(ffn, name).detach() for name in ffn.weights}
+    want, want_grads = reference_gradients(reference_op(ffn.key), {"x": u.reshape(6, 20), "router_bias":
+                                                                   ffn.router_bias.detach(), **weights},
+                                           dout.reshape(6, 20))
+    assert_close({"out": out.detach().reshape(6, 20)}, {"out": want}, 1e-5)
+    assert_close({name: getattr(ffn, name).grad for name in ffn.weights},
+                 {name: want_grads[name] for name in ffn.weights}, 1e-5)
+    assert sorted(ffn.weights) == sorted(["router_weight", "expert_gate_up", "expert_down", "latent_down", "latent_up",
+                                          "latent_norm_gain", "shared_gate_up", "shared_down"])
+
+
+def test_moe_stack_trains():
+    """A stack of KDA and attention layers with LatentMoE FFNs: one training step gives every
+    parameter a finite gradient and every FFN weight a nonzero one (none silently dropped), equal
+    to the recursion's on the same sublayers."""
+    model = stack_of(layer_pattern="kda,attn", attnres="aggregate", **MOE)
+    x, weights = torch.randn(1, 5, 20), torch.randn(1, 5, 20)
+    got = grads_of(model, lambda: (model(x) * weights).sum())
+    assert got.keys() == {name for name, _ in model.named_parameters()}
+    assert all(torch.isfinite(g).all() for g in got.values())
+    # every FFN weight moves (the first point's query and gain see a softmax over b_0 alone: zero)
+    assert all(g.abs().max() > 0 for name, g in got.items() if ".ffn." in name)
+    assert_close(got, grads_of(model, lambda: (reference(model, x) * weights).sum()), 1e-4)
 
 
 def test_input_checks():
