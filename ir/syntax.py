@@ -11,13 +11,15 @@ syntax prints no operand types, so an operand takes the type of its definition. 
 several optional or variadic operands (AttrSizedOperandSegments) prints them in order without
 their segment sizes; its `operand_segment_sizes` reads them back from the operands and the
 properties. Values are integers, floats (always printed with a
-'.', so they re-parse as floats), booleans, bare identifiers (enum values), quoted strings and
-types in their own syntax (`type = !k3s.tensor<B x T x 32 x 128, float>`) and dictionaries of
-them (`flags = {SPILL_P_QG = true}`).
+'.', so they re-parse as floats), booleans, bare identifiers (enum values), quoted strings,
+references to symbols of the module (`kernel = @kda_chunk_prepare`), types in their own syntax
+(`type = !k3s.tensor<B x T x 32 x 128, float>`), lists (`grid = [chunk, value_head]`) and
+dictionaries of them (`flags = {SPILL_P_QG = true}`). An op whose symbol is a reference (a
+launch's kernel) prints it in the symbol's place: `k3s.launch @kda_chunk_prepare %q, ...`.
 The parser rejects a repeated key, and reads each value as its property's declared constraint
 asks: a word for an enum property is that enum attribute, an integer literal for a float
 property is that float; anything else that does not fit is a parse error naming the op and the
-property (and, for an enum, the words it takes).
+property (and, for an enum or a list of enum values, the words it takes).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
+    ArrayAttr,
+    ArrayOfConstraint,
     BoolAttr,
     DenseArrayBase,
     DictionaryAttr,
@@ -35,6 +39,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     StringAttr,
+    SymbolRefAttr,
     f64,
     i32,
     i64,
@@ -76,6 +81,10 @@ def attr_to_literal(attr: Attribute) -> str:
     if isinstance(attr, StringAttr):
         bare = _IDENTIFIER.fullmatch(attr.data) and attr.data not in ("true", "false")
         return attr.data if bare else json.dumps(attr.data)
+    if isinstance(attr, SymbolRefAttr):
+        return str(attr)  # `@name`, quoted where the name is no bare identifier
+    if isinstance(attr, ArrayAttr):
+        return "[" + ", ".join(attr_to_literal(item) for item in attr.data) + "]"
     if isinstance(attr, DictionaryAttr):
         return "{" + ", ".join(f"{key} = {attr_to_literal(value)}" for key, value in attr.data.items()) + "}"
     raise TypeError(f"no keyword syntax for attribute {attr}")
@@ -92,6 +101,11 @@ def literal_to_attr(parser: Parser) -> Attribute:
         return FloatAttr(number, f64) if isinstance(number, float) else IntegerAttr(number, i64)
     if parser.lexer.input.content.startswith("!", start):  # a dialect type, read by its own parser
         return parser.parse_type()
+    if (symbol := parser.parse_optional_symbol_name()) is not None:
+        return SymbolRefAttr(symbol)
+    if (items := parser.parse_optional_comma_separated_list(parser.Delimiter.SQUARE,
+                                                            lambda: literal_to_attr(parser))) is not None:
+        return ArrayAttr(items)
     if parser.parse_optional_punctuation("{") is not None:
         items: dict[str, Attribute] = {}
 
@@ -109,7 +123,7 @@ def literal_to_attr(parser: Parser) -> Attribute:
     text = parser.parse_optional_str_literal()
     if text is not None:
         return StringAttr(text)
-    word = parser.parse_identifier(" (a number, a string, true/false, or an enum keyword)")
+    word = parser.parse_identifier(" (a number, a string, true/false, an enum keyword, a @symbol or a [list])")
     if word in ("true", "false"):
         return BoolAttr.from_bool(word == "true")
     return StringAttr(word)
@@ -120,19 +134,35 @@ def _enum_of(constraint: AttrConstraint) -> type[EnumAttribute] | None:
     return next((base for base in constraint.get_bases() or () if issubclass(base, EnumAttribute)), None)
 
 
+def _enum_words(constraint: AttrConstraint) -> tuple[type[EnumAttribute], list[str]] | None:
+    """The enum attribute a constraint takes and the words of it that it allows, if any."""
+    if (enum := _enum_of(constraint)) is None:
+        return None
+    return enum, [word for word in enum.enum_type if constraint.verifies(enum(word))]
+
+
 def fit_to_property(op_type: type[IRDLOperation], key: str, attr: Attribute) -> Attribute:
     """attr as key's declared constraint takes it: unchanged, a word read as the enum attribute
-    it declares, or an integer literal read as the float it declares. Raises ValueError naming the
-    op, the property and what it expects."""
+    it declares (a list of words as a list of them), or an integer literal read as the float it
+    declares. Raises ValueError naming the op, the property and what it expects."""
     prop = op_type.get_irdl_definition().properties.get(key)
     if prop is None or prop.constr.verifies(attr):
         return attr  # an unknown key is left to the verifier, which names it
-    if (enum := _enum_of(prop.constr)) is not None:
-        allowed = [word for word in enum.enum_type if prop.constr.verifies(enum(word))]
+    if (words := _enum_words(prop.constr)) is not None:
+        enum, allowed = words
         if isinstance(attr, StringAttr) and attr.data in allowed:
             return enum(enum.enum_type(attr.data))
         raise ValueError(f"{op_type.name}: property '{key}' must be one of {', '.join(allowed)}; "
                          f"got {attr_to_literal(attr)}")
+    if isinstance(prop.constr, ArrayOfConstraint) and (
+            words := _enum_words(prop.constr.elem_range_constraint.constr)) is not None:
+        enum, allowed = words
+        expected = f"{op_type.name}: property '{key}' takes a list [...] of {', '.join(allowed)}"
+        if not isinstance(attr, ArrayAttr):
+            raise ValueError(f"{expected}; got {attr_to_literal(attr)}, not a list")
+        if unknown := [item for item in attr.data if not (isinstance(item, StringAttr) and item.data in allowed)]:
+            raise ValueError(f"{expected}; got {attr_to_literal(unknown[0])}")
+        return ArrayAttr([enum(enum.enum_type(item.data)) for item in attr.data])
     if isinstance(attr, IntegerAttr) and attr.type == i64:  # `scale = 1` is 1.0; true/false only are booleans
         as_float = FloatAttr(float(attr.value.data), f64)
         if prop.constr.verifies(as_float):
@@ -163,6 +193,9 @@ class KeywordSyntax(IRDLOperation):
         if isinstance(symbol, StringAttr):
             printer.print_string(" ")
             printer.print_symbol_name(symbol.data)
+        elif isinstance(symbol, SymbolRefAttr):  # a reference in the symbol's place (a launch's kernel)
+            printer.print_string(" ")
+            printer.print_attribute(symbol)
         if self.operands:
             printer.print_string(" ")
             printer.print_list(self.operands, printer.print_operand)
@@ -185,7 +218,9 @@ class KeywordSyntax(IRDLOperation):
         properties: dict[str, Attribute] = {}
         symbol = parser.parse_optional_symbol_name()
         if symbol is not None:
-            properties[cls.SYMBOL_PROP] = symbol
+            symbol_prop = cls.get_irdl_definition().properties.get(cls.SYMBOL_PROP)
+            is_reference = symbol_prop is not None and SymbolRefAttr in (symbol_prop.constr.get_bases() or ())
+            properties[cls.SYMBOL_PROP] = SymbolRefAttr(symbol) if is_reference else symbol
         operands_start = parser.pos
         operands = []
         if (first := parse_defined_operand(parser)) is not None:

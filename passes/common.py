@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f32, f64, i64
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f32, f64, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -13,22 +13,27 @@ from k3compile.ir.choices import BOUNDED_GATE_INPUTS, ZERO_DECAY_FLOOR
 from k3compile.ir.syntax import fit_to_property
 
 
+def to_attr(value) -> Attribute:
+    """A Python value as a property attribute: str, bool, int, float, a list or tuple of them;
+    attributes pass through."""
+    if isinstance(value, Attribute):
+        return value
+    if isinstance(value, str):
+        return StringAttr(value)
+    if isinstance(value, bool):
+        return BoolAttr.from_bool(value)
+    if isinstance(value, int):
+        return IntegerAttr(value, i64)
+    if isinstance(value, (list, tuple)):
+        return ArrayAttr([to_attr(item) for item in value])
+    return FloatAttr(value, f64)
+
+
 def props(op_type: type[IRDLOperation] | None = None, /, **values) -> dict[str, Attribute]:
-    """Python values -> property attributes (str, bool, int, float; attributes pass through); given
-    the op type, values take its properties' types as the parser reads them (a word for an enum
-    property is that enum attribute)."""
-    out: dict[str, Attribute] = {}
-    for key, value in values.items():
-        if isinstance(value, Attribute):
-            out[key] = value
-        elif isinstance(value, str):
-            out[key] = StringAttr(value)
-        elif isinstance(value, bool):
-            out[key] = BoolAttr.from_bool(value)
-        elif isinstance(value, int):
-            out[key] = IntegerAttr(value, i64)
-        else:
-            out[key] = FloatAttr(value, f64)
+    """Python values -> property attributes (to_attr); given the op type, values take its
+    properties' types as the parser reads them (a word for an enum property is that enum
+    attribute, a list of words for a list of enum values a list of them)."""
+    out = {key: to_attr(value) for key, value in values.items()}
     if op_type is None:
         return out
     return {key: fit_to_property(op_type, key, attr) for key, attr in out.items()}
