@@ -66,8 +66,8 @@ def token_kernel(body: list[Operation], sym_name: str, num_warps: int, token_sta
     from k3compile.ir import k3s
 
     stages = {"num_stages": token_stages} if token_stages else {}
-    return make(k3s.KernelOp, body, sym_name=sym_name, grid="value_block,sequence_head", num_warps=num_warps,
-                **stages)
+    return make(k3s.KernelOp, body, sym_name=sym_name, grid=[k3s.GridAxis.VALUE_BLOCK, k3s.GridAxis.SEQUENCE_HEAD],
+                num_warps=num_warps, **stages)
 
 
 def make(op_type: type[IRDLOperation], body: list[Operation] | Block | None = None, *,
@@ -132,7 +132,7 @@ def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[
     layer's entry name (a module of several layers names it <layer>_<entry>)."""
     from k3compile.ir.k3s import EntryByRowsOp, EntryOp
 
-    existing = {(op.source.data, op.sym_name.data) for op in module.ops if isinstance(op, (EntryOp, EntryByRowsOp))}
+    existing = {(op.source, op.sym_name) for op in module.ops if isinstance(op, (EntryOp, EntryByRowsOp))}
     layers = [op for op in module.ops if op.name.startswith("k3.")]
     names = {}
     for op in list(module.ops):
@@ -141,7 +141,7 @@ def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[
             if len(layers) > 1:  # entries become module-level functions: keep their names apart
                 entry.properties["sym_name"] = StringAttr(f"{op.sym_name.data}_{entry.sym_name.data}")
             names[op.sym_name.data] = entry.sym_name.data
-            if (entry.source.data, entry.sym_name.data) not in existing:
+            if (entry.source, entry.sym_name) not in existing:
                 Rewriter.insert_op(entry, InsertPoint.after(last_entry_of(module, op)))
     return names
 
@@ -151,7 +151,8 @@ def last_entry_of(module: ModuleOp, layer_op: Operation) -> Operation:
     from k3compile.ir.k3s import EntryByRowsOp, EntryOp
 
     anchor = layer_op
-    while isinstance(anchor.next_op, (EntryOp, EntryByRowsOp)) and anchor.next_op.source.data == layer_op.sym_name.data:
+    while (isinstance(anchor.next_op, (EntryOp, EntryByRowsOp))
+           and anchor.next_op.source.root_reference == layer_op.sym_name):
         anchor = anchor.next_op
     return anchor
 

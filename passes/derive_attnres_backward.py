@@ -32,11 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Block
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, make
 from k3compile.passes.fuse_attnres import attnres_arg, fold_query, layer_arguments, loop, row_warps, score_stages
@@ -99,8 +100,8 @@ def aggregate_backward_entry(op: AttnResOp, rows: int, num_warps: int, num_stage
     store = make(k3s.StoreQueryCotangentOp, operands=[rows_loop.results[0], tensors["query"], tensors["gain"],
                                                       tensors["dquery"], tensors["dgain"]])
     kernel = make(k3s.KernelOp, [fold, start, rows_loop, store], sym_name=f"{op.sym_name.data}_aggregate_backward",
-                  grid="row_group", num_warps=num_warps, num_stages=num_stages)
-    return make(k3s.EntryOp, [*arguments, kernel], sym_name="aggregate_backward", source=op.sym_name.data,
+                  grid=[GridAxis.ROW_GROUP], num_warps=num_warps, num_stages=num_stages)
+    return make(k3s.EntryOp, [*arguments, kernel], sym_name="aggregate_backward", source=SymbolRefAttr(op.sym_name),
                 max_sources=op.max_sources)
 
 

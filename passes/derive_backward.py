@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.traits import IsTerminator
@@ -223,4 +223,4 @@ class DeriveBackwardPass(ModulePass):
         arguments = backward_arguments(op)
         schedule = backward_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk,
                                      self.solve_block, self.unbounded_diagonal)
-        return make(k3s.EntryOp, [*arguments, schedule], sym_name="chunk_backward", source=op.sym_name.data)
+        return make(k3s.EntryOp, [*arguments, schedule], sym_name="chunk_backward", source=SymbolRefAttr(op.sym_name))

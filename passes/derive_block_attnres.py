@@ -48,12 +48,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_power_of_two, make, props, rebind, tensor_arg
 from k3compile.passes.fuse_attnres import FuseAttnResPass, attnres_arg, fused_attnres_entry, loop, warps_holding
@@ -212,7 +213,7 @@ def block_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass) -> k
     tensors = argument_values(arguments)
     kernels = [partials_kernel(kernel, layer, tensors, stored, options)
                for kernel in aggregate_kernels(layer, options.rows_per_program, options.grouped_from_rows)]
-    return make(k3s.EntryOp, [*arguments, *kernels], sym_name="block_partials", source=layer.sym_name.data,
+    return make(k3s.EntryOp, [*arguments, *kernels], sym_name="block_partials", source=SymbolRefAttr(layer.sym_name),
                 max_sources=layer.num_blocks.value.data)
 
 
@@ -238,7 +239,7 @@ def partials_kernel(kernel: k3s.KernelOp, layer: AttnResOp, tensors: dict[str, S
     rebind(kernel, {**tensors, "sources": tensors["representatives"], "query": tensors["queries"],
                     "gain": tensors["gains"]})
     return derived_kernel(kernel, layer, "block_partials",
-                          grid="row_group_query_block" if grouped(kernel) else "row_query_block",
+                          grid=[GridAxis.ROW_GROUP_QUERY_BLOCK if grouped(kernel) else GridAxis.ROW_QUERY_BLOCK],
                           num_warps=partials_warps(D, queries_per_program))
 
 
@@ -280,7 +281,7 @@ def columns_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass, ar
 
     fold = make(k3s.KernelOp, [make(k3s.FoldQueriesSplitOp, operands=[t["queries"], t["gains"], t["folded"]],
                                     hidden_size=D, columns=min(FOLD_COLUMNS, padded_width(D)))],
-                sym_name=f"{name}_block_partials_fold", grid="input_block", num_warps=4,
+                sym_name=f"{name}_block_partials_fold", grid=[GridAxis.INPUT_BLOCK], num_warps=4,
                 block_d=min(FOLD_COLUMNS, padded_width(D)))
 
     def load_rows(**last) -> Operation:
@@ -315,10 +316,10 @@ def columns_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass, ar
     sweep2 = loop(k3s.ColumnLoopOp, [], (), Block([x, mix, store, make(k3s.NextColumnOp)]), columns=columns,
                   reverse=True)
     kernel = make(k3s.KernelOp, [*starts, sweep1, scores, softmax, stats, split, sweep2],
-                  sym_name=f"{name}_block_partials_columns", grid="row_group_all_queries",
+                  sym_name=f"{name}_block_partials_columns", grid=[GridAxis.ROW_GROUP_ALL_QUERIES],
                   num_warps=options.columns_warps, num_stages=options.columns_stages)
-    return make(k3s.EntryOp, [*arguments, folded_arg, fold, kernel], sym_name="block_partials", source=name,
-                max_sources=sources)
+    return make(k3s.EntryOp, [*arguments, folded_arg, fold, kernel], sym_name="block_partials",
+                source=SymbolRefAttr(name), max_sources=sources)
 
 
 def resume_rows_from_partials(kernel: k3s.KernelOp, load: Operation) -> None:
@@ -353,7 +354,7 @@ def block_merge_entry(layer: AttnResOp, options: DeriveBlockAttnResPass) -> k3s.
     tensors = argument_values(arguments)
     kernels = [merge_kernel(kernel, layer, tensors, loaded, options.partials)
                for kernel in aggregate_kernels(layer, options.rows_per_program, options.grouped_from_rows)]
-    return make(k3s.EntryOp, [*arguments, *kernels], sym_name="block_merge", source=layer.sym_name.data,
+    return make(k3s.EntryOp, [*arguments, *kernels], sym_name="block_merge", source=SymbolRefAttr(layer.sym_name),
                 max_sources=1)
 
 

@@ -50,12 +50,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, check_power_of_two, make, props, \
     rebind, tensor_arg
@@ -172,8 +173,8 @@ def block_merge_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBack
     rebind(kernel, {**tensors, "sources": tensors["partial_sum"], "dsources": tensors["dpartial_sum"]})
     del kernel.properties["num_stages"]  # one source: no next rows to load ahead
     kernel = derived(kernel, layer, "block_merge_backward")
-    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_merge_backward", source=layer.sym_name.data,
-                max_sources=1)
+    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_merge_backward",
+                source=SymbolRefAttr(layer.sym_name), max_sources=1)
 
 
 # the aggregate backward's saved tensors and the per-query tensors of block_partials_backward in their place
@@ -233,9 +234,9 @@ def query_blocks_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBac
     rebind(kernel, {**tensors, "sources": tensors["representatives"], "query": tensors["queries"],
                     "gain": tensors["gains"], "dsources": tensors["drepresentatives"],
                     "dquery": tensors["dqueries"], "dgain": tensors["dgains"]})
-    kernel = derived(kernel, layer, "block_partials_backward", grid="row_group_query_block")
-    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_partials_backward", source=layer.sym_name.data,
-                max_sources=layer.num_blocks.value.data)
+    kernel = derived(kernel, layer, "block_partials_backward", grid=[GridAxis.ROW_GROUP_QUERY_BLOCK])
+    return make(k3s.EntryOp, [*arguments, kernel], sym_name="block_partials_backward",
+                source=SymbolRefAttr(layer.sym_name), max_sources=layer.num_blocks.value.data)
 
 
 def columns_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass) -> k3s.EntryOp:
@@ -302,10 +303,11 @@ def columns_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackward
     sweep2 = loop(k3s.ColumnLoopOp, [], (), Block([q, q_bar, rows, query_store, make(k3s.NextColumnOp)]),
                   columns=columns)
     kernel = make(k3s.KernelOp, [sweep1, make(k3s.ProgramBarrierOp), sweep2],
-                  sym_name=f"{layer.sym_name.data}_block_partials_backward_columns", grid="row_group_all_queries",
+                  sym_name=f"{layer.sym_name.data}_block_partials_backward_columns",
+                  grid=[GridAxis.ROW_GROUP_ALL_QUERIES],
                   num_warps=options.num_warps or COLUMNS_WARPS)
     return make(k3s.EntryOp, [*arguments, *workspaces, kernel], sym_name="block_partials_backward",
-                source=layer.sym_name.data, max_sources=sources)
+                source=SymbolRefAttr(layer.sym_name), max_sources=sources)
 
 
 def normalised_partials(module: ModuleOp, name: str) -> None:

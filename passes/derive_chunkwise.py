@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, i1
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr, i1
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -205,5 +205,5 @@ class DeriveChunkwisePass(ModulePass):
                                    self.unbounded_diagonal),
             ],
             sym_name="chunk",
-            source=op.sym_name.data,
+            source=SymbolRefAttr(op.sym_name),
         )

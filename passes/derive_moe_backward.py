@@ -37,11 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import LatentMoEOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, check_power_of_two, make, tensor_arg
 from k3compile.passes.lower_moe_experts import MoeEntry, Widths
@@ -92,7 +93,7 @@ def row_bytes(tensor: SSAValue, width: int) -> int:
     return width * (4 if tensor.type.dtype_class == "float32" else 2)
 
 
-def wgrad_grid(p: Product, cotangent: SSAValue, source: SSAValue, sorted_rows: bool) -> str:
+def wgrad_grid(p: Product, cotangent: SSAValue, source: SSAValue, sorted_rows: bool) -> list[GridAxis]:
     """A weight gradient's grid. Its programs loop over the same rows in step: a wave of W
     programs reads, per row, the fastest axis's operand whole and W / (its blocks) blocks of the
     other's, so over the grid the fastest axis's operand is read (tiles / W) times and the
@@ -101,8 +102,8 @@ def wgrad_grid(p: Product, cotangent: SSAValue, source: SSAValue, sorted_rows: b
     pair list (cotangent and input rows, tens of MB) is read from DRAM a few times, not once per
     block of the other axis (experts fastest: 28 times over at K3's gate/up)."""
     narrower_input = row_bytes(source, p.in_dim) < row_bytes(cotangent, p.out_dim)
-    axes = "input_block,column_block" if narrower_input else "column_block,input_block"
-    return axes + (",expert" if sorted_rows else "")
+    blocks = [GridAxis.INPUT_BLOCK, GridAxis.COLUMN_BLOCK]
+    return (blocks if narrower_input else blocks[::-1]) + ([GridAxis.EXPERT] if sorted_rows else [])
 
 
 def given(props: dict) -> dict:
@@ -156,7 +157,7 @@ class MoeBackward:
                     MOE_ADJOINT_RULES[type(stage)](self, stage)
         self.close()
         return make(k3s.EntryOp, [*self.arguments, *self.workspaces, *self.kernels], sym_name="moe_backward",
-                    source=self.layer)
+                    source=SymbolRefAttr(self.layer))
 
     # --- kernels --------------------------------------------------------------------------
     def workspace(self, name: str, type: k3s.TensorType, **values) -> SSAValue:
@@ -165,11 +166,11 @@ class MoeBackward:
         self.t[name] = arg.results[0]
         return arg.results[0]
 
-    def kernel(self, suffix: str, grid: str, stages: list[Operation], **sizes) -> k3s.KernelOp:
+    def kernel(self, suffix: str, grid: list[GridAxis], stages: list[Operation], **sizes) -> k3s.KernelOp:
         return make(k3s.KernelOp, stages, sym_name=f"{self.layer}_backward_{suffix}", grid=grid,
                     num_warps=self.o.num_warps, **sizes)
 
-    def begin(self, suffix: str, grid: str, **sizes) -> None:
+    def begin(self, suffix: str, grid: list[GridAxis], **sizes) -> None:
         self.close()
         self.open = ([], dict(suffix=suffix, grid=grid, **sizes))
 
@@ -265,13 +266,13 @@ class MoeBackward:
         self.close()
         return Rows(bar, p.index, y_bar.scale, y_bar.dot_into)
 
-    def row_grid(self, rows: str, width: int) -> tuple[str, dict]:
+    def row_grid(self, rows: str, width: int) -> tuple[list[GridAxis], dict]:
         """A row kernel's grid and blocks: a program per block of the pair list (block-rows) or of
         dgrad-block-r token rows, and row-kernel-block-n columns."""
         sizes = dict(block_n=fit(self.o.row_kernel_block_n, width))
         if rows == "sorted_block":
-            return "column_block,sorted_block", sizes | dict(block_r=self.o.block_rows)
-        return "row_block,column_block", sizes | dict(block_r=self.o.dgrad_block_r)
+            return [GridAxis.COLUMN_BLOCK, GridAxis.SORTED_BLOCK], sizes | dict(block_r=self.o.block_rows)
+        return [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK], sizes | dict(block_r=self.o.dgrad_block_r)
 
     def row_source(self, tensor: SSAValue, rows: str, index: str, width: int) -> Operation:
         """The k3s.load_rows that is a row kernel's rows (it takes the tensors they come from)."""
@@ -317,7 +318,8 @@ class MoeBackward:
         caps at 65535 (8.4M pairs at block-rows 128). Over token rows the row blocks stay fastest
         (the cotangent rows, a few hundred MB, against the weight's tens)."""
         sorted_rows = p.rows == "sorted_block"
-        grid = "column_block,sorted_block" if sorted_rows else "row_block,column_block"
+        grid = [GridAxis.COLUMN_BLOCK, GridAxis.SORTED_BLOCK] if sorted_rows else \
+            [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK]
         sizes = dict(block_n=self.dgrad_columns(p.source, p.in_dim), block_d=fit(self.o.dgrad_block_d, p.out_dim),
                      num_stages=self.o.num_stages)
         self.begin(f"{p.weight}_dgrad", grid, **sizes, **({} if sorted_rows else {"block_r": self.o.dgrad_block_r}))
@@ -381,7 +383,7 @@ class MoeBackward:
         if per_pair:
             pairs = self.workspace(f"{name}_pair_bar", k3s.tensor("R", self.n.k, self.width(name), dtype="float"))
             self.store_rows(Tile(tile.value, tile.rows, "pair"), pairs, self.width(name))
-            self.begin(f"{name}_sum_slots", "row_block,column_block")
+            self.begin(f"{name}_sum_slots", [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK])
             summed = self.emit_op(k3s.SumSlotsOp, [pairs], [("c", "M", "N")], out_dim=self.width(name), top_k=self.n.k)
             tile = Tile(summed.results[0], "token_block", "token")
         if gradient is not None:
@@ -403,11 +405,11 @@ class MoeBackward:
         rstd = self.workspace(f"{p.source}_rstd", k3s.tensor("R", dtype="float32"))
         self.normed[p.source] = self.workspace(f"{p.source}_normed", k3s.tensor("R", width, dtype="float"))
         gain = p.gain
-        self.kernels.append(self.kernel(f"{p.source}_rms_norm_adjoint", "row_block", [make(
+        self.kernels.append(self.kernel(f"{p.source}_rms_norm_adjoint", [GridAxis.ROW_BLOCK], [make(
             k3s.RmsNormAdjointOp, operands=[self.t[p.source], self.t[gain], stored, bar, rstd, self.normed[p.source]],
             eps=eps, width=width)],
             block_r=self.o.row_block, block_d=fit(self.o.wgrad_block_d, width)))
-        self.kernels.append(self.kernel(f"{gain}_grad", "column_block", [make(
+        self.kernels.append(self.kernel(f"{gain}_grad", [GridAxis.COLUMN_BLOCK], [make(
             k3s.NormGainGradOp, operands=[self.t[p.source], rstd, stored, self.t[f"d{gain}"]], width=width)],
             block_r=self.o.wgrad_block_r, block_n=fit(self.o.wgrad_block_n, width)))
         self.cot[p.source] = Rows(bar)
@@ -428,7 +430,7 @@ class MoeBackward:
             clone.properties["sym_name"] = StringAttr(kernel.sym_name.data.replace(f"{self.layer}_forward",
                                                                                    f"{self.layer}_backward", 1))
             self.kernels.append(clone)
-        self.begin("router", top_k.grid.data)
+        self.begin("router", top_k.axes)
         mapper = dict(self.tensor_mapper())
         for stage in top_k.body.ops:
             if stage is store:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
@@ -67,5 +67,5 @@ class DeriveReplayPass(ModulePass):
             k3s.EntryOp,
             [*arguments, speculative_schedule(op, self.draft_tokens, argument_values(arguments))],
             sym_name="speculative",
-            source=op.sym_name.data,
+            source=SymbolRefAttr(op.sym_name),
         )

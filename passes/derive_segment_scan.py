@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
@@ -77,5 +77,5 @@ class DeriveSegmentScanPass(ModulePass):
             [*arguments, segment_scan_schedule(op, argument_values(arguments), self.chunk_size, self.sub_chunk,
                                                self.unbounded_diagonal)],
             sym_name="segment_scan",
-            source=op.sym_name.data,
+            source=SymbolRefAttr(op.sym_name),
         )

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -53,7 +53,7 @@ def adjoint_combine(combine: k3s.SummaryCombineOp, M, N_bar, leaving) -> k3s.Sum
 def layer_entry(module: ModuleOp, layer: RecurrenceOp, name: str) -> k3s.EntryOp | None:
     """The layer's entry of that name (layer-prefixed in a module of several layers)."""
     source = layer.sym_name.data
-    return next((op for op in module.ops if isinstance(op, k3s.EntryOp) and op.source.data == source
+    return next((op for op in module.ops if isinstance(op, k3s.EntryOp) and op.source.root_reference == layer.sym_name
                  and op.sym_name.data in (name, f"{source}_{name}")), None)
 
 
@@ -66,7 +66,7 @@ def backward_kernels(entry: k3s.EntryOp) -> tuple[k3s.KernelOp, k3s.KernelOp, k3
     reverse = [k for k in scans if any(op.reverse is not None and op.reverse.value.data
                                        for op in k.body.ops if isinstance(op, k3s.ChunkLoopOp))]
     if len(kernels) < 4 or len(scans) != 2 or len(reverse) != 1 or kernels[0] in scans or kernels[-1] in scans:
-        raise ValueError(f"{NAME}: @{entry.sym_name.data} of @{entry.source.data} has kernels "
+        raise ValueError(f"{NAME}: @{entry.sym_name.data} of {entry.source} has kernels "
                          f"{[k.sym_name.data for k in kernels]}; expected lower-backward's prepare, state scan, "
                          f"cotangent scan and gradients kernels (run it after lower-backward, before outline-kernels)")
     state_scan = next(k for k in scans if k not in reverse)
@@ -140,7 +140,7 @@ def backward_segments_entry(layer: RecurrenceOp, backward: k3s.EntryOp, segments
         k3s.EntryOp,
         [*arguments, *summaries, N_bar, *kernels_before, *steps, *kernels_after],
         sym_name=backward.sym_name.data.replace("chunk_backward", "chunk_backward_segments"),
-        source=source,
+        source=SymbolRefAttr(layer.sym_name),
     )
     rebind(lowered.body, argument_values(list(lowered.body.ops)))
     return lowered

@@ -20,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, make, tensor_arg
 
@@ -102,7 +103,7 @@ def aggregate_kernel(op: AttnResOp, tensors: dict[str, SSAValue], num_warps: int
         k3s.KernelOp,
         [fold, start, *stages],
         sym_name=f"{op.sym_name.data}_aggregate{'_groups' if grouped else ''}",
-        grid="row_group" if grouped else "row",
+        grid=[GridAxis.ROW_GROUP if grouped else GridAxis.ROW],
         num_warps=num_warps,
         num_stages=num_stages,
         **rows_bounds,
@@ -130,7 +131,7 @@ def fused_attnres_entry(op: AttnResOp, options: FuseAttnResPass) -> k3s.EntryOp:
         k3s.EntryOp,
         [*arguments, *kernels],
         sym_name="aggregate",
-        source=op.sym_name.data,
+        source=SymbolRefAttr(op.sym_name),
         max_sources=op.max_sources,
     )
 

@@ -28,7 +28,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
-from k3compile.ir.k3 import RecurrenceOp
+from k3compile.ir.k3s import GridAxis
 from k3compile.passes.common import (
     argument_values,
     check_num_warps,
@@ -201,14 +201,14 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: 
     layout = layer_op.state_layout.data
     spilled_to = workspace_arguments(layer_op, C, {v.name_hint for v in [*spilled, *handed]})
     workspaces = list(spilled_to.values())
-    name = kernel_prefix or f"{entry.source.data}_chunk"
+    name = kernel_prefix or f"{entry.source.string_value()}_chunk"
 
     offsets = values.get("cu_seqlens")
 
     def chunk_kernel(suffix: str, body: KernelBody) -> k3s.KernelOp:
         tile = make(k3s.ChunkTileOp, operands=[offsets], chunk_size=C, head_k_dim=K, head_v_dim=V)
         return make(k3s.KernelOp, [tile, *body.ops],
-                    sym_name=f"{name}_{suffix}", grid="chunk,value_head", num_warps=num_warps,
+                    sym_name=f"{name}_{suffix}", grid=[GridAxis.CHUNK, GridAxis.VALUE_HEAD], num_warps=num_warps,
                     **({"maxnreg": prepare_maxnreg} if prepare_maxnreg else {}))
 
     first = KernelBody(spilled_to)
@@ -239,7 +239,7 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: 
             make(k3s.StoreStateOp, operands=[values.get("final_state")], layout=layout),
         ],
         sym_name=f"{name}_scan",
-        grid="value_block,sequence_head",
+        grid=[GridAxis.VALUE_BLOCK, GridAxis.SEQUENCE_HEAD],
         num_warps=scan_warps or num_warps,
         num_stages=scan_stages,
     )
@@ -281,12 +281,10 @@ class FuseChunkwisePass(ModulePass):
         if self.prepare_maxnreg and not k3s.MIN_MAXNREG <= self.prepare_maxnreg <= k3s.MAX_MAXNREG:
             raise ValueError(f"{self.name}: prepare-maxnreg must be 0 (no cap) or in {k3s.MIN_MAXNREG}..{k3s.MAX_MAXNREG}, "
                              f"got {self.prepare_maxnreg}")
-        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         # a chunked schedule nested in another (a segment scan's finish) is lowered with its owner
         for chunked in [o for o in op.walk() if isinstance(o, k3s.ChunkedOp) and isinstance(o.parent_op(), k3s.EntryOp)]:
             entry = chunked.parent_op()
-            layer = layers[entry.source.data]
-            workspaces, kernels = split_kernels(layer, entry, chunked, entry_values(entry), self.block_v,
+            workspaces, kernels = split_kernels(entry.layer(), entry, chunked, entry_values(entry), self.block_v,
                                                 self.num_warps, self.scan_stages, grouping=self.grouping,
                                                 prepare_maxnreg=self.prepare_maxnreg, scan_warps=self.scan_warps)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(chunked))

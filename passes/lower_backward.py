@@ -27,6 +27,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import (argument_values, check_num_warps, check_power_of_two, entry_values, make, rebind,
                                      tensor_arg)
@@ -338,7 +339,7 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     name = f"{layer_op.sym_name.data}_backward"
 
     def chunk_kernel(suffix: str, body: KernelBody, warps: int, maxnreg: int = 0,
-                     grid: str = "chunk,value_head") -> k3s.KernelOp:
+                     grid: tuple[GridAxis, ...] = (GridAxis.CHUNK, GridAxis.VALUE_HEAD)) -> k3s.KernelOp:
         tile = make(k3s.ChunkTileOp, operands=[offsets], chunk_size=C, head_k_dim=K, head_v_dim=V)
         return make(k3s.KernelOp, [tile, *body.ops], sym_name=f"{name}_{suffix}", grid=grid,
                     num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
@@ -371,7 +372,8 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
                 make(k3s.ChunkLoopOp, loop_block, operands=[offsets], chunk_size=C, **({"reverse": True} if reverse else {}))]
         if stored is not None:
             body.append(make(k3s.StoreStateOp, operands=[stored], **layout))
-        return make(k3s.KernelOp, body, sym_name=f"{name}_{suffix}", grid="value_block,sequence_head",
+        return make(k3s.KernelOp, body, sym_name=f"{name}_{suffix}",
+                    grid=[GridAxis.VALUE_BLOCK, GridAxis.SEQUENCE_HEAD],
                     num_warps=num_warps, num_stages=scan_stages)
 
     states = scan_kernel("state_scan", state_scan, recomputed_s, spilled_s, values["initial_state"], "S", None, False)
@@ -399,7 +401,7 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         steep_chunks = spilled_to["steep_chunks"].results[0]
     gradient_kernels = []
     for kind, part in zip(("value_blocks", "gradients")[-len(parts):], parts):
-        grid = "chunk,value_head,value_block" if kind == "value_blocks" else "chunk,value_head"
+        grid = (GridAxis.CHUNK, GridAxis.VALUE_HEAD, *((GridAxis.VALUE_BLOCK,) if kind == "value_blocks" else ()))
         maxnreg = value_blocks_maxnreg if kind == "value_blocks" else gradients_maxnreg
         for suffix, ops in zip((kind, f"{kind}_steep"), split_by_guard(part, steep_chunks)):
             body = KernelBody(spilled_to)
@@ -466,10 +468,9 @@ class LowerBackwardPass(ModulePass):
                              f"got {self.gradients_split!r}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
-        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for schedule in [o for o in op.walk() if isinstance(o, k3s.ChunkedBackwardOp)]:
             entry = schedule.parent_op()
-            workspaces, kernels = lower_backward(layers[entry.source.data], schedule, entry_values(entry),
+            workspaces, kernels = lower_backward(entry.layer(), schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
                                                  self.gradients_maxnreg, self.gradients_forward,
                                                  self.scan_values == "spill", self.gradients_split,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -72,4 +72,4 @@ class LowerDecodePass(ModulePass):
             ],
             f"{op.sym_name.data}_decode", self.num_warps, self.token_stages,
         )
-        return make(k3s.EntryOp, [*args, kernel], sym_name="decode", source=op.sym_name.data)
+        return make(k3s.EntryOp, [*args, kernel], sym_name="decode", source=SymbolRefAttr(op.sym_name))

@@ -47,10 +47,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.choices import WeightFormat
 from k3compile.ir.k3 import LatentMoEOp
 from k3compile.passes.common import (
@@ -204,7 +205,7 @@ class MoeEntry:
     def kernel_prefix(self) -> str:
         return f"{self.layer}_{self.plan}"
 
-    def kernel(self, suffix: str, grid: str, stages: list) -> k3s.KernelOp:
+    def kernel(self, suffix: str, grid: list[GridAxis], stages: list) -> k3s.KernelOp:
         return make(k3s.KernelOp, stages, sym_name=f"{self.kernel_prefix}_{suffix}", grid=grid,
                     num_warps=self.num_warps)
 
@@ -219,7 +220,7 @@ class MoeEntry:
         if n.latent:
             workspaces.append(self.kept("h", k3s.tensor("R", n.w, dtype="float")))
             down = self.project("token_block", "x", "token", "latent_down", n.d, n.w, "dense")
-            kernels.append(self.kernel("latent_down", "row_block,column_block",
+            kernels.append(self.kernel("latent_down", [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK],
                                        [down, self.store(down.results[0], "token_block", "h", "token", n.w)]))
         return workspaces, kernels
 
@@ -234,7 +235,7 @@ class MoeEntry:
         if n.latent:
             up = self.project("token_block", combined, "token", "latent_up", n.w, n.d, "dense",
                               rms_eps=self.op.eps.value.data, gain="latent_norm_gain")
-            kernels.append(self.kernel("latent_up", "row_block,column_block",
+            kernels.append(self.kernel("latent_up", [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK],
                                        [up, self.store(up.results[0], "token_block", "out", "token", n.d)]))
         if n.S:
             width = n.S * n.Fs
@@ -243,12 +244,12 @@ class MoeEntry:
                 workspaces.append(self.kept("shared_gu", k3s.tensor("R", 2 * width, dtype="float")))
             gate_up = self.project("token_block", "x", "token", "shared_gate_up", n.d, width, "stacked_out", glu=True,
                                    group=n.Fs)
-            kernels.append(self.kernel("shared_gate_up", "row_block,column_block",
+            kernels.append(self.kernel("shared_gate_up", [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK],
                                        self.glu_stages(gate_up, "shared_act", "token", width, ("shared_gu", n.Fs))))
             down = self.project("token_block", "shared_act", "token", "shared_down", width, n.d, "stacked_in",
                                 group=n.Fs)
             # out holds the routed experts' part already (the latent up-projection's or the combine's)
-            kernels.append(self.kernel("shared_down", "row_block,column_block",
+            kernels.append(self.kernel("shared_down", [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK],
                                        [down, self.store(down.results[0], "token_block", "out", "token", n.d,
                                                          accumulate=True)]))
         return workspaces, kernels
@@ -262,7 +263,8 @@ class MoeEntry:
         return "out", []
 
     def entry(self, name: str, workspaces: list, kernels: list) -> k3s.EntryOp:
-        return make(k3s.EntryOp, [*self.inputs, *workspaces, *kernels], sym_name=name, source=self.layer)
+        return make(k3s.EntryOp, [*self.inputs, *workspaces, *kernels], sym_name=name,
+                    source=SymbolRefAttr(self.layer))
 
     def rank_stages(self, block_rows: int) -> tuple[list, list[k3s.KernelOp]]:
         """The kernels that count each expert's pairs and rank each pair among them: atomic ranks
@@ -270,16 +272,16 @@ class MoeEntry:
         block's pairs, then k3s.chunk_offsets), which fix the order the weight gradients sum in."""
         n, t = self.n, self.tensors
         if not self.saving:
-            return [], [self.kernel("count_pairs", "pair_chunk", [make(
+            return [], [self.kernel("count_pairs", [GridAxis.PAIR_CHUNK], [make(
                 k3s.CountPairsOp, operands=[t["topk_ids"], t["expert_counts"], t["pair_rank"]], num_experts=n.E,
                 top_k=n.k)])]
         # chunks of block_rows pairs: at most PB of them (a block per chunk the pairs fill)
         counts = self.workspace("chunk_counts", k3s.tensor("PB", n.E, dtype="index"), fill=0)
         plan = dict(num_experts=n.E, top_k=n.k, pairs_per_chunk=block_rows)
-        rank = self.kernel("rank_pairs", "pair_chunk", [make(
+        rank = self.kernel("rank_pairs", [GridAxis.PAIR_CHUNK], [make(
             k3s.RankPairsOp, operands=[t["topk_ids"], t["chunk_counts"], t["pair_rank"]], **plan)])
         rank.properties.update(props(block_r=block_rows))  # a program per chunk
-        offsets = self.kernel("chunk_offsets", "one", [make(
+        offsets = self.kernel("chunk_offsets", [GridAxis.ONE], [make(
             k3s.ChunkOffsetsOp, operands=[t["chunk_counts"], t["expert_counts"]], **plan)])
         # the prefix in [chunks, experts] tiles: 32 chunks by up to 128 experts
         offsets.properties.update(props(block_r=32, block_e=min(128, 1 << (n.E - 1).bit_length())))
@@ -305,10 +307,10 @@ class MoeEntry:
         workspaces += ranking_workspaces
         kernels += [
             *ranking,
-            self.kernel("expert_offsets", "one", [make(
+            self.kernel("expert_offsets", [GridAxis.ONE], [make(
                 k3s.ExpertOffsetsOp, operands=[t["expert_counts"], t["expert_offsets"]], num_experts=n.E,
                 block_rows=block_rows)]),
-            self.kernel("sort_pairs", "pair_chunk", [make(
+            self.kernel("sort_pairs", [GridAxis.PAIR_CHUNK], [make(
                 k3s.SortPairsOp, operands=[t[name] for name in ("topk_ids", "expert_offsets", "pair_rank",
                                                                 "sorted_pairs", "block_expert")]
                 + ([t["chunk_counts"]] if self.saving else []),
@@ -316,18 +318,18 @@ class MoeEntry:
         ]
         gate_up = self.project("sorted_block", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"),
                                in_dim=n.w, out_dim=n.F, layout="expert", glu=True, block_rows=block_rows)
-        kernels.append(self.kernel("expert_gate_up", "sorted_block,column_block",
+        kernels.append(self.kernel("expert_gate_up", [GridAxis.SORTED_BLOCK, GridAxis.COLUMN_BLOCK],
                                    self.glu_stages(gate_up, "expert_act", "position", n.F, ("expert_gu", n.F))))
         down = self.project("sorted_block", "expert_act", "position", **expert_weight(n, "expert_down"), in_dim=n.F,
                             out_dim=n.w, layout="expert", block_rows=block_rows)
         weighed = make(k3s.WeighPairsOp, operands=[down.results[0], t["topk_weights"]],
                        result=("yw", k3s.tile("M", "N")))
-        kernels.append(self.kernel("expert_down", "sorted_block,column_block",
+        kernels.append(self.kernel("expert_down", [GridAxis.SORTED_BLOCK, GridAxis.COLUMN_BLOCK],
                                    [down, weighed, self.store(weighed.results[0], "sorted_block", "pair_out", "pair",
                                                               n.w)]))
         summed = make(k3s.SumSlotsOp, operands=[t["pair_out"]], out_dim=n.w, top_k=n.k,
                       result=("c", k3s.tile("M", "N")))
-        kernels.append(self.kernel("combine", "row_block,column_block",
+        kernels.append(self.kernel("combine", [GridAxis.ROW_BLOCK, GridAxis.COLUMN_BLOCK],
                                    [summed, self.store(summed.results[0], "token_block", combined, "token", n.w)]))
         more_workspaces, more_kernels = self.after_experts(combined)
         # the padded pair list's sizes (shape symbols PP, PB) follow from the plan's block rows
@@ -347,12 +349,12 @@ class MoeEntry:
                        results=[("g", k3s.tile("M", "N")), ("u", k3s.tile("M", "N"))], **gate_up_weight[1])
         act = make(k3s.GluOp, operands=list(gate_up.results), activation=self.op.activation.data,
                    result=("act", k3s.tile("M", "N")))
-        kernels.append(self.kernel("token_gate_up", "token,column_block", [
+        kernels.append(self.kernel("token_gate_up", [GridAxis.TOKEN, GridAxis.COLUMN_BLOCK], [
             gate_up, act, self.store(act.results[0], "token_slots", "pair_act", "pair", n.F)]))
         down = make(k3s.SumExpertRowsOp, operands=[t["pair_act"], t["topk_ids"], t["topk_weights"], *down_weight[0]],
                     in_dim=n.F, out_dim=n.w, top_k=n.k, slots=min(team, 1 << (n.k - 1).bit_length()),
                     result=("y", k3s.tile("N")), **down_weight[1])
-        kernels.append(self.kernel("token_down", "token,column_block",
+        kernels.append(self.kernel("token_down", [GridAxis.TOKEN, GridAxis.COLUMN_BLOCK],
                                    [down, self.store(down.results[0], "token", combined, "token", n.w)]))
         for kernel in kernels[-2:]:
             kernel.properties.update(tile)
@@ -373,10 +375,10 @@ class MoeEntry:
         workspaces += [self.workspace("pair_act", k3s.tensor("R", n.k, n.F, dtype="float")), *combined_workspace]
         gate_up = self.project("pair", self.expert_input(), "token", **expert_weight(n, "expert_gate_up"), in_dim=n.w,
                                out_dim=n.F, layout="expert", glu=True)
-        kernels.append(self.kernel("pair_gate_up", "pair,column_block",
+        kernels.append(self.kernel("pair_gate_up", [GridAxis.PAIR, GridAxis.COLUMN_BLOCK],
                                    self.glu_stages(gate_up, "pair_act", "pair", n.F)))
         down = self.project_slots("pair_act", **expert_weight(n, "expert_down"), in_dim=n.F, out_dim=n.w, top_k=n.k)
-        kernels.append(self.kernel("token_down", "token,column_block",
+        kernels.append(self.kernel("token_down", [GridAxis.TOKEN, GridAxis.COLUMN_BLOCK],
                                    [down, self.store(down.results[0], "token", combined, "token", n.w)]))
         more_workspaces, more_kernels = self.after_experts(combined)
         return self.entry("moe_decode", workspaces + more_workspaces, kernels + more_kernels)
@@ -426,8 +428,9 @@ class LowerMoeExpertsPass(ModulePass):
                               .expert_centric(self.block_rows))
         decode = add_entries(op, LatentMoEOp, self.decode_entry)
         add_entries(op, LatentMoEOp, lambda layer: make(
-            k3s.EntryByRowsOp, sym_name="moe", source=layer.sym_name.data, small=decode[layer.sym_name.data],
-            large=prefill[layer.sym_name.data], small_word="decode", large_word="prefill",
+            k3s.EntryByRowsOp, sym_name="moe", source=SymbolRefAttr(layer.sym_name),
+            small=SymbolRefAttr(decode[layer.sym_name.data]), large=SymbolRefAttr(prefill[layer.sym_name.data]),
+            small_word="decode", large_word="prefill",
             max_small_rows=self.max_decode_rows))
 
     @property

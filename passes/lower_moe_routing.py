@@ -23,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
+from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import LatentMoEOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, make, tensor_arg
 
@@ -56,7 +57,7 @@ def routing_stages(op: LatentMoEOp, num_warps: int, tensors: dict[str, SSAValue]
         # DRAM once, the rest from L2) and sweep the router weight, which L2 holds whole; row
         # blocks on axis 1, which CUDA caps at 65535 (millions of rows at legalize's blocks);
         # the hidden slices (a few) on axis 2
-        grid="expert_block,row_block,hidden_slice",
+        grid=[GridAxis.EXPERT_BLOCK, GridAxis.ROW_BLOCK, GridAxis.HIDDEN_SLICE],
         num_warps=num_warps,
     )
 
@@ -73,7 +74,7 @@ def routing_stages(op: LatentMoEOp, num_warps: int, tensors: dict[str, SSAValue]
         [summed, sigmoid, chosen, weights,
          make(k3s.StoreRoutingOp, operands=[ids, weights.results[0], tensors["topk_ids"], tensors["topk_weights"]])],
         sym_name=f"{layer}_router_top_k",
-        grid="row_block",
+        grid=[GridAxis.ROW_BLOCK],
         num_warps=num_warps,
     )
     return [workspace], [logits_kernel, top_k_kernel]
@@ -101,7 +102,7 @@ def routing_entry(op: LatentMoEOp, num_warps: int) -> k3s.EntryOp:
     arguments = [*routing_inputs(op), *routing_outputs(op, "output")]
     workspaces, kernels = routing_stages(op, num_warps, argument_values(arguments))
     return make(k3s.EntryOp, [*arguments, *workspaces, *kernels],
-                sym_name="route", source=op.sym_name.data)
+                sym_name="route", source=SymbolRefAttr(op.sym_name))
 
 
 @dataclass(frozen=True)

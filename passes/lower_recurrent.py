@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Block, SSAValue
 from xdsl.passes import ModulePass
 
@@ -89,4 +89,4 @@ class LowerRecurrentPass(ModulePass):
             ],
             f"{op.sym_name.data}_recurrent", self.num_warps, self.token_stages,
         )
-        return make(k3s.EntryOp, [*arguments, kernel], sym_name="recurrent", source=op.sym_name.data)
+        return make(k3s.EntryOp, [*arguments, kernel], sym_name="recurrent", source=SymbolRefAttr(op.sym_name))

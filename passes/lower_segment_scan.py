@@ -91,7 +91,7 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
             k3s.KernelOp,
             [tile_op, chunk_loop, *stores],
             sym_name=f"{scan.sym_name.data}_{suffix}",
-            grid=scan.grid.data,
+            grid=scan.grid,
             num_warps=scan.num_warps.value.data,
             num_stages=scan.num_stages.value.data,
         )
@@ -137,13 +137,13 @@ def summary_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.ChunkedO
     # a segment is a sequence of cu_seqlens: its summary is the state its sequence leaves
     workspaces, (prepare, scan_kernel) = split_kernels(
         layer, entry, state_pass_schedule(chunked), values, block_v, num_warps, scan_stages=2,
-        kernel_prefix=f"{entry.source.data}_summary")
+        kernel_prefix=f"{entry.source.string_value()}_summary")
     return make(
         k3s.EntryOp,
         [*arguments, *outputs, *workspaces, prepare, *summary_scans(layer, scan_kernel, form, values)],
         # derive-segment-scan named it segment_scan (layer-prefixed in a module of several)
         sym_name=entry.sym_name.data.replace("segment_scan", "segment_summary"),
-        source=entry.source.data,
+        source=entry.source,
     )
 
 
@@ -152,7 +152,7 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
     """chunk_segments(q, k, v, g, beta, ..., cu_seqlens, entering_states) -> (o, final_state): the
     chunk entry over segments (the sequences of cu_seqlens), whose initial states the combine
     makes from the summaries after the one prepare."""
-    prefix = f"{entry.source.data}_segments"
+    prefix = f"{entry.source.string_value()}_segments"
     arguments = [tensor_arg(a.sym_name.data, a.type, "combined") if a.sym_name.data == "initial_state" else a
                  for a in recurrence_arguments(layer)]
     summaries = summary_outputs(layer, form, role="workspace")
@@ -164,7 +164,7 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
     missing = {w.sym_name.data for w in read} - {w.sym_name.data for w in workspaces}
     if missing:  # the derivations disagree: the summary scans would read what no prepare wrote
         raise ValueError(f"lower-segment-scan: the state pass reads {sorted(missing)}, which the prepare of "
-                         f"@{entry.source.data}'s chunked schedule does not spill")
+                         f"{entry.source}'s chunked schedule does not spill")
     # the host step: M (but the identity's), N -> the entering states
     combined = make(k3s.SummaryCombineOp, operands=[values.get("M"), values["N"], values["initial_state"]],
                     transition=combine.transition.data)
@@ -173,7 +173,7 @@ def segments_entry(layer: RecurrenceOp, entry: k3s.EntryOp, chunked: k3s.Chunked
         [*arguments, checkpoint_argument(layer, chunked.chunk_size.value.data), *workspaces, *summaries,
          prepare, *summary_scans(layer, state_scan, form, values), combined, finish],
         sym_name=entry.sym_name.data.replace("segment_scan", "chunk_segments"),
-        source=entry.source.data,
+        source=entry.source,
     )
     # the summary scans reload what the one prepare spilled: its workspaces, by name
     rebind(lowered.body, argument_values(list(lowered.body.ops)))
@@ -192,10 +192,9 @@ class LowerSegmentScanPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
-        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for scan in [o for o in op.walk() if isinstance(o, k3s.SegmentScanOp)]:
             entry = scan.parent_op()
-            layer = layers[entry.source.data]
+            layer = entry.layer()
             summary, combine, chunked = scan.body.ops
             form = summary.transition.data
             lowered = [

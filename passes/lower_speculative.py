@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -165,7 +165,8 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     def entry(sym_name: str, arguments: list, kernels: list, **values) -> k3s.EntryOp:
         """The entry of these arguments and kernels, whose stages (cloned from the speculative
         entry) read and write its arguments."""
-        made = make(k3s.EntryOp, [*arguments, *kernels], sym_name=sym_name, source=name, **values)
+        made = make(k3s.EntryOp, [*arguments, *kernels], sym_name=sym_name, source=SymbolRefAttr(name),
+                    **values)
         rebind(made.body, argument_values(list(made.body.ops)))
         return made
 
@@ -271,10 +272,9 @@ class LowerSpeculativePass(ModulePass):
         check_power_of_two("lower-speculative", "block-v", self.block_v)
         check_num_warps("lower-speculative", self.num_warps)
         check_token_stages("lower-speculative", self.token_stages)
-        layers = {o.sym_name.data: o for o in op.ops if isinstance(o, RecurrenceOp)}
         for speculative in [o for o in op.walk() if isinstance(o, k3s.SpeculativeOp)]:
             entry = speculative.parent_op()
-            entries = serving_entries(layers[entry.source.data], speculative, self)
+            entries = serving_entries(entry.layer(), speculative, self)
             if entry.sym_name.data != "speculative":  # a multi-layer module's prefixed names
                 prefix = entry.sym_name.data.removesuffix("speculative")
                 for new in entries:

@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Operation, Region
 from xdsl.passes import ModulePass
 
@@ -132,16 +132,16 @@ class MergeIdenticalKernelsPass(ModulePass):
             if twin is None:
                 originals.append(kernel)
             else:
-                kernel.properties["shares_code_of"] = StringAttr(twin.sym_name.data)
+                kernel.properties["shares_code_of"] = SymbolRefAttr(twin.sym_name)
 
 
 def launching_entries(module: ModuleOp) -> dict[k3s.KernelOp, k3s.EntryOp]:
     """k3s.launching_entry of every outlined kernel of module, in one walk over its entries (the
     first entry that launches a kernel)."""
-    first: dict[str, k3s.EntryOp] = {}
+    first: dict[StringAttr, k3s.EntryOp] = {}
     for entry in module.ops:
         if isinstance(entry, k3s.EntryOp):
             for launch in entry.body.ops:
                 if isinstance(launch, k3s.LaunchOp):
-                    first.setdefault(launch.kernel.data, entry)
-    return {op: first[op.sym_name.data] for op in module.ops if isinstance(op, k3s.KernelOp)}
+                    first.setdefault(launch.kernel.root_reference, entry)
+    return {op: first[op.sym_name] for op in module.ops if isinstance(op, k3s.KernelOp)}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -45,7 +45,7 @@ def outline(kernel: k3s.KernelOp) -> None:
         arg = block.insert_arg(value.type, len(block.args))
         arg.name_hint = value.name_hint
         value.replace_uses_with_if(arg, lambda use: kernel.is_ancestor(use.operation))
-    launch = make(k3s.LaunchOp, kernel=kernel.sym_name.data, operands=values)
+    launch = make(k3s.LaunchOp, kernel=SymbolRefAttr(kernel.sym_name), operands=values)
     Rewriter.insert_op(launch, InsertPoint.before(kernel))
     kernel.detach()
     Rewriter.insert_op(kernel, InsertPoint.before(entry))

@@ -314,7 +314,8 @@ def test_fuse_chunkwise_spills_exactly_what_the_scan_reads(kind):
     entry = chunk_entry(kind, f"derive-chunkwise{{chunk-size={C}}},fuse-chunkwise{{block-v={BLOCK_V}}}")
     assert not any(isinstance(op, k3s.ChunkedOp) for op in entry.walk())
     kernels = [op for op in entry.body.ops if isinstance(op, k3s.KernelOp)]
-    assert [k.grid.data for k in kernels] == ["chunk,value_head", "value_block,sequence_head"]
+    assert [k.axes for k in kernels] == [[k3s.GridAxis.CHUNK, k3s.GridAxis.VALUE_HEAD],
+                                         [k3s.GridAxis.VALUE_BLOCK, k3s.GridAxis.SEQUENCE_HEAD]]
     prepare, scan_kernel = kernels
     spills = [k3s.argument_name(op.workspace) for op in prepare.walk() if isinstance(op, k3s.SpillOp)]
     reloads = [k3s.argument_name(op.workspace) for op in scan_kernel.walk() if isinstance(op, k3s.ReloadOp)]

@@ -80,7 +80,7 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
     spec = next(p for p in RECURRENCES if p.stem == "kda")
     compilation = lower(load_spec(spec))
     kernels = kernel_map(compilation.scheduled)
-    shared = {name: k.shares_code_of.data for name, k in kernels.items() if k.shares_code_of is not None}
+    shared = {name: k.shares_code_of.string_value() for name, k in kernels.items() if k.shares_code_of is not None}
     assert shared == {
         "kda_summary_prepare": "kda_chunk_prepare",
         "kda_segments_prepare": "kda_chunk_prepare",
@@ -122,7 +122,7 @@ def test_summary_prepare_runs_the_chunk_prepares_code(kind, flag):
     if flag is None:
         assert summary.flags is None and summary.shares_code_of is None
     else:
-        assert summary.shares_code_of.data == f"{kind}_chunk_prepare" and not summary.flag_on(flag)
+        assert summary.shares_code_of.string_value() == f"{kind}_chunk_prepare" and not summary.flag_on(flag)
         assert kernels[f"{kind}_chunk_prepare"].flag_on(flag)
 
 
@@ -137,7 +137,7 @@ def test_merge_needs_the_same_code_properties():
     kernels["kda_segments_prepare"].properties.update(props(num_warps=8, block_v=32))
     kernels["kda_segments_scan"].properties.update(props(dots="fp32"))
     MergeIdenticalKernelsPass().apply(Context(), module)
-    assert kernels["kda_segments_prepare"].shares_code_of.data == "kda_chunk_prepare"
+    assert kernels["kda_segments_prepare"].shares_code_of.string_value() == "kda_chunk_prepare"
     assert kernels["kda_segments_scan"].shares_code_of is None
     # no kernel shares the code of one in its own entry, and running it again changes nothing
     before = str(module)
@@ -145,7 +145,7 @@ def test_merge_needs_the_same_code_properties():
     assert str(module) == before
     for kernel in kernels.values():
         if kernel.shares_code_of is not None:
-            assert k3s.launching_entry(kernels[kernel.shares_code_of.data]) is not k3s.launching_entry(kernel)
+            assert k3s.launching_entry(kernels[kernel.code_name()]) is not k3s.launching_entry(kernel)
 
 
 # --- the printer's self-check (kernels.py print_kernel): what each kernel's printed code reads -----

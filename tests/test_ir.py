@@ -118,7 +118,7 @@ def test_lowered_stages_follow_the_member(kind, gate, delta):
     module = schedule(spec, "lower-recurrent").scheduled
     names = [op.name for op in module.walk()]
     entries = [op for op in module.ops if op.name == "k3s.entry"]
-    assert [e.sym_name.data for e in entries] == ["recurrent"] and entries[0].source.data == "m"
+    assert [e.sym_name.data for e in entries] == ["recurrent"] and entries[0].source.string_value() == "m"
     decays = [op for op in module.walk() if op.name == "k3s.decay"]
     assert [d.gate.data for d in decays] == ([gate] if gate else [])
     assert names.count("k3s.delta_correct") == (1 if delta else 0)
@@ -230,7 +230,7 @@ TWO_LAYERS = """builtin.module {
 def test_two_recurrence_layers_lower():
     module = parse(TWO_LAYERS)
     run_pipeline(module, "lower-recurrent")
-    sources = sorted(op.source.data for op in module.ops if op.name == "k3s.entry")
+    sources = sorted(op.source.string_value() for op in module.ops if op.name == "k3s.entry")
     assert sources == ["a", "b"]
 
 
@@ -288,3 +288,43 @@ def test_a_guards_value_read_outside_it_is_refused():
     when.parent_block().insert_op_after(spill, when)
     with pytest.raises(VerifyException, match="%P is read outside it"):
         module.verify()
+
+
+# --- references and grids as typed attributes (issue 39, item 3) -------------------------------
+
+
+def outlined_gla():
+    spec = spec_from_table(dict(name="m", kind="gla", num_heads=1, head_k_dim=4, head_v_dim=4))
+    return schedule(spec, "lower-recurrent,lower-decode,outline-kernels").scheduled
+
+
+@pytest.mark.parametrize("op_name, key, message", [
+    ("k3s.launch", "kernel", "k3s.launch: kernel = @m_recurent: the module has no symbol @m_recurent"),
+    ("k3s.entry", "source", "k3s.entry @recurrent: source = @m_recurent: the module has no symbol @m_recurent"),
+])
+def test_a_misspelt_reference_fails_verify(op_name, key, message):
+    """A pass that writes a reference to no symbol builds IR the verifier refuses, in one line
+    naming the op and the symbol (text: tests/filecheck/verify/symbol_references.mlir)."""
+    from xdsl.dialects.builtin import SymbolRefAttr
+    from xdsl.utils.exceptions import VerifyException
+
+    module = outlined_gla()
+    module.verify()
+    next(op for op in module.walk() if op.name == op_name).properties[key] = SymbolRefAttr("m_recurent")
+    with pytest.raises(VerifyException) as raised:
+        module.verify()
+    assert str(raised.value) == message
+
+
+def test_an_unknown_grid_axis_is_refused_where_a_kernel_is_built():
+    """A grid is a list of GridAxis words: a pass naming an axis that does not exist fails where
+    it builds the kernel, in one line listing the axes (text: tests/filecheck/verify/k3s_values.mlir)."""
+    from k3compile.ir import k3s
+    from k3compile.passes.common import props
+
+    with pytest.raises(ValueError) as raised:
+        props(k3s.KernelOp, grid=[k3s.GridAxis.CHUNK, "value_hed"])
+    assert str(raised.value) == ("k3s.kernel: property 'grid' takes a list [...] of "
+                                 f"{', '.join(k3s.GridAxis)}; got value_hed")
+    grid = props(k3s.KernelOp, grid=[k3s.GridAxis.CHUNK, "value_head"])["grid"]
+    assert [axis.data for axis in grid] == [k3s.GridAxis.CHUNK, k3s.GridAxis.VALUE_HEAD]

@@ -20,7 +20,8 @@ from k3compile.ir.k3s.gram import GRAM_OPERANDS
 
 TEXT = """\
 builtin.module {
-  k3s.entry @chunk <source = r> {
+  k3.recurrence @r <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @chunk <source = @r> {
     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 2 x 8, float>
@@ -29,7 +30,7 @@ builtin.module {
     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<2, float>
     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<16, float>
     %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
-    k3s.kernel @r_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @r_chunk_prepare <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %qt = k3s.load_chunk %q : !k3s.tile<C x K>
       %kt = k3s.load_chunk %k : !k3s.tile<C x K>

@@ -198,7 +198,8 @@ def test_router_slices_the_hidden_columns(compile_layer, schedule):
                           top_k=3, expert_ffn_dim=20, num_shared_experts=1, shared_ffn_dim=12,
                           activation="situ_glu", dtype="float32")
     slices = {op.max_rows.value.data: op.hidden_slices.value.data for op in layer.compilation.scheduled.walk()
-              if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == f"{layer_name(p)}_{schedule}_router_logits"}
+              if isinstance(op, k3s.LaunchByRowsOp)
+              and op.kernel.string_value() == f"{layer_name(p)}_{schedule}_router_logits"}
     assert slices[16] == 3 and slices[128] == 2, slices
     for R in (5, 37):
         torch.manual_seed(R)

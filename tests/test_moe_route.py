@@ -126,8 +126,8 @@ def logit_tiles(layer) -> list[tuple[int | None, int, int, int, int]]:
     ops = list(layer.compilation.scheduled.walk())
     kernel = next(op for op in ops if isinstance(op, k3s.KernelOp) and op.sym_name.data.endswith("_router_logits"))
     sizes = ("block_r", "block_e", "block_d", "hidden_slices")
-    launches = [(op.max_rows.value.data, *(op.properties[key].value.data for key in sizes)) for op in ops
-                if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+    launches = [(op.max_rows.value.data, *(op.properties[key].value.data for key in sizes))
+                for op in ops if isinstance(op, k3s.LaunchByRowsOp) and op.applies_to(kernel)]
     return [*launches, (None, *(kernel.properties[key].value.data for key in sizes))]
 
 

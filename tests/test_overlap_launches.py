@@ -33,7 +33,7 @@ def shape(ops) -> list[str]:
     out = []
     for op in ops:
         if isinstance(op, k3s.LaunchOp):
-            out.append(op.kernel.data.removeprefix("overlap_") + ("*" if k3s.on_side_stream(op) else ""))
+            out.append(op.kernel.string_value().removeprefix("overlap_") + ("*" if k3s.on_side_stream(op) else ""))
         else:
             out.append(op.name.removeprefix("k3s."))
     return out

@@ -141,7 +141,7 @@ def test_summary_prepare_skips_the_guarded_stages(kind, fresh_seed):
     MergeIdenticalKernelsPass().apply(Context(), module)
     summary, chunk = entry_kernels(module, "segment_summary")[0], entry_kernels(module, "chunk")[0]
     (flag,) = summary.flags.data
-    assert summary.shares_code_of.data == chunk.sym_name.data
+    assert summary.code_name() == chunk.sym_name.data
     assert not summary.flag_on(flag) and chunk.flag_on(flag)
     x = proof_inputs(random.Random(fresh_seed), layer_op, 7)
 

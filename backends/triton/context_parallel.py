@@ -39,10 +39,10 @@ def cp_entries(module: ModuleOp) -> tuple[k3s.EntryOp | None, ...] | None:
     or None: context parallelism needs the first two, its backward the last two (else None, None)."""
     entries = {op.sym_name.data: op for op in module.ops if isinstance(op, k3s.EntryOp)}
     found = tuple(entries.get(name) for name in CP_ENTRIES)
-    if None in found or len({entry.source.data for entry in found}) != 1:
+    if None in found or len({entry.source for entry in found}) != 1:
         return None
     backward = tuple(entries.get(name) for name in CP_BACKWARD_ENTRIES)
-    if None in backward or {entry.source.data for entry in backward} != {found[0].source.data}:
+    if None in backward or {entry.source for entry in backward} != {found[0].source}:
         backward = (None, None)
     return found + backward
 
@@ -56,17 +56,16 @@ def plain_name(cp, entry: k3s.EntryOp) -> str | None:
     return None
 
 
-def print_context_parallel(printer, module: ModuleOp, cp) -> None:
+def print_context_parallel(printer, cp) -> None:
     """Print the runtime, its instance for this layer and the `chunk` wrapper (after every entry:
     the instance holds _chunk_single and chunk_segments), and the `chunk_backward` one."""
     from k3compile.backends.triton.printer import EntryView, launch_table_name
-    from k3compile.ir.k3 import RecurrenceOp
 
     c = printer.code
     chunk_view, segments_entry = EntryView(cp[0]), cp[1]
     backward_view = EntryView(cp[2]) if cp[2] is not None else None
     chunk = chunk_view.entry
-    layer = next(op for op in module.ops if isinstance(op, RecurrenceOp) and op.sym_name.data == chunk.source.data)
+    layer = chunk.layer()
     # the per-token inputs (split with the tokens); beside them: scalars, A_log / dt_bias, absent inputs
     tokens = [t.sym_name.data for t in chunk_view.tensors if t.role.data == "input" and "T" in t.type.dims]
     handled = {"initial_state", "cu_seqlens", "final_state", *tokens}  # the runtime maps them to segments / ranks
@@ -89,7 +88,7 @@ def print_context_parallel(printer, module: ModuleOp, cp) -> None:
     if backward_view is not None:  # the plain backward, its segments entry, the names of what they return
         returned = [t.sym_name.data for t in backward_view.tensors if t.role.data in ("output", "optional_output")]
         backward = f"({PLAIN_BACKWARD}, chunk_backward_segments, {tuple(returned)!r})"
-    c(f"# k3s.entry @chunk <source = {chunk.source.data}> with context parallelism: transition {transition}, "
+    c(f"# k3s.entry @chunk <source = {chunk.source}> with context parallelism: transition {transition}, "
       f"states {layer.state_layout.data}",
       f"_CHUNK_CP = _ContextParallel({PLAIN_CHUNK}, chunk_segments, {transition!r}, {vk}, "
       f"{state_shape!r}, {chunk_size}, {scan_programs}, {tuned}, {backward})", "", "")
@@ -157,7 +156,7 @@ def print_plain_and_check(printer, entry: str, plain_entry: str, view, checked: 
             if arg.role.data == "input":
                 c(f'_check_tensor("{name}", {name}, "{arg.type.pattern}", "{arg.type.dtype_class}", dims, {device})')
             elif arg.role.data == "forbidden":
-                c(f'_check_none("{name}", {name}, "k3 op @{view.entry.source.data} has no {name} input")')
+                c(f'_check_none("{name}", {name}, "k3 op {view.entry.source} has no {name} input")')
         c("return dims")
 
 

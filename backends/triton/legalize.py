@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -249,12 +249,11 @@ def launches_by_rows(kernel: k3s.KernelOp) -> Rows:
 
 def add_launches_by_rows(kernel: k3s.KernelOp) -> None:
     """k3s.launch_by_rows after the kernel for its block sizes at fewer rows (replacing any)."""
-    name = kernel.sym_name.data
     anchor = k3s.launch_site(kernel)
-    for old in [o for o in anchor.parent_op().body.ops if isinstance(o, k3s.LaunchByRowsOp) and o.kernel.data == name]:
+    for old in k3s.launch_by_rows_ops(anchor.parent_op(), kernel):
         Rewriter.erase_op(old)
     for most, sizes in launches_by_rows(kernel)[:-1]:  # the last is the kernel's own
-        launch = make(k3s.LaunchByRowsOp, kernel=name, max_rows=most, **sizes)
+        launch = make(k3s.LaunchByRowsOp, kernel=SymbolRefAttr(kernel.sym_name), max_rows=most, **sizes)
         Rewriter.insert_op(launch, InsertPoint.after(anchor))
         anchor = launch
 

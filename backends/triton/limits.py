@@ -96,7 +96,7 @@ def check_heads(layer: RecurrenceOp, kernels: list[k3s.KernelOp], source: str) -
     """A kernel of one program per value head (or per sequence and value head) on grid axis 1
     launches at least num_v_heads programs there."""
     heads = layer.num_v_heads.value.data
-    on_axis_1 = [k for k in kernels if {"value_head", "sequence_head"} & set(k.axes[1:])]
+    on_axis_1 = [k for k in kernels if {k3s.GridAxis.VALUE_HEAD, k3s.GridAxis.SEQUENCE_HEAD} & set(k.axes[1:])]
     if on_axis_1 and heads > MAX_GRID_AXIS:
         raise exceeds(source, "num_v_heads", heads, MAX_GRID_AXIS,
                       f"num_heads when not given; kernel @{on_axis_1[0].sym_name.data} launches a program per "
@@ -106,10 +106,9 @@ def check_heads(layer: RecurrenceOp, kernels: list[k3s.KernelOp], source: str) -
 def check_limits(module: ModuleOp, source: str) -> None:
     """Raise UnsupportedError ("<source>: key 'head_k_dim' = ... exceeds ...") if a kernel of the
     scheduled module cannot hold its layer."""
-    layers = {op.sym_name.data: op for op in module.ops if isinstance(op, RecurrenceOp)}
     for entry in [op for op in module.ops if isinstance(op, k3s.EntryOp)]:
         kernels = k3s.entry_kernels(entry)
         for kernel in kernels:
             check_kernel(kernel, source)
-        if entry.source.data in layers:
-            check_heads(layers[entry.source.data], kernels, source)
+        if isinstance(layer := entry.layer(), RecurrenceOp):
+            check_heads(layer, kernels, source)

@@ -84,6 +84,7 @@ K3S = Dialect(
         ArgDtypeAttr,
         ArgRoleAttr,
         KernelDotsAttr,
+        GridAxisAttr,
         StateHomeAttr,
         StateStartAttr,
         MaskAttr,

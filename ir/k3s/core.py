@@ -1,13 +1,17 @@
 """What every k3s schedule's entries are made of: the entries (the compiled module's Python
 functions), their arguments (values the kernels they launch read and write) and the tensors an
-entry lacks. Kernels and their launches are in kernels.py; the types of values in types.py."""
+entry lacks; and how an op refers to another op of the module (ReferencesSymbols: a symbol
+reference, verified by lookup). Kernels and their launches are in kernels.py; the types of
+values in types.py."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
-from xdsl.dialects.builtin import I64, Float32Type, FloatAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import (I64, FlatSymbolRefAttrConstr, Float32Type, FloatAttr, IntegerAttr, StringAttr,
+                                   SymbolRefAttr)
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
@@ -17,7 +21,9 @@ from xdsl.irdl import (
     result_def,
     traits_def,
 )
-from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
+from xdsl.traits import (HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable,
+                         SymbolUserOpInterface)
+from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3s.types import TensorType
@@ -40,6 +46,43 @@ class ArgRoleAttr(EnumAttribute[ArgRole], SpacedOpaqueSyntaxAttribute):
     name = "k3s.arg_role"
 
 
+@dataclass(frozen=True)
+class ReferencesSymbols(SymbolUserOpInterface):
+    """An op whose properties refer to other ops of the module (flat symbol references: `kernel =
+    @kda_chunk_prepare`), each to an op of one kind: an op name (`k3s.kernel`) or a dialect (`k3`:
+    the layer op an entry was lowered from). Verified as MLIR verifies symbol uses: each is looked
+    up in the nearest symbol table above the op (the module); an op outside one is left alone,
+    as HasParent leaves a lone op."""
+
+    kinds: tuple[tuple[str, str], ...]  # (property, the op name or dialect it refers to)
+
+    def __init__(self, **kinds: str):
+        object.__setattr__(self, "kinds", tuple(kinds.items()))
+
+    def verify(self, op: Operation) -> None:
+        table = op.parent_op()
+        while table is not None and not table.has_trait(SymbolTable):
+            table = table.parent_op()
+        if table is None:
+            return
+        where = op.name + (f" @{op.properties['sym_name'].data}" if "sym_name" in op.properties else "")
+        for key, kind in self.kinds:
+            if (reference := op.properties.get(key)) is None:
+                continue  # an optional reference left out
+            target = SymbolTable.lookup_symbol(table, reference)
+            if target is None:
+                raise VerifyException(f"{where}: {key} = {reference}: the module has no symbol {reference}")
+            if kind not in (target.name, target.dialect_name()):
+                raise VerifyException(f"{where}: {key} = {reference} is a {target.name}, not a "
+                                      f"{kind if '.' in kind else kind + ' op'}")
+
+
+def referenced_op(op: Operation, reference: SymbolRefAttr) -> Operation:
+    """The op of the module a (verified) reference of op refers to."""
+    target = SymbolTable.lookup_symbol(op, reference)
+    if target is None:
+        raise VerifyException(f"{op.name}: the module has no symbol {reference}")
+    return target
 
 
 @irdl_op_definition
@@ -48,11 +91,15 @@ class EntryOp(KeywordSyntax):
 
     name = "k3s.entry"
     sym_name = prop_def(StringAttr)
-    source = prop_def(StringAttr)  # the k3 op this entry was lowered from
+    source = prop_def(FlatSymbolRefAttrConstr)  # the k3 op this entry was lowered from
     max_sources = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol S
     max_tokens = opt_prop_def(IntegerAttr[I64])  # upper bound on the shape symbol T
     body = region_def("single_block")
-    traits = traits_def(SymbolOpInterface(), NoTerminator(), IsolatedFromAbove())
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), IsolatedFromAbove(), ReferencesSymbols(source="k3"))
+
+    def layer(self) -> Operation:
+        """The k3 op it was lowered from."""
+        return referenced_op(self, self.source)
 
 
 @irdl_op_definition
@@ -64,13 +111,13 @@ class EntryByRowsOp(KeywordSyntax):
 
     name = "k3s.entry_by_rows"
     sym_name = prop_def(StringAttr)
-    source = prop_def(StringAttr)  # the k3 op its entries were lowered from
-    small = prop_def(StringAttr)  # the entry for few rows
-    large = prop_def(StringAttr)
+    source = prop_def(FlatSymbolRefAttrConstr)  # the k3 op its entries were lowered from
+    small = prop_def(FlatSymbolRefAttrConstr)  # the entry for few rows
+    large = prop_def(FlatSymbolRefAttrConstr)
     small_word = prop_def(StringAttr)  # what `schedule` names each by
     large_word = prop_def(StringAttr)
     max_small_rows = prop_def(IntegerAttr[I64])
-    traits = traits_def(SymbolOpInterface())
+    traits = traits_def(SymbolOpInterface(), ReferencesSymbols(source="k3", small=EntryOp.name, large=EntryOp.name))
 
 
 @irdl_op_definition

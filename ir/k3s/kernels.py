@@ -9,7 +9,8 @@ import itertools
 import re
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, BoolAttr, DictionaryAttr, ModuleOp, IntegerAttr, StringAttr, i1
+from xdsl.dialects.builtin import (I64, ArrayAttr, BoolAttr, DictionaryAttr, FlatSymbolRefAttrConstr, ModuleOp,
+                                   IntegerAttr, StringAttr, i1)
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import BlockArgument, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
@@ -26,7 +27,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3s.types import is_power_of_two
-from k3compile.ir.k3s.core import AbsentTensorOp, EntryOp, ScalarArgOp, TensorArgOp
+from k3compile.ir.k3s.core import (AbsentTensorOp, EntryOp, ReferencesSymbols, ScalarArgOp, TensorArgOp,
+                                   referenced_op)
 from k3compile.ir.syntax import KeywordSyntax
 
 
@@ -71,6 +73,14 @@ class GridAxis(Word):
     INPUT_BLOCK = "input_block"  # a block of a weight's input columns
     COLUMN_BLOCK = "column_block"  # a block of output columns
     ONE = "one"  # a single program
+
+
+@irdl_attr_definition
+class GridAxisAttr(EnumAttribute[GridAxis], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.grid_axis"
+
+
+MAX_GRID_AXES = 3  # a CUDA grid's dimensions
 
 
 # --- sizes known only at run time ----------------------------------------------------------
@@ -129,13 +139,13 @@ class KernelOp(KeywordSyntax):
     reading the entry's arguments directly; outline-kernels then makes it a symbol (as MLIR's
     gpu.launch bodies become gpu.func by outlining).
 
-    `grid` names the parallel axes, fastest first, comma-separated: each a GridAxis (value_block,
-    sequence_head, chunk, ..., verified); `axes` is the list.
+    `grid` lists the parallel axes, fastest first, each a GridAxis at most once (`grid =
+    [chunk, value_head]`); `axes` is the list as GridAxis words.
     """
 
     name = "k3s.kernel"
     sym_name = prop_def(StringAttr)
-    grid = prop_def(StringAttr)
+    grid = prop_def(ArrayAttr[GridAxisAttr])
     num_warps = prop_def(IntegerAttr[I64])
     num_stages = opt_prop_def(IntegerAttr[I64])  # software-pipelining depth of its loops (Triton's default if absent)
     # the operands of its chunk stages' matrix products: absent, those of the input dtype (bf16
@@ -169,9 +179,10 @@ class KernelOp(KeywordSyntax):
     max_rows = opt_prop_def(IntegerAttr[I64])
     # another kernel of the module whose code this one runs (merge-identical-kernels: the same
     # body and properties): printed once, launched from both entries with their own configs
-    shares_code_of = opt_prop_def(StringAttr)
+    shares_code_of = opt_prop_def(FlatSymbolRefAttrConstr)
     body = region_def("single_block")
-    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp, ModuleOp), IsolatedOnceOutlined())
+    traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp, ModuleOp), IsolatedOnceOutlined(),
+                        ReferencesSymbols(shares_code_of="k3s.kernel"))
 
     def is_outlined(self) -> bool:
         return isinstance(self.parent_op(), ModuleOp)
@@ -182,12 +193,17 @@ class KernelOp(KeywordSyntax):
     @property
     def axes(self) -> list[GridAxis]:
         """The grid's axes, fastest first."""
-        return [GridAxis(axis) for axis in self.grid.data.split(",")]
+        return [axis.data for axis in self.grid]
+
+    def code_name(self) -> str:
+        """The kernel whose code it runs: its own, or that of the kernel it shares code with."""
+        return (self.sym_name if self.shares_code_of is None else self.shares_code_of.root_reference).data
 
     def verify_(self) -> None:
-        if unknown := [a for a in self.grid.data.split(",") if a not in GridAxis.__members__.values()]:
-            raise VerifyException(f"{self.name} @{self.sym_name.data}: unknown grid axis {unknown[0]!r}; allowed: "
-                                  f"{', '.join(GridAxis)}")
+        axes = self.axes
+        if not 1 <= len(axes) <= MAX_GRID_AXES or len(set(axes)) != len(axes):
+            raise VerifyException(f"{self.name} @{self.sym_name.data}: its grid must list 1 to {MAX_GRID_AXES} "
+                                  f"distinct axes, got [{', '.join(axes)}]")
         warps = self.num_warps.value.data
         if not is_power_of_two(warps) or warps > MAX_NUM_WARPS:
             raise VerifyException(
@@ -257,23 +273,22 @@ class WhenOp(KeywordSyntax):
 
 @irdl_op_definition
 class LaunchOp(KeywordSyntax):
-    """`k3s.launch @kernel %q, %k, ...`: the entry runs the module's kernel @kernel on its values,
-    one for each of the kernel's arguments, in order, of the same types."""
+    """`k3s.launch @kernel %q, %k, ...`: the entry runs the module's kernel @kernel (a symbol
+    reference, printed in the symbol's place) on its values, one for each of the kernel's
+    arguments, in order, of the same types."""
 
     name = "k3s.launch"
     SYMBOL_PROP: ClassVar[str] = "kernel"
-    kernel = prop_def(StringAttr)
+    kernel = prop_def(FlatSymbolRefAttrConstr)
     side_stream = opt_prop_def(BoolAttr)  # true: on the side stream of the k3s.fork_streams before it
     arguments = var_operand_def()
-    traits = traits_def(HasParent(EntryOp))
+    traits = traits_def(HasParent(EntryOp), ReferencesSymbols(kernel=KernelOp.name))
 
     def callee(self) -> KernelOp:
-        module = self.parent_op().parent_op()
-        kernel = next((op for op in module.ops if isinstance(op, KernelOp) and op.sym_name.data == self.kernel.data),
-                      None)
-        if kernel is None:
-            raise VerifyException(f"{self.name} @{self.kernel.data}: the module has no such kernel")
-        return kernel
+        return referenced_op(self, self.kernel)
+
+    def runs(self, kernel: KernelOp) -> bool:
+        return self.kernel.root_reference == kernel.sym_name
 
     def verify_(self) -> None:
         if not isinstance(self.parent_op(), EntryOp) or not isinstance(self.parent_op().parent_op(), ModuleOp):
@@ -281,7 +296,7 @@ class LaunchOp(KeywordSyntax):
         params = self.callee().body.block.args
         got = [v.type for v in self.arguments]
         if got != [p.type for p in params]:
-            raise VerifyException(f"{self.name} @{self.kernel.data}: passes {len(got)} values of types "
+            raise VerifyException(f"{self.name} {self.kernel}: passes {len(got)} values of types "
                                   f"{', '.join(map(str, got))}; the kernel takes {len(params)}: "
                                   f"{', '.join(str(p.type) for p in params)}")
 
@@ -313,10 +328,12 @@ class LaunchByRowsOp(KeywordSyntax):
     of more rows launch with the kernel's own. A backend's legalization writes them (a few rows
     spread over more programs in narrower tiles than many). hidden_slices, of a kernel with a
     hidden_slice grid axis: the slices of the hidden columns at those calls, the shape symbol HS
-    (any positive count; absent: the kernel's own)."""
+    (any positive count; absent: the kernel's own). `kernel = @name` refers to a kernel built in
+    the entry (before outline-kernels, no symbol table holds it) or launched: the verifier looks
+    for it among the entry's ops before this one."""
 
     name = "k3s.launch_by_rows"
-    kernel = prop_def(StringAttr)
+    kernel = prop_def(FlatSymbolRefAttrConstr)
     max_rows = prop_def(IntegerAttr[I64])
     block_r = opt_prop_def(IntegerAttr[I64])
     block_e = opt_prop_def(IntegerAttr[I64])
@@ -326,8 +343,11 @@ class LaunchByRowsOp(KeywordSyntax):
     hidden_slices = opt_prop_def(IntegerAttr[I64])
     traits = traits_def(HasParent(EntryOp))
 
+    def applies_to(self, kernel: KernelOp) -> bool:
+        return self.kernel.root_reference == kernel.sym_name
+
     def verify_(self) -> None:
-        where = f"{self.name} <kernel = {self.kernel.data}, max_rows = {self.max_rows.value.data}>"
+        where = f"{self.name} <kernel = {self.kernel}, max_rows = {self.max_rows.value.data}>"
         if self.max_rows.value.data < 1:
             raise VerifyException(f"{where}: max_rows must be positive")
         for key in ("block_r", "block_e", "block_d", "block_n", "num_warps"):
@@ -340,17 +360,23 @@ class LaunchByRowsOp(KeywordSyntax):
         if block is None:  # HasParent reports a lone op
             return
         before = list(itertools.takewhile(lambda op: op is not self, block.ops))
-        if not any(isinstance(op, (KernelOp, LaunchOp)) and launched_kernel(op) == self.kernel.data for op in before):
-            raise VerifyException(f"{where}: no kernel @{self.kernel.data} launched before it in its entry")
+        if not any(isinstance(op, (KernelOp, LaunchOp)) and launched_kernel(op) == self.kernel.root_reference
+                   for op in before):
+            raise VerifyException(f"{where}: no kernel {self.kernel} launched before it in its entry")
         earlier = [op.max_rows.value.data for op in before
-                   if isinstance(op, LaunchByRowsOp) and op.kernel.data == self.kernel.data]
+                   if isinstance(op, LaunchByRowsOp) and op.kernel == self.kernel]
         if earlier and earlier[-1] >= self.max_rows.value.data:
             raise VerifyException(f"{where}: max_rows must increase along a kernel's launch_by_rows ops")
 
 
-def launched_kernel(op: KernelOp | LaunchOp) -> str:
+def launched_kernel(op: KernelOp | LaunchOp) -> StringAttr:
     """The name of the kernel an entry's op runs: a kernel built in the entry, or a launch."""
-    return op.kernel.data if isinstance(op, LaunchOp) else op.sym_name.data
+    return op.kernel.root_reference if isinstance(op, LaunchOp) else op.sym_name
+
+
+def launch_by_rows_ops(entry: EntryOp, kernel: KernelOp) -> list[LaunchByRowsOp]:
+    """The k3s.launch_by_rows ops of an entry that apply to one of the kernels it runs, in order."""
+    return [op for op in entry.body.ops if isinstance(op, LaunchByRowsOp) and op.applies_to(kernel)]
 
 
 def entry_kernels(entry: EntryOp) -> list[KernelOp]:
@@ -371,17 +397,15 @@ def launching_entry(kernel: KernelOp) -> EntryOp:
     """The entry that runs a kernel: the one it was built in, or the first that launches it."""
     if not kernel.is_outlined():
         return kernel.parent_op()
-    name = kernel.sym_name.data
     return next(entry for entry in kernel.parent_op().ops if isinstance(entry, EntryOp)
-                and any(isinstance(op, LaunchOp) and op.kernel.data == name for op in entry.body.ops))
+                and any(isinstance(op, LaunchOp) and op.runs(kernel) for op in entry.body.ops))
 
 
 def launch_site(kernel: KernelOp) -> KernelOp | LaunchOp:
     """The op of its entry that runs a kernel: the kernel itself if built there, else its launch."""
     if not kernel.is_outlined():
         return kernel
-    name = kernel.sym_name.data
-    return next(op for op in launching_entry(kernel).body.ops if isinstance(op, LaunchOp) and op.kernel.data == name)
+    return next(op for op in launching_entry(kernel).body.ops if isinstance(op, LaunchOp) and op.runs(kernel))
 
 
 def passed_value(value: SSAValue) -> SSAValue:

@@ -19,7 +19,7 @@ from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def, tra
 from xdsl.traits import HasParent, MemoryReadEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
+from k3compile.ir.k3s.kernels import GridAxis, KernelOp, RuntimeSizesInterface
 from k3compile.ir.k3s.types import TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -44,7 +44,7 @@ class RouterLogitsOp(KeywordSyntax, RuntimeSizesInterface):
 
     def verify_(self) -> None:
         kernel = self.parent_op()
-        if isinstance(kernel, KernelOp) and "hidden_slice" not in kernel.axes:
+        if isinstance(kernel, KernelOp) and GridAxis.HIDDEN_SLICE not in kernel.axes:
             raise VerifyException(f"{self.name} in @{kernel.sym_name.data}: its kernel's grid has no hidden_slice "
                                   "axis (the slice of the hidden columns its programs sum over)")
 

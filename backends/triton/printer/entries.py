@@ -103,7 +103,7 @@ class Entries:
             self.print_entry(view, context_parallel.plain_name(cp, entry))
         if cp:
             c("", "")
-            context_parallel.print_context_parallel(self, module, cp)
+            context_parallel.print_context_parallel(self, cp)
         choices = [op for op in module.ops if isinstance(op, k3s.EntryByRowsOp)]
         for choice in choices:
             c("", "")
@@ -125,7 +125,7 @@ class Entries:
         if unlowered or not view.kernels:
             what = f"its schedule {unlowered[0]} is not grouped into kernels" if unlowered else "it has no kernels"
             hint = KERNEL_GROUPINGS.get(unlowered[0] if unlowered else "", "no pass groups it into kernels yet")
-            raise UnsupportedError(f"entry @{entry.sym_name.data} of @{entry.source.data}: {what} ({hint})")
+            raise UnsupportedError(f"entry @{entry.sym_name.data} of {entry.source}: {what} ({hint})")
         params = []
         for arg in view.args:
             name = arg.sym_name.data
@@ -151,7 +151,7 @@ class Entries:
         self.signatures[entry.sym_name.data] = params
         c(f"def {def_name or entry.sym_name.data}({', '.join(params)}):")
         with c.indent():
-            c(f'"""{describe(entry)}, lowered from k3 op @{entry.source.data}.', "")
+            c(f'"""{describe(entry)}, lowered from k3 op {entry.source}.', "")
             c("Arguments (shapes in the symbols of the schedule IR, `k3c ir`):")
             for arg in view.args:
                 if isinstance(arg, k3s.ScalarArgOp):
@@ -224,7 +224,7 @@ class Entries:
 
     def print_entry_by_rows(self, op: k3s.EntryByRowsOp) -> None:
         c = self.code
-        small, large = op.small.data, op.large.data
+        small, large = op.small.string_value(), op.large.string_value()
         params = self.signatures[large]
         if self.signatures[small] != params:
             raise ValueError(f"entry_by_rows @{op.sym_name.data}: @{small} and @{large} take different arguments")
@@ -279,7 +279,7 @@ class Entries:
                     other = arg.distinct_from.data
                     c(f'_check_distinct("{name}", {name}, "{other}", {other})')
             elif role == "forbidden":
-                c(f'_check_none("{name}", {name}, "k3 op @{view.entry.source.data} has no {name} input")')
+                c(f'_check_none("{name}", {name}, "k3 op {view.entry.source} has no {name} input")')
             else:
                 c(f"if {name} is not None:")
                 with c.indent():
@@ -293,7 +293,7 @@ class Entries:
             depth = next(int(view.dims(b)[1]) for b in ("cache", "snapshots") if b in view.names)
             c(f'_check_counts("accepted", accepted, {depth}, check_indices)')
         heads = {self.kernel_constants(k, view).get("HV") for k in view.kernels
-                 if "sequence_head" in k.axes[1:]}
+                 if k3s.GridAxis.SEQUENCE_HEAD in k.axes[1:]}
         rows = "state_indices" if "state_indices" in view.names else first  # what sets the sequence count
         for HV in sorted(heads - {None}):
             c(f'_check_grid_axis("{rows}", dims["N"], {HV})')
@@ -360,7 +360,8 @@ class Entries:
     def rows_bounds(kernel: k3s.KernelOp) -> list[str]:
         """The conditions on the call's token rows under which the entry launches the kernel
         (its min_rows, max_rows)."""
-        token_rows = {"row", "row_group", "row_query_block", "row_group_query_block", "row_group_all_queries"}
+        token_rows = {k3s.GridAxis.ROW, k3s.GridAxis.ROW_GROUP, k3s.GridAxis.ROW_QUERY_BLOCK,
+                      k3s.GridAxis.ROW_GROUP_QUERY_BLOCK, k3s.GridAxis.ROW_GROUP_ALL_QUERIES}
         rows = 'dims["B"] * dims["T"]' if token_rows & set(kernel.axes) else 'dims["R"]'
         return ([f"{rows} >= {kernel.min_rows.value.data}"] if kernel.min_rows is not None else []) + \
             ([f"{rows} <= {kernel.max_rows.value.data}"] if kernel.max_rows is not None else [])
@@ -383,13 +384,13 @@ class Entries:
             for name in LAUNCH_CONSTANTS:
                 if name in default:
                     c(f'{name} = launch["{name}"]')
-        if "chunk" in axes:
+        if k3s.GridAxis.CHUNK in axes:
             first = view.tensors[0].sym_name.data
             offsets = "cu_seqlens" if "cu_seqlens" in view.names else "None"  # a verify: rows of a batch
             c(f"num_chunks, chunk_table = _chunks({offsets}, dims, BC, {first}.device)")
         grid = ", ".join(self.GRID_AXES[axis] for axis in axes)
         c(f"grid = ({grid}{',' if len(axes) == 1 else ''})")
-        code = kernel.shares_code_of.data if kernel.shares_code_of is not None else kernel.sym_name.data
+        code = kernel.code_name()
         arguments = {param_name(param): arg for param, arg in self.kernel_params(kernel, view)}
         params = [param_name(param) for param in self.kernel_code[code][0]]
         c(f"if {' and '.join(['all(grid)', *self.rows_bounds(kernel)])}:")
@@ -406,11 +407,10 @@ class Entries:
                         c('num_warps=launch["num_warps"],')
                         if kernel.num_stages is not None:
                             c('num_stages=launch["num_stages"],')
-                        if "chunk" in axes:  # a tuned cap on the token-parallel kernels' registers (None: none)
+                        if k3s.GridAxis.CHUNK in axes:  # a tuned cap on the token-parallel kernels' registers (None: none)
                             c('maxnreg=launch.get("maxnreg"),')
                     else:
-                        by_rows = any(isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data
-                                      and op.num_warps is not None for op in view.entry.body.ops)
+                        by_rows = any(op.num_warps is not None for op in k3s.launch_by_rows_ops(view.entry, kernel))
                         c(f"num_warps={'num_warps' if by_rows else kernel.num_warps.value.data},")
                         if kernel.num_stages is not None:
                             c(f"num_stages={kernel.num_stages.value.data},")

@@ -223,7 +223,7 @@ class Kernels:
     def read_kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
         params = [(arg.name_hint, "None" if isinstance(passed.owner, k3s.AbsentTensorOp) else tensor_name(passed))
                   for arg, passed in zip(kernel.body.block.args, k3s.launch_site(kernel).operands, strict=True)]
-        if "chunk" in kernel.axes:
+        if k3s.GridAxis.CHUNK in kernel.axes:
             params.append(("chunk_table", "chunk_table"))
         # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
         rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
@@ -254,7 +254,7 @@ class Kernels:
         c = self.code
         self.view, self.kernel = view, kernel
         self.code = body = Code(level=1)
-        body(f'"""{describe(kernel)}, from k3 op @{view.entry.source.data}."""')
+        body(f'"""{describe(kernel)}, from k3 op {view.entry.source}."""')
         for axis_index, axis in enumerate(kernel.axes):
             getattr(self, f"print_axis_{axis}")(axis_index)
         self.print_ops(kernel)
@@ -275,10 +275,10 @@ class Kernels:
                              f"which entry @{view.entry.sym_name.data} does not have")
         params = [param for param, _ in all_params if param_name(param) in uses.read]
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
-            twin_params, twin_code = self.kernel_code[kernel.shares_code_of.data]
+            twin_params, twin_code = self.kernel_code[kernel.code_name()]
             if sorted(twin_params) != sorted(params) or not twin_code.same_as(printed):
                 raise ValueError(f"kernel @{kernel.sym_name.data} of @{view.entry.sym_name.data} shares the code "
-                                 f"of @{kernel.shares_code_of.data}, but its code differs (merge-identical-kernels)")
+                                 f"of {kernel.shares_code_of}, but its code differs (merge-identical-kernels)")
             return
         self.kernel_code[kernel.sym_name.data] = (params, printed)
         c("@triton.jit", f"def {self.kernel_name(kernel.sym_name.data)}(")

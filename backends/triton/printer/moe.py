@@ -32,11 +32,10 @@ class MoE:
         """dims["HS"]: the hidden slices of the entry's router kernel at the call's rows, those of
         the first of its k3s.launch_by_rows ops that holds R, else its own. Set with the other
         sizes, before the allocations: the partial logits' workspace has HS planes."""
-        kernel = next(k for k in view.kernels if "hidden_slice" in k.axes)
+        kernel = next(k for k in view.kernels if k3s.GridAxis.HIDDEN_SLICE in k.axes)
         own = kernel.hidden_slices.value.data
         launches = [(op.max_rows.value.data, own if op.hidden_slices is None else op.hidden_slices.value.data)
-                    for op in view.entry.body.ops
-                    if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+                    for op in k3s.launch_by_rows_ops(view.entry, kernel)]
         # a launch with the slices of the next (or the kernel's own, after the last) changes nothing
         launches = [(most, count) for (most, count), after in zip(launches, [*launches[1:], (None, own)])
                     if count != after[1]]
@@ -50,8 +49,7 @@ class MoE:
 
     def print_launch_by_rows(self, kernel: k3s.KernelOp, view: EntryView) -> None:
         """The block sizes of the kernel's k3s.launch_by_rows ops, chosen by the call's rows."""
-        launches = [op for op in view.entry.body.ops
-                    if isinstance(op, k3s.LaunchByRowsOp) and op.kernel.data == kernel.sym_name.data]
+        launches = k3s.launch_by_rows_ops(view.entry, kernel)
         if any(launch.num_warps is not None for launch in launches):  # the launch passes num_warps=num_warps
             self.code(f"num_warps = {kernel.num_warps.value.data}")
         for index, launch in enumerate(launches):

@@ -235,7 +235,7 @@ class MoeBackward:
 
     def print_k3s_store_pair_dot(self, op: k3s.StorePairDotOp) -> None:
         partials = int(op.tensor.type.dims[-1])
-        column_axis = self.kernel.axes.index("column_block")
+        column_axis = self.kernel.axes.index(k3s.GridAxis.COLUMN_BLOCK)
         self.code.comment(op, f"partial {partials} of each pair's row dot: this program's block of columns")
         self.code(f"tl.store({tensor_name(op.tensor)} + b_pairs * {partials} + tl.program_id({column_axis}), "
                   f"tl.sum({register(op.a)} * {register(op.b)}, axis=1), mask=m_s)")

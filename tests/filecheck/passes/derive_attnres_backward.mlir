@@ -32,7 +32,7 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
-// CHECK-NEXT:   k3s.entry @ar_aggregate_backward <source = ar, max_sources = 7> {
+// CHECK-NEXT:   k3s.entry @ar_aggregate_backward <source = @ar, max_sources = 7> {
 // CHECK-NEXT:     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
@@ -42,7 +42,7 @@ builtin.module {
 // CHECK-NEXT:     %dsources = k3s.tensor_arg @dsources <role = output> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %dquery = k3s.tensor_arg @dquery <role = output, fill = 0> : !k3s.tensor<96, float32>
 // CHECK-NEXT:     %dgain = k3s.tensor_arg @dgain <role = output, fill = 0> : !k3s.tensor<96, float32>
-// CHECK-NEXT:     k3s.kernel @ar_aggregate_backward <grid = row_group, num_warps = 16, num_stages = 3> {
+// CHECK-NEXT:     k3s.kernel @ar_aggregate_backward <grid = [row_group], num_warps = 16, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
 // CHECK-NEXT:       %q_bar = k3s.zeros : !k3s.tile<D>
 // CHECK-NEXT:       %q_bar_1 = k3s.row_loop %q_bar <rows = 16> {
@@ -75,17 +75,17 @@ builtin.module {
 // CHECK-NEXT:   k3.attnres @wide
 
 // BOTH:      k3.attnres @ar
-// BOTH-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 7> {
-// BOTH:      k3s.entry @ar_aggregate_backward <source = ar, max_sources = 7> {
+// BOTH-NEXT: k3s.entry @ar_aggregate <source = @ar, max_sources = 7> {
+// BOTH:      k3s.entry @ar_aggregate_backward <source = @ar, max_sources = 7> {
 // BOTH:      k3.attnres @wide
-// BOTH-NEXT: k3s.entry @wide_aggregate <source = wide, max_sources = 3> {
-// BOTH:      k3s.entry @wide_aggregate_backward <source = wide, max_sources = 3> {
+// BOTH-NEXT: k3s.entry @wide_aggregate <source = @wide, max_sources = 3> {
+// BOTH:      k3s.entry @wide_aggregate_backward <source = @wide, max_sources = 3> {
 
-// OPTS:      k3s.kernel @ar_aggregate_backward <grid = row_group, num_warps = 4, num_stages = 1> {
+// OPTS:      k3s.kernel @ar_aggregate_backward <grid = [row_group], num_warps = 4, num_stages = 1> {
 // OPTS:      k3s.row_loop %q_bar <rows = 3> {
 
 // a row of 9000 columns needs 8 warps in the forward (2048 columns a warp): 32 here (the most)
-// WIDE:      k3s.kernel @wide_aggregate_backward <grid = row_group, num_warps = 32, num_stages = 3> {
+// WIDE:      k3s.kernel @wide_aggregate_backward <grid = [row_group], num_warps = 32, num_stages = 3> {
 
 // ROWS: {{^}}k3c opt: error: pipeline 'derive-attnres-backward{rows-per-program=0}': derive-attnres-backward: rows-per-program must be >= 1, got 0{{$}}
 // STAGES: {{^}}k3c opt: error: pipeline 'derive-attnres-backward{num-stages=0}': derive-attnres-backward: num-stages must be >= 1, got 0{{$}}

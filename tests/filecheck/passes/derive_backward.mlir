@@ -15,7 +15,7 @@
 // RUN: k3c ir %examples/gla.toml -p 'derive-backward{chunk-size=32}' | filecheck %s --check-prefix=GLA
 // RUN: k3c ir %examples/gla.toml -p 'derive-backward{chunk-size=32}' | filecheck %s --check-prefix=NODELTA
 
-// CHECK-LABEL: k3s.entry @chunk_backward <source = kda> {
+// CHECK-LABEL: k3s.entry @chunk_backward <source = @kda> {
 // CHECK-NEXT:    %[[Q:[a-z_0-9]+]] = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 32 x 128, float>
 // CHECK-NEXT:    %[[K:[a-z_0-9]+]] = k3s.tensor_arg @k <role = input>
 // CHECK-NEXT:    %[[V:[a-z_0-9]+]] = k3s.tensor_arg @v <role = input>
@@ -109,7 +109,7 @@
 // CHECK-NEXT:    }
 // CHECK-NEXT:  }
 
-// GDN-LABEL: k3s.entry @chunk_backward <source = gated_deltanet> {
+// GDN-LABEL: k3s.entry @chunk_backward <source = @gated_deltanet> {
 // GDN:         %[[G:[a-z_0-9]+]] = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 32, float>
 // GDN:         %[[DG:[a-z_0-9]+]] = k3s.tensor_arg @dg <role = output{{.*}}> : !k3s.tensor<B x T x 32, {{float|float32}}>
 // GDN:         %[[CG:[A-Za-z_0-9]+]] = k3s.gate_cumsum %{{.*}} <gate = scalar> : !k3s.tile<C>
@@ -144,7 +144,7 @@
 // a scalar gate's decays are pairs (never above 1): no contraction under channel decays
 // SCALAR-NOT:  k3s.gated_contraction
 
-// DN-LABEL: k3s.entry @chunk_backward <source = deltanet> {
+// DN-LABEL: k3s.entry @chunk_backward <source = @deltanet> {
 // DN:          %[[DH0:[a-z_0-9]+]] = k3s.tensor_arg @dh0
 // DN:          k3s.state_advance %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} <gate = none>
 // the state's cotangent passes back undecayed
@@ -163,7 +163,7 @@
 // NOGATE-NOT:  k3s.onto_last_row
 // NOGATE-NOT:  k3s.reverse_cumsum
 
-// GLA-LABEL: k3s.entry @chunk_backward <source = gla> {
+// GLA-LABEL: k3s.entry @chunk_backward <source = @gla> {
 // GLA:         k3s.chunked_backward <chunk_size = 32> {
 // GLA:         k3s.state_scan
 // GLA:         k3s.cotangent_scan

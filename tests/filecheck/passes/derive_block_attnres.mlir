@@ -60,13 +60,13 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
-// CHECK-NEXT:   k3s.entry @ar_block_partials <source = ar, max_sources = 6> {
+// CHECK-NEXT:   k3s.entry @ar_block_partials <source = @ar, max_sources = 6> {
 // CHECK-NEXT:     %representatives = k3s.tensor_arg @representatives <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %queries = k3s.tensor_arg @queries <role = input> : !k3s.tensor<Q x 96, float>
 // CHECK-NEXT:     %gains = k3s.tensor_arg @gains <role = input> : !k3s.tensor<Q x 96, float>
 // CHECK-NEXT:     %block_lse = k3s.tensor_arg @block_lse <role = output> : !k3s.tensor<Q x B x T, float32>
 // CHECK-NEXT:     %block_mix = k3s.tensor_arg @block_mix <role = output> : !k3s.tensor<Q x B x T x 96, float>
-// CHECK-NEXT:     k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
+// CHECK-NEXT:     k3s.kernel @ar_block_partials <grid = [row_query_block], num_warps = 4, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
 // CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
@@ -80,7 +80,7 @@ builtin.module {
 // CHECK-NEXT:       k3s.store_normalised_partials %max_1, %sum_1, %acc_1, %block_lse, %block_mix
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
-// CHECK-NEXT:   k3s.entry @ar_block_merge <source = ar, max_sources = 1> {
+// CHECK-NEXT:   k3s.entry @ar_block_merge <source = @ar, max_sources = 1> {
 // CHECK-NEXT:     %partial_sum = k3s.tensor_arg @partial_sum <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
@@ -88,7 +88,7 @@ builtin.module {
 // CHECK-NEXT:     %block_mix = k3s.tensor_arg @block_mix <role = input> : !k3s.tensor<B x T x 96, float>
 // CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
 // CHECK-NEXT:     %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
-// CHECK-NEXT:     k3s.kernel @ar_block_merge <grid = row, num_warps = 4> {
+// CHECK-NEXT:     k3s.kernel @ar_block_merge <grid = [row], num_warps = 4> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.load_normalised_partials %block_lse, %block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
@@ -106,20 +106,20 @@ builtin.module {
 // CHECK-NEXT:   k3.attnres @wide
 
 // ORDER:      k3.attnres @ar
-// ORDER-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 7> {
-// ORDER:      k3s.entry @ar_aggregate_backward <source = ar, max_sources = 7> {
-// ORDER:      k3s.entry @ar_block_partials <source = ar, max_sources = 6> {
-// ORDER:      k3s.entry @ar_block_merge <source = ar, max_sources = 1> {
+// ORDER-NEXT: k3s.entry @ar_aggregate <source = @ar, max_sources = 7> {
+// ORDER:      k3s.entry @ar_aggregate_backward <source = @ar, max_sources = 7> {
+// ORDER:      k3s.entry @ar_block_partials <source = @ar, max_sources = 6> {
+// ORDER:      k3s.entry @ar_block_merge <source = @ar, max_sources = 1> {
 // ORDER-NOT:  k3s.entry @ar_
 // ORDER:      k3.attnres @wide
 
-// OPTS:       k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3> {
+// OPTS:       k3s.kernel @ar_block_partials <grid = [row_query_block], num_warps = 4, num_stages = 3> {
 // OPTS-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 2> : !k3s.tile<Q x D>
 
-// WIDE:       k3s.kernel @wide_block_partials <grid = row_query_block, num_warps = 16, num_stages = 3> {
+// WIDE:       k3s.kernel @wide_block_partials <grid = [row_query_block], num_warps = 16, num_stages = 3> {
 // WIDE-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 9000, queries = 1> : !k3s.tile<Q x D>
 // a row of 9000 columns takes 8 warps in the aggregate (2048 columns a warp): the merge is its kernel
-// WIDE:       k3s.kernel @wide_block_merge <grid = row, num_warps = 8> {
+// WIDE:       k3s.kernel @wide_block_merge <grid = [row], num_warps = 8> {
 
 // POW2: {{^}}k3c opt: error: pipeline 'derive-block-attnres{queries-per-program=3}': derive-block-attnres: queries-per-program must be a power of two, got 3{{$}}
 
@@ -132,8 +132,8 @@ builtin.module {
 // NUMERATOR-NEXT: %block_numerator = k3s.tensor_arg @block_numerator <role = input> : !k3s.tensor<B x T x 96, float32>
 // NUMERATOR:      %max, %sum, %acc = k3s.load_partials %block_max, %block_normaliser, %block_numerator : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 
-// GROUPS:          k3s.kernel @ar_block_partials <grid = row_query_block, num_warps = 4, num_stages = 3, max_rows = 2047> {
-// GROUPS:          k3s.kernel @ar_block_partials_groups <grid = row_group_query_block, num_warps = 4, num_stages = 4, min_rows = 2048> {
+// GROUPS:          k3s.kernel @ar_block_partials <grid = [row_query_block], num_warps = 4, num_stages = 3, max_rows = 2047> {
+// GROUPS:          k3s.kernel @ar_block_partials_groups <grid = [row_group_query_block], num_warps = 4, num_stages = 4, min_rows = 2048> {
 // GROUPS-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
 // GROUPS-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
 // GROUPS-NEXT:       %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
@@ -149,8 +149,8 @@ builtin.module {
 // GROUPS-NEXT:         k3s.next_source %max_4, %sum_3, %acc_3
 // GROUPS-NEXT:       } : !k3s.tile<Q>, !k3s.tile<Q>, !k3s.tile<Q x D>
 // GROUPS-NEXT:     }
-// GROUPS:          k3s.kernel @ar_block_merge <grid = row, num_warps = 4, max_rows = 2047> {
-// GROUPS:          k3s.kernel @ar_block_merge_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
+// GROUPS:          k3s.kernel @ar_block_merge <grid = [row], num_warps = 4, max_rows = 2047> {
+// GROUPS:          k3s.kernel @ar_block_merge_groups <grid = [row_group], num_warps = 4, num_stages = 4, min_rows = 2048> {
 // GROUPS:            %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
 // GROUPS-NEXT:       ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // GROUPS-NEXT:         %row_max, %row_sum, %row_acc = k3s.load_normalised_partials %block_lse, %block_mix : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
@@ -177,17 +177,17 @@ builtin.module {
 // FOLD24: k3s.fold_query: queries must be a power of two, got 24
 
 // K3:      k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
-// K3-NEXT: k3s.entry @block_partials <source = attnres, max_sources = 8> {
-// K3:        k3s.kernel @attnres_block_partials <grid = row_query_block, num_warps = 16, num_stages = 3> {
+// K3-NEXT: k3s.entry @block_partials <source = @attnres, max_sources = 8> {
+// K3:        k3s.kernel @attnres_block_partials <grid = [row_query_block], num_warps = 16, num_stages = 3> {
 // K3-NEXT:     %q = k3s.fold_query %queries, %gains <hidden_size = 7168, queries = 2> : !k3s.tile<Q x D>
-// K3:      k3s.entry @block_merge <source = attnres, max_sources = 1> {
-// K3:        k3s.kernel @attnres_block_merge <grid = row, num_warps = 4> {
+// K3:      k3s.entry @block_merge <source = @attnres, max_sources = 1> {
+// K3:        k3s.kernel @attnres_block_merge <grid = [row], num_warps = 4> {
 
-// COLUMNS:      k3s.entry @ar_block_partials <source = ar, max_sources = 6> {
+// COLUMNS:      k3s.entry @ar_block_partials <source = @ar, max_sources = 6> {
 // COLUMNS:        %folded = k3s.tensor_arg @folded <role = workspace> : !k3s.tensor<2 x Q x 96, float>
-// COLUMNS-NEXT:   k3s.kernel @ar_block_partials_fold <grid = input_block, num_warps = 4, block_d = 128> {
+// COLUMNS-NEXT:   k3s.kernel @ar_block_partials_fold <grid = [input_block], num_warps = 4, block_d = 128> {
 // COLUMNS-NEXT:     k3s.fold_queries_split %queries, %gains, %folded <hidden_size = 96, columns = 128>
-// COLUMNS:        k3s.kernel @ar_block_partials_columns <grid = row_group_all_queries
+// COLUMNS:        k3s.kernel @ar_block_partials_columns <grid = [row_group_all_queries]
 // COLUMNS-NEXT:     %gram = k3s.zeros : !k3s.tile<R x S x R x S>
 // COLUMNS-NEXT:     %qx = k3s.zeros : !k3s.tile<Q x R x S>
 // COLUMNS-NEXT:     %gram_1, %qx_1 = k3s.column_loop %gram, %qx <columns = 128> {

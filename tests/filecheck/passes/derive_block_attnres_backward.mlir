@@ -48,7 +48,7 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK:   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
-// CHECK-NEXT:   k3s.entry @ar_block_partials_backward <source = ar, max_sources = 6> {
+// CHECK-NEXT:   k3s.entry @ar_block_partials_backward <source = @ar, max_sources = 6> {
 // CHECK-NEXT:     %representatives = k3s.tensor_arg @representatives <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %queries = k3s.tensor_arg @queries <role = input> : !k3s.tensor<Q x 96, float>
 // CHECK-NEXT:     %gains = k3s.tensor_arg @gains <role = input> : !k3s.tensor<Q x 96, float>
@@ -59,7 +59,7 @@ builtin.module {
 // CHECK-NEXT:     %drepresentatives = k3s.tensor_arg @drepresentatives <role = output, fill = 0> : !k3s.tensor<S x B x T x 96, float32>
 // CHECK-NEXT:     %dqueries = k3s.tensor_arg @dqueries <role = output, fill = 0> : !k3s.tensor<Q x 96, float32>
 // CHECK-NEXT:     %dgains = k3s.tensor_arg @dgains <role = output, fill = 0> : !k3s.tensor<Q x 96, float32>
-// CHECK-NEXT:     k3s.kernel @ar_block_partials_backward <grid = row_group_query_block, num_warps = 8, num_stages = 3> {
+// CHECK-NEXT:     k3s.kernel @ar_block_partials_backward <grid = [row_group_query_block], num_warps = 8, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 32> : !k3s.tile<Q x D>
 // CHECK-NEXT:       %q_bar = k3s.zeros : !k3s.tile<Q x D>
 // CHECK-NEXT:       %q_bar_1 = k3s.row_loop %q_bar <rows = 16> {
@@ -90,7 +90,7 @@ builtin.module {
 // CHECK-NEXT:       k3s.store_query_cotangent %q_bar_1, %queries, %gains, %dqueries, %dgains
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
-// CHECK-NEXT:   k3s.entry @ar_block_merge_backward <source = ar, max_sources = 1> {
+// CHECK-NEXT:   k3s.entry @ar_block_merge_backward <source = @ar, max_sources = 1> {
 // CHECK-NEXT:     %partial_sum = k3s.tensor_arg @partial_sum <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
@@ -104,7 +104,7 @@ builtin.module {
 // CHECK-NEXT:     %dgain = k3s.tensor_arg @dgain <role = output, fill = 0> : !k3s.tensor<96, float32>
 // CHECK-NEXT:     %dblock_lse = k3s.tensor_arg @dblock_lse <role = output> : !k3s.tensor<B x T, float32>
 // CHECK-NEXT:     %dblock_mix = k3s.tensor_arg @dblock_mix <role = output> : !k3s.tensor<B x T x 96, float>
-// CHECK-NEXT:     k3s.kernel @ar_block_merge_backward <grid = row_group, num_warps = 16> {
+// CHECK-NEXT:     k3s.kernel @ar_block_merge_backward <grid = [row_group], num_warps = 16> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
 // CHECK-NEXT:       %q_bar = k3s.zeros : !k3s.tile<D>
 // CHECK-NEXT:       %q_bar_1 = k3s.row_loop %q_bar <rows = 16> {
@@ -140,24 +140,24 @@ builtin.module {
 // CHECK-NEXT:   k3.attnres @wide <hidden_size = 9000, num_blocks = 2, block_size = 4, eps = 0.001, dtype = float32>
 
 // ORDER:      k3.attnres @ar
-// ORDER-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 7> {
-// ORDER:      k3s.entry @ar_aggregate_backward <source = ar, max_sources = 7> {
-// ORDER:      k3s.entry @ar_block_partials <source = ar, max_sources = 6> {
-// ORDER:      k3s.entry @ar_block_merge <source = ar, max_sources = 1> {
-// ORDER:      k3s.entry @ar_block_partials_backward <source = ar, max_sources = 6> {
-// ORDER:      k3s.entry @ar_block_merge_backward <source = ar, max_sources = 1> {
+// ORDER-NEXT: k3s.entry @ar_aggregate <source = @ar, max_sources = 7> {
+// ORDER:      k3s.entry @ar_aggregate_backward <source = @ar, max_sources = 7> {
+// ORDER:      k3s.entry @ar_block_partials <source = @ar, max_sources = 6> {
+// ORDER:      k3s.entry @ar_block_merge <source = @ar, max_sources = 1> {
+// ORDER:      k3s.entry @ar_block_partials_backward <source = @ar, max_sources = 6> {
+// ORDER:      k3s.entry @ar_block_merge_backward <source = @ar, max_sources = 1> {
 // ORDER-NOT:  k3s.entry @ar_
 // ORDER:      k3.attnres @wide
 
-// OPTS:       k3s.kernel @ar_block_partials_backward <grid = row_group_query_block, num_warps = 8, num_stages = 3> {
+// OPTS:       k3s.kernel @ar_block_partials_backward <grid = [row_group_query_block], num_warps = 8, num_stages = 3> {
 // OPTS-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 2> : !k3s.tile<Q x D>
 // OPTS:         k3s.row_loop %q_bar <rows = 4> {
-// OPTS:       k3s.kernel @ar_block_merge_backward <grid = row_group, num_warps = 8> {
+// OPTS:       k3s.kernel @ar_block_merge_backward <grid = [row_group], num_warps = 8> {
 // OPTS:         k3s.row_loop %q_bar <rows = 4> {
 
-// WIDE:       k3s.kernel @wide_block_partials_backward <grid = row_group_query_block, num_warps = 32, num_stages = 3> {
+// WIDE:       k3s.kernel @wide_block_partials_backward <grid = [row_group_query_block], num_warps = 32, num_stages = 3> {
 // WIDE-NEXT:    %q = k3s.fold_query %queries, %gains <hidden_size = 9000, queries = 1> : !k3s.tile<Q x D>
-// WIDE:       k3s.kernel @wide_block_merge_backward <grid = row_group, num_warps = 32> {
+// WIDE:       k3s.kernel @wide_block_merge_backward <grid = [row_group], num_warps = 32> {
 
 // POW2: {{^}}k3c opt: error: pipeline 'derive-block-attnres-backward{queries-per-program=3}': derive-block-attnres-backward: queries-per-program must be a power of two, got 3{{$}}
 // ROWS0: {{^}}k3c opt: error: pipeline 'derive-block-attnres-backward{rows-per-program=0}': derive-block-attnres-backward: rows-per-program must be >= 1, got 0{{$}}
@@ -170,8 +170,8 @@ builtin.module {
 // PARTIALS: k3s.load_row: the row must be <>, got <D>
 // STORE: k3s.store_partials_cotangent: dblock_lse must have 2 dimensions, got 3 (B,T,96)
 
-// K3:      k3s.entry @block_partials_backward <source = attnres, max_sources = 8> {
-// K3:        k3s.kernel @attnres_block_partials_backward <grid = row_group_query_block, num_warps = 16, num_stages = 3> {
+// K3:      k3s.entry @block_partials_backward <source = @attnres, max_sources = 8> {
+// K3:        k3s.kernel @attnres_block_partials_backward <grid = [row_group_query_block], num_warps = 16, num_stages = 3> {
 // K3-NEXT:     %q = k3s.fold_query %queries, %gains <hidden_size = 7168, queries = 1> : !k3s.tile<Q x D>
-// K3:      k3s.entry @block_merge_backward <source = attnres, max_sources = 1> {
-// K3:        k3s.kernel @attnres_block_merge_backward <grid = row_group, num_warps = 16> {
+// K3:      k3s.entry @block_merge_backward <source = @attnres, max_sources = 1> {
+// K3:        k3s.kernel @attnres_block_merge_backward <grid = [row_group], num_warps = 16> {

@@ -29,7 +29,7 @@ builtin.module {
 }
 
 // CHECK:      k3.attnres @ar
-// CHECK-NEXT: k3s.entry @block_partials_backward <source = ar, max_sources = 6> {
+// CHECK-NEXT: k3s.entry @block_partials_backward <source = @ar, max_sources = 6> {
 // CHECK-NEXT: %representatives = k3s.tensor_arg @representatives <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT: %queries = k3s.tensor_arg @queries <role = input> : !k3s.tensor<Q x 96, float>
 // CHECK-NEXT: %gains = k3s.tensor_arg @gains <role = input> : !k3s.tensor<Q x 96, float>
@@ -43,7 +43,7 @@ builtin.module {
 // CHECK-NEXT: %weights = k3s.tensor_arg @weights <role = workspace> : !k3s.tensor<S x B x T x Q, float32>
 // CHECK-NEXT: %score_bars = k3s.tensor_arg @score_bars <role = workspace> : !k3s.tensor<S x B x T x Q, float32>
 // CHECK-NEXT: %centres = k3s.tensor_arg @centres <role = workspace> : !k3s.tensor<S x B x T, float32>
-// CHECK-NEXT: k3s.kernel @ar_block_partials_backward_columns <grid = row_group_all_queries, num_warps = 8> {
+// CHECK-NEXT: k3s.kernel @ar_block_partials_backward_columns <grid = [row_group_all_queries], num_warps = 8> {
 // CHECK-NEXT: k3s.row_loop <rows = 16> {
 // CHECK-NEXT: %lse = k3s.load_query_rows %block_lse : !k3s.tile<Q>
 // CHECK-NEXT: %lse_bar = k3s.load_query_rows %dblock_lse : !k3s.tile<Q>
@@ -80,9 +80,9 @@ builtin.module {
 // CHECK-NEXT: k3s.store_query_cotangent %q_bar_1, %queries, %gains, %dqueries, %dgains
 // CHECK-NEXT: k3s.next_column
 
-// CHECK:      k3s.entry @block_merge_backward <source = ar, max_sources = 1> {
+// CHECK:      k3s.entry @block_merge_backward <source = @ar, max_sources = 1> {
 
-// OPTS:       k3s.kernel @ar_block_partials_backward_columns <grid = row_group_all_queries, num_warps = 4> {
+// OPTS:       k3s.kernel @ar_block_partials_backward_columns <grid = [row_group_all_queries], num_warps = 4> {
 // OPTS-NEXT:    k3s.row_loop <rows = 3> {
 // OPTS:         k3s.column_loop %scale, %sum_sq, %qx, %dp <columns = 16> {
 // OPTS:       k3s.column_loop <columns = 16> {

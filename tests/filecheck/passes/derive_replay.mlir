@@ -10,7 +10,7 @@ builtin.module {
   k3.recurrence @dn <gate = none, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 8, scale = 0.5, state_layout = kv, dtype = float32>
 }
 
-// CHECK: k3s.entry @kda_speculative <source = kda>
+// CHECK: k3s.entry @kda_speculative <source = @kda>
 // CHECK: %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK: %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
 // CHECK: %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
@@ -28,7 +28,7 @@ builtin.module {
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.replay %[[CACHE]], %[[ACC]] <gate = channel>
-// CHECK: k3s.entry @dn_speculative <source = dn>
+// CHECK: k3s.entry @dn_speculative <source = @dn>
 // CHECK: %[[CACHE2:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
 // CHECK-NEXT: %[[ACC2:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
 // CHECK: k3s.token_loop

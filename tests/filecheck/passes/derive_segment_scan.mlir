@@ -19,7 +19,7 @@ builtin.module {
 }
 
 // CHECK:      k3.recurrence @kda
-// CHECK-NEXT: k3s.entry @kda_segment_scan <source = kda> {
+// CHECK-NEXT: k3s.entry @kda_segment_scan <source = @kda> {
 // CHECK-NEXT:   %[[Q:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHECK-NEXT:   %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK-NEXT:   %[[V:[A-Za-z_0-9]+]] = k3s.tensor_arg @v
@@ -57,7 +57,7 @@ builtin.module {
 // CHECK-NEXT:         %S_1 = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         k3s.next_chunk %S_1
 // CHECK:      k3.recurrence @gdn
-// CHECK-NEXT: k3s.entry @gdn_segment_scan <source = gdn> {
+// CHECK-NEXT: k3s.entry @gdn_segment_scan <source = @gdn> {
 // CHECK:        %{{[A-Za-z_0-9]+}} = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 8 x 8, float32>
 // CHECK:        k3s.segment_summary <transition = full>
 // CHECK-NEXT:   k3s.summary_combine <transition = full>
@@ -105,7 +105,7 @@ builtin.module {
 // CHECK-NEXT:       k3s.next_chunk %S_1
 
 // SPEC-LABEL: // -----// IR after derive-segment-scan //----- //
-// SPEC:       k3s.entry @segment_scan <source = gla> {
+// SPEC:       k3s.entry @segment_scan <source = @gla> {
 // SPEC:         k3s.segment_scan {
 // SPEC-NEXT:      k3s.segment_summary <transition = diagonal>
 // SPEC-NEXT:      k3s.summary_combine <transition = diagonal>

@@ -9,8 +9,8 @@
 // Without a chunk_segments entry, nothing to add.
 // RUN: k3c ir %examples/kda.toml -p derive-backward,lower-backward,derive-segment-scan-backward | filecheck %s --check-prefix=NONE
 
-// CHECK-LABEL: k3s.entry @chunk_backward <source = kda> {
-// CHECK-LABEL: k3s.entry @chunk_backward_segments <source = kda> {
+// CHECK-LABEL: k3s.entry @chunk_backward <source = @kda> {
+// CHECK-LABEL: k3s.entry @chunk_backward_segments <source = @kda> {
 // CHECK:         %initial_state = k3s.tensor_arg @initial_state <role = combined>
 // CHECK:         %do = k3s.tensor_arg @do <role = input>
 // CHECK-NEXT:    %dht = k3s.tensor_arg @dht <role = combined>
@@ -37,9 +37,9 @@
 // CHECK:           k3s.store_state %dh0
 // CHECK:         k3s.kernel @kda_backward_segments_gradients
 
-// GLA-LABEL:   k3s.entry @chunk_backward_segments <source = gla> {
+// GLA-LABEL:   k3s.entry @chunk_backward_segments <source = @gla> {
 // GLA:         k3s.summary_combine %M, %N, %initial_state <transition = diagonal>
 // GLA-NEXT:    k3s.summary_combine %M, %N_bar, %dht <transition = diagonal, adjoint = true>
 
-// NONE:     k3s.entry @chunk_backward <source = kda>
+// NONE:     k3s.entry @chunk_backward <source = @kda>
 // NONE-NOT: chunk_backward_segments

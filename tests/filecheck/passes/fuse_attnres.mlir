@@ -31,13 +31,13 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.attnres @ar <hidden_size = 96, num_blocks = 6, block_size = 4, eps = 0.0001, dtype = bfloat16>
-// CHECK-NEXT:   k3s.entry @aggregate <source = ar, max_sources = 7> {
+// CHECK-NEXT:   k3s.entry @aggregate <source = @ar, max_sources = 7> {
 // CHECK-NEXT:     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<96, float>
 // CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 96, float>
 // CHECK-NEXT:     %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
-// CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 4, num_stages = 3> {
+// CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = [row], num_warps = 4, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 96> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
@@ -54,10 +54,10 @@ builtin.module {
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
-// WARPS: k3s.kernel @ar_aggregate <grid = row, num_warps = 8, num_stages = 1> {
+// WARPS: k3s.kernel @ar_aggregate <grid = [row], num_warps = 8, num_stages = 1> {
 // STAGES: {{^}}k3c opt: error: pipeline 'fuse-attnres{num-stages=-1}': fuse-attnres: num-stages must be >= 1 (0: by rows-per-program), got -1{{$}}
 
-// ROWS:      k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
+// ROWS:      k3s.kernel @ar_aggregate_groups <grid = [row_group], num_warps = 4, num_stages = 4, min_rows = 2048> {
 // ROWS:        %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
 // ROWS-NEXT:   ^bb0(%max_2: !k3s.tile<>, %sum_2: !k3s.tile<>, %acc_2: !k3s.tile<D>):
 // ROWS-NEXT:     %max_3 = k3s.row_start %max_2 : !k3s.tile<>
@@ -72,15 +72,15 @@ builtin.module {
 // ROWS-NEXT:   } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // ROWS-NEXT: }
 // ROWS-NEXT: }
-// ROWS4:      k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 2, min_rows = 2048> {
+// ROWS4:      k3s.kernel @ar_aggregate_groups <grid = [row_group], num_warps = 4, num_stages = 2, min_rows = 2048> {
 // ROWS4:        k3s.row_source_loop %max, %sum, %acc <rows = 4> {
-// SPLIT:      k3s.entry @aggregate <source = ar, max_sources = 7> {
-// SPLIT:        k3s.kernel @ar_aggregate <grid = row, num_warps = 4, num_stages = 3, max_rows = 2047> {
+// SPLIT:      k3s.entry @aggregate <source = @ar, max_sources = 7> {
+// SPLIT:        k3s.kernel @ar_aggregate <grid = [row], num_warps = 4, num_stages = 3, max_rows = 2047> {
 // SPLIT:          k3s.source_loop
-// SPLIT:        k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
+// SPLIT:        k3s.kernel @ar_aggregate_groups <grid = [row_group], num_warps = 4, num_stages = 4, min_rows = 2048> {
 // SPLIT:          k3s.row_source_loop
 // GROUPED:     k3s.entry @aggregate
 // GROUPED-NOT: k3s.source_loop
-// GROUPED:     k3s.kernel @ar_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4> {
+// GROUPED:     k3s.kernel @ar_aggregate_groups <grid = [row_group], num_warps = 4, num_stages = 4> {
 // BADSPLIT: {{^}}k3c opt: error: pipeline 'fuse-attnres{grouped-from-rows=-1}': fuse-attnres: grouped-from-rows must be >= 0 (0: always grouped), got -1{{$}}
 // BADROWS: {{^}}k3c opt: error: pipeline 'fuse-attnres{rows-per-program=0}': fuse-attnres: rows-per-program must be >= 1, got 0{{$}}

@@ -14,7 +14,7 @@ builtin.module {
   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.5, state_layout = kv, dtype = float32>
 }
 
-// CHECK:      k3s.entry @chunk <source = kda> {
+// CHECK:      k3s.entry @chunk <source = @kda> {
 // CHECK-NEXT:   %[[Q:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHECK-NEXT:   %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK-NEXT:   %[[V:[A-Za-z_0-9]+]] = k3s.tensor_arg @v
@@ -28,7 +28,7 @@ builtin.module {
 // CHECK:        %[[T_UT:T_ut]] = k3s.tensor_arg @T_ut <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:   %[[WS_U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 2 x 4, float>
 // CHECK-NEXT:   %[[WS_W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
-// CHECK:        k3s.kernel @kda_chunk_gram <grid = "chunk,value_head"
+// CHECK:        k3s.kernel @kda_chunk_gram <grid = [chunk, value_head]
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
 // CHECK:          %[[k:[a-z_0-9]+]] = k3s.load_chunk %[[K]] : !k3s.tile<C x K>
 // CHECK:          %factorable = k3s.block_span_check %Gstart, %Gend
@@ -38,7 +38,7 @@ builtin.module {
 // CHECK:          %[[q:[a-z_0-9]+]] = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
 // CHECK:          %{{[A-Za-z_0-9]+}} = k3s.gram %[[q]], %[[k]], %G, %Gstart, %Gend, %ql, %kr, %kd, %factorable, %[[K]], %[[G]] <mask = inclusive
 // CHECK-NOT:      k3s.wy_apply
-// CHECK:        k3s.kernel @kda_chunk_wy <grid = "chunk,value_head"
+// CHECK:        k3s.kernel @kda_chunk_wy <grid = [chunk, value_head]
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
 // CHECK-NEXT:     %[[T2:[A-Za-z_0-9]+]] = k3s.reload %[[T_UT]] : !k3s.tile<C x C>
 // CHECK:          %[[G2:[A-Za-z_0-9]+]] = k3s.gate_cumsum %{{[a-z_0-9]+}}
@@ -49,7 +49,7 @@ builtin.module {
 // CHECK:          %[[v2:[a-z_0-9]+]] = k3s.load_chunk %[[V]]
 // CHECK-NEXT:     %[[U:[A-Za-z_0-9]+]] = k3s.wy_apply %[[T2]], %[[v2]] <gate = none>
 // CHECK:          k3s.spill %[[WS_U]], %[[U]]
-// CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head"
+// CHECK:        k3s.kernel @kda_chunk_scan <grid = [value_block, sequence_head]
 // CHECK-NEXT:     k3s.state_tile %[[H0]] <
 // CHECK-NEXT:     k3s.chunk_loop %[[CU]] <chunk_size = 16> {
 // CHECK:            k3s.chunk_output {{.*}}, %[[O]], %[[SCALE]] : !k3s.tile<C x V>
@@ -57,8 +57,8 @@ builtin.module {
 
 // BAD: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: unknown grouping 'fused'; allowed: split, split-prepare
 
-// CAP: k3s.kernel @kda_chunk_gram <grid = "chunk,value_head", num_warps = 4, maxnreg = 168>
-// CAP: k3s.kernel @kda_chunk_wy <grid = "chunk,value_head", num_warps = 4, maxnreg = 168>
-// CAP: k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 3> {
+// CAP: k3s.kernel @kda_chunk_gram <grid = [chunk, value_head], num_warps = 4, maxnreg = 168>
+// CAP: k3s.kernel @kda_chunk_wy <grid = [chunk, value_head], num_warps = 4, maxnreg = 168>
+// CAP: k3s.kernel @kda_chunk_scan <grid = [value_block, sequence_head], num_warps = 4, num_stages = 3> {
 
 // BADCAP: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: prepare-maxnreg must be 0 (no cap) or in 24..255, got 16

@@ -12,14 +12,15 @@
 // RUN: k3c opt %s -p outline-kernels,guard-spill-only-stages,guard-spill-only-stages | k3c opt - | filecheck %s
 
 builtin.module {
-  k3s.entry @chunk <source = layer> {
+  k3.recurrence @layer <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @chunk <source = @layer> {
     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %KG = k3s.tensor_arg @KG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
     %P = k3s.tensor_arg @P <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
     %QG = k3s.tensor_arg @QG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
     %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
-    k3s.kernel @wide_prepare <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @wide_prepare <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %kc = k3s.load_chunk %k : !k3s.tile<C x K>
       k3s.spill %KG, %kc
@@ -29,7 +30,7 @@ builtin.module {
       %A = k3s.gram %kc, %kc <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
       k3s.spill %W, %A
     }
-    k3s.kernel @reads_q_wide <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @reads_q_wide <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 32, head_k_dim = 8, head_v_dim = 4>
       %kc = k3s.load_chunk %k : !k3s.tile<C x K>
       %qc = k3s.load_chunk %q : !k3s.tile<C x K>
@@ -38,7 +39,7 @@ builtin.module {
       %A = k3s.gram %qc, %kc <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
       k3s.spill %W, %A
     }
-    k3s.kernel @split_wide <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @split_wide <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 64, head_k_dim = 8, head_v_dim = 4>
       %qc = k3s.load_chunk %q : !k3s.tile<C x K>
       %kc = k3s.load_chunk %k : !k3s.tile<C x K>
@@ -46,36 +47,36 @@ builtin.module {
       k3s.spill %QG, %qc
     }
   }
-  k3s.entry @summary <source = layer> {
+  k3s.entry @summary <source = @layer> {
     %k_1 = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %KG_1 = k3s.tensor_arg @KG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
     %W_1 = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
-    k3s.kernel @narrow_prepare <grid = "chunk,value_head", num_warps = 8> {
+    k3s.kernel @narrow_prepare <grid = [chunk, value_head], num_warps = 8> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %kc = k3s.load_chunk %k_1 : !k3s.tile<C x K>
       k3s.spill %KG_1, %kc
       %A = k3s.gram %kc, %kc <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
       k3s.spill %W_1, %A
     }
-    k3s.kernel @reads_q <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @reads_q <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 32, head_k_dim = 8, head_v_dim = 4>
       %kc = k3s.load_chunk %k_1 : !k3s.tile<C x K>
       %A = k3s.gram %kc, %kc <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
       k3s.spill %W_1, %A
     }
-    k3s.kernel @split <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @split <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 64, head_k_dim = 8, head_v_dim = 4>
       %kc = k3s.load_chunk %k_1 : !k3s.tile<C x K>
       k3s.spill %KG_1, %kc
     }
   }
-  k3s.entry @segments <source = layer> {
+  k3s.entry @segments <source = @layer> {
     %q_1 = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %k_2 = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %KG_2 = k3s.tensor_arg @KG <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
     %P_2 = k3s.tensor_arg @P <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
     %W_2 = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 8, float>
-    k3s.kernel @peer_prepare <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @peer_prepare <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %kc = k3s.load_chunk %k_2 : !k3s.tile<C x K>
       k3s.spill %KG_2, %kc
@@ -88,7 +89,7 @@ builtin.module {
   }
 }
 
-// CHECK:      k3s.kernel @wide_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = true}> {
+// CHECK:      k3s.kernel @wide_prepare <grid = [chunk, value_head], num_warps = 4, flags = {SPILL_P = true}> {
 // CHECK-NEXT: ^bb0(%q: !k3s.tensor<B x T x 2 x 8, float>, %k: !k3s.tensor<B x T x 2 x 8, float>, %KG: !k3s.tensor<B x T x 2 x 8, float>, %P: !k3s.tensor<B x T x 2 x 16, float>, %W: !k3s.tensor<B x T x 2 x 8, float>):
 // CHECK-NEXT:   k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
 // CHECK-NEXT:   %kc = k3s.load_chunk %k : !k3s.tile<C x K>
@@ -101,22 +102,22 @@ builtin.module {
 // CHECK-NEXT:   %A = k3s.gram %kc, %kc <mask = strict, gate = none, beta = false> : !k3s.tile<C x C>
 // CHECK-NEXT:   k3s.spill %W, %A
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.kernel @reads_q_wide <grid = "chunk,value_head", num_warps = 4> {
+// CHECK-NEXT: k3s.kernel @reads_q_wide <grid = [chunk, value_head], num_warps = 4> {
 // CHECK-NOT:  k3s.when
-// CHECK:      k3s.kernel @split_wide <grid = "chunk,value_head", num_warps = 4> {
+// CHECK:      k3s.kernel @split_wide <grid = [chunk, value_head], num_warps = 4> {
 // CHECK-NOT:  k3s.when
 // CHECK:      k3s.launch @wide_prepare %q, %k, %KG, %P, %W
 // the narrow kernel gets the wide body (keeping its own 8 warps), the guard off
-// CHECK:      k3s.kernel @narrow_prepare <grid = "chunk,value_head", num_warps = 8, flags = {SPILL_P = false}> {
+// CHECK:      k3s.kernel @narrow_prepare <grid = [chunk, value_head], num_warps = 8, flags = {SPILL_P = false}> {
 // CHECK-NEXT: ^bb0(%q: !k3s.tensor<B x T x 2 x 8, float>, %k: !k3s.tensor<B x T x 2 x 8, float>, %KG: !k3s.tensor<B x T x 2 x 8, float>, %P: !k3s.tensor<B x T x 2 x 16, float>, %W: !k3s.tensor<B x T x 2 x 8, float>):
 // CHECK:        k3s.when <flag = SPILL_P> {
 // CHECK-NEXT:     %qc = k3s.load_chunk %q : !k3s.tile<C x K>
-// CHECK:      k3s.kernel @reads_q <grid = "chunk,value_head", num_warps = 4> {
+// CHECK:      k3s.kernel @reads_q <grid = [chunk, value_head], num_warps = 4> {
 // CHECK-NOT:  k3s.when
-// CHECK:      k3s.kernel @split <grid = "chunk,value_head", num_warps = 4> {
+// CHECK:      k3s.kernel @split <grid = [chunk, value_head], num_warps = 4> {
 // CHECK-NOT:  k3s.when
 // its entry lacks q and P, which only the guarded stages read and write: its launch passes them absent
-// CHECK:      k3s.entry @summary <source = layer> {
+// CHECK:      k3s.entry @summary <source = @layer> {
 // CHECK-NEXT:   %k = k3s.tensor_arg @k
 // CHECK-NEXT:   %KG = k3s.tensor_arg @KG
 // CHECK-NEXT:   %W = k3s.tensor_arg @W
@@ -125,6 +126,6 @@ builtin.module {
 // CHECK-NEXT:   k3s.launch @narrow_prepare %q, %k, %KG, %P, %W
 // CHECK-NEXT:   k3s.launch @reads_q %k, %W
 // CHECK-NEXT:   k3s.launch @split %k, %KG
-// CHECK:      k3s.kernel @peer_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = true}> {
+// CHECK:      k3s.kernel @peer_prepare <grid = [chunk, value_head], num_warps = 4, flags = {SPILL_P = true}> {
 // CHECK:        k3s.when <flag = SPILL_P> {
 // CHECK:      k3s.launch @peer_prepare %q, %k, %KG, %P, %W

@@ -8,8 +8,8 @@ builtin.module {
 }
 
 // CHECK:      k3.recurrence @rec
-// CHECK-NEXT: k3s.entry @rec_recurrent <source = rec> {
+// CHECK-NEXT: k3s.entry @rec_recurrent <source = @rec> {
 // CHECK-NOT:  k3s.entry
 // CHECK:      k3.attnres @ar
-// CHECK-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 3> {
+// CHECK-NEXT: k3s.entry @ar_aggregate <source = @ar, max_sources = 3> {
 // CHECK-NOT:  k3s.entry

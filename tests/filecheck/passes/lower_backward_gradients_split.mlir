@@ -22,7 +22,7 @@
 // CHECK-NEXT:  %QG_bar_parts = k3s.tensor_arg @QG_bar_parts <role = workspace> : !k3s.tensor<B x T x 32 x 2 x 128, float32>
 // CHECK-NEXT:  %P_bar_parts = k3s.tensor_arg @P_bar_parts <role = workspace> : !k3s.tensor<B x T x 32 x 2 x 16, float32>
 
-// CHECK:       k3s.kernel @kda_backward_value_blocks <grid = "chunk,value_head,value_block", num_warps = 8, maxnreg = 255> {
+// CHECK:       k3s.kernel @kda_backward_value_blocks <grid = [chunk, value_head, value_block], num_warps = 8, maxnreg = 255> {
 // CHECK:         k3s.exit_unless %factorable <holds = true>
 // CHECK:         %T = k3s.scale %T_inverse, %beta_1 <along = columns>
 // CHECK-NEXT:    %KG_bar, %gamma_C_bar, %QG_bar, %P_bar, %[[W:[a-z_0-9]+]], %T_bar = k3s.value_block_loop <block_v = 64> {
@@ -38,11 +38,11 @@
 // CHECK-NEXT:    k3s.spill_value_block_part %[[W]]_parts, %[[W]]
 // CHECK-NEXT:    k3s.spill_value_block_part %T_bar_parts, %T_bar
 // CHECK-NEXT:  }
-// CHECK:       k3s.kernel @kda_backward_value_blocks_steep <grid = "chunk,value_head,value_block", num_warps = 8, maxnreg = 255> {
+// CHECK:       k3s.kernel @kda_backward_value_blocks_steep <grid = [chunk, value_head, value_block], num_warps = 8, maxnreg = 255> {
 // CHECK:         %factorable = k3s.recorded_check %steep_chunks
 // CHECK:         k3s.value_block_loop <block_v = 64>
 // CHECK:         k3s.spill_value_block_part %T_bar_parts, %T_bar
-// CHECK:       k3s.kernel @kda_backward_gradients <grid = "chunk,value_head", num_warps = 8, maxnreg = 255> {
+// CHECK:       k3s.kernel @kda_backward_gradients <grid = [chunk, value_head], num_warps = 8, maxnreg = 255> {
 // CHECK-NOT:     k3s.reload %S
 // CHECK-NOT:     k3s.value_block_loop
 // CHECK:         %[[W]] = k3s.sum_value_block_parts %[[W]]_parts : !k3s.tile<C x K>
@@ -50,11 +50,11 @@
 // CHECK:         %KG_bar = k3s.sum_value_block_parts %KG_bar_parts : !k3s.tile<C x K>
 // CHECK-NEXT:    %k_bar = k3s.gate_apply %KG_bar
 // CHECK:         k3s.store_cotangent %q_bar_1, %dq, %q <of = q>
-// CHECK:       k3s.kernel @kda_backward_gradients_steep <grid = "chunk,value_head", num_warps = 8, maxnreg = 255> {
+// CHECK:       k3s.kernel @kda_backward_gradients_steep <grid = [chunk, value_head], num_warps = 8, maxnreg = 255> {
 // CHECK:         k3s.sum_value_block_parts %KG_bar_parts
 
 // TRITON-LABEL: def kda_backward_value_blocks_kernel(
-// TRITON:         """k3s.kernel @kda_backward_value_blocks <grid = "chunk,value_head,value_block", {{.*}}block_v = 64>
+// TRITON:         """k3s.kernel @kda_backward_value_blocks <grid = [chunk, value_head, value_block], {{.*}}block_v = 64>
 // TRITON:         # grid axis 2: a block of BV value columns
 // TRITON-NEXT:    i_v = tl.program_id(2)
 // TRITON:         # k3s.chunk_tile %cu_seqlens <chunk_size = 16, head_k_dim = 128, head_v_dim = 128>: this program's token rows, all key columns
@@ -77,7 +77,7 @@
 // TRITON-LABEL: def kda_backward_gradients_steep_kernel(
 // TRITON-LABEL: def chunk_backward(
 // TRITON:         KG_bar_parts = _alloc((dims["B"], dims["T"], 32, 2, 128), torch.float32, q.device)
-// TRITON:         # k3s.kernel @kda_backward_value_blocks <grid = "chunk,value_head,value_block"{{.*}}>: launch
+// TRITON:         # k3s.kernel @kda_backward_value_blocks <grid = [chunk, value_head, value_block]{{.*}}>: launch
 // TRITON:         grid = (num_chunks, HV, triton.cdiv(V, BV))
 // TRITON-NEXT:    if all(grid):
 // TRITON-NEXT:        kda_backward_value_blocks_kernel[grid](
@@ -85,9 +85,9 @@
 // NONE-NOT:    k3s.kernel @kda_backward_value_blocks
 // NONE-NOT:    _parts
 
-// CAP:       k3s.kernel @kda_backward_value_blocks <grid = "chunk,value_head,value_block", num_warps = 8, maxnreg = 128>
-// CAP:       k3s.kernel @kda_backward_value_blocks_steep <grid = "chunk,value_head,value_block", num_warps = 8, maxnreg = 128>
-// CAP:       k3s.kernel @kda_backward_gradients <grid = "chunk,value_head", num_warps = 8, maxnreg = 255>
+// CAP:       k3s.kernel @kda_backward_value_blocks <grid = [chunk, value_head, value_block], num_warps = 8, maxnreg = 128>
+// CAP:       k3s.kernel @kda_backward_value_blocks_steep <grid = [chunk, value_head, value_block], num_warps = 8, maxnreg = 128>
+// CAP:       k3s.kernel @kda_backward_gradients <grid = [chunk, value_head], num_warps = 8, maxnreg = 255>
 
 // BADCAP: k3c ir: error: pipeline {{.*}}: lower-backward: value-blocks-maxnreg must be 0 (no cap) or in 24..255, got 12
 

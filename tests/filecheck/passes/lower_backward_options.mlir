@@ -6,14 +6,14 @@
 // RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-maxnreg=0}' | filecheck %s --check-prefix=NOCAP
 // RUN: not k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-maxnreg=300}' 2>&1 | filecheck %s --check-prefix=BADCAP
 
-// CHECK:       k3s.kernel @kda_backward_gradients <grid = "chunk,value_head", num_warps = 8, maxnreg = 255>
+// CHECK:       k3s.kernel @kda_backward_gradients <grid = [chunk, value_head], num_warps = 8, maxnreg = 255>
 // CHECK:         k3s.record_check %steep_chunks, %factorable
 // CHECK:         = k3s.value_block_loop <block_v = 64>
-// CHECK:       k3s.kernel @kda_backward_gradients_steep <grid = "chunk,value_head", num_warps = 8, maxnreg = 255>
+// CHECK:       k3s.kernel @kda_backward_gradients_steep <grid = [chunk, value_head], num_warps = 8, maxnreg = 255>
 // CHECK-NEXT:    k3s.chunk_tile
 // CHECK-NEXT:    %factorable = k3s.recorded_check %steep_chunks
 
-// NOCAP:       k3s.kernel @kda_backward_gradients <grid = "chunk,value_head", num_warps = 8> {
+// NOCAP:       k3s.kernel @kda_backward_gradients <grid = [chunk, value_head], num_warps = 8> {
 // NOCAP-NOT:   maxnreg
 
 // BADCAP: k3c ir: error: pipeline {{.*}}: lower-backward: gradients-maxnreg must be 0 (no cap) or in 24..255, got 300

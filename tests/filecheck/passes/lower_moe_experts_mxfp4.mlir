@@ -14,7 +14,7 @@ builtin.module {
 
 // LAYER: k3.latent_moe @mlp <{{.*}}, dtype = bfloat16, expert_weight_format = mxfp4>
 
-// CHECK:      k3s.entry @moe_prefill <source = mlp> {
+// CHECK:      k3s.entry @moe_prefill <source = @mlp> {
 // CHECK-NEXT:   [[X:%x[_0-9]*]] = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 40, float>
 // CHECK-NEXT:   k3s.tensor_arg @router_weight
 // CHECK-NEXT:   k3s.tensor_arg @router_bias
@@ -37,7 +37,7 @@ builtin.module {
 // CHECK:        = k3s.project [[ACT]], [[D_PACKED]], [[D_SCALES]], [[OFFSETS]], [[SORTED]], [[BLOCKS]] <in_dim = 64, out_dim = 32, rows = sorted_block, input_index = position, layout = expert, glu = false, block_rows = 128, weight_format = mxfp4>
 // CHECK:        = k3s.project [[COMBINED]], [[LU]], [[GAIN]] <in_dim = 32, out_dim = 40, rows = token_block, input_index = token, layout = dense, glu = false, rms_eps = 1.0e-06>
 // CHECK:        = k3s.project [[X]], [[SGU]] <in_dim = 40, out_dim = 24, rows = token_block, input_index = token, layout = stacked_out, glu = true, group = 24>
-// CHECK:      k3s.entry @moe_decode <source = mlp> {
+// CHECK:      k3s.entry @moe_decode <source = @mlp> {
 // CHECK:        [[GU_PACKED:%expert_gate_up_packed[_0-9]*]] = k3s.tensor_arg @expert_gate_up_packed <role = input> : !k3s.tensor<12 x 128 x 16, fp4x2>
 // CHECK-NEXT:   [[GU_SCALES:%expert_gate_up_scales[_0-9]*]] = k3s.tensor_arg @expert_gate_up_scales <role = input>
 // CHECK-NEXT:   [[D_PACKED:%expert_down_packed[_0-9]*]] = k3s.tensor_arg @expert_down_packed <role = input>

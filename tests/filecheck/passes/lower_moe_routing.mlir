@@ -20,18 +20,18 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.latent_moe @moe <hidden_size = 40, latent_dim = 16, num_experts = 12, top_k = 3,
-// CHECK-NEXT:   k3s.entry @route <source = moe> {
+// CHECK-NEXT:   k3s.entry @route <source = @moe> {
 // CHECK-NEXT:     %x = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 40, float>
 // CHECK-NEXT:     %router_weight = k3s.tensor_arg @router_weight <role = input> : !k3s.tensor<12 x 40, float>
 // CHECK-NEXT:     %router_bias = k3s.tensor_arg @router_bias <role = input> : !k3s.tensor<12, float32>
 // CHECK-NEXT:     %topk_ids = k3s.tensor_arg @topk_ids <role = output> : !k3s.tensor<R x 3, index>
 // CHECK-NEXT:     %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 3, float32>
 // CHECK-NEXT:     %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 12, float32>
-// CHECK-NEXT:     k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
+// CHECK-NEXT:     k3s.kernel @moe_router_logits <grid = [expert_block, row_block, hidden_slice], num_warps = 8> {
 // CHECK-NEXT:       %logits = k3s.router_logits %x, %router_weight <hidden_size = 40, num_experts = 12> : !k3s.tile<R x E>
 // CHECK-NEXT:       k3s.store_partial_logits %logits, %partial_logits
 // CHECK-NEXT:     }
-// CHECK-NEXT:     k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 8> {
+// CHECK-NEXT:     k3s.kernel @moe_router_top_k <grid = [row_block], num_warps = 8> {
 // CHECK-NEXT:       %logits = k3s.sum_partial_logits %partial_logits <num_experts = 12> : !k3s.tile<R x E>
 // CHECK-NEXT:       %s = k3s.router_sigmoid %logits : !k3s.tile<R x E>
 // CHECK-NEXT:       %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 3> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
@@ -41,7 +41,7 @@ builtin.module {
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
-// WARPS: k3s.kernel @moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 4> {
-// WARPS: k3s.kernel @moe_router_top_k <grid = row_block, num_warps = 4> {
+// WARPS: k3s.kernel @moe_router_logits <grid = [expert_block, row_block, hidden_slice], num_warps = 4> {
+// WARPS: k3s.kernel @moe_router_top_k <grid = [row_block], num_warps = 4> {
 
 // RAW: %weights = k3s.routing_weights %w <normalize = false, scale = 1.0> : !k3s.tile<R x KS>

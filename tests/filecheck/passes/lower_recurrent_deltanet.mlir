@@ -8,7 +8,7 @@ builtin.module {
   k3.recurrence @deltanet <gate = none, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
 }
 
-// CHECK:      k3s.entry @recurrent <source = deltanet> {
+// CHECK:      k3s.entry @recurrent <source = @deltanet> {
 // CHECK:        %g = k3s.tensor_arg @g <role = forbidden> : !k3s.tensor<B x T x 4, float>
 // CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
 // CHECK:        %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>

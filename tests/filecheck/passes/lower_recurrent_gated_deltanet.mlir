@@ -8,12 +8,12 @@ builtin.module {
   k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
 }
 
-// CHECK:      k3s.entry @recurrent <source = gdn> {
+// CHECK:      k3s.entry @recurrent <source = @gdn> {
 // CHECK:        %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
 // CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
 // CHECK:        %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
 // CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<4, float>
-// CHECK:        k3s.kernel @gdn_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK:        k3s.kernel @gdn_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
 // CHECK:          k3s.token_loop %cu_seqlens {
 // CHECK-NEXT:     ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:       %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>

@@ -8,7 +8,7 @@ builtin.module {
   k3.recurrence @gva <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 6, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
 }
 
-// CHECK:      k3s.entry @recurrent <source = gva> {
+// CHECK:      k3s.entry @recurrent <source = @gva> {
 // CHECK-NEXT:   %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 64, float>
 // CHECK-NEXT:   %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 64, float>
 // CHECK-NEXT:   %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 6 x 32, float>

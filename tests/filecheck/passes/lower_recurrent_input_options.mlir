@@ -21,7 +21,7 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 32, scale = 0.25, state_layout = kv, dtype = bfloat16, qk_l2norm = true, gate_input = softplus, beta_input = logits>
-// CHECK-NEXT:   k3s.entry @recurrent <source = kda> {
+// CHECK-NEXT:   k3s.entry @recurrent <source = @kda> {
 // CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 32, float>
@@ -34,7 +34,7 @@ builtin.module {
 // CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
-// CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop %cu_seqlens {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
@@ -69,7 +69,7 @@ builtin.module {
 // normalises, v's never does, and every gate and beta load has the layer's input form. The
 // Grams' elementwise diagonals reload key rows and gates as those loads read them: from k, g,
 // A_log and dt_bias.
-// CHUNK:       k3s.entry @chunk <source = kda> {
+// CHUNK:       k3s.entry @chunk <source = @kda> {
 // CHUNK-NEXT:    %[[Q:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHUNK-NEXT:    %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHUNK-NEXT:    %[[V:[A-Za-z_0-9]+]] = k3s.tensor_arg @v

@@ -16,7 +16,7 @@ builtin.module {
 }
 
 // CHECK:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = bounded, gate_lower_bound = -3.0>
-// CHECK-NEXT: k3s.entry @recurrent <source = gdn> {
+// CHECK-NEXT: k3s.entry @recurrent <source = @gdn> {
 // CHECK:        %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
 // CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
 // CHECK:        %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
@@ -43,7 +43,7 @@ builtin.module {
 // SOFTPLUS:      %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = softplus, lower_bound = -5.0, floor = -110.0> : !k3s.tile<>
 // SOFTPLUS-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 
-// CHUNK:       k3s.entry @chunk <source = gdn> {
+// CHUNK:       k3s.entry @chunk <source = @gdn> {
 // CHUNK:         %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
 // CHUNK:         %[[ALOG:[A-Za-z_0-9]+]] = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHUNK-NEXT:    %[[DTBIAS:[A-Za-z_0-9]+]] = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>

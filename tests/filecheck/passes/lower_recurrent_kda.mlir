@@ -17,7 +17,7 @@ builtin.module {
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = kv, dtype = bfloat16>
-// CHECK-NEXT:   k3s.entry @recurrent <source = kda> {
+// CHECK-NEXT:   k3s.entry @recurrent <source = @kda> {
 // CHECK-NEXT:     %[[Q:[A-Za-z_0-9]+]] = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 64, float>
 // CHECK-NEXT:     %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 4 x 64, float>
 // CHECK-NEXT:     %[[V:[A-Za-z_0-9]+]] = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 32, float>
@@ -30,7 +30,7 @@ builtin.module {
 // CHECK-NEXT:     %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<256, float>
-// CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
 // CHECK-NEXT:       k3s.state_tile %[[H0]] <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>
 // CHECK-NEXT:       k3s.token_loop %[[CU]] {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):

@@ -7,7 +7,7 @@ builtin.module {
   k3.recurrence @linear <gate = none, delta_rule = false, num_heads = 2, num_v_heads = 2, head_k_dim = 16, head_v_dim = 16, scale = 0.25, state_layout = kv, dtype = float32>
 }
 
-// CHECK:      k3s.entry @recurrent <source = linear> {
+// CHECK:      k3s.entry @recurrent <source = @linear> {
 // CHECK:        %g = k3s.tensor_arg @g <role = forbidden> : !k3s.tensor<B x T x 2, float>
 // CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = forbidden> : !k3s.tensor<B x T x 2, float>
 // CHECK-NEXT:   %scale = k3s.scalar_arg @scale <default = 0.25> : f32

@@ -12,15 +12,15 @@ builtin.module {
   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 128, scale = 0.125, state_layout = kv, dtype = bfloat16>
 }
 
-// BOTH:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 8> {
+// BOTH:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 8> {
 // BOTH-NEXT:   k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 128, block_v = 64, layout = kv>
 
-// BLOCK:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// BLOCK:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
 // BLOCK-NEXT:   k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 128, block_v = 16, layout = kv>
 
-// WARPS:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+// WARPS:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
 // WARPS-NEXT:   k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 128, block_v = 32, layout = kv>
 
-// STAGES:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4, num_stages = 3> {
+// STAGES:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4, num_stages = 3> {
 
 // NEGATIVE: lower-recurrent: token-stages must be >= 0 (0: no prefetch), got -1

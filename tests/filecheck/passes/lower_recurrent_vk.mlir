@@ -7,7 +7,7 @@ builtin.module {
   k3.recurrence @kda_vk <gate = channel, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 64, head_v_dim = 32, scale = 0.125, state_layout = vk, dtype = bfloat16>
 }
 
-// CHECK:      k3s.entry @recurrent <source = kda_vk> {
+// CHECK:      k3s.entry @recurrent <source = @kda_vk> {
 // CHECK:        %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 32 x 64, float32>
 // CHECK:        %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 32 x 64, float32>
 // CHECK:        k3s.kernel @kda_vk_recurrent

@@ -14,12 +14,12 @@ builtin.module {
   k3.recurrence @linear <gate = none, delta_rule = false, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 8, scale = 0.5, state_layout = kv, dtype = float32>
 }
 
-// CHECK:      k3s.entry @kda_segment_summary <source = kda> {
+// CHECK:      k3s.entry @kda_segment_summary <source = @kda> {
 // CHECK-NOT:    k3s.tensor_arg @q
 // CHECK:        %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
 // CHECK:        %[[M:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK-NEXT:   %[[N:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 4, float32>
-// CHECK:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head"
+// CHECK:        k3s.kernel @kda_summary_prepare <grid = [chunk, value_head]
 // CHECK-NEXT:     k3s.chunk_tile %[[CU]] <chunk_size = 16
 // CHECK-NOT:      k3s.gram %q
 // CHECK-NOT:      k3s.load_chunk %q
@@ -37,7 +37,7 @@ builtin.module {
 // CHECK:        k3s.store_state %[[M]] <layout = kv>
 
 // The summary scans of chunk_segments reload the workspaces of its own prepare.
-// CHECK:      k3s.entry @kda_chunk_segments <source = kda> {
+// CHECK:      k3s.entry @kda_chunk_segments <source = @kda> {
 // CHECK-NEXT:   %[[Q2:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHECK-NEXT:   %[[K2:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK:        %[[SCALE2:[A-Za-z_0-9]+]] = k3s.scalar_arg @scale
@@ -48,7 +48,7 @@ builtin.module {
 // CHECK:        %[[M2:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK-NEXT:   %[[N2:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
 // the one prepare reads this entry's tensors (the schedule was derived in the segment_scan entry)
-// CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head"
+// CHECK:        k3s.kernel @kda_segments_prepare <grid = [chunk, value_head]
 // CHECK-NEXT:     k3s.chunk_tile %[[CU2]] <chunk_size = 16
 // CHECK:          %[[q2:[a-z_0-9]+]] = k3s.load_chunk %[[Q2]] : !k3s.tile<C x K>
 // CHECK:          %{{[A-Za-z_0-9]+}} = k3s.gram %[[q2]], %{{.*}}, %[[K2]], %{{[A-Za-z_0-9]+}} <mask = inclusive
@@ -65,7 +65,7 @@ builtin.module {
 // CHECK:            %{{[A-Za-z_0-9]+}} = k3s.chunk_output %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[O2]], %[[SCALE2]] : !k3s.tile<C x V>
 // CHECK:          k3s.store_state %[[HT2]] <layout = kv>
 
-// CHECK:      k3s.entry @gla_segment_summary <source = gla> {
+// CHECK:      k3s.entry @gla_segment_summary <source = @gla> {
 // CHECK:        %[[M3:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8, float32>
 // CHECK-NEXT:   %[[N3:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK:        k3s.kernel @gla_summary_scan_N
@@ -73,18 +73,18 @@ builtin.module {
 // CHECK:        k3s.store_state %[[N3]] <layout = vk>
 // CHECK-NEXT:   k3s.store_transition %[[M3]] <transition = diagonal>
 // CHECK-NOT:    k3s.kernel @gla_summary_scan_M
-// CHECK:      k3s.entry @gla_chunk_segments <source = gla> {
+// CHECK:      k3s.entry @gla_chunk_segments <source = @gla> {
 // CHECK:        %[[GLA_INITIAL:initial_state]] = k3s.tensor_arg @initial_state <role = combined>
 // CHECK:        %[[GLA_SEGMENTS_M:M]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8, float32>
 // CHECK-NEXT:   %[[GLA_SEGMENTS_N:N]] = k3s.tensor_arg @N <role = workspace>
 // CHECK:        k3s.store_transition %[[GLA_SEGMENTS_M]] <transition = diagonal>
 // CHECK:        k3s.summary_combine %[[GLA_SEGMENTS_M]], %[[GLA_SEGMENTS_N]], %[[GLA_INITIAL]] <transition = diagonal>
 
-// CHECK:      k3s.entry @linear_segment_summary <source = linear> {
+// CHECK:      k3s.entry @linear_segment_summary <source = @linear> {
 // CHECK-NOT:    k3s.tensor_arg @M
 // CHECK:        k3s.tensor_arg @N
 // CHECK-NOT:    k3s.decay_product
-// CHECK:      k3s.entry @linear_chunk_segments <source = linear> {
+// CHECK:      k3s.entry @linear_chunk_segments <source = @linear> {
 // CHECK:        %[[LINEAR_INITIAL:initial_state]] = k3s.tensor_arg @initial_state <role = combined>
 // CHECK-NOT:    k3s.tensor_arg @M
 // CHECK:        %[[LINEAR_N:N]] = k3s.tensor_arg @N <role = workspace>

@@ -13,7 +13,7 @@ builtin.module {
   k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 8, head_v_dim = 16, scale = 0.5, state_layout = kv, dtype = float32>
 }
 
-// CHECK: k3s.entry @verify <source = gdn, max_tokens = 4> {
+// CHECK: k3s.entry @verify <source = @gdn, max_tokens = 4> {
 // CHECK-DAG: %state = k3s.tensor_arg @state <role = input> : !k3s.tensor<P x 4 x 8 x 16, state>
 // CHECK-DAG: %[[VERIFY_CACHE:cache]] = k3s.tensor_arg @cache <role = inout> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK: k3s.kernel @gdn_verify
@@ -25,7 +25,7 @@ builtin.module {
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: }
 // CHECK-NOT: k3s.store_state
-// CHECK: k3s.entry @commit <source = gdn> {
+// CHECK: k3s.entry @commit <source = @gdn> {
 // CHECK-DAG: %state = k3s.tensor_arg @state <role = inout> : !k3s.tensor<P x 4 x 8 x 16, state>
 // CHECK-DAG: %[[COMMIT_CACHE:cache]] = k3s.tensor_arg @cache <role = input> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK-DAG: %[[COMMIT_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
@@ -33,7 +33,7 @@ builtin.module {
 // CHECK-NEXT: k3s.state_tile {{.*}}home = pool>
 // CHECK-NEXT: k3s.replay %[[COMMIT_CACHE]], %[[COMMIT_ACCEPTED]] <gate = scalar>
 // CHECK-NEXT: k3s.store_state {{.*}}<layout = kv, home = pool>
-// CHECK: k3s.entry @spec_step <source = gdn, max_tokens = 4> {
+// CHECK: k3s.entry @spec_step <source = @gdn, max_tokens = 4> {
 // CHECK-DAG: %state = k3s.tensor_arg @state <role = inout> : !k3s.tensor<P x 4 x 8 x 16, state>
 // CHECK-DAG: %[[STEP_CACHE:cache]] = k3s.tensor_arg @cache <role = input> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK-DAG: %[[STEP_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>

@@ -15,12 +15,12 @@ builtin.module {
   k3.recurrence @gdn <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 8, head_v_dim = 16, scale = 0.5, state_layout = kv, dtype = float32>
 }
 
-// CHECK: k3s.entry @verify <source = gdn, max_tokens = 4> {
+// CHECK: k3s.entry @verify <source = @gdn, max_tokens = 4> {
 // CHECK-DAG: %state = k3s.tensor_arg @state <role = input> : !k3s.tensor<P x 4 x 8 x 16, state>
 // CHECK-DAG: %[[VERIFY_CACHE:cache]] = k3s.tensor_arg @cache <role = inout> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK-DAG: %[[W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float32>
 // CHECK-DAG: %[[U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 4 x 16, float32>
-// CHECK: k3s.kernel @gdn_verify_prepare <grid = "chunk,value_head", num_warps = 2, dots = fp32>
+// CHECK: k3s.kernel @gdn_verify_prepare <grid = [chunk, value_head], num_warps = 2, dots = fp32>
 // CHECK-NEXT: k3s.chunk_tile <chunk_size = 16
 // CHECK-NOT: k3s.chunk_decay
 // CHECK-NOT: anchor = end
@@ -29,7 +29,7 @@ builtin.module {
 // CHECK: %[[U_TILE:U_[0-9]+]] = k3s.wy_apply
 // CHECK-NEXT: k3s.spill %[[U]], %[[U_TILE]]
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.kernel @gdn_verify <grid = "value_block,sequence_head", num_warps = 2, num_stages = 1, dots = fp32>
+// CHECK-NEXT: k3s.kernel @gdn_verify <grid = [value_block, sequence_head], num_warps = 2, num_stages = 1, dots = fp32>
 // CHECK-NEXT: k3s.state_tile %state, %state_indices <{{.*}}home = pool>
 // CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
 // CHECK: %[[U_RELOADED:U_[0-9]+]] = k3s.reload %[[U]] : !k3s.tile<C x V>
@@ -42,21 +42,21 @@ builtin.module {
 // CHECK-NEXT: }
 // CHECK-NEXT: }
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.entry @commit <source = gdn> {
+// CHECK-NEXT: k3s.entry @commit <source = @gdn> {
 // CHECK: %[[COMMIT_CACHE:cache]] = k3s.tensor_arg @cache <role = input>
 // CHECK-NEXT: %[[COMMIT_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input>
 // CHECK: k3s.kernel @gdn_commit
 // CHECK-NEXT: k3s.state_tile {{.*}}home = pool>
 // CHECK-NEXT: k3s.replay %[[COMMIT_CACHE]], %[[COMMIT_ACCEPTED]] <gate = scalar>
 // CHECK-NEXT: k3s.store_state {{.*}}<layout = kv, home = pool>
-// CHECK: k3s.entry @spec_step <source = gdn, max_tokens = 4> {
+// CHECK: k3s.entry @spec_step <source = @gdn, max_tokens = 4> {
 // CHECK: %[[STEP_CACHE:cache]] = k3s.tensor_arg @cache <role = input>
 // CHECK-NEXT: %[[STEP_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input>
 // CHECK-NEXT: %[[NEXT_CACHE:next_cache]] = k3s.tensor_arg @next_cache <role = inout, distinct_from = cache>
 // CHECK: %[[STEP_W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float32>
-// CHECK: k3s.kernel @gdn_spec_step_prepare <grid = "chunk,value_head"
+// CHECK: k3s.kernel @gdn_spec_step_prepare <grid = [chunk, value_head]
 // CHECK: k3s.spill %[[STEP_W]], %{{W_[0-9]+}}
-// CHECK: k3s.kernel @gdn_spec_step <grid = "value_block,sequence_head"
+// CHECK: k3s.kernel @gdn_spec_step <grid = [value_block, sequence_head]
 // CHECK-NEXT: k3s.state_tile {{.*}}home = pool>
 // CHECK-NEXT: k3s.replay %[[STEP_CACHE]], %[[STEP_ACCEPTED]] <gate = scalar>
 // CHECK-NEXT: k3s.store_state {{.*}}<layout = kv, home = pool>
@@ -70,5 +70,5 @@ builtin.module {
 // BADVERIFY: {{^}}k3c opt: error: {{.*}}verify must be token or chunked, got 'chunks'{{.*$}}
 // DEEP: {{^}}k3c opt: error: {{.*}}verify=chunked needs draft-tokens <= 64, got 65{{.*$}}
 
-// TF32X3: k3s.kernel @gdn_verify_prepare <grid = "chunk,value_head", num_warps = 2, dots = tf32x3>
-// TF32X3: k3s.kernel @gdn_verify <grid = "value_block,sequence_head", num_warps = 2, num_stages = 1, dots = tf32x3>
+// TF32X3: k3s.kernel @gdn_verify_prepare <grid = [chunk, value_head], num_warps = 2, dots = tf32x3>
+// TF32X3: k3s.kernel @gdn_verify <grid = [value_block, sequence_head], num_warps = 2, num_stages = 1, dots = tf32x3>

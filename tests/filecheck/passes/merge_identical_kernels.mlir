@@ -16,7 +16,7 @@ builtin.module {
   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.5, state_layout = kv, dtype = float32>
 }
 
-// CHECK:      k3s.kernel @kda_summary_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = false}> {
+// CHECK:      k3s.kernel @kda_summary_prepare <grid = [chunk, value_head], num_warps = 4, flags = {SPILL_P_QG = false}> {
 // CHECK:          k3s.spill %KG, %{{[A-Za-z_0-9]+}}
 // CHECK-NEXT:     k3s.when <flag = SPILL_P_QG> {
 // CHECK-NEXT:       %{{[a-z_0-9]+}} = k3s.load_chunk %q : !k3s.tile<C x K>
@@ -24,25 +24,25 @@ builtin.module {
 // CHECK:            k3s.spill %QG, %{{[A-Za-z_0-9]+}}
 // CHECK-NEXT:     }
 // CHECK-NEXT:     %T = k3s.forward_substitution
-// CHECK:        k3s.kernel @kda_summary_scan_N <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
-// CHECK:        k3s.kernel @kda_summary_scan_M <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
-// CHECK:      k3s.entry @segment_summary <source = kda> {
+// CHECK:        k3s.kernel @kda_summary_scan_N <grid = [value_block, sequence_head], num_warps = 4, num_stages = 2> {
+// CHECK:        k3s.kernel @kda_summary_scan_M <grid = [value_block, sequence_head], num_warps = 4, num_stages = 2> {
+// CHECK:      k3s.entry @segment_summary <source = @kda> {
 // the query load the summary prepare's launch skips reads a tensor its entry lacks, and the
 // query spills write workspaces it lacks: absent tensors, passed as None
 // CHECK:        %[[Q:[A-Za-z_0-9]+]] = k3s.absent_tensor : !k3s.tensor<B x T x 2 x 8, float>
 // CHECK-NEXT:   %[[P:[A-Za-z_0-9]+]] = k3s.absent_tensor : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:   %[[QG:[A-Za-z_0-9]+]] = k3s.absent_tensor : !k3s.tensor<B x T x 2 x 8, float>
 // CHECK-NEXT:   k3s.launch @kda_summary_prepare %[[Q]], %k, %v, %g, %beta, %cu_seqlens, %KG, %[[P]], %[[QG]], %U, %W, %gamma_C
-// CHECK:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = true}, shares_code_of = kda_summary_prepare> {
-// CHECK:        k3s.kernel @kda_segments_summary_scan_N <{{.*}}, shares_code_of = kda_summary_scan_N> {
-// CHECK:        k3s.kernel @kda_segments_summary_scan_M <{{.*}}, shares_code_of = kda_summary_scan_M> {
-// CHECK:        k3s.kernel @kda_segments_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 2> {
-// CHECK:      k3s.entry @chunk_segments <source = kda> {
-// CHECK:        k3s.kernel @kda_chunk_prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P_QG = true}, shares_code_of = kda_summary_prepare> {
-// CHECK:        k3s.kernel @kda_chunk_scan <grid = "value_block,sequence_head", num_warps = 4, num_stages = 3, shares_code_of = kda_segments_scan> {
-// CHECK:      k3s.entry @chunk <source = kda> {
+// CHECK:        k3s.kernel @kda_segments_prepare <grid = [chunk, value_head], num_warps = 4, flags = {SPILL_P_QG = true}, shares_code_of = @kda_summary_prepare> {
+// CHECK:        k3s.kernel @kda_segments_summary_scan_N <{{.*}}, shares_code_of = @kda_summary_scan_N> {
+// CHECK:        k3s.kernel @kda_segments_summary_scan_M <{{.*}}, shares_code_of = @kda_summary_scan_M> {
+// CHECK:        k3s.kernel @kda_segments_scan <grid = [value_block, sequence_head], num_warps = 4, num_stages = 2> {
+// CHECK:      k3s.entry @chunk_segments <source = @kda> {
+// CHECK:        k3s.kernel @kda_chunk_prepare <grid = [chunk, value_head], num_warps = 4, flags = {SPILL_P_QG = true}, shares_code_of = @kda_summary_prepare> {
+// CHECK:        k3s.kernel @kda_chunk_scan <grid = [value_block, sequence_head], num_warps = 4, num_stages = 3, shares_code_of = @kda_segments_scan> {
+// CHECK:      k3s.entry @chunk <source = @kda> {
 
-// OWN:        k3s.kernel @kda_summary_prepare <grid = "chunk,value_head", num_warps = 4> {
+// OWN:        k3s.kernel @kda_summary_prepare <grid = [chunk, value_head], num_warps = 4> {
 // OWN-NOT:      k3s.when
-// OWN:        k3s.kernel @kda_segments_prepare <grid = "chunk,value_head", num_warps = 4> {
-// OWN:        k3s.kernel @kda_chunk_prepare <grid = "chunk,value_head", num_warps = 4, shares_code_of = kda_segments_prepare> {
+// OWN:        k3s.kernel @kda_segments_prepare <grid = [chunk, value_head], num_warps = 4> {
+// OWN:        k3s.kernel @kda_chunk_prepare <grid = [chunk, value_head], num_warps = 4, shares_code_of = @kda_segments_prepare> {

@@ -18,7 +18,7 @@ builtin.module {
 }
 
 // REC:      k3.recurrence @rec
-// REC-NEXT: k3s.entry @rec_recurrent <source = rec> {
+// REC-NEXT: k3s.entry @rec_recurrent <source = @rec> {
 // REC:      %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = scalar
 // REC-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 // REC:      k3.attnres @ar
@@ -28,22 +28,22 @@ builtin.module {
 // AR-NOT:  k3s.entry
 // AR:      k3.recurrence @rec
 // AR-NEXT: k3.attnres @ar
-// AR-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 3> {
+// AR-NEXT: k3s.entry @ar_aggregate <source = @ar, max_sources = 3> {
 // AR:      k3.latent_moe @moe
 // AR-NOT:  k3s.entry
 
 // BOTH:      k3.recurrence @rec
-// BOTH-NEXT: k3s.entry @rec_recurrent <source = rec> {
+// BOTH-NEXT: k3s.entry @rec_recurrent <source = @rec> {
 // BOTH:      k3s.kernel @rec_recurrent
 // BOTH:      k3.attnres @ar
-// BOTH-NEXT: k3s.entry @ar_aggregate <source = ar, max_sources = 3> {
+// BOTH-NEXT: k3s.entry @ar_aggregate <source = @ar, max_sources = 3> {
 // BOTH:      k3s.kernel @ar_aggregate
 // BOTH:      k3.latent_moe @moe
 // BOTH-NOT:  k3s.entry
 
 // MOE-NOT:  k3s.entry
 // MOE:      k3.latent_moe @moe
-// MOE-NEXT: k3s.entry @moe_route <source = moe> {
+// MOE-NEXT: k3s.entry @moe_route <source = @moe> {
 // MOE:      k3s.kernel @moe_router_logits
 // MOE:      k3s.kernel @moe_router_top_k
 // MOE-NOT:  k3s.entry

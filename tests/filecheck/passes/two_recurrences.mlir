@@ -10,7 +10,7 @@ builtin.module {
 }
 
 // CHECK:      k3.recurrence @first
-// CHECK-NEXT: k3s.entry @first_recurrent <source = first> {
+// CHECK-NEXT: k3s.entry @first_recurrent <source = @first> {
 // CHECK:      %[[K1:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK:      %[[G1:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
 // CHECK:      %[[k1:[a-z_0-9]+]] = k3s.load_token %[[K1]] : !k3s.tile<K>
@@ -20,7 +20,7 @@ builtin.module {
 // CHECK-NEXT: %[[beta1:[a-z_0-9]+]] = k3s.load_beta
 // CHECK-NEXT: %u = k3s.delta_correct %S_1, %[[k1]], %[[v1]], %[[beta1]] : !k3s.tile<V>
 // CHECK:      k3.recurrence @second
-// CHECK-NEXT: k3s.entry @second_recurrent <source = second> {
+// CHECK-NEXT: k3s.entry @second_recurrent <source = @second> {
 // each entry's stages read its own arguments
 // CHECK-NEXT:   %[[Q2:[A-Za-z_0-9]+]] = k3s.tensor_arg @q
 // CHECK-NEXT:   %[[K2:[A-Za-z_0-9]+]] = k3s.tensor_arg @k

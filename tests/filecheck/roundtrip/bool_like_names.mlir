@@ -1,6 +1,7 @@
-// String values that spell true/false are quoted, so they re-parse as strings, not booleans:
-// a layer named `true` (a valid spec name) gets `source = "true"` in its entry. A regression
-// test: `source = true` used to re-parse as a bool and fail verification.
+// Names that spell true/false re-parse as names, not booleans: a layer named `true` (a valid
+// spec name) is the symbol reference `source = @true` of its entry. A regression test: as a
+// plain string, `source = true` used to re-parse as a bool and fail verification (string values
+// that spell true/false are quoted: `source = "true"`).
 // RUN: k3c opt %s -p lower-recurrent | filecheck %s
 // RUN: k3c opt %s -p lower-recurrent | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p lower-recurrent --generic | k3c opt - | filecheck %s
@@ -10,5 +11,5 @@ builtin.module {
 }
 
 // CHECK:      k3.recurrence @true <gate = channel, delta_rule = true,
-// CHECK-NEXT: k3s.entry @recurrent <source = "true"> {
+// CHECK-NEXT: k3s.entry @recurrent <source = @true> {
 // CHECK:      k3s.kernel @true_recurrent

@@ -11,13 +11,15 @@
 // RUN: k3c opt %s > %t.once && k3c opt %t.once > %t.twice && diff %t.once %t.twice
 
 builtin.module {
-  k3s.entry @aggregate <source = ar, max_sources = 5> {
+  k3.attnres @ar <hidden_size = 32, num_blocks = 4, block_size = 2, eps = 1.0e-06, dtype = float32>
+  k3.attnres @other <hidden_size = 32, num_blocks = 4, block_size = 2, eps = 1.0e-06, dtype = float32>
+  k3s.entry @aggregate <source = @ar, max_sources = 5> {
     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 32, float>
     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<32, float>
     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<32, float>
     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 32, float>
     %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
-    k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
+    k3s.kernel @ar_aggregate <grid = [row], num_warps = 8> {
       %q = k3s.fold_query %query, %gain <hidden_size = 32> : !k3s.tile<D>
       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
@@ -32,7 +34,7 @@ builtin.module {
       k3s.store_lse %max_1, %sum_1, %lse
     }
   }
-  k3s.entry @aggregate_backward <source = ar, max_sources = 5> {
+  k3s.entry @aggregate_backward <source = @ar, max_sources = 5> {
     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 32, float>
     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<32, float>
     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<32, float>
@@ -42,7 +44,7 @@ builtin.module {
     %dsources = k3s.tensor_arg @dsources <role = output> : !k3s.tensor<S x B x T x 32, float>
     %dquery = k3s.tensor_arg @dquery <role = output, fill = 0> : !k3s.tensor<32, float32>
     %dgain = k3s.tensor_arg @dgain <role = output, fill = 0> : !k3s.tensor<32, float32>
-    k3s.kernel @ar_aggregate_backward <grid = row_group, num_warps = 16, num_stages = 3> {
+    k3s.kernel @ar_aggregate_backward <grid = [row_group], num_warps = 16, num_stages = 3> {
       %q = k3s.fold_query %query, %gain <hidden_size = 32> : !k3s.tile<D>
       %q_bar = k3s.zeros : !k3s.tile<D>
       %q_bar_1 = k3s.row_loop %q_bar <rows = 16> {
@@ -72,19 +74,21 @@ builtin.module {
       k3s.store_query_cotangent %q_bar_1, %query, %gain, %dquery, %dgain
     }
   }
-  k3s.entry @empty <source = other> {
+  k3s.entry @empty <source = @other> {
   ^bb0:
   }
 }
 
 // CHECK:      builtin.module {
-// CHECK-NEXT:   k3s.entry @aggregate <source = ar, max_sources = 5> {
+// CHECK-NEXT:   k3.attnres @ar <hidden_size = 32, num_blocks = 4, block_size = 2, eps = 1.0e-06, dtype = float32>
+// CHECK-NEXT:   k3.attnres @other <hidden_size = 32, num_blocks = 4, block_size = 2, eps = 1.0e-06, dtype = float32>
+// CHECK-NEXT:   k3s.entry @aggregate <source = @ar, max_sources = 5> {
 // CHECK-NEXT:     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 32, float>
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<32, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<32, float>
 // CHECK-NEXT:     %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 32, float>
 // CHECK-NEXT:     %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
-// CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = row, num_warps = 8> {
+// CHECK-NEXT:     k3s.kernel @ar_aggregate <grid = [row], num_warps = 8> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 32> : !k3s.tile<D>
 // CHECK-NEXT:       %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // CHECK-NEXT:       %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
@@ -99,7 +103,7 @@ builtin.module {
 // CHECK-NEXT:       k3s.store_lse %max_1, %sum_1, %lse
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
-// CHECK-NEXT:   k3s.entry @aggregate_backward <source = ar, max_sources = 5> {
+// CHECK-NEXT:   k3s.entry @aggregate_backward <source = @ar, max_sources = 5> {
 // CHECK-NEXT:     %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 32, float>
 // CHECK-NEXT:     %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<32, float>
 // CHECK-NEXT:     %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<32, float>
@@ -109,7 +113,7 @@ builtin.module {
 // CHECK-NEXT:     %dsources = k3s.tensor_arg @dsources <role = output> : !k3s.tensor<S x B x T x 32, float>
 // CHECK-NEXT:     %dquery = k3s.tensor_arg @dquery <role = output, fill = 0> : !k3s.tensor<32, float32>
 // CHECK-NEXT:     %dgain = k3s.tensor_arg @dgain <role = output, fill = 0> : !k3s.tensor<32, float32>
-// CHECK-NEXT:     k3s.kernel @ar_aggregate_backward <grid = row_group, num_warps = 16, num_stages = 3> {
+// CHECK-NEXT:     k3s.kernel @ar_aggregate_backward <grid = [row_group], num_warps = 16, num_stages = 3> {
 // CHECK-NEXT:       %q = k3s.fold_query %query, %gain <hidden_size = 32> : !k3s.tile<D>
 // CHECK-NEXT:       %q_bar = k3s.zeros : !k3s.tile<D>
 // CHECK-NEXT:       %q_bar_1 = k3s.row_loop %q_bar <rows = 16> {
@@ -139,19 +143,21 @@ builtin.module {
 // CHECK-NEXT:       k3s.store_query_cotangent %q_bar_1, %query, %gain, %dquery, %dgain
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
-// CHECK-NEXT:   k3s.entry @empty <source = other> {
+// CHECK-NEXT:   k3s.entry @empty <source = @other> {
 // CHECK-NEXT:   ^bb0:
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
 
 // GENERIC:      "builtin.module"() ({
-// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "aggregate", source = "ar", max_sources = 5 : i64}> ({
+// GENERIC-NEXT:   "k3.attnres"() <{sym_name = "ar", hidden_size = 32 : i64, num_blocks = 4 : i64, block_size = 2 : i64, eps = 1.000000e-06 : f64, dtype = #k3<dtype float32>}> : () -> ()
+// GENERIC-NEXT:   "k3.attnres"() <{sym_name = "other", hidden_size = 32 : i64, num_blocks = 4 : i64, block_size = 2 : i64, eps = 1.000000e-06 : f64, dtype = #k3<dtype float32>}> : () -> ()
+// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "aggregate", source = @ar, max_sources = 5 : i64}> ({
 // GENERIC-NEXT:     %sources = "k3s.tensor_arg"() <{sym_name = "sources", role = #k3s<arg_role input>}> : () -> !k3s.tensor<S x B x T x 32, float>
 // GENERIC-NEXT:     %query = "k3s.tensor_arg"() <{sym_name = "query", role = #k3s<arg_role input>}> : () -> !k3s.tensor<32, float>
 // GENERIC-NEXT:     %gain = "k3s.tensor_arg"() <{sym_name = "gain", role = #k3s<arg_role input>}> : () -> !k3s.tensor<32, float>
 // GENERIC-NEXT:     %out = "k3s.tensor_arg"() <{sym_name = "out", role = #k3s<arg_role output>}> : () -> !k3s.tensor<B x T x 32, float>
 // GENERIC-NEXT:     %lse = "k3s.tensor_arg"() <{sym_name = "lse", role = #k3s<arg_role optional_output>}> : () -> !k3s.tensor<B x T, float32>
-// GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "ar_aggregate", grid = "row", num_warps = 8 : i64}> ({
+// GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "ar_aggregate", grid = [#k3s<grid_axis row>], num_warps = 8 : i64}> ({
 // GENERIC-NEXT:       %q = "k3s.fold_query"(%query, %gain) <{hidden_size = 32 : i64}> : (!k3s.tensor<32, float>, !k3s.tensor<32, float>) -> !k3s.tile<D>
 // GENERIC-NEXT:       %max, %sum, %acc = "k3s.softmax_start"() : () -> (!k3s.tile<>, !k3s.tile<>, !k3s.tile<D>)
 // GENERIC-NEXT:       %max_1, %sum_1, %acc_1 = "k3s.source_loop"(%max, %sum, %acc) ({
@@ -166,7 +172,7 @@ builtin.module {
 // GENERIC-NEXT:       "k3s.store_lse"(%max_1, %sum_1, %lse) : (!k3s.tile<>, !k3s.tile<>, !k3s.tensor<B x T, float32>) -> ()
 // GENERIC-NEXT:     }) : () -> ()
 // GENERIC-NEXT:   }) : () -> ()
-// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "aggregate_backward", source = "ar", max_sources = 5 : i64}> ({
+// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "aggregate_backward", source = @ar, max_sources = 5 : i64}> ({
 // GENERIC-NEXT:     %sources = "k3s.tensor_arg"() <{sym_name = "sources", role = #k3s<arg_role input>}> : () -> !k3s.tensor<S x B x T x 32, float>
 // GENERIC-NEXT:     %query = "k3s.tensor_arg"() <{sym_name = "query", role = #k3s<arg_role input>}> : () -> !k3s.tensor<32, float>
 // GENERIC-NEXT:     %gain = "k3s.tensor_arg"() <{sym_name = "gain", role = #k3s<arg_role input>}> : () -> !k3s.tensor<32, float>
@@ -176,7 +182,7 @@ builtin.module {
 // GENERIC-NEXT:     %dsources = "k3s.tensor_arg"() <{sym_name = "dsources", role = #k3s<arg_role output>}> : () -> !k3s.tensor<S x B x T x 32, float>
 // GENERIC-NEXT:     %dquery = "k3s.tensor_arg"() <{sym_name = "dquery", role = #k3s<arg_role output>, fill = 0 : i64}> : () -> !k3s.tensor<32, float32>
 // GENERIC-NEXT:     %dgain = "k3s.tensor_arg"() <{sym_name = "dgain", role = #k3s<arg_role output>, fill = 0 : i64}> : () -> !k3s.tensor<32, float32>
-// GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "ar_aggregate_backward", grid = "row_group", num_warps = 16 : i64, num_stages = 3 : i64}> ({
+// GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "ar_aggregate_backward", grid = [#k3s<grid_axis row_group>], num_warps = 16 : i64, num_stages = 3 : i64}> ({
 // GENERIC-NEXT:       %q = "k3s.fold_query"(%query, %gain) <{hidden_size = 32 : i64}> : (!k3s.tensor<32, float>, !k3s.tensor<32, float>) -> !k3s.tile<D>
 // GENERIC-NEXT:       %q_bar = "k3s.zeros"() : () -> !k3s.tile<D>
 // GENERIC-NEXT:       %q_bar_1 = "k3s.row_loop"(%q_bar) <{rows = 16 : i64}> ({
@@ -206,7 +212,7 @@ builtin.module {
 // GENERIC-NEXT:       "k3s.store_query_cotangent"(%q_bar_1, %query, %gain, %dquery, %dgain) : (!k3s.tile<D>, !k3s.tensor<32, float>, !k3s.tensor<32, float>, !k3s.tensor<32, float32>, !k3s.tensor<32, float32>) -> ()
 // GENERIC-NEXT:     }) : () -> ()
 // GENERIC-NEXT:   }) : () -> ()
-// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "empty", source = "other"}> ({
+// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "empty", source = @other}> ({
 // GENERIC-NEXT:   ^bb0:
 // GENERIC-NEXT:   }) : () -> ()
 // GENERIC-NEXT: }) : () -> ()

@@ -8,7 +8,8 @@
 // RUN: k3c opt %s > %t.once && k3c opt %t.once > %t.twice && diff %t.once %t.twice
 
 builtin.module {
-  k3s.entry @recurrent <source = layer> {
+  k3.recurrence @layer <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 8, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @recurrent <source = @layer> {
     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
@@ -20,7 +21,7 @@ builtin.module {
     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 16 x 8, float32>
     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
-    k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+    k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
       k3s.token_loop {
       ^bb0(%S: !k3s.tile<K x V>):
@@ -38,7 +39,7 @@ builtin.module {
       k3s.store_state %final_state <layout = kv>
     }
   }
-  k3s.entry @chunk <source = layer> {
+  k3s.entry @chunk <source = @layer> {
     %q_2 = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %k_2 = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %v_3 = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
@@ -46,7 +47,7 @@ builtin.module {
     %beta_2 = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
     %A_log_1 = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
     %dt_bias_1 = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
-    k3s.kernel @layer_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @layer_chunk_prepare <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 8>
       %g_3 = k3s.load_gate %g_2, %A_log_1, %dt_bias_1 <gate = scalar, input = bounded, lower_bound = -2.5> : !k3s.tile<C>
       %k_3 = k3s.load_chunk %k_2 <l2norm = true> : !k3s.tile<C x K>
@@ -71,7 +72,8 @@ builtin.module {
 // GENERIC-NEXT: %q_1 = "k3s.load_chunk"(%q) : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<C x K>
 
 // CHECK:      builtin.module {
-// CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
+// CHECK-NEXT:   k3.recurrence @layer <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 8, scale = 0.25, state_layout = kv, dtype = float32>
+// CHECK-NEXT:   k3s.entry @recurrent <source = @layer> {
 // CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
@@ -83,7 +85,7 @@ builtin.module {
 // CHECK-NEXT:     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 16 x 8, float32>
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
-// CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+// CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
 // CHECK-NEXT:       k3s.token_loop {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
@@ -101,7 +103,7 @@ builtin.module {
 // CHECK-NEXT:       k3s.store_state %final_state <layout = kv>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
-// CHECK-NEXT:   k3s.entry @chunk <source = layer> {
+// CHECK-NEXT:   k3s.entry @chunk <source = @layer> {
 // CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
@@ -109,7 +111,7 @@ builtin.module {
 // CHECK-NEXT:     %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
-// CHECK-NEXT:     k3s.kernel @layer_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+// CHECK-NEXT:     k3s.kernel @layer_chunk_prepare <grid = [chunk, value_head], num_warps = 4> {
 // CHECK-NEXT:       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 8>
 // CHECK-NEXT:       %g_1 = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = bounded, lower_bound = -2.5> : !k3s.tile<C>
 // CHECK-NEXT:       %k_1 = k3s.load_chunk %k <l2norm = true> : !k3s.tile<C x K>

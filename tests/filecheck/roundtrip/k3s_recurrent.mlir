@@ -6,7 +6,8 @@
 // RUN: k3c opt %s > %t.once && k3c opt %t.once > %t.twice && diff %t.once %t.twice
 
 builtin.module {
-  k3s.entry @recurrent <source = layer> {
+  k3.recurrence @layer <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 8, scale = 0.25, state_layout = vk, dtype = float32>
+  k3s.entry @recurrent <source = @layer> {
     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
@@ -17,7 +18,7 @@ builtin.module {
     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 8, float>
     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
-    k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+    k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
       k3s.token_loop %cu_seqlens {
       ^bb0(%S: !k3s.tile<K x V>):
@@ -38,7 +39,8 @@ builtin.module {
 }
 
 // CHECK:      builtin.module {
-// CHECK-NEXT:   k3s.entry @recurrent <source = layer> {
+// CHECK-NEXT:   k3.recurrence @layer <gate = scalar, delta_rule = true, num_heads = 2, num_v_heads = 4, head_k_dim = 16, head_v_dim = 8, scale = 0.25, state_layout = vk, dtype = float32>
+// CHECK-NEXT:   k3s.entry @recurrent <source = @layer> {
 // CHECK-NEXT:     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
 // CHECK-NEXT:     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 4 x 8, float>
@@ -49,7 +51,7 @@ builtin.module {
 // CHECK-NEXT:     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 8, float>
 // CHECK-NEXT:     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
 // CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
-// CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = "value_block,sequence_head", num_warps = 2> {
+// CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
 // CHECK-NEXT:       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
 // CHECK-NEXT:       k3s.token_loop %cu_seqlens {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
@@ -70,7 +72,8 @@ builtin.module {
 // CHECK-NEXT: }
 
 // GENERIC:      "builtin.module"() ({
-// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "recurrent", source = "layer"}> ({
+// GENERIC-NEXT:   "k3.recurrence"() <{sym_name = "layer", gate = #k3<gate scalar>, delta_rule = true, num_heads = 2 : i64, num_v_heads = 4 : i64, head_k_dim = 16 : i64, head_v_dim = 8 : i64, scale = 2.500000e-01 : f64, state_layout = #k3<state_layout vk>, dtype = #k3<dtype float32>}> : () -> ()
+// GENERIC-NEXT:   "k3s.entry"() <{sym_name = "recurrent", source = @layer}> ({
 // GENERIC-NEXT:     %q = "k3s.tensor_arg"() <{sym_name = "q", role = #k3s<arg_role input>}> : () -> !k3s.tensor<B x T x 2 x 16, float>
 // GENERIC-NEXT:     %k = "k3s.tensor_arg"() <{sym_name = "k", role = #k3s<arg_role input>}> : () -> !k3s.tensor<B x T x 2 x 16, float>
 // GENERIC-NEXT:     %v = "k3s.tensor_arg"() <{sym_name = "v", role = #k3s<arg_role input>}> : () -> !k3s.tensor<B x T x 4 x 8, float>
@@ -81,7 +84,7 @@ builtin.module {
 // GENERIC-NEXT:     %o = "k3s.tensor_arg"() <{sym_name = "o", role = #k3s<arg_role output>}> : () -> !k3s.tensor<B x T x 4 x 8, float>
 // GENERIC-NEXT:     %final_state = "k3s.tensor_arg"() <{sym_name = "final_state", role = #k3s<arg_role optional_output>}> : () -> !k3s.tensor<N x 4 x 8 x 16, float32>
 // GENERIC-NEXT:     %cu_seqlens = "k3s.tensor_arg"() <{sym_name = "cu_seqlens", role = #k3s<arg_role optional_input>}> : () -> !k3s.tensor<N+1, offsets>
-// GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = "value_block,sequence_head", num_warps = 2 : i64}> ({
+// GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = [#k3s<grid_axis value_block>, #k3s<grid_axis sequence_head>], num_warps = 2 : i64}> ({
 // GENERIC-NEXT:       "k3s.state_tile"(%initial_state) <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = #k3<state_layout vk>}> : (!k3s.tensor<N x 4 x 8 x 16, float32>) -> ()
 // GENERIC-NEXT:       "k3s.token_loop"(%cu_seqlens) ({
 // GENERIC-NEXT:       ^bb0(%S: !k3s.tile<K x V>):

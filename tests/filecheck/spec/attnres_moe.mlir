@@ -9,13 +9,13 @@
 // AR-LABEL: // -----// IR of spec
 // AR:       k3.attnres @attnres <hidden_size = 7168, num_blocks = 8, block_size = 12, eps = 1.0e-06, dtype = bfloat16>
 // AR-LABEL: // -----// IR after fuse-attnres //----- //
-// AR:       k3s.entry @aggregate <source = attnres, max_sources = 9> {
+// AR:       k3s.entry @aggregate <source = @attnres, max_sources = 9> {
 // AR-NEXT:    %sources = k3s.tensor_arg @sources <role = input> : !k3s.tensor<S x B x T x 7168, float>
 // AR-NEXT:    %query = k3s.tensor_arg @query <role = input> : !k3s.tensor<7168, float>
 // AR-NEXT:    %gain = k3s.tensor_arg @gain <role = input> : !k3s.tensor<7168, float>
 // AR-NEXT:    %out = k3s.tensor_arg @out <role = output> : !k3s.tensor<B x T x 7168, float>
 // AR-NEXT:    %lse = k3s.tensor_arg @lse <role = optional_output> : !k3s.tensor<B x T, float32>
-// AR-NEXT:    k3s.kernel @attnres_aggregate <grid = row, num_warps = 4, num_stages = 3, max_rows = 2047> {
+// AR-NEXT:    k3s.kernel @attnres_aggregate <grid = [row], num_warps = 4, num_stages = 3, max_rows = 2047> {
 // AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
 // AR-NEXT:      %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // AR-NEXT:      %max_1, %sum_1, %acc_1 = k3s.source_loop %max, %sum, %acc {
@@ -29,7 +29,7 @@
 // AR-NEXT:      k3s.normalize_store %acc_1, %sum_1, %out
 // AR-NEXT:      k3s.store_lse %max_1, %sum_1, %lse
 // AR-NEXT:    }
-// AR-NEXT:    k3s.kernel @attnres_aggregate_groups <grid = row_group, num_warps = 4, num_stages = 4, min_rows = 2048> {
+// AR-NEXT:    k3s.kernel @attnres_aggregate_groups <grid = [row_group], num_warps = 4, num_stages = 4, min_rows = 2048> {
 // AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
 // AR-NEXT:      %max, %sum, %acc = k3s.softmax_start : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // AR-NEXT:      %max_1, %sum_1, %acc_1 = k3s.row_source_loop %max, %sum, %acc <rows = 8> {
@@ -47,8 +47,8 @@
 // AR-NEXT:      } : !k3s.tile<>, !k3s.tile<>, !k3s.tile<D>
 // AR-NEXT:    }
 // AR-LABEL: // -----// IR after derive-attnres-backward //----- //
-// AR:       k3s.entry @aggregate_backward <source = attnres, max_sources = 9> {
-// AR:         k3s.kernel @attnres_aggregate_backward <grid = row_group, num_warps = 16, num_stages = 3> {
+// AR:       k3s.entry @aggregate_backward <source = @attnres, max_sources = 9> {
+// AR:         k3s.kernel @attnres_aggregate_backward <grid = [row_group], num_warps = 16, num_stages = 3> {
 // AR-NEXT:      %q = k3s.fold_query %query, %gain <hidden_size = 7168> : !k3s.tile<D>
 // AR:             %score = k3s.rms_score %x, %q <eps = 1.0e-06> : !k3s.tile<>
 // AR:             %x_bar = k3s.rms_score_adjoint %x, %q, %score, %score_bar <eps = 1.0e-06> : !k3s.tile<D>
@@ -59,22 +59,22 @@
 // MOE-NEXT:   k3.latent_moe @latent_moe <hidden_size = 7168, latent_dim = 3584, num_experts = 896, top_k = 16, expert_ffn_dim = 3072, num_shared_experts = 2, shared_ffn_dim = 3072, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 1.0, eps = 1.0e-06, dtype = bfloat16>
 // MOE-NEXT: }
 // MOE-LABEL: // -----// IR after lower-moe-routing //----- //
-// MOE:        k3s.entry @route <source = latent_moe> {
+// MOE:        k3s.entry @route <source = @latent_moe> {
 // MOE-NEXT:     %x = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 7168, float>
 // MOE-NEXT:     %router_weight = k3s.tensor_arg @router_weight <role = input> : !k3s.tensor<896 x 7168, float>
 // MOE-NEXT:     %router_bias = k3s.tensor_arg @router_bias <role = input> : !k3s.tensor<896, float32>
 // MOE-NEXT:     %topk_ids = k3s.tensor_arg @topk_ids <role = output> : !k3s.tensor<R x 16, index>
 // MOE-NEXT:     %topk_weights = k3s.tensor_arg @topk_weights <role = output> : !k3s.tensor<R x 16, float32>
 // MOE-NEXT:     %partial_logits = k3s.tensor_arg @partial_logits <role = workspace> : !k3s.tensor<HS x R x 896, float32>
-// MOE-NEXT:     k3s.kernel @latent_moe_router_logits <grid = "expert_block,row_block,hidden_slice", num_warps = 8> {
+// MOE-NEXT:     k3s.kernel @latent_moe_router_logits <grid = [expert_block, row_block, hidden_slice], num_warps = 8> {
 // MOE-NEXT:       %logits = k3s.router_logits %x, %router_weight <hidden_size = 7168, num_experts = 896> : !k3s.tile<R x E>
 // MOE-NEXT:       k3s.store_partial_logits %logits, %partial_logits
-// MOE:          k3s.kernel @latent_moe_router_top_k <grid = row_block, num_warps = 8> {
+// MOE:          k3s.kernel @latent_moe_router_top_k <grid = [row_block], num_warps = 8> {
 // MOE-NEXT:       %logits = k3s.sum_partial_logits %partial_logits <num_experts = 896> : !k3s.tile<R x E>
 // MOE:            %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 16> : !k3s.tile<R x KS>, !k3s.tile<R x KS>
 // MOE-NEXT:       %weights = k3s.routing_weights %w <normalize = true, scale = 1.0> : !k3s.tile<R x KS>
 // MOE-NEXT:       k3s.store_routing %ids, %weights, %topk_ids, %topk_weights
 // MOE-LABEL: // -----// IR after lower-moe-experts //----- //
-// MOE:        k3s.entry @moe_prefill <source = latent_moe> {
-// MOE:        k3s.entry @moe_decode <source = latent_moe> {
-// MOE:        k3s.entry_by_rows @moe <source = latent_moe, small = moe_decode, large = moe_prefill
+// MOE:        k3s.entry @moe_prefill <source = @latent_moe> {
+// MOE:        k3s.entry @moe_decode <source = @latent_moe> {
+// MOE:        k3s.entry_by_rows @moe <source = @latent_moe, small = @moe_decode, large = @moe_prefill

@@ -16,7 +16,7 @@
 // CHECK-LABEL: // -----// IR after lower-recurrent //----- //
 // CHECK-NEXT:  builtin.module {
 // CHECK-NEXT:    k3.recurrence @kda
-// CHECK-NEXT:    k3s.entry @recurrent <source = kda> {
+// CHECK-NEXT:    k3s.entry @recurrent <source = @kda> {
 // CHECK-NEXT:      %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 32 x 128, float>
 // CHECK-NEXT:      %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 32 x 128, float>
 // CHECK-NEXT:      %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 32 x 128, float>
@@ -29,7 +29,7 @@
 // CHECK-NEXT:      %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
 // CHECK-NEXT:      %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<32, float>
 // CHECK-NEXT:      %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<4096, float>
-// CHECK-NEXT:      k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+// CHECK-NEXT:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
 // CHECK-NEXT:        k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = kv>
 // CHECK-NEXT:        k3s.token_loop %cu_seqlens {
 // CHECK-NEXT:        ^bb0(%S: !k3s.tile<K x V>):
@@ -50,7 +50,7 @@
 // CHECK-NEXT:  }
 
 // OPTS-LABEL: // -----// IR after lower-recurrent //----- //
-// OPTS:       k3s.kernel @kda_recurrent <grid = "value_block,sequence_head", num_warps = 8> {
+// OPTS:       k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 8> {
 // OPTS-NEXT:    k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 64, layout = kv>
 
 // LAYER-NOT:  // -----//

@@ -16,7 +16,8 @@
 // RUN: sed 's/k3s.unit_lower_inverse %%M_bar <block = 2>/k3s.unit_lower_inverse %%k_bar <block = 2>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=INVERSE
 
 builtin.module {
-  k3s.entry @chunk_backward <source = r> {
+  k3.recurrence @r <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @chunk_backward <source = @r> {
     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 2 x 8, float>

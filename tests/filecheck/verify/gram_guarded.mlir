@@ -10,12 +10,13 @@
 // RUN: sed 's/limit = 80.0/limit = 0.0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LIMIT
 
 builtin.module {
-  k3s.entry @chunk <source = r> {
+  k3.recurrence @r <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @chunk <source = @r> {
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 2, float>
     %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 2 x 16, float>
-    k3s.kernel @r_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @r_chunk_prepare <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k_1 = k3s.load_chunk %k : !k3s.tile<C x K>
       %g_1 = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0> : !k3s.tile<C x K>

@@ -19,7 +19,8 @@
 // RUN: sed 's/input = bounded/input = log/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=EXTRAPARAMS
 
 builtin.module {
-  k3s.entry @recurrent <source = r> {
+  k3.recurrence @r <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 16, head_v_dim = 16, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @recurrent <source = @r> {
     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 16, float>
     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 2 x 16, float>
@@ -29,7 +30,7 @@ builtin.module {
     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 2 x 16, float>
     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<2, float>
     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<32, float>
-    k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+    k3s.kernel @r_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
       k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = kv, start = zero>
       k3s.token_loop {
       ^bb0(%S: !k3s.tile<K x V>):
@@ -45,7 +46,7 @@ builtin.module {
         k3s.next_token %S_2
       }
     }
-    k3s.kernel @r_chunk_prepare <grid = "chunk,value_head", num_warps = 4> {
+    k3s.kernel @r_chunk_prepare <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 16>
       %k_2 = k3s.load_chunk %k <l2norm = true> : !k3s.tile<C x K>
       %v_3 = k3s.load_chunk %v : !k3s.tile<C x V>

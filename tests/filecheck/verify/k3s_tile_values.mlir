@@ -11,7 +11,8 @@
 // RUN: sed '/k3s.next_chunk/d' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TERMINATOR
 
 builtin.module {
-  k3s.entry @chunk <source = r> {
+  k3.recurrence @r <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @chunk <source = @r> {
     %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 2 x 4, float>

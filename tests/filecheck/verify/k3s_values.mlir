@@ -8,9 +8,12 @@
 // RUN: sed 's/role = maybe/role = input/; s/k3s.state_tile %%initial_state /k3s.state_tile /' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TILEREADS
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk>/layout = vk, start = zero>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STARTREADS
 // RUN: sed 's/role = maybe/role = input/; s/layout = vk>/layout = vk, home = pool>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=POOLREADS
-// RUN: sed 's/role = maybe/role = input/; s/layout = vk/layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
+// RUN: sed 's/role = maybe/role = input/; s/, layout = vk/, layout = kk/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LAYOUT
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 3/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=WARPS
-// RUN: sed 's/role = maybe/role = input/; s/value_block,sequence_head/value_blok,sequence_head/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GRID
+// RUN: sed 's/role = maybe/role = input/; s/grid = \[value_block,/grid = [value_blok,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GRID
+// RUN: sed 's/role = maybe/role = input/; s/grid = \[value_block, sequence_head\]/grid = [value_block, value_block]/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GRIDTWICE
+// RUN: sed 's/role = maybe/role = input/; s/grid = \[value_block, sequence_head\]/grid = []/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GRIDEMPTY
+// RUN: sed 's/role = maybe/role = input/; s/grid = \[value_block, sequence_head\]/grid = value_block/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=GRIDWORD
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, num_stages = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=STAGES
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, maxnreg = 300/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=MAXNREG
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, min_rows = 8, max_rows = 7/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
@@ -18,11 +21,12 @@
 // RUN: sed 's/role = maybe/role = input/' %s | k3c opt - | filecheck %s --check-prefix=VALID
 
 builtin.module {
-  k3s.entry @recurrent <source = r> {
+  k3.recurrence @r <gate = scalar, delta_rule = true, num_heads = 4, num_v_heads = 4, head_k_dim = 16, head_v_dim = 16, scale = 0.25, state_layout = vk, dtype = float32>
+  k3s.entry @recurrent <source = @r> {
     %q = k3s.tensor_arg @q <role = maybe> : !k3s.tensor<B x T x 4 x 16, float>
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 16 x 16, float32>
-    k3s.kernel @r_recurrent <grid = "value_block,sequence_head", num_warps = 4> {
+    k3s.kernel @r_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
       k3s.token_loop {
       ^bb0(%S: !k3s.tile<K x V>):
@@ -78,8 +82,20 @@ builtin.module {
 // WARPS-NOT: {{.}}
 
 // GRID-NOT: {{\n}}
-// GRID: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: unknown grid axis 'value_blok'; allowed: value_block, sequence_head, chunk, {{.*}}, one{{$}}
+// GRID: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.kernel: property 'grid' takes a list [...] of value_block, sequence_head, chunk, {{.*}}, one; got value_blok{{$}}
 // GRID-NOT: {{.}}
+
+// GRIDTWICE-NOT: {{\n}}
+// GRIDTWICE: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: its grid must list 1 to 3 distinct axes, got [value_block, value_block]{{$}}
+// GRIDTWICE-NOT: {{.}}
+
+// GRIDEMPTY-NOT: {{\n}}
+// GRIDEMPTY: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: its grid must list 1 to 3 distinct axes, got []{{$}}
+// GRIDEMPTY-NOT: {{.}}
+
+// GRIDWORD-NOT: {{\n}}
+// GRIDWORD: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.kernel: property 'grid' takes a list [...] of value_block, {{.*}}, one; got value_block, not a list{{$}}
+// GRIDWORD-NOT: {{.}}
 
 // STAGES-NOT: {{\n}}
 // STAGES: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: num_stages must be >= 1, got 0{{$}}

@@ -21,16 +21,16 @@
 
 builtin.module {
   k3.latent_moe @moe <hidden_size = 40, latent_dim = 32, num_experts = 8, top_k = 3, expert_ffn_dim = 64, num_shared_experts = 0, shared_ffn_dim = 0, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 1.0, eps = 0.001, dtype = float32, expert_weight_format = mxfp4>
-  k3s.entry @moe_decode <source = moe> {
+  k3s.entry @moe_decode <source = @moe> {
     %expert_down_packed = k3s.tensor_arg @expert_down_packed <role = input> : !k3s.tensor<8 x 32 x 32, fp4x2>
     %expert_down_scales = k3s.tensor_arg @expert_down_scales <role = input> : !k3s.tensor<8 x 32 x 2, e8m0>
     %topk_ids = k3s.tensor_arg @topk_ids <role = workspace> : !k3s.tensor<R x 3, index>
     %topk_weights = k3s.tensor_arg @topk_weights <role = workspace> : !k3s.tensor<R x 3, float32>
     %pair_act = k3s.tensor_arg @pair_act <role = workspace> : !k3s.tensor<R x 3 x 64, float>
-    k3s.kernel @moe_pair_down <grid = "pair,column_block", num_warps = 4> {
+    k3s.kernel @moe_pair_down <grid = [pair, column_block], num_warps = 4> {
       %y = k3s.project %pair_act, %expert_down_packed, %expert_down_scales, %topk_ids <in_dim = 64, out_dim = 32, rows = pair, input_index = pair, layout = expert, glu = false, weight_format = mxfp4> : !k3s.tile<M x N>
     }
-    k3s.kernel @moe_token_down <grid = "token,column_block", num_warps = 4> {
+    k3s.kernel @moe_token_down <grid = [token, column_block], num_warps = 4> {
       %z = k3s.project_slots %pair_act, %topk_ids, %topk_weights, %expert_down_packed, %expert_down_scales <in_dim = 64, out_dim = 32, top_k = 3, weight_format = mxfp4> : !k3s.tile<M x N>
     }
   }

@@ -8,13 +8,14 @@
 // RUN: sed 's/transition = full/transition = dense/g' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=FORM
 // RUN: sed '/k3s.summary_combine/d' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=MISSING
 // RUN: sed 's/^      k3s.segment_summary <transition = full>$/      k3s.summary_combine <transition = full>/; t; s/^      k3s.summary_combine <transition = full>$/      k3s.segment_summary <transition = full>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ORDER
-// RUN: sed 's/^  k3s.entry @segment_scan <source = r> {$/  k3s.segment_summary <transition = full>\n&/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=PARENT
+// RUN: sed 's/^  k3s.entry @segment_scan <source = @r> {$/  k3s.segment_summary <transition = full>\n&/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=PARENT
 // RUN: sed 's/^      k3s.summary_combine <transition = full>$/      k3s.summary_combine %%summaries <transition = full>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCHEDULE_TENSORS
 // RUN: sed 's/k3s.summary_combine %%M, %%N, %%initial_state/k3s.summary_combine %%N, %%initial_state/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=HOST_TENSORS
 // RUN: sed 's/k3s.summary_combine %%M, %%N, %%initial_state <transition = full>/k3s.summary_combine %%N, %%initial_state <transition = identity>/' %s | k3c opt - | filecheck %s --check-prefix=IDENTITY
 
 builtin.module {
-  k3s.entry @segment_scan <source = r> {
+  k3.recurrence @r <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @segment_scan <source = @r> {
     %summaries = k3s.tensor_arg @summaries <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %v = k3s.tensor_arg @v <role = input> : !k3s.tensor<B x T x 2 x 4, float>
@@ -48,7 +49,7 @@ builtin.module {
       }
     }
   }
-  k3s.entry @chunk_segments <source = r> {
+  k3s.entry @chunk_segments <source = @r> {
     %initial_state = k3s.tensor_arg @initial_state <role = combined> : !k3s.tensor<N x 2 x 8 x 4, float32>
     %M = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8 x 8, float32>
     %N = k3s.tensor_arg @N <role = workspace> : !k3s.tensor<N x 2 x 8 x 4, float32>

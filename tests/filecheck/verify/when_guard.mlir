@@ -11,12 +11,13 @@
 // RUN: sed 's/flags = {SPILL_P = false}/flags = {SPILL_P = false, SPILL_P = true}/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=TWICE
 
 builtin.module {
-  k3s.entry @summary <source = layer> {
+  k3.recurrence @layer <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 4, scale = 0.25, state_layout = kv, dtype = float32>
+  k3s.entry @summary <source = @layer> {
     %k = k3s.tensor_arg @k <role = input> : !k3s.tensor<B x T x 2 x 8, float>
     %W = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float>
     %P = k3s.tensor_arg @P <role = workspace> : !k3s.tensor<B x T x 4 x 16, float>
     %q = k3s.absent_tensor : !k3s.tensor<B x T x 2 x 8, float>
-    k3s.kernel @prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = false}> {
+    k3s.kernel @prepare <grid = [chunk, value_head], num_warps = 4, flags = {SPILL_P = false}> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 8, head_v_dim = 4>
       %k_1 = k3s.load_chunk %k : !k3s.tile<C x K>
       k3s.when <flag = SPILL_P> {
@@ -31,7 +32,7 @@ builtin.module {
 }
 
 // CHECK:      %[[Q:[a-z_0-9]+]] = k3s.absent_tensor : !k3s.tensor<B x T x 2 x 8, float>
-// CHECK:      k3s.kernel @prepare <grid = "chunk,value_head", num_warps = 4, flags = {SPILL_P = false}> {
+// CHECK:      k3s.kernel @prepare <grid = [chunk, value_head], num_warps = 4, flags = {SPILL_P = false}> {
 // CHECK:        k3s.when <flag = SPILL_P> {
 // CHECK-NEXT:     %{{.*}} = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
 
