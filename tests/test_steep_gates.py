@@ -5,7 +5,8 @@ float64 token recurrence and its autograd.
 exp(g) is exactly zero in fp32 below about -104, so the gate loads raise such log-decays to a
 floor of -110 (k3s.load_gate's floor, ir/choices.py ZERO_DECAY_FLOOR): before that, a chunk's
 cumulative log-decays (in fp32, multiples of 64 at -1e9) lost the small gates after the steep
-one (an RMS ratio of 2e-4 at -3e4, 1.4 at -1e9) and -inf gave NaN. Triton interpreter, fp32.
+one (an RMS ratio of 2e-4 at -3e4, 1.4 at -1e9) and -inf gave NaN. Triton interpreter, fp32
+(and bf16, with every gate at -5).
 """
 
 from __future__ import annotations
@@ -93,6 +94,32 @@ def test_chunk_backward_equals_autograd_of_the_recurrence(layers, kind, value):
     # the decay's derivative is exp(g): nothing at a reset
     reset = x["g"] == x["g"].min()
     assert torch.equal(got["g"][reset], torch.zeros_like(got["g"][reset]))
+
+
+@pytest.mark.parametrize("kind", ("kda", "gla"))
+def test_bf16_gate_gradient_with_every_gate_at_the_bound(layers, kind):
+    """bf16 inputs (fla's draws: positive q, k, v) with every log-decay in [-5.1, -5], a bounded
+    gate at its bound: each gradient within fla's bf16 tolerance, dg included. The gate's
+    cotangent q q_bar - k k_bar cancels the Gram's undecayed diagonal exactly; with that diagonal
+    in the bf16 product (the factored contraction's operands) it kept the diagonal's rounding:
+    dg at RMS ratios of 8e-2 to 2.6e-1 (fla allows 2e-2), ~3e-3 with it added in fp32."""
+    from k3compile.verify_backward import gradient_tolerance
+
+    layer = layers(kind)
+    op = layer_op(layer)
+    T = 41
+    x = {name: torch.rand(1, T, HV if name == "v" else H, V if name == "v" else K) for name in ("q", "k", "v")}
+    if kind == "kda":
+        x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
+        x["beta"] = torch.rand(1, T, HV)
+    x["g"] = -5 - 0.1 * torch.rand(1, T, HV, K)
+    x = {name: t.bfloat16() for name, t in x.items()}
+    x["initial_state"] = 0.5 * torch.randn(1, HV, K, V)
+    do, dht = draw_cotangents(op, x, with_dht=True)
+    got = chunk_backward_gradients(layer.module, x, do, dht, output_dh0=True)
+    want = reference_gradients(op, x, do, dht)
+    for name, value in got.items():
+        assert_rms(value, want[name], f"d{name}", gradient_tolerance(f"d{name}", torch.bfloat16))
 
 
 @pytest.mark.parametrize("kind", ("kda", "gated_deltanet"))

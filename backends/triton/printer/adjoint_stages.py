@@ -80,10 +80,20 @@ class AdjointStages:
 
     def print_contraction_factored(self, op: k3s.GatedContractionOp) -> None:
         M, R, G, X = (register(v) for v in (op.cotangent, op.rows, op.cumulative_gate, op.result))
+        # An inclusive-masked cotangent's diagonal meets no decay (exp(G_i - G_i) = 1): its terms are
+        # added elementwise in fp32, and the product takes the strict part. Through the product's
+        # operands (bf16 for bf16 inputs) the diagonal's terms, undecayed and the largest where the
+        # gates are steep, would be rounded, and the gate's cotangent q q_bar - k k_bar, in which they
+        # cancel exactly, would keep their rounding (dg 30x off with every gate at -5 in bf16).
+        diagonal = ""
+        owner = op.cotangent.owner
+        if isinstance(owner, k3s.MaskOp) and owner.mask.data == "inclusive":
+            self.code(f"{X}_diagonal = tl.sum(tl.where(o_c[:, None] == o_c[None, :], {M}, 0.0), axis=1)")
+            M, diagonal = f"tl.where({KEEP['strict']}, {M}, 0.0)", f" + {X}_diagonal[:, None] * {R}"
         if op.side.data == "rows":
-            self.code(f"{X} = _mm({M}, {R} * tl.exp2(-{G}), DOT) * tl.exp2({G})")
+            self.code(f"{X} = _mm({M}, {R} * tl.exp2(-{G}), DOT) * tl.exp2({G}){diagonal}")
         else:
-            self.code(f"{X} = _mm(tl.trans({M}), {R} * tl.exp2({G}), DOT) * tl.exp2(-{G})")
+            self.code(f"{X} = _mm(tl.trans({M}), {R} * tl.exp2({G}), DOT) * tl.exp2(-{G}){diagonal}")
 
     def print_contraction_elementwise(self, op: k3s.GatedContractionOp) -> None:
         """Token j of the chunk at a time, the decays exp2 of differences (<= 0 where M_bar is not 0)."""
