@@ -2,10 +2,11 @@
 of every KDA-family member, in both state layouts and at several chunk sizes, against the
 float64 token recurrence of k3compile.ir.reference.
 
-Triton interpreter, fp32 only (the interpreter computes bf16 tl.dot wrongly), small non-power-
-of-two dims (K = 24, V = 40) with block-v 16, so the scan runs 3 value blocks per head and value
-heads are grouped (HV = 2 H). The chunk form reassociates sums, so the tolerance is an RMS ratio
-of 1e-4 (observed: ~1e-7) instead of test_recurrent's 1e-5 allclose.
+Triton interpreter, fp32 (and a few fp16 and bf16 cases: k3compile.interpreter_bf16 computes
+bf16 as the GPU does), small non-power-of-two dims (K = 24, V = 40) with block-v 16, so the scan
+runs 3 value blocks per head and value heads are grouped (HV = 2 H). The chunk form reassociates
+sums, so the tolerance is an RMS ratio of 1e-4 (observed: ~1e-7) instead of test_recurrent's
+1e-5 allclose.
 """
 
 from __future__ import annotations
@@ -202,6 +203,20 @@ def test_strong_decay(kind, compile_layer):
     inputs = recurrence_inputs(kind, "kv", RecurrenceShape(B=1, T=C + 3, H=H, HV=HV, K=K, V=V))
     inputs["g"][..., 0] = -7.0  # channel gate: key channel 0 of every value head; scalar: value head 0
     check(layer, inputs)
+
+
+@pytest.mark.parametrize("case", ONE_LAYOUT, ids=ids(ONE_LAYOUT), indirect=True)
+def test_bfloat16_inputs(case):
+    """bf16 inputs, B = 2, T = 2C + 3: o (bf16) and the final state (fp32) against the float64
+    recurrence on the same bf16 inputs, at fla's bf16 tolerance (k3c verify's, 5e-3)."""
+    kind, layout, C, layer = case
+    inputs = recurrence_inputs(kind, layout, RecurrenceShape(B=2, T=2 * C + 3, H=H, HV=HV, K=K, V=V),
+                               dtype=torch.bfloat16)
+    o, final = layer.chunk(**inputs, output_final_state=True)
+    ref_o, ref_final = reference.recurrence(layer_op(layer), **inputs, output_final_state=True)
+    assert o.dtype == torch.bfloat16 and final.dtype == torch.float32
+    assert_rms(o, ref_o, "o", 5e-3)
+    assert_rms(final, ref_final, "final_state", 5e-3)
 
 
 @pytest.mark.parametrize("kind,gate_input,qk_l2norm", [("kda", "clamped", False), ("kda", "bounded", True),
