@@ -125,11 +125,12 @@ def rebind(ops: Operation | Region | Sequence[Operation], values: dict[str, SSAV
             op.operands = [v if n is None else values[n] for v, n in zip(op.operands, names, strict=True)]
 
 
-def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation]
+def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[Operation], Operation | None]
                 ) -> dict[str, str]:
-    """Insert build(op) after every layer op of layer_type. The layer op stays: it is the
-    declaration every entry of the layer is derived from (`source = @name`). Returns each
-    layer's entry name (a module of several layers names it <layer>_<entry>)."""
+    """Insert build(op) after every layer op of layer_type (None: that layer has no such entry).
+    The layer op stays: it is the declaration every entry of the layer is derived from (`source
+    = @name`). Returns each built layer's entry name (a module of several layers names it
+    <layer>_<entry>)."""
     from k3compile.ir.k3s import EntryByRowsOp, EntryOp
 
     existing = {(op.source, op.sym_name) for op in module.ops if isinstance(op, (EntryOp, EntryByRowsOp))}
@@ -138,6 +139,8 @@ def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[
     for op in list(module.ops):
         if isinstance(op, layer_type):
             entry = build(op)
+            if entry is None:
+                continue
             if len(layers) > 1:  # entries become module-level functions: keep their names apart
                 entry.properties["sym_name"] = StringAttr(f"{op.sym_name.data}_{entry.sym_name.data}")
             names[op.sym_name.data] = entry.sym_name.data

@@ -63,6 +63,7 @@ from k3compile.passes.common import (
     props,
     tensor_arg,
 )
+from k3compile.passes.moe_dispatch import DECODE_PLANS, H100_TABLE, Bucket, parse_table, spell_table
 from k3compile.passes.lower_moe_routing import (
     LowerMoeRoutingPass,
     routing_inputs,
@@ -335,14 +336,18 @@ class MoeEntry:
         # the padded pair list's sizes (shape symbols PP, PB) follow from the plan's block rows
         return self.entry(name, workspaces + more_workspaces, kernels + more_kernels)
 
-    def warp_plan(self, block_n: int, block_d: int, team: int) -> k3s.EntryOp:
-        """moe_decode split by output neurons (decode = warp): the GLU of every slot of a token a
-        tile axis, the down projection over teams of `team` slots reduced in registers."""
+    def warp_plan(self, tiles: list[tuple[int | None, int, int]], team: int, name: str = "moe_decode"
+                  ) -> k3s.EntryOp:
+        """The decode entry split by output neurons (decode = warp): the GLU of every slot of a
+        token a tile axis, the down projection over teams of `team` slots reduced in registers.
+        tiles: (at most this many rows, BN, BD) of both kernels by the call's rows, the last the
+        kernels' own (its rows None or the most the dispatch table sends here), the others
+        k3s.launch_by_rows ops."""
         n, t = self.n, self.tensors
         workspaces, kernels = self.before_experts()
         combined, combined_workspace = self.combined_target()
         workspaces += [self.workspace("pair_act", k3s.tensor("R", n.k, n.F, dtype="float")), *combined_workspace]
-        tile = props(block_n=block_n, block_d=block_d)
+        *narrower, (_, block_n, block_d) = tiles
         gate_up_weight, down_weight = self.slot_weights("expert_gate_up"), self.slot_weights("expert_down")
         gate_up = make(k3s.ProjectTokenSlotsOp, operands=[t[self.expert_input()], t["topk_ids"], *gate_up_weight[0]],
                        in_dim=n.w, out_dim=n.F, top_k=n.k, slots=1 << (n.k - 1).bit_length(), glu=True,
@@ -357,9 +362,13 @@ class MoeEntry:
         kernels.append(self.kernel("token_down", [GridAxis.TOKEN, GridAxis.COLUMN_BLOCK],
                                    [down, self.store(down.results[0], "token", combined, "token", n.w)]))
         for kernel in kernels[-2:]:
-            kernel.properties.update(tile)
+            kernel.properties.update(props(block_n=block_n, block_d=block_d))
+        # a bucket launching as the next one does needs no op of its own (the next one holds its rows)
+        distinct = [(most, bn, bd) for (most, bn, bd), after in zip(narrower, tiles[1:]) if (bn, bd) != after[1:]]
+        kernels += [make(k3s.LaunchByRowsOp, kernel=SymbolRefAttr(kernel.sym_name), max_rows=most, block_n=bn,
+                         block_d=bd) for kernel in kernels[-2:] for most, bn, bd in distinct]
         more_workspaces, more_kernels = self.after_experts(combined)
-        return self.entry("moe_decode", workspaces + more_workspaces, kernels + more_kernels)
+        return self.entry(name, workspaces + more_workspaces, kernels + more_kernels)
 
     def slot_weights(self, name: str) -> tuple[list, dict]:
         """The operands (the weight, with MXFP4 its scales after it) and properties with which a
@@ -368,7 +377,7 @@ class MoeEntry:
         tensors = [read.pop("weight"), *([read.pop("scales")] if "scales" in read else [])]
         return [self.tensors[tensor] for tensor in tensors], read
 
-    def token_centric(self) -> k3s.EntryOp:
+    def token_centric(self, name: str = "moe_decode") -> k3s.EntryOp:
         n = self.n
         workspaces, kernels = self.before_experts()
         combined, combined_workspace = self.combined_target()
@@ -381,32 +390,33 @@ class MoeEntry:
         kernels.append(self.kernel("token_down", [GridAxis.TOKEN, GridAxis.COLUMN_BLOCK],
                                    [down, self.store(down.results[0], "token", combined, "token", n.w)]))
         more_workspaces, more_kernels = self.after_experts(combined)
-        return self.entry("moe_decode", workspaces + more_workspaces, kernels + more_kernels)
+        return self.entry(name, workspaces + more_workspaces, kernels + more_kernels)
 
 
 @dataclass(frozen=True)
 class LowerMoeExpertsPass(ModulePass):
-    """Add `moe_prefill`, `moe_decode` and `moe` (the choice by token count) for every
-    k3.latent_moe."""
+    """Add `moe_prefill`, `moe_decode` (and the other decode plan's entry where the dispatch
+    table runs it) and `moe` (the table's choice by token count) for every k3.latent_moe."""
 
     name = "lower-moe-experts"
     # the expert-centric plan's pairs per block (each expert's run is padded to whole blocks):
     # the rows of its GEMM tiles. K3 on an H200 (bench/moe_gpu.py): 420-444 TFLOP/s at 8192-32768
     # tokens with 128, 262-253 with 64
     block_rows: int = 128
-    # `moe` with schedule="auto" runs moe_decode up to this many tokens: token-centric reads an
-    # expert once per (token, slot), expert-centric once per call. K3 on an H200: 655 vs 699 us
-    # at one token, 1.25 vs 1.22 ms at 4, 3.72 vs 2.42 ms at 16
-    max_decode_rows: int = 4
     num_warps: int = 4
-    # moe_decode's plan: split (a program per pair for the GLU, per token for the down
-    # projection) or warp (split by output neurons, the slots a tile axis). Not measured yet on a
-    # GPU: split stays the default. MXFP4 weights' layout follows: warp reads them in words (the
-    # layout made for its one-row products), split in nibbles; the layer's moe_prefill reads the
-    # same layout (`moe` passes both entries the same tensors)
+    # moe_decode's plan, the one `schedule="decode"` runs: split (a program per pair for the GLU,
+    # per token for the down projection) or warp (split by output neurons, the slots a tile
+    # axis). MXFP4 weights' layout follows: warp reads them in words (the layout made for its
+    # one-row products), split in nibbles; the layer's other entries read the same layout (`moe`
+    # passes every entry the same tensors), so an mxfp4 layer's table runs this plan only
     decode: str = "split"
+    # `moe`'s dispatch table (moe_dispatch.py: "1=split,4=warp/4x128", rows above the last bound
+    # to prefill); "" takes the default: moe_dispatch.H100_TABLE for bf16 weights, and for MXFP4
+    # (not measured per plan yet) the decode plan up to 4 tokens, as before the table existed
+    dispatch: str = ""
     # the warp plan's tiles: output columns (BN) and input columns (BD) per step of both its
-    # kernels, and the slots per team of its down projection (the GLU holds all top_k)
+    # kernels (a bucket's own tiles replace them), and the slots per team of its down projection
+    # (the GLU holds all top_k)
     warp_block_n: int = 4
     warp_block_d: int = 128
     warp_slots: int = 4
@@ -416,22 +426,36 @@ class LowerMoeExpertsPass(ModulePass):
         check_power_of_two(self.name, "block-rows", self.block_rows, 256)
         if self.block_rows < 16:
             raise ValueError(f"{self.name}: block-rows must be at least 16 (tl.dot's rows), got {self.block_rows}")
-        if self.max_decode_rows < 0:
-            raise ValueError(f"{self.name}: max-decode-rows must be >= 0, got {self.max_decode_rows}")
-        if self.decode not in ("split", "warp"):
+        if self.decode not in DECODE_PLANS:
             raise ValueError(f"{self.name}: decode must be split or warp, got {self.decode}")
         for option, value in (("warp-block-n", self.warp_block_n), ("warp-block-d", self.warp_block_d),
                               ("warp-slots", self.warp_slots)):
             check_power_of_two(self.name, option, value, 1024)
-        prefill = add_entries(op, LatentMoEOp, lambda layer: MoeEntry(layer, "prefill", self.num_warps,
-                                                                      packing=self.packing)
-                              .expert_centric(self.block_rows))
-        decode = add_entries(op, LatentMoEOp, self.decode_entry)
-        add_entries(op, LatentMoEOp, lambda layer: make(
-            k3s.EntryByRowsOp, sym_name="moe", source=SymbolRefAttr(layer.sym_name),
-            small=SymbolRefAttr(decode[layer.sym_name.data]), large=SymbolRefAttr(prefill[layer.sym_name.data]),
-            small_word="decode", large_word="prefill",
-            max_small_rows=self.max_decode_rows))
+        tables = {layer.sym_name.data: self.table(layer) for layer in op.ops if isinstance(layer, LatentMoEOp)}
+        entries = {"prefill": add_entries(op, LatentMoEOp, lambda layer: MoeEntry(
+            layer, "prefill", self.num_warps, packing=self.packing).expert_centric(self.block_rows))}
+        for plan in (self.decode, *(other for other in DECODE_PLANS if other != self.decode)):
+            # moe_decode is the decode option's plan; the other plan's entry only where a table runs it
+            runs = [name for name, table in tables.items() if any(b.plan == plan for b in table)]
+            if plan == self.decode or runs:
+                entries[plan] = add_entries(op, LatentMoEOp, lambda layer, plan=plan: self.decode_entry(
+                    layer, plan, tables[layer.sym_name.data]) if plan == self.decode or layer.sym_name.data in runs
+                    else None)
+        add_entries(op, LatentMoEOp, lambda layer: self.dispatch_entry(layer, tables[layer.sym_name.data], entries))
+
+    def table(self, layer: LatentMoEOp) -> list[Bucket]:
+        """The layer's dispatch table: the option's, else the default for its weights' format."""
+        where = f"{self.name}: dispatch"
+        mxfp4 = layer.weight_format == WeightFormat.MXFP4
+        spelled = self.dispatch or (f"4={self.decode}" if mxfp4 else H100_TABLE)
+        table = parse_table(spelled, where)
+        if mxfp4 and (other := next((b for b in table if b.plan in DECODE_PLANS and b.plan != self.decode), None)):
+            raise ValueError(f"{where}: bucket {other.spelled()!r}: @{layer.sym_name.data}'s mxfp4 weights are laid "
+                             f"out for decode = {self.decode} only (pass decode={other.plan} to run that plan)")
+        if mxfp4 and any(b.block_d is not None and b.block_d < 32 for b in table):
+            raise ValueError(f"{where}: a warp bucket's BD must hold whole blocks of 32 inputs (a scale each) for "
+                             f"@{layer.sym_name.data}'s mxfp4 weights, got {spell_table(table)!r}")
+        return table
 
     @property
     def packing(self) -> k3s.Packing:
@@ -439,11 +463,28 @@ class LowerMoeExpertsPass(ModulePass):
         values, a multiply per block of 32), nibbles for split."""
         return k3s.Packing.WORDS if self.decode == "warp" else k3s.Packing.NIBBLES
 
-    def decode_entry(self, layer: LatentMoEOp) -> k3s.EntryOp:
-        entry = MoeEntry(layer, "decode", self.num_warps, packing=self.packing)
-        if self.decode == "split":
-            return entry.token_centric()
+    def decode_entry(self, layer: LatentMoEOp, plan: str, table: list[Bucket]) -> k3s.EntryOp:
+        """The token-centric entry of `plan`: moe_decode for the decode option's, else
+        moe_decode_<plan> (its kernels <layer>_decode_<plan>_*)."""
+        word = "decode" if plan == self.decode else f"decode_{plan}"
+        entry = MoeEntry(layer, word, self.num_warps, packing=self.packing)
+        if plan == "split":
+            return entry.token_centric(f"moe_{word}")
         if entry.n.mxfp4 and self.warp_block_d < 32:
             raise ValueError(f"{self.name}: warp-block-d must hold whole blocks of 32 inputs (a scale each) for "
                              f"@{layer.sym_name.data}'s mxfp4 weights, got {self.warp_block_d}")
-        return entry.warp_plan(self.warp_block_n, self.warp_block_d, self.warp_slots)
+        # each warp bucket's tiles, the pass's where it names none; the last bucket's are the kernels' own
+        tiles = [(b.max_rows, b.block_n or self.warp_block_n, b.block_d or self.warp_block_d)
+                 for b in table if b.plan == "warp"] or [(None, self.warp_block_n, self.warp_block_d)]
+        return entry.warp_plan(tiles, self.warp_slots, f"moe_{word}")
+
+    def dispatch_entry(self, layer: LatentMoEOp, table: list[Bucket], entries: dict[str, dict[str, str]]
+                       ) -> k3s.EntryByRowsOp:
+        name = layer.sym_name.data
+        # the decode plans' entries first, moe_decode leading: the order `schedule`'s words are listed in
+        built = {plan: names[name] for plan, names in sorted(entries.items(), key=lambda item: item[0] == "prefill")
+                 if name in names}
+        words = {plan: entry.removeprefix(f"{name}_").removeprefix("moe_") for plan, entry in built.items()}
+        return make(k3s.EntryByRowsOp, sym_name="moe", source=SymbolRefAttr(name),
+                    entries=[SymbolRefAttr(entry) for entry in built.values()], words=list(words.values()),
+                    max_rows=[b.max_rows for b in table[:-1]], by_rows=[SymbolRefAttr(built[b.plan]) for b in table])

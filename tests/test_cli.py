@@ -138,7 +138,8 @@ def test_compile_latent_moe_gives_its_entries(capsys, tmp_path):
     assert "def route(x, router_weight, router_bias):" in source
     assert ("def moe(x, router_weight, router_bias, expert_gate_up, expert_down, latent_down, latent_up, "
             'latent_norm_gain, shared_gate_up, shared_down, schedule="auto"):') in source
-    assert "__all__ = ['route', 'moe_prefill', 'moe_decode', 'moe_forward', 'moe_backward', 'moe']" in source
+    assert ("__all__ = ['route', 'moe_prefill', 'moe_decode', 'moe_decode_warp', 'moe_forward', 'moe_backward', "
+            "'moe']") in source
 
 
 def test_compile_unknown_pass(capsys, tmp_path):

@@ -89,18 +89,21 @@ def test_crowded_and_idle_experts(layer):
 
 
 def test_auto_picks_by_token_count(layer, monkeypatch):
+    """The default dispatch table (passes/moe_dispatch.py's H100_TABLE): split at one token, warp
+    up to 4, prefill above (tests/test_moe_dispatch.py covers other tables)."""
     calls = []
-    for entry in ("moe_decode", "moe_prefill"):
+    entries = ("moe_decode", "moe_decode_warp", "moe_prefill")
+    for entry in entries:
         original = getattr(layer.module, entry)
         monkeypatch.setattr(layer.module, entry, lambda *a, _name=entry, _f=original, **kw: calls.append(_name)
                             or _f(*a, **kw))
     torch.manual_seed(2)
-    few, many = moe_inputs(layer, 3), moe_inputs(layer, 33)
-    layer.moe(**few)
-    layer.moe(**many)
-    assert calls == ["moe_decode", "moe_prefill"]  # max-decode-rows 4 by default
-    with pytest.raises(ValueError, match="^schedule: expected 'auto', 'decode' or 'prefill', got 'fast'$"):
-        layer.moe(**few, schedule="fast")
+    for R in (1, 3, 33):
+        layer.moe(**moe_inputs(layer, R))
+    assert calls == list(entries)
+    with pytest.raises(ValueError, match="^schedule: expected 'auto', 'decode', 'decode_warp' or 'prefill', got "
+                                         "'fast'$"):
+        layer.moe(**moe_inputs(layer, 3), schedule="fast")
 
 
 class Recorder:

@@ -237,7 +237,7 @@ ENTRIES = {
             "chunk_backward_segments", "verify", "commit", "spec_step"],
     "attnres": ["aggregate", "aggregate_backward", "block_partials", "block_merge", "block_partials_backward",
                 "block_merge_backward"],
-    "latent_moe": ["route", "moe_prefill", "moe_decode", "moe", "moe_forward", "moe_backward"],
+    "latent_moe": ["route", "moe_prefill", "moe_decode", "moe_decode_warp", "moe", "moe_forward", "moe_backward"],
 }
 
 

@@ -248,11 +248,16 @@ def launches_by_rows(kernel: k3s.KernelOp) -> Rows:
 
 
 def add_launches_by_rows(kernel: k3s.KernelOp) -> None:
-    """k3s.launch_by_rows after the kernel for its block sizes at fewer rows (replacing any)."""
+    """k3s.launch_by_rows after the kernel for its block sizes at fewer rows (replacing any); a
+    kernel without sizes by rows here keeps those its pass wrote (the MoE warp plan's, by the
+    dispatch table's buckets)."""
+    rows = launches_by_rows(kernel)
+    if not rows:
+        return
     anchor = k3s.launch_site(kernel)
     for old in k3s.launch_by_rows_ops(anchor.parent_op(), kernel):
         Rewriter.erase_op(old)
-    for most, sizes in launches_by_rows(kernel)[:-1]:  # the last is the kernel's own
+    for most, sizes in rows[:-1]:  # the last is the kernel's own
         launch = make(k3s.LaunchByRowsOp, kernel=SymbolRefAttr(kernel.sym_name), max_rows=most, **sizes)
         Rewriter.insert_op(launch, InsertPoint.after(anchor))
         anchor = launch

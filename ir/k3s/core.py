@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import (I64, FlatSymbolRefAttrConstr, Float32Type, FloatAttr, IntegerAttr, StringAttr,
-                                   SymbolRefAttr)
+from xdsl.dialects.builtin import (I64, ArrayAttr, FlatSymbolRefAttrConstr, Float32Type, FloatAttr, IntegerAttr,
+                                   StringAttr, SymbolRefAttr)
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -49,7 +49,7 @@ class ArgRoleAttr(EnumAttribute[ArgRole], SpacedOpaqueSyntaxAttribute):
 @dataclass(frozen=True)
 class ReferencesSymbols(SymbolUserOpInterface):
     """An op whose properties refer to other ops of the module (flat symbol references: `kernel =
-    @kda_chunk_prepare`), each to an op of one kind: an op name (`k3s.kernel`) or a dialect (`k3`:
+    @kda_chunk_prepare`, or lists of them), each to an op of one kind: an op name (`k3s.kernel`) or a dialect (`k3`:
     the layer op an entry was lowered from). Verified as MLIR verifies symbol uses: each is looked
     up in the nearest symbol table above the op (the module); an op outside one is left alone,
     as HasParent leaves a lone op."""
@@ -67,14 +67,15 @@ class ReferencesSymbols(SymbolUserOpInterface):
             return
         where = op.name + (f" @{op.properties['sym_name'].data}" if "sym_name" in op.properties else "")
         for key, kind in self.kinds:
-            if (reference := op.properties.get(key)) is None:
+            if (value := op.properties.get(key)) is None:
                 continue  # an optional reference left out
-            target = SymbolTable.lookup_symbol(table, reference)
-            if target is None:
-                raise VerifyException(f"{where}: {key} = {reference}: the module has no symbol {reference}")
-            if kind not in (target.name, target.dialect_name()):
-                raise VerifyException(f"{where}: {key} = {reference} is a {target.name}, not a "
-                                      f"{kind if '.' in kind else kind + ' op'}")
+            for reference in value.data if isinstance(value, ArrayAttr) else [value]:  # a list: each of its items
+                target = SymbolTable.lookup_symbol(table, reference)
+                if target is None:
+                    raise VerifyException(f"{where}: {key} = {reference}: the module has no symbol {reference}")
+                if kind not in (target.name, target.dialect_name()):
+                    raise VerifyException(f"{where}: {key} = {reference} is a {target.name}, not a "
+                                          f"{kind if '.' in kind else kind + ' op'}")
 
 
 def referenced_op(op: Operation, reference: SymbolRefAttr) -> Operation:
@@ -104,20 +105,48 @@ class EntryOp(KeywordSyntax):
 
 @irdl_op_definition
 class EntryByRowsOp(KeywordSyntax):
-    """A Python function of the compiled module that calls one of two entries with the same
-    arguments, chosen by its `schedule` argument: "small" or "large" by name, "auto" by the row
-    count of the first argument (at most max_small_rows: small). The entries' names are the words
-    the caller may pass instead (e.g. "decode" for @moe_decode)."""
+    """A Python function of the compiled module that calls one of its entries (which take the
+    same arguments), chosen by its `schedule` argument: an entry by its word (words[i] names
+    entries[i], e.g. "decode" for @moe_decode), or "auto" by the row count R of the first
+    argument through a table of row buckets: bucket i holds R <= max_rows[i] (above the previous
+    bound), the last bucket every larger R, and by_rows[i] is the entry bucket i calls (one more
+    than max_rows). A pass writes the table (lower-moe-experts' dispatch option), a tuner
+    through it."""
 
     name = "k3s.entry_by_rows"
     sym_name = prop_def(StringAttr)
     source = prop_def(FlatSymbolRefAttrConstr)  # the k3 op its entries were lowered from
-    small = prop_def(FlatSymbolRefAttrConstr)  # the entry for few rows
-    large = prop_def(FlatSymbolRefAttrConstr)
-    small_word = prop_def(StringAttr)  # what `schedule` names each by
-    large_word = prop_def(StringAttr)
-    max_small_rows = prop_def(IntegerAttr[I64])
-    traits = traits_def(SymbolOpInterface(), ReferencesSymbols(source="k3", small=EntryOp.name, large=EntryOp.name))
+    entries = prop_def(ArrayAttr)  # [@moe_decode, @moe_prefill]: the entries it may call
+    words = prop_def(ArrayAttr)  # ["decode", "prefill"]: what `schedule` names each by
+    max_rows = prop_def(ArrayAttr)  # [4]: the buckets' upper bounds, increasing
+    by_rows = prop_def(ArrayAttr)  # [@moe_decode, @moe_prefill]: each bucket's entry
+    traits = traits_def(SymbolOpInterface(),
+                        ReferencesSymbols(source="k3", entries=EntryOp.name, by_rows=EntryOp.name))
+
+    def verify_(self) -> None:
+        where = f"{self.name} @{self.sym_name.data}"
+        entries, words, bounds = self.entries.data, self.words.data, self.max_rows.data
+        if not entries or len(words) != len(entries):
+            raise VerifyException(f"{where}: expected one word per entry and at least one entry, got "
+                                  f"{len(words)} word(s) for {len(entries)} entries")
+        if not all(isinstance(word, StringAttr) for word in words) or len({w.data for w in words}) != len(words):
+            raise VerifyException(f"{where}: words must be distinct strings")
+        if not all(isinstance(bound, IntegerAttr) for bound in bounds):
+            raise VerifyException(f"{where}: max_rows must be a list of integers")
+        values = [bound.value.data for bound in bounds]
+        if any(value < 1 for value in values) or any(b <= a for a, b in zip(values, values[1:])):
+            raise VerifyException(f"{where}: max_rows must be positive and increasing, got {values}")
+        if len(self.by_rows.data) != len(bounds) + 1:
+            raise VerifyException(f"{where}: by_rows needs one entry per bucket ({len(bounds) + 1}: max_rows' "
+                                  f"{len(bounds)} and the rows above), got {len(self.by_rows.data)}")
+        if missing := [str(entry) for entry in self.by_rows.data if entry not in entries]:
+            raise VerifyException(f"{where}: by_rows names {', '.join(missing)}, not among its entries")
+
+    def buckets(self) -> list[tuple[int | None, str]]:
+        """(the bucket's most rows, None for the last; its entry's word), in order."""
+        word_of = {entry: word.data for entry, word in zip(self.entries.data, self.words.data)}
+        bounds = [bound.value.data for bound in self.max_rows.data] + [None]
+        return [(most, word_of[entry]) for most, entry in zip(bounds, self.by_rows.data)]
 
 
 @irdl_op_definition

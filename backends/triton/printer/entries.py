@@ -224,31 +224,36 @@ class Entries:
 
     def print_entry_by_rows(self, op: k3s.EntryByRowsOp) -> None:
         c = self.code
-        small, large = op.small.string_value(), op.large.string_value()
-        params = self.signatures[large]
-        if self.signatures[small] != params:
-            raise ValueError(f"entry_by_rows @{op.sym_name.data}: @{small} and @{large} take different arguments")
+        words = {word.data: entry.string_value() for word, entry in zip(op.words.data, op.entries.data)}
+        params = self.signatures[next(iter(words.values()))]
+        for entry in words.values():
+            if self.signatures[entry] != params:
+                raise ValueError(f"entry_by_rows @{op.sym_name.data}: @{entry} and @{next(iter(words.values()))} "
+                                 "take different arguments")
         names = [p.split("=")[0] for p in params]
-        words = {op.small_word.data: small, op.large_word.data: large}
         first = names[0]
+        buckets = op.buckets()
+        quoted = [f'"{word}"' for word in words]
+        table = ", ".join(f"{word} up to {most} rows" if most is not None else f"else {word}" for most, word in buckets)
         c(f'def {op.sym_name.data}({", ".join(params)}, schedule="auto"):')
         with c.indent():
-            c(f'"""{describe(op)}: @{small} or @{large} with these arguments (see theirs).', "",
-              f'schedule: "auto" ({op.small_word.data} up to {op.max_small_rows.value.data} rows of {first}, '
-              f'else {op.large_word.data}), "{op.small_word.data}" or "{op.large_word.data}".', '"""')
+            c(f'"""{describe(op)}: {" or ".join("@" + entry for entry in words.values())} with these arguments '
+              "(see theirs).", "",
+              f'schedule: "auto" (by the rows of {first}: {table}), {", ".join(quoted[:-1])} or {quoted[-1]}.', '"""')
             c(f"if schedule == \"auto\" and isinstance({first}, torch.Tensor) and {first}.dim() >= 1:")
             with c.indent():
-                c(f'schedule = "{op.small_word.data}" if {first}.shape[0] <= {op.max_small_rows.value.data} '
-                  f'else "{op.large_word.data}"')
+                c("# the table's row buckets (max_rows, by_rows)",
+                  "schedule = " + " else ".join(f'"{word}" if {first}.shape[0] <= {most}' if most is not None
+                                                else f'"{word}"' for most, word in buckets))
             c('elif schedule == "auto":  # not a tensor: the entry says what is wrong with it')
             with c.indent():
-                c(f'schedule = "{op.large_word.data}"')
+                c(f'schedule = "{buckets[-1][1]}"')
             for word, entry in words.items():
                 c(f'if schedule == "{word}":')
                 with c.indent():
                     c(f"return {entry}({', '.join(f'{n}={n}' for n in names)})")
-            c(f'raise ValueError(f"schedule: expected \'auto\', \'{op.small_word.data}\' or '
-              f'\'{op.large_word.data}\', got {{schedule!r}}")')
+            choices = [f"'{word}'" for word in ("auto", *words)]
+            c(f'raise ValueError(f"schedule: expected {", ".join(choices[:-1])} or {choices[-1]}, got {{schedule!r}}")')
 
     def print_grad_refusal(self, view: EntryView) -> None:
         """No printed entry has a backward of its own (a differentiable op wraps one: the chunk

@@ -1,5 +1,6 @@
 // lower-moe-experts: after the route entry, moe_prefill (expert-centric), moe_decode
-// (token-centric) and moe (the choice by row count). The stages follow from the layer op:
+// (token-centric, split), moe_decode_warp (the default dispatch table runs it) and moe (the
+// table's choice by row count). The stages follow from the layer op:
 // latent_dim > 0 brings the latent down-projection before the experts and the RMS-normalised
 // up-projection after them; shared experts bring one dense GLU over all of them (stacked
 // layouts) whose down projection adds to out; latent_dim = 0 and no shared experts leave the
@@ -10,7 +11,7 @@
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts,lower-moe-experts | filecheck %s --check-prefix=ONCE
-// RUN: k3c opt %s -p 'lower-moe-routing,lower-moe-experts{block-rows=16 max-decode-rows=8}' | filecheck %s --check-prefix=OPTS
+// RUN: k3c opt %s -p 'lower-moe-routing,lower-moe-experts{block-rows=16 dispatch="8=split"}' | filecheck %s --check-prefix=OPTS
 // RUN: sed 's/latent_dim = 16/latent_dim = 0/; s/num_shared_experts = 1/num_shared_experts = 0/' %s | k3c opt - -p lower-moe-routing,lower-moe-experts | filecheck %s --check-prefix=PLAIN
 // RUN: not k3c opt %s -p 'lower-moe-experts{block-rows=24}' 2>&1 | filecheck %s --check-prefix=BAD
 
@@ -98,14 +99,17 @@ builtin.module {
 // CHECK:        k3s.kernel @mlp_decode_token_down <grid = [token, column_block], num_warps = 4> {
 // CHECK-NEXT:     [[Y:%y[_0-9]*]] = k3s.project_slots [[PAIR_ACT]], [[IDS]], [[TW]], [[ED]] <in_dim = 32, out_dim = 16, top_k = 3>
 // CHECK-NEXT:     k3s.store_rows [[Y]], [[COMBINED]] <rows = token, index = token, width = 16, accumulate = false>
-// CHECK:      k3s.entry_by_rows @moe <source = @mlp, small = @moe_decode, large = @moe_prefill, small_word = decode, large_word = prefill, max_small_rows = 4>
+// CHECK:      k3s.entry @moe_decode_warp <source = @mlp> {
+// CHECK:        k3s.kernel @mlp_decode_warp_token_gate_up
+// CHECK:      k3s.entry_by_rows @moe <source = @mlp, entries = [@moe_decode, @moe_decode_warp, @moe_prefill], words = [decode, decode_warp, prefill], max_rows = [1, 4], by_rows = [@moe_decode, @moe_decode_warp, @moe_prefill]>
 
 // ONCE-COUNT-1: k3s.entry @moe_prefill
 // ONCE-COUNT-1: k3s.entry_by_rows @moe
 // ONCE-NOT: k3s.entry_by_rows @moe
 
 // OPTS: k3s.expert_offsets {{%expert_counts[_0-9]*}}, {{%expert_offsets[_0-9]*}} <num_experts = 12, block_rows = 16>
-// OPTS: max_small_rows = 8>
+// OPTS-NOT: k3s.entry @moe_decode_warp
+// OPTS: k3s.entry_by_rows @moe <source = @mlp, entries = [@moe_decode, @moe_prefill], words = [decode, prefill], max_rows = [8], by_rows = [@moe_decode, @moe_prefill]>
 
 // PLAIN:      k3s.entry @moe_prefill
 // PLAIN-NEXT:   [[X:%x[_0-9]*]] = k3s.tensor_arg @x <role = input>

@@ -77,4 +77,4 @@
 // MOE-LABEL: // -----// IR after lower-moe-experts //----- //
 // MOE:        k3s.entry @moe_prefill <source = @latent_moe> {
 // MOE:        k3s.entry @moe_decode <source = @latent_moe> {
-// MOE:        k3s.entry_by_rows @moe <source = @latent_moe, small = @moe_decode, large = @moe_prefill
+// MOE:        k3s.entry_by_rows @moe <source = @latent_moe, entries = [@moe_decode, @moe_decode_warp, @moe_prefill]

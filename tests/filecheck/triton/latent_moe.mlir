@@ -61,4 +61,4 @@
 // CHECK-NEXT: grid = (triton.cdiv(dims["R"], BR),)
 // CHECK:      latent_moe_router_top_k_kernel[grid](
 // CHECK:          dims["HS"],
-// CHECK:      __all__ = ['route', 'moe_prefill', 'moe_decode', 'moe_forward', 'moe_backward', 'moe']
+// CHECK:      __all__ = ['route', 'moe_prefill', 'moe_decode', 'moe_decode_warp', 'moe_forward', 'moe_backward', 'moe']

@@ -1,7 +1,8 @@
 // The properties that refer to other ops of the module are symbol references (`@name`), looked
 // up in the module's symbol table when it verifies: a launch's kernel and a kernel's
-// shares_code_of name a k3s.kernel, an entry's source a k3 op, an entry_by_rows' small and large
-// entries. A misspelt or misdirected reference is a one-line error naming the op and the symbol.
+// shares_code_of name a k3s.kernel, an entry's source a k3 op, an entry_by_rows' entries and
+// by_rows (lists of them). A misspelt or misdirected reference is a one-line error naming the op
+// and the symbol.
 // The file as written is valid and prints back unchanged; each sed variant breaks one reference.
 // RUN: k3c opt %s | filecheck %s --check-prefix=OK
 // RUN: k3c opt %s --generic | k3c opt - | filecheck %s --check-prefix=OK
@@ -10,8 +11,8 @@
 // RUN: sed 's/shares_code_of = @prepare>/shares_code_of = @prepar>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SHARES
 // RUN: sed 's/k3s.entry @summary <source = @layer>/k3s.entry @summary <source = @layr>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SOURCE
 // RUN: sed 's/k3s.entry @summary <source = @layer>/k3s.entry @summary <source = @prepare>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SOURCEKIND
-// RUN: sed 's/small = @summary,/small = @sumary,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SMALL
-// RUN: sed 's/large = @chunk,/large = @prepare_twin,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LARGE
+// RUN: sed 's/entries = \[@summary,/entries = [@sumary,/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=SMALL
+// RUN: sed 's/by_rows = \[@summary, @chunk\]/by_rows = [@summary, @prepare_twin]/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=LARGE
 // RUN: sed 's/kernel = @prepare_twin, max_rows/kernel = @prepare, max_rows/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=BYROWS
 
 builtin.module {
@@ -41,13 +42,13 @@ builtin.module {
     k3s.launch @prepare_twin %k, %W
     k3s.launch_by_rows <kernel = @prepare_twin, max_rows = 64, num_warps = 4>
   }
-  k3s.entry_by_rows @by_rows <source = @layer, small = @summary, large = @chunk, small_word = few, large_word = many, max_small_rows = 64>
+  k3s.entry_by_rows @by_rows <source = @layer, entries = [@summary, @chunk], words = [few, many], max_rows = [64], by_rows = [@summary, @chunk]>
 }
 
 // OK:      k3s.kernel @prepare_twin <grid = [chunk, value_head], num_warps = 8, shares_code_of = @prepare> {
 // OK:        k3s.launch @prepare_twin %k, %W
 // OK-NEXT:   k3s.launch_by_rows <kernel = @prepare_twin, max_rows = 64, num_warps = 4>
-// OK:      k3s.entry_by_rows @by_rows <source = @layer, small = @summary, large = @chunk, small_word = few, large_word = many, max_small_rows = 64>
+// OK:      k3s.entry_by_rows @by_rows <source = @layer, entries = [@summary, @chunk], words = [few, many], max_rows = [64], by_rows = [@summary, @chunk]>
 
 // LAUNCH-NOT: {{\n}}
 // LAUNCH: {{^}}k3c opt: error: <stdin>: k3s.launch: kernel = @prepare_twn: the module has no symbol @prepare_twn{{$}}
@@ -70,11 +71,11 @@ builtin.module {
 // SOURCEKIND-NOT: {{.}}
 
 // SMALL-NOT: {{\n}}
-// SMALL: {{^}}k3c opt: error: <stdin>: k3s.entry_by_rows @by_rows: small = @sumary: the module has no symbol @sumary{{$}}
+// SMALL: {{^}}k3c opt: error: <stdin>: k3s.entry_by_rows @by_rows: entries = @sumary: the module has no symbol @sumary{{$}}
 // SMALL-NOT: {{.}}
 
 // LARGE-NOT: {{\n}}
-// LARGE: {{^}}k3c opt: error: <stdin>: k3s.entry_by_rows @by_rows: large = @prepare_twin is a k3s.kernel, not a k3s.entry{{$}}
+// LARGE: {{^}}k3c opt: error: <stdin>: k3s.entry_by_rows @by_rows: by_rows = @prepare_twin is a k3s.kernel, not a k3s.entry{{$}}
 // LARGE-NOT: {{.}}
 
 // BYROWS-NOT: {{\n}}
