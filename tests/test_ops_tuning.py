@@ -126,15 +126,15 @@ def test_forward_runs_the_tuned_launch_in_its_bucket_and_dtype_only(tuned_cache,
         with torch.no_grad():
             o, state = chunk_kda(**inputs, output_final_state=True)
         assert scan.value_blocks[-1] == value_block, (T, dtype, scan.value_blocks)
-        if dtype == torch.float32:
-            ref_o, ref_state = reference.recurrence(op, **inputs, output_final_state=True)
-            assert_rms(o, ref_o, f"o (T={T})", 1e-4)
-            assert_rms(state, ref_state, f"final state (T={T})", 1e-4)
+        ref_o, ref_state = reference.recurrence(op, **inputs, output_final_state=True)
+        tol = 1e-4 if dtype == torch.float32 else 5e-3  # bf16: fla's (k3c verify's)
+        assert_rms(o, ref_o, f"o (T={T})", tol)
+        assert_rms(state, ref_state, f"final state (T={T})", tol)
 
 
 def test_backward_runs_the_tuned_launch_and_its_gradients_match(tuned_cache, monkeypatch):
     from k3compile.frontend import spec_to_module
-    from k3compile.verify_backward import draw_cotangents, reference_gradients
+    from k3compile.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
 
     module = layers.layer_module(KEY)
     assert module.TUNED_CHUNK_BACKWARD[("float32", 1, 64)][f"{KEY.module_name()}_backward_gradients"]["BV"] == 16
@@ -149,12 +149,10 @@ def test_backward_runs_the_tuned_launch_and_its_gradients_match(tuned_cache, mon
         o, state = chunk_kda(**leaves, output_final_state=True)
         ((o * do).sum() + (state * dht).sum()).backward()
         assert gradients.value_blocks[-1] == value_block, (T, dtype, gradients.value_blocks)
-        if dtype != torch.float32:
-            continue  # the launch is what counts: the interpreter's half-precision numbers are not a GPU's
         ref = reference_gradients(op, inputs, do, dht)
         for name in ("q", "k", "v", "g", "beta"):
-            assert_rms(leaves[name].grad, ref[name], f"d{name} (T={T})", 1e-4)
-        assert_rms(leaves["initial_state"].grad, ref["h0"], f"dh0 (T={T})", 1e-4)
+            assert_rms(leaves[name].grad, ref[name], f"d{name} (T={T})", gradient_tolerance(f"d{name}", dtype))
+        assert_rms(leaves["initial_state"].grad, ref["h0"], f"dh0 (T={T})", gradient_tolerance("dh0", dtype))
 
 
 def test_no_gpu_or_no_record_keeps_the_untuned_module(tuned_cache, monkeypatch):
