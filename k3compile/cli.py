@@ -163,9 +163,15 @@ def print_tune_result(spec, shape, dtype, result) -> None:
 def cmd_tune(args) -> int:
     from rich.console import Console
 
+    from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
+    if spec.kind == "latent_moe":
+        return tune_moe_table(spec, args)
+    if not args.shape or args.tokens:
+        raise ArgumentError(f"{args.spec}: a {spec.kind} layer is tuned per --shape B,T (--tokens is a latent_moe "
+                            "layer's)")
     console = Console(stderr=True)
     failed = 0
     entries = ("chunk", "chunk_backward") if args.entry == "both" else (args.entry,)
@@ -176,6 +182,34 @@ def cmd_tune(args) -> int:
                 print_tune_result(spec, shape, dtype, result)
                 failed += result.winner is None
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def tune_moe_table(spec, args) -> int:
+    """`k3c tune` of a latent_moe spec: its dispatch table's bucket of each --tokens count."""
+    from k3compile.autotune import TuneCache
+    from k3compile.autotune.moe import MOE_TOKENS, moe_table, tune_moe
+    from k3compile.errors import ArgumentError
+
+    if args.shape or args.entry != "chunk":
+        raise ArgumentError(f"{args.spec}: a latent_moe layer is tuned per --tokens N (its dispatch table), "
+                            "not --shape or --entry")
+    cache, records = TuneCache(args.cache_dir), []
+    for tokens in args.tokens or MOE_TOKENS:
+        for dtype in args.dtype or ["bfloat16"]:
+            started = time.perf_counter()
+            record = tune_moe(spec, tokens, dtype, pipeline=args.pipeline, cache=cache, retune=args.retune)
+            records.append(record)
+            print(f"{spec.name} ({spec.source}), {tokens} token(s) {dtype}:")
+            for candidate in record["candidates"]:
+                result = f"{candidate['ms']:.3f} ms" if candidate["status"] == "ok" else \
+                    f"{candidate['status']} ({candidate['detail']})"
+                print(f"  {candidate['options']['dispatch']:<24} {result}")
+            winner = record["winner"]
+            print("winner: " + (record["candidates"][winner]["options"]["dispatch"] if winner is not None
+                                else "none (no candidate passed)")
+                  + f" ({time.perf_counter() - started:.1f} s; cached at {cache.path(record['key'])})")
+    print(f"dispatch table: {moe_table(records) or 'none'} (`k3c compile` and k3compile.ops embed it)")
+    return EXIT_FAILED if any(record["winner"] is None for record in records) else EXIT_OK
 
 
 def cmd_compile(args) -> int:
@@ -204,8 +238,9 @@ def cmd_compile(args) -> int:
     for message in plan.messages:
         print(f"k3c compile: note: {message}", file=sys.stderr)
     if plan.records:
-        table = plan.launch_tables.get("chunk", {})
-        print(f"k3c compile: tuned configs for {len(table)} bucket(s) embedded ({plan.pipeline})", file=sys.stderr)
+        # a recurrence's chunk buckets, or a latent_moe layer's token buckets (its dispatch table's records)
+        buckets = len(plan.launch_tables.get("chunk", {})) or len(plan.records)
+        print(f"k3c compile: tuned configs for {buckets} bucket(s) embedded ({plan.pipeline})", file=sys.stderr)
     if args.stdout:  # the module itself, e.g. for FileCheck tests of the printed Triton
         sys.stdout.write(compilation.source)
     else:
@@ -418,9 +453,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="autotune the chunk entry's (or chunk_backward's) schedule on this GPU for some shapes; "
                                     "fills the cache")
-    p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
-    p.add_argument("--shape", type=parse_shape, action=AppendOnce, required=True, metavar="B,T",
-                   help="batch and tokens per sequence to tune for (repeatable; one bucket each, powers of two)")
+    p.add_argument("spec", help="layer spec (.toml) of a recurrence kind, or of a latent_moe layer (its dispatch table)")
+    p.add_argument("--shape", type=parse_shape, action=AppendOnce, metavar="B,T",
+                   help="a recurrence's: batch and tokens per sequence to tune for (repeatable; one bucket each, "
+                        "powers of two)")
+    p.add_argument("--tokens", type=int, action=AppendOnce, metavar="N",
+                   help="a latent_moe layer's: a token bucket of its dispatch table (repeatable; default 1, 4, 16, "
+                        "64): the plan and tiles fastest at N tokens serve calls of up to N")
     p.add_argument("--dtype", action=AppendOnce, choices=("bfloat16", "float16", "float32"),
                    help="input dtype (repeatable; default bfloat16)")
     p.add_argument("-p", "--pipeline", help="base pass pipeline (default: the kind's); options it sets are not searched")

@@ -25,6 +25,7 @@ CPU tests run the whole search in Triton's interpreter with a fake timer.
     measure.py  one candidate: its inputs, the poisoned check against the reference, the timer
     search.py   tune(): the loop over a bucket's candidates
     compile.py  compile_tuned(): a module from the cached records
+    moe.py      tune_moe(): a latent_moe layer's dispatch table per token bucket (`k3c tune --tokens`)
 
 The names below are re-exported for `from k3compile.autotune import X`. A test that replaces
 a function patches the submodule that looks it up (tune looks up gpu_name in search.py,

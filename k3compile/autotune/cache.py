@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from k3compile.autotune.space import ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
+from k3compile.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
 
 # --- environment: versions, cache folder ------------------------------------------------------
 
@@ -158,7 +158,7 @@ def record_problem(record) -> str | None:
         return "not a JSON object"
     if problem := mistyped(record.get("key"), KEY_TYPES, required=KEY_REQUIRED):
         return f"'key': {problem}"
-    if entry_of(record["key"]) not in ENTRIES:
+    if entry_of(record["key"]) not in CACHED_ENTRIES:
         return f"'key': 'entry' is {json.dumps(record['key']['entry'])[:40]}, not one of the tuned entries"
     candidates = record.get("candidates")
     if not isinstance(candidates, list):

@@ -22,9 +22,11 @@ from k3compile.autotune.cache import (
 )
 from k3compile.autotune.measure import gpu_name
 from k3compile.autotune.search import TuningError
+from k3compile.autotune.moe import moe_table, with_dispatch
 from k3compile.autotune.space import (
     BACKWARD_ENTRY,
-    ENTRIES,
+    CACHED_ENTRIES,
+    MOE_ENTRY,
     TUNED_ENTRY,
     Bucket,
     Candidate,
@@ -96,6 +98,8 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     from k3compile.driver import lower
 
     plan = ModulePlan(pipeline)
+    if mode != "off" and spec.kind == "latent_moe":
+        return compile_moe_tuned(spec, plan, mode, gpu, cache or TuneCache()), plan
     if mode == "off" or not (tunable(spec, pipeline) or tunable(spec, pipeline, BACKWARD_ENTRY)):
         return lower(spec, pipeline), plan
     cache = cache or TuneCache()
@@ -147,6 +151,25 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     return embed_records(spec, plan, gpu, by_entry), plan
 
 
+def compile_moe_tuned(spec, plan: ModulePlan, mode: str, gpu: str | None, cache: TuneCache):
+    """A latent_moe module with the dispatch table of every token bucket cached for it on `gpu`
+    (k3c tune --tokens); none cached: the default table ("frozen": an error naming the command)."""
+    from k3compile.driver import lower
+
+    schedule = schedule_hash(spec, base_pipeline(spec, plan.pipeline))
+    if mode == "auto" and gpu is None and not (cache.root / schedule[:16]).is_dir():
+        return lower(spec, plan.pipeline)  # nothing cached for this schedule (and torch stays unimported)
+    gpu = gpu if gpu is not None else gpu_name()
+    records = cached_records(spec, plan.pipeline, gpu, cache).get(MOE_ENTRY, []) if gpu is not None else []
+    plan.messages.extend(cache.messages)
+    if not records and mode == "frozen":
+        raise TuningError(f"frozen: no tuned dispatch table for {spec.name} ({spec.source}) on GPU '{gpu}' in "
+                          f"{cache.root} (run `k3c tune {spec.source} --tokens N` on that GPU){skipped_note(cache)}")
+    if not records:
+        return lower(spec, plan.pipeline)
+    return embed_records(spec, plan, gpu, {MOE_ENTRY: records})
+
+
 def cached_records(spec, pipeline: str | None, gpu: str, cache: TuneCache) -> dict[str, list[dict]]:
     """Every usable cached record of `spec`'s tuned entries on `gpu` under today's triton and
     k3compile (all buckets and dtypes), by entry; entries without one are left out. Where the
@@ -155,7 +178,7 @@ def cached_records(spec, pipeline: str | None, gpu: str, cache: TuneCache) -> di
     if not (cache.root / schedule[:16]).is_dir():
         return {}
     versions = (triton_version(), k3compile_version())
-    found = {entry: cache.records(schedule, gpu, *versions, entry=entry) for entry in ENTRIES}
+    found = {entry: cache.records(schedule, gpu, *versions, entry=entry) for entry in CACHED_ENTRIES}
     return {entry: records for entry, records in found.items() if records}
 
 
@@ -167,6 +190,15 @@ def embed_records(spec, plan: ModulePlan, gpu: str, by_entry: dict[str, list[dic
     from k3compile.driver import lower
 
     plan.records = [record for found in by_entry.values() for record in found]
+    by_entry = dict(by_entry)
+    # a latent_moe layer's: its dispatch table, an option of lower-moe-experts (autotune/moe.py)
+    table = moe_table(by_entry.pop(MOE_ENTRY, []))
+    if table is not None:
+        plan.pipeline = with_dispatch(spec, plan.pipeline, table)
+        plan.note = (f"Autotuned (k3c tune) on '{gpu}': moe's dispatch table {table} (token buckets -> plan, "
+                     "docs/moe.md).")
+    if not by_entry:
+        return lower(spec, plan.pipeline, note=plan.note)
     passes = split_pipeline(base_pipeline(spec, plan.pipeline))
     names = [name for name, _ in passes]
     codes = {}

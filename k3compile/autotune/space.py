@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 TUNED_ENTRY = "chunk"  # the forward entry whose schedule choices are tuned
 BACKWARD_ENTRY = "chunk_backward"  # the backward entry, tuned on its own (`k3c tune --entry`)
 ENTRIES = (TUNED_ENTRY, BACKWARD_ENTRY)
+MOE_ENTRY = "moe"  # the LatentMoE layer's dispatch table, tuned per token bucket (autotune/moe.py)
+CACHED_ENTRIES = (*ENTRIES, MOE_ENTRY)  # the entries the cache holds records of
 
 
 @dataclass(frozen=True)

@@ -132,13 +132,13 @@ def layer_spec(key: LayerKey):
 
 def tuned_records(spec) -> tuple[str | None, dict[str, list[dict]]]:
     """(this GPU's name, the tuning cache's records of the layer on it by tuned entry: chunk,
-    chunk_backward). A record is the layer's whatever spec it was tuned under (`k3c tune` of a
+    chunk_backward; a latent_moe layer's moe, its dispatch table). A record is the layer's whatever spec it was tuned under (`k3c tune` of a
     spec file, k3compile.ops.tuning()): the cache is keyed by what the kernels are a function
     of, not by names. No GPU, or a layer of no tuned entry: (None, {})."""
     from k3compile.autotune.cache import TuneCache
     from k3compile.autotune.compile import cached_records
 
-    gpu = gpu_name() if spec.is_recurrence else None
+    gpu = gpu_name() if spec.is_recurrence or spec.kind == "latent_moe" else None
     if gpu is None:
         return None, {}
     cache = TuneCache()
