@@ -1,8 +1,8 @@
 """Differential verification of the LatentMoE layer (`k3c verify` on a latent_moe spec): its
-entries route, moe_decode and moe_prefill against reference.latent_moe_routing and
-reference.latent_moe in float64 (computed on the inputs' device, one expert at a time), and the
-training pair moe_forward + moe_backward: every gradient against torch autograd of the reference
-(float64 leaves on a CPU; on a GPU fp32 leaves, the reference's arithmetic still float64). MXFP4
+entries route, moe_decode (and with bf16 weights moe_decode_warp, which the default dispatch
+table runs) and moe_prefill against reference.latent_moe_routing and reference.latent_moe in
+float64 (computed on the inputs' device, one expert at a time), and the training pair
+moe_forward + moe_backward: every gradient against torch autograd of the reference (float64 leaves on a CPU; on a GPU fp32 leaves, the reference's arithmetic still float64). MXFP4
 expert weights are drawn as for bf16 and packed by the module's pack_expert_weights: the kernels
 are verified against dequantise-then-reference, so the tolerances are bf16's (the dequantised
 weights are exact in every dtype; what MXFP4 loses is the packing's, not the kernels').
@@ -75,6 +75,8 @@ def quick_moe_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, 
     layer = gpu_layer(spec) if on_gpu else small_layer(spec)
     yield layer, "route", [MoeCase("R5", 5)]
     yield layer, "moe_decode", [MoeCase("R5", 5)]
+    if trains(spec):  # bf16 weights: the default dispatch table runs the warp plan too
+        yield layer, "moe_decode_warp", [MoeCase("R3", 3)]
     yield layer, "moe_prefill", [MoeCase("R37, crowded experts", 37, crowded=True)]
     if trains(spec):
         yield gpu_layer(spec, GPU_BACKWARD_EXPERTS) if on_gpu else layer, "moe_backward", [MoeCase("R37", 37)]
@@ -92,8 +94,9 @@ def moe_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, l
                   small_layer(spec, "no_shared", num_shared_experts=0, shared_ffn_dim=0)]
     for layer, large in [(gpu_layer(spec), True)] * on_gpu + [(s, False) for s in structures]:
         yield layer, "route", [MoeCase("R33", 33)]
-        yield layer, "moe_decode", [MoeCase(f"R{r}", r) for r in ((1, 16, 32) if large else (1, 5))] + [
-            MoeCase("R7, crowded experts", 7, crowded=True)]
+        for decode in ("moe_decode", "moe_decode_warp") if trains(spec) else ("moe_decode",):
+            yield layer, decode, [MoeCase(f"R{r}", r) for r in ((1, 16, 32) if large else (1, 5))] + [
+                MoeCase("R7, crowded experts", 7, crowded=True)]
         yield layer, "moe_prefill", [MoeCase(f"R{r}", r) for r in ((33, 2048) if large else (1, 37))] + [
             MoeCase(f"R{300 if large else 37}, crowded experts", 300 if large else 37, crowded=True)]
         if trains(spec) and not large:

@@ -511,9 +511,9 @@ def test_verify_latent_moe_quick(capsys):
     """The MoE layer's entries at small widths of the example's structure, in the interpreter."""
     code, out, err = run(capsys, "verify", EXAMPLES / "latent_moe.toml", "--device", "cpu", "--quick")
     assert code == 0, out + err
-    for entry in ("route", "moe_decode", "moe_prefill"):
+    for entry in ("route", "moe_decode", "moe_decode_warp", "moe_prefill"):
         assert entry in out
-    assert "4 passed, 0 failed" in out
+    assert "5 passed, 0 failed" in out
 
 
 def test_verify_latent_moe_mxfp4_quick(capsys):
