@@ -2,9 +2,10 @@
 entries route, moe_decode (and with bf16 weights moe_decode_warp, which the default dispatch
 table runs) and moe_prefill against reference.latent_moe_routing and reference.latent_moe in
 float64 (computed on the inputs' device, one expert at a time), and the training pair
-moe_forward + moe_backward: every gradient against torch autograd of the reference (float64 leaves on a CPU; on a GPU fp32 leaves, the reference's arithmetic still float64). MXFP4
-expert weights are drawn as for bf16 and packed by the module's pack_expert_weights: the kernels
-are verified against dequantise-then-reference, so the tolerances are bf16's (the dequantised
+moe_forward + moe_backward: every gradient against torch autograd of the reference (float64
+leaves on a CPU; on a GPU fp32 leaves, the reference's arithmetic still float64). MXFP4 expert
+weights are drawn as for bf16 and packed by the module's pack_expert_weights: the kernels are
+verified against dequantise-then-reference, so the tolerances are bf16's (the dequantised
 weights are exact in every dtype; what MXFP4 loses is the packing's, not the kernels').
 
 On a CPU (the interpreter) the layer runs at small widths of the same structure; on a GPU at the
