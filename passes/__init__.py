@@ -15,8 +15,9 @@ Each pass is one idea, named for what it derives:
   top-k kernel (top-k by score + bias, normalisation);
 - lower-moe-experts: k3.latent_moe -> `moe_prefill` (expert-centric: pairs grouped by expert on
   the device, grouped GEMMs), `moe_decode` (token-centric: no sorting, slots combined in
-  registers) and `moe` (picks by token count): routing, latent projections with the fused
-  RMSNorm, GLU experts, shared experts;
+  registers; the other decode plan's entry where the dispatch table runs it) and `moe` (picks by
+  token count through its dispatch table, passes/moe_dispatch.py): routing, latent projections
+  with the fused RMSNorm, GLU experts, shared experts;
 - derive-moe-backward: k3.latent_moe -> `moe_forward` (the expert-centric forward returning what
   its backward reads) and `moe_backward`, derived from it by one adjoint rule per stage (dgrad and
   wgrad GEMMs over the expert-sorted pair list, the GLU's adjoint in the dgrad's epilogue);
