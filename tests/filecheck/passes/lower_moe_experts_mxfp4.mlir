@@ -3,16 +3,24 @@
 // its scales (e8m0: one per 32 inputs, [E, out, in / 32]), in the place of the bf16 weight; the
 // four projections that read them say weight_format = mxfp4 and take the scales after the
 // packed values. The latent and
-// shared experts' weights stay in the layer's dtype. The property round-trips (k3c opt).
+// shared experts' weights stay in the layer's dtype. The property round-trips (k3c opt). The
+// weights are laid out for one decode plan, so the dispatch table runs that one only (default:
+// the decode option's up to 4 tokens); a table naming the other, or a warp bucket's BD below a
+// block of 32, is refused in one line.
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts | filecheck %s
 // RUN: k3c opt %s -p lower-moe-routing,lower-moe-experts | k3c opt - | filecheck %s
 // RUN: k3c opt %s | filecheck %s --check-prefix=LAYER
+// RUN: not k3c opt %s -p 'lower-moe-routing,lower-moe-experts{dispatch="1=split,4=warp"}' 2>&1 | filecheck %s --check-prefix=OTHER-PLAN
+// RUN: not k3c opt %s -p 'lower-moe-routing,lower-moe-experts{decode=warp dispatch="4=warp/4x16"}' 2>&1 | filecheck %s --check-prefix=WARP-BD
 
 builtin.module {
   k3.latent_moe @mlp <hidden_size = 40, latent_dim = 32, num_experts = 12, top_k = 3, expert_ffn_dim = 64, num_shared_experts = 1, shared_ffn_dim = 24, activation = situ_glu, norm_topk_prob = true, routed_scaling_factor = 2.5, eps = 1.0e-06, dtype = bfloat16, expert_weight_format = mxfp4>
 }
 
 // LAYER: k3.latent_moe @mlp <{{.*}}, dtype = bfloat16, expert_weight_format = mxfp4>
+
+// OTHER-PLAN: {{^}}k3c opt: error: {{.*}}lower-moe-experts: dispatch: bucket '4=warp': @mlp's mxfp4 weights are laid out for decode = split only (pass decode=warp to run that plan){{$}}
+// WARP-BD: {{^}}k3c opt: error: {{.*}}lower-moe-experts: dispatch: a warp bucket's BD must hold whole blocks of 32 inputs (a scale each) for @mlp's mxfp4 weights, got '4=warp/4x16'{{$}}
 
 // CHECK:      k3s.entry @moe_prefill <source = @mlp> {
 // CHECK-NEXT:   [[X:%x[_0-9]*]] = k3s.tensor_arg @x <role = input> : !k3s.tensor<R x 40, float>
