@@ -435,12 +435,10 @@ class LowerMoeExpertsPass(ModulePass):
         entries = {"prefill": add_entries(op, LatentMoEOp, lambda layer: MoeEntry(
             layer, "prefill", self.num_warps, packing=self.packing).expert_centric(self.block_rows))}
         for plan in (self.decode, *(other for other in DECODE_PLANS if other != self.decode)):
-            # moe_decode is the decode option's plan; the other plan's entry only where a table runs it
-            runs = [name for name, table in tables.items() if any(b.plan == plan for b in table)]
-            if plan == self.decode or runs:
-                entries[plan] = add_entries(op, LatentMoEOp, lambda layer, plan=plan: self.decode_entry(
-                    layer, plan, tables[layer.sym_name.data]) if plan == self.decode or layer.sym_name.data in runs
-                    else None)
+            # moe_decode is the decode option's plan; the other plan's entry only for a layer whose table runs it
+            entries[plan] = add_entries(op, LatentMoEOp, lambda layer, plan=plan: self.decode_entry(
+                layer, plan, tables[layer.sym_name.data])
+                if plan == self.decode or any(b.plan == plan for b in tables[layer.sym_name.data]) else None)
         add_entries(op, LatentMoEOp, lambda layer: self.dispatch_entry(layer, tables[layer.sym_name.data], entries))
 
     def table(self, layer: LatentMoEOp) -> list[Bucket]:
