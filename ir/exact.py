@@ -442,18 +442,18 @@ def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, lis
     replays read `accepted` tokens of their buffer, cache updates append to theirs; a chunk loop
     (the chunked verify) reloads what a prepare kernel spilled to `workspaces`. Returns (O of
     x's tokens, or None without a token or chunk loop; the row as the kernel leaves it)."""
-    S, row, O = None, x.S0, None
+    states, row, O = {}, x.S0, None  # the kernel's state values
     for op in kernel.body.ops:
         if isinstance(op, k3s.StateTileOp):
-            S = x.S0
+            states[op.state] = x.S0
         elif isinstance(op, k3s.ReplayOp):
-            S = replay(op, S, buffers.get(k3s.argument_name(op.cache), []), accepted)
+            states[op.replayed] = replay(op, states[op.state], buffers.get(k3s.argument_name(op.cache), []), accepted)
         elif isinstance(op, k3s.StoreStateOp):
-            row = S
+            row = states[op.state]
         elif isinstance(op, k3s.TokenLoopOp):
-            O, S = run_token_loop(op, x, S, buffers)
+            O, states[op.final] = run_token_loop(op, x, states[op.initial], buffers)
         elif isinstance(op, k3s.ChunkLoopOp):
-            O, S = run_chunk_loop(op, x, S, workspaces or {}, buffers)
+            O, states[op.final] = run_chunk_loop(op, x, states[op.initial], workspaces or {}, buffers)
         else:
             raise TypeError(f"{op.name} is not a stage of a pool kernel")
     return O, row

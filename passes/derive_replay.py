@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
-from xdsl.ir import SSAValue
+from xdsl.ir import Block, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -41,12 +41,14 @@ def speculative_arguments(op: RecurrenceOp, draft_tokens: int) -> list[k3s.Tenso
 
 
 def speculative_schedule(op: RecurrenceOp, draft_tokens: int, values: dict[str, SSAValue]) -> k3s.SpeculativeOp:
-    return make(
-        k3s.SpeculativeOp,
-        [token_loop(op, values, cache=values["cache"]),
-         make(k3s.ReplayOp, operands=[values["cache"], values["accepted"]], gate=op.gate.data)],
-        draft_tokens=draft_tokens,
-    )
+    """The verify and the replay, both from the committed state (the block's argument)."""
+    block = Block(arg_types=[k3s.tile("K", "V")])
+    committed = block.args[0]
+    committed.name_hint = "S"
+    block.add_ops([token_loop(op, values, committed, cache=values["cache"]),
+                   make(k3s.ReplayOp, operands=[committed, values["cache"], values["accepted"]], gate=op.gate.data,
+                        result=("S", committed.type))])
+    return make(k3s.SpeculativeOp, block, draft_tokens=draft_tokens)
 
 
 @dataclass(frozen=True)

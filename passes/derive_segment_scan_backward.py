@@ -90,9 +90,7 @@ def cotangent_summary(scan: k3s.KernelOp, N_bar, name: str) -> k3s.KernelOp:
     state to N_bar and spilling nothing (the real cotangent scan spills, after the combine)."""
     kernel = renamed(scan, name)
     tile = next(op for op in kernel.body.ops if isinstance(op, k3s.StateTileOp))
-    Rewriter.insert_op(starting_at(tile, "zero"), InsertPoint.before(tile))
-    tile.detach()
-    tile.erase()
+    Rewriter.replace_op(tile, starting_at(tile, "zero"))
     for spill in [op for op in kernel.walk() if isinstance(op, k3s.SpillOp)]:
         spill.detach()
         spill.erase()
@@ -100,7 +98,7 @@ def cotangent_summary(scan: k3s.KernelOp, N_bar, name: str) -> k3s.KernelOp:
     if len(stores) != 1:
         raise ValueError(f"{NAME}: the cotangent scan @{scan.sym_name.data} stores {len(stores)} states; expected "
                          "one (dh0)")
-    stores[0].operands = [N_bar]
+    stores[0].operands = [stores[0].state, N_bar]
     return kernel
 
 

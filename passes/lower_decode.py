@@ -63,13 +63,11 @@ class LowerDecodePass(ModulePass):
         ]
         values = argument_values(args)
         pool = [values["state"], values["state_indices"]]
+        tile = make(k3s.StateTileOp, operands=pool, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout,
+                    home="pool", result=("S", k3s.tile("K", "V")))
+        loop = token_loop(op, values, tile.state)
         kernel = token_kernel(
-            [
-                make(k3s.StateTileOp, operands=pool, head_k_dim=K, head_v_dim=V, block_v=self.block_v, layout=layout,
-                     home="pool"),
-                token_loop(op, values),
-                make(k3s.StoreStateOp, operands=pool, layout=layout, home="pool"),
-            ],
+            [tile, loop, make(k3s.StoreStateOp, operands=[loop.final, *pool], layout=layout, home="pool")],
             f"{op.sym_name.data}_decode", self.num_warps, self.token_stages,
         )
         return make(k3s.EntryOp, [*args, kernel], sym_name="decode", source=SymbolRefAttr(op.sym_name))

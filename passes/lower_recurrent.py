@@ -29,11 +29,12 @@ from k3compile.passes.common import (
 )
 
 
-def token_loop(op: RecurrenceOp, values: dict[str, SSAValue], cache: SSAValue | None = None) -> k3s.TokenLoopOp:
-    """One token of the recurrence as values, carrying the state S, reading and writing the
-    tensors of `values` (its entry's arguments; the sequence offsets when it has them); given the
-    entry's `cache` it also caches there what a replay needs (the token's k, the update u it
-    wrote, its log-gate)."""
+def token_loop(op: RecurrenceOp, values: dict[str, SSAValue], initial: SSAValue,
+               cache: SSAValue | None = None) -> k3s.TokenLoopOp:
+    """One token of the recurrence as values, carrying the state S from `initial`, reading and
+    writing the tensors of `values` (its entry's arguments; the sequence offsets when it has
+    them); given the entry's `cache` it also caches there what a replay needs (the token's k, the
+    update u it wrote, its log-gate)."""
     load = input_loads(op, values)
     block = Block(arg_types=[k3s.tile("K", "V")])
     S = block.args[0]
@@ -57,7 +58,7 @@ def token_loop(op: RecurrenceOp, values: dict[str, SSAValue], cache: SSAValue | 
     if cache is not None:
         stage(make(k3s.CacheUpdateOp, operands=[cache, k, u, g], gate=op.gate.data))
     stage(make(k3s.NextTokenOp, operands=[S]))
-    return make(k3s.TokenLoopOp, block, operands=[values.get("cu_seqlens")])
+    return make(k3s.TokenLoopOp, block, operands=[initial, values.get("cu_seqlens")], result=("S_final", S.type))
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,11 @@ class LowerRecurrentPass(ModulePass):
         layout = op.state_layout.data
         arguments = recurrence_arguments(op)
         values = argument_values(arguments)
+        tile = make(k3s.StateTileOp, operands=[values["initial_state"]], head_k_dim=K, head_v_dim=V,
+                    block_v=self.block_v, layout=layout, result=("S", k3s.tile("K", "V")))
+        loop = token_loop(op, values, tile.state)
         kernel = token_kernel(
-            [
-                make(k3s.StateTileOp, operands=[values["initial_state"]], head_k_dim=K, head_v_dim=V,
-                     block_v=self.block_v, layout=layout),
-                token_loop(op, values),
-                make(k3s.StoreStateOp, operands=[values["final_state"]], layout=layout),
-            ],
+            [tile, loop, make(k3s.StoreStateOp, operands=[loop.final, values["final_state"]], layout=layout)],
             f"{op.sym_name.data}_recurrent", self.num_warps, self.token_stages,
         )
         return make(k3s.EntryOp, [*arguments, kernel], sym_name="recurrent", source=SymbolRefAttr(op.sym_name))

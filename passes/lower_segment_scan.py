@@ -78,9 +78,10 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
     K = layer.head_k_dim.value.data
     tile, loop, _ = list(scan.body.ops)
 
-    def summary_loop() -> k3s.ChunkLoopOp:
-        """The chunk loop, keeping no checkpoints."""
+    def summary_loop(start: k3s.StateTileOp) -> k3s.ChunkLoopOp:
+        """The chunk loop from the state tile `start`, keeping no checkpoints."""
         copy = loop.clone()
+        copy.operands[0] = start.state
         for store in [op for op in copy.walk() if isinstance(op, k3s.StoreCheckpointOp)]:
             store.detach()
             store.erase()
@@ -97,23 +98,25 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
         )
 
     layout = layer.state_layout.data
-    n_loop = summary_loop()
-    n_stores = [make(k3s.StoreStateOp, operands=[values["N"]], layout=layout)]
+    n_tile = starting_at(tile, "zero")
+    n_loop = summary_loop(n_tile)
+    n_stores = [make(k3s.StoreStateOp, operands=[n_loop.final, values["N"]], layout=layout)]
     if form in ("diagonal", "scalar"):
         advance = next(op for op in n_loop.walk() if isinstance(op, k3s.StateAdvanceOp))
         Rewriter.insert_op(make(k3s.DecayProductOp, operands=[advance.decay], transition=form),
                            InsertPoint.before(n_loop.body.block.last_op))
         n_stores.append(make(k3s.StoreTransitionOp, operands=[values["M"]], transition=form))
-    kernels = [kernel("N", starting_at(tile, "zero"), n_loop, n_stores)]
+    kernels = [kernel("N", n_tile, n_loop, n_stores)]
     if form == "full":
-        m_loop = summary_loop()
+        m_tile = starting_at(tile, "identity", head_v_dim=K, layout="kv")
+        m_loop = summary_loop(m_tile)
         for residual in [op for op in m_loop.walk() if isinstance(op, k3s.DeltaResidualOp)]:  # zero values: U = 0
             without_values = make(k3s.DeltaResidualOp, operands=[residual.state, residual.keys_factor],
                                   result=(residual.residual.name_hint, residual.residual.type))
             Rewriter.replace_op(residual, without_values)
         region_dce(m_loop.body)
-        m_tile = starting_at(tile, "identity", head_v_dim=K, layout="kv")
-        kernels.append(kernel("M", m_tile, m_loop, [make(k3s.StoreStateOp, operands=[values["M"]], layout="kv")]))
+        kernels.append(kernel("M", m_tile, m_loop, [make(k3s.StoreStateOp, operands=[m_loop.final, values["M"]],
+                                                         layout="kv")]))
     return kernels
 
 

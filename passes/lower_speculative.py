@@ -63,10 +63,11 @@ def clone(op, **changes):
     return copy
 
 
-def over_pool_rows(loop: k3s.TokenLoopOp) -> k3s.TokenLoopOp:
-    """The schedule's token loop (a copy) as a loop over the B rows of T tokens of a batch: without
-    the schedule's sequence offsets (its entry's rebinding points the rest at its arguments)."""
-    loop.operands = []
+def over_pool_rows(loop: k3s.TokenLoopOp, initial: SSAValue) -> k3s.TokenLoopOp:
+    """The schedule's token loop (a copy) from the state `initial` as a loop over the B rows of T
+    tokens of a batch: without the schedule's sequence offsets (its entry's rebinding points the
+    rest at its arguments)."""
+    loop.operands = [initial]
     return loop
 
 
@@ -120,9 +121,7 @@ def chunked_verify(layer: RecurrenceOp, entry: k3s.EntryOp, values: dict[str, SS
     old_tile = next(op for op in scan.body.ops if isinstance(op, k3s.StateTileOp))
     pool_tile = clone(old_tile, home="pool", block_v=block_v)
     pool_tile.operands = [values["state"], values["state_indices"]]
-    Rewriter.insert_op(pool_tile, InsertPoint.before(old_tile))
-    old_tile.detach()
-    old_tile.erase()
+    Rewriter.replace_op(old_tile, pool_tile)
     # fp32-accurate products (`dots`: exact fp32, or 3xTF32 on tensor cores) and fp32 workspaces
     # whatever the inputs: the cached u are the committed state's updates
     for kernel, kernel_name in ((prepare, f"{name}_prepare"), (scan, name)):
@@ -146,10 +145,17 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
 
     def tile(values: dict[str, SSAValue]):
         return make(k3s.StateTileOp, operands=[values["state"], values["state_indices"]], head_k_dim=K, head_v_dim=V,
-                    block_v=block_v, layout=layout, home="pool")
+                    block_v=block_v, layout=layout, home="pool", result=("S", loop.initial.type))
 
-    def store(values: dict[str, SSAValue]):
-        return make(k3s.StoreStateOp, operands=[values["state"], values["state_indices"]], layout=layout, home="pool")
+    def store(state: SSAValue, values: dict[str, SSAValue]):
+        return make(k3s.StoreStateOp, operands=[state, values["state"], values["state_indices"]], layout=layout,
+                    home="pool")
+
+    def committing(stage: k3s.ReplayOp, committed: k3s.StateTileOp) -> k3s.ReplayOp:
+        """The schedule's replay (a copy) from the committed state of the pool row's tile."""
+        copy = stage.clone()
+        copy.operands[0] = committed.state
+        return copy
 
     pool = k3s.tensor("P", *recurrence_state_shape(layer), dtype="state")
     indices = k3s.tensor("B", dtype="index")
@@ -187,28 +193,31 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         tensor_arg("accepted", indices, "input"),
     ]
     verify_loop = loop.clone()
+    commit_values = argument_values(commit_arguments)
+    commit_tile = tile(commit_values)
     if mode == "replay":
-        commit_stage = clone(replay)
+        commit_state = committing(replay, commit_tile)
     else:
         snapshots = argument_values(verify_arguments)["snapshots"]
         for cached in [op for op in verify_loop.walk() if isinstance(op, k3s.CacheUpdateOp)]:
             state = verify_loop.body.block.last_op.state  # the state after this token
             Rewriter.replace_op(cached, make(k3s.SnapshotStateOp, operands=[snapshots, state]))
-        committed = argument_values(commit_arguments)
-        commit_stage = make(k3s.RestoreSnapshotOp, operands=[committed["snapshots"], committed["accepted"]])
+        commit_state = make(k3s.RestoreSnapshotOp, operands=[commit_tile.state, commit_values["snapshots"],
+                                                             commit_values["accepted"]], result=("S", replay.state.type))
 
     chunked = options.verify == "chunked"
-    verify_values, commit_values = argument_values(verify_arguments), argument_values(commit_arguments)
+    verify_values = argument_values(verify_arguments)
     if chunked:
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), verify_values, depth, block_v,
                                                    num_warps, verify_values["cache"], f"{name}_verify",
                                                    options.verify_dots)
         verify_kernels = [*workspaces, prepare, scan]
     else:
-        verify_kernels = [pool_kernel("verify", [tile(verify_values), over_pool_rows(verify_loop)])]
+        verify_tile = tile(verify_values)
+        verify_kernels = [pool_kernel("verify", [verify_tile, over_pool_rows(verify_loop, verify_tile.state)])]
     verify = entry("verify", verify_arguments, verify_kernels, max_tokens=depth)
     commit = entry("commit", commit_arguments, [
-        pool_kernel("commit", [tile(commit_values), commit_stage, store(commit_values)]),
+        pool_kernel("commit", [commit_tile, commit_state, store(commit_state.results[0], commit_values)]),
     ])
     if mode == "snapshot":
         return [verify, commit]
@@ -222,19 +231,25 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     ]
     step_values = argument_values(step_arguments)
     next_cache = step_values["next_cache"]
-    # the replay reads the previous round's cache (rebound to spec_step's cache and accepted)
-    committed = [clone(replay), store(step_values)]
+    # the replay reads the previous round's cache (rebound to spec_step's cache and accepted); the
+    # round's verify goes on from the replayed state
     if chunked:  # the prepare reads only the inputs; the scan commits the row, then verifies from it
         workspaces, prepare, scan = chunked_verify(layer, speculative.parent_op(), step_values, depth, block_v,
                                                    num_warps, next_cache, f"{name}_spec_step", options.verify_dots)
-        Rewriter.insert_op(committed, InsertPoint.after(next(op for op in scan.body.ops
-                                                             if isinstance(op, k3s.StateTileOp))))
+        step_tile = next(op for op in scan.body.ops if isinstance(op, k3s.StateTileOp))
+        replayed = committing(replay, step_tile)
+        Rewriter.insert_op([replayed, store(replayed.replayed, step_values)], InsertPoint.after(step_tile))
+        chunks = next(op for op in scan.body.ops if isinstance(op, k3s.ChunkLoopOp))
+        chunks.operands[0] = replayed.replayed
         step_kernels = [*workspaces, prepare, scan]
     else:
+        step_tile = tile(step_values)
+        replayed = committing(replay, step_tile)
         step_kernels = [pool_kernel("spec_step", [
-            tile(step_values),
-            *committed,
-            over_pool_rows(next_cache_loop(loop, next_cache)),
+            step_tile,
+            replayed,
+            store(replayed.replayed, step_values),
+            over_pool_rows(next_cache_loop(loop, next_cache), replayed.replayed),
         ])]
     step = entry("spec_step", step_arguments, step_kernels, max_tokens=depth)
     return [verify, commit, step]

@@ -537,10 +537,12 @@ def commit_after_verifying(block):
     store = next(op for op in block.ops if isinstance(op, k3s.StoreStateOp))
     store.detach()
     block.add_op(store)
+    store.operands[0] = next(op for op in block.ops if isinstance(op, k3s.TokenLoopOp)).final
 
 
 def verify_without_committing(block):
     replay = next(op for op in block.ops if isinstance(op, k3s.ReplayOp))
+    replay.replayed.replace_all_uses_with(replay.state)
     replay.detach()
     replay.erase()
 

@@ -27,7 +27,7 @@ from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
-from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
+from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values, verify_carried_state
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- stages of the chunkwise (WY/UT) schedule ----------------------------------------------
@@ -134,18 +134,26 @@ class CotangentScanOp(KeywordSyntax):
 
 @irdl_op_definition
 class ChunkLoopOp(KeywordSyntax, RuntimeSizesInterface):
-    """In a kernel: the chunks of one sequence, in order (the scan of a fused schedule), carrying
-    the kernel's state tile: the block argument S, the operand of the closing `next_chunk`. Its
-    operand, when the entry has them, is the sequence offsets (`k3s.chunk_loop %cu_seqlens`:
-    varlen when the caller passes them); without it the sequences are the B rows of T tokens.
-    `reverse`: from the last chunk to the first (a backward schedule's cotangent scan)."""
+    """`%S_final = k3s.chunk_loop %S, %cu_seqlens { ^bb0(%S_in): ... k3s.next_chunk %S_next }`:
+    in a kernel, the chunks of one sequence, in order (the scan of a fused schedule), carrying
+    the kernel's state tile as k3s.token_loop does: the first operand is the state the first
+    chunk enters with, the block argument the state each chunk enters with, `next_chunk`'s
+    operand the state it leaves, the result the state after the last chunk. The second operand,
+    when the entry has them, is the sequence offsets (varlen when the caller passes them);
+    without it the sequences are the B rows of T tokens. `reverse`: from the last chunk to the
+    first (a backward schedule's cotangent scan)."""
 
     name = "k3s.chunk_loop"
     chunk_size = prop_def(IntegerAttr[I64])
     reverse = opt_prop_def(BoolAttr)  # absent: false
+    initial = operand_def(TileType)
     offsets = opt_operand_def(TensorType)
     body = region_def("single_block")
+    final = result_def(TileType)
     traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        verify_carried_state(self)
 
     def runtime_sizes(self) -> tuple[str, ...]:
         return ("T",)  # its sequences' tokens

@@ -9,6 +9,7 @@ from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, IntegerAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
+    IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
     lazy_traits_def,
@@ -54,7 +55,8 @@ class StateStartAttr(EnumAttribute[StateStart], SpacedOpaqueSyntaxAttribute):
 
 @irdl_op_definition
 class StateTileOp(KeywordSyntax, RuntimeSizesInterface):
-    """A [K, V-block] fp32 state tile kept on chip. Its home, its operands: the initial state
+    """`%S = k3s.state_tile ...`: a [K, V-block] fp32 state tile kept on chip, its result the state
+    the kernel's first stage starts from. Its home, its operands: the initial state
     (`k3s.state_tile %initial_state`: read when the caller passes it, an optional argument; else
     zero) or, home = pool, a pool row `state[state_indices[n]]` (`k3s.state_tile %state,
     %state_indices`: serving, a slot table over a state pool; a slot outside the pool, e.g. -1
@@ -70,6 +72,7 @@ class StateTileOp(KeywordSyntax, RuntimeSizesInterface):
     home = opt_prop_def(StateHomeAttr)  # absent: the initial state
     start = opt_prop_def(StateStartAttr)  # absent: the home's state
     tensors = var_operand_def(TensorType)  # the home: initial state, or pool and slot table; none with a start
+    state = result_def(TileType)
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
@@ -99,7 +102,8 @@ class StateTileOp(KeywordSyntax, RuntimeSizesInterface):
 class SpeculativeOp(KeywordSyntax):
     """Speculative decoding without state snapshots: a verify pass over `draft_tokens` tokens
     (a token loop that also caches each token's k, gate and update u), then a replay that
-    rebuilds the state after any accepted prefix from the committed state and the cache.
+    rebuilds the state after any accepted prefix from the committed state and the cache. The
+    committed state is its block's argument, what both start from.
     Lowerings run the two apart (verify, then commit) or fused, replay first: one launch that
     commits the previous round's accepted tokens and verifies the next round."""
 
@@ -115,15 +119,22 @@ class SpeculativeOp(KeywordSyntax):
 
 @irdl_op_definition
 class TokenLoopOp(KeywordSyntax, RuntimeSizesInterface):
-    """Sequential loop over the tokens of one sequence, carrying the kernel's state tile: the
-    block argument S, the operand of the closing `next_token`. Its operand, when the entry has
-    them, is the sequence offsets (`k3s.token_loop %cu_seqlens`: varlen when the caller passes
-    them); without it the sequences are the B rows of T tokens."""
+    """`%S_final = k3s.token_loop %S, %cu_seqlens { ^bb0(%S_in): ... k3s.next_token %S_next }`:
+    sequential loop over the tokens of one sequence, carrying the kernel's state tile as scf.for
+    carries its iter_args: it enters the first token as the first operand, each token starts
+    from the block argument and passes the state on by `next_token`; the result is the state
+    after the last token. The second operand, when the entry has them, is the sequence offsets
+    (varlen when the caller passes them); without it the sequences are the B rows of T tokens."""
 
     name = "k3s.token_loop"
+    initial = operand_def(TileType)
     offsets = opt_operand_def(TensorType)
     body = region_def("single_block")
+    final = result_def(TileType)
     traits = traits_def(HasParent(KernelOp, SpeculativeOp))
+
+    def verify_(self) -> None:
+        verify_carried_state(self)
 
     def runtime_sizes(self) -> tuple[str, ...]:
         return ("T",)  # its sequences' tokens
@@ -169,26 +180,34 @@ class SnapshotStateOp(KeywordSyntax):
 @irdl_op_definition
 class RestoreSnapshotOp(KeywordSyntax):
     """The snapshot baseline's commit: the state after `accepted` tokens is the snapshot taken
-    after token `accepted` (none accepted: the committed state stays). Operands: the entry's
-    snapshot buffer and its accepted counts."""
+    after token `accepted` (none accepted: the committed state stays). Operands: the committed
+    state, the entry's snapshot buffer and its accepted counts (`%S_1 = k3s.restore_snapshot
+    %S, %snapshots, %accepted`)."""
 
     name = "k3s.restore_snapshot"
+    state = operand_def(TileType)
     snapshots = operand_def(TensorType)
     accepted = operand_def(TensorType)
+    restored = result_def(TileType)
     traits = traits_def(HasParent(KernelOp))
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # the state is restored where it is held
 
 
 @irdl_op_definition
 class ReplayOp(KeywordSyntax):
     """S_m = Diag(Gamma_m) S_0 + sum_{j<=m} Diag(Gamma_m / Gamma_j) k_j u_j^T from the cache
     (Gamma_j the product of the first j decays; all ones without a gate): no serial dependency.
-    `k3s.replay %cache, %accepted`: the cache it reads and the accepted count m of each sequence."""
+    `%S_m = k3s.replay %S_0, %cache, %accepted`: the committed state, the cache it reads and the
+    accepted count m of each sequence."""
 
     name = "k3s.replay"
     gate = prop_def(GateAttr)
+    state = operand_def(TileType)
     cache = operand_def(TensorType)
     accepted = operand_def(TensorType)
+    replayed = result_def(TileType)
     traits = traits_def(HasParent(SpeculativeOp, KernelOp))
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # the state is replayed where it is held
 
 
 @irdl_op_definition
@@ -280,13 +299,15 @@ class ReadoutOp(KeywordSyntax):
 
 @irdl_op_definition
 class StoreStateOp(KeywordSyntax):
-    """Write the state tile to its operand (`k3s.store_state %final_state`: when the caller asked
-    for it, an optional output; or a segment's N or M, always) or, home = pool, back to its pool
-    row in place (`k3s.store_state %state, %state_indices`)."""
+    """Write a state (its first operand) to the tensor after it (`k3s.store_state %S_final,
+    %final_state`: when the caller asked for it, an optional output; or a segment's N or M,
+    always) or, home = pool, back to its pool row in place (`k3s.store_state %S_final, %state,
+    %state_indices`)."""
 
     name = "k3s.store_state"
     layout = prop_def(StateLayoutAttr)
     home = opt_prop_def(StateHomeAttr)  # absent: the tensor it writes
+    state = operand_def(TileType)
     tensors = var_operand_def(TensorType)  # the tensor it writes, or the pool and its slot table
     traits = traits_def(HasParent(KernelOp))
 
@@ -295,6 +316,18 @@ class StoreStateOp(KeywordSyntax):
             1, "without a home it writes one tensor")
         if len(self.tensors) != expected:
             raise VerifyException(f"{self.name}: {writes}; got {len(self.tensors)} tensor operands")
+
+
+def verify_carried_state(loop: IRDLOperation) -> None:
+    """A state loop's initial state, block argument, terminator operand and result: one state,
+    of one type (scf.for's iter_args)."""
+    block, terminator = loop.body.block, loop.body.block.last_op
+    passed_on = [terminator.state.type] if terminator is not None and terminator.has_trait(IsTerminator) else []
+    carried = [loop.initial.type, *(a.type for a in block.args[:1]), *passed_on, loop.final.type]
+    if len(block.args) != 1 or len(set(carried)) != 1:
+        raise VerifyException(f"{loop.name}: the initial state, the one block argument, the state passed on and "
+                              f"the result must have one type, got {len(block.args)} block arguments and types "
+                              f"{', '.join(map(str, carried))}")
 
 
 def in_pool(op) -> bool:

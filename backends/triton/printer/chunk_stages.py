@@ -42,8 +42,9 @@ class ChunkStages:
         )
 
     def print_k3s_chunk_loop(self, op: k3s.ChunkLoopOp) -> None:
+        self.print_initial_state(op)
         c = self.code
-        c.comment(op, "the chunks of sequence i_n, in order, carrying b_S")
+        c.comment(op, f"the chunks of sequence i_n, in order, carrying {register(op.body.block.args[0])}")
         c("o_c = tl.arange(0, BC)")
         for product in [o for o in op.body.ops if isinstance(o, k3s.DecayProductOp)]:
             c("b_M = tl.full([BK], 1.0, tl.float32)" if product.transition.data == "diagonal"

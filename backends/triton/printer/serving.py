@@ -51,7 +51,7 @@ class Serving:
         c(f"n_accepted = tl.minimum(tl.maximum(tl.load({tensor_name(op.accepted)} + i_n).to(tl.int64), 0), DEPTH)",
           "if n_accepted > 0:")
         with c.indent():
-            c(f"b_S = tl.load({snapshots} + ((i_slot * DEPTH + n_accepted - 1) * HV + i_hv) * K * V + p_local, "
+            c(f"{register(op.restored)} = tl.load({snapshots} + ((i_slot * DEPTH + n_accepted - 1) * HV + i_hv) * K * V + p_local, "
               "mask=m_kv, other=0.0)")
 
     def print_k3s_replay(self, op: k3s.ReplayOp) -> None:
@@ -66,7 +66,8 @@ class Serving:
             c("p_cache = ((i_slot * DEPTH + j) * HV + i_hv) * (2 * K + V)",
               f"b_k = tl.load({cache} + p_cache + o_k, mask=m_k & m_slot_k, other=0.0)",
               f"b_u = tl.load({cache} + p_cache + 2 * K + o_v, mask=m_v & m_slot_v, other=0.0)")
+            S = register(op.replayed)
             if op.gate.data != "none":
                 c(f"b_g = tl.load({cache} + p_cache + K + o_k, mask=m_k & m_slot_k, other=0.0)",
-                  "b_S = b_S * tl.exp(b_g)[:, None]")
-            c("b_S = b_S + b_k[:, None] * b_u[None, :]")
+                  f"{S} = {S} * tl.exp(b_g)[:, None]")
+            c(f"{S} = {S} + b_k[:, None] * b_u[None, :]")

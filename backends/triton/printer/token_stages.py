@@ -17,6 +17,7 @@ class TokenStages:
         c.comment(op, "fp32 state tile [K, BV] kept in registers for the whole sequence")
         c("o_k = tl.arange(0, BK)", "m_k = o_k < K", "m_kv = m_k[:, None] & m_v[None, :]")
         local = "o_k[:, None] * V + o_v[None, :]" if op.layout.data == "kv" else "o_v[None, :] * K + o_k[:, None]"
+        S = register(op.state)
         if k3s.in_pool(op):
             state, indices = (tensor_name(t) for t in op.tensors)
             c(f"i_slot = tl.load({indices} + i_n).to(tl.int64)",
@@ -27,15 +28,15 @@ class TokenStages:
               "m_kv = m_kv & m_slot_v[None, :]",
               f"p_local = {local}",
               "p_state = (i_slot * HV + i_hv) * K * V + p_local",
-              f"b_S = tl.load({state} + p_state, mask=m_kv, other=0.0).to(tl.float32)")
+              f"{S} = tl.load({state} + p_state, mask=m_kv, other=0.0).to(tl.float32)")
             return
-        c(f"p_state = i_nh * K * V + {local}", "b_S = tl.zeros([BK, BV], dtype=tl.float32)")
+        c(f"p_state = i_nh * K * V + {local}", f"{S} = tl.zeros([BK, BV], dtype=tl.float32)")
         if op.start is not None:
             if op.start.data == "identity":  # the columns of a transition M: M = I before any token
-                c("b_S = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)")
+                c(f"{S} = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)")
             return
         (initial,) = op.tensors
-        load = f"b_S += tl.load({tensor_name(initial)} + p_state, mask=m_kv, other=0.0)"
+        load = f"{S} += tl.load({tensor_name(initial)} + p_state, mask=m_kv, other=0.0)"
         if (flag := presence_flag(initial)) is None:
             c(load)
             return
@@ -44,12 +45,19 @@ class TokenStages:
             c(load)
 
     def print_k3s_token_loop(self, op: k3s.TokenLoopOp) -> None:
+        self.print_initial_state(op)
         c = self.code
         c.comment(op, "the tokens of sequence i_n, in order")
         self.print_sequence_bounds(op.offsets)
         c(f"for t in {pipelined_range(op, 'bos', 'eos')}:")
         with c.indent():
             self.print_ops(op)
+
+    def print_initial_state(self, loop: k3s.TokenLoopOp | k3s.ChunkLoopOp) -> None:
+        """The state the loop's first iteration enters with, into the register it carries."""
+        carried, initial = register(loop.body.block.args[0]), register(loop.initial)
+        if carried != initial:
+            self.code(f"{carried} = {initial}")
 
     def print_sequence_bounds(self, offsets: SSAValue | None) -> None:
         """bos, eos: the token range of sequence i_n (varlen: from the sequence offsets, when the
@@ -99,14 +107,15 @@ class TokenStages:
 
     def print_k3s_store_state(self, op: k3s.StoreStateOp) -> None:
         self.code.comment(op)
+        S = register(op.state)
         if k3s.in_pool(op):
             state = tensor_name(op.tensors[0])  # the slot table (i_slot) was read by the state tile
-            self.code(f"tl.store({state} + p_state, b_S.to({state}.dtype.element_ty), mask=m_kv)")
+            self.code(f"tl.store({state} + p_state, {S}.to({state}.dtype.element_ty), mask=m_kv)")
             if op.next_op is not None:  # later stages go on from the state as the pool now holds it
-                self.code(f"b_S = b_S.to({state}.dtype.element_ty).to(tl.float32)")
+                self.code(f"{S} = {S}.to({state}.dtype.element_ty).to(tl.float32)")
             return
         (target,) = op.tensors
-        store = f"tl.store({tensor_name(target)} + p_state, b_S, mask=m_kv)"
+        store = f"tl.store({tensor_name(target)} + p_state, {S}, mask=m_kv)"
         if (flag := presence_flag(target)) is None:  # a segment's N or M: always written
             self.code(store)
             return

@@ -17,17 +17,18 @@ builtin.module {
 // CHECK: %[[CACHE:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
 // CHECK-NEXT: %[[ACC:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
 // CHECK-NEXT: k3s.speculative <draft_tokens = 4> {
-// CHECK-NEXT: k3s.token_loop %[[CU]] {
+// CHECK-NEXT: ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT: %S_final = k3s.token_loop %S, %[[CU]] {
 // CHECK: %[[k:[a-z_0-9]+]] = k3s.load_token %[[K]] :
 // CHECK: %[[g:[a-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel
-// CHECK-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
-// CHECK: %u = k3s.delta_correct %S_1, %[[k]], %{{.*}} : !k3s.tile<V>
-// CHECK-NEXT: %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
-// CHECK-NEXT: %{{[a-z_0-9]+}} = k3s.readout %S_2, {{.*}} : !k3s.tile<V>
+// CHECK-NEXT: %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// CHECK: %u = k3s.delta_correct %S_2, %[[k]], %{{.*}} : !k3s.tile<V>
+// CHECK-NEXT: %S_3 = k3s.rank1_update %S_2, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT: %{{[a-z_0-9]+}} = k3s.readout %S_3, {{.*}} : !k3s.tile<V>
 // CHECK-NEXT: k3s.cache_update %[[CACHE]], %[[k]], %u, %[[g]] <gate = channel>
-// CHECK-NEXT: k3s.next_token %S_2
-// CHECK-NEXT: }
-// CHECK-NEXT: k3s.replay %[[CACHE]], %[[ACC]] <gate = channel>
+// CHECK-NEXT: k3s.next_token %S_3
+// CHECK-NEXT: } : !k3s.tile<K x V>
+// CHECK-NEXT: %S_4 = k3s.replay %S, %[[CACHE]], %[[ACC]] <gate = channel> : !k3s.tile<K x V>
 // CHECK: k3s.entry @dn_speculative <source = @dn>
 // CHECK: %[[CACHE2:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
 // CHECK-NEXT: %[[ACC2:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
@@ -35,6 +36,6 @@ builtin.module {
 // CHECK-NOT: k3s.decay
 // CHECK: %[[u:[a-z_0-9]+]] = k3s.delta_correct %[[S:[A-Za-z_0-9]+]], %[[k2:[a-z_0-9]+]],
 // CHECK: k3s.cache_update %[[CACHE2]], %[[k2]], %[[u]] <gate = none>
-// CHECK-NEXT: k3s.next_token %S_1
-// CHECK-NEXT: }
-// CHECK-NEXT: k3s.replay %[[CACHE2]], %[[ACC2]] <gate = none>
+// CHECK-NEXT: k3s.next_token %S_2
+// CHECK-NEXT: } : !k3s.tile<K x V>
+// CHECK-NEXT: %{{S_[0-9]+}} = k3s.replay %S, %[[CACHE2]], %[[ACC2]] <gate = none> : !k3s.tile<K x V>

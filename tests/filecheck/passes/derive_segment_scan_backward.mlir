@@ -19,22 +19,22 @@
 // CHECK-NEXT:    %N_bar = k3s.tensor_arg @N_bar <role = workspace> : !k3s.tensor<N x 32 x 128 x 128, float32>
 // CHECK-NEXT:    k3s.kernel @kda_backward_segments_prepare
 // CHECK:         k3s.kernel @kda_backward_segments_summary_scan_N
-// CHECK:           k3s.store_state %N
+// CHECK:           k3s.store_state %S_final, %N
 // CHECK:         k3s.kernel @kda_backward_segments_summary_scan_M
-// CHECK:           k3s.store_state %M
+// CHECK:           k3s.store_state %S_final, %M
 // CHECK:         k3s.kernel @kda_backward_segments_cotangent_summary
-// CHECK-NEXT:      k3s.state_tile <{{.*}}start = zero>
+// CHECK-NEXT:      %{{S(_[0-9]+)?}} = k3s.state_tile <{{.*}}start = zero> : !k3s.tile<K x V>
 // CHECK-NOT:       k3s.spill
-// CHECK:           k3s.store_state %N_bar
+// CHECK:           k3s.store_state %S_final, %N_bar
 // CHECK-NEXT:    }
 // CHECK-NEXT:    k3s.summary_combine %M, %N, %initial_state <transition = full>
 // CHECK-NEXT:    k3s.summary_combine %M, %N_bar, %dht <transition = full, adjoint = true>
 // CHECK-NEXT:    k3s.kernel @kda_backward_segments_state_scan
-// CHECK-NEXT:      k3s.state_tile %initial_state
+// CHECK-NEXT:      %{{S(_[0-9]+)?}} = k3s.state_tile %initial_state
 // CHECK:         k3s.kernel @kda_backward_segments_cotangent_scan
-// CHECK-NEXT:      k3s.state_tile %dht
+// CHECK-NEXT:      %{{S(_[0-9]+)?}} = k3s.state_tile %dht
 // CHECK:           k3s.spill %S_bar
-// CHECK:           k3s.store_state %dh0
+// CHECK:           k3s.store_state %S_final, %dh0
 // CHECK:         k3s.kernel @kda_backward_segments_gradients
 
 // GLA-LABEL:   k3s.entry @chunk_backward_segments <source = @gla> {

@@ -50,10 +50,10 @@ builtin.module {
 // CHECK-NEXT:     %[[U:[A-Za-z_0-9]+]] = k3s.wy_apply %[[T2]], %[[v2]] <gate = none>
 // CHECK:          k3s.spill %[[WS_U]], %[[U]]
 // CHECK:        k3s.kernel @kda_chunk_scan <grid = [value_block, sequence_head]
-// CHECK-NEXT:     k3s.state_tile %[[H0]] <
-// CHECK-NEXT:     k3s.chunk_loop %[[CU]] <chunk_size = 16> {
+// CHECK-NEXT:     %S = k3s.state_tile %[[H0]] <
+// CHECK-NEXT:     %S_final = k3s.chunk_loop %S, %[[CU]] <chunk_size = 16> {
 // CHECK:            k3s.chunk_output {{.*}}, %[[O]], %[[SCALE]] : !k3s.tile<C x V>
-// CHECK:          k3s.store_state %[[HT]] <layout = kv>
+// CHECK:          k3s.store_state %S_final, %[[HT]] <layout = kv>
 
 // BAD: k3c opt: error: pipeline {{.*}}: fuse-chunkwise: unknown grouping 'fused'; allowed: split, split-prepare
 

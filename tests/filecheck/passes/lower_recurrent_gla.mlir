@@ -15,16 +15,16 @@ builtin.module {
 // CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<256, float>
 // CHECK-NOT:    k3s.load_beta
 // CHECK-NOT:    k3s.delta_correct
-// CHECK:        k3s.token_loop %cu_seqlens {
-// CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):
+// CHECK:        %S_final = k3s.token_loop %S, %cu_seqlens {
+// CHECK-NEXT:   ^bb0(%S_1: !k3s.tile<K x V>):
 // CHECK-NEXT:     %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // CHECK-NEXT:     %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // CHECK-NEXT:     %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // CHECK-NEXT:     %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// CHECK-NEXT:     %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
-// CHECK-NEXT:     %S_2 = k3s.rank1_update %S_1, %[[k]], %[[v]] : !k3s.tile<K x V>
-// CHECK-NEXT:     %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
-// CHECK-NEXT:     k3s.next_token %S_2
-// CHECK-NEXT:   }
+// CHECK-NEXT:     %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT:     %S_3 = k3s.rank1_update %S_2, %[[k]], %[[v]] : !k3s.tile<K x V>
+// CHECK-NEXT:     %{{[a-z_0-9]+}} = k3s.readout %S_3, %[[q]], %o, %scale : !k3s.tile<V>
+// CHECK-NEXT:     k3s.next_token %S_3
+// CHECK-NEXT:   } : !k3s.tile<K x V>
 // CHECK-NOT:    k3s.load_beta
 // CHECK-NOT:    k3s.delta_correct

@@ -35,21 +35,21 @@ builtin.module {
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
-// CHECK-NEXT:       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv>
-// CHECK-NEXT:       k3s.token_loop %cu_seqlens {
-// CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:       %S = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 32, block_v = 32, layout = kv> : !k3s.tile<K x V>
+// CHECK-NEXT:       %S_final = k3s.token_loop %S, %cu_seqlens {
+// CHECK-NEXT:       ^bb0(%S_1: !k3s.tile<K x V>):
 // CHECK-NEXT:         %[[q:[a-z_0-9]+]] = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %[[k:[a-z_0-9]+]] = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // CHECK-NEXT:         %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// CHECK-NEXT:         %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT:         %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits> : !k3s.tile<>
-// CHECK-NEXT:         %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
-// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
-// CHECK-NEXT:         %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
-// CHECK-NEXT:         k3s.next_token %S_2
-// CHECK-NEXT:       }
-// CHECK-NEXT:       k3s.store_state %final_state <layout = kv>
+// CHECK-NEXT:         %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// CHECK-NEXT:         %S_3 = k3s.rank1_update %S_2, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT:         %{{[a-z_0-9]+}} = k3s.readout %S_3, %[[q]], %o, %scale : !k3s.tile<V>
+// CHECK-NEXT:         k3s.next_token %S_3
+// CHECK-NEXT:       } : !k3s.tile<K x V>
+// CHECK-NEXT:       k3s.store_state %S_final, %final_state <layout = kv>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
@@ -61,9 +61,9 @@ builtin.module {
 // GENERIC-NEXT: %[[k:[a-z_0-9]+]] = "k3s.load_token"(%k) <{l2norm = true}> : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
 // GENERIC-NEXT: %[[v:[a-z_0-9]+]] = "k3s.load_token"(%v) : (!k3s.tensor<B x T x 4 x 32, float>) -> !k3s.tile<V>
 // GENERIC-NEXT: %[[g:[a-z_0-9]+]] = "k3s.load_gate"(%g, %A_log, %dt_bias) <{gate = #k3<gate channel>, input = #k3<gate_input softplus>, lower_bound = -5.000000e+00 : f64, floor = -1.100000e+02 : f64}> : (!k3s.tensor<B x T x 4 x 16, float>, !k3s.tensor<4, float>, !k3s.tensor<64, float>) -> !k3s.tile<K>
-// GENERIC-NEXT: %S_1 = "k3s.decay"(%S, %[[g]]) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
+// GENERIC-NEXT: %S_2 = "k3s.decay"(%S_1, %[[g]]) <{gate = #k3<gate channel>}> : (!k3s.tile<K x V>, !k3s.tile<K>) -> !k3s.tile<K x V>
 // GENERIC-NEXT: %[[beta:[a-z_0-9]+]] = "k3s.load_beta"(%beta) <{input = #k3<beta_input logits>}> : (!k3s.tensor<B x T x 4, float>) -> !k3s.tile<>
-// GENERIC-NEXT: %u = "k3s.delta_correct"(%S_1, %[[k]], %[[v]], %[[beta]]) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
+// GENERIC-NEXT: %u = "k3s.delta_correct"(%S_2, %[[k]], %[[v]], %[[beta]]) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>, !k3s.tile<>) -> !k3s.tile<V>
 
 // Both entries take the gate's parameters as inputs; every load of q and k in the chunk kernels
 // normalises, v's never does, and every gate and beta load has the layer's input form. The
@@ -104,7 +104,7 @@ builtin.module {
 // L2ONLY-NEXT: %[[k:[a-z_0-9]+]] = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
 // L2ONLY-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // L2ONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// L2ONLY-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// L2ONLY-NEXT: %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // L2ONLY-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
 
 // BETAONLY:      %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
@@ -113,13 +113,13 @@ builtin.module {
 // BETAONLY-NEXT: %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // BETAONLY-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // BETAONLY-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// BETAONLY-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// BETAONLY-NEXT: %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // BETAONLY-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits> : !k3s.tile<>
-// BETAONLY-NEXT: %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// BETAONLY-NEXT: %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
 
 // NEGEIG:      %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // NEGEIG-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // NEGEIG-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// NEGEIG-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// NEGEIG-NEXT: %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // NEGEIG-NEXT: %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = logits_neg_eigval> : !k3s.tile<>
-// NEGEIG-NEXT: %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// NEGEIG-NEXT: %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>

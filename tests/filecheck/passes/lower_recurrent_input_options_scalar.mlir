@@ -23,25 +23,25 @@ builtin.module {
 // CHECK-NEXT:   %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:   k3s.kernel @gdn_recurrent
-// CHECK:        k3s.token_loop %cu_seqlens {
-// CHECK-NEXT:   ^bb0(%S: !k3s.tile<K x V>):
+// CHECK:        %S_final = k3s.token_loop %S, %cu_seqlens {
+// CHECK-NEXT:   ^bb0(%S_1: !k3s.tile<K x V>):
 // CHECK-NEXT:     %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // CHECK-NEXT:     %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // CHECK-NEXT:     %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // CHECK-NEXT:     %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = bounded, lower_bound = -3.0> : !k3s.tile<>
-// CHECK-NEXT:     %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
+// CHECK-NEXT:     %S_2 = k3s.decay %S_1, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 // CHECK-NEXT:     %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT:     %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
-// CHECK-NEXT:     %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
-// CHECK-NEXT:     %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
-// CHECK-NEXT:     k3s.next_token %S_2
-// CHECK-NEXT:   }
+// CHECK-NEXT:     %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// CHECK-NEXT:     %S_3 = k3s.rank1_update %S_2, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT:     %{{[a-z_0-9]+}} = k3s.readout %S_3, %[[q]], %o, %scale : !k3s.tile<V>
+// CHECK-NEXT:     k3s.next_token %S_3
+// CHECK-NEXT:   } : !k3s.tile<K x V>
 
 // SOFTPLUS:      k3.recurrence @gdn <{{.*}}, dtype = float32, gate_input = softplus>
 // SOFTPLUS:      %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // SOFTPLUS-NEXT: %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // SOFTPLUS:      %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = scalar, input = softplus, lower_bound = -5.0, floor = -110.0> : !k3s.tile<>
-// SOFTPLUS-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
+// SOFTPLUS-NEXT: %S_2 = k3s.decay %S_1, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 
 // CHUNK:       k3s.entry @chunk <source = @gdn> {
 // CHUNK:         %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
@@ -64,6 +64,6 @@ builtin.module {
 // GLA:      %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // GLA-NEXT: %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // GLA-NEXT: %[[g:[a-z_0-9]+]] = k3s.load_gate %g, %A_log, %dt_bias <gate = channel, input = softplus, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// GLA-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
-// GLA-NEXT: %S_2 = k3s.rank1_update %S_1, %[[k]], %[[v]] : !k3s.tile<K x V>
+// GLA-NEXT: %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// GLA-NEXT: %S_3 = k3s.rank1_update %S_2, %[[k]], %[[v]] : !k3s.tile<K x V>
 // GLA-NOT:  k3s.load_beta

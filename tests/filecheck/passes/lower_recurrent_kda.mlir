@@ -31,21 +31,21 @@ builtin.module {
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<256, float>
 // CHECK-NEXT:     k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
-// CHECK-NEXT:       k3s.state_tile %[[H0]] <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv>
-// CHECK-NEXT:       k3s.token_loop %[[CU]] {
-// CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:       %S = k3s.state_tile %[[H0]] <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = kv> : !k3s.tile<K x V>
+// CHECK-NEXT:       %S_final = k3s.token_loop %S, %[[CU]] {
+// CHECK-NEXT:       ^bb0(%S_1: !k3s.tile<K x V>):
 // CHECK-NEXT:         %[[q:[A-Za-z_0-9]+]] = k3s.load_token %[[Q]] : !k3s.tile<K>
 // CHECK-NEXT:         %[[k:[A-Za-z_0-9]+]] = k3s.load_token %[[K]] : !k3s.tile<K>
 // CHECK-NEXT:         %[[v:[A-Za-z_0-9]+]] = k3s.load_token %[[V]] : !k3s.tile<V>
 // CHECK-NEXT:         %[[g:[A-Za-z_0-9]+]] = k3s.load_gate %[[G]] <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// CHECK-NEXT:         %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT:         %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:         %[[beta:[A-Za-z_0-9]+]] = k3s.load_beta %[[BETA]] <input = probability> : !k3s.tile<>
-// CHECK-NEXT:         %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
-// CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
-// CHECK-NEXT:         %{{[A-Za-z_0-9]+}} = k3s.readout %S_2, %[[q]], %[[O]], %[[SCALE]] : !k3s.tile<V>
-// CHECK-NEXT:         k3s.next_token %S_2
-// CHECK-NEXT:       }
-// CHECK-NEXT:       k3s.store_state %[[HT]] <layout = kv>
+// CHECK-NEXT:         %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// CHECK-NEXT:         %S_3 = k3s.rank1_update %S_2, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT:         %{{[A-Za-z_0-9]+}} = k3s.readout %S_3, %[[q]], %[[O]], %[[SCALE]] : !k3s.tile<V>
+// CHECK-NEXT:         k3s.next_token %S_3
+// CHECK-NEXT:       } : !k3s.tile<K x V>
+// CHECK-NEXT:       k3s.store_state %S_final, %[[HT]] <layout = kv>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }

@@ -11,6 +11,6 @@ builtin.module {
 // CHECK:        %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 32 x 64, float32>
 // CHECK:        %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 32 x 64, float32>
 // CHECK:        k3s.kernel @kda_vk_recurrent
-// CHECK-NEXT:     k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = vk>
-// CHECK:          k3s.store_state %final_state <layout = vk>
+// CHECK-NEXT:     %S = k3s.state_tile %initial_state <head_k_dim = 64, head_v_dim = 32, block_v = 32, layout = vk> : !k3s.tile<K x V>
+// CHECK:          k3s.store_state %S_final, %final_state <layout = vk>
 // CHECK-NOT:    layout = kv

@@ -25,16 +25,16 @@ builtin.module {
 // CHECK-NOT:      k3s.load_chunk %q
 // CHECK:        k3s.kernel @kda_summary_scan_N
 // the N scan starts from zero, reading no initial state, and writes N
-// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv, start = zero>
-// CHECK-NEXT:     k3s.chunk_loop %[[CU]] <chunk_size = 16> {
+// CHECK-NEXT:     %S = k3s.state_tile <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv, start = zero> : !k3s.tile<K x V>
+// CHECK-NEXT:     %S_final = k3s.chunk_loop %S, %[[CU]] <chunk_size = 16> {
 // CHECK-NOT:      k3s.chunk_output
-// CHECK:          %vr = k3s.delta_residual %S, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} : !k3s.tile<C x V>
-// CHECK:        k3s.store_state %[[N]] <layout = kv>
+// CHECK:          %vr = k3s.delta_residual %S_1, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} : !k3s.tile<C x V>
+// CHECK:        k3s.store_state %S_final, %[[N]] <layout = kv>
 // CHECK:        k3s.kernel @kda_summary_scan_M
-// CHECK-NEXT:     k3s.state_tile <head_k_dim = 8, head_v_dim = 8, block_v = 8, layout = kv, start = identity>
+// CHECK-NEXT:     %S = k3s.state_tile <head_k_dim = 8, head_v_dim = 8, block_v = 8, layout = kv, start = identity> : !k3s.tile<K x V>
 // CHECK-NOT:      k3s.reload %U
 // CHECK:          %{{[A-Za-z_0-9]+}} = k3s.delta_residual %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}} : !k3s.tile<C x V>
-// CHECK:        k3s.store_state %[[M]] <layout = kv>
+// CHECK:        k3s.store_state %S_final, %[[M]] <layout = kv>
 
 // The summary scans of chunk_segments reload the workspaces of its own prepare.
 // CHECK:      k3s.entry @kda_chunk_segments <source = @kda> {
@@ -54,23 +54,23 @@ builtin.module {
 // CHECK:          %{{[A-Za-z_0-9]+}} = k3s.gram %[[q2]], %{{.*}}, %[[K2]], %{{[A-Za-z_0-9]+}} <mask = inclusive
 // CHECK-NOT:    k3s.kernel @kda_segments_prepare
 // CHECK:        k3s.kernel @kda_segments_summary_scan_N
-// CHECK:        k3s.store_state %[[N2]] <layout = kv>
+// CHECK:        k3s.store_state %S_final, %[[N2]] <layout = kv>
 // CHECK:        k3s.kernel @kda_segments_summary_scan_M
-// CHECK:        k3s.store_state %[[M2]] <layout = kv>
+// CHECK:        k3s.store_state %S_final, %[[M2]] <layout = kv>
 // CHECK:        k3s.summary_combine %[[M2]], %[[N2]], %[[H02]] <transition = full>
 // CHECK-NEXT:   k3s.kernel @kda_segments_scan
 // the finish starts from the states the combine step made
-// CHECK-NEXT:     k3s.state_tile %[[H02]] <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv>
-// CHECK-NEXT:     k3s.chunk_loop %[[CU2]] <chunk_size = 16> {
+// CHECK-NEXT:     %S = k3s.state_tile %[[H02]] <head_k_dim = 8, head_v_dim = 4, block_v = 8, layout = kv> : !k3s.tile<K x V>
+// CHECK-NEXT:     %S_final = k3s.chunk_loop %S, %[[CU2]] <chunk_size = 16> {
 // CHECK:            %{{[A-Za-z_0-9]+}} = k3s.chunk_output %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[O2]], %[[SCALE2]] : !k3s.tile<C x V>
-// CHECK:          k3s.store_state %[[HT2]] <layout = kv>
+// CHECK:          k3s.store_state %S_final, %[[HT2]] <layout = kv>
 
 // CHECK:      k3s.entry @gla_segment_summary <source = @gla> {
 // CHECK:        %[[M3:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8, float32>
 // CHECK-NEXT:   %[[N3:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
 // CHECK:        k3s.kernel @gla_summary_scan_N
 // CHECK:          k3s.decay_product %{{[A-Za-z_0-9]+}} <transition = diagonal>
-// CHECK:        k3s.store_state %[[N3]] <layout = vk>
+// CHECK:        k3s.store_state %S_final, %[[N3]] <layout = vk>
 // CHECK-NEXT:   k3s.store_transition %[[M3]] <transition = diagonal>
 // CHECK-NOT:    k3s.kernel @gla_summary_scan_M
 // CHECK:      k3s.entry @gla_chunk_segments <source = @gla> {

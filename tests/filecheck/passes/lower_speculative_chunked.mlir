@@ -30,25 +30,25 @@ builtin.module {
 // CHECK-NEXT: k3s.spill %[[U]], %[[U_TILE]]
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.kernel @gdn_verify <grid = [value_block, sequence_head], num_warps = 2, num_stages = 1, dots = fp32>
-// CHECK-NEXT: k3s.state_tile %state, %state_indices <{{.*}}home = pool>
-// CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
+// CHECK-NEXT: %S = k3s.state_tile %state, %state_indices <{{.*}}home = pool> : !k3s.tile<K x V>
+// CHECK-NEXT: %S_final = k3s.chunk_loop %S <chunk_size = 16> {
 // CHECK: %[[U_RELOADED:U_[0-9]+]] = k3s.reload %[[U]] : !k3s.tile<C x V>
 // CHECK-NEXT: %[[W_RELOADED:W_[0-9]+]] = k3s.reload %[[W]] : !k3s.tile<C x K>
-// CHECK-NEXT: %vr = k3s.delta_residual %S, %[[W_RELOADED]], %[[U_RELOADED]] : !k3s.tile<C x V>
-// CHECK-NEXT: %o_1 = k3s.chunk_output %QG_1, %S, %P_1, %vr, %o, %scale : !k3s.tile<C x V>
+// CHECK-NEXT: %vr = k3s.delta_residual %S_1, %[[W_RELOADED]], %[[U_RELOADED]] : !k3s.tile<C x V>
+// CHECK-NEXT: %o_1 = k3s.chunk_output %QG_1, %S_1, %P_1, %vr, %o, %scale : !k3s.tile<C x V>
 // CHECK-NOT: k3s.state_advance
 // CHECK: k3s.cache_update %[[VERIFY_CACHE]], %k_1, %vr, %g_1 <gate = scalar>
-// CHECK-NEXT: k3s.next_chunk %S{{$}}
-// CHECK-NEXT: }
+// CHECK-NEXT: k3s.next_chunk %S_1{{$}}
+// CHECK-NEXT: } : !k3s.tile<K x V>
 // CHECK-NEXT: }
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.entry @commit <source = @gdn> {
 // CHECK: %[[COMMIT_CACHE:cache]] = k3s.tensor_arg @cache <role = input>
 // CHECK-NEXT: %[[COMMIT_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input>
 // CHECK: k3s.kernel @gdn_commit
-// CHECK-NEXT: k3s.state_tile {{.*}}home = pool>
-// CHECK-NEXT: k3s.replay %[[COMMIT_CACHE]], %[[COMMIT_ACCEPTED]] <gate = scalar>
-// CHECK-NEXT: k3s.store_state {{.*}}<layout = kv, home = pool>
+// CHECK-NEXT: %S = k3s.state_tile {{.*}}home = pool> : !k3s.tile<K x V>
+// CHECK-NEXT: %S_1 = k3s.replay %S, %[[COMMIT_CACHE]], %[[COMMIT_ACCEPTED]] <gate = scalar> : !k3s.tile<K x V>
+// CHECK-NEXT: k3s.store_state %S_1, {{.*}}<layout = kv, home = pool>
 // CHECK: k3s.entry @spec_step <source = @gdn, max_tokens = 4> {
 // CHECK: %[[STEP_CACHE:cache]] = k3s.tensor_arg @cache <role = input>
 // CHECK-NEXT: %[[STEP_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input>
@@ -57,14 +57,16 @@ builtin.module {
 // CHECK: k3s.kernel @gdn_spec_step_prepare <grid = [chunk, value_head]
 // CHECK: k3s.spill %[[STEP_W]], %{{W_[0-9]+}}
 // CHECK: k3s.kernel @gdn_spec_step <grid = [value_block, sequence_head]
-// CHECK-NEXT: k3s.state_tile {{.*}}home = pool>
-// CHECK-NEXT: k3s.replay %[[STEP_CACHE]], %[[STEP_ACCEPTED]] <gate = scalar>
-// CHECK-NEXT: k3s.store_state {{.*}}<layout = kv, home = pool>
-// CHECK-NEXT: k3s.chunk_loop <chunk_size = 16> {
+// the scan commits the row, then verifies from the replayed state
+// CHECK-NEXT: %S = k3s.state_tile {{.*}}home = pool> : !k3s.tile<K x V>
+// CHECK-NEXT: %S_1 = k3s.replay %S, %[[STEP_CACHE]], %[[STEP_ACCEPTED]] <gate = scalar> : !k3s.tile<K x V>
+// CHECK-NEXT: k3s.store_state %S_1, {{.*}}<layout = kv, home = pool>
+// CHECK-NEXT: %S_final = k3s.chunk_loop %S_1 <chunk_size = 16> {
+// CHECK-NEXT: ^bb0(%S_2: !k3s.tile<K x V>):
 // CHECK: k3s.reload %[[STEP_W]] : !k3s.tile<C x K>
 // CHECK: k3s.cache_update %[[NEXT_CACHE]], %k_1, %vr, %g_1 <gate = scalar>
-// CHECK-NEXT: k3s.next_chunk %S{{$}}
-// CHECK-NEXT: }
+// CHECK-NEXT: k3s.next_chunk %S_2{{$}}
+// CHECK-NEXT: } : !k3s.tile<K x V>
 // CHECK-NEXT: }
 
 // BADVERIFY: {{^}}k3c opt: error: {{.*}}verify must be token or chunked, got 'chunks'{{.*$}}

@@ -20,7 +20,7 @@ builtin.module {
 // REC:      k3.recurrence @rec
 // REC-NEXT: k3s.entry @rec_recurrent <source = @rec> {
 // REC:      %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = scalar
-// REC-NEXT: %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
+// REC-NEXT: %S_2 = k3s.decay %S_1, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 // REC:      k3.attnres @ar
 // REC-NEXT: k3.latent_moe @moe
 // REC-NOT:  k3s.entry

@@ -16,9 +16,9 @@ builtin.module {
 // CHECK:      %[[k1:[a-z_0-9]+]] = k3s.load_token %[[K1]] : !k3s.tile<K>
 // CHECK-NEXT: %[[v1:[a-z_0-9]+]] = k3s.load_token
 // CHECK-NEXT: %[[g1:[a-z_0-9]+]] = k3s.load_gate %[[G1]] <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// CHECK-NEXT: %S_1 = k3s.decay %S, %[[g1]] <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT: %S_2 = k3s.decay %S_1, %[[g1]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT: %[[beta1:[a-z_0-9]+]] = k3s.load_beta
-// CHECK-NEXT: %u = k3s.delta_correct %S_1, %[[k1]], %[[v1]], %[[beta1]] : !k3s.tile<V>
+// CHECK-NEXT: %u = k3s.delta_correct %S_2, %[[k1]], %[[v1]], %[[beta1]] : !k3s.tile<V>
 // CHECK:      k3.recurrence @second
 // CHECK-NEXT: k3s.entry @second_recurrent <source = @second> {
 // each entry's stages read its own arguments
@@ -29,7 +29,7 @@ builtin.module {
 // CHECK-NOT:  k3s.decay
 // CHECK-NOT:  k3s.load_beta
 // CHECK-NOT:  k3s.delta_correct
-// CHECK:      k3s.token_loop %{{[A-Za-z_0-9]+}} {
+// CHECK:      %S_final = k3s.token_loop %S, %{{[A-Za-z_0-9]+}} {
 // CHECK-NEXT: ^bb0(%[[S:[A-Za-z_0-9]+]]: !k3s.tile<K x V>):
 // CHECK-NEXT:   %[[q2:[a-z_0-9]+]] = k3s.load_token %[[Q2]] : !k3s.tile<K>
 // CHECK-NEXT:   %[[k2:[a-z_0-9]+]] = k3s.load_token %[[K2]] : !k3s.tile<K>
@@ -37,5 +37,5 @@ builtin.module {
 // CHECK-NEXT:   %[[S1:[A-Za-z_0-9]+]] = k3s.rank1_update %[[S]], %[[k2]], %[[v2]] : !k3s.tile<K x V>
 // CHECK-NEXT:   %{{[a-z_0-9]+}} = k3s.readout %[[S1]], %[[q2]], %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}} : !k3s.tile<V>
 // CHECK-NEXT:   k3s.next_token %[[S1]]
-// CHECK-NEXT: }
+// CHECK-NEXT: } : !k3s.tile<K x V>
 // CHECK-NOT:  k3s.entry

@@ -22,8 +22,8 @@ builtin.module {
     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
-      k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
-      k3s.token_loop {
+      %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv> : !k3s.tile<K x V>
+      %S_final = k3s.token_loop %S0 {
       ^bb0(%S: !k3s.tile<K x V>):
         %q_1 = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
         %k_1 = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
@@ -35,8 +35,8 @@ builtin.module {
         %S_2 = k3s.rank1_update %S_1, %k_1, %v_2 : !k3s.tile<K x V>
         %o_1 = k3s.readout %S_2, %q_1, %o, %scale : !k3s.tile<V>
         k3s.next_token %S_2
-      }
-      k3s.store_state %final_state <layout = kv>
+      } : !k3s.tile<K x V>
+      k3s.store_state %S_final, %final_state <layout = kv>
     }
   }
   k3s.entry @chunk <source = @layer> {
@@ -86,8 +86,8 @@ builtin.module {
 // CHECK-NEXT:     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<64, float>
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
-// CHECK-NEXT:       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv>
-// CHECK-NEXT:       k3s.token_loop {
+// CHECK-NEXT:       %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = kv> : !k3s.tile<K x V>
+// CHECK-NEXT:       %S_final = k3s.token_loop %S0 {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:         %q_1 = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
 // CHECK-NEXT:         %k_1 = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
@@ -99,8 +99,8 @@ builtin.module {
 // CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k_1, %v_2 : !k3s.tile<K x V>
 // CHECK-NEXT:         %o_1 = k3s.readout %S_2, %q_1, %o, %scale : !k3s.tile<V>
 // CHECK-NEXT:         k3s.next_token %S_2
-// CHECK-NEXT:       }
-// CHECK-NEXT:       k3s.store_state %final_state <layout = kv>
+// CHECK-NEXT:       } : !k3s.tile<K x V>
+// CHECK-NEXT:       k3s.store_state %S_final, %final_state <layout = kv>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT:   k3s.entry @chunk <source = @layer> {

@@ -19,8 +19,8 @@ builtin.module {
     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
-      k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
-      k3s.token_loop %cu_seqlens {
+      %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk> : !k3s.tile<K x V>
+      %S_final = k3s.token_loop %S0, %cu_seqlens {
       ^bb0(%S: !k3s.tile<K x V>):
         %q_1 = k3s.load_token %q : !k3s.tile<K>
         %k_1 = k3s.load_token %k : !k3s.tile<K>
@@ -32,8 +32,8 @@ builtin.module {
         %S_2 = k3s.rank1_update %S_1, %k_1, %v_2 : !k3s.tile<K x V>
         %o_1 = k3s.readout %S_2, %q_1, %o, %scale : !k3s.tile<V>
         k3s.next_token %S_2
-      }
-      k3s.store_state %final_state <layout = vk>
+      } : !k3s.tile<K x V>
+      k3s.store_state %S_final, %final_state <layout = vk>
     }
   }
 }
@@ -52,8 +52,8 @@ builtin.module {
 // CHECK-NEXT:     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
 // CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
-// CHECK-NEXT:       k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk>
-// CHECK-NEXT:       k3s.token_loop %cu_seqlens {
+// CHECK-NEXT:       %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk> : !k3s.tile<K x V>
+// CHECK-NEXT:       %S_final = k3s.token_loop %S0, %cu_seqlens {
 // CHECK-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT:         %q_1 = k3s.load_token %q : !k3s.tile<K>
 // CHECK-NEXT:         %k_1 = k3s.load_token %k : !k3s.tile<K>
@@ -65,8 +65,8 @@ builtin.module {
 // CHECK-NEXT:         %S_2 = k3s.rank1_update %S_1, %k_1, %v_2 : !k3s.tile<K x V>
 // CHECK-NEXT:         %o_1 = k3s.readout %S_2, %q_1, %o, %scale : !k3s.tile<V>
 // CHECK-NEXT:         k3s.next_token %S_2
-// CHECK-NEXT:       }
-// CHECK-NEXT:       k3s.store_state %final_state <layout = vk>
+// CHECK-NEXT:       } : !k3s.tile<K x V>
+// CHECK-NEXT:       k3s.store_state %S_final, %final_state <layout = vk>
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
@@ -85,8 +85,8 @@ builtin.module {
 // GENERIC-NEXT:     %final_state = "k3s.tensor_arg"() <{sym_name = "final_state", role = #k3s<arg_role optional_output>}> : () -> !k3s.tensor<N x 4 x 8 x 16, float32>
 // GENERIC-NEXT:     %cu_seqlens = "k3s.tensor_arg"() <{sym_name = "cu_seqlens", role = #k3s<arg_role optional_input>}> : () -> !k3s.tensor<N+1, offsets>
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = [#k3s<grid_axis value_block>, #k3s<grid_axis sequence_head>], num_warps = 2 : i64}> ({
-// GENERIC-NEXT:       "k3s.state_tile"(%initial_state) <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = #k3<state_layout vk>}> : (!k3s.tensor<N x 4 x 8 x 16, float32>) -> ()
-// GENERIC-NEXT:       "k3s.token_loop"(%cu_seqlens) ({
+// GENERIC-NEXT:       %S0 = "k3s.state_tile"(%initial_state) <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = #k3<state_layout vk>}> : (!k3s.tensor<N x 4 x 8 x 16, float32>) -> !k3s.tile<K x V>
+// GENERIC-NEXT:       %S_final = "k3s.token_loop"(%S0, %cu_seqlens) ({
 // GENERIC-NEXT:       ^bb0(%S: !k3s.tile<K x V>):
 // GENERIC-NEXT:         %q_1 = "k3s.load_token"(%q) : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
 // GENERIC-NEXT:         %k_1 = "k3s.load_token"(%k) : (!k3s.tensor<B x T x 2 x 16, float>) -> !k3s.tile<K>
@@ -98,8 +98,8 @@ builtin.module {
 // GENERIC-NEXT:         %S_2 = "k3s.rank1_update"(%S_1, %k_1, %v_2) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tile<V>) -> !k3s.tile<K x V>
 // GENERIC-NEXT:         %o_1 = "k3s.readout"(%S_2, %q_1, %o, %scale) : (!k3s.tile<K x V>, !k3s.tile<K>, !k3s.tensor<B x T x 4 x 8, float>, f32) -> !k3s.tile<V>
 // GENERIC-NEXT:         "k3s.next_token"(%S_2) : (!k3s.tile<K x V>) -> ()
-// GENERIC-NEXT:       }) : (!k3s.tensor<N+1, offsets>) -> ()
-// GENERIC-NEXT:       "k3s.store_state"(%final_state) <{layout = #k3<state_layout vk>}> : (!k3s.tensor<N x 4 x 8 x 16, float32>) -> ()
+// GENERIC-NEXT:       }) : (!k3s.tile<K x V>, !k3s.tensor<N+1, offsets>) -> !k3s.tile<K x V>
+// GENERIC-NEXT:       "k3s.store_state"(%S_final, %final_state) <{layout = #k3<state_layout vk>}> : (!k3s.tile<K x V>, !k3s.tensor<N x 4 x 8 x 16, float32>) -> ()
 // GENERIC-NEXT:     }) : () -> ()
 // GENERIC-NEXT:   }) : () -> ()
 // GENERIC-NEXT: }) : () -> ()

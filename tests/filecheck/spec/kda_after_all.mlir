@@ -30,28 +30,28 @@
 // CHECK-NEXT:      %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<32, float>
 // CHECK-NEXT:      %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<4096, float>
 // CHECK-NEXT:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
-// CHECK-NEXT:        k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = kv>
-// CHECK-NEXT:        k3s.token_loop %cu_seqlens {
-// CHECK-NEXT:        ^bb0(%S: !k3s.tile<K x V>):
+// CHECK-NEXT:        %S = k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = kv> : !k3s.tile<K x V>
+// CHECK-NEXT:        %S_final = k3s.token_loop %S, %cu_seqlens {
+// CHECK-NEXT:        ^bb0(%S_1: !k3s.tile<K x V>):
 // CHECK-NEXT:          %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // CHECK-NEXT:          %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // CHECK-NEXT:          %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // CHECK-NEXT:          %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// CHECK-NEXT:          %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// CHECK-NEXT:          %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // CHECK-NEXT:          %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
-// CHECK-NEXT:          %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
-// CHECK-NEXT:          %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
-// CHECK-NEXT:          %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
-// CHECK-NEXT:          k3s.next_token %S_2
-// CHECK-NEXT:        }
-// CHECK-NEXT:        k3s.store_state %final_state <layout = kv>
+// CHECK-NEXT:          %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// CHECK-NEXT:          %S_3 = k3s.rank1_update %S_2, %[[k]], %u : !k3s.tile<K x V>
+// CHECK-NEXT:          %{{[a-z_0-9]+}} = k3s.readout %S_3, %[[q]], %o, %scale : !k3s.tile<V>
+// CHECK-NEXT:          k3s.next_token %S_3
+// CHECK-NEXT:        } : !k3s.tile<K x V>
+// CHECK-NEXT:        k3s.store_state %S_final, %final_state <layout = kv>
 // CHECK-NEXT:      }
 // CHECK-NEXT:    }
 // CHECK-NEXT:  }
 
 // OPTS-LABEL: // -----// IR after lower-recurrent //----- //
 // OPTS:       k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 8> {
-// OPTS-NEXT:    k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 64, layout = kv>
+// OPTS-NEXT:    %S = k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 64, layout = kv> : !k3s.tile<K x V>
 
 // LAYER-NOT:  // -----//
 // LAYER:      builtin.module {
@@ -59,16 +59,16 @@
 // LAYER-NEXT: }
 // LAYER-NOT:  k3s.
 
-// REPARSED:      k3s.token_loop %cu_seqlens {
-// REPARSED-NEXT: ^bb0(%S: !k3s.tile<K x V>):
+// REPARSED:      %S_final = k3s.token_loop %S, %cu_seqlens {
+// REPARSED-NEXT: ^bb0(%S_1: !k3s.tile<K x V>):
 // REPARSED-NEXT:   %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // REPARSED-NEXT:   %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // REPARSED-NEXT:   %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // REPARSED-NEXT:   %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// REPARSED-NEXT:   %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// REPARSED-NEXT:   %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
 // REPARSED-NEXT:   %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
-// REPARSED-NEXT:   %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
-// REPARSED-NEXT:   %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
-// REPARSED-NEXT:   %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
-// REPARSED-NEXT:   k3s.next_token %S_2
-// REPARSED-NEXT: }
+// REPARSED-NEXT:   %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// REPARSED-NEXT:   %S_3 = k3s.rank1_update %S_2, %[[k]], %u : !k3s.tile<K x V>
+// REPARSED-NEXT:   %{{[a-z_0-9]+}} = k3s.readout %S_3, %[[q]], %o, %scale : !k3s.tile<V>
+// REPARSED-NEXT:   k3s.next_token %S_3
+// REPARSED-NEXT: } : !k3s.tile<K x V>

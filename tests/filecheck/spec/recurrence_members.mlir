@@ -14,19 +14,19 @@
 // GDN-NEXT:  %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 32, float>
 // GDN:       %A_log = k3s.tensor_arg @A_log <role = forbidden> : !k3s.tensor<32, float>
 // GDN-NEXT:  %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<32, float>
-// GDN:       k3s.token_loop %cu_seqlens {
-// GDN-NEXT:  ^bb0(%S: !k3s.tile<K x V>):
+// GDN:       %S_final = k3s.token_loop %S, %cu_seqlens {
+// GDN-NEXT:  ^bb0(%S_1: !k3s.tile<K x V>):
 // GDN-NEXT:    %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // GDN-NEXT:    %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // GDN-NEXT:    %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // GDN-NEXT:    %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<>
-// GDN-NEXT:    %S_1 = k3s.decay %S, %[[g]] <gate = scalar> : !k3s.tile<K x V>
+// GDN-NEXT:    %S_2 = k3s.decay %S_1, %[[g]] <gate = scalar> : !k3s.tile<K x V>
 // GDN-NEXT:    %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
-// GDN-NEXT:    %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
-// GDN-NEXT:    %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
-// GDN-NEXT:    %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
-// GDN-NEXT:    k3s.next_token %S_2
-// GDN-NEXT:  }
+// GDN-NEXT:    %u = k3s.delta_correct %S_2, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// GDN-NEXT:    %S_3 = k3s.rank1_update %S_2, %[[k]], %u : !k3s.tile<K x V>
+// GDN-NEXT:    %{{[a-z_0-9]+}} = k3s.readout %S_3, %[[q]], %o, %scale : !k3s.tile<V>
+// GDN-NEXT:    k3s.next_token %S_3
+// GDN-NEXT:  } : !k3s.tile<K x V>
 
 // DeltaNet: no gate (no gate load or decay stage; g, A_log and dt_bias forbidden), delta rule
 // (beta input, loaded before the delta correction).
@@ -39,17 +39,17 @@
 // DN-NEXT:  %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<16, float>
 // DN-NOT:   k3s.load_gate
 // DN-NOT:   k3s.decay
-// DN:       k3s.token_loop %cu_seqlens {
-// DN-NEXT:  ^bb0(%S: !k3s.tile<K x V>):
+// DN:       %S_final = k3s.token_loop %S, %cu_seqlens {
+// DN-NEXT:  ^bb0(%S_1: !k3s.tile<K x V>):
 // DN-NEXT:    %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // DN-NEXT:    %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // DN-NEXT:    %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // DN-NEXT:    %[[beta:[a-z_0-9]+]] = k3s.load_beta %beta <input = probability> : !k3s.tile<>
-// DN-NEXT:    %u = k3s.delta_correct %S, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
-// DN-NEXT:    %S_1 = k3s.rank1_update %S, %[[k]], %u : !k3s.tile<K x V>
-// DN-NEXT:    %{{[a-z_0-9]+}} = k3s.readout %S_1, %[[q]], %o, %scale : !k3s.tile<V>
-// DN-NEXT:    k3s.next_token %S_1
-// DN-NEXT:  }
+// DN-NEXT:    %u = k3s.delta_correct %S_1, %[[k]], %[[v]], %[[beta]] : !k3s.tile<V>
+// DN-NEXT:    %S_2 = k3s.rank1_update %S_1, %[[k]], %u : !k3s.tile<K x V>
+// DN-NEXT:    %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
+// DN-NEXT:    k3s.next_token %S_2
+// DN-NEXT:  } : !k3s.tile<K x V>
 // DN-NOT:   k3s.load_gate
 // DN-NOT:   k3s.decay
 
@@ -64,18 +64,18 @@
 // GLA-NEXT:  %dt_bias = k3s.tensor_arg @dt_bias <role = forbidden> : !k3s.tensor<2048, float>
 // GLA-NOT:   k3s.load_beta
 // GLA-NOT:   k3s.delta_correct
-// GLA:       k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = vk>
-// GLA-NEXT:  k3s.token_loop %cu_seqlens {
-// GLA-NEXT:  ^bb0(%S: !k3s.tile<K x V>):
+// GLA:       %S = k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = vk> : !k3s.tile<K x V>
+// GLA-NEXT:  %S_final = k3s.token_loop %S, %cu_seqlens {
+// GLA-NEXT:  ^bb0(%S_1: !k3s.tile<K x V>):
 // GLA-NEXT:    %[[q:[a-z_0-9]+]] = k3s.load_token %q : !k3s.tile<K>
 // GLA-NEXT:    %[[k:[a-z_0-9]+]] = k3s.load_token %k : !k3s.tile<K>
 // GLA-NEXT:    %[[v:[a-z_0-9]+]] = k3s.load_token %v : !k3s.tile<V>
 // GLA-NEXT:    %[[g:[a-z_0-9]+]] = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0> : !k3s.tile<K>
-// GLA-NEXT:    %S_1 = k3s.decay %S, %[[g]] <gate = channel> : !k3s.tile<K x V>
-// GLA-NEXT:    %S_2 = k3s.rank1_update %S_1, %[[k]], %[[v]] : !k3s.tile<K x V>
-// GLA-NEXT:    %{{[a-z_0-9]+}} = k3s.readout %S_2, %[[q]], %o, %scale : !k3s.tile<V>
-// GLA-NEXT:    k3s.next_token %S_2
-// GLA-NEXT:  }
-// GLA-NEXT:  k3s.store_state %final_state <layout = vk>
+// GLA-NEXT:    %S_2 = k3s.decay %S_1, %[[g]] <gate = channel> : !k3s.tile<K x V>
+// GLA-NEXT:    %S_3 = k3s.rank1_update %S_2, %[[k]], %[[v]] : !k3s.tile<K x V>
+// GLA-NEXT:    %{{[a-z_0-9]+}} = k3s.readout %S_3, %[[q]], %o, %scale : !k3s.tile<V>
+// GLA-NEXT:    k3s.next_token %S_3
+// GLA-NEXT:  } : !k3s.tile<K x V>
+// GLA-NEXT:  k3s.store_state %S_final, %final_state <layout = vk>
 // GLA-NOT:   k3s.load_beta
 // GLA-NOT:   k3s.delta_correct

@@ -24,8 +24,8 @@
 // ALL:       HAS_CU_SEQLENS: tl.constexpr,
 // ALL-NEXT:  ):
 // ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}>
-// ALL:       # k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
-// ALL:       # k3s.token_loop %cu_seqlens: the tokens of sequence i_n, in order
+// ALL:       # %S = k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
+// ALL:       # %S_final = k3s.token_loop %S, %cu_seqlens: the tokens of sequence i_n, in order
 // ALL:       # %q = k3s.load_token %q
 // ALL:       # %k = k3s.load_token %k
 // ALL:       # %v = k3s.load_token %v
@@ -52,14 +52,14 @@
 // DN:        # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
 // GLA:       # %S = k3s.rank1_update %S, %k, %v: S <- S + k_t u_t^T
 // ALL:       # %o = k3s.readout %S, %q, %o, %scale: o_t = S^T (scale q_t)
-// ALL:       # k3s.store_state %final_state <layout = {{kv|vk}}>
+// ALL:       # k3s.store_state %S_final, %final_state <layout = {{kv|vk}}>
 // ALL-LABEL: def recurrent(q, k, v,
 // ALL:       # k3s.entry @recurrent <source = @{{[a-z_]+}}>: argument checks
 // ALL:       # k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}>: launch
 
 // The pool kernel of `decode`, then the chunk kernels: prepare (token-parallel), scan.
 // ALL-LABEL: def {{[a-z_]+}}_decode_kernel(
-// ALL:       # k3s.state_tile %state, %state_indices <{{.*}}home = pool>
+// ALL:       # %S = k3s.state_tile %state, %state_indices <{{.*}}home = pool>
 // ALL-LABEL: def decode(q, k, v, {{.*}}state=None, state_indices=None, check_indices=True):
 // ALL-LABEL: def {{[a-z_]+}}_chunk_prepare_kernel(
 // ALL:       DOT: tl.constexpr,
@@ -82,7 +82,7 @@
 // GLA-NOT:   k3s.forward_substitution
 // GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr, %kd, %factorable, %k, %g <mask = inclusive, gate = channel, beta = false, diagonal = guarded>
 // ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
-// ALL:       # k3s.chunk_loop %cu_seqlens <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
+// ALL:       # %S_final = k3s.chunk_loop %S, %cu_seqlens <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
 // KDA:       # %vr = k3s.delta_residual %S, %W, %U: Vr = U - W S
 // GLA-NOT:   k3s.delta_residual
 // KDA:       # %o = k3s.chunk_output %QG, %S, %P, %vr, %o, %scale: O = scale (QG S + P Vr)

@@ -31,8 +31,8 @@ builtin.module {
     %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<2, float>
     %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<32, float>
     k3s.kernel @r_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
-      k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = kv, start = zero>
-      k3s.token_loop {
+      %S0 = k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = kv, start = zero> : !k3s.tile<K x V>
+      %S_final = k3s.token_loop %S0 {
       ^bb0(%S: !k3s.tile<K x V>):
         %q_1 = k3s.load_token %q <l2norm = true> : !k3s.tile<K>
         %k_1 = k3s.load_token %k <l2norm = true> : !k3s.tile<K>
@@ -44,7 +44,7 @@ builtin.module {
         %S_2 = k3s.rank1_update %S_1, %k_1, %v_2 : !k3s.tile<K x V>
         %o_1 = k3s.readout %S_2, %q_1, %o, %scale : !k3s.tile<V>
         k3s.next_token %S_2
-      }
+      } : !k3s.tile<K x V>
     }
     k3s.kernel @r_chunk_prepare <grid = [chunk, value_head], num_warps = 4> {
       k3s.chunk_tile <chunk_size = 16, head_k_dim = 16, head_v_dim = 16>

@@ -18,6 +18,7 @@
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, maxnreg = 300/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=MAXNREG
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, min_rows = 8, max_rows = 7/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, max_rows = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS0
+// RUN: sed 's/role = maybe/role = input/; s/} : !k3s.tile<K x V>/} : !k3s.tile<K>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=CARRIED
 // RUN: sed 's/role = maybe/role = input/' %s | k3c opt - | filecheck %s --check-prefix=VALID
 
 builtin.module {
@@ -27,14 +28,14 @@ builtin.module {
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 16 x 16, float32>
     k3s.kernel @r_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
-      k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk>
-      k3s.token_loop {
+      %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk> : !k3s.tile<K x V>
+      %S_final = k3s.token_loop %S0 {
       ^bb0(%S: !k3s.tile<K x V>):
         %q_1 = k3s.load_token %q : !k3s.tile<K>
         %g_1 = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0> : !k3s.tile<>
         %S_1 = k3s.decay %S, %g_1 <gate = scalar> : !k3s.tile<K x V>
         k3s.next_token %S_1
-      }
+      } : !k3s.tile<K x V>
     }
   }
 }
@@ -103,5 +104,9 @@ builtin.module {
 // ROWS: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: rows bounds must be positive with min_rows <= max_rows, got min_rows 8, max_rows 7{{$}}
 // ROWS0: {{^}}k3c opt: error: <stdin>: k3s.kernel @r_recurrent: rows bounds must be positive with min_rows <= max_rows, got min_rows None, max_rows 0{{$}}
 // STAGES-NOT: {{.}}
+
+// CARRIED-NOT: {{\n}}
+// CARRIED: {{^}}k3c opt: error: <stdin>: k3s.token_loop: the initial state, the one block argument, the state passed on and the result must have one type, got 1 block arguments and types !k3s.tile<K x V>, !k3s.tile<K x V>, !k3s.tile<K x V>, !k3s.tile<K>{{$}}
+// CARRIED-NOT: {{.}}
 
 // VALID: %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 16, float>

@@ -7,7 +7,7 @@ builtin.module {
   k3.recurrence @r <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 16, head_v_dim = 16, scale = 0.25, state_layout = kv, dtype = float32>
   k3s.entry @recurrent <source = @r> {
     k3s.kernel @r_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
-      k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 0, layout = kv, start = zero>
+      %S = k3s.state_tile <head_k_dim = 16, head_v_dim = 16, block_v = 0, layout = kv, start = zero> : !k3s.tile<K x V>
     }
   }
 }
