@@ -115,6 +115,9 @@ class SpeculativeOp(KeywordSyntax):
     def verify_(self) -> None:
         if self.draft_tokens.value.data <= 0:
             raise VerifyException(f"{self.name}: draft_tokens must be positive, got {self.draft_tokens.value.data}")
+        if len(self.body.block.args) != 1:
+            raise VerifyException(f"{self.name}: its block takes one argument, the committed state; got "
+                                  f"{len(self.body.block.args)}")
 
 
 @irdl_op_definition

@@ -2,8 +2,10 @@
 // token stages plus a cache of (k, gate, u) written after the delta rule's correction; the
 // replay carries the gate's granularity, and no gate means no decay at all. The entry declares
 // the cache the verify writes and the replay reads, and the accepted counts the replay reads.
+// Both start from the committed state, the speculative block's one argument.
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4}' | filecheck %s
 // RUN: k3c opt %s -p 'derive-replay{draft-tokens=4}' | k3c opt - | filecheck %s
+// RUN: k3c opt %s -p 'derive-replay{draft-tokens=4}' | sed 's/^    ^bb0(%%S: !k3s.tile<K x V>):$/    ^bb0(%%S: !k3s.tile<K x V>, %%X: !k3s.tile<K>):/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ONEARG
 
 builtin.module {
   k3.recurrence @kda <gate = channel, delta_rule = true, num_heads = 2, num_v_heads = 2, head_k_dim = 8, head_v_dim = 8, scale = 0.5, state_layout = kv, dtype = float32>
@@ -39,3 +41,5 @@ builtin.module {
 // CHECK-NEXT: k3s.next_token %S_2
 // CHECK-NEXT: } : !k3s.tile<K x V>
 // CHECK-NEXT: %{{S_[0-9]+}} = k3s.replay %S, %[[CACHE2]], %[[ACC2]] <gate = none> : !k3s.tile<K x V>
+
+// ONEARG: {{^}}k3c opt: error: <stdin>: k3s.speculative: its block takes one argument, the committed state; got 2{{$}}
