@@ -14,8 +14,10 @@ min/max, negation, unary math, casts to and from bf16, tl.dot (bf16 operands int
 accumulator, as tensor cores take them) and the reductions and scans (tl.sum, tl.cumsum, tl.cumprod,
 tl.max / tl.argmax of bf16) follow. tl.sum and the scans round after every add, as the GPU's bf16
 reductions do; a sum adds in butterfly order (the order of the GPU's lanes), not the GPU's order
-within a thread, so its bits may differ from the GPU's where the order changes the rounding.
-Ops that move bits (loads, stores, tl.where, reshapes, bitcasts, abs) were right already.
+within a thread, so its bits may differ from the GPU's where the order changes the rounding. An
+fp16 tl.sum likewise rounds to fp16 after every add (numpy's adds in fp32); fp16's other ops
+numpy rounds per op already, as the GPU does. Ops that move bits (loads, stores, tl.where,
+reshapes, bitcasts, abs) were right already.
 """
 
 from __future__ import annotations
@@ -113,16 +115,21 @@ def _install_reductions() -> None:
     cumsum, cumprod = scan_ops.cumsum, scan_ops.cumprod
 
     def sum_by_value(self, input):
-        if not _is_bf16(input.handle):
+        handle = input.handle
+        if _is_bf16(handle):
+            rounded, packed = _rounded, bf16_bits
+        elif handle.data.dtype == np.float16:  # numpy's own fp16 sum adds in fp32
+            rounded, packed = (lambda v: v.astype(np.float16).astype(np.float32)), (lambda v: v.astype(np.float16))
+        else:
             return reduce_sum(self, input)
-        values = _values(input.handle)
+        values = _values(handle).astype(np.float32)
         axis = self.axis
         if axis is None:
             values, axis = values.reshape(-1), 0
-        total = _tree_sum(values, axis, _rounded)
+        total = _tree_sum(values, axis, rounded)
         if self.keep_dims:
-            total = np.expand_dims(total, axis) if self.axis is not None else total.reshape([1] * input.handle.data.ndim)
-        return self.to_tensor(bf16_bits(total), input.dtype)
+            total = np.expand_dims(total, axis) if self.axis is not None else total.reshape([1] * handle.data.ndim)
+        return self.to_tensor(packed(total), input.dtype)
 
     def min_max_by_value(self, input, val_reduce_op, idx_reduce_op=None):
         tensor = input[0] if isinstance(input, tuple) else input

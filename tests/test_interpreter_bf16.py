@@ -160,33 +160,46 @@ def _reduce_kernel(x, sums, maxes, mins, argmaxes, cumsums, R: tl.constexpr, C: 
     tl.store(cumsums + o_r[:, None] * C + o_c[None, :], tl.cumsum(b, axis=1))
 
 
+def butterfly_sum(x: torch.Tensor) -> torch.Tensor:
+    """Rows of x summed in x's dtype, element i added to i + n/2 (torch rounds each add)."""
+    while x.shape[1] > 1:
+        x = x[:, :x.shape[1] // 2] + x[:, x.shape[1] // 2:]
+    return x[:, 0]
+
+
 @pytest.mark.parametrize("values", ["integers", "random"])
-def test_reductions(values):
-    """tl.sum, tl.max, tl.min, tl.argmax and tl.cumsum of bf16 tiles, all-negative rows included.
-    Sums of small integers are exact in bf16, so bit for bit; random ones round after every add
-    (bf16's 2**-8 per level of the sum's tree) and stay within that of the exact sum."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_reductions(values, dtype):
+    """tl.sum, tl.max, tl.min, tl.argmax and tl.cumsum of bf16 (and fp16) tiles, all-negative rows
+    included. Sums of small integers are exact in bf16, so bit for bit; random ones round after
+    every add, as the GPU's do (numpy's own fp16 sum adds in fp32): bit for bit a butterfly's,
+    and within 2**-p per level of the tree of the exact sum."""
     R, C = 4, 16
     if values == "integers":
         x = torch.randint(-8, 9, (R, C)).float()
     else:
         x = torch.randn(R, C) * torch.exp2(torch.randint(-3, 4, (R, 1)).float())
     x[1] = -x[1].abs() - 0.5  # a row of negatives only
-    x = x.bfloat16()
-    sums, maxes, mins = (torch.full((R,), float("nan"), dtype=torch.bfloat16) for _ in range(3))
+    x = x.to(dtype)
+    sums, maxes, mins = (torch.full((R,), float("nan"), dtype=dtype) for _ in range(3))
     argmaxes = torch.full((R,), -1, dtype=torch.int32)
-    cumsums = torch.full((R, C), float("nan"), dtype=torch.bfloat16)
+    cumsums = torch.full((R, C), float("nan"), dtype=dtype)
     _reduce_kernel[(1,)](x, sums, maxes, mins, argmaxes, cumsums, R, C)
-    assert_bits(maxes, x.amax(dim=1), "tl.max")
-    assert_bits(mins, x.amin(dim=1), "tl.min")
+    same = assert_bits if dtype == torch.bfloat16 else (lambda got, want, what: torch.testing.assert_close(
+        got, want, rtol=0, atol=0, equal_nan=True, msg=what))
+    same(maxes, x.amax(dim=1), "tl.max")
+    same(mins, x.amin(dim=1), "tl.min")
     assert torch.equal(argmaxes, x.float().argmax(dim=1).int()), "tl.argmax"
     exact = x.double().sum(dim=1)
+    same(sums, butterfly_sum(x), "tl.sum")
     if values == "integers":
-        assert_bits(sums, exact.bfloat16(), "tl.sum")
-        assert_bits(cumsums.flatten(), x.double().cumsum(dim=1).bfloat16().flatten(), "tl.cumsum")
+        same(sums, exact.to(dtype), "tl.sum")
+        same(cumsums.flatten(), x.double().cumsum(dim=1).to(dtype).flatten(), "tl.cumsum")
     else:
-        bound = 4 * 2**-8 * x.double().abs().sum(dim=1)  # four levels of a tree of 16
+        step = 2**-8 if dtype == torch.bfloat16 else 2**-11
+        bound = 4 * step * x.double().abs().sum(dim=1)  # four levels of a tree of 16
         assert ((sums.double() - exact).abs() <= bound).all(), f"tl.sum {sums.tolist()} vs {exact.tolist()}"
-        cum_bound = C * 2**-8 * x.double().abs().cumsum(dim=1)
+        cum_bound = C * step * x.double().abs().cumsum(dim=1)
         assert ((cumsums.double() - x.double().cumsum(dim=1)).abs() <= cum_bound).all(), "tl.cumsum"
 
 
