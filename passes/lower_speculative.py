@@ -202,8 +202,9 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         for cached in [op for op in verify_loop.walk() if isinstance(op, k3s.CacheUpdateOp)]:
             state = verify_loop.body.block.last_op.state  # the state after this token
             Rewriter.replace_op(cached, make(k3s.SnapshotStateOp, operands=[snapshots, state]))
-        commit_state = make(k3s.RestoreSnapshotOp, operands=[commit_tile.state, commit_values["snapshots"],
-                                                             commit_values["accepted"]], result=("S", replay.state.type))
+        commit_state = make(k3s.RestoreSnapshotOp,
+                            operands=[commit_tile.state, commit_values["snapshots"], commit_values["accepted"]],
+                            result=("S", commit_tile.state.type))
 
     chunked = options.verify == "chunked"
     verify_values = argument_values(verify_arguments)
