@@ -17,7 +17,8 @@ reductions do; a sum adds in butterfly order (the order of the GPU's lanes), not
 within a thread, so its bits may differ from the GPU's where the order changes the rounding. An
 fp16 tl.sum likewise rounds to fp16 after every add (numpy's adds in fp32); fp16's other ops
 numpy rounds per op already, as the GPU does. Ops that move bits (loads, stores, tl.where,
-reshapes, bitcasts, abs) were right already.
+reshapes, bitcasts, abs) were right already. And a float kernel argument is an fp32 scalar, as on
+the GPU (the interpreter passed the Python float: `bf16 tile * scale` multiplied in bf16 there).
 """
 
 from __future__ import annotations
@@ -223,11 +224,27 @@ def _install_builder() -> None:
     builder.create_dot = dot_by_value
 
 
+def _install_float_arguments() -> None:
+    """A kernel's float argument (not constexpr) as an fp32 scalar, as the GPU compiles it: the
+    interpreter passes the Python float, a weakly typed constant, so `tile * scale` of a bf16 or
+    fp16 tile was a bf16 or fp16 product there and an fp32 one on the GPU."""
+    implicit_cvt = interpreter._implicit_cvt
+
+    def implicit_cvt_floats(arg):
+        if isinstance(arg, float):
+            return tl.tensor(_TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+        return implicit_cvt(arg)
+
+    interpreter._implicit_cvt = implicit_cvt_floats
+
+
 def install() -> None:
-    """Patch the interpreter (idempotent) to compute on bf16 values, not their bits."""
+    """Patch the interpreter (idempotent) to compute on bf16 values, not their bits, and to type
+    float arguments as the GPU does."""
     builder = interpreter.InterpreterBuilder
     if getattr(builder, "_k3c_bf16_by_value", False):
         return
     _install_builder()
     _install_reductions()
+    _install_float_arguments()
     builder._k3c_bf16_by_value = True

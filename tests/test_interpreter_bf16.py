@@ -218,3 +218,20 @@ def test_products_are_of_values(dtype):
     _product_kernel[(1,)](a, b, c, 16, 32, 16)
     want = a.double() @ b.double()  # bf16 and fp16 values are exact in fp32: only the sums round
     assert (c.double() - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+@triton.jit
+def _scale_kernel(x, y, scale, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y + o, tl.load(x + o) * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_float_arguments_are_fp32(dtype):
+    """A half-precision tile times a float kernel argument is an fp32 product, as on the GPU (an
+    fp32 scalar there; the interpreter's own Python float is weakly typed: a half product)."""
+    x = torch.randn(N).to(dtype)
+    y = torch.full((N,), float("nan"))
+    scale = 0.1234567
+    _scale_kernel[(1,)](x, y, scale, N)
+    assert torch.equal(y, x.float() * torch.tensor(scale, dtype=torch.float32))
