@@ -9,16 +9,19 @@ kernel with any arithmetic on a bf16 tile computes garbage there while the GPU i
 fp32 exactly (bf16 is fp32's upper half), the op runs in fp32 and a bf16 result is rounded back to
 nearest even (NaN and inf kept). For +, -, *, /, sqrt and fma that is the correctly rounded bf16
 result (fp32 has more than 2 * 8 + 2 significant bits, so rounding twice is rounding once): what
-the GPU's native bf16 ops give, and what it gives where it runs them in fp32 and rounds. Comparisons,
-min/max, negation, unary math, casts to and from bf16, tl.dot (bf16 operands into an fp32
-accumulator, as tensor cores take them) and the reductions and scans (tl.sum, tl.cumsum, tl.cumprod,
-tl.max / tl.argmax of bf16) follow. tl.sum and the scans round after every add, as the GPU's bf16
-reductions do; a sum adds in butterfly order (the order of the GPU's lanes), not the GPU's order
-within a thread, so its bits may differ from the GPU's where the order changes the rounding. An
-fp16 tl.sum likewise rounds to fp16 after every add (numpy's adds in fp32); fp16's other ops
-numpy rounds per op already, as the GPU does. Ops that move bits (loads, stores, tl.where,
-reshapes, bitcasts, abs) were right already. And a float kernel argument is an fp32 scalar, as on
-the GPU (the interpreter passed the Python float: `bf16 tile * scale` multiplied in bf16 there).
+the GPU's native bf16 ops give, and what it gives where it runs them in fp32 and rounds.
+Comparisons, min/max, negation, unary math, casts to and from bf16, tl.dot (bf16 operands into an
+fp32 accumulator, as tensor cores take them), tl.atomic_add (which the interpreter refused for
+bf16) and the reductions and scans (tl.sum, tl.cumsum, tl.cumprod, tl.max / tl.argmax of bf16)
+follow. tl.sum and the scans round after every add, as the GPU's bf16 reductions do; a sum adds in
+butterfly order (the order of the GPU's lanes), not the GPU's order within a thread, so its bits
+may differ from the GPU's where the order changes the rounding. An fp16 tl.sum likewise rounds to
+fp16 after every add (numpy's adds in fp32); fp16's other ops numpy rounds per op already, as the
+GPU does. Ops that move bits (loads, stores, tl.where, reshapes, bitcasts, abs) were right already.
+
+And a float kernel argument is an fp32 scalar, as on the GPU: the interpreter passed the Python
+float, weakly typed, so `bf16 tile * scale` multiplied in bf16 there. Left as they are: tl.dot's
+tf32 (fp16 inputs' products here) runs in full fp32, finer than the GPU's tensor cores.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from triton import language as tl
 from triton.runtime import interpreter
+from triton.runtime.interpreter import _ir
 
 _TensorHandle = interpreter.TensorHandle
 
@@ -170,6 +174,7 @@ def _install_builder() -> None:
     binary_op, unary_op, cast_impl = builder.binary_op, builder.unary_op, builder.cast_impl
     create_fma, create_clampf, create_dot = builder.create_fma, builder.create_clampf, builder.create_dot
     create_erf, create_rsqrt = builder.create_erf, builder.create_rsqrt
+    create_atomic_rmw = builder.create_atomic_rmw
 
     def binary_op_by_value(self, lhs, rhs, op):
         if op not in _VALUE_OPS or not (_is_bf16(lhs) or _is_bf16(rhs)):
@@ -210,6 +215,22 @@ def _install_builder() -> None:
 
         return op
 
+    def atomic_add_by_value(self, rmwOp, ptr, val, mask, sem, scope):
+        if rmwOp != _ir.ATOMIC_OP.FADD or not _is_bf16(val):
+            return create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope)
+        # the interpreter's own refuses bf16; one element at a time (the same address may recur),
+        # each add rounded, as the GPU's atomics serialise them
+        ptrs, values = np.broadcast_arrays(ptr.data, _values(val))
+        masks = np.broadcast_to(mask.data, ptrs.shape)
+        old = np.zeros(ptrs.shape, dtype=np.uint16)
+        on = _TensorHandle(np.ones(1, dtype=bool), tl.int1)
+        for index in zip(*np.nonzero(masks)):
+            at = _TensorHandle(ptrs[index].reshape(1), ptr.dtype)
+            before = self.create_masked_load(at, on, None, None, True)
+            old[index] = before.data[0]
+            self.create_masked_store(at, _bf16(_values(before) + values[index]), on, None)
+        return _TensorHandle(old, tl.bfloat16)
+
     def dot_by_value(self, a, b, d, input_precision, max_num_imprecise_acc):
         out = create_dot(self, _as_fp32(a), _as_fp32(b), _as_fp32(d), input_precision, max_num_imprecise_acc)
         return _bf16(out.data) if _is_bf16(d) else out
@@ -222,6 +243,7 @@ def _install_builder() -> None:
     builder.create_erf = by_value(create_erf)
     builder.create_rsqrt = by_value(create_rsqrt)
     builder.create_dot = dot_by_value
+    builder.create_atomic_rmw = atomic_add_by_value
 
 
 def _install_float_arguments() -> None:

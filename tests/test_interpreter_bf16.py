@@ -235,3 +235,25 @@ def test_float_arguments_are_fp32(dtype):
     scale = 0.1234567
     _scale_kernel[(1,)](x, y, scale, N)
     assert torch.equal(y, x.float() * torch.tensor(scale, dtype=torch.float32))
+
+
+
+@triton.jit
+def _atomic_add_kernel(x, y, old, N: tl.constexpr, M: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(old + o, tl.atomic_add(y + o % M, tl.load(x + o), mask=o < N - 1), mask=o < N - 1)
+
+
+@pytest.mark.parametrize("M", [N, 4], ids=["distinct", "repeated"])
+def test_atomic_add(M):
+    """tl.atomic_add of bf16 values (the interpreter's own refuses bf16): each lane's add rounded,
+    lanes on one address one after another, the old values returned. Small integers: exact."""
+    x = torch.randint(-8, 9, (N,)).bfloat16()
+    y = torch.randint(-8, 9, (M,)).bfloat16()
+    start, old = y.clone(), torch.full((N,), float("nan"), dtype=torch.bfloat16)
+    _atomic_add_kernel[(1,)](x, y, old, N, M)
+    lanes = torch.arange(N - 1)  # the last lane masked off
+    want = start.double().index_add(0, lanes % M, x[:N - 1].double())
+    assert_bits(y, want.bfloat16(), "the sums")
+    if M == N:
+        assert_bits(old[:N - 1], start[:N - 1], "the old values")
