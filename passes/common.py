@@ -189,7 +189,7 @@ def recurrence_arguments(op) -> list[Operation]:
         tensor_arg("initial_state", state, "optional_input"),
         tensor_arg("o", tensor("B", "T", HV, V, dtype="float"), "output"),
         tensor_arg("final_state", state, "optional_output"),
-        tensor_arg("cu_seqlens", tensor("N+1", dtype="offsets"), "optional_input"),
+        tensor_arg("cu_seqlens", tensor("N+1", dtype="offsets"), "optional_input", purpose="sequence_offsets"),
         # the in-kernel gate's parameters (fla's A_log [HV] and dt_bias [HV * K], or [HV] for a scalar gate)
         tensor_arg("A_log", tensor(HV, dtype="float"), gate_parameter_role),
         tensor_arg("dt_bias", tensor(HV * K if gate == "channel" else HV, dtype="float"), gate_parameter_role),

@@ -36,8 +36,8 @@ def cache_type(op: RecurrenceOp, draft_tokens: int) -> k3s.TensorType:
 def speculative_arguments(op: RecurrenceOp, draft_tokens: int) -> list[k3s.TensorArgOp]:
     """What the schedule adds to the layer's arguments: the cache its verify writes and its
     replay reads, and how many tokens of each sequence were accepted."""
-    return [tensor_arg("cache", cache_type(op, draft_tokens), "workspace"),
-            tensor_arg("accepted", k3s.tensor("B", dtype="index"), "input")]
+    return [tensor_arg("cache", cache_type(op, draft_tokens), "workspace", purpose="draft_states"),
+            tensor_arg("accepted", k3s.tensor("B", dtype="index"), "input", purpose="accepted_counts")]
 
 
 def speculative_schedule(op: RecurrenceOp, draft_tokens: int, values: dict[str, SSAValue]) -> k3s.SpeculativeOp:

@@ -59,7 +59,7 @@ class LowerDecodePass(ModulePass):
         args = [a for a in recurrence_arguments(op) if a.sym_name.data not in NOT_IN_DECODE]
         args += [
             tensor_arg("state", k3s.tensor("P", *recurrence_state_shape(op), dtype="state"), "inout"),
-            tensor_arg("state_indices", k3s.tensor("B", dtype="index")),
+            tensor_arg("state_indices", k3s.tensor("B", dtype="index"), purpose="state_slots"),
         ]
         values = argument_values(args)
         pool = [values["state"], values["state_indices"]]

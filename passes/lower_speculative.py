@@ -183,14 +183,14 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     verify_arguments = [
         *token_arguments(),
         tensor_arg("state", pool, "input"),
-        tensor_arg("state_indices", indices, "input"),
-        tensor_arg(buffer, buffer_type, "inout"),
+        tensor_arg("state_indices", indices, "input", purpose="state_slots"),
+        tensor_arg(buffer, buffer_type, "inout", purpose="draft_states"),
     ]
     commit_arguments = [
         tensor_arg("state", pool, "inout"),
-        tensor_arg("state_indices", indices, "input"),
-        tensor_arg(buffer, buffer_type, "input"),
-        tensor_arg("accepted", indices, "input"),
+        tensor_arg("state_indices", indices, "input", purpose="state_slots"),
+        tensor_arg(buffer, buffer_type, "input", purpose="draft_states"),
+        tensor_arg("accepted", indices, "input", purpose="accepted_counts"),
     ]
     verify_loop = loop.clone()
     commit_values = argument_values(commit_arguments)
@@ -225,10 +225,10 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
     step_arguments = [
         *token_arguments(),
         tensor_arg("state", pool, "inout"),
-        tensor_arg("state_indices", indices, "input"),
-        tensor_arg("cache", buffer_type, "input"),
-        tensor_arg("accepted", indices, "input"),
-        tensor_arg("next_cache", buffer_type, "inout", distinct_from="cache"),
+        tensor_arg("state_indices", indices, "input", purpose="state_slots"),
+        tensor_arg("cache", buffer_type, "input", purpose="draft_states"),
+        tensor_arg("accepted", indices, "input", purpose="accepted_counts"),
+        tensor_arg("next_cache", buffer_type, "inout", purpose="draft_states", distinct_from="cache"),
     ]
     step_values = argument_values(step_arguments)
     next_cache = step_values["next_cache"]

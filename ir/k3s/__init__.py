@@ -83,6 +83,7 @@ K3S = Dialect(
         TensorType,
         ArgDtypeAttr,
         ArgRoleAttr,
+        ArgPurposeAttr,
         KernelDotsAttr,
         GridAxisAttr,
         StateHomeAttr,

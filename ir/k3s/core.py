@@ -46,6 +46,28 @@ class ArgRoleAttr(EnumAttribute[ArgRole], SpacedOpaqueSyntaxAttribute):
     name = "k3s.arg_role"
 
 
+class ArgPurpose(Word):
+    """What a tensor argument means to its entry's host code beyond its shape and dtype: the
+    checks and launch sizes the printer derives from it, read from this word and never from the
+    argument's name."""
+
+    SEQUENCE_OFFSETS = "sequence_offsets"  # where each sequence of a varlen batch starts (cu_seqlens)
+    STATE_SLOTS = "state_slots"  # each sequence's row of a state pool, or -1 (padding)
+    ACCEPTED_COUNTS = "accepted_counts"  # each sequence's accepted draft tokens: 0..the draft depth
+    DRAFT_STATES = "draft_states"  # per pool row, one entry per draft token: [P, depth, ...]
+
+
+@irdl_attr_definition
+class ArgPurposeAttr(EnumAttribute[ArgPurpose], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.arg_purpose"
+
+
+# the dtype class each purpose's argument must have (DRAFT_STATES: any); an offsets tensor
+# needs SEQUENCE_OFFSETS, so no pass can create one the printer would not recognise
+PURPOSE_DTYPE_CLASSES = {ArgPurpose.SEQUENCE_OFFSETS: "offsets", ArgPurpose.STATE_SLOTS: "index",
+                         ArgPurpose.ACCEPTED_COUNTS: "index"}
+
+
 @dataclass(frozen=True)
 class ReferencesSymbols(SymbolUserOpInterface):
     """An op whose properties refer to other ops of the module (flat symbol references: `kernel =
@@ -171,6 +193,8 @@ class TensorArgOp(KeywordSyntax):
     name = "k3s.tensor_arg"
     sym_name = prop_def(StringAttr)
     role = prop_def(ArgRoleAttr)
+    # what the host code reads it as (ArgPurpose); absent: data the kernels alone interpret
+    purpose = opt_prop_def(ArgPurposeAttr)
     # another argument this one must not overlap in memory (a kernel reads one while writing the other)
     distinct_from = opt_prop_def(StringAttr)
     # a workspace's value before the kernels run (a counter's 0, a padding marker's -1); absent: any
@@ -181,6 +205,17 @@ class TensorArgOp(KeywordSyntax):
     @property
     def type(self) -> TensorType:
         return self.tensor.type
+
+    def verify_(self) -> None:
+        where = f"{self.name} @{self.sym_name.data}"
+        purpose = self.purpose.data if self.purpose is not None else None
+        dtype_class = self.type.dtype_class
+        if dtype_class == "offsets" and purpose != ArgPurpose.SEQUENCE_OFFSETS:
+            raise VerifyException(f"{where}: an offsets tensor needs purpose = sequence_offsets")
+        if (wanted := PURPOSE_DTYPE_CLASSES.get(purpose)) is not None and dtype_class != wanted:
+            raise VerifyException(f"{where}: purpose = {purpose.value} needs dtype class {wanted}, got {dtype_class}")
+        if purpose == ArgPurpose.DRAFT_STATES and len(self.type.dims) < 2:
+            raise VerifyException(f"{where}: purpose = draft_states needs [P, depth, ...], got [{self.type.pattern}]")
 
 
 @irdl_op_definition

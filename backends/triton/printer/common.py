@@ -172,6 +172,16 @@ class EntryView:
     def dims(self, name: str) -> list[str]:
         return self.tensor(name).type.dims
 
+    def with_purpose(self, purpose: k3s.ArgPurpose) -> k3s.TensorArgOp | None:
+        """The argument the host code reads as `purpose` (the first, where several share it: a
+        spec_step's two caches have one depth), None if the entry has none."""
+        return next((op for op in self.tensors if op.purpose is not None and op.purpose.data == purpose), None)
+
+    def draft_depth(self) -> int | None:
+        """The draft tokens per sequence (DEPTH): the second dim of its draft states, if any."""
+        states = self.with_purpose(k3s.ArgPurpose.DRAFT_STATES)
+        return int(states.type.dims[1]) if states is not None else None
+
     def role(self, op: k3s.TensorArgOp) -> str:
         return op.role.data
 

@@ -143,7 +143,8 @@ class Entries:
             params.append("checkpoint_every=None")
         for _, callback, _ in self.combine_steps(view):
             params.append(f"{callback}=None")
-        if "state_indices" in view.names:
+        slots = view.with_purpose(k3s.ArgPurpose.STATE_SLOTS)
+        if slots is not None:
             params.append("check_indices=True")
         outputs = [t for t in view.tensors if t.role.data in ("output", "optional_output")]
         if entry.sym_name.data in self.launch_tables:
@@ -164,10 +165,12 @@ class Entries:
                   "also return the states after every that many tokens of each sequence")
             for _, callback, doc in self.combine_steps(view):
                 c(f"    {callback}: {doc[0]}", *(f"    {line}" for line in doc[1:]))
-            if "state_indices" in view.names:
-                counts = " and accepted in 0..the cache depth" if "accepted" in view.names else ""
+            if slots is not None:
+                accepted = view.with_purpose(k3s.ArgPurpose.ACCEPTED_COUNTS)
+                counts = f" and {accepted.sym_name.data} in 0..the cache depth" if accepted is not None else ""
                 c("    check_indices: check on the host (a synchronisation, skipped while a CUDA graph is captured)",
-                  f"        that every state_indices entry is a pool slot or -1 (padding) and none repeats{counts};",
+                  f"        that every {slots.sym_name.data} entry is a pool slot or -1 (padding) and none "
+                  f"repeats{counts};",
                   "        False for hot loops: the kernels still never touch memory outside the pool")
             c(f"Returns ({', '.join(o.sym_name.data for o in outputs)}"
               f"{'[, checkpoints]' if view.checkpoint else ''}); optional outputs are None unless asked for.")
@@ -292,14 +295,15 @@ class Entries:
         batched = any("B" in t.type.dims for t in view.tensors)
         if batched and not any(t.type.dtype_class == "offsets" for t in view.tensors):
             c('dims["N"] = dims["B"]  # one sequence per batch row')
-        if "state_indices" in view.names:
-            c('_check_slots("state_indices", state_indices, dims["P"], check_indices)')
-        if "accepted" in view.names:
-            depth = next(int(view.dims(b)[1]) for b in ("cache", "snapshots") if b in view.names)
-            c(f'_check_counts("accepted", accepted, {depth}, check_indices)')
+        slots = view.with_purpose(k3s.ArgPurpose.STATE_SLOTS)
+        if slots is not None:
+            c(f'_check_slots("{slots.sym_name.data}", {slots.sym_name.data}, dims["P"], check_indices)')
+        if (accepted := view.with_purpose(k3s.ArgPurpose.ACCEPTED_COUNTS)) is not None:
+            name = accepted.sym_name.data
+            c(f'_check_counts("{name}", {name}, {view.draft_depth()}, check_indices)')
         heads = {self.kernel_constants(k, view).get("HV") for k in view.kernels
                  if k3s.GridAxis.SEQUENCE_HEAD in k.axes[1:]}
-        rows = "state_indices" if "state_indices" in view.names else first  # what sets the sequence count
+        rows = slots.sym_name.data if slots is not None else first  # what sets the sequence count
         for HV in sorted(heads - {None}):
             c(f'_check_grid_axis("{rows}", dims["N"], {HV})')
         for op, callback, _ in self.combine_steps(view):
@@ -391,7 +395,8 @@ class Entries:
                     c(f'{name} = launch["{name}"]')
         if k3s.GridAxis.CHUNK in axes:
             first = view.tensors[0].sym_name.data
-            offsets = "cu_seqlens" if "cu_seqlens" in view.names else "None"  # a verify: rows of a batch
+            offsets_arg = view.with_purpose(k3s.ArgPurpose.SEQUENCE_OFFSETS)
+            offsets = offsets_arg.sym_name.data if offsets_arg is not None else "None"  # a verify: rows of a batch
             c(f"num_chunks, chunk_table = _chunks({offsets}, dims, BC, {first}.device)")
         grid = ", ".join(self.GRID_AXES[axis] for axis in axes)
         c(f"grid = ({grid}{',' if len(axes) == 1 else ''})")

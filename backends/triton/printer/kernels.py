@@ -147,9 +147,8 @@ class Kernels:
         for op in kernel.walk():  # each op's (@kernel_constants_of), in program order
             if (of_op := KERNEL_CONSTANTS.get(type(op))) is not None:
                 constants.update(of_op(self, op, kernel, view))
-        for buffer in ("cache", "snapshots"):
-            if buffer in view.names:
-                constants["DEPTH"] = int(view.dims(buffer)[1])
+        if (depth := view.draft_depth()) is not None:
+            constants["DEPTH"] = depth
         return constants
 
     # --- each op's constants (common.KERNEL_CONSTANTS); the MoE experts' in experts.py ----------

@@ -23,7 +23,7 @@
 // CHECK-NEXT:    %[[BETA:[a-z_0-9]+]] = k3s.tensor_arg @beta <role = input>
 // CHECK-NEXT:    k3s.scalar_arg @scale
 // CHECK-NEXT:    %[[H0:[a-z_0-9]+]] = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 32 x 128 x 128, float32>
-// CHECK-NEXT:    k3s.tensor_arg @cu_seqlens <role = optional_input>
+// CHECK-NEXT:    k3s.tensor_arg @cu_seqlens <role = optional_input, purpose = sequence_offsets>
 // CHECK-NEXT:    k3s.tensor_arg @A_log <role = forbidden>
 // CHECK-NEXT:    k3s.tensor_arg @dt_bias <role = forbidden>
 // the cotangents of the outputs: do in o's layout, dht (optional) in the final state's

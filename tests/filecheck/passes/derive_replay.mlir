@@ -16,8 +16,8 @@ builtin.module {
 // CHECK: %[[K:[A-Za-z_0-9]+]] = k3s.tensor_arg @k
 // CHECK: %[[G:[A-Za-z_0-9]+]] = k3s.tensor_arg @g
 // CHECK: %[[CU:[A-Za-z_0-9]+]] = k3s.tensor_arg @cu_seqlens
-// CHECK: %[[CACHE:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
-// CHECK-NEXT: %[[ACC:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
+// CHECK: %[[CACHE:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace, purpose = draft_states> : !k3s.tensor<P x 4 x 2 x 24, float32>
+// CHECK-NEXT: %[[ACC:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input, purpose = accepted_counts> : !k3s.tensor<B, index>
 // CHECK-NEXT: k3s.speculative <draft_tokens = 4> {
 // CHECK-NEXT: ^bb0(%S: !k3s.tile<K x V>):
 // CHECK-NEXT: %S_final = k3s.token_loop %S, %[[CU]] {
@@ -32,8 +32,8 @@ builtin.module {
 // CHECK-NEXT: } : !k3s.tile<K x V>
 // CHECK-NEXT: %S_4 = k3s.replay %S, %[[CACHE]], %[[ACC]] <gate = channel> : !k3s.tile<K x V>
 // CHECK: k3s.entry @dn_speculative <source = @dn>
-// CHECK: %[[CACHE2:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace> : !k3s.tensor<P x 4 x 2 x 24, float32>
-// CHECK-NEXT: %[[ACC2:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input> : !k3s.tensor<B, index>
+// CHECK: %[[CACHE2:[A-Za-z_0-9]+]] = k3s.tensor_arg @cache <role = workspace, purpose = draft_states> : !k3s.tensor<P x 4 x 2 x 24, float32>
+// CHECK-NEXT: %[[ACC2:[A-Za-z_0-9]+]] = k3s.tensor_arg @accepted <role = input, purpose = accepted_counts> : !k3s.tensor<B, index>
 // CHECK: k3s.token_loop
 // CHECK-NOT: k3s.decay
 // CHECK: %[[u:[a-z_0-9]+]] = k3s.delta_correct %[[S:[A-Za-z_0-9]+]], %[[k2:[a-z_0-9]+]],

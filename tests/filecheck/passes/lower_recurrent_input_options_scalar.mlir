@@ -19,7 +19,7 @@ builtin.module {
 // CHECK-NEXT: k3s.entry @recurrent <source = @gdn> {
 // CHECK:        %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
 // CHECK-NEXT:   %beta = k3s.tensor_arg @beta <role = input> : !k3s.tensor<B x T x 4, float>
-// CHECK:        %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
+// CHECK:        %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input, purpose = sequence_offsets> : !k3s.tensor<N+1, offsets>
 // CHECK-NEXT:   %A_log = k3s.tensor_arg @A_log <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:   %dt_bias = k3s.tensor_arg @dt_bias <role = input> : !k3s.tensor<4, float>
 // CHECK-NEXT:   k3s.kernel @gdn_recurrent

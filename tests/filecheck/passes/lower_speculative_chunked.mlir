@@ -17,7 +17,7 @@ builtin.module {
 
 // CHECK: k3s.entry @verify <source = @gdn, max_tokens = 4> {
 // CHECK-DAG: %state = k3s.tensor_arg @state <role = input> : !k3s.tensor<P x 4 x 8 x 16, state>
-// CHECK-DAG: %[[VERIFY_CACHE:cache]] = k3s.tensor_arg @cache <role = inout> : !k3s.tensor<P x 4 x 4 x 32, float32>
+// CHECK-DAG: %[[VERIFY_CACHE:cache]] = k3s.tensor_arg @cache <role = inout, purpose = draft_states> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK-DAG: %[[W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float32>
 // CHECK-DAG: %[[U:U]] = k3s.tensor_arg @U <role = workspace> : !k3s.tensor<B x T x 4 x 16, float32>
 // CHECK: k3s.kernel @gdn_verify_prepare <grid = [chunk, value_head], num_warps = 2, dots = fp32>
@@ -43,16 +43,16 @@ builtin.module {
 // CHECK-NEXT: }
 // CHECK-NEXT: }
 // CHECK-NEXT: k3s.entry @commit <source = @gdn> {
-// CHECK: %[[COMMIT_CACHE:cache]] = k3s.tensor_arg @cache <role = input>
-// CHECK-NEXT: %[[COMMIT_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input>
+// CHECK: %[[COMMIT_CACHE:cache]] = k3s.tensor_arg @cache <role = input, purpose = draft_states>
+// CHECK-NEXT: %[[COMMIT_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input, purpose = accepted_counts>
 // CHECK: k3s.kernel @gdn_commit
 // CHECK-NEXT: %S = k3s.state_tile {{.*}}home = pool> : !k3s.tile<K x V>
 // CHECK-NEXT: %S_1 = k3s.replay %S, %[[COMMIT_CACHE]], %[[COMMIT_ACCEPTED]] <gate = scalar> : !k3s.tile<K x V>
 // CHECK-NEXT: k3s.store_state %S_1, {{.*}}<layout = kv, home = pool>
 // CHECK: k3s.entry @spec_step <source = @gdn, max_tokens = 4> {
-// CHECK: %[[STEP_CACHE:cache]] = k3s.tensor_arg @cache <role = input>
-// CHECK-NEXT: %[[STEP_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input>
-// CHECK-NEXT: %[[NEXT_CACHE:next_cache]] = k3s.tensor_arg @next_cache <role = inout, distinct_from = cache>
+// CHECK: %[[STEP_CACHE:cache]] = k3s.tensor_arg @cache <role = input, purpose = draft_states>
+// CHECK-NEXT: %[[STEP_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input, purpose = accepted_counts>
+// CHECK-NEXT: %[[NEXT_CACHE:next_cache]] = k3s.tensor_arg @next_cache <role = inout, purpose = draft_states, distinct_from = cache>
 // CHECK: %[[STEP_W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float32>
 // CHECK: k3s.kernel @gdn_spec_step_prepare <grid = [chunk, value_head]
 // CHECK: k3s.spill %[[STEP_W]], %{{W_[0-9]+}}

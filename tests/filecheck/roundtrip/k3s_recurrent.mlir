@@ -17,7 +17,7 @@ builtin.module {
     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 8 x 16, float32>
     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 8, float>
     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
-    %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
+    %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input, purpose = sequence_offsets> : !k3s.tensor<N+1, offsets>
     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
       %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk> : !k3s.tile<K x V>
       %S_final = k3s.token_loop %S0, %cu_seqlens {
@@ -50,7 +50,7 @@ builtin.module {
 // CHECK-NEXT:     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 8 x 16, float32>
 // CHECK-NEXT:     %o = k3s.tensor_arg @o <role = output> : !k3s.tensor<B x T x 4 x 8, float>
 // CHECK-NEXT:     %final_state = k3s.tensor_arg @final_state <role = optional_output> : !k3s.tensor<N x 4 x 8 x 16, float32>
-// CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input> : !k3s.tensor<N+1, offsets>
+// CHECK-NEXT:     %cu_seqlens = k3s.tensor_arg @cu_seqlens <role = optional_input, purpose = sequence_offsets> : !k3s.tensor<N+1, offsets>
 // CHECK-NEXT:     k3s.kernel @layer_recurrent <grid = [value_block, sequence_head], num_warps = 2> {
 // CHECK-NEXT:       %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 8, block_v = 8, layout = vk> : !k3s.tile<K x V>
 // CHECK-NEXT:       %S_final = k3s.token_loop %S0, %cu_seqlens {
@@ -83,7 +83,7 @@ builtin.module {
 // GENERIC-NEXT:     %initial_state = "k3s.tensor_arg"() <{sym_name = "initial_state", role = #k3s<arg_role optional_input>}> : () -> !k3s.tensor<N x 4 x 8 x 16, float32>
 // GENERIC-NEXT:     %o = "k3s.tensor_arg"() <{sym_name = "o", role = #k3s<arg_role output>}> : () -> !k3s.tensor<B x T x 4 x 8, float>
 // GENERIC-NEXT:     %final_state = "k3s.tensor_arg"() <{sym_name = "final_state", role = #k3s<arg_role optional_output>}> : () -> !k3s.tensor<N x 4 x 8 x 16, float32>
-// GENERIC-NEXT:     %cu_seqlens = "k3s.tensor_arg"() <{sym_name = "cu_seqlens", role = #k3s<arg_role optional_input>}> : () -> !k3s.tensor<N+1, offsets>
+// GENERIC-NEXT:     %cu_seqlens = "k3s.tensor_arg"() <{sym_name = "cu_seqlens", role = #k3s<arg_role optional_input>, purpose = #k3s<arg_purpose sequence_offsets>}> : () -> !k3s.tensor<N+1, offsets>
 // GENERIC-NEXT:     "k3s.kernel"() <{sym_name = "layer_recurrent", grid = [#k3s<grid_axis value_block>, #k3s<grid_axis sequence_head>], num_warps = 2 : i64}> ({
 // GENERIC-NEXT:       %S0 = "k3s.state_tile"(%initial_state) <{head_k_dim = 16 : i64, head_v_dim = 8 : i64, block_v = 8 : i64, layout = #k3<state_layout vk>}> : (!k3s.tensor<N x 4 x 8 x 16, float32>) -> !k3s.tile<K x V>
 // GENERIC-NEXT:       %S_final = "k3s.token_loop"(%S0, %cu_seqlens) ({
