@@ -57,7 +57,7 @@ class Experts(ExpertWords):
         if isinstance(op, k3s.CountPairsOp):
             return sizes
         if op.chunk_base is not None:  # the pair-order plan's chunks
-            sizes |= {"CH": op.pairs_per_chunk.value.data, "E": int(view.dims("expert_counts")[0])}
+            sizes |= {"CH": op.pairs_per_chunk.value.data, "E": self.num_experts(view)}
         return sizes | {"BM": op.block_rows.value.data}
 
     @kernel_constants_of(k3s.ExpertOffsetsOp)
@@ -92,7 +92,7 @@ class Experts(ExpertWords):
             sizes["BR"] = kernel.block_r.value.data
         elif rows == "sorted_block":
             sizes |= {"BM": op.block_rows.value.data, "TOP_K": self.top_k(view),
-                      "E": int(view.dims("expert_counts")[0])}
+                      "E": self.num_experts(view)}
         elif rows == "pair":
             sizes["TOP_K"] = self.top_k(view)
         if op.group is not None:
@@ -151,8 +151,13 @@ class Experts(ExpertWords):
 
     @staticmethod
     def top_k(view) -> int:
-        """The routing's slots per token: topk_ids is [R, top_k]."""
-        return int(view.dims("topk_ids")[1])
+        """The routing's slots per token (topk_ids is [R, top_k]): the top_k of the layer the entry lowers."""
+        return view.entry.layer().top_k.value.data
+
+    @staticmethod
+    def num_experts(view) -> int:
+        """The routed experts E (expert_counts is [E], expert_offsets [E + 1]): its layer's."""
+        return view.entry.layer().num_experts.value.data
 
     def print_k3s_count_pairs(self, op: k3s.CountPairsOp) -> None:
         ids, counts, rank = (tensor_name(v) for v in (op.topk_ids, op.expert_counts, op.pair_rank))

@@ -91,7 +91,7 @@ class MoeBackward:
 
     def pair_list_constants(self, view: EntryView) -> dict[str, int]:
         """TOP_K and the experts E of the sorted pair list the entry reads (expert_offsets: E + 1)."""
-        return {"TOP_K": self.top_k(view), "E": int(view.dims("expert_offsets")[0]) - 1}
+        return {"TOP_K": self.top_k(view), "E": self.num_experts(view)}
 
     def print_k3s_rank_pairs(self, op: k3s.RankPairsOp) -> None:
         ids, counts, rank = (tensor_name(v) for v in (op.topk_ids, op.chunk_counts, op.pair_rank))
