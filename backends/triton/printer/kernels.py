@@ -155,16 +155,18 @@ class Kernels:
 
     @kernel_constants_of(k3s.StateTileOp)
     def state_tile_constants(self, op: k3s.StateTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        """Its heads (a commit kernel has no q or v: its heads come from the state pool), widths
-        and blocks of key and value columns."""
-        HV = int(view.dims("v")[2]) if "v" in view.names else int(view.dims("state")[1])
-        return dict(H=int(view.dims("q" if "q" in view.names else "k")[2]) if {"q", "k"} & set(view.names) else HV,
-                    HV=HV, K=op.head_k_dim.value.data, V=op.head_v_dim.value.data, BK=kernel.block_k.value.data,
-                    BV=kernel.block_v.value.data)
+        """Its heads (the layer's; a commit entry reads no tokens, so no key heads: each value
+        head stands alone, H = HV), widths and blocks of key and value columns."""
+        layer = view.entry.layer()
+        HV = layer.num_v_heads.value.data
+        reads_tokens = any("T" in t.type.dims for t in view.tensors)
+        return dict(H=layer.num_heads.value.data if reads_tokens else HV, HV=HV, K=op.head_k_dim.value.data,
+                    V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data)
 
     @kernel_constants_of(k3s.ChunkTileOp)
     def chunk_tile_constants(self, op: k3s.ChunkTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        return dict(H=int(view.dims("k")[2]), HV=int(view.dims("v")[2]), K=op.head_k_dim.value.data,
+        layer = view.entry.layer()
+        return dict(H=layer.num_heads.value.data, HV=layer.num_v_heads.value.data, K=op.head_k_dim.value.data,
                     V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data,
                     BC=op.chunk_size.value.data)
 
