@@ -154,7 +154,8 @@ class Code:
 
 
 class EntryView:
-    """Read-only helpers over a k3s.entry: its arguments by name and role."""
+    """Read-only helpers over a k3s.entry: its arguments by role and purpose (by name only for
+    the context-parallel wrapper's initial_state, issue 39)."""
 
     def __init__(self, entry: k3s.EntryOp) -> None:
         self.entry = entry
@@ -164,7 +165,6 @@ class EntryView:
         self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
         self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
         self.combine = next((op for op in entry.body.ops if isinstance(op, k3s.SummaryCombineOp)), None)
-        self.names = {op.sym_name.data for op in self.args}
 
     def tensor(self, name: str) -> k3s.TensorArgOp:
         return next(op for op in self.tensors if op.sym_name.data == name)
