@@ -18,15 +18,10 @@ import argparse
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sm90_resources import sass_loops  # noqa: E402
+from sm90_resources import compile_kernel_sm90, sass_loops  # noqa: E402
 
 POINTER = {"float": "*bf16", "float32": "*fp32", "index": "*i32"}
 
@@ -72,18 +67,8 @@ def compile_sm90(kernel, values: dict[str, int], dtypes: dict[str, str], num_war
             signature[arg] = "i32"
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
                if signature[a].startswith("*")}
-    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    name = kernel.fn.__name__
-    cubin = f"/tmp/{name}.cubin"
-    with open(cubin, "wb") as handle:
-        handle.write(compiled.asm["cubin"])
-    with open(f"/tmp/{name}.ttgir", "w") as handle:
-        handle.write(compiled.asm["ttgir"])
-    usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-    sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    compiled, usage, sass = compile_kernel_sm90(kernel, signature, constexprs, aligned,
+                                                {"num_warps": num_warps, "num_stages": num_stages})
     registers = re.search(r"REG:(\d+)", usage)
     return dict(shared=compiled.metadata.shared, registers=int(registers.group(1)) if registers else None,
                 stl=len(re.findall(r"\bSTL\b", sass)), ldl=len(re.findall(r"\bLDL\b", sass)),

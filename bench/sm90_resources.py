@@ -35,6 +35,24 @@ def sass_loops(sass: str) -> list[int]:
     return sizes
 
 
+def compile_kernel_sm90(kernel, signature: dict, constexprs: dict, aligned: dict, options: dict) -> tuple:
+    """`kernel` compiled for sm_90 here (no GPU): (the compiled kernel, cuobjdump's resource usage,
+    its SASS); the cubin, PTX and TTGIR left in /tmp/<kernel name>.*"""
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
+                              target=GPUTarget("cuda", 90, 32), options=options)
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    name = kernel.fn.__name__
+    cubin = f"/tmp/{name}.cubin"
+    with open(cubin, "wb") as handle:
+        handle.write(compiled.asm["cubin"])
+    for form in ("ptx", "ttgir"):
+        with open(f"/tmp/{name}.{form}", "w") as handle:
+            handle.write(compiled.asm[form])
+    usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
+    sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    return compiled, usage, sass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module")
@@ -51,7 +69,6 @@ def main() -> None:
     source = open(args.module).read()
     fp32 = set(args.fp32.split(","))
     overrides = dict(kv.split("=") for kv in args.launch_constants.split(",") if kv)
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for name in re.findall(r"^def (\w+_kernel)\(", source, flags=re.M):
         if args.kernels and not any(part in name for part in args.kernels.split(",")):
             continue
@@ -80,19 +97,9 @@ def main() -> None:
                 signature[arg] = "*fp32" if arg in fp32 else "*bf16"
         aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
                    if signature[a].startswith("*") or signature[a] == "i32"}
-        compiled = triton.compile(
-            ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": args.num_warps, "num_stages": args.num_stages,
-                     **({"maxnreg": args.maxnreg} if args.maxnreg else {})},
-        )
-        cubin = f"/tmp/{name}.cubin"
-        with open(cubin, "wb") as handle:
-            handle.write(compiled.asm["cubin"])
-        with open(f"/tmp/{name}.ptx", "w") as handle:
-            handle.write(compiled.asm["ptx"])
-        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-        sass = subprocess.run([f"{tools}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+        compiled, usage, sass = compile_kernel_sm90(kernel, signature, constexprs, aligned,
+                                             {"num_warps": args.num_warps, "num_stages": args.num_stages,
+                                              **({"maxnreg": args.maxnreg} if args.maxnreg else {})})
         registers = re.search(r"REG:(\d+)", usage)
         stack = re.search(r"STACK:(\d+)", usage)
         print(f"{name}: warps {args.num_warps}, stages {args.num_stages}: shared {compiled.metadata.shared} B, "
