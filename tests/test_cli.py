@@ -290,7 +290,7 @@ def test_opt_runs_pass(capsys, tmp_path):
     code, out, err = run(capsys, "opt", path, "-p", "lower-recurrent", "--timing")
     assert code == 0, err
     assert "k3s.entry @recurrent" in out
-    assert re.search(r"%(\w+) = k3s.load_gate %g <gate = scalar.*\n.*k3s.decay %S, %\1 <gate = scalar>", out)
+    assert re.search(r"%(\w+) = k3s.load_gate %g <gate = scalar.*\n.*k3s.decay %S\w*, %\1 <gate = scalar>", out)
     assert "lower-recurrent" in err
 
 
