@@ -28,6 +28,7 @@ from xdsl.ir import Dialect
 from k3compile.ir.k3s.adjoint import *  # noqa: F403
 from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.attnres_blocks import *  # noqa: F403
+from k3compile.ir.k3s.attnres_columns import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
 from k3compile.ir.k3s.experts import *  # noqa: F403
@@ -70,6 +71,7 @@ K3S = Dialect(
         StoreStateOp,
         *ATTNRES_STAGES,
         *BLOCK_ATTNRES_STAGES,
+        *BLOCK_ATTNRES_COLUMNS_STAGES,
         *CHUNK_STAGES,
         *ADJOINT_STAGES,
         *GATE_AND_GRAM_STAGES,
