@@ -7,7 +7,7 @@ a kernel costs before any device time, not a measurement.
 
     .venv/bin/python bench/block_attnres_sm90.py [--hidden 8192 --queries 16] [--forms columns,query-blocks]
 
-Forms: `columns` (derive-block-attnres{partials-schedule=columns}, the default; any of its
+Forms: `columns` (derive-block-attnres{partials-schedule=columns}; any of its
 options after a colon, e.g. `columns:columns-rows=2 block-columns=64`) and `query-blocks` (the
 kernel before). Pointers are bf16 (block_lse fp32), R = 8192 token rows (16-divisible, as the
 launch specialises it); use the device's Triton version for shared-memory figures that match it.

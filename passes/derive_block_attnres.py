@@ -246,7 +246,8 @@ def partials_kernel(kernel: k3s.KernelOp, layer: AttnResOp, tensors: dict[str, S
 
 # --- phase 1 in blocks of columns (partials-schedule=columns) ---------------------------------------
 
-PARTIALS_SCHEDULES = ("columns", "query-blocks")  # derive-block-attnres{partials-schedule=...}, default first
+PARTIALS_SCHEDULES = ("query-blocks", "columns")  # derive-block-attnres{partials-schedule=...}, default first
+# (columns: an option until a GPU has verified and timed it; offline it issues 5-20x fewer instructions)
 FOLD_COLUMNS = 256  # the fold kernel's block of hidden columns (its programs: cdiv(D, 256); all queries each)
 DOT_LEAST = 16  # tl.dot's least size of an operand's dimension: the (row, representative) pairs of a program
 

@@ -26,10 +26,13 @@ from k3compile.ir import reference
 D, Q, NUM_BLOCKS = 48, 5, 4
 RTOL = 1e-5  # relative norm; the interpreter's fp32 gets ~1e-7
 QUERY_BLOCKS = "partials-schedule=query-blocks"
-PIPELINES = {"default": None,  # phase 1 in blocks of columns: one block of 64 at D = 48, groups of 4 rows
+PIPELINES = {"default": None,  # phase 1 by blocks of queries
+             # phase 1 in blocks of columns: one block of 64 at D = 48, groups of 4 rows
+             "columns": "fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=columns},"
+                        "derive-block-attnres-backward,outline-kernels",
              # the columns form's numerators, in blocks of 32 columns (the last partial), groups of 8 rows
-             "columns-numerator": "fuse-attnres,derive-block-attnres{partials=numerator block-columns=32 "
-                                  "columns-rows=8},outline-kernels",
+             "columns-numerator": "fuse-attnres,derive-block-attnres{partials-schedule=columns partials=numerator "
+                                  "block-columns=32 columns-rows=8},outline-kernels",
              "two-per-program": f"fuse-attnres,derive-block-attnres{{{QUERY_BLOCKS} queries-per-program=2}},"
                                 "outline-kernels",
              # groups of 8 from 8 rows: the calls of 7 and 1 rows take the per-row kernels, of 15 the groups
@@ -213,7 +216,7 @@ def kernel_stages(layer) -> dict[str, list[str]]:
 
 
 def test_columns_form(layer):
-    """partials-schedule=columns (the default): the queries folded once per call by a kernel of
+    """partials-schedule=columns (an option until timed on a GPU): the queries folded once per call by a kernel of
     their own, then per group of rows two sweeps over the hidden columns, the second last block
     first: the Gram matrix and the queries' dots on the first, the group's mixes written on the
     second; no online rescale (k3s.online_softmax), no fold per program. The printed kernel's

@@ -17,12 +17,12 @@
 // RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | filecheck %s
 // RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=query-blocks}' --generic | k3c opt - | filecheck %s
-// The default phase 1 (partials-schedule=columns): the queries folded once a call (a kernel of
+// Phase 1 in blocks of columns (partials-schedule=columns, an option until timed on a GPU): the queries folded once a call (a kernel of
 // their own, split in two parts of the activations' dtype), then a program per group of rows
 // sweeping the columns twice: the Gram matrix and the queries' dots carried through the first
 // sweep, the softmax between the sweeps, the mixes stored on the second (last block first).
-// RUN: k3c opt %s -p derive-block-attnres | filecheck %s --check-prefix=COLUMNS
-// RUN: k3c opt %s -p derive-block-attnres --generic | k3c opt - | filecheck %s --check-prefix=COLUMNS
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=columns}' | filecheck %s --check-prefix=COLUMNS
+// RUN: k3c opt %s -p 'derive-block-attnres{partials-schedule=columns}' --generic | k3c opt - | filecheck %s --check-prefix=COLUMNS
 // After fuse-attnres and derive-attnres-backward (the default pipeline's order) the two phases
 // follow the aggregate's entries; running the pass again adds nothing.
 // RUN: k3c opt %s -p fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres | filecheck %s --check-prefix=ORDER

@@ -5,11 +5,11 @@
 // the partials normalised (the log-sum-exp, the mix over the normaliser in the activations'
 // dtype); block_merge, the aggregate's kernel resuming its loop from one query's state (lse, 1, mix).
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=query-blocks},outline-kernels' | filecheck %s
-// The default block_partials (partials-schedule=columns): a fold kernel (the queries once a call,
+// block_partials with partials-schedule=columns (an option until timed on a GPU): a fold kernel (the queries once a call,
 // in two parts of the activations' dtype), then a program per group of BR rows with all queries
 // and representatives: the first sweep's products on tl.dot (the Gram matrix, the queries'
 // dots), the softmax between the sweeps, the second sweep last block first writing the mixes.
-// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune | filecheck %s --check-prefix=COLUMNS
+// RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=columns},outline-kernels' | filecheck %s --check-prefix=COLUMNS
 // derive-block-attnres{partials-schedule=query-blocks partials=numerator} stores each query's running max, normaliser and
 // un-normalised mix as the loop carries them, fp32; block_merge resumes from (m, z, a).
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=query-blocks partials=numerator},outline-kernels' | filecheck %s --check-prefix=NUMERATOR
