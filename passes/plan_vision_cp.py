@@ -21,8 +21,9 @@ returned; `k3c plan-vision` prints one. docs/vision.md has the algorithm and fig
   process group once (k3compile.vision.gather_kv.subgroups) and a plan only picks among them.
 - Placement, images by decreasing cost: an image goes whole onto the least-loaded rank if that
   keeps the rank under the target U = (1 + slack) x lower bound; otherwise it is split over the
-  smallest block (then the one of its size) whose water-filled level stays under U, its rows
-  shared so that the block's loads rise to one level (every member at least one granule). The
+  smallest block (then the one of its size) whose busiest member stays under U once the shares are
+  rounded to granules (else the block whose busiest member is least), its rows shared so that the
+  block's loads rise to one level (every member at least one granule). The
   whole group always fits (its level is at most total / P), so the makespan is at most U up to a
   granule a member. With a gather cost the block is chosen on compute alone (the smallest that
   fits: every member gathers about n rows whatever the size, so a larger block only adds
@@ -262,18 +263,32 @@ def _water_levels(blocks: np.ndarray, work: float) -> np.ndarray:
 def _shares(image: Image, loads: np.ndarray, level: float, per_patch: float) -> list[int]:
     """Patches of `image` per member so the members' loads rise to `level`: whole granules, at
     least one each, summing to the image; the granules left after rounding down go one by one to
-    the member whose load stays least (and any excess leaves the most loaded)."""
+    the member whose load stays least (and any excess leaves the most loaded). The image's last
+    granule may be partial and lies on the last member, so that member's granules weigh less."""
     units = math.ceil(image.patches / image.granule)
     granule = per_patch * image.granule
-    wanted = np.maximum(level - loads, 0.0) / granule
+    short = np.zeros(len(loads))
+    short[-1] = per_patch * (units * image.granule - image.patches)  # the partial granule's missing patches
+    wanted = np.maximum(level - loads + short, 0.0) / granule
     count = np.maximum(np.floor(wanted).astype(int), 1)
     while count.sum() > units:
-        count[np.argmax(np.where(count > 1, loads + count * granule, -np.inf))] -= 1
+        count[np.argmax(np.where(count > 1, loads + count * granule - short, -np.inf))] -= 1
     while count.sum() < units:
-        count[np.argmin(loads + (count + 1) * granule)] += 1
+        count[np.argmin(loads + (count + 1) * granule - short)] += 1
     sizes = [int(c) * image.granule for c in count]
-    sizes[-1] -= units * image.granule - image.patches  # the last granule may be partial
+    sizes[-1] -= units * image.granule - image.patches
     return sizes
+
+
+def _split(image: Image, loads: np.ndarray, work: float, cost: VisionCost) -> tuple[float, list[int]]:
+    """The image split over a block of ranks with these loads: (the block's highest load after,
+    patches per member). Each member's load grows by gather n, then by (per patch - gather) a row
+    it holds; the rows are shared so that the loads rise to the water level, in whole granules."""
+    gathered = cost.gather * image.patches * (len(loads) - 1)
+    level = float(_water_levels(loads[None, :], work + gathered)[0])
+    members = loads + cost.gather * image.patches
+    shares = _shares(image, members, level, cost.of(1, image.patches) - cost.gather)
+    return max(load + cost.piece(s, image.patches, True) for load, s in zip(loads, shares)), shares
 
 
 def plan_vision_cp(images, ranks: int, cost: VisionCost = MOONVIT_COST, slack: float = 0.02,
@@ -309,27 +324,25 @@ def plan_vision_cp(images, ranks: int, cost: VisionCost = MOONVIT_COST, slack: f
             groups[index], pieces[index] = (rank, 1), (Piece(index, rank, 0, image.patches),)
             loads[rank] += work
             continue
-        best = None  # (level, first, size): the smallest block under the target, else the lowest level
+        # per block: the makespan it promises at least, max(its busiest member, the average with its
+        # traffic: n (size - 1) rows gathered over the block); the smallest block within the target
+        # (which that traffic raises), else the one promising least
+        best = None  # (promise, first, size, shares)
         for size in sizes:
             if size > units:
                 break
             count = ranks // size  # the aligned blocks of this size: loads[:count size] in rows
-            levels = _water_levels(loads[:count * size].reshape(count, size), work)
-            choice = int(np.argmin(levels))
-            if best is None or levels[choice] < best[0]:
-                best = (float(levels[choice]), choice * size, size)
-            if levels[choice] <= target:
+            first = size * int(np.argmin(_water_levels(loads[:count * size].reshape(count, size), work)))
+            peak, shares = _split(image, loads[first:first + size], work, cost)
+            average = (total + traffic + cost.gather * image.patches * (size - 1)) / ranks
+            promise = max(peak, average)
+            if best is None or promise < best[0]:
+                best = (promise, first, size, shares)
+            if peak <= max(target, average * (1 + slack)):
                 break
-        _, first, size = best
-        # the block's level with the rows its members gather (n (size - 1) over the block), which
-        # also raise the target: the average now carries them
-        gathered = cost.gather * image.patches * (size - 1)
-        level = float(_water_levels(loads[None, first:first + size], work + gathered)[0])
-        traffic += gathered
+        _, first, size, shares = best
+        traffic += cost.gather * image.patches * (size - 1)
         target = max(target, (total + traffic) / ranks * (1 + slack))
-        # a member's load grows by gather n, then by (per patch - gather) a row it holds
-        members = loads[first:first + size] + cost.gather * image.patches
-        shares = _shares(image, members, level, cost.of(1, image.patches) - cost.gather)
         starts = np.concatenate([[0], np.cumsum(shares)]).astype(int)
         groups[index] = (first, size)
         pieces[index] = tuple(Piece(index, first + j, int(starts[j]), int(starts[j + 1])) for j in range(size))
