@@ -523,6 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
     from k3compile.pipeline_plan_cli import add_parser as add_plan_pipeline
 
     add_plan_pipeline(sub)  # k3c plan-pipeline
+
+    from k3compile.cost_cli import add_parser as add_cost
+
+    add_cost(sub)  # k3c cost
     return parser
 
 
