@@ -543,6 +543,10 @@ ARGUMENT_ERRORS = [
     ("fused_recurrent_delta_rule", DELTA, dict(chunk_size=16), TypeError, "chunk_size"),
     ("chunk_gla", GLA, dict(initial_state=torch.zeros(2, 2, K, V, dtype=torch.bfloat16)), ValueError, "float32"),
     ("chunk_gla", GLA, dict(reverse=True), TypeError, "reverse"),
+    # o would come back in q's dtype where fla's is v's: refused, never a silent precision change
+    ("chunk_kda", KDA, dict(k=torch.randn(2, 5, 2, K, dtype=torch.bfloat16)), ValueError, "one dtype"),
+    ("chunk_gated_delta_rule", GDN, dict(v=torch.randn(2, 5, 2, V, dtype=torch.float16)), ValueError, "one dtype"),
+    ("fused_recurrent_kda", KDA, dict(q=torch.randn(2, 5, 2, K, dtype=torch.bfloat16)), ValueError, "one dtype"),
     ("fused_recurrent_gla", GLA, dict(gv=torch.zeros(2, 5, 2, V)), NotImplementedError, "gv"),
     ("fused_recurrent_gla", GLA, dict(use_gate_in_kernel=True), TypeError, "use_gate_in_kernel"),
 ]

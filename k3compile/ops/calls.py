@@ -200,7 +200,13 @@ def check_head_first(kwargs: dict) -> None:
 
 
 def entry_inputs(key: LayerKey, q, k, v, g, beta, A_log=None, dt_bias=None) -> dict:
-    """The per-call tensors of an entry, contiguous (A_log, dt_bias only for the in-kernel gates)."""
+    """The per-call tensors of an entry, contiguous (A_log, dt_bias only for the in-kernel gates).
+    q, k and v must share a dtype: the compiled entry stores o and its workspaces in q's, where
+    fla stores o in v's (g and beta may differ: fp32 gates beside bf16 inputs are common)."""
+    dtypes = {name: x.dtype for name, x in dict(q=q, k=k, v=v).items() if isinstance(x, torch.Tensor)}
+    if len(set(dtypes.values())) > 1:
+        raise ValueError("q, k, v: expected one dtype, got " + ", ".join(f"{n} {d}" for n, d in dtypes.items())
+                         + " (cast them to one)")
     tensors = dict(q=q, k=k, v=v, g=g, beta=beta)
     if key.gate_input in IN_KERNEL_GATES:
         tensors.update(A_log=A_log, dt_bias=dt_bias)
