@@ -165,7 +165,18 @@ def measure_variant(member, pairing, heads, variant, root, B, T) -> dict:
     row["fwdbwd_peak_mib"] = peak_mib(training)
     row["kernels"] = kernel_times(torch, backward, short=lambda n: n.removesuffix("_kernel")[:48])
     row["resources"] = kernel_resources(layer.module)
+    row["roof_ms"] = roofs(layer.spec, pipeline_of(variant), B, T)
     return row
+
+
+def roofs(spec, pipeline: str, B: int, T: int) -> dict[str, float]:
+    """Each backward kernel's roofline time at this shape on this GPU's measured ceilings (k3c cost)."""
+    from k3compile.cost import CEILINGS, entry_costs
+    from k3compile.driver import schedule_for_triton
+
+    ceiling = CEILINGS["h200" if "H200" in torch.cuda.get_device_name() else "h100"]
+    module = schedule_for_triton(spec, pipeline, verify="off").scheduled
+    return {c.kernel: c.roof_seconds(ceiling) * 1e3 for c in entry_costs(module, "chunk_backward", B, T)}
 
 
 def fla_training(member: str, pairing: str, x: dict):
@@ -318,7 +329,9 @@ def write_table(out: Path, args, rows: list[dict]) -> None:
             continue
         check = "-" if "check" not in r else (f"{max(r['check'].values()):.1e} "
                                               f"({'pass' if r['passed'] else 'FAIL'})")
-        kernels = ", ".join(f"{n.split('backward_')[-1]} {t:.3f}" for n, t in list(r["kernels"].items())[:8])
+        roof = r.get("roof_ms", {})
+        kernels = ", ".join(f"{n.split('backward_')[-1]} {t:.3f}" + (f" ({roof[n] / t:.0%} of roof)" if roof.get(n) else "")
+                            for n, t in list(r["kernels"].items())[:8])
         if r.get("resources"):
             kernels += " (registers/spills: " + ", ".join(f"{n} {v}" for n, v in r["resources"].items()) + ")"
         vs_fla = ", ".join(f"d{n} {v:.1e}" for n, v in r.get("vs_fla", {}).items())
