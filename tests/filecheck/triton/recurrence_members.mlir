@@ -138,6 +138,13 @@
 // ALL-LABEL: def _chunk_backward_single(q, k, v,
 // The backward of context parallelism (derive-segment-scan-backward): chunk_backward's kernels but one,
 // the cotangent scan from zero storing N_bar, and two host steps: the combine and its adjoint.
+// the training forward that keeps its prepare's spills and the backward that takes them
+// (save-forward-values), after the backward, launching the other entries' kernel code
+// ALL-LABEL: def chunk_saving(q, k, v, {{.*}}checkpoint_every=None):
+// ALL:       _chunk_prepare_kernel[grid](
+// ALL-LABEL: def chunk_backward_saved(q, k, v, {{.*}}output_dh0=False, {{.*}}=None):
+// ALL-NOT:   _backward_prepare_kernel[grid](
+// ALL:       _backward_state_scan_kernel[grid](
 // ALL-LABEL: def {{[a-z_]+}}_backward_segments_cotangent_summary_kernel(
 // ALL:       tl.store(N_bar + p_state, b_S, mask=m_kv)
 // ALL-LABEL: def chunk_backward_segments(q, k, v, {{.*}}entering_states=None, leaving_cotangents=None):
@@ -147,4 +154,4 @@
 // ALL:       _CHUNK_CP = _ContextParallel(_chunk_single, chunk_segments,
 // ALL-LABEL: def chunk(q, k, v, {{.*}}checkpoint_every=None, segments=None, cp_group=None):
 // ALL-LABEL: def chunk_backward(q, k, v, {{.*}}output_dh0=False, segments=None, cp_group=None):
-// ALL:       __all__ = ['recurrent', 'decode', 'chunk', 'segment_summary', 'chunk_segments', 'chunk_backward', 'chunk_backward_segments']
+// ALL:       __all__ = ['recurrent', 'decode', 'chunk', 'segment_summary', 'chunk_segments', 'chunk_backward', 'chunk_saving', 'chunk_backward_saved', 'chunk_backward_segments']
