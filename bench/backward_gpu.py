@@ -214,7 +214,7 @@ def measure_side(side: str, function, tensors: dict, kwargs: dict, cot, row: dic
     return grads
 
 
-def bench(out: Path, results: dict, cases: list[str] | None) -> None:
+def bench(out: Path, results: dict, cases: list[str] | None, disable_recompute: bool = False) -> None:
     rows = []
     for case, member, B, T, H, HV, K, V in BENCH_CASES:
         if cases and case not in cases:
@@ -222,7 +222,9 @@ def bench(out: Path, results: dict, cases: list[str] | None) -> None:
         for pairing in (("bounded", "unbounded") if member == "kda" else ("unbounded",)):
             bounded = pairing == "bounded"
             extra = {"safe_gate": True, "lower_bound": -5.0} if bounded else {}
-            row = {"case": case, "gates": pairing}
+            if disable_recompute and member == "kda":  # both sides: fla's switch for the same trade
+                extra["disable_recompute"] = True
+            row = {"case": case, "gates": pairing + (", disable_recompute" if "disable_recompute" in extra else "")}
             try:
                 tensors, kwargs, cot = make_inputs(member, B, T, H, HV, K, V, torch.bfloat16, bounded, extra)
                 grads = {}
@@ -357,6 +359,9 @@ def main() -> int:
     parser.add_argument("--cases", default="")
     parser.add_argument("--forms", default="", help="verify only these forms (labels with _ for spaces, no commas; comma-separated)")
     parser.add_argument("--no-fla", action="store_true", help="verify ours only (fla's autotuning takes minutes per form)")
+    parser.add_argument("--disable-recompute", action="store_true",
+                        help="KDA rows with disable_recompute=True on both sides (ours: the saving forward, "
+                             "save-forward-values; fla: its own saved intermediates)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -366,7 +371,7 @@ def main() -> int:
         ok = verify(out, results, [f for f in args.forms.split(",") if f], with_fla=not args.no_fla)
     cases = [c for c in args.cases.split(",") if c]
     if not args.skip_bench and (not cases or set(cases) - {"attnres"}):
-        bench(out, results, [c for c in cases if c != "attnres"])
+        bench(out, results, [c for c in cases if c != "attnres"], args.disable_recompute)
     if not args.skip_bench and (not cases or "attnres" in cases):
         ok &= attnres(out, results)
     (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))

@@ -384,8 +384,8 @@ def cmd_prove(args) -> int:
     from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
     from k3compile.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
-                                 prove_fused_chunkwise, prove_input_forms, prove_replay, prove_segment_scan,
-                                 prove_spec_step)
+                                 prove_fused_chunkwise, prove_input_forms, prove_replay, prove_saved_forward_values,
+                                 prove_segment_scan, prove_spec_step)
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -410,6 +410,8 @@ def cmd_prove(args) -> int:
     # and the stores' chain rules, from the cotangents of the loads' results to the raw inputs'
     # gradients (symbolic: the same at every size)
     results += prove_input_forms(spec, min(sizes))
+    # what the saving forward hands to the backward equals what the backward would recompute
+    results += prove_saved_forward_values(spec, min(sizes), seed=args.seed)
     table = Table(title=f"k3c prove {args.spec}: derived schedules == token recurrence (backward: its derivative), "
                         "exact rationals (K=2, V=3); the stores' chain rules symbolic")
     # a backward schedule's outputs are the inputs' gradients, its state h0's (dh0)

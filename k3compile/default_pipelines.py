@@ -6,7 +6,8 @@ on every process start, and a warm start imports no xDSL."""
 # the segment summaries (context parallelism) come with every recurrence: the chunk entry finishes
 # the segments, so CP needs no recompilation; so does the chunk entry's backward (training)
 RECURRENCE_PIPELINE = ("lower-recurrent,lower-decode,derive-chunkwise,fuse-chunkwise,derive-segment-scan,"
-                       "lower-segment-scan,derive-backward,lower-backward,derive-segment-scan-backward,outline-kernels")
+                       "lower-segment-scan,derive-backward,lower-backward,derive-segment-scan-backward,save-forward-values,"
+                       "outline-kernels")
 DEFAULT_PIPELINES = {
     "kda": RECURRENCE_PIPELINE,
     "gated_deltanet": RECURRENCE_PIPELINE,

@@ -331,12 +331,55 @@ def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "spl
     return proved_at_lengths(spec, pipeline, lengths, seed, runner)
 
 
+def prove_saved_forward_values(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | None = None,
+                               seed: int | None = None) -> list[ProofResult]:
+    """Prove save-forward-values' premise: what the forward's prepare kernel spills into each
+    workspace that chunk_saving returns equals what the backward's prepare kernel would spill
+    there (each chunk's value, exactly), so that chunk_backward_saved, which reads the former in
+    place of the latter, computes chunk_backward's gradients. A workspace the pass saves that the
+    forward does not write fails the proof."""
+    from k3compile.ir import exact, exact_backward  # noqa: F401  (exact_backward: the adjoint stages' semantics)
+
+    check_chunk_size(chunk_size)
+    pipeline = (f"derive-chunkwise{{chunk-size={chunk_size}}},fuse-chunkwise,derive-backward{{chunk-size={chunk_size}}},"
+                "lower-backward,save-forward-values")
+    rng = random.Random(seed)
+    layer_op, module = derived(spec, pipeline)
+    saving = entry_of(module, "chunk_saving")
+    if saving is None:
+        return [ProofResult(spec.name, pipeline, None, False, None, "save-forward-values added no chunk_saving")]
+    forward_roles = {op.sym_name.data: op.role.data for op in entry_of(module, "chunk").body.ops
+                     if op.name == "k3s.tensor_arg"}
+    names = [op.sym_name.data for op in saving.body.ops if op.name == "k3s.tensor_arg" and op.role.data == "output"
+             and forward_roles[op.sym_name.data] == "workspace"]
+    results = []
+    for length in lengths or (max(1, chunk_size - 1), 2 * chunk_size + 1):
+        x = proof_inputs(rng, layer_op, length)
+        forward, backward = {}, {}
+        exact.run_prepare_kernel(entry_kernels(module, "chunk")[0], x, chunk_size, forward)
+        exact.run_prepare_kernel(entry_kernels(module, "chunk_backward")[0], x, chunk_size, backward)
+        differing = [name for name in names if any(key[1] == name and forward.get(key) != value
+                                                    for key, value in backward.items())]
+        missing = [name for name in names if not any(key[1] == name for key in forward)]
+        mismatch = f"{', '.join(missing)} not written by the forward" if missing else \
+            f"{', '.join(differing)} differ" if differing else ""
+        results.append(ProofResult(spec.name, f"save-forward-values: {', '.join(names)} (chunk {chunk_size})",
+                                   length, not mismatch, None, mismatch))
+    return results
+
+
+def entry_of(module, name: str):
+    """The module's entry of that name, or None."""
+    from k3compile.ir import k3s
+
+    return next((op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == name), None)
+
+
 def entry_kernels(module, name: str) -> list:
     """The kernels of a lowered entry, in launch order."""
     from k3compile.ir import k3s
 
-    entry = next(op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == name)
-    return k3s.entry_kernels(entry)
+    return k3s.entry_kernels(entry_of(module, name))
 
 
 def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = None) -> list[ProofResult]:

@@ -27,6 +27,9 @@ Each pass is one idea, named for what it derives:
   stage's adjoint rule, a state scan forward and a cotangent scan back), proved;
 - lower-backward: that derivative -> kernels (the forward's prepare, a state scan, a cotangent
   scan in reverse, a chunk-parallel gradients kernel);
+- save-forward-values: where the backward's prepare kernel is the forward's, a training forward
+  (`chunk_saving`) that returns what that kernel spills and a backward (`chunk_backward_saved`)
+  that takes it instead of recomputing it;
 - derive-replay: k3.recurrence -> its speculative-decoding schedule (verify with a cache of the
   projected updates, replay of any accepted prefix), proved;
 - lower-speculative: that schedule -> a `verify` entry (outputs + cache), a `commit` entry
@@ -73,6 +76,7 @@ _WHERE = {
     "fuse-chunkwise": ("fuse_chunkwise", "FuseChunkwisePass"),
     "derive-backward": ("derive_backward", "DeriveBackwardPass"),
     "lower-backward": ("lower_backward", "LowerBackwardPass"),
+    "save-forward-values": ("save_forward_values", "SaveForwardValuesPass"),
     "derive-replay": ("derive_replay", "DeriveReplayPass"),
     "lower-speculative": ("lower_speculative", "LowerSpeculativePass"),
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),

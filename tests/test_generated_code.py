@@ -95,6 +95,13 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
         "kda_backward_segments_cotangent_scan": "kda_backward_cotangent_scan",
         "kda_backward_segments_gradients": "kda_backward_gradients",
         "kda_backward_segments_gradients_steep": "kda_backward_gradients_steep",
+        # chunk_saving and chunk_backward_saved (save-forward-values): every kernel, copied
+        "kda_chunk_prepare_saving": "kda_chunk_prepare",
+        "kda_chunk_scan_saving": "kda_chunk_scan",
+        "kda_backward_state_scan_saved": "kda_backward_state_scan",
+        "kda_backward_cotangent_scan_saved": "kda_backward_cotangent_scan",
+        "kda_backward_gradients_saved": "kda_backward_gradients",
+        "kda_backward_gradients_steep_saved": "kda_backward_gradients_steep",
     }
     source = compilation.source
     assert "def kda_segments_scan_kernel(" not in source and "def kda_summary_prepare_kernel(" not in source

@@ -49,11 +49,12 @@ def grads_of(step, inputs):
     return loss.detach(), [x.grad for x in leaves]
 
 
-def test_chunk_custom_op_passes_opcheck():
+@pytest.mark.parametrize("save_forward", [False, True], ids=["recompute", "save_forward"])
+def test_chunk_custom_op_passes_opcheck(save_forward):
     q, k, v, g, beta, h0 = kda_inputs()
     op = chunk_operator(LayerKey("kda", H, H, K, V, qk_l2norm=True))
     args = tuple(x.requires_grad_() for x in (q, k, v, g, beta)) + (None, None, h0.requires_grad_(), None, K ** -0.5,
-                                                                    True)
+                                                                    True, save_forward)
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                                 "test_aot_dispatch_dynamic"))
 
@@ -105,22 +106,43 @@ def test_eager_gradients_match_float64_autograd_of_the_definition():
         assert error < 1e-4, f"d{name}: relative error {error:.2e}"
 
 
-def test_disable_recompute_changes_nothing():
-    """fla's disable_recompute trades memory for time in its backward, not results; ours always
-    recomputes, so outputs and gradients are those of the default call, bit for bit."""
+def disable_recompute_step(*inputs, **options):
     from k3compile.ops.kda import chunk_kda
 
-    def step(*inputs, **options):
-        q, k, v, g, beta, h0 = inputs
-        o, ht = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, **options)
-        return (o * o).sum() + (ht * ht).sum()
+    q, k, v, g, beta, h0 = inputs
+    o, ht = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      **options)
+    return (o * o).sum() + (ht * ht).sum()
 
-    inputs = kda_inputs(seed=3)
-    loss, grads = grads_of(step, inputs)
-    loss_saved, grads_saved = grads_of(lambda *x: step(*x, disable_recompute=True), inputs)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_disable_recompute_saves_the_forward_values_and_changes_no_result(monkeypatch, dtype):
+    """fla's disable_recompute trades memory for time, not results: the forward keeps what the
+    backward's first kernel would recompute (save-forward-values), the backward reads it, and the
+    outputs and gradients are those of the default call (the saved values are the recomputed
+    ones: the same kernels' spills). The recomputing backward must not run."""
+    from k3compile.ops.layers import layer_module
+
+    inputs = [x.to(dtype) if x.is_floating_point() and i < 5 else x for i, x in enumerate(kda_inputs(seed=3))]
+    loss, grads = grads_of(disable_recompute_step, inputs)
+    module = layer_module(LayerKey("kda", H, H, K, V, qk_l2norm=True))
+    monkeypatch.setattr(module, "chunk_backward", lambda *a, **k: pytest.fail("chunk_backward ran: nothing was saved"))
+    loss_saved, grads_saved = grads_of(lambda *x: disable_recompute_step(*x, disable_recompute=True), inputs)
     assert torch.equal(loss, loss_saved)
-    assert all(torch.equal(a, b) for a, b in zip(grads, grads_saved, strict=True))
-    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), grads, grads_saved, strict=True):
+        assert torch.isfinite(a).all() and a.abs().sum() > 0, name
+        assert torch.equal(a, b), name
+
+
+def test_disable_recompute_step_compiles_without_graph_breaks_and_matches_eager():
+    """The saving forward's extra outputs go through the custom op's fake (their shapes and dtypes
+    from the module's OUTPUT_SHAPES / OUTPUT_DTYPES, NC from NC_CHUNK_SIZE) into the backward."""
+    inputs = kda_inputs(4)
+    step = lambda *x: disable_recompute_step(*x, disable_recompute=True)  # noqa: E731
+    eager_loss, eager_grads = grads_of(step, inputs)
+    compiled_loss, compiled_grads = grads_of(torch.compile(step, fullgraph=True, backend="aot_eager"), inputs)
+    assert torch.equal(compiled_loss, eager_loss)
+    assert all(torch.equal(a, b) for a, b in zip(compiled_grads, eager_grads, strict=True))
 
 
 def test_no_grad_call_does_not_need_the_backward():
@@ -184,7 +206,7 @@ def test_backward_fake_gives_the_kernels_dtypes(group):
     g = F.logsigmoid(torch.randn(B, T, H * group, K, generator=gen))
     beta = torch.rand(B, T, H * group, generator=gen).bfloat16()
     h0, do = torch.randn(B, H * group, K, V, generator=gen), torch.randn(B, T, H * group, V, generator=gen).bfloat16()
-    args = (q, k, v, g, beta, None, None, h0, None, do, None, K ** -0.5, True)
+    args = (q, k, v, g, beta, None, None, h0, None, do, None, K ** -0.5, True, [])
     real = backward(*args)
     with FakeTensorMode() as mode:
         fake = backward(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args))

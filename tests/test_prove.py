@@ -11,6 +11,7 @@ import pytest
 from sympy import Matrix
 from xdsl.dialects.builtin import i1
 
+import k3compile.passes.derive_backward as derive_backward
 import k3compile.passes.derive_chunkwise as derive_chunkwise
 import k3compile.passes.fuse_chunkwise as fuse_chunkwise
 from conftest import (run_cli, DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, as_tensor, exact_as_torch,
@@ -221,10 +222,12 @@ def test_cli_prove_passes(capsys, kind, fresh_seed):
     # gates': both outcomes of the span checks at each), replay of 0 and 1 accepted tokens,
     # spec_step after 0 and 1 accepted, the same two for verify=chunked, segment scan:
     # associativity and 5 splits; the backward's gradients at the 3 chunkwise lengths, and its
-    # stores' chain rules (q, k, v, and g and beta where the member reads them)
+    # stores' chain rules (q, k, v, and g and beta where the member reads them); the saving
+    # forward's values against the backward prepare's at 2 lengths
     chunkwise = len(proved_lengths(kind, [2, 6, 7])) + 2 * len(proved_lengths(kind, [2, 7]))
     backward = len(proved_lengths(kind, [2, 6, 7])) + 3 + (GATE_OF_KIND[kind] != "none") + DELTA_OF_KIND[kind]
-    assert f"{chunkwise + 14 + backward} passed, 0 failed" in out
+    assert f"{chunkwise + 14 + backward + 2} passed, 0 failed" in out
+    assert "save-forward-values: " in out
     assert "fuse-chunkwise{grouping=split-prepare}" in out
     assert "derive-backward{chunk-size=3}" in out
     assert "lower-speculative{verify=chunked}: spec_step, accept 1" in out
@@ -319,6 +322,8 @@ def patch_schedule(monkeypatch, mutate) -> list:
         return chunked
 
     monkeypatch.setattr(derive_chunkwise, "chunkwise_schedule", wrong_schedule)
+    # derive-backward differentiates the same (wrong) forward, whenever it was imported
+    monkeypatch.setattr(derive_backward, "chunkwise_schedule", wrong_schedule)
     return mutated
 
 
@@ -415,10 +420,10 @@ def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
     code, out, err = run(capsys, "prove", EXAMPLES / "gla.toml", "--chunk-size", 3, "--draft-tokens", 1,
                          "--seed", fresh_seed)
     assert code == 1, f"exit code {code}: {out}\n{err}"
-    # the chunkwise and fused proofs fail, each for both outcomes of the span checks (the
-    # backward's 6 rows and its 4 stores' hold: derive-backward took its chunkwise_schedule when it
-    # was imported)
-    assert "FAILED" in out and "15 passed, 23 failed" in out
+    # the chunkwise, fused and backward proofs fail, each for both outcomes of the span checks;
+    # the stores' chain rules hold (symbolic, of the loads alone), and so do the saving forward's
+    # values (both prepares derive from the same wrong schedule, so they still agree)
+    assert "FAILED" in out and "11 passed, 29 failed" in out
 
 
 # --- the two oracles agree ------------------------------------------------------------------

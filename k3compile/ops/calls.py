@@ -213,10 +213,11 @@ def entry_inputs(key: LayerKey, q, k, v, g, beta, A_log=None, dt_bias=None) -> d
     return {name: contiguous(x) for name, x in tensors.items()}
 
 
-def run(entry: str, key: LayerKey, tensors: dict, *, scale, **options):
+def run(entry: str, key: LayerKey, tensors: dict, *, scale, save_forward: bool = False, **options):
     """Entry `chunk` or `recurrent` of the layer of `key` (scale None: fla's K ** -0.5); a chunk
     call with an input that requires grad, or under torch.compile, runs as the layer's custom op
-    (its backward: the layer's chunk_backward; k3compile/ops/autograd.py). Inside
+    (its backward: the layer's chunk_backward; k3compile/ops/autograd.py), which with
+    save_forward keeps the values the backward's first kernel would recompute. Inside
     k3compile.ops.tuning() a chunk call tunes its bucket first (k3compile/ops/autotuning.py)."""
     scale = key.head_k_dim ** -0.5 if scale is None else scale
     options = {name: contiguous(x) for name, x in options.items()}
@@ -224,7 +225,7 @@ def run(entry: str, key: LayerKey, tensors: dict, *, scale, **options):
         tune_call(key, tensors, options.get("cu_seqlens"), needs_grad(options.get("initial_state"), *tensors.values()))
     if entry == "chunk" and "checkpoint_every" not in options and (
             needs_grad(options.get("initial_state"), *tensors.values()) or torch.compiler.is_compiling()):
-        return run_chunk(key, tensors, scale=scale, **options)
+        return run_chunk(key, tensors, scale=scale, save_forward=save_forward, **options)
     return getattr(layer_module(key), entry)(**tensors, scale=scale, **options)
 
 

@@ -81,10 +81,13 @@ def chunk_kda(
             k3compile clamps g at it (gate_input clamped), which equals fla on every input fla
             allows and stays defined on the others.
         lower_bound: the gate's lower bound (log space), read with use_gate_in_kernel or safe_gate.
-        disable_recompute: fla's memory-for-time switch of its backward (save the chunk-local
-            intermediates instead of recomputing them); the gradients are the same either way, and
-            k3compile's derived backward always recomputes, so it changes nothing here. As in fla,
-            it cannot be combined with return_intermediate_states.
+        disable_recompute: fla's memory-for-time switch of its backward: under gradients the
+            forward keeps what the backward's first kernel would recompute (the decayed keys and
+            queries, the WY factors, the query Gram, the chunk decays: about four times q's bytes
+            at K = V = 128) and the backward skips that kernel (save-forward-values; where the
+            tuned forward and backward run different chunk sizes it recomputes). The gradients
+            are the same values either way. As in fla, it cannot be combined with
+            return_intermediate_states.
         return_intermediate_states: also return h [B, NT, HV, K, V] in the input dtype, the
             state at the start of every chunk of chunk_size tokens (NT = ceil(T / chunk_size);
             varlen: [1, all sequences' chunks, ...]); inference mode only, as in fla.
@@ -125,7 +128,7 @@ def chunk_kda(
     tensors = entry_inputs(key, q, k, v, g, beta, A_log, dt_bias)
     options = dict(initial_state=initial_state, output_final_state=bool(output_final_state), cu_seqlens=cu_seqlens)
     if not return_intermediate_states:
-        return run("chunk", key, tensors, scale=scale, **options)
+        return run("chunk", key, tensors, scale=scale, save_forward=bool(disable_recompute), **options)
     if not torch.is_inference_mode_enabled():
         raise ValueError("return_intermediate_states: only allowed in inference mode (torch.inference_mode()), "
                          "as in fla")

@@ -112,8 +112,16 @@ class Entries:
         # the entry (k3compile.ops' fake implementations) reads these rather than restating them
         outputs = {e.sym_name.data: {t.sym_name.data: t.type.dtype_class for t in EntryView(e).tensors
                                      if t.role.data in ("output", "optional_output")} for e in entries}
+        shapes = {e.sym_name.data: {t.sym_name.data: t.type.pattern for t in EntryView(e).tensors
+                                    if t.role.data in ("output", "optional_output")} for e in entries}
+        nc_chunks = {e.sym_name.data: op.chunk_size.value.data for e in entries
+                     if any("NC" in t.type.dims for t in EntryView(e).tensors)
+                     for op in [next(o for o in k3s.walk_entry(e) if isinstance(o, k3s.ChunkTileOp))]}
         c("", "", "# each entry's outputs and their dtypes (float: the inputs' floating dtype)",
-          f"OUTPUT_DTYPES = {outputs!r}")
+          f"OUTPUT_DTYPES = {outputs!r}",
+          "# ... and their shapes (the symbols of the schedule IR; NC = cdiv(B T, C) + N per-chunk slots,",
+          "# C the entry's chunk size in NC_CHUNK_SIZE)",
+          f"OUTPUT_SHAPES = {shapes!r}", f"NC_CHUNK_SIZE = {nc_chunks!r}")
         exported = [e.sym_name.data for e in entries + choices] + ["pack_expert_weights"] * mxfp4
         c("", "", f"__all__ = {exported!r}")
         return c.text()
@@ -185,6 +193,10 @@ class Entries:
                 c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
                   "# below cdiv(B T, C) + N for any split into sequences",
                   f'dims["NC"] = triton.cdiv(dims["B"] * dims["T"], {chunk_size}) + dims["N"]')
+                for arg in view.tensors:  # an input sized by NC is checked against it now (it bound NC above)
+                    if arg.role.data in ("input", "inout") and "NC" in arg.type.dims:
+                        c(f'_check_tensor("{arg.sym_name.data}", {arg.sym_name.data}, "{arg.type.pattern}", '
+                          f'"{arg.type.dtype_class}", dims, {view.tensors[0].sym_name.data}.device)')
             sort = next((op for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.SortPairsOp)), None)
             if sort is not None:
                 k, BM = sort.top_k.value.data, sort.block_rows.value.data
