@@ -104,7 +104,7 @@ def progress_bar(console, description: str, *fields: str):
 
 
 def run_tune(spec, shape, dtype, args, console, entry="chunk"):
-    from k3compile.autotune import TuneCache, tune
+    from k3compile.runtime.autotune import TuneCache, tune
 
     what = f"{spec.name}{'' if entry == 'chunk' else ' ' + entry} B,T={shape[0]},{shape[1]} {dtype}"
     with progress_bar(console, f"tuning {what}", "best") as update:
@@ -116,7 +116,7 @@ def run_tune(spec, shape, dtype, args, console, entry="chunk"):
 def print_tune_result(spec, shape, dtype, result) -> None:
     from rich.table import Table
 
-    from k3compile.autotune import Bucket
+    from k3compile.runtime.autotune import Bucket
 
     key = result.record["key"]
     entry = "" if result.entry == "chunk" else f" {result.entry}"
@@ -186,8 +186,8 @@ def cmd_tune(args) -> int:
 
 def tune_moe_table(spec, args) -> int:
     """`k3c tune` of a latent_moe spec: its dispatch table's bucket of each --tokens count."""
-    from k3compile.autotune import TuneCache
-    from k3compile.autotune.moe import MOE_TOKENS, moe_table, tune_moe
+    from k3compile.runtime.autotune import TuneCache
+    from k3compile.runtime.autotune.moe import MOE_TOKENS, moe_table, tune_moe
     from k3compile.errors import ArgumentError
 
     if args.shape or args.entry != "chunk":
@@ -213,7 +213,7 @@ def tune_moe_table(spec, args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from k3compile.autotune import TuneCache, compile_tuned
+    from k3compile.runtime.autotune import TuneCache, compile_tuned
     from k3compile.driver import write_module
     from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
@@ -329,13 +329,12 @@ def cmd_passes(args) -> int:
 
     from rich.table import Table
 
-    from k3compile.passes import PASSES
-    from k3compile.pipeline import DEFAULT_PIPELINES
+    from k3compile.pipeline import DEFAULT_PIPELINES, available_passes
 
     table = Table(title="k3c passes: what `-p` takes (pass{option=value ...}), options at their defaults")
     for column in ("pass", "options", "what it does"):
         table.add_column(column)
-    for name, load in PASSES.items():
+    for name, load in available_passes().items():
         pass_type = load()
         options = " ".join(f"{f.name.replace('_', '-')}={f.default}" for f in dataclasses.fields(pass_type))
         table.add_row(name, options or "-", (pass_type.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
@@ -352,7 +351,7 @@ def cmd_verify(args) -> int:
     from rich.table import Table
 
     from k3compile.spec import load_spec
-    from k3compile.verify import defaults, grid, verify
+    from k3compile.checking.verify import defaults, grid, verify
 
     spec = load_spec(args.spec)
     with progress_bar(Console(stderr=True), f"verifying {spec.name}", "case") as update:
@@ -383,7 +382,7 @@ def cmd_prove(args) -> int:
 
     from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
-    from k3compile.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
+    from k3compile.checking.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
                                  prove_fused_chunkwise, prove_input_forms, prove_replay, prove_segment_scan,
                                  prove_spec_step)
     from k3compile.spec import load_spec
@@ -520,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_vision(sub)  # k3c plan-vision
 
-    from k3compile.pipeline_plan_cli import add_parser as add_plan_pipeline
+    from k3compile.runtime.pipeline_plan_cli import add_parser as add_plan_pipeline
 
     add_plan_pipeline(sub)  # k3c plan-pipeline
     return parser

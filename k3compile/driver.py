@@ -60,7 +60,7 @@ def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool 
 def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | None = None,
           note: str = "") -> Compilation:
     """Schedule a spec and print its Triton module. launch_tables: entry -> tuned launch configs
-    per bucket, embedded in the module (k3compile.autotune; docs/autotuning.md); note: added
+    per bucket, embedded in the module (k3compile.runtime.autotune; docs/autotuning.md); note: added
     to the module's docstring.
 
     The IR is verified once, the module that is printed (after the pipeline and the backend's
@@ -88,9 +88,9 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
 
 def schedule_for_triton(spec: LayerSpec, pipeline: str | None, verify: Verify) -> Compilation:
     """Schedule a spec and run the Triton backend's passes over its module."""
+    from k3compile.backends.triton.guard_spill_only_stages import GuardSpillOnlyStagesPass
     from k3compile.backends.triton.legalize import LegalizeTritonPass
-    from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
-    from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
+    from k3compile.backends.triton.merge_identical_kernels import MergeIdenticalKernelsPass
     from k3compile.passes.outline_kernels import OutlineKernelsPass
 
     compilation = schedule(spec, pipeline, verify=verify)

@@ -32,9 +32,11 @@ from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind, parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
+from k3compile.backends.triton import BACKEND_PASSES
 # re-exported: the defaults live apart, where reading them imports no xDSL
 from k3compile.default_pipelines import DEFAULT_PIPELINES, RECURRENCE_PIPELINE, SPECULATIVE_PIPELINE  # noqa: F401
 from k3compile.errors import IRError
+from k3compile.passes import PASSES
 
 Verify = typing.Literal["each", "once", "off"]
 
@@ -43,9 +45,8 @@ TYPE_WORDS = {int: "an integer", str: "a word", bool: "true or false", float: "a
 
 
 def available_passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    from k3compile.passes import PASSES
-
-    return PASSES
+    """What `-p` takes, by name: the pipeline's passes, then the Triton backend's own."""
+    return {**PASSES, **BACKEND_PASSES}
 
 
 @dataclass

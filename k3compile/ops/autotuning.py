@@ -31,7 +31,7 @@ def tuning() -> Iterator[None]:
     first tunes its layer for the call's bucket (sequences x value heads, tokens per sequence,
     each rounded up to a power of two) and input dtype where the tuning cache has no record of
     it, then runs with the winners. A cached bucket costs nothing more. GPU only: without one
-    the call raises k3compile.autotune.TuningError. A cold forward tune takes seconds, a cold
+    the call raises k3compile.runtime.autotune.TuningError. A cold forward tune takes seconds, a cold
     backward tune (32 candidates) minutes: run one step inside the block before training."""
     token = _TUNING.set(True)
     try:
@@ -49,8 +49,8 @@ def tuning_requested() -> bool:
 def tune_call(key: layers.LayerKey, tensors: dict, cu_seqlens, backward: bool) -> None:
     """Tune the layer of `key` for the bucket and dtype of a chunk call on `tensors` (its forward,
     and with `backward` its backward), then drop its loaded module if that changed the cache."""
-    from k3compile.autotune import BACKWARD_ENTRY, tune
-    from k3compile.autotune.space import TUNED_ENTRY
+    from k3compile.runtime.autotune import BACKWARD_ENTRY, tune
+    from k3compile.runtime.autotune.space import TUNED_ENTRY
 
     q = tensors["q"]
     batch, tokens = q.shape[:2]

@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from k3compile.autotune.measure import gpu_name
+from k3compile.runtime.autotune.measure import gpu_name
 
 # the packages whose source makes a module: driver, IR, passes, printer (k3compile.ops is inside
 # the first; an edit there costs a recompile, never a stale module)
@@ -135,8 +135,8 @@ def tuned_records(spec) -> tuple[str | None, dict[str, list[dict]]]:
     chunk_backward; a latent_moe layer's moe, its dispatch table). A record is the layer's whatever spec it was tuned under (`k3c tune` of a
     spec file, k3compile.ops.tuning()): the cache is keyed by what the kernels are a function
     of, not by names. No GPU, or a layer of no tuned entry: (None, {})."""
-    from k3compile.autotune.cache import TuneCache
-    from k3compile.autotune.compile import cached_records
+    from k3compile.runtime.autotune.cache import TuneCache
+    from k3compile.runtime.autotune.compile import cached_records
 
     gpu = gpu_name() if spec.is_recurrence or spec.kind == "latent_moe" else None
     if gpu is None:
@@ -175,7 +175,7 @@ def compile_layer(spec, path: Path, gpu: str | None, records: dict[str, list[dic
     """Compile `spec`'s module, with `records` (tuned on `gpu`, by entry) embedded as `k3c
     compile` embeds them, and write it to `path`; returns what was written."""
     from k3compile import driver
-    from k3compile.autotune.compile import ModulePlan, embed_records
+    from k3compile.runtime.autotune.compile import ModulePlan, embed_records
     from k3compile.errors import OutputError
 
     if records:

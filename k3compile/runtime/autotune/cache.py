@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from k3compile.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
+from k3compile.runtime.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
 
 # --- environment: versions, cache folder ------------------------------------------------------
 
@@ -37,7 +37,7 @@ def k3compile_version() -> str:
 
     if not _SOURCE_HASH:
         digest = hashlib.sha256()
-        for package in ("k3compile", "k3compile.autotune", "k3compile.ir", "k3compile.passes",
+        for package in ("k3compile", "k3compile.checking", "k3compile.runtime", "k3compile.ir", "k3compile.passes",
                         "k3compile.backends"):
             # found, not imported: the passes import xDSL, which k3compile.ops' warm start must not
             root = Path(importlib.util.find_spec(package).submodule_search_locations[0])

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from k3compile.autotune.cache import TuneCache, entry_of, key_for
-from k3compile.autotune.measure import (
+from k3compile.runtime.autotune.cache import TuneCache, entry_of, key_for
+from k3compile.runtime.autotune.measure import (
     DEFAULT_CHECK_SHAPE,
     check_and_time,
     check_shape_for,
@@ -30,7 +30,7 @@ from k3compile.autotune.measure import (
     timing_inputs,
     with_cotangents,
 )
-from k3compile.autotune.space import (
+from k3compile.runtime.autotune.space import (
     BACKWARD_ENTRY,
     BACKWARD_SEARCH_SPACE,
     ENTRIES,
@@ -134,7 +134,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     import torch
 
     from k3compile.ir import reference
-    from k3compile.verify import RecurrenceCase, recurrence_inputs, tolerance
+    from k3compile.checking.verify import RecurrenceCase, recurrence_inputs, tolerance
 
     timer = timer or time_candidate
     timed = [0]
@@ -192,7 +192,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     target = timing_inputs(layer_op, batch, tokens, torch_dtype, device)
     t0 = time.perf_counter()
     if backward:  # the gradients of <do, o> + <dht, final_state> by float64 autograd, dh0 included
-        from k3compile.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
+        from k3compile.checking.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
 
         do, dht = draw_cotangents(layer_op, check, True, gen)
         check = {**check, "do": do, "dht": dht}

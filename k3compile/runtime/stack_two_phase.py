@@ -34,7 +34,7 @@ from torch.utils import checkpoint as torch_checkpoint
 
 
 class BlockPartials:
-    """One block's phase 1 for the points `points` (k3compile.stack.Point, in order) of one run;
+    """One block's phase 1 for the points `points` (k3compile.runtime.stack.Point, in order) of one run;
     recompute False (the spec's checkpoint_attnres = false): plain autograd, which keeps phase 1's
     results for the backward."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from k3compile.spec import LayerSpec
-from k3compile.verify_backward import GRADIENT_FP32_TOLERANCE
+from k3compile.checking.verify_backward import GRADIENT_FP32_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSp
 
 
 def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
-    from k3compile.verify import not_power_of_two, variant
+    from k3compile.checking.verify import not_power_of_two, variant
 
     most = spec.params["num_blocks"] + 1
     length = 1023 if on_gpu else 5
@@ -174,7 +174,7 @@ ATTNRES_GRADIENT_HALF_TOLERANCE = {"dsources": 8e-3, "dquery": 2e-2, "dgain": 2e
 
 
 def attnres_tolerance(entry: str, tensor: str, dtype) -> float:
-    from k3compile.verify import tolerance
+    from k3compile.checking.verify import tolerance
 
     if not entry.endswith("_backward"):
         return tolerance(entry, dtype)

@@ -1,6 +1,6 @@
 """A K3-style block stack as one torch.nn.Module, built from a `[model]` spec (docs/block-stack.md):
 
-    from k3compile.stack import build_stack
+    from k3compile.runtime.stack import build_stack
     model = build_stack("examples/models/k3_stack.toml")   # or a ModelSpec
     y = model(x)                                             # x [B, T, D] (token ids [B, T] with vocab_size)
 
@@ -19,7 +19,7 @@ partial sum (which exist anyway), and the aggregate is recomputed from them in t
 Activation memory is that of the same stack with plain residuals (attnres = "none") plus the
 representatives (tests/test_block_stack.py measures it). attnres = "two_phase" runs Block
 AttnRes's phase 1 once for a block's points and recomputes it once in the backward
-(k3compile.stack_two_phase: the same floor, no torch checkpoint in eager; under torch.compile a
+(k3compile.runtime.stack_two_phase: the same floor, no torch checkpoint in eager; under torch.compile a
 traced path, docs/block-stack.md); "torch" is the aggregate's
 definition in torch ops (the baseline).
 """
@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
-from k3compile.stack_spec import ModelSpec, load_model_spec
-from k3compile.stack_two_phase import BlockPartials
+from k3compile.runtime.stack_spec import ModelSpec, load_model_spec
+from k3compile.runtime.stack_two_phase import BlockPartials
 
 __all__ = ["BlockStack", "build_stack"]
 
@@ -154,7 +154,7 @@ class Layer(nn.Module):
 
 class BlockStack(nn.Module):
     """The stack of a ModelSpec. forward(x) runs every layer; run_layers(start, stop, reps, partial)
-    runs a range of them on the residual state (the pipeline's stages, k3compile.stack_pipeline):
+    runs a range of them on the residual state (the pipeline's stages, k3compile.runtime.stack_pipeline):
     reps, the list of completed block representatives (b_0 the embedding), and partial, the
     current block's partial sum (None at a block's start). With attnres = "none" the state is the
     plain residual stream, held in `partial`, and reps stays [b_0]."""

@@ -4,7 +4,7 @@ for the loss L = <do, o> + <dht, final_state> with random cotangents do and dht.
 
 The measure is fla's, the RMS ratio rms(ours - ref) / rms(ref) of each gradient, with fla's
 tolerances for its backward tests in half precision. `k3c verify` runs these cases as its
-`chunk_backward` rows (k3compile/verify.py draws the inputs and picks the cases); the tests use
+`chunk_backward` rows (k3compile/checking/verify.py draws the inputs and picks the cases); the tests use
 the oracle and the named gradients directly.
 """
 

@@ -4,7 +4,7 @@ Each case draws fresh random inputs (never zeros), runs the compiled entry with 
 NaN-filled (POISON_OUTPUTS, so an unwritten element fails), runs `k3compile.ir.reference` on the same
 inputs in float64 on the CPU, and compares by max abs error and the RMS ratio
 ||out - ref|| / ||ref|| (the measure fla's tests use). A recurrence's `chunk_backward` cases
-compare each gradient with float64 autograd of the reference (k3compile/verify_backward.py).
+compare each gradient with float64 autograd of the reference (k3compile/checking/verify_backward.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from k3compile.driver import CompiledLayer, lower, write_module
 from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
-from k3compile.verify_attnres import (AttnResCase, attnres_cases, attnres_tolerance, quick_attnres_cases,
+from k3compile.checking.verify_attnres import (AttnResCase, attnres_cases, attnres_tolerance, quick_attnres_cases,
                                       run_attnres_case)
-from k3compile.verify_backward import gradient_rows, gradient_tolerance
-from k3compile.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
+from k3compile.checking.verify_backward import gradient_rows, gradient_tolerance
+from k3compile.checking.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 
 # RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
 # arithmetic throughout (fp32 dots are exact-precision, not tf32), so only rounding of the sums
@@ -439,7 +439,7 @@ def run_cases(spec: LayerSpec, cases: list, device: str, gen: torch.Generator, o
                 results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
                                           family.tolerance(entry, tensor, dtype)))
         except Exception as error:  # an access outside the launch's tensors fails its case (checked before it happens)
-            from k3compile.interpreter_bounds import raised_by
+            from k3compile.checking.interpreter_bounds import raised_by
 
             if (outside := raised_by(error)) is None:
                 raise
@@ -466,7 +466,7 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
         raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
-        from k3compile import interpreter_bf16, interpreter_bounds  # import Triton: after the line above
+        from k3compile.checking import interpreter_bf16, interpreter_bounds  # import Triton: after the line above
 
         interpreter_bounds.install()  # every launch checks that its loads and stores stay inside its tensors
         interpreter_bf16.install()  # and computes on bf16 operands' values, not their bits

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from k3compile.autotune.space import BACKWARD_ENTRY, TUNED_ENTRY, Candidate
+from k3compile.runtime.autotune.space import BACKWARD_ENTRY, TUNED_ENTRY, Candidate
 
 DEFAULT_CHECK_SHAPE = None  # (B, T) of the reference check; None: check_shape_for(the target)
 BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40  # triton.testing.do_bench per candidate
@@ -37,7 +37,7 @@ def check_shape_for(tokens: int) -> tuple[int, int]:
 
 def timing_inputs(layer_op, batch: int, tokens: int, dtype, device: str, seed: int = 0) -> dict:
     """Random inputs of the target shape drawn on the device (fast at prefill sizes), with the
-    meaning of k3compile.verify.recurrence_inputs: unit q/k unless the kernel normalises, log
+    meaning of k3compile.checking.verify.recurrence_inputs: unit q/k unless the kernel normalises, log
     decays clamped at -5 (or raw gate projections and the gate's parameters), beta in (0, 1) or
     logits, an fp32 initial state."""
     import torch
@@ -121,7 +121,7 @@ def run_backward(module, inputs: dict, candidate: Candidate, entry_name: str = B
     """One call of the backward entry with the candidate's launch config, as k3compile.ops calls it
     in a training step with an initial state and a final state (do, dht, output_dh0=True): each
     gradient by name (dq, dk, ..., dh0). Tests replace this to make a candidate wrong."""
-    from k3compile.verify_backward import DIFFERENTIABLE
+    from k3compile.checking.verify_backward import DIFFERENTIABLE
 
     set_launch(module, candidate.launch, entry_name)
     grads = getattr(module, entry_name)(**inputs, output_dh0=True, **options)
@@ -202,7 +202,7 @@ def check_and_time(module, cand: Candidate, *, check: dict, reference: dict, tar
     (out of resources, launch errors). Adds its seconds to phases["check"] and phases["time"]."""
     import torch
 
-    from k3compile.verify import compare
+    from k3compile.checking.verify import compare
 
     t0 = time.perf_counter()
     try:

@@ -2,10 +2,10 @@
 
 The schedule is produced by the real pass (on a copy of the layer op with small dimensions:
 the derivation depends on the op's structure, not its sizes) and interpreted stage by stage
-with sympy rationals (k3compile.ir.exact). Random rational inputs make equality of every
+with sympy rationals (k3compile.checking.exact). Random rational inputs make equality of every
 output and the final state an identity test (Schwartz-Zippel): a wrong stage fails it with
 probability 1. A backward schedule's gradients are checked the same way against the token
-recurrence's derivative along random directions (k3compile.ir.exact_backward, docs/backward.md),
+recurrence's derivative along random directions (k3compile.checking.exact_backward, docs/backward.md),
 and the stores' chain rules through the input forms symbolically (prove_input_forms).
 """
 
@@ -56,7 +56,7 @@ def checked(layer: str, schedule: str, want: tuple, run) -> ProofResult:
     """Compare run() -> (O, S_T) with want, the token recurrence's (O, S_T). A schedule that
     reads what no stage produced is a failed proof, not an error: the spec was fine, the
     derivation was not."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     want_o, want_s = want
     length = want_o.rows
@@ -99,7 +99,7 @@ def derived(spec: LayerSpec, pipeline: str):
 def proof_inputs(rng, layer_op, length: int):
     """Exact random inputs of one value head for layer_op: beta in (0, 2) where its beta input
     allows negative eigenvalues, so the proofs cover that range too."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     beta_max = 2 if layer_op.input_option("beta_input") == "logits_neg_eigval" else 1
     return exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data, beta_max)
@@ -126,7 +126,7 @@ def proved_at_lengths(spec: LayerSpec, pipeline: str, lengths: tuple[int, ...], 
                       runner) -> list[ProofResult]:
     """The schedule `pipeline` derives, interpreted by runner(module) -> run(x) -> (O, S_T), against
     the token recurrence on fresh random inputs of each length."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     rng = random.Random(seed)
     layer_op, module = derived(spec, pipeline)
@@ -146,7 +146,8 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
     """Prove `derive-chunkwise{chunk-size=C}` for a recurrence spec at several sequence lengths
     (by default: one partial chunk, an exact multiple, and several chunks with a partial tail);
     sub_chunk: the channel-gated Grams' row blocks (the pass's default if None)."""
-    from k3compile.ir import exact, k3s
+    from k3compile.checking import exact
+    from k3compile.ir import k3s
 
     check_chunk_size(chunk_size)
 
@@ -228,7 +229,7 @@ def checked_gradients(layer: str, schedule: str, length: int, directions: dict, 
     input's gradient; state_equal: h0's. The mismatch names every gradient that differs, in
     gradient_shapes' order ("dk differs; dg differs"). A schedule that reads what no stage
     produced is a failed proof, not an error."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     try:
         got = run()
@@ -260,7 +261,8 @@ def prove_backward(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | 
     dual_loss_derivative or exact_backward.loss_derivative, which agree), one direction per input
     and length, shared by both outcomes of a guarded schedule's span checks. One row per (length,
     guard outcome); sub_chunk as prove_chunkwise's."""
-    from k3compile.ir import exact_backward, k3s
+    from k3compile.checking import exact_backward
+    from k3compile.ir import k3s
 
     check_chunk_size(chunk_size)
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
@@ -291,7 +293,8 @@ def prove_input_forms(spec: LayerSpec, chunk_size: int) -> list[ProofResult]:
     applies, for all raw inputs (exact_backward.chain_rule_mismatches: symbolic). prove_backward
     proves the cotangents the stores take; with these, the gradients of the raw inputs. One row per
     store, in the schedule's order (q, k, v, g, beta), naming each gradient that differs."""
-    from k3compile.ir import exact_backward, k3s
+    from k3compile.checking import exact_backward
+    from k3compile.ir import k3s
 
     check_chunk_size(chunk_size)
     pipeline = f"derive-backward{{chunk-size={chunk_size}}}"
@@ -318,7 +321,7 @@ def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "spl
     token-parallel kernels run first and hand their results over only through what they spill,
     then the scan kernel's chunk loop runs from the initial state on what it reloads. A stage
     left out of every kernel, or a value read but never spilled, fails the proof."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     check_chunk_size(chunk_size)
 
@@ -344,7 +347,7 @@ def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = 
     scan kernel's one chunk from the pool row S_0): its outputs equal the token recurrence's, and
     the commit kernel's replay of its cached (k, decays, u) for every accepted count m = 0..n
     equals the recurrence's state after m tokens."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     rng = random.Random(seed)
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative{{verify=chunked}}"
@@ -377,7 +380,8 @@ def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) ->
     """Prove `derive-replay{draft-tokens=n}`: the verify pass's outputs equal the token
     recurrence's, and the replay of every accepted count m = 0..n equals the recurrence's state
     after m tokens."""
-    from k3compile.ir import exact, k3s
+    from k3compile.checking import exact
+    from k3compile.ir import k3s
 
     rng = random.Random(seed)
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}}"
@@ -409,7 +413,7 @@ def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None,
     from S_m like the recurrence, and caches what the `commit` kernel (the last round's flush)
     replays to the state after all of round 2. verify = chunked: the same for the entry lowered
     with `verify=chunked` (its prepare kernel, then the step kernel: replay, store, one chunk)."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     rng = random.Random(seed)
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative"
@@ -460,7 +464,7 @@ SYMBOLS_OF_FORM = {"full": "non-commutative M, N", "diagonal": "per-channel M", 
 def prove_associative(layer: str, pipeline: str, combine) -> ProofResult:
     """(c o b) o a == c o (b o a) for summaries of symbols in the combine's transition form: a
     full M and N as non-commutative symbols (any K, V), a diagonal M as one symbol per channel."""
-    from k3compile.ir import exact
+    from k3compile.checking import exact
 
     form = combine.transition.data
 
@@ -487,7 +491,8 @@ def prove_segment_scan(spec: LayerSpec, chunk_size: int, length: int | None = No
     a one-token first segment, three random segments, a one-token segment inside, every token a
     segment) the combined summaries take the initial state to the token recurrence's final state
     and the segments finished from their combined initial states give every output."""
-    from k3compile.ir import exact, k3s
+    from k3compile.checking import exact
+    from k3compile.ir import k3s
 
     check_chunk_size(chunk_size)
     rng = random.Random(seed)

@@ -6,8 +6,8 @@
     schedule.step(x, target=y)          # rank 0 passes x, the last stage's rank the target
 
 Each stage is a torch.distributed.pipelining.PipelineStage around a StageModule that runs the
-stage's layers of the shared BlockStack (k3compile.stack) on (representatives, partial sum).
-A boundary's tensors are those of k3compile.pipeline_plan: the partial sum where the cut is
+stage's layers of the shared BlockStack (k3compile.runtime.stack) on (representatives, partial sum).
+A boundary's tensors are those of k3compile.runtime.pipeline_plan: the partial sum where the cut is
 inside a block, and the representatives the receiving rank does not hold yet; the rest come from
 the rank's RankCache, where its earlier stages left the representatives they received or made.
 A cached representative enters a later stage as a leaf of its own (the stages' graphs stay
@@ -24,8 +24,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS
 
 from k3compile.errors import ArgumentError
-from k3compile.pipeline_plan import PipelinePlan
-from k3compile.stack import DTYPES, BlockStack
+from k3compile.runtime.pipeline_plan import PipelinePlan
+from k3compile.runtime.stack import DTYPES, BlockStack
 
 SCHEDULES = {"1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B, "looped-bfs": ScheduleLoopedBFS}
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from k3compile.errors import ArgumentError
-from k3compile.stack_spec import ModelSpec
+from k3compile.runtime.stack_spec import ModelSpec
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
