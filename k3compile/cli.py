@@ -383,8 +383,8 @@ def cmd_prove(args) -> int:
     from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
     from k3compile.checking.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
-                                 prove_fused_chunkwise, prove_input_forms, prove_replay, prove_segment_scan,
-                                 prove_spec_step)
+                                          prove_fused_chunkwise, prove_input_forms, prove_replay, prove_segment_scan,
+                                          prove_spec_step)
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)

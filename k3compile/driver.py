@@ -6,7 +6,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import secrets
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,7 +14,9 @@ from types import ModuleType
 
 from xdsl.dialects.builtin import ModuleOp
 
+from k3compile import __version__
 from k3compile.errors import OutputError, UnsupportedError
+from k3compile.files import write_file_atomic
 from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, Verify, run_passes, run_pipeline
 from k3compile.spec import LayerSpec, load_spec
 
@@ -116,8 +117,6 @@ def spec_digest(spec: LayerSpec) -> str:
 
 def provenance(compilation: Compilation, note: str = "") -> str:
     """The compiled module's docstring: what it was compiled from, and how to see its IR."""
-    from k3compile import __version__
-
     spec = compilation.spec
     lines = [f"{spec.name}: compiled {spec.kind} layer (k3compile {__version__}). Needs only torch and triton.", "",
              f"spec: {spec.source} (content sha256 {spec_digest(spec)[:16]})",
@@ -193,21 +192,3 @@ def write_module(compilation: Compilation, out_dir: str | Path, file_name: str |
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write {path.name} there ({err.strerror})") from None
     return path
-
-
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and a rename: a process that reads the file
-    while another writes it sees the old file or the new one, never half of one, and a crash
-    never leaves an empty one (fsync before the rename). The file gets mode 0666 less the umask,
-    as open() gives (mkstemp's 0600 would hide a shared cache from other users)."""
-    scratch = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(scratch, path)
-    except BaseException:
-        scratch.unlink(missing_ok=True)
-        raise

@@ -13,6 +13,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.errors import SpecError
+from k3compile.files import write_file_atomic
 from k3compile.passes.common import props
 from k3compile.spec import REQUIRED, RECURRENCE_KINDS, SCHEMAS, LayerSpec, spec_from_table
 
@@ -83,8 +84,6 @@ def module_symbols(kind: str) -> tuple[frozenset[str], frozenset[str]]:
         pass
     fixed, suffixes = probe_symbols(kind)
     try:  # a cache the user cannot write to only costs time
-        from k3compile.driver import write_file_atomic
-
         path.parent.mkdir(parents=True, exist_ok=True)
         write_file_atomic(path, json.dumps({"fixed": sorted(fixed), "suffixes": sorted(suffixes)}).encode())
         for stale in path.parent.glob(f"{kind}-*.json"):  # those of other source versions

@@ -21,7 +21,7 @@ from k3compile.checking import exact
 from k3compile.ir import k3s, reference
 from k3compile.passes.common import make, props
 from k3compile.checking.prove import (checked, prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay,
-                             prove_spec_step)
+                                      prove_spec_step)
 from k3compile.spec import load_spec, spec_from_table
 
 DELTA_KINDS = [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]]

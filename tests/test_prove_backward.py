@@ -21,7 +21,7 @@ from k3compile.checking import exact_backward
 from k3compile.ir import k3s
 from k3compile.passes import adjoint_rules, derive_backward
 from k3compile.checking.prove import (PROOF_K, PROOF_V, derived, dual_loss_derivative, gradient_shapes, proof_inputs,
-                             prove_backward, prove_input_forms, random_matrix)
+                                      prove_backward, prove_input_forms, random_matrix)
 from k3compile.spec import load_spec, spec_from_table
 
 RULES = dict(adjoint_rules.ADJOINT_RULES)  # the rules as derive-backward has them, before any test patches one

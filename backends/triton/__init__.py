@@ -4,8 +4,8 @@ k3compile.driver.schedule_for_triton after the pipeline (which ends in outline-k
 - legalize.py (legalize-triton) checks that the kernels fit (limits.py) and fixes their block sizes;
 - guard_spill_only_stages.py, merge_identical_kernels.py: the backend's own passes, run after it,
   so that kernels whose code agrees once their sizes are fixed are printed and compiled once;
-- printer/ prints one block of Triton per op; context_parallel.py the host code of a module with
-  segment entries; runtime/ is the host code every compiled module carries.
+- printer/ prints one block of Triton per op (and a module's context-parallel wrappers);
+  runtime/ is the host code every compiled module carries.
 """
 
 import importlib

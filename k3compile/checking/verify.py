@@ -10,7 +10,6 @@ compare each gradient with float64 autograd of the reference (k3compile/checking
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import tempfile
@@ -26,22 +25,11 @@ from k3compile.driver import CompiledLayer, lower, write_module
 from k3compile.errors import ArgumentError, UnsupportedError
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
 from k3compile.checking.verify_attnres import (AttnResCase, attnres_cases, attnres_tolerance, quick_attnres_cases,
-                                      run_attnres_case)
+                                               run_attnres_case)
 from k3compile.checking.verify_backward import gradient_rows, gradient_tolerance
+from k3compile.checking.verify_common import not_power_of_two, tolerance, variant
 from k3compile.checking.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 
-# RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
-# arithmetic throughout (fp32 dots are exact-precision, not tf32), so only rounding of the sums
-# remains; the chunked form reassociates them and inverts a triangular system, hence 1e-4.
-RMS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-3}
-CHUNK_FP32_TOLERANCE = 1e-4
-
-
-CHUNKED_ENTRIES = ("chunk", "segment_summary")  # reassociated sums and a triangular solve
-
-
-def tolerance(entry: str, dtype) -> float:
-    return CHUNK_FP32_TOLERANCE if entry in CHUNKED_ENTRIES and dtype == torch.float32 else RMS_TOLERANCE[dtype]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -71,16 +59,6 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     diff = out - ref
     norm = ref.norm().item()
     return diff.abs().max().item() if diff.numel() else 0.0, diff.norm().item() / max(norm, 1e-30)
-
-
-def variant(spec: LayerSpec, suffix: str, **changes) -> LayerSpec:
-    params = {**spec.params, **changes}
-    return dataclasses.replace(spec, name=f"{spec.name}_{suffix}", params=params)
-
-
-def not_power_of_two(dim: int) -> int:
-    """A nearby size that is not a power of two (exercises the masks)."""
-    return max(3, dim - dim // 4 - 1)
 
 
 # --- the KDA family ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from k3compile.checking.verify_common import not_power_of_two, tolerance, variant
 from k3compile.spec import LayerSpec
 from k3compile.checking.verify_backward import GRADIENT_FP32_TOLERANCE
 
@@ -43,8 +44,6 @@ def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSp
 
 
 def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
-    from k3compile.checking.verify import not_power_of_two, variant
-
     most = spec.params["num_blocks"] + 1
     length = 1023 if on_gpu else 5
     # on a GPU also 4092 rows: from 2048 (fuse-attnres's grouped-from-rows) the entry launches
@@ -174,8 +173,6 @@ ATTNRES_GRADIENT_HALF_TOLERANCE = {"dsources": 8e-3, "dquery": 2e-2, "dgain": 2e
 
 
 def attnres_tolerance(entry: str, tensor: str, dtype) -> float:
-    from k3compile.checking.verify import tolerance
-
     if not entry.endswith("_backward"):
         return tolerance(entry, dtype)
     return GRADIENT_FP32_TOLERANCE if dtype == torch.float32 else ATTNRES_GRADIENT_HALF_TOLERANCE[tensor]

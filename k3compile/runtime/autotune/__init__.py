@@ -37,24 +37,24 @@ from k3compile.runtime.autotune.compile import ModulePlan, compile_tuned
 from k3compile.runtime.autotune.measure import precompile, run_backward
 from k3compile.runtime.autotune.search import TuneResult, TuningError, tune
 from k3compile.runtime.autotune.space import (
-    BACKWARD_ENTRY,
-    BACKWARD_SEARCH_SPACE,
-    ENTRIES,
-    SEARCH_SPACE,
-    SEGMENTS,
-    Bucket,
-    Candidate,
-    Choice,
-    backward_entry_pipeline,
-    base_pipeline,
-    bucket,
-    candidates,
-    entry_pipeline,
-    kernel_code_hash,
-    launch_configs,
-    split_pipeline,
-    tuned_entry_pipeline,
-)
+                                              BACKWARD_ENTRY,
+                                              BACKWARD_SEARCH_SPACE,
+                                              ENTRIES,
+                                              SEARCH_SPACE,
+                                              SEGMENTS,
+                                              Bucket,
+                                              Candidate,
+                                              Choice,
+                                              backward_entry_pipeline,
+                                              base_pipeline,
+                                              bucket,
+                                              candidates,
+                                              entry_pipeline,
+                                              kernel_code_hash,
+                                              launch_configs,
+                                              split_pipeline,
+                                              tuned_entry_pipeline,
+                                              )
 
 __all__ = [
     "BACKWARD_ENTRY",

@@ -14,6 +14,7 @@ import math
 import os
 from pathlib import Path
 
+from k3compile.files import write_file_atomic
 from k3compile.runtime.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
 
 # --- environment: versions, cache folder ------------------------------------------------------
@@ -238,8 +239,6 @@ class TuneCache:
         return record
 
     def put(self, record: dict) -> Path:
-        from k3compile.driver import write_file_atomic  # imported by tune already
-
         path = self.path(record["key"])
         path.parent.mkdir(parents=True, exist_ok=True)
         write_file_atomic(path, json.dumps(record, indent=1).encode())

@@ -14,29 +14,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from k3compile.runtime.autotune.cache import (
-    TuneCache,
-    k3compile_version,
-    key_for,
-    schedule_hash,
-    triton_version,
-)
+                                              TuneCache,
+                                              k3compile_version,
+                                              key_for,
+                                              schedule_hash,
+                                              triton_version,
+                                              )
 from k3compile.runtime.autotune.measure import gpu_name
 from k3compile.runtime.autotune.search import TuningError
 from k3compile.runtime.autotune.moe import moe_table, with_dispatch
 from k3compile.runtime.autotune.space import (
-    BACKWARD_ENTRY,
-    CACHED_ENTRIES,
-    MOE_ENTRY,
-    TUNED_ENTRY,
-    Bucket,
-    Candidate,
-    base_pipeline,
-    entry_pipeline,
-    join_pipeline,
-    kernel_code_hash,
-    split_pipeline,
-    tunable,
-)
+                                              BACKWARD_ENTRY,
+                                              CACHED_ENTRIES,
+                                              MOE_ENTRY,
+                                              TUNED_ENTRY,
+                                              Bucket,
+                                              Candidate,
+                                              base_pipeline,
+                                              entry_pipeline,
+                                              join_pipeline,
+                                              kernel_code_hash,
+                                              split_pipeline,
+                                              tunable,
+                                              )
 
 
 @dataclass

@@ -20,33 +20,33 @@ from pathlib import Path
 
 from k3compile.runtime.autotune.cache import TuneCache, entry_of, key_for
 from k3compile.runtime.autotune.measure import (
-    DEFAULT_CHECK_SHAPE,
-    check_and_time,
-    check_shape_for,
-    gpu_name,
-    precompile,
-    short,
-    time_candidate,
-    timing_inputs,
-    with_cotangents,
-)
+                                                DEFAULT_CHECK_SHAPE,
+                                                check_and_time,
+                                                check_shape_for,
+                                                gpu_name,
+                                                precompile,
+                                                short,
+                                                time_candidate,
+                                                timing_inputs,
+                                                with_cotangents,
+                                                )
 from k3compile.runtime.autotune.space import (
-    BACKWARD_ENTRY,
-    BACKWARD_SEARCH_SPACE,
-    ENTRIES,
-    SEARCH_SPACE,
-    SEGMENTS,
-    TUNED_ENTRY,
-    Candidate,
-    Choice,
-    base_pipeline,
-    candidates,
-    has_entry,
-    kernel_code_hash,
-    launch_configs,
-    module_code_hash,
-    with_pass_defaults,
-)
+                                              BACKWARD_ENTRY,
+                                              BACKWARD_SEARCH_SPACE,
+                                              ENTRIES,
+                                              SEARCH_SPACE,
+                                              SEGMENTS,
+                                              TUNED_ENTRY,
+                                              Candidate,
+                                              Choice,
+                                              base_pipeline,
+                                              candidates,
+                                              has_entry,
+                                              kernel_code_hash,
+                                              launch_configs,
+                                              module_code_hash,
+                                              with_pass_defaults,
+                                              )
 from k3compile.errors import K3Error
 from k3compile.ir.choices import DTYPES
 
