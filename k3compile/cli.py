@@ -4,7 +4,9 @@ Exit codes: 0 ok (a stdout closed early, as by `| head`, included), 1 verificati
 or every tuning candidate) failed, 2 bad input (spec, IR, pipeline, arguments; one line naming
 the problem), 3 an internal error (a bug in k3compile or its toolchain: one line, or with
 K3C_TRACEBACK=1 or true its traceback).
-Imports of xDSL, torch and triton are deferred to the subcommand that needs them.
+Imports of xDSL, torch and triton (seconds together), and of rich and the spec reader, are
+deferred to the subcommand that needs them: every function-local import below is one of those,
+so `k3c --help` and a usage error answer without loading them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from k3compile.errors import K3Error
+from k3compile.errors import ArgumentError, IRError, K3Error, UnsupportedError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -163,7 +165,6 @@ def print_tune_result(spec, shape, dtype, result) -> None:
 def cmd_tune(args) -> int:
     from rich.console import Console
 
-    from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -188,7 +189,6 @@ def tune_moe_table(spec, args) -> int:
     """`k3c tune` of a latent_moe spec: its dispatch table's bucket of each --tokens count."""
     from k3compile.runtime.autotune import TuneCache
     from k3compile.runtime.autotune.moe import MOE_TOKENS, moe_table, tune_moe
-    from k3compile.errors import ArgumentError
 
     if args.shape or args.entry != "chunk":
         raise ArgumentError(f"{args.spec}: a latent_moe layer is tuned per --tokens N (its dispatch table), "
@@ -215,7 +215,6 @@ def tune_moe_table(spec, args) -> int:
 def cmd_compile(args) -> int:
     from k3compile.runtime.autotune import TuneCache, compile_tuned
     from k3compile.driver import write_module
-    from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
 
     start = time.perf_counter()
@@ -287,7 +286,6 @@ def cmd_ir(args) -> int:
 
 
 def parse_ir(text: str, source: str):
-    from k3compile.errors import IRError
     from k3compile.ir.dialects import make_context
     from xdsl.parser import Parser
     from xdsl.utils.exceptions import ParseError, VerifyException
@@ -306,7 +304,6 @@ def parse_ir(text: str, source: str):
 
 
 def cmd_opt(args) -> int:
-    from k3compile.errors import IRError
     from k3compile.pipeline import run_pipeline
 
     source = "<stdin>" if args.file == "-" else args.file
@@ -380,7 +377,6 @@ def cmd_verify(args) -> int:
 def cmd_prove(args) -> int:
     from rich.table import Table
 
-    from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
     from k3compile.checking.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
                                           prove_fused_chunkwise, prove_input_forms, prove_replay, prove_segment_scan,

@@ -15,8 +15,14 @@ from types import ModuleType
 from xdsl.dialects.builtin import ModuleOp
 
 from k3compile import __version__
+from k3compile.backends.triton.guard_spill_only_stages import GuardSpillOnlyStagesPass
+from k3compile.backends.triton.legalize import LegalizeTritonPass
+from k3compile.backends.triton.merge_identical_kernels import MergeIdenticalKernelsPass
+from k3compile.backends.triton.printer import print_triton
 from k3compile.errors import OutputError, UnsupportedError
 from k3compile.files import write_file_atomic
+from k3compile.frontend import spec_to_module
+from k3compile.passes.outline_kernels import OutlineKernelsPass
 from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, Verify, run_passes, run_pipeline
 from k3compile.spec import LayerSpec, load_spec
 
@@ -47,8 +53,6 @@ def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool 
              verify: Verify = "each") -> Compilation:
     """Build the IR of a spec and run its pipeline (no code printed yet), verifying the IR after
     every pass, or as `verify` says (k3compile.pipeline)."""
-    from k3compile.frontend import spec_to_module
-
     start = time.perf_counter()
     module = spec_to_module(spec)
     layer_ir = str(module)
@@ -68,7 +72,6 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
     passes); should anything fail on the way, the compile is repeated verifying after every pass
     and raises what that raises (k3compile.pipeline). K3C_VERIFY_EACH=1 verifies after every pass
     from the start."""
-    from k3compile.backends.triton.printer import print_triton
 
     if os.environ.get("K3C_VERIFY_EACH", "").lower() in ("1", "true"):
         compilation = schedule_for_triton(spec, pipeline, verify="each")
@@ -89,11 +92,6 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
 
 def schedule_for_triton(spec: LayerSpec, pipeline: str | None, verify: Verify) -> Compilation:
     """Schedule a spec and run the Triton backend's passes over its module."""
-    from k3compile.backends.triton.guard_spill_only_stages import GuardSpillOnlyStagesPass
-    from k3compile.backends.triton.legalize import LegalizeTritonPass
-    from k3compile.backends.triton.merge_identical_kernels import MergeIdenticalKernelsPass
-    from k3compile.passes.outline_kernels import OutlineKernelsPass
-
     compilation = schedule(spec, pipeline, verify=verify)
     if not any(op.name == "k3s.entry" for op in compilation.scheduled.ops):
         layer_op = next(iter(compilation.scheduled.ops)).name

@@ -9,12 +9,15 @@ import json
 import os
 from pathlib import Path
 
+import xdsl
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.errors import SpecError
 from k3compile.files import write_file_atomic
+from k3compile.ir.k3 import AttnResOp, LatentMoEOp, RecurrenceOp, VisionOp
 from k3compile.passes.common import props
+from k3compile.pipeline import DEFAULT_PIPELINES, SPECULATIVE_PIPELINE, run_pipeline
 from k3compile.spec import REQUIRED, RECURRENCE_KINDS, SCHEMAS, LayerSpec, spec_from_table
 
 # the layer module_symbols compiles: a name no pass gives a symbol (kernels are <layer>_<what>)
@@ -33,8 +36,6 @@ def spec_to_module(spec: LayerSpec) -> ModuleOp:
 
 
 def layer_module(spec: LayerSpec) -> ModuleOp:
-    from k3compile.ir.k3 import AttnResOp, LatentMoEOp, RecurrenceOp, VisionOp
-
     params = dict(spec.params)
     if spec.kind in RECURRENCE_KINDS:
         op_type = RecurrenceOp
@@ -101,8 +102,6 @@ def symbols_cache_path(kind: str) -> Path:
     xDSL and Python versions."""
     import sys
 
-    import xdsl
-
     root = Path(os.environ.get("K3C_CACHE_DIR") or os.path.join("~", ".cache", "k3compile")).expanduser()
     packages = ("k3compile", "k3compile.ir", "k3compile.passes", "k3compile.backends")
     roots = [Path(importlib.util.find_spec(name).submodule_search_locations[0]) for name in packages]
@@ -124,8 +123,6 @@ def source_digest(roots: list[Path]) -> str:
 def probe_symbols(kind: str) -> tuple[frozenset[str], frozenset[str]]:
     """module_symbols' answer, found after each pass of the kind's pipelines over a small layer
     (the symbols do not depend on its dimensions)."""
-    from k3compile.pipeline import DEFAULT_PIPELINES, SPECULATIVE_PIPELINE, run_pipeline
-
     table = {key: 2 for key, rule in SCHEMAS[kind].items() if rule.default is REQUIRED}  # dimensions and counts
     probe = spec_from_table({"name": PROBE_NAME, "kind": kind, **table})
     pipelines = [DEFAULT_PIPELINES[kind]] + ([SPECULATIVE_PIPELINE] if kind in RECURRENCE_KINDS else [])

@@ -21,14 +21,16 @@ import numpy
 import torch
 import torch.nn.functional as F
 
-from k3compile.driver import CompiledLayer, lower, write_module
-from k3compile.errors import ArgumentError, UnsupportedError
-from k3compile.spec import RECURRENCE_KINDS, LayerSpec
 from k3compile.checking.verify_attnres import (AttnResCase, attnres_cases, attnres_tolerance, quick_attnres_cases,
                                                run_attnres_case)
 from k3compile.checking.verify_backward import gradient_rows, gradient_tolerance
 from k3compile.checking.verify_common import not_power_of_two, tolerance, variant
 from k3compile.checking.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
+from k3compile.driver import CompiledLayer, lower, write_module
+from k3compile.errors import ArgumentError, UnsupportedError
+from k3compile.frontend import spec_to_module
+from k3compile.ir import reference
+from k3compile.spec import RECURRENCE_KINDS, LayerSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -266,8 +268,6 @@ def gradient_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, s
 def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
     """decode over a state pool: the rows named by state_indices advance in place (padding -1
     starts from zero), every other row stays bit-identical."""
-    from k3compile.ir import reference
-
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
     pool_rows = case.batch + 2
     pool = inputs.pop("initial_state")[:1].repeat(pool_rows, 1, 1, 1)
@@ -294,8 +294,6 @@ def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
 def run_summary_case(layer: CompiledLayer, layer_op, inputs: dict):
     """segment_summary: (M, N) of every segment (each sequence of cu_seqlens, or batch row)
     against the float64 definition."""
-    from k3compile.ir import reference
-
     B, T = inputs["k"].shape[:2]
     kept = {n: x for n, x in inputs.items() if n in ("k", "v", "g", "beta", "cu_seqlens", "A_log", "dt_bias")}
     segments = inputs.get("cu_seqlens", torch.arange(0, B * T + 1, T))
@@ -308,8 +306,6 @@ def run_summary_case(layer: CompiledLayer, layer_op, inputs: dict):
 
 
 def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, device, gen):
-    from k3compile.ir import reference
-
     if entry == "decode":
         return run_decode_case(layer, layer_op, case, dtype, device, gen)
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
@@ -388,8 +384,6 @@ def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
 def run_cases(spec: LayerSpec, cases: list, device: str, gen: torch.Generator, out_dir: Path,
               progress: Callable[[int, int, str], None] | None) -> list[CaseResult]:
     """Run `cases` (rows of `grid`), each layer's module written to out_dir when a case first needs it."""
-    from k3compile.frontend import spec_to_module
-
     family = FAMILIES[spec.kind]
     results = []
     layers: dict[str, tuple] = {}
@@ -417,6 +411,7 @@ def run_cases(spec: LayerSpec, cases: list, device: str, gen: torch.Generator, o
                 results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
                                           family.tolerance(entry, tensor, dtype)))
         except Exception as error:  # an access outside the launch's tensors fails its case (checked before it happens)
+            # Triton's interpreter, loaded only once a case has failed (a GPU run never needs it)
             from k3compile.checking.interpreter_bounds import raised_by
 
             if (outside := raised_by(error)) is None:

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 import torch
 
 from k3compile.ops import layers
+from k3compile.runtime.autotune import BACKWARD_ENTRY, tune
+from k3compile.runtime.autotune.space import TUNED_ENTRY
 
 _TUNING = contextvars.ContextVar("k3compile_ops_tuning", default=False)
 
@@ -49,9 +51,6 @@ def tuning_requested() -> bool:
 def tune_call(key: layers.LayerKey, tensors: dict, cu_seqlens, backward: bool) -> None:
     """Tune the layer of `key` for the bucket and dtype of a chunk call on `tensors` (its forward,
     and with `backward` its backward), then drop its loaded module if that changed the cache."""
-    from k3compile.runtime.autotune import BACKWARD_ENTRY, tune
-    from k3compile.runtime.autotune.space import TUNED_ENTRY
-
     q = tensors["q"]
     batch, tokens = q.shape[:2]
     sequences = batch if cu_seqlens is None else len(cu_seqlens) - 1

@@ -43,6 +43,7 @@ def read_layer_costs(path: str) -> list:
 
 
 def cmd_plan_pipeline(args) -> int:
+    # ~30 ms: k3c builds this subcommand's parser on every call
     from k3compile.runtime.pipeline_plan import plan_pipeline
     from k3compile.runtime.stack_spec import load_model_spec
 

@@ -58,6 +58,7 @@ class KDAMixer(nn.Module):
         self.out = nn.Linear(width, hidden, bias=False)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
+        # the compiled ops (triton): only for a stack with this layer
         from k3compile.ops.kda import chunk_kda
 
         B, T, _ = u.shape
@@ -119,6 +120,7 @@ class LatentMoeFFN(nn.Module):
         self.register_buffer("router_bias", torch.zeros(spec.num_experts))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
+        # the compiled ops (triton): only for a stack with this layer
         from k3compile.ops.moe import latent_moe
 
         weights = {name: getattr(self, name) for name in self.weights}
@@ -239,6 +241,7 @@ def aggregate_and_norm(form: str, eps: float, query, gain, norm, reps, partial) 
 def one_phase(sources: list[torch.Tensor], query, gain, eps: float) -> torch.Tensor:
     """attnres_aggregate over the sources gathered into its [S, B, T, D] input (a transient
     copy inside the checkpoint, freed after the call: not an activation)."""
+    # the compiled ops (triton): only for a stack with this layer
     from k3compile.ops.attnres import attnres_aggregate
 
     return attnres_aggregate(torch.stack(sources), query, gain, eps)

@@ -14,6 +14,7 @@ import math
 import os
 from pathlib import Path
 
+import k3compile
 from k3compile.files import write_file_atomic
 from k3compile.runtime.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
 
@@ -21,6 +22,7 @@ from k3compile.runtime.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket
 
 
 def triton_version() -> str:
+    # triton (~1 s): k3compile.ops' warm start reads its cache without it
     import triton
 
     return triton.__version__
@@ -33,8 +35,6 @@ def k3compile_version() -> str:
     """__version__ plus a hash of the package's source (passes, printer, IR): tuned winners
     belong to the kernel code that was timed, and a working tree changes it between releases."""
     import importlib.util
-
-    import k3compile
 
     if not _SOURCE_HASH:
         digest = hashlib.sha256()

@@ -20,6 +20,7 @@ BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40  # triton.testing.do_bench per candidate
 
 def gpu_name() -> str | None:
     """The CUDA device's name, None without one."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -40,6 +41,7 @@ def timing_inputs(layer_op, batch: int, tokens: int, dtype, device: str, seed: i
     meaning of k3compile.checking.verify.recurrence_inputs: unit q/k unless the kernel normalises, log
     decays clamped at -5 (or raw gate projections and the gate's parameters), beta in (0, 1) or
     logits, an fp32 initial state."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
     import torch.nn.functional as F
 
@@ -77,6 +79,7 @@ def with_cotangents(layer_op, inputs: dict, seed: int = 1) -> dict:
     """The backward's inputs at the target shape: the forward's `inputs` (an initial state among
     them) plus random cotangents as a training step hands them to chunk_backward (k3compile.ops):
     do in o's layout and dtype, dht of the final state in fp32, drawn on the inputs' device."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
 
     v, state = inputs["v"], inputs["initial_state"]
@@ -105,6 +108,7 @@ class EveryBucket(dict):
 
 
 def set_launch(module, launch: dict, entry_name: str = TUNED_ENTRY) -> None:
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.backends.triton.printer import launch_table_name
 
     setattr(module, launch_table_name(entry_name), EveryBucket(launch))
@@ -121,6 +125,7 @@ def run_backward(module, inputs: dict, candidate: Candidate, entry_name: str = B
     """One call of the backward entry with the candidate's launch config, as k3compile.ops calls it
     in a training step with an initial state and a final state (do, dht, output_dh0=True): each
     gradient by name (dq, dk, ..., dh0). Tests replace this to make a candidate wrong."""
+    # the checks import torch and xDSL, which importing this package must not
     from k3compile.checking.verify_backward import DIFFERENTIABLE
 
     set_launch(module, candidate.launch, entry_name)
@@ -142,6 +147,7 @@ def entry_outputs(module, inputs: dict, candidate: Candidate, entry_name: str = 
 
 def time_candidate(fn: Callable[[], object], candidate: Candidate) -> float:
     """Milliseconds of fn on the GPU (median of triton.testing.do_bench)."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, return_mode="median"))
@@ -160,6 +166,7 @@ def precompile(modules: list[tuple[object, list[Candidate]]], entry_name: str, i
     replaced by warmups, so nothing runs. Errors are left for the real runs to report. GPU only."""
     from concurrent.futures import ThreadPoolExecutor
 
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import triton
 
     class WarmupOnly:
@@ -200,8 +207,10 @@ def check_and_time(module, cand: Candidate, *, check: dict, reference: dict, tar
     `check` inputs) within `tol` (one RMS ratio, or one per output name); every output written at
     the `target` inputs; only then timed there by timer(fn, candidate). Any error scores infinity
     (out of resources, launch errors). Adds its seconds to phases["check"] and phases["time"]."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
 
+    # the checks import torch and xDSL, which importing this package must not
     from k3compile.checking.verify import compare
 
     t0 = time.perf_counter()

@@ -56,8 +56,10 @@ def moe_inputs(layer_op, module, tokens: int, dtype, device: str, seed: int = 0)
     """The layer's arguments at `tokens` rows: the routing's as k3compile.checking.verify_moe draws them
     (no near ties), the weights drawn in `dtype` on the device (at K3's widths the experts' are
     ~60 GB in bf16: no fp32 copy), MXFP4 weights packed by the module."""
+    # torch: importing k3compile.runtime.autotune (k3compile.ops does) loads none
     import torch
 
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.checking.verify_moe import MoeCase, routing_inputs
 
     gen = torch.Generator().manual_seed(seed)
@@ -90,6 +92,7 @@ def tune_moe(spec, tokens: int, dtype: str = "bfloat16", *, pipeline: str | None
              retune: bool = False, warp_tiles: Sequence[tuple[int, int]] = WARP_TILES) -> dict:
     """The record of `spec`'s bucket of `tokens` rows in `dtype` on this GPU: from the cache, or
     tuned now (every candidate compiled, checked, timed; the fastest passing one its winner)."""
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.runtime.autotune.search import parse_dtype
     from k3compile.frontend import spec_to_module
 
@@ -134,6 +137,7 @@ def check_and_time(spec, layer_op, candidate: Candidate, tokens: int, dtype, dev
                    timer: Callable) -> float:
     """Milliseconds of the candidate's `moe` at `tokens` rows, after its NaN-poisoned output
     matched the float64 reference there (else an AssertionError saying by how much)."""
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.driver import load_module, lower
     from k3compile.ir import reference
     from k3compile.checking.verify import compare

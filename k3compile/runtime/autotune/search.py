@@ -84,6 +84,7 @@ class TuneResult:
 
 
 def parse_dtype(name: str):
+    # torch: importing k3compile.runtime.autotune (k3compile.ops does) loads none
     import torch
 
     if name not in DTYPES:
@@ -100,6 +101,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     `segments`, default SEGMENTS; chunk_backward: the backward, each candidate's gradients checked
     against float64 autograd of the reference) for the bucket of shape (B, T) and dtype; cached
     results are returned without compiling or timing anything (unless retune)."""
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.driver import load_module, lower
     from k3compile.frontend import spec_to_module
 
@@ -131,8 +133,10 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
         if record is not None:
             return TuneResult(record, True, time.perf_counter() - start, 0, cache.path(key))
 
+    # torch: importing k3compile.runtime.autotune (k3compile.ops does) loads none
     import torch
 
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.ir import reference
     from k3compile.checking.verify import RecurrenceCase, recurrence_inputs, tolerance
 
@@ -192,6 +196,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     target = timing_inputs(layer_op, batch, tokens, torch_dtype, device)
     t0 = time.perf_counter()
     if backward:  # the gradients of <do, o> + <dht, final_state> by float64 autograd, dh0 included
+        # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
         from k3compile.checking.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
 
         do, dht = draw_cotangents(layer_op, check, True, gen)
