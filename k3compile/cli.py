@@ -12,6 +12,8 @@ so `k3c --help` and a usage error answer without loading them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import os
 import re
 import sys
@@ -254,10 +256,10 @@ def cmd_compile(args) -> int:
 def print_module(module_text: str, generic: bool) -> str:
     if not generic:
         return module_text
-    from k3compile.ir.dialects import make_context
     from xdsl.parser import Parser
     from xdsl.printer import Printer
-    import io
+
+    from k3compile.ir.dialects import make_context
 
     stream = io.StringIO()
     Printer(stream=stream, print_generic_format=True).print_op(Parser(make_context(), module_text).parse_module())
@@ -322,8 +324,6 @@ def cmd_opt(args) -> int:
 
 
 def cmd_passes(args) -> int:
-    import dataclasses
-
     from rich.table import Table
 
     from k3compile.pipeline import DEFAULT_PIPELINES, available_passes

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import xdsl
@@ -100,8 +101,6 @@ def symbols_cache_path(kind: str) -> Path:
     ($K3C_CACHE_DIR, else ~/.cache/k3compile); the digest of what the probe's answer depends on,
     the kind and the source of k3compile, its IR, passes and backends (source_digest), and the
     xDSL and Python versions."""
-    import sys
-
     root = Path(os.environ.get("K3C_CACHE_DIR") or os.path.join("~", ".cache", "k3compile")).expanduser()
     packages = ("k3compile", "k3compile.ir", "k3compile.passes", "k3compile.backends")
     roots = [Path(importlib.util.find_spec(name).submodule_search_locations[0]) for name in packages]

@@ -11,6 +11,7 @@ and the stores' chain rules through the input forms symbolically (prove_input_fo
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, replace
 
@@ -79,8 +80,6 @@ def checked(layer: str, schedule: str, want: tuple, run) -> ProofResult:
 
 def small_op(spec: LayerSpec):
     """The layer's k3.recurrence with K = 2, V = 3, one head."""
-    import dataclasses
-
     params = {**spec.params, "num_heads": 1, "num_v_heads": 1, "head_k_dim": PROOF_K, "head_v_dim": PROOF_V}
     module = spec_to_module(dataclasses.replace(spec, params=params))
     return module

@@ -19,6 +19,8 @@ gradient accumulates where the block was produced.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS
@@ -138,8 +140,6 @@ def measure_layer_costs(stack: BlockStack, x: torch.Tensor, repeats: int = 3) ->
     """Each layer's forward + backward time in ms (median of `repeats`, after one warm-up) on the
     residual state the stack's forward gives it for input x: plan_pipeline's `costs`. A layer's
     aggregation points cost more the more blocks precede it, so the layers are timed one by one."""
-    import time
-
     with torch.no_grad():
         states, (reps, partial) = [], stack.begin(x)
         for index in range(len(stack.layers)):

@@ -9,6 +9,7 @@ the bucket), written atomically and checked when read (record_problem); the cach
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -34,8 +35,6 @@ _SOURCE_HASH: list[str] = []
 def k3compile_version() -> str:
     """__version__ plus a hash of the package's source (passes, printer, IR): tuned winners
     belong to the kernel code that was timed, and a working tree changes it between releases."""
-    import importlib.util
-
     if not _SOURCE_HASH:
         digest = hashlib.sha256()
         for package in ("k3compile", "k3compile.checking", "k3compile.runtime", "k3compile.ir", "k3compile.passes",

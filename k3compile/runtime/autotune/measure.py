@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from k3compile.runtime.autotune.space import BACKWARD_ENTRY, TUNED_ENTRY, Candidate
@@ -164,8 +165,6 @@ def precompile(modules: list[tuple[object, list[Candidate]]], entry_name: str, i
     """Compile the kernels of every candidate of every (module, its candidates) in parallel
     threads (Triton's AsyncCompileMode; LLVM and ptxas run without the GIL): the launches are
     replaced by warmups, so nothing runs. Errors are left for the real runs to report. GPU only."""
-    from concurrent.futures import ThreadPoolExecutor
-
     # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import triton
 
