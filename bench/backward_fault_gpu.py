@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-asm", action="store_true", help="do not write ttgir / ptx / sass")
     p.add_argument("--smoke", action="store_true",
                    help="CPU: Triton's interpreter (TRITON_INTERPRET=1), fp32, B1 T70 unless --shape, with "
-                        "k3compile.interpreter_bounds' checks where importable")
+                        "k3compile.checking.interpreter_bounds' checks where importable")
     p.add_argument("--compile", type=Path, default=None, metavar="DIR",
                    help="compile FAULT_VARIANTS into DIR with the k3compile on PYTHONPATH, and stop")
     args = p.parse_args(argv)
@@ -273,10 +273,10 @@ def main(argv=None) -> int:
                                                      "PYTORCH_NO_CUDA_MEMORY_CACHING", "TRITON_CACHE_DIR")}}
     if interpret:
         try:
-            from k3compile import interpreter_bounds
+            from k3compile.checking import interpreter_bounds
 
             interpreter_bounds.install()
-            report["bounds_check"] = "k3compile.interpreter_bounds installed"
+            report["bounds_check"] = "k3compile.checking.interpreter_bounds installed"
         except Exception as error:
             report["bounds_check"] = f"not installed ({type(error).__name__}: {error})"
     module = load_module(path)

@@ -171,7 +171,7 @@ def measure_variant(member, pairing, heads, variant, root, B, T) -> dict:
 
 def roofs(spec, pipeline: str, B: int, T: int) -> dict[str, float]:
     """Each backward kernel's roofline time at this shape on this GPU's measured ceilings (k3c cost)."""
-    from k3compile.cost import CEILINGS, entry_costs
+    from k3compile.checking.cost import CEILINGS, entry_costs
     from k3compile.driver import schedule_for_triton
 
     ceiling = CEILINGS["h200" if "H200" in torch.cuda.get_device_name() else "h100"]

@@ -1,4 +1,4 @@
-"""Activation memory of the block stack on the GPU (k3compile.stack, docs/block-stack.md): Block
+"""Activation memory of the block stack on the GPU (k3compile.runtime.stack, docs/block-stack.md): Block
 AttnRes with its aggregation points under activation checkpointing against the bound, the same
 stack with plain residuals plus its block representatives.
 
@@ -57,8 +57,8 @@ def main(argv=None) -> int:
         block, head_dim, dtype_name = 2, 16, "float32"
     import torch
 
-    from k3compile.stack import build_stack
-    from k3compile.stack_spec import model_spec_from_table
+    from k3compile.runtime.stack import build_stack
+    from k3compile.runtime.stack_spec import model_spec_from_table
 
     device = "cpu" if args.smoke else "cuda"
     cuda = device == "cuda"

@@ -53,7 +53,7 @@ for module_name, names in IN_PLACE_OF.items():
 if os.environ.get("K3C_FLA_DEVICE") == "cpu":
     import fla.utils
 
-    from k3compile.interpreter_bf16 import install
+    from k3compile.checking.interpreter_bf16 import install
 
     install()  # Triton's interpreter computes bf16 as the GPU does (fla's kernels and ours alike)
 

@@ -9,7 +9,7 @@ the tests come from a checkout of flash-linear-attention, fla-core must be impor
     python bench/fla_suite.py --tests ... --out DIR --budget-s 300    # tests after 300 s: not run
 
 On the CPU (Triton's interpreter) bf16 runs as on the GPU: the plugin installs
-k3compile.interpreter_bf16, which makes the interpreter compute bf16 on values, rounding each op
+k3compile.checking.interpreter_bf16, which makes the interpreter compute bf16 on values, rounding each op
 (stock Triton computes on the raw bits). Writes
 DIR/fla_suite.md (the counts and a row per test of ours that did not pass) and DIR/fla_suite.json
 (every test: outcome, which of our functions it called, the first error line).

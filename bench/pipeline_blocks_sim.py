@@ -1,5 +1,5 @@
 """Pipeline parallelism of a K3-sized Block AttnRes stack, simulated on the CPU: bytes per stage
-boundary and activation memory per rank, sending only new blocks (k3compile.pipeline_plan) against
+boundary and activation memory per rank, sending only new blocks (k3compile.runtime.pipeline_plan) against
 resending every completed block at every boundary and against full AttnRes (every sublayer's
 output a source: O(L d) per token).
 
@@ -7,7 +7,7 @@ output a source: O(L d) per token).
 
 The model (docs/block-stack.md, "Simulation"): 93 layers (3 KDA : 1 attention), blocks of 12,
 hidden 7168, bf16; one microbatch = one sequence of T tokens, so a [T, 7168] tensor X is
-T x 14 KiB. P ranks x v stages (stage s on rank s mod P), cut by k3compile.pipeline_plan at equal
+T x 14 KiB. P ranks x v stages (stage s on rank s mod P), cut by k3compile.runtime.pipeline_plan at equal
 layer costs, run by torch.distributed.pipelining's schedule (Schedule1F1B for v = 1,
 ScheduleInterleaved1F1B otherwise; its action order from torch's own schedule builder), 2P
 microbatches a step. Memory counts the residual-state tensors a stage keeps per in-flight
@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from k3compile.pipeline_plan import plan_pipeline  # noqa: E402
-from k3compile.stack_spec import model_spec_from_table  # noqa: E402
+from k3compile.runtime.pipeline_plan import plan_pipeline  # noqa: E402
+from k3compile.runtime.stack_spec import model_spec_from_table  # noqa: E402
 
 K3 = dict(name="k3", hidden_size=7168, num_layers=93, block_size=12, layer_pattern="kda,kda,kda,attn", kda_heads=64,
           kda_head_dim=128, attn_heads=64, attn_head_dim=128, ffn_hidden_size=18432, dtype="bfloat16")

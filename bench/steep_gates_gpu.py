@@ -2,7 +2,7 @@
 gate with exp(A_log) ~ 1e13 on one head, through each gated member's compiled `chunk` (forward)
 and its autograd (the plain `chunk` under torch.autograd: chunk_backward), bf16 and fp16, against
 the float64 token recurrence (k3compile.ir.reference) and its autograd, at fla's tolerances
-(RMS ratio 5e-3 for o and the final state, k3compile.verify_backward's per gradient).
+(RMS ratio 5e-3 for o and the final state, k3compile.checking.verify_backward's per gradient).
 
     python3 bench/steep_gates_gpu.py --out DIR      # on the GPU; writes DIR/steep_gates.md
 """
@@ -70,7 +70,7 @@ def draw(kind: str, form: str, dtype: torch.dtype, gen: torch.Generator) -> dict
 
 def check(layer, kind: str, form: str, dtype: torch.dtype, gen: torch.Generator) -> dict:
     from k3compile.frontend import spec_to_module
-    from k3compile.verify_backward import gradient_tolerance, reference_gradients
+    from k3compile.checking.verify_backward import gradient_tolerance, reference_gradients
 
     op = next(iter(spec_to_module(layer.spec).ops))
     x = draw(kind, form, dtype, gen)

@@ -35,7 +35,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     import k3compile
-    from k3compile.serving import CheckpointPolicy, PrefixCache, split_checkpoints
+    from k3compile.runtime.serving import CheckpointPolicy, PrefixCache, split_checkpoints
     from k3compile.spec import spec_from_table
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

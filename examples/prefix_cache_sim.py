@@ -7,7 +7,7 @@ It writes prefix_cache_sim.md (and, with matplotlib, prefix_cache_sim.png) to --
 temporary folder unless named; the tracked bench/results/prefix_cache_sim.md and
 docs/prefix_cache_sim.png are what `--out bench/results --plot docs/prefix_cache_sim.png` writes.
 
-Every policy is the real `k3compile.serving.PrefixCache`, driven with token ids:
+Every policy is the real `k3compile.runtime.serving.PrefixCache`, driven with token ids:
 
 - ours-nN: 512-token blocks, a KDA checkpoint every N blocks and at each prompt's last full block
   (CheckpointPolicy(every_blocks=N));
@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from k3compile.serving import CheckpointPolicy, PrefixCache
+from k3compile.runtime.serving import CheckpointPolicy, PrefixCache
 
 VOCAB = 160_000
 BLOCK_TOKENS = 512

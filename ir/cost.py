@@ -1,7 +1,7 @@
 """What one execution of a k3s stage costs: the bytes it moves between HBM and a program, and
 the floating-point operations it does (a multiply-add counts 2), given the sizes of the tile
 dimensions in the kernel it runs in. One rule per op class, registered like `@semantics`;
-k3compile/cost.py sums them over a kernel's loops and grid (`k3c cost`).
+k3compile/checking/cost.py sums them over a kernel's loops and grid (`k3c cost`).
 
 The model is a roofline's: every load and store reaches HBM (no L2 reuse between programs), and
 a stage's FLOPs are its contractions' (2 m n k each). Register-only stages (elementwise

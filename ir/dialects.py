@@ -6,12 +6,14 @@ from xdsl.context import Context
 
 
 def _k3():
+    # a dialect's ops are defined when a parse first needs them (xDSL's lazy dialects)
     from k3compile.ir.k3 import K3
 
     return K3
 
 
 def _k3s():
+    # a dialect's ops are defined when a parse first needs them (xDSL's lazy dialects)
     from k3compile.ir.k3s import K3S
 
     return K3S
@@ -21,6 +23,7 @@ DIALECTS = {"k3": _k3, "k3s": _k3s}
 
 
 def make_context() -> Context:
+    # xDSL's builtin dialect: loaded only when a context is made
     from xdsl.dialects.builtin import Builtin
 
     ctx = Context()

@@ -22,6 +22,7 @@ __all__ = [
 
 
 def compile(spec, out_dir=None, pipeline=None):  # noqa: A001 - the public verb
+    # xDSL, torch, triton: `import k3compile` stays cheap
     from k3compile.driver import compile as _compile
 
     return _compile(spec, out_dir=out_dir, pipeline=pipeline)
@@ -31,6 +32,7 @@ compile.__doc__ = "Compile a layer spec (path or LayerSpec) to Triton kernels; s
 
 
 def load_spec(path):
+    # tomllib and the schemas: `import k3compile` loads only the errors
     from k3compile.spec import load_spec as _load_spec
 
     return _load_spec(path)

@@ -4,12 +4,16 @@ Exit codes: 0 ok (a stdout closed early, as by `| head`, included), 1 verificati
 or every tuning candidate) failed, 2 bad input (spec, IR, pipeline, arguments; one line naming
 the problem), 3 an internal error (a bug in k3compile or its toolchain: one line, or with
 K3C_TRACEBACK=1 or true its traceback).
-Imports of xDSL, torch and triton are deferred to the subcommand that needs them.
+Imports of xDSL, torch and triton (seconds together), and of rich and the spec reader, are
+deferred to the subcommand that needs them: every function-local import below is one of those,
+so `k3c --help` and a usage error answer without loading them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import os
 import re
 import sys
@@ -18,7 +22,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from k3compile.errors import K3Error
+from k3compile.errors import ArgumentError, IRError, K3Error, UnsupportedError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -104,7 +108,7 @@ def progress_bar(console, description: str, *fields: str):
 
 
 def run_tune(spec, shape, dtype, args, console, entry="chunk"):
-    from k3compile.autotune import TuneCache, tune
+    from k3compile.runtime.autotune import TuneCache, tune
 
     what = f"{spec.name}{'' if entry == 'chunk' else ' ' + entry} B,T={shape[0]},{shape[1]} {dtype}"
     with progress_bar(console, f"tuning {what}", "best") as update:
@@ -116,7 +120,7 @@ def run_tune(spec, shape, dtype, args, console, entry="chunk"):
 def print_tune_result(spec, shape, dtype, result) -> None:
     from rich.table import Table
 
-    from k3compile.autotune import Bucket
+    from k3compile.runtime.autotune import Bucket
 
     key = result.record["key"]
     entry = "" if result.entry == "chunk" else f" {result.entry}"
@@ -163,7 +167,6 @@ def print_tune_result(spec, shape, dtype, result) -> None:
 def cmd_tune(args) -> int:
     from rich.console import Console
 
-    from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -186,9 +189,8 @@ def cmd_tune(args) -> int:
 
 def tune_moe_table(spec, args) -> int:
     """`k3c tune` of a latent_moe spec: its dispatch table's bucket of each --tokens count."""
-    from k3compile.autotune import TuneCache
-    from k3compile.autotune.moe import MOE_TOKENS, moe_table, tune_moe
-    from k3compile.errors import ArgumentError
+    from k3compile.runtime.autotune import TuneCache
+    from k3compile.runtime.autotune.moe import MOE_TOKENS, moe_table, tune_moe
 
     if args.shape or args.entry != "chunk":
         raise ArgumentError(f"{args.spec}: a latent_moe layer is tuned per --tokens N (its dispatch table), "
@@ -213,9 +215,8 @@ def tune_moe_table(spec, args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from k3compile.autotune import TuneCache, compile_tuned
+    from k3compile.runtime.autotune import TuneCache, compile_tuned
     from k3compile.driver import write_module
-    from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
 
     start = time.perf_counter()
@@ -255,10 +256,10 @@ def cmd_compile(args) -> int:
 def print_module(module_text: str, generic: bool) -> str:
     if not generic:
         return module_text
-    from k3compile.ir.dialects import make_context
     from xdsl.parser import Parser
     from xdsl.printer import Printer
-    import io
+
+    from k3compile.ir.dialects import make_context
 
     stream = io.StringIO()
     Printer(stream=stream, print_generic_format=True).print_op(Parser(make_context(), module_text).parse_module())
@@ -287,7 +288,6 @@ def cmd_ir(args) -> int:
 
 
 def parse_ir(text: str, source: str):
-    from k3compile.errors import IRError
     from k3compile.ir.dialects import make_context
     from xdsl.parser import Parser
     from xdsl.utils.exceptions import ParseError, VerifyException
@@ -306,7 +306,6 @@ def parse_ir(text: str, source: str):
 
 
 def cmd_opt(args) -> int:
-    from k3compile.errors import IRError
     from k3compile.pipeline import run_pipeline
 
     source = "<stdin>" if args.file == "-" else args.file
@@ -325,17 +324,14 @@ def cmd_opt(args) -> int:
 
 
 def cmd_passes(args) -> int:
-    import dataclasses
-
     from rich.table import Table
 
-    from k3compile.passes import PASSES
-    from k3compile.pipeline import DEFAULT_PIPELINES
+    from k3compile.pipeline import DEFAULT_PIPELINES, available_passes
 
     table = Table(title="k3c passes: what `-p` takes (pass{option=value ...}), options at their defaults")
     for column in ("pass", "options", "what it does"):
         table.add_column(column)
-    for name, load in PASSES.items():
+    for name, load in available_passes().items():
         pass_type = load()
         options = " ".join(f"{f.name.replace('_', '-')}={f.default}" for f in dataclasses.fields(pass_type))
         table.add_row(name, options or "-", (pass_type.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
@@ -352,7 +348,7 @@ def cmd_verify(args) -> int:
     from rich.table import Table
 
     from k3compile.spec import load_spec
-    from k3compile.verify import defaults, grid, verify
+    from k3compile.checking.verify import defaults, grid, verify
 
     spec = load_spec(args.spec)
     with progress_bar(Console(stderr=True), f"verifying {spec.name}", "case") as update:
@@ -381,11 +377,10 @@ def cmd_verify(args) -> int:
 def cmd_prove(args) -> int:
     from rich.table import Table
 
-    from k3compile.errors import UnsupportedError
     from k3compile.passes.fuse_chunkwise import GROUPINGS
-    from k3compile.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
-                                 prove_fused_chunkwise, prove_input_forms, prove_replay, prove_saved_forward_values,
-                                 prove_segment_scan, prove_spec_step)
+    from k3compile.checking.prove import (check_chunk_size, prove_backward, prove_chunked_verify, prove_chunkwise,
+                                          prove_fused_chunkwise, prove_input_forms, prove_replay,
+                                          prove_saved_forward_values, prove_segment_scan, prove_spec_step)
     from k3compile.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -522,11 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_vision(sub)  # k3c plan-vision
 
-    from k3compile.pipeline_plan_cli import add_parser as add_plan_pipeline
+    from k3compile.runtime.pipeline_plan_cli import add_parser as add_plan_pipeline
 
     add_plan_pipeline(sub)  # k3c plan-pipeline
 
-    from k3compile.cost_cli import add_parser as add_cost
+    from k3compile.checking.cost_cli import add_parser as add_cost
 
     add_cost(sub)  # k3c cost
     return parser

@@ -6,7 +6,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import secrets
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,7 +14,15 @@ from types import ModuleType
 
 from xdsl.dialects.builtin import ModuleOp
 
+from k3compile import __version__
+from k3compile.backends.triton.guard_spill_only_stages import GuardSpillOnlyStagesPass
+from k3compile.backends.triton.legalize import LegalizeTritonPass
+from k3compile.backends.triton.merge_identical_kernels import MergeIdenticalKernelsPass
+from k3compile.backends.triton.printer import print_triton
 from k3compile.errors import OutputError, UnsupportedError
+from k3compile.files import write_file_atomic
+from k3compile.frontend import spec_to_module
+from k3compile.passes.outline_kernels import OutlineKernelsPass
 from k3compile.pipeline import DEFAULT_PIPELINES, PipelineRun, Verify, run_passes, run_pipeline
 from k3compile.spec import LayerSpec, load_spec
 
@@ -46,8 +53,6 @@ def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool 
              verify: Verify = "each") -> Compilation:
     """Build the IR of a spec and run its pipeline (no code printed yet), verifying the IR after
     every pass, or as `verify` says (k3compile.pipeline)."""
-    from k3compile.frontend import spec_to_module
-
     start = time.perf_counter()
     module = spec_to_module(spec)
     layer_ir = str(module)
@@ -60,14 +65,13 @@ def schedule(spec: LayerSpec, pipeline: str | None = None, keep_snapshots: bool 
 def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | None = None,
           note: str = "") -> Compilation:
     """Schedule a spec and print its Triton module. launch_tables: entry -> tuned launch configs
-    per bucket, embedded in the module (k3compile.autotune; docs/autotuning.md); note: added
+    per bucket, embedded in the module (k3compile.runtime.autotune; docs/autotuning.md); note: added
     to the module's docstring.
 
     The IR is verified once, the module that is printed (after the pipeline and the backend's
     passes); should anything fail on the way, the compile is repeated verifying after every pass
     and raises what that raises (k3compile.pipeline). K3C_VERIFY_EACH=1 verifies after every pass
     from the start."""
-    from k3compile.backends.triton.printer import print_triton
 
     if os.environ.get("K3C_VERIFY_EACH", "").lower() in ("1", "true"):
         compilation = schedule_for_triton(spec, pipeline, verify="each")
@@ -88,11 +92,6 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
 
 def schedule_for_triton(spec: LayerSpec, pipeline: str | None, verify: Verify) -> Compilation:
     """Schedule a spec and run the Triton backend's passes over its module."""
-    from k3compile.backends.triton.legalize import LegalizeTritonPass
-    from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
-    from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
-    from k3compile.passes.outline_kernels import OutlineKernelsPass
-
     compilation = schedule(spec, pipeline, verify=verify)
     if not any(op.name == "k3s.entry" for op in compilation.scheduled.ops):
         layer_op = next(iter(compilation.scheduled.ops)).name
@@ -116,8 +115,6 @@ def spec_digest(spec: LayerSpec) -> str:
 
 def provenance(compilation: Compilation, note: str = "") -> str:
     """The compiled module's docstring: what it was compiled from, and how to see its IR."""
-    from k3compile import __version__
-
     spec = compilation.spec
     lines = [f"{spec.name}: compiled {spec.kind} layer (k3compile {__version__}). Needs only torch and triton.", "",
              f"spec: {spec.source} (content sha256 {spec_digest(spec)[:16]})",
@@ -193,21 +190,3 @@ def write_module(compilation: Compilation, out_dir: str | Path, file_name: str |
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write {path.name} there ({err.strerror})") from None
     return path
-
-
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and a rename: a process that reads the file
-    while another writes it sees the old file or the new one, never half of one, and a crash
-    never leaves an empty one (fsync before the rename). The file gets mode 0666 less the umask,
-    as open() gives (mkstemp's 0600 would hide a shared cache from other users)."""
-    scratch = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(scratch, path)
-    except BaseException:
-        scratch.unlink(missing_ok=True)
-        raise

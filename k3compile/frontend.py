@@ -7,13 +7,18 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
+import xdsl
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.errors import SpecError
+from k3compile.files import write_file_atomic
+from k3compile.ir.k3 import AttnResOp, LatentMoEOp, RecurrenceOp, VisionOp
 from k3compile.passes.common import props
+from k3compile.pipeline import DEFAULT_PIPELINES, SPECULATIVE_PIPELINE, run_pipeline
 from k3compile.spec import REQUIRED, RECURRENCE_KINDS, SCHEMAS, LayerSpec, spec_from_table
 
 # the layer module_symbols compiles: a name no pass gives a symbol (kernels are <layer>_<what>)
@@ -32,8 +37,6 @@ def spec_to_module(spec: LayerSpec) -> ModuleOp:
 
 
 def layer_module(spec: LayerSpec) -> ModuleOp:
-    from k3compile.ir.k3 import AttnResOp, LatentMoEOp, RecurrenceOp, VisionOp
-
     params = dict(spec.params)
     if spec.kind in RECURRENCE_KINDS:
         op_type = RecurrenceOp
@@ -83,8 +86,6 @@ def module_symbols(kind: str) -> tuple[frozenset[str], frozenset[str]]:
         pass
     fixed, suffixes = probe_symbols(kind)
     try:  # a cache the user cannot write to only costs time
-        from k3compile.driver import write_file_atomic
-
         path.parent.mkdir(parents=True, exist_ok=True)
         write_file_atomic(path, json.dumps({"fixed": sorted(fixed), "suffixes": sorted(suffixes)}).encode())
         for stale in path.parent.glob(f"{kind}-*.json"):  # those of other source versions
@@ -100,10 +101,6 @@ def symbols_cache_path(kind: str) -> Path:
     ($K3C_CACHE_DIR, else ~/.cache/k3compile); the digest of what the probe's answer depends on,
     the kind and the source of k3compile, its IR, passes and backends (source_digest), and the
     xDSL and Python versions."""
-    import sys
-
-    import xdsl
-
     root = Path(os.environ.get("K3C_CACHE_DIR") or os.path.join("~", ".cache", "k3compile")).expanduser()
     packages = ("k3compile", "k3compile.ir", "k3compile.passes", "k3compile.backends")
     roots = [Path(importlib.util.find_spec(name).submodule_search_locations[0]) for name in packages]
@@ -125,8 +122,6 @@ def source_digest(roots: list[Path]) -> str:
 def probe_symbols(kind: str) -> tuple[frozenset[str], frozenset[str]]:
     """module_symbols' answer, found after each pass of the kind's pipelines over a small layer
     (the symbols do not depend on its dimensions)."""
-    from k3compile.pipeline import DEFAULT_PIPELINES, SPECULATIVE_PIPELINE, run_pipeline
-
     table = {key: 2 for key, rule in SCHEMAS[kind].items() if rule.default is REQUIRED}  # dimensions and counts
     probe = spec_from_table({"name": PROBE_NAME, "kind": kind, **table})
     pipelines = [DEFAULT_PIPELINES[kind]] + ([SPECULATIVE_PIPELINE] if kind in RECURRENCE_KINDS else [])

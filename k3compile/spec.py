@@ -176,7 +176,7 @@ def _check_value(where: str, key: str, rule: Key, value: Any) -> Any:
 
 def check_keys(where: str, schema: dict[str, Key], table: dict[str, Any], missing_note: str = "") -> dict[str, Any]:
     """Every key of `schema` checked in `table` or defaulted (a missing required key: SpecError,
-    its message ending in `missing_note`); also k3compile.stack_spec's."""
+    its message ending in `missing_note`); also k3compile.runtime.stack_spec's."""
     params: dict[str, Any] = {}
     for key, rule in schema.items():
         if key in table:
@@ -234,7 +234,7 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def read_table(path: Path, name: str, holder: str = "a spec") -> dict[str, Any]:
     """The one table `name` a spec file holds (`holder` names the file's kind in the messages);
-    SpecError with a one-line message (also k3compile.stack_spec's, for [model])."""
+    SpecError with a one-line message (also k3compile.runtime.stack_spec's, for [model])."""
     document = read_toml(path)
     extra = sorted(set(document) - {name})
     if extra:

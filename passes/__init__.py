@@ -40,15 +40,13 @@ Each pass is one idea, named for what it derives:
 - derive-segment-scan-backward: its backward (chunk_backward_segments): chunk_backward's kernels per
   segment, the leaving cotangents from the forward combine's adjoint (the combine transposed, in
   reverse);
-- guard-spill-only-stages: a kernel that is another's minus stages that only feed spills runs the
-  other's code, those stages under a constexpr flag it turns off (the summary prepare, the chunk
-  prepare's code without the output's stages);
 - outline-kernels: every kernel built inside an entry becomes a symbol of the module whose
   arguments are the entry's values its stages use, and the entry launches it (k3s.launch);
 - overlap-launches: an entry's consecutive launches that share no tensor either writes run side by
-  side, the first on a side stream (the backward's state and cotangent scans);
-- merge-identical-kernels: kernels of different entries with the same code run one code (the
-  backend runs both after fixing block sizes).
+  side, the first on a side stream (the backward's state and cotangent scans).
+
+The Triton backend's own passes (guard-spill-only-stages, merge-identical-kernels) live in
+backends/triton/ and are registered there (BACKEND_PASSES).
 
 plan_vision_cp.py is no pass of a pipeline: a planner run per batch (its input is the batch's
 images, not the layer), `k3c plan-vision` (docs/vision.md).
@@ -82,9 +80,7 @@ _WHERE = {
     "derive-segment-scan": ("derive_segment_scan", "DeriveSegmentScanPass"),
     "lower-segment-scan": ("lower_segment_scan", "LowerSegmentScanPass"),
     "derive-segment-scan-backward": ("derive_segment_scan_backward", "DeriveSegmentScanBackwardPass"),
-    "guard-spill-only-stages": ("guard_spill_only_stages", "GuardSpillOnlyStagesPass"),
     "overlap-launches": ("overlap_launches", "OverlapLaunchesPass"),
-    "merge-identical-kernels": ("merge_identical_kernels", "MergeIdenticalKernelsPass"),
     "outline-kernels": ("outline_kernels", "OutlineKernelsPass"),
 }
 

@@ -9,7 +9,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from k3compile.ir.choices import BOUNDED_GATE_INPUTS, ZERO_DECAY_FLOOR
+from k3compile.ir.choices import BOUNDED_GATE_INPUTS, GATE_INPUTS_WITH_PARAMETERS, ZERO_DECAY_FLOOR
 from k3compile.ir.syntax import fit_to_property
 
 
@@ -42,6 +42,7 @@ def props(op_type: type[IRDLOperation] | None = None, /, **values) -> dict[str, 
 def check_power_of_two(pass_name: str, option: str, value: int, most: int | None = None) -> None:
     """Reject a pass option that is not a power of two (at most `most`) before anything is
     built; the pipeline reports the ValueError as a one-line error."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir.k3s import is_power_of_two
 
     if not is_power_of_two(value) or (most is not None and value > most):
@@ -50,6 +51,7 @@ def check_power_of_two(pass_name: str, option: str, value: int, most: int | None
 
 
 def check_num_warps(pass_name: str, num_warps: int) -> None:
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir.k3s import MAX_NUM_WARPS
 
     check_power_of_two(pass_name, "num-warps", num_warps, MAX_NUM_WARPS)
@@ -63,6 +65,7 @@ def check_token_stages(pass_name: str, token_stages: int) -> None:
 def token_kernel(body: list[Operation], sym_name: str, num_warps: int, token_stages: int) -> Operation:
     """A kernel of one program per (value block, sequence, value head) walking tokens; token_stages
     > 0 pipelines its token loops that deep (the next tokens' loads issued while one is computed)."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir import k3s
 
     stages = {"num_stages": token_stages} if token_stages else {}
@@ -89,6 +92,7 @@ def make(op_type: type[IRDLOperation], body: list[Operation] | Block | None = No
 def tensor_arg(sym_name: str, type: Attribute, role: str = "input", **values) -> Operation:
     """An entry's tensor argument: its value, named after it, is what the entry's kernels are
     launched with."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir import k3s
 
     return make(k3s.TensorArgOp, sym_name=sym_name, role=role, result=(sym_name, type), **values)
@@ -102,6 +106,7 @@ def argument_values(arguments: Sequence[Operation]) -> dict[str, SSAValue]:
 def entry_values(entry: Operation) -> dict[str, SSAValue]:
     """The values an entry's stages may read by name: its arguments' and the tensors it marks
     absent (k3s.absent_tensor)."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir import k3s
 
     return {k3s.argument_name(op.results[0]): op.results[0] for op in entry.regions[0].ops
@@ -112,6 +117,7 @@ def rebind(ops: Operation | Region | Sequence[Operation], values: dict[str, SSAV
     """Point the operands of ops (and of the ops nested in them) that are arguments of some
     entry at the same-named ones of `values`, those of the entry the ops now belong to (stages
     cloned from another entry's schedule or kernel). A name `values` lacks is an error."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir import k3s
 
     roots = [ops] if isinstance(ops, (Operation, Region)) else list(ops)
@@ -131,6 +137,7 @@ def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[
     The layer op stays: it is the declaration every entry of the layer is derived from (`source
     = @name`). Returns each built layer's entry name (a module of several layers names it
     <layer>_<entry>)."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir.k3s import EntryByRowsOp, EntryOp
 
     existing = {(op.source, op.sym_name) for op in module.ops if isinstance(op, (EntryOp, EntryByRowsOp))}
@@ -151,6 +158,7 @@ def add_entries(module: ModuleOp, layer_type: type[Operation], build: Callable[[
 
 def last_entry_of(module: ModuleOp, layer_op: Operation) -> Operation:
     """The last op in the run of entries that follows layer_op (or layer_op itself)."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir.k3s import EntryByRowsOp, EntryOp
 
     anchor = layer_op
@@ -168,6 +176,7 @@ def recurrence_state_shape(op) -> list[str]:
 
 def recurrence_arguments(op) -> list[Operation]:
     """The tensor interface every entry of a k3.recurrence shares (fla's layouts)."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir import k3s
     from k3compile.ir.k3s import tensor
 
@@ -199,8 +208,6 @@ def recurrence_arguments(op) -> list[Operation]:
 def gate_tensors(op, values: dict[str, SSAValue]) -> list[SSAValue]:
     """What a k3.recurrence's gate load reads: g, then A_log and dt_bias if its input form
     computes the gate from them."""
-    from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
-
     parameters = ("A_log", "dt_bias") if op.input_option("gate_input") in GATE_INPUTS_WITH_PARAMETERS else ()
     return [values[name] for name in ("g", *parameters)]
 
@@ -221,6 +228,7 @@ def input_loads(op, values: dict[str, SSAValue]) -> dict[str, Callable[[type[Ope
     op type (per token or per chunk) is the argument. They read the tensors of `values` (the
     entry's arguments) and carry what the input means; their results are named after the input
     and shaped as a chunk's rows (a token's: one row)."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir import k3s
 
     normalised = {"l2norm": True} if op.input_option("qk_l2norm") else {}

@@ -46,41 +46,13 @@ from k3compile.ir.k3s import GridAxis
 from k3compile.ir.k3 import LatentMoEOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, check_power_of_two, make, tensor_arg
 from k3compile.passes.lower_moe_experts import MoeEntry, Widths
-from k3compile.passes.moe_adjoint_rules import MOE_ADJOINT_RULES, Rows, Tile
+from k3compile.passes.moe_adjoint_rules import MOE_ADJOINT_RULES, Product, Rows, Tile
 
 # the gradients the backward returns, of the forward's inputs that have one (not router_bias)
 DIFFERENTIABLE = ("x", "router_weight", "expert_gate_up", "expert_down", "latent_down", "latent_up",
                   "latent_norm_gain", "shared_gate_up", "shared_down")
 GLU_ADJOINTS = ("epilogue", "kernel")  # derive-moe-backward{glu-adjoint=...}, the default first
 SORTED_WGRAD_ROWS = ("gather", "copy")  # derive-moe-backward{sorted-wgrad-rows=...}, the default first
-
-
-@dataclass(frozen=True)
-class Product:
-    """A forward GEMM y = a W^T as its adjoints see it: a's tensor and rows, W's tensor and layout
-    (a GLU's [2 out, in], a stacked_out weight read dense), the forward's in and out widths."""
-
-    source: str
-    weight: str
-    rows: str
-    index: str
-    in_dim: int
-    out_dim: int
-    layout: str
-    group: int | None = None
-    block_rows: int | None = None
-    gain: str | None = None  # an RMS-normalised input's gain (rms_eps)
-
-    @classmethod
-    def of(cls, op: k3s.ProjectOp) -> Product:
-        glu = op.up is not None
-        layout = op.layout.data.value
-        return cls(k3s.argument_name(op.input), k3s.argument_name(op.weight), op.rows.data.value,
-                   op.input_index.data.value, op.in_dim.value.data, op.out_dim.value.data * (2 if glu else 1),
-                   "dense" if layout == "stacked_out" else layout,
-                   op.group.value.data if layout == "stacked_in" else None,
-                   op.block_rows.value.data if op.block_rows is not None else None,
-                   k3s.argument_name(op.gain) if op.gain is not None else None)
 
 
 def fit(block: int, width: int) -> int:

@@ -34,6 +34,34 @@ def moe_adjoint(op_type: type) -> Callable:
 
 
 @dataclass(frozen=True)
+class Product:
+    """A forward GEMM y = a W^T as its adjoints see it: a's tensor and rows, W's tensor and layout
+    (a GLU's [2 out, in], a stacked_out weight read dense), the forward's in and out widths."""
+
+    source: str
+    weight: str
+    rows: str
+    index: str
+    in_dim: int
+    out_dim: int
+    layout: str
+    group: int | None = None
+    block_rows: int | None = None
+    gain: str | None = None  # an RMS-normalised input's gain (rms_eps)
+
+    @classmethod
+    def of(cls, op: k3s.ProjectOp) -> Product:
+        glu = op.up is not None
+        layout = op.layout.data.value
+        return cls(k3s.argument_name(op.input), k3s.argument_name(op.weight), op.rows.data.value,
+                   op.input_index.data.value, op.in_dim.value.data, op.out_dim.value.data * (2 if glu else 1),
+                   "dense" if layout == "stacked_out" else layout,
+                   op.group.value.data if layout == "stacked_in" else None,
+                   op.block_rows.value.data if op.block_rows is not None else None,
+                   k3s.argument_name(op.gain) if op.gain is not None else None)
+
+
+@dataclass(frozen=True)
 class Tile:
     """A cotangent held in the open backward kernel: `value` over its rows (`rows`, `index`)."""
 
@@ -122,8 +150,6 @@ def project(b, op: k3s.ProjectOp) -> None:
     with the weight transposed), W_bar = y_bar^T a (a GEMM summing over the rows, an expert's run
     for the routed experts); with rms_eps the cotangent of the normalised rows goes through the
     RMSNorm's adjoint to a's, and the gain gets its gradient."""
-    from k3compile.passes.derive_moe_backward import Product
-
     p = Product.of(op)
     if op.up is not None:  # the halves' cotangents, stored in the weight's row order: one [2 out, in] weight
         y_bar = b.store_glu_cotangent(op, b.tile_cot[op.result], b.tile_cot[op.up], f"{p.weight}_out_bar")
@@ -195,8 +221,6 @@ def store_partial_logits(b, op: k3s.StorePartialLogitsOp) -> None:
 @moe_adjoint(k3s.RouterLogitsOp)
 def router_logits(b, op: k3s.RouterLogitsOp) -> None:
     """logits = x W_r^T (the router's GEMM, in slices): x_bar += logits_bar W_r, W_r_bar = logits_bar^T x."""
-    from k3compile.passes.derive_moe_backward import Product
-
     p = Product(k3s.argument_name(op.input), k3s.argument_name(op.weight), "token_block", "token",
                 op.hidden_size.value.data, op.num_experts.value.data, "dense")
     b.product_adjoint(p, b.tile_cot[op.logits])

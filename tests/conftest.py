@@ -22,8 +22,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from k3compile.interpreter_bounds import install as install_bounds_checks  # noqa: E402
-from k3compile.interpreter_bf16 import install as install_bf16_by_value  # noqa: E402
+from k3compile.checking.interpreter_bounds import install as install_bounds_checks  # noqa: E402
+from k3compile.checking.interpreter_bf16 import install as install_bf16_by_value  # noqa: E402
 
 # every kernel the tests launch checks that it loads and stores only inside its tensors, and
 # computes on bf16 operands' values, rounding as the GPU does (the interpreter's own ops compute on
@@ -169,7 +169,7 @@ def as_tensor(matrix) -> torch.Tensor:
 
 
 def exact_as_torch(x, gate: str, delta_rule: bool) -> dict:
-    """ir/exact.py's rational inputs of one head (decays as factors) as float64 tensors in fla's
+    """k3compile/checking/exact.py's rational inputs of one head (decays as factors) as float64 tensors in fla's
     layouts, B = H = 1: q, k, v, the log-decay g (None without a gate), beta (None without the
     delta rule) and S0 [K, V]."""
     decays = as_tensor(x.a)

@@ -6,7 +6,7 @@ Joins a gloo process group (rendezvous through a file in WORKDIR), reads WORKDIR
 [model] table, the state dict, the batch and target, stages per rank, cuts, microbatches,
 schedule, and the test process's compiler fingerprint, whose compiled modules it imports),
 builds the stack and this rank's stages of the plan with
-k3compile.stack_pipeline.build_schedule, runs one training step, and writes WORKDIR/out<RANK>.pt:
+k3compile.runtime.stack_pipeline.build_schedule, runs one training step, and writes WORKDIR/out<RANK>.pt:
 the losses (last stage's rank), every parameter gradient this rank computed, and the bytes each of
 its stages' send ops carried, forward and backward, per stage (counted on the P2P ops
 torch.distributed.pipelining builds, not on the stage modules).
@@ -48,10 +48,10 @@ def pin_compiler(fingerprint: str) -> None:
 
 
 def main(rank: int, world: int, workdir: str) -> None:
-    from k3compile.pipeline_plan import plan_pipeline
-    from k3compile.stack import build_stack
-    from k3compile.stack_pipeline import build_schedule
-    from k3compile.stack_spec import model_spec_from_table
+    from k3compile.runtime.pipeline_plan import plan_pipeline
+    from k3compile.runtime.stack import build_stack
+    from k3compile.runtime.stack_pipeline import build_schedule
+    from k3compile.runtime.stack_spec import model_spec_from_table
 
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))

@@ -271,7 +271,7 @@ def test_k3c_verify_checks_the_fused_backward(monkeypatch):
     fail when a gradient is wrong (here the reference's query made off by a factor in the
     backward's rows only: the comparison is live)."""
     from k3compile.spec import spec_from_table
-    from k3compile.verify import verify
+    from k3compile.checking.verify import verify
 
     spec = spec_from_table({"name": "verify_backward", "kind": "attnres", "hidden_size": 48, "num_blocks": 2,
                             "block_size": 4}, source="<test>")

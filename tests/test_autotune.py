@@ -1,4 +1,4 @@
-"""The autotuner (k3compile.autotune, `k3c tune`, `k3c compile --frozen/--no-autotune`) on the CPU.
+"""The autotuner (k3compile.runtime.autotune, `k3c tune`, `k3c compile --frozen/--no-autotune`) on the CPU.
 
 The search runs for real in Triton's interpreter (compile, NaN-poisoned check against the float64
 reference, the all-written check at the target shape); only the timer and the GPU name are fakes.
@@ -22,8 +22,8 @@ from conftest import (
 )
 from k3compile.passes.fuse_chunkwise import FuseChunkwisePass
 
-from k3compile import autotune
-from k3compile.autotune import Bucket, Choice, TuneCache, measure, search
+from k3compile.runtime import autotune
+from k3compile.runtime.autotune import Bucket, Choice, TuneCache, measure, search
 
 GPU = "Fake GPU 80GB"
 # V = 32: block-v 32 and 16 are different launches of the scan kernel
@@ -49,7 +49,7 @@ def write_spec(path: Path, table: dict = TABLE) -> Path:
 def fake_gpu(monkeypatch, name: str | None) -> None:
     """The GPU name where tune (search.py) and compile_tuned (compile.py) look it up."""
     for where in ("search", "compile"):
-        monkeypatch.setattr(f"k3compile.autotune.{where}.gpu_name", lambda: name)
+        monkeypatch.setattr(f"k3compile.runtime.autotune.{where}.gpu_name", lambda: name)
 
 
 def spec_of(table: dict = TABLE):
@@ -136,10 +136,10 @@ def test_cache_key_changes_with_schedule_bucket_dtype_gpu_versions(monkeypatch):
         "dtype": autotune.key_for(spec, None, (2, 3000), "float32", GPU),
         "GPU": autotune.key_for(spec, None, (2, 3000), "bfloat16", "NVIDIA H200"),
     }
-    monkeypatch.setattr("k3compile.autotune.cache.triton_version", lambda: "99.0.0")
+    monkeypatch.setattr("k3compile.runtime.autotune.cache.triton_version", lambda: "99.0.0")
     changed["triton"] = autotune.key_for(spec, None, (2, 3000), "bfloat16", GPU)
     monkeypatch.undo()
-    monkeypatch.setattr("k3compile.autotune.cache.k3compile_version", lambda: "9.9.9+src.0")
+    monkeypatch.setattr("k3compile.runtime.autotune.cache.k3compile_version", lambda: "9.9.9+src.0")
     changed["k3compile"] = autotune.key_for(spec, None, (2, 3000), "bfloat16", GPU)
     for what, key in changed.items():
         assert digest(key) != digest(base), what
@@ -689,7 +689,7 @@ def test_compiled_module_uses_the_tuned_backward_and_its_gradients_match(tuned_b
 
     from k3compile.driver import load_module
     from k3compile.frontend import spec_to_module
-    from k3compile.verify_backward import draw_cotangents, reference_gradients
+    from k3compile.checking.verify_backward import draw_cotangents, reference_gradients
 
     cache, _, _ = tuned_backward
     forward_cache, _, _ = tuned

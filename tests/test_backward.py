@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import EXAMPLES, one_line
-from k3compile.verify_backward import chunk_backward_gradients, draw_cotangents, reference_gradients, state_shape
+from k3compile.checking.verify_backward import chunk_backward_gradients, draw_cotangents, reference_gradients, state_shape
 
 RTOL = 1e-4  # relative norm per gradient; the interpreter's fp32 gets ~1e-7
 MEMBERS = ("kda", "gated_deltanet", "deltanet", "gla")
@@ -379,7 +379,7 @@ def assert_sum_grad(got, want, leaves, HV: int, K: int, tol: float) -> None:
 
 # Half-precision inputs: their gradients come back in their dtype (the kernels' workspaces too), so
 # looser bounds; bf16's arithmetic runs in the interpreter on its values, rounded as on the GPU
-# (k3compile.interpreter_bf16). Observed: fp16 ~4e-4, bf16 2e-3 to 6e-3 (dA_log's plain ratio: to 1.1e-2).
+# (k3compile.checking.interpreter_bf16). Observed: fp16 ~4e-4, bf16 2e-3 to 6e-3 (dA_log's plain ratio: to 1.1e-2).
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, RTOL), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)],
                          ids=["fp32", "fp16", "bf16"])
 def test_ops_chunk_kda_training_step(ops_cache, dtype, tol):

@@ -359,7 +359,7 @@ def test_k3c_verify_runs_both_phases_against_the_one_pass_reference(monkeypatch)
     reference's and every query's merged h against the one-pass aggregate; a wrong phase fails
     its rows (here the reference's partials made off by a factor: the comparison is live)."""
     from k3compile.spec import spec_from_table
-    from k3compile.verify import verify
+    from k3compile.checking.verify import verify
 
     spec = spec_from_table({"name": "verify_blocks", "kind": "attnres", "hidden_size": 48, "num_blocks": 3,
                             "block_size": 4}, source="<test>")
@@ -378,7 +378,7 @@ def test_verify_checks_the_partials_in_the_layers_form(layer):
     """k3c verify's block_merge case reads which form of the partials the module has from its
     block_merge entry and checks them against the reference's in that form (here every build of
     this file's fixture, both forms), then every h against the one-pass aggregate."""
-    from k3compile.verify import AttnResCase, compare, run_attnres_case
+    from k3compile.checking.verify import AttnResCase, compare, run_attnres_case
 
     rows = run_attnres_case(layer, "block_merge", layer_op(layer), AttnResCase("two phases", NUM_BLOCKS, 2, 5),
                             torch.float32, "cpu", torch.Generator().manual_seed(5))

@@ -399,7 +399,7 @@ def test_k3c_verify_checks_both_phases_gradients(monkeypatch):
     (every gradient, the non-power-of-two width too) that pass, and fail when the reference's
     gradient is off (the merge's query scaled in the backward rows only: the comparison is live)."""
     from k3compile.spec import spec_from_table
-    from k3compile.verify import verify
+    from k3compile.checking.verify import verify
 
     spec = spec_from_table({"name": "verify_block_backward", "kind": "attnres", "hidden_size": 32, "num_blocks": 2,
                             "block_size": 4}, source="<test>")

@@ -1,4 +1,4 @@
-"""The block stack (k3compile.stack, docs/block-stack.md): its [model] spec checked key by key; its
+"""The block stack (k3compile.runtime.stack, docs/block-stack.md): its [model] spec checked key by key; its
 forward and gradients against the Block AttnRes recursion written out here (the paper's: every
 point mixes the completed blocks and the current block's partial sum; a block's sum becomes its
 representative), in float64 autograd for an attention stack and in fp32 for one with KDA layers;
@@ -18,8 +18,8 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from conftest import EXAMPLES, one_line
 from k3compile.errors import SpecError
-from k3compile.stack import build_stack
-from k3compile.stack_spec import load_model_spec, model_spec_from_table
+from k3compile.runtime.stack import build_stack
+from k3compile.runtime.stack_spec import load_model_spec, model_spec_from_table
 
 # a non-power-of-two width, a last block of one layer (3 layers in blocks of 2)
 TINY = dict(hidden_size=20, num_layers=3, block_size=2, attn_heads=2, attn_head_dim=6, kda_heads=1,

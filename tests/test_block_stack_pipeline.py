@@ -1,7 +1,7 @@
-"""The block stack over torch.distributed.pipelining (k3compile.stack_pipeline) in 2 and 4 gloo
+"""The block stack over torch.distributed.pipelining (k3compile.runtime.stack_pipeline) in 2 and 4 gloo
 processes on the CPU (tests/pipeline_worker.py): one training step gives the loss and every
 parameter's gradient of the single-process stack run on the same microbatches (fp32, 1e-5), and the bytes each stage's P2P sends
-carried, forward and backward, equal the plan's (k3compile.pipeline_plan) and, with several
+carried, forward and backward, equal the plan's (k3compile.runtime.pipeline_plan) and, with several
 stages a rank, are below resending every completed block. Fresh random weights and inputs each
 run; the torch form of the aggregate where the interpreter would be too slow, the compiled KDA
 and two phases in one 2-process run."""
@@ -15,9 +15,9 @@ import torch
 
 from conftest import REPO, run_worker_ranks
 from k3compile.ops.layers import compiler_fingerprint
-from k3compile.pipeline_plan import plan_pipeline
-from k3compile.stack import build_stack
-from k3compile.stack_spec import model_spec_from_table
+from k3compile.runtime.pipeline_plan import plan_pipeline
+from k3compile.runtime.stack import build_stack
+from k3compile.runtime.stack_spec import model_spec_from_table
 
 WORKER = REPO / "tests" / "pipeline_worker.py"
 SMALL = dict(hidden_size=24, num_layers=8, layer_pattern="attn", block_size=2, attn_heads=2, attn_head_dim=8,

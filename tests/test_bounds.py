@@ -1,4 +1,4 @@
-"""The interpreter's bounds checks (k3compile/interpreter_bounds.py, installed by conftest and by
+"""The interpreter's bounds checks (k3compile/checking/interpreter_bounds.py, installed by conftest and by
 `k3c verify --device cpu`) catch what they must."""
 
 from pathlib import Path
@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k3compile.interpreter_bounds import OutOfBounds, raised_by
+from k3compile.checking.interpreter_bounds import OutOfBounds, raised_by
 
 
 @triton.jit
@@ -57,7 +57,7 @@ def test_verify_fails_the_case_whose_kernel_leaves_its_tensors(monkeypatch, tmp_
     rest of the grid still runs), whatever the numbers would have said."""
     import dataclasses
 
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
     from k3compile.spec import load_spec
 
     family = verify_module.FAMILIES["gla"]

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from conftest import one_line, recurrence_table, run_cli
 
 import k3compile
-from k3compile import autotune, driver, ops
-from k3compile.autotune import TuneCache
+from k3compile import driver, ops
+from k3compile.runtime import autotune
+from k3compile.runtime.autotune import TuneCache
 from k3compile.errors import OutputError
 from k3compile.ops import layers
 from k3compile.spec import spec_from_table

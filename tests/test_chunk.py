@@ -2,7 +2,7 @@
 of every KDA-family member, in both state layouts and at several chunk sizes, against the
 float64 token recurrence of k3compile.ir.reference.
 
-Triton interpreter, fp32 (and a few fp16 and bf16 cases: k3compile.interpreter_bf16 computes
+Triton interpreter, fp32 (and a few fp16 and bf16 cases: k3compile.checking.interpreter_bf16 computes
 bf16 as the GPU does), small non-power-of-two dims (K = 24, V = 40) with block-v 16, so the scan
 runs 3 value blocks per head and value heads are grouped (HV = 2 H). The chunk form reassociates
 sums, so the tolerance is an RMS ratio of 1e-4 (observed: ~1e-7) instead of test_recurrent's

@@ -344,12 +344,11 @@ def test_opt_bad_pass_option(capsys, tmp_path):
 def test_passes_lists_every_pass_with_its_defaults(capsys):
     import dataclasses
 
-    from k3compile.passes import PASSES
-    from k3compile.pipeline import DEFAULT_PIPELINES
+    from k3compile.pipeline import DEFAULT_PIPELINES, available_passes
 
     code, out, err = run(capsys, "passes")
     assert code == 0 and err == ""
-    for name, load in PASSES.items():
+    for name, load in available_passes().items():
         assert name in out
         for field in dataclasses.fields(load()):  # every option, spelled as -p takes it, at its default
             default = str(field.default).lower() if isinstance(field.default, bool) else field.default
@@ -385,7 +384,7 @@ def test_verify_tiny_spec_passes(capsys, tiny_spec, tmp_path, monkeypatch):
 
 
 def verified_cases(spec, shard=None) -> list[tuple]:
-    from k3compile.verify import verify
+    from k3compile.checking.verify import verify
 
     return sorted((r.layer, r.entry, r.case, r.dtype, r.tensor) for r in verify(spec, device="cpu", seed=0, shard=shard))
 
@@ -399,7 +398,7 @@ def test_verify_shards_cover_the_grid_once(tiny_spec, tmp_path, monkeypatch):
 
     import torch
 
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
     from k3compile.spec import load_spec
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -417,7 +416,7 @@ def test_verify_shard_lowers_only_its_cases(capsys, tiny_spec, tmp_path, monkeyp
     compile), and the title says which shard ran."""
     import tempfile
 
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
     from k3compile.spec import load_spec
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -461,7 +460,7 @@ def test_quick_grid_covers_varlen_initial_states_and_odd_lengths():
     takes them; the chunk cases span several 16-token chunks with a partial one. On a CPU a
     4-head spec is verified at 2 heads, the value heads in the same ratio."""
     from k3compile.spec import spec_from_table
-    from k3compile.verify import grid
+    from k3compile.checking.verify import grid
 
     spec = spec_from_table(dict(name="wide", kind="kda", num_heads=4, num_v_heads=8, head_k_dim=8, head_v_dim=8))
     cases = grid(spec, False, ["float32"], quick=True)
@@ -490,7 +489,7 @@ def test_verify_quick_catches_a_broken_kernel(tiny_spec, tmp_path, monkeypatch, 
     """--quick can fail: with one fault printed into the module, the entries it breaks fail."""
     import tempfile
 
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
     from k3compile.spec import load_spec
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

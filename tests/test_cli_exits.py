@@ -134,7 +134,7 @@ def test_verify_runs_each_case_once_for_a_repeated_dtype(capsys, tmp_path, monke
 
     import torch
 
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
     from k3compile.spec import load_spec
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -176,7 +176,7 @@ def test_prove_chunk_size_out_of_range(capsys, size):
 
 def test_prove_functions_refuse_the_same_sizes():
     from k3compile.errors import ArgumentError
-    from k3compile.prove import prove_backward, prove_chunkwise, prove_segment_scan
+    from k3compile.checking.prove import prove_backward, prove_chunkwise, prove_segment_scan
     from k3compile.spec import load_spec
 
     spec = load_spec(EXAMPLES / "deltanet.toml")
@@ -211,7 +211,7 @@ def test_verify_removes_its_temporary_folder(tmp_path, monkeypatch, raised):
 
     import torch
 
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
     from k3compile.spec import load_spec
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -242,9 +242,9 @@ def test_verify_prints_no_numpy_warnings_for_discarded_lanes(tmp_path, monkeypat
     verify keeps its output clean, and every result still passes."""
     import contextlib
 
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
     from k3compile.spec import load_spec
-    from k3compile.verify import RecurrenceCase
+    from k3compile.checking.verify import RecurrenceCase
 
     spec = load_spec(write_spec(tmp_path, kind="kda", K=16))
     steep = RecurrenceCase("varlen (1, 22), gates steep from token 5", 1, 0, seqlens=(1, 22), steep_from=5)
@@ -269,6 +269,6 @@ def test_verify_prints_no_numpy_warnings_for_discarded_lanes(tmp_path, monkeypat
 
 def test_verify_takes_each_dtype_once():
     """verify(dtypes=[...]) as --dtype: a repeated dtype would run every case twice."""
-    from k3compile.verify import defaults
+    from k3compile.checking.verify import defaults
 
     assert defaults("cpu", ["float32", "float16", "float32"]) == ("cpu", ["float32", "float16"])

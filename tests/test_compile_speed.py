@@ -19,8 +19,8 @@ from conftest import EXAMPLE_SPECS
 from k3compile.backends.triton.legalize import LegalizeTritonPass
 from k3compile.driver import lower, schedule
 from k3compile.ir import k3s
-from k3compile.passes import guard_spill_only_stages as guard
-from k3compile.passes import merge_identical_kernels as merge
+from k3compile.backends.triton import guard_spill_only_stages as guard
+from k3compile.backends.triton import merge_identical_kernels as merge
 from k3compile.passes.outline_kernels import OutlineKernelsPass
 from k3compile.pipeline import run_passes
 from k3compile.spec import load_spec

@@ -16,9 +16,10 @@ import pytest
 import sympy
 import torch
 
-import k3compile.prove as prove
+import k3compile.checking.prove as prove
 from conftest import assert_rms, one_line, recurrence_table
-from k3compile.ir import exact, exact_backward, k3s
+from k3compile.checking import exact, exact_backward
+from k3compile.ir import k3s
 from test_context_parallel import C, H, HV, K, V, ending_on, rank_inputs, run_ranks, varlen
 from test_segment_scan import MEMBERS, member_spec
 
@@ -42,7 +43,7 @@ def cp_layer(compile_layer, kind: str, layout: str = "kv", **options):
 
 @pytest.mark.parametrize("form", ["full", "diagonal", "scalar", "identity"])
 def test_adjoint_combine_is_the_transpose(form):
-    """<D, M S> = <M^T D, S> for symbols, with M^T as the adjoint combine holds it (ir/exact.py:
+    """<D, M S> = <M^T D, S> for symbols, with M^T as the adjoint combine holds it (k3compile/checking/exact.py:
     transition_transpose), in every transition form."""
     Kx, Vx = 2, 3
     S, D = (sympy.Matrix(Kx, Vx, lambda i, j: sympy.Symbol(f"{n}{i}{j}")) for n in "SD")

@@ -1,4 +1,4 @@
-"""k3compile/cost.py and ir/cost.py (`k3c cost`): each kernel's bytes and FLOPs against counts
+"""k3compile/checking/cost.py and ir/cost.py (`k3c cost`): each kernel's bytes and FLOPs against counts
 written out here from the chunkwise schedule's math (docs/backward.md, docs/schedule-ir.md), not
 from the code; every kernel of every recurrence entry has a rule; bad input is one line."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from conftest import EXAMPLES, bad_input, run_cli
-from k3compile.cost import CEILINGS, entry_costs
+from k3compile.checking.cost import CEILINGS, entry_costs
 from k3compile.driver import schedule_for_triton
 from k3compile.spec import load_spec
 

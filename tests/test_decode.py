@@ -13,7 +13,7 @@ import torch
 
 from conftest import MEMBERS_AND_LAYOUTS, compile_member, one_line
 from k3compile.ir import reference
-from k3compile.verify import RecurrenceCase, compare, recurrence_inputs
+from k3compile.checking.verify import RecurrenceCase, compare, recurrence_inputs
 
 PIPELINE = "lower-decode{block-v=16}"
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_rms, layer_op
-from k3compile.verify_backward import reference_gradients
+from k3compile.checking.verify_backward import reference_gradients
 
 H, HV, K, V = 2, 4, 16, 12
 TOL = 1e-4  # the chunk path's fp32 RMS ratio (tests/test_chunk.py)

@@ -16,7 +16,7 @@ from k3compile.backends.triton.printer.kernels import name_uses
 from k3compile.driver import lower, schedule
 from k3compile.ir import k3s
 from k3compile.passes.common import props
-from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
+from k3compile.backends.triton.merge_identical_kernels import MergeIdenticalKernelsPass
 from k3compile.spec import load_spec
 
 PIPELINES = {

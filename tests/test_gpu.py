@@ -31,7 +31,7 @@ EXAMPLES_WITH_KERNELS = ["kda", "gated_deltanet", "deltanet", "gla", "attnres"]
 SCRIPT = """
 import dataclasses, json, pathlib, sys
 from k3compile.spec import load_spec
-from k3compile.verify import verify
+from k3compile.checking.verify import verify
 results = verify(load_spec(sys.argv[1]), device="cuda", dtypes=[sys.argv[2]], out_dir=pathlib.Path(sys.argv[3]))
 print(json.dumps([dict(dataclasses.asdict(r), passed=r.passed) for r in results]))
 """

@@ -35,8 +35,8 @@ import torch
 import k3compile
 from k3compile.frontend import spec_to_module
 from k3compile.spec import spec_from_table
-from k3compile.verify import RecurrenceCase, recurrence_inputs
-from k3compile.verify_backward import chunk_backward_gradients, draw_cotangents
+from k3compile.checking.verify import RecurrenceCase, recurrence_inputs
+from k3compile.checking.verify_backward import chunk_backward_gradients, draw_cotangents
 
 out, seed, T, t0 = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 spec = spec_from_table(dict(name="kda_causal", kind="kda", num_heads=4, head_k_dim=128, head_v_dim=128,

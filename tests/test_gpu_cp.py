@@ -31,7 +31,7 @@ import k3compile
 from k3compile.frontend import spec_to_module
 from k3compile.ir import reference
 from k3compile.spec import load_spec
-from k3compile.verify import tolerance
+from k3compile.checking.verify import tolerance
 
 spec = load_spec(sys.argv[1])
 dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[sys.argv[2]]

@@ -12,7 +12,7 @@ import torch
 
 from conftest import one_line
 from k3compile import ops
-from k3compile.serving import split_checkpoints
+from k3compile.runtime.serving import split_checkpoints
 
 H, K, V = 2, 8, 8
 

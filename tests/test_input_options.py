@@ -21,8 +21,8 @@ from conftest import assert_rms as shared_assert_rms
 from conftest import layer_op, one_line, recurrence_table, rms_ratio
 from k3compile.errors import K3Error, SpecError
 from k3compile.ir import reference
-from k3compile.verify import RecurrenceCase
-from k3compile.verify import recurrence_inputs as draw_inputs
+from k3compile.checking.verify import RecurrenceCase
+from k3compile.checking.verify import recurrence_inputs as draw_inputs
 
 H, HV, K, V = 2, 4, 24, 40
 C = 16
@@ -73,7 +73,7 @@ def generator(seed: int) -> torch.Generator:
 
 def raw_inputs(layer, seed: int, batch: int = 2, length: int = 2 * C + 3, seqlens=None,
                initial_state: bool = True) -> dict:
-    """k3compile.verify's inputs for the layer's options: raw q, k (not unit) with qk_l2norm, raw
+    """k3compile.checking.verify's inputs for the layer's options: raw q, k (not unit) with qk_l2norm, raw
     gate projections plus A_log [HV] and dt_bias [HV * K] or [HV] with an in-kernel gate, beta
     logits with beta_input = logits."""
     case = RecurrenceCase("input options", batch, length, seqlens=seqlens, initial_state=initial_state)

@@ -1,4 +1,4 @@
-"""bf16 in Triton's interpreter (k3compile/interpreter_bf16.py, installed by conftest and by
+"""bf16 in Triton's interpreter (k3compile/checking/interpreter_bf16.py, installed by conftest and by
 `k3c verify --device cpu`): ops on bf16 tiles compute on their values and round to bf16 as the GPU
 does, not on the uint16 bits the interpreter stores them as. The references are torch's: the
 values in fp32 (or float64), the op, one rounding to bf16 (to nearest even)."""

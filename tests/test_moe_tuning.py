@@ -1,4 +1,4 @@
-"""Tuning the LatentMoE layer's dispatch table (k3compile/autotune/moe.py, `k3c tune --tokens`)
+"""Tuning the LatentMoE layer's dispatch table (k3compile/runtime/autotune/moe.py, `k3c tune --tokens`)
 on the CPU: the search runs for real in Triton's interpreter (every candidate compiled, its
 NaN-poisoned output checked against float64 before it is timed); the timer and the GPU name are
 fakes. The tuned table is what `k3c compile` (compile_tuned) and k3compile.ops embed; an untuned
@@ -10,8 +10,8 @@ import pytest
 
 from conftest import run_cli
 from k3compile import driver
-from k3compile.autotune import TuneCache, TuningError, compile_tuned
-from k3compile.autotune.moe import moe_table, tune_moe
+from k3compile.runtime.autotune import TuneCache, TuningError, compile_tuned
+from k3compile.runtime.autotune.moe import moe_table, tune_moe
 from k3compile.ir import k3s
 from k3compile.ops import layers
 from k3compile.ops.moe import MoeKey
@@ -59,7 +59,7 @@ def tuned(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("K3C_CACHE_DIR", str(root))
-        patch.setattr("k3compile.autotune.moe.gpu_name", lambda: GPU)
+        patch.setattr("k3compile.runtime.autotune.moe.gpu_name", lambda: GPU)
         patch.setattr(driver, "load_module", load_breaking_one)
         records = [tune_moe(spec_of(), tokens, "float32", cache=TuneCache(), timer=fake_timer, device="cpu",
                             warp_tiles=WARP_TILES) for tokens in (1, 3)]
@@ -78,7 +78,7 @@ def test_each_bucket_takes_its_fastest_passing_candidate(tuned):
 
 def test_compile_embeds_the_tuned_table(tuned, monkeypatch):
     root, _ = tuned
-    monkeypatch.setattr("k3compile.autotune.compile.gpu_name", lambda: GPU)
+    monkeypatch.setattr("k3compile.runtime.autotune.compile.gpu_name", lambda: GPU)
     compilation, plan = compile_tuned(spec_of(), cache=TuneCache(root), gpu=GPU)
     assert buckets(compilation) == TUNED_BUCKETS
     assert "moe's dispatch table 1=warp/4x32,3=split" in plan.note

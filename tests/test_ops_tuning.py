@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import RecurrenceShape, assert_rms, recurrence_inputs, recurrence_table
 
-from k3compile import autotune
-from k3compile.autotune import Choice, TuneCache, search
+from k3compile.runtime import autotune
+from k3compile.runtime.autotune import Choice, TuneCache, search
 from k3compile.ops import layers
 from k3compile.ops.kda import chunk_kda
 
@@ -134,7 +134,7 @@ def test_forward_runs_the_tuned_launch_in_its_bucket_and_dtype_only(tuned_cache,
 
 def test_backward_runs_the_tuned_launch_and_its_gradients_match(tuned_cache, monkeypatch):
     from k3compile.frontend import spec_to_module
-    from k3compile.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
+    from k3compile.checking.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
 
     module = layers.layer_module(KEY)
     assert module.TUNED_CHUNK_BACKWARD[("float32", 1, 64)][f"{KEY.module_name()}_backward_gradients"]["BV"] == 16
@@ -200,7 +200,7 @@ WARM_PROCESS = textwrap.dedent("""
     import os, sys
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
-    from k3compile.autotune import compile as embedding
+    from k3compile.runtime.autotune import compile as embedding
     from k3compile.ops import chunk_kda, layers
     layers.gpu_name = lambda: sys.argv[1]
     layers.compiler_fingerprint = lambda: sys.argv[2]
@@ -217,7 +217,7 @@ WARM_PROCESS = textwrap.dedent("""
 def test_a_warm_process_loads_the_tuned_module_without_xdsl(tuned_cache):
     """Finding a layer's records needs no xDSL: a second process with the cache imports the
     tuned module from disk as it imports an untuned one."""
-    from k3compile.autotune.cache import k3compile_version
+    from k3compile.runtime.autotune.cache import k3compile_version
 
     compiled = Path(layers.layer_module(KEY).__file__).name
     env = {**os.environ, "K3C_CACHE_DIR": str(tuned_cache)}

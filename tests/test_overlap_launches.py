@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import assert_rms, layer_op
 from k3compile.ir import k3s
 from k3compile.pipeline import RECURRENCE_PIPELINE
-from k3compile.verify_backward import reference_gradients
+from k3compile.checking.verify_backward import reference_gradients
 
 H, HV, K, V = 2, 4, 16, 12
 TABLE = dict(kind="kda", num_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, dtype="float32",

@@ -1,4 +1,4 @@
-"""The pipeline planner (k3compile.pipeline_plan) and `k3c plan-pipeline`: balanced cuts against
+"""The pipeline planner (k3compile.runtime.pipeline_plan) and `k3c plan-pipeline`: balanced cuts against
 brute force over every partition, the send rule against a walk of the stages that tracks what
 each rank holds, K3's 93 layers in blocks of 12, and the refusals (one line, exit 2)."""
 
@@ -13,8 +13,8 @@ import torch
 
 from conftest import EXAMPLES, bad_input, one_line, run_cli
 from k3compile.errors import ArgumentError
-from k3compile.pipeline_plan import cut_points, plan_pipeline
-from k3compile.stack_spec import model_spec_from_table
+from k3compile.runtime.pipeline_plan import cut_points, plan_pipeline
+from k3compile.runtime.stack_spec import model_spec_from_table
 
 K3 = dict(hidden_size=7168, num_layers=93, block_size=12, layer_pattern="kda,kda,kda,attn", kda_heads=64,
           kda_head_dim=128, attn_heads=64, attn_head_dim=128, ffn_hidden_size=18432)
@@ -125,9 +125,9 @@ def test_cli_errors(capsys, argv, words):
 
 
 def test_cli_reads_measured_layer_costs(capsys, tmp_path):
-    """k3compile.stack_pipeline.measure_layer_costs on a small stack, written as JSON, cuts the plan."""
-    from k3compile.stack import build_stack
-    from k3compile.stack_pipeline import measure_layer_costs
+    """k3compile.runtime.stack_pipeline.measure_layer_costs on a small stack, written as JSON, cuts the plan."""
+    from k3compile.runtime.stack import build_stack
+    from k3compile.runtime.stack_pipeline import measure_layer_costs
 
     table = dict(hidden_size=16, num_layers=5, block_size=2, layer_pattern="attn", attn_heads=2, attn_head_dim=8,
                  ffn_hidden_size=24, attnres="torch", dtype="float32")

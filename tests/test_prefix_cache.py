@@ -1,4 +1,4 @@
-"""k3compile.serving.PrefixCache: chained block hashes, the checkpoint policy, pins against
+"""k3compile.runtime.serving.PrefixCache: chained block hashes, the checkpoint policy, pins against
 eviction, the checkpoint byte budget, stats, bad inputs, a many-thread stress test, and the
 kernel path of a hit (resume a compiled KDA / Gated DeltaNet chunk entry from a cached
 checkpoint and compare with a full prefill of the same prompt).
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import RecurrenceShape, assert_matches, one_line, recurrence_inputs, recurrence_table
-from k3compile.serving import CheckpointPolicy, PrefixCache, PrefixHit, block_keys, split_checkpoints
+from k3compile.runtime.serving import CheckpointPolicy, PrefixCache, PrefixHit, block_keys, split_checkpoints
 
 BT = 4  # block_tokens of the unit tests
 SHAPE = (2, 3, 3)  # [HV, K, V] of the synthetic states

@@ -1,5 +1,5 @@
 """`k3c prove`: the derived chunkwise schedules equal the token recurrence in exact arithmetic,
-deliberately wrong schedules do not, and the two oracles (ir/exact.py's token recurrence and
+deliberately wrong schedules do not, and the two oracles (k3compile/checking/exact.py's token recurrence and
 ir/reference.py's float64 one) agree with each other."""
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from conftest import (run_cli, DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE
                       one_line, recurrence_table)
 from k3compile.errors import IRError
 from k3compile.frontend import spec_to_module
-from k3compile.ir import exact, k3s, reference
+from k3compile.checking import exact
+from k3compile.ir import k3s, reference
 from k3compile.passes.common import make, props
-from k3compile.prove import (checked, prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay,
-                             prove_spec_step)
+from k3compile.checking.prove import (checked, prove_chunked_verify, prove_chunkwise, prove_fused_chunkwise, prove_replay,
+                                      prove_spec_step)
 from k3compile.spec import load_spec, spec_from_table
 
 DELTA_KINDS = [kind for kind in RECURRENCE_KINDS if DELTA_OF_KIND[kind]]
@@ -70,7 +71,7 @@ def test_derived_schedule_proved_at_other_lengths(kind, chunk_size, fresh_seed):
 def test_negative_eigenvalue_schedules_proved_with_beta_up_to_two(kind, fresh_seed):
     """beta_input = logits_neg_eigval: the proofs draw beta in (0, 2), so they cover the
     transitions I - beta k k^T with a negative eigenvalue; chunkwise, fused, replay, segment scan."""
-    from k3compile.prove import proof_inputs, prove_segment_scan
+    from k3compile.checking.prove import proof_inputs, prove_segment_scan
 
     spec = spec_from_table(recurrence_table(kind, beta_input="logits_neg_eigval", name=f"neg_{kind}"))
     op = next(iter(spec_to_module(spec).ops))
@@ -131,9 +132,9 @@ def test_summary_prepare_skips_the_guarded_stages(kind, fresh_seed):
     the token recurrence."""
     from xdsl.context import Context
 
-    from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
-    from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
-    from k3compile.prove import derived, entry_kernels, proof_inputs
+    from k3compile.backends.triton.guard_spill_only_stages import GuardSpillOnlyStagesPass
+    from k3compile.backends.triton.merge_identical_kernels import MergeIdenticalKernelsPass
+    from k3compile.checking.prove import derived, entry_kernels, proof_inputs
 
     layer_op, module = derived(spec_of(kind), "derive-chunkwise{chunk-size=3},fuse-chunkwise,"
                                               "derive-segment-scan{chunk-size=3},lower-segment-scan,outline-kernels")
@@ -432,7 +433,7 @@ def test_cli_prove_wrong_schedule_exits_1(capsys, monkeypatch, fresh_seed):
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("kind", RECURRENCE_KINDS)
 def test_exact_token_recurrence_matches_reference(kind, layout, fresh_seed):
-    """ir/exact.py's rational token recurrence (decays as factors a = exp g) and ir/reference.py's
+    """k3compile/checking/exact.py's rational token recurrence (decays as factors a = exp g) and ir/reference.py's
     float64 one (log-space gates), on the same inputs: two independent oracles agree."""
     K, V, T = 2, 3, 7
     op = next(iter(spec_to_module(spec_from_table(

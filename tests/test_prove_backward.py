@@ -1,5 +1,5 @@
 """`k3c prove` of derive-backward: the backward schedule's gradients equal the token recurrence's
-derivative in exact arithmetic (k3compile.prove.prove_backward), for every member, input form and
+derivative in exact arithmetic (k3compile.checking.prove.prove_backward), for every member, input form and
 small chunk size; deliberately wrong adjoint rules fail it and the proof names the gradient they
 break; an op without a rule is derive-backward's NotImplementedError."""
 
@@ -17,10 +17,11 @@ import torch
 
 from conftest import DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, one_line, recurrence_table, run_cli
 from k3compile.backends.triton.printer.common import register
-from k3compile.ir import exact_backward, k3s
+from k3compile.checking import exact_backward
+from k3compile.ir import k3s
 from k3compile.passes import adjoint_rules, derive_backward
-from k3compile.prove import (PROOF_K, PROOF_V, derived, dual_loss_derivative, gradient_shapes, proof_inputs,
-                             prove_backward, prove_input_forms, random_matrix)
+from k3compile.checking.prove import (PROOF_K, PROOF_V, derived, dual_loss_derivative, gradient_shapes, proof_inputs,
+                                      prove_backward, prove_input_forms, random_matrix)
 from k3compile.spec import load_spec, spec_from_table
 
 RULES = dict(adjoint_rules.ADJOINT_RULES)  # the rules as derive-backward has them, before any test patches one

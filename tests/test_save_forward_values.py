@@ -86,7 +86,7 @@ def test_the_pass_runs_before_outline_kernels(capsys):
 def test_the_premise_is_proved_and_the_proof_can_fail(monkeypatch, kind):
     """prove_saved_forward_values holds for every member; with the forward's prepare spilling the
     negative of one saved value, it fails and names that value."""
-    import k3compile.prove as prove
+    import k3compile.checking.prove as prove
     from conftest import EXAMPLES
     from k3compile.passes.common import make
     from k3compile.spec import load_spec

@@ -14,13 +14,14 @@ from xdsl.dialects.builtin import BoolAttr
 
 import k3compile.passes.derive_segment_scan as derive_segment_scan
 import k3compile.passes.lower_segment_scan as lower_segment_scan
-import k3compile.prove as prove
+import k3compile.checking.prove as prove
 from conftest import EXAMPLES, RecurrenceShape, as_tensor, exact_as_torch, recurrence_inputs, recurrence_table, run_cli
 from k3compile.errors import IRError
 from k3compile.frontend import spec_to_module
-from k3compile.ir import exact, k3s, reference
+from k3compile.checking import exact
+from k3compile.ir import k3s, reference
 from k3compile.pipeline import run_pipeline
-from k3compile.prove import prove_segment_scan
+from k3compile.checking.prove import prove_segment_scan
 from k3compile.spec import load_spec, spec_from_table
 
 f64 = torch.float64

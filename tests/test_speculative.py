@@ -21,7 +21,7 @@ from k3compile.driver import compile as compile_layer
 from k3compile.frontend import spec_to_module
 from k3compile.ir import reference
 from k3compile.spec import spec_from_table
-from k3compile.verify import RecurrenceCase, recurrence_inputs
+from k3compile.checking.verify import RecurrenceCase, recurrence_inputs
 
 DEPTH = 4
 BLOCK_V = 32

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from conftest import assert_rms, layer_op
 from k3compile.ir import reference
-from k3compile.verify_backward import chunk_backward_gradients, draw_cotangents, reference_gradients
+from k3compile.checking.verify_backward import chunk_backward_gradients, draw_cotangents, reference_gradients
 
 RMS_TOL = 1e-4  # the chunk path's fp32 tolerance (tests/test_chunk.py); gates of -5 get ~1e-6
 H, HV, K, V = 2, 4, 16, 24
@@ -103,7 +103,7 @@ def test_bf16_gate_gradient_with_every_gate_at_the_bound(layers, kind):
     cotangent q q_bar - k k_bar cancels the Gram's undecayed diagonal exactly; with that diagonal
     in the bf16 product (the factored contraction's operands) it kept the diagonal's rounding:
     dg at RMS ratios of 8e-2 to 2.6e-1 (fla allows 2e-2), ~3e-3 with it added in fp32."""
-    from k3compile.verify_backward import gradient_tolerance
+    from k3compile.checking.verify_backward import gradient_tolerance
 
     layer = layers(kind)
     op = layer_op(layer)

@@ -89,7 +89,7 @@ def test_verify_on_a_device_this_machine_lacks(capsys, tmp_path, device, message
 def test_verify_device_is_an_argument_error():
     from k3compile.errors import ArgumentError
     from k3compile.spec import load_spec
-    from k3compile.verify import verify
+    from k3compile.checking.verify import verify
 
     with pytest.raises(ArgumentError, match="^device 'tpu'") as info:
         verify(load_spec(EXAMPLES / "gla.toml"), device="tpu")

@@ -1,5 +1,5 @@
 """`k3c verify`'s gradient cases: each recurrence's `chunk_backward` against float64 autograd of
-the reference (k3compile/verify_backward.py), one table row per gradient.
+the reference (k3compile/checking/verify_backward.py), one table row per gradient.
 
 The grids are checked without lowering anything; the runs pick the gradient cases out of the
 grid with --shard (a case's position p: shard p/N runs it alone) and run them in Triton's
@@ -16,8 +16,8 @@ import torch
 
 from conftest import EXAMPLES, RECURRENCE_KINDS, one_line, run_cli
 from k3compile.spec import load_spec, spec_from_table
-from k3compile.verify import grid, verify
-from k3compile.verify_backward import gradient_tolerance
+from k3compile.checking.verify import grid, verify
+from k3compile.checking.verify_backward import gradient_tolerance
 
 GRADIENTS = {  # the rows of each example's gradient cases, in chunk_backward's order
     "kda": ["dq", "dk", "dv", "dg", "dbeta", "dh0"],
@@ -119,7 +119,7 @@ def test_verify_gate_parameter_gradients():
 
 def broken_layers(monkeypatch, break_gradients):
     """verify's layers with chunk_backward's gradients passed through break_gradients(tuple)."""
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
 
     make_layer = verify_module.CompiledLayer
 
@@ -157,7 +157,7 @@ def test_verify_fails_a_kernel_that_ignores_dht(monkeypatch):
     """A fault printed into the module (the cotangent scan starts from zero, not dht): dh0 fails,
     and so does every gradient that the final state's cotangent reaches: all but dq, which reads
     only do and the states."""
-    from k3compile import verify as verify_module
+    from k3compile.checking import verify as verify_module
 
     lower = verify_module.lower
 

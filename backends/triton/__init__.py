@@ -1,0 +1,25 @@
+"""The Triton backend: what a scheduled module becomes on the target, run by
+k3compile.driver.schedule_for_triton after the pipeline (which ends in outline-kernels).
+
+- legalize.py (legalize-triton) checks that the kernels fit (limits.py) and fixes their block sizes;
+- guard_spill_only_stages.py, merge_identical_kernels.py: the backend's own passes, run after it,
+  so that kernels whose code agrees once their sizes are fixed are printed and compiled once;
+- printer/ prints one block of Triton per op (and a module's context-parallel wrappers);
+  runtime/ is the host code every compiled module carries.
+"""
+
+import importlib
+
+# pass name -> (module in k3compile.backends.triton, class): imported only when named; `-p` takes
+# them as it takes the pipeline's passes (k3compile.pipeline.available_passes)
+_WHERE = {
+    "guard-spill-only-stages": ("guard_spill_only_stages", "GuardSpillOnlyStagesPass"),
+    "merge-identical-kernels": ("merge_identical_kernels", "MergeIdenticalKernelsPass"),
+}
+
+
+def _loader(module: str, cls: str):
+    return lambda: getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+
+
+BACKEND_PASSES = {name: _loader(*where) for name, where in _WHERE.items()}

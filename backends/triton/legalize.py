@@ -76,7 +76,7 @@ GEMM_STAGES = 3  # software pipelining of the tl.dot projections' loads
 
 
 # --- each op's part of its kernel's block sizes ----------------------------------------------
-# An op interface that this backend keeps, one function per op type (as ir/exact.py's @semantics
+# An op interface that this backend keeps, one function per op type (as k3compile/checking/exact.py's @semantics
 # keeps each op's exact meaning): the tables above are Triton's, so the IR's op classes do not
 # carry them. legalize-triton asks a kernel's ops in program order, each given the sizes its
 # kernel's earlier ops fixed; a later op's sizes replace an earlier's.

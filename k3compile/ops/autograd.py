@@ -16,6 +16,8 @@ from functools import cache
 
 import torch
 
+from k3compile.ops.layers import LayerKey, layer_module
+
 # the inputs of the chunk entry that have gradients, in the order chunk_backward returns theirs
 DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 
@@ -32,8 +34,6 @@ def _nothing(like: torch.Tensor) -> torch.Tensor:
 @cache
 def chunk_operator(key):
     """The custom ops of the layer of `key` (a k3compile.ops.layers.LayerKey): (chunk, its backward)."""
-    from k3compile.ops.layers import layer_module
-
     name = key.module_name()
 
     def inputs(q, k, v, g, beta, A_log, dt_bias) -> dict:
@@ -138,8 +138,6 @@ def operator_name(*fields) -> str:
     """The name of the chunk op of the layer whose LayerKey has these fields, under
     torch.ops.k3compile, registering its ops: run, not traced, by torch.compile (the name a
     constant of the graph; plain fields, as dynamo passes constants)."""
-    from k3compile.ops.layers import LayerKey
-
     key = LayerKey(*fields)
     chunk_operator(key)
     return f"chunk_{key.module_name()}"

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 import torch
 
 from k3compile.ops import layers
+from k3compile.runtime.autotune import BACKWARD_ENTRY, tune
+from k3compile.runtime.autotune.space import TUNED_ENTRY
 
 _TUNING = contextvars.ContextVar("k3compile_ops_tuning", default=False)
 
@@ -31,7 +33,7 @@ def tuning() -> Iterator[None]:
     first tunes its layer for the call's bucket (sequences x value heads, tokens per sequence,
     each rounded up to a power of two) and input dtype where the tuning cache has no record of
     it, then runs with the winners. A cached bucket costs nothing more. GPU only: without one
-    the call raises k3compile.autotune.TuningError. A cold forward tune takes seconds, a cold
+    the call raises k3compile.runtime.autotune.TuningError. A cold forward tune takes seconds, a cold
     backward tune (32 candidates) minutes: run one step inside the block before training."""
     token = _TUNING.set(True)
     try:
@@ -49,9 +51,6 @@ def tuning_requested() -> bool:
 def tune_call(key: layers.LayerKey, tensors: dict, cu_seqlens, backward: bool) -> None:
     """Tune the layer of `key` for the bucket and dtype of a chunk call on `tensors` (its forward,
     and with `backward` its backward), then drop its loaded module if that changed the cache."""
-    from k3compile.autotune import BACKWARD_ENTRY, tune
-    from k3compile.autotune.space import TUNED_ENTRY
-
     q = tensors["q"]
     batch, tokens = q.shape[:2]
     sequences = batch if cu_seqlens is None else len(cu_seqlens) - 1

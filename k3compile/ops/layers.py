@@ -25,7 +25,10 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from k3compile.autotune.measure import gpu_name
+from k3compile.errors import OutputError
+from k3compile.runtime.autotune.cache import TuneCache
+from k3compile.runtime.autotune.compile import ModulePlan, cached_records, embed_records
+from k3compile.runtime.autotune.measure import gpu_name
 
 # the packages whose source makes a module: driver, IR, passes, printer (k3compile.ops is inside
 # the first; an edit there costs a recompile, never a stale module)
@@ -125,6 +128,7 @@ def forget_if_retuned(key: LayerKey) -> None:
 def layer_spec(key: LayerKey):
     """The spec k3compile.ops compiles for `key` (a recurrence's LayerKey, or the AttnRes and
     MoE keys of k3compile.ops.attnres and .moe)."""
+    # a warm start reads no spec (tomllib and the schemas)
     from k3compile.spec import spec_from_table
 
     return spec_from_table(key.table(), source=f"<k3compile.ops {key.kind}>")
@@ -135,9 +139,6 @@ def tuned_records(spec) -> tuple[str | None, dict[str, list[dict]]]:
     chunk_backward; a latent_moe layer's moe, its dispatch table). A record is the layer's whatever spec it was tuned under (`k3c tune` of a
     spec file, k3compile.ops.tuning()): the cache is keyed by what the kernels are a function
     of, not by names. No GPU, or a layer of no tuned entry: (None, {})."""
-    from k3compile.autotune.cache import TuneCache
-    from k3compile.autotune.compile import cached_records
-
     gpu = gpu_name() if spec.is_recurrence or spec.kind == "latent_moe" else None
     if gpu is None:
         return None, {}
@@ -174,9 +175,8 @@ def read_cached(path: Path) -> bytes | None:
 def compile_layer(spec, path: Path, gpu: str | None, records: dict[str, list[dict]]) -> bytes:
     """Compile `spec`'s module, with `records` (tuned on `gpu`, by entry) embedded as `k3c
     compile` embeds them, and write it to `path`; returns what was written."""
+    # xDSL, the passes and the printer: a cold start only
     from k3compile import driver
-    from k3compile.autotune.compile import ModulePlan, embed_records
-    from k3compile.errors import OutputError
 
     if records:
         plan = ModulePlan(None)

@@ -71,6 +71,7 @@ class MoeKey:
     @classmethod
     def of(cls, spec) -> MoeKey:
         """The key of a latent_moe spec: a LayerSpec, a path to its TOML, or a MoeKey."""
+        # a warm start reads no spec (tomllib and the schemas)
         from k3compile.spec import LayerSpec, load_spec
 
         if isinstance(spec, MoeKey):

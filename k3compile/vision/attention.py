@@ -59,12 +59,14 @@ def sdpa_per_image(q, k, v, lengths, scale=None) -> torch.Tensor:
 
 @functools.cache
 def _compiled_flex():
+    # torch's attention backends: only the one a call picks is loaded
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
 
 
 def image_block_mask(lengths, device):
+    # torch's attention backends: only the one a call picks is loaded
     from torch.nn.attention.flex_attention import create_block_mask
 
     image = torch.repeat_interleave(torch.arange(len(lengths), device=device),
@@ -81,6 +83,7 @@ def image_block_mask(lengths, device):
 
 def flex_block_mask(q, k, v, lengths, scale=None, block_mask=None) -> torch.Tensor:
     """flex_attention (compiled on a GPU, eager on the CPU) with the images' block mask."""
+    # torch's attention backends: only the one a call picks is loaded
     from torch.nn.attention.flex_attention import flex_attention
 
     block_mask = image_block_mask(lengths, q.device) if block_mask is None else block_mask
@@ -91,6 +94,7 @@ def flex_block_mask(q, k, v, lengths, scale=None, block_mask=None) -> torch.Tens
 
 
 def varlen(q, k, v, lengths, scale=None) -> torch.Tensor:
+    # torch's attention backends: only the one a call picks is loaded
     from torch.nn.attention.varlen import varlen_attn
 
     cu = torch.tensor([0] + lengths, device=q.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from k3compile.vision.attention import check_qkv, packed_attention
+
 
 class GatherRows(torch.autograd.Function):
     """Forward: the members' row blocks (sizes[i] rows on member i) concatenated in member order,
@@ -49,8 +51,6 @@ def gather_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
     """Bidirectional attention of this rank's piece of an image (q, k, v [m, H, D]) over the whole
     image, whose pieces lie on the members of `group` (sizes: each member's rows, in group rank
     order; this rank's is m). Returns [m, H, D]; differentiable in q, k, v."""
-    from k3compile.vision.attention import check_qkv
-
     sizes = tuple(int(n) for n in sizes)
     check_qkv(q, k, v, [q.shape[0]])
     members = dist.get_world_size(group)
@@ -87,6 +87,7 @@ def whole_images(grids) -> list[Segment]:
 def subgroups(ranks: int, global_ranks=None) -> dict[tuple[int, int], object]:
     """A process group for every block of size > 1 of the plan layout of `ranks` ranks (their
     global ranks: global_ranks[i], default i). Every rank calls it, in the same order."""
+    # the passes package imports xDSL: only for a planned split
     from k3compile.passes.plan_vision_cp import subgroup_layout
 
     global_ranks = list(range(ranks)) if global_ranks is None else list(global_ranks)
@@ -109,8 +110,6 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment
                       scale: float | None = None) -> torch.Tensor:
     """Attention of a rank's packed sequence: its whole images together on `backend`
     (k3compile.vision.attention), each split piece by gather-KV over its sub-group."""
-    from k3compile.vision.attention import packed_attention
-
     starts = [0]
     for segment in segments:
         starts.append(starts[-1] + segment.rows)

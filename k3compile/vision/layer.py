@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from k3compile.spec import load_spec
 from k3compile.vision.attention import BACKENDS
 from k3compile.vision.gather_kv import Segment, segment_attention, whole_images
 
@@ -75,8 +76,6 @@ class VisionLayer(nn.Module):
     @classmethod
     def from_spec(cls, spec, device=None, dtype=None) -> VisionLayer:
         """From a vision LayerSpec (or its .toml path); dtype defaults to the spec's."""
-        from k3compile.spec import load_spec
-
         spec = spec if hasattr(spec, "params") else load_spec(spec)
         if spec.kind != "vision":
             raise ValueError(f"spec: expected kind 'vision', got {spec.kind!r}")

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 from k3compile.errors import ArgumentError
+from k3compile.vision.batches import synthetic_images
 
 
 def add_parser(sub) -> None:
@@ -54,8 +55,8 @@ def batch_from_toml(path: str) -> tuple[int | None, list]:
 
 
 def cmd_plan_vision(args) -> int:
+    # the passes package imports xDSL: k3c builds this parser on every call
     from k3compile.passes.plan_vision_cp import MOONVIT_COST, VisionCost, plan_vision_cp
-    from k3compile.vision.batches import synthetic_images
 
     sources = [name for name, given in (("a batch file", args.batch), ("--images", args.images),
                                         ("--synthetic", args.synthetic is not None)) if given]
@@ -78,6 +79,7 @@ def cmd_plan_vision(args) -> int:
         raise ArgumentError("--ranks: how many ranks? (or ranks = P in the batch file)")
     cost = MOONVIT_COST
     if args.spec:
+        # tomllib and the schemas: k3c builds this parser on every call
         from k3compile.spec import load_spec
 
         spec = load_spec(args.spec)

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from k3compile.vision.gather_kv import segments_of, subgroups
+
 
 @dataclass
 class MicroBatch:
@@ -82,8 +84,8 @@ class ScheduleRunner:
     row_groups: per row, its sub-groups (k3compile.vision.subgroups of the row's ranks)."""
 
     def __init__(self, schedule, cp: int, vit, project, stage, microbatches, row_groups: list):
+        # the passes package imports xDSL: only when a schedule is run
         from k3compile.passes.plan_vision_cp import plan_vision_cp
-        from k3compile.vision.gather_kv import segments_of
 
         self.rank, self.cp = dist.get_rank(), cp
         self.row, self.c = divmod(self.rank, cp)
@@ -235,6 +237,4 @@ class ScheduleRunner:
 def row_subgroups(stages: int, cp: int) -> list[dict]:
     """Per pipeline row, the plan layout's process groups among its ranks (every rank calls this,
     in the same order)."""
-    from k3compile.vision.gather_kv import subgroups
-
     return [subgroups(cp, range(row * cp, row * cp + cp)) for row in range(stages)]

@@ -5,8 +5,8 @@ one IR op (named in a comment above it), with constants read from the op's prope
 Entries become host functions (argument checks, allocation, launch), kernels become
 @triton.jit functions, stages become the statements of those functions. One file per op
 family: entries.py (module, entries), kernels.py (kernels, grid axes), loads.py, token_stages.py,
-chunk_stages.py, adjoint_stages.py (backward schedules), serving.py (speculative decoding), segments.py (context parallelism),
-attnres.py, moe.py (MoE routing, its expert_block axis and launches by rows), experts.py (MoE
+chunk_stages.py, adjoint_stages.py (backward schedules), serving.py (speculative decoding),
+segments.py and context_parallel.py (context parallelism), attnres.py, moe.py (MoE routing, its expert_block axis and launches by rows), experts.py (MoE
 experts), moe_backward.py (the MoE backward's stages); common.py holds what they share.
 """
 

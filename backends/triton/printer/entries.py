@@ -7,7 +7,7 @@ import contextlib
 
 from xdsl.dialects.builtin import ModuleOp
 
-from k3compile.backends.triton import context_parallel
+from k3compile.backends.triton.printer import context_parallel
 from k3compile.backends.triton.printer.common import (
     ENTRY_PARTS,
     KERNEL_GROUPINGS,

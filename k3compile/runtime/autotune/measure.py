@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from k3compile.autotune.space import BACKWARD_ENTRY, TUNED_ENTRY, Candidate
+from k3compile.runtime.autotune.space import BACKWARD_ENTRY, TUNED_ENTRY, Candidate
 
 DEFAULT_CHECK_SHAPE = None  # (B, T) of the reference check; None: check_shape_for(the target)
 BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40  # triton.testing.do_bench per candidate
@@ -20,6 +21,7 @@ BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40  # triton.testing.do_bench per candidate
 
 def gpu_name() -> str | None:
     """The CUDA device's name, None without one."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -37,9 +39,10 @@ def check_shape_for(tokens: int) -> tuple[int, int]:
 
 def timing_inputs(layer_op, batch: int, tokens: int, dtype, device: str, seed: int = 0) -> dict:
     """Random inputs of the target shape drawn on the device (fast at prefill sizes), with the
-    meaning of k3compile.verify.recurrence_inputs: unit q/k unless the kernel normalises, log
+    meaning of k3compile.checking.verify.recurrence_inputs: unit q/k unless the kernel normalises, log
     decays clamped at -5 (or raw gate projections and the gate's parameters), beta in (0, 1) or
     logits, an fp32 initial state."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
     import torch.nn.functional as F
 
@@ -77,6 +80,7 @@ def with_cotangents(layer_op, inputs: dict, seed: int = 1) -> dict:
     """The backward's inputs at the target shape: the forward's `inputs` (an initial state among
     them) plus random cotangents as a training step hands them to chunk_backward (k3compile.ops):
     do in o's layout and dtype, dht of the final state in fp32, drawn on the inputs' device."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
 
     v, state = inputs["v"], inputs["initial_state"]
@@ -105,6 +109,7 @@ class EveryBucket(dict):
 
 
 def set_launch(module, launch: dict, entry_name: str = TUNED_ENTRY) -> None:
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.backends.triton.printer import launch_table_name
 
     setattr(module, launch_table_name(entry_name), EveryBucket(launch))
@@ -121,7 +126,8 @@ def run_backward(module, inputs: dict, candidate: Candidate, entry_name: str = B
     """One call of the backward entry with the candidate's launch config, as k3compile.ops calls it
     in a training step with an initial state and a final state (do, dht, output_dh0=True): each
     gradient by name (dq, dk, ..., dh0). Tests replace this to make a candidate wrong."""
-    from k3compile.verify_backward import DIFFERENTIABLE
+    # the checks import torch and xDSL, which importing this package must not
+    from k3compile.checking.verify_backward import DIFFERENTIABLE
 
     set_launch(module, candidate.launch, entry_name)
     grads = getattr(module, entry_name)(**inputs, output_dh0=True, **options)
@@ -142,6 +148,7 @@ def entry_outputs(module, inputs: dict, candidate: Candidate, entry_name: str = 
 
 def time_candidate(fn: Callable[[], object], candidate: Candidate) -> float:
     """Milliseconds of fn on the GPU (median of triton.testing.do_bench)."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, return_mode="median"))
@@ -158,8 +165,7 @@ def precompile(modules: list[tuple[object, list[Candidate]]], entry_name: str, i
     """Compile the kernels of every candidate of every (module, its candidates) in parallel
     threads (Triton's AsyncCompileMode; LLVM and ptxas run without the GIL): the launches are
     replaced by warmups, so nothing runs. Errors are left for the real runs to report. GPU only."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import triton
 
     class WarmupOnly:
@@ -200,9 +206,11 @@ def check_and_time(module, cand: Candidate, *, check: dict, reference: dict, tar
     `check` inputs) within `tol` (one RMS ratio, or one per output name); every output written at
     the `target` inputs; only then timed there by timer(fn, candidate). Any error scores infinity
     (out of resources, launch errors). Adds its seconds to phases["check"] and phases["time"]."""
+    # torch, triton: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     import torch
 
-    from k3compile.verify import compare
+    # the checks import torch and xDSL, which importing this package must not
+    from k3compile.checking.verify import compare
 
     t0 = time.perf_counter()
     try:

@@ -34,7 +34,7 @@ from torch.utils import checkpoint as torch_checkpoint
 
 
 class BlockPartials:
-    """One block's phase 1 for the points `points` (k3compile.stack.Point, in order) of one run;
+    """One block's phase 1 for the points `points` (k3compile.runtime.stack.Point, in order) of one run;
     recompute False (the spec's checkpoint_attnres = false): plain autograd, which keeps phase 1's
     results for the backward."""
 
@@ -48,6 +48,7 @@ class BlockPartials:
         return torch.stack([p.query for p in self.points]), torch.stack([p.gain for p in self.points])
 
     def phase1(self, reps, queries, gains):
+        # the compiled ops (triton): only for a stack with two-phase points
         from k3compile.ops.attnres import attnres_block_partials
 
         return attnres_block_partials(torch.stack(reps), queries, gains, self.eps)
@@ -116,6 +117,7 @@ def point_output(partials, k: int, partial, query, gain, norm, eps: float) -> to
 def merge_and_norm(lse, mix, partial, query, gain, norm, eps: float) -> torch.Tensor:
     """A point's sublayer input from its row of phase 1 (lse [B, T], mix [B, T, D]) and its
     partial sum (None at a block's first point: the row's mix alone)."""
+    # the compiled ops (triton): only for a stack with two-phase points
     from k3compile.ops.attnres import attnres_block_merge
 
     h = mix if partial is None else attnres_block_merge((lse, mix), partial, query, gain, eps)
@@ -156,6 +158,7 @@ class TwoPhasePoint(torch.autograd.Function):
 def merge_operators(hidden_size: int, eps: float):
     """attnres_block_merge's custom op ((out, lse) from partial_sum, query, gain, block_lse,
     block_mix) and its backward op, of the layer attnres_block_merge picks."""
+    # the compiled ops (triton): only for a stack with two-phase points
     from k3compile.ops.attnres import NUM_BLOCKS, block_operator_name
 
     name = block_operator_name("block_merge", int(hidden_size), float(eps), NUM_BLOCKS)
@@ -182,6 +185,7 @@ def point_operator(hidden_size: int, eps: float):
     so the backward's recompute is never merged with the forward's (as the same custom op called
     twice would be by the partitioner's common-subexpression pass, which then stashes the merge's
     output)."""
+    # the compiled ops (triton): only for a stack with two-phase points
     from k3compile.ops.attnres import NUM_BLOCKS, AttnResKey
 
     name = AttnResKey(hidden_size, eps, NUM_BLOCKS).module_name()
@@ -238,6 +242,7 @@ def point_operator(hidden_size: int, eps: float):
 def point_operator_name(hidden_size: int, eps: float) -> str:
     """The name under torch.ops.k3compile of point_operator's op, registering it (run, not traced,
     by torch.compile: marked below as k3compile.ops.attnres.block_operator_name is)."""
+    # the compiled ops (triton): only for a stack with two-phase points
     from k3compile.ops.attnres import NUM_BLOCKS, AttnResKey
 
     point_operator(int(hidden_size), float(eps))

@@ -13,30 +13,30 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from k3compile.autotune.cache import (
-    TuneCache,
-    k3compile_version,
-    key_for,
-    schedule_hash,
-    triton_version,
-)
-from k3compile.autotune.measure import gpu_name
-from k3compile.autotune.search import TuningError
-from k3compile.autotune.moe import moe_table, with_dispatch
-from k3compile.autotune.space import (
-    BACKWARD_ENTRY,
-    CACHED_ENTRIES,
-    MOE_ENTRY,
-    TUNED_ENTRY,
-    Bucket,
-    Candidate,
-    base_pipeline,
-    entry_pipeline,
-    join_pipeline,
-    kernel_code_hash,
-    split_pipeline,
-    tunable,
-)
+from k3compile.runtime.autotune.cache import (
+                                              TuneCache,
+                                              k3compile_version,
+                                              key_for,
+                                              schedule_hash,
+                                              triton_version,
+                                              )
+from k3compile.runtime.autotune.measure import gpu_name
+from k3compile.runtime.autotune.search import TuningError
+from k3compile.runtime.autotune.moe import moe_table, with_dispatch
+from k3compile.runtime.autotune.space import (
+                                              BACKWARD_ENTRY,
+                                              CACHED_ENTRIES,
+                                              MOE_ENTRY,
+                                              TUNED_ENTRY,
+                                              Bucket,
+                                              Candidate,
+                                              base_pipeline,
+                                              entry_pipeline,
+                                              join_pipeline,
+                                              kernel_code_hash,
+                                              split_pipeline,
+                                              tunable,
+                                              )
 
 
 @dataclass
@@ -95,6 +95,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
     when present; missing requested buckets are tuned by tune_missing(spec, shape, dtype) when
     given), "frozen" (only cached results; a missing one raises TuningError naming it), "off"
     (the heuristic default, as without tuning). Returns (Compilation, ModulePlan)."""
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.driver import lower
 
     plan = ModulePlan(pipeline)
@@ -154,6 +155,7 @@ def compile_tuned(spec, pipeline: str | None = None, *, mode: str = "auto", gpu:
 def compile_moe_tuned(spec, plan: ModulePlan, mode: str, gpu: str | None, cache: TuneCache):
     """A latent_moe module with the dispatch table of every token bucket cached for it on `gpu`
     (k3c tune --tokens); none cached: the default table ("frozen": an error naming the command)."""
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.driver import lower
 
     schedule = schedule_hash(spec, base_pipeline(spec, plan.pipeline))
@@ -186,6 +188,7 @@ def embed_records(spec, plan: ModulePlan, gpu: str, by_entry: dict[str, list[dic
     """The module of `spec` under plan.pipeline with the records of each entry embedded: per
     entry one kernel code (choose_code) set on its passes, and its launch table per bucket
     (entry_table); plan's pipeline, tables, note and records say what was embedded."""
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.backends.triton.printer import launch_table_name
     from k3compile.driver import lower
 
@@ -232,6 +235,7 @@ def entry_table(spec, plan: ModulePlan, entry: str, records: list[dict], code_op
     """The launch table of `entry` in a module of kernel code `code_options`: per record's bucket,
     the launch config of the fastest passing candidate with that code (and, for chunk, the
     bucket's P of segments="auto"); buckets without one are said in plan.messages."""
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.driver import lower
 
     # the entry's kernel code as tune hashed it: its pipeline less the passes of other entries

@@ -30,9 +30,9 @@ from xdsl.ir import Operation, Region
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
+from k3compile.backends.triton.merge_identical_kernels import code_properties, equivalent, launching_entries
 from k3compile.ir import k3s
 from k3compile.passes.common import make
-from k3compile.passes.merge_identical_kernels import code_properties, equivalent, launching_entries
 
 
 def spilled(kernel: k3s.KernelOp) -> set[str]:

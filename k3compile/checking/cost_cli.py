@@ -19,7 +19,7 @@ def parse_measured(text: str) -> tuple[str, float]:
 
 
 def cmd_cost(args) -> int:
-    from k3compile.cost import CEILINGS, entry_costs, format_costs
+    from k3compile.checking.cost import CEILINGS, entry_costs, format_costs
     from k3compile.driver import schedule_for_triton
     from k3compile.spec import load_spec
 
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     from k3compile.cli import AppendOnce, parse_shape
 
     p = sub.add_parser("cost", help="each kernel's bytes, FLOPs and roofline time at a shape (recurrences; "
-                                    "k3compile/cost.py)")
+                                    "k3compile/checking/cost.py)")
     p.add_argument("spec", help="layer spec (.toml) of a recurrence kind")
     p.add_argument("--shape", type=parse_shape, required=True, metavar="B,T", help="batch and tokens per sequence")
     p.add_argument("-p", "--pipeline", help="pass pipeline (default: the kind's)")

@@ -9,17 +9,21 @@ the bucket), written atomically and checked when read (record_problem); the cach
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
 from pathlib import Path
 
-from k3compile.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
+import k3compile
+from k3compile.files import write_file_atomic
+from k3compile.runtime.autotune.space import CACHED_ENTRIES, TUNED_ENTRY, Bucket, base_pipeline
 
 # --- environment: versions, cache folder ------------------------------------------------------
 
 
 def triton_version() -> str:
+    # triton (~1 s): k3compile.ops' warm start reads its cache without it
     import triton
 
     return triton.__version__
@@ -31,13 +35,9 @@ _SOURCE_HASH: list[str] = []
 def k3compile_version() -> str:
     """__version__ plus a hash of the package's source (passes, printer, IR): tuned winners
     belong to the kernel code that was timed, and a working tree changes it between releases."""
-    import importlib.util
-
-    import k3compile
-
     if not _SOURCE_HASH:
         digest = hashlib.sha256()
-        for package in ("k3compile", "k3compile.autotune", "k3compile.ir", "k3compile.passes",
+        for package in ("k3compile", "k3compile.checking", "k3compile.runtime", "k3compile.ir", "k3compile.passes",
                         "k3compile.backends"):
             # found, not imported: the passes import xDSL, which k3compile.ops' warm start must not
             root = Path(importlib.util.find_spec(package).submodule_search_locations[0])
@@ -238,8 +238,6 @@ class TuneCache:
         return record
 
     def put(self, record: dict) -> Path:
-        from k3compile.driver import write_file_atomic  # imported by tune already
-
         path = self.path(record["key"])
         path.parent.mkdir(parents=True, exist_ok=True)
         write_file_atomic(path, json.dumps(record, indent=1).encode())

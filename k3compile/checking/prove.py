@@ -2,21 +2,26 @@
 
 The schedule is produced by the real pass (on a copy of the layer op with small dimensions:
 the derivation depends on the op's structure, not its sizes) and interpreted stage by stage
-with sympy rationals (k3compile.ir.exact). Random rational inputs make equality of every
+with sympy rationals (k3compile.checking.exact). Random rational inputs make equality of every
 output and the final state an identity test (Schwartz-Zippel): a wrong stage fails it with
 probability 1. A backward schedule's gradients are checked the same way against the token
-recurrence's derivative along random directions (k3compile.ir.exact_backward, docs/backward.md),
+recurrence's derivative along random directions (k3compile.checking.exact_backward, docs/backward.md),
 and the stores' chain rules through the input forms symbolically (prove_input_forms).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, replace
 
 import sympy
 
+from k3compile.checking import exact, exact_backward
 from k3compile.errors import ArgumentError
+from k3compile.frontend import spec_to_module
+from k3compile.ir import k3s
+from k3compile.pipeline import run_pipeline
 from k3compile.spec import LayerSpec
 
 PROOF_K, PROOF_V = 2, 3
@@ -56,8 +61,6 @@ def checked(layer: str, schedule: str, want: tuple, run) -> ProofResult:
     """Compare run() -> (O, S_T) with want, the token recurrence's (O, S_T). A schedule that
     reads what no stage produced is a failed proof, not an error: the spec was fine, the
     derivation was not."""
-    from k3compile.ir import exact
-
     want_o, want_s = want
     length = want_o.rows
     try:
@@ -77,10 +80,6 @@ def checked(layer: str, schedule: str, want: tuple, run) -> ProofResult:
 
 def small_op(spec: LayerSpec):
     """The layer's k3.recurrence with K = 2, V = 3, one head."""
-    import dataclasses
-
-    from k3compile.frontend import spec_to_module
-
     params = {**spec.params, "num_heads": 1, "num_v_heads": 1, "head_k_dim": PROOF_K, "head_v_dim": PROOF_V}
     module = spec_to_module(dataclasses.replace(spec, params=params))
     return module
@@ -88,8 +87,6 @@ def small_op(spec: LayerSpec):
 
 def derived(spec: LayerSpec, pipeline: str):
     """(the layer's small k3.recurrence, the module after `pipeline`): what every proof interprets."""
-    from k3compile.pipeline import run_pipeline
-
     module = small_op(spec)
     layer_op = next(iter(module.ops))
     run_pipeline(module, pipeline)
@@ -99,8 +96,6 @@ def derived(spec: LayerSpec, pipeline: str):
 def proof_inputs(rng, layer_op, length: int):
     """Exact random inputs of one value head for layer_op: beta in (0, 2) where its beta input
     allows negative eigenvalues, so the proofs cover that range too."""
-    from k3compile.ir import exact
-
     beta_max = 2 if layer_op.input_option("beta_input") == "logits_neg_eigval" else 1
     return exact.random_inputs(rng, length, PROOF_K, PROOF_V, layer_op.gate.data, beta_max)
 
@@ -116,8 +111,6 @@ def guard_outcomes(module) -> list[tuple[bool | None, str]]:
     """(ExactInputs.guards, the schedule label's suffix) of every run a proof takes: a schedule
     with run-time checks (k3s.block_span_check) is proved for both outcomes of them, in every
     chunk; one without, once, as the decays say."""
-    from k3compile.ir import k3s
-
     guarded = any(isinstance(op, k3s.BlockSpanCheckOp) for op in module.walk())
     return list(GUARD_OUTCOMES.items()) if guarded else [(None, "")]
 
@@ -126,8 +119,6 @@ def proved_at_lengths(spec: LayerSpec, pipeline: str, lengths: tuple[int, ...], 
                       runner) -> list[ProofResult]:
     """The schedule `pipeline` derives, interpreted by runner(module) -> run(x) -> (O, S_T), against
     the token recurrence on fresh random inputs of each length."""
-    from k3compile.ir import exact
-
     rng = random.Random(seed)
     layer_op, module = derived(spec, pipeline)
     run = runner(module)
@@ -146,8 +137,6 @@ def prove_chunkwise(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] |
     """Prove `derive-chunkwise{chunk-size=C}` for a recurrence spec at several sequence lengths
     (by default: one partial chunk, an exact multiple, and several chunks with a partial tail);
     sub_chunk: the channel-gated Grams' row blocks (the pass's default if None)."""
-    from k3compile.ir import exact, k3s
-
     check_chunk_size(chunk_size)
 
     def runner(module):
@@ -228,8 +217,6 @@ def checked_gradients(layer: str, schedule: str, length: int, directions: dict, 
     input's gradient; state_equal: h0's. The mismatch names every gradient that differs, in
     gradient_shapes' order ("dk differs; dg differs"). A schedule that reads what no stage
     produced is a failed proof, not an error."""
-    from k3compile.ir import exact
-
     try:
         got = run()
     except exact.IncompleteSchedule as err:
@@ -260,8 +247,6 @@ def prove_backward(spec: LayerSpec, chunk_size: int, lengths: tuple[int, ...] | 
     dual_loss_derivative or exact_backward.loss_derivative, which agree), one direction per input
     and length, shared by both outcomes of a guarded schedule's span checks. One row per (length,
     guard outcome); sub_chunk as prove_chunkwise's."""
-    from k3compile.ir import exact_backward, k3s
-
     check_chunk_size(chunk_size)
     lengths = lengths or (max(1, chunk_size - 1), 2 * chunk_size, 2 * chunk_size + 1)
     blocks = f" sub-chunk={sub_chunk}" if sub_chunk else ""
@@ -291,8 +276,6 @@ def prove_input_forms(spec: LayerSpec, chunk_size: int) -> list[ProofResult]:
     applies, for all raw inputs (exact_backward.chain_rule_mismatches: symbolic). prove_backward
     proves the cotangents the stores take; with these, the gradients of the raw inputs. One row per
     store, in the schedule's order (q, k, v, g, beta), naming each gradient that differs."""
-    from k3compile.ir import exact_backward, k3s
-
     check_chunk_size(chunk_size)
     pipeline = f"derive-backward{{chunk-size={chunk_size}}}"
     _, module = derived(spec, pipeline)
@@ -318,8 +301,6 @@ def prove_fused_chunkwise(spec: LayerSpec, chunk_size: int, grouping: str = "spl
     token-parallel kernels run first and hand their results over only through what they spill,
     then the scan kernel's chunk loop runs from the initial state on what it reloads. A stage
     left out of every kernel, or a value read but never spilled, fails the proof."""
-    from k3compile.ir import exact
-
     check_chunk_size(chunk_size)
 
     def runner(module):
@@ -338,8 +319,6 @@ def prove_saved_forward_values(spec: LayerSpec, chunk_size: int, lengths: tuple[
     there (each chunk's value, exactly), so that chunk_backward_saved, which reads the former in
     place of the latter, computes chunk_backward's gradients. A workspace the pass saves that the
     forward does not write fails the proof."""
-    from k3compile.ir import exact, exact_backward  # noqa: F401  (exact_backward: the adjoint stages' semantics)
-
     check_chunk_size(chunk_size)
     pipeline = (f"derive-chunkwise{{chunk-size={chunk_size}}},fuse-chunkwise,derive-backward{{chunk-size={chunk_size}}},"
                 "lower-backward,save-forward-values")
@@ -370,15 +349,11 @@ def prove_saved_forward_values(spec: LayerSpec, chunk_size: int, lengths: tuple[
 
 def entry_of(module, name: str):
     """The module's entry of that name, or None."""
-    from k3compile.ir import k3s
-
     return next((op for op in module.ops if isinstance(op, k3s.EntryOp) and op.sym_name.data == name), None)
 
 
 def entry_kernels(module, name: str) -> list:
     """The kernels of a lowered entry, in launch order."""
-    from k3compile.ir import k3s
-
     return k3s.entry_kernels(entry_of(module, name))
 
 
@@ -387,8 +362,6 @@ def prove_chunked_verify(spec: LayerSpec, draft_tokens: int, seed: int | None = 
     scan kernel's one chunk from the pool row S_0): its outputs equal the token recurrence's, and
     the commit kernel's replay of its cached (k, decays, u) for every accepted count m = 0..n
     equals the recurrence's state after m tokens."""
-    from k3compile.ir import exact
-
     rng = random.Random(seed)
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative{{verify=chunked}}"
     layer_op, module = derived(spec, pipeline)
@@ -420,8 +393,6 @@ def prove_replay(spec: LayerSpec, draft_tokens: int, seed: int | None = None) ->
     """Prove `derive-replay{draft-tokens=n}`: the verify pass's outputs equal the token
     recurrence's, and the replay of every accepted count m = 0..n equals the recurrence's state
     after m tokens."""
-    from k3compile.ir import exact, k3s
-
     rng = random.Random(seed)
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}}"
     layer_op, module = derived(spec, pipeline)
@@ -452,8 +423,6 @@ def prove_spec_step(spec: LayerSpec, draft_tokens: int, seed: int | None = None,
     from S_m like the recurrence, and caches what the `commit` kernel (the last round's flush)
     replays to the state after all of round 2. verify = chunked: the same for the entry lowered
     with `verify=chunked` (its prepare kernel, then the step kernel: replay, store, one chunk)."""
-    from k3compile.ir import exact
-
     rng = random.Random(seed)
     pipeline = f"derive-replay{{draft-tokens={draft_tokens}}},lower-speculative"
     if verify != "token":
@@ -503,8 +472,6 @@ SYMBOLS_OF_FORM = {"full": "non-commutative M, N", "diagonal": "per-channel M", 
 def prove_associative(layer: str, pipeline: str, combine) -> ProofResult:
     """(c o b) o a == c o (b o a) for summaries of symbols in the combine's transition form: a
     full M and N as non-commutative symbols (any K, V), a diagonal M as one symbol per channel."""
-    from k3compile.ir import exact
-
     form = combine.transition.data
 
     def summary(name: str) -> tuple:
@@ -530,8 +497,6 @@ def prove_segment_scan(spec: LayerSpec, chunk_size: int, length: int | None = No
     a one-token first segment, three random segments, a one-token segment inside, every token a
     segment) the combined summaries take the initial state to the token recurrence's final state
     and the segments finished from their combined initial states give every output."""
-    from k3compile.ir import exact, k3s
-
     check_chunk_size(chunk_size)
     rng = random.Random(seed)
     pipeline = f"derive-segment-scan{{chunk-size={chunk_size}}}"

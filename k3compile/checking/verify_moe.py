@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from k3compile.ir import reference
 from k3compile.spec import LayerSpec
 
 GPU_EXPERTS = 128
@@ -165,8 +166,6 @@ def expert_weights(layer_op, dtype, device, gen) -> dict:
 
 
 def run_moe_case(layer, entry: str, layer_op, case: MoeCase, dtype, device, gen):
-    from k3compile.ir import reference
-
     routing = routing_inputs(layer_op, case, dtype, device, gen, every_rank=entry == "route")
     ids, weights = reference.latent_moe_routing(layer_op, **routing)
     if entry == "route":
@@ -185,8 +184,6 @@ def run_moe_case(layer, entry: str, layer_op, case: MoeCase, dtype, device, gen)
 def backward_rows(layer, layer_op, arguments: dict, gen) -> list:
     """moe_forward, then moe_backward on what it saved and a fresh output cotangent, against
     autograd of reference.latent_moe: the output and every gradient."""
-    from k3compile.ir import reference
-
     x = arguments["x"]
     saved = dict(zip(layer.module.OUTPUT_DTYPES["moe_forward"], layer.moe_forward(**arguments), strict=True))
     out = saved.pop("out")

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from k3compile.checking.verify_backward import GRADIENT_FP32_TOLERANCE
+from k3compile.checking.verify_common import not_power_of_two, tolerance, variant
+from k3compile.ir import reference
 from k3compile.spec import LayerSpec
-from k3compile.verify_backward import GRADIENT_FP32_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,6 @@ def quick_attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSp
 
 
 def attnres_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, str, list[AttnResCase]]]:
-    from k3compile.verify import not_power_of_two, variant
-
     most = spec.params["num_blocks"] + 1
     length = 1023 if on_gpu else 5
     # on a GPU also 4092 rows: from 2048 (fuse-attnres's grouped-from-rows) the entry launches
@@ -88,8 +88,6 @@ def run_attnres_case(layer, entry: str, layer_op, case, dtype, device, gen):
     then block_merge of each query's partials with the partial sum, the partials against
     reference.attnres_block_partials, each query's h against the one-pass reference.attnres over
     all the sources; the backward entries: two_phase_gradient_rows."""
-    from k3compile.ir import reference
-
     D = layer_op.hidden_size.value.data
     queries = BLOCK_QUERIES if entry in TWO_PHASE_ENTRIES else 1
 
@@ -136,8 +134,6 @@ def two_phase_gradient_rows(layer, entry: str, layer_op, completed, partial_sum,
     block_merge_backward: per query its merge (output and log-sum-exp saved) and a random d h;
     d partial_sum, d query, d gain, d block_lse and d block_mix (the queries' stacked) against
     float64 autograd of reference.attnres_block_merge over the stored partials (lse, 1, mix)."""
-    from k3compile.ir import reference
-
     block_lse, block_mix = partials
     device, dtype = block_mix.device, block_mix.dtype
     if entry == "block_partials_backward":
@@ -174,8 +170,6 @@ ATTNRES_GRADIENT_HALF_TOLERANCE = {"dsources": 8e-3, "dquery": 2e-2, "dgain": 2e
 
 
 def attnres_tolerance(entry: str, tensor: str, dtype) -> float:
-    from k3compile.verify import tolerance
-
     if not entry.endswith("_backward"):
         return tolerance(entry, dtype)
     return GRADIENT_FP32_TOLERANCE if dtype == torch.float32 else ATTNRES_GRADIENT_HALF_TOLERANCE[tensor]

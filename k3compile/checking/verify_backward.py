@@ -4,13 +4,15 @@ for the loss L = <do, o> + <dht, final_state> with random cotangents do and dht.
 
 The measure is fla's, the RMS ratio rms(ours - ref) / rms(ref) of each gradient, with fla's
 tolerances for its backward tests in half precision. `k3c verify` runs these cases as its
-`chunk_backward` rows (k3compile/verify.py draws the inputs and picks the cases); the tests use
+`chunk_backward` rows (k3compile/checking/verify.py draws the inputs and picks the cases); the tests use
 the oracle and the named gradients directly.
 """
 
 from __future__ import annotations
 
 import torch
+
+from k3compile.ir import reference
 
 # the inputs chunk_backward differentiates, in the order it returns their gradients (then dh0)
 DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
@@ -52,8 +54,6 @@ def reference_gradients(op, inputs: dict, do: torch.Tensor, dht: torch.Tensor | 
     """d<do, o> + <dht, final_state> by float64 autograd of the token recurrence, on the inputs
     as given (already rounded to the kernels' dtype): each differentiable input's gradient by name,
     and "h0" (None without an initial state). Returned on the CPU, as the reference's outputs."""
-    from k3compile.ir import reference
-
     leaves = {n: inputs[n].double().requires_grad_() for n in DIFFERENTIABLE if inputs.get(n) is not None}
     h0 = inputs.get("initial_state")
     h0 = None if h0 is None else h0.double().requires_grad_()

@@ -1,4 +1,4 @@
-"""`k3c plan-pipeline SPEC --ranks P [--stages-per-rank V]`: k3compile.pipeline_plan's plan of a
+"""`k3c plan-pipeline SPEC --ranks P [--stages-per-rank V]`: k3compile.runtime.pipeline_plan's plan of a
 [model] block stack printed as a table (docs/block-stack.md). Bad input is a K3Error or an
 argparse error: one line, exit 2, as every k3c subcommand's."""
 
@@ -43,8 +43,9 @@ def read_layer_costs(path: str) -> list:
 
 
 def cmd_plan_pipeline(args) -> int:
-    from k3compile.pipeline_plan import plan_pipeline
-    from k3compile.stack_spec import load_model_spec
+    # ~30 ms: k3c builds this subcommand's parser on every call
+    from k3compile.runtime.pipeline_plan import plan_pipeline
+    from k3compile.runtime.stack_spec import load_model_spec
 
     spec = load_model_spec(args.spec)
     costs = read_layer_costs(args.layer_costs) if args.layer_costs else dict(args.cost) if args.cost else None
@@ -63,5 +64,5 @@ def add_parser(sub) -> None:
     costs.add_argument("--cost", type=parse_cost, action="append", metavar="KIND=COST",
                        help="a mixer's relative cost, e.g. kda=1.0 attn=1.4 (repeatable; default every layer 1)")
     costs.add_argument("--layer-costs", metavar="JSON",
-                       help="a JSON file of one cost a layer (e.g. k3compile.stack_pipeline.measure_layer_costs's)")
+                       help="a JSON file of one cost a layer (e.g. k3compile.runtime.stack_pipeline.measure_layer_costs's)")
     p.set_defaults(run=cmd_plan_pipeline)

@@ -27,8 +27,8 @@ import sympy
 from sympy import Matrix, zeros
 from sympy.matrices import MatrixBase
 
+from k3compile.checking.exact import SEMANTICS, ChunkRun, Chunk, ExactInputs, token_recurrence
 from k3compile.ir import k3s
-from k3compile.ir.exact import SEMANTICS, ChunkRun, Chunk, ExactInputs, token_recurrence
 
 
 def canonical(value, dims: tuple[str, ...]):

@@ -4,13 +4,12 @@ Each case draws fresh random inputs (never zeros), runs the compiled entry with 
 NaN-filled (POISON_OUTPUTS, so an unwritten element fails), runs `k3compile.ir.reference` on the same
 inputs in float64 on the CPU, and compares by max abs error and the RMS ratio
 ||out - ref|| / ||ref|| (the measure fla's tests use). A recurrence's `chunk_backward` cases
-compare each gradient with float64 autograd of the reference (k3compile/verify_backward.py).
+compare each gradient with float64 autograd of the reference (k3compile/checking/verify_backward.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import tempfile
@@ -22,26 +21,17 @@ import numpy
 import torch
 import torch.nn.functional as F
 
+from k3compile.checking.verify_attnres import (AttnResCase, attnres_cases, attnres_tolerance, quick_attnres_cases,
+                                               run_attnres_case)
+from k3compile.checking.verify_backward import gradient_rows, gradient_tolerance
+from k3compile.checking.verify_common import not_power_of_two, tolerance, variant
+from k3compile.checking.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 from k3compile.driver import CompiledLayer, lower, write_module
 from k3compile.errors import ArgumentError, UnsupportedError
+from k3compile.frontend import spec_to_module
+from k3compile.ir import reference
 from k3compile.spec import RECURRENCE_KINDS, LayerSpec
-from k3compile.verify_attnres import (AttnResCase, attnres_cases, attnres_tolerance, quick_attnres_cases,
-                                      run_attnres_case)
-from k3compile.verify_backward import gradient_rows, gradient_tolerance
-from k3compile.verify_moe import MoeCase, moe_cases, moe_tolerance, quick_moe_cases, run_moe_case
 
-# RMS-ratio tolerances per input dtype. bf16: fla's 5e-3. fp32: the kernels use fp32
-# arithmetic throughout (fp32 dots are exact-precision, not tf32), so only rounding of the sums
-# remains; the chunked form reassociates them and inverts a triangular system, hence 1e-4.
-RMS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-3}
-CHUNK_FP32_TOLERANCE = 1e-4
-
-
-CHUNKED_ENTRIES = ("chunk", "segment_summary")  # reassociated sums and a triangular solve
-
-
-def tolerance(entry: str, dtype) -> float:
-    return CHUNK_FP32_TOLERANCE if entry in CHUNKED_ENTRIES and dtype == torch.float32 else RMS_TOLERANCE[dtype]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -71,16 +61,6 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     diff = out - ref
     norm = ref.norm().item()
     return diff.abs().max().item() if diff.numel() else 0.0, diff.norm().item() / max(norm, 1e-30)
-
-
-def variant(spec: LayerSpec, suffix: str, **changes) -> LayerSpec:
-    params = {**spec.params, **changes}
-    return dataclasses.replace(spec, name=f"{spec.name}_{suffix}", params=params)
-
-
-def not_power_of_two(dim: int) -> int:
-    """A nearby size that is not a power of two (exercises the masks)."""
-    return max(3, dim - dim // 4 - 1)
 
 
 # --- the KDA family ------------------------------------------------------------------------
@@ -288,8 +268,6 @@ def gradient_cases(spec: LayerSpec, on_gpu: bool) -> Iterator[tuple[LayerSpec, s
 def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
     """decode over a state pool: the rows named by state_indices advance in place (padding -1
     starts from zero), every other row stays bit-identical."""
-    from k3compile.ir import reference
-
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
     pool_rows = case.batch + 2
     pool = inputs.pop("initial_state")[:1].repeat(pool_rows, 1, 1, 1)
@@ -316,8 +294,6 @@ def run_decode_case(layer: CompiledLayer, layer_op, case, dtype, device, gen):
 def run_summary_case(layer: CompiledLayer, layer_op, inputs: dict):
     """segment_summary: (M, N) of every segment (each sequence of cu_seqlens, or batch row)
     against the float64 definition."""
-    from k3compile.ir import reference
-
     B, T = inputs["k"].shape[:2]
     kept = {n: x for n, x in inputs.items() if n in ("k", "v", "g", "beta", "cu_seqlens", "A_log", "dt_bias")}
     segments = inputs.get("cu_seqlens", torch.arange(0, B * T + 1, T))
@@ -330,8 +306,6 @@ def run_summary_case(layer: CompiledLayer, layer_op, inputs: dict):
 
 
 def run_recurrence_case(layer: CompiledLayer, entry: str, layer_op, case, dtype, device, gen):
-    from k3compile.ir import reference
-
     if entry == "decode":
         return run_decode_case(layer, layer_op, case, dtype, device, gen)
     inputs = recurrence_inputs(layer_op, case, dtype, device, gen)
@@ -410,8 +384,6 @@ def grid(spec: LayerSpec, on_gpu: bool, dtypes: list[str], quick: bool = False
 def run_cases(spec: LayerSpec, cases: list, device: str, gen: torch.Generator, out_dir: Path,
               progress: Callable[[int, int, str], None] | None) -> list[CaseResult]:
     """Run `cases` (rows of `grid`), each layer's module written to out_dir when a case first needs it."""
-    from k3compile.frontend import spec_to_module
-
     family = FAMILIES[spec.kind]
     results = []
     layers: dict[str, tuple] = {}
@@ -439,7 +411,8 @@ def run_cases(spec: LayerSpec, cases: list, device: str, gen: torch.Generator, o
                 results.append(CaseResult(layer_spec.name, entry, case.name, dtype_name, tensor, max_abs, rms,
                                           family.tolerance(entry, tensor, dtype)))
         except Exception as error:  # an access outside the launch's tensors fails its case (checked before it happens)
-            from k3compile.interpreter_bounds import raised_by
+            # Triton's interpreter, loaded only once a case has failed (a GPU run never needs it)
+            from k3compile.checking.interpreter_bounds import raised_by
 
             if (outside := raised_by(error)) is None:
                 raise
@@ -466,7 +439,7 @@ def verify(spec: LayerSpec, device: str | None = None, dtypes: list[str] | None 
         raise ArgumentError(f"seed: expected an integer in -2**63 .. 2**64 - 1, got {seed}")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when a kernel is first launched
-        from k3compile import interpreter_bf16, interpreter_bounds  # import Triton: after the line above
+        from k3compile.checking import interpreter_bf16, interpreter_bounds  # import Triton: after the line above
 
         interpreter_bounds.install()  # every launch checks that its loads and stores stay inside its tensors
         interpreter_bf16.install()  # and computes on bf16 operands' values, not their bits

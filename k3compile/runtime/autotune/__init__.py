@@ -27,34 +27,34 @@ CPU tests run the whole search in Triton's interpreter with a fake timer.
     compile.py  compile_tuned(): a module from the cached records
     moe.py      tune_moe(): a latent_moe layer's dispatch table per token bucket (`k3c tune --tokens`)
 
-The names below are re-exported for `from k3compile.autotune import X`. A test that replaces
+The names below are re-exported for `from k3compile.runtime.autotune import X`. A test that replaces
 a function patches the submodule that looks it up (tune looks up gpu_name in search.py,
 compile_tuned in compile.py), not this package.
 """
 
-from k3compile.autotune.cache import TuneCache, cache_root, key_digest, key_for
-from k3compile.autotune.compile import ModulePlan, compile_tuned
-from k3compile.autotune.measure import precompile, run_backward
-from k3compile.autotune.search import TuneResult, TuningError, tune
-from k3compile.autotune.space import (
-    BACKWARD_ENTRY,
-    BACKWARD_SEARCH_SPACE,
-    ENTRIES,
-    SEARCH_SPACE,
-    SEGMENTS,
-    Bucket,
-    Candidate,
-    Choice,
-    backward_entry_pipeline,
-    base_pipeline,
-    bucket,
-    candidates,
-    entry_pipeline,
-    kernel_code_hash,
-    launch_configs,
-    split_pipeline,
-    tuned_entry_pipeline,
-)
+from k3compile.runtime.autotune.cache import TuneCache, cache_root, key_digest, key_for
+from k3compile.runtime.autotune.compile import ModulePlan, compile_tuned
+from k3compile.runtime.autotune.measure import precompile, run_backward
+from k3compile.runtime.autotune.search import TuneResult, TuningError, tune
+from k3compile.runtime.autotune.space import (
+                                              BACKWARD_ENTRY,
+                                              BACKWARD_SEARCH_SPACE,
+                                              ENTRIES,
+                                              SEARCH_SPACE,
+                                              SEGMENTS,
+                                              Bucket,
+                                              Candidate,
+                                              Choice,
+                                              backward_entry_pipeline,
+                                              base_pipeline,
+                                              bucket,
+                                              candidates,
+                                              entry_pipeline,
+                                              kernel_code_hash,
+                                              launch_configs,
+                                              split_pipeline,
+                                              tuned_entry_pipeline,
+                                              )
 
 __all__ = [
     "BACKWARD_ENTRY",

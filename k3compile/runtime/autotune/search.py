@@ -18,35 +18,35 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from k3compile.autotune.cache import TuneCache, entry_of, key_for
-from k3compile.autotune.measure import (
-    DEFAULT_CHECK_SHAPE,
-    check_and_time,
-    check_shape_for,
-    gpu_name,
-    precompile,
-    short,
-    time_candidate,
-    timing_inputs,
-    with_cotangents,
-)
-from k3compile.autotune.space import (
-    BACKWARD_ENTRY,
-    BACKWARD_SEARCH_SPACE,
-    ENTRIES,
-    SEARCH_SPACE,
-    SEGMENTS,
-    TUNED_ENTRY,
-    Candidate,
-    Choice,
-    base_pipeline,
-    candidates,
-    has_entry,
-    kernel_code_hash,
-    launch_configs,
-    module_code_hash,
-    with_pass_defaults,
-)
+from k3compile.runtime.autotune.cache import TuneCache, entry_of, key_for
+from k3compile.runtime.autotune.measure import (
+                                                DEFAULT_CHECK_SHAPE,
+                                                check_and_time,
+                                                check_shape_for,
+                                                gpu_name,
+                                                precompile,
+                                                short,
+                                                time_candidate,
+                                                timing_inputs,
+                                                with_cotangents,
+                                                )
+from k3compile.runtime.autotune.space import (
+                                              BACKWARD_ENTRY,
+                                              BACKWARD_SEARCH_SPACE,
+                                              ENTRIES,
+                                              SEARCH_SPACE,
+                                              SEGMENTS,
+                                              TUNED_ENTRY,
+                                              Candidate,
+                                              Choice,
+                                              base_pipeline,
+                                              candidates,
+                                              has_entry,
+                                              kernel_code_hash,
+                                              launch_configs,
+                                              module_code_hash,
+                                              with_pass_defaults,
+                                              )
 from k3compile.errors import K3Error
 from k3compile.ir.choices import DTYPES
 
@@ -84,6 +84,7 @@ class TuneResult:
 
 
 def parse_dtype(name: str):
+    # torch: importing k3compile.runtime.autotune (k3compile.ops does) loads none
     import torch
 
     if name not in DTYPES:
@@ -100,6 +101,7 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     `segments`, default SEGMENTS; chunk_backward: the backward, each candidate's gradients checked
     against float64 autograd of the reference) for the bucket of shape (B, T) and dtype; cached
     results are returned without compiling or timing anything (unless retune)."""
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.driver import load_module, lower
     from k3compile.frontend import spec_to_module
 
@@ -131,10 +133,12 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
         if record is not None:
             return TuneResult(record, True, time.perf_counter() - start, 0, cache.path(key))
 
+    # torch: importing k3compile.runtime.autotune (k3compile.ops does) loads none
     import torch
 
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.ir import reference
-    from k3compile.verify import RecurrenceCase, recurrence_inputs, tolerance
+    from k3compile.checking.verify import RecurrenceCase, recurrence_inputs, tolerance
 
     timer = timer or time_candidate
     timed = [0]
@@ -192,7 +196,8 @@ def tune(spec, shape: tuple[int, int], dtype: str = "bfloat16", *, pipeline: str
     target = timing_inputs(layer_op, batch, tokens, torch_dtype, device)
     t0 = time.perf_counter()
     if backward:  # the gradients of <do, o> + <dht, final_state> by float64 autograd, dh0 included
-        from k3compile.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
+        # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
+        from k3compile.checking.verify_backward import draw_cotangents, gradient_tolerance, reference_gradients
 
         do, dht = draw_cotangents(layer_op, check, True, gen)
         check = {**check, "do": do, "dht": dht}

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from k3compile.autotune.cache import TuneCache, cache_key, k3compile_version, schedule_hash, triton_version
-from k3compile.autotune.measure import gpu_name, short, time_candidate
-from k3compile.autotune.search import TuningError
-from k3compile.autotune.space import MOE_ENTRY, Bucket, Candidate, base_pipeline, join_pipeline, split_pipeline
+from k3compile.runtime.autotune.cache import TuneCache, cache_key, k3compile_version, schedule_hash, triton_version
+from k3compile.runtime.autotune.measure import gpu_name, short, time_candidate
+from k3compile.runtime.autotune.search import TuningError
+from k3compile.runtime.autotune.space import MOE_ENTRY, Bucket, Candidate, base_pipeline, join_pipeline, split_pipeline
 
 MOE_PASS = "lower-moe-experts"
 MOE_TOKENS = (1, 4, 16, 64)  # bench/results/moe_decode_plans_h100_f3f7295.md's token counts
@@ -53,12 +53,14 @@ def with_dispatch(spec, pipeline: str | None, table: str) -> str:
 
 
 def moe_inputs(layer_op, module, tokens: int, dtype, device: str, seed: int = 0) -> dict:
-    """The layer's arguments at `tokens` rows: the routing's as k3compile.verify_moe draws them
+    """The layer's arguments at `tokens` rows: the routing's as k3compile.checking.verify_moe draws them
     (no near ties), the weights drawn in `dtype` on the device (at K3's widths the experts' are
     ~60 GB in bf16: no fp32 copy), MXFP4 weights packed by the module."""
+    # torch: importing k3compile.runtime.autotune (k3compile.ops does) loads none
     import torch
 
-    from k3compile.verify_moe import MoeCase, routing_inputs
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
+    from k3compile.checking.verify_moe import MoeCase, routing_inputs
 
     gen = torch.Generator().manual_seed(seed)
     arguments = routing_inputs(layer_op, MoeCase(f"R{tokens}", tokens), dtype, device, gen, every_rank=False)
@@ -90,7 +92,8 @@ def tune_moe(spec, tokens: int, dtype: str = "bfloat16", *, pipeline: str | None
              retune: bool = False, warp_tiles: Sequence[tuple[int, int]] = WARP_TILES) -> dict:
     """The record of `spec`'s bucket of `tokens` rows in `dtype` on this GPU: from the cache, or
     tuned now (every candidate compiled, checked, timed; the fastest passing one its winner)."""
-    from k3compile.autotune.search import parse_dtype
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
+    from k3compile.runtime.autotune.search import parse_dtype
     from k3compile.frontend import spec_to_module
 
     if spec.kind != "latent_moe":
@@ -134,10 +137,11 @@ def check_and_time(spec, layer_op, candidate: Candidate, tokens: int, dtype, dev
                    timer: Callable) -> float:
     """Milliseconds of the candidate's `moe` at `tokens` rows, after its NaN-poisoned output
     matched the float64 reference there (else an AssertionError saying by how much)."""
+    # xDSL, torch: importing k3compile.runtime.autotune (k3compile.ops does) loads neither
     from k3compile.driver import load_module, lower
     from k3compile.ir import reference
-    from k3compile.verify import compare
-    from k3compile.verify_moe import MOE_RMS_TOLERANCE
+    from k3compile.checking.verify import compare
+    from k3compile.checking.verify_moe import MOE_RMS_TOLERANCE
 
     path = folder / f"{spec.name}_moe{candidate.index}.py"
     path.write_text(lower(spec, candidate.pipeline).source)

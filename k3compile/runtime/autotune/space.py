@@ -16,6 +16,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from k3compile.default_pipelines import DEFAULT_PIPELINES
+
 TUNED_ENTRY = "chunk"  # the forward entry whose schedule choices are tuned
 BACKWARD_ENTRY = "chunk_backward"  # the backward entry, tuned on its own (`k3c tune --entry`)
 ENTRIES = (TUNED_ENTRY, BACKWARD_ENTRY)
@@ -195,6 +197,7 @@ def space_for(entry: str) -> tuple[Choice, ...]:
 
 def pass_default(choice: Choice):
     """The default of the choice's pass option (None: no such pass or option)."""
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.passes import PASSES
 
     factory = PASSES.get(choice.pass_name)
@@ -276,6 +279,7 @@ def module_code_hash(source: str) -> str:
 
 def launch_configs(compilation, entry_name: str = TUNED_ENTRY) -> dict[str, dict[str, int]]:
     """kernel -> launch config (block sizes, num_warps, num_stages) of an entry, from the IR."""
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.backends.triton.printer import EntryView, TritonPrinter
     from k3compile.ir import k3s
 
@@ -286,14 +290,13 @@ def launch_configs(compilation, entry_name: str = TUNED_ENTRY) -> dict[str, dict
 
 
 def has_entry(compilation, entry_name: str = TUNED_ENTRY) -> bool:
+    # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
     from k3compile.ir import k3s
 
     return any(isinstance(op, k3s.EntryOp) and op.sym_name.data == entry_name for op in compilation.scheduled.ops)
 
 
 def base_pipeline(spec, pipeline: str | None) -> str:
-    from k3compile.default_pipelines import DEFAULT_PIPELINES
-
     return DEFAULT_PIPELINES[spec.kind] if pipeline is None else pipeline
 
 

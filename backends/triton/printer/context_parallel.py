@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import ModuleOp
 
+from k3compile.backends.triton.printer.common import EntryView, describe, launch_table_name
 from k3compile.backends.triton.runtime import emitted
 from k3compile.ir import k3s
 
@@ -59,8 +60,6 @@ def plain_name(cp, entry: k3s.EntryOp) -> str | None:
 def print_context_parallel(printer, cp) -> None:
     """Print the runtime, its instance for this layer and the `chunk` wrapper (after every entry:
     the instance holds _chunk_single and chunk_segments), and the `chunk_backward` one."""
-    from k3compile.backends.triton.printer import EntryView, launch_table_name
-
     c = printer.code
     chunk_view, segments_entry = EntryView(cp[0]), cp[1]
     backward_view = EntryView(cp[2]) if cp[2] is not None else None
@@ -95,7 +94,7 @@ def print_context_parallel(printer, cp) -> None:
     signature = printer.signatures["chunk"] + ["segments=None", "cp_group=None"]
     c(f"def chunk({', '.join(signature)}):")
     with c.indent():
-        c(f'"""{printer_describe(chunk)} with context parallelism (docs/context-parallel.md).', "",
+        c(f'"""{describe(chunk)} with context parallelism (docs/context-parallel.md).', "",
           f"Arguments and returns as {PLAIN_CHUNK} (the plain entry, above), and:",
           "    segments: None or 1: the plain entry, exactly. 'auto': P from the GPU's size (1 where the",
           "        sequences' scans already fill it; _ContextParallel.auto_segments). P > 1: every sequence split into P near-equal",
@@ -171,7 +170,7 @@ def print_backward(printer, view, tokens: list[str]) -> None:
     c("", "")
     c(f"def chunk_backward({', '.join(signature)}):")
     with c.indent():
-        c(f'"""{printer_describe(entry)} with context parallelism (docs/context-parallel.md).', "",
+        c(f'"""{describe(entry)} with context parallelism (docs/context-parallel.md).', "",
           f"Arguments and returns as {PLAIN_BACKWARD} (the plain entry, above), and segments / cp_group as",
           "chunk's: the gradients of chunk(..., segments=..., cp_group=...) with the same arguments.",
           "    segments: every sequence split as chunk splits it (chunk_backward_segments: one prepare, the",
@@ -191,9 +190,3 @@ def print_backward(printer, view, tokens: list[str]) -> None:
         c("_CHUNK_CP.check_segments(segments)",
           "return _CHUNK_CP.run_segments_backward(check(), tokens, params, initial_state, cu_seqlens, do, dht, output_dh0,",
           "                                       segments)")
-
-
-def printer_describe(op) -> str:
-    from k3compile.backends.triton.printer import describe
-
-    return describe(op)
