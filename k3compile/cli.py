@@ -329,13 +329,12 @@ def cmd_passes(args) -> int:
 
     from rich.table import Table
 
-    from k3compile.passes import PASSES
-    from k3compile.pipeline import DEFAULT_PIPELINES
+    from k3compile.pipeline import DEFAULT_PIPELINES, available_passes
 
     table = Table(title="k3c passes: what `-p` takes (pass{option=value ...}), options at their defaults")
     for column in ("pass", "options", "what it does"):
         table.add_column(column)
-    for name, load in PASSES.items():
+    for name, load in available_passes().items():
         pass_type = load()
         options = " ".join(f"{f.name.replace('_', '-')}={f.default}" for f in dataclasses.fields(pass_type))
         table.add_row(name, options or "-", (pass_type.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))

@@ -89,6 +89,7 @@ def lower(spec: LayerSpec, pipeline: str | None = None, launch_tables: dict | No
 def schedule_for_triton(spec: LayerSpec, pipeline: str | None, verify: Verify) -> Compilation:
     """Schedule a spec and run the Triton backend's passes over its module."""
     from k3compile.backends.triton.legalize import LegalizeTritonPass
+    from k3compile.backends.triton.lower import LowerToTritonPass
     from k3compile.passes.guard_spill_only_stages import GuardSpillOnlyStagesPass
     from k3compile.passes.merge_identical_kernels import MergeIdenticalKernelsPass
     from k3compile.passes.outline_kernels import OutlineKernelsPass
@@ -101,8 +102,8 @@ def schedule_for_triton(spec: LayerSpec, pipeline: str | None, verify: Verify) -
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and {RUNS_WITHOUT_KERNELS.get(spec.kind, REFERENCE)} runs it"
         )
     # a pipeline that ends before outline-kernels leaves kernels in their entries
-    passes = (OutlineKernelsPass(), LegalizeTritonPass(source=spec.source), GuardSpillOnlyStagesPass(),
-              MergeIdenticalKernelsPass())
+    passes = (OutlineKernelsPass(), LegalizeTritonPass(source=spec.source), LowerToTritonPass(),
+              GuardSpillOnlyStagesPass(), MergeIdenticalKernelsPass())
     run = run_passes(compilation.scheduled, passes, verify=verify, label="triton:")
     compilation.timings += run.timings
     return compilation

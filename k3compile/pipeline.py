@@ -43,9 +43,11 @@ TYPE_WORDS = {int: "an integer", str: "a word", bool: "true or false", float: "a
 
 
 def available_passes() -> dict[str, Callable[[], type[ModulePass]]]:
+    """The passes a pipeline may name: passes/ and the Triton backend's own."""
+    from k3compile.backends.triton import BACKEND_PASSES
     from k3compile.passes import PASSES
 
-    return PASSES
+    return PASSES | BACKEND_PASSES
 
 
 @dataclass

@@ -1,5 +1,9 @@
 """Kernels: the @triton.jit functions (their parameters are what their code reads: arguments of
-the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards)."""
+the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards).
+
+The products' precision DOT is the kernel's `dots` (lower-to-triton). Still decided here (issue
+39): the implicit parameters (chunk_table, the checkpoints', the run-time sizes' expressions),
+the parameters kept by what the printed code reads, and a commit kernel's heads (H = HV)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from xdsl.ir import Operation
 from k3compile.backends.triton.printer.common import (
     DOT_PRECISION,
     KERNEL_CONSTANTS,
-    MATMUL_STAGE_TYPES,
     Code,
     EntryView,
     describe,
@@ -242,10 +245,8 @@ class Kernels:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
         if kernel.flags is not None:  # each flag as this kernel's launch sets it
             params += [(f"{flag}: tl.constexpr", f"{flag}={kernel.flag_on(flag)}") for flag in kernel.flags.data]
-        if any(issubclass(t, MATMUL_STAGE_TYPES) for t in stage_types):
-            first = view.tensors[0].sym_name.data
-            # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
-            dot = repr(DOT_PRECISION[kernel.dots.data]) if kernel.dots is not None else f"_DOT_OF_DTYPE[{first}.dtype]"
+        if kernel.dots is not None:  # the products' precision (lower-to-triton)
+            dot = DOT_PRECISION[kernel.dots.data].format(first=view.tensors[0].sym_name.data)
             params.append(("DOT: tl.constexpr", f"DOT={dot}"))
         return params
 
