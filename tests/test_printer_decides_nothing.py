@@ -24,6 +24,10 @@ REMOVED_DECISIONS = [
      r"\"b_M = _mm_accurate\(|_mm_accurate\(b_Linv"),
     ("the value-block loops unrolled, always", "chunk_stages.py", r"for i_vb in tl\.static_range|for i_p in tl\.static_range"),
     ("a token's row converted to fp32, always", "loads.py", r"\{offsets\}, mask=\{mask\}, other=0\.0\)(\"\s*\")?\.to\(tl\.float32\)"),
+    ("a Block AttnRes row's block of representatives (legalize-triton's block_s)", "kernels.py",
+     r"BS=next_power_of_2"),
+    ("a Block AttnRes row's block of representatives (legalize-triton's block_s)", "attnres_columns.py",
+     r"BS=next_power_of_2"),
     ("a normalised chunk's rows converted to fp32 with the normalisation", "loads.py",
      r"\{target\} = \{target\}\.to\(tl\.float32\)\","),
 ]

@@ -167,6 +167,7 @@ class KernelOp(KeywordSyntax):
     block_e = opt_prop_def(IntegerAttr[I64])
     block_ks = opt_prop_def(IntegerAttr[I64])
     block_n = opt_prop_def(IntegerAttr[I64])  # an MoE projection's output columns
+    block_s = opt_prop_def(IntegerAttr[I64])  # a Block AttnRes row's representatives (sources)
     # its constexpr flags, each the guard of its k3s.when stages, and the value its launch passes:
     # the names are code, the values launch (kernels sharing one code pass their own)
     flags = opt_prop_def(DictionaryAttr)

@@ -1,9 +1,10 @@
 """Kernels: the @triton.jit functions (their parameters are what their code reads: arguments of
 the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards).
 
-The products' precision DOT is the kernel's `dots` (lower-to-triton). Still decided here (issue
-39): the implicit parameters (chunk_table, the checkpoints', the run-time sizes' expressions),
-the parameters kept by what the printed code reads, and a commit kernel's heads (H = HV)."""
+The products' precision DOT is the kernel's `dots` (lower-to-triton), the block sizes are the
+kernel's (legalize-triton). Still decided here (issue 39): the implicit parameters (chunk_table,
+the checkpoints', the run-time sizes' expressions), the parameters kept by what the printed code
+reads, a commit kernel's heads (H = HV) and a fold of all a call's queries' block (BQ)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from k3compile.backends.triton.printer.common import (
     EntryView,
     describe,
     kernel_constants_of,
-    next_power_of_2,
     presence_flag,
     tensor_name,
 )
@@ -217,7 +217,7 @@ class Kernels:
     @kernel_constants_of(k3s.LoadSourceColumnsOp)
     def load_source_columns_constants(self, op: k3s.LoadSourceColumnsOp, kernel: k3s.KernelOp,
                                       view: EntryView) -> dict[str, int]:
-        return dict(BS=next_power_of_2(op.sources.value.data))  # all of a row's representatives
+        return dict(BS=kernel.block_s.value.data)
 
     @kernel_constants_of(k3s.RowLoopOp, k3s.RowSourceLoopOp)
     def row_loop_constants(self, op: k3s.RowLoopOp | k3s.RowSourceLoopOp, kernel: k3s.KernelOp,
