@@ -128,6 +128,7 @@ class PrintedCode:
 
     @property
     def tree(self) -> ast.Module:
+        """The statements, parsed when first asked for (the self-check, a twin whose text differs)."""
         known = self.parsed[self.text]
         if known[1] is None:
             known[1] = statements("\n".join(self.lines) + "\n")
