@@ -17,6 +17,7 @@ from xdsl.dialects.builtin import ModuleOp
 from k3compile import __version__
 from k3compile.backends.triton.guard_spill_only_stages import GuardSpillOnlyStagesPass
 from k3compile.backends.triton.legalize import LegalizeTritonPass
+from k3compile.backends.triton.lower import LowerToTritonPass
 from k3compile.backends.triton.merge_identical_kernels import MergeIdenticalKernelsPass
 from k3compile.backends.triton.printer import print_triton
 from k3compile.errors import OutputError, UnsupportedError
@@ -100,8 +101,8 @@ def schedule_for_triton(spec: LayerSpec, pipeline: str | None, verify: Verify) -
             f"'{compilation.pipeline}'; `k3c ir` shows its IR and {RUNS_WITHOUT_KERNELS.get(spec.kind, REFERENCE)} runs it"
         )
     # a pipeline that ends before outline-kernels leaves kernels in their entries
-    passes = (OutlineKernelsPass(), LegalizeTritonPass(source=spec.source), GuardSpillOnlyStagesPass(),
-              MergeIdenticalKernelsPass())
+    passes = (OutlineKernelsPass(), LegalizeTritonPass(source=spec.source), LowerToTritonPass(),
+              GuardSpillOnlyStagesPass(), MergeIdenticalKernelsPass())
     run = run_passes(compilation.scheduled, passes, verify=verify, label="triton:")
     compilation.timings += run.timings
     return compilation

@@ -278,8 +278,8 @@ class LowerSpeculativePass(ModulePass):
             raise ValueError(f"lower-speculative: mode must be replay or snapshot, got {self.mode!r}")
         if self.verify not in ("token", "chunked"):
             raise ValueError(f"lower-speculative: verify must be token or chunked, got {self.verify!r}")
-        if self.verify_dots not in tuple(k3s.KernelDots):
-            raise ValueError(f"lower-speculative: verify-dots must be {' or '.join(k3s.KernelDots)}, "
+        if self.verify_dots not in (k3s.KernelDots.FP32, k3s.KernelDots.TF32X3):
+            raise ValueError(f"lower-speculative: verify-dots must be fp32 or tf32x3, "
                              f"got {self.verify_dots!r}")
         if self.verify_dots != "fp32" and self.verify != "chunked":
             raise ValueError("lower-speculative: verify-dots applies to verify=chunked (the token verify has no products)")

@@ -13,6 +13,8 @@ os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
 # generated modules allocate their outputs NaN-filled, so an element a kernel never writes
 # cannot pass as a value (read when a generated module is imported)
 os.environ["K3C_POISON_OUTPUTS"] = "1"
+# the printer checks each kernel's printed code against the IR (a compile skips it: 40% of printing)
+os.environ["K3C_PRINTER_CHECKS"] = "1"
 
 import dataclasses  # noqa: E402
 import secrets  # noqa: E402

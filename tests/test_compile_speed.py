@@ -189,8 +189,8 @@ def test_compile_that_breaks_the_ir_fails_as_with_verify_each(monkeypatch, each)
 
 def test_compile_timings_name_the_backend_passes_and_the_verification():
     names = [name for name, _ in lower(load_spec(SPECS["kda"])).timings]
-    assert names[-6:] == ["triton:outline-kernels", "triton:legalize-triton", "triton:guard-spill-only-stages",
-                          "triton:merge-identical-kernels", "verify", "print-triton"]
+    assert names[-7:] == ["triton:outline-kernels", "triton:legalize-triton", "triton:lower-to-triton",
+                          "triton:guard-spill-only-stages", "triton:merge-identical-kernels", "verify", "print-triton"]
 
 
 # --- the frontend's symbol probe, kept on disk ------------------------------------------------

@@ -12,7 +12,7 @@ from xdsl.context import Context
 
 from conftest import EXAMPLE_SPECS
 from k3compile.backends.triton.printer import TritonPrinter, print_triton
-from k3compile.backends.triton.printer.kernels import name_uses
+from k3compile.backends.triton.printer.kernels import name_uses, names_read
 from k3compile.driver import lower, schedule
 from k3compile.ir import k3s
 from k3compile.passes.common import props
@@ -255,3 +255,25 @@ def test_name_uses_skips_the_guards_a_launch_turns_off():
         assert uses.read == {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     # `if A:` goes with its elif and else; `if not A:` is no flag's guard
     assert name_uses(tree, {"A"}).launch_free() == {"tl", "x", "o", "A", "t", "out"}
+
+
+def test_names_read_are_the_parsed_codes_names():
+    """The printer keeps a kernel's parameters by the names its code reads, scanned without
+    parsing: attributes, keyword arguments, strings and comments are none of them."""
+    code = "\n".join([
+        '"""k3s.kernel @k <block_v = BV>, from "x"."""',
+        "# the rows of K: BQ",
+        "b_x = tl.load(x + o_k, mask=m_k, other=0.0).to(q.dtype.element_ty)  # with V",
+        "SUB: tl.constexpr = 4",
+        "b_y = tl.sum(b_x, axis=0) if HAS_Y else 'T'",
+        "b_z = b_y==D",
+    ])
+    assert names_read(code) == {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)} | {"if", "else"}
+
+
+def test_compile_prints_without_the_self_check(kda_scheduled, monkeypatch):
+    """A compile skips the self-check (K3C_PRINTER_CHECKS unset): parsing every kernel was 40% of
+    printing; the tests (conftest.py) run it on every module they print."""
+    module, _ = kda_scheduled
+    monkeypatch.delenv("K3C_PRINTER_CHECKS")
+    assert "b_extra = dht" in print_with(module, monkeypatch, "kda_recurrent", "b_extra = dht")

@@ -8,7 +8,8 @@ before it is printed, so that the printer only prints.
   block where it has one); AttnRes rows whole;
   the MoE router's blocks of token rows, experts and hidden columns and its slices of the
   hidden columns (logits kernel) and of rows, experts (whole) and top-k slots (top-k kernel);
-  the MoE experts' blocks of pairs, token rows, output and input columns.
+  the MoE experts' blocks of pairs, token rows, output and input columns; a Block AttnRes
+  row's representatives whole.
 - The MoE router's block sizes and hidden slices for calls of fewer token rows
   (k3s.launch_by_rows after its kernels): the row count is known only at launch, and a few rows
   want other tiles than many.
@@ -144,6 +145,12 @@ def column_loop_blocks(op: k3s.ColumnLoopOp, sizes: dict[str, int]) -> dict[str,
 def fold_query_blocks(op: k3s.FoldQueryOp, sizes: dict[str, int]) -> dict[str, int]:
     """A row's columns whole, unless a column loop before it took blocks of them."""
     return {} if "block_d" in sizes else dict(block_d=next_power_of_2(op.hidden_size.value.data))
+
+
+@block_sizes_of(k3s.LoadSourceColumnsOp, k3s.LoadGroupSourcesOp)
+def source_blocks(op: k3s.LoadSourceColumnsOp | k3s.LoadGroupSourcesOp, sizes: dict[str, int]) -> dict[str, int]:
+    """All of a row's representatives."""
+    return dict(block_s=next_power_of_2(op.sources.value.data))
 
 
 @block_sizes_of(k3s.RouterLogitsOp, k3s.ProjectSlotsOp)

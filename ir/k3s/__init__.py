@@ -37,6 +37,7 @@ from k3compile.ir.k3s.gram import *  # noqa: F403
 from k3compile.ir.k3s.moe import *  # noqa: F403
 from k3compile.ir.k3s.moe_backward import *  # noqa: F403
 from k3compile.ir.k3s.segments import *  # noqa: F403
+from k3compile.ir.k3s.target import *  # noqa: F403
 from k3compile.ir.k3s.token import *  # noqa: F403
 from k3compile.ir.k3s.types import *  # noqa: F403
 
@@ -87,6 +88,7 @@ K3S = Dialect(
         ArgRoleAttr,
         ArgPurposeAttr,
         KernelDotsAttr,
+        RegisterDtypeAttr,
         GridAxisAttr,
         StateHomeAttr,
         StateStartAttr,

@@ -290,6 +290,8 @@ class UnitLowerInverseOp(KeywordSyntax):
 
     name = "k3s.unit_lower_inverse"
     block = prop_def(IntegerAttr[I64])
+    accurate = opt_prop_def(BoolAttr)  # products at least tf32 (the Triton backend's, as squarings)
+    squarings = opt_prop_def(IntegerAttr[I64])  # (I + M^2^i) factors after I - M: log2(C / block) - 1
     gram = operand_def(TileType)
     inverse = result_def(TileType)
     traits = traits_def(HasParent(*ADJOINT_PARENTS), Pure())

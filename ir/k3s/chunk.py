@@ -26,6 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
+from k3compile.ir.k3s.target import RegisterDtypeAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values, verify_carried_state
 from k3compile.ir.syntax import KeywordSyntax
@@ -180,6 +181,7 @@ class ValueBlockLoopOp(KeywordSyntax):
 
     name = "k3s.value_block_loop"
     block_v = prop_def(IntegerAttr[I64])
+    unroll = opt_prop_def(BoolAttr)  # the Triton backend's (lower-to-triton)
     sums = var_result_def(TileType)
     body = region_def("single_block")
     traits = traits_def(HasParent(KernelOp))
@@ -247,6 +249,7 @@ class SumValueBlockPartsOp(KeywordSyntax):
 
     name = "k3s.sum_value_block_parts"
     workspace = operand_def(TensorType)
+    unroll = opt_prop_def(BoolAttr)  # the Triton backend's (lower-to-triton)
     total = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -332,6 +335,7 @@ class LoadChunkOp(KeywordSyntax):
     name = "k3s.load_chunk"
     tensor = operand_def(TensorType)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
+    dtype = opt_prop_def(RegisterDtypeAttr)  # the Triton backend's (lower-to-triton)
     rows = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
@@ -422,6 +426,8 @@ class ForwardSubstitutionOp(KeywordSyntax):
 
     name = "k3s.forward_substitution"
     block = prop_def(IntegerAttr[I64])
+    accurate = opt_prop_def(BoolAttr)  # products at least tf32 (the Triton backend's, as squarings)
+    squarings = opt_prop_def(IntegerAttr[I64])  # (I + M^2^i) factors after I - M: log2(C / block) - 1
     gram = operand_def(TileType)
     beta = operand_def(TileType)
     transform = result_def(TileType)

@@ -43,6 +43,7 @@ MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
 class KernelDots(Word):
     FP32 = "fp32"
     TF32X3 = "tf32x3"
+    INPUT = "input"  # by the input dtype at launch (lower-to-triton's where no pass chose)
 
 
 @irdl_attr_definition
@@ -148,10 +149,11 @@ class KernelOp(KeywordSyntax):
     grid = prop_def(ArrayAttr[GridAxisAttr])
     num_warps = prop_def(IntegerAttr[I64])
     num_stages = opt_prop_def(IntegerAttr[I64])  # software-pipelining depth of its loops (Triton's default if absent)
-    # the operands of its chunk stages' matrix products: absent, those of the input dtype (bf16
-    # tensor cores for bf16 inputs); fp32: exact fp32 whatever the inputs (the chunked verify,
-    # whose products feed the committed state); tf32x3: fp32-accurate products on tensor cores
-    # (three tf32 products: a x b ~ ah bh + ah bl + al bh)
+    # the operands of its stages' matrix products: input, those of the input dtype (bf16 tensor
+    # cores for bf16 inputs; lower-to-triton writes it where no pass chose; absent: no products);
+    # fp32: exact fp32 whatever the inputs (the chunked verify, whose products feed the committed
+    # state); tf32x3: fp32-accurate products on tensor cores (three tf32 products: a x b ~ ah bh
+    # + ah bl + al bh)
     dots = opt_prop_def(KernelDotsAttr)
     # a cap on registers per thread (ptxas): fewer registers, more programs per SM, maybe spills
     maxnreg = opt_prop_def(IntegerAttr[I64])
@@ -165,6 +167,7 @@ class KernelOp(KeywordSyntax):
     block_e = opt_prop_def(IntegerAttr[I64])
     block_ks = opt_prop_def(IntegerAttr[I64])
     block_n = opt_prop_def(IntegerAttr[I64])  # an MoE projection's output columns
+    block_s = opt_prop_def(IntegerAttr[I64])  # a Block AttnRes row's representatives (sources)
     # its constexpr flags, each the guard of its k3s.when stages, and the value its launch passes:
     # the names are code, the values launch (kernels sharing one code pass their own)
     flags = opt_prop_def(DictionaryAttr)

@@ -28,6 +28,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
+from k3compile.ir.k3s.target import RegisterDtypeAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -223,6 +224,7 @@ class LoadTokenOp(KeywordSyntax):
     name = "k3s.load_token"
     tensor = operand_def(TensorType)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
+    dtype = opt_prop_def(RegisterDtypeAttr)  # the Triton backend's (lower-to-triton)
     row = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 

@@ -1,7 +1,11 @@
 """Print a scheduled (`k3s`) module as a standalone Python module of Triton kernels.
 
-The printer makes no scheduling decisions: every block of generated code is the printing of
-one IR op (named in a comment above it), with constants read from the op's properties.
+The printer prints what the IR says: every block of generated code is the printing of one IR
+op (named in a comment above it), with constants read from the op's properties; the backend's
+passes wrote its choices there first (legalize-triton: block sizes; lower-to-triton: the
+products' precision, the triangular inverse's form, what loads keep, unrolling). A file whose
+docstring says it decides nothing reads every choice off the IR; the others name what they still
+decide, the rest of issue 39's list.
 Entries become host functions (argument checks, allocation, launch), kernels become
 @triton.jit functions, stages become the statements of those functions. One file per op
 family: entries.py (module, entries), kernels.py (kernels, grid axes), loads.py, token_stages.py,

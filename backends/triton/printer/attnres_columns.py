@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from k3compile.backends.triton.printer.common import kernel_constants_of, next_power_of_2, register, tensor_name
+from k3compile.backends.triton.printer.common import kernel_constants_of, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -158,7 +158,7 @@ class AttnResColumnsForward:
 
     @kernel_constants_of(k3s.LoadGroupSourcesOp)
     def load_group_sources_constants(self, op: k3s.LoadGroupSourcesOp, kernel: k3s.KernelOp, view) -> dict[str, int]:
-        return dict(D=op.hidden_size.value.data, BR=op.rows.value.data, BS=next_power_of_2(op.sources.value.data))
+        return dict(D=op.hidden_size.value.data, BR=op.rows.value.data, BS=kernel.block_s.value.data)
 
     @kernel_constants_of(k3s.LoadFoldedQueriesOp)
     def load_folded_queries_constants(self, op: k3s.LoadFoldedQueriesOp, kernel: k3s.KernelOp,

@@ -1,12 +1,17 @@
 """The chunkwise (WY/UT) stages: the chunk tile and loop, gate cumsum, the gated Grams, the
 triangular inverse, the WY factors, gate application, spills and reloads, the scan's residual,
-output and state advance, checkpoints."""
+output and state advance, checkpoints.
+
+The products' precision (k3s.kernel <dots>), the inverse's products and squarings and the
+value-block loops' unrolling are the IR's (lower-to-triton). Still decided here (issue 39): the
+workspaces' layouts (spill_address, value_block_part_address), the elementwise Gram diagonal's
+rows reloaded rather than extracted, and the factored Gram's unrolled block loop."""
 
 from __future__ import annotations
 
 from xdsl.ir import SSAValue
 
-from k3compile.backends.triton.printer.common import chunk_rows, register, tensor_name
+from k3compile.backends.triton.printer.common import chosen, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -24,6 +29,10 @@ class ChunkStages:
     def gamma(self, gate: str, exponent: str) -> str:
         """exp2 of a log2 expression (Gamma from G) broadcast against a [BC, BK] tile."""
         return f"tl.exp2({exponent})" if gate == "channel" else f"tl.exp2({exponent})[:, None]"
+
+    def loop_range(self, op: k3s.ValueBlockLoopOp | k3s.SumValueBlockPartsOp) -> str:
+        """The range of op's loop: unrolled (tl.static_range) where op says so."""
+        return "tl.static_range" if chosen(op, "unroll").value.data else "range"
 
     def in_value_block_grid(self) -> bool:
         """Whether the kernel being printed runs a value block a program (a value_block grid axis)."""
@@ -73,7 +82,7 @@ class ChunkStages:
         for carried in op.body.block.args:
             shape = ", ".join(TILE_BLOCKS[d.data] for d in carried.type.dims.data)
             c(f"{register(carried)} = tl.zeros([{shape}], dtype=tl.float32)")
-        c("for i_vb in tl.static_range(0, (V + BV - 1) // BV):  # unrolled: ptxas spills a dynamic loop this large")
+        c(f"for i_vb in {self.loop_range(op)}(0, (V + BV - 1) // BV):")
         with c.indent():
             c("o_v = i_vb * BV + tl.arange(0, BV)", "m_v = o_v < V")
             self.print_ops(op)
@@ -124,7 +133,7 @@ class ChunkStages:
         shape = ", ".join(TILE_BLOCKS[d] for d in k3s.tile_dims(op.total))
         self.code.comment(op, "the value blocks' parts added in block order")
         self.code(f"{out} = tl.zeros([{shape}], dtype=tl.float32)",
-                  f"for i_p in tl.static_range(0, {blocks}):")
+                  f"for i_p in {self.loop_range(op)}(0, {blocks}):")
         with self.code.indent():
             self.code(f"{out} += tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 
@@ -253,18 +262,20 @@ class ChunkStages:
 
     def print_k3s_forward_substitution(self, op: k3s.ForwardSubstitutionOp) -> None:
         self.code.comment(op, "T = (I + A)^-1 Diag(beta), blocked")
-        self.print_unit_lower_inverse(op.block.value.data, register(op.gram), chunk_rows(op))
+        self.print_unit_lower_inverse(op)
         self.code(f"{register(op.transform)} = b_inverse * {register(op.beta)}[None, :]")
 
     def print_k3s_unit_lower_inverse(self, op: k3s.UnitLowerInverseOp) -> None:
         self.code.comment(op, "(I + A)^-1, blocked")
-        self.print_unit_lower_inverse(op.block.value.data, register(op.gram), chunk_rows(op))
+        self.print_unit_lower_inverse(op)
         self.code(f"{register(op.inverse)} = b_inverse")
 
-    def print_unit_lower_inverse(self, sub: int, A: str, rows: int) -> None:
-        """b_inverse = (I + A)^-1 for A strictly lower triangular: diagonal blocks of `sub` rows
-        solved row by row, the rest by products."""
+    def print_unit_lower_inverse(self, op: k3s.ForwardSubstitutionOp | k3s.UnitLowerInverseOp) -> None:
+        """b_inverse = (I + A)^-1 for A strictly lower triangular: diagonal blocks of op's `block`
+        rows solved row by row, the rest by products (op's `squarings`, `accurate` or at DOT)."""
         c = self.code
+        sub, A = op.block.value.data, register(op.gram)
+        mm = "_mm_accurate" if chosen(op, "accurate").value.data else "_mm"
         if sub == 1:  # unit diagonal blocks: all of the inverse by the products of step 2
             c("SUB_T: tl.constexpr = 1",
               "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
@@ -276,13 +287,11 @@ class ChunkStages:
         if sub > 1:
             c("b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)")
         c("b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
-          f"b_M = _mm_accurate(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
+          f"b_M = {mm}(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
           "b_Linv = b_eye - b_M")
-        power = 2
-        while power < rows // sub:
-            c("b_M = _mm_accurate(b_M, b_M, DOT)", "b_Linv = _mm_accurate(b_Linv, b_eye + b_M, DOT)")
-            power *= 2
-        c("b_inverse = " + ("b_Linv" if sub == 1 else "_mm_accurate(b_Linv, b_Dinv, DOT)"))
+        for _ in range(chosen(op, "squarings").value.data):
+            c(f"b_M = {mm}(b_M, b_M, DOT)", f"b_Linv = {mm}(b_Linv, b_eye + b_M, DOT)")
+        c("b_inverse = " + ("b_Linv" if sub == 1 else f"{mm}(b_Linv, b_Dinv, DOT)"))
 
     def print_diagonal_block_inverse(self, sub: int, A: str) -> None:
         """b_Dinv: the inverse of I + A's diagonal blocks of `sub` rows, solved row by row."""

@@ -1,5 +1,7 @@
 """What the printer's parts share: the code buffer, a view of an entry's arguments, names and
-the constants that the IR's attributes are printed with."""
+the constants that the IR's attributes are printed with (the printer decides nothing here: a
+property lower-to-triton writes is read through chosen(), which names that pass if it is
+missing)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,6 @@ from xdsl.ir import Operation, OpResult, SSAValue
 from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
-# the stages that multiply matrices (_mm of the runtime prelude, at the kernel's precision DOT)
-MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp, k3s.ProjectInputGradOp,
-                      k3s.ProjectWeightGradOp)
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp)
 # the pass that turns each kind of schedule into kernels
@@ -62,8 +61,17 @@ def kernel_constants_of(*op_types: type[Operation]) -> Callable:
     return register
 
 
-# k3s.kernel <dots = ...> as the DOT constexpr of the runtime prelude's _mm (Triton's input_precision)
-DOT_PRECISION = {"fp32": "ieee", "tf32x3": "tf32x3"}
+# k3s.kernel <dots = ...> as its launch's DOT constexpr of the runtime prelude's _mm (Triton's
+# input_precision); input: _DOT_OF_DTYPE of the dtype of the entry's first tensor (its inputs')
+DOT_PRECISION = {k3s.KernelDots.FP32: "'ieee'", k3s.KernelDots.TF32X3: "'tf32x3'",
+                 k3s.KernelDots.INPUT: "_DOT_OF_DTYPE[{first}.dtype]"}
+
+
+def chosen(op: Operation, name: str):
+    """op's property `name`, which lower-to-triton writes (a ValueError where it did not run)."""
+    if (value := op.properties.get(name)) is None:
+        raise ValueError(f"{describe(op)} reached the Triton printer without lower-to-triton (no {name})")
+    return value
 
 
 def launch_table_name(entry: str) -> str:

@@ -1,9 +1,16 @@
 """Kernels: the @triton.jit functions (their parameters are what their code reads: arguments of
-the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards)."""
+the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards).
+
+The products' precision DOT is the kernel's `dots` (lower-to-triton), the block sizes are the
+kernel's (legalize-triton). Still decided here (issue 39): the implicit parameters (chunk_table,
+the checkpoints', the run-time sizes' expressions), the parameters kept by what the printed code
+reads, a commit kernel's heads (H = HV) and a fold of all a call's queries' block (BQ)."""
 
 from __future__ import annotations
 
 import ast
+import os
+import re
 import textwrap
 
 from xdsl.ir import Operation
@@ -11,12 +18,10 @@ from xdsl.ir import Operation
 from k3compile.backends.triton.printer.common import (
     DOT_PRECISION,
     KERNEL_CONSTANTS,
-    MATMUL_STAGE_TYPES,
     Code,
     EntryView,
     describe,
     kernel_constants_of,
-    next_power_of_2,
     presence_flag,
     tensor_name,
 )
@@ -89,22 +94,49 @@ def flags_off(kernel: k3s.KernelOp) -> set[str]:
     return {flag for flag in (kernel.flags.data if kernel.flags is not None else {}) if not kernel.flag_on(flag)}
 
 
+# a name printed code reads, as the printer writes code: an identifier outside strings and
+# comments that is no attribute (x.dtype) and no keyword argument (mask=m, where an assignment
+# has spaces around its =); a string or comment matches without a name
+CODE_NAME = re.compile(r"\"[^\"\n]*\"|'[^'\n]*'|#[^\n]*|(?<![.\w])([A-Za-z_]\w*)(?!\w|=(?!=))")
+
+
+def names_read(text: str) -> set[str]:
+    """The names printed code mentions (name_uses' read), found without parsing it (a tenth of
+    the time); the self-check holds them to the parsed code's."""
+    return {match[1] for match in CODE_NAME.finditer(text) if match[1]}
+
+
+def self_check() -> bool:
+    """Whether the printer checks each kernel's printed code against the IR (K3C_PRINTER_CHECKS=1,
+    as the tests set it): parsing and walking every kernel was 40% of printing a compile."""
+    return os.environ.get("K3C_PRINTER_CHECKS") == "1"
+
+
 class PrintedCode:
-    """A kernel's printed body (its lines, the first its docstring) and its statements parsed
-    (statements(): no docstring, no comments). Bodies printed the same after their docstring
-    (a kernel and those that share its code) are parsed once and walked once per set of flags
-    turned off: the same text parses to the same statements."""
+    """A kernel's printed body (its lines, the first its docstring), the names it reads and, when
+    asked for, its statements parsed (statements(): no docstring, no comments). Bodies printed
+    the same after their docstring (a kernel and those that share its code) are scanned and
+    parsed once and walked once per set of flags turned off: the same text parses the same."""
 
     def __init__(self, lines: list[str], parsed: dict) -> None:
         self.text = "\n".join(lines[1:])
-        self.parsed = parsed  # text after the docstring -> [statements, {flags off: name_uses}]
+        self.lines = lines
+        self.parsed = parsed  # text after the docstring -> [names read, statements, {flags off: name_uses}]
         if self.text not in parsed:
-            parsed[self.text] = [statements("\n".join(lines) + "\n"), {}]
-        self.tree = parsed[self.text][0]
+            parsed[self.text] = [names_read(self.text), None, {}]
+        self.read = parsed[self.text][0]
+
+    @property
+    def tree(self) -> ast.Module:
+        """The statements, parsed when first asked for (the self-check, a twin whose text differs)."""
+        known = self.parsed[self.text]
+        if known[1] is None:
+            known[1] = statements("\n".join(self.lines) + "\n")
+        return known[1]
 
     def name_uses(self, off: set[str]) -> NameUses:
         """name_uses() of the statements, walked once per set of flags off."""
-        walked = self.parsed[self.text][1]
+        walked = self.parsed[self.text][2]
         key = frozenset(off)
         if key not in walked:
             walked[key] = name_uses(self.tree, key)
@@ -186,7 +218,7 @@ class Kernels:
     @kernel_constants_of(k3s.LoadSourceColumnsOp)
     def load_source_columns_constants(self, op: k3s.LoadSourceColumnsOp, kernel: k3s.KernelOp,
                                       view: EntryView) -> dict[str, int]:
-        return dict(BS=next_power_of_2(op.sources.value.data))  # all of a row's representatives
+        return dict(BS=kernel.block_s.value.data)
 
     @kernel_constants_of(k3s.RowLoopOp, k3s.RowSourceLoopOp)
     def row_loop_constants(self, op: k3s.RowLoopOp | k3s.RowSourceLoopOp, kernel: k3s.KernelOp,
@@ -242,10 +274,8 @@ class Kernels:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
         if kernel.flags is not None:  # each flag as this kernel's launch sets it
             params += [(f"{flag}: tl.constexpr", f"{flag}={kernel.flag_on(flag)}") for flag in kernel.flags.data]
-        if any(issubclass(t, MATMUL_STAGE_TYPES) for t in stage_types):
-            first = view.tensors[0].sym_name.data
-            # the products' precision: the kernel's own (k3s.kernel <dots>), else by input dtype
-            dot = repr(DOT_PRECISION[kernel.dots.data]) if kernel.dots is not None else f"_DOT_OF_DTYPE[{first}.dtype]"
+        if kernel.dots is not None:  # the products' precision (lower-to-triton)
+            dot = DOT_PRECISION[kernel.dots.data].format(first=view.tensors[0].sym_name.data)
             params.append(("DOT: tl.constexpr", f"DOT={dot}"))
         return params
 
@@ -260,21 +290,12 @@ class Kernels:
             getattr(self, f"print_axis_{axis}")(axis_index)
         self.print_ops(kernel)
         self.code = c
-        # its parameters: its arguments, exactly what its code reads of the entries' (the IR says
-        # so, the printed code must agree), then the sizes and constexprs its code reads. The
-        # checks read the parsed code once, without copying it (a copy cost half of printing)
+        # its parameters: its arguments, then the sizes and constexprs its code reads
         printed = PrintedCode(body.lines, self.__dict__.setdefault("_parsed", {}))
-        uses = printed.name_uses(flags_off(kernel))
-        arguments = [arg.name_hint for arg in kernel.body.block.args]
-        if set(arguments) != uses.free() & (self.argument_names | set(arguments)):
-            raise ValueError(f"kernel @{kernel.sym_name.data}: its arguments {arguments} are not the tensors its "
-                             f"code reads, {sorted(uses.free() & self.argument_names)}")
         all_params = self.kernel_params(kernel, view)
-        absent = [name for name, passed in all_params[:len(arguments)] if passed == "None"]
-        if skipped_read := set(absent) & uses.launch_free():
-            raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(skipped_read)}, "
-                             f"which entry @{view.entry.sym_name.data} does not have")
-        params = [param for param, _ in all_params if param_name(param) in uses.read]
+        if self_check():
+            self.check_kernel(kernel, view, printed, all_params)
+        params = [param for param, _ in all_params if param_name(param) in printed.read]
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
             twin_params, twin_code = self.kernel_code[kernel.code_name()]
             if sorted(twin_params) != sorted(params) or not twin_code.same_as(printed):
@@ -288,6 +309,25 @@ class Kernels:
                 c(f"{param},")
         c("):")
         c.lines += body.lines
+
+    def check_kernel(self, kernel: k3s.KernelOp, view: EntryView, printed: PrintedCode,
+                     all_params: list[tuple[str, str]]) -> None:
+        """The kernel's arguments are exactly what its code reads of the entries' (the IR says so,
+        the printed code must agree), its launch runs no code that reads an absent one, and the
+        names its parameters are kept by are those the parsed code reads (walked once, read-only)."""
+        uses = printed.name_uses(flags_off(kernel))
+        arguments = [arg.name_hint for arg in kernel.body.block.args]
+        if set(arguments) != uses.free() & (self.argument_names | set(arguments)):
+            raise ValueError(f"kernel @{kernel.sym_name.data}: its arguments {arguments} are not the tensors its "
+                             f"code reads, {sorted(uses.free() & self.argument_names)}")
+        absent = [name for name, passed in all_params[:len(arguments)] if passed == "None"]
+        if skipped_read := set(absent) & uses.launch_free():
+            raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(skipped_read)}, "
+                             f"which entry @{view.entry.sym_name.data} does not have")
+        names = {param_name(param) for param, _ in all_params}
+        if names & printed.read != names & uses.read:
+            raise ValueError(f"kernel @{kernel.sym_name.data}: names_read finds parameters "
+                             f"{sorted(names & printed.read)}, the parsed code reads {sorted(names & uses.read)}")
 
     def print_ops(self, parent: Operation) -> None:
         for op in parent.regions[0].ops:

@@ -1,11 +1,14 @@
 """The input loads of token and chunk kernels (k3s.load_token, load_chunk, load_gate,
-load_beta), each with what its input means (l2norm, the in-kernel gate forms, beta's form)."""
+load_beta), each with what its input means (l2norm, the in-kernel gate forms, beta's form).
+
+The printer decides nothing here: the dtype a load keeps its rows in is the op's `dtype`
+(lower-to-triton), where a row lives is its tensor's layout."""
 
 from __future__ import annotations
 
 from xdsl.ir import SSAValue
 
-from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.common import chosen, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -16,6 +19,8 @@ class Loads:
     # of v): (heads, width, head index, column offsets, column mask)
     KEY_ROWS = ("H", "K", "i_h", "o_k", "m_k")
     VALUE_ROWS = ("HV", "V", "i_hv", "o_v", "m_v")
+    KEPT_AS = {k3s.RegisterDtype.INPUT: "kept in the input dtype (half the registers of fp32); stages upcast",
+               k3s.RegisterDtype.FP32: "converted to fp32 as loaded"}
 
     def token_rows(self, op: k3s.LoadTokenOp | k3s.LoadChunkOp) -> tuple[str, str, str, str, str]:
         return self.VALUE_ROWS if k3s.loads_values(op) else self.KEY_ROWS
@@ -24,15 +29,17 @@ class Loads:
         name, row = tensor_name(op.tensor), register(op.row)
         heads, width, head, offsets, mask = self.token_rows(op)
         self.code.comment(op)
-        self.code(
-            f"{row} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
-            ".to(tl.float32)"
-        )
+        self.code(f"{row} = tl.load({name} + (t * {heads} + {head}) * {width} + {offsets}, mask={mask}, other=0.0)"
+                  + self.in_register_dtype(op))
         if k3s.normalises(op):
             self.code(f"{row} = {row} / tl.sqrt(tl.sum({row} * {row}) + 1e-6)")
 
+    def in_register_dtype(self, op: k3s.LoadTokenOp | k3s.LoadChunkOp) -> str:
+        """The conversion of a loaded tile to the dtype op keeps it in (none: the input's)."""
+        return ".to(tl.float32)" if chosen(op, "dtype").data == k3s.RegisterDtype.FP32 else ""
+
     def print_k3s_load_chunk(self, op: k3s.LoadChunkOp) -> None:
-        self.code.comment(op, "kept in the input dtype (half the registers of fp32); stages upcast")
+        self.code.comment(op, self.KEPT_AS[chosen(op, "dtype").data])
         self.print_rows(op, "t_c", "m_c", register(op.rows))
 
     def print_rows(self, op: k3s.LoadChunkOp, rows: str, row_mask: str, target: str,
@@ -45,9 +52,10 @@ class Loads:
             f"{target} = tl.load({name} + ({rows}[:, None] * {heads} + {head}) * {width} + {offsets}[None, :], "
             f"mask={row_mask}[:, None] & {mask}[None, :], other=0.0)"
         )
+        if upcast := self.in_register_dtype(op):
+            self.code(f"{target} = {target}{upcast}")
         if k3s.normalises(op):
-            self.code(f"{target} = {target}.to(tl.float32)",
-                      f"{target} = {target} / tl.sqrt(tl.sum({target} * {target}, axis=1) + 1e-6)[:, None]")
+            self.code(f"{target} = {target} / tl.sqrt(tl.sum({target} * {target}, axis=1) + 1e-6)[:, None]")
 
     def print_k3s_load_gate(self, op: k3s.LoadGateOp) -> None:
         self.code.comment(op, "the log-decay g")

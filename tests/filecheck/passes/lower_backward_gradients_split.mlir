@@ -70,7 +70,7 @@
 // TRITON-LABEL: def kda_backward_gradients_kernel(
 // TRITON-NOT:     S_bar,
 // TRITON:         KG_bar_parts,
-// TRITON:         # %KG_bar = k3s.sum_value_block_parts %KG_bar_parts: the value blocks' parts added in block order
+// TRITON:         # %KG_bar = k3s.sum_value_block_parts %KG_bar_parts <unroll = true>: the value blocks' parts added in block order
 // TRITON-NEXT:    b_KG_bar = tl.zeros([BC, BK], dtype=tl.float32)
 // TRITON-NEXT:    for i_p in tl.static_range(0, 2):
 // TRITON-NEXT:        b_KG_bar += tl.load(KG_bar_parts + ((t_c[:, None] * HV + i_hv) * 2 + i_p) * K + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)

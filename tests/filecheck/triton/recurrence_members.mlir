@@ -73,12 +73,12 @@
 // KDA-NEXT:      # diagonal blocks: the left factor against the diagonal factor
 // KDA:       else:
 // KDA-NEXT:      # diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,
-// KDA:       # %T = k3s.forward_substitution %A, %beta <block = 1>: T = (I + A)^-1 Diag(beta), blocked
+// KDA:       # %T = k3s.forward_substitution %A, %beta <block = 1, accurate = true, squarings = 3>: T = (I + A)^-1 Diag(beta), blocked
 // KDA:       # %W = k3s.wy_apply %T, %k, %G <gate = channel>
 // GDN:       # %A = k3s.gram %k, %k, %G, %beta <mask = strict, gate = scalar, beta = true>
-// GDN:       # %T = k3s.forward_substitution %A, %beta <block = 1>
+// GDN:       # %T = k3s.forward_substitution %A, %beta <block = 1, accurate = true, squarings = 3>
 // DN:        # %A = k3s.gram %k, %k, %beta <mask = strict, gate = none, beta = true>
-// DN:        # %T = k3s.forward_substitution %A, %beta <block = 1>
+// DN:        # %T = k3s.forward_substitution %A, %beta <block = 1, accurate = true, squarings = 3>
 // GLA-NOT:   k3s.forward_substitution
 // GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr, %kd, %factorable, %k, %g <mask = inclusive, gate = channel, beta = false, diagonal = guarded>
 // ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
@@ -111,7 +111,7 @@
 // KDA:       k3s.record_check %steep_chunks, %factorable
 // KDA-NEXT:  tl.store(steep_chunks + (start // BC + i_n) * HV + i_hv, b_factorable.to(tl.float32))
 // The state and its cotangent a value block at a time; what contracts the value columns summed.
-// ALL:       k3s.value_block_loop <block_v = 64>
+// ALL:       k3s.value_block_loop <block_v = 64, unroll = true>
 // ALL-NEXT:  b_{{[A-Za-z_0-9]+}} = tl.zeros(
 // ALL:       for i_vb in tl.static_range(0, (V + BV - 1) // BV):
 // ALL:       b_S_bar = tl.load(S_bar + {{.*}}o_v[None, :]

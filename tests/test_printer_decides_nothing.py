@@ -1,0 +1,83 @@
+"""The Triton printer decides nothing (issue 39): the choices it used to make are typed properties
+that lower-to-triton (backends/triton/lower.py) writes on the IR, `k3c ir` shows them, and the
+code that made them in the printer does not come back."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import EXAMPLES, REPO, run_cli
+from k3compile.default_pipelines import DEFAULT_PIPELINES
+
+PRINTER = REPO / "backends" / "triton" / "printer"
+
+# what the printer's code looked like where it decided: (what it decided, the file, a regex of
+# that code)
+REMOVED_DECISIONS = [
+    ("which kernels multiply matrices (and so take DOT)", "kernels.py", r"MATMUL_STAGE_TYPES"),
+    ("the products' precision by input dtype where the kernel names none", "kernels.py",
+     r"kernel\.dots is not None else"),
+    ("the triangular inverse's squarings, counted from the chunk's rows", "chunk_stages.py", r"while power <|power \*= 2"),
+    ("the triangular inverse's products at least tf32, always", "chunk_stages.py",
+     r"\"b_M = _mm_accurate\(|_mm_accurate\(b_Linv"),
+    ("the value-block loops unrolled, always", "chunk_stages.py", r"for i_vb in tl\.static_range|for i_p in tl\.static_range"),
+    ("a token's row converted to fp32, always", "loads.py", r"\{offsets\}, mask=\{mask\}, other=0\.0\)(\"\s*\")?\.to\(tl\.float32\)"),
+    ("a Block AttnRes row's block of representatives (legalize-triton's block_s)", "kernels.py",
+     r"BS=next_power_of_2"),
+    ("a Block AttnRes row's block of representatives (legalize-triton's block_s)", "attnres_columns.py",
+     r"BS=next_power_of_2"),
+    ("a normalised chunk's rows converted to fp32 with the normalisation", "loads.py",
+     r"\{target\} = \{target\}\.to\(tl\.float32\)\","),
+]
+
+
+@pytest.mark.parametrize("decision, name, marker", REMOVED_DECISIONS, ids=[d for d, _, _ in REMOVED_DECISIONS])
+def test_printer_makes_no_removed_decision(decision, name, marker):
+    text = (PRINTER / name).read_text()
+    found = [text[:match.start()].count("\n") + 1 for match in re.finditer(marker, text)]
+    assert not found, f"{name} decides {decision} again (lines {found}): lower-to-triton writes it"
+
+
+# the printer files lower-to-triton changed: each says it decides nothing, or names what it still
+# decides (the rest of issue 39's list)
+DECIDES_NOTHING = ("common.py", "loads.py")
+STILL_DECIDES = ("chunk_stages.py", "kernels.py")
+
+
+@pytest.mark.parametrize("name", [*DECIDES_NOTHING, *STILL_DECIDES])
+def test_printer_file_says_what_it_decides(name):
+    docstring = (PRINTER / name).read_text().split('"""')[1].replace("\n", " ")
+    assert ("decides nothing" if name in DECIDES_NOTHING else "Still decided here (issue 39):") in docstring
+
+
+def test_k3c_ir_shows_what_the_printer_reads(capsys):
+    """kda's IR after the backend's passes carries each choice as a typed property."""
+    pipeline = DEFAULT_PIPELINES["kda"] + ",legalize-triton,lower-to-triton"
+    code, out, err = run_cli(capsys, "ir", EXAMPLES / "kda.toml", "-p", pipeline)
+    assert code == 0, err
+    for shown in ("k3s.kernel @kda_chunk_prepare <grid = [chunk, value_head], num_warps = 4, dots = input,",
+                  "k3s.forward_substitution %A, %beta_1 <block = 1, accurate = true, squarings = 3>",
+                  "k3s.unit_lower_inverse %A <block = 1, accurate = true, squarings = 3>",
+                  "k3s.load_token %q <dtype = fp32>", "k3s.load_chunk %v <dtype = input>",
+                  "k3s.value_block_loop <block_v = 64, unroll = true>"):
+        assert shown in out, shown
+
+
+def test_printer_names_the_missing_pass(capsys):
+    """A module printed without lower-to-triton: the printer says which pass writes what it reads."""
+    from xdsl.context import Context
+
+    from k3compile.backends.triton.legalize import LegalizeTritonPass
+    from k3compile.backends.triton.printer import print_triton
+    from k3compile.driver import schedule
+    from k3compile.passes.outline_kernels import OutlineKernelsPass
+    from k3compile.spec import load_spec
+
+    module = schedule(load_spec(EXAMPLES / "gla.toml"), "lower-recurrent,outline-kernels").scheduled
+    OutlineKernelsPass().apply(Context(), module)
+    LegalizeTritonPass().apply(Context(), module)
+    with pytest.raises(ValueError, match=r"k3s.load_token %q reached the Triton printer without lower-to-triton "
+                                         r"\(no dtype\)"):
+        print_triton(module, "doc")
