@@ -84,6 +84,7 @@ K3S = Dialect(
         TileType,
         TensorType,
         ArgDtypeAttr,
+        ShapeSymbolAttr,
         ArgRoleAttr,
         ArgPurposeAttr,
         KernelDotsAttr,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import (I64, ArrayAttr, FlatSymbolRefAttrConstr, Float32Type, FloatAttr, IntegerAttr,
-                                   StringAttr, SymbolRefAttr)
+from xdsl.dialects.builtin import (I64, ArrayAttr, FlatSymbolRefAttrConstr, Float32Type, FloatAttr, IntAttr,
+                                   IntegerAttr, StringAttr, SymbolRefAttr)
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -234,13 +234,22 @@ class CheckpointArgOp(KeywordSyntax):
     """Optional states along the sequence (prefix caching): the argument `checkpoint_every`
     (None, or a positive multiple of `chunk_size`) and, when given, one more returned tensor
     `checkpoints` of the states after every checkpoint_every tokens of each sequence, shaped
-    [N, T // every, *state] (varlen: [sum of len_n // every, *state], in sequence order)."""
+    [N, T // every, *state_shape] (varlen: [sum of len_n // every, *state_shape], in sequence
+    order); state_shape is one sequence's state, `[32, 128, 128]`."""
 
     name = "k3s.checkpoint_arg"
     sym_name = prop_def(StringAttr)
     chunk_size = prop_def(IntegerAttr[I64])
-    state_shape = prop_def(StringAttr)
+    state_shape = prop_def(ArrayAttr[IntAttr])
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+    @property
+    def state_dims(self) -> tuple[int, ...]:
+        return tuple(size.data for size in self.state_shape.data)
+
+    def verify_(self) -> None:
+        if not self.state_dims or min(self.state_dims) <= 0:
+            raise VerifyException(f"{self.name}: state_shape must be positive sizes, got {list(self.state_dims)}")
 
 
 @irdl_op_definition

@@ -206,7 +206,7 @@ class Entries:
                 first = view.tensors[0].sym_name.data
                 c(f"# {describe(view.checkpoint)}",
                   f"checkpoints, checkpoint_base = _checkpoints(checkpoint_every, {view.checkpoint.chunk_size.value.data}, "
-                  f"cu_seqlens, dims, ({view.checkpoint.state_shape.data},), {first}.device)")
+                  f"cu_seqlens, dims, {view.checkpoint.state_dims}, {first}.device)")
             for op in view.entry.body.ops:
                 if isinstance(op, k3s.KernelOp):
                     self.print_launch(op, view)
@@ -329,7 +329,7 @@ class Entries:
         c = self.code
         name = out.sym_name.data
         first = view.tensors[0].sym_name.data
-        sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.type.dims)
+        sizes = ", ".join(str(d) if isinstance(d, int) else f'dims["{d}"]' for d in out.type.dims)
         # float outputs take the first input's dtype; indices the kernels write are int32
         dtype = {"float32": "torch.float32", "index": "torch.int32"}.get(out.type.dtype_class, f"{first}.dtype")
         shape = f"({sizes}{',' if ',' not in sizes else ''})"
