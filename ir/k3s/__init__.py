@@ -82,6 +82,7 @@ K3S = Dialect(
     ],
     [
         TileType,
+        TileDimAttr,
         TensorType,
         ArgDtypeAttr,
         ShapeSymbolAttr,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, IntAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, TypeAttribute
 from xdsl.irdl import AnyOf, irdl_attr_definition
@@ -61,42 +61,59 @@ Dim = int | ShapeSymbol
 """A tensor dimension: a fixed size or a shape symbol."""
 
 
-TILE_DIMS = ("C", "NB", "K", "V", "D", "R", "E", "KS", "M", "N", "Q", "S")
+class TileDim(Word):
+    """A dimension of a tile (TileType), a symbol for a size its kernel fixes."""
+
+    C = "C"  # a chunk's token rows
+    NB = "NB"  # its row blocks, k3s.block_gates
+    K = "K"  # key channels
+    V = "V"  # the program's value columns
+    D = "D"  # AttnRes's hidden columns
+    R = "R"  # the program's block of token rows, MoE routing
+    E = "E"  # the program's experts: a block of them on an expert_block grid axis, else every expert
+    KS = "KS"  # the top-k slots of a row
+    M = "M"  # an MoE projection's rows: token rows, sorted (token, slot) pairs, or one
+    N = "N"  # its block of output columns
+    Q = "Q"  # the program's block of a Block AttnRes block's queries, k3s.fold_query <queries>
+    S = "S"  # a row's Block AttnRes representatives, all of them: k3s.load_source_columns
+
+
+@irdl_attr_definition
+class TileDimAttr(EnumAttribute[TileDim], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.tile_dim"
 
 
 @irdl_attr_definition
 class TileType(ParametrizedAttribute, TypeAttribute):
-    """A value held in one program's registers: `!k3s.tile<C x K>` over the symbols C (a chunk's
-    token rows), NB (its row blocks, k3s.block_gates), K (key channels), V (the program's value
-    columns), D (AttnRes's hidden columns), R (the program's block of token rows, MoE routing),
-    E (the program's experts: a block of them on an expert_block grid axis, else every expert),
-    KS (the top-k slots of a row), M (an MoE projection's rows: token rows, sorted (token, slot)
-    pairs, or one), N (its block of output columns), Q (the program's block of a Block
-    AttnRes block's queries, k3s.fold_query <queries>) and S (a row's Block AttnRes
-    representatives, all of them: k3s.load_source_columns); `<C>` one number per row, `<>` one
-    number. Stages compute in fp32; loads keep the input dtype until a stage upcasts."""
+    """A value held in one program's registers: `!k3s.tile<C x K>` over TileDim's symbols; `<C>`
+    one number per row, `<>` one number. Stages compute in fp32; loads keep the input dtype until
+    a stage upcasts."""
 
     name = "k3s.tile"
-    dims: ArrayAttr[StringAttr]
+    dims: ArrayAttr[TileDimAttr]
 
     @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> list[ArrayAttr[StringAttr]]:
+    def parse_parameters(cls, parser: AttrParser) -> list[ArrayAttr[TileDimAttr]]:
         parser.parse_punctuation("<")
-        dims: list[StringAttr] = []
+        dims: list[TileDimAttr] = []
         if parser.parse_optional_punctuation(">") is None:
-            dims.append(StringAttr(parser.parse_identifier(f" (a tile dimension: one of {', '.join(TILE_DIMS)})")))
+            dims.append(cls._parse_dim(parser))
             while parser.parse_optional_keyword("x") is not None:
-                dims.append(StringAttr(parser.parse_identifier(f" (a tile dimension: one of {', '.join(TILE_DIMS)})")))
+                dims.append(cls._parse_dim(parser))
             parser.parse_punctuation(">")
         return [ArrayAttr(dims)]
 
+    @classmethod
+    def _parse_dim(cls, parser: AttrParser) -> TileDimAttr:
+        start = parser.pos
+        word = parser.parse_identifier(f" (a tile dimension: one of {', '.join(TileDim)})")
+        if word not in list(TileDim):
+            parser.raise_error(f"{cls.name}: unknown dimension {word!r}; allowed: {', '.join(TileDim)}",
+                               start, parser.pos)
+        return TileDimAttr(TileDim(word))
+
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string("<" + " x ".join(d.data for d in self.dims.data) + ">")
-
-    def verify(self) -> None:
-        for dim in self.dims.data:
-            if dim.data not in TILE_DIMS:
-                raise VerifyException(f"{self.name}: unknown dimension {dim.data!r}; allowed: {', '.join(TILE_DIMS)}")
 
 
 # An op whose result i takes the storage of its operand j declares IN_PLACE = {i: j} (a state
@@ -104,7 +121,8 @@ class TileType(ParametrizedAttribute, TypeAttribute):
 
 
 def tile(*dims: str) -> TileType:
-    return TileType(ArrayAttr([StringAttr(d) for d in dims]))
+    """`tile("C", "K")`: a tile over these TileDim words (ValueError for any other word)."""
+    return TileType(ArrayAttr([TileDimAttr(TileDim(d)) for d in dims]))
 
 
 def is_power_of_two(value: int) -> bool:
@@ -187,7 +205,7 @@ def tensor(*dims: int | str, dtype: str) -> TensorType:
     return TensorType(ArrayAttr(shape), ArgDtypeAttr(ArgDtype(dtype)))
 
 
-def tile_dims(value) -> tuple[str, ...]:
+def tile_dims(value) -> tuple[TileDim, ...]:
     """The dimension symbols of a tile value's type, e.g. ("C", "K")."""
     return tuple(d.data for d in value.type.dims.data)
 
