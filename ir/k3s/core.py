@@ -195,8 +195,9 @@ class TensorArgOp(KeywordSyntax):
     role = prop_def(ArgRoleAttr)
     # what the host code reads it as (ArgPurpose); absent: data the kernels alone interpret
     purpose = opt_prop_def(ArgPurposeAttr)
-    # another argument this one must not overlap in memory (a kernel reads one while writing the other)
-    distinct_from = opt_prop_def(StringAttr)
+    # another argument of the entry this one must not overlap in memory (a kernel reads one while
+    # writing the other): `distinct_from = @cache`
+    distinct_from = opt_prop_def(FlatSymbolRefAttrConstr)
     # a workspace's value before the kernels run (a counter's 0, a padding marker's -1); absent: any
     fill = opt_prop_def(IntegerAttr[I64])
     tensor = result_def(TensorType)  # the value kernels launched from the entry are passed
@@ -216,6 +217,12 @@ class TensorArgOp(KeywordSyntax):
             raise VerifyException(f"{where}: purpose = {purpose.value} needs dtype class {wanted}, got {dtype_class}")
         if purpose == ArgPurpose.DRAFT_STATES and len(self.type.dims) < 2:
             raise VerifyException(f"{where}: purpose = draft_states needs [P, depth, ...], got [{self.type.pattern}]")
+        if self.distinct_from is not None and (block := self.parent_block()) is not None:
+            other = self.distinct_from.root_reference.data
+            arguments = {op.sym_name.data for op in block.ops if isinstance(op, TensorArgOp) and op is not self}
+            if other not in arguments:
+                raise VerifyException(f"{where}: distinct_from = @{other}: its entry has no other tensor argument "
+                                      f"@{other}")
 
 
 @irdl_op_definition

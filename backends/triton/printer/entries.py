@@ -158,7 +158,8 @@ class Entries:
                 if isinstance(arg, k3s.ScalarArgOp):
                     c(f"    {arg.sym_name.data}: float, default {attr_to_literal(arg.default)}")
                 else:
-                    apart = f", must not overlap {arg.distinct_from.data}" if arg.distinct_from is not None else ""
+                    apart = (f", must not overlap {arg.distinct_from.root_reference.data}"
+                             if arg.distinct_from is not None else "")
                     c(f"    {arg.sym_name.data}: [{arg.type.pattern}] {arg.type.dtype_class} ({arg.role.data}{apart})")
             if view.checkpoint:
                 c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
@@ -284,7 +285,7 @@ class Entries:
             elif role in ("input", "inout"):
                 c(check)
                 if arg.distinct_from is not None:
-                    other = arg.distinct_from.data
+                    other = arg.distinct_from.root_reference.data
                     c(f'_check_distinct("{name}", {name}, "{other}", {other})')
             elif role == "forbidden":
                 c(f'_check_none("{name}", {name}, "k3 op {view.entry.source} has no {name} input")')
