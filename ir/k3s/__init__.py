@@ -98,6 +98,7 @@ K3S = Dialect(
         BlockDecayAttr,
         AlongAttr,
         SideAttr,
+        LoadedInputAttr,
         TransitionAttr,
         *MOE_EXPERT_ATTRS,
     ],
