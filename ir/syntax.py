@@ -36,6 +36,7 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     DictionaryAttr,
     FloatAttr,
+    IntAttr,
     IntegerAttr,
     IntegerType,
     StringAttr,
@@ -60,10 +61,13 @@ _LITERAL_KINDS = (
     ("a float", FloatAttr(0.0, f64)),
     ("true or false", BoolAttr.from_bool(False)),
     ("a string or keyword", StringAttr("")),
+    ("a list [...] of sizes", ArrayAttr([IntAttr(1)])),
 )
 
 
 def attr_to_literal(attr: Attribute) -> str:
+    if isinstance(attr, IntAttr):  # a size (a list of them: a shape)
+        return str(attr.data)
     if isinstance(attr, IntegerAttr):
         if attr.type == IntegerType(1):
             return "true" if attr.value.data else "false"
@@ -163,6 +167,10 @@ def fit_to_property(op_type: type[IRDLOperation], key: str, attr: Attribute) -> 
         if unknown := [item for item in attr.data if not (isinstance(item, StringAttr) and item.data in allowed)]:
             raise ValueError(f"{expected}; got {attr_to_literal(unknown[0])}")
         return ArrayAttr([enum(enum.enum_type(item.data)) for item in attr.data])
+    if isinstance(attr, ArrayAttr) and all(isinstance(item, IntegerAttr) and item.type == i64 for item in attr.data):
+        as_sizes = ArrayAttr([IntAttr(item.value.data) for item in attr.data])  # a shape: `[32, 128, 128]`
+        if prop.constr.verifies(as_sizes):
+            return as_sizes
     if isinstance(attr, IntegerAttr) and attr.type == i64:  # `scale = 1` is 1.0; true/false only are booleans
         as_float = FloatAttr(float(attr.value.data), f64)
         if prop.constr.verifies(as_float):

@@ -20,7 +20,8 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from k3compile.ir import k3s
 from k3compile.passes.common import make
 
-# op type -> rule(emitter, op, cotangents of its results) -> {operand index: cotangent}
+# op type -> rule(emitter, op, cotangents of its results) -> {operand: cotangent}, operands by
+# their names (op.keys, op.row_scale); a value an op takes twice gets one entry, the parts summed
 ADJOINT_RULES: dict[type, Callable] = {}
 
 
@@ -134,33 +135,35 @@ def gate_cotangent(e: Emitter, product: SSAValue, gate: str) -> SSAValue:
 def chunk_output(e: Emitter, op: k3s.ChunkOutputOp, o_bar):
     """o = scale (Q' S + P V')."""
     os_bar = e.scale(o_bar, e(op.scale), "all")
-    return {0: e.dot(os_bar, e(op.state), transpose_rhs=True), 1: e.dot(e(op.queries), os_bar, transpose_lhs=True),
-            2: e.dot(os_bar, e(op.values), transpose_rhs=True), 3: e.dot(e(op.scores), os_bar, transpose_lhs=True)}
+    return {op.queries: e.dot(os_bar, e(op.state), transpose_rhs=True),
+            op.state: e.dot(e(op.queries), os_bar, transpose_lhs=True),
+            op.scores: e.dot(os_bar, e(op.values), transpose_rhs=True),
+            op.values: e.dot(e(op.scores), os_bar, transpose_lhs=True)}
 
 
 @adjoint(k3s.StateAdvanceOp)
 def state_advance(e: Emitter, op: k3s.StateAdvanceOp, S_bar):
     """S' = Diag(gamma_C) S + K'^T V'."""
-    cot = {1: e.dot(e(op.values), S_bar, transpose_rhs=True), 2: e.dot(e(op.keys), S_bar)}
+    cot = {op.keys: e.dot(e(op.values), S_bar, transpose_rhs=True), op.values: e.dot(e(op.keys), S_bar)}
     if op.decay is None:
-        return {0: S_bar, **cot}
+        return {op.state: S_bar, **cot}
     along = gate_scale_along(op.gate.data)
     decay_bar = e.reduce_sum(e.mul(S_bar, e(op.state)), along)
-    return {0: e.scale(S_bar, e(op.decay), along), **cot, 3: decay_bar}
+    return {op.state: e.scale(S_bar, e(op.decay), along), **cot, op.decay: decay_bar}
 
 
 @adjoint(k3s.DeltaResidualOp)
 def delta_residual(e: Emitter, op: k3s.DeltaResidualOp, vr_bar):
     """vr = U - W S."""
-    cot = {0: e.neg(e.dot(e(op.keys_factor), vr_bar, transpose_lhs=True)),
-           1: e.neg(e.dot(vr_bar, e(op.state), transpose_rhs=True))}
-    return {**cot, 2: vr_bar} if op.values_factor is not None else cot
+    cot = {op.state: e.neg(e.dot(e(op.keys_factor), vr_bar, transpose_lhs=True)),
+           op.keys_factor: e.neg(e.dot(vr_bar, e(op.state), transpose_rhs=True))}
+    return {**cot, op.values_factor: vr_bar} if op.values_factor is not None else cot
 
 
 @adjoint(k3s.ChunkDecayOp)
 def chunk_decay(e: Emitter, op: k3s.ChunkDecayOp, decay_bar):
     """gamma_C = exp(G_C)."""
-    return {0: e.mul(decay_bar, e(op.results[0]))}
+    return {op.total: e.mul(decay_bar, e(op.results[0]))}
 
 
 @adjoint(k3s.GateApplyOp)
@@ -171,21 +174,21 @@ def gate_apply(e: Emitter, op: k3s.GateApplyOp, decayed_bar):
     rows_bar = e.clone(op, [decayed_bar, *(e(v) for v in op.operands[1:])])
     product = gate_cotangent(e, e.mul(decayed_bar, e(op.decayed)), gate)
     if op.anchor.data == "start":
-        return {0: rows_bar, 1: product}
+        return {op.rows: rows_bar, op.cumulative_gate: product}
     total_bar = e.reduce_sum(e.mul(decayed_bar, e(op.decayed)), "columns" if gate == "channel" else "all")
-    return {0: rows_bar, 1: e.neg(product), 2: total_bar}
+    return {op.rows: rows_bar, op.cumulative_gate: e.neg(product), op.total: total_bar}
 
 
 @adjoint(k3s.GateTotalOp)
 def gate_total(e: Emitter, op: k3s.GateTotalOp, total_bar):
     """G_C = G at the chunk's last row."""
-    return {0: e.like(k3s.OntoLastRowOp, [total_bar], op.cumulative_gate)}
+    return {op.cumulative_gate: e.like(k3s.OntoLastRowOp, [total_bar], op.cumulative_gate)}
 
 
 @adjoint(k3s.GateCumsumOp)
 def gate_cumsum(e: Emitter, op: k3s.GateCumsumOp, G_bar):
     """G_r = g_0 + ... + g_r."""
-    return {0: e.like(k3s.ReverseCumsumOp, [G_bar], G_bar)}
+    return {op.log_gate: e.like(k3s.ReverseCumsumOp, [G_bar], G_bar)}
 
 
 @adjoint(k3s.WYApplyOp)
@@ -196,12 +199,12 @@ def wy_apply(e: Emitter, op: k3s.WYApplyOp, factor_bar):
     if gated:  # the rows as T multiplies them: K exp(G), the decay applied since the chunk's start
         rows = e.emit(k3s.GateApplyOp, [rows, e(op.cumulative_gate)], rows.type, anchor="start", gate=op.gate.data)
     applied_bar = e.dot(e(op.transform), factor_bar, transpose_lhs=True)
-    cot = {0: e.dot(factor_bar, rows, transpose_rhs=True)}
+    cot = {op.transform: e.dot(factor_bar, rows, transpose_rhs=True)}
     if not gated:
-        return {**cot, 1: applied_bar}
+        return {**cot, op.rows: applied_bar}
     rows_bar = e.emit(k3s.GateApplyOp, [applied_bar, e(op.cumulative_gate)], applied_bar.type, anchor="start",
                       gate=op.gate.data)
-    return {**cot, 1: rows_bar, 2: gate_cotangent(e, e.mul(applied_bar, rows), op.gate.data)}
+    return {**cot, op.rows: rows_bar, op.cumulative_gate: gate_cotangent(e, e.mul(applied_bar, rows), op.gate.data)}
 
 
 @unscaled_form(k3s.ForwardSubstitutionOp)
@@ -222,7 +225,7 @@ def forward_substitution(e: Emitter, op: k3s.ForwardSubstitutionOp, T_bar):
     inverse = e.like(k3s.UnitLowerInverseOp, [e(op.gram)], T_bar, block=op.block)
     Y = e.dot(inverse, T_bar, transpose_lhs=True, accurate=True)
     A_bar = e.like(k3s.MaskOp, [e.neg(e.dot(Y, e(op.results[0]), transpose_rhs=True))], T_bar, mask="inclusive")
-    return {0: A_bar, 1: e.emit(k3s.DiagonalOp, [Y], e(op.beta).type)}
+    return {op.gram: A_bar, op.beta: e.emit(k3s.DiagonalOp, [Y], e(op.beta).type)}
 
 
 @unscaled_form(k3s.GramOp)
@@ -245,12 +248,11 @@ def gram(e: Emitter, op: k3s.GramOp, gram_bar):
     lhs, keys = e(op.lhs), e(op.keys)
     M_bar = e.like(k3s.MaskOp, [gram_bar], gram_bar, mask=op.mask.data)
     cot = {}
-    tiles = [v for v in op.inputs if isinstance(v.type, k3s.TileType)]
     unscaled = None
     if op.row_scale is not None or gate == "scalar":  # M itself: the Gram without beta's rows
         unscaled = e.add_op(op.rebuilt(e, row_scale=None, beta=False), type(op))
     if op.row_scale is not None:
-        cot[tiles.index(op.row_scale)] = e.reduce_sum(e.mul(gram_bar, unscaled), "rows")
+        cot[op.row_scale] = e.reduce_sum(e.mul(gram_bar, unscaled), "rows")
         M_bar = e.scale(M_bar, e(op.row_scale), "rows")
     if gate == "none":
         lhs_bar, keys_bar = e.dot(M_bar, keys), e.dot(M_bar, lhs, transpose_lhs=True)
@@ -259,14 +261,14 @@ def gram(e: Emitter, op: k3s.GramOp, gram_bar):
         Z = e.mul(M_bar, decays)
         lhs_bar, keys_bar = e.dot(Z, keys), e.dot(Z, lhs, transpose_lhs=True)
         weighted = e.mul(M_bar, unscaled)
-        cot[2] = e.sub(e.reduce_sum(weighted, "rows"), e.reduce_sum(weighted, "columns"))
+        cot[op.cumulative_gate] = e.sub(e.reduce_sum(weighted, "rows"), e.reduce_sum(weighted, "columns"))
     else:
         # in the Gram's own diagonal form: factored only where its decays allow it
         G, guard = e(op.cumulative_gate), [e(op.factored_guard)] if op.factored_guard is not None else []
         form = op.diagonal.data
         lhs_bar = e.like(k3s.GatedContractionOp, [M_bar, keys, G, *guard], lhs, side="rows", form=form)
         keys_bar = e.like(k3s.GatedContractionOp, [M_bar, lhs, G, *guard], keys, side="keys", form=form)
-        cot[2] = e.sub(e.mul(lhs_bar, lhs), e.mul(keys_bar, keys))
+        cot[op.cumulative_gate] = e.sub(e.mul(lhs_bar, lhs), e.mul(keys_bar, keys))
     if op.lhs is op.keys:  # the key Gram: both sides are k
-        return {**cot, 0: e.add(lhs_bar, keys_bar)}
-    return {**cot, 0: lhs_bar, 1: keys_bar}
+        return {**cot, op.lhs: e.add(lhs_bar, keys_bar)}
+    return {**cot, op.lhs: lhs_bar, op.keys: keys_bar}

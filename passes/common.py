@@ -168,10 +168,10 @@ def last_entry_of(module: ModuleOp, layer_op: Operation) -> Operation:
     return anchor
 
 
-def recurrence_state_shape(op) -> list[str]:
+def recurrence_state_shape(op) -> list[int]:
     """One sequence's state: [HV, K, V], or [HV, V, K] for the vk layout."""
     HV, K, V = op.num_v_heads.value.data, op.head_k_dim.value.data, op.head_v_dim.value.data
-    return [str(HV), *((str(K), str(V)) if op.state_layout.data == "kv" else (str(V), str(K)))]
+    return [HV, *((K, V) if op.state_layout.data == "kv" else (V, K))]
 
 
 def recurrence_arguments(op) -> list[Operation]:

@@ -97,8 +97,7 @@ def accumulate_adjoints(ops: list[Operation], e: Emitter, cotangents: dict[SSAVa
             raise NotImplementedError(f"derive-backward: {op.name} has no adjoint rule")
         rule = ADJOINT_RULES[type(op)]
         e.rule = rule.__name__
-        for index, contribution in rule(e, op, *results).items():
-            operand = op.operands[index]
+        for operand, contribution in rule(e, op, *results).items():
             if operand in cotangents:
                 if made_here(operand, contribution):  # this rule's part of operand's cotangent
                     contribution.name_hint = e.fresh(f"{operand.name_hint}_bar_from_{e.rule}")

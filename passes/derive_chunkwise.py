@@ -170,7 +170,7 @@ def checkpoint_argument(op: RecurrenceOp, chunk_size: int) -> k3s.CheckpointArgO
     """checkpoint_every: the chunked form passes through the state at every chunk boundary, so any
     multiple of the chunk size can be kept for prefix caching."""
     return make(k3s.CheckpointArgOp, sym_name="checkpoint_every", chunk_size=chunk_size,
-                state_shape=",".join(recurrence_state_shape(op)))
+                state_shape=recurrence_state_shape(op))
 
 
 @dataclass(frozen=True)

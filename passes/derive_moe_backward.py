@@ -169,7 +169,7 @@ class MoeBackward:
                      accumulate=accumulate)
 
     def width(self, name: str) -> int:
-        return int(self.t[name].type.dims[-1])
+        return self.t[name].type.dims[-1]
 
     def materialise(self, name: str, tile: Tile, width: int | None = None, dtype: str = "float32") -> Rows:
         """The open kernel's cotangent of tensor `name` ([R, width], its rows by token) stored to
@@ -267,7 +267,7 @@ class MoeBackward:
         """`tensor`'s row of each position of the sorted pair list (`index`: its token's or its
         pair's), times the routing weight with `scale`, stored contiguous in the list's order
         [PP, width] by a row kernel of its own (sorted-wgrad-rows=copy)."""
-        name, width = k3s.argument_name(tensor), int(tensor.type.dims[-1])
+        name, width = k3s.argument_name(tensor), tensor.type.dims[-1]
         copy = self.workspace(f"{name}_pair_rows", k3s.tensor("PP", width, dtype="float"))
         load = self.row_source(tensor, "sorted_block", index, width)
         stages = [load]

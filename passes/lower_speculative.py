@@ -228,7 +228,7 @@ def serving_entries(layer: RecurrenceOp, speculative: k3s.SpeculativeOp,
         tensor_arg("state_indices", indices, "input", purpose="state_slots"),
         tensor_arg("cache", buffer_type, "input", purpose="draft_states"),
         tensor_arg("accepted", indices, "input", purpose="accepted_counts"),
-        tensor_arg("next_cache", buffer_type, "inout", purpose="draft_states", distinct_from="cache"),
+        tensor_arg("next_cache", buffer_type, "inout", purpose="draft_states", distinct_from=SymbolRefAttr("cache")),
     ]
     step_values = argument_values(step_arguments)
     next_cache = step_values["next_cache"]

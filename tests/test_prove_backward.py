@@ -183,7 +183,7 @@ def test_backward_proved_with_the_symbolic_oracle(fresh_seed):
 
 def chunk_decay_sign_flipped(e, op, decay_bar):
     """gamma_C = exp(G_C), its cotangent taken with the wrong sign."""
-    return {0: e.neg(RULES[k3s.ChunkDecayOp](e, op, decay_bar)[0])}
+    return {op.total: e.neg(RULES[k3s.ChunkDecayOp](e, op, decay_bar)[op.total])}
 
 
 class LhsTransposeDropped(adjoint_rules.Emitter):
@@ -220,13 +220,13 @@ def gram_keys_transpose_dropped(e, op, gram_bar):
 def beta_bar_without_the_inverse(e, op, T_bar):
     """T = (I + A)^-1 Diag(beta): beta's cotangent as diag(T_bar) instead of diag((I + A)^-T T_bar)."""
     cotangents = RULES[k3s.ForwardSubstitutionOp](e, op, T_bar)
-    return {**cotangents, 1: e.emit(k3s.DiagonalOp, [T_bar], cotangents[1].type)}
+    return {**cotangents, op.beta: e.emit(k3s.DiagonalOp, [T_bar], cotangents[op.beta].type)}
 
 
 def residual_state_sign_flipped(e, op, vr_bar):
     """vr = U - W S: the entering state's cotangent W^T vr_bar instead of -W^T vr_bar."""
     cotangents = RULES[k3s.DeltaResidualOp](e, op, vr_bar)
-    return {**cotangents, 0: e.neg(cotangents[0])}
+    return {**cotangents, op.state: e.neg(cotangents[op.state])}
 
 
 # (op type, wrong rule, kind, the mismatch the proof at T = 5, C = 3 reports: a pattern)

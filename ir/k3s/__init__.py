@@ -83,8 +83,10 @@ K3S = Dialect(
     ],
     [
         TileType,
+        TileDimAttr,
         TensorType,
         ArgDtypeAttr,
+        ShapeSymbolAttr,
         ArgRoleAttr,
         ArgPurposeAttr,
         KernelDotsAttr,
@@ -98,6 +100,7 @@ K3S = Dialect(
         BlockDecayAttr,
         AlongAttr,
         SideAttr,
+        LoadedInputAttr,
         TransitionAttr,
         *MOE_EXPERT_ATTRS,
     ],

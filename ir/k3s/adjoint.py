@@ -10,7 +10,7 @@ the same dimensions; a scaling says along which dimension its factor runs."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, FloatAttr, IntegerAttr, IntegerType, StringAttr
+from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, FloatAttr, IntegerAttr, IntegerType
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -301,9 +301,24 @@ class UnitLowerInverseOp(KeywordSyntax):
         expect_dims(self, "the result", tile_dims(self.inverse), ("C", "C"))
 
 
+class LoadedInput(Word):
+    """A recurrence input a chunk's loads read, whose cotangent the backward stores."""
+
+    Q = "q"
+    K = "k"
+    V = "v"
+    G = "g"
+    BETA = "beta"
+
+
+@irdl_attr_definition
+class LoadedInputAttr(EnumAttribute[LoadedInput], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.loaded_input"
+
+
 @irdl_op_definition
 class StoreCotangentOp(KeywordSyntax):
-    """`k3s.store_cotangent %q_bar, %dq, %q <of = "q", l2norm = true>`: the cotangent of a loaded
+    """`k3s.store_cotangent %q_bar, %dq, %q <of = q, l2norm = true>`: the cotangent of a loaded
     input (the tile: the cotangent of the load's result), taken back through what the load did
     (l2norm; the gate's and beta's input forms, the load's properties, copied) and stored. Its
     tensors are the gradients, then the inputs they are of, pair by pair (g's input form: dg,
@@ -311,7 +326,7 @@ class StoreCotangentOp(KeywordSyntax):
     a group) sum their heads' cotangents."""
 
     name = "k3s.store_cotangent"
-    of = prop_def(StringAttr)  # the input: q, k, v, g or beta
+    of = prop_def(LoadedInputAttr)
     l2norm = opt_prop_def(BoolAttr)
     gate_input = opt_prop_def(GateInputAttr)
     lower_bound = opt_prop_def(FloatAttr)
@@ -322,8 +337,6 @@ class StoreCotangentOp(KeywordSyntax):
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryWriteEffect())
 
     def verify_(self) -> None:
-        if self.of.data not in ("q", "k", "v", "g", "beta"):
-            raise VerifyException(f"{self.name}: of must name an input (q, k, v, g or beta), got {self.of.data!r}")
         if not self.tensors or len(self.tensors) % 2:
             raise VerifyException(f"{self.name}: takes gradient tensors and the inputs they are of, pair by pair; "
                                   f"got {len(self.tensors)} tensor(s)")

@@ -210,15 +210,15 @@ def value_block_parts_layout(workspace: TensorType, part_dims: tuple[str, ...]) 
     for a part without rows (per chunk); a VerifyException where it is not that layout in fp32."""
     dims = workspace.dims
     per_token = part_dims[:1] == ("C",)
-    lead = ["B", "T"] if per_token else ["NC"]
+    lead = ("B", "T") if per_token else ("NC",)
     columns = part_dims[1:] if per_token else part_dims
     if (workspace.dtype_class != "float32" or len(dims) != len(lead) + 2 + len(columns) or dims[:len(lead)] != lead
-            or not dims[len(lead) + 1].isdigit()):
+            or not isinstance(dims[len(lead) + 1], int)):
         shape = " x ".join([*lead, "HV", "NVB", *columns])
         raise VerifyException(f"the workspace of a <{' x '.join(part_dims)}> tile's value-block parts is <{shape}, "
-                              f"float32>, NVB the number of value blocks; got <{' x '.join(dims)}, "
+                              f"float32>, NVB the number of value blocks; got <{' x '.join(map(str, dims))}, "
                               f"{workspace.dtype_class}>")
-    return int(dims[len(lead) + 1])
+    return dims[len(lead) + 1]
 
 
 @irdl_op_definition

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import (I64, ArrayAttr, FlatSymbolRefAttrConstr, Float32Type, FloatAttr, IntegerAttr,
-                                   StringAttr, SymbolRefAttr)
+from xdsl.dialects.builtin import (I64, ArrayAttr, FlatSymbolRefAttrConstr, Float32Type, FloatAttr, IntAttr,
+                                   IntegerAttr, StringAttr, SymbolRefAttr)
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import (
@@ -195,8 +195,9 @@ class TensorArgOp(KeywordSyntax):
     role = prop_def(ArgRoleAttr)
     # what the host code reads it as (ArgPurpose); absent: data the kernels alone interpret
     purpose = opt_prop_def(ArgPurposeAttr)
-    # another argument this one must not overlap in memory (a kernel reads one while writing the other)
-    distinct_from = opt_prop_def(StringAttr)
+    # another argument of the entry this one must not overlap in memory (a kernel reads one while
+    # writing the other): `distinct_from = @cache`
+    distinct_from = opt_prop_def(FlatSymbolRefAttrConstr)
     # a workspace's value before the kernels run (a counter's 0, a padding marker's -1); absent: any
     fill = opt_prop_def(IntegerAttr[I64])
     tensor = result_def(TensorType)  # the value kernels launched from the entry are passed
@@ -216,6 +217,12 @@ class TensorArgOp(KeywordSyntax):
             raise VerifyException(f"{where}: purpose = {purpose.value} needs dtype class {wanted}, got {dtype_class}")
         if purpose == ArgPurpose.DRAFT_STATES and len(self.type.dims) < 2:
             raise VerifyException(f"{where}: purpose = draft_states needs [P, depth, ...], got [{self.type.pattern}]")
+        if self.distinct_from is not None and (block := self.parent_block()) is not None:
+            other = self.distinct_from.root_reference.data
+            arguments = {op.sym_name.data for op in block.ops if isinstance(op, TensorArgOp) and op is not self}
+            if other not in arguments:
+                raise VerifyException(f"{where}: distinct_from = @{other}: its entry has no other tensor argument "
+                                      f"@{other}")
 
 
 @irdl_op_definition
@@ -234,13 +241,22 @@ class CheckpointArgOp(KeywordSyntax):
     """Optional states along the sequence (prefix caching): the argument `checkpoint_every`
     (None, or a positive multiple of `chunk_size`) and, when given, one more returned tensor
     `checkpoints` of the states after every checkpoint_every tokens of each sequence, shaped
-    [N, T // every, *state] (varlen: [sum of len_n // every, *state], in sequence order)."""
+    [N, T // every, *state_shape] (varlen: [sum of len_n // every, *state_shape], in sequence
+    order); state_shape is one sequence's state, `[32, 128, 128]`."""
 
     name = "k3s.checkpoint_arg"
     sym_name = prop_def(StringAttr)
     chunk_size = prop_def(IntegerAttr[I64])
-    state_shape = prop_def(StringAttr)
+    state_shape = prop_def(ArrayAttr[IntAttr])
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
+
+    @property
+    def state_dims(self) -> tuple[int, ...]:
+        return tuple(size.data for size in self.state_shape.data)
+
+    def verify_(self) -> None:
+        if not self.state_dims or min(self.state_dims) <= 0:
+            raise VerifyException(f"{self.name}: state_shape must be positive sizes, got {list(self.state_dims)}")
 
 
 @irdl_op_definition

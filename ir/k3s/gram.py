@@ -291,11 +291,6 @@ class GramOp(KeywordSyntax):
     def properties_text(self) -> str:
         return ", ".join(f"{key} = {attr_to_literal(value)}" for key, value in self.keyword_items())
 
-    @property
-    def inputs(self) -> list[SSAValue]:
-        """Every operand, in order: the tiles, then the guard, then the tensors."""
-        return list(self.operands)
-
 
 GRAM_OPERANDS = ("lhs", "keys", *(name for name, _, _ in _OPTIONAL_TILES), "factored_guard")
 """A Gram's single operands by name, in order (its tensors follow them)."""

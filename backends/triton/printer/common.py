@@ -177,7 +177,7 @@ class EntryView:
     def tensor(self, name: str) -> k3s.TensorArgOp:
         return next(op for op in self.tensors if op.sym_name.data == name)
 
-    def dims(self, name: str) -> list[str]:
+    def dims(self, name: str) -> tuple[k3s.Dim, ...]:
         return self.tensor(name).type.dims
 
     def with_purpose(self, purpose: k3s.ArgPurpose) -> k3s.TensorArgOp | None:
@@ -188,7 +188,7 @@ class EntryView:
     def draft_depth(self) -> int | None:
         """The draft tokens per sequence (DEPTH): the second dim of its draft states, if any."""
         states = self.with_purpose(k3s.ArgPurpose.DRAFT_STATES)
-        return int(states.type.dims[1]) if states is not None else None
+        return states.type.dims[1] if states is not None else None
 
     def role(self, op: k3s.TensorArgOp) -> str:
         return op.role.data

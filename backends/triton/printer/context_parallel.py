@@ -71,7 +71,7 @@ def print_context_parallel(printer, cp) -> None:
     passed = ("input", "optional_input", "forbidden")
     params = [a.sym_name.data for a in chunk_view.args if a.sym_name.data not in handled
               and (isinstance(a, k3s.ScalarArgOp) or a.role.data in passed)]
-    state_shape = tuple(int(d) for d in chunk_view.dims("initial_state")[1:])
+    state_shape = chunk_view.dims("initial_state")[1:]
     chunk_size = next(op.chunk_size.value.data for op in k3s.walk_entry(chunk) if isinstance(op, k3s.ChunkTileOp))
     # how a summary's M is held: the schedule's combine step says (derive-segment-scan derived it)
     transition = next(op.transition.data for op in segments_entry.walk() if isinstance(op, k3s.SummaryCombineOp))

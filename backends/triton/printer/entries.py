@@ -166,7 +166,8 @@ class Entries:
                 if isinstance(arg, k3s.ScalarArgOp):
                     c(f"    {arg.sym_name.data}: float, default {attr_to_literal(arg.default)}")
                 else:
-                    apart = f", must not overlap {arg.distinct_from.data}" if arg.distinct_from is not None else ""
+                    apart = (f", must not overlap {arg.distinct_from.root_reference.data}"
+                             if arg.distinct_from is not None else "")
                     c(f"    {arg.sym_name.data}: [{arg.type.pattern}] {arg.type.dtype_class} ({arg.role.data}{apart})")
             if view.checkpoint:
                 c(f"    checkpoint_every: None, or a positive multiple of {view.checkpoint.chunk_size.value.data}: "
@@ -218,7 +219,7 @@ class Entries:
                 first = view.tensors[0].sym_name.data
                 c(f"# {describe(view.checkpoint)}",
                   f"checkpoints, checkpoint_base = _checkpoints(checkpoint_every, {view.checkpoint.chunk_size.value.data}, "
-                  f"cu_seqlens, dims, ({view.checkpoint.state_shape.data},), {first}.device)")
+                  f"cu_seqlens, dims, {view.checkpoint.state_dims}, {first}.device)")
             for op in view.entry.body.ops:
                 if isinstance(op, k3s.KernelOp):
                     self.print_launch(op, view)
@@ -296,7 +297,7 @@ class Entries:
             elif role in ("input", "inout"):
                 c(check)
                 if arg.distinct_from is not None:
-                    other = arg.distinct_from.data
+                    other = arg.distinct_from.root_reference.data
                     c(f'_check_distinct("{name}", {name}, "{other}", {other})')
             elif role == "forbidden":
                 c(f'_check_none("{name}", {name}, "k3 op {view.entry.source} has no {name} input")')
@@ -341,7 +342,7 @@ class Entries:
         c = self.code
         name = out.sym_name.data
         first = view.tensors[0].sym_name.data
-        sizes = ", ".join(d if d.isdigit() else f'dims["{d}"]' for d in out.type.dims)
+        sizes = ", ".join(str(d) if isinstance(d, int) else f'dims["{d}"]' for d in out.type.dims)
         # float outputs take the first input's dtype; indices the kernels write are int32
         dtype = {"float32": "torch.float32", "index": "torch.int32"}.get(out.type.dtype_class, f"{first}.dtype")
         shape = f"({sizes}{',' if ',' not in sizes else ''})"

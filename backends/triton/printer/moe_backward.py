@@ -234,7 +234,7 @@ class MoeBackward:
                   f"{u_bar} = {bar} * 4 * b_tanh_g * b_sigmoid_g * (1 - b_tanh_u * b_tanh_u)")
 
     def print_k3s_store_pair_dot(self, op: k3s.StorePairDotOp) -> None:
-        partials = int(op.tensor.type.dims[-1])
+        partials = op.tensor.type.dims[-1]
         column_axis = self.kernel.axes.index(k3s.GridAxis.COLUMN_BLOCK)
         self.code.comment(op, f"partial {partials} of each pair's row dot: this program's block of columns")
         self.code(f"tl.store({tensor_name(op.tensor)} + b_pairs * {partials} + tl.program_id({column_axis}), "
@@ -242,7 +242,7 @@ class MoeBackward:
 
     def print_k3s_sum_partials(self, op: k3s.SumPartialsOp) -> None:
         c, res = self.code, register(op.result)
-        partials = int(op.tensor.type.dims[-1])
+        partials = op.tensor.type.dims[-1]
         c.comment(op, "in order: deterministic")
         c("o_ks = tl.arange(0, BKS)", f"{res} = tl.zeros([BR, BKS], dtype=tl.float32)", f"for i_p in range({partials}):")
         with c.indent():

@@ -37,7 +37,7 @@ builtin.module {
 // CHECK-DAG: %state = k3s.tensor_arg @state <role = inout> : !k3s.tensor<P x 4 x 8 x 16, state>
 // CHECK-DAG: %[[STEP_CACHE:cache]] = k3s.tensor_arg @cache <role = input, purpose = draft_states> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK-DAG: %[[STEP_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input, purpose = accepted_counts> : !k3s.tensor<B, index>
-// CHECK-DAG: %[[NEXT_CACHE:next_cache]] = k3s.tensor_arg @next_cache <role = inout, purpose = draft_states, distinct_from = cache> : !k3s.tensor<P x 4 x 4 x 32, float32>
+// CHECK-DAG: %[[NEXT_CACHE:next_cache]] = k3s.tensor_arg @next_cache <role = inout, purpose = draft_states, distinct_from = @cache> : !k3s.tensor<P x 4 x 4 x 32, float32>
 // CHECK: k3s.kernel @gdn_spec_step
 // the round's verify goes on from the replayed state
 // CHECK-NEXT: %S = k3s.state_tile {{.*}}home = pool> : !k3s.tile<K x V>

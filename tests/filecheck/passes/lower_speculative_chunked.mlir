@@ -52,7 +52,7 @@ builtin.module {
 // CHECK: k3s.entry @spec_step <source = @gdn, max_tokens = 4> {
 // CHECK: %[[STEP_CACHE:cache]] = k3s.tensor_arg @cache <role = input, purpose = draft_states>
 // CHECK-NEXT: %[[STEP_ACCEPTED:accepted]] = k3s.tensor_arg @accepted <role = input, purpose = accepted_counts>
-// CHECK-NEXT: %[[NEXT_CACHE:next_cache]] = k3s.tensor_arg @next_cache <role = inout, purpose = draft_states, distinct_from = cache>
+// CHECK-NEXT: %[[NEXT_CACHE:next_cache]] = k3s.tensor_arg @next_cache <role = inout, purpose = draft_states, distinct_from = @cache>
 // CHECK: %[[STEP_W:W]] = k3s.tensor_arg @W <role = workspace> : !k3s.tensor<B x T x 4 x 8, float32>
 // CHECK: k3s.kernel @gdn_spec_step_prepare <grid = [chunk, value_head]
 // CHECK: k3s.spill %[[STEP_W]], %{{W_[0-9]+}}

@@ -59,6 +59,6 @@ builtin.module {
 // FACTOR: {{^}}k3c opt: error: <stdin>: k3s.scale: a factor along rows of <C x K> must be <C>, got <K>{{$}}
 // SCALAR: {{^}}k3c opt: error: <stdin>: k3s.scale: a factor along columns of <C x K> must be <K>, got <>{{$}}
 // ODD: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: takes gradient tensors and the inputs they are of, pair by pair; got 3 tensor(s){{$}}
-// OF: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: of must name an input (q, k, v, g or beta), got 'o'{{$}}
+// OF: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.store_cotangent: property 'of' must be one of q, k, v, g, beta; got o{{$}}
 // PAIRS: {{^}}k3c opt: error: <stdin>: k3s.store_cotangent: of = q stores d<input> for each input read, first q; got gradients dk of k{{$}}
 // INVERSE: {{^}}k3c opt: error: <stdin>: k3s.unit_lower_inverse: A must be <C x C>, got <C x K>{{$}}

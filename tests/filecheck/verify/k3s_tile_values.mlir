@@ -39,7 +39,7 @@ builtin.module {
 // VALID-NEXT:   %S_1 = k3s.state_advance %S, %k_1, %v_1 <gate = none> : !k3s.tile<K x V>
 // VALID-NEXT:   k3s.next_chunk %S_1
 
-// DIM: {{^}}k3c opt: error: <stdin>: k3s.tile: unknown dimension 'Z'; allowed: C, NB, K, V, D, R, E, KS, M, N, Q, S{{$}}
+// DIM: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.tile: unknown dimension 'Z'; allowed: C, NB, K, V, D, R, E, KS, M, N, Q, S{{$}}
 // COUNT: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.gram: its properties take 2 tile operands (lhs, keys), got 3{{$}}
 // TENSOR: {{^}}k3c opt: error: <stdin>: k3s.gram: only an elementwise or guarded diagonal reads tensors; got 1 with mask = inclusive, gate = none, beta = false{{$}}
 // DECAY: {{^}}k3c opt: error: <stdin>: k3s.state_advance: gamma_C is an operand exactly when gate is not none{{$}}

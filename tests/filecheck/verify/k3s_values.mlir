@@ -19,6 +19,8 @@
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, min_rows = 8, max_rows = 7/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
 // RUN: sed 's/role = maybe/role = input/; s/num_warps = 4/num_warps = 4, max_rows = 0/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS0
 // RUN: sed 's/role = maybe/role = input/; s/} : !k3s.tile<K x V>/} : !k3s.tile<K>/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=CARRIED
+// RUN: sed 's/role = maybe/role = input/; s/state_shape = \[4, 16, 16\]/state_shape = "4,16,16"/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=CKPTWORDS
+// RUN: sed 's/role = maybe/role = input/; s/state_shape = \[4, 16, 16\]/state_shape = [4, 0, 16]/' %s | not k3c opt - 2>&1 | filecheck %s --check-prefix=CKPTZERO
 // RUN: sed 's/role = maybe/role = input/' %s | k3c opt - | filecheck %s --check-prefix=VALID
 
 builtin.module {
@@ -27,6 +29,7 @@ builtin.module {
     %q = k3s.tensor_arg @q <role = maybe> : !k3s.tensor<B x T x 4 x 16, float>
     %g = k3s.tensor_arg @g <role = input> : !k3s.tensor<B x T x 4, float>
     %initial_state = k3s.tensor_arg @initial_state <role = optional_input> : !k3s.tensor<N x 4 x 16 x 16, float32>
+    k3s.checkpoint_arg @checkpoint_every <chunk_size = 16, state_shape = [4, 16, 16]>
     k3s.kernel @r_recurrent <grid = [value_block, sequence_head], num_warps = 4> {
       %S0 = k3s.state_tile %initial_state <head_k_dim = 16, head_v_dim = 16, block_v = 16, layout = vk> : !k3s.tile<K x V>
       %S_final = k3s.token_loop %S0 {
@@ -45,7 +48,7 @@ builtin.module {
 // ROLE-NOT: {{.}}
 
 // SHAPE-NOT: {{\n}}
-// SHAPE: {{^}}k3c opt: error: <stdin>: k3s.tensor: bad dimension 'H'; a positive integer or one of B, T, N, N+1, S, P, NC, R, PP, PB, HS, Q{{$}}
+// SHAPE: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.tensor: bad dimension 'H'; a positive integer or one of B, T, N, N+1, S, P, NC, R, PP, PB, HS, Q{{$}}
 // SHAPE-NOT: {{.}}
 
 // DTYPE-NOT: {{\n}}
@@ -110,3 +113,12 @@ builtin.module {
 // CARRIED-NOT: {{.}}
 
 // VALID: %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 16, float>
+// VALID: k3s.checkpoint_arg @checkpoint_every <chunk_size = 16, state_shape = [4, 16, 16]>
+
+// CKPTWORDS-NOT: {{\n}}
+// CKPTWORDS: {{^}}k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: k3s.checkpoint_arg: property 'state_shape' expects a list [...] of sizes, got "4,16,16"{{$}}
+// CKPTWORDS-NOT: {{.}}
+
+// CKPTZERO-NOT: {{\n}}
+// CKPTZERO: {{^}}k3c opt: error: <stdin>: k3s.checkpoint_arg: state_shape must be positive sizes, got [4, 0, 16]{{$}}
+// CKPTZERO-NOT: {{.}}
