@@ -137,29 +137,18 @@ def _dot(op: k3s.DotOp, sizes: Sizes) -> StageCost:
     return StageCost(flops=2 * result * math.sqrt(lhs * rhs / result))
 
 
-@cost_of(k3s.GramOp)
-def _gram(op: k3s.GramOp, sizes: Sizes) -> StageCost:
-    return StageCost(flops=2 * sizes.elements(op.results[0]) * sizes.dims["K"])
+def contracting(dim: str) -> CostRule:
+    """2 |result| n: each result element a sum of n products over the dimension `dim`."""
+    return lambda op, sizes: StageCost(flops=2 * sizes.elements(op.results[0]) * sizes.dims[dim])
 
 
-@cost_of(k3s.GatedContractionOp)
-def _gated_contraction(op: k3s.GatedContractionOp, sizes: Sizes) -> StageCost:
-    return StageCost(flops=2 * sizes.elements(op.results[0]) * sizes.dims["C"])
-
-
-@cost_of(k3s.WYApplyOp)
-def _wy_apply(op: k3s.WYApplyOp, sizes: Sizes) -> StageCost:
-    return StageCost(flops=2 * sizes.elements(op.results[0]) * sizes.dims["C"])
-
-
-@cost_of(k3s.DeltaResidualOp)
-def _delta_residual(op: k3s.DeltaResidualOp, sizes: Sizes) -> StageCost:
-    return StageCost(flops=2 * sizes.elements(op.results[0]) * sizes.dims["K"])
-
-
-@cost_of(k3s.StateAdvanceOp)
-def _state_advance(op: k3s.StateAdvanceOp, sizes: Sizes) -> StageCost:
-    return StageCost(flops=2 * sizes.elements(op.results[0]) * sizes.dims["C"])
+# the dimension each product stage sums over: a Gram's keys (one dense C x C x K product whatever
+# its diagonal form), W S's keys; T's rows in W = T K and U = T V, the chunk's tokens in K^T vr and
+# in a gated contraction
+CONTRACTED = {k3s.GramOp: "K", k3s.DeltaResidualOp: "K", k3s.WYApplyOp: "C", k3s.StateAdvanceOp: "C",
+              k3s.GatedContractionOp: "C"}
+for _op_type, _dim in CONTRACTED.items():
+    COST_RULES[_op_type] = contracting(_dim)
 
 
 @cost_of(k3s.ChunkOutputOp)
