@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from conftest import DELTA_OF_KIND, EXAMPLES, GATE_OF_KIND, RECURRENCE_KINDS, one_line, recurrence_table, run_cli
+from k3compile.backends.triton.lower import STAGE_CHOICES, write_choices
 from k3compile.backends.triton.printer.common import register
 from k3compile.checking import exact_backward
 from k3compile.ir import k3s
@@ -553,6 +554,9 @@ def test_printed_chain_rules_equal_the_semantics(kind, options, fresh_seed):
     block = next(op for op in module.walk() if isinstance(op, k3s.ChunkedBackwardOp)).body.block
     loads = {exact_backward.load_form(op).of: op for op in block.ops
              if isinstance(op, (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp))}
+    for load in loads.values():  # what lower-to-triton writes on a kernel's loads (a load's own choice)
+        if (choices := STAGE_CHOICES.get(type(load))) is not None:
+            write_choices(load, choices(load, None))
     for store in (op for op in block.ops if isinstance(op, k3s.StoreCotangentOp)):
         form = exact_backward.store_form(store)
         width = 1 if form.of == "beta" or (form.of == "g" and not form.channel) else K

@@ -160,7 +160,10 @@ class Candidate:
 # Passes that add only the backward entries (chunk_backward and its segments): the tuned chunk
 # entry is the same without them, so the candidates' pipelines and the kernel code hash leave them
 # out (a third of a candidate's compile); the module built with the winners has them.
-BACKWARD_PASSES = frozenset({"derive-backward", "lower-backward", "derive-segment-scan-backward"})
+# save-forward-values (chunk_saving, chunk_backward_saved: copies of the tuned entries) is in both
+# sets: neither entry's candidates need it.
+BACKWARD_PASSES = frozenset({"derive-backward", "lower-backward", "derive-segment-scan-backward",
+                             "save-forward-values"})
 
 
 # Passes that add only entries other than chunk_backward (the forward's chunk, recurrent, decode,
@@ -170,7 +173,7 @@ BACKWARD_PASSES = frozenset({"derive-backward", "lower-backward", "derive-segmen
 # (outline-kernels, overlap-launches) stay in both.
 FORWARD_PASSES = frozenset({"lower-recurrent", "lower-decode", "derive-chunkwise", "fuse-chunkwise",
                             "derive-segment-scan", "lower-segment-scan", "derive-segment-scan-backward",
-                            "derive-replay", "lower-speculative"})
+                            "derive-replay", "lower-speculative", "save-forward-values"})
 
 
 def tuned_entry_pipeline(pipeline: str) -> str:
