@@ -5,8 +5,8 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
-# --no-compile: no .pyc for torch's thousands of files at install (Python compiles what it
-# imports, once); -q: pip's own progress is noise here
+# --no-compile: no .pyc for torch's thousands of files at install (the demo's two commands compile
+# what they import; `make test` compiles it all, below); -q: pip's own progress is noise here
 PIP := $(BIN)/python -m pip install -q --disable-pip-version-check --no-compile
 
 .PHONY: setup demo test clean
@@ -20,9 +20,15 @@ $(VENV)/.runtime: pyproject.toml
 	$(PIP) torch==2.13.0 -e .
 	touch $@
 
-# the test tools on top (pytest, pytest-xdist, lit, filecheck: the project's `test` extra)
+# the test tools on top (pytest, pytest-xdist, lit, filecheck: the project's `test` extra), then
+# the bytecode of every installed module: where PYTHONDONTWRITEBYTECODE is set (CI sets it) Python
+# never writes it, and each process the tests start (gloo ranks, k3c runs, subprocesses) would
+# compile torch from source again: 3.4 s an import instead of 1.7 (15 s here, once).
+# py312_intrinsics is Python 3.12-only syntax.
 $(VENV)/.installed: $(VENV)/.runtime
 	$(PIP) torch==2.13.0 -e '.[test]'
+	$(BIN)/python -m compileall -q -j 0 -x py312_intrinsics \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" k3compile ir passes backends > /dev/null
 	touch $@
 
 # the full grid (every variant and length) is `k3c verify examples/kda.toml`, a few minutes on
