@@ -113,6 +113,16 @@ def entry_values(entry: Operation) -> dict[str, SSAValue]:
             if isinstance(op, k3s.ARGUMENT_OPS)}
 
 
+def layer_entry(module: ModuleOp, layer: Operation, name: str):
+    """The layer's entry of that name (layer-prefixed in a module of several layers), or None."""
+    # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
+    from k3compile.ir import k3s
+
+    source = layer.sym_name.data
+    return next((op for op in module.ops if isinstance(op, k3s.EntryOp) and op.source.root_reference == layer.sym_name
+                 and op.sym_name.data in (name, f"{source}_{name}")), None)
+
+
 def rebind(ops: Operation | Region | Sequence[Operation], values: dict[str, SSAValue]) -> None:
     """Point the operands of ops (and of the ops nested in them) that are arguments of some
     entry at the same-named ones of `values`, those of the entry the ops now belong to (stages

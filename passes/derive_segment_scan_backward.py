@@ -38,7 +38,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.common import argument_values, make, rebind, tensor_arg
+from k3compile.passes.common import argument_values, layer_entry, make, rebind, tensor_arg
 from k3compile.passes.lower_segment_scan import starting_at, summary_outputs, with_props
 
 NAME = "derive-segment-scan-backward"
@@ -48,13 +48,6 @@ def adjoint_combine(combine: k3s.SummaryCombineOp, M, N_bar, leaving) -> k3s.Sum
     """The forward combine's adjoint: the same op and transition form, transposed and in the
     reverse direction (`adjoint = true`), on the cotangents: (M, N_bar) -> the leaving cotangents."""
     return make(k3s.SummaryCombineOp, operands=[M, N_bar, leaving], transition=combine.transition, adjoint=True)
-
-
-def layer_entry(module: ModuleOp, layer: RecurrenceOp, name: str) -> k3s.EntryOp | None:
-    """The layer's entry of that name (layer-prefixed in a module of several layers)."""
-    source = layer.sym_name.data
-    return next((op for op in module.ops if isinstance(op, k3s.EntryOp) and op.source.root_reference == layer.sym_name
-                 and op.sym_name.data in (name, f"{source}_{name}")), None)
 
 
 def backward_kernels(entry: k3s.EntryOp) -> tuple[k3s.KernelOp, k3s.KernelOp, k3s.KernelOp, list[k3s.KernelOp]]:

@@ -32,7 +32,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.derive_segment_scan_backward import layer_entry
+from k3compile.passes.common import layer_entry
 
 SAVING_ENTRY, SAVED_BACKWARD_ENTRY = "chunk_saving", "chunk_backward_saved"
 

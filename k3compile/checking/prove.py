@@ -328,9 +328,9 @@ def prove_saved_forward_values(spec: LayerSpec, chunk_size: int, lengths: tuple[
     if saving is None:
         return [ProofResult(spec.name, pipeline, None, False, None, "save-forward-values added no chunk_saving")]
     forward_roles = {op.sym_name.data: op.role.data for op in entry_of(module, "chunk").body.ops
-                     if op.name == "k3s.tensor_arg"}
-    names = [op.sym_name.data for op in saving.body.ops if op.name == "k3s.tensor_arg" and op.role.data == "output"
-             and forward_roles[op.sym_name.data] == "workspace"]
+                     if isinstance(op, k3s.TensorArgOp)}
+    names = [op.sym_name.data for op in saving.body.ops if isinstance(op, k3s.TensorArgOp)
+             and op.role.data == k3s.ArgRole.OUTPUT and forward_roles[op.sym_name.data] == k3s.ArgRole.WORKSPACE]
     results = []
     for length in lengths or (max(1, chunk_size - 1), 2 * chunk_size + 1):
         x = proof_inputs(rng, layer_op, length)
