@@ -91,7 +91,7 @@ def test_measured_times_give_the_fraction_of_the_roof(capsys):
     (["examples/kda.toml", "--shape", "0,16"], "B and T must be positive"),
     (["examples/kda.toml", "--shape", "1,16", "--entry", "nope"], "no entry 'nope'"),
     (["examples/kda.toml", "--shape", "1,16", "--measured", "kda_chunk_scan"], "KERNEL=MS"),
-    (["examples/kda.toml", "--shape", "1,16", "--measured", "kda_chunk_scan=-1"], "positive time"),
+    (["examples/kda.toml", "--shape", "1,16", "--measured", "kda_chunk_scan=-1"], "positive finite number"),
     (["examples/kda.toml", "--shape", "1,16", "--gpu", "a100"], "invalid choice"),
     (["examples/no_such.toml", "--shape", "1,16"], "no_such.toml"),
 ])

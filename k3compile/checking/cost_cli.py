@@ -4,18 +4,7 @@ is a K3Error or an argparse error: one line, exit 2, as every k3c subcommand's."
 
 from __future__ import annotations
 
-import argparse
-
-
-def parse_measured(text: str) -> tuple[str, float]:
-    kernel, _, value = text.partition("=")
-    try:
-        ms = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected KERNEL=MS (a kernel's name and its time), got {text!r}") from None
-    if not kernel or not 0 < ms < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a kernel's name and a positive time in ms, got {text!r}")
-    return kernel, ms
+from k3compile.arguments import named_positive
 
 
 def cmd_cost(args) -> int:
@@ -44,6 +33,6 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="input dtype")
     p.add_argument("--gpu", choices=("h200", "h100"), default="h200",
                    help="the measured ceilings to take (../.library/device/KINDS.md figures; default h200)")
-    p.add_argument("--measured", type=parse_measured, action="append", metavar="KERNEL=MS",
+    p.add_argument("--measured", type=named_positive("KERNEL=MS", "a kernel's name and its time"), action="append", metavar="KERNEL=MS",
                    help="a kernel's measured time, to print its fraction of the roof (repeatable)")
     p.set_defaults(run=cmd_cost)

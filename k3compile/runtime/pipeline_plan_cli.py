@@ -8,18 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+from k3compile.arguments import named_positive
 from k3compile.errors import ArgumentError
-
-
-def parse_cost(text: str) -> tuple[str, float]:
-    kind, _, value = text.partition("=")
-    try:
-        cost = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected KIND=COST (a mixer of the pattern and a number), got {text!r}") from None
-    if not 0 < cost < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite cost, got {text!r}")
-    return kind, cost
 
 
 def positive_int(text: str) -> int:
@@ -61,7 +51,7 @@ def add_parser(sub) -> None:
     p.add_argument("--stages-per-rank", type=positive_int, default=1, help="stages a rank holds, v (default 1; stage s on rank s mod P)")
     p.add_argument("--tokens", type=positive_int, default=4096, help="tokens a microbatch (batch x sequence) for the bytes (default 4096)")
     costs = p.add_mutually_exclusive_group()
-    costs.add_argument("--cost", type=parse_cost, action="append", metavar="KIND=COST",
+    costs.add_argument("--cost", type=named_positive("KIND=COST", "a mixer of the pattern and a number"), action="append", metavar="KIND=COST",
                        help="a mixer's relative cost, e.g. kda=1.0 attn=1.4 (repeatable; default every layer 1)")
     costs.add_argument("--layer-costs", metavar="JSON",
                        help="a JSON file of one cost a layer (e.g. k3compile.runtime.stack_pipeline.measure_layer_costs's)")
