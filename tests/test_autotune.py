@@ -717,6 +717,30 @@ def test_compiled_module_uses_the_tuned_backward_and_its_gradients_match(tuned_b
         assert_rms(ours, ref[name], f"d{name}: tuned against float64", 1e-4)
 
 
+def test_saving_entries_read_the_tuned_entries_tables(tuned_backward, tmp_path, monkeypatch):
+    """save-forward-values' chunk_backward_saved launches chunk_backward's kernels: it reads the
+    same tuned table (block-v 16 in the tuned bucket, not the printed default 32)."""
+    from k3compile.driver import load_module
+    from k3compile.ops.autograd import saved_names
+
+    shared, _, _ = tuned_backward
+    cache = TuneCache(tmp_path / "cache")  # the backward's record alone (another test adds the forward's)
+    cache.put(shared.get(autotune.key_for(spec_of(), None, SHAPE, "float32", GPU, "chunk_backward")))
+    compilation, plan = autotune.compile_tuned(spec_of(), gpu=GPU, cache=cache)
+    (tmp_path / "saved.py").write_text(compilation.source)
+    module = load_module(tmp_path / "saved.py", "tuned_saved_module")
+    bucket = next(iter(module.TUNED_CHUNK_BACKWARD))
+    assert module.TUNED_CHUNK_BACKWARD_SAVED[bucket]["tuned_backward_gradients_saved"] == \
+        module.TUNED_CHUNK_BACKWARD[bucket]["tuned_backward_gradients"]
+    gradients = LaunchRecorder(module.tuned_backward_gradients_kernel)
+    monkeypatch.setattr(module, "tuned_backward_gradients_kernel", gradients)
+    inputs = recurrence_inputs("kda", "kv", RecurrenceShape(1, 37, 1, 1, 16, 32))
+    o, final, *saved = module.chunk_saving(**inputs, output_final_state=True)
+    module.chunk_backward_saved(**inputs, do=torch.randn_like(o), dht=torch.randn_like(final), output_dh0=True,
+                                **dict(zip(saved_names(module), saved, strict=True)))
+    assert gradients.launches[-1]["BV"] == 16, gradients.launches
+
+
 def test_code_choices_that_make_the_same_module_are_timed_once(tmp_path):
     """GLA shares nothing with its scans, so scan-values=spill prints the module of recompute:
     the second candidate is "same as #0" (not checked, not timed) instead of a second module."""

@@ -26,11 +26,13 @@ from k3compile.runtime.autotune.moe import moe_table, with_dispatch
 from k3compile.runtime.autotune.space import (
                                               BACKWARD_ENTRY,
                                               CACHED_ENTRIES,
+                                              COPIED_ENTRIES,
                                               MOE_ENTRY,
                                               TUNED_ENTRY,
                                               Bucket,
                                               Candidate,
                                               base_pipeline,
+                                              copied_table,
                                               entry_pipeline,
                                               join_pipeline,
                                               kernel_code_hash,
@@ -228,7 +230,9 @@ def embed_records(spec, plan: ModulePlan, gpu: str, by_entry: dict[str, list[dic
         "default; the bucket's P of segments=\"auto\" (context parallelism) under 'segments'. docs/autotuning.md\n"
         "has the design."
     )
-    return lower(spec, plan.pipeline, launch_tables=plan.launch_tables, note=plan.note)
+    copies = {copy: copied_table(copy, plan.launch_tables[source]) for copy, source in COPIED_ENTRIES.items()
+              if source in plan.launch_tables}
+    return lower(spec, plan.pipeline, launch_tables={**plan.launch_tables, **copies}, note=plan.note)
 
 
 def entry_table(spec, plan: ModulePlan, entry: str, records: list[dict], code_options: dict) -> dict:
