@@ -89,8 +89,8 @@ def main() -> None:
                 signature[arg] = "fp32"
             elif arg in fp32:  # a pointer, whatever its name (a backward's S workspace is no source count)
                 signature[arg] = "*fp32"
-            elif arg in RUNTIME_INTS or arg == "NSLOTS":  # NSLOTS: pool rows
-                signature[arg] = "i32"
+            elif (arg in RUNTIME_INTS or arg == "NSLOTS") and not re.search(rf"tl\.\w+\({arg} \+", kernel.src):
+                signature[arg] = "i32"  # NSLOTS: pool rows; a size, unless the kernel addresses it (the S workspace)
             elif arg in ("cu_seqlens", "chunk_table"):
                 signature[arg] = "*i32"
             else:
