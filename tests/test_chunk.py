@@ -433,3 +433,34 @@ def test_solve_block_matches_the_recurrence(kind, chunk_size, solve_block, compi
     source = layer.compilation.source
     assert ("for r in range(0, SUB_T)" in source) == (solve_block > 1)
     check(layer, recurrence_inputs(kind, layout, varlen_shape((5, 2 * chunk_size + 3))))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy warns about inf * 0
+@pytest.mark.parametrize("diagonal", ["elementwise", "guarded"])
+def test_extracted_diagonal_rows(diagonal, tmp_path, monkeypatch):
+    """lower-to-triton's other form of a Gram's elementwise diagonal blocks: each block's key row
+    and G picked out of the tiles in registers (diagonal_rows = extract) rather than reloaded
+    from memory (its choice, reload). On test_strong_decay's input (the first chunk takes the
+    elementwise blocks), the output must stay finite and right."""
+    from k3compile.backends.triton import lower
+    from k3compile.driver import compile as k3_compile
+
+    choose = lower.STAGE_CHOICES[k3s.GramOp]
+
+    def extract(op, kernel):
+        choices = choose(op, kernel)
+        if "diagonal_rows" in choices:
+            choices["diagonal_rows"] = k3s.DiagonalRowsAttr(k3s.DiagonalRows.EXTRACT)
+        return choices
+
+    monkeypatch.setitem(lower.STAGE_CHOICES, k3s.GramOp, extract)
+    C = 16
+    pipeline = chunk_pipeline(C).replace("sub-chunk=16}", f"sub-chunk=16 unbounded-diagonal={diagonal}}}")
+    table = recurrence_table("kda", "kv", H=H, HV=HV, K=K, V=V, name=f"kda_extract_{diagonal}")
+    layer = k3_compile(spec_from_table(table, source="<test extract>"), out_dir=tmp_path, pipeline=pipeline)
+    grams = [o for o in layer.compilation.scheduled.walk() if isinstance(o, k3s.GramOp)]
+    assert grams and all(g.diagonal_rows.data == k3s.DiagonalRows.EXTRACT for g in grams)
+    assert "b_pick" in layer.compilation.source and "t_j = start" not in layer.compilation.source
+    inputs = recurrence_inputs("kda", "kv", RecurrenceShape(B=1, T=C + 3, H=H, HV=HV, K=K, V=V))
+    inputs["g"][..., 0] = -7.0
+    check(layer, inputs)

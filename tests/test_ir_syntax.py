@@ -206,3 +206,27 @@ def test_malformed_gram_text_is_a_parse_error(old, new, message):
     assert TEXT.count(old) == 1
     with pytest.raises(ParseError, match=message):
         parse(TEXT.replace(old, new))
+
+
+@pytest.mark.parametrize("name, changes, message", [
+    ("P_factored", dict(diagonal_rows="reload"), r"diagonal_rows is a choice of an elementwise or guarded "
+                                                 r"diagonal only; got it with .*diagonal = factored"),
+    ("P_scalar", dict(unroll=True), r"unroll is a choice of a channel gate's loop over the blocks below the "
+                                    r"diagonal only; got it with .*gate = scalar"),
+])
+def test_a_backend_choice_the_gram_does_not_take_is_named_by_the_verifier(name, changes, message):
+    """lower-to-triton's choices on a Gram (unroll, diagonal_rows) only where it has what they choose."""
+    module = parse(TEXT)
+    built_wrong(module, name, **changes)
+    with pytest.raises(VerifyException, match=message):
+        module.verify()
+
+
+def test_backend_choices_on_a_gram_print_and_parse_back():
+    text = TEXT.replace("diagonal = guarded>", "diagonal = guarded, unroll = true, diagonal_rows = extract>")
+    module = parse(text)
+    module.verify()
+    guarded = grams(module)["P_guarded"]
+    assert guarded.unroll.value.data and guarded.diagonal_rows.data == k3s.DiagonalRows.EXTRACT
+    assert guarded.rebuilt().diagonal_rows == guarded.diagonal_rows
+    assert "diagonal = guarded, unroll = true, diagonal_rows = extract>" in str(module)

@@ -30,6 +30,9 @@ REMOVED_DECISIONS = [
      r"BS=next_power_of_2"),
     ("a normalised chunk's rows converted to fp32 with the normalisation", "loads.py",
      r"\{target\} = \{target\}\.to\(tl\.float32\)\","),
+    ("the channel-gated Gram's block loop unrolled, always", "chunk_stages.py", r"for d in tl\.static_range"),
+    ("the elementwise Gram diagonal's rows reloaded, always", "chunk_stages.py",
+     r"\"b_Gj = \{Gstart\}\",\s*\"for r in range\(0, SUB\):\""),
 ]
 
 
@@ -61,8 +64,32 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
                   "k3s.forward_substitution %A, %beta_1 <block = 1, accurate = true, squarings = 3>",
                   "k3s.unit_lower_inverse %A <block = 1, accurate = true, squarings = 3>",
                   "k3s.load_token %q <dtype = fp32>", "k3s.load_chunk %v <dtype = input>",
-                  "k3s.value_block_loop <block_v = 64, unroll = true>"):
+                  "k3s.value_block_loop <block_v = 64, unroll = true>",
+                  "diagonal = guarded, unroll = true, diagonal_rows = reload>",
+                  "diagonal = factored, unroll = true>"):
         assert shown in out, shown
+
+
+def test_printer_follows_the_gram_choices(monkeypatch):
+    """The Gram's block loop and its elementwise diagonal's rows as the IR says, not as the printer
+    would: lower-to-triton's other choices (a loop not unrolled, rows extracted) print as such."""
+    from xdsl.dialects.builtin import BoolAttr
+
+    from k3compile.backends.triton import lower as lower_to_triton
+    from k3compile.driver import lower
+    from k3compile.ir import k3s
+    from k3compile.spec import load_spec
+
+    def other_choices(op, kernel):
+        choices = lower_to_triton.gram_choices(op, kernel)
+        if "diagonal_rows" in choices:
+            choices["diagonal_rows"] = k3s.DiagonalRowsAttr(k3s.DiagonalRows.EXTRACT)
+        return {**choices, "unroll": BoolAttr.from_bool(False)} if choices else choices
+
+    monkeypatch.setitem(lower_to_triton.STAGE_CHOICES, k3s.GramOp, other_choices)
+    source = lower(load_spec(EXAMPLES / "kda.toml")).source
+    assert "for d in range(1, NB):" in source and "for d in tl.static_range" not in source
+    assert "b_pick = (o_r == r)" in source and "t_j = start" not in source
 
 
 def test_printer_names_the_missing_pass(capsys):

@@ -6,6 +6,8 @@ k3compile.driver.schedule_for_triton after the pipeline (which ends in outline-k
   triangular inverse's form, load dtypes, unrolling): what the printer reads;
 - guard_spill_only_stages.py, merge_identical_kernels.py: the backend's own passes, run after
   those, so that kernels whose code agrees once their sizes are fixed are printed and compiled once;
+- launch.py reads a kernel's launch config (what a launch table may set) off its op, for the
+  printer and the autotuner;
 - printer/ prints one block of Triton per op (and a module's context-parallel wrappers);
   runtime/ is the host code every compiled module carries.
 """

@@ -9,7 +9,10 @@ printer reads these choices off the IR rather than making them:
   the later products multiply) and its number of squarings;
 - the dtype a load keeps its rows in: fp32 for one token's row and for rows it normalises, the
   input dtype for a chunk's rows (half the registers of fp32 for bf16 inputs; stages upcast);
-- the loops over value blocks unrolled (ptxas spills a dynamic loop that large).
+- the loops over value blocks unrolled (ptxas spills a dynamic loop that large);
+- a channel-gated Gram's loop over the blocks below the diagonal unrolled (NB - 1 steps, NB =
+  C / sub_chunk: a few), and its elementwise diagonal's rows reloaded from memory (key rows and
+  log-decays, cache-resident: cheaper than picking a row out of the [NB, SUB, BK] tiles).
 
 Each op type's part is one function, registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -27,11 +30,13 @@ from xdsl.passes import ModulePass
 
 from k3compile.backends.triton.printer.common import chunk_rows
 from k3compile.ir import k3s
+from k3compile.ir.choices import Gate
 
 # the stages whose kernels multiply matrices (the runtime prelude's _mm, at the kernel's DOT)
 MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp, k3s.ProjectInputGradOp,
                       k3s.ProjectWeightGradOp)
 TRUE = BoolAttr.from_bool(True)
+RELOAD_ROWS = k3s.DiagonalRowsAttr(k3s.DiagonalRows.RELOAD)
 IN_FP32, IN_INPUT_DTYPE = k3s.RegisterDtypeAttr(k3s.RegisterDtype.FP32), k3s.RegisterDtypeAttr(k3s.RegisterDtype.INPUT)
 
 # --- each op's choices: one function per op type (as legalize-triton's @block_sizes_of) ---------
@@ -71,6 +76,17 @@ def value_blocks_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attri
     """Unrolled, where there is a loop: one block a program (a value_block grid axis) has none."""
     looped = isinstance(op, k3s.SumValueBlockPartsOp) or k3s.GridAxis.VALUE_BLOCK not in kernel.axes
     return dict(unroll=TRUE) if looped else {}
+
+
+@choices_of(k3s.GramOp)
+def gram_choices(op: k3s.GramOp, kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """A channel gate's block loop unrolled; an elementwise (or guarded) diagonal's rows reloaded."""
+    if op.gate.data != Gate.CHANNEL:
+        return {}
+    choices: dict[str, Attribute] = dict(unroll=TRUE)
+    if op.diagonal.data.reloads:
+        choices["diagonal_rows"] = RELOAD_ROWS
+    return choices
 
 
 def write_choices(op: Operation, choices: dict[str, Attribute]) -> None:

@@ -91,6 +91,7 @@ K3S = Dialect(
         ArgPurposeAttr,
         KernelDotsAttr,
         RegisterDtypeAttr,
+        DiagonalRowsAttr,
         GridAxisAttr,
         StateHomeAttr,
         StateStartAttr,

@@ -28,6 +28,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Gate, Word
 from k3compile.ir.k3 import GateAttr
 from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS
+from k3compile.ir.k3s.target import DiagonalRows, DiagonalRowsAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax, attr_to_literal
 
@@ -197,7 +198,10 @@ class GramOp(KeywordSyntax):
     exponent is positive. `diagonal` says how the blocks on the diagonal are evaluated
     (GramDiagonal); only a channel gate has it. An elementwise (or guarded) diagonal reloads key
     rows and log-decays from memory as the key and gate loads read them: last, the tensors they
-    read (k, g, and A_log, dt_bias when the gate's input form reads them).
+    read (k, g, and A_log, dt_bias when the gate's input form reads them), where lower-to-triton
+    chooses (diagonal_rows = reload) to reload them rather than extract them from the tiles in
+    registers (extract); `unroll`, also lower-to-triton's, unrolls a channel gate's loop over
+    the blocks below the diagonal.
 
     The custom syntax prints the operands in this order, without their names: the properties
     and the operands' types (tiles, then an i1, then tensors) say which is which.
@@ -208,6 +212,10 @@ class GramOp(KeywordSyntax):
     gate = prop_def(GateAttr)
     beta = prop_def(BoolAttr)
     diagonal = opt_prop_def(GramDiagonalAttr)
+    # the Triton backend's (lower-to-triton): a channel gate's loop over the blocks below the
+    # diagonal unrolled; where an elementwise diagonal takes its rows from (DiagonalRows)
+    unroll = opt_prop_def(BoolAttr)
+    diagonal_rows = opt_prop_def(DiagonalRowsAttr)
     lhs = operand_def(TileType)
     keys = operand_def(TileType)
     cumulative_gate = opt_operand_def(TileType)
@@ -228,9 +236,12 @@ class GramOp(KeywordSyntax):
                  gate_start: SSAValue | None = None, gate_end: SSAValue | None = None,
                  left_factor: SSAValue | None = None, right_factor: SSAValue | None = None,
                  diagonal_factor: SSAValue | None = None, row_scale: SSAValue | None = None,
-                 factored_guard: SSAValue | None = None, tensors: Sequence[SSAValue] = ()):
+                 factored_guard: SSAValue | None = None, tensors: Sequence[SSAValue] = (),
+                 unroll: bool | None = None, diagonal_rows: str | None = None):
         properties = {"mask": MaskAttr(Mask(mask)), "gate": GateAttr(Gate(gate)), "beta": BoolAttr.from_bool(beta),
-                      "diagonal": GramDiagonalAttr(GramDiagonal(diagonal)) if diagonal is not None else None}
+                      "diagonal": GramDiagonalAttr(GramDiagonal(diagonal)) if diagonal is not None else None,
+                      "unroll": BoolAttr.from_bool(unroll) if unroll is not None else None,
+                      "diagonal_rows": DiagonalRowsAttr(DiagonalRows(diagonal_rows)) if diagonal_rows else None}
         super().__init__(operands=[lhs, keys, cumulative_gate, gate_start, gate_end, left_factor, right_factor,
                                    diagonal_factor, row_scale, factored_guard, tensors],
                          properties=properties, result_types=[result_type])
@@ -242,7 +253,9 @@ class GramOp(KeywordSyntax):
         named = {name: v if v is None else value(v) for name, v in named.items()}
         named["tensors"] = [value(v) for v in self.tensors]
         properties = {"mask": self.mask.data, "gate": self.gate.data, "beta": bool(self.beta.value.data),
-                      "diagonal": self.diagonal and self.diagonal.data}
+                      "diagonal": self.diagonal and self.diagonal.data,
+                      "unroll": None if self.unroll is None else bool(self.unroll.value.data),
+                      "diagonal_rows": self.diagonal_rows and self.diagonal_rows.data}
         merged = {**named, **properties, **changes}
         return GramOp(merged.pop("lhs"), merged.pop("keys"), result_type=self.gram.type, **merged)
 
@@ -287,6 +300,12 @@ class GramOp(KeywordSyntax):
         if not reloads and self.tensors:
             raise VerifyException(f"{self.name}: only an elementwise or guarded diagonal reads tensors; got "
                                   f"{len(self.tensors)} with {self.properties_text()}")
+        if self.diagonal_rows is not None and not reloads:
+            raise VerifyException(f"{self.name}: diagonal_rows is a choice of an elementwise or guarded diagonal "
+                                  f"only; got it with {self.properties_text()}")
+        if self.unroll is not None and self.gate.data != Gate.CHANNEL:
+            raise VerifyException(f"{self.name}: unroll is a choice of a channel gate's loop over the blocks "
+                                  f"below the diagonal only; got it with {self.properties_text()}")
 
     def properties_text(self) -> str:
         return ", ".join(f"{key} = {attr_to_literal(value)}" for key, value in self.keyword_items())

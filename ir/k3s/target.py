@@ -21,3 +21,16 @@ class RegisterDtype(Word):
 @irdl_attr_definition
 class RegisterDtypeAttr(EnumAttribute[RegisterDtype], SpacedOpaqueSyntaxAttribute):
     name = "k3s.register_dtype"
+
+
+class DiagonalRows(Word):
+    """Where the elementwise blocks of a Gram's diagonal (k3s.gram <diagonal = elementwise or
+    guarded>) take column r of every block from: its key row and log-decay."""
+
+    RELOAD = "reload"  # from memory, as the key and gate loads read them (the Gram's tensors)
+    EXTRACT = "extract"  # picked out of the keys and G, [NB, SUB, BK] tiles in registers
+
+
+@irdl_attr_definition
+class DiagonalRowsAttr(EnumAttribute[DiagonalRows], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.diagonal_rows"

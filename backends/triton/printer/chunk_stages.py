@@ -2,10 +2,10 @@
 triangular inverse, the WY factors, gate application, spills and reloads, the scan's residual,
 output and state advance, checkpoints.
 
-The products' precision (k3s.kernel <dots>), the inverse's products and squarings and the
-value-block loops' unrolling are the IR's (lower-to-triton). Still decided here (issue 39): the
-workspaces' layouts (spill_address, value_block_part_address), the elementwise Gram diagonal's
-rows reloaded rather than extracted, and the factored Gram's unrolled block loop."""
+The products' precision (k3s.kernel <dots>), the inverse's products and squarings, the
+value-block loops' and the channel-gated Gram's block loop's unrolling and where the Gram's
+elementwise diagonal takes its rows from (reloaded or extracted) are the IR's (lower-to-triton).
+Still decided here (issue 39): the workspaces' layouts (spill_address, value_block_part_address)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class ChunkStages:
         """exp2 of a log2 expression (Gamma from G) broadcast against a [BC, BK] tile."""
         return f"tl.exp2({exponent})" if gate == "channel" else f"tl.exp2({exponent})[:, None]"
 
-    def loop_range(self, op: k3s.ValueBlockLoopOp | k3s.SumValueBlockPartsOp) -> str:
+    def loop_range(self, op: k3s.ValueBlockLoopOp | k3s.SumValueBlockPartsOp | k3s.GramOp) -> str:
         """The range of op's loop: unrolled (tl.static_range) where op says so."""
         return "tl.static_range" if chosen(op, "unroll").value.data else "range"
 
@@ -195,7 +195,7 @@ class ChunkStages:
         Gstart, Gend = register(gram.gate_start), register(gram.gate_end)
         c(f"{out} = tl.zeros([BC, BC], dtype=tl.float32)",
           "# row block I meets column block I - d through the decay between their references",
-          "for d in tl.static_range(1, NB):")
+          f"for d in {self.loop_range(gram)}(1, NB):")
         with c.indent():
             c(f"b_from = tl.sum(tl.where((o_b[:, None] == o_b[None, :] + d)[:, :, None], {Gend}[None, :, :], 0.0), axis=1)",
               f"b_left = _dot_operand(tl.reshape(tl.reshape({left}, [NB, SUB, BK]) * tl.exp2({Gstart} - b_from)[:, None, :], [BC, BK]), DOT)",
@@ -221,26 +221,37 @@ class ChunkStages:
 
     def print_diagonal_elementwise(self, gram: k3s.GramOp, same: str) -> None:
         c = self.code
-        # the rows are reloaded as the key and gate loads that the Gram's operands come from load
-        # them, from the tensors the Gram reads: k, then g (and the gate's parameters)
-        lhs, G, out, Gstart = (register(v) for v in (gram.lhs, gram.cumulative_gate, gram.gram, gram.gate_start))
+        lhs, G, out = (register(v) for v in (gram.lhs, gram.cumulative_gate, gram.gram))
+        reload = chosen(gram, "diagonal_rows").data == k3s.DiagonalRows.RELOAD
+        c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,",
+          *(["# its key row and log-decay reloaded (cache-resident: cheaper than picking a row out of the",
+             "# [NB, SUB, BK] tiles) and its G accumulated from the block's reference",
+             f"b_Gj = {register(gram.gate_start)}"] if reload else
+            ["# its key row and G picked out of the [NB, SUB, BK] tiles in registers"]),
+          "for r in range(0, SUB):")
+        with c.indent():
+            if reload:
+                self.print_reloaded_rows(gram)
+            else:
+                c("b_pick = (o_r == r)[None, :, None]",
+                  f"b_kj = tl.sum(tl.where(b_pick, tl.reshape({register(gram.keys)}.to(tl.float32), [NB, SUB, BK]), "
+                  "0.0), axis=1)",
+                  f"b_Gj = tl.sum(tl.where(b_pick, tl.reshape({G}, [NB, SUB, BK]), 0.0), axis=1)")
+            c(f"b_ratio = tl.exp2(tl.minimum(tl.reshape({G}, [NB, SUB, BK]) - b_Gj[:, None, :], 0.0))",
+              f"b_col = tl.reshape(tl.sum(tl.reshape({lhs}, [NB, SUB, BK]) * b_kj[:, None, :] * b_ratio, axis=2), [BC])",
+              f"{out} += tl.where({same} & ((o_c % SUB) == r)[None, :], b_col[:, None], 0.0)")
+
+    def print_reloaded_rows(self, gram: k3s.GramOp) -> None:
+        """b_kj, b_Gj: row r of every block's key row and G, the rows reloaded as the key and gate
+        loads that the Gram's operands come from load them, from the tensors the Gram reads: k,
+        then g (and the gate's parameters)."""
         load_k = gram.keys.owner
         load_g = gram.cumulative_gate.owner.log_gate.owner
         keys, *gate = gram.tensors
-        c("# diagonal blocks elementwise, exp of differences (<= 1 for any gate): column r of every block,",
-          "# its key row and log-decay reloaded (cache-resident: cheaper than picking a row out of the",
-          "# [NB, SUB, BK] tiles) and its G accumulated from the block's reference",
-          f"b_Gj = {Gstart}",
-          "for r in range(0, SUB):")
-        with c.indent():
-            c("t_j = start + o_b * SUB + r", "m_j = t_j < eos")
-            self.print_rows(load_k, "t_j", "m_j", "b_kj", keys)
-            self.print_gate_rows(load_g, "t_j", "m_j", "b_gj", gate)
-            c("b_kj = b_kj.to(tl.float32)",
-              "b_Gj = b_Gj + b_gj * 1.4426950408889634",
-              f"b_ratio = tl.exp2(tl.minimum(tl.reshape({G}, [NB, SUB, BK]) - b_Gj[:, None, :], 0.0))",
-              f"b_col = tl.reshape(tl.sum(tl.reshape({lhs}, [NB, SUB, BK]) * b_kj[:, None, :] * b_ratio, axis=2), [BC])",
-              f"{out} += tl.where({same} & ((o_c % SUB) == r)[None, :], b_col[:, None], 0.0)")
+        self.code("t_j = start + o_b * SUB + r", "m_j = t_j < eos")
+        self.print_rows(load_k, "t_j", "m_j", "b_kj", keys)
+        self.print_gate_rows(load_g, "t_j", "m_j", "b_gj", gate)
+        self.code("b_kj = b_kj.to(tl.float32)", "b_Gj = b_Gj + b_gj * 1.4426950408889634")
 
     def print_k3s_gram(self, op: k3s.GramOp) -> None:
         c = self.code

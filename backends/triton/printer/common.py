@@ -17,8 +17,6 @@ ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.Absent
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp)
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
-# constexprs of a kernel that a launch table (k3c tune, docs/autotuning.md) may set per call
-LAUNCH_CONSTANTS = ("BV",)
 # the constexprs that a k3s.launch_by_rows's block sizes set at launch
 BLOCK_CONSTANTS = {"block_r": "BR", "block_e": "BE", "block_d": "BD", "block_n": "BN"}
 

@@ -7,11 +7,11 @@ import contextlib
 
 from xdsl.dialects.builtin import ModuleOp
 
+from k3compile.backends.triton.launch import LAUNCH_CONSTANTS, launch_config
 from k3compile.backends.triton.printer import context_parallel
 from k3compile.backends.triton.printer.common import (
     ENTRY_PARTS,
     KERNEL_GROUPINGS,
-    LAUNCH_CONSTANTS,
     Code,
     EntryView,
     describe,
@@ -354,18 +354,6 @@ class Entries:
         else:
             c(f"{name} = {alloc}")
 
-    def launch_config(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        """What a launch table may set for this kernel (its block-size constexprs, num_warps,
-        num_stages), with the values of the IR: the heuristic default, or a tuned candidate's."""
-        constants = self.kernel_constants(kernel, view)
-        config = {name: constants[name] for name in LAUNCH_CONSTANTS if name in constants}
-        config["num_warps"] = kernel.num_warps.value.data
-        if kernel.num_stages is not None:
-            config["num_stages"] = kernel.num_stages.value.data
-        if kernel.maxnreg is not None:
-            config["maxnreg"] = kernel.maxnreg.value.data
-        return config
-
     def print_launch_table(self, view: EntryView) -> None:
         """TUNED_<ENTRY>: the module-level table the entry's launches read (docs/autotuning.md)."""
         c = self.code
@@ -398,12 +386,12 @@ class Entries:
         self.print_launch_by_rows(kernel, view)
         tabled = view.entry.sym_name.data in self.launch_tables
         if tabled:  # the tuned config of this call's bucket, else the IR's values
-            default = self.launch_config(kernel, view)
+            default = launch_config(kernel)
             first = view.tensors[0].sym_name.data
             c(f"launch = _tuned_launch({launch_table_name(view.entry.sym_name.data)}, {kernel.sym_name.data!r}, "
               f"{first}.dtype, dims, {'HV' if 'HV' in constants else 1}, "
               f"{{{', '.join(f'{k!r}: {k if k in constants else v}' for k, v in default.items())}}})")
-            for name in LAUNCH_CONSTANTS:
+            for name in LAUNCH_CONSTANTS.values():
                 if name in default:
                     c(f'{name} = launch["{name}"]')
         if k3s.GridAxis.CHUNK in axes:

@@ -293,15 +293,12 @@ def module_code_hash(source: str) -> str:
 
 
 def launch_configs(compilation, entry_name: str = TUNED_ENTRY) -> dict[str, dict[str, int]]:
-    """kernel -> launch config (block sizes, num_warps, num_stages) of an entry, from the IR."""
+    """kernel -> launch config (block sizes, num_warps, num_stages) of an entry, read from the IR
+    after the backend's passes (driver.schedule_for_triton): compilation.scheduled."""
     # xDSL: k3compile.ops imports this package, and its warm start must not load xDSL
-    from k3compile.backends.triton.printer import EntryView, TritonPrinter
-    from k3compile.ir import k3s
+    from k3compile.backends.triton.launch import entry_launch_configs
 
-    entry = next(op for op in compilation.scheduled.ops
-                 if isinstance(op, k3s.EntryOp) and op.sym_name.data == entry_name)
-    view, printer = EntryView(entry), TritonPrinter()
-    return {kernel.sym_name.data: printer.launch_config(kernel, view) for kernel in view.kernels}
+    return entry_launch_configs(compilation.scheduled, entry_name)
 
 
 def has_entry(compilation, entry_name: str = TUNED_ENTRY) -> bool:

@@ -68,7 +68,7 @@
 // KDA:       # %kr = k3s.block_rescale %k, %G, %Gend <decay = reference_over_row>
 // KDA:       # %factorable = k3s.block_span_check %Gstart, %Gend <limit = 80.0>
 // KDA-NEXT:  b_factorable = tl.max(tl.max(b_Gstart - b_Gend, axis=1), axis=0) <= 115.4156
-// KDA:       # %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %kd, %beta, %factorable, %k, %g <mask = strict, gate = channel, beta = true, diagonal = guarded>
+// KDA:       # %A = k3s.gram %k, %k, %G, %Gstart, %Gend, %kl, %kr, %kd, %beta, %factorable, %k, %g <mask = strict, gate = channel, beta = true, diagonal = guarded, unroll = true, diagonal_rows = reload>
 // KDA:       if b_factorable:
 // KDA-NEXT:      # diagonal blocks: the left factor against the diagonal factor
 // KDA:       else:
@@ -80,7 +80,7 @@
 // DN:        # %A = k3s.gram %k, %k, %beta <mask = strict, gate = none, beta = true>
 // DN:        # %T = k3s.forward_substitution %A, %beta <block = 1, accurate = true, squarings = 3>
 // GLA-NOT:   k3s.forward_substitution
-// GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr, %kd, %factorable, %k, %g <mask = inclusive, gate = channel, beta = false, diagonal = guarded>
+// GLA:       # %P = k3s.gram %q, %k, %G, %Gstart, %Gend, %ql, %kr, %kd, %factorable, %k, %g <mask = inclusive, gate = channel, beta = false, diagonal = guarded, unroll = true, diagonal_rows = reload>
 // ALL-LABEL: def {{[a-z_]+}}_chunk_scan_kernel(
 // ALL:       # %S_final = k3s.chunk_loop %S, %cu_seqlens <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
 // KDA:       # %vr = k3s.delta_residual %S, %W, %U: Vr = U - W S
