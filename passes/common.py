@@ -50,11 +50,11 @@ def check_power_of_two(pass_name: str, option: str, value: int, most: int | None
         raise ValueError(f"{pass_name}: {option} must be a power of two{bound}, got {value}")
 
 
-def check_num_warps(pass_name: str, num_warps: int) -> None:
+def check_num_warps(pass_name: str, num_warps: int, option: str = "num-warps") -> None:
     # k3s's op definitions (~150 ms): the frontend imports this module and builds no k3s op
     from k3compile.ir.k3s import MAX_NUM_WARPS
 
-    check_power_of_two(pass_name, "num-warps", num_warps, MAX_NUM_WARPS)
+    check_power_of_two(pass_name, option, num_warps, MAX_NUM_WARPS)
 
 
 def check_token_stages(pass_name: str, token_stages: int) -> None:

@@ -297,7 +297,7 @@ def handed_to_gradients(local: list[Operation], read: list[SSAValue]) -> list[SS
 def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, values: dict[str, SSAValue],
                    block_v: int, num_warps: int, scan_stages: int, state_spill: str,
                    gradients_maxnreg: int, gradients_forward: str = "recompute", scan_spills: bool = False,
-                   gradients_split: str = "none", value_blocks_maxnreg: int = 255
+                   gradients_split: str = "none", value_blocks_maxnreg: int = 255, gradients_warps: int = 0
                    ) -> tuple[list[Operation], list[Operation]]:
     """(the workspaces, the kernels) of a backward schedule, whose stages read the entry's `values`;
     S and S_bar are spilled in `state_spill` (the input dtype, or float32: twice the traffic); the
@@ -410,7 +410,7 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         for suffix, ops in zip((kind, f"{kind}_steep"), split_by_guard(part, steep_chunks)):
             body = KernelBody(spilled_to)
             body.ops = ops
-            gradient_kernels.append(chunk_kernel(suffix, body, 2 * num_warps, maxnreg, grid))
+            gradient_kernels.append(chunk_kernel(suffix, body, gradients_warps or 2 * num_warps, maxnreg, grid))
     kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents, *gradient_kernels]
     workspaces = list(spilled_to.values())
     rebind(kernels, {**values, **argument_values(workspaces)})
@@ -453,6 +453,10 @@ class LowerBackwardPass(ModulePass):
     # for sm_90 (bounded KDA, chunks of 16) ptxas gives them 190 registers without stack at 255;
     # 128 fits two 8-warp programs on an SM for 24 B of stack
     value_blocks_maxnreg: int = 255
+    # the gradients kernels' warps (0: twice num-warps). Offline for sm_90 (bench/sm90_resources.py,
+    # bounded KDA, chunks of 16) 16 warps hold the kernel in 128 registers (200 B of stack), twice
+    # the warps of 8 at 255 registers, one program an SM either way
+    gradients_warps: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.gradients_forward not in GRADIENTS_FORWARD:
@@ -472,13 +476,15 @@ class LowerBackwardPass(ModulePass):
                              f"got {self.gradients_split!r}")
         check_power_of_two(self.name, "block-v", self.block_v)
         check_num_warps(self.name, self.num_warps)
+        if self.gradients_warps:
+            check_num_warps(self.name, self.gradients_warps, "gradients-warps")
         for schedule in [o for o in op.walk() if isinstance(o, k3s.ChunkedBackwardOp)]:
             entry = schedule.parent_op()
             workspaces, kernels = lower_backward(entry.layer(), schedule, entry_values(entry),
                                                  self.block_v, self.num_warps, self.scan_stages, self.state_spill,
                                                  self.gradients_maxnreg, self.gradients_forward,
                                                  self.scan_values == "spill", self.gradients_split,
-                                                 self.value_blocks_maxnreg)
+                                                 self.value_blocks_maxnreg, self.gradients_warps)
             Rewriter.insert_op([*workspaces, *kernels], InsertPoint.before(schedule))
             schedule.detach()
             schedule.erase()

@@ -88,6 +88,7 @@ BACKWARD_SEARCH_SPACE: tuple[Choice, ...] = (
     Choice("lower-backward", "gradients-forward", ("recompute", "reload"), launch_only=False),
     Choice("lower-backward", "num-warps", (4, 2), launch_only=True),
     Choice("lower-backward", "block-v", (64, 32), launch_only=True),
+    Choice("lower-backward", "gradients-warps", (0, 16), launch_only=True),  # 0: twice num-warps
 )
 
 # The context-parallel stage after the search (a module with chunk_segments): the winner's launch
