@@ -194,8 +194,7 @@ class LhsTransposeDropped(adjoint_rules.Emitter):
         vars(self).update(vars(e))
         self.dropped = 0
 
-    def dot(self, a, b, transpose_lhs: bool = False, transpose_rhs: bool = False, accurate: bool = False,
-            name: str | None = None):
+    def dot(self, a, b, transpose_lhs=False, transpose_rhs=False, accurate=False, name=None):
         self.dropped += transpose_lhs
         return super().dot(a, b, transpose_rhs=transpose_rhs, accurate=accurate, name=name)
 
