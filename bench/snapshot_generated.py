@@ -1,7 +1,8 @@
 """Print every example spec's Triton module under a set of pipelines into a folder, to compare a
 refactor's output with the tree before it: `python3 bench/snapshot_generated.py DIR`, then
 `python3 bench/snapshot_generated.py --compare DIR_BEFORE DIR_AFTER` (byte-identical, else the
-modules' ASTs compared without docstrings and comments; --rename also ignores local names)."""
+modules' ASTs compared without docstrings and comments; --rename also ignores local names,
+each top-level function's on its own)."""
 
 from __future__ import annotations
 
@@ -60,22 +61,45 @@ def snapshot(out: Path) -> None:
 
 
 class Normalise(ast.NodeTransformer):
-    """Docstrings dropped; with rename, every local name replaced by its order of appearance."""
+    """Docstrings dropped; with rename, every local name replaced by its order of appearance: a
+    name the pattern takes (registers, indices), and a name a function binds (a parameter, an
+    assignment's target, such as a workspace named after the value it holds). Each top-level
+    function numbers its names afresh (`normalised`), so two kernels may name one value alike."""
 
-    def __init__(self, rename: bool):
-        self.rename, self.names = rename, {}
+    def __init__(self, rename: bool, bound: set[str] = frozenset()):
+        self.rename, self.names, self.bound = rename, {}, bound
 
     def visit_Expr(self, node):
-        return None if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str) else node
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return None
+        return self.generic_visit(node)  # a statement's names too (a tl.store's operands)
+
+    def local(self, name: str) -> str:
+        if self.rename and (name in self.bound or re.match(r"^[a-z]_|^[A-Za-z]+\d+$|_\d+$", name)):
+            return self.names.setdefault(name, f"v{len(self.names)}")
+        return name
 
     def visit_Name(self, node):
-        if self.rename and re.match(r"^[a-z]_|^[A-Za-z]+\d+$|_\d+$", node.id):
-            node.id = self.names.setdefault(node.id, f"v{len(self.names)}")
+        node.id = self.local(node.id)
+        return node
+
+    def visit_arg(self, node):
+        self.generic_visit(node)
+        node.arg = self.local(node.arg)
         return node
 
 
+def bound_names(node: ast.AST) -> set[str]:
+    """The names a top-level function binds: its (and its lambdas') parameters and what it assigns."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set()
+    return {n.arg for n in ast.walk(node) if isinstance(n, ast.arg)} | \
+        {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
 def normalised(source: str, rename: bool) -> str:
-    return ast.dump(Normalise(rename).visit(ast.parse(source)))
+    nodes = (Normalise(rename, bound_names(node)).visit(node) for node in ast.parse(source).body)
+    return "\n".join(ast.dump(node) for node in nodes if node is not None)
 
 
 def compare(before: Path, after: Path, rename: bool) -> int:

@@ -47,20 +47,32 @@ def adjoint(op_type: type) -> Callable:
     return register
 
 
+def result_name(op: Operation) -> str:
+    """The name of the forward value an op makes (`A`, `P`, `KG`), which the names of the values
+    its rule emits start with: two ops of one kind (the key and the query Gram) name theirs apart."""
+    return op.results[0].name_hint or op.name.split(".")[-1]
+
+
 class Emitter:
     """Appends stages to a block, reading forward values through `primal` (a forward value ->
-    the value the backward schedule holds for it: its recomputation)."""
+    the value the backward schedule holds for it: its recomputation).
 
-    def __init__(self, block: Block, primal: dict[SSAValue, SSAValue], names: Counter) -> None:
+    Every value a rule emits is named (the printer's registers) after the value it holds, from
+    the names of the op's values: `P_bar_masked`, `A_unscaled_bar`, `KG_bar_times_KG`,
+    `minus_S_bar_from_vr`; a rule passes `name=` for each value it keeps, and what it returns as
+    an operand's cotangent is renamed by derive-backward (`k_bar_from_P`). A name already in the
+    block gets a counter (a value the rule makes again, such as the recomputed `A_unscaled` or
+    `T_inverse`, which cse then makes once; xDSL drops a name's `_<digits>` ending)."""
+
+    def __init__(self, block: Block, primal: dict[SSAValue, SSAValue]) -> None:
         self.block = block
         self.primal = primal
-        self.names = names  # shared by a backward's emitters: how often each name was given
+        self.names = Counter(r.name_hint for op in block.ops for r in op.results if r.name_hint)
         self.rule = "backward"  # the adjoint rule emitting now (accumulate_adjoints sets it)
 
     def name(self, op_type: type) -> str:
-        """Every value is named (the printer's registers) after the rule that makes it and its op's
-        kind, e.g. `state_advance_reduce_sum`; a second one of the same name gets a 2 (xDSL drops
-        a name's `_<digits>` ending)."""
+        """The name of a value no rule names: one it returns as a cotangent, which derive-backward
+        renames after the operand it is the cotangent of."""
         return self.fresh(f"{self.rule}_{op_type.name.split('.')[-1]}")
 
     def fresh(self, base: str) -> str:
@@ -71,53 +83,55 @@ class Emitter:
         return self.primal.get(value, value)  # an entry's argument is itself
 
     def emit(self, op_type: type, operands: list, result_type: Attribute, name: str | None = None, **props) -> SSAValue:
-        op = make(op_type, operands=operands, result=(name or self.name(op_type), result_type), **props)
+        op = make(op_type, operands=operands, result=(self.fresh(name) if name else self.name(op_type), result_type),
+                  **props)
         self.block.add_op(op)
         return op.results[0]
 
     def like(self, op_type: type, operands: list, like: SSAValue, name: str | None = None, **props) -> SSAValue:
         return self.emit(op_type, operands, like.type, name, **props)
 
-    def clone(self, op: Operation, operands: list[SSAValue], **props) -> SSAValue:
+    def clone(self, op: Operation, operands: list[SSAValue], name: str | None = None, **props) -> SSAValue:
         """A forward stage again, on other operands (a linear stage applied to a cotangent)."""
         new = op.create(operands=operands, properties={**op.properties, **{k: v for k, v in props.items()}},
                         result_types=[r.type for r in op.results])
-        return self.add_op(new, type(op))
+        return self.add_op(new, type(op), name)
 
-    def add_op(self, new: Operation, kind: type) -> SSAValue:
-        """A stage made elsewhere, added and its result named as a `kind` of this rule."""
+    def add_op(self, new: Operation, kind: type, name: str | None = None) -> SSAValue:
+        """A stage made elsewhere, added and its result named `name` (else as a `kind` of this rule)."""
         self.block.add_op(new)
-        new.results[0].name_hint = self.name(kind)
+        new.results[0].name_hint = self.fresh(name) if name else self.name(kind)
         return new.results[0]
 
     # tile algebra
-    def add(self, a, b):
-        return self.like(k3s.AddOp, [a, b], a)
+    def add(self, a, b, name: str | None = None):
+        return self.like(k3s.AddOp, [a, b], a, name)
 
-    def sub(self, a, b):
-        return self.like(k3s.SubOp, [a, b], a)
+    def sub(self, a, b, name: str | None = None):
+        return self.like(k3s.SubOp, [a, b], a, name)
 
-    def mul(self, a, b):
-        return self.like(k3s.MulOp, [a, b], a)
+    def mul(self, a, b, name: str | None = None):
+        return self.like(k3s.MulOp, [a, b], a, name)
 
-    def neg(self, a):
-        return self.like(k3s.NegOp, [a], a)
+    def neg(self, a, name: str | None = None):
+        return self.like(k3s.NegOp, [a], a, name)
 
-    def dot(self, a, b, transpose_lhs: bool = False, transpose_rhs: bool = False, accurate: bool = False):
+    def dot(self, a, b, transpose_lhs: bool = False, transpose_rhs: bool = False, accurate: bool = False,
+            name: str | None = None):
         lhs, rhs = k3s.tile_dims(a), k3s.tile_dims(b)
         rows = lhs[-1] if transpose_lhs else lhs[0]
         cols = rhs[0] if transpose_rhs else rhs[-1]
         flags = {name: True for name, on in (("transpose_lhs", transpose_lhs), ("transpose_rhs", transpose_rhs),
                                              ("accurate", accurate)) if on}
-        return self.emit(k3s.DotOp, [a, b], k3s.tile(rows, cols), **flags)
+        return self.emit(k3s.DotOp, [a, b], k3s.tile(rows, cols), name, **flags)
 
-    def scale(self, a, factor, along: str):
-        return self.like(k3s.ScaleOp, [a, factor], a, along=along)
+    def scale(self, a, factor, along: str, name: str | None = None):
+        return self.like(k3s.ScaleOp, [a, factor], a, name, along=along)
 
-    def reduce_sum(self, a, along: str):
+    def reduce_sum(self, a, along: str, name: str | None = None):
         dims = k3s.tile_dims(a)
         return self.emit(k3s.ReduceSumOp, [a], k3s.tile(*{"rows": dims[:1], "columns": dims[-1:], "all": ()}[along]),
-                         along=along)
+                         name, along=along)
 
 
 def gate_scale_along(gate: str) -> str:
@@ -128,13 +142,13 @@ def gate_scale_along(gate: str) -> str:
 def gate_cotangent(e: Emitter, product: SSAValue, gate: str) -> SSAValue:
     """The cotangent of a gate from the elementwise product (cotangent * value) of a <C x K> tile
     it decays: per channel as is, a scalar gate's summed over the channels."""
-    return product if gate == "channel" else e.reduce_sum(product, "rows")
+    return product if gate == "channel" else e.reduce_sum(product, "rows", f"{product.name_hint}_summed")
 
 
 @adjoint(k3s.ChunkOutputOp)
 def chunk_output(e: Emitter, op: k3s.ChunkOutputOp, o_bar):
     """o = scale (Q' S + P V')."""
-    os_bar = e.scale(o_bar, e(op.scale), "all")
+    os_bar = e.scale(o_bar, e(op.scale), "all", f"{result_name(op)}_bar_scaled")
     return {op.queries: e.dot(os_bar, e(op.state), transpose_rhs=True),
             op.state: e.dot(e(op.queries), os_bar, transpose_lhs=True),
             op.scores: e.dot(os_bar, e(op.values), transpose_rhs=True),
@@ -148,15 +162,18 @@ def state_advance(e: Emitter, op: k3s.StateAdvanceOp, S_bar):
     if op.decay is None:
         return {op.state: S_bar, **cot}
     along = gate_scale_along(op.gate.data)
-    decay_bar = e.reduce_sum(e.mul(S_bar, e(op.state)), along)
+    decay_bar = e.reduce_sum(e.mul(S_bar, e(op.state), f"{result_name(op)}_bar_times_{op.state.name_hint}"), along)
     return {op.state: e.scale(S_bar, e(op.decay), along), **cot, op.decay: decay_bar}
 
 
 @adjoint(k3s.DeltaResidualOp)
 def delta_residual(e: Emitter, op: k3s.DeltaResidualOp, vr_bar):
     """vr = U - W S."""
-    cot = {op.state: e.neg(e.dot(e(op.keys_factor), vr_bar, transpose_lhs=True)),
-           op.keys_factor: e.neg(e.dot(vr_bar, e(op.state), transpose_rhs=True))}
+    vr = result_name(op)
+    cot = {op.state: e.neg(e.dot(e(op.keys_factor), vr_bar, transpose_lhs=True,
+                                 name=f"minus_{op.state.name_hint}_bar_from_{vr}")),
+           op.keys_factor: e.neg(e.dot(vr_bar, e(op.state), transpose_rhs=True,
+                                       name=f"minus_{op.keys_factor.name_hint}_bar_from_{vr}"))}
     return {**cot, op.values_factor: vr_bar} if op.values_factor is not None else cot
 
 
@@ -170,12 +187,13 @@ def chunk_decay(e: Emitter, op: k3s.ChunkDecayOp, decay_bar):
 def gate_apply(e: Emitter, op: k3s.GateApplyOp, decayed_bar):
     """QG = Q exp(G) (anchor start); KG = K exp(G_C - G) (end): linear in the rows, whose
     cotangent is the same decay applied to the result's."""
-    gate = op.gate.data
+    gate, decayed = op.gate.data, result_name(op)
     rows_bar = e.clone(op, [decayed_bar, *(e(v) for v in op.operands[1:])])
-    product = gate_cotangent(e, e.mul(decayed_bar, e(op.decayed)), gate)
+    times_decayed = e.mul(decayed_bar, e(op.decayed), f"{decayed}_bar_times_{decayed}")
+    product = gate_cotangent(e, times_decayed, gate)
     if op.anchor.data == "start":
         return {op.rows: rows_bar, op.cumulative_gate: product}
-    total_bar = e.reduce_sum(e.mul(decayed_bar, e(op.decayed)), "columns" if gate == "channel" else "all")
+    total_bar = e.reduce_sum(times_decayed, "columns" if gate == "channel" else "all")
     return {op.rows: rows_bar, op.cumulative_gate: e.neg(product), op.total: total_bar}
 
 
@@ -194,17 +212,19 @@ def gate_cumsum(e: Emitter, op: k3s.GateCumsumOp, G_bar):
 @adjoint(k3s.WYApplyOp)
 def wy_apply(e: Emitter, op: k3s.WYApplyOp, factor_bar):
     """W = T (K exp(G)); U = T V."""
-    gated = op.cumulative_gate is not None
+    gated, factor = op.cumulative_gate is not None, result_name(op)
     rows = e(op.rows)
     if gated:  # the rows as T multiplies them: K exp(G), the decay applied since the chunk's start
-        rows = e.emit(k3s.GateApplyOp, [rows, e(op.cumulative_gate)], rows.type, anchor="start", gate=op.gate.data)
-    applied_bar = e.dot(e(op.transform), factor_bar, transpose_lhs=True)
+        rows = e.emit(k3s.GateApplyOp, [rows, e(op.cumulative_gate)], rows.type, f"{factor}_rows", anchor="start",
+                      gate=op.gate.data)
+    applied_bar = e.dot(e(op.transform), factor_bar, transpose_lhs=True, name=f"{factor}_bar_on_rows")
     cot = {op.transform: e.dot(factor_bar, rows, transpose_rhs=True)}
     if not gated:
         return {**cot, op.rows: applied_bar}
     rows_bar = e.emit(k3s.GateApplyOp, [applied_bar, e(op.cumulative_gate)], applied_bar.type, anchor="start",
                       gate=op.gate.data)
-    return {**cot, op.rows: rows_bar, op.cumulative_gate: gate_cotangent(e, e.mul(applied_bar, rows), op.gate.data)}
+    product = e.mul(applied_bar, rows, f"{factor}_bar_on_rows_times_rows")
+    return {**cot, op.rows: rows_bar, op.cumulative_gate: gate_cotangent(e, product, op.gate.data)}
 
 
 @unscaled_form(k3s.ForwardSubstitutionOp)
@@ -222,9 +242,11 @@ def forward_substitution(e: Emitter, op: k3s.ForwardSubstitutionOp, T_bar):
     solve reads (the lower triangle and diagonal), beta_bar = diag(Y). Y is a product with the
     inverse the recomputed T is made of (derive-backward's recompute holds it as a value), not a
     substitution row after row; `accurate` (at least tf32), since diag(Y) is beta's cotangent as it is."""
-    inverse = e.like(k3s.UnitLowerInverseOp, [e(op.gram)], T_bar, block=op.block)
-    Y = e.dot(inverse, T_bar, transpose_lhs=True, accurate=True)
-    A_bar = e.like(k3s.MaskOp, [e.neg(e.dot(Y, e(op.results[0]), transpose_rhs=True))], T_bar, mask="inclusive")
+    T, A = result_name(op), op.gram.name_hint
+    inverse = e.like(k3s.UnitLowerInverseOp, [e(op.gram)], T_bar, f"{T}_inverse", block=op.block)
+    Y = e.dot(inverse, T_bar, transpose_lhs=True, accurate=True, name=f"{T}_bar_solved")
+    minus_unmasked = e.dot(Y, e(op.results[0]), transpose_rhs=True, name=f"minus_{A}_bar_unmasked")
+    A_bar = e.like(k3s.MaskOp, [e.neg(minus_unmasked, f"{A}_bar_unmasked")], T_bar, mask="inclusive")
     return {op.gram: A_bar, op.beta: e.emit(k3s.DiagonalOp, [Y], e(op.beta).type)}
 
 
@@ -244,31 +266,34 @@ def gram(e: Emitter, op: k3s.GramOp, gram_bar):
     """M = Mask(sum_c L_ic K_jc exp(G_ic - G_jc)), A = Diag(beta) M: the cotangent of M, masked
     as M is, is contracted against the keys (for L) and the rows (for the keys) under the same
     decays; G's is the rows' side minus the keys'."""
-    gate = op.gate.data
+    gate, A = op.gate.data, result_name(op)  # A: the Gram's name, `A` (the keys') or `P` (the queries')
     lhs, keys = e(op.lhs), e(op.keys)
-    M_bar = e.like(k3s.MaskOp, [gram_bar], gram_bar, mask=op.mask.data)
+    M_bar = e.like(k3s.MaskOp, [gram_bar], gram_bar, f"{A}_bar_masked", mask=op.mask.data)
     cot = {}
     unscaled = None
     if op.row_scale is not None or gate == "scalar":  # M itself: the Gram without beta's rows
-        unscaled = e.add_op(op.rebuilt(e, row_scale=None, beta=False), type(op))
+        unscaled = e.add_op(op.rebuilt(e, row_scale=None, beta=False), type(op), f"{A}_unscaled")
     if op.row_scale is not None:
-        cot[op.row_scale] = e.reduce_sum(e.mul(gram_bar, unscaled), "rows")
-        M_bar = e.scale(M_bar, e(op.row_scale), "rows")
+        cot[op.row_scale] = e.reduce_sum(e.mul(gram_bar, unscaled, f"{A}_bar_times_unscaled"), "rows")
+        M_bar = e.scale(M_bar, e(op.row_scale), "rows", f"{A}_unscaled_bar")
+    on_rows, on_keys = f"{A}_bar_on_rows", f"{A}_bar_on_keys"  # M_bar contracted to the lhs's side, the keys'
     if gate == "none":
-        lhs_bar, keys_bar = e.dot(M_bar, keys), e.dot(M_bar, lhs, transpose_lhs=True)
+        lhs_bar, keys_bar = e.dot(M_bar, keys, name=on_rows), e.dot(M_bar, lhs, transpose_lhs=True, name=on_keys)
     elif gate == "scalar":
-        decays = e.like(k3s.PairDecayOp, [e(op.cumulative_gate)], gram_bar, mask=op.mask.data)
-        Z = e.mul(M_bar, decays)
-        lhs_bar, keys_bar = e.dot(Z, keys), e.dot(Z, lhs, transpose_lhs=True)
-        weighted = e.mul(M_bar, unscaled)
-        cot[op.cumulative_gate] = e.sub(e.reduce_sum(weighted, "rows"), e.reduce_sum(weighted, "columns"))
+        decays = e.like(k3s.PairDecayOp, [e(op.cumulative_gate)], gram_bar, f"{A}_pair_decays", mask=op.mask.data)
+        Z = e.mul(M_bar, decays, f"{A}_unscaled_bar_decayed")
+        lhs_bar, keys_bar = e.dot(Z, keys, name=on_rows), e.dot(Z, lhs, transpose_lhs=True, name=on_keys)
+        weighted = e.mul(M_bar, unscaled, f"{A}_unscaled_bar_times_unscaled")
+        cot[op.cumulative_gate] = e.sub(e.reduce_sum(weighted, "rows", f"{A}_G_bar_rows"),
+                                        e.reduce_sum(weighted, "columns", f"{A}_G_bar_keys"))
     else:
         # in the Gram's own diagonal form: factored only where its decays allow it
         G, guard = e(op.cumulative_gate), [e(op.factored_guard)] if op.factored_guard is not None else []
         form = op.diagonal.data
-        lhs_bar = e.like(k3s.GatedContractionOp, [M_bar, keys, G, *guard], lhs, side="rows", form=form)
-        keys_bar = e.like(k3s.GatedContractionOp, [M_bar, lhs, G, *guard], keys, side="keys", form=form)
-        cot[op.cumulative_gate] = e.sub(e.mul(lhs_bar, lhs), e.mul(keys_bar, keys))
+        lhs_bar = e.like(k3s.GatedContractionOp, [M_bar, keys, G, *guard], lhs, on_rows, side="rows", form=form)
+        keys_bar = e.like(k3s.GatedContractionOp, [M_bar, lhs, G, *guard], keys, on_keys, side="keys", form=form)
+        cot[op.cumulative_gate] = e.sub(e.mul(lhs_bar, lhs, f"{A}_G_bar_rows"),
+                                        e.mul(keys_bar, keys, f"{A}_G_bar_keys"))
     if op.lhs is op.keys:  # the key Gram: both sides are k
         return {**cot, op.lhs: e.add(lhs_bar, keys_bar)}
     return {**cot, op.lhs: lhs_bar, op.keys: keys_bar}

@@ -18,7 +18,6 @@ exact arithmetic.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -30,7 +29,7 @@ from xdsl.transforms.common_subexpression_elimination import cse
 
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
-from k3compile.passes.adjoint_rules import ADJOINT_RULES, UNSCALED_FORMS, Emitter
+from k3compile.passes.adjoint_rules import ADJOINT_RULES, UNSCALED_FORMS, Emitter, result_name
 from k3compile.passes.common import add_entries, argument_values, make, recurrence_arguments, tensor_arg
 from k3compile.passes.derive_chunkwise import check_schedule_options, chunkwise_schedule
 
@@ -86,7 +85,9 @@ def made_here(operand: SSAValue, contribution: SSAValue) -> bool:
 
 def accumulate_adjoints(ops: list[Operation], e: Emitter, cotangents: dict[SSAValue, SSAValue]) -> None:
     """Walk ops in reverse: each op with a cotangent on its result gets its rule applied, and
-    what the rule returns adds to its operands' cotangents. Loads end the walk."""
+    what the rule returns adds to its operands' cotangents, each part named after the operand and
+    the value it came through (`k_bar_from_P`: k's part through the query Gram P), the sum
+    `k_bar`. Loads end the walk."""
     for op in reversed(ops):
         if op.has_trait(IsTerminator) or isinstance(op, LOADS):
             continue
@@ -100,7 +101,7 @@ def accumulate_adjoints(ops: list[Operation], e: Emitter, cotangents: dict[SSAVa
         for operand, contribution in rule(e, op, *results).items():
             if operand in cotangents:
                 if made_here(operand, contribution):  # this rule's part of operand's cotangent
-                    contribution.name_hint = e.fresh(f"{operand.name_hint}_bar_from_{e.rule}")
+                    contribution.name_hint = e.fresh(f"{operand.name_hint}_bar_from_{result_name(op)}")
                 contribution = e.add(cotangents[operand], contribution)
             if made_here(operand, contribution):
                 contribution.name_hint = f"{operand.name_hint}_bar"  # the accumulated cotangent of operand
@@ -179,8 +180,7 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
     cotangent_block = Block(arg_types=[S.type])
     cotangent_block.args[0].name_hint = "S_bar"
     chain = {leaving: cotangent_block.args[0], output.output: o_bar.results[0]}
-    names = Counter()
-    accumulate_adjoints(scan_stages, Emitter(cotangent_block, on_state, names), chain)
+    accumulate_adjoints(scan_stages, Emitter(cotangent_block, on_state), chain)
     cotangent_block.add_op(make(k3s.NextChunkOp, operands=[chain[S]]))
     remove_dead_stages(cotangent_block)
     cotangent_scan = make(k3s.CotangentScanOp, cotangent_block, operands=[values["dht"], values["dh0"]],
@@ -189,7 +189,7 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
 
     # chunk-local from here: the scan's adjoints on S and the cotangent of the state left, then
     # the local stages' in reverse, down to the loads
-    e = Emitter(body, on_state, names)
+    e = Emitter(body, on_state)
     cotangents = {leaving: cotangent_scan.results[0], output.output: o_bar.results[0]}
     accumulate_adjoints([*scan_stages, terminator], e, cotangents)
     accumulate_adjoints(local, e, cotangents)

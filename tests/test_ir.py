@@ -303,6 +303,26 @@ def test_a_guards_value_read_outside_it_is_refused():
         module.verify()
 
 
+def test_a_when_of_a_flag_its_kernel_does_not_declare_fails_verify():
+    """`k3s.when <flag = ...>` refers to a flag its kernel declares: a pass that misspells it gets
+    a one-line VerifyException from verify() naming the flag and the kernel's flags, not an error
+    of the printer (in text: tests/filecheck/verify/when_guard.mlir, MISSPELT)."""
+    from xdsl.dialects.builtin import StringAttr
+    from xdsl.utils.exceptions import VerifyException
+
+    from k3compile.ir import k3s
+
+    text = (Path(__file__).parent / "filecheck" / "verify" / "when_guard.mlir").read_text()
+    module = Parser(make_context(), text).parse_module()
+    when = next(op for op in module.walk() if isinstance(op, k3s.WhenOp))
+    assert when.kernel().sym_name.data == "prepare" and when.is_on() is False
+    when.flag = StringAttr("SPIL_P")
+    with pytest.raises(VerifyException) as refused:
+        module.verify()
+    assert str(refused.value) == ("k3s.when <flag = SPIL_P>: its kernel @prepare declares no flag SPIL_P "
+                                  "(its flags: SPILL_P)")
+
+
 # --- references and grids as typed attributes (issue 39, item 3) -------------------------------
 
 

@@ -189,9 +189,9 @@ class LhsTransposeDropped(adjoint_rules.Emitter):
         vars(self).update(vars(e))
         self.dropped = 0
 
-    def dot(self, a, b, transpose_lhs: bool = False, transpose_rhs: bool = False):
+    def dot(self, a, b, transpose_lhs=False, transpose_rhs=False, accurate=False, name=None):
         self.dropped += transpose_lhs
-        return super().dot(a, b, transpose_rhs=transpose_rhs)
+        return super().dot(a, b, transpose_rhs=transpose_rhs, accurate=accurate, name=name)
 
     def like(self, op_type, operands, like, name=None, **props):
         """A channel Gram's keys side (the contraction over its rows, M_bar^T) taken as its rows side."""

@@ -500,6 +500,22 @@ class StateAdvanceOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: gamma_C is an operand exactly when gate is not none")
 
 
+@irdl_op_definition
+class CacheUpdateOp(KeywordSyntax):
+    """`k3s.cache_update %cache, %k, %u, %g`: cache the token's k, its gate and the update u it
+    wrote (u = beta (v - S^T k) with the delta rule, v without) in the entry's cache: what a replay
+    needs instead of the state itself. In a chunk (the chunked verify) it caches every row of the
+    chunk, u the rows of vr = U - W S (the delta rule) or of v."""
+
+    name = "k3s.cache_update"
+    gate = prop_def(GateAttr)
+    cache = operand_def(TensorType)  # the entry's cache it writes (spec_step's verify: next_cache)
+    # k, u (per token: beta (v - S^T k) or v; per chunk: vr or v) and, with a gate, the log-gate g
+    rows = var_operand_def(TileType)
+    # a token loop's (token.py, which this module builds on) or a chunk scan's
+    traits = traits_def(HasParent(TokenLoopOp, ChunkScanOp, ChunkLoopOp))
+
+
 CHUNK_STAGES = [
     ChunkedOp,
     ChunkScanOp,

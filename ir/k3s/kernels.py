@@ -242,6 +242,7 @@ class KernelOp(KeywordSyntax):
                 if not arg.uses:
                     raise VerifyException(f"{self.name} @{self.sym_name.data}: its argument %{arg.name_hint} is "
                                           "never used (a kernel's arguments are exactly what its stages read and write)")
+        # each k3s.when's flag is one of these (WhenOp.verify_), and each of these guards one
         guards = {op.flag.data for op in self.walk() if isinstance(op, WhenOp)}
         if guards != set(flags):
             raise VerifyException(f"{self.name} @{self.sym_name.data}: its flags {sorted(flags)} must be those its "
@@ -255,14 +256,23 @@ class WhenOp(KeywordSyntax):
     the program skips them. Kernels that run one code but need different spills (the chunk
     prepare and the summary prepare, guard-spill-only-stages) hold the stages only some need
     under one. It has no results, and its stages' values are read only inside it, so a launch
-    that skips them misses nothing else."""
+    that skips them misses nothing else. `flag` refers to a flag its enclosing kernel declares,
+    looked up by the verifier: a misspelt one fails `verify()` in one line, not the printer."""
 
     name = "k3s.when"
     flag = prop_def(StringAttr)
     body = region_def("single_block")
     traits = traits_def(NoTerminator(), HasAncestor(KernelOp))
 
+    def kernel(self) -> KernelOp | None:
+        return HasAncestor(KernelOp).get_ancestor(self)
+
     def verify_(self) -> None:
+        kernel, flag = self.kernel(), self.flag.data
+        declared = {} if kernel is None or kernel.flags is None else kernel.flags.data
+        if kernel is not None and flag not in declared:
+            raise VerifyException(f"{self.name} <flag = {flag}>: its kernel @{kernel.sym_name.data} declares no flag "
+                                  f"{flag} (its flags: {', '.join(sorted(declared)) or 'none'})")
         for op in self.body.walk():
             for result in op.results:
                 if any(not self.is_ancestor(use.operation) for use in result.uses):
@@ -271,7 +281,7 @@ class WhenOp(KeywordSyntax):
 
     def is_on(self) -> bool:
         """Whether its kernel's launch runs its stages."""
-        return HasAncestor(KernelOp).get_ancestor(self).flag_on(self.flag.data)
+        return self.kernel().flag_on(self.flag.data)
 
 
 @irdl_op_definition

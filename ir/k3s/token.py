@@ -1,5 +1,6 @@
 """The recurrent (token-by-token) schedule's stages: the state tile, the token loop and its
-stages, and speculative decoding's verify cache, snapshot and replay."""
+stages, and speculative decoding's snapshot and replay (its verify cache, k3s.cache_update, which
+a chunk loop holds too, is in chunk.py: this module imports nothing of the chunk's)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
-    lazy_traits_def,
     operand_def,
     opt_operand_def,
     opt_prop_def,
@@ -151,22 +151,6 @@ class NextTokenOp(KeywordSyntax):
     name = "k3s.next_token"
     state = operand_def(TileType)
     traits = traits_def(IsTerminator(), HasParent(TokenLoopOp))
-
-
-@irdl_op_definition
-class CacheUpdateOp(KeywordSyntax):
-    """`k3s.cache_update %cache, %k, %u, %g`: cache the token's k, its gate and the update u it
-    wrote (u = beta (v - S^T k) with the delta rule, v without) in the entry's cache: what a replay
-    needs instead of the state itself. In a chunk (the chunked verify) it caches every row of the
-    chunk, u the rows of vr = U - W S (the delta rule) or of v."""
-
-    name = "k3s.cache_update"
-    gate = prop_def(GateAttr)
-    cache = operand_def(TensorType)  # the entry's cache it writes (spec_step's verify: next_cache)
-    # k, u (per token: beta (v - S^T k) or v; per chunk: vr or v) and, with a gate, the log-gate g
-    rows = var_operand_def(TileType)
-    # lazy: the chunk regions are defined in chunk.py, which builds on this module
-    traits = lazy_traits_def(lambda: (HasParent(TokenLoopOp, *chunk_scans()),))
 
 
 @irdl_op_definition
@@ -340,8 +324,3 @@ def in_pool(op) -> bool:
     property names)."""
     return op.home is not None
 
-
-def chunk_scans() -> tuple[type, ...]:
-    from k3compile.ir.k3s.chunk import ChunkLoopOp, ChunkScanOp
-
-    return ChunkScanOp, ChunkLoopOp

@@ -25,7 +25,7 @@
 // CHECK:       k3s.kernel @kda_backward_value_blocks <grid = [chunk, value_head, value_block], num_warps = 8, maxnreg = 255> {
 // CHECK:         k3s.exit_unless %factorable <holds = true>
 // CHECK:         %T = k3s.scale %T_inverse, %beta_1 <along = columns>
-// CHECK-NEXT:    %KG_bar, %gamma_C_bar, %QG_bar, %P_bar, %[[W:[a-z_0-9]+]], %T_bar = k3s.value_block_loop <block_v = 64> {
+// CHECK-NEXT:    %KG_bar, %gamma_C_bar, %QG_bar, %P_bar, %[[W:[A-Za-z_0-9]+]], %T_bar = k3s.value_block_loop <block_v = 64> {
 // CHECK:           %S_1 = k3s.reload %S
 // CHECK:           %v_bar = k3s.dot %T, %vr_bar_1 <transpose_lhs = true>
 // CHECK:           k3s.store_cotangent %v_bar, %dv, %v <of = v>

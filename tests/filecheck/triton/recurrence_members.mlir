@@ -117,7 +117,7 @@
 // ALL:       b_S_bar = tl.load(S_bar + {{.*}}o_v[None, :]
 // ALL:       k3s.sum_value_blocks
 // KDA:       _mm_accurate(tl.trans(b_T_inverse), b_T_bar{{[_0-9]*}}, DOT)
-// KDA:       k3s.gated_contraction %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %G <side = rows, form = factored>
+// KDA:       k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %G <side = rows, form = factored>
 // KDA-NOT:   for j in range(0, BC):
 // An unbounded channel gate's guarded forms, split: the chunks whose span check holds factored in
 // the kernel above, the others elementwise in its twin.
@@ -129,12 +129,12 @@
 // KDA-NEXT:  k3s.exit_unless %factorable <holds = false>
 // KDA-NEXT:  if b_factorable:
 // KDA-NEXT:      return
-// KDA:       k3s.gated_contraction %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %G <side = rows, form = elementwise>
+// KDA:       k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %G <side = rows, form = elementwise>
 // KDA-NEXT:  = tl.zeros([BC, BK], dtype=tl.float32)
 // KDA-NEXT:  for j in range(0, BC):
-// GDN:       k3s.mul %{{[a-z_0-9]+}}, %{{[a-z_0-9]*}}pair_decay
+// GDN:       k3s.mul %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]*}}pair_decays
 // DN-NOT:    k3s.gated_contraction
-// ALL:       k3s.store_cotangent %{{[a-z_0-9]+}}, %dq, %q
+// ALL:       k3s.store_cotangent %{{[A-Za-z_0-9]+}}, %dq, %q
 // ALL-LABEL: def _chunk_backward_single(q, k, v,
 // The backward of context parallelism (derive-segment-scan-backward): chunk_backward's kernels but one,
 // the cotangent scan from zero storing N_bar, and two host steps: the combine and its adjoint.
