@@ -49,12 +49,13 @@ def grads_of(step, inputs):
     return loss.detach(), [x.grad for x in leaves]
 
 
-@pytest.mark.parametrize("save_forward", [False, True], ids=["recompute", "save_forward"])
-def test_chunk_custom_op_passes_opcheck(save_forward):
+@pytest.mark.parametrize("save_forward, window", [(False, 0), (True, 0), (False, 16)],
+                         ids=["recompute", "save_forward", "windows"])
+def test_chunk_custom_op_passes_opcheck(save_forward, window):
     q, k, v, g, beta, h0 = kda_inputs()
     op = chunk_operator(LayerKey("kda", H, H, K, V, qk_l2norm=True))
     args = tuple(x.requires_grad_() for x in (q, k, v, g, beta)) + (None, None, h0.requires_grad_(), None, K ** -0.5,
-                                                                    True, save_forward)
+                                                                    True, save_forward, window)
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                                 "test_aot_dispatch_dynamic"))
 
@@ -206,7 +207,7 @@ def test_backward_fake_gives_the_kernels_dtypes(group):
     g = F.logsigmoid(torch.randn(B, T, H * group, K, generator=gen))
     beta = torch.rand(B, T, H * group, generator=gen).bfloat16()
     h0, do = torch.randn(B, H * group, K, V, generator=gen), torch.randn(B, T, H * group, V, generator=gen).bfloat16()
-    args = (q, k, v, g, beta, None, None, h0, None, do, None, K ** -0.5, True, [])
+    args = (q, k, v, g, beta, None, None, h0, None, do, None, K ** -0.5, True, [], torch.empty(0), 0)
     real = backward(*args)
     with FakeTensorMode() as mode:
         fake = backward(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args))
@@ -238,3 +239,73 @@ def test_wide_key_gla_compiles_without_graph_breaks_and_matches_eager():
     for name, a, b in zip(("q", "k", "v", "g", "h0"), compiled_grads, eager_grads, strict=True):
         assert b is not None and torch.isfinite(b).all() and b.abs().sum() > 0, name
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("final_state", [True, False], ids=["final_state", "no_final_state"])
+def test_backward_in_windows_equals_the_whole_backward(monkeypatch, final_state):
+    """K3C_BACKWARD_WINDOW=16 on 50 tokens: chunk_backward runs on windows of 16, 16, 16, 2 tokens
+    from the forward's checkpoints, the last first (k3compile/ops/windows.py), and every gradient
+    (the in-kernel gate's A_log and dt_bias added up over the windows, q and k of grouped value
+    heads, dh0) equals the backward of the whole sequence."""
+    from k3compile.ops import autograd
+    from k3compile.ops.kda import chunk_kda
+
+    Bw, Tw, HV = 2, 50, 4
+    gen = torch.Generator().manual_seed(7)
+    tensors = dict(q=torch.randn(Bw, Tw, H, K, generator=gen), k=torch.randn(Bw, Tw, H, K, generator=gen),
+                   v=torch.randn(Bw, Tw, HV, V, generator=gen), g=torch.randn(Bw, Tw, HV, K, generator=gen),
+                   beta=torch.randn(Bw, Tw, HV, generator=gen), A_log=torch.randn(HV, generator=gen) * 0.3,
+                   dt_bias=torch.randn(HV * K, generator=gen) * 0.3, initial_state=torch.randn(Bw, HV, K, V, generator=gen))
+    cotangents = torch.randn(Bw, Tw, HV, V, generator=gen), torch.randn(Bw, HV, K, V, generator=gen)
+
+    def gradients() -> dict:
+        leaves = {n: x.clone().requires_grad_() for n, x in tensors.items()}
+        o, ht = chunk_kda(**leaves, output_final_state=final_state, use_qk_l2norm_in_kernel=True,
+                          use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+        torch.autograd.backward([o, ht] if final_state else [o], list(cotangents) if final_state else [cotangents[0]])
+        return {n: x.grad for n, x in leaves.items()}
+
+    whole = gradients()
+    calls = []
+    real = autograd.windowed_backward
+
+    def spying(entry, given, **options):  # the windows' lengths, as chunk_backward is called
+        def counted(**arguments):
+            calls.append(arguments["q"].shape[1])
+            return entry(**arguments)
+        return real(counted, given, **options)
+
+    monkeypatch.setattr(autograd, "windowed_backward", spying)
+    monkeypatch.setenv("K3C_BACKWARD_WINDOW", "16")
+    windowed = gradients()
+    assert calls == [2, 16, 16, 16], calls
+    for name, want in whole.items():
+        assert torch.allclose(windowed[name], want, rtol=1e-4, atol=1e-5), \
+            f"d{name}: max abs difference {(windowed[name] - want).abs().max():.3e}"
+
+
+@pytest.mark.parametrize("value", ["10", "0", "x"])
+def test_backward_window_of_whole_chunks_only(monkeypatch, value):
+    """K3C_BACKWARD_WINDOW must be whole chunks (16 here): anything else is a one-line ValueError
+    naming the variable, before any kernel runs."""
+    from k3compile.ops.kda import chunk_kda
+
+    monkeypatch.setenv("K3C_BACKWARD_WINDOW", value)
+    q, k, v, g, beta, h0 = (x.requires_grad_() for x in kda_inputs())
+    with pytest.raises(ValueError, match=r"^K3C_BACKWARD_WINDOW: expected a positive multiple of 16 tokens") as error:
+        chunk_kda(q, k, v, g, beta, initial_state=h0)
+    assert "\n" not in str(error.value)
+
+
+def test_workspace_bytes_count_the_per_chunk_states():
+    """A million tokens at H16, chunks of 16, bf16: chunk_backward's workspaces hold at least the
+    per-chunk state and its cotangent, 2 x 65,537 chunks x 16 x 128 x 128 x 2 bytes (64 GiB), which
+    is what ran the 80 GB H100 out of memory (bench/RESULTS.md, "A million tokens")."""
+    from k3compile.ops.layers import layer_module
+    from k3compile.ops.windows import workspace_bytes
+
+    module = layer_module(LayerKey("kda", 16, 16, 128, 128, qk_l2norm=True))
+    T = 1 << 20
+    states = 2 * (T // 16 + 1) * 16 * 128 * 128 * 2
+    got = workspace_bytes(module, "chunk_backward", {"B": 1, "T": T, "N": 1}, 2)
+    assert states <= got <= 2 * states, (got, states)

@@ -17,6 +17,7 @@ from functools import cache
 import torch
 
 from k3compile.ops.layers import LayerKey, layer_module
+from k3compile.ops.windows import backward_window, windowed_backward
 
 # the inputs of the chunk entry that have gradients, in the order chunk_backward returns theirs
 DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
@@ -43,47 +44,57 @@ def chunk_operator(key):
     @torch.library.custom_op(f"k3compile::chunk_{name}", mutates_args=())
     def chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor | None,
               A_log: torch.Tensor | None, dt_bias: torch.Tensor | None, initial_state: torch.Tensor | None,
-              cu_seqlens: torch.Tensor | None, scale: float, output_final_state: bool, save_forward: bool
-              ) -> list[torch.Tensor]:
-        """[o, final_state (empty unless asked for), what the forward saves for the backward (with
-        save_forward, where the module has a saving forward: save-forward-values)]."""
+              cu_seqlens: torch.Tensor | None, scale: float, output_final_state: bool, save_forward: bool,
+              window: int) -> list[torch.Tensor]:
+        """[o, final_state (empty unless asked for), the states at every window's end (a windowed
+        backward's, k3compile/ops/windows.py; empty for window 0), what the forward saves for the
+        backward (with save_forward, where the module has a saving forward: save-forward-values)]."""
         module = layer_module(key)
         entry = module.chunk_saving if save_forward and saves_forward(module) else module.chunk
-        o, final_state, *saved = entry(**inputs(q, k, v, g, beta, A_log, dt_bias), scale=scale,
-                                       initial_state=initial_state, output_final_state=output_final_state,
-                                       cu_seqlens=cu_seqlens)
-        return [o, _nothing(q) if final_state is None else final_state, *saved]
+        o, final_state, *rest = entry(**inputs(q, k, v, g, beta, A_log, dt_bias), scale=scale,
+                                      initial_state=initial_state, output_final_state=output_final_state,
+                                      cu_seqlens=cu_seqlens, **({"checkpoint_every": window} if window else {}))
+        checkpoints, saved = (rest[0], rest[1:]) if window else (_nothing(q), rest)
+        return [o, _nothing(q) if final_state is None else final_state, checkpoints, *saved]
 
     @chunk.register_fake
-    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state, save_forward):
+    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state, save_forward,
+          window):
         B, T, HV, V = v.shape
         N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        state = (N, HV, V, key.head_k_dim) if key.state_layout == "vk" else (N, HV, key.head_k_dim, V)
+        state = (HV, V, key.head_k_dim) if key.state_layout == "vk" else (HV, key.head_k_dim, V)
         module = layer_module(key)
         saved = saved_like(module, q, B, T, N) if save_forward and saves_forward(module) else []
-        return [v.new_empty(v.shape), q.new_empty(state, dtype=torch.float32) if output_final_state else _nothing(q),
-                *saved]
+        checkpoints = q.new_empty((N, T // window, *state), dtype=torch.float32) if window else _nothing(q)
+        return [v.new_empty(v.shape), q.new_empty((N, *state), dtype=torch.float32) if output_final_state
+                else _nothing(q), checkpoints, *saved]
 
     @torch.library.custom_op(f"k3compile::chunk_backward_{name}", mutates_args=())
     def chunk_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
                        beta: torch.Tensor | None, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
                        initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, do: torch.Tensor,
-                       dht: torch.Tensor | None, scale: float, output_dh0: bool, saved: list[torch.Tensor]
-                       ) -> list[torch.Tensor]:
+                       dht: torch.Tensor | None, scale: float, output_dh0: bool, saved: list[torch.Tensor],
+                       checkpoints: torch.Tensor, window: int) -> list[torch.Tensor]:
         """The gradient of each input of DIFFERENTIABLE (an empty tensor for one the layer does not
         read; dtypes as the fake below says), then dh0 (empty unless asked for). saved: what the
-        saving forward returned (chunk_backward_saved then skips its first kernel), or none."""
+        saving forward returned (chunk_backward_saved then skips its first kernel), or none.
+        window > 0: in windows of that many tokens from the forward's checkpoints (windows.py)."""
         given = inputs(q, k, v, g, beta, A_log, dt_bias)
         module = layer_module(key)
         entry, names = (module.chunk_backward_saved, saved_names(module)) if saved else (module.chunk_backward, [])
-        grads = entry(**given, **dict(zip(names, saved, strict=True)), scale=scale, initial_state=initial_state,
-                      cu_seqlens=cu_seqlens, do=do, dht=dht, output_dh0=output_dh0)
+        if window:
+            grads = windowed_backward(entry, given, scale=scale, initial_state=initial_state,
+                                      checkpoints=checkpoints, window=window, do=do, dht=dht, output_dh0=output_dh0)
+        else:
+            grads = entry(**given, **dict(zip(names, saved, strict=True)), scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens, do=do, dht=dht, output_dh0=output_dh0)
         read = iter(grads[:-1])
         by_name = {n: next(read) if given.get(n) is not None else _nothing(q) for n in DIFFERENTIABLE}
         return [*by_name.values(), _nothing(q) if grads[-1] is None else grads[-1]]
 
     @chunk_backward.register_fake
-    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do, dht, scale, output_dh0, saved):
+    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do, dht, scale, output_dh0, saved, checkpoints,
+          window):
         named = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
         # each gradient's dtype as the compiled entry declares it (derive-backward decides)
         declared = layer_module(key).OUTPUT_DTYPES["chunk_backward"]
@@ -94,20 +105,21 @@ def chunk_operator(key):
         return [*grads, dh0]
 
     def setup_context(ctx, inputs, output):
-        *tensors, scale, output_final_state, _ = inputs
-        ctx.save_for_backward(*tensors, *output[2:])
-        ctx.scale, ctx.output_final_state = scale, output_final_state
+        *tensors, scale, output_final_state, _, window = inputs
+        ctx.save_for_backward(*tensors, *output[2:])  # the inputs, the checkpoints, the saved values
+        ctx.scale, ctx.output_final_state, ctx.window = scale, output_final_state, window
 
     def backward(ctx, grads_of_outputs):
         do, dht = grads_of_outputs[:2]  # the saved values are not differentiated
-        (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens), saved = ctx.saved_tensors[:9], ctx.saved_tensors[9:]
+        (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens) = ctx.saved_tensors[:9]
+        checkpoints, saved = ctx.saved_tensors[9], ctx.saved_tensors[10:]
         wants_dh0 = initial_state is not None and ctx.needs_input_grad[7]
         grads = chunk_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do.contiguous(),
                                dht.contiguous() if ctx.output_final_state else None, ctx.scale, wants_dh0,
-                               list(saved))
+                               list(saved), checkpoints, ctx.window)
         primals = (q, k, v, g, beta, A_log, dt_bias)
         cast = [None if x is None else grad.to(x.dtype) for x, grad in zip(primals, grads[:-1], strict=True)]
-        return (*cast, grads[-1] if wants_dh0 else None, None, None, None, None)
+        return (*cast, grads[-1] if wants_dh0 else None, None, None, None, None, None)
 
     chunk.register_autograd(backward, setup_context=setup_context)
     return chunk
@@ -155,6 +167,9 @@ def run_chunk(key, tensors: dict, *, scale, initial_state, output_final_state, c
     would recompute (fla's disable_recompute; where the module has a saving forward)."""
     names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
     chunk = getattr(torch.ops.k3compile, operator_name(*astuple(key)))
+    q = tensors["q"]
+    window = backward_window(q.shape[0], q.shape[1], q.element_size(), str(q.device), cu_seqlens is not None,
+                             bool(save_forward), *astuple(key))
     o, final_state, *_ = chunk(*(tensors.get(n) for n in names), initial_state, cu_seqlens, float(scale),
-                               bool(output_final_state), bool(save_forward))
+                               bool(output_final_state), bool(save_forward), window)
     return o, final_state if output_final_state else None

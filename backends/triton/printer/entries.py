@@ -115,13 +115,18 @@ class Entries:
         shapes = {e.sym_name.data: {t.sym_name.data: t.type.pattern for t in EntryView(e).tensors
                                     if t.role.data in ("output", "optional_output")} for e in entries}
         nc_chunks = {e.sym_name.data: op.chunk_size.value.data for e in entries
-                     if any("NC" in t.type.dims for t in EntryView(e).tensors)
-                     for op in [next(o for o in k3s.walk_entry(e) if isinstance(o, k3s.ChunkTileOp))]}
+                     for op in [next((o for o in k3s.walk_entry(e) if isinstance(o, k3s.ChunkTileOp)), None)]
+                     if op is not None}
+        workspaces = {e.sym_name.data: {t.sym_name.data: [t.type.pattern, t.type.dtype_class]
+                                        for t in EntryView(e).tensors if t.role.data == "workspace"}
+                      for e in entries}
         c("", "", "# each entry's outputs and their dtypes (float: the inputs' floating dtype)",
           f"OUTPUT_DTYPES = {outputs!r}",
           "# ... and their shapes (the symbols of the schedule IR; NC = cdiv(B T, C) + N per-chunk slots,",
-          "# C the entry's chunk size in NC_CHUNK_SIZE)",
-          f"OUTPUT_SHAPES = {shapes!r}", f"NC_CHUNK_SIZE = {nc_chunks!r}")
+          "# C the entry's chunk size in NC_CHUNK_SIZE, which has every chunked entry's)",
+          f"OUTPUT_SHAPES = {shapes!r}", f"NC_CHUNK_SIZE = {nc_chunks!r}",
+          "# the workspaces each entry allocates, [shape, dtype] (k3compile.ops sizes a windowed backward by them)",
+          f"WORKSPACE_SHAPES = {workspaces!r}")
         exported = [e.sym_name.data for e in entries + choices] + ["pack_expert_weights"] * mxfp4
         c("", "", f"__all__ = {exported!r}")
         return c.text()
