@@ -30,6 +30,8 @@ REMOVED_DECISIONS = [
      r"BS=next_power_of_2"),
     ("a normalised chunk's rows converted to fp32 with the normalisation", "loads.py",
      r"\{target\} = \{target\}\.to\(tl\.float32\)\","),
+    ("a workspace's layout, as a hand-written per-token or per-chunk address", "chunk_stages.py",
+     r"\* HV \+ i_hv\) \* \{|start // BC \+ i_n\) \* HV|def spill_address|def value_block_part_address|SPILL_COLUMNS"),
 ]
 
 
@@ -61,7 +63,9 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
                   "k3s.forward_substitution %A, %beta_1 <block = 1, accurate = true, squarings = 3>",
                   "k3s.unit_lower_inverse %A <block = 1, accurate = true, squarings = 3>",
                   "k3s.load_token %q <dtype = fp32>", "k3s.load_chunk %v <dtype = input>",
-                  "k3s.value_block_loop <block_v = 64, unroll = true>"):
+                  "k3s.value_block_loop <block_v = 64, unroll = true>",
+                  "k3s.spill %KG, %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>",
+                  "k3s.reload %S <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>"):
         assert shown in out, shown
 
 

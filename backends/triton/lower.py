@@ -9,7 +9,10 @@ printer reads these choices off the IR rather than making them:
   the later products multiply) and its number of squarings;
 - the dtype a load keeps its rows in: fp32 for one token's row and for rows it normalises, the
   input dtype for a chunk's rows (half the registers of fp32 for bf16 inputs; stages upcast);
-- the loops over value blocks unrolled (ptxas spills a dynamic loop that large).
+- the loops over value blocks unrolled (ptxas spills a dynamic loop that large);
+- the layout of the workspace a stage stores its tiles in or loads them from (`k3s.spill %KG,
+  %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>`), read off the workspace's shape
+  and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts).
 
 Each op type's part is one function, registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import BoolAttr, IntegerAttr, ModuleOp, i64
-from xdsl.ir import Attribute, Operation
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.backends.triton.printer.common import chunk_rows
@@ -35,13 +38,15 @@ TRUE = BoolAttr.from_bool(True)
 IN_FP32, IN_INPUT_DTYPE = k3s.RegisterDtypeAttr(k3s.RegisterDtype.FP32), k3s.RegisterDtypeAttr(k3s.RegisterDtype.INPUT)
 
 # --- each op's choices: one function per op type (as legalize-triton's @block_sizes_of) ---------
-STAGE_CHOICES: dict[type[Operation], Callable[[Operation, k3s.KernelOp], dict[str, Attribute]]] = {}
+STAGE_CHOICES: dict[type[Operation], list[Callable[[Operation, k3s.KernelOp], dict[str, Attribute]]]] = {}
 
 
 def choices_of(*op_types: type[Operation]) -> Callable:
-    """Register f(op, kernel) -> the properties lower-to-triton writes on op, a stage of kernel."""
+    """Register f(op, kernel) -> the properties lower-to-triton writes on op, a stage of kernel (an
+    op type may have several, each its own properties)."""
     def register(function: Callable) -> Callable:
-        STAGE_CHOICES.update(dict.fromkeys(op_types, function))
+        for op_type in op_types:
+            STAGE_CHOICES.setdefault(op_type, []).append(function)
         return function
 
     return register
@@ -73,6 +78,60 @@ def value_blocks_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attri
     return dict(unroll=TRUE) if looped else {}
 
 
+# the stages that store tiles in a workspace or load them from it: (the operand or result that
+# is their tile, whether the workspace holds value blocks' parts)
+WORKSPACE_STAGES = {k3s.SpillOp: ("tile", False), k3s.ReloadOp: ("tile", False), k3s.RecordCheckOp: (None, False),
+                    k3s.RecordedCheckOp: (None, False), k3s.SpillValueBlockPartOp: ("part", True),
+                    k3s.SumValueBlockPartsOp: ("total", True)}
+LAYOUT_COLUMNS = ("K", "V", "C")
+
+
+@choices_of(*WORKSPACE_STAGES)
+def workspace_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """Where op's rows are in its workspace: [B, T, HV, ...] a row per token (the tile's C rows),
+    else [NC, HV, ...] a row per chunk; then, for value blocks' parts, the NVB blocks; then the
+    tile's other dimensions (row-major)."""
+    workspace, (tile_name, parts) = op.workspace.type, WORKSPACE_STAGES[type(op)]
+    tile = k3s.tile_dims(getattr(op, tile_name)) if tile_name else ()
+    per_token = workspace.dims[:2] == ("B", "T")
+    rows = [("token", "T") if per_token else ("chunk", "NC"), ("head", "HV")]
+    if per_token and tile[:1] != ("C",):
+        raise ValueError(f"{op.name}: no layout for a per-token workspace <{workspace.pattern}> of a "
+                         f"{k3s.dims_text(tile)} tile: its first dimension is the chunk's C rows")
+    columns = tile[1:] if per_token else tile
+    if parts:
+        rows.append(("part", blocks := k3s.value_block_parts_layout(workspace, tile)))
+        if isinstance(op, k3s.SpillValueBlockPartOp):  # as many slots as the programs' blocks
+            chunk = next(o for o in kernel.body.ops if isinstance(o, k3s.ChunkTileOp))
+            V, BV = chunk.head_v_dim.value.data, kernel.block_v.value.data
+            if blocks != -(-V // BV):
+                raise ValueError(f"{k3s.argument_name(op.workspace)} holds the parts of {blocks} value blocks, but "
+                                 f"kernel @{kernel.sym_name.data} runs {-(-V // BV)} (V = {V}, BV = {BV})")
+        if len(columns) > 1:
+            raise ValueError(f"{op.name}: no layout for the value-block parts <{workspace.pattern}>: a [C], [C, K], "
+                             f"[C, C], [K] or scalar tile, got {k3s.dims_text(tile)}")
+    if unknown := [d for d in columns if d not in LAYOUT_COLUMNS]:
+        raise ValueError(f"{op.name}: no layout for the workspace <{workspace.pattern}>: its tiles' columns are K, "
+                         f"V or C, got {unknown[0]}")
+    return dict(layout=k3s.WorkspaceLayoutAttr.of(*rows, *[("column", d) for d in columns]))
+
+
+def check_workspace_layouts(module: ModuleOp) -> None:
+    """Every stage that reaches one tensor of an entry (through the kernels' launches) reads it in
+    one layout: a ValueError naming the tensor where two disagree."""
+    kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, k3s.KernelOp)}
+    layouts: dict[SSAValue, tuple[Operation, k3s.WorkspaceLayoutAttr]] = {}
+    for launch in [op for op in module.walk() if isinstance(op, k3s.LaunchOp)]:
+        kernel = kernels[launch.kernel.root_reference.data]
+        for passed, argument in zip(launch.operands, kernel.body.block.args, strict=False):
+            for use in argument.uses:
+                if type(stage := use.operation) in WORKSPACE_STAGES and stage.layout is not None:
+                    first, layout = layouts.setdefault(passed, (stage, stage.layout))
+                    if layout != stage.layout:
+                        raise ValueError(f"{k3s.argument_name(passed)}: {first.name} reads it as {layout}, "
+                                         f"{stage.name} as {stage.layout}")
+
+
 def write_choices(op: Operation, choices: dict[str, Attribute]) -> None:
     """choices as op's properties, those it has kept."""
     op.properties.update({key: value for key, value in choices.items() if key not in op.properties})
@@ -89,7 +148,8 @@ class LowerToTritonPass(ModulePass):
             has_products = False
             for stage in kernel.walk():
                 has_products = has_products or isinstance(stage, MATMUL_STAGE_TYPES)
-                if (of_op := STAGE_CHOICES.get(type(stage))) is not None:
+                for of_op in STAGE_CHOICES.get(type(stage), ()):
                     write_choices(stage, of_op(stage, kernel))
             if has_products:  # the products' precision: the input dtype's, where no pass chose
                 write_choices(kernel, dict(dots=k3s.KernelDotsAttr(k3s.KernelDots.INPUT)))
+        check_workspace_layouts(op)

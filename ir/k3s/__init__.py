@@ -91,6 +91,8 @@ K3S = Dialect(
         ArgPurposeAttr,
         KernelDotsAttr,
         RegisterDtypeAttr,
+        LayoutAxisAttr,
+        WorkspaceLayoutAttr,
         GridAxisAttr,
         StateHomeAttr,
         StateStartAttr,
