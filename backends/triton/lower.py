@@ -12,7 +12,9 @@ printer reads these choices off the IR rather than making them:
 - the loops over value blocks unrolled (ptxas spills a dynamic loop that large);
 - the layout of the workspace a stage stores its tiles in or loads them from (`k3s.spill %KG,
   %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>`), read off the workspace's shape
-  and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts).
+  and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts);
+- an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP), as
+  index arithmetic ending in `k3s.bind_size` (host_sizes).
 
 Each op type's part is one function, registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -24,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BoolAttr, IntegerAttr, ModuleOp, i64
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import BoolAttr, IndexType, IntegerAttr, ModuleOp, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -132,6 +135,67 @@ def check_workspace_layouts(module: ModuleOp) -> None:
                                          f"{stage.name} as {stage.layout}")
 
 
+# --- an entry's host sizes: the shape symbols it computes before it allocates ---------------
+ARGUMENT_OPS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp)
+
+
+class HostSizes:
+    """Builds an entry's k3s.size / arith / k3s.bind_size ops, in order."""
+
+    def __init__(self) -> None:
+        self.ops: list[Operation] = []
+
+    def add(self, op: Operation, name: str | None = None) -> SSAValue:
+        self.ops.append(op)
+        if op.results and name is not None:
+            op.results[0].name_hint = name
+        return op.results[0] if op.results else None
+
+    def size(self, symbol: str) -> SSAValue:
+        return self.add(k3s.SizeOp.create(properties=dict(symbol=k3s.ShapeSymbolAttr(k3s.ShapeSymbol(symbol))),
+                                          result_types=[IndexType()]), symbol)
+
+    def const(self, value: int) -> SSAValue:
+        return self.add(arith.ConstantOp.from_int_and_width(value, IndexType()), f"c{value}")
+
+    def bind(self, symbol: str, value: SSAValue) -> None:
+        self.add(k3s.BindSizeOp.create(operands=[value],
+                                       properties=dict(symbol=k3s.ShapeSymbolAttr(k3s.ShapeSymbol(symbol)))))
+
+
+def host_sizes(entry: k3s.EntryOp) -> list[Operation]:
+    """The sizes entry computes: NC = cdiv(B T, C) + N per-chunk slots (chunk (sequence n, first
+    token s) uses slot s // C + n, unique and below that bound for any split into sequences); an
+    MoE dispatch plan's PB = cdiv(R k, BM) + min(R k, E) blocks (each expert's run of pairs padded
+    to whole blocks of BM rows: at most one partial block per expert with pairs) and PP = PB BM."""
+    sizes, ops = HostSizes(), list(k3s.walk_entry(entry))
+    if any("NC" in op.type.dims for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)):
+        chunk = next(op.chunk_size.value.data for op in ops if isinstance(op, k3s.ChunkTileOp))
+        rows = sizes.add(arith.MuliOp(sizes.size("B"), sizes.size("T")))
+        chunks = sizes.add(arith.CeilDivSIOp(rows, sizes.const(chunk)))
+        sizes.bind("NC", sizes.add(arith.AddiOp(chunks, sizes.size("N")), "NC"))
+    if (sort := next((op for op in ops if isinstance(op, k3s.SortPairsOp)), None)) is not None:
+        k, BM = sort.top_k.value.data, sort.block_rows.value.data
+        E = next(op.num_experts.value.data for op in ops if isinstance(op, (k3s.CountPairsOp, k3s.RankPairsOp)))
+        pairs, block_rows = sizes.add(arith.MuliOp(sizes.size("R"), sizes.const(k)), "pairs"), sizes.const(BM)
+        blocks = sizes.add(arith.CeilDivSIOp(pairs, block_rows))
+        sizes.bind("PB", sizes.add(arith.AddiOp(blocks, sizes.add(arith.MinSIOp(pairs, sizes.const(E)))), "PB"))
+        sizes.bind("PP", sizes.add(arith.MuliOp(sizes.size("PB"), block_rows), "PP"))
+    return sizes.ops
+
+
+def write_host_sizes(entry: k3s.EntryOp) -> None:
+    """host_sizes(entry) after its arguments, unless the entry binds sizes already."""
+    if any(isinstance(op, k3s.BindSizeOp) for op in entry.body.ops) or not (ops := host_sizes(entry)):
+        return
+    block = entry.body.block
+    first = next((op for op in block.ops if not isinstance(op, ARGUMENT_OPS)), None)
+    if first is None:
+        block.add_ops(ops)
+    else:
+        block.insert_ops_before(ops, first)
+
+
 def write_choices(op: Operation, choices: dict[str, Attribute]) -> None:
     """choices as op's properties, those it has kept."""
     op.properties.update({key: value for key, value in choices.items() if key not in op.properties})
@@ -153,3 +217,5 @@ class LowerToTritonPass(ModulePass):
             if has_products:  # the products' precision: the input dtype's, where no pass chose
                 write_choices(kernel, dict(dots=k3s.KernelDotsAttr(k3s.KernelDots.INPUT)))
         check_workspace_layouts(op)
+        for entry in [o for o in op.ops if isinstance(o, k3s.EntryOp)]:
+            write_host_sizes(entry)
