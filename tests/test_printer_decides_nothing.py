@@ -32,6 +32,7 @@ REMOVED_DECISIONS = [
      r"\{target\} = \{target\}\.to\(tl\.float32\)\","),
     ("a workspace's layout, as a hand-written per-token or per-chunk address", "chunk_stages.py",
      r"\* HV \+ i_hv\) \* \{|start // BC \+ i_n\) \* HV|def spill_address|def value_block_part_address|SPILL_COLUMNS"),
+    ("the router's hidden slices by rows, read off its launch_by_rows ops", "moe.py", r"def print_hidden_slices"),
     ("the host sizes' formulas (NC, PB, PP)", "entries.py",
      r"dims\[\\?\"NC\\?\"\] = triton\.cdiv|dims\[\\?\"PB\\?\"\] = triton\.cdiv|dims\[\\?\"PP\\?\"\] = dims|SortPairsOp"),
 ]

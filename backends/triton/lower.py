@@ -13,8 +13,8 @@ printer reads these choices off the IR rather than making them:
 - the layout of the workspace a stage stores its tiles in or loads them from (`k3s.spill %KG,
   %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>`), read off the workspace's shape
   and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts);
-- an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP), as
-  index arithmetic ending in `k3s.bind_size` (host_sizes).
+- an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP, HS), as
+  index arithmetic or a size by the call's rows, ending in `k3s.bind_size` (host_sizes).
 
 Each op type's part is one function, registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import BoolAttr, IndexType, IntegerAttr, ModuleOp, i64
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, IndexType, IntegerAttr, ModuleOp, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -181,7 +181,24 @@ def host_sizes(entry: k3s.EntryOp) -> list[Operation]:
         blocks = sizes.add(arith.CeilDivSIOp(pairs, block_rows))
         sizes.bind("PB", sizes.add(arith.AddiOp(blocks, sizes.add(arith.MinSIOp(pairs, sizes.const(E)))), "PB"))
         sizes.bind("PP", sizes.add(arith.MuliOp(sizes.size("PB"), block_rows), "PP"))
+    if any("HS" in op.type.dims for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)):
+        sizes.bind("HS", sizes.add(hidden_slices(entry), "HS"))
     return sizes.ops
+
+
+def hidden_slices(entry: k3s.EntryOp) -> k3s.SizeByRowsOp:
+    """HS, the hidden slices of the entry's router kernel at the call's rows: those of the first of
+    its k3s.launch_by_rows ops that holds R, else its own; a case with the slices of the next (or
+    the kernel's own, after the last) is left out: it changes nothing."""
+    kernel = next(k for k in k3s.entry_kernels(entry) if k3s.GridAxis.HIDDEN_SLICE in k.axes)
+    own = kernel.hidden_slices.value.data
+    cases = [(op.max_rows.value.data, own if op.hidden_slices is None else op.hidden_slices.value.data)
+             for op in k3s.launch_by_rows_ops(entry, kernel)]
+    cases = [(most, count) for (most, count), after in zip(cases, [*cases[1:], (None, own)]) if count != after[1]]
+    integers = lambda values: ArrayAttr([IntegerAttr(v, i64) for v in values])  # noqa: E731
+    return k3s.SizeByRowsOp.create(properties=dict(max_rows=integers(m for m, _ in cases),
+                                                   sizes=integers(c for _, c in cases), otherwise=IntegerAttr(own, i64)),
+                                   result_types=[IndexType()])
 
 
 def write_host_sizes(entry: k3s.EntryOp) -> None:

@@ -15,7 +15,7 @@ from k3compile.ir.syntax import attr_to_literal
 
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp,
-               k3s.SizeOp, k3s.BindSizeOp)
+               k3s.SizeOp, k3s.SizeByRowsOp, k3s.BindSizeOp)
 # the dialect of the index arithmetic of an entry's host sizes (printed by the k3s.bind_size they end in)
 HOST_ARITH_DIALECT = "arith."
 # the pass that turns each kind of schedule into kernels

@@ -42,6 +42,8 @@ MX_DTYPE_CLASSES = (k3s.ArgDtype.FP4X2, k3s.ArgDtype.FP4X8, k3s.ArgDtype.E8M0)
 HOST_SIZE_NOTES = {
     "NC": ("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
            "# below cdiv(B T, C) + N for any split into sequences"),
+    "HS": ("# the hidden slices of the router kernel at this call's rows (its k3s.launch_by_rows <hidden_slices>, "
+           "else its own)",),
     "PB": ("# an MoE dispatch plan's blocks: each expert's run of pairs padded to whole blocks of BM rows: at",
            "# most one partial block per expert that has pairs"),
 }
@@ -217,8 +219,6 @@ class Entries:
                 name = arg.sym_name.data
                 c(f'{name} = _scalar("{name}", {name}, {attr_to_literal(arg.default)})')
             self.print_host_sizes(view)
-            if any("HS" in t.type.dims for t in view.tensors):
-                self.print_hidden_slices(view)
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)
@@ -406,7 +406,12 @@ class Entries:
             if not isinstance(op, k3s.BindSizeOp):
                 continue
             symbol = op.symbol.data.value
-            c(*HOST_SIZE_NOTES.get(symbol, ()), f'dims["{symbol}"] = {host_expression(op.size)}')
+            if isinstance(by_rows := op.size.owner, k3s.SizeByRowsOp):
+                c(*HOST_SIZE_NOTES.get(symbol, ()), f'dims["{symbol}"] = {by_rows.otherwise.value.data}')
+                for index, (most, size) in enumerate(by_rows.cases):
+                    c(f'{"el" if index else ""}if dims["R"] <= {most}:', f'    dims["{symbol}"] = {size}')
+            else:
+                c(*HOST_SIZE_NOTES.get(symbol, ()), f'dims["{symbol}"] = {host_expression(op.size)}')
             for arg in view.tensors:  # an input of that size is checked against it now (it bound the size above)
                 if arg.role.data in ("input", "inout") and symbol in arg.type.dims:
                     c(f'_check_tensor("{arg.sym_name.data}", {arg.sym_name.data}, "{arg.type.pattern}", '

@@ -1,7 +1,8 @@
 // lower-to-triton writes the shape symbols an entry computes on the host before it allocates as
 // index arithmetic (xDSL's arith on index values) ending in k3s.bind_size: NC = cdiv(B T, C) + N
-// per-chunk slots, and an MoE dispatch plan's PB = cdiv(R k, BM) + min(R k, E) blocks and
-// PP = PB BM positions. The printer prints each bound size as one Python expression. The ops print
+// per-chunk slots, an MoE dispatch plan's PB = cdiv(R k, BM) + min(R k, E) blocks and
+// PP = PB BM positions, and the router's hidden slices HS by the call's rows (k3s.size_by_rows,
+// from its kernel's k3s.launch_by_rows ops). The printer prints each bound size as one Python expression. The ops print
 // and parse back, and a second run adds none.
 // RUN: k3c ir %examples/kda.toml -p 'lower-recurrent,derive-chunkwise,fuse-chunkwise,derive-backward,lower-backward,outline-kernels,legalize-triton,lower-to-triton' | filecheck %s --check-prefix=NC
 // RUN: k3c ir %examples/kda.toml -p 'lower-recurrent,derive-chunkwise,fuse-chunkwise,derive-backward,lower-backward,outline-kernels,legalize-triton,lower-to-triton' | k3c opt - -p lower-to-triton | filecheck %s --check-prefix=NC
@@ -22,6 +23,9 @@
 // NC:        k3s.bind_size %NC <symbol = NC>
 // NC-NOT:    k3s.bind_size
 
+// PB:      k3s.entry @route
+// PB:        %HS = k3s.size_by_rows <max_rows = [16, 128], sizes = [8, 4], otherwise = 1> : index
+// PB-NEXT:   k3s.bind_size %HS <symbol = HS>
 // PB:      k3s.entry @moe_prefill
 // PB:        %R = k3s.size <symbol = R> : index
 // PB-NEXT:   %c16 = arith.constant 16 : index
