@@ -19,7 +19,14 @@ def _k3s():
     return K3S
 
 
-DIALECTS = {"k3": _k3, "k3s": _k3s}
+def _arith():
+    # xDSL's arith: the index arithmetic of an entry's host sizes (k3s.size, k3s.bind_size)
+    from xdsl.dialects.arith import Arith
+
+    return Arith
+
+
+DIALECTS = {"k3": _k3, "k3s": _k3s, "arith": _arith}
 
 
 def make_context() -> Context:

@@ -46,7 +46,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, Region, SSAValue, TypeAttribute
+from xdsl.ir import Attribute, ParametrizedAttribute, Region, SSAValue, TypeAttribute
 from xdsl.irdl import AttrConstraint, AttrSizedOperandSegments, IRDLOperation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -80,6 +80,8 @@ def attr_to_literal(attr: Attribute) -> str:
         if "." not in mantissa and mantissa.lstrip("-").isdigit():  # 1e-06 -> 1.0e-06: lexes as a float
             text = mantissa + ".0" + ("e" + exponent if exponent else "")
         return text
+    if isinstance(attr, ParametrizedAttribute) and attr.name.startswith("k3s."):  # its own syntax: `#k3s.layout<...>`
+        return str(attr)
     if isinstance(attr, TypeAttribute):  # its type syntax: `!k3s.tensor<B x T x 32 x 128, float>`
         return str(attr)
     if isinstance(attr, StringAttr):
@@ -105,6 +107,8 @@ def literal_to_attr(parser: Parser) -> Attribute:
         return FloatAttr(number, f64) if isinstance(number, float) else IntegerAttr(number, i64)
     if parser.lexer.input.content.startswith("!", start):  # a dialect type, read by its own parser
         return parser.parse_type()
+    if parser.lexer.input.content.startswith("#", start):  # a dialect attribute, read by its own parser
+        return parser.parse_attribute()
     if (symbol := parser.parse_optional_symbol_name()) is not None:
         return SymbolRefAttr(symbol)
     if (items := parser.parse_optional_comma_separated_list(parser.Delimiter.SQUARE,

@@ -192,7 +192,7 @@ def test_printed_chain_rules_equal_the_semantics(kind, options, fresh_seed):
     loads = {exact_backward.load_form(op).of: op for op in block.ops
              if isinstance(op, (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp))}
     for load in loads.values():  # what lower-to-triton writes on a kernel's loads (a load's own choice)
-        if (choices := STAGE_CHOICES.get(type(load))) is not None:
+        for choices in STAGE_CHOICES.get(type(load), ()):
             write_choices(load, choices(load, None))
     for store in (op for op in block.ops if isinstance(op, k3s.StoreCotangentOp)):
         form = exact_backward.store_form(store)

@@ -33,6 +33,11 @@ REMOVED_DECISIONS = [
     ("the channel-gated Gram's block loop unrolled, always", "chunk_stages.py", r"for d in tl\.static_range"),
     ("the elementwise Gram diagonal's rows reloaded, always", "chunk_stages.py",
      r"\"b_Gj = \{Gstart\}\",\s*\"for r in range\(0, SUB\):\""),
+    ("a workspace's layout, as a hand-written per-token or per-chunk address", "chunk_stages.py",
+     r"\* HV \+ i_hv\) \* \{|start // BC \+ i_n\) \* HV|def spill_address|def value_block_part_address|SPILL_COLUMNS"),
+    ("the router's hidden slices by rows, read off its launch_by_rows ops", "moe.py", r"def print_hidden_slices"),
+    ("the host sizes' formulas (NC, PB, PP)", "entries.py",
+     r"dims\[\\?\"NC\\?\"\] = triton\.cdiv|dims\[\\?\"PB\\?\"\] = triton\.cdiv|dims\[\\?\"PP\\?\"\] = dims|SortPairsOp"),
 ]
 
 
@@ -66,7 +71,10 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
                   "k3s.load_token %q <dtype = fp32>", "k3s.load_chunk %v <dtype = input>",
                   "k3s.value_block_loop <block_v = 64, unroll = true>",
                   "diagonal = guarded, unroll = true, diagonal_rows = reload>",
-                  "diagonal = factored, unroll = true>"):
+                  "diagonal = factored, unroll = true>",
+                  "k3s.spill %KG, %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>",
+                  "k3s.reload %S <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>",
+                  "%NC = arith.addi %1, %N : index", "k3s.bind_size %NC <symbol = NC>"):
         assert shown in out, shown
 
 

@@ -12,9 +12,14 @@ printer reads these choices off the IR rather than making them:
 - the loops over value blocks unrolled (ptxas spills a dynamic loop that large);
 - a channel-gated Gram's loop over the blocks below the diagonal unrolled (NB - 1 steps, NB =
   C / sub_chunk: a few), and its elementwise diagonal's rows reloaded from memory (key rows and
-  log-decays, cache-resident: cheaper than picking a row out of the [NB, SUB, BK] tiles).
+  log-decays, cache-resident: cheaper than picking a row out of the [NB, SUB, BK] tiles);
+- the layout of the workspace a stage stores its tiles in or loads them from (`k3s.spill %KG,
+  %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>`), read off the workspace's shape
+  and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts);
+- an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP, HS), as
+  index arithmetic or a size by the call's rows, ending in `k3s.bind_size` (host_sizes).
 
-Each op type's part is one function, registered with @choices_of. An op that already has a
+Each op type's parts are functions registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
 """
 
@@ -24,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BoolAttr, IntegerAttr, ModuleOp, i64
-from xdsl.ir import Attribute, Operation
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, IndexType, IntegerAttr, ModuleOp, i64
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from k3compile.backends.triton.printer.common import chunk_rows
@@ -40,13 +46,15 @@ RELOAD_ROWS = k3s.DiagonalRowsAttr(k3s.DiagonalRows.RELOAD)
 IN_FP32, IN_INPUT_DTYPE = k3s.RegisterDtypeAttr(k3s.RegisterDtype.FP32), k3s.RegisterDtypeAttr(k3s.RegisterDtype.INPUT)
 
 # --- each op's choices: one function per op type (as legalize-triton's @block_sizes_of) ---------
-STAGE_CHOICES: dict[type[Operation], Callable[[Operation, k3s.KernelOp], dict[str, Attribute]]] = {}
+STAGE_CHOICES: dict[type[Operation], list[Callable[[Operation, k3s.KernelOp], dict[str, Attribute]]]] = {}
 
 
 def choices_of(*op_types: type[Operation]) -> Callable:
-    """Register f(op, kernel) -> the properties lower-to-triton writes on op, a stage of kernel."""
+    """Register f(op, kernel) -> the properties lower-to-triton writes on op, a stage of kernel (an
+    op type may have several, each its own properties)."""
     def register(function: Callable) -> Callable:
-        STAGE_CHOICES.update(dict.fromkeys(op_types, function))
+        for op_type in op_types:
+            STAGE_CHOICES.setdefault(op_type, []).append(function)
         return function
 
     return register
@@ -87,6 +95,136 @@ def gram_choices(op: k3s.GramOp, kernel: k3s.KernelOp) -> dict[str, Attribute]:
     if op.diagonal.data.reloads:
         choices["diagonal_rows"] = RELOAD_ROWS
     return choices
+# the stages that store tiles in a workspace or load them from it: (the operand or result that
+# is their tile, whether the workspace holds value blocks' parts)
+WORKSPACE_STAGES = {k3s.SpillOp: ("tile", False), k3s.ReloadOp: ("tile", False), k3s.RecordCheckOp: (None, False),
+                    k3s.RecordedCheckOp: (None, False), k3s.SpillValueBlockPartOp: ("part", True),
+                    k3s.SumValueBlockPartsOp: ("total", True)}
+LAYOUT_COLUMNS = ("K", "V", "C")
+
+
+@choices_of(*WORKSPACE_STAGES)
+def workspace_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """Where op's rows are in its workspace: [B, T, HV, ...] a row per token (the tile's C rows),
+    else [NC, HV, ...] a row per chunk; then, for value blocks' parts, the NVB blocks; then the
+    tile's other dimensions (row-major)."""
+    workspace, (tile_name, parts) = op.workspace.type, WORKSPACE_STAGES[type(op)]
+    tile = k3s.tile_dims(getattr(op, tile_name)) if tile_name else ()
+    per_token = workspace.dims[:2] == ("B", "T")
+    rows = [("token", "T") if per_token else ("chunk", "NC"), ("head", "HV")]
+    if per_token and tile[:1] != ("C",):
+        raise ValueError(f"{op.name}: no layout for a per-token workspace <{workspace.pattern}> of a "
+                         f"{k3s.dims_text(tile)} tile: its first dimension is the chunk's C rows")
+    columns = tile[1:] if per_token else tile
+    if parts:
+        rows.append(("part", blocks := k3s.value_block_parts_layout(workspace, tile)))
+        if isinstance(op, k3s.SpillValueBlockPartOp):  # as many slots as the programs' blocks
+            chunk = next(o for o in kernel.body.ops if isinstance(o, k3s.ChunkTileOp))
+            V, BV = chunk.head_v_dim.value.data, kernel.block_v.value.data
+            if blocks != -(-V // BV):
+                raise ValueError(f"{k3s.argument_name(op.workspace)} holds the parts of {blocks} value blocks, but "
+                                 f"kernel @{kernel.sym_name.data} runs {-(-V // BV)} (V = {V}, BV = {BV})")
+        if len(columns) > 1:
+            raise ValueError(f"{op.name}: no layout for the value-block parts <{workspace.pattern}>: a [C], [C, K], "
+                             f"[C, C], [K] or scalar tile, got {k3s.dims_text(tile)}")
+    if unknown := [d for d in columns if d not in LAYOUT_COLUMNS]:
+        raise ValueError(f"{op.name}: no layout for the workspace <{workspace.pattern}>: its tiles' columns are K, "
+                         f"V or C, got {unknown[0]}")
+    return dict(layout=k3s.WorkspaceLayoutAttr.of(*rows, *[("column", d) for d in columns]))
+
+
+def check_workspace_layouts(module: ModuleOp) -> None:
+    """Every stage that reaches one tensor of an entry (through the kernels' launches) reads it in
+    one layout: a ValueError naming the tensor where two disagree."""
+    kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, k3s.KernelOp)}
+    layouts: dict[SSAValue, tuple[Operation, k3s.WorkspaceLayoutAttr]] = {}
+    for launch in [op for op in module.walk() if isinstance(op, k3s.LaunchOp)]:
+        kernel = kernels[launch.kernel.root_reference.data]
+        for passed, argument in zip(launch.operands, kernel.body.block.args, strict=False):
+            for use in argument.uses:
+                if type(stage := use.operation) in WORKSPACE_STAGES and stage.layout is not None:
+                    first, layout = layouts.setdefault(passed, (stage, stage.layout))
+                    if layout != stage.layout:
+                        raise ValueError(f"{k3s.argument_name(passed)}: {first.name} reads it as {layout}, "
+                                         f"{stage.name} as {stage.layout}")
+
+
+# --- an entry's host sizes: the shape symbols it computes before it allocates ---------------
+ARGUMENT_OPS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp)
+
+
+class HostSizes:
+    """Builds an entry's k3s.size / arith / k3s.bind_size ops, in order."""
+
+    def __init__(self) -> None:
+        self.ops: list[Operation] = []
+
+    def add(self, op: Operation, name: str | None = None) -> SSAValue:
+        self.ops.append(op)
+        if op.results and name is not None:
+            op.results[0].name_hint = name
+        return op.results[0] if op.results else None
+
+    def size(self, symbol: str) -> SSAValue:
+        return self.add(k3s.SizeOp.create(properties=dict(symbol=k3s.ShapeSymbolAttr(k3s.ShapeSymbol(symbol))),
+                                          result_types=[IndexType()]), symbol)
+
+    def const(self, value: int) -> SSAValue:
+        return self.add(arith.ConstantOp.from_int_and_width(value, IndexType()), f"c{value}")
+
+    def bind(self, symbol: str, value: SSAValue) -> None:
+        self.add(k3s.BindSizeOp.create(operands=[value],
+                                       properties=dict(symbol=k3s.ShapeSymbolAttr(k3s.ShapeSymbol(symbol)))))
+
+
+def host_sizes(entry: k3s.EntryOp) -> list[Operation]:
+    """The sizes entry computes: NC = cdiv(B T, C) + N per-chunk slots (chunk (sequence n, first
+    token s) uses slot s // C + n, unique and below that bound for any split into sequences); an
+    MoE dispatch plan's PB = cdiv(R k, BM) + min(R k, E) blocks (each expert's run of pairs padded
+    to whole blocks of BM rows: at most one partial block per expert with pairs) and PP = PB BM."""
+    sizes, ops = HostSizes(), list(k3s.walk_entry(entry))
+    if any("NC" in op.type.dims for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)):
+        chunk = next(op.chunk_size.value.data for op in ops if isinstance(op, k3s.ChunkTileOp))
+        rows = sizes.add(arith.MuliOp(sizes.size("B"), sizes.size("T")))
+        chunks = sizes.add(arith.CeilDivSIOp(rows, sizes.const(chunk)))
+        sizes.bind("NC", sizes.add(arith.AddiOp(chunks, sizes.size("N")), "NC"))
+    if (sort := next((op for op in ops if isinstance(op, k3s.SortPairsOp)), None)) is not None:
+        k, BM = sort.top_k.value.data, sort.block_rows.value.data
+        E = next(op.num_experts.value.data for op in ops if isinstance(op, (k3s.CountPairsOp, k3s.RankPairsOp)))
+        pairs, block_rows = sizes.add(arith.MuliOp(sizes.size("R"), sizes.const(k)), "pairs"), sizes.const(BM)
+        blocks = sizes.add(arith.CeilDivSIOp(pairs, block_rows))
+        sizes.bind("PB", sizes.add(arith.AddiOp(blocks, sizes.add(arith.MinSIOp(pairs, sizes.const(E)))), "PB"))
+        sizes.bind("PP", sizes.add(arith.MuliOp(sizes.size("PB"), block_rows), "PP"))
+    if any("HS" in op.type.dims for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)):
+        sizes.bind("HS", sizes.add(hidden_slices(entry), "HS"))
+    return sizes.ops
+
+
+def hidden_slices(entry: k3s.EntryOp) -> k3s.SizeByRowsOp:
+    """HS, the hidden slices of the entry's router kernel at the call's rows: those of the first of
+    its k3s.launch_by_rows ops that holds R, else its own; a case with the slices of the next (or
+    the kernel's own, after the last) is left out: it changes nothing."""
+    kernel = next(k for k in k3s.entry_kernels(entry) if k3s.GridAxis.HIDDEN_SLICE in k.axes)
+    own = kernel.hidden_slices.value.data
+    cases = [(op.max_rows.value.data, own if op.hidden_slices is None else op.hidden_slices.value.data)
+             for op in k3s.launch_by_rows_ops(entry, kernel)]
+    cases = [(most, count) for (most, count), after in zip(cases, [*cases[1:], (None, own)]) if count != after[1]]
+    integers = lambda values: ArrayAttr([IntegerAttr(v, i64) for v in values])  # noqa: E731
+    return k3s.SizeByRowsOp.create(properties=dict(max_rows=integers(m for m, _ in cases),
+                                                   sizes=integers(c for _, c in cases), otherwise=IntegerAttr(own, i64)),
+                                   result_types=[IndexType()])
+
+
+def write_host_sizes(entry: k3s.EntryOp) -> None:
+    """host_sizes(entry) after its arguments, unless the entry binds sizes already."""
+    if any(isinstance(op, k3s.BindSizeOp) for op in entry.body.ops) or not (ops := host_sizes(entry)):
+        return
+    block = entry.body.block
+    first = next((op for op in block.ops if not isinstance(op, ARGUMENT_OPS)), None)
+    if first is None:
+        block.add_ops(ops)
+    else:
+        block.insert_ops_before(ops, first)
 
 
 def write_choices(op: Operation, choices: dict[str, Attribute]) -> None:
@@ -105,7 +243,10 @@ class LowerToTritonPass(ModulePass):
             has_products = False
             for stage in kernel.walk():
                 has_products = has_products or isinstance(stage, MATMUL_STAGE_TYPES)
-                if (of_op := STAGE_CHOICES.get(type(stage))) is not None:
+                for of_op in STAGE_CHOICES.get(type(stage), ()):
                     write_choices(stage, of_op(stage, kernel))
             if has_products:  # the products' precision: the input dtype's, where no pass chose
                 write_choices(kernel, dict(dots=k3s.KernelDotsAttr(k3s.KernelDots.INPUT)))
+        check_workspace_layouts(op)
+        for entry in [o for o in op.ops if isinstance(o, k3s.EntryOp)]:
+            write_host_sizes(entry)

@@ -34,6 +34,7 @@ from k3compile.ir.k3s.core import *  # noqa: F403
 from k3compile.ir.k3s.experts import *  # noqa: F403
 from k3compile.ir.k3s.kernels import *  # noqa: F403
 from k3compile.ir.k3s.gram import *  # noqa: F403
+from k3compile.ir.k3s.host import *  # noqa: F403
 from k3compile.ir.k3s.moe import *  # noqa: F403
 from k3compile.ir.k3s.moe_backward import *  # noqa: F403
 from k3compile.ir.k3s.segments import *  # noqa: F403
@@ -80,6 +81,7 @@ K3S = Dialect(
         *MOE_ROUTING_STAGES,
         *MOE_EXPERT_STAGES,
         *MOE_BACKWARD_STAGES,
+        *HOST_SIZE_OPS,
     ],
     [
         TileType,
@@ -92,6 +94,8 @@ K3S = Dialect(
         KernelDotsAttr,
         RegisterDtypeAttr,
         DiagonalRowsAttr,
+        LayoutAxisAttr,
+        WorkspaceLayoutAttr,
         GridAxisAttr,
         StateHomeAttr,
         StateStartAttr,

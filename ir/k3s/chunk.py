@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
-from k3compile.ir.k3s.target import RegisterDtypeAttr
+from k3compile.ir.k3s.target import RegisterDtypeAttr, WorkspaceLayoutAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values, verify_carried_state
 from k3compile.ir.syntax import KeywordSyntax
@@ -221,6 +221,12 @@ def value_block_parts_layout(workspace: TensorType, part_dims: tuple[str, ...]) 
     return dims[len(lead) + 1]
 
 
+def verify_workspace_layout(op: Operation) -> None:
+    """A workspace stage's layout, where lower-to-triton wrote one, fits its workspace."""
+    if op.layout is not None:
+        op.layout.verify_fits(op.name, op.workspace.type.dims)
+
+
 @irdl_op_definition
 class SpillValueBlockPartOp(KeywordSyntax):
     """`k3s.spill_value_block_part %KG_bar_parts, %KG_bar`: this program's part of a sum over the
@@ -232,6 +238,7 @@ class SpillValueBlockPartOp(KeywordSyntax):
     name = "k3s.spill_value_block_part"
     workspace = operand_def(TensorType)
     part = operand_def(TileType)
+    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
@@ -239,6 +246,7 @@ class SpillValueBlockPartOp(KeywordSyntax):
             value_block_parts_layout(self.workspace.type, tuple(d.data for d in self.part.type.dims.data))
         except VerifyException as error:
             raise VerifyException(f"{self.name}: {error}") from None
+        verify_workspace_layout(self)
 
 
 @irdl_op_definition
@@ -250,6 +258,7 @@ class SumValueBlockPartsOp(KeywordSyntax):
     name = "k3s.sum_value_block_parts"
     workspace = operand_def(TensorType)
     unroll = opt_prop_def(BoolAttr)  # the Triton backend's (lower-to-triton)
+    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     total = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -258,6 +267,7 @@ class SumValueBlockPartsOp(KeywordSyntax):
             value_block_parts_layout(self.workspace.type, tuple(d.data for d in self.total.type.dims.data))
         except VerifyException as error:
             raise VerifyException(f"{self.name}: {error}") from None
+        verify_workspace_layout(self)
 
 
 @irdl_op_definition
@@ -281,7 +291,11 @@ class RecordCheckOp(KeywordSyntax):
     name = "k3s.record_check"
     workspace = operand_def(TensorType)
     check = operand_def(i1)
+    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp))
+
+    def verify_(self) -> None:
+        verify_workspace_layout(self)
 
 
 @irdl_op_definition
@@ -291,8 +305,12 @@ class RecordedCheckOp(KeywordSyntax):
 
     name = "k3s.recorded_check"
     workspace = operand_def(TensorType)
+    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     check = result_def(i1)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        verify_workspace_layout(self)
 
 
 def carried_state(loop: ChunkScanOp | ChunkLoopOp) -> tuple[SSAValue, SSAValue]:
@@ -405,7 +423,11 @@ class SpillOp(KeywordSyntax):
     name = "k3s.spill"
     workspace = operand_def(TensorType)
     tile = operand_def(TileType)
+    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp, WhenOp, ChunkLoopOp))
+
+    def verify_(self) -> None:
+        verify_workspace_layout(self)
 
 
 @irdl_op_definition
@@ -415,8 +437,12 @@ class ReloadOp(KeywordSyntax):
 
     name = "k3s.reload"
     workspace = operand_def(TensorType)
+    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     tile = result_def(TileType)
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp, ValueBlockLoopOp), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        verify_workspace_layout(self)
 
 
 @irdl_op_definition

@@ -1,12 +1,16 @@
 """What the Triton backend's lower-to-triton pass (backends/triton/lower.py) writes on stages
-before printing, as typed attributes: the passes that build the stages leave them absent, and
-the printer reads them."""
+before printing, as typed attributes (a load's register dtype, a workspace's layout): the passes
+that build the stages leave them absent, and the printer reads them."""
 
 from __future__ import annotations
 
+from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import irdl_attr_definition
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 
@@ -34,3 +38,83 @@ class DiagonalRows(Word):
 @irdl_attr_definition
 class DiagonalRowsAttr(EnumAttribute[DiagonalRows], SpacedOpaqueSyntaxAttribute):
     name = "k3s.diagonal_rows"
+
+
+class LayoutAxis(Word):
+    """An axis of a workspace's layout (WorkspaceLayoutAttr): what indexes it in a program."""
+
+    TOKEN = "token"  # a row per token of the batch's sequences (B x T as one axis): the chunk's rows
+    CHUNK = "chunk"  # a row per chunk of every sequence (NC): the program's chunk
+    HEAD = "head"  # the value head (HV)
+    PART = "part"  # the value block whose part of a sum the row holds (a fixed count)
+    COLUMN = "column"  # a dimension of the tile stored there (K, V or C): the tile's own offsets
+
+
+@irdl_attr_definition
+class LayoutAxisAttr(EnumAttribute[LayoutAxis], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.layout_axis"
+
+
+@irdl_attr_definition
+class WorkspaceLayoutAttr(ParametrizedAttribute):
+    """Where a kernel finds its rows in a workspace: `#k3s.layout<token[T], head[HV], column[K]>`,
+    the axes outermost first, each with its extent (a symbol or a fixed count), row-major: an
+    axis's stride is the product of the extents after it (strides()). lower-to-triton writes it on
+    each stage that stores tiles in a workspace or loads them from it (k3s.spill, k3s.reload, ...);
+    the printer prints the address from it (one helper), deciding nothing."""
+
+    name = "k3s.layout"
+    axes: ArrayAttr[LayoutAxisAttr]
+    extents: ArrayAttr[StringAttr]
+
+    @staticmethod
+    def of(*axes: tuple[str, str | int]) -> WorkspaceLayoutAttr:
+        """of(("token", "T"), ("head", "HV"), ("column", "K"))."""
+        return WorkspaceLayoutAttr(ArrayAttr([LayoutAxisAttr(LayoutAxis(axis)) for axis, _ in axes]),
+                                   ArrayAttr([StringAttr(str(extent)) for _, extent in axes]))
+
+    @property
+    def items(self) -> tuple[tuple[LayoutAxis, str], ...]:
+        """((axis, extent), ...), outermost first."""
+        return tuple((axis.data, extent.data) for axis, extent in zip(self.axes.data, self.extents.data, strict=True))
+
+    def strides(self) -> tuple[str, ...]:
+        """Each axis's stride as a product of symbols: ("HV * K", "K", "1") for token, head, column."""
+        extents = [extent for _, extent in self.items]
+        return tuple(" * ".join(extents[i + 1:]) or "1" for i in range(len(extents)))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        def parse_axis() -> tuple[str, str]:
+            start = parser.pos
+            word = parser.parse_identifier(" (a layout axis)")
+            if word not in list(LayoutAxis):
+                parser.raise_error(f"{cls.name}: an axis is one of {', '.join(LayoutAxis)}; got {word}", start, parser.pos)
+            parser.parse_punctuation("[")
+            extent = parser.parse_optional_integer(allow_boolean=False, allow_negative=False)
+            extent = str(extent) if extent is not None else parser.parse_identifier(" (an extent)")
+            parser.parse_punctuation("]")
+            return word, extent
+
+        items = parser.parse_comma_separated_list(parser.Delimiter.ANGLE, parse_axis)
+        layout = cls.of(*items)
+        return [layout.axes, layout.extents]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<" + ", ".join(f"{axis}[{extent}]" for axis, extent in self.items) + ">")
+
+    def verify_fits(self, op_name: str, dims: tuple) -> None:
+        """A VerifyException unless the layout fits a workspace of these dimensions: an axis a
+        dimension (token: B x T), a fixed extent its dimension's size."""
+        items, rows = self.items, [dim for dim in dims if dim != "B"]
+        if (len(rows) != len(items) or any(extent.isdigit() and str(dim) != extent for dim, (_, extent) in zip(rows, items))
+                or (items[0][0] == LayoutAxis.TOKEN) != (tuple(dims[:2]) == ("B", "T"))):
+            raise VerifyException(f"{op_name}: layout {self} does not fit its workspace <{' x '.join(map(str, dims))}>")
+
+    def verify(self) -> None:
+        if len(self.axes.data) != len(self.extents.data):
+            raise VerifyException(f"{self.name}: {len(self.axes.data)} axes but {len(self.extents.data)} extents")
+        kinds = [axis for axis, _ in self.items]
+        rows = [axis for axis in kinds if axis != LayoutAxis.COLUMN]
+        if kinds[:len(rows)] != rows or len(set(rows)) != len(rows):
+            raise VerifyException(f"{self.name}: each row axis at most once, before the columns; got {', '.join(kinds)}")

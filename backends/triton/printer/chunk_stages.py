@@ -3,15 +3,15 @@ triangular inverse, the WY factors, gate application, spills and reloads, the sc
 output and state advance, checkpoints.
 
 The products' precision (k3s.kernel <dots>), the inverse's products and squarings, the
-value-block loops' and the channel-gated Gram's block loop's unrolling and where the Gram's
-elementwise diagonal takes its rows from (reloaded or extracted) are the IR's (lower-to-triton).
-Still decided here (issue 39): the workspaces' layouts (spill_address, value_block_part_address)."""
+value-block loops' and the channel-gated Gram's block loop's unrolling, where the Gram's
+elementwise diagonal takes its rows from (reloaded or extracted) and the workspaces' layouts (a
+spill's or reload's <layout>, printed as addresses by common.workspace_address) are the IR's
+(lower-to-triton)."""
 
 from __future__ import annotations
 
-from xdsl.ir import SSAValue
-
-from k3compile.backends.triton.printer.common import chosen, register, tensor_name
+from k3compile.backends.triton.printer.common import (chosen, register, tensor_name, value_block_count,
+                                                      workspace_address)
 from k3compile.ir import k3s
 
 
@@ -21,10 +21,6 @@ TILE_BLOCKS = {"C": "BC", "NB": "NB", "K": "BK", "V": "BV"}
 
 class ChunkStages:
     """TritonPrinter's methods for chunkstages (one per k3s op, and their helpers)."""
-
-    # a [B, T, HV, width] workspace's columns by the spilled tile's column dimension: (width, the
-    # offsets and mask of this program's columns)
-    SPILL_COLUMNS = {"K": ("K", "o_k", "m_k"), "V": ("V", "o_v", "m_v"), "C": ("BC", "o_c", None)}
 
     def gamma(self, gate: str, exponent: str) -> str:
         """exp2 of a log2 expression (Gamma from G) broadcast against a [BC, BK] tile."""
@@ -93,42 +89,14 @@ class ChunkStages:
         for carried, part in zip(op.parent_block().args, op.parts, strict=True):
             self.code(f"{register(carried)} {add} {register(part)}")
 
-    def value_block_part_address(self, workspace: SSAValue, tile: SSAValue, block: str) -> tuple[str, str, int]:
-        """(the address of this program's part of a sum over the value blocks in a workspace of
-        parts, value block `block`; its mask; the number of blocks the workspace holds, NVB):
-        [B, T, HV, NVB, columns] per token row, [NC, HV, NVB, columns] per chunk (the slot of
-        spill_address's per-chunk rows)."""
-        dims = k3s.tile_dims(tile)
-        blocks = k3s.value_block_parts_layout(workspace.type, dims)
-        name = tensor_name(workspace)
-        per_token = dims[:1] == ("C",)
-        columns = dims[1:] if per_token else dims
-        if len(columns) > 1:
-            raise ValueError(f"no layout for the value-block parts {name}: a [C], [C, K], [C, C], [K] or "
-                             f"scalar tile, got {list(dims)}")
-        row = "t_c[:, None]" if per_token and columns else "t_c" if per_token else "(start // BC + i_n)"
-        slot = f"({row} * HV + i_hv) * {blocks} + {block}"
-        mask = "m_c[:, None]" if per_token and columns else "m_c" if per_token else ""
-        if columns:
-            width, offsets, column_mask = self.SPILL_COLUMNS[columns[0]]
-            slot = f"({slot}) * {width} + {offsets}" + ("[None, :]" if per_token else "")
-            if column_mask:
-                column_mask = f"{column_mask}[None, :]" if per_token else column_mask
-                mask = f"{mask} & {column_mask}" if mask else column_mask
-        return f"{name} + {slot}", mask, blocks
-
     def print_k3s_spill_value_block_part(self, op: k3s.SpillValueBlockPartOp) -> None:
-        address, mask, blocks = self.value_block_part_address(op.workspace, op.part, "i_v")
-        tile = next(o for o in self.kernel.body.ops if isinstance(o, k3s.ChunkTileOp))
-        V, BV = tile.head_v_dim.value.data, self.kernel.block_v.value.data
-        if blocks != -(-V // BV):  # as many slots as the programs' blocks
-            raise ValueError(f"{tensor_name(op.workspace)} holds the parts of {blocks} value blocks, but kernel "
-                             f"@{self.kernel.sym_name.data} runs {-(-V // BV)} (V = {V}, BV = {BV})")
+        address, mask = workspace_address(op, part="i_v")
         self.code.comment(op, "its block's slot, for the kernel that adds them up")
         self.code(f"tl.store({address}, {register(op.part)}{f', mask={mask}' if mask else ''})")
 
     def print_k3s_sum_value_block_parts(self, op: k3s.SumValueBlockPartsOp) -> None:
-        address, mask, blocks = self.value_block_part_address(op.workspace, op.total, "i_p")
+        address, mask = workspace_address(op, part="i_p")
+        blocks = value_block_count(op)
         out = register(op.total)
         shape = ", ".join(TILE_BLOCKS[d] for d in k3s.tile_dims(op.total))
         self.code.comment(op, "the value blocks' parts added in block order")
@@ -143,12 +111,12 @@ class ChunkStages:
         self.code(f"if {'not ' if holds else ''}{register(op.check)}:", "    return")
 
     def print_k3s_record_check(self, op: k3s.RecordCheckOp) -> None:
-        address, _ = self.spill_address(op.workspace)
+        address, _ = workspace_address(op)
         self.code.comment(op, "for the twin kernel, which then skips its gates")
         self.code(f"tl.store({address}, {register(op.check)}.to(tl.float32))")
 
     def print_k3s_recorded_check(self, op: k3s.RecordedCheckOp) -> None:
-        address, _ = self.spill_address(op.workspace)
+        address, _ = workspace_address(op)
         self.code.comment(op)
         self.code(f"{register(op.check)} = tl.load({address}) != 0.0")
 
@@ -350,33 +318,14 @@ class ChunkStages:
         self.code.comment(op)
         self.code(f"{register(op.decay)} = tl.exp2({register(op.total)})")
 
-    def spill_address(self, tensor: SSAValue, tile: SSAValue | None = None) -> tuple[str, str]:
-        """(the address of this program's rows in a workspace tensor, their mask); a per-token
-        workspace's columns are those of the `tile` spilled to it or reloaded from it."""
-        workspace = tensor_name(tensor)
-        if tensor.type.dims[0] == "NC":  # one row per chunk (gamma_C), at slot start // BC + i_n (unique, see NC)
-            if len(tensor.type.dims) == 4:  # a [K, V] state per chunk: this program's value columns
-                return (f"{workspace} + ((start // BC + i_n) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]",
-                        "m_k[:, None] & m_v[None, :]")
-            if len(tensor.type.dims) == 3:  # a channel gate: [NC, HV, K]
-                return f"{workspace} + ((start // BC + i_n) * HV + i_hv) * K + o_k", "m_k"
-            return f"{workspace} + (start // BC + i_n) * HV + i_hv", ""
-        columns = k3s.tile_dims(tile)[-1] if tile is not None else None
-        if columns not in self.SPILL_COLUMNS:
-            raise ValueError(f"no layout for the workspace {workspace}: a per-token one holds [C, K], [C, V] or "
-                             f"[C, C] tiles, got {columns}")
-        width, offsets, mask = self.SPILL_COLUMNS[columns]
-        address = f"{workspace} + (t_c[:, None] * HV + i_hv) * {width} + {offsets}[None, :]"
-        return address, "m_c[:, None]" + (f" & {mask}[None, :]" if mask else "")
-
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
-        address, mask = self.spill_address(op.workspace, op.tile)
+        address, mask = workspace_address(op)
         self.code.comment(op)
         self.code(f"tl.store({address}, {register(op.tile)}.to({tensor_name(op.workspace)}.dtype.element_ty)"
                   f"{f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
-        address, mask = self.spill_address(op.workspace, op.tile)
+        address, mask = workspace_address(op)
         self.code.comment(op)
         self.code(f"{register(op.tile)} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 

@@ -14,7 +14,10 @@ from k3compile.ir import k3s
 from k3compile.ir.syntax import attr_to_literal
 
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
-               k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp)
+               k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp,
+               k3s.SizeOp, k3s.SizeByRowsOp, k3s.BindSizeOp)
+# the dialect of the index arithmetic of an entry's host sizes (printed by the k3s.bind_size they end in)
+HOST_ARITH_DIALECT = "arith."
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # the constexprs that a k3s.launch_by_rows's block sizes set at launch
@@ -70,6 +73,45 @@ def chosen(op: Operation, name: str):
     if (value := op.properties.get(name)) is None:
         raise ValueError(f"{describe(op)} reached the Triton printer without lower-to-triton (no {name})")
     return value
+
+
+# how a program indexes each axis of a workspace layout (k3s.layout, lower-to-triton's): the
+# index of a row axis; a column's extent as the kernel names it, its offsets and their mask
+LAYOUT_ROWS = {k3s.LayoutAxis.TOKEN: "t_c", k3s.LayoutAxis.CHUNK: "start // BC + i_n", k3s.LayoutAxis.HEAD: "i_hv"}
+LAYOUT_COLUMNS = {"K": ("K", "o_k", "m_k"), "V": ("V", "o_v", "m_v"), "C": ("BC", "o_c", None)}
+BROADCASTS = {1: ("",), 2: ("[:, None]", "[None, :]")}
+
+
+def horner(terms: list[tuple[str, str]]) -> str:
+    """(index, extent) pairs, outermost first, as ((i0 * e1 + i1) * e2 + i2): row-major."""
+    text = terms[0][0]
+    for index, extent in terms[1:]:
+        text = f"{f'({text})' if ' + ' in text else text} * {extent} + {index}"
+    return text
+
+
+def workspace_address(op: Operation, part: str | None = None) -> tuple[str, str]:
+    """(the address of this program's rows in op's workspace, their mask ("" for none)), printed
+    from the layout lower-to-triton wrote on op; `part`: the index of a value-block parts axis. The token rows and the columns are the tile's axes, broadcast against each other."""
+    layout = chosen(op, "layout")
+    rows = [(axis, extent) for axis, extent in layout.items if axis != k3s.LayoutAxis.COLUMN]
+    columns = [LAYOUT_COLUMNS[extent] for axis, extent in layout.items if axis == k3s.LayoutAxis.COLUMN]
+    per_token = rows[0][0] == k3s.LayoutAxis.TOKEN
+    vectors = [("t_c", "t_c", "m_c")] * per_token + columns  # (extent, offsets, mask) of each vector axis
+    broadcast = BROADCASTS[len(vectors)] if vectors else ()
+    index = {**LAYOUT_ROWS, k3s.LayoutAxis.PART: part}
+    address = horner([(index[axis] + (broadcast[0] if axis == k3s.LayoutAxis.TOKEN else ""), extent)
+                      for axis, extent in rows])
+    if columns:
+        offsets = horner([(o + b, width) for (width, o, _), b in zip(columns, broadcast[per_token:], strict=True)])
+        address = f"{f'({address})' if ' + ' in address else address} * {' * '.join(w for w, _, _ in columns)} + {offsets}"
+    mask = " & ".join(m + b for (_, _, m), b in zip(vectors, broadcast, strict=True) if m is not None)
+    return f"{tensor_name(op.workspace)} + {address}", mask
+
+
+def value_block_count(op: Operation) -> int:
+    """The number of value blocks (NVB) whose parts op's workspace holds: its layout's part axis."""
+    return int(next(extent for axis, extent in chosen(op, "layout").items if axis == k3s.LayoutAxis.PART))
 
 
 def launch_table_name(entry: str) -> str:

@@ -11,6 +11,7 @@ from k3compile.backends.triton.launch import LAUNCH_CONSTANTS, launch_config
 from k3compile.backends.triton.printer import context_parallel
 from k3compile.backends.triton.printer.common import (
     ENTRY_PARTS,
+    HOST_ARITH_DIALECT,
     KERNEL_GROUPINGS,
     Code,
     EntryView,
@@ -35,6 +36,33 @@ DIFFERENTIABLE_WRAPPERS = {
 
 # the dtype classes of MXFP4 weights' bytes, checked by the mxfp4 runtime's _check_mx
 MX_DTYPE_CLASSES = (k3s.ArgDtype.FP4X2, k3s.ArgDtype.FP4X8, k3s.ArgDtype.E8M0)
+
+
+# what a host size is, above its line
+HOST_SIZE_NOTES = {
+    "NC": ("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
+           "# below cdiv(B T, C) + N for any split into sequences"),
+    "HS": ("# the hidden slices of the router kernel at this call's rows (its k3s.launch_by_rows <hidden_slices>, "
+           "else its own)",),
+    "PB": ("# an MoE dispatch plan's blocks: each expert's run of pairs padded to whole blocks of BM rows: at",
+           "# most one partial block per expert that has pairs"),
+}
+# index arithmetic as Python: (format, whether the result is a sum, which a product parenthesises)
+HOST_ARITH = {"arith.muli": ("{} * {}", False), "arith.addi": ("{} + {}", True),
+              "arith.ceildivsi": ("triton.cdiv({}, {})", False), "arith.minsi": ("min({}, {})", False)}
+
+
+def host_expression(value, product: bool = False) -> str:
+    """An index value of an entry's host sizes as one Python expression over dims[...]."""
+    op = value.owner
+    if isinstance(op, k3s.SizeOp):
+        return f'dims["{op.symbol.data.value}"]'
+    if op.name == "arith.constant":
+        return str(op.value.value.data)
+    form, is_sum = HOST_ARITH[op.name]
+    inner = op.name == "arith.muli"
+    text = form.format(*(host_expression(v, inner) for v in op.operands))
+    return f"({text})" if is_sum and product else text
 
 
 class Entries:
@@ -134,7 +162,8 @@ class Entries:
     def print_entry(self, view: EntryView, def_name: str | None = None) -> None:
         c = self.code
         entry = view.entry
-        unlowered = [op.name for op in entry.body.ops if not isinstance(op, ENTRY_PARTS)]
+        unlowered = [op.name for op in entry.body.ops
+                     if not isinstance(op, ENTRY_PARTS) and not op.name.startswith(HOST_ARITH_DIALECT)]
         if unlowered or not view.kernels:
             what = f"its schedule {unlowered[0]} is not grouped into kernels" if unlowered else "it has no kernels"
             hint = KERNEL_GROUPINGS.get(unlowered[0] if unlowered else "", "no pass groups it into kernels yet")
@@ -194,26 +223,7 @@ class Entries:
             for arg in view.scalars:
                 name = arg.sym_name.data
                 c(f'{name} = _scalar("{name}", {name}, {attr_to_literal(arg.default)})')
-            if any("NC" in t.type.dims for t in view.tensors):
-                chunk_size = next(op.chunk_size.value.data for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.ChunkTileOp))
-                c("# per-chunk slots: chunk (sequence n, first token s) uses slot s // C + n, unique and",
-                  "# below cdiv(B T, C) + N for any split into sequences",
-                  f'dims["NC"] = triton.cdiv(dims["B"] * dims["T"], {chunk_size}) + dims["N"]')
-                for arg in view.tensors:  # an input sized by NC is checked against it now (it bound NC above)
-                    if arg.role.data in ("input", "inout") and "NC" in arg.type.dims:
-                        c(f'_check_tensor("{arg.sym_name.data}", {arg.sym_name.data}, "{arg.type.pattern}", '
-                          f'"{arg.type.dtype_class}", dims, {view.tensors[0].sym_name.data}.device)')
-            sort = next((op for op in k3s.walk_entry(view.entry) if isinstance(op, k3s.SortPairsOp)), None)
-            if sort is not None:
-                k, BM = sort.top_k.value.data, sort.block_rows.value.data
-                E = next(op.num_experts.value.data for op in k3s.walk_entry(view.entry)
-                         if isinstance(op, (k3s.CountPairsOp, k3s.RankPairsOp)))
-                c(f"# {describe(sort)}: each expert's run of pairs padded to whole blocks of {BM} rows: at most",
-                  "# one partial block per expert that has pairs",
-                  f'dims["PB"] = triton.cdiv(dims["R"] * {k}, {BM}) + min(dims["R"] * {k}, {E})',
-                  f'dims["PP"] = dims["PB"] * {BM}')
-            if any("HS" in t.type.dims for t in view.tensors):
-                self.print_hidden_slices(view)
+            self.print_host_sizes(view)
             for out in view.tensors:
                 if out.role.data in ("output", "optional_output", "workspace"):
                     self.print_allocation(out, view)
@@ -380,6 +390,25 @@ class Entries:
         rows = 'dims["B"] * dims["T"]' if token_rows & set(kernel.axes) else 'dims["R"]'
         return ([f"{rows} >= {kernel.min_rows.value.data}"] if kernel.min_rows is not None else []) + \
             ([f"{rows} <= {kernel.max_rows.value.data}"] if kernel.max_rows is not None else [])
+
+    def print_host_sizes(self, view: EntryView) -> None:
+        """The shape symbols the entry binds (k3s.bind_size, lower-to-triton's), each its index
+        arithmetic as one Python expression; then the inputs of that size are checked."""
+        c = self.code
+        for op in view.entry.body.ops:
+            if not isinstance(op, k3s.BindSizeOp):
+                continue
+            symbol = op.symbol.data.value
+            if isinstance(by_rows := op.size.owner, k3s.SizeByRowsOp):
+                c(*HOST_SIZE_NOTES.get(symbol, ()), f'dims["{symbol}"] = {by_rows.otherwise.value.data}')
+                for index, (most, size) in enumerate(by_rows.cases):
+                    c(f'{"el" if index else ""}if dims["R"] <= {most}:', f'    dims["{symbol}"] = {size}')
+            else:
+                c(*HOST_SIZE_NOTES.get(symbol, ()), f'dims["{symbol}"] = {host_expression(op.size)}')
+            for arg in view.tensors:  # an input of that size is checked against it now (it bound the size above)
+                if arg.role.data in ("input", "inout") and symbol in arg.type.dims:
+                    c(f'_check_tensor("{arg.sym_name.data}", {arg.sym_name.data}, "{arg.type.pattern}", '
+                      f'"{arg.type.dtype_class}", dims, {view.tensors[0].sym_name.data}.device)')
 
     def print_launch(self, kernel: k3s.KernelOp, view: EntryView, side_stream: bool = False) -> None:
         c = self.code

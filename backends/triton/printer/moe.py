@@ -28,25 +28,6 @@ class MoE:
     def print_axis_hidden_slice(self, axis: int) -> None:
         self.code(f"# grid axis {axis}: slice i_hs of the HS slices of the hidden columns", f"i_hs = tl.program_id({axis})")
 
-    def print_hidden_slices(self, view: EntryView) -> None:
-        """dims["HS"]: the hidden slices of the entry's router kernel at the call's rows, those of
-        the first of its k3s.launch_by_rows ops that holds R, else its own. Set with the other
-        sizes, before the allocations: the partial logits' workspace has HS planes."""
-        kernel = next(k for k in view.kernels if k3s.GridAxis.HIDDEN_SLICE in k.axes)
-        own = kernel.hidden_slices.value.data
-        launches = [(op.max_rows.value.data, own if op.hidden_slices is None else op.hidden_slices.value.data)
-                    for op in k3s.launch_by_rows_ops(view.entry, kernel)]
-        # a launch with the slices of the next (or the kernel's own, after the last) changes nothing
-        launches = [(most, count) for (most, count), after in zip(launches, [*launches[1:], (None, own)])
-                    if count != after[1]]
-        self.code(f"# the hidden slices of @{kernel.sym_name.data} at this call's rows (its k3s.launch_by_rows "
-                  "<hidden_slices>, else its own)",
-                  f'dims["HS"] = {own}')
-        for index, (most, count) in enumerate(launches):
-            self.code(f'{"el" if index else ""}if dims["R"] <= {most}:')
-            with self.code.indent():
-                self.code(f'dims["HS"] = {count}')
-
     def print_launch_by_rows(self, kernel: k3s.KernelOp, view: EntryView) -> None:
         """The block sizes of the kernel's k3s.launch_by_rows ops, chosen by the call's rows."""
         launches = k3s.launch_by_rows_ops(view.entry, kernel)

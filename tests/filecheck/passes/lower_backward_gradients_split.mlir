@@ -62,7 +62,7 @@
 // TRITON-NOT:     tl.static_range
 // TRITON:         # k3s.sum_value_blocks
 // TRITON-NEXT:    b_KG_bar = b_KG_bar_block
-// TRITON:         # k3s.spill_value_block_part %KG_bar_parts, %KG_bar: its block's slot
+// TRITON:         # k3s.spill_value_block_part %KG_bar_parts, %KG_bar <layout = #k3s.layout<token[T], head[HV], part[2], column[K]>>: its block's slot
 // TRITON-NEXT:    tl.store(KG_bar_parts + ((t_c[:, None] * HV + i_hv) * 2 + i_v) * K + o_k[None, :], b_KG_bar, mask=m_c[:, None] & m_k[None, :])
 // TRITON-NEXT:    # k3s.spill_value_block_part %gamma_C_bar_parts, %gamma_C_bar
 // TRITON-NEXT:    tl.store(gamma_C_bar_parts + (((start // BC + i_n) * HV + i_hv) * 2 + i_v) * K + o_k, b_gamma_C_bar, mask=m_k)
@@ -70,7 +70,7 @@
 // TRITON-LABEL: def kda_backward_gradients_kernel(
 // TRITON-NOT:     S_bar,
 // TRITON:         KG_bar_parts,
-// TRITON:         # %KG_bar = k3s.sum_value_block_parts %KG_bar_parts <unroll = true>: the value blocks' parts added in block order
+// TRITON:         # %KG_bar = k3s.sum_value_block_parts %KG_bar_parts <unroll = true, layout = #k3s.layout<token[T], head[HV], part[2], column[K]>>: the value blocks' parts added in block order
 // TRITON-NEXT:    b_KG_bar = tl.zeros([BC, BK], dtype=tl.float32)
 // TRITON-NEXT:    for i_p in tl.static_range(0, 2):
 // TRITON-NEXT:        b_KG_bar += tl.load(KG_bar_parts + ((t_c[:, None] * HV + i_hv) * 2 + i_p) * K + o_k[None, :], mask=m_c[:, None] & m_k[None, :], other=0.0)

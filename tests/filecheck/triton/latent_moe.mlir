@@ -28,7 +28,7 @@
 // CHECK:      # %ids, %w = k3s.select_top_k %s, %router_bias <top_k = 16>
 // CHECK:      # k3s.store_routing %ids, %weights, %topk_ids, %topk_weights
 // CHECK-LABEL: def route(x, router_weight, router_bias):
-// CHECK:      # the hidden slices of @latent_moe_router_logits at this call's rows
+// CHECK:      # the hidden slices of the router kernel at this call's rows
 // CHECK-NEXT: dims["HS"] = 1
 // CHECK-NEXT: if dims["R"] <= 16:
 // CHECK-NEXT:     dims["HS"] = 8
