@@ -94,7 +94,7 @@ def test_printer_follows_the_gram_choices(monkeypatch):
             choices["diagonal_rows"] = k3s.DiagonalRowsAttr(k3s.DiagonalRows.EXTRACT)
         return {**choices, "unroll": BoolAttr.from_bool(False)} if choices else choices
 
-    monkeypatch.setitem(lower_to_triton.STAGE_CHOICES, k3s.GramOp, other_choices)
+    monkeypatch.setitem(lower_to_triton.STAGE_CHOICES, k3s.GramOp, [other_choices])
     source = lower(load_spec(EXAMPLES / "kda.toml")).source
     assert "for d in range(1, NB):" in source and "for d in tl.static_range" not in source
     assert "b_pick = (o_r == r)" in source and "t_j = start" not in source

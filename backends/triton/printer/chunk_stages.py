@@ -6,7 +6,8 @@ The products' precision (k3s.kernel <dots>), the inverse's products and squaring
 value-block loops' and the channel-gated Gram's block loop's unrolling, where the Gram's
 elementwise diagonal takes its rows from (reloaded or extracted) and the workspaces' layouts (a
 spill's or reload's <layout>, printed as addresses by common.workspace_address) are the IR's
-(lower-to-triton)."""
+(lower-to-triton). Still decided here (issue 39): the addresses of the output rows and of the
+checkpoints it stores (print_k3s_chunk_output, print_k3s_store_checkpoint)."""
 
 from __future__ import annotations
 
