@@ -61,6 +61,7 @@ K3S = Dialect(
         AbsentTensorOp,
         LaunchByRowsOp,
         WhenOp,
+        FlagOp,
         StateTileOp,
         TokenLoopOp,
         NextTokenOp,

@@ -37,7 +37,7 @@ builtin.module {
 // CHECK-NEXT:     %{{.*}} = k3s.load_chunk %[[Q]] : !k3s.tile<C x K>
 
 // ESCAPES: k3c opt: error: <stdin>:{{[0-9]+}}:{{[0-9]+}}: SSA value used before assignment
-// UNDECLARED: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags ['SPILL_Q'] must be those its k3s.when stages read, ['SPILL_P']
-// NONE: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags [] must be those its k3s.when stages read, ['SPILL_P']
+// UNDECLARED: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags ['SPILL_Q'] must be those its k3s.when and k3s.flag stages read, ['SPILL_P']
+// NONE: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags [] must be those its k3s.when and k3s.flag stages read, ['SPILL_P']
 // NAME: k3c opt: error: {{.*}}k3s.kernel @prepare: a flag is an upper-case name (a constexpr of the code) set to true or false
 // TWICE: k3c opt: error: {{.*}}dictionary key 'SPILL_P' is given twice
