@@ -73,7 +73,7 @@ FREE = (k3s.AddOp, k3s.SubOp, k3s.MulOp, k3s.NegOp, k3s.ScaleOp, k3s.MaskOp, k3s
         k3s.GateCumsumOp, k3s.GateTotalOp, k3s.ChunkDecayOp, k3s.BlockGatesOp, k3s.BlockRescaleOp,
         k3s.BlockSpanCheckOp, k3s.GateApplyOp, k3s.ReverseCumsumOp, k3s.OntoLastRowOp, k3s.PairDecayOp,
         k3s.NextChunkOp, k3s.ChunkTileOp, k3s.SumValueBlocksOp, k3s.ExitUnlessOp, k3s.RecordCheckOp, k3s.RecordedCheckOp,
-        k3s.DecayOp, k3s.NextTokenOp, k3s.DecayProductOp)
+        k3s.DecayOp, k3s.NextTokenOp, k3s.DecayProductOp, k3s.FlagOp)
 for _free in FREE:
     COST_RULES[_free] = lambda op, sizes: StageCost()
 

@@ -13,7 +13,9 @@ as in fuse-chunkwise:
   reloaded from the prepare's spills); S and S_bar reloaded; the adjoint stages and the stores.
   With scan-values=spill, the values the gradients kernel reads that a scan also makes from its
   carried tile (the delta residual, the residual's cotangent) are spilled by the scan and
-  reloaded, and what only they needed (the query Gram, W, U) is no longer recomputed.
+  reloaded, and what only they needed (the query Gram, W, U) is no longer recomputed. Where it
+  holds guarded forms (an unbounded channel gate), it is launched twice, its flag STEEP off for
+  the chunks whose span check holds and on for the others (guarded_by_flag).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, i1
+from xdsl.dialects.builtin import BoolAttr, DictionaryAttr, ModuleOp, StringAttr, i1
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -85,26 +87,6 @@ def in_value_blocks(ops: list[Operation], block_v: int) -> list[Operation]:
     return [*before, loop, *[op for op in ops if op in after]]
 
 
-def resolved(op: Operation, form: k3s.GramDiagonal, mapped: dict[SSAValue, SSAValue]) -> Operation:
-    """A clone of op onto mapped's values (which it extends), a guarded Gram diagonal or gated
-    contraction resolved to `form`: its guard dropped, and the operands only the other form reads."""
-    clone = op.clone(value_mapper=mapped)
-    guarded = k3s.GramDiagonal.GUARDED
-    if isinstance(clone, k3s.GramOp) and clone.diagonal is not None and clone.diagonal.data == guarded:
-        only_other = {"tensors": []} if form == k3s.GramDiagonal.FACTORED else {"diagonal_factor": None}
-        form_op = clone.rebuilt(diagonal=form, factored_guard=None, **only_other)
-    elif isinstance(clone, k3s.GatedContractionOp) and clone.form.data == guarded:
-        operands = [clone.cotangent, clone.rows, clone.cumulative_gate]
-        properties = {**clone.properties, "form": k3s.GramDiagonalAttr(form)}
-        form_op = type(clone).create(operands=operands, properties=properties, result_types=[clone.results[0].type])
-    else:
-        return clone
-    form_op.results[0].name_hint = clone.results[0].name_hint
-    mapped[op.results[0]] = form_op.results[0]
-    clone.erase()
-    return form_op
-
-
 def is_guarded(ops: list[Operation]) -> bool:
     """Whether ops hold a guarded form (a Gram diagonal or gated contraction, factored where the
     chunk's k3s.block_span_check holds)."""
@@ -113,30 +95,38 @@ def is_guarded(ops: list[Operation]) -> bool:
                or isinstance(op, k3s.GatedContractionOp) and op.form.data == guarded for op in ops)
 
 
-def split_by_guard(ops: list[Operation], steep_chunks: SSAValue | None) -> list[list[Operation]]:
-    """A chunk kernel's ops as one kernel, or, where they hold guarded forms, as two: the forms
-    factored in the chunks where the span check holds, elementwise in the others. Inlined
+# the constexpr flag of a gradients kernel with guarded forms: off in the launch that runs the
+# chunks whose span check holds (the forms factored), on in its second launch, the steep chunks'
+STEEP = "STEEP"
+
+
+def guarded_by_flag(ops: list[Operation], steep_chunks: SSAValue | None) -> list[Operation]:
+    """A chunk kernel's ops, where they hold guarded forms, as one code for two launches (the
+    kernel's flag STEEP off, then on): its guarded forms take `k3s.flag <flag = STEEP, on =
+    false>` as their guard instead of the span check, so Triton compiles each launch with one
+    form; the span check, recording it to the workspace `steep_chunks` and the exit of the steep
+    chunks run under `k3s.when <flag = STEEP, on = false>`; reading the recorded check back and
+    the exit of the other chunks under `k3s.when <flag = STEEP>`, before anything else. Inlined
     together, the elementwise loops that most chunks never run would cost every chunk registers
-    (ptxas spills the factored path around them). The first records each chunk's check in the
-    workspace `steep_chunks` and the twin starts by reading it: most of its programs exit there,
-    before loading anything else."""
+    (ptxas spills the factored path around them); as two launches, each compiles one path, and
+    most programs of the steep launch exit before loading anything. ops as they are where they
+    hold no guarded form."""
     if not is_guarded(ops):
-        return [ops]
-    factored: list[Operation] = []
-    mapped: dict[SSAValue, SSAValue] = {}
-    for op in ops:
-        factored.append(resolved(op, k3s.GramDiagonal.FACTORED, mapped))
-        if isinstance(op, k3s.BlockSpanCheckOp):
-            factored += [make(k3s.RecordCheckOp, operands=[steep_chunks, mapped[op.fits]]),
-                         make(k3s.ExitUnlessOp, operands=[mapped[op.fits]], holds=True)]
+        return ops
+    factored = make(k3s.FlagOp, flag=STEEP, on=False, result=("factored", i1))
     recorded = make(k3s.RecordedCheckOp, operands=[steep_chunks], result=("factorable", i1))
-    steep: list[Operation] = [recorded, make(k3s.ExitUnlessOp, operands=[recorded.check], holds=False)]
-    mapped = {}
-    steep += [resolved(op, k3s.GramDiagonal.ELEMENTWISE, mapped) for op in ops]
-    kernels = [without_dead_stages(kernel) for kernel in (factored, steep)]
+    steep_exit = make(k3s.WhenOp, [recorded, make(k3s.ExitUnlessOp, operands=[recorded.check], holds=False)],
+                      flag=STEEP)
+    merged: list[Operation] = [steep_exit, factored]
     for op in ops:
-        op.drop_all_references()
-    return kernels
+        if isinstance(op, k3s.BlockSpanCheckOp):
+            op.fits.replace_all_uses_with(factored.value)  # the guards; the check itself only decides the exit
+            merged.append(make(k3s.WhenOp, [op, make(k3s.RecordCheckOp, operands=[steep_chunks, op.fits]),
+                                            make(k3s.ExitUnlessOp, operands=[op.fits], holds=True)],
+                               flag=STEEP, on=False))
+        else:
+            merged.append(op)
+    return merged
 
 
 def without_dead_stages(kernel: list[Operation]) -> list[Operation]:
@@ -394,23 +384,29 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     grads.ops = in_value_blocks(grads.ops, block_v)
     # the value columns in blocks of block_v (the [K, V] state and cotangent tiles a block at a
     # time), twice the prepare's warps; the chunks whose decays overflow the factored forms, if
-    # any, in a second kernel
+    # any, in a second launch of it
     # with gradients-split=value-blocks, the value-block loop a kernel of its own, a value block a
     # program, before the rest
     parts = split_value_blocks(grads.ops, spilled_to, layer_op, C, block_v) if gradients_split == "value-blocks" \
         else [grads.ops]
     steep_chunks = None
-    if any(is_guarded(ops) for ops in parts):  # each chunk's span check, recorded by a factored kernel for its twin
+    if any(is_guarded(ops) for ops in parts):  # each chunk's span check, recorded by the first launch for the steep one
         spilled_to["steep_chunks"] = tensor_arg("steep_chunks", k3s.tensor("NC", HV, dtype="float32"), "workspace")
         steep_chunks = spilled_to["steep_chunks"].results[0]
     gradient_kernels = []
     for kind, part in zip(("value_blocks", "gradients")[-len(parts):], parts):
         grid = (GridAxis.CHUNK, GridAxis.VALUE_HEAD, *((GridAxis.VALUE_BLOCK,) if kind == "value_blocks" else ()))
         maxnreg = value_blocks_maxnreg if kind == "value_blocks" else gradients_maxnreg
-        for suffix, ops in zip((kind, f"{kind}_steep"), split_by_guard(part, steep_chunks)):
-            body = KernelBody(spilled_to)
-            body.ops = ops
-            gradient_kernels.append(chunk_kernel(suffix, body, gradients_warps or 2 * num_warps, maxnreg, grid))
+        body = KernelBody(spilled_to)
+        body.ops = guarded_by_flag(part, steep_chunks)
+        kernel = chunk_kernel(kind, body, gradients_warps or 2 * num_warps, maxnreg, grid)
+        gradient_kernels.append(kernel)
+        if is_guarded(part):  # its second launch, the steep chunks': the same code (merge-identical-kernels)
+            steep = kernel.clone()
+            steep.properties["sym_name"] = StringAttr(f"{name}_{kind}_steep")
+            for launch, on in ((kernel, False), (steep, True)):
+                launch.properties["flags"] = DictionaryAttr({STEEP: BoolAttr.from_bool(on)})
+            gradient_kernels.append(steep)
     kernels = [chunk_kernel("prepare", prepare, num_warps), states, cotangents, *gradient_kernels]
     workspaces = list(spilled_to.values())
     rebind(kernels, {**values, **argument_values(workspaces)})
@@ -430,7 +426,7 @@ class LowerBackwardPass(ModulePass):
     # take S and S_bar in the inputs' dtype anyway) or float32 (twice the bytes)
     state_spill: str = "input"
     # the gradients kernels' register cap (ptxas' maxnreg; 0: none). Without one ptxas gives the
-    # steep twin 32 registers and 18 KB of stack; capped at 255 it uses 255 and 5.7 KB
+    # steep launch 32 registers and 18 KB of stack; capped at 255 it uses 255 and 5.7 KB
     # (bench/sm90_resources.py)
     gradients_maxnreg: int = 255
     # the forward's matrix stages the gradients kernel reads (the Grams, the triangular inverse, W):

@@ -94,14 +94,16 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
         "kda_backward_segments_state_scan": "kda_backward_state_scan",
         "kda_backward_segments_cotangent_scan": "kda_backward_cotangent_scan",
         "kda_backward_segments_gradients": "kda_backward_gradients",
-        "kda_backward_segments_gradients_steep": "kda_backward_gradients_steep",
+        "kda_backward_segments_gradients_steep": "kda_backward_gradients",
         # chunk_saving and chunk_backward_saved (save-forward-values): every kernel, copied
         "kda_chunk_prepare_saving": "kda_chunk_prepare",
         "kda_chunk_scan_saving": "kda_chunk_scan",
         "kda_backward_state_scan_saved": "kda_backward_state_scan",
         "kda_backward_cotangent_scan_saved": "kda_backward_cotangent_scan",
         "kda_backward_gradients_saved": "kda_backward_gradients",
-        "kda_backward_gradients_steep_saved": "kda_backward_gradients_steep",
+        "kda_backward_gradients_steep_saved": "kda_backward_gradients",
+        # lower-backward: the steep chunks' launch of the gradients kernel, its flag STEEP on
+        "kda_backward_gradients_steep": "kda_backward_gradients",
     }
     source = compilation.source
     assert "def kda_segments_scan_kernel(" not in source and "def kda_summary_prepare_kernel(" not in source
@@ -116,6 +118,11 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
         ["None,  # q", "None,  # P", "None,  # QG"]
     for entry, kernel in (("_chunk_single", "kda_chunk_prepare"), ("chunk_segments", "kda_segments_prepare")):
         assert "SPILL_P_QG=True," in launch_in(source, entry, kernel) and "None,  #" not in launch_in(source, entry, kernel)
+    # the gradients kernel printed once, launched for the factored chunks and again for the steep ones
+    assert "def kda_backward_gradients_steep_kernel(" not in source
+    for steep, on in (("kda_backward_gradients", False), ("kda_backward_gradients_steep", True)):
+        launch = launch_in(source, "_chunk_backward_single", steep)
+        assert "kda_backward_gradients_kernel[grid](" in launch and f"STEEP={on}," in launch
 
 
 @pytest.mark.parametrize("kind, flag", [("kda", "SPILL_P_QG"), ("gated_deltanet", "SPILL_P_QG"),
@@ -146,13 +153,15 @@ def test_merge_needs_the_same_code_properties():
     MergeIdenticalKernelsPass().apply(Context(), module)
     assert kernels["kda_segments_prepare"].shares_code_of.string_value() == "kda_chunk_prepare"
     assert kernels["kda_segments_scan"].shares_code_of is None
-    # no kernel shares the code of one in its own entry, and running it again changes nothing
+    # no kernel shares the code of one in its own entry but a launch with other flags (the steep
+    # chunks' launch of the gradients kernel), and running it again changes nothing
     before = str(module)
     MergeIdenticalKernelsPass().apply(Context(), module)
     assert str(module) == before
     for kernel in kernels.values():
         if kernel.shares_code_of is not None:
-            assert k3s.launching_entry(kernels[kernel.code_name()]) is not k3s.launching_entry(kernel)
+            code = kernels[kernel.code_name()]
+            assert k3s.launching_entry(code) is not k3s.launching_entry(kernel) or code.flags != kernel.flags
 
 
 # --- the printer's self-check (kernels.py print_kernel): what each kernel's printed code reads -----

@@ -50,7 +50,7 @@ def scheduled():
 def test_the_backward_scans_overlap_and_nothing_that_reads_a_spill(scheduled):
     assert shape(entry_ops(scheduled, "chunk_backward")) == [
         "backward_prepare", "fork_streams", "backward_state_scan*", "backward_cotangent_scan", "join_streams",
-        "backward_gradients", "backward_gradients_steep"]  # the twin reads the checks the first records
+        "backward_gradients", "backward_gradients_steep"]  # the steep launch reads the checks the first records
     # the forward's scan reads what the prepare spills: one after the other
     assert shape(entry_ops(scheduled, "chunk")) == ["chunk_prepare", "chunk_scan"]
 

@@ -8,7 +8,8 @@ the same order, with the same properties and the same use-def chains; their argu
 values of their entries they read and write, matched by name) and their properties agree but for those that only say how a kernel is launched (launch configuration,
 block sizes and the values of its flags, which each launch passes as constexprs). So the
 summary prepare, which guard-spill-only-stages gives the chunk prepare's body with its flag off,
-runs the chunk prepare's code. The printer checks that the two kernels' code agrees in their
+runs the chunk prepare's code. Kernels of one entry share code only where their flags differ:
+the backward's gradients kernel and its steep launch (lower-backward). The printer checks that the two kernels' code agrees in their
 entries and says so if it does not.
 """
 
@@ -116,7 +117,8 @@ def same_code(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
 
 @dataclass(frozen=True)
 class MergeIdenticalKernelsPass(ModulePass):
-    """Point every kernel at the first earlier kernel, of another entry, with the same code."""
+    """Point every kernel at the first earlier kernel with the same code, of another entry (or of its
+    own, launched with other flags)."""
 
     name = "merge-identical-kernels"
 
@@ -128,11 +130,18 @@ class MergeIdenticalKernelsPass(ModulePass):
             if kernel.shares_code_of is not None:
                 continue
             entry = entry_of[kernel]
-            twin = next((k for k in originals if entry_of[k] is not entry and same_code(k, kernel)), None)
+            twin = next((k for k in originals if (entry_of[k] is not entry or other_launch(k, kernel))
+                         and same_code(k, kernel)), None)
             if twin is None:
                 originals.append(kernel)
             else:
                 kernel.properties["shares_code_of"] = SymbolRefAttr(twin.sym_name)
+
+
+def other_launch(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
+    """Whether two kernels of one entry are launches of one code with other flags (the gradients
+    kernel of lower-backward and its steep launch): an entry's kernels are otherwise its own."""
+    return kernel.flags is not None and other.flags is not None and kernel.flags != other.flags
 
 
 def launching_entries(module: ModuleOp) -> dict[k3s.KernelOp, k3s.EntryOp]:

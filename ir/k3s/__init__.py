@@ -62,6 +62,7 @@ K3S = Dialect(
         AbsentTensorOp,
         LaunchByRowsOp,
         WhenOp,
+        FlagOp,
         StateTileOp,
         TokenLoopOp,
         NextTokenOp,

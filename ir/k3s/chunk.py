@@ -272,27 +272,27 @@ class SumValueBlockPartsOp(KeywordSyntax):
 
 @irdl_op_definition
 class ExitUnlessOp(KeywordSyntax):
-    """The program stops here unless `check` (a k3s.block_span_check) is `holds`: a kernel whose
-    guarded forms were resolved to one form runs only the chunks that form is for; a twin
-    kernel, resolved to the other, runs the rest."""
+    """The program stops here unless `check` (a k3s.block_span_check) is `holds`: a launch whose
+    guarded forms are one form (their guard its k3s.flag) runs only the chunks that form is for;
+    the kernel's other launch, the other form, runs the rest."""
 
     name = "k3s.exit_unless"
     holds = prop_def(BoolAttr)
     check = operand_def(i1)
-    traits = traits_def(HasParent(KernelOp))
+    traits = traits_def(HasParent(KernelOp, WhenOp))
 
 
 @irdl_op_definition
 class RecordCheckOp(KeywordSyntax):
     """`k3s.record_check %steep_chunks, %factorable`: store the chunk's check (a
-    k3s.block_span_check) to a per-chunk workspace, so that the twin kernel of the other form
-    reads one number instead of recomputing the gates to decide (its programs mostly exit)."""
+    k3s.block_span_check) to a per-chunk workspace, so that the launch of the other form reads
+    one number instead of recomputing the gates to decide (its programs mostly exit)."""
 
     name = "k3s.record_check"
     workspace = operand_def(TensorType)
     check = operand_def(i1)
     layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
-    traits = traits_def(HasParent(KernelOp))
+    traits = traits_def(HasParent(KernelOp, WhenOp))
 
     def verify_(self) -> None:
         verify_workspace_layout(self)
@@ -300,14 +300,14 @@ class RecordCheckOp(KeywordSyntax):
 
 @irdl_op_definition
 class RecordedCheckOp(KeywordSyntax):
-    """`%factorable = k3s.recorded_check %steep_chunks`: the check an earlier kernel recorded for
+    """`%factorable = k3s.recorded_check %steep_chunks`: the check an earlier launch recorded for
     this program's chunk (k3s.record_check)."""
 
     name = "k3s.recorded_check"
     workspace = operand_def(TensorType)
     layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     check = result_def(i1)
-    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
+    traits = traits_def(HasParent(KernelOp, WhenOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         verify_workspace_layout(self)

@@ -19,10 +19,11 @@ from xdsl.irdl import (
     opt_prop_def,
     prop_def,
     region_def,
+    result_def,
     var_operand_def,
     traits_def,
 )
-from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface
+from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
@@ -243,29 +244,37 @@ class KernelOp(KeywordSyntax):
                     raise VerifyException(f"{self.name} @{self.sym_name.data}: its argument %{arg.name_hint} is "
                                           "never used (a kernel's arguments are exactly what its stages read and write)")
         # each k3s.when's flag is one of these (WhenOp.verify_), and each of these guards one
-        guards = {op.flag.data for op in self.walk() if isinstance(op, WhenOp)}
+        guards = {op.flag.data for op in self.walk() if isinstance(op, (WhenOp, FlagOp))}
         if guards != set(flags):
             raise VerifyException(f"{self.name} @{self.sym_name.data}: its flags {sorted(flags)} must be those its "
-                                  f"k3s.when stages read, {sorted(guards)}")
+                                  f"k3s.when and k3s.flag stages read, {sorted(guards)}")
 
 
 @irdl_op_definition
 class WhenOp(KeywordSyntax):
     """`k3s.when <flag = SPILL_P_QG> { stages }`: stages that run only in launches of the kernel
     that set `flag` (one of its `flags`: a compile-time constant of each launch) on; with it off
-    the program skips them. Kernels that run one code but need different spills (the chunk
-    prepare and the summary prepare, guard-spill-only-stages) hold the stages only some need
-    under one. It has no results, and its stages' values are read only inside it, so a launch
-    that skips them misses nothing else. `flag` refers to a flag its enclosing kernel declares,
-    looked up by the verifier: a misspelt one fails `verify()` in one line, not the printer."""
+    the program skips them. `on = false` (`k3s.when <flag = STEEP, on = false>`) turns that
+    round: the stages run in the launches that set the flag off. Kernels that run one code but
+    need different spills (the chunk prepare and the summary prepare, guard-spill-only-stages)
+    hold the stages only some need under one; the backward's gradients kernel holds the exits of
+    its two launches (the factored chunks', the steep chunks') under its STEEP flag. It has no
+    results, and its stages' values are read only inside it, so a launch that skips them misses
+    nothing else. `flag` refers to a flag its enclosing kernel declares, looked up by the
+    verifier: a misspelt one fails `verify()` in one line, not the printer."""
 
     name = "k3s.when"
     flag = prop_def(StringAttr)
+    on = opt_prop_def(BoolAttr)  # absent: true
     body = region_def("single_block")
     traits = traits_def(NoTerminator(), HasAncestor(KernelOp))
 
     def kernel(self) -> KernelOp | None:
         return HasAncestor(KernelOp).get_ancestor(self)
+
+    def runs_when(self) -> bool:
+        """The value of its flag in the launches that run its stages."""
+        return self.on is None or bool(self.on.value.data)
 
     def verify_(self) -> None:
         kernel, flag = self.kernel(), self.flag.data
@@ -281,7 +290,29 @@ class WhenOp(KeywordSyntax):
 
     def is_on(self) -> bool:
         """Whether its kernel's launch runs its stages."""
-        return self.kernel().flag_on(self.flag.data)
+        return self.kernel().flag_on(self.flag.data) == self.runs_when()
+
+
+
+@irdl_op_definition
+class FlagOp(KeywordSyntax):
+    """`%factored = k3s.flag <flag = STEEP, on = false>`: whether its kernel's launch sets `flag`
+    (one of its `flags`) to `on` (absent: true), a compile-time constant of each launch. A guarded
+    form that takes it as its guard is one form in each launch: the two launches of the backward's
+    gradients kernel run one code, Triton compiling each with the other form gone."""
+
+    name = "k3s.flag"
+    flag = prop_def(StringAttr)
+    on = opt_prop_def(BoolAttr)  # absent: true
+    value = result_def(i1)
+    traits = traits_def(HasAncestor(KernelOp), Pure())
+
+    def runs_when(self) -> bool:
+        return self.on is None or bool(self.on.value.data)
+
+    def is_on(self) -> bool:
+        """Its value in its kernel's launch."""
+        return HasAncestor(KernelOp).get_ancestor(self).flag_on(self.flag.data) == self.runs_when()
 
 
 @irdl_op_definition

@@ -5,7 +5,7 @@ the tensor cores binds it. Beside a measured time it says how far from that roof
 which is the table issue 35 asks for each benchmark case (docs/chunk-performance.md).
 
 Assumed: dense batches (B sequences of T tokens, no varlen), every chunk factorable (gates
-bounded, or mild: the steep twin of a backward kernel exits after its check), no checkpoints."""
+bounded, or mild: the steep launch of a backward kernel exits after its check), no checkpoints."""
 
 from __future__ import annotations
 
@@ -88,9 +88,12 @@ class KernelSizes:
         total = StageCost()
         for op in block.ops:
             if isinstance(op, k3s.ExitUnlessOp) and not op.holds.value.data:
-                break  # the steep twin: every chunk factorable, so it stops here
+                break  # the steep launch: every chunk factorable, so it stops here
             if isinstance(op, k3s.WhenOp):
-                total += self.block(op.body.block, sizes) if op.is_on() else StageCost()
+                if op.is_on():
+                    total += self.block(op.body.block, sizes)
+                    if any(isinstance(o, k3s.ExitUnlessOp) and not o.holds.value.data for o in op.body.ops):
+                        break  # the steep launch of a gradients kernel: as the exit above
             elif isinstance(op, k3s.ChunkLoopOp):
                 total += self.block(op.body.block, sizes) * math.ceil(self.tokens / self.chunk)
             elif isinstance(op, k3s.TokenLoopOp):

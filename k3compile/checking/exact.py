@@ -471,6 +471,12 @@ def when(run: ChunkRun, op: k3s.WhenOp) -> None:
         run.run_block(op.body.block)
 
 
+@semantics(k3s.FlagOp)
+def flag(run: ChunkRun, op: k3s.FlagOp) -> bool:
+    """Whether its kernel's launch sets its flag as it asks."""
+    return op.is_on()
+
+
 def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int, workspaces: dict) -> None:
     """A token-parallel chunk kernel (fuse-chunkwise's prepare, gram or wy) on x's chunks: its
     ops in program order, but the guarded ones its launch skips; what it spills goes into

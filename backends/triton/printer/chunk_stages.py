@@ -108,12 +108,12 @@ class ChunkStages:
 
     def print_k3s_exit_unless(self, op: k3s.ExitUnlessOp) -> None:
         holds = op.holds.value.data
-        self.code.comment(op, "the other chunks are its twin kernel's")
+        self.code.comment(op, "the other chunks are its other launch's")
         self.code(f"if {'not ' if holds else ''}{register(op.check)}:", "    return")
 
     def print_k3s_record_check(self, op: k3s.RecordCheckOp) -> None:
         address, _ = workspace_address(op)
-        self.code.comment(op, "for the twin kernel, which then skips its gates")
+        self.code.comment(op, "for its steep launch, which then skips the other chunks")
         self.code(f"tl.store({address}, {register(op.check)}.to(tl.float32))")
 
     def print_k3s_recorded_check(self, op: k3s.RecordedCheckOp) -> None:

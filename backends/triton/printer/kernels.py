@@ -23,6 +23,7 @@ from k3compile.backends.triton.printer.common import (
     describe,
     kernel_constants_of,
     presence_flag,
+    register,
     tensor_name,
 )
 from k3compile.ir import k3s
@@ -334,10 +335,16 @@ class Kernels:
             getattr(self, "print_" + op.name.replace(".", "_"))(op)
 
     def print_k3s_when(self, op: k3s.WhenOp) -> None:
-        self.code.comment(op, f"skipped by launches that pass {op.flag.data}=False")
-        self.code(f"if {op.flag.data}:")
+        runs = op.runs_when()
+        self.code.comment(op, f"skipped by launches that pass {op.flag.data}={not runs}")
+        self.code(f"if {'' if runs else 'not '}{op.flag.data}:")
         with self.code.indent():
             self.print_ops(op)
+
+    def print_k3s_flag(self, op: k3s.FlagOp) -> None:
+        # a constexpr: Triton compiles each launch with the guarded forms it reads resolved
+        self.code.comment(op, "a constant of each launch")
+        self.code(f"{register(op.value)}: tl.constexpr = {'' if op.runs_when() else 'not '}{op.flag.data}")
 
     def print_axis_value_block(self, axis: int) -> None:
         self.code(

@@ -12,9 +12,7 @@
 // CHECK:        %A = k3s.gram {{.*}}<mask = strict, gate = channel, beta = true, diagonal = guarded, unroll = true, diagonal_rows = reload> : !k3s.tile<C x C>
 // CHECK:        %P_1 = k3s.gram {{.*}}<mask = inclusive, gate = channel, beta = false, diagonal = guarded, unroll = true, diagonal_rows = reload> : !k3s.tile<C x C>
 // CHECK:      k3s.kernel @kda_backward_gradients <
-// CHECK:        %A_unscaled = k3s.gram {{.*}}<mask = strict, gate = channel, beta = false, diagonal = factored, unroll = true> : !k3s.tile<C x C>
-// CHECK:      k3s.kernel @kda_backward_gradients_steep <
-// CHECK:        %A_unscaled = k3s.gram {{.*}}<mask = strict, gate = channel, beta = false, diagonal = elementwise, unroll = true, diagonal_rows = reload> : !k3s.tile<C x C>
+// CHECK:        %A_unscaled = k3s.gram {{.*}}, %factored, {{.*}}<mask = strict, gate = channel, beta = false, diagonal = guarded, unroll = true, diagonal_rows = reload> : !k3s.tile<C x C>
 
 // KEPT:       %A = k3s.gram {{.*}}<mask = strict, gate = channel, beta = true, diagonal = guarded, unroll = true, diagonal_rows = extract>
 // KEPT:       %P_1 = k3s.gram {{.*}}<mask = inclusive, gate = channel, beta = false, diagonal = guarded, unroll = true, diagonal_rows = extract>

@@ -17,7 +17,7 @@
 // CHECK:      k3s.kernel @kda_backward_state_scan
 // CHECK:        k3s.spill %S, %S_2 <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>
 // CHECK:      k3s.kernel @kda_backward_value_blocks
-// CHECK:        k3s.record_check %steep_chunks, %factorable <layout = #k3s.layout<chunk[NC], head[HV]>>
+// CHECK:        k3s.record_check %steep_chunks, %factorable{{(_1)?}} <layout = #k3s.layout<chunk[NC], head[HV]>>
 // CHECK:        k3s.spill_value_block_part %KG_bar_parts, %KG_bar <layout = #k3s.layout<token[T], head[HV], part[8], column[K]>>
 // CHECK:        k3s.spill_value_block_part %gamma_C_bar_parts, %gamma_C_bar <layout = #k3s.layout<chunk[NC], head[HV], part[8], column[K]>>
 // CHECK:      k3s.kernel @kda_backward_gradients

@@ -107,7 +107,20 @@
 // ALL-LABEL: def {{[a-z_]+}}_backward_cotangent_scan_kernel(
 // ALL:       for i_rc in range(0, tl.cdiv(eos - bos, BC)):
 // ALL-LABEL: def {{[a-z_]+}}_backward_gradients_kernel(
-// An unbounded channel gate: every chunk's span check recorded for the steep twin below.
+// An unbounded channel gate: one code for two launches, the second (STEEP on) the steep chunks'.
+// That launch reads the check the first recorded before it loads anything of the chunk.
+// KDA-NOT:   tl.load(g +
+// KDA:       k3s.when <flag = STEEP>: skipped by launches that pass STEEP=False
+// KDA-NEXT:  if STEEP:
+// KDA-NEXT:      # %factorable = k3s.recorded_check %steep_chunks
+// KDA-NEXT:      b_factorable = tl.load(steep_chunks + (start // BC + i_n) * HV + i_hv) != 0.0
+// KDA-NEXT:      # k3s.exit_unless %factorable <holds = false>
+// KDA-NEXT:      if b_factorable:
+// KDA-NEXT:          return
+// KDA:       b_factored: tl.constexpr = not STEEP
+// Every chunk's span check recorded, in the first launch, for the second.
+// KDA:       k3s.when <flag = STEEP, on = false>: skipped by launches that pass STEEP=True
+// KDA-NEXT:  if not STEEP:
 // KDA:       k3s.record_check %steep_chunks, %factorable
 // KDA-NEXT:  tl.store(steep_chunks + (start // BC + i_n) * HV + i_hv, b_factorable.to(tl.float32))
 // The state and its cotangent a value block at a time; what contracts the value columns summed.
@@ -117,22 +130,16 @@
 // ALL:       b_S_bar = tl.load(S_bar + {{.*}}o_v[None, :]
 // ALL:       k3s.sum_value_blocks
 // KDA:       _mm_accurate(tl.trans(b_T_inverse), b_T_bar{{[_0-9]*}}, DOT)
-// KDA:       k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %G <side = rows, form = factored>
-// KDA-NOT:   for j in range(0, BC):
-// An unbounded channel gate's guarded forms, split: the chunks whose span check holds factored in
-// the kernel above, the others elementwise in its twin.
-// KDA:       def kda_backward_gradients_steep_kernel(
-// The twin reads the recorded check before it loads anything of the chunk.
-// KDA-NOT:   tl.load(g +
-// KDA:       k3s.recorded_check %steep_chunks
-// KDA-NEXT:  b_factorable = tl.load(steep_chunks + (start // BC + i_n) * HV + i_hv) != 0.0
-// KDA-NEXT:  k3s.exit_unless %factorable <holds = false>
-// KDA-NEXT:  if b_factorable:
-// KDA-NEXT:      return
-// KDA:       k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %G <side = rows, form = elementwise>
-// KDA-NEXT:  = tl.zeros([BC, BK], dtype=tl.float32)
-// KDA-NEXT:  for j in range(0, BC):
-// GDN:       k3s.mul %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]*}}pair_decays
+// An unbounded channel gate's guarded forms, guarded by the launch's constexpr: factored in the
+// first launch, elementwise in the second, each compiled with the other form gone.
+// KDA:       k3s.gated_contraction %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %G, %factored <side = rows, form = guarded>
+// KDA-NEXT:  if b_factored:
+// KDA:       _mm(
+// KDA:       else:
+// KDA-NEXT:      = tl.zeros([BC, BK], dtype=tl.float32)
+// KDA-NEXT:      for j in range(0, BC):
+// KDA-NOT:   def kda_backward_gradients_steep_kernel(
+// GDN:       k3s.mul %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]*}}pair_decay
 // DN-NOT:    k3s.gated_contraction
 // ALL:       k3s.store_cotangent %{{[A-Za-z_0-9]+}}, %dq, %q
 // ALL-LABEL: def _chunk_backward_single(q, k, v,

@@ -44,6 +44,6 @@ builtin.module {
 // MISSPELT-NOT: {{.}}
 // UNDECLARED: k3c opt: error: {{.*}}k3s.when <flag = SPILL_P>: its kernel @prepare declares no flag SPILL_P (its flags: SPILL_Q)
 // NONE: k3c opt: error: {{.*}}k3s.when <flag = SPILL_P>: its kernel @prepare declares no flag SPILL_P (its flags: none)
-// UNREAD: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags ['SPILL_P', 'SPILL_Q'] must be those its k3s.when stages read, ['SPILL_P']
+// UNREAD: k3c opt: error: {{.*}}k3s.kernel @prepare: its flags ['SPILL_P', 'SPILL_Q'] must be those its k3s.when and k3s.flag stages read, ['SPILL_P']
 // NAME: k3c opt: error: {{.*}}k3s.kernel @prepare: a flag is an upper-case name (a constexpr of the code) set to true or false
 // TWICE: k3c opt: error: {{.*}}dictionary key 'SPILL_P' is given twice
