@@ -11,7 +11,9 @@ backward is chunk_backward with the same segments; docs/context-parallel.md) and
 options.) Needs k3compile (the layer compiles on first use: k3compile.ops' module of the same
 key, K3C_CACHE_DIR) and, for the comparison, fla-core 0.6.0.
 
-Every side (ours segments="auto", ours plain, fla) of every gate pairing and length runs in a
+Every side (ours segments="auto", ours plain, ours through k3compile.ops' chunk_kda, whose
+backward runs in windows of tokens where its workspaces would not fit (k3compile/ops/windows.py),
+fla) of every gate pairing and length runs in a
 fresh Python subprocess of its own (this script with the internal option --side), so that one
 side's out-of-memory or CUDA fault, the memory its exception's traceback holds or the caching
 allocator's blocks cannot touch another's measurement: each starts from an empty GPU, draws the
@@ -86,7 +88,7 @@ from chunk_cases import (  # noqa: E402
 from common import device_name, fmt, git_commit, import_fla, ints, short_error  # noqa: E402
 
 PAIRING_ORDER = ("unbounded", "bounded")  # the bounded gates are the unbounded draw clamped
-SIDES = ("auto", "plain", "fla")
+SIDES = ("auto", "plain", "ops", "fla")
 GRADIENTS = ("q", "k", "v", "g", "beta", "h0")
 COMPARED = ("o", "final_state", *GRADIENTS)
 PER_HEAD = ("final_state", "h0")  # [B, H, K, V]: sliced by heads only; the rest [B, T, H, ...]
@@ -337,6 +339,14 @@ def side_main(args):
 
             def call():
                 return fla(*inputs, scale=K**-0.5, initial_state=leaves["h0"], output_final_state=True, **options)
+        elif args.side == "ops":  # fla's call through k3compile.ops: the backward in windows where it would not fit
+            from k3compile.ops.kda import chunk_kda
+
+            options = dict(use_qk_l2norm_in_kernel=True, **fla_gate_options("kda", pairing))
+
+            def call():
+                return chunk_kda(*inputs, scale=K**-0.5, initial_state=leaves["h0"], output_final_state=True,
+                                 **options)
         else:
             from k3compile.ops.layers import LayerKey, layer_module
 
@@ -423,7 +433,8 @@ def check_row(T, gates, comparison, got, ref, tolerance):
     return row
 
 
-SIDE_NAMES = {"fla": "fla chunk_kda", "plain": "ours plain (segments=None)"}
+SIDE_NAMES = {"fla": "fla chunk_kda", "plain": "ours plain (segments=None)",
+              "ops": "ours k3compile.ops.chunk_kda (windowed backward)"}
 TIMING_COLUMNS = [("tokens", "T"), ("gates", "gates"), ("side", "side"), ("P", "segments P"), ("fwd_ms", "fwd ms"),
                   ("fwdbwd_ms", "fwd+bwd ms"), ("peak_mib", "peak MiB above inputs"), ("first_call_s", "first call s"),
                   ("fla_over_ours_fwd", "fla / ours fwd"), ("fla_over_ours_fwdbwd", "fla / ours fwd+bwd"),
@@ -526,7 +537,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="million_tokens_") as scratch:
         for T in args.tokens_list:
             for pairing in args.gates:
-                sides = ["auto", "plain", *(["fla"] if run_fla else [])]
+                sides = ["auto", "plain", "ops", *(["fla"] if run_fla else [])]
                 pairing_rows, saved = {}, {}
                 for side in sides:
                     name = SIDE_NAMES.get(side, f"ours segments={args.segments}")
@@ -562,12 +573,15 @@ def main(argv=None):
                 if "auto" in saved and "plain" in saved:
                     checks.append(check_row(T, pairing, f"ours segments={args.segments} vs ours plain",
                                             saved["auto"], saved["plain"], vs_plain))
-                for side in ("auto", "plain"):
+                if "ops" in saved and "plain" in saved:
+                    checks.append(check_row(T, pairing, "ours k3compile.ops vs ours plain", saved["ops"], saved["plain"],
+                                            vs_plain))
+                for side in ("auto", "plain", "ops"):
                     if side in saved and "fla" in saved:
                         checks.append(check_row(T, pairing, f"{pairing_rows[side]['side'].split(' (')[0]} vs fla",
                                                 saved[side], saved["fla"], vs_fla))
                 fla_row = pairing_rows.get("fla")
-                for side in ("auto", "plain"):
+                for side in ("auto", "plain", "ops"):
                     ours_row = pairing_rows[side]
                     if fla_row is None:
                         continue
