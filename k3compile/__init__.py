@@ -7,9 +7,10 @@ Heavy imports (xDSL, torch, triton) happen on first use, so `import k3compile` i
 """
 
 from k3compile.errors import IRError, K3Error, OutputError, SpecError, UnsupportedError, VerificationError
+from k3compile.version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
+    "__version__",
     "compile",
     "load_spec",
     "K3Error",

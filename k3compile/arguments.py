@@ -23,3 +23,21 @@ def named_positive(metavar: str, meaning: str) -> Callable[[str], tuple[str, flo
         return name, number
 
     return parse
+
+
+class AppendOnce(argparse.Action):
+    """A repeatable option's values, each once: a repeated --dtype would run every case twice."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        values = getattr(namespace, self.dest) or []
+        setattr(namespace, self.dest, values if value in values else [*values, value])
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    try:
+        batch, tokens = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B,T (two integers), got {text!r}") from None
+    if batch < 1 or tokens < 1:
+        raise argparse.ArgumentTypeError(f"B and T must be positive, got {text!r}")
+    return batch, tokens

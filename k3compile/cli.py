@@ -22,6 +22,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+from k3compile.arguments import AppendOnce, parse_shape
 from k3compile.errors import ArgumentError, IRError, K3Error, UnsupportedError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -33,14 +34,6 @@ class ArgumentParser(argparse.ArgumentParser):
             # argparse takes `--shard -1/2`'s value for an option
             message += f"; a value that starts with '-' is written {option[1]}=VALUE"
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-class AppendOnce(argparse.Action):
-    """A repeatable option's values, each once: a repeated --dtype would run every case twice."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        values = getattr(namespace, self.dest) or []
-        setattr(namespace, self.dest, values if value in values else [*values, value])
 
 
 def stdout_console(width: int):
@@ -58,16 +51,6 @@ def stdout_console(width: int):
 def print_timings(timings: list[tuple[str, float]]) -> None:
     for name, seconds in timings:
         print(f"  {name:<24} {seconds * 1e3:8.1f} ms", file=sys.stderr)
-
-
-def parse_shape(text: str) -> tuple[int, int]:
-    try:
-        batch, tokens = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected B,T (two integers), got {text!r}") from None
-    if batch < 1 or tokens < 1:
-        raise argparse.ArgumentTypeError(f"B and T must be positive, got {text!r}")
-    return batch, tokens
 
 
 def parse_shard(text: str) -> tuple[int, int]:

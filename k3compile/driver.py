@@ -14,7 +14,7 @@ from types import ModuleType
 
 from xdsl.dialects.builtin import ModuleOp
 
-from k3compile import __version__
+from k3compile.version import __version__
 from k3compile.backends.triton.guard_spill_only_stages import GuardSpillOnlyStagesPass
 from k3compile.backends.triton.legalize import LegalizeTritonPass
 from k3compile.backends.triton.lower import LowerToTritonPass

@@ -4,7 +4,7 @@ is a K3Error or an argparse error: one line, exit 2, as every k3c subcommand's."
 
 from __future__ import annotations
 
-from k3compile.arguments import named_positive
+from k3compile.arguments import AppendOnce, named_positive, parse_shape
 
 
 def cmd_cost(args) -> int:
@@ -22,7 +22,6 @@ def cmd_cost(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from k3compile.cli import AppendOnce, parse_shape
 
     p = sub.add_parser("cost", help="each kernel's bytes, FLOPs and roofline time at a shape (recurrences; "
                                     "k3compile/checking/cost.py)")
