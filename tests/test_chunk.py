@@ -445,7 +445,7 @@ def test_extracted_diagonal_rows(diagonal, tmp_path, monkeypatch):
     from k3compile.backends.triton import lower
     from k3compile.driver import compile as k3_compile
 
-    choose = lower.STAGE_CHOICES[k3s.GramOp]
+    choose = lower.gram_choices
 
     def extract(op, kernel):
         choices = choose(op, kernel)
@@ -453,7 +453,7 @@ def test_extracted_diagonal_rows(diagonal, tmp_path, monkeypatch):
             choices["diagonal_rows"] = k3s.DiagonalRowsAttr(k3s.DiagonalRows.EXTRACT)
         return choices
 
-    monkeypatch.setitem(lower.STAGE_CHOICES, k3s.GramOp, extract)
+    monkeypatch.setitem(lower.STAGE_CHOICES, k3s.GramOp, [extract])
     C = 16
     pipeline = chunk_pipeline(C).replace("sub-chunk=16}", f"sub-chunk=16 unbounded-diagonal={diagonal}}}")
     table = recurrence_table("kda", "kv", H=H, HV=HV, K=K, V=V, name=f"kda_extract_{diagonal}")

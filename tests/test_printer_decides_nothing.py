@@ -71,7 +71,6 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
                   "k3s.load_token %q <dtype = fp32>", "k3s.load_chunk %v <dtype = input>",
                   "k3s.value_block_loop <block_v = 64, unroll = true>",
                   "diagonal = guarded, unroll = true, diagonal_rows = reload>",
-                  "diagonal = factored, unroll = true>",
                   "k3s.spill %KG, %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>",
                   "k3s.reload %S <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>",
                   "%NC = arith.addi %1, %N : index", "k3s.bind_size %NC <symbol = NC>"):
