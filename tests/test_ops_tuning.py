@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from autotune_cases import LaunchRecorder
 from conftest import RecurrenceShape, assert_rms, recurrence_inputs, recurrence_table
 
 from k3compile.runtime import autotune
@@ -59,21 +60,6 @@ def tuned_cache(tmp_path_factory):
                                    cache=TuneCache(), space=space, check_shape=CHECK_SHAPE, segments=(), entry=entry)
             assert result.winner.options == {"block-v": 16}, (entry, [(c.label, c.status) for c in result.candidates])
         yield root
-
-
-class LaunchRecorder:
-    """Stands in for a kernel of a generated module: records each launch's BV, then runs it."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
-        self.value_blocks: list[int] = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.value_blocks.append(kwargs["BV"])
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
 
 
 def recorded(monkeypatch, module, kernel: str) -> LaunchRecorder:
@@ -125,7 +111,7 @@ def test_forward_runs_the_tuned_launch_in_its_bucket_and_dtype_only(tuned_cache,
         inputs = kda_inputs(T, dtype)
         with torch.no_grad():
             o, state = chunk_kda(**inputs, output_final_state=True)
-        assert scan.value_blocks[-1] == value_block, (T, dtype, scan.value_blocks)
+        assert scan.launches[-1]["BV"] == value_block, (T, dtype, scan.launches)
         ref_o, ref_state = reference.recurrence(op, **inputs, output_final_state=True)
         tol = 1e-4 if dtype == torch.float32 else 5e-3  # bf16: fla's (k3c verify's)
         assert_rms(o, ref_o, f"o (T={T})", tol)
@@ -148,7 +134,7 @@ def test_backward_runs_the_tuned_launch_and_its_gradients_match(tuned_cache, mon
         leaves = {name: x.clone().requires_grad_() for name, x in inputs.items()}
         o, state = chunk_kda(**leaves, output_final_state=True)
         ((o * do).sum() + (state * dht).sum()).backward()
-        assert gradients.value_blocks[-1] == value_block, (T, dtype, gradients.value_blocks)
+        assert gradients.launches[-1]["BV"] == value_block, (T, dtype, gradients.launches)
         ref = reference_gradients(op, inputs, do, dht)
         for name in ("q", "k", "v", "g", "beta"):
             assert_rms(leaves[name].grad, ref[name], f"d{name} (T={T})", gradient_tolerance(f"d{name}", dtype))
