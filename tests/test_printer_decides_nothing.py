@@ -38,6 +38,7 @@ REMOVED_DECISIONS = [
     ("the router's hidden slices by rows, read off its launch_by_rows ops", "moe.py", r"def print_hidden_slices"),
     ("the host sizes' formulas (NC, PB, PP)", "entries.py",
      r"dims\[\\?\"NC\\?\"\] = triton\.cdiv|dims\[\\?\"PB\\?\"\] = triton\.cdiv|dims\[\\?\"PP\\?\"\] = dims|SortPairsOp"),
+    ("a float tensor's dtype, the entry's first input's", "entries.py", r"\.get\(out\.type\.dtype_class, f\"\{first\}\.dtype\"\)"),
 ]
 
 
@@ -73,7 +74,8 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
                   "diagonal = guarded, unroll = true, diagonal_rows = reload>",
                   "k3s.spill %KG, %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>",
                   "k3s.reload %S <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>",
-                  "%NC = arith.addi %1, %N : index", "k3s.bind_size %NC <symbol = NC>"):
+                  "%NC = arith.addi %1, %N : index", "k3s.bind_size %NC <symbol = NC>",
+                  "k3s.tensor_arg @o <role = output, dtype_of = @q>"):
         assert shown in out, shown
 
 

@@ -17,7 +17,8 @@ printer reads these choices off the IR rather than making them:
   %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>`), read off the workspace's shape
   and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts);
 - an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP, HS), as
-  index arithmetic or a size by the call's rows, ending in `k3s.bind_size` (host_sizes).
+  index arithmetic or a size by the call's rows, ending in `k3s.bind_size` (host_sizes);
+- the dtype of each float tensor an entry allocates: its first tensor argument's (`dtype_of = @q`).
 
 Each op type's parts are functions registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import ArrayAttr, BoolAttr, IndexType, IntegerAttr, ModuleOp, i64
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, FlatSymbolRefAttr, IndexType, IntegerAttr, ModuleOp, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -227,6 +228,15 @@ def write_host_sizes(entry: k3s.EntryOp) -> None:
         block.insert_ops_before(ops, first)
 
 
+def write_allocated_dtypes(entry: k3s.EntryOp) -> None:
+    """The float tensors the entry allocates (outputs, workspaces) take the dtype of its first
+    tensor argument (the call's q, x, ...: `dtype_of = @q`), unless a pass chose another."""
+    tensors = [op for op in entry.body.ops if isinstance(op, k3s.TensorArgOp)]
+    for arg in tensors:
+        if arg.role.data in ("output", "optional_output", "workspace") and arg.type.dtype_class == "float":
+            write_choices(arg, dict(dtype_of=FlatSymbolRefAttr(tensors[0].sym_name.data)))
+
+
 def write_choices(op: Operation, choices: dict[str, Attribute]) -> None:
     """choices as op's properties, those it has kept."""
     op.properties.update({key: value for key, value in choices.items() if key not in op.properties})
@@ -250,3 +260,4 @@ class LowerToTritonPass(ModulePass):
         check_workspace_layouts(op)
         for entry in [o for o in op.ops if isinstance(o, k3s.EntryOp)]:
             write_host_sizes(entry)
+            write_allocated_dtypes(entry)

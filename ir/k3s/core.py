@@ -200,6 +200,9 @@ class TensorArgOp(KeywordSyntax):
     distinct_from = opt_prop_def(FlatSymbolRefAttrConstr)
     # a workspace's value before the kernels run (a counter's 0, a padding marker's -1); absent: any
     fill = opt_prop_def(IntegerAttr[I64])
+    # the argument whose dtype a `float` tensor the entry allocates takes (`dtype_of = @q`): the
+    # Triton backend's (lower-to-triton), read by its printer
+    dtype_of = opt_prop_def(FlatSymbolRefAttrConstr)
     tensor = result_def(TensorType)  # the value kernels launched from the entry are passed
     traits = traits_def(SymbolOpInterface(), HasParent(EntryOp))
 
@@ -217,6 +220,14 @@ class TensorArgOp(KeywordSyntax):
             raise VerifyException(f"{where}: purpose = {purpose.value} needs dtype class {wanted}, got {dtype_class}")
         if purpose == ArgPurpose.DRAFT_STATES and len(self.type.dims) < 2:
             raise VerifyException(f"{where}: purpose = draft_states needs [P, depth, ...], got [{self.type.pattern}]")
+        if self.dtype_of is not None and (block := self.parent_block()) is not None:
+            source = self.dtype_of.root_reference.data
+            given = {op.sym_name.data: op for op in block.ops if isinstance(op, TensorArgOp)}.get(source)
+            if (self.role.data not in ("output", "optional_output", "workspace") or dtype_class != "float"
+                    or given is None or given.role.data not in ("input", "optional_input", "inout")
+                    or given.type.dtype_class != "float"):
+                raise VerifyException(f"{where}: dtype_of = @{source}: a float tensor the entry allocates takes the "
+                                      f"dtype of a float tensor the caller passes")
         if self.distinct_from is not None and (block := self.parent_block()) is not None:
             other = self.distinct_from.root_reference.data
             arguments = {op.sym_name.data for op in block.ops if isinstance(op, TensorArgOp) and op is not self}

@@ -358,8 +358,12 @@ class Entries:
         name = out.sym_name.data
         first = view.tensors[0].sym_name.data
         sizes = ", ".join(str(d) if isinstance(d, int) else f'dims["{d}"]' for d in out.type.dims)
-        # float outputs take the first input's dtype; indices the kernels write are int32
-        dtype = {"float32": "torch.float32", "index": "torch.int32"}.get(out.type.dtype_class, f"{first}.dtype")
+        # a float tensor's dtype is lower-to-triton's dtype_of; indices the kernels write are int32
+        dtype = {"float32": "torch.float32", "index": "torch.int32"}.get(out.type.dtype_class)
+        if dtype is None:
+            if out.dtype_of is None:
+                raise ValueError(f"{describe(out)}: no dtype_of (lower-to-triton writes it before printing)")
+            dtype = f"{out.dtype_of.root_reference.data}.dtype"
         shape = f"({sizes}{',' if ',' not in sizes else ''})"
         alloc = f"_alloc({shape}, {dtype}, {first}.device)"
         if out.fill is not None:  # what the kernels count from or mark padding with
