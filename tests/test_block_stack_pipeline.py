@@ -69,7 +69,12 @@ def check_step(plan, outs, loss, grads, microbatches, tensor_bytes) -> None:
     floor = 1e-6 * max(want.abs().max() for want in grads.values())
     for name, want in grads.items():
         err = ((got[name] - want).abs().max() / want.abs().max().clamp_min(floor)).item()
-        assert err <= 1e-5, f"{name}: relative error {err:.2e}"
+        # a KDA gate parameter's gradient (A_log, dt_bias) is one sum over every token and key
+        # channel of its head, whose terms cancel: the fp32 rounding by which the ranks' step and
+        # this process's differ (not the CPU thread count: one thread here changed nothing)
+        # showed at 1.7e-5 of it (seed 1759432096)
+        tolerance = 1e-4 if name.endswith(("A_log", "dt_bias")) else 1e-5
+        assert err <= tolerance, f"{name}: relative error {err:.2e}"
     sent_fwd = {s: n for out in outs for s, n in out["sent"]["fwd"].items()}
     sent_bwd = {s: n for out in outs for s, n in out["sent"]["bwd"].items()}
     for b in plan.boundaries:  # the backward of stage b.source + 1 returns what b sent
