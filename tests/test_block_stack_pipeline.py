@@ -24,10 +24,25 @@ SMALL = dict(hidden_size=24, num_layers=8, layer_pattern="attn", block_size=2, a
              ffn_hidden_size=40, attnres="torch", dtype="float32")
 
 
+def reference_step(model, x, target, microbatches: int) -> tuple[torch.Tensor, dict]:
+    """The microbatches in this process, their gradients accumulated: (loss, each parameter's gradient)."""
+    model.zero_grad(set_to_none=True)
+    loss = 0
+    for x_mb, target_mb in zip(x.chunk(microbatches), target.chunk(microbatches)):
+        mb_loss = ((model(x_mb) - target_mb) ** 2).sum()
+        mb_loss.backward()
+        loss = loss + mb_loss.detach()
+    return loss, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
 def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=None, schedule=None,
              microbatches: int | None = None, vocab: int = 0, tokens: int = 6, timeout: float = 240):
     """One pipelined training step in `world` processes and the same step in this one: returns
-    (plan, the ranks' outputs, the single-process loss and gradients, microbatches, tensor bytes)."""
+    (plan, the ranks' outputs, the single-process loss and gradients, each gradient's rounding
+    noise, microbatches, tensor bytes). The noise: how far each gradient moves, relative to its
+    largest element, when the targets move by fp32 rounding (2^-24 relative) - a gradient that is
+    one sum of terms that cancel (a KDA gate's A_log over every token and channel of its head)
+    moves far more than the rest, and the ranks' step may differ from this one's by that much."""
     microbatches = microbatches or world
     spec = model_spec_from_table({**table, "vocab_size": vocab})
     model = build_stack(spec)
@@ -37,11 +52,11 @@ def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=
     B = microbatches
     x = torch.randint(0, vocab, (B, tokens)) if vocab else torch.randn(B, tokens, spec.hidden_size)
     target = torch.randn(B, tokens, vocab or spec.hidden_size)
-    loss = 0  # the same microbatches in one process, their gradients accumulated
-    for x_mb, target_mb in zip(x.chunk(microbatches), target.chunk(microbatches)):
-        mb_loss = ((model(x_mb) - target_mb) ** 2).sum()
-        mb_loss.backward()
-        loss = loss + mb_loss.detach()
+    nudged = target * (1 + 2.0 ** -24 * torch.randn_like(target))
+    _, moved = reference_step(model, x, nudged, microbatches)
+    loss, grads = reference_step(model, x, target, microbatches)
+    noise = {name: ((moved[name] - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+             for name, want in grads.items()}
     # the ranks import the modules this process compiled (their names carry its compiler's
     # fingerprint): a compiler source edited meanwhile by someone else is not mixed in
     torch.save(dict(compiler=compiler_fingerprint(), table=spec.table(), state=model.state_dict(), x=x, target=target,
@@ -49,12 +64,11 @@ def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=
                workdir / "case.pt")
     env = {**os.environ, "TRITON_INTERPRET": "1", "K3C_POISON_OUTPUTS": "1", "OMP_NUM_THREADS": "1"}
     outs = run_worker_ranks(WORKER, world, workdir, env, timeout)
-    grads = {name: p.grad for name, p in model.named_parameters()}
     plan = plan_pipeline(spec, world, stages_per_rank, cuts=cuts)
-    return plan, outs, loss, grads, microbatches, tokens * spec.hidden_size * 4
+    return plan, outs, loss, grads, noise, microbatches, tokens * spec.hidden_size * 4
 
 
-def check_step(plan, outs, loss, grads, microbatches, tensor_bytes) -> None:
+def check_step(plan, outs, loss, grads, noise, microbatches, tensor_bytes) -> None:
     losses = [value for out in outs for value in out["losses"]]
     assert len(losses) == microbatches
     assert abs(sum(losses) - loss) <= 1e-5 * abs(loss)
@@ -69,12 +83,9 @@ def check_step(plan, outs, loss, grads, microbatches, tensor_bytes) -> None:
     floor = 1e-6 * max(want.abs().max() for want in grads.values())
     for name, want in grads.items():
         err = ((got[name] - want).abs().max() / want.abs().max().clamp_min(floor)).item()
-        # a KDA gate parameter's gradient (A_log, dt_bias) is one sum over every token and key
-        # channel of its head, whose terms cancel: the fp32 rounding by which the ranks' step and
-        # this process's differ (not the CPU thread count: one thread here changed nothing)
-        # showed at 1.7e-5 of it (seed 1759432096)
-        tolerance = 1e-4 if name.endswith(("A_log", "dt_bias")) else 1e-5
-        assert err <= tolerance, f"{name}: relative error {err:.2e}"
+        # 1e-5, or ten times the gradient's own rounding noise where that is larger (run_step)
+        tolerance = max(1e-5, 10 * noise[name])
+        assert err <= tolerance, f"{name}: relative error {err:.2e} (its rounding noise {noise[name]:.1e})"
     sent_fwd = {s: n for out in outs for s, n in out["sent"]["fwd"].items()}
     sent_bwd = {s: n for out in outs for s, n in out["sent"]["bwd"].items()}
     for b in plan.boundaries:  # the backward of stage b.source + 1 returns what b sent
