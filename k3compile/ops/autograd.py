@@ -16,7 +16,7 @@ from functools import cache
 
 import torch
 
-from k3compile.ops.layers import LayerKey, layer_module
+from k3compile.ops.layers import LayerKey, entry_shape, layer_module
 from k3compile.ops.windows import backward_window, windowed_backward
 
 # the inputs of the chunk entry that have gradients, in the order chunk_backward returns theirs
@@ -138,10 +138,8 @@ def saved_names(module) -> list[str]:
 
 def saved_like(module, q: torch.Tensor, B: int, T: int, N: int) -> list[torch.Tensor]:
     """Empty tensors shaped and typed as chunk_saving's saved outputs, for a call on q [B, T, ...]."""
-    chunk = module.NC_CHUNK_SIZE["chunk_saving"]
-    sizes = {"B": B, "T": T, "N": N, "NC": -(-B * T // chunk) + N}
-    dtypes = module.OUTPUT_DTYPES["chunk_saving"]
-    return [q.new_empty([int(d) if d.isdigit() else sizes[d] for d in module.OUTPUT_SHAPES["chunk_saving"][name].split(",")],
+    dtypes, shapes = module.OUTPUT_DTYPES["chunk_saving"], module.OUTPUT_SHAPES["chunk_saving"]
+    return [q.new_empty(entry_shape(module, "chunk_saving", shapes[name], B, T, N),
                         dtype=q.dtype if dtypes[name] == "float" else getattr(torch, dtypes[name]))
             for name in saved_names(module)]
 

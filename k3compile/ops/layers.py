@@ -205,3 +205,12 @@ def import_module(path: Path, source: bytes, module_name: str) -> ModuleType:
     sys.modules[module_name] = module
     exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - our own generated module
     return module
+
+
+def entry_shape(module, entry: str, pattern: str, batch: int, tokens: int, sequences: int) -> list[int]:
+    """A shape the module's tables give in the IR's symbols ("NC,32,128,128") at a call's sizes:
+    NC = cdiv(B T, C) + N per-chunk slots, C the entry's chunk size (NC_CHUNK_SIZE)."""
+    sizes = {"B": batch, "T": tokens, "N": sequences}
+    if entry in module.NC_CHUNK_SIZE:
+        sizes["NC"] = -(-batch * tokens // module.NC_CHUNK_SIZE[entry]) + sequences
+    return [int(d) if d.isdigit() else sizes[d] for d in pattern.split(",")]

@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from k3compile.ops.layers import LayerKey, layer_module
+from k3compile.ops.layers import LayerKey, entry_shape, layer_module
 
 # the inputs whose rows are tokens (sliced per window); the others (A_log, dt_bias) are
 # parameters whose gradients add up over the windows
@@ -37,12 +37,11 @@ def window_multiple(module) -> int:
 
 
 def workspace_bytes(module, entry: str, sizes: dict[str, int], itemsize: int) -> int:
-    """Bytes of `entry`'s workspaces at `sizes` (B, T, N; NC derived), inputs of `itemsize`."""
-    sizes = {**sizes, "NC": -(-sizes["B"] * sizes["T"] // module.NC_CHUNK_SIZE[entry]) + sizes["N"]}
+    """Bytes of `entry`'s workspaces at `sizes` (B, T, N), inputs of `itemsize`."""
     total = 0
     for pattern, dtype in module.WORKSPACE_SHAPES[entry].values():
-        elements = math.prod(int(d) if d.isdigit() else sizes[d] for d in pattern.split(","))
-        total += elements * (itemsize if dtype == "float" else torch.empty((), dtype=getattr(torch, dtype)).itemsize)
+        elements = math.prod(entry_shape(module, entry, pattern, sizes["B"], sizes["T"], sizes["N"]))
+        total += elements * (itemsize if dtype == "float" else getattr(torch, dtype).itemsize)
     return total
 
 
