@@ -256,18 +256,15 @@ class ChunkStages:
         c = self.code
         sub, A = op.block.value.data, register(op.gram)
         mm = "_mm_accurate" if chosen(op, "accurate").value.data else "_mm"
-        if sub == 1:  # unit diagonal blocks: all of the inverse by the products of step 2
-            c("SUB_T: tl.constexpr = 1",
-              "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
-              "b_Dinv = b_eye")
+        if sub == 1:  # unit diagonal blocks (Dinv = I): all of the inverse by the products of step 2
+            c("SUB_T: tl.constexpr = 1")
         else:
             self.print_diagonal_block_inverse(sub, A)
         c("# 2. M = Dinv N, N the blocks below the diagonal: M is nilpotent (M^NB = 0), so",
-          "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors")
-        if sub > 1:
-            c("b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)")
-        c("b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
-          f"b_M = {mm}(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
+          "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors",
+          "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
+          "b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
+          f"b_M = tl.where(b_below, {A}, 0.0)" if sub == 1 else f"b_M = {mm}(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
           "b_Linv = b_eye - b_M")
         for _ in range(chosen(op, "squarings").value.data):
             c(f"b_M = {mm}(b_M, b_M, DOT)", f"b_Linv = {mm}(b_Linv, b_eye + b_M, DOT)")
