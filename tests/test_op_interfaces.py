@@ -35,8 +35,11 @@ MOE_WARP = "lower-moe-routing,lower-moe-experts{decode=warp warp-slots=2 warp-bl
 # the backward's row kernels: the GLU's adjoint, the routed wgrads' row copies
 MOE_ROW_KERNELS = ("lower-moe-routing,lower-moe-experts,derive-moe-backward{glu-adjoint=kernel "
                    "sorted-wgrad-rows=copy},outline-kernels")
-MODULES = [("kda", None), ("gated_deltanet", None), ("attnres", None), ("latent_moe", None),
-           ("latent_moe", MOE_SMALL_BLOCKS), ("latent_moe", MOE_WARP), ("latent_moe_mxfp4", None),
+# Block AttnRes in blocks of columns: its kernels hold all the call's queries (a block sized at launch)
+ATTNRES_COLUMNS = ("fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=columns},"
+                   "derive-block-attnres-backward{partials-backward=columns},outline-kernels")
+MODULES = [("kda", None), ("gated_deltanet", None), ("attnres", None), ("attnres", ATTNRES_COLUMNS),
+           ("latent_moe", None), ("latent_moe", MOE_SMALL_BLOCKS), ("latent_moe", MOE_WARP), ("latent_moe_mxfp4", None),
            ("latent_moe", MOE_ROW_KERNELS)]
 
 
@@ -74,6 +77,9 @@ class OneOp:
         if not name.startswith("block_") or value is None:
             return value
         blocks_read = self.blocks_read
+        if isinstance(value, k3s.RuntimeBlockAttr):  # sized at launch: read as a whole
+            blocks_read.add(name)
+            return value
 
         class Read:  # `kernel.block_k is None` reads nothing; `.value` reads the size
             @property

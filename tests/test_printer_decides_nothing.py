@@ -39,6 +39,10 @@ REMOVED_DECISIONS = [
     ("the host sizes' formulas (NC, PB, PP)", "entries.py",
      r"dims\[\\?\"NC\\?\"\] = triton\.cdiv|dims\[\\?\"PB\\?\"\] = triton\.cdiv|dims\[\\?\"PP\\?\"\] = dims|SortPairsOp"),
     ("a float tensor's dtype, the entry's first input's", "entries.py", r"\.get\(out\.type\.dtype_class, f\"\{first\}\.dtype\"\)"),
+    ("a fold of all a call's queries: their block, the next power of two (legalize-triton's block_q)", "kernels.py",
+     r"next_power_of_2\(dims"),
+    ("Block AttnRes's folded queries' block, at least tl.dot's 16 rows (legalize-triton's block_q)",
+     "attnres_columns.py", r"max\(16, triton\.next_power_of_2"),
 ]
 
 

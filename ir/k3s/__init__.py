@@ -97,6 +97,7 @@ K3S = Dialect(
         DiagonalRowsAttr,
         LayoutAxisAttr,
         WorkspaceLayoutAttr,
+        RuntimeBlockAttr,
         GridAxisAttr,
         StateHomeAttr,
         StateStartAttr,

@@ -27,6 +27,7 @@ from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator,
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
+from k3compile.ir.k3s.target import RuntimeBlockAttr
 from k3compile.ir.k3s.types import is_power_of_two
 from k3compile.ir.k3s.core import (AbsentTensorOp, EntryOp, ReferencesSymbols, ScalarArgOp, TensorArgOp,
                                    referenced_op)
@@ -169,6 +170,8 @@ class KernelOp(KeywordSyntax):
     block_ks = opt_prop_def(IntegerAttr[I64])
     block_n = opt_prop_def(IntegerAttr[I64])  # an MoE projection's output columns
     block_s = opt_prop_def(IntegerAttr[I64])  # a Block AttnRes row's representatives (sources)
+    # a program's Block AttnRes queries: a fixed block, or all of the call's (#k3s.runtime_block<Q>)
+    block_q = opt_prop_def(IntegerAttr[I64] | RuntimeBlockAttr)
     # its constexpr flags, each the guard of its k3s.when stages, and the value its launch passes:
     # the names are code, the values launch (kernels sharing one code pass their own)
     flags = opt_prop_def(DictionaryAttr)

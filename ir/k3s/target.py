@@ -1,10 +1,10 @@
-"""What the Triton backend's lower-to-triton pass (backends/triton/lower.py) writes on stages
-before printing, as typed attributes (a load's register dtype, a workspace's layout): the passes
-that build the stages leave them absent, and the printer reads them."""
+"""What the Triton backend's passes (backends/triton/lower.py, legalize.py) write on stages and
+kernels before printing, as typed attributes (a load's register dtype, a workspace's layout, a
+block sized at launch): the passes that build them leave them absent, and the printer reads them."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute
 from xdsl.irdl import irdl_attr_definition
@@ -13,6 +13,7 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
+from k3compile.ir.k3s.types import ShapeSymbol, ShapeSymbolAttr
 
 
 class RegisterDtype(Word):
@@ -118,3 +119,44 @@ class WorkspaceLayoutAttr(ParametrizedAttribute):
         rows = [axis for axis in kinds if axis != LayoutAxis.COLUMN]
         if kinds[:len(rows)] != rows or len(set(rows)) != len(rows):
             raise VerifyException(f"{self.name}: each row axis at most once, before the columns; got {', '.join(kinds)}")
+
+
+@irdl_attr_definition
+class RuntimeBlockAttr(ParametrizedAttribute):
+    """A block that holds all of a size known only at run time: `#k3s.runtime_block<Q, least =
+    16>`, the next power of two of the call's Q, at least `least` (tl.dot's operands take 16
+    rows; absent: 1). Each launch computes it from the call's sizes; legalize-triton writes it
+    as a kernel's block size where the kernel takes all of them at once (Block AttnRes's folded
+    queries), and the printer prints that expression."""
+
+    name = "k3s.runtime_block"
+    size: ShapeSymbolAttr
+    least: IntAttr
+
+    @staticmethod
+    def of(size: str, least: int = 1) -> RuntimeBlockAttr:
+        return RuntimeBlockAttr(ShapeSymbolAttr(ShapeSymbol(size)), IntAttr(least))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        start = parser.pos
+        size = parser.parse_identifier(" (a shape symbol)")
+        if size not in list(ShapeSymbol):
+            parser.raise_error(f"{cls.name}: a shape symbol, one of {', '.join(ShapeSymbol)}; got {size}", start, parser.pos)
+        least = 1
+        if parser.parse_optional_punctuation(","):
+            parser.parse_keyword("least")
+            parser.parse_punctuation("=")
+            least = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        parser.parse_punctuation(">")
+        block = cls.of(size, least)
+        return [block.size, block.least]
+
+    def print_parameters(self, printer: Printer) -> None:
+        least = f", least = {self.least.data}" if self.least.data != 1 else ""
+        printer.print_string(f"<{self.size.data.value}{least}>")
+
+    def verify(self) -> None:
+        if self.least.data < 1 or self.least.data & (self.least.data - 1):
+            raise VerifyException(f"{self.name}: least must be a power of two, got {self.least.data}")

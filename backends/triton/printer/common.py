@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from xdsl.dialects.builtin import IntegerAttr
 from xdsl.ir import Operation, OpResult, SSAValue
 
 from k3compile.ir import k3s
@@ -66,6 +67,15 @@ def kernel_constants_of(*op_types: type[Operation]) -> Callable:
 # input_precision); input: _DOT_OF_DTYPE of the dtype of the entry's first tensor (its inputs')
 DOT_PRECISION = {k3s.KernelDots.FP32: "'ieee'", k3s.KernelDots.TF32X3: "'tf32x3'",
                  k3s.KernelDots.INPUT: "_DOT_OF_DTYPE[{first}.dtype]"}
+
+
+def block_constant(block: IntegerAttr | k3s.RuntimeBlockAttr) -> int | str:
+    """A kernel's block size as its launch sets it (legalize-triton's): a fixed size, or the
+    expression of the call's sizes that a k3s.runtime_block stands for."""
+    if not isinstance(block, k3s.RuntimeBlockAttr):
+        return block.value.data
+    padded = f'triton.next_power_of_2(dims["{block.size.data.value}"])'
+    return padded if block.least.data == 1 else f"max({block.least.data}, {padded})"
 
 
 def chosen(op: Operation, name: str):

@@ -2,9 +2,10 @@
 the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards).
 
 The products' precision DOT is the kernel's `dots` (lower-to-triton), the block sizes are the
-kernel's (legalize-triton). Still decided here (issue 39): the implicit parameters (chunk_table,
-the checkpoints', the run-time sizes' expressions), the parameters kept by what the printed code
-reads, a commit kernel's heads (H = HV) and a fold of all a call's queries' block (BQ)."""
+kernel's (legalize-triton; a Block AttnRes program's queries BQ too, sized at launch where it
+holds all the call's). Still decided here (issue 39): the implicit parameters (chunk_table, the
+checkpoints', the run-time sizes' expressions), the parameters kept by what the printed code
+reads and a commit kernel's heads (H = HV)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from k3compile.backends.triton.printer.common import (
     KERNEL_CONSTANTS,
     Code,
     EntryView,
+    block_constant,
     describe,
     kernel_constants_of,
     presence_flag,
@@ -169,8 +171,8 @@ class Kernels:
 
     def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
-        block sizes as legalize-triton fixed them (or, as the IR says, the launch's expression of
-        the call's sizes: a fold of all the call's queries)."""
+        block sizes as legalize-triton fixed them (a k3s.runtime_block: its launch's expression
+        of the call's sizes)."""
         return dict(self.known("constants", kernel, view, lambda: self.read_kernel_constants(kernel, view)))
 
     def read_kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
@@ -210,10 +212,10 @@ class Kernels:
     @kernel_constants_of(k3s.FoldQueryOp)
     def fold_query_constants(self, op: k3s.FoldQueryOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         """A row's width and block of columns; the program's block of a Block AttnRes block's
-        queries (0: all of them, as the launch folds them)."""
+        queries (legalize-triton's: fixed, or all the call's)."""
         constants: dict[str, int | str] = dict(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
         if op.queries is not None:
-            constants.update(BQ=op.queries.value.data or 'triton.next_power_of_2(dims["Q"])')
+            constants.update(BQ=block_constant(kernel.block_q))
         return constants
 
     @kernel_constants_of(k3s.LoadSourceColumnsOp)
