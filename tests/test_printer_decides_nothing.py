@@ -43,6 +43,10 @@ REMOVED_DECISIONS = [
      r"next_power_of_2\(dims"),
     ("Block AttnRes's folded queries' block, at least tl.dot's 16 rows (legalize-triton's block_q)",
      "attnres_columns.py", r"max\(16, triton\.next_power_of_2"),
+    ("a kernel's chunk table and checkpoints by its grid and stages (lower-to-triton's launch_params)", "kernels.py",
+     r"params\.append\(\(\"chunk_table\"|issubclass\(t, k3s\.StoreCheckpointOp\)|checkpointing = any"),
+    ("the run-time sizes' values, R by the entry's tensors (lower-to-triton's k3s.launch_size)", "kernels.py",
+     r"runtime = \{\"T\"|'dims\[\"B\"\] \* dims\[\"T\"\]'"),
 ]
 
 
@@ -79,7 +83,8 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
                   "k3s.spill %KG, %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>",
                   "k3s.reload %S <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>",
                   "%NC = arith.addi %1, %N : index", "k3s.bind_size %NC <symbol = NC>",
-                  "k3s.tensor_arg @o <role = output, dtype_of = @q>"):
+                  "k3s.tensor_arg @o <role = output, dtype_of = @q>",
+                  "block_v = 64, launch_params = [T, checkpoints]> {", "k3s.launch_size %T_1 <size = T>"):
         assert shown in out, shown
 
 

@@ -18,7 +18,11 @@ printer reads these choices off the IR rather than making them:
   and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts);
 - an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP, HS), as
   index arithmetic or a size by the call's rows, ending in `k3s.bind_size` (host_sizes);
-- the dtype of each float tensor an entry allocates: its first tensor argument's (`dtype_of = @q`).
+- the dtype of each float tensor an entry allocates: its first tensor argument's (`dtype_of = @q`);
+- what each kernel's launch passes besides its arguments (`launch_params = [chunk_table, T,
+  checkpoints]`: the chunk axis's table, the run-time sizes, the checkpoints), and the value each
+  entry passes for a run-time size (`k3s.launch_size %R <size = R>`, R = B x T where the entry
+  has [B, T, ..] tensors; launch_sizes).
 
 Each op type's parts are functions registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -216,9 +220,28 @@ def hidden_slices(entry: k3s.EntryOp) -> k3s.SizeByRowsOp:
                                    result_types=[IndexType()])
 
 
+def launch_sizes(entry: k3s.EntryOp) -> list[Operation]:
+    """The values entry's launches pass for the run-time sizes its kernels take (their
+    launch_params), each a k3s.launch_size: the shape symbol of that name, but the token rows R
+    are B x T where no tensor of the entry has R rows, and NSLOTS is the state pool's rows P."""
+    taken = {p.data for kernel in k3s.entry_kernels(entry) for p in kernel.launch_params or ()}
+    tokens = not any("R" in op.type.dims for op in entry.body.ops if isinstance(op, k3s.TensorArgOp))
+    sizes = HostSizes()
+    for size in [s for s in k3s.RUNTIME_SIZES if s in taken]:
+        if size == "R" and tokens:
+            value = sizes.add(arith.MuliOp(sizes.size("B"), sizes.size("T")))
+        else:
+            value = sizes.size("P" if size == "NSLOTS" else size)
+        param = k3s.LaunchParamAttr(k3s.LaunchParam(size))
+        sizes.add(k3s.LaunchSizeOp.create(operands=[value], properties=dict(size=param)))
+    return sizes.ops
+
+
 def write_host_sizes(entry: k3s.EntryOp) -> None:
-    """host_sizes(entry) after its arguments, unless the entry binds sizes already."""
-    if any(isinstance(op, k3s.BindSizeOp) for op in entry.body.ops) or not (ops := host_sizes(entry)):
+    """host_sizes(entry), then launch_sizes(entry), after its arguments, unless the entry has them
+    already."""
+    written = (k3s.BindSizeOp, k3s.LaunchSizeOp)
+    if any(isinstance(op, written) for op in entry.body.ops) or not (ops := host_sizes(entry) + launch_sizes(entry)):
         return
     block = entry.body.block
     first = next((op for op in block.ops if not isinstance(op, ARGUMENT_OPS)), None)
@@ -257,6 +280,8 @@ class LowerToTritonPass(ModulePass):
                     write_choices(stage, of_op(stage, kernel))
             if has_products:  # the products' precision: the input dtype's, where no pass chose
                 write_choices(kernel, dict(dots=k3s.KernelDotsAttr(k3s.KernelDots.INPUT)))
+            taken = ArrayAttr([k3s.LaunchParamAttr(p) for p in k3s.launch_params(kernel)])
+            write_choices(kernel, dict(launch_params=taken))
         check_workspace_layouts(op)
         for entry in [o for o in op.ops if isinstance(o, k3s.EntryOp)]:
             write_host_sizes(entry)

@@ -99,6 +99,7 @@ K3S = Dialect(
         WorkspaceLayoutAttr,
         RuntimeBlockAttr,
         GridAxisAttr,
+        LaunchParamAttr,
         StateHomeAttr,
         StateStartAttr,
         MaskAttr,

@@ -25,7 +25,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp, WritesCheckpoints
 from k3compile.ir.k3s.target import RegisterDtypeAttr, WorkspaceLayoutAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values, verify_carried_state
@@ -412,7 +412,7 @@ class StoreCheckpointOp(KeywordSyntax):
     name = "k3s.store_checkpoint"
     layout = prop_def(StateLayoutAttr)
     state = operand_def(TileType)
-    traits = traits_def(HasParent(ChunkLoopOp))
+    traits = traits_def(HasParent(ChunkLoopOp), WritesCheckpoints())
 
 
 @irdl_op_definition

@@ -16,13 +16,29 @@ from k3compile.ir.syntax import attr_to_literal
 
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp,
-               k3s.SizeOp, k3s.SizeByRowsOp, k3s.BindSizeOp)
+               k3s.SizeOp, k3s.SizeByRowsOp, k3s.BindSizeOp, k3s.LaunchSizeOp)
 # the dialect of the index arithmetic of an entry's host sizes (printed by the k3s.bind_size they end in)
 HOST_ARITH_DIALECT = "arith."
+# index arithmetic as Python: (format, whether the result is a sum, which a product parenthesises)
+HOST_ARITH = {"arith.muli": ("{} * {}", False), "arith.addi": ("{} + {}", True),
+              "arith.ceildivsi": ("triton.cdiv({}, {})", False), "arith.minsi": ("min({}, {})", False)}
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # the constexprs that a k3s.launch_by_rows's block sizes set at launch
 BLOCK_CONSTANTS = {"block_r": "BR", "block_e": "BE", "block_d": "BD", "block_n": "BN"}
+
+
+def host_expression(value: SSAValue, product: bool = False) -> str:
+    """An index value of an entry's host sizes as one Python expression over dims[...]."""
+    op = value.owner
+    if isinstance(op, k3s.SizeOp):
+        return f'dims["{op.symbol.data.value}"]'
+    if op.name == "arith.constant":
+        return str(op.value.value.data)
+    form, is_sum = HOST_ARITH[op.name]
+    inner = op.name == "arith.muli"
+    text = form.format(*(host_expression(v, inner) for v in op.operands))
+    return f"({text})" if is_sum and product else text
 
 
 def pipelined_range(op: Operation, start: str, stop: str) -> str:
@@ -223,6 +239,8 @@ class EntryView:
         self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
         self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
         self.combine = next((op for op in entry.body.ops if isinstance(op, k3s.SummaryCombineOp)), None)
+        # what its launches pass for each run-time size (lower-to-triton's k3s.launch_size)
+        self.launch_sizes = {op.size.data: op.value for op in entry.body.ops if isinstance(op, k3s.LaunchSizeOp)}
 
     def tensor(self, name: str) -> k3s.TensorArgOp:
         return next(op for op in self.tensors if op.sym_name.data == name)

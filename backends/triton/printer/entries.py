@@ -16,6 +16,7 @@ from k3compile.backends.triton.printer.common import (
     Code,
     EntryView,
     describe,
+    host_expression,
     launch_table_name,
 )
 from k3compile.backends.triton.printer.kernels import param_name
@@ -47,24 +48,6 @@ HOST_SIZE_NOTES = {
     "PB": ("# an MoE dispatch plan's blocks: each expert's run of pairs padded to whole blocks of BM rows: at",
            "# most one partial block per expert that has pairs"),
 }
-# index arithmetic as Python: (format, whether the result is a sum, which a product parenthesises)
-HOST_ARITH = {"arith.muli": ("{} * {}", False), "arith.addi": ("{} + {}", True),
-              "arith.ceildivsi": ("triton.cdiv({}, {})", False), "arith.minsi": ("min({}, {})", False)}
-
-
-def host_expression(value, product: bool = False) -> str:
-    """An index value of an entry's host sizes as one Python expression over dims[...]."""
-    op = value.owner
-    if isinstance(op, k3s.SizeOp):
-        return f'dims["{op.symbol.data.value}"]'
-    if op.name == "arith.constant":
-        return str(op.value.value.data)
-    form, is_sum = HOST_ARITH[op.name]
-    inner = op.name == "arith.muli"
-    text = form.format(*(host_expression(v, inner) for v in op.operands))
-    return f"({text})" if is_sum and product else text
-
-
 class Entries:
     """TritonPrinter's methods for entries (one per k3s op, and their helpers)."""
 
