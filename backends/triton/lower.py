@@ -135,14 +135,14 @@ def workspace_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribut
     if unknown := [d for d in columns if d not in LAYOUT_COLUMNS]:
         raise ValueError(f"{op.name}: no layout for the workspace <{workspace.pattern}>: its tiles' columns are K, "
                          f"V or C, got {unknown[0]}")
-    return dict(layout=k3s.WorkspaceLayoutAttr.of(*rows, *[("column", d) for d in columns]))
+    return dict(layout=k3s.TensorLayoutAttr.of(*rows, *[("column", d) for d in columns]))
 
 
 def check_workspace_layouts(module: ModuleOp) -> None:
     """Every stage that reaches one tensor of an entry (through the kernels' launches) reads it in
     one layout: a ValueError naming the tensor where two disagree."""
     kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, k3s.KernelOp)}
-    layouts: dict[SSAValue, tuple[Operation, k3s.WorkspaceLayoutAttr]] = {}
+    layouts: dict[SSAValue, tuple[Operation, k3s.TensorLayoutAttr]] = {}
     for launch in [op for op in module.walk() if isinstance(op, k3s.LaunchOp)]:
         kernel = kernels[launch.kernel.root_reference.data]
         for passed, argument in zip(launch.operands, kernel.body.block.args, strict=False):

@@ -96,7 +96,7 @@ K3S = Dialect(
         RegisterDtypeAttr,
         DiagonalRowsAttr,
         LayoutAxisAttr,
-        WorkspaceLayoutAttr,
+        TensorLayoutAttr,
         RuntimeBlockAttr,
         GridAxisAttr,
         LaunchParamAttr,

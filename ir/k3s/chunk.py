@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import GATE_INPUTS_WITH_PARAMETERS
 from k3compile.ir.k3 import BetaInputAttr, GateAttr, GateInputAttr, StateLayoutAttr
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp, WritesCheckpoints
-from k3compile.ir.k3s.target import RegisterDtypeAttr, WorkspaceLayoutAttr
+from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values, verify_carried_state
 from k3compile.ir.syntax import KeywordSyntax
@@ -238,7 +238,7 @@ class SpillValueBlockPartOp(KeywordSyntax):
     name = "k3s.spill_value_block_part"
     workspace = operand_def(TensorType)
     part = operand_def(TileType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
@@ -258,7 +258,7 @@ class SumValueBlockPartsOp(KeywordSyntax):
     name = "k3s.sum_value_block_parts"
     workspace = operand_def(TensorType)
     unroll = opt_prop_def(BoolAttr)  # the Triton backend's (lower-to-triton)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     total = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -291,7 +291,7 @@ class RecordCheckOp(KeywordSyntax):
     name = "k3s.record_check"
     workspace = operand_def(TensorType)
     check = operand_def(i1)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp, WhenOp))
 
     def verify_(self) -> None:
@@ -305,7 +305,7 @@ class RecordedCheckOp(KeywordSyntax):
 
     name = "k3s.recorded_check"
     workspace = operand_def(TensorType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     check = result_def(i1)
     traits = traits_def(HasParent(KernelOp, WhenOp), MemoryReadEffect())
 
@@ -423,7 +423,7 @@ class SpillOp(KeywordSyntax):
     name = "k3s.spill"
     workspace = operand_def(TensorType)
     tile = operand_def(TileType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp, WhenOp, ChunkLoopOp))
 
     def verify_(self) -> None:
@@ -437,7 +437,7 @@ class ReloadOp(KeywordSyntax):
 
     name = "k3s.reload"
     workspace = operand_def(TensorType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     tile = result_def(TileType)
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp, ValueBlockLoopOp), MemoryReadEffect())
 

@@ -42,11 +42,12 @@ class DiagonalRowsAttr(EnumAttribute[DiagonalRows], SpacedOpaqueSyntaxAttribute)
 
 
 class LayoutAxis(Word):
-    """An axis of a workspace's layout (WorkspaceLayoutAttr): what indexes it in a program."""
+    """An axis of a tensor's layout (TensorLayoutAttr): what indexes it in a program."""
 
     TOKEN = "token"  # a row per token of the batch's sequences (B x T as one axis): the chunk's rows
     CHUNK = "chunk"  # a row per chunk of every sequence (NC): the program's chunk
     HEAD = "head"  # the value head (HV)
+    KEY_HEAD = "key_head"  # the query and key head (H) that the program's value head reads
     PART = "part"  # the value block whose part of a sum the row holds (a fixed count)
     COLUMN = "column"  # a dimension of the tile stored there (K, V or C): the tile's own offsets
 
@@ -57,8 +58,8 @@ class LayoutAxisAttr(EnumAttribute[LayoutAxis], SpacedOpaqueSyntaxAttribute):
 
 
 @irdl_attr_definition
-class WorkspaceLayoutAttr(ParametrizedAttribute):
-    """Where a kernel finds its rows in a workspace: `#k3s.layout<token[T], head[HV], column[K]>`,
+class TensorLayoutAttr(ParametrizedAttribute):
+    """Where a kernel finds its rows in a tensor: `#k3s.layout<token[T], head[HV], column[K]>`,
     the axes outermost first, each with its extent (a symbol or a fixed count), row-major: an
     axis's stride is the product of the extents after it (strides()). lower-to-triton writes it on
     each stage that stores tiles in a workspace or loads them from it (k3s.spill, k3s.reload, ...);
@@ -69,10 +70,10 @@ class WorkspaceLayoutAttr(ParametrizedAttribute):
     extents: ArrayAttr[StringAttr]
 
     @staticmethod
-    def of(*axes: tuple[str, str | int]) -> WorkspaceLayoutAttr:
+    def of(*axes: tuple[str, str | int]) -> TensorLayoutAttr:
         """of(("token", "T"), ("head", "HV"), ("column", "K"))."""
-        return WorkspaceLayoutAttr(ArrayAttr([LayoutAxisAttr(LayoutAxis(axis)) for axis, _ in axes]),
-                                   ArrayAttr([StringAttr(str(extent)) for _, extent in axes]))
+        return TensorLayoutAttr(ArrayAttr([LayoutAxisAttr(LayoutAxis(axis)) for axis, _ in axes]),
+                                ArrayAttr([StringAttr(str(extent)) for _, extent in axes]))
 
     @property
     def items(self) -> tuple[tuple[LayoutAxis, str], ...]:

@@ -5,14 +5,13 @@ output and state advance, checkpoints.
 The products' precision (k3s.kernel <dots>), the inverse's products and squarings, the
 value-block loops' and the channel-gated Gram's block loop's unrolling, where the Gram's
 elementwise diagonal takes its rows from (reloaded or extracted) and the workspaces' layouts (a
-spill's or reload's <layout>, printed as addresses by common.workspace_address) are the IR's
+spill's or reload's <layout>, printed as addresses by common.tensor_address) are the IR's
 (lower-to-triton). Still decided here (issue 39): the addresses of the output rows and of the
 checkpoints it stores (print_k3s_chunk_output, print_k3s_store_checkpoint)."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import (chosen, register, tensor_name, value_block_count,
-                                                      workspace_address)
+from k3compile.backends.triton.printer.common import chosen, register, tensor_address, tensor_name, value_block_count
 from k3compile.ir import k3s
 
 
@@ -91,12 +90,12 @@ class ChunkStages:
             self.code(f"{register(carried)} {add} {register(part)}")
 
     def print_k3s_spill_value_block_part(self, op: k3s.SpillValueBlockPartOp) -> None:
-        address, mask = workspace_address(op, part="i_v")
+        address, mask = tensor_address(op, part="i_v")
         self.code.comment(op, "its block's slot, for the kernel that adds them up")
         self.code(f"tl.store({address}, {register(op.part)}{f', mask={mask}' if mask else ''})")
 
     def print_k3s_sum_value_block_parts(self, op: k3s.SumValueBlockPartsOp) -> None:
-        address, mask = workspace_address(op, part="i_p")
+        address, mask = tensor_address(op, part="i_p")
         blocks = value_block_count(op)
         out = register(op.total)
         shape = ", ".join(TILE_BLOCKS[d] for d in k3s.tile_dims(op.total))
@@ -112,12 +111,12 @@ class ChunkStages:
         self.code(f"if {'not ' if holds else ''}{register(op.check)}:", "    return")
 
     def print_k3s_record_check(self, op: k3s.RecordCheckOp) -> None:
-        address, _ = workspace_address(op)
+        address, _ = tensor_address(op)
         self.code.comment(op, "for its steep launch, which then skips the other chunks")
         self.code(f"tl.store({address}, {register(op.check)}.to(tl.float32))")
 
     def print_k3s_recorded_check(self, op: k3s.RecordedCheckOp) -> None:
-        address, _ = workspace_address(op)
+        address, _ = tensor_address(op)
         self.code.comment(op)
         self.code(f"{register(op.check)} = tl.load({address}) != 0.0")
 
@@ -320,13 +319,13 @@ class ChunkStages:
         self.code(f"{register(op.decay)} = tl.exp2({register(op.total)})")
 
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
-        address, mask = workspace_address(op)
+        address, mask = tensor_address(op)
         self.code.comment(op)
         self.code(f"tl.store({address}, {register(op.tile)}.to({tensor_name(op.workspace)}.dtype.element_ty)"
                   f"{f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
-        address, mask = workspace_address(op)
+        address, mask = tensor_address(op)
         self.code.comment(op)
         self.code(f"{register(op.tile)} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 

@@ -101,11 +101,14 @@ def chosen(op: Operation, name: str):
     return value
 
 
-# how a program indexes each axis of a workspace layout (k3s.layout, lower-to-triton's): the
-# index of a row axis; a column's extent as the kernel names it, its offsets and their mask
-LAYOUT_ROWS = {k3s.LayoutAxis.TOKEN: "t_c", k3s.LayoutAxis.CHUNK: "start // BC + i_n", k3s.LayoutAxis.HEAD: "i_hv"}
+# how a program indexes each axis of a tensor's layout (k3s.layout, lower-to-triton's): the index
+# of a row axis (the token rows': those of the loop the stage is printed in); a column's extent
+# as the kernel names it, its offsets and their mask
+LAYOUT_ROWS = {k3s.LayoutAxis.CHUNK: "start // BC + i_n", k3s.LayoutAxis.HEAD: "i_hv", k3s.LayoutAxis.KEY_HEAD: "i_h"}
 LAYOUT_COLUMNS = {"K": ("K", "o_k", "m_k"), "V": ("V", "o_v", "m_v"), "C": ("BC", "o_c", None)}
 BROADCASTS = {1: ("",), 2: ("[:, None]", "[None, :]")}
+# the token rows of a chunk and their mask; a token loop's one token has no mask
+CHUNK_ROWS, TOKEN_ROW = ("t_c", "m_c"), ("t", None)
 
 
 def horner(terms: list[tuple[str, str]]) -> str:
@@ -116,23 +119,28 @@ def horner(terms: list[tuple[str, str]]) -> str:
     return text
 
 
-def workspace_address(op: Operation, part: str | None = None) -> tuple[str, str]:
-    """(the address of this program's rows in op's workspace, their mask ("" for none)), printed
-    from the layout lower-to-triton wrote on op; `part`: the index of a value-block parts axis. The token rows and the columns are the tile's axes, broadcast against each other."""
+def tensor_address(op: Operation, tensor: SSAValue | None = None, rows: tuple[str, str | None] = CHUNK_ROWS,
+                   part: str | None = None) -> tuple[str, str]:
+    """(the address of this program's rows in the tensor op reads or writes, `tensor`, else op's
+    workspace; their mask, "" for none), printed from the layout lower-to-triton wrote on op;
+    `rows`: the token rows' index and mask (one token: no mask); `part`: the index of a
+    value-block parts axis. The token rows and the columns are the tile's axes, broadcast against
+    each other."""
     layout = chosen(op, "layout")
-    rows = [(axis, extent) for axis, extent in layout.items if axis != k3s.LayoutAxis.COLUMN]
+    axes = [(axis, extent) for axis, extent in layout.items if axis != k3s.LayoutAxis.COLUMN]
     columns = [LAYOUT_COLUMNS[extent] for axis, extent in layout.items if axis == k3s.LayoutAxis.COLUMN]
-    per_token = rows[0][0] == k3s.LayoutAxis.TOKEN
-    vectors = [("t_c", "t_c", "m_c")] * per_token + columns  # (extent, offsets, mask) of each vector axis
+    token, token_mask = rows
+    per_token = axes[0][0] == k3s.LayoutAxis.TOKEN and token_mask is not None  # the token rows a vector
+    vectors = [(None, token, token_mask)] * per_token + columns  # (extent, offsets, mask) of each vector axis
     broadcast = BROADCASTS[len(vectors)] if vectors else ()
-    index = {**LAYOUT_ROWS, k3s.LayoutAxis.PART: part}
-    address = horner([(index[axis] + (broadcast[0] if axis == k3s.LayoutAxis.TOKEN else ""), extent)
-                      for axis, extent in rows])
+    index = {**LAYOUT_ROWS, k3s.LayoutAxis.PART: part,
+             k3s.LayoutAxis.TOKEN: token + (broadcast[0] if per_token else "")}
+    address = horner([(index[axis], extent) for axis, extent in axes])
     if columns:
         offsets = horner([(o + b, width) for (width, o, _), b in zip(columns, broadcast[per_token:], strict=True)])
         address = f"{f'({address})' if ' + ' in address else address} * {' * '.join(w for w, _, _ in columns)} + {offsets}"
     mask = " & ".join(m + b for (_, _, m), b in zip(vectors, broadcast, strict=True) if m is not None)
-    return f"{tensor_name(op.workspace)} + {address}", mask
+    return f"{tensor_name(op.workspace if tensor is None else tensor)} + {address}", mask
 
 
 def value_block_count(op: Operation) -> int:

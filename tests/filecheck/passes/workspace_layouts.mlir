@@ -1,6 +1,6 @@
 // lower-to-triton writes where each stage's rows are in its workspace (#k3s.layout: the axes
 // outermost first, each with its extent, row-major), and the printer prints the address from it
-// (common.workspace_address): a row per token ([B, T, HV, ...]: token, head, then the tile's
+// (common.tensor_address): a row per token ([B, T, HV, ...]: token, head, then the tile's
 // columns) or per chunk ([NC, HV, ...]); value blocks' parts between the head and the columns.
 // The layouts print and parse back, a second run changes nothing, and one that does not fit its
 // workspace fails verify.
