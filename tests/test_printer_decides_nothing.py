@@ -47,6 +47,13 @@ REMOVED_DECISIONS = [
      r"params\.append\(\(\"chunk_table\"|issubclass\(t, k3s\.StoreCheckpointOp\)|checkpointing = any"),
     ("the run-time sizes' values, R by the entry's tensors (lower-to-triton's k3s.launch_size)", "kernels.py",
      r"runtime = \{\"T\"|'dims\[\"B\"\] \* dims\[\"T\"\]'"),
+    ("an input's rows by what its load holds, as a hand-written address (lower-to-triton's layout)", "loads.py",
+     r"KEY_ROWS|VALUE_ROWS|def token_rows|\* HV \+ i_hv"),
+    ("the output's rows as a hand-written address (lower-to-triton's layout)", "chunk_stages.py",
+     r"t_c\[:, None\] \* HV \+ i_hv\) \* V"),
+    ("a readout's row as a hand-written address (lower-to-triton's layout)", "token_stages.py", r"\(t \* HV \+ i_hv\) \* V"),
+    ("a gradient's rows as a hand-written address (lower-to-triton's layout)", "adjoint_stages.py",
+     r"t_c\[:, None\] \* H \+ i_h|t_c \* HV \+ i_hv|t_c\[:, None\] \* HV \+ i_hv"),
 ]
 
 
@@ -77,7 +84,10 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
     for shown in ("k3s.kernel @kda_chunk_prepare <grid = [chunk, value_head], num_warps = 4, dots = input,",
                   "k3s.forward_substitution %A, %beta_1 <block = 1, accurate = true, squarings = 3>",
                   "k3s.unit_lower_inverse %A <block = 1, accurate = true, squarings = 3>",
-                  "k3s.load_token %q <dtype = fp32>", "k3s.load_chunk %v <dtype = input>",
+                  "k3s.load_token %q <dtype = fp32, layout = #k3s.layout<token[T], key_head[H], column[K]>>",
+                  "k3s.load_chunk %v <dtype = input, layout = #k3s.layout<token[T], head[HV], column[V]>>",
+                  "k3s.chunk_output %QG_1, %S_1, %P_1, %vr, %o, %scale <layout = #k3s.layout<token[T], head[HV], "
+                  "column[V]>>",
                   "k3s.value_block_loop <block_v = 64, unroll = true>",
                   "diagonal = guarded, unroll = true, diagonal_rows = reload>",
                   "k3s.spill %KG, %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>",
@@ -124,5 +134,5 @@ def test_printer_names_the_missing_pass(capsys):
     OutlineKernelsPass().apply(Context(), module)
     LegalizeTritonPass().apply(Context(), module)
     with pytest.raises(ValueError, match=r"k3s.load_token %q reached the Triton printer without lower-to-triton "
-                                         r"\(no dtype\)"):
+                                         r"\(no layout\)"):
         print_triton(module, "doc")

@@ -16,6 +16,8 @@ printer reads these choices off the IR rather than making them:
 - the layout of the workspace a stage stores its tiles in or loads them from (`k3s.spill %KG,
   %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>`), read off the workspace's shape
   and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts);
+  likewise where a stage's rows are in an entry's tensor of token rows (the loads of q, k, v, g
+  and beta, the output's stores, the gradients'), the query and key heads' for q and k;
 - an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP, HS), as
   index arithmetic or a size by the call's rows, ending in `k3s.bind_size` (host_sizes);
 - the dtype of each float tensor an entry allocates: its first tensor argument's (`dtype_of = @q`);
@@ -100,6 +102,27 @@ def gram_choices(op: k3s.GramOp, kernel: k3s.KernelOp) -> dict[str, Attribute]:
     if op.diagonal.data.reloads:
         choices["diagonal_rows"] = RELOAD_ROWS
     return choices
+
+
+# the stages that read or write an entry's tensor of token rows [B, T, heads, ...] (q, k, v, g,
+# beta, o and their gradients): the operand or result that is their tile
+TOKEN_ROW_STAGES = {k3s.LoadTokenOp: "row", k3s.LoadChunkOp: "rows", k3s.LoadGateOp: "log_gate",
+                    k3s.LoadBetaOp: "beta", k3s.ReadoutOp: "output", k3s.ChunkOutputOp: "output",
+                    k3s.StoreCotangentOp: "cotangent"}
+
+
+@choices_of(*TOKEN_ROW_STAGES)
+def token_rows_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """Where op's rows are in its tensor: a row per token, then its head (the query and key head
+    of q and k, else the value head), then the columns of op's tile after its chunk's rows."""
+    tile = k3s.tile_dims(getattr(op, TOKEN_ROW_STAGES[type(op)]))
+    keys = op.of.data in ("q", "k") if isinstance(op, k3s.StoreCotangentOp) else \
+        isinstance(op, (k3s.LoadTokenOp, k3s.LoadChunkOp)) and not k3s.loads_values(op)
+    heads = ("key_head", "H") if keys else ("head", "HV")
+    columns = tile[1:] if tile[:1] == ("C",) else tile
+    return dict(layout=k3s.TensorLayoutAttr.of(("token", "T"), heads, *[("column", d) for d in columns]))
+
+
 # the stages that store tiles in a workspace or load them from it: (the operand or result that
 # is their tile, whether the workspace holds value blocks' parts)
 WORKSPACE_STAGES = {k3s.SpillOp: ("tile", False), k3s.ReloadOp: ("tile", False), k3s.RecordCheckOp: (None, False),

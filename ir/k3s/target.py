@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute
+from xdsl.ir import Attribute, Operation, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import irdl_attr_definition
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
@@ -106,12 +106,12 @@ class TensorLayoutAttr(ParametrizedAttribute):
         printer.print_string("<" + ", ".join(f"{axis}[{extent}]" for axis, extent in self.items) + ">")
 
     def verify_fits(self, op_name: str, dims: tuple) -> None:
-        """A VerifyException unless the layout fits a workspace of these dimensions: an axis a
+        """A VerifyException unless the layout fits a tensor of these dimensions: an axis a
         dimension (token: B x T), a fixed extent its dimension's size."""
         items, rows = self.items, [dim for dim in dims if dim != "B"]
         if (len(rows) != len(items) or any(extent.isdigit() and str(dim) != extent for dim, (_, extent) in zip(rows, items))
                 or (items[0][0] == LayoutAxis.TOKEN) != (tuple(dims[:2]) == ("B", "T"))):
-            raise VerifyException(f"{op_name}: layout {self} does not fit its workspace <{' x '.join(map(str, dims))}>")
+            raise VerifyException(f"{op_name}: layout {self} does not fit its tensor <{' x '.join(map(str, dims))}>")
 
     def verify(self) -> None:
         if len(self.axes.data) != len(self.extents.data):
@@ -120,6 +120,12 @@ class TensorLayoutAttr(ParametrizedAttribute):
         rows = [axis for axis in kinds if axis != LayoutAxis.COLUMN]
         if kinds[:len(rows)] != rows or len(set(rows)) != len(rows):
             raise VerifyException(f"{self.name}: each row axis at most once, before the columns; got {', '.join(kinds)}")
+
+
+def verify_layout(op: Operation, tensor: SSAValue) -> None:
+    """op's layout, where lower-to-triton wrote one, fits the tensor whose rows it addresses."""
+    if op.layout is not None:
+        op.layout.verify_fits(op.name, tensor.type.dims)
 
 
 @irdl_attr_definition

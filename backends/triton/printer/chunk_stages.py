@@ -4,10 +4,11 @@ output and state advance, checkpoints.
 
 The products' precision (k3s.kernel <dots>), the inverse's products and squarings, the
 value-block loops' and the channel-gated Gram's block loop's unrolling, where the Gram's
-elementwise diagonal takes its rows from (reloaded or extracted) and the workspaces' layouts (a
-spill's or reload's <layout>, printed as addresses by common.tensor_address) are the IR's
-(lower-to-triton). Still decided here (issue 39): the addresses of the output rows and of the
-checkpoints it stores (print_k3s_chunk_output, print_k3s_store_checkpoint)."""
+elementwise diagonal takes its rows from (reloaded or extracted) and where a stage's rows are in
+a workspace or the output (a spill's, reload's or chunk output's <layout>, printed as addresses by
+common.tensor_address) are the IR's (lower-to-triton). Still decided here (issue 39): the address
+of a checkpoint (print_k3s_store_checkpoint: its slot's row of the checkpoints, then the state
+tile's own offsets, as the state tile's pointer p_state has them)."""
 
 from __future__ import annotations
 
@@ -217,8 +218,8 @@ class ChunkStages:
         load_g = gram.cumulative_gate.owner.log_gate.owner
         keys, *gate = gram.tensors
         self.code("t_j = start + o_b * SUB + r", "m_j = t_j < eos")
-        self.print_rows(load_k, "t_j", "m_j", "b_kj", keys)
-        self.print_gate_rows(load_g, "t_j", "m_j", "b_gj", gate)
+        self.print_rows(load_k, ("t_j", "m_j"), "b_kj", keys)
+        self.print_gate_rows(load_g, ("t_j", "m_j"), "b_gj", gate)
         self.code("b_kj = b_kj.to(tl.float32)", "b_Gj = b_Gj + b_gj * 1.4426950408889634")
 
     def print_k3s_gram(self, op: k3s.GramOp) -> None:
@@ -341,11 +342,11 @@ class ChunkStages:
     def print_k3s_chunk_output(self, op: k3s.ChunkOutputOp) -> None:
         out, queries, S, P, values = (register(v) for v in (op.output, op.queries, op.state, op.scores, op.values))
         o, scale = tensor_name(op.destination), tensor_name(op.scale)
+        address, mask = tensor_address(op, op.destination)
         self.code.comment(op, "O = scale (QG S + P Vr)")
         self.code(
             f"{out} = {scale} * (_mm({queries}, {S}, DOT) + _mm({P}, {values}, DOT))",
-            f"tl.store({o} + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], {out}.to({o}.dtype.element_ty), "
-            "mask=m_c[:, None] & m_v[None, :])",
+            f"tl.store({address}, {out}.to({o}.dtype.element_ty), mask={mask})",
         )
 
     def print_k3s_state_advance(self, op: k3s.StateAdvanceOp) -> None:

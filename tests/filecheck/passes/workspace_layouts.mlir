@@ -23,4 +23,4 @@
 // CHECK:      k3s.kernel @kda_backward_gradients
 // CHECK:        k3s.sum_value_block_parts %KG_bar_parts <unroll = true, layout = #k3s.layout<token[T], head[HV], part[8], column[K]>>
 
-// PARTS: k3c opt: error: <stdin>: k3s.spill_value_block_part: layout #k3s.layout<token[T], head[HV], part[4], column[K]> does not fit its workspace <B x T x 32 x 8 x 128>
+// PARTS: k3c opt: error: <stdin>: k3s.spill_value_block_part: layout #k3s.layout<token[T], head[HV], part[4], column[K]> does not fit its tensor <B x T x 32 x 8 x 128>
