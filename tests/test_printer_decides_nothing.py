@@ -54,6 +54,9 @@ REMOVED_DECISIONS = [
     ("a readout's row as a hand-written address (lower-to-triton's layout)", "token_stages.py", r"\(t \* HV \+ i_hv\) \* V"),
     ("a gradient's rows as a hand-written address (lower-to-triton's layout)", "adjoint_stages.py",
      r"t_c\[:, None\] \* H \+ i_h|t_c \* HV \+ i_hv|t_c\[:, None\] \* HV \+ i_hv"),
+    ("a checkpoint's slot guarded by the sequence offsets' name, not the chunk loop's offsets", "chunk_stages.py",
+     r"\"if HAS_CU_SEQLENS:\""),
+    ("the checkpoints' first slots from the sequence offsets by name", "entries.py", r"f\"cu_seqlens, dims"),
 ]
 
 

@@ -12,7 +12,8 @@ tile's own offsets, as the state tile's pointer p_state has them)."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import chosen, register, tensor_address, tensor_name, value_block_count
+from k3compile.backends.triton.printer.common import (chosen, presence_flag, register, tensor_address, tensor_name,
+                                                      value_block_count)
 from k3compile.ir import k3s
 
 
@@ -361,16 +362,19 @@ class ChunkStages:
     def print_k3s_store_checkpoint(self, op: k3s.StoreCheckpointOp) -> None:
         c = self.code
         c.comment(op, "the state after a multiple of checkpoint_every tokens")
+        # the slot: counted from the sequence's first (varlen: the chunk loop's sequence offsets,
+        # when the caller passes them), else from i_n's equal rows of T tokens
+        offsets = op.parent_op().offsets
+        varlen = "slot = tl.load(checkpoint_base + i_n).to(tl.int64) + done // checkpoint_every - 1"
+        equal_rows = "slot = i_n * (T // checkpoint_every) + done // checkpoint_every - 1"
         c("if HAS_CHECKPOINTS:")
         with c.indent():
             c("done = start + BC - bos", "if (done % checkpoint_every == 0) & (start + BC <= eos):")
             with c.indent():
-                c("if HAS_CU_SEQLENS:")
-                with c.indent():
-                    c("slot = tl.load(checkpoint_base + i_n).to(tl.int64) + done // checkpoint_every - 1")
-                c("else:")
-                with c.indent():
-                    c("slot = i_n * (T // checkpoint_every) + done // checkpoint_every - 1")
+                if offsets is None or (flag := presence_flag(offsets)) is None:
+                    c(equal_rows if offsets is None else varlen)
+                else:
+                    c(f"if {flag}:", f"    {varlen}", "else:", f"    {equal_rows}")
                 c(f"tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), {register(op.state)}, mask=m_kv)")
 
     def print_k3s_next_chunk(self, op: k3s.NextChunkOp) -> None:

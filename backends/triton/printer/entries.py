@@ -215,9 +215,11 @@ class Entries:
                     c(f"{arg.sym_name.data} = None  # made by the summary_combine step below")
             if view.checkpoint:
                 first = view.tensors[0].sym_name.data
+                offsets = view.with_purpose(k3s.ArgPurpose.SEQUENCE_OFFSETS)
                 c(f"# {describe(view.checkpoint)}",
                   f"checkpoints, checkpoint_base = _checkpoints(checkpoint_every, {view.checkpoint.chunk_size.value.data}, "
-                  f"cu_seqlens, dims, {view.checkpoint.state_dims}, {first}.device)")
+                  f"{'None' if offsets is None else offsets.sym_name.data}, dims, {view.checkpoint.state_dims}, "
+                  f"{first}.device)")
             for op in view.entry.body.ops:
                 if isinstance(op, k3s.KernelOp):
                     self.print_launch(op, view)
