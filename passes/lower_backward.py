@@ -396,10 +396,13 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
     gradient_kernels = []
     for kind, part in zip(("value_blocks", "gradients")[-len(parts):], parts):
         grid = (GridAxis.CHUNK, GridAxis.VALUE_HEAD, *((GridAxis.VALUE_BLOCK,) if kind == "value_blocks" else ()))
-        maxnreg = value_blocks_maxnreg if kind == "value_blocks" else gradients_maxnreg
+        warps = gradients_warps or 2 * num_warps
+        # a cap the warps could not launch at is lowered to what the register file allows (at 16
+        # warps 128: 255 failed to launch on the H100, "out of resource: threads, Required: 512")
+        maxnreg = k3s.register_cap(value_blocks_maxnreg if kind == "value_blocks" else gradients_maxnreg, warps)
         body = KernelBody(spilled_to)
         body.ops = guarded_by_flag(part, steep_chunks)
-        kernel = chunk_kernel(kind, body, gradients_warps or 2 * num_warps, maxnreg, grid)
+        kernel = chunk_kernel(kind, body, warps, maxnreg, grid)
         gradient_kernels.append(kernel)
         if is_guarded(part):  # its second launch, the steep chunks': the same code (merge-identical-kernels)
             steep = kernel.clone()

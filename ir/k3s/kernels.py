@@ -40,6 +40,12 @@ MAX_NUM_WARPS = 32  # Triton: a power of two, at most 1024 threads per program
 # per warp (D = 16384 with 8 warps), 4 KB of stack per thread at 8192
 MAX_ROW_PER_WARP = 2048
 MIN_MAXNREG, MAX_MAXNREG = 24, 255  # what ptxas accepts as registers per thread
+REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_80, sm_90): one program's threads x maxnreg must fit
+
+
+def register_cap(maxnreg: int, num_warps: int) -> int:
+    """`maxnreg` lowered where `num_warps` warps could not launch at it (0: no cap stays none)."""
+    return min(maxnreg, REGISTER_FILE // (32 * num_warps)) if maxnreg else 0
 
 
 class KernelDots(Word):
@@ -261,6 +267,12 @@ class KernelOp(KeywordSyntax):
             raise VerifyException(
                 f"{self.name} @{self.sym_name.data}: maxnreg must be in {MIN_MAXNREG}..{MAX_MAXNREG}, "
                 f"got {self.maxnreg.value.data}"
+            )
+        if self.maxnreg is not None and self.maxnreg.value.data * 32 * self.num_warps.value.data > REGISTER_FILE:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: maxnreg {self.maxnreg.value.data} at {self.num_warps.value.data} "
+                f"warps needs {self.maxnreg.value.data * 32 * self.num_warps.value.data} registers a program, an SM "
+                f"has {REGISTER_FILE}: it could not launch"
             )
         least, most = (None if bound is None else bound.value.data for bound in (self.min_rows, self.max_rows))
         if (least is not None and least < 1) or (most is not None and most < max(least or 1, 1)):

@@ -3,7 +3,9 @@
 // refused. Where the gate is unbounded, the gradients kernel holds its guarded forms with the
 // constexpr flag STEEP as their guard, and its second launch (@kda_backward_gradients_steep, the
 // steep chunks') is the same kernel with STEEP on. gradients-warps: the gradients kernels' warps
-// (twice num-warps by default), a power of two.
+// (twice num-warps by default), a power of two; at 16 warps the register cap is lowered to the
+// 128 a program of 512 threads can have (65536 an SM: at 255 it could not launch), and a kernel
+// whose cap and warps exceed the register file does not verify.
 // RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward' | filecheck %s
 // RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward' | k3c opt - | filecheck %s
 // RUN: k3c compile %examples/kda.toml --stdout --no-autotune -p 'derive-backward,lower-backward,outline-kernels' | filecheck %s --check-prefix=TRITON
@@ -11,6 +13,7 @@
 // RUN: not k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-maxnreg=300}' 2>&1 | filecheck %s --check-prefix=BADCAP
 // RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-warps=16}' | filecheck %s --check-prefix=WARPS
 // RUN: not k3c ir %examples/kda.toml -p 'derive-backward,lower-backward{gradients-warps=12}' 2>&1 | filecheck %s --check-prefix=BADWARPS
+// RUN: k3c ir %examples/kda.toml -p 'derive-backward,lower-backward' | sed 's/num_warps = 8, maxnreg = 255/num_warps = 16, maxnreg = 255/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=REGFILE
 
 // CHECK:       k3s.kernel @kda_backward_gradients <grid = [chunk, value_head], num_warps = 8, maxnreg = 255, flags = {STEEP = false}>
 // CHECK-NEXT:    k3s.chunk_tile
@@ -56,7 +59,8 @@
 // BADCAP: k3c ir: error: pipeline {{.*}}: lower-backward: gradients-maxnreg must be 0 (no cap) or in 24..255, got 300
 
 // WARPS:       k3s.kernel @kda_backward_prepare <grid = [chunk, value_head], num_warps = 4
-// WARPS:       k3s.kernel @kda_backward_gradients <grid = [chunk, value_head], num_warps = 16, maxnreg = 255
+// WARPS:       k3s.kernel @kda_backward_gradients <grid = [chunk, value_head], num_warps = 16, maxnreg = 128
 // WARPS:       k3s.kernel @kda_backward_gradients_steep <grid = [chunk, value_head], num_warps = 16
 
 // BADWARPS: k3c ir: error: pipeline {{.*}}: lower-backward: gradients-warps must be a power of two in 1..32, got 12
+// REGFILE: k3c opt: error: {{.*}}@kda_backward_gradients: maxnreg 255 at 16 warps needs 130560 registers a program, an SM has 65536: it could not launch
