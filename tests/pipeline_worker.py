@@ -2,14 +2,15 @@
 
     python tests/pipeline_worker.py RANK WORLD WORKDIR
 
-Joins a gloo process group (rendezvous through a file in WORKDIR), reads WORKDIR/case.pt (the
-[model] table, the state dict, the batch and target, stages per rank, cuts, microbatches,
-schedule, and the test process's compiler fingerprint, whose compiled modules it imports),
-builds the stack and this rank's stages of the plan with
-k3compile.runtime.stack_pipeline.build_schedule, runs one training step, and writes WORKDIR/out<RANK>.pt:
-the losses (last stage's rank), every parameter gradient this rank computed, and the bytes each of
-its stages' send ops carried, forward and backward, per stage (counted on the P2P ops
-torch.distributed.pipelining builds, not on the stage modules).
+Joins a gloo process group (rendezvous through a file in WORKDIR), reads WORKDIR/cases.pt (a list
+of cases, each: the [model] table, the state dict, the batch and target, stages per rank, cuts,
+microbatches, schedule, and the test process's compiler fingerprint, whose compiled modules it
+imports), and per case, in order, all ranks together: builds the stack and this rank's stages of
+the plan with k3compile.runtime.stack_pipeline.build_schedule and runs one training step. Writes
+WORKDIR/out<RANK>.pt: per case the losses (last stage's rank), every parameter gradient this rank
+computed, and the bytes each of its stages' send ops carried, forward and backward, per stage
+(counted on the P2P ops torch.distributed.pipelining builds, not on the stage modules). One group
+runs every case: a rank's process spends seconds importing torch.distributed.pipelining.
 """
 
 from __future__ import annotations
@@ -47,16 +48,12 @@ def pin_compiler(fingerprint: str) -> None:
     layers.compiler_fingerprint = attnres.compiler_fingerprint = lambda: fingerprint
 
 
-def main(rank: int, world: int, workdir: str) -> None:
+def run_case(case: dict, rank: int, world: int) -> dict:
     from k3compile.runtime.pipeline_plan import plan_pipeline
     from k3compile.runtime.stack import build_stack
     from k3compile.runtime.stack_pipeline import build_schedule
     from k3compile.runtime.stack_spec import model_spec_from_table
 
-    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
-    case = torch.load(os.path.join(workdir, "case.pt"))
-    pin_compiler(case["compiler"])
     spec = model_spec_from_table(case["table"])
     model = build_stack(spec)
     model.load_state_dict(case["state"])
@@ -74,8 +71,19 @@ def main(rank: int, world: int, workdir: str) -> None:
     args = (x,) if rank == 0 else ()
     schedule.step(*args, target=target if last else None, losses=losses if last else None)
     grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    torch.save({"losses": [loss.detach() for loss in losses], "grads": grads, "sent": sent},
-               os.path.join(workdir, f"out{rank}.pt"))
+    return {"losses": [loss.detach() for loss in losses], "grads": grads, "sent": sent}
+
+
+def main(rank: int, world: int, workdir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    cases = torch.load(os.path.join(workdir, "cases.pt"))
+    results = []
+    for case in cases:
+        pin_compiler(case["compiler"])
+        results.append(run_case(case, rank, world))
+        dist.barrier()  # the next case's stages start from a quiet group
+    torch.save(results, os.path.join(workdir, f"out{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -4,7 +4,8 @@ parameter's gradient of the single-process stack run on the same microbatches (f
 carried, forward and backward, equal the plan's (k3compile.runtime.pipeline_plan) and, with several
 stages a rank, are below resending every completed block. Fresh random weights and inputs each
 run; the torch form of the aggregate where the interpreter would be too slow, the compiled KDA
-and two phases in one 2-process run."""
+and two phases in one 2-process run. The 2-process cases share one group (one spawn: a rank's
+process spends seconds importing torch.distributed.pipelining)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,14 @@ def reference_step(model, x, target, microbatches: int) -> tuple[torch.Tensor, d
     return loss, {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=None, schedule=None,
-             microbatches: int | None = None, vocab: int = 0, tokens: int = 6, timeout: float = 240):
-    """One pipelined training step in `world` processes and the same step in this one: returns
-    (plan, the ranks' outputs, the single-process loss and gradients, each gradient's rounding
-    noise, microbatches, tensor bytes). The noise: how far each gradient moves, relative to its
-    largest element, when the targets move by fp32 rounding (2^-24 relative) - a gradient that is
-    one sum of terms that cancel (a KDA gate's A_log over every token and channel of its head)
-    moves far more than the rest, and the ranks' step may differ from this one's by that much."""
+def prepare_step(table: dict, world: int, stages_per_rank: int, cuts=None, schedule=None,
+                 microbatches: int | None = None, vocab: int = 0, tokens: int = 6):
+    """One pipelined training step's case for tests/pipeline_worker.py and the same step in this
+    process: returns (the case, (plan, the single-process loss and gradients, each gradient's
+    rounding noise, microbatches, tensor bytes)). The noise: how far each gradient moves, relative
+    to its largest element, when the targets move by fp32 rounding (2^-24 relative) - a gradient
+    that is one sum of terms that cancel (a KDA gate's A_log over every token and channel of its
+    head) moves far more than the rest, and the ranks' step may differ from this one's by that much."""
     microbatches = microbatches or world
     spec = model_spec_from_table({**table, "vocab_size": vocab})
     model = build_stack(spec)
@@ -59,16 +60,21 @@ def run_step(table: dict, world: int, stages_per_rank: int, workdir: Path, cuts=
              for name, want in grads.items()}
     # the ranks import the modules this process compiled (their names carry its compiler's
     # fingerprint): a compiler source edited meanwhile by someone else is not mixed in
-    torch.save(dict(compiler=compiler_fingerprint(), table=spec.table(), state=model.state_dict(), x=x, target=target,
-                    stages_per_rank=stages_per_rank, cuts=cuts, microbatches=microbatches, schedule=schedule),
-               workdir / "case.pt")
+    case = dict(compiler=compiler_fingerprint(), table=spec.table(), state=model.state_dict(), x=x, target=target,
+                stages_per_rank=stages_per_rank, cuts=cuts, microbatches=microbatches, schedule=schedule)
+    plan = plan_pipeline(spec, world, stages_per_rank, cuts=cuts)
+    return case, (plan, loss, grads, noise, microbatches, tokens * spec.hidden_size * 4)
+
+
+def run_steps(steps: list, world: int, workdir: Path, timeout: float = 240) -> list:
+    """The prepared steps' cases in one group of `world` processes: per step, the ranks' outputs."""
+    torch.save([case for case, _ in steps], workdir / "cases.pt")
     env = {**os.environ, "TRITON_INTERPRET": "1", "K3C_POISON_OUTPUTS": "1", "OMP_NUM_THREADS": "1"}
     outs = run_worker_ranks(WORKER, world, workdir, env, timeout)
-    plan = plan_pipeline(spec, world, stages_per_rank, cuts=cuts)
-    return plan, outs, loss, grads, noise, microbatches, tokens * spec.hidden_size * 4
+    return [[rank_outs[i] for rank_outs in outs] for i in range(len(steps))]
 
 
-def check_step(plan, outs, loss, grads, noise, microbatches, tensor_bytes) -> None:
+def check_step(outs, plan, loss, grads, noise, microbatches, tensor_bytes) -> None:
     losses = [value for out in outs for value in out["losses"]]
     assert len(losses) == microbatches
     assert abs(sum(losses) - loss) <= 1e-5 * abs(loss)
@@ -94,35 +100,36 @@ def check_step(plan, outs, loss, grads, noise, microbatches, tensor_bytes) -> No
     assert sent_fwd.get(len(plan.stages) - 1, 0) == 0 and sent_bwd.get(0, 0) == 0
 
 
-def test_two_ranks_one_stage_each(tmp_path):
-    """Schedule1F1B: each boundary sends every completed block (a rank sees them once)."""
-    plan, *rest = run_step(SMALL, 2, 1, tmp_path, vocab=11)
-    check_step(plan, *rest)
-    assert [b.sent for b in plan.boundaries] == [(0, 1, 2)] and not plan.boundaries[0].partial
-
-
-def test_two_ranks_two_stages_cut_inside_blocks(tmp_path):
-    """ScheduleLoopedBFS, every cut inside a block (the partial sum crosses too): rank 0's second
-    stage gets b0 and b1 from its cache, only b2 over the wire."""
-    plan, *rest = run_step(SMALL, 2, 2, tmp_path, cuts=[0, 1, 3, 5, 8], schedule="looped-bfs")
-    check_step(plan, *rest)
-    assert [(b.cached, b.sent, b.partial) for b in plan.boundaries] == [
+def test_two_ranks(tmp_path):
+    """Three steps in one group of 2 processes.
+    Schedule1F1B: each boundary sends every completed block (a rank sees them once).
+    ScheduleLoopedBFS, every cut inside a block (the partial sum crosses too): rank 0's second
+    stage gets b0 and b1 from its cache, only b2 over the wire.
+    KDA (chunk_kda) and the compiled two phases under the interleaved schedule, every stage a
+    layer of a block of 2 (phase 1 for half a block a stage, recomputed in its backward)."""
+    compiled = {**SMALL, "hidden_size": 16, "num_layers": 4, "layer_pattern": "kda,attn", "kda_heads": 1,
+                "kda_head_dim": 16, "attnres": "two_phase"}
+    steps = [prepare_step(SMALL, 2, 1, vocab=11),
+             prepare_step(SMALL, 2, 2, cuts=[0, 1, 3, 5, 8], schedule="looped-bfs"),
+             prepare_step(compiled, 2, 2, cuts=[0, 1, 2, 3, 4], tokens=5)]
+    for what, outs, (_, expected) in zip(("one stage each", "cuts inside blocks", "compiled layers"),
+                                         run_steps(steps, 2, tmp_path), steps):
+        try:
+            check_step(outs, *expected)
+        except AssertionError as error:
+            raise AssertionError(f"{what}: {error}") from error
+    one_stage, cut_inside = steps[0][1][0], steps[1][1][0]
+    assert [b.sent for b in one_stage.boundaries] == [(0, 1, 2)] and not one_stage.boundaries[0].partial
+    assert [(b.cached, b.sent, b.partial) for b in cut_inside.boundaries] == [
         ((), (0,), True), ((0,), (1,), True), ((0, 1), (2,), True)]
-    assert sum(b.tensors for b in plan.boundaries) < sum(b.resend_all_tensors for b in plan.boundaries)
+    assert sum(b.tensors for b in cut_inside.boundaries) < sum(b.resend_all_tensors for b in cut_inside.boundaries)
 
 
 def test_four_ranks_two_stages(tmp_path):
     """ScheduleInterleaved1F1B over 4 ranks, blocks of 3 over 11 layers (the last block partial)."""
-    plan, *rest = run_step({**SMALL, "num_layers": 11, "block_size": 3}, 4, 2, tmp_path)
-    check_step(plan, *rest)
+    step = prepare_step({**SMALL, "num_layers": 11, "block_size": 3}, 4, 2)
+    (outs,) = run_steps([step], 4, tmp_path)
+    check_step(outs, *step[1])
+    plan = step[1][0]
     cached = [b for b in plan.boundaries if b.cached]
     assert cached and sum(b.tensors for b in plan.boundaries) < sum(b.resend_all_tensors for b in plan.boundaries)
-
-
-def test_compiled_layers_two_ranks_two_stages(tmp_path):
-    """KDA (chunk_kda) and the compiled two phases under the interleaved schedule, every stage a
-    layer of a block of 2 (phase 1 for half a block a stage, recomputed in its backward)."""
-    table = {**SMALL, "hidden_size": 16, "num_layers": 4, "layer_pattern": "kda,attn", "kda_heads": 1,
-             "kda_head_dim": 16, "attnres": "two_phase"}
-    plan, *rest = run_step(table, 2, 2, tmp_path, cuts=[0, 1, 2, 3, 4], tokens=5)
-    check_step(plan, *rest)
