@@ -1,6 +1,7 @@
 """Context parallelism at run time (docs/context-parallel.md): `chunk(..., segments=P)` on one
 device and `chunk(..., cp_group=group)` over the ranks of a real torch.distributed gloo group
-(2 and 3 processes on the CPU), against the float64 recurrence of the unsplit input and the
+(2 and 3 processes on the CPU: the cases here, run by tests/test_context_parallel_backward.py in
+the groups of its backward cases), against the float64 recurrence of the unsplit input and the
 plain single-process chunk entry. Kernels run in Triton's interpreter with NaN-poisoned outputs;
 every call draws fresh random inputs (K3C_TEST_SEED replays one)."""
 
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -307,13 +309,18 @@ def check_ranks(world: int, expected: list[dict], results: list[list]) -> None:
             assert final.shape[0] == len(ends), f"{what}: {final.shape[0]} final states, {len(ends)} sequences end here"
 
 
-@pytest.mark.slow
-def test_two_ranks(compile_layer, tmp_path):
+# The gloo runs themselves are in tests/test_context_parallel_backward.py: one group of 2 and one
+# of 3 processes each run these forward cases and the backward's (a rank's process spends seconds
+# importing torch and triton; one spawn, not two).
+
+
+def two_ranks_forward(compile_layer) -> tuple[list, list, Callable]:
     """2 gloo ranks of 24 tokens. KDA: a 5-token sequence, a 30-token one across the boundary,
     an empty one, 13 tokens to the end; initial and final states. Gated DeltaNet (vk): one
     sequence over both ranks (no cu_seqlens), its initial state on rank 0, each rank's piece in
     2 segments. Then two bad calls: ranks with different T (every rank raises, none hangs) and a
-    bad initial_state on rank 1 only (rank 1 names it, rank 0 names rank 1)."""
+    bad initial_state on rank 1 only (rank 1 names it, rank 0 names rank 1). Returns (the good
+    cases, the bad ones, check(results of the good, results of the bad)), results per rank."""
     world = 2
     kda, gdn = cp_layer(compile_layer, "kda"), cp_layer(compile_layer, "gated_deltanet", "vk")
     expected = [
@@ -325,29 +332,29 @@ def test_two_ranks(compile_layer, tmp_path):
               for r, case in enumerate(expected[1]["case"]["inputs"])]
     bad_state = [dict(case) for case in expected[0]["case"]["inputs"]]
     bad_state[1]["initial_state"] = bad_state[1]["initial_state"][:1].contiguous()
-    cases = [e["case"] for e in expected] + [
-        dict(module=str(gdn.path), inputs=uneven, options={}),
-        dict(module=str(kda.path), inputs=bad_state, options={}),
-    ]
-    results = run_ranks(world, cases, tmp_path)
-    check_ranks(world, expected, results)
-    assert all("cp_group: the ranks disagree on T" in results[r][2] for r in range(world)), [r[2] for r in results]
-    assert "initial_state: expected 2 states (one per sequence starting on this rank), got 1" in results[1][3]
-    assert "cp_group: rank 1 rejected its arguments" in results[0][3]
+    bad = [dict(module=str(gdn.path), inputs=uneven, options={}), dict(module=str(kda.path), inputs=bad_state, options={})]
+
+    def check(good_results: list[list], bad_results: list[list]) -> None:
+        check_ranks(world, expected, good_results)
+        assert all("cp_group: the ranks disagree on T" in bad_results[r][0] for r in range(world)), bad_results
+        assert "initial_state: expected 2 states (one per sequence starting on this rank), got 1" in bad_results[1][1]
+        assert "cp_group: rank 1 rejected its arguments" in bad_results[0][1]
+
+    return [e["case"] for e in expected], bad, check
 
 
-@pytest.mark.slow
-def test_three_ranks(compile_layer, tmp_path):
+def three_ranks_forward(compile_layer) -> tuple[list, Callable]:
     """3 gloo ranks of 20 tokens. KDA: a sequence over all three ranks (the middle rank lies
     inside it), initial and final states. GLA (diagonal M, vk): a sequence that starts exactly
-    on rank 1's first token and continues into rank 2, 2 segments per rank."""
+    on rank 1's first token and continues into rank 2, 2 segments per rank. Returns (the cases,
+    check(their results per rank))."""
     world = 3
     kda, gla = cp_layer(compile_layer, "kda"), cp_layer(compile_layer, "gla", "vk")
     expected = [
         expect(kda, varlen("kda", "kv", (7, 45, 8)), world, dict(output_final_state=True)),
         expect(gla, varlen("gla", "vk", (20, 25, 15)), world, dict(output_final_state=True, segments=2)),
     ]
-    check_ranks(world, expected, run_ranks(world, [e["case"] for e in expected], tmp_path))
+    return [e["case"] for e in expected], lambda results: check_ranks(world, expected, results)
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 the segment combine (its transpose, run from the last segment back) proved in exact arithmetic;
 `chunk_backward(..., segments=P)` and the differentiable `chunk(..., segments=P)` on one device;
 `chunk_backward(..., cp_group=group)` and `chunk(..., cp_group=group)` under torch.autograd over
-real gloo groups of 2 and 3 processes on the CPU. Every gradient and dh0 against the
+real gloo groups of 2 and 3 processes on the CPU (each group runs tests/test_context_parallel.py's
+forward cases too: one spawn a world size). Every gradient and dh0 against the
 single-process chunk_backward of the unsplit input (fp32, Triton's interpreter, NaN-poisoned
 outputs); fresh random inputs, initial states and final-state cotangents every run
 (K3C_TEST_SEED replays one)."""
@@ -20,7 +21,8 @@ import k3compile.checking.prove as prove
 from conftest import assert_rms, one_line, recurrence_table
 from k3compile.checking import exact, exact_backward
 from k3compile.ir import k3s
-from test_context_parallel import C, H, HV, K, V, ending_on, rank_inputs, run_ranks, varlen
+from test_context_parallel import (C, H, HV, K, V, ending_on, rank_inputs, run_ranks, three_ranks_forward,
+                                   two_ranks_forward, varlen)
 from test_segment_scan import MEMBERS, member_spec
 
 PIPELINE = (f"derive-chunkwise{{chunk-size={C}}},fuse-chunkwise{{block-v=16}},derive-segment-scan{{chunk-size={C}}},"
@@ -212,14 +214,17 @@ def autograd_grads(layer) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_ranks_backward(compile_layer, tmp_path):
-    """2 gloo ranks of 23 tokens. KDA varlen (5, 29, 0, 12): a sequence across the boundary, an
-    empty one on it; initial states and dht: chunk_backward(cp_group) (the entering states
-    recomputed by the forward's all-gather, then the adjoint's). GLA (diagonal M, vk), one
-    sequence over both ranks without cu_seqlens, each rank's piece in 2 segments, under autograd
-    (the forward's entering state kept: the adjoint's all-gather only). Then a dht of the wrong
-    count on rank 1: rank 1 names it, rank 0 names rank 1, neither hangs."""
+def test_two_ranks(compile_layer, tmp_path):
+    """One group of 2 gloo ranks (one spawn) runs the forward's cases
+    (test_context_parallel.two_ranks_forward) and these, of 23 tokens a rank. KDA varlen
+    (5, 29, 0, 12): a sequence across the boundary, an empty one on it; initial states and dht:
+    chunk_backward(cp_group) (the entering states recomputed by the forward's all-gather, then the
+    adjoint's). GLA (diagonal M, vk), one sequence over both ranks without cu_seqlens, each rank's
+    piece in 2 segments, under autograd (the forward's entering state kept: the adjoint's
+    all-gather only). The bad calls last: the forward's, then a dht of the wrong count on rank 1:
+    rank 1 names it, rank 0 names rank 1, neither hangs."""
     world = 2
+    forward, forward_bad, check_forward = two_ranks_forward(compile_layer)
     kda, gla = cp_layer(compile_layer, "kda"), cp_layer(compile_layer, "gla", "vk")
     gla_inputs = varlen("gla", "vk", (46,))
     gla_inputs.pop("cu_seqlens")
@@ -230,25 +235,32 @@ def test_two_ranks_backward(compile_layer, tmp_path):
     ]
     bad = [dict(case) for case in expected[0]["case"]["inputs"]]
     bad[1]["dht"] = bad[1]["dht"][:2].contiguous()
-    cases = [e["case"] for e in expected] + [dict(expected[0]["case"], inputs=bad)]
+    cases = forward + [e["case"] for e in expected] + forward_bad + [dict(expected[0]["case"], inputs=bad)]
     results = run_ranks(world, cases, tmp_path)
-    check_backward_ranks(expected, results)
-    assert "dht: expected 3 states (one per sequence ending on this rank), got 2" in results[1][2], results[1][2]
-    assert "cp_group: rank 1 rejected its arguments" in results[0][2], results[0][2]
+    f, b, fb = len(forward), len(expected), len(forward_bad)
+    check_forward([r[:f] for r in results], [r[f + b:f + b + fb] for r in results])
+    check_backward_ranks(expected, [r[f:f + b] for r in results])
+    last = [r[-1] for r in results]
+    assert "dht: expected 3 states (one per sequence ending on this rank), got 2" in last[1], last[1]
+    assert "cp_group: rank 1 rejected its arguments" in last[0], last[0]
 
 
 @pytest.mark.slow
-def test_three_ranks_backward(compile_layer, tmp_path):
-    """3 gloo ranks of 19 tokens. KDA varlen (6, 44, 7): a sequence over all three ranks (the
-    middle one inside it, its adjoint summary's M^T carried in the all-gather), initial states
-    and dht, each rank in 2 segments, under autograd. Gated DeltaNet (vk, scalar gate, full M):
-    a sequence that starts exactly on rank 1's first token and ends on rank 2,
-    chunk_backward(cp_group)."""
+def test_three_ranks(compile_layer, tmp_path):
+    """One group of 3 gloo ranks (one spawn) runs the forward's cases
+    (test_context_parallel.three_ranks_forward) and these, of 19 tokens a rank. KDA varlen
+    (6, 44, 7): a sequence over all three ranks (the middle one inside it, its adjoint summary's
+    M^T carried in the all-gather), initial states and dht, each rank in 2 segments, under
+    autograd. Gated DeltaNet (vk, scalar gate, full M): a sequence that starts exactly on rank 1's
+    first token and ends on rank 2, chunk_backward(cp_group)."""
     world = 3
+    forward, check_forward = three_ranks_forward(compile_layer)
     kda, gdn = cp_layer(compile_layer, "kda"), cp_layer(compile_layer, "gated_deltanet", "vk")
     expected = [
         backward_case(kda, varlen("kda", "kv", (6, 44, 7)), world, dict(output_final_state=True, segments=2),
                       "autograd", autograd_grads(kda)),
         backward_case(gdn, varlen("gated_deltanet", "vk", (19, 25, 13)), world, {}, "chunk_backward"),
     ]
-    check_backward_ranks(expected, run_ranks(world, [e["case"] for e in expected], tmp_path))
+    results = run_ranks(world, forward + [e["case"] for e in expected], tmp_path)
+    check_forward([r[:len(forward)] for r in results])
+    check_backward_ranks(expected, [r[len(forward):] for r in results])
