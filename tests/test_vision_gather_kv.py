@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -90,14 +91,24 @@ def check(results: list, expected: dict, images, world: int) -> None:
             torch.testing.assert_close(total, want, atol=1e-4, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_gather_kv_matches_single_device(world, tmp_path):
+def gather_kv_cases(world: int) -> tuple[list, Callable]:
+    """The attention and layer cases of P = world, and check(their results per rank)."""
     images = BATCHES[world]
     attention, attention_want = attention_case(images)
     layer, layer_want = layer_case(images)
-    out = run_ranks(world, [attention, layer], tmp_path)
-    check([rank[0] for rank in out], attention_want, images, world)
-    check([rank[1] for rank in out], layer_want, images, world)
+
+    def check_both(out: list[list]) -> None:
+        check([rank[0] for rank in out], attention_want, images, world)
+        check([rank[1] for rank in out], layer_want, images, world)
+
+    return [attention, layer], check_both
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gather_kv_matches_single_device(world, tmp_path):
+    """P = 4: in test_bubble_schedule_runs_and_matches_one_process's group of 4 processes."""
+    cases, check_both = gather_kv_cases(world)
+    check_both(run_ranks(world, cases, tmp_path))
 
 
 def test_plans_of_the_cases_split_over_several_groups():
@@ -162,7 +173,9 @@ def test_bubble_schedule_runs_and_matches_one_process(tmp_path):
     """The issue's CPU run: a tiny encoder + text model, PP 2 x CP 2 (4 gloo processes), the
     bubble-filled schedule (ViT pieces in the warm-up and cool-down, the encoder's backward
     recomputed on other rows than its forward) and ViT-before-the-pipeline give the loss and every
-    gradient of one process."""
+    gradient of one process. The same group first runs gather-KV's P = 4 cases
+    (test_gather_kv_matches_single_device's; one spawn of 4 processes, not two)."""
+    gather, check_gather = gather_kv_cases(4)
     cases, wants = [], []
     for name in ("bubbles", "before"):
         case, loss, grads = pipeline_case(name)
@@ -170,7 +183,9 @@ def test_bubble_schedule_runs_and_matches_one_process(tmp_path):
         wants.append((name, loss, grads))
     lists = cases[0]["schedule"].lists
     assert any(a.kind == "VF" for a in lists[1][: lists[1].index(next(a for a in lists[1] if a.kind == "F"))])
-    out = run_ranks(4, cases, tmp_path)
+    out = run_ranks(4, gather + cases, tmp_path)
+    check_gather([rank[:len(gather)] for rank in out])
+    out = [rank[len(gather):] for rank in out]
     for index, (name, loss, grads) in enumerate(wants):
         for rank in range(4):
             got = out[rank][index]
