@@ -28,7 +28,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
 from k3compile.ir.k3s.target import RegisterDtypeAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
@@ -299,7 +299,7 @@ class StoreStateOp(KeywordSyntax):
     home = opt_prop_def(StateHomeAttr)  # absent: the tensor it writes
     state = operand_def(TileType)
     tensors = var_operand_def(TensorType)  # the tensor it writes, or the pool and its slot table
-    traits = traits_def(HasParent(KernelOp))
+    traits = traits_def(HasParent(KernelOp, WhenOp))  # under a when: a kernel sharing code writes elsewhere
 
     def verify_(self) -> None:
         expected, writes = (2, "home = pool writes the pool through its slot table") if in_pool(self) else (
