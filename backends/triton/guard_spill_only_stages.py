@@ -73,7 +73,7 @@ def guarded_runs(kernel: k3s.KernelOp, extra: set[Operation]) -> list[list[Opera
     values read only inside it (so that one k3s.when can hold it); None where they are not."""
     runs: list[list[Operation]] = []
     for op in kernel.body.walk():
-        if op not in extra or op.parent_op() in extra:  # a stage inside an extra one comes with it
+        if op not in extra:
             continue
         if runs and runs[-1][-1].next_op is op:
             runs[-1].append(op)
@@ -95,8 +95,7 @@ def same_body(kernel: k3s.KernelOp, other: k3s.KernelOp) -> bool:
 
 
 def kept_ops(block: Block, extra: set[Operation]) -> Iterator[Operation]:
-    """The ops of a block and of the blocks nested in them, in program order, but the extra ones
-    (and what they hold)."""
+    """The ops of a block and of the blocks nested in them, in program order, but the extra ones."""
     for op in block.ops:
         if op in extra:
             continue

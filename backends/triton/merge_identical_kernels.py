@@ -50,8 +50,8 @@ def equivalent(body: Region, other: Region, *, without: Collection[Operation] = 
     the same ops in the same order, with the same attributes and properties, their operands the
     corresponding values), its arguments matched by name instead of position (an entry orders
     its kernels' arguments as it declares them; launches pass them by name). Read-only, no copy
-    of either body. without, other_without: ops of `body`, of `other`, at any depth, that do not
-    count (nor what they hold, nor the arguments only they read), as if erased;
+    of either body. without, other_without: stages of `body`, of `other` (ops without regions),
+    at any depth, that do not count (nor the arguments only they read), as if erased;
     ignore_launch_only: the properties in LAUNCH_ONLY_IN_BODY do not count."""
     skipped = (frozenset(without), frozenset(other_without))
     args, other_args = (read_arguments(region.block, ops) for region, ops in zip((body, other), skipped))
@@ -70,19 +70,10 @@ def equivalent(body: Region, other: Region, *, without: Collection[Operation] = 
 
 
 def read_arguments(block: Block, skipped: frozenset[Operation]) -> list[BlockArgument]:
-    """A kernel body's arguments that a stage reads, but the `skipped` ones and those inside them."""
+    """A kernel body's arguments that a stage reads, but the `skipped` ones."""
     if not skipped:
         return list(block.args)
-    return [arg for arg in block.args if any(not inside(use.operation, skipped) for use in arg.uses)]
-
-
-def inside(op: Operation | None, ops: frozenset[Operation]) -> bool:
-    """Whether op is one of `ops` or held by one."""
-    while op is not None:
-        if op in ops:
-            return True
-        op = op.parent_op()
-    return False
+    return [arg for arg in block.args if any(use.operation not in skipped for use in arg.uses)]
 
 
 def same_ops(block: Block, other: Block, context: dict, ignored: dict,
