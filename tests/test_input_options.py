@@ -148,7 +148,8 @@ def op_of(kind: str, layout: str = "kv", **options):
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_entries_match_reference(case, entry, fresh_seed):
     """Raw inputs, B = 2, T = 2C + 3 (two full chunks and a partial one), initial state: o and the
-    final state of both entries against the float64 reference on the same raw inputs."""
+    final state of both entries against the float64 reference on the same raw inputs; then the
+    same outputs against the plain reference on hand-transformed inputs (below)."""
     kind, layout, options, layer = case
     inputs = raw_inputs(layer, fresh_seed)
     assert ("A_log" in inputs) == (options.get("gate_input", "log") in ("softplus", "bounded"))
@@ -160,18 +161,19 @@ def test_entries_match_reference(case, entry, fresh_seed):
     assert o.dtype == torch.float32 and final.dtype == torch.float32
     assert_rms(o, ref_o, f"{entry} o")
     assert_rms(final, ref_final, f"{entry} final_state")
+    assert_hand_transformed(kind, layout, options, inputs, o, final, entry)
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_entries_match_plain_reference_on_hand_transformed_inputs(case, entry, fresh_seed):
+def assert_hand_transformed(kind: str, layout: str, options: dict, inputs: dict, o, final, entry: str) -> None:
     """The kernels' in-kernel transforms against the default-option reference fed inputs that
-    were normalised / gated / squashed here by hand; and the options must matter."""
-    kind, layout, options, layer = case
-    inputs = raw_inputs(layer, fresh_seed, batch=1, length=C + 5)
+    were normalised / gated / squashed here by hand; and the options must matter. On the first
+    sequence of the batch (its outputs depend on its inputs only): the hand transforms loop in
+    Python, element by element."""
+    inputs = {n: x[:1] if n in ("q", "k", "v", "g", "beta", "initial_state") else x for n, x in inputs.items()}
+    o, final = o[:1], final[:1]
     plain = op_of(kind, layout)  # the same dims, default options
     for name in ("qk_l2norm", "gate_input", "beta_input"):
         assert plain.properties.get(name) is None
-    o, final = getattr(layer, entry)(**inputs, output_final_state=True)
     ref_o, ref_final = reference.recurrence(plain, **hand_transformed(inputs, options), output_final_state=True)
     assert_rms(o, ref_o, f"{entry} o vs hand-transformed inputs")
     assert_rms(final, ref_final, f"{entry} final_state vs hand-transformed inputs")

@@ -26,8 +26,21 @@ def layer_name(p) -> str:
     return "moe_d{}_l{}_e{}_k{}_f{}_s{}x{}_{}".format(*p)
 
 
-@pytest.fixture(scope="module", params=[(p, pipe) for p in LAYERS for pipe in PIPELINES],
-                ids=lambda q: layer_name(q[0]) + ("_blocks16" if q[1] else ""))
+def case_id(q) -> str:
+    return layer_name(q[0]) + ("_blocks16" if q[1] else "")
+
+
+# block-rows changes the expert-centric plan (moe_prefill) only: moe_decode, moe_decode_warp,
+# their router and the dispatch of `moe` print the same in both pipelines
+# (test_block_rows_leave_the_decode_path_alone), so the decode schedule and the dispatch run on
+# the default pipeline's layers and the prefill schedule on both
+CASES = [(p, pipe) for p in LAYERS for pipe in PIPELINES]
+DEFAULT_CASES = [q for q in CASES if q[1] is None]
+SCHEDULES = [pytest.param(q, "prefill", id=case_id(q) + "-prefill") for q in CASES] + [
+    pytest.param(q, "decode", id=case_id(q) + "-decode") for q in DEFAULT_CASES]
+
+
+@pytest.fixture(scope="module")
 def layer(request, compile_layer):
     (d, l, E, k, F, S, Fs, activation), pipeline = request.param  # noqa: E741
     return compile_layer(pipeline=pipeline, name=layer_name(request.param[0]), kind="latent_moe", hidden_size=d,
@@ -69,14 +82,46 @@ def assert_moe(layer, arguments: dict, schedule: str) -> None:
     assert_matches(out, ref, f"moe out ({schedule})", rms_tol=1e-5, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("schedule", ["decode", "prefill"])
+def decode_path(layer) -> dict[str, str]:
+    """The printed functions that moe_decode, moe_decode_warp and `moe` run (the entries, their
+    kernels, the router's): name -> source, less the _refuse_grad line, whose advice names the
+    backward that only the default pipeline derives."""
+    functions, name = {}, None
+    for line in layer.path.read_text().splitlines():
+        if line.startswith("def "):
+            name = line[4:].split("(")[0]
+            functions[name] = []
+        elif line[:1] not in ("", " "):  # the function's end: module code, a decorator
+            name = None
+        elif name is not None and line.strip() and not line.strip().startswith("_refuse_grad("):
+            functions[name].append(line)
+    kept = ("moe", "moe_decode", "moe_decode_warp")
+    kernels = tuple(f"{layer.spec.name}_{stage}_" for stage in ("decode", "router"))
+    return {n: "\n".join(body) for n, body in functions.items() if n in kept or n.startswith(kernels)}
+
+
+@pytest.mark.parametrize("p", LAYERS, ids=layer_name)
+def test_block_rows_leave_the_decode_path_alone(compile_layer, p):
+    """What lets the decode schedule and the dispatch run on the default pipeline only: every
+    function of the decode path prints the same with block-rows=16."""
+    default, blocks = (compile_layer(pipeline=pipe, name=layer_name(p), kind="latent_moe", hidden_size=p[0],
+                                     latent_dim=p[1], num_experts=p[2], top_k=p[3], expert_ffn_dim=p[4],
+                                     num_shared_experts=p[5], shared_ffn_dim=p[6], activation=p[7],
+                                     dtype="float32") for pipe in PIPELINES)
+    want, got = decode_path(default), decode_path(blocks)
+    assert {"moe", "moe_decode", "moe_decode_warp"} <= set(want) and len(want) > 5, sorted(want)
+    assert got == want
+
+
+@pytest.mark.parametrize("layer, schedule", SCHEDULES, indirect=["layer"])
 @pytest.mark.parametrize("R", [1, 5, 37])
 def test_matches_reference(layer, R, schedule):
     torch.manual_seed(R)
     assert_moe(layer, moe_inputs(layer, R), schedule)
 
 
-def test_crowded_and_idle_experts(layer):
+@pytest.mark.parametrize("layer, schedule", SCHEDULES, indirect=["layer"])
+def test_crowded_and_idle_experts(layer, schedule):
     """A bias that sends every token to the same top_k experts (lowest-scoring ones, distinct
     biases: no ties): those experts get every token, the others none."""
     torch.manual_seed(1)
@@ -84,10 +129,10 @@ def test_crowded_and_idle_experts(layer):
     k = layer.spec.params["top_k"]
     chosen = torch.randperm(layer.spec.params["num_experts"])[:k]
     arguments["router_bias"][chosen] += 10 + torch.arange(k, dtype=torch.float32)
-    for schedule in ("decode", "prefill"):
-        assert_moe(layer, arguments, schedule)
+    assert_moe(layer, arguments, schedule)
 
 
+@pytest.mark.parametrize("layer", DEFAULT_CASES, ids=case_id, indirect=True)
 def test_auto_picks_by_token_count(layer, monkeypatch):
     """The default dispatch table (passes/moe_dispatch.py's H100_TABLE): split at one token, warp
     up to 4, prefill above (tests/test_moe_dispatch.py covers other tables)."""

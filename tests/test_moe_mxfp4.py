@@ -15,7 +15,7 @@ import triton.language as tl
 from conftest import assert_matches, layer_op
 from k3compile.backends.triton.runtime import emitted, mxfp4
 from k3compile.ir import reference
-from test_moe import layer_name, moe_inputs
+from test_moe import decode_path, layer_name, moe_inputs
 
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
 
@@ -133,8 +133,18 @@ def compile_mx(compile_layer, p, pipeline=None):
                          shared_ffn_dim=Fs, activation=activation, dtype="float32", expert_weight_format="mxfp4")
 
 
-@pytest.fixture(scope="module", params=[(p, pipe) for p in MX_LAYERS for pipe in PIPELINES],
-                ids=lambda q: layer_name(q[0]) + ("_blocks16" if q[1] else ""))
+def case_id(q) -> str:
+    return layer_name(q[0]) + ("_blocks16" if q[1] else "")
+
+
+# block-rows reaches moe_prefill only (test_block_rows_leave_the_decode_path_alone): the decode
+# schedule runs on the default pipeline's layers, the prefill schedule on both
+CASES = [(p, pipe) for p in MX_LAYERS for pipe in PIPELINES]
+SCHEDULES = [pytest.param(q, "prefill", id=case_id(q) + "-prefill") for q in CASES] + [
+    pytest.param(q, "decode", id=case_id(q) + "-decode") for q in CASES if q[1] is None]
+
+
+@pytest.fixture(scope="module")
 def layer(request, compile_layer):
     return compile_mx(compile_layer, *request.param)
 
@@ -151,6 +161,16 @@ def assert_moe(layer, arguments: dict, schedule: str) -> None:
     assert_matches(out, ref, f"moe out ({schedule})", rms_tol=1e-5, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("p", MX_LAYERS, ids=layer_name)
+def test_block_rows_leave_the_decode_path_alone(compile_layer, p):
+    """The packed layers' decode path (entries, kernels, router, dispatch) prints the same with
+    block-rows=16: the decode schedule need not run on both pipelines."""
+    want, got = (decode_path(compile_mx(compile_layer, p, pipe)) for pipe in PIPELINES)
+    assert {"moe", "moe_decode"} <= set(want) and len(want) > 4, sorted(want)  # no warp decode for mxfp4
+    assert got == want
+
+
+@pytest.mark.parametrize("layer", CASES, ids=case_id, indirect=True)
 def test_module_carries_the_packing_and_exports_it(layer):
     source = layer.path.read_text()
     assert "\n".join(emitted("mxfp4")) in source and "from k3compile" not in source
@@ -158,21 +178,21 @@ def test_module_carries_the_packing_and_exports_it(layer):
     assert "expert_gate_up_packed, expert_gate_up_scales, expert_down_packed, expert_down_scales" in source
 
 
-@pytest.mark.parametrize("schedule", ["decode", "prefill"])
+@pytest.mark.parametrize("layer, schedule", SCHEDULES, indirect=["layer"])
 @pytest.mark.parametrize("R", [1, 5, 37])
 def test_matches_dequantised_reference(layer, R, schedule):
     torch.manual_seed(R)
     assert_moe(layer, mx_inputs(layer, R), schedule)
 
 
-def test_crowded_and_idle_experts(layer):
+@pytest.mark.parametrize("layer, schedule", SCHEDULES, indirect=["layer"])
+def test_crowded_and_idle_experts(layer, schedule):
     torch.manual_seed(1)
     arguments = mx_inputs(layer, 37)
     k = layer.spec.params["top_k"]
     chosen = torch.randperm(layer.spec.params["num_experts"])[:k]
     arguments["router_bias"][chosen] += 10 + torch.arange(k, dtype=torch.float32)
-    for schedule in ("decode", "prefill"):
-        assert_moe(layer, arguments, schedule)
+    assert_moe(layer, arguments, schedule)
 
 
 @pytest.mark.parametrize("name, change, words", [

@@ -18,8 +18,10 @@ import re
 from pathlib import Path
 
 import pytest
+from xdsl.context import Context
 
 from k3compile.backends.triton import legalize
+from k3compile.backends.triton.lower import LowerToTritonPass
 from k3compile.backends.triton.printer import TritonPrinter
 from k3compile.backends.triton.printer.common import KERNEL_CONSTANTS, EntryView, kernel_constants_of
 from k3compile.backends.triton.printer.kernels import name_uses, param_name, statements
@@ -35,8 +37,11 @@ MOE_WARP = "lower-moe-routing,lower-moe-experts{decode=warp warp-slots=2 warp-bl
 # the backward's row kernels: the GLU's adjoint, the routed wgrads' row copies
 MOE_ROW_KERNELS = ("lower-moe-routing,lower-moe-experts,derive-moe-backward{glu-adjoint=kernel "
                    "sorted-wgrad-rows=copy},outline-kernels")
-MODULES = [("kda", None), ("gated_deltanet", None), ("attnres", None), ("latent_moe", None),
-           ("latent_moe", MOE_SMALL_BLOCKS), ("latent_moe", MOE_WARP), ("latent_moe_mxfp4", None),
+# Block AttnRes in blocks of columns: its kernels hold all the call's queries (a block sized at launch)
+ATTNRES_COLUMNS = ("fuse-attnres,derive-attnres-backward,derive-block-attnres{partials-schedule=columns},"
+                   "derive-block-attnres-backward{partials-backward=columns},outline-kernels")
+MODULES = [("kda", None), ("gated_deltanet", None), ("attnres", None), ("attnres", ATTNRES_COLUMNS),
+           ("latent_moe", None), ("latent_moe", MOE_SMALL_BLOCKS), ("latent_moe", MOE_WARP), ("latent_moe_mxfp4", None),
            ("latent_moe", MOE_ROW_KERNELS)]
 
 
@@ -74,6 +79,9 @@ class OneOp:
         if not name.startswith("block_") or value is None:
             return value
         blocks_read = self.blocks_read
+        if isinstance(value, k3s.RuntimeBlockAttr):  # sized at launch: read as a whole
+            blocks_read.add(name)
+            return value
 
         class Read:  # `kernel.block_k is None` reads nothing; `.value` reads the size
             @property
@@ -218,7 +226,11 @@ def test_a_missing_kernel_constants_registration_names_the_op(modules, monkeypat
 
 def test_a_missing_runtime_size_names_the_op(modules, monkeypatch):
     monkeypatch.setattr(k3s.RouterLogitsOp, "runtime_sizes", lambda self: ())
-    message, = undefined_names(modules[MODULES.index(("latent_moe", None))])
+    module = modules[MODULES.index(("latent_moe", None))].clone()
+    for kernel in [op for op in module.walk() if isinstance(op, k3s.KernelOp)]:
+        del kernel.properties["launch_params"]  # written again from the ops' run-time sizes
+    LowerToTritonPass().apply(Context(), module)
+    message, = undefined_names(module)
     assert re.match(r"k3s\.router_logits: its code \(in @\w+, @\w+ and \d+ more\) reads names its kernel does not "
                     r"define; run-time sizes its runtime_sizes\(\) \(k3s.RuntimeSizesInterface\) omits: HS$",
                     message), message

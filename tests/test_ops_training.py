@@ -292,9 +292,42 @@ def test_backward_window_of_whole_chunks_only(monkeypatch, value):
 
     monkeypatch.setenv("K3C_BACKWARD_WINDOW", value)
     q, k, v, g, beta, h0 = (x.requires_grad_() for x in kda_inputs())
-    with pytest.raises(ValueError, match=r"^K3C_BACKWARD_WINDOW: expected a positive multiple of 16 tokens") as error:
+    with pytest.raises(ValueError, match=r"^K3C_BACKWARD_WINDOW: expected 'inputs' or a positive multiple of 16 "
+                       r"tokens") as error:
         chunk_kda(q, k, v, g, beta, initial_state=h0)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("tokens", [4096, 50])
+def test_backward_window_inputs_policy_keeps_workspaces_within_the_inputs(monkeypatch, tokens):
+    """K3C_BACKWARD_WINDOW=inputs: the longest window of whole chunks whose chunk_backward
+    workspaces take no more than the call's q, k, v and do, and at least 1024 tokens; a shorter
+    sequence runs whole (0). At K = V = 128 the per-chunk S and S_bar alone are 4x those inputs'
+    bytes per token and head at chunks of 16, so a long sequence is cut."""
+    from dataclasses import astuple
+
+    from k3compile.ops.layers import layer_module
+    from k3compile.ops.windows import backward_window, window_multiple, workspace_bytes
+
+    key = LayerKey("kda", 4, 4, 128, 128, qk_l2norm=True)
+    module = layer_module(key)
+    batch, itemsize = 2, 2
+    inputs = batch * tokens * (2 * 4 * 128 + 2 * 4 * 128) * itemsize
+    monkeypatch.setenv("K3C_BACKWARD_WINDOW", "inputs")
+    window = backward_window(batch, tokens, itemsize, "cpu", False, False, *astuple(key))
+    multiple = window_multiple(module)
+
+    def used(length: int) -> int:
+        return workspace_bytes(module, "chunk_backward", {"B": batch, "T": length, "N": batch}, itemsize)
+
+    if window == 0:
+        assert used(tokens) <= inputs or tokens <= 1024, (tokens, used(tokens), inputs)
+    else:
+        assert window % multiple == 0 and 0 < window < tokens, window
+        assert window >= 1024, window
+        assert used(window) <= inputs or window < 1024 + multiple, (window, used(window), inputs)
+        assert used(window + multiple) > inputs, (window, used(window + multiple), inputs)
+    assert (window > 0) == (tokens == 4096), (tokens, window)
 
 
 def test_workspace_bytes_count_the_per_chunk_states():

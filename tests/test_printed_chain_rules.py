@@ -191,10 +191,11 @@ def test_printed_chain_rules_equal_the_semantics(kind, options, fresh_seed):
     block = next(op for op in module.walk() if isinstance(op, k3s.ChunkedBackwardOp)).body.block
     loads = {exact_backward.load_form(op).of: op for op in block.ops
              if isinstance(op, (k3s.LoadChunkOp, k3s.LoadGateOp, k3s.LoadBetaOp))}
-    for load in loads.values():  # what lower-to-triton writes on a kernel's loads (a load's own choice)
-        for choices in STAGE_CHOICES.get(type(load), ()):
-            write_choices(load, choices(load, None))
-    for store in (op for op in block.ops if isinstance(op, k3s.StoreCotangentOp)):
+    stores = [op for op in block.ops if isinstance(op, k3s.StoreCotangentOp)]
+    for stage in [*loads.values(), *stores]:  # what lower-to-triton writes on a kernel's loads and stores
+        for choices in STAGE_CHOICES.get(type(stage), ()):
+            write_choices(stage, choices(stage, None))
+    for store in stores:
         form = exact_backward.store_form(store)
         width = 1 if form.of == "beta" or (form.of == "g" and not form.channel) else K
         raw = {form.inputs[0]: rng.uniform(-3, 3, (T, width))}

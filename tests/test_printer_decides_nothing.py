@@ -39,6 +39,24 @@ REMOVED_DECISIONS = [
     ("the host sizes' formulas (NC, PB, PP)", "entries.py",
      r"dims\[\\?\"NC\\?\"\] = triton\.cdiv|dims\[\\?\"PB\\?\"\] = triton\.cdiv|dims\[\\?\"PP\\?\"\] = dims|SortPairsOp"),
     ("a float tensor's dtype, the entry's first input's", "entries.py", r"\.get\(out\.type\.dtype_class, f\"\{first\}\.dtype\"\)"),
+    ("a fold of all a call's queries: their block, the next power of two (legalize-triton's block_q)", "kernels.py",
+     r"next_power_of_2\(dims"),
+    ("Block AttnRes's folded queries' block, at least tl.dot's 16 rows (legalize-triton's block_q)",
+     "attnres_columns.py", r"max\(16, triton\.next_power_of_2"),
+    ("a kernel's chunk table and checkpoints by its grid and stages (lower-to-triton's launch_params)", "kernels.py",
+     r"params\.append\(\(\"chunk_table\"|issubclass\(t, k3s\.StoreCheckpointOp\)|checkpointing = any"),
+    ("the run-time sizes' values, R by the entry's tensors (lower-to-triton's k3s.launch_size)", "kernels.py",
+     r"runtime = \{\"T\"|'dims\[\"B\"\] \* dims\[\"T\"\]'"),
+    ("an input's rows by what its load holds, as a hand-written address (lower-to-triton's layout)", "loads.py",
+     r"KEY_ROWS|VALUE_ROWS|def token_rows|\* HV \+ i_hv"),
+    ("the output's rows as a hand-written address (lower-to-triton's layout)", "chunk_stages.py",
+     r"t_c\[:, None\] \* HV \+ i_hv\) \* V"),
+    ("a readout's row as a hand-written address (lower-to-triton's layout)", "token_stages.py", r"\(t \* HV \+ i_hv\) \* V"),
+    ("a gradient's rows as a hand-written address (lower-to-triton's layout)", "adjoint_stages.py",
+     r"t_c\[:, None\] \* H \+ i_h|t_c \* HV \+ i_hv|t_c\[:, None\] \* HV \+ i_hv"),
+    ("a checkpoint's slot guarded by the sequence offsets' name, not the chunk loop's offsets", "chunk_stages.py",
+     r"\"if HAS_CU_SEQLENS:\""),
+    ("the checkpoints' first slots from the sequence offsets by name", "entries.py", r"f\"cu_seqlens, dims"),
 ]
 
 
@@ -69,13 +87,17 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
     for shown in ("k3s.kernel @kda_chunk_prepare <grid = [chunk, value_head], num_warps = 4, dots = input,",
                   "k3s.forward_substitution %A, %beta_1 <block = 1, accurate = true, squarings = 3>",
                   "k3s.unit_lower_inverse %A <block = 1, accurate = true, squarings = 3>",
-                  "k3s.load_token %q <dtype = fp32>", "k3s.load_chunk %v <dtype = input>",
+                  "k3s.load_token %q <dtype = fp32, layout = #k3s.layout<token[T], key_head[H], column[K]>>",
+                  "k3s.load_chunk %v <dtype = input, layout = #k3s.layout<token[T], head[HV], column[V]>>",
+                  "k3s.chunk_output %QG_1, %S_1, %P_1, %vr, %o, %scale <layout = #k3s.layout<token[T], head[HV], "
+                  "column[V]>>",
                   "k3s.value_block_loop <block_v = 64, unroll = true>",
                   "diagonal = guarded, unroll = true, diagonal_rows = reload>",
                   "k3s.spill %KG, %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>",
                   "k3s.reload %S <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>",
                   "%NC = arith.addi %1, %N : index", "k3s.bind_size %NC <symbol = NC>",
-                  "k3s.tensor_arg @o <role = output, dtype_of = @q>"):
+                  "k3s.tensor_arg @o <role = output, dtype_of = @q>",
+                  "block_v = 64, launch_params = [T, checkpoints]> {", "k3s.launch_size %T_1 <size = T>"):
         assert shown in out, shown
 
 
@@ -115,5 +137,5 @@ def test_printer_names_the_missing_pass(capsys):
     OutlineKernelsPass().apply(Context(), module)
     LegalizeTritonPass().apply(Context(), module)
     with pytest.raises(ValueError, match=r"k3s.load_token %q reached the Triton printer without lower-to-triton "
-                                         r"\(no dtype\)"):
+                                         r"\(no layout\)"):
         print_triton(module, "doc")

@@ -1,6 +1,6 @@
 """Workspace layouts and host sizes are IR facts (issue 39): lower-to-triton writes #k3s.layout on
 each stage that stores to or loads from a workspace, and k3s.bind_size ops for the sizes an entry
-computes; the printer prints addresses and sizes from them (common.workspace_address,
+computes; the printer prints addresses and sizes from them (common.tensor_address,
 entries.host_expression) and decides nothing."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from xdsl.context import Context
 from conftest import EXAMPLES
 from k3compile.backends.triton.legalize import LegalizeTritonPass
 from k3compile.backends.triton.lower import LowerToTritonPass, check_workspace_layouts
-from k3compile.backends.triton.printer.common import workspace_address
+from k3compile.backends.triton.printer.common import tensor_address
 from k3compile.backends.triton.printer.entries import host_expression
 from k3compile.driver import schedule
 from k3compile.ir import k3s
@@ -47,14 +47,14 @@ def stage(module, op_type, workspace: str):
      "* 8 + i_v) * K + o_k", "m_k"),
 ])
 def test_address_printed_from_the_layout(lowered, op_type, workspace, part, address, mask):
-    assert workspace_address(stage(lowered, op_type, workspace), part=part) == (address, mask)
+    assert tensor_address(stage(lowered, op_type, workspace), part=part) == (address, mask)
 
 
 def test_stages_of_one_tensor_agree(lowered):
     """A reload that reads a workspace in another layout than its spill: the pass names both."""
     reload = stage(lowered, k3s.ReloadOp, "KG")
     kept = reload.layout
-    reload.properties["layout"] = k3s.WorkspaceLayoutAttr.of(("token", "T"), ("head", "HV"), ("column", "V"))
+    reload.properties["layout"] = k3s.TensorLayoutAttr.of(("token", "T"), ("head", "HV"), ("column", "V"))
     try:
         with pytest.raises(ValueError, match=r"KG: k3s.spill reads it as #k3s.layout<token\[T\], head\[HV\], "
                                              r"column\[K\]>, k3s.reload as #k3s.layout<token\[T\], head\[HV\], column\[V\]>"):

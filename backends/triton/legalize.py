@@ -9,7 +9,8 @@ before it is printed, so that the printer only prints.
   the MoE router's blocks of token rows, experts and hidden columns and its slices of the
   hidden columns (logits kernel) and of rows, experts (whole) and top-k slots (top-k kernel);
   the MoE experts' blocks of pairs, token rows, output and input columns; a Block AttnRes
-  row's representatives whole.
+  row's representatives whole; its queries in the block its fold names, or all the call's
+  (`#k3s.runtime_block<Q>`, at least 16 where tl.dot takes them).
 - The MoE router's block sizes and hidden slices for calls of fewer token rows
   (k3s.launch_by_rows after its kernels): the row count is known only at launch, and a few rows
   want other tiles than many.
@@ -142,9 +143,20 @@ def column_loop_blocks(op: k3s.ColumnLoopOp, sizes: dict[str, int]) -> dict[str,
 
 
 @block_sizes_of(k3s.FoldQueryOp)
-def fold_query_blocks(op: k3s.FoldQueryOp, sizes: dict[str, int]) -> dict[str, int]:
-    """A row's columns whole, unless a column loop before it took blocks of them."""
-    return {} if "block_d" in sizes else dict(block_d=next_power_of_2(op.hidden_size.value.data))
+def fold_query_blocks(op: k3s.FoldQueryOp, sizes: dict[str, int]) -> dict[str, int | k3s.RuntimeBlockAttr]:
+    """A row's columns whole, unless a column loop before it took blocks of them; a Block AttnRes
+    block's queries in blocks of the fold's `queries`, or (0) all the call's in one block."""
+    blocks: dict[str, int | k3s.RuntimeBlockAttr] = {} if "block_d" in sizes else \
+        dict(block_d=next_power_of_2(op.hidden_size.value.data))
+    if op.queries is not None:
+        blocks["block_q"] = op.queries.value.data or k3s.RuntimeBlockAttr.of("Q")
+    return blocks
+
+
+@block_sizes_of(k3s.LoadFoldedQueriesOp)
+def load_folded_queries_blocks(op: k3s.LoadFoldedQueriesOp, sizes: dict[str, int]) -> dict[str, k3s.RuntimeBlockAttr]:
+    """All the call's queries in one block, at least 16 (the rows of tl.dot's operands)."""
+    return dict(block_q=k3s.RuntimeBlockAttr.of("Q", least=16))
 
 
 @block_sizes_of(k3s.LoadSourceColumnsOp, k3s.LoadGroupSourcesOp)

@@ -16,9 +16,15 @@ printer reads these choices off the IR rather than making them:
 - the layout of the workspace a stage stores its tiles in or loads them from (`k3s.spill %KG,
   %KG_1 <layout = #k3s.layout<token[T], head[HV], column[K]>>`), read off the workspace's shape
   and the tile; every stage that reaches one tensor of an entry agrees (check_workspace_layouts);
+  likewise where a stage's rows are in an entry's tensor of token rows (the loads of q, k, v, g
+  and beta, the output's stores, the gradients'), the query and key heads' for q and k;
 - an entry's host sizes, the shape symbols it computes before it allocates (NC, PB, PP, HS), as
   index arithmetic or a size by the call's rows, ending in `k3s.bind_size` (host_sizes);
-- the dtype of each float tensor an entry allocates: its first tensor argument's (`dtype_of = @q`).
+- the dtype of each float tensor an entry allocates: its first tensor argument's (`dtype_of = @q`);
+- what each kernel's launch passes besides its arguments (`launch_params = [chunk_table, T,
+  checkpoints]`: the chunk axis's table, the run-time sizes, the checkpoints), and the value each
+  entry passes for a run-time size (`k3s.launch_size %R <size = R>`, R = B x T where the entry
+  has [B, T, ..] tensors; launch_sizes).
 
 Each op type's parts are functions registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -96,6 +102,27 @@ def gram_choices(op: k3s.GramOp, kernel: k3s.KernelOp) -> dict[str, Attribute]:
     if op.diagonal.data.reloads:
         choices["diagonal_rows"] = RELOAD_ROWS
     return choices
+
+
+# the stages that read or write an entry's tensor of token rows [B, T, heads, ...] (q, k, v, g,
+# beta, o and their gradients): the operand or result that is their tile
+TOKEN_ROW_STAGES = {k3s.LoadTokenOp: "row", k3s.LoadChunkOp: "rows", k3s.LoadGateOp: "log_gate",
+                    k3s.LoadBetaOp: "beta", k3s.ReadoutOp: "output", k3s.ChunkOutputOp: "output",
+                    k3s.StoreCotangentOp: "cotangent"}
+
+
+@choices_of(*TOKEN_ROW_STAGES)
+def token_rows_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """Where op's rows are in its tensor: a row per token, then its head (the query and key head
+    of q and k, else the value head), then the columns of op's tile after its chunk's rows."""
+    tile = k3s.tile_dims(getattr(op, TOKEN_ROW_STAGES[type(op)]))
+    keys = op.of.data in ("q", "k") if isinstance(op, k3s.StoreCotangentOp) else \
+        isinstance(op, (k3s.LoadTokenOp, k3s.LoadChunkOp)) and not k3s.loads_values(op)
+    heads = ("key_head", "H") if keys else ("head", "HV")
+    columns = tile[1:] if tile[:1] == ("C",) else tile
+    return dict(layout=k3s.TensorLayoutAttr.of(("token", "T"), heads, *[("column", d) for d in columns]))
+
+
 # the stages that store tiles in a workspace or load them from it: (the operand or result that
 # is their tile, whether the workspace holds value blocks' parts)
 WORKSPACE_STAGES = {k3s.SpillOp: ("tile", False), k3s.ReloadOp: ("tile", False), k3s.RecordCheckOp: (None, False),
@@ -131,14 +158,14 @@ def workspace_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribut
     if unknown := [d for d in columns if d not in LAYOUT_COLUMNS]:
         raise ValueError(f"{op.name}: no layout for the workspace <{workspace.pattern}>: its tiles' columns are K, "
                          f"V or C, got {unknown[0]}")
-    return dict(layout=k3s.WorkspaceLayoutAttr.of(*rows, *[("column", d) for d in columns]))
+    return dict(layout=k3s.TensorLayoutAttr.of(*rows, *[("column", d) for d in columns]))
 
 
 def check_workspace_layouts(module: ModuleOp) -> None:
     """Every stage that reaches one tensor of an entry (through the kernels' launches) reads it in
     one layout: a ValueError naming the tensor where two disagree."""
     kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, k3s.KernelOp)}
-    layouts: dict[SSAValue, tuple[Operation, k3s.WorkspaceLayoutAttr]] = {}
+    layouts: dict[SSAValue, tuple[Operation, k3s.TensorLayoutAttr]] = {}
     for launch in [op for op in module.walk() if isinstance(op, k3s.LaunchOp)]:
         kernel = kernels[launch.kernel.root_reference.data]
         for passed, argument in zip(launch.operands, kernel.body.block.args, strict=False):
@@ -216,9 +243,28 @@ def hidden_slices(entry: k3s.EntryOp) -> k3s.SizeByRowsOp:
                                    result_types=[IndexType()])
 
 
+def launch_sizes(entry: k3s.EntryOp) -> list[Operation]:
+    """The values entry's launches pass for the run-time sizes its kernels take (their
+    launch_params), each a k3s.launch_size: the shape symbol of that name, but the token rows R
+    are B x T where no tensor of the entry has R rows, and NSLOTS is the state pool's rows P."""
+    taken = {p.data for kernel in k3s.entry_kernels(entry) for p in kernel.launch_params or ()}
+    tokens = not any("R" in op.type.dims for op in entry.body.ops if isinstance(op, k3s.TensorArgOp))
+    sizes = HostSizes()
+    for size in [s for s in k3s.RUNTIME_SIZES if s in taken]:
+        if size == "R" and tokens:
+            value = sizes.add(arith.MuliOp(sizes.size("B"), sizes.size("T")))
+        else:
+            value = sizes.size("P" if size == "NSLOTS" else size)
+        param = k3s.LaunchParamAttr(k3s.LaunchParam(size))
+        sizes.add(k3s.LaunchSizeOp.create(operands=[value], properties=dict(size=param)))
+    return sizes.ops
+
+
 def write_host_sizes(entry: k3s.EntryOp) -> None:
-    """host_sizes(entry) after its arguments, unless the entry binds sizes already."""
-    if any(isinstance(op, k3s.BindSizeOp) for op in entry.body.ops) or not (ops := host_sizes(entry)):
+    """host_sizes(entry), then launch_sizes(entry), after its arguments, unless the entry has them
+    already."""
+    written = (k3s.BindSizeOp, k3s.LaunchSizeOp)
+    if any(isinstance(op, written) for op in entry.body.ops) or not (ops := host_sizes(entry) + launch_sizes(entry)):
         return
     block = entry.body.block
     first = next((op for op in block.ops if not isinstance(op, ARGUMENT_OPS)), None)
@@ -257,6 +303,8 @@ class LowerToTritonPass(ModulePass):
                     write_choices(stage, of_op(stage, kernel))
             if has_products:  # the products' precision: the input dtype's, where no pass chose
                 write_choices(kernel, dict(dots=k3s.KernelDotsAttr(k3s.KernelDots.INPUT)))
+            taken = ArrayAttr([k3s.LaunchParamAttr(p) for p in k3s.launch_params(kernel)])
+            write_choices(kernel, dict(launch_params=taken))
         check_workspace_layouts(op)
         for entry in [o for o in op.ops if isinstance(o, k3s.EntryOp)]:
             write_host_sizes(entry)

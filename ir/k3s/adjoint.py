@@ -32,6 +32,7 @@ from k3compile.ir.k3 import BetaInputAttr, GateInputAttr
 from k3compile.ir.k3s.chunk_loops import CHUNK_LOCAL_PARENTS, CotangentScanOp
 from k3compile.ir.k3s.gram import GramDiagonal, GramDiagonalAttr, MaskAttr
 from k3compile.ir.k3s.kernels import argument_name
+from k3compile.ir.k3s.target import TensorLayoutAttr, verify_layout
 from k3compile.ir.k3s.types import dims_text, expect_dims, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -332,6 +333,8 @@ class StoreCotangentOp(KeywordSyntax):
     lower_bound = opt_prop_def(FloatAttr)
     floor = opt_prop_def(FloatAttr)  # the gate load's: no cotangent where the form's g lies below it
     beta_input = opt_prop_def(BetaInputAttr)
+    # the Triton backend's (lower-to-triton): where its rows are in the first gradient and input
+    layout = opt_prop_def(TensorLayoutAttr)
     cotangent = operand_def(TileType)
     tensors = var_operand_def(TensorType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryWriteEffect())
@@ -340,6 +343,7 @@ class StoreCotangentOp(KeywordSyntax):
         if not self.tensors or len(self.tensors) % 2:
             raise VerifyException(f"{self.name}: takes gradient tensors and the inputs they are of, pair by pair; "
                                   f"got {len(self.tensors)} tensor(s)")
+        verify_layout(self, self.tensors[0])
         names = [argument_name(t) for t in self.tensors]
         if None in names:
             return  # not (yet) an entry's or kernel's arguments: nothing to match by name

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, FloatAttr, IntegerAttr, i1
-from xdsl.ir import Operation
 from xdsl.irdl import (
     irdl_op_definition,
     operand_def,
@@ -31,8 +30,8 @@ from k3compile.ir.k3s.chunk_loops import (
     ChunkScanOp,
     ValueBlockLoopOp,
 )
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
-from k3compile.ir.k3s.target import RegisterDtypeAttr, WorkspaceLayoutAttr
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp, WritesCheckpoints
+from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr, verify_layout
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
@@ -69,12 +68,6 @@ def value_block_parts_layout(workspace: TensorType, part_dims: tuple[str, ...]) 
     return dims[len(lead) + 1]
 
 
-def verify_workspace_layout(op: Operation) -> None:
-    """A workspace stage's layout, where lower-to-triton wrote one, fits its workspace."""
-    if op.layout is not None:
-        op.layout.verify_fits(op.name, op.workspace.type.dims)
-
-
 @irdl_op_definition
 class SpillValueBlockPartOp(KeywordSyntax):
     """`k3s.spill_value_block_part %KG_bar_parts, %KG_bar`: this program's part of a sum over the
@@ -86,7 +79,7 @@ class SpillValueBlockPartOp(KeywordSyntax):
     name = "k3s.spill_value_block_part"
     workspace = operand_def(TensorType)
     part = operand_def(TileType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
@@ -94,7 +87,7 @@ class SpillValueBlockPartOp(KeywordSyntax):
             value_block_parts_layout(self.workspace.type, tuple(d.data for d in self.part.type.dims.data))
         except VerifyException as error:
             raise VerifyException(f"{self.name}: {error}") from None
-        verify_workspace_layout(self)
+        verify_layout(self, self.workspace)
 
 
 @irdl_op_definition
@@ -106,7 +99,7 @@ class SumValueBlockPartsOp(KeywordSyntax):
     name = "k3s.sum_value_block_parts"
     workspace = operand_def(TensorType)
     unroll = opt_prop_def(BoolAttr)  # the Triton backend's (lower-to-triton)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     total = result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
@@ -115,7 +108,7 @@ class SumValueBlockPartsOp(KeywordSyntax):
             value_block_parts_layout(self.workspace.type, tuple(d.data for d in self.total.type.dims.data))
         except VerifyException as error:
             raise VerifyException(f"{self.name}: {error}") from None
-        verify_workspace_layout(self)
+        verify_layout(self, self.workspace)
 
 
 @irdl_op_definition
@@ -139,11 +132,11 @@ class RecordCheckOp(KeywordSyntax):
     name = "k3s.record_check"
     workspace = operand_def(TensorType)
     check = operand_def(i1)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp, WhenOp))
 
     def verify_(self) -> None:
-        verify_workspace_layout(self)
+        verify_layout(self, self.workspace)
 
 
 @irdl_op_definition
@@ -153,12 +146,12 @@ class RecordedCheckOp(KeywordSyntax):
 
     name = "k3s.recorded_check"
     workspace = operand_def(TensorType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     check = result_def(i1)
     traits = traits_def(HasParent(KernelOp, WhenOp), MemoryReadEffect())
 
     def verify_(self) -> None:
-        verify_workspace_layout(self)
+        verify_layout(self, self.workspace)
 
 
 @irdl_op_definition
@@ -189,11 +182,13 @@ class LoadChunkOp(KeywordSyntax):
     tensor = operand_def(TensorType)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
     dtype = opt_prop_def(RegisterDtypeAttr)  # the Triton backend's (lower-to-triton)
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     rows = result_def(TileType)
     traits = traits_def(HasParent(*CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
         _no_l2norm_of_values(self)
+        verify_layout(self, self.tensor)
 
 
 @irdl_op_definition
@@ -214,9 +209,11 @@ class LoadGateOp(KeywordSyntax):
     tensor = operand_def(TensorType)  # g
     parameters = var_operand_def(TensorType)  # A_log, dt_bias: with input softplus or bounded
     log_gate = result_def(TileType)
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
 
     def verify_(self) -> None:
+        verify_layout(self, self.tensor)
         if self.lower_bound.value.data >= 0:
             raise VerifyException(f"{self.name}: lower_bound must be < 0, got {self.lower_bound.value.data}")
         if self.floor is not None and self.floor.value.data >= 0:
@@ -236,7 +233,11 @@ class LoadBetaOp(KeywordSyntax):
     input = prop_def(BetaInputAttr)
     tensor = operand_def(TensorType)
     beta = result_def(TileType)
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(TokenLoopOp, *CHUNK_LOCAL_PARENTS), MemoryReadEffect())
+
+    def verify_(self) -> None:
+        verify_layout(self, self.tensor)
 
 
 @irdl_op_definition
@@ -247,7 +248,7 @@ class StoreCheckpointOp(KeywordSyntax):
     name = "k3s.store_checkpoint"
     layout = prop_def(StateLayoutAttr)
     state = operand_def(TileType)
-    traits = traits_def(HasParent(ChunkLoopOp))
+    traits = traits_def(HasParent(ChunkLoopOp), WritesCheckpoints())
 
 
 @irdl_op_definition
@@ -258,11 +259,11 @@ class SpillOp(KeywordSyntax):
     name = "k3s.spill"
     workspace = operand_def(TensorType)
     tile = operand_def(TileType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(KernelOp, WhenOp, ChunkLoopOp))
 
     def verify_(self) -> None:
-        verify_workspace_layout(self)
+        verify_layout(self, self.workspace)
 
 
 @irdl_op_definition
@@ -272,12 +273,12 @@ class ReloadOp(KeywordSyntax):
 
     name = "k3s.reload"
     workspace = operand_def(TensorType)
-    layout = opt_prop_def(WorkspaceLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     tile = result_def(TileType)
     traits = traits_def(HasParent(KernelOp, ChunkLoopOp, ValueBlockLoopOp), MemoryReadEffect())
 
     def verify_(self) -> None:
-        verify_workspace_layout(self)
+        verify_layout(self, self.workspace)
 
 
 @irdl_op_definition
@@ -339,7 +340,11 @@ class ChunkOutputOp(KeywordSyntax):
     destination = operand_def(TensorType)  # o
     scale = operand_def(Float32Type)
     output = result_def(TileType)
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(*SCAN_PARENTS))
+
+    def verify_(self) -> None:
+        verify_layout(self, self.destination)
 
 
 @irdl_op_definition

@@ -1,8 +1,9 @@
 """Host sizes: the shape symbols an entry computes on the host before it allocates (NC, PB, PP),
 as index arithmetic (xDSL's arith dialect on index values) over the sizes its arguments bound,
-or by the call's rows (k3s.size_by_rows).
-The Triton backend's lower-to-triton writes them in each entry that needs them; the printer
-prints each op as a Python expression, deciding no formula:
+or by the call's rows (k3s.size_by_rows), and the values its launches pass for the run-time
+sizes its kernels read (k3s.launch_size). The Triton backend's lower-to-triton writes them in
+each entry that needs them; the printer prints each op as a Python expression, deciding no
+formula:
 
     %B = k3s.size <symbol = B> : index
     %T = k3s.size <symbol = T> : index
@@ -22,6 +23,7 @@ from xdsl.traits import HasParent, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.core import EntryOp
+from k3compile.ir.k3s.kernels import RUNTIME_SIZES, LaunchParamAttr
 from k3compile.ir.k3s.types import ShapeSymbolAttr
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -74,4 +76,21 @@ class BindSizeOp(KeywordSyntax):
     traits = traits_def(HasParent(EntryOp))
 
 
-HOST_SIZE_OPS = [SizeOp, SizeByRowsOp, BindSizeOp]
+@irdl_op_definition
+class LaunchSizeOp(KeywordSyntax):
+    """`k3s.launch_size %R <size = R>`: what the entry's launches pass for a run-time size its
+    kernels read (their `launch_params`): the token rows R are the shape symbol R, or B x T where
+    the entry's tensors are [B, T, ..]; NSLOTS is the state pool's rows P."""
+
+    name = "k3s.launch_size"
+    size = prop_def(LaunchParamAttr)
+    value = operand_def(IndexType)
+    traits = traits_def(HasParent(EntryOp))
+
+    def verify_(self) -> None:
+        if self.size.data not in RUNTIME_SIZES:
+            raise VerifyException(f"{self.name}: size is a run-time size, one of {', '.join(RUNTIME_SIZES)}; "
+                                  f"got {self.size.data}")
+
+
+HOST_SIZE_OPS = [SizeOp, SizeByRowsOp, BindSizeOp, LaunchSizeOp]

@@ -23,10 +23,11 @@ from xdsl.irdl import (
     var_operand_def,
     traits_def,
 )
-from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, Pure, SymbolOpInterface
+from xdsl.traits import HasAncestor, HasParent, IsolatedFromAbove, NoTerminator, OpTrait, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
+from k3compile.ir.k3s.target import RuntimeBlockAttr
 from k3compile.ir.k3s.types import is_power_of_two
 from k3compile.ir.k3s.core import (AbsentTensorOp, EntryOp, ReferencesSymbols, ScalarArgOp, TensorArgOp,
                                    referenced_op)
@@ -118,6 +119,40 @@ def runtime_sizes(kernel: KernelOp) -> list[str]:
     return [size for size in RUNTIME_SIZES if size in read]
 
 
+# --- what a launch passes besides the kernel's arguments -------------------------------------
+class LaunchParam(Word):
+    """A parameter of a kernel that is none of its arguments, passed by each launch: the chunk
+    grid axis's table, a run-time size (RUNTIME_SIZES: the value is its entry's
+    k3s.launch_size), the checkpoints a k3s.store_checkpoint writes."""
+
+    CHUNK_TABLE = "chunk_table"  # each chunk's (sequence, first token), made at launch
+    T = "T"
+    S = "S"
+    R = "R"
+    Q = "Q"
+    HS = "HS"
+    NSLOTS = "NSLOTS"
+    CHECKPOINTS = "checkpoints"  # the checkpoints tensor, each sequence's first slot, checkpoint_every
+
+
+@irdl_attr_definition
+class LaunchParamAttr(EnumAttribute[LaunchParam], SpacedOpaqueSyntaxAttribute):
+    name = "k3s.launch_param"
+
+
+class WritesCheckpoints(OpTrait):
+    """An op whose code writes the entry's checkpoints (k3s.store_checkpoint): its kernel takes them."""
+
+
+def launch_params(kernel: KernelOp) -> list[LaunchParam]:
+    """What a kernel's launch passes besides its arguments, in the order its parameters take them:
+    a chunk axis's table, the run-time sizes it reads, the checkpoints. lower-to-triton writes
+    them on the kernel (`launch_params`), which must say these."""
+    table = [LaunchParam.CHUNK_TABLE] if GridAxis.CHUNK in kernel.axes else []
+    checkpoints = [LaunchParam.CHECKPOINTS] if any(op.has_trait(WritesCheckpoints) for op in kernel.walk()) else []
+    return [*table, *(LaunchParam(size) for size in runtime_sizes(kernel)), *checkpoints]
+
+
 class IsolatedOnceOutlined(IsolatedFromAbove):
     """A kernel reads nothing from outside once outline-kernels made it a module symbol; built in
     its entry, it reads the entry's arguments. Either way its values print in their own scope."""
@@ -169,6 +204,8 @@ class KernelOp(KeywordSyntax):
     block_ks = opt_prop_def(IntegerAttr[I64])
     block_n = opt_prop_def(IntegerAttr[I64])  # an MoE projection's output columns
     block_s = opt_prop_def(IntegerAttr[I64])  # a Block AttnRes row's representatives (sources)
+    # a program's Block AttnRes queries: a fixed block, or all of the call's (#k3s.runtime_block<Q>)
+    block_q = opt_prop_def(IntegerAttr[I64] | RuntimeBlockAttr)
     # its constexpr flags, each the guard of its k3s.when stages, and the value its launch passes:
     # the names are code, the values launch (kernels sharing one code pass their own)
     flags = opt_prop_def(DictionaryAttr)
@@ -184,6 +221,8 @@ class KernelOp(KeywordSyntax):
     # another kernel of the module whose code this one runs (merge-identical-kernels: the same
     # body and properties): printed once, launched from both entries with their own configs
     shares_code_of = opt_prop_def(FlatSymbolRefAttrConstr)
+    # what its launches pass besides its arguments (lower-to-triton's: launch_params(kernel))
+    launch_params = opt_prop_def(ArrayAttr[LaunchParamAttr])
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp, ModuleOp), IsolatedOnceOutlined(),
                         ReferencesSymbols(shares_code_of="k3s.kernel"))
@@ -243,6 +282,9 @@ class KernelOp(KeywordSyntax):
                 if not arg.uses:
                     raise VerifyException(f"{self.name} @{self.sym_name.data}: its argument %{arg.name_hint} is "
                                           "never used (a kernel's arguments are exactly what its stages read and write)")
+        if self.launch_params is not None and (taken := [p.data for p in self.launch_params]) != launch_params(self):
+            raise VerifyException(f"{self.name} @{self.sym_name.data}: its launch_params [{', '.join(taken)}] must be "
+                                  f"those its grid and stages read, [{', '.join(launch_params(self))}]")
         # each k3s.when's flag is one of these (WhenOp.verify_), and each of these guards one
         guards = {op.flag.data for op in self.walk() if isinstance(op, (WhenOp, FlagOp))}
         if guards != set(flags):

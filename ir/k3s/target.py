@@ -1,18 +1,19 @@
-"""What the Triton backend's lower-to-triton pass (backends/triton/lower.py) writes on stages
-before printing, as typed attributes (a load's register dtype, a workspace's layout): the passes
-that build the stages leave them absent, and the printer reads them."""
+"""What the Triton backend's passes (backends/triton/lower.py, legalize.py) write on stages and
+kernels before printing, as typed attributes (a load's register dtype, a workspace's layout, a
+block sized at launch): the passes that build them leave them absent, and the printer reads them."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute
+from xdsl.ir import Attribute, Operation, ParametrizedAttribute, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import irdl_attr_definition
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
+from k3compile.ir.k3s.types import ShapeSymbol, ShapeSymbolAttr
 
 
 class RegisterDtype(Word):
@@ -41,11 +42,12 @@ class DiagonalRowsAttr(EnumAttribute[DiagonalRows], SpacedOpaqueSyntaxAttribute)
 
 
 class LayoutAxis(Word):
-    """An axis of a workspace's layout (WorkspaceLayoutAttr): what indexes it in a program."""
+    """An axis of a tensor's layout (TensorLayoutAttr): what indexes it in a program."""
 
     TOKEN = "token"  # a row per token of the batch's sequences (B x T as one axis): the chunk's rows
     CHUNK = "chunk"  # a row per chunk of every sequence (NC): the program's chunk
     HEAD = "head"  # the value head (HV)
+    KEY_HEAD = "key_head"  # the query and key head (H) that the program's value head reads
     PART = "part"  # the value block whose part of a sum the row holds (a fixed count)
     COLUMN = "column"  # a dimension of the tile stored there (K, V or C): the tile's own offsets
 
@@ -56,8 +58,8 @@ class LayoutAxisAttr(EnumAttribute[LayoutAxis], SpacedOpaqueSyntaxAttribute):
 
 
 @irdl_attr_definition
-class WorkspaceLayoutAttr(ParametrizedAttribute):
-    """Where a kernel finds its rows in a workspace: `#k3s.layout<token[T], head[HV], column[K]>`,
+class TensorLayoutAttr(ParametrizedAttribute):
+    """Where a kernel finds its rows in a tensor: `#k3s.layout<token[T], head[HV], column[K]>`,
     the axes outermost first, each with its extent (a symbol or a fixed count), row-major: an
     axis's stride is the product of the extents after it (strides()). lower-to-triton writes it on
     each stage that stores tiles in a workspace or loads them from it (k3s.spill, k3s.reload, ...);
@@ -68,10 +70,10 @@ class WorkspaceLayoutAttr(ParametrizedAttribute):
     extents: ArrayAttr[StringAttr]
 
     @staticmethod
-    def of(*axes: tuple[str, str | int]) -> WorkspaceLayoutAttr:
+    def of(*axes: tuple[str, str | int]) -> TensorLayoutAttr:
         """of(("token", "T"), ("head", "HV"), ("column", "K"))."""
-        return WorkspaceLayoutAttr(ArrayAttr([LayoutAxisAttr(LayoutAxis(axis)) for axis, _ in axes]),
-                                   ArrayAttr([StringAttr(str(extent)) for _, extent in axes]))
+        return TensorLayoutAttr(ArrayAttr([LayoutAxisAttr(LayoutAxis(axis)) for axis, _ in axes]),
+                                ArrayAttr([StringAttr(str(extent)) for _, extent in axes]))
 
     @property
     def items(self) -> tuple[tuple[LayoutAxis, str], ...]:
@@ -104,12 +106,12 @@ class WorkspaceLayoutAttr(ParametrizedAttribute):
         printer.print_string("<" + ", ".join(f"{axis}[{extent}]" for axis, extent in self.items) + ">")
 
     def verify_fits(self, op_name: str, dims: tuple) -> None:
-        """A VerifyException unless the layout fits a workspace of these dimensions: an axis a
+        """A VerifyException unless the layout fits a tensor of these dimensions: an axis a
         dimension (token: B x T), a fixed extent its dimension's size."""
         items, rows = self.items, [dim for dim in dims if dim != "B"]
         if (len(rows) != len(items) or any(extent.isdigit() and str(dim) != extent for dim, (_, extent) in zip(rows, items))
                 or (items[0][0] == LayoutAxis.TOKEN) != (tuple(dims[:2]) == ("B", "T"))):
-            raise VerifyException(f"{op_name}: layout {self} does not fit its workspace <{' x '.join(map(str, dims))}>")
+            raise VerifyException(f"{op_name}: layout {self} does not fit its tensor <{' x '.join(map(str, dims))}>")
 
     def verify(self) -> None:
         if len(self.axes.data) != len(self.extents.data):
@@ -118,3 +120,50 @@ class WorkspaceLayoutAttr(ParametrizedAttribute):
         rows = [axis for axis in kinds if axis != LayoutAxis.COLUMN]
         if kinds[:len(rows)] != rows or len(set(rows)) != len(rows):
             raise VerifyException(f"{self.name}: each row axis at most once, before the columns; got {', '.join(kinds)}")
+
+
+def verify_layout(op: Operation, tensor: SSAValue) -> None:
+    """op's layout, where lower-to-triton wrote one, fits the tensor whose rows it addresses."""
+    if op.layout is not None:
+        op.layout.verify_fits(op.name, tensor.type.dims)
+
+
+@irdl_attr_definition
+class RuntimeBlockAttr(ParametrizedAttribute):
+    """A block that holds all of a size known only at run time: `#k3s.runtime_block<Q, least =
+    16>`, the next power of two of the call's Q, at least `least` (tl.dot's operands take 16
+    rows; absent: 1). Each launch computes it from the call's sizes; legalize-triton writes it
+    as a kernel's block size where the kernel takes all of them at once (Block AttnRes's folded
+    queries), and the printer prints that expression."""
+
+    name = "k3s.runtime_block"
+    size: ShapeSymbolAttr
+    least: IntAttr
+
+    @staticmethod
+    def of(size: str, least: int = 1) -> RuntimeBlockAttr:
+        return RuntimeBlockAttr(ShapeSymbolAttr(ShapeSymbol(size)), IntAttr(least))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        start = parser.pos
+        size = parser.parse_identifier(" (a shape symbol)")
+        if size not in list(ShapeSymbol):
+            parser.raise_error(f"{cls.name}: a shape symbol, one of {', '.join(ShapeSymbol)}; got {size}", start, parser.pos)
+        least = 1
+        if parser.parse_optional_punctuation(","):
+            parser.parse_keyword("least")
+            parser.parse_punctuation("=")
+            least = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        parser.parse_punctuation(">")
+        block = cls.of(size, least)
+        return [block.size, block.least]
+
+    def print_parameters(self, printer: Printer) -> None:
+        least = f", least = {self.least.data}" if self.least.data != 1 else ""
+        printer.print_string(f"<{self.size.data.value}{least}>")
+
+    def verify(self) -> None:
+        if self.least.data < 1 or self.least.data & (self.least.data - 1):
+            raise VerifyException(f"{self.name}: least must be a power of two, got {self.least.data}")

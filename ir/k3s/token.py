@@ -29,7 +29,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
-from k3compile.ir.k3s.target import RegisterDtypeAttr
+from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr, verify_layout
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -210,11 +210,13 @@ class LoadTokenOp(KeywordSyntax):
     tensor = operand_def(TensorType)
     l2norm = opt_prop_def(BoolAttr)  # absent: false
     dtype = opt_prop_def(RegisterDtypeAttr)  # the Triton backend's (lower-to-triton)
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     row = result_def(TileType)
     traits = traits_def(HasParent(TokenLoopOp))
 
     def verify_(self) -> None:
         _no_l2norm_of_values(self)
+        verify_layout(self, self.tensor)
 
 
 def normalises(op) -> bool:
@@ -284,7 +286,11 @@ class ReadoutOp(KeywordSyntax):
     destination = operand_def(TensorType)  # o
     scale = operand_def(Float32Type)
     output = result_def(TileType)
+    layout = opt_prop_def(TensorLayoutAttr)  # the Triton backend's (lower-to-triton): where its rows are
     traits = traits_def(HasParent(TokenLoopOp))
+
+    def verify_(self) -> None:
+        verify_layout(self, self.destination)
 
 
 @irdl_op_definition

@@ -12,7 +12,10 @@ window's; the gradients are the same sums in the same order within each window.
 
 The window is a plan from the module's own tables (WORKSPACE_SHAPES, NC_CHUNK_SIZE) and the
 memory free on the device: the whole sequence where chunk_backward's workspaces fit in half of
-it, else the longest window that does. K3C_BACKWARD_WINDOW (tokens) sets it instead.
+it, else the longest window that does. K3C_BACKWARD_WINDOW sets it instead: a number of tokens,
+or `inputs`, the longest window whose workspaces take no more than the call's q, k, v and do
+(which the backward holds anyway), so that they no longer dominate training's peak memory, and
+no shorter than INPUTS_POLICY_LEAST_WINDOW.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from k3compile.ops.layers import LayerKey, entry_shape, layer_module
 # parameters whose gradients add up over the windows
 TOKEN_INPUTS = ("q", "k", "v", "g", "beta")
 FREE_SHARE = 0.5  # of the device's free memory, for one window's workspaces
+INPUTS_POLICY = "inputs"  # K3C_BACKWARD_WINDOW's value for windows no larger than q, k, v and do
+# the inputs policy's shortest window: the per-chunk workspaces are a fixed multiple of the
+# inputs per token (S and S_bar alone 4x q, k, v and do at chunks of 16, K = V = 128), so the
+# policy would cut any length; below a thousand tokens the windows' launches are not worth it
+INPUTS_POLICY_LEAST_WINDOW = 1024
 
 
 def window_multiple(module) -> int:
@@ -57,20 +65,32 @@ def backward_window(batch: int, tokens: int, itemsize: int, device: str, varlen:
         return 0
     multiple = window_multiple(module)
     forced = os.environ.get("K3C_BACKWARD_WINDOW")
-    if forced:
+    if forced and forced != INPUTS_POLICY:
         if not forced.isdigit() or int(forced) <= 0 or int(forced) % multiple:
-            raise ValueError(f"K3C_BACKWARD_WINDOW: expected a positive multiple of {multiple} tokens "
-                             f"(the chunk sizes), got {forced!r}")
+            raise ValueError(f"K3C_BACKWARD_WINDOW: expected {INPUTS_POLICY!r} or a positive multiple of "
+                             f"{multiple} tokens (the chunk sizes), got {forced!r}")
         window = int(forced)
+    elif forced:
+        key = LayerKey(*fields)
+        per_token = 2 * (key.num_heads * key.head_k_dim + key.num_v_heads * key.head_v_dim) * itemsize
+        window = fitting_window(module, batch, tokens, itemsize, batch * tokens * per_token)
+        window = window and max(window, math.ceil(INPUTS_POLICY_LEAST_WINDOW / multiple) * multiple)
     elif not device.startswith("cuda"):
         return 0
     else:
-        budget = FREE_SHARE * torch.cuda.mem_get_info(torch.device(device))[0]
-        whole = workspace_bytes(module, "chunk_backward", {"B": batch, "T": tokens, "N": batch}, itemsize)
-        if whole <= budget:
-            return 0
-        window = max(int(budget / whole * tokens) // multiple * multiple, multiple)
-    return window if window < tokens else 0
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
+        window = fitting_window(module, batch, tokens, itemsize, FREE_SHARE * free)
+    return window if 0 < window < tokens else 0
+
+
+def fitting_window(module, batch: int, tokens: int, itemsize: int, budget: float) -> int:
+    """The longest window of whole chunks whose chunk_backward workspaces take at most `budget`
+    bytes (0: the whole sequence fits)."""
+    whole = workspace_bytes(module, "chunk_backward", {"B": batch, "T": tokens, "N": batch}, itemsize)
+    if whole <= budget:
+        return 0
+    multiple = window_multiple(module)
+    return max(int(budget / whole * tokens) // multiple * multiple, multiple)
 
 
 # torch.compiler.assume_constant_result(backward_window), as k3compile.ops.autograd marks

@@ -3,7 +3,8 @@
 The printer prints what the IR says: every block of generated code is the printing of one IR
 op (named in a comment above it), with constants read from the op's properties; the backend's
 passes wrote its choices there first (legalize-triton: block sizes; lower-to-triton: the
-products' precision, the triangular inverse's form, what loads keep, unrolling). A file whose
+products' precision, the triangular inverse's form, what loads keep, unrolling, workspace
+layouts, host sizes, what a launch passes besides a kernel's arguments). A file whose
 docstring says it decides nothing reads every choice off the IR; the others name what they still
 decide, the rest of issue 39's list.
 Entries become host functions (argument checks, allocation, launch), kernels become

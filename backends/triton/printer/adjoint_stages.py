@@ -1,9 +1,12 @@
 """The stages of a backward schedule (ir/k3s/adjoint.py): tile algebra, the transposed solve and
-the stores of the inputs' gradients, each taken back through its load's input form."""
+the stores of the inputs' gradients, each taken back through its load's input form. Where a
+store's rows are in the gradient and its input is the op's <layout> (lower-to-triton), printed by
+common.tensor_address; the gate parameters' rows per value head (A_log, dt_bias) are written here,
+as loads.py writes them."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import register, tensor_name
+from k3compile.backends.triton.printer.common import register, tensor_address, tensor_name
 from k3compile.ir import k3s
 
 LOG2E = 1.4426950408889634
@@ -139,52 +142,48 @@ class AdjointStages:
         x = register(op.cotangent)
         c.comment(op)
         of = op.of.data
-        gradient = tensor_name(op.gradients[0])
+        # the rows of the input and its gradient (one layout: the gradient has the input's shape)
+        (raw, mask), (gradient, _) = (tensor_address(op, tensor) for tensor in (op.inputs[0], op.gradients[0]))
         if of in ("q", "k"):
-            raw = tensor_name(op.inputs[0])
-            rows = "(t_c[:, None] * H + i_h) * K + o_k[None, :]"
-            mask = "m_c[:, None] & m_k[None, :]"
             if op.l2norm is not None and op.l2norm.value.data:  # x / |x|: (x_bar - xh (xh . x_bar)) / |x|
-                c(f"b_raw = tl.load({raw} + {rows}, mask={mask}, other=0.0).to(tl.float32)",
+                c(f"b_raw = tl.load({raw}, mask={mask}, other=0.0).to(tl.float32)",
                   "b_norm = tl.sqrt(tl.sum(b_raw * b_raw, axis=1) + 1e-6)",
                   "b_unit = b_raw / b_norm[:, None]",
                   f"{x} = ({x} - b_unit * tl.sum({x} * b_unit, axis=1)[:, None]) / b_norm[:, None]")
             c("if HV == H:")
             with c.indent():
-                c(f"tl.store({gradient} + {rows}, {x}, mask={mask})")
+                c(f"tl.store({gradient}, {x}, mask={mask})")
             c("else:  # the value heads of a group share these rows")
             with c.indent():
-                c(f"tl.atomic_add({gradient} + {rows}, {x}, mask={mask})")
+                c(f"tl.atomic_add({gradient}, {x}, mask={mask})")
         elif of == "v":
-            c(f"tl.store({gradient} + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], {x}, "
-              "mask=m_c[:, None] & m_v[None, :])")
+            c(f"tl.store({gradient}, {x}, mask={mask})")
         elif of == "beta":
-            self.print_beta_gradient(op, x, gradient)
+            self.print_beta_gradient(op, x, raw, gradient, mask)
         else:
-            self.print_gate_gradient(op, x)
+            self.print_gate_gradient(op, x, raw, gradient, mask)
 
-    def print_beta_gradient(self, op: k3s.StoreCotangentOp, x: str, gradient: str) -> None:
+    def print_beta_gradient(self, op: k3s.StoreCotangentOp, x: str, raw: str, gradient: str, mask: str) -> None:
+        """`raw`, `gradient`: the addresses of the rows of beta and its gradient, `mask` theirs."""
         c = self.code
         form = op.beta_input.data
         if form != "probability":  # sigmoid'(z) = s (1 - s); twice that for 2 sigmoid(z)
-            c(f"b_s = tl.sigmoid(tl.load({tensor_name(op.inputs[0])} + t_c * HV + i_hv, mask=m_c, other=0.0).to(tl.float32))",
+            c(f"b_s = tl.sigmoid(tl.load({raw}, mask={mask}, other=0.0).to(tl.float32))",
               f"{x} = {x} * b_s * (1.0 - b_s)" + (" * 2.0" if form == "logits_neg_eigval" else ""))
-        c(f"tl.store({gradient} + t_c * HV + i_hv, {x}, mask=m_c)")
+        c(f"tl.store({gradient}, {x}, mask={mask})")
 
-    def print_gate_gradient(self, op: k3s.StoreCotangentOp, x: str) -> None:
+    def print_gate_gradient(self, op: k3s.StoreCotangentOp, x: str, raw: str, gradient: str, mask: str) -> None:
         """The log-decay's cotangent taken back through the gate's input form to g (and A_log,
-        dt_bias: summed over the chunk's tokens, added up over the chunks)."""
+        dt_bias: summed over the chunk's tokens, added up over the chunks); `raw`, `gradient`: the
+        addresses of the rows of g and dg, `mask` theirs."""
         c = self.code
         channel = k3s.tile_dims(op.cotangent) == ("C", "K")
-        dg, *parameter_grads = (tensor_name(t) for t in op.gradients)
-        g, *parameters = (tensor_name(t) for t in op.inputs)
-        rows, mask = (("(t_c[:, None] * HV + i_hv) * K + o_k[None, :]", "m_c[:, None] & m_k[None, :]") if channel
-                      else ("t_c * HV + i_hv", "m_c"))
+        parameter_grads, parameters = ([tensor_name(t) for t in tensors[1:]] for tensors in (op.gradients, op.inputs))
         form = op.gate_input.data
         # the floor: no gradient where the form's g lies below it (nor has the decay one there)
         floor = None if op.floor is None else f"{x} = tl.where({{}} >= {op.floor.value.data!r}, {x}, 0.0)"
         if form != "log" or floor:
-            c(f"b_raw = tl.load({g} + {rows}, mask={mask}, other=0.0).to(tl.float32)")
+            c(f"b_raw = tl.load({raw}, mask={mask}, other=0.0).to(tl.float32)")
         if form in ("log", "clamped"):
             if form == "clamped":  # max(g, bound): no gradient where the bound holds (torch's clamp)
                 c(f"{x} = tl.where(b_raw >= {op.lower_bound.value.data!r}, {x}, 0.0)")
@@ -211,4 +210,4 @@ class AdjointStages:
                 c(f"tl.atomic_add({ddt_bias} + i_hv * K + o_k, tl.sum({x}, axis=0), mask=m_k)")
             else:
                 c(f"tl.atomic_add({ddt_bias} + i_hv, tl.sum({x}))")
-        c(f"tl.store({dg} + {rows}, {x}, mask={mask})")
+        c(f"tl.store({gradient}, {x}, mask={mask})")

@@ -1,8 +1,8 @@
 """Block AttnRes's phase 1 in blocks of columns: its backward (derive-block-attnres-backward's
 partials-backward=columns) and its forward (derive-block-attnres's partials-schedule=columns).
-A program's group of BR token rows with all the call's Q queries (BQ, the next power of two;
-at least 16 in the forward, tl.dot's least) and all of a row's S representatives (BS, that of
-num_blocks), the hidden columns in blocks of BD. Names the grid axis defines: i_rg, o_q, m_q,
+A program's group of BR token rows with all the call's Q queries (BQ, the kernel's block_q:
+legalize-triton's #k3s.runtime_block<Q>, at least 16 in the forward) and all of a row's S
+representatives (BS, its block_s), the hidden columns in blocks of BD. Names the grid axis defines: i_rg, o_q, m_q,
 o_s, m_s; a column loop: i_c, o_d, m_d (the block's columns), m_qd, m_sd; row loops: i_r.
 
 The forward's `<R x S ..>` tiles hold the group's (row, representative) pairs flattened, k = r BS
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from k3compile.backends.triton.printer.common import kernel_constants_of, register, tensor_name
+from k3compile.backends.triton.printer.common import block_constant, kernel_constants_of, register, tensor_name
 from k3compile.ir import k3s
 
 
@@ -162,8 +162,8 @@ class AttnResColumnsForward:
 
     @kernel_constants_of(k3s.LoadFoldedQueriesOp)
     def load_folded_queries_constants(self, op: k3s.LoadFoldedQueriesOp, kernel: k3s.KernelOp,
-                                      view) -> dict[str, str]:
-        return dict(BQ='max(16, triton.next_power_of_2(dims["Q"]))')  # tl.dot's least
+                                      view) -> dict[str, int | str]:
+        return dict(BQ=block_constant(kernel.block_q))
 
     def print_k3s_fold_queries_split(self, op: k3s.FoldQueriesSplitOp) -> None:
         c = self.code

@@ -4,15 +4,16 @@ output and state advance, checkpoints.
 
 The products' precision (k3s.kernel <dots>), the inverse's products and squarings, the
 value-block loops' and the channel-gated Gram's block loop's unrolling, where the Gram's
-elementwise diagonal takes its rows from (reloaded or extracted) and the workspaces' layouts (a
-spill's or reload's <layout>, printed as addresses by common.workspace_address) are the IR's
-(lower-to-triton). Still decided here (issue 39): the addresses of the output rows and of the
-checkpoints it stores (print_k3s_chunk_output, print_k3s_store_checkpoint)."""
+elementwise diagonal takes its rows from (reloaded or extracted) and where a stage's rows are in
+a workspace or the output (a spill's, reload's or chunk output's <layout>, printed as addresses by
+common.tensor_address) are the IR's (lower-to-triton). Still decided here (issue 39): the address
+of a checkpoint (print_k3s_store_checkpoint: its slot's row of the checkpoints, then the state
+tile's own offsets, as the state tile's pointer p_state has them)."""
 
 from __future__ import annotations
 
-from k3compile.backends.triton.printer.common import (chosen, register, tensor_name, value_block_count,
-                                                      workspace_address)
+from k3compile.backends.triton.printer.common import (chosen, presence_flag, register, tensor_address, tensor_name,
+                                                      value_block_count)
 from k3compile.ir import k3s
 
 
@@ -89,12 +90,12 @@ class ChunkStages:
             self.code(f"{register(carried)} {add} {register(part)}")
 
     def print_k3s_spill_value_block_part(self, op: k3s.SpillValueBlockPartOp) -> None:
-        address, mask = workspace_address(op, part="i_v")
+        address, mask = tensor_address(op, part="i_v")
         self.code.comment(op, "its block's slot, for the kernel that adds them up")
         self.code(f"tl.store({address}, {register(op.part)}{f', mask={mask}' if mask else ''})")
 
     def print_k3s_sum_value_block_parts(self, op: k3s.SumValueBlockPartsOp) -> None:
-        address, mask = workspace_address(op, part="i_p")
+        address, mask = tensor_address(op, part="i_p")
         blocks = value_block_count(op)
         out = register(op.total)
         shape = ", ".join(TILE_BLOCKS[d] for d in k3s.tile_dims(op.total))
@@ -110,12 +111,12 @@ class ChunkStages:
         self.code(f"if {'not ' if holds else ''}{register(op.check)}:", "    return")
 
     def print_k3s_record_check(self, op: k3s.RecordCheckOp) -> None:
-        address, _ = workspace_address(op)
+        address, _ = tensor_address(op)
         self.code.comment(op, "for its steep launch, which then skips the other chunks")
         self.code(f"tl.store({address}, {register(op.check)}.to(tl.float32))")
 
     def print_k3s_recorded_check(self, op: k3s.RecordedCheckOp) -> None:
-        address, _ = workspace_address(op)
+        address, _ = tensor_address(op)
         self.code.comment(op)
         self.code(f"{register(op.check)} = tl.load({address}) != 0.0")
 
@@ -216,8 +217,8 @@ class ChunkStages:
         load_g = gram.cumulative_gate.owner.log_gate.owner
         keys, *gate = gram.tensors
         self.code("t_j = start + o_b * SUB + r", "m_j = t_j < eos")
-        self.print_rows(load_k, "t_j", "m_j", "b_kj", keys)
-        self.print_gate_rows(load_g, "t_j", "m_j", "b_gj", gate)
+        self.print_rows(load_k, ("t_j", "m_j"), "b_kj", keys)
+        self.print_gate_rows(load_g, ("t_j", "m_j"), "b_gj", gate)
         self.code("b_kj = b_kj.to(tl.float32)", "b_Gj = b_Gj + b_gj * 1.4426950408889634")
 
     def print_k3s_gram(self, op: k3s.GramOp) -> None:
@@ -254,18 +255,15 @@ class ChunkStages:
         c = self.code
         sub, A = op.block.value.data, register(op.gram)
         mm = "_mm_accurate" if chosen(op, "accurate").value.data else "_mm"
-        if sub == 1:  # unit diagonal blocks: all of the inverse by the products of step 2
-            c("SUB_T: tl.constexpr = 1",
-              "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
-              "b_Dinv = b_eye")
+        if sub == 1:  # unit diagonal blocks (Dinv = I): all of the inverse by the products of step 2
+            c("SUB_T: tl.constexpr = 1")
         else:
             self.print_diagonal_block_inverse(sub, A)
         c("# 2. M = Dinv N, N the blocks below the diagonal: M is nilpotent (M^NB = 0), so",
-          "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors")
-        if sub > 1:
-            c("b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)")
-        c("b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
-          f"b_M = {mm}(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
+          "#    (I + A)^-1 = (I + M)^-1 Dinv = (I - M)(I + M^2)(I + M^4)... Dinv, exact after log2(NB) factors",
+          "b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)",
+          "b_below = (o_c[:, None] // SUB_T) > (o_c[None, :] // SUB_T)",
+          f"b_M = tl.where(b_below, {A}, 0.0)" if sub == 1 else f"b_M = {mm}(b_Dinv, tl.where(b_below, {A}, 0.0), DOT)",
           "b_Linv = b_eye - b_M")
         for _ in range(chosen(op, "squarings").value.data):
             c(f"b_M = {mm}(b_M, b_M, DOT)", f"b_Linv = {mm}(b_Linv, b_eye + b_M, DOT)")
@@ -318,13 +316,13 @@ class ChunkStages:
         self.code(f"{register(op.decay)} = tl.exp2({register(op.total)})")
 
     def print_k3s_spill(self, op: k3s.SpillOp) -> None:
-        address, mask = workspace_address(op)
+        address, mask = tensor_address(op)
         self.code.comment(op)
         self.code(f"tl.store({address}, {register(op.tile)}.to({tensor_name(op.workspace)}.dtype.element_ty)"
                   f"{f', mask={mask}' if mask else ''})")
 
     def print_k3s_reload(self, op: k3s.ReloadOp) -> None:
-        address, mask = workspace_address(op)
+        address, mask = tensor_address(op)
         self.code.comment(op)
         self.code(f"{register(op.tile)} = tl.load({address}{f', mask={mask}, other=0.0' if mask else ''})")
 
@@ -340,11 +338,11 @@ class ChunkStages:
     def print_k3s_chunk_output(self, op: k3s.ChunkOutputOp) -> None:
         out, queries, S, P, values = (register(v) for v in (op.output, op.queries, op.state, op.scores, op.values))
         o, scale = tensor_name(op.destination), tensor_name(op.scale)
+        address, mask = tensor_address(op, op.destination)
         self.code.comment(op, "O = scale (QG S + P Vr)")
         self.code(
             f"{out} = {scale} * (_mm({queries}, {S}, DOT) + _mm({P}, {values}, DOT))",
-            f"tl.store({o} + (t_c[:, None] * HV + i_hv) * V + o_v[None, :], {out}.to({o}.dtype.element_ty), "
-            "mask=m_c[:, None] & m_v[None, :])",
+            f"tl.store({address}, {out}.to({o}.dtype.element_ty), mask={mask})",
         )
 
     def print_k3s_state_advance(self, op: k3s.StateAdvanceOp) -> None:
@@ -359,16 +357,19 @@ class ChunkStages:
     def print_k3s_store_checkpoint(self, op: k3s.StoreCheckpointOp) -> None:
         c = self.code
         c.comment(op, "the state after a multiple of checkpoint_every tokens")
+        # the slot: counted from the sequence's first (varlen: the chunk loop's sequence offsets,
+        # when the caller passes them), else from i_n's equal rows of T tokens
+        offsets = op.parent_op().offsets
+        varlen = "slot = tl.load(checkpoint_base + i_n).to(tl.int64) + done // checkpoint_every - 1"
+        equal_rows = "slot = i_n * (T // checkpoint_every) + done // checkpoint_every - 1"
         c("if HAS_CHECKPOINTS:")
         with c.indent():
             c("done = start + BC - bos", "if (done % checkpoint_every == 0) & (start + BC <= eos):")
             with c.indent():
-                c("if HAS_CU_SEQLENS:")
-                with c.indent():
-                    c("slot = tl.load(checkpoint_base + i_n).to(tl.int64) + done // checkpoint_every - 1")
-                c("else:")
-                with c.indent():
-                    c("slot = i_n * (T // checkpoint_every) + done // checkpoint_every - 1")
+                if offsets is None or (flag := presence_flag(offsets)) is None:
+                    c(equal_rows if offsets is None else varlen)
+                else:
+                    c(f"if {flag}:", f"    {varlen}", "else:", f"    {equal_rows}")
                 c(f"tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), {register(op.state)}, mask=m_kv)")
 
     def print_k3s_next_chunk(self, op: k3s.NextChunkOp) -> None:

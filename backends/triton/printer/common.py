@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from xdsl.dialects.builtin import IntegerAttr
 from xdsl.ir import Operation, OpResult, SSAValue
 
 from k3compile.ir import k3s
@@ -15,13 +16,29 @@ from k3compile.ir.syntax import attr_to_literal
 
 ENTRY_PARTS = (k3s.TensorArgOp, k3s.ScalarArgOp, k3s.CheckpointArgOp, k3s.AbsentTensorOp, k3s.KernelOp,
                k3s.LaunchOp, k3s.SummaryCombineOp, k3s.LaunchByRowsOp, k3s.ForkStreamsOp, k3s.JoinStreamsOp,
-               k3s.SizeOp, k3s.SizeByRowsOp, k3s.BindSizeOp)
+               k3s.SizeOp, k3s.SizeByRowsOp, k3s.BindSizeOp, k3s.LaunchSizeOp)
 # the dialect of the index arithmetic of an entry's host sizes (printed by the k3s.bind_size they end in)
 HOST_ARITH_DIALECT = "arith."
+# index arithmetic as Python: (format, whether the result is a sum, which a product parenthesises)
+HOST_ARITH = {"arith.muli": ("{} * {}", False), "arith.addi": ("{} + {}", True),
+              "arith.ceildivsi": ("triton.cdiv({}, {})", False), "arith.minsi": ("min({}, {})", False)}
 # the pass that turns each kind of schedule into kernels
 KERNEL_GROUPINGS = {"k3s.chunked": "add fuse-chunkwise after derive-chunkwise"}
 # the constexprs that a k3s.launch_by_rows's block sizes set at launch
 BLOCK_CONSTANTS = {"block_r": "BR", "block_e": "BE", "block_d": "BD", "block_n": "BN"}
+
+
+def host_expression(value: SSAValue, product: bool = False) -> str:
+    """An index value of an entry's host sizes as one Python expression over dims[...]."""
+    op = value.owner
+    if isinstance(op, k3s.SizeOp):
+        return f'dims["{op.symbol.data.value}"]'
+    if op.name == "arith.constant":
+        return str(op.value.value.data)
+    form, is_sum = HOST_ARITH[op.name]
+    inner = op.name == "arith.muli"
+    text = form.format(*(host_expression(v, inner) for v in op.operands))
+    return f"({text})" if is_sum and product else text
 
 
 def pipelined_range(op: Operation, start: str, stop: str) -> str:
@@ -68,6 +85,15 @@ DOT_PRECISION = {k3s.KernelDots.FP32: "'ieee'", k3s.KernelDots.TF32X3: "'tf32x3'
                  k3s.KernelDots.INPUT: "_DOT_OF_DTYPE[{first}.dtype]"}
 
 
+def block_constant(block: IntegerAttr | k3s.RuntimeBlockAttr) -> int | str:
+    """A kernel's block size as its launch sets it (legalize-triton's): a fixed size, or the
+    expression of the call's sizes that a k3s.runtime_block stands for."""
+    if not isinstance(block, k3s.RuntimeBlockAttr):
+        return block.value.data
+    padded = f'triton.next_power_of_2(dims["{block.size.data.value}"])'
+    return padded if block.least.data == 1 else f"max({block.least.data}, {padded})"
+
+
 def chosen(op: Operation, name: str):
     """op's property `name`, which lower-to-triton writes (a ValueError where it did not run)."""
     if (value := op.properties.get(name)) is None:
@@ -75,11 +101,14 @@ def chosen(op: Operation, name: str):
     return value
 
 
-# how a program indexes each axis of a workspace layout (k3s.layout, lower-to-triton's): the
-# index of a row axis; a column's extent as the kernel names it, its offsets and their mask
-LAYOUT_ROWS = {k3s.LayoutAxis.TOKEN: "t_c", k3s.LayoutAxis.CHUNK: "start // BC + i_n", k3s.LayoutAxis.HEAD: "i_hv"}
+# how a program indexes each axis of a tensor's layout (k3s.layout, lower-to-triton's): the index
+# of a row axis (the token rows': those of the loop the stage is printed in); a column's extent
+# as the kernel names it, its offsets and their mask
+LAYOUT_ROWS = {k3s.LayoutAxis.CHUNK: "start // BC + i_n", k3s.LayoutAxis.HEAD: "i_hv", k3s.LayoutAxis.KEY_HEAD: "i_h"}
 LAYOUT_COLUMNS = {"K": ("K", "o_k", "m_k"), "V": ("V", "o_v", "m_v"), "C": ("BC", "o_c", None)}
 BROADCASTS = {1: ("",), 2: ("[:, None]", "[None, :]")}
+# the token rows of a chunk and their mask; a token loop's one token has no mask
+CHUNK_ROWS, TOKEN_ROW = ("t_c", "m_c"), ("t", None)
 
 
 def horner(terms: list[tuple[str, str]]) -> str:
@@ -90,23 +119,28 @@ def horner(terms: list[tuple[str, str]]) -> str:
     return text
 
 
-def workspace_address(op: Operation, part: str | None = None) -> tuple[str, str]:
-    """(the address of this program's rows in op's workspace, their mask ("" for none)), printed
-    from the layout lower-to-triton wrote on op; `part`: the index of a value-block parts axis. The token rows and the columns are the tile's axes, broadcast against each other."""
+def tensor_address(op: Operation, tensor: SSAValue | None = None, rows: tuple[str, str | None] = CHUNK_ROWS,
+                   part: str | None = None) -> tuple[str, str]:
+    """(the address of this program's rows in the tensor op reads or writes, `tensor`, else op's
+    workspace; their mask, "" for none), printed from the layout lower-to-triton wrote on op;
+    `rows`: the token rows' index and mask (one token: no mask); `part`: the index of a
+    value-block parts axis. The token rows and the columns are the tile's axes, broadcast against
+    each other."""
     layout = chosen(op, "layout")
-    rows = [(axis, extent) for axis, extent in layout.items if axis != k3s.LayoutAxis.COLUMN]
+    axes = [(axis, extent) for axis, extent in layout.items if axis != k3s.LayoutAxis.COLUMN]
     columns = [LAYOUT_COLUMNS[extent] for axis, extent in layout.items if axis == k3s.LayoutAxis.COLUMN]
-    per_token = rows[0][0] == k3s.LayoutAxis.TOKEN
-    vectors = [("t_c", "t_c", "m_c")] * per_token + columns  # (extent, offsets, mask) of each vector axis
+    token, token_mask = rows
+    per_token = axes[0][0] == k3s.LayoutAxis.TOKEN and token_mask is not None  # the token rows a vector
+    vectors = [(None, token, token_mask)] * per_token + columns  # (extent, offsets, mask) of each vector axis
     broadcast = BROADCASTS[len(vectors)] if vectors else ()
-    index = {**LAYOUT_ROWS, k3s.LayoutAxis.PART: part}
-    address = horner([(index[axis] + (broadcast[0] if axis == k3s.LayoutAxis.TOKEN else ""), extent)
-                      for axis, extent in rows])
+    index = {**LAYOUT_ROWS, k3s.LayoutAxis.PART: part,
+             k3s.LayoutAxis.TOKEN: token + (broadcast[0] if per_token else "")}
+    address = horner([(index[axis], extent) for axis, extent in axes])
     if columns:
         offsets = horner([(o + b, width) for (width, o, _), b in zip(columns, broadcast[per_token:], strict=True)])
         address = f"{f'({address})' if ' + ' in address else address} * {' * '.join(w for w, _, _ in columns)} + {offsets}"
     mask = " & ".join(m + b for (_, _, m), b in zip(vectors, broadcast, strict=True) if m is not None)
-    return f"{tensor_name(op.workspace)} + {address}", mask
+    return f"{tensor_name(op.workspace if tensor is None else tensor)} + {address}", mask
 
 
 def value_block_count(op: Operation) -> int:
@@ -213,6 +247,8 @@ class EntryView:
         self.args = [op for op in entry.body.ops if isinstance(op, (k3s.TensorArgOp, k3s.ScalarArgOp))]
         self.checkpoint = next((op for op in entry.body.ops if isinstance(op, k3s.CheckpointArgOp)), None)
         self.combine = next((op for op in entry.body.ops if isinstance(op, k3s.SummaryCombineOp)), None)
+        # what its launches pass for each run-time size (lower-to-triton's k3s.launch_size)
+        self.launch_sizes = {op.size.data: op.value for op in entry.body.ops if isinstance(op, k3s.LaunchSizeOp)}
 
     def tensor(self, name: str) -> k3s.TensorArgOp:
         return next(op for op in self.tensors if op.sym_name.data == name)

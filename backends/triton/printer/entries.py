@@ -16,6 +16,7 @@ from k3compile.backends.triton.printer.common import (
     Code,
     EntryView,
     describe,
+    host_expression,
     launch_table_name,
 )
 from k3compile.backends.triton.printer.kernels import param_name
@@ -47,24 +48,6 @@ HOST_SIZE_NOTES = {
     "PB": ("# an MoE dispatch plan's blocks: each expert's run of pairs padded to whole blocks of BM rows: at",
            "# most one partial block per expert that has pairs"),
 }
-# index arithmetic as Python: (format, whether the result is a sum, which a product parenthesises)
-HOST_ARITH = {"arith.muli": ("{} * {}", False), "arith.addi": ("{} + {}", True),
-              "arith.ceildivsi": ("triton.cdiv({}, {})", False), "arith.minsi": ("min({}, {})", False)}
-
-
-def host_expression(value, product: bool = False) -> str:
-    """An index value of an entry's host sizes as one Python expression over dims[...]."""
-    op = value.owner
-    if isinstance(op, k3s.SizeOp):
-        return f'dims["{op.symbol.data.value}"]'
-    if op.name == "arith.constant":
-        return str(op.value.value.data)
-    form, is_sum = HOST_ARITH[op.name]
-    inner = op.name == "arith.muli"
-    text = form.format(*(host_expression(v, inner) for v in op.operands))
-    return f"({text})" if is_sum and product else text
-
-
 class Entries:
     """TritonPrinter's methods for entries (one per k3s op, and their helpers)."""
 
@@ -232,9 +215,11 @@ class Entries:
                     c(f"{arg.sym_name.data} = None  # made by the summary_combine step below")
             if view.checkpoint:
                 first = view.tensors[0].sym_name.data
+                offsets = view.with_purpose(k3s.ArgPurpose.SEQUENCE_OFFSETS)
                 c(f"# {describe(view.checkpoint)}",
                   f"checkpoints, checkpoint_base = _checkpoints(checkpoint_every, {view.checkpoint.chunk_size.value.data}, "
-                  f"cu_seqlens, dims, {view.checkpoint.state_dims}, {first}.device)")
+                  f"{'None' if offsets is None else offsets.sym_name.data}, dims, {view.checkpoint.state_dims}, "
+                  f"{first}.device)")
             for op in view.entry.body.ops:
                 if isinstance(op, k3s.KernelOp):
                     self.print_launch(op, view)

@@ -2,9 +2,11 @@
 the entry, sizes, constexprs, flags) and what frames their stages (the grid axes, the guards).
 
 The products' precision DOT is the kernel's `dots` (lower-to-triton), the block sizes are the
-kernel's (legalize-triton). Still decided here (issue 39): the implicit parameters (chunk_table,
-the checkpoints', the run-time sizes' expressions), the parameters kept by what the printed code
-reads, a commit kernel's heads (H = HV) and a fold of all a call's queries' block (BQ)."""
+kernel's (legalize-triton; a Block AttnRes program's queries BQ too, sized at launch where it
+holds all the call's), what a launch passes besides the kernel's arguments is its
+`launch_params` (lower-to-triton: the chunk table, the run-time sizes, each the value of its
+entry's k3s.launch_size, the checkpoints). Still decided here (issue 39): the parameters kept by
+what the printed code reads and a commit kernel's heads (H = HV)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ from k3compile.backends.triton.printer.common import (
     KERNEL_CONSTANTS,
     Code,
     EntryView,
+    block_constant,
+    chosen,
     describe,
+    host_expression,
     kernel_constants_of,
     presence_flag,
     register,
@@ -162,6 +167,13 @@ class PrintedCode:
         return self.text == other.text or ast.dump(self.tree) == ast.dump(other.tree)
 
 
+# the parameters of a launch param that is no run-time size (k3s.kernel <launch_params>), with
+# what the launch passes: the chunk table print_launch makes, the entry's checkpoints
+LAUNCH_PARAMS = {k3s.LaunchParam.CHUNK_TABLE: [("chunk_table", "chunk_table")],
+                 k3s.LaunchParam.CHECKPOINTS: [("checkpoints", "checkpoints"), ("checkpoint_base", "checkpoint_base"),
+                                               ("checkpoint_every", "checkpoint_every or 0")]}
+
+
 def param_name(declaration: str) -> str:
     return declaration.split(":")[0]
 
@@ -181,8 +193,8 @@ class Kernels:
 
     def kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         """Compile-time constants of a kernel: sizes read from its stages and argument shapes,
-        block sizes as legalize-triton fixed them (or, as the IR says, the launch's expression of
-        the call's sizes: a fold of all the call's queries)."""
+        block sizes as legalize-triton fixed them (a k3s.runtime_block: its launch's expression
+        of the call's sizes)."""
         return dict(self.known("constants", kernel, view, lambda: self.read_kernel_constants(kernel, view)))
 
     def read_kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
@@ -222,10 +234,10 @@ class Kernels:
     @kernel_constants_of(k3s.FoldQueryOp)
     def fold_query_constants(self, op: k3s.FoldQueryOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         """A row's width and block of columns; the program's block of a Block AttnRes block's
-        queries (0: all of them, as the launch folds them)."""
+        queries (legalize-triton's: fixed, or all the call's)."""
         constants: dict[str, int | str] = dict(D=op.hidden_size.value.data, BD=kernel.block_d.value.data)
         if op.queries is not None:
-            constants.update(BQ=op.queries.value.data or 'triton.next_power_of_2(dims["Q"])')
+            constants.update(BQ=block_constant(kernel.block_q))
         return constants
 
     @kernel_constants_of(k3s.LoadSourceColumnsOp)
@@ -252,38 +264,25 @@ class Kernels:
     def select_top_k_constants(self, op: k3s.SelectTopKOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
         return dict(TOP_K=op.top_k.value.data, BKS=kernel.block_ks.value.data)
 
-    def runtime_sizes(self, kernel: k3s.KernelOp) -> list[str]:
-        """Sizes known only at run time that a kernel reads (the token count, rows, sources): its
-        ops' and grid axes' (k3s.RuntimeSizesInterface)."""
-        return k3s.runtime_sizes(kernel)
-
     def kernel_name(self, symbol: str) -> str:
         return f"{symbol}_kernel"
 
     def kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
         """(parameter declaration, launch argument) of every kernel parameter, in order: first its
         arguments (the tensors and scalars its stages read and write; a tensor its entry lacks is
-        passed as None), then what its code derives from them."""
+        passed as None), then what its launch passes besides them (lower-to-triton's launch_params),
+        its constants, presence flags and flags."""
         return list(self.known("params", kernel, view, lambda: self.read_kernel_params(kernel, view)))
 
     def read_kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
         params = [(arg.name_hint, "None" if isinstance(passed.owner, k3s.AbsentTensorOp) else tensor_name(passed))
                   for arg, passed in zip(kernel.body.block.args, k3s.launch_site(kernel).operands, strict=True)]
-        if k3s.GridAxis.CHUNK in kernel.axes:
-            params.append(("chunk_table", "chunk_table"))
-        # R, the token rows: those of [R, d] tensors, or of [.., B, T, d] ones
-        rows = 'dims["R"]' if any("R" in t.type.dims for t in view.tensors) else 'dims["B"] * dims["T"]'
-        runtime = {"T": 'dims["T"]', "S": 'dims["S"]', "R": rows, "NSLOTS": 'dims["P"]', "HS": 'dims["HS"]',
-                   "Q": 'dims["Q"]'}
-        params += [(s, runtime[s]) for s in self.runtime_sizes(kernel)]
-        stage_types = {type(op) for op in kernel.walk()}
-        checkpointing = any(issubclass(t, k3s.StoreCheckpointOp) for t in stage_types)
-        if checkpointing:
-            params += [("checkpoints", "checkpoints"), ("checkpoint_base", "checkpoint_base"),
-                       ("checkpoint_every", "checkpoint_every or 0")]
+        taken = [param.data for param in chosen(kernel, "launch_params").data]
+        for param in taken:  # a run-time size: the value its entry's k3s.launch_size passes
+            params += LAUNCH_PARAMS.get(param) or [(param, host_expression(view.launch_sizes[param]))]
         params += [(f"{n}: tl.constexpr", f"{n}={n}") for n in self.kernel_constants(kernel, view)]
         params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
-        if checkpointing:
+        if k3s.LaunchParam.CHECKPOINTS in taken:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
         if kernel.flags is not None:  # each flag as this kernel's launch sets it
             params += [(f"{flag}: tl.constexpr", f"{flag}={kernel.flag_on(flag)}") for flag in kernel.flags.data]

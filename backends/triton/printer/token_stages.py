@@ -1,11 +1,13 @@
 """The token-by-token stages: the state tile kept on chip, the token loop, decay, the delta
-rule's correction, the rank-1 update, the readout, the state's store."""
+rule's correction, the rank-1 update, the readout, the state's store. Where the readout's row is
+in the output is its <layout> (lower-to-triton), printed by common.tensor_address."""
 
 from __future__ import annotations
 
 from xdsl.ir import SSAValue
 
-from k3compile.backends.triton.printer.common import pipelined_range, presence_flag, register, tensor_name
+from k3compile.backends.triton.printer.common import (TOKEN_ROW, pipelined_range, presence_flag, register,
+                                                      tensor_address, tensor_name)
 from k3compile.ir import k3s
 
 
@@ -98,10 +100,11 @@ class TokenStages:
     def print_k3s_readout(self, op: k3s.ReadoutOp) -> None:
         out, S, q = (register(v) for v in (op.output, op.state, op.queries))
         o, scale = tensor_name(op.destination), tensor_name(op.scale)
+        address, mask = tensor_address(op, op.destination, TOKEN_ROW)
         self.code.comment(op, "o_t = S^T (scale q_t)")
         self.code(
             f"{out} = tl.sum({S} * ({scale} * {q})[:, None], axis=0)",
-            f"tl.store({o} + (t * HV + i_hv) * V + o_v, {out}.to({o}.dtype.element_ty), mask=m_v)",
+            f"tl.store({address}, {out}.to({o}.dtype.element_ty), mask={mask})",
         )
 
     def print_k3s_next_token(self, op: k3s.NextTokenOp) -> None:

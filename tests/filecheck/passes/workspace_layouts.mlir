@@ -1,6 +1,6 @@
 // lower-to-triton writes where each stage's rows are in its workspace (#k3s.layout: the axes
 // outermost first, each with its extent, row-major), and the printer prints the address from it
-// (common.workspace_address): a row per token ([B, T, HV, ...]: token, head, then the tile's
+// (common.tensor_address): a row per token ([B, T, HV, ...]: token, head, then the tile's
 // columns) or per chunk ([NC, HV, ...]); value blocks' parts between the head and the columns.
 // The layouts print and parse back, a second run changes nothing, and one that does not fit its
 // workspace fails verify.
@@ -23,4 +23,4 @@
 // CHECK:      k3s.kernel @kda_backward_gradients
 // CHECK:        k3s.sum_value_block_parts %KG_bar_parts <unroll = true, layout = #k3s.layout<token[T], head[HV], part[8], column[K]>>
 
-// PARTS: k3c opt: error: <stdin>: k3s.spill_value_block_part: layout #k3s.layout<token[T], head[HV], part[4], column[K]> does not fit its workspace <B x T x 32 x 8 x 128>
+// PARTS: k3c opt: error: <stdin>: k3s.spill_value_block_part: layout #k3s.layout<token[T], head[HV], part[4], column[K]> does not fit its tensor <B x T x 32 x 8 x 128>

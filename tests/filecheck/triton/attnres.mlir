@@ -53,12 +53,12 @@
 // CHECK:      # k3s.entry @aggregate <source = @attnres, max_sources = 9>: argument checks
 // CHECK:      lse = _alloc((dims["B"], dims["T"]), torch.float32, sources.device) if output_lse else None
 // each kernel launched by the calls its rows bounds hold
-// CHECK:      # k3s.kernel @attnres_aggregate <grid = [row], num_warps = 4, num_stages = 3, block_d = 8192, max_rows = 2047>: launch
+// CHECK:      # k3s.kernel @attnres_aggregate <grid = [row], num_warps = 4, num_stages = 3, block_d = 8192, max_rows = 2047, launch_params = [S, R]>: launch
 // CHECK:      grid = (dims["B"] * dims["T"],)
 // CHECK-NEXT: if all(grid) and dims["B"] * dims["T"] <= 2047:
 // CHECK-NEXT:     attnres_aggregate_kernel[grid](
 // CHECK:          num_stages=3,
-// CHECK:      # k3s.kernel @attnres_aggregate_groups <grid = [row_group], num_warps = 4, num_stages = 4, block_d = 8192, min_rows = 2048>: launch
+// CHECK:      # k3s.kernel @attnres_aggregate_groups <grid = [row_group], num_warps = 4, num_stages = 4, block_d = 8192, min_rows = 2048, launch_params = [S, R]>: launch
 // CHECK:      BR = 8
 // CHECK-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
 // CHECK-NEXT: if all(grid) and dims["B"] * dims["T"] >= 2048:
@@ -133,7 +133,7 @@
 // CHECK:      dsources = _alloc((dims["S"], dims["B"], dims["T"], 7168), sources.dtype, sources.device)
 // CHECK-NEXT: dquery = torch.full((7168,), 0, dtype=torch.float32, device=sources.device)
 // CHECK-NEXT: dgain = torch.full((7168,), 0, dtype=torch.float32, device=sources.device)
-// CHECK-NEXT: # k3s.kernel @attnres_aggregate_backward <grid = [row_group], num_warps = 16, num_stages = 3, block_d = 8192>: launch
+// CHECK-NEXT: # k3s.kernel @attnres_aggregate_backward <grid = [row_group], num_warps = 16, num_stages = 3, block_d = 8192, launch_params = [S, R]>: launch
 // CHECK:      BR = 16
 // CHECK-NEXT: grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
 // CHECK:      return dsources, dquery, dgain

@@ -36,7 +36,7 @@
 // CHECK-NEXT:     dims["HS"] = 4
 // CHECK-NEXT: topk_ids = _alloc(
 // CHECK:      partial_logits = _alloc((dims["HS"], dims["R"], 896), torch.float32, x.device)
-// CHECK:      # k3s.kernel @latent_moe_router_logits <grid = [expert_block, row_block, hidden_slice], num_warps = 8, dots = input, block_d = 64, block_r = 128, block_e = 128, hidden_slices = 1>: launch
+// CHECK:      # k3s.kernel @latent_moe_router_logits <grid = [expert_block, row_block, hidden_slice], num_warps = 8, dots = input, block_d = 64, block_r = 128, block_e = 128, hidden_slices = 1, launch_params = [R, HS]>: launch
 // CHECK:      # k3s.launch_by_rows <kernel = @latent_moe_router_logits, max_rows = 16, block_r = 16, block_e = 16, block_d = 128, hidden_slices = 8>
 // CHECK-NEXT: if dims["R"] <= 16:
 // CHECK-NEXT:     BR, BE, BD = 16, 16, 128
@@ -52,7 +52,7 @@
 // CHECK-NEXT: grid = (triton.cdiv(E, BE), triton.cdiv(dims["R"], BR), dims["HS"])
 // CHECK:      latent_moe_router_logits_kernel[grid](
 // CHECK:          dims["HS"],
-// CHECK:      # k3s.kernel @latent_moe_router_top_k <grid = [row_block], num_warps = 8, block_r = 16, block_e = 1024, block_ks = 16>: launch
+// CHECK:      # k3s.kernel @latent_moe_router_top_k <grid = [row_block], num_warps = 8, block_r = 16, block_e = 1024, block_ks = 16, launch_params = [R, HS]>: launch
 // CHECK:      # k3s.launch_by_rows <kernel = @latent_moe_router_top_k, max_rows = 256, block_r = 1>
 // CHECK-NEXT: if dims["R"] <= 256:
 // CHECK-NEXT:     BR = 1

@@ -23,25 +23,25 @@
 // ALL-LABEL: def {{[a-z_]+}}_recurrent_kernel(
 // ALL:       HAS_CU_SEQLENS: tl.constexpr,
 // ALL-NEXT:  ):
-// ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}>
+// ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}, launch_params = [T]>
 // ALL:       # %S = k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
 // ALL:       # %S_final = k3s.token_loop %S, %cu_seqlens: the tokens of sequence i_n, in order
 // ALL:       # %q = k3s.load_token %q
 // ALL:       # %k = k3s.load_token %k
 // ALL:       # %v = k3s.load_token %v
-// KDA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0>: the log-decay g
+// KDA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0, layout = #k3s.layout<token[T], head[HV], column[K]>>: the log-decay g
 // KDA-NEXT:  b_g = tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
 // KDA-NEXT:  b_g = tl.maximum(b_g, -110.0)
 // KDA-NEXT:  # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
-// GDN:       # %g = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0, floor = -110.0>: the log-decay g
+// GDN:       # %g = k3s.load_gate %g <gate = scalar, input = log, lower_bound = -5.0, floor = -110.0, layout = #k3s.layout<token[T], head[HV]>>: the log-decay g
 // GDN:       # %S = k3s.decay %S, %g <gate = scalar>: S <- Diag(exp g_t) S
-// GLA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0>: the log-decay g
+// GLA:       # %g = k3s.load_gate %g <gate = channel, input = log, lower_bound = -5.0, floor = -110.0, layout = #k3s.layout<token[T], head[HV], column[K]>>: the log-decay g
 // GLA:       # %S = k3s.decay %S, %g <gate = channel>: S <- Diag(exp g_t) S
 // DN-NOT:    k3s.decay
 // GLA-NOT:   k3s.load_beta
-// KDA:       # %beta = k3s.load_beta %beta <input = probability>
-// GDN:       # %beta = k3s.load_beta %beta <input = probability>
-// DN:        # %beta = k3s.load_beta %beta <input = probability>
+// KDA:       # %beta = k3s.load_beta %beta <input = probability, layout = #k3s.layout<token[T], head[HV]>>
+// GDN:       # %beta = k3s.load_beta %beta <input = probability, layout = #k3s.layout<token[T], head[HV]>>
+// DN:        # %beta = k3s.load_beta %beta <input = probability, layout = #k3s.layout<token[T], head[HV]>>
 // KDA-NEXT:  b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
 // KDA-NEXT:  # %u = k3s.delta_correct %S, %k, %v, %beta: u = beta_t (v_t - S^T k_t), kept in b_v
 // GDN:       # %u = k3s.delta_correct %S, %k, %v, %beta
@@ -51,11 +51,11 @@
 // GDN:       # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
 // DN:        # %S = k3s.rank1_update %S, %k, %u: S <- S + k_t u_t^T
 // GLA:       # %S = k3s.rank1_update %S, %k, %v: S <- S + k_t u_t^T
-// ALL:       # %o = k3s.readout %S, %q, %o, %scale: o_t = S^T (scale q_t)
+// ALL:       # %o = k3s.readout %S, %q, %o, %scale <layout = #k3s.layout<token[T], head[HV], column[V]>>: o_t = S^T (scale q_t)
 // ALL:       # k3s.store_state %S_final, %final_state <layout = {{kv|vk}}>
 // ALL-LABEL: def recurrent(q, k, v,
 // ALL:       # k3s.entry @recurrent <source = @{{[a-z_]+}}>: argument checks
-// ALL:       # k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}>: launch
+// ALL:       # k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}, launch_params = [T]>: launch
 
 // The pool kernel of `decode`, then the chunk kernels: prepare (token-parallel), scan.
 // ALL-LABEL: def {{[a-z_]+}}_decode_kernel(
@@ -85,10 +85,10 @@
 // ALL:       # %S_final = k3s.chunk_loop %S, %cu_seqlens <chunk_size = 16>: the chunks of sequence i_n, in order, carrying b_S
 // KDA:       # %vr = k3s.delta_residual %S, %W, %U: Vr = U - W S
 // GLA-NOT:   k3s.delta_residual
-// KDA:       # %o = k3s.chunk_output %QG, %S, %P, %vr, %o, %scale: O = scale (QG S + P Vr)
-// GDN:       # %o = k3s.chunk_output %QG, %S, %P, %vr, %o, %scale: O = scale (QG S + P Vr)
-// DN:        # %o = k3s.chunk_output %q, %S, %P, %vr, %o, %scale: O = scale (QG S + P Vr)
-// GLA:       # %o = k3s.chunk_output %QG, %S, %P, %v, %o, %scale: O = scale (QG S + P Vr)
+// KDA:       # %o = k3s.chunk_output %QG, %S, %P, %vr, %o, %scale <layout = #k3s.layout<token[T], head[HV], column[V]>>: O = scale (QG S + P Vr)
+// GDN:       # %o = k3s.chunk_output %QG, %S, %P, %vr, %o, %scale <layout = #k3s.layout<token[T], head[HV], column[V]>>: O = scale (QG S + P Vr)
+// DN:        # %o = k3s.chunk_output %q, %S, %P, %vr, %o, %scale <layout = #k3s.layout<token[T], head[HV], column[V]>>: O = scale (QG S + P Vr)
+// GLA:       # %o = k3s.chunk_output %QG, %S, %P, %v, %o, %scale <layout = #k3s.layout<token[T], head[HV], column[V]>>: O = scale (QG S + P Vr)
 // KDA:       # %S = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = channel>
 // GDN:       # %S = k3s.state_advance %S, %KG, %vr, %gamma_C <gate = scalar>
 // DN:        # %S = k3s.state_advance %S, %k, %vr <gate = none>
