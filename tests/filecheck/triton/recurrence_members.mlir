@@ -166,7 +166,7 @@
 // ALL:       _backward_state_scan_kernel[grid](
 // ALL-NOT:   def {{[a-z_]+}}_backward_segments_cotangent_summary_kernel(
 // ALL-LABEL: def chunk_backward_segments(q, k, v, {{.*}}entering_states=None, leaving_cotangents=None):
-// ALL:       # k3s.kernel @{{[a-z_]+}}_backward_segments_cotangent_summary <{{.*}}flags = {SPILL_S_BAR{{(_VR_BAR)?}} = false}, shares_code_of = @{{[a-z_]+}}_backward_cotangent_scan>: launch
+// ALL:       # k3s.kernel @{{[a-z_]+}}_backward_segments_cotangent_summary <{{.*}}flags = {SPILL_S_BAR{{(_VR_BAR)?}} = false}, shares_code_of = @{{[a-z_]+}}_backward_cotangent_scan{{[,>]}}
 // ALL:       _backward_cotangent_scan_kernel[grid](
 // ALL:       HAS_DHT=dht is not None,
 // ALL:       SPILL_S_BAR{{(_VR_BAR)?}}=False,
