@@ -73,7 +73,7 @@ FREE = (k3s.AddOp, k3s.SubOp, k3s.MulOp, k3s.NegOp, k3s.ScaleOp, k3s.MaskOp, k3s
         k3s.GateCumsumOp, k3s.GateTotalOp, k3s.ChunkDecayOp, k3s.BlockGatesOp, k3s.BlockRescaleOp,
         k3s.BlockSpanCheckOp, k3s.GateApplyOp, k3s.ReverseCumsumOp, k3s.OntoLastRowOp, k3s.PairDecayOp,
         k3s.NextChunkOp, k3s.ChunkTileOp, k3s.SumValueBlocksOp, k3s.ExitUnlessOp, k3s.RecordCheckOp, k3s.RecordedCheckOp,
-        k3s.DecayOp, k3s.NextTokenOp, k3s.DecayProductOp, k3s.FlagOp)
+        k3s.DecayOp, k3s.NextTokenOp, k3s.DecayProductStartOp, k3s.DecayProductOp, k3s.FlagOp)
 for _free in FREE:
     COST_RULES[_free] = lambda op, sizes: StageCost()
 
@@ -89,7 +89,7 @@ def _spill(op: k3s.SpillOp, sizes: Sizes) -> StageCost:
     return StageCost(bytes=sizes.elements(value) * sizes.element_bytes(workspace))
 
 
-@cost_of(k3s.StoreStateOp, k3s.StoreCotangentOp)
+@cost_of(k3s.StoreStateOp, k3s.StoreCotangentOp, k3s.StoreTransitionOp)
 def _store(op: Operation, sizes: Sizes) -> StageCost:
     value, target = op.operands[0], op.operands[1]
     return StageCost(bytes=sizes.elements(value) * sizes.element_bytes(target))
@@ -108,13 +108,6 @@ def _sum_parts(op: k3s.SumValueBlockPartsOp, sizes: Sizes) -> StageCost:
     own = len(dims) - 1 if dims[:1] == ("C",) else len(dims)
     blocks = int(op.workspace.type.dims[-(own + 1)])
     return StageCost(bytes=sizes.elements(op.total) * blocks * sizes.element_bytes(op.workspace))
-
-
-@cost_of(k3s.StoreTransitionOp)
-def _store_transition(op: k3s.StoreTransitionOp, sizes: Sizes) -> StageCost:
-    """A segment's decay product: [N, HV, K] (a channel's diagonal) or [N, HV] (a scalar)."""
-    shape = op.output.type.dims
-    return StageCost(bytes=(int(shape[-1]) if len(shape) == 3 else 1) * sizes.element_bytes(op.output))
 
 
 @cost_of(k3s.StateTileOp)

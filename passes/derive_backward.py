@@ -176,7 +176,7 @@ def backward_schedule(op: RecurrenceOp, values: dict[str, SSAValue], chunk_size:
     body.add_op(o_bar)
 
     # the cotangent pass: the adjoint of the scan's stages, only what the entering state's needs
-    leaving = terminator.state
+    (leaving,) = terminator.carried
     cotangent_block = Block(arg_types=[S.type])
     cotangent_block.args[0].name_hint = "S_bar"
     chain = {leaving: cotangent_block.args[0], output.output: o_bar.results[0]}

@@ -15,15 +15,17 @@ module already has:
 
 - chunk_backward's prepare (lower-backward): every workspace the scans read;
 - chunk_segments' summary scans on that prepare's workspaces (the same names): M and N;
-- the cotangent summary: chunk_backward's cotangent scan from a zero cotangent, storing the
-  cotangent of each segment's entering state (N_bar) and spilling nothing;
+- the cotangent summary: chunk_backward's cotangent scan from a zero cotangent (dht, which the
+  adjoint combine makes after it: absent), storing the cotangent of each segment's entering state
+  (N_bar) and spilling nothing;
 - the forward combine (entering states, as chunk_segments'), then its adjoint (each segment's
   leaving cotangent, from the final-state cotangents): host steps, their scan order the caller's
   (a suffix per sequence on one device; across ranks one all-gather);
 - chunk_backward's state scan, cotangent scan and gradients kernel, from those.
 
-merge-identical-kernels later finds all but the cotangent summary the same code as the kernels
-they were cloned from. Runs after lower-backward and lower-segment-scan, before outline-kernels.
+merge-identical-kernels later finds all the same code as the kernels they were cloned from, the
+cotangent summary once guard-spill-only-stages has guarded what it and the cotangent scan write
+apart. Runs after lower-backward and lower-segment-scan, before outline-kernels.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from k3compile.ir import k3s
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import argument_values, layer_entry, make, rebind, tensor_arg
-from k3compile.passes.lower_segment_scan import starting_at, summary_outputs, with_props
+from k3compile.passes.lower_segment_scan import summary_outputs, with_props
 
 NAME = "derive-segment-scan-backward"
 
@@ -80,10 +82,12 @@ def renamed(kernel: k3s.KernelOp, name: str) -> k3s.KernelOp:
 
 def cotangent_summary(scan: k3s.KernelOp, N_bar, name: str) -> k3s.KernelOp:
     """The cotangent scan from a zero cotangent, storing the cotangent of each segment's entering
-    state to N_bar and spilling nothing (the real cotangent scan spills, after the combine)."""
+    state to N_bar and spilling nothing (the real cotangent scan spills, after the combine). Its
+    state tile reads dht, as the cotangent scan's does: the entry's dht is combined, made by the
+    adjoint combine after this kernel, so it is absent here and the scan starts from zero (and
+    the kernel is the cotangent scan but for what it writes: guard-spill-only-stages lets it run
+    the cotangent scan's code)."""
     kernel = renamed(scan, name)
-    tile = next(op for op in kernel.body.ops if isinstance(op, k3s.StateTileOp))
-    Rewriter.replace_op(tile, starting_at(tile, "zero"))
     for spill in [op for op in kernel.walk() if isinstance(op, k3s.SpillOp)]:
         spill.detach()
         spill.erase()

@@ -233,11 +233,11 @@ def split_kernels(layer_op, entry: k3s.EntryOp, chunked: k3s.ChunkedOp, values: 
     # the state tile named as the state it carries: both live in one register
     tile = make(k3s.StateTileOp, operands=[values.get("initial_state")], head_k_dim=K, head_v_dim=V,
                 block_v=block_v, layout=layout, result=(entering.name_hint, entering.type))
-    chunks = make(k3s.ChunkLoopOp, loop_block, operands=[tile.state, offsets], chunk_size=C,
-                  result=(f"{entering.name_hint}_final", entering.type))
+    chunks = k3s.ChunkLoopOp([tile.state], offsets, loop_block, chunk_size=C)
+    (final,) = chunks.final
     scan_kernel = make(
         k3s.KernelOp,
-        [tile, chunks, make(k3s.StoreStateOp, operands=[chunks.final, values.get("final_state")], layout=layout)],
+        [tile, chunks, make(k3s.StoreStateOp, operands=[final, values.get("final_state")], layout=layout)],
         sym_name=f"{name}_scan",
         grid=[GridAxis.VALUE_BLOCK, GridAxis.SEQUENCE_HEAD],
         num_warps=scan_warps or num_warps,

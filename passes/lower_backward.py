@@ -356,16 +356,16 @@ def lower_backward(layer_op: RecurrenceOp, schedule: k3s.ChunkedBackwardOp, valu
         for made, workspace in spills.items():  # right after the stage that makes it
             at = loop.ops.index(loop.mapped[made].owner) + 1
             loop.ops.insert(at, make(k3s.SpillOp, operands=[workspace, loop.mapped[made]]))
-        loop_block.add_ops([*loop.ops, make(k3s.NextChunkOp, operands=[loop.mapped[stages[-1].state]])])
+        loop_block.add_ops([*loop.ops, make(k3s.NextChunkOp, operands=[loop.mapped[stages[-1].carried[0]]])])
         layout = {"layout": layer_op.state_layout.data}
         tile_type = loop_block.args[0].type
         tile = make(k3s.StateTileOp, operands=[start], head_k_dim=K, head_v_dim=V, block_v=block_v, **layout,
                     result=("S", tile_type))  # in the register of the state it carries
-        chunks = make(k3s.ChunkLoopOp, loop_block, operands=[tile.state, offsets], chunk_size=C,
-                      **({"reverse": True} if reverse else {}), result=("S_final", tile_type))
+        chunks = k3s.ChunkLoopOp([tile.state], offsets, loop_block, chunk_size=C, reverse=reverse)
         body = [tile, chunks]
         if stored is not None:
-            body.append(make(k3s.StoreStateOp, operands=[chunks.final, stored], **layout))
+            (final,) = chunks.final
+            body.append(make(k3s.StoreStateOp, operands=[final, stored], **layout))
         return make(k3s.KernelOp, body, sym_name=f"{name}_{suffix}",
                     grid=[GridAxis.VALUE_BLOCK, GridAxis.SEQUENCE_HEAD],
                     num_warps=num_warps, num_stages=scan_stages)

@@ -70,6 +70,26 @@ def state_pass_schedule(chunked: k3s.ChunkedOp) -> k3s.ChunkedOp:
     return state_pass
 
 
+def multiplying_decays(loop: k3s.ChunkLoopOp, form: str) -> tuple[k3s.DecayProductStartOp, k3s.ChunkLoopOp]:
+    """The chunk loop (of the N scan) carrying, after its state, the product M of its chunks'
+    decays (gamma_C, which its state advance reads), from 1: (M's start, the new loop, which
+    takes the old one's body; the old one is erased)."""
+    block = loop.body.block
+    decay = next(op for op in block.ops if isinstance(op, k3s.StateAdvanceOp)).decay
+    start = make(k3s.DecayProductStartOp, transition=form, result=("M", decay.type))
+    carried = block.insert_arg(decay.type, len(block.args))
+    carried.name_hint = "M"
+    product = make(k3s.DecayProductOp, operands=[carried, decay], transition=form, result=("M", decay.type))
+    Rewriter.insert_op(product, InsertPoint.before(block.last_op))
+    block.last_op.operands = [*block.last_op.operands, product.multiplied]
+    loop.body.detach_block(block)
+    reverse = loop.reverse is not None and bool(loop.reverse.value.data)
+    carrying = k3s.ChunkLoopOp([*loop.initial, start.product], loop.offsets, block,
+                               chunk_size=loop.chunk_size.value.data, reverse=reverse)
+    loop.erase()
+    return start, carrying
+
+
 def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
                   values: dict[str, SSAValue]) -> list[k3s.KernelOp]:
     """From the state pass's scan kernel: the N scan (zero start, N stored; a diagonal/scalar M
@@ -87,10 +107,10 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
             store.erase()
         return copy
 
-    def kernel(suffix: str, tile_op, chunk_loop, stores):
+    def kernel(suffix: str, starts, chunk_loop, stores):
         return make(
             k3s.KernelOp,
-            [tile_op, chunk_loop, *stores],
+            [*starts, chunk_loop, *stores],
             sym_name=f"{scan.sym_name.data}_{suffix}",
             grid=scan.grid,
             num_warps=scan.num_warps.value.data,
@@ -100,13 +120,15 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
     layout = layer.state_layout.data
     n_tile = starting_at(tile, "zero")
     n_loop = summary_loop(n_tile)
-    n_stores = [make(k3s.StoreStateOp, operands=[n_loop.final, values["N"]], layout=layout)]
-    if form in ("diagonal", "scalar"):
-        advance = next(op for op in n_loop.walk() if isinstance(op, k3s.StateAdvanceOp))
-        Rewriter.insert_op(make(k3s.DecayProductOp, operands=[advance.decay], transition=form),
-                           InsertPoint.before(n_loop.body.block.last_op))
-        n_stores.append(make(k3s.StoreTransitionOp, operands=[values["M"]], transition=form))
-    kernels = [kernel("N", n_tile, n_loop, n_stores)]
+    if form in ("diagonal", "scalar"):  # M, the product of the decays, carried alongside N
+        m_start, n_loop = multiplying_decays(n_loop, form)
+        N, M = n_loop.final
+        kernels = [kernel("N", [n_tile, m_start], n_loop, [
+            make(k3s.StoreStateOp, operands=[N, values["N"]], layout=layout),
+            make(k3s.StoreTransitionOp, operands=[M, values["M"]], transition=form)])]
+    else:
+        (N,) = n_loop.final
+        kernels = [kernel("N", [n_tile], n_loop, [make(k3s.StoreStateOp, operands=[N, values["N"]], layout=layout)])]
     if form == "full":
         m_tile = starting_at(tile, "identity", head_v_dim=K, layout="kv")
         m_loop = summary_loop(m_tile)
@@ -115,8 +137,8 @@ def summary_scans(layer: RecurrenceOp, scan: k3s.KernelOp, form: str,
                                   result=(residual.residual.name_hint, residual.residual.type))
             Rewriter.replace_op(residual, without_values)
         region_dce(m_loop.body)
-        kernels.append(kernel("M", m_tile, m_loop, [make(k3s.StoreStateOp, operands=[m_loop.final, values["M"]],
-                                                         layout="kv")]))
+        (M,) = m_loop.final
+        kernels.append(kernel("M", [m_tile], m_loop, [make(k3s.StoreStateOp, operands=[M, values["M"]], layout="kv")]))
     return kernels
 
 

@@ -31,10 +31,9 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from k3compile.ir import k3s
+from k3compile.ir.copied_entries import SAVED_BACKWARD_ENTRY, SAVING_ENTRY, copied_kernel_name
 from k3compile.ir.k3 import RecurrenceOp
 from k3compile.passes.common import layer_entry
-
-SAVING_ENTRY, SAVED_BACKWARD_ENTRY = "chunk_saving", "chunk_backward_saved"
 
 
 def first_kernel(entry: k3s.EntryOp) -> k3s.KernelOp | None:
@@ -75,10 +74,11 @@ def saved_values(forward: k3s.EntryOp, backward: k3s.EntryOp) -> list[str] | Non
 
 
 def with_roles(entry: k3s.EntryOp, name: str, roles: dict[str, k3s.ArgRole]) -> k3s.EntryOp:
-    """A copy of entry named `name`, its arguments of `roles` given those roles, its kernels'
-    names suffixed with it (module symbols are unique; merge-identical-kernels later gives each
-    the code of the kernel it copies). A per-chunk output (NC slots: one spare a sequence that
-    no chunk writes) is zero-filled, so that what the entry returns is defined everywhere."""
+    """A copy of entry named `name`, its arguments of `roles` given those roles, its kernels
+    named as a copy names them (copied_kernel_name: module symbols are unique; merge-identical-
+    kernels later gives each the code of the kernel it copies). A per-chunk output (NC slots: one
+    spare a sequence that no chunk writes) is zero-filled, so that what the entry returns is
+    defined everywhere."""
     copy = entry.clone()
     copy.properties["sym_name"] = StringAttr(name)
     for arg_name, arg in tensor_args(copy).items():
@@ -86,7 +86,7 @@ def with_roles(entry: k3s.EntryOp, name: str, roles: dict[str, k3s.ArgRole]) -> 
             arg.properties["fill"] = IntegerAttr(0, i64)
     for kernel in copy.body.ops:
         if isinstance(kernel, k3s.KernelOp):
-            kernel.properties["sym_name"] = StringAttr(f"{kernel.sym_name.data}_{name.rsplit('_', 1)[-1]}")
+            kernel.properties["sym_name"] = StringAttr(copied_kernel_name(kernel.sym_name.data, name))
     for arg_name, arg in tensor_args(copy).items():
         if arg_name in roles:
             arg.properties["role"] = k3s.ArgRoleAttr(roles[arg_name])

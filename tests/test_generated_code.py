@@ -87,8 +87,10 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
         "kda_segments_scan": "kda_chunk_scan",
         "kda_segments_summary_scan_N": "kda_summary_scan_N",
         "kda_segments_summary_scan_M": "kda_summary_scan_M",
-        # chunk_backward_segments (derive-segment-scan-backward): all but its cotangent summary
+        # chunk_backward_segments (derive-segment-scan-backward): all, its cotangent summary the
+        # cotangent scan's code launched with its spills off, storing N_bar (guard-spill-only-stages)
         "kda_backward_segments_prepare": "kda_backward_prepare",
+        "kda_backward_segments_cotangent_summary": "kda_backward_cotangent_scan",
         "kda_backward_segments_summary_scan_N": "kda_summary_scan_N",
         "kda_backward_segments_summary_scan_M": "kda_summary_scan_M",
         "kda_backward_segments_state_scan": "kda_backward_state_scan",
@@ -118,6 +120,16 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
         ["None,  # q", "None,  # P", "None,  # QG"]
     for entry, kernel in (("_chunk_single", "kda_chunk_prepare"), ("chunk_segments", "kda_segments_prepare")):
         assert "SPILL_P_QG=True," in launch_in(source, entry, kernel) and "None,  #" not in launch_in(source, entry, kernel)
+    # the cotangent summary's launch: the cotangent scan's code from dht, which is None until the
+    # adjoint combine after it, its spills and dh0 off, N_bar on
+    assert "def kda_backward_segments_cotangent_summary_kernel(" not in source
+    summary = launch_in(source, "chunk_backward_segments", "kda_backward_segments_cotangent_summary")
+    assert "kda_backward_cotangent_scan_kernel[grid](" in summary and "SPILL_S_BAR_VR_BAR=False," in summary
+    segments = source[source.index("def chunk_backward_segments("):]
+    assert "HAS_DHT=dht is not None," in summary and segments.index("dht = None") < segments.index(summary)
+    for entry, kernel in (("_chunk_backward_single", "kda_backward_cotangent_scan"),
+                          ("chunk_backward_segments", "kda_backward_segments_cotangent_scan")):
+        assert "SPILL_S_BAR_VR_BAR=True," in launch_in(source, entry, kernel)
     # the gradients kernel printed once, launched for the factored chunks and again for the steep ones
     assert "def kda_backward_gradients_steep_kernel(" not in source
     for steep, on in (("kda_backward_gradients", False), ("kda_backward_gradients_steep", True)):
@@ -129,8 +141,9 @@ def test_chunk_and_segments_share_prepare_scan_and_summary_scans():
                                         ("deltanet", "SPILL_P"), ("gla", None)])
 def test_summary_prepare_runs_the_chunk_prepares_code(kind, flag):
     """The summary prepare is the chunk prepare minus the query stages; GLA's prepare interleaves
-    them with its KG stages, which one guard cannot hold without reordering the chunk prepare,
-    so GLA's summary prepare keeps its own code."""
+    them with its KG stages, and its query load feeds stages on both sides of them (P, QG), which
+    no guards can hold without reordering the chunk prepare, so GLA's summary prepare keeps its
+    own code."""
     kernels = kernel_map(lower(load_spec(next(p for p in RECURRENCES if p.stem == kind))).scheduled)
     summary = kernels[f"{kind}_summary_prepare"]
     if flag is None:
@@ -224,14 +237,18 @@ def test_self_check_shared_code_is_the_same(kda_scheduled, monkeypatch, lines, d
         print_with(module, monkeypatch, "kda_segments_scan", *lines)
 
 
-def reference_launch_free(code: str, off: set[str]) -> set[str]:
+def reference_launch_free(code: str, off: set[str], on: set[str] = frozenset()) -> set[str]:
     """The free names of the code a launch runs, as the printer first found them: a copy of the
-    AST without the guards of the flags off."""
+    AST without the guards the launch skips (`if FLAG:` of a flag off, `if not FLAG:` of one on)."""
     import copy
 
     class SkipOff(ast.NodeTransformer):
         def visit_If(self, node):
-            return None if isinstance(node.test, ast.Name) and node.test.id in off else self.generic_visit(node)
+            test = node.test
+            skipped = (isinstance(test, ast.Name) and test.id in off) or (
+                isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+                and isinstance(test.operand, ast.Name) and test.operand.id in on)
+            return None if skipped else self.generic_visit(node)
 
     names = [n for n in ast.walk(SkipOff().visit(copy.deepcopy(ast.parse(code)))) if isinstance(n, ast.Name)]
     return {n.id for n in names if isinstance(n.ctx, ast.Load)} - {n.id for n in names if isinstance(n.ctx, ast.Store)}
@@ -257,13 +274,15 @@ def test_name_uses_skips_the_guards_a_launch_turns_off():
         "tl.store(out, b_x)",
     ])
     tree = ast.parse(code)
-    for off in (set(), {"A"}, {"B"}, {"A", "B"}, {"C"}):
-        uses = name_uses(tree, off)
-        assert uses.launch_free() == reference_launch_free(code, off), off
+    for off, on in ((set(), set()), ({"A"}, set()), ({"B"}, set()), ({"A", "B"}, set()), ({"C"}, set()),
+                    (set(), {"A"}), ({"B"}, {"A"}), (set(), {"C"})):
+        uses = name_uses(tree, off, on)
+        assert uses.launch_free() == reference_launch_free(code, off, on), (off, on)
         assert uses.free() == reference_launch_free(code, set())
         assert uses.read == {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    # `if A:` goes with its elif and else; `if not A:` is no flag's guard
+    # `if A:` goes with its elif and else; `if not A:` is A's guard too, skipped by a launch with A on
     assert name_uses(tree, {"A"}).launch_free() == {"tl", "x", "o", "A", "t", "out"}
+    assert "t" not in name_uses(tree, set(), {"A"}).launch_free()
 
 
 def test_names_read_are_the_parsed_codes_names():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
-from xdsl.ir import Operation, Region
+from xdsl.ir import Block, BlockArgument, Operation, Region
 from xdsl.passes import ModulePass
 
 from k3compile.ir import k3s
@@ -44,23 +44,19 @@ def code_properties(kernel: k3s.KernelOp) -> dict:
 
 
 def equivalent(body: Region, other: Region, *, without: Collection[Operation] = (),
-               ignore_launch_only: bool = False) -> bool:
+               other_without: Collection[Operation] = (), ignore_launch_only: bool = False) -> bool:
     """Whether two outlined kernels' bodies are the same code: arguments of the same names and
     types, and the same ops on them: xDSL's structural equivalence (is_structurally_equivalent:
     the same ops in the same order, with the same attributes and properties, their operands the
     corresponding values), its arguments matched by name instead of position (an entry orders
     its kernels' arguments as it declares them; launches pass them by name). Read-only, no copy
-    of either body. without: top-level ops of `body` that do not count (nor the arguments only
-    they read), as if erased; ignore_launch_only: the properties in LAUNCH_ONLY_IN_BODY do not
-    count."""
-    block, other_block = body.block, other.block
-    skipped = set(without)
-    args = list(block.args)
-    if skipped:  # as if the ops were erased: the arguments left unread go too
-        args = [arg for arg in args if any(block.find_ancestor_op_in_block(use.operation) not in skipped
-                                           for use in arg.uses)]
-    by_name = {arg.name_hint: arg for arg in other_block.args}
-    if (len(args) != len(other_block.args) or len(by_name) != len(other_block.args)
+    of either body. without, other_without: stages of `body`, of `other` (ops without regions),
+    at any depth, that do not count (nor the arguments only they read), as if erased;
+    ignore_launch_only: the properties in LAUNCH_ONLY_IN_BODY do not count."""
+    skipped = (frozenset(without), frozenset(other_without))
+    args, other_args = (read_arguments(region.block, ops) for region, ops in zip((body, other), skipped))
+    by_name = {arg.name_hint: arg for arg in other_args}
+    if (len(args) != len(other_args) or len(by_name) != len(other_args)
             or {arg.name_hint for arg in args} != by_name.keys()):
         return False
     context: dict = {}
@@ -68,16 +64,31 @@ def equivalent(body: Region, other: Region, *, without: Collection[Operation] = 
         if arg.type != by_name[arg.name_hint].type:
             return False
         context[arg] = by_name[arg.name_hint]
-    context[block] = other_block
-    ops = [op for op in block.ops if op not in skipped] if skipped else list(block.ops)
-    other_ops = list(other_block.ops)
+    context[body.block] = other.block
     ignored = LAUNCH_ONLY_IN_BODY if ignore_launch_only else {}
+    return same_ops(body.block, other.block, context, ignored, skipped)
+
+
+def read_arguments(block: Block, skipped: frozenset[Operation]) -> list[BlockArgument]:
+    """A kernel body's arguments that a stage reads, but the `skipped` ones."""
+    if not skipped:
+        return list(block.args)
+    return [arg for arg in block.args if any(use.operation not in skipped for use in arg.uses)]
+
+
+def same_ops(block: Block, other: Block, context: dict, ignored: dict,
+             skipped: tuple[frozenset[Operation], frozenset[Operation]]) -> bool:
+    """Whether two blocks' ops (but the skipped ones) are the same ops, in the same order."""
+    ops = [op for op in block.ops if op not in skipped[0]] if skipped[0] else list(block.ops)
+    other_ops = [op for op in other.ops if op not in skipped[1]] if skipped[1] else list(other.ops)
     return len(ops) == len(other_ops) and all(
-        same_op(op, other_op, context, ignored) for op, other_op in zip(ops, other_ops))
+        same_op(op, other_op, context, ignored, skipped) for op, other_op in zip(ops, other_ops))
 
 
-def same_op(op: Operation, other: Operation, context: dict, ignored: dict) -> bool:
-    """Operation.is_structurally_equivalent, the properties `ignored` names per op type left out."""
+def same_op(op: Operation, other: Operation, context: dict, ignored: dict,
+            skipped: tuple[frozenset[Operation], frozenset[Operation]]) -> bool:
+    """Operation.is_structurally_equivalent, the properties `ignored` names per op type left out
+    and the `skipped` ops of each side's regions as if erased."""
     if (op.name != other.name or len(op.operands) != len(other.operands) or len(op.results) != len(other.results)
             or len(op.regions) != len(other.regions) or len(op.successors) != len(other.successors)
             or op.attributes != other.attributes):
@@ -98,13 +109,13 @@ def same_op(op: Operation, other: Operation, context: dict, ignored: dict) -> bo
             return False
         context.update(zip(blocks, other_blocks))
         for block, other_block in zip(blocks, other_blocks):
-            if len(block.args) != len(other_block.args) or len(block.ops) != len(other_block.ops):
+            if len(block.args) != len(other_block.args):
                 return False
             for arg, other_arg in zip(block.args, other_block.args):
                 if arg.type != other_arg.type:
                     return False
                 context[arg] = other_arg
-            if not all(same_op(o, theirs, context, ignored) for o, theirs in zip(block.ops, other_block.ops)):
+            if not same_ops(block, other_block, context, ignored, skipped):
                 return False
     context.update(zip(op.results, other.results))
     return True

@@ -30,6 +30,7 @@ from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.attnres_blocks import *  # noqa: F403
 from k3compile.ir.k3s.attnres_columns import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
+from k3compile.ir.k3s.chunk_loops import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
 from k3compile.ir.k3s.experts import *  # noqa: F403
 from k3compile.ir.k3s.kernels import *  # noqa: F403
@@ -75,6 +76,7 @@ K3S = Dialect(
         *ATTNRES_STAGES,
         *BLOCK_ATTNRES_STAGES,
         *BLOCK_ATTNRES_COLUMNS_STAGES,
+        *CHUNK_LOOPS,
         *CHUNK_STAGES,
         *ADJOINT_STAGES,
         *GATE_AND_GRAM_STAGES,

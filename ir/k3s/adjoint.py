@@ -29,7 +29,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import BetaInputAttr, GateInputAttr
-from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS, CotangentScanOp
+from k3compile.ir.k3s.chunk_loops import CHUNK_LOCAL_PARENTS, CotangentScanOp
 from k3compile.ir.k3s.gram import GramDiagonal, GramDiagonalAttr, MaskAttr
 from k3compile.ir.k3s.kernels import argument_name
 from k3compile.ir.k3s.target import TensorLayoutAttr, verify_layout

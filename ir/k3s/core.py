@@ -181,7 +181,8 @@ class TensorArgOp(KeywordSyntax):
     the entry; an optional one only when the caller passes output_<name>=True), workspace
     (allocated by the entry for kernels to pass data between them; not returned), inout (passed
     in and updated in place, e.g. a state pool), combined (the states an entry's summary_combine
-    step makes between its kernels: the entering state of every segment). Dtype classes:
+    step makes between its kernels: the entering state of every segment; absent to the kernels
+    before that step). Dtype classes:
     float (bf16, fp16 or fp32; outputs take the dtype of the entry's first input), float32,
     offsets (cu_seqlens: int32/int64, starting at 0, non-decreasing, ending at B*T, with B = 1),
     state (fp32 or bf16 state storage), index (int32/int64 slot numbers; an output of indices,

@@ -27,7 +27,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Gate, Word
 from k3compile.ir.k3 import GateAttr
-from k3compile.ir.k3s.chunk import CHUNK_LOCAL_PARENTS
+from k3compile.ir.k3s.chunk_loops import CHUNK_LOCAL_PARENTS
 from k3compile.ir.k3s.target import DiagonalRows, DiagonalRowsAttr
 from k3compile.ir.k3s.types import GATED, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax, attr_to_literal

@@ -310,11 +310,11 @@ class WhenOp(KeywordSyntax):
     that set `flag` (one of its `flags`: a compile-time constant of each launch) on; with it off
     the program skips them. `on = false` (`k3s.when <flag = STEEP, on = false>`) turns that
     round: the stages run in the launches that set the flag off. Kernels that run one code but
-    need different spills (the chunk prepare and the summary prepare, guard-spill-only-stages)
-    hold the stages only some need under one; the backward's gradients kernel holds the exits of
-    its two launches (the factored chunks', the steep chunks') under its STEEP flag. It has no
-    results, and its stages' values are read only inside it, so a launch that skips them misses
-    nothing else. `flag` refers to a flag its enclosing kernel declares, looked up by the
+    write different tensors (the chunk prepare and the summary prepare, the cotangent scan and
+    the cotangent summary: guard-spill-only-stages) hold the stages only some need under one;
+    the backward's gradients kernel holds the exits of its two launches (the factored chunks',
+    the steep chunks') under its STEEP flag. It has no results, and its stages' values are read
+    only inside it, so a launch that skips them misses nothing else. `flag` refers to a flag its enclosing kernel declares, looked up by the
     verifier: a misspelt one fails `verify()` in one line, not the printer."""
 
     name = "k3s.when"

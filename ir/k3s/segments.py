@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from xdsl.dialects.builtin import BoolAttr
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.ir import SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     AnyOf,
     irdl_attr_definition,
@@ -13,17 +15,18 @@ from xdsl.irdl import (
     opt_prop_def,
     prop_def,
     region_def,
+    result_def,
     traits_def,
     var_operand_def,
 )
-from xdsl.traits import HasParent, NoTerminator
+from xdsl.traits import HasParent, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
-from k3compile.ir.k3s.chunk import ChunkedOp, ChunkLoopOp
+from k3compile.ir.k3s.chunk_loops import ChunkedOp, ChunkLoopOp
 from k3compile.ir.k3s.core import EntryOp
 from k3compile.ir.k3s.kernels import KernelOp
-from k3compile.ir.k3s.types import TensorType, TileType
+from k3compile.ir.k3s.types import TensorType, TileType, tile_dims
 from k3compile.ir.syntax import KeywordSyntax
 
 # --- the segment-scan schedule (context parallelism) ---------------------------------------
@@ -47,7 +50,8 @@ class TransitionAttr(EnumAttribute[Transition], SpacedOpaqueSyntaxAttribute):
     name = "k3s.transition"
 
 
-# the transitions that are a product of decays (a decay_product computes, a store_transition writes)
+# the transitions that are a product of decays (from a decay_product_start, a decay_product multiplies
+# up, a store_transition writes)
 DECAY_TRANSITIONS = AnyOf.get(TransitionAttr(Transition.DIAGONAL), TransitionAttr(Transition.SCALAR))
 
 
@@ -129,26 +133,62 @@ class SummaryCombineOp(KeywordSyntax):
                                   f"got {len(self.tensors)} operands")
 
 
+def _verify_decay_form(op, tile: SSAValue) -> None:
+    """A decay product's tile has its transition's form: a diagonal's K numbers, a scalar's one."""
+    want = {Transition.DIAGONAL: ("K",), Transition.SCALAR: ()}[op.transition.data]
+    if tile_dims(tile) != want:
+        raise VerifyException(f"{op.name}: a {op.transition.data} transition's M is a <{' x '.join(want)}> tile, "
+                              f"got {tile.type}")
+
+
+@irdl_op_definition
+class DecayProductStartOp(KeywordSyntax):
+    """`%M = k3s.decay_product_start <transition = diagonal> : !k3s.tile<K>`: the decay product
+    M of no chunks, 1 (K ones for a diagonal transition, one for a scalar): where a chunk loop
+    that multiplies up a segment's decays starts."""
+
+    name = "k3s.decay_product_start"
+    transition = prop_def(DECAY_TRANSITIONS)
+    product = result_def(TileType)
+    traits = traits_def(HasParent(KernelOp), Pure())
+
+    def verify_(self) -> None:
+        _verify_decay_form(self, self.product)
+
+
 @irdl_op_definition
 class DecayProductOp(KeywordSyntax):
-    """M <- Diag(gamma_C) M over the chunks of a segment: a diagonal or scalar transition, the
-    product of the segment's decays (M starts at 1)."""
+    """`%M_2 = k3s.decay_product %M_1, %gamma_C <transition = diagonal>`: M <- Diag(gamma_C) M, the
+    decay product of a segment's chunks so far (a chunk loop carries it) times this chunk's
+    decay, for a diagonal or scalar transition."""
 
     name = "k3s.decay_product"
     transition = prop_def(DECAY_TRANSITIONS)
+    product = operand_def(TileType)  # M before this chunk
     decay = operand_def(TileType)  # gamma_C
-    traits = traits_def(HasParent(ChunkLoopOp))
+    multiplied = result_def(TileType)  # M after it
+    traits = traits_def(HasParent(ChunkLoopOp), Pure())
+    IN_PLACE: ClassVar[dict[int, int]] = {0: 0}  # M is updated where it is held
+
+    def verify_(self) -> None:
+        for tile in (self.product, self.decay, self.multiplied):
+            _verify_decay_form(self, tile)
 
 
 @irdl_op_definition
 class StoreTransitionOp(KeywordSyntax):
-    """`k3s.store_transition %M`: write the decay product M of a segment to the entry's tensor M
-    ([N, HV, K] or [N, HV])."""
+    """`k3s.store_transition %M_final, %M`: write a segment's decay product (its first operand)
+    to the entry's tensor M ([N, HV, K] or [N, HV])."""
 
     name = "k3s.store_transition"
     transition = prop_def(DECAY_TRANSITIONS)
+    product = operand_def(TileType)
     output = operand_def(TensorType)
     traits = traits_def(HasParent(KernelOp))
 
+    def verify_(self) -> None:
+        _verify_decay_form(self, self.product)
 
-SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp, DecayProductOp, StoreTransitionOp]
+
+SEGMENT_SCAN_OPS = [SegmentScanOp, SegmentSummaryOp, SummaryCombineOp, DecayProductStartOp, DecayProductOp,
+                    StoreTransitionOp]

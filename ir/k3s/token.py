@@ -4,11 +4,12 @@ a chunk loop holds too, is in chunk.py: this module imports nothing of the chunk
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, Float32Type, IntegerAttr
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import SpacedOpaqueSyntaxAttribute
+from xdsl.ir import SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
@@ -27,7 +28,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
+from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
 from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr, verify_layout
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
@@ -138,7 +139,7 @@ class TokenLoopOp(KeywordSyntax, RuntimeSizesInterface):
     traits = traits_def(HasParent(KernelOp, SpeculativeOp))
 
     def verify_(self) -> None:
-        verify_carried_state(self)
+        verify_carried_values(self, [self.initial], [self.final])
 
     def runtime_sizes(self) -> tuple[str, ...]:
         return ("T",)  # its sequences' tokens
@@ -304,7 +305,7 @@ class StoreStateOp(KeywordSyntax):
     home = opt_prop_def(StateHomeAttr)  # absent: the tensor it writes
     state = operand_def(TileType)
     tensors = var_operand_def(TensorType)  # the tensor it writes, or the pool and its slot table
-    traits = traits_def(HasParent(KernelOp))
+    traits = traits_def(HasParent(KernelOp, WhenOp))  # under a when: a kernel sharing code writes elsewhere
 
     def verify_(self) -> None:
         expected, writes = (2, "home = pool writes the pool through its slot table") if in_pool(self) else (
@@ -313,16 +314,20 @@ class StoreStateOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: {writes}; got {len(self.tensors)} tensor operands")
 
 
-def verify_carried_state(loop: IRDLOperation) -> None:
-    """A state loop's initial state, block argument, terminator operand and result: one state,
-    of one type (scf.for's iter_args)."""
+def verify_carried_values(loop: IRDLOperation, initial: Sequence[SSAValue], final: Sequence[SSAValue]) -> None:
+    """A loop's carried values, as scf.for's iter_args: at least one (the state), each with an
+    initial value (`initial`, its operands), a block argument, a value passed on (its
+    terminator's operand) and a result (`final`), all four of one type."""
     block, terminator = loop.body.block, loop.body.block.last_op
-    passed_on = [terminator.state.type] if terminator is not None and terminator.has_trait(IsTerminator) else []
-    carried = [loop.initial.type, *(a.type for a in block.args[:1]), *passed_on, loop.final.type]
-    if len(block.args) != 1 or len(set(carried)) != 1:
-        raise VerifyException(f"{loop.name}: the initial state, the one block argument, the state passed on and "
-                              f"the result must have one type, got {len(block.args)} block arguments and types "
-                              f"{', '.join(map(str, carried))}")
+    passed_on = terminator.operands if terminator is not None and terminator.has_trait(IsTerminator) else None
+    carried = {"initial values": initial, "block arguments": block.args,
+               **({"values passed on": passed_on} if passed_on is not None else {}), "results": final}
+    types = {what: [value.type for value in values] for what, values in carried.items()}
+    if not initial or any(kinds != types["initial values"] for kinds in types.values()):
+        got = "; ".join(f"{what} ({', '.join(map(str, kinds))})" for what, kinds in types.items())
+        raise VerifyException(f"{loop.name}: it carries one or more values (its state first), each an initial value, "
+                              f"a block argument, a value passed on and a result of one type (scf.for's iter_args); "
+                              f"got {got}")
 
 
 def in_pool(op) -> bool:

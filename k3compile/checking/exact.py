@@ -149,16 +149,16 @@ class ChunkRun:
             raise IncompleteSchedule(f"a stage reads {value.name_hint}, which no earlier stage produced")
         return self.values[value]
 
-    def run_block(self, block: Block, args: tuple = ()):
-        """The block's ops in order; returns what its terminator passes on (or None). An op's
+    def run_block(self, block: Block, args: tuple = ()) -> tuple:
+        """The block's ops in order; returns what its terminator passes on (none without one). An op's
         semantics takes its tile operands' values; the tensors it reads or writes (an entry's
         arguments) are memory, which the run stands for (its chunk, outputs and buffers)."""
         self.values.update(zip(block.args, args))
         for op in block.ops:
-            if op.has_trait(IsTerminator):  # next_chunk, next_token: the state passed on
-                return self.value(op.state)
+            if op.has_trait(IsTerminator):  # next_chunk, next_token: the carried values passed on
+                return tuple(self.value(v) for v in op.operands)
             self.run_op(op)
-        return None
+        return ()
 
     def run_op(self, op) -> None:
         if type(op) not in SEMANTICS:
@@ -308,7 +308,7 @@ def chunk_decay(run: ChunkRun, op, total: Matrix) -> Matrix:  # exp(G_C): the de
 
 @semantics(k3s.ChunkScanOp)
 def chunk_scan(run: ChunkRun, op: k3s.ChunkScanOp) -> None:
-    run.state = run.run_block(op.body.block, (run.state,))
+    (run.state,) = run.run_block(op.body.block, (run.state,))
 
 
 @semantics(k3s.DeltaResidualOp)
@@ -401,7 +401,7 @@ def run_token_loop(loop: k3s.TokenLoopOp, x: ExactInputs, S: Matrix, buffers: di
     """x's tokens through the loop's stages from the state S: (O [T, V], the state after them)."""
     run = ChunkRun(x, buffers=buffers)
     for _ in run.chunks(1):
-        S = run.run_block(loop.body.block, (S,))
+        (S,) = run.run_block(loop.body.block, (S,))
     return Matrix.vstack(*run.outputs), S
 
 
@@ -453,7 +453,8 @@ def run_pool_kernel(kernel: k3s.KernelOp, x: ExactInputs, buffers: dict[str, lis
         elif isinstance(op, k3s.TokenLoopOp):
             O, states[op.final] = run_token_loop(op, x, states[op.initial], buffers)
         elif isinstance(op, k3s.ChunkLoopOp):
-            O, states[op.final] = run_chunk_loop(op, x, states[op.initial], workspaces or {}, buffers)
+            O, final = run_chunk_loop(op, x, tuple(states[v] for v in op.initial), workspaces or {}, buffers)
+            states.update(zip(op.final, final, strict=True))
         else:
             raise TypeError(f"{op.name} is not a stage of a pool kernel")
     return O, row
@@ -487,15 +488,15 @@ def run_prepare_kernel(kernel: k3s.KernelOp, x: ExactInputs, chunk_size: int, wo
         run.run_block(kernel.body.block)
 
 
-def run_chunk_loop(loop: k3s.ChunkLoopOp, x: ExactInputs, S: Matrix, workspaces: dict,
-                   buffers: dict[str, list]) -> tuple[Matrix, Matrix]:
-    """A chunk loop of a lowered kernel from the state S: each chunk starts with only what it
-    reloads from the workspaces and loads; cache updates append the chunk's rows to their
-    buffer. Returns (O of x's tokens, the state after them)."""
+def run_chunk_loop(loop: k3s.ChunkLoopOp, x: ExactInputs, carried: tuple, workspaces: dict,
+                   buffers: dict[str, list]) -> tuple[Matrix, tuple]:
+    """A chunk loop of a lowered kernel from its carried values (the state first): each chunk
+    starts with only what it reloads from the workspaces and loads; cache updates append the
+    chunk's rows to their buffer. Returns (O of x's tokens, the carried values after them)."""
     run = ChunkRun(x, workspaces, buffers)
     for _ in run.chunks(loop.chunk_size.value.data):
-        S = run.run_block(loop.body.block, (S,))
-    return Matrix.vstack(*run.outputs), S
+        carried = run.run_block(loop.body.block, carried)
+    return Matrix.vstack(*run.outputs), carried
 
 
 def run_lowered_entry(kernels: list, x: ExactInputs, buffers: dict[str, list] | None = None, accepted: int = 0) -> tuple:

@@ -186,7 +186,7 @@ def run_backward(chunked: k3s.ChunkedBackwardOp, x: ExactInputs) -> dict[str, Ma
             carry = x.S0 if forward else x.dht if x.dht is not None else zeros(*x.S0.shape)
             for run in runs if forward else reversed(runs):
                 run.values[op.results[0]] = carry
-                carry = run.run_block(op.body.block, (carry,))
+                (carry,) = run.run_block(op.body.block, (carry,))
             if not forward:
                 gradients["h0"] = carry
         else:

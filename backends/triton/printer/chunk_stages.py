@@ -51,11 +51,9 @@ class ChunkStages:
     def print_k3s_chunk_loop(self, op: k3s.ChunkLoopOp) -> None:
         self.print_initial_state(op)
         c = self.code
-        c.comment(op, f"the chunks of sequence i_n, in order, carrying {register(op.body.block.args[0])}")
+        carried = ", ".join(register(arg) for arg in op.body.block.args)
+        c.comment(op, f"the chunks of sequence i_n, in order, carrying {carried}")
         c("o_c = tl.arange(0, BC)")
-        for product in [o for o in op.body.ops if isinstance(o, k3s.DecayProductOp)]:
-            c("b_M = tl.full([BK], 1.0, tl.float32)" if product.transition.data == "diagonal"
-              else "b_M = tl.full([], 1.0, tl.float32)")
         self.print_sequence_bounds(op.offsets)
         if op.reverse is not None and op.reverse.value.data:
             c("for i_rc in range(0, tl.cdiv(eos - bos, BC)):")
@@ -375,9 +373,11 @@ class ChunkStages:
                 c(f"tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), {register(op.state)}, mask=m_kv)")
 
     def print_k3s_next_chunk(self, op: k3s.NextChunkOp) -> None:
-        """The carried value into the loop's register: nothing to print where a stage updated it in
-        place (the state advance)."""
-        carried, passed = register(op.parent_block().args[0]), register(op.state)
-        if passed != carried:
+        """The carried values into the loop's registers: nothing to print where a stage updated
+        them in place (the state advance, the decay product)."""
+        registers = [(register(arg), register(passed))
+                     for arg, passed in zip(op.parent_block().args, op.carried, strict=True)]
+        moves = [f"{carried} = {passed}" for carried, passed in registers if carried != passed]
+        if moves:
             self.code.comment(op)
-            self.code(f"{carried} = {passed}")
+            self.code(*moves)

@@ -57,14 +57,16 @@ class NameUses:
         return self.loaded - self.stored
 
     def launch_free(self) -> set[str]:
-        """The free names of the code a launch runs (its flags' guards that it turns off gone)."""
+        """The free names of the code a launch runs (the guards its flags skip gone)."""
         return self.launch_loaded - self.launch_stored
 
 
-def name_uses(code: ast.Module, off: frozenset[str] | set[str] = frozenset()) -> NameUses:
+def name_uses(code: ast.Module, off: frozenset[str] | set[str] = frozenset(),
+              on: frozenset[str] | set[str] = frozenset()) -> NameUses:
     """The names code reads and assigns, in one read-only walk; also those of the code a launch
-    that turns the flags `off` off runs: without their guards (`if FLAG:`, test, body and else),
-    as if the launch's code were printed without them (no copy of the AST is made)."""
+    that turns the flags `off` off and `on` on runs: without the guards it skips (`if FLAG:` of a
+    flag off, `if not FLAG:` of a flag on; test, body and else), as if the launch's code were
+    printed without them (no copy of the AST is made)."""
     uses = NameUses()
     stack = [(code, False)]
     pop, push = stack.pop, stack.append
@@ -82,7 +84,7 @@ def name_uses(code: ast.Module, off: frozenset[str] | set[str] = frozenset()) ->
                 if not skipped:
                     uses.launch_stored.add(node.id)
             continue
-        if off and not skipped and type(node) is ast.If and type(node.test) is ast.Name and node.test.id in off:
+        if (off or on) and not skipped and type(node) is ast.If and skips(node.test, off, on):
             skipped = True
         for field in node._fields:
             value = getattr(node, field, None)
@@ -95,9 +97,20 @@ def name_uses(code: ast.Module, off: frozenset[str] | set[str] = frozenset()) ->
     return uses
 
 
-def flags_off(kernel: k3s.KernelOp) -> set[str]:
-    """The flags a launch of kernel turns off (the guards `if FLAG:` whose code it skips)."""
-    return {flag for flag in (kernel.flags.data if kernel.flags is not None else {}) if not kernel.flag_on(flag)}
+def skips(test: ast.expr, off: frozenset[str] | set[str], on: frozenset[str] | set[str]) -> bool:
+    """Whether a launch that turns the flags `off` off and `on` on skips an `if` of this test."""
+    if type(test) is ast.Name:
+        return test.id in off
+    return (type(test) is ast.UnaryOp and type(test.op) is ast.Not and type(test.operand) is ast.Name
+            and test.operand.id in on)
+
+
+def launch_flags(kernel: k3s.KernelOp) -> tuple[frozenset[str], frozenset[str]]:
+    """The flags a launch of kernel turns off and those it turns on (k3s.when <on = false>'s
+    guards `if not FLAG:` it skips)."""
+    flags = kernel.flags.data if kernel.flags is not None else {}
+    return (frozenset(flag for flag in flags if not kernel.flag_on(flag)),
+            frozenset(flag for flag in flags if kernel.flag_on(flag)))
 
 
 # a name printed code reads, as the printer writes code: an identifier outside strings and
@@ -122,12 +135,12 @@ class PrintedCode:
     """A kernel's printed body (its lines, the first its docstring), the names it reads and, when
     asked for, its statements parsed (statements(): no docstring, no comments). Bodies printed
     the same after their docstring (a kernel and those that share its code) are scanned and
-    parsed once and walked once per set of flags turned off: the same text parses the same."""
+    parsed once and walked once per set of flags turned off and on: the same text parses the same."""
 
     def __init__(self, lines: list[str], parsed: dict) -> None:
         self.text = "\n".join(lines[1:])
         self.lines = lines
-        self.parsed = parsed  # text after the docstring -> [names read, statements, {flags off: name_uses}]
+        self.parsed = parsed  # text after the docstring -> [names read, statements, {flags off, on: name_uses}]
         if self.text not in parsed:
             parsed[self.text] = [names_read(self.text), None, {}]
         self.read = parsed[self.text][0]
@@ -140,13 +153,12 @@ class PrintedCode:
             known[1] = statements("\n".join(self.lines) + "\n")
         return known[1]
 
-    def name_uses(self, off: set[str]) -> NameUses:
-        """name_uses() of the statements, walked once per set of flags off."""
+    def name_uses(self, off: frozenset[str], on: frozenset[str]) -> NameUses:
+        """name_uses() of the statements, walked once per set of flags off and on."""
         walked = self.parsed[self.text][2]
-        key = frozenset(off)
-        if key not in walked:
-            walked[key] = name_uses(self.tree, key)
-        return walked[key]
+        if (off, on) not in walked:
+            walked[off, on] = name_uses(self.tree, off, on)
+        return walked[off, on]
 
     def same_as(self, other: PrintedCode) -> bool:
         """Whether two kernels' statements are the same (an AST comparison: comments and the
@@ -315,7 +327,7 @@ class Kernels:
         """The kernel's arguments are exactly what its code reads of the entries' (the IR says so,
         the printed code must agree), its launch runs no code that reads an absent one, and the
         names its parameters are kept by are those the parsed code reads (walked once, read-only)."""
-        uses = printed.name_uses(flags_off(kernel))
+        uses = printed.name_uses(*launch_flags(kernel))
         arguments = [arg.name_hint for arg in kernel.body.block.args]
         if set(arguments) != uses.free() & (self.argument_names | set(arguments)):
             raise ValueError(f"kernel @{kernel.sym_name.data}: its arguments {arguments} are not the tensors its "

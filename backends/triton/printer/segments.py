@@ -1,8 +1,9 @@
 """Context parallelism's stages: the summary combine (a host step of the entry), the decay
-product and the transition's store."""
+product (its start, a chunk's factor) and the transition's store."""
 
 from __future__ import annotations
 
+from k3compile.backends.triton.printer.chunk_stages import TILE_BLOCKS
 from k3compile.backends.triton.printer.common import EntryView, describe, register, tensor_name
 from k3compile.ir import k3s
 
@@ -40,16 +41,21 @@ class Segments:
           f"{name} = {callback}({tensor_name(M[0]) if M else 'None'}, {tensor_name(N)})",
           f'_check_tensor("{name}", {name}, "{made.type.pattern}", "{made.type.dtype_class}", dims, {first}.device)')
 
+    def print_k3s_decay_product_start(self, op: k3s.DecayProductStartOp) -> None:
+        self.code.comment(op, "M before any chunk")
+        shape = ", ".join(TILE_BLOCKS[d] for d in k3s.tile_dims(op.product))
+        self.code(f"{register(op.product)} = tl.full([{shape}], 1.0, tl.float32)")
+
     def print_k3s_decay_product(self, op: k3s.DecayProductOp) -> None:
         self.code.comment(op, "M <- Diag(gamma_C) M")
-        self.code(f"b_M = b_M * {register(op.decay)}")
+        self.code(f"{register(op.multiplied)} = {register(op.product)} * {register(op.decay)}")
 
     def print_k3s_store_transition(self, op: k3s.StoreTransitionOp) -> None:
         self.code.comment(op, "every value block holds the same M: the first one writes it")
-        M = tensor_name(op.output)
+        M, product = tensor_name(op.output), register(op.product)
         if op.transition.data == "diagonal":
-            self.code(f"tl.store({M} + i_nh * K + o_k, b_M, mask=m_k & ((i_v + 0 * o_k) == 0))")
+            self.code(f"tl.store({M} + i_nh * K + o_k, {product}, mask=m_k & ((i_v + 0 * o_k) == 0))")
         else:
             self.code("if i_v == 0:")
             with self.code.indent():
-                self.code(f"tl.store({M} + i_nh, b_M)")
+                self.code(f"tl.store({M} + i_nh, {product})")

@@ -56,10 +56,12 @@ class TokenStages:
             self.print_ops(op)
 
     def print_initial_state(self, loop: k3s.TokenLoopOp | k3s.ChunkLoopOp) -> None:
-        """The state the loop's first iteration enters with, into the register it carries."""
-        carried, initial = register(loop.body.block.args[0]), register(loop.initial)
-        if carried != initial:
-            self.code(f"{carried} = {initial}")
+        """The values the loop's first iteration enters with (a token loop's state; a chunk loop's
+        carried values, the state first), into the registers it carries them in."""
+        initial = [loop.initial] if isinstance(loop, k3s.TokenLoopOp) else loop.initial
+        for carried, start in zip(loop.body.block.args, initial, strict=True):
+            if register(carried) != register(start):
+                self.code(f"{register(carried)} = {register(start)}")
 
     def print_sequence_bounds(self, offsets: SSAValue | None) -> None:
         """bos, eos: the token range of sequence i_n (varlen: from the sequence offsets, when the

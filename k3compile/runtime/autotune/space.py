@@ -17,22 +17,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from k3compile.default_pipelines import DEFAULT_PIPELINES
+from k3compile.ir.copied_entries import SAVED_BACKWARD_ENTRY, SAVING_ENTRY, copied_kernel_name
 
 TUNED_ENTRY = "chunk"  # the forward entry whose schedule choices are tuned
 BACKWARD_ENTRY = "chunk_backward"  # the backward entry, tuned on its own (`k3c tune --entry`)
 ENTRIES = (TUNED_ENTRY, BACKWARD_ENTRY)
 # save-forward-values' entries (passes/save_forward_values.py): copies of the tuned entries whose
-# kernels are the tuned ones' with the entry name's last word appended (with_roles there), so
-# they read the tuned tables under those names
-COPIED_ENTRIES = {"chunk_saving": TUNED_ENTRY, "chunk_backward_saved": BACKWARD_ENTRY}
+# kernels are named after the tuned ones (ir/copied_entries.py), so they read the tuned tables
+# under those names
+COPIED_ENTRIES = {SAVING_ENTRY: TUNED_ENTRY, SAVED_BACKWARD_ENTRY: BACKWARD_ENTRY}
 
 
 def copied_table(copy: str, table: dict) -> dict:
     """The launch table of COPIED_ENTRIES' entry `copy`: its source's, each kernel renamed as the
     copy names it."""
-    suffix = copy.rsplit("_", 1)[-1]
-    return {bucket: {f"{kernel}_{suffix}": config for kernel, config in kernels.items()}
+    return {bucket: {copied_kernel_name(kernel, copy): config for kernel, config in kernels.items()}
             for bucket, kernels in table.items()}
+
+
 MOE_ENTRY = "moe"  # the LatentMoE layer's dispatch table, tuned per token bucket (autotune/moe.py)
 CACHED_ENTRIES = (*ENTRIES, MOE_ENTRY)  # the entries the cache holds records of
 

@@ -1,8 +1,9 @@
 // derive-segment-scan-backward: a recurrence's `chunk_backward_segments` entry (docs/context-parallel.md,
 // "The backward"), after lower-backward: chunk_backward's prepare, chunk_segments' summary scans on its
-// workspaces, the cotangent scan from zero storing each segment's N_bar (no spills), the forward's combine
-// (the entering states) and its adjoint, the same combine transposed (the leaving cotangents), then
-// chunk_backward's state scan, cotangent scan and gradients. The output re-parses; a diagonal M's adjoint.
+// workspaces, the cotangent scan from zero (dht, absent before the combine that makes it) storing each
+// segment's N_bar (no spills), the forward's combine (the entering states) and its adjoint, the same
+// combine transposed (the leaving cotangents), then chunk_backward's state scan, cotangent scan and
+// gradients. The output re-parses; a diagonal M's adjoint.
 // RUN: k3c ir %examples/kda.toml -p derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan,derive-backward,lower-backward,derive-segment-scan-backward | filecheck %s
 // RUN: k3c ir %examples/kda.toml -p derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan,derive-backward,lower-backward,derive-segment-scan-backward | k3c opt - | filecheck %s
 // RUN: k3c ir %examples/gla.toml -p derive-chunkwise,fuse-chunkwise,derive-segment-scan,lower-segment-scan,derive-backward,lower-backward,derive-segment-scan-backward | filecheck %s --check-prefix=GLA
@@ -22,8 +23,9 @@
 // CHECK:           k3s.store_state %S_final, %N
 // CHECK:         k3s.kernel @kda_backward_segments_summary_scan_M
 // CHECK:           k3s.store_state %S_final, %M
+// the cotangent summary's state tile reads dht, which the adjoint combine makes after it: absent, zero
 // CHECK:         k3s.kernel @kda_backward_segments_cotangent_summary
-// CHECK-NEXT:      %{{S(_[0-9]+)?}} = k3s.state_tile <{{.*}}start = zero> : !k3s.tile<K x V>
+// CHECK-NEXT:      %{{S(_[0-9]+)?}} = k3s.state_tile %dht <{{.*}}> : !k3s.tile<K x V>
 // CHECK-NOT:       k3s.spill
 // CHECK:           k3s.store_state %S_final, %N_bar
 // CHECK-NEXT:    }

@@ -1,7 +1,8 @@
 // lower-segment-scan: the segment_scan entry becomes `segment_summary`, the state pass of the
 // chunked schedule (no query Gram, no output) as a prepare kernel and a scan from zero storing
 // N; a full transition adds a scan of K identity columns with a zero value input storing M, a
-// diagonal one multiplies the chunk decays up in the N scan, and the identity has no M. And
+// diagonal one multiplies the chunk decays up in the N scan (M a second value its chunk loop
+// carries, from 1, stored after it), and the identity has no M. And
 // `chunk_segments`: the full prepare once, the same summary scans reading its workspaces, the
 // combine as a host step making the entering states, the chunk scan finishing from them.
 // RUN: k3c opt %s -p 'derive-segment-scan{chunk-size=16},lower-segment-scan{block-v=8}' | filecheck %s
@@ -68,16 +69,24 @@ builtin.module {
 // CHECK:      k3s.entry @gla_segment_summary <source = @gla> {
 // CHECK:        %[[M3:[A-Za-z_0-9]+]] = k3s.tensor_arg @M <role = output> : !k3s.tensor<N x 2 x 8, float32>
 // CHECK-NEXT:   %[[N3:[A-Za-z_0-9]+]] = k3s.tensor_arg @N <role = output> : !k3s.tensor<N x 2 x 8 x 8, float32>
+// the N scan's chunk loop carries M, the product of the decays, from 1 beside the state
 // CHECK:        k3s.kernel @gla_summary_scan_N
-// CHECK:          k3s.decay_product %{{[A-Za-z_0-9]+}} <transition = diagonal>
-// CHECK:        k3s.store_state %S_final, %[[N3]] <layout = vk>
-// CHECK-NEXT:   k3s.store_transition %[[M3]] <transition = diagonal>
+// CHECK-NEXT:     %S = k3s.state_tile
+// CHECK-NEXT:     %[[M_START:[A-Za-z_0-9]+]] = k3s.decay_product_start <transition = diagonal> : !k3s.tile<K>
+// CHECK-NEXT:     %S_final, %M_final = k3s.chunk_loop %S, %[[M_START]], %{{[A-Za-z_0-9]+}} <chunk_size = 16> {
+// CHECK-NEXT:     ^bb0(%[[S_IN:[A-Za-z_0-9]+]]: !k3s.tile<K x V>, %[[M_IN:[A-Za-z_0-9]+]]: !k3s.tile<K>):
+// CHECK:            %[[S_OUT:[A-Za-z_0-9]+]] = k3s.state_advance %[[S_IN]], %{{[A-Za-z_0-9]+}}, %{{[A-Za-z_0-9]+}}, %[[DECAY:[A-Za-z_0-9]+]] <gate = channel>
+// CHECK-NEXT:       %[[M_OUT:[A-Za-z_0-9]+]] = k3s.decay_product %[[M_IN]], %[[DECAY]] <transition = diagonal> : !k3s.tile<K>
+// CHECK-NEXT:       k3s.next_chunk %[[S_OUT]], %[[M_OUT]]
+// CHECK-NEXT:     } : !k3s.tile<K x V>, !k3s.tile<K>
+// CHECK-NEXT:   k3s.store_state %S_final, %[[N3]] <layout = vk>
+// CHECK-NEXT:   k3s.store_transition %M_final, %[[M3]] <transition = diagonal>
 // CHECK-NOT:    k3s.kernel @gla_summary_scan_M
 // CHECK:      k3s.entry @gla_chunk_segments <source = @gla> {
 // CHECK:        %[[GLA_INITIAL:initial_state]] = k3s.tensor_arg @initial_state <role = combined>
 // CHECK:        %[[GLA_SEGMENTS_M:M]] = k3s.tensor_arg @M <role = workspace> : !k3s.tensor<N x 2 x 8, float32>
 // CHECK-NEXT:   %[[GLA_SEGMENTS_N:N]] = k3s.tensor_arg @N <role = workspace>
-// CHECK:        k3s.store_transition %[[GLA_SEGMENTS_M]] <transition = diagonal>
+// CHECK:        k3s.store_transition %M_final, %[[GLA_SEGMENTS_M]] <transition = diagonal>
 // CHECK:        k3s.summary_combine %[[GLA_SEGMENTS_M]], %[[GLA_SEGMENTS_N]], %[[GLA_INITIAL]] <transition = diagonal>
 
 // CHECK:      k3s.entry @linear_segment_summary <source = @linear> {

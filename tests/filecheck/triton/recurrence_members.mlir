@@ -106,6 +106,17 @@
 // ALL-LABEL: def {{[a-z_]+}}_backward_state_scan_kernel(
 // ALL-LABEL: def {{[a-z_]+}}_backward_cotangent_scan_kernel(
 // ALL:       for i_rc in range(0, tl.cdiv(eos - bos, BC)):
+// The cotangent summary of context parallelism (below) runs this code: what only the scan writes
+// (the spills, dh0) under its flag, what only the summary writes (N_bar) under the flag off.
+// ALL:           if SPILL_S_BAR{{(_VR_BAR)?}}:
+// ALL-NEXT:          # k3s.spill %S_bar, %S
+// ALL:           # k3s.store_state %S_final, %dh0 <layout = {{kv|vk}}>
+// ALL-NEXT:      if HAS_DH0:
+// ALL-NEXT:          tl.store(dh0 + p_state, b_S, mask=m_kv)
+// ALL-NEXT:  # k3s.when <flag = SPILL_S_BAR{{(_VR_BAR)?}}, on = false>: skipped by launches that pass SPILL_S_BAR{{(_VR_BAR)?}}=True
+// ALL-NEXT:  if not SPILL_S_BAR{{(_VR_BAR)?}}:
+// ALL-NEXT:      # k3s.store_state %S_final, %N_bar <layout = {{kv|vk}}>
+// ALL-NEXT:      tl.store(N_bar + p_state, b_S, mask=m_kv)
 // ALL-LABEL: def {{[a-z_]+}}_backward_gradients_kernel(
 // An unbounded channel gate: one code for two launches, the second (STEEP on) the steep chunks'.
 // That launch reads the check the first recorded before it loads anything of the chunk.
@@ -143,8 +154,9 @@
 // DN-NOT:    k3s.gated_contraction
 // ALL:       k3s.store_cotangent %{{[A-Za-z_0-9]+}}, %dq, %q
 // ALL-LABEL: def _chunk_backward_single(q, k, v,
-// The backward of context parallelism (derive-segment-scan-backward): chunk_backward's kernels but one,
-// the cotangent scan from zero storing N_bar, and two host steps: the combine and its adjoint.
+// The backward of context parallelism (derive-segment-scan-backward): chunk_backward's kernels, the
+// cotangent scan also launched as the cotangent summary (from zero, storing N_bar, no spills), and
+// two host steps: the combine and its adjoint.
 // the training forward that keeps its prepare's spills and the backward that takes them
 // (save-forward-values), after the backward, launching the other entries' kernel code
 // ALL-LABEL: def chunk_saving(q, k, v, {{.*}}checkpoint_every=None):
@@ -152,9 +164,12 @@
 // ALL-LABEL: def chunk_backward_saved(q, k, v, {{.*}}output_dh0=False, {{.*}}=None):
 // ALL-NOT:   _backward_prepare_kernel[grid](
 // ALL:       _backward_state_scan_kernel[grid](
-// ALL-LABEL: def {{[a-z_]+}}_backward_segments_cotangent_summary_kernel(
-// ALL:       tl.store(N_bar + p_state, b_S, mask=m_kv)
+// ALL-NOT:   def {{[a-z_]+}}_backward_segments_cotangent_summary_kernel(
 // ALL-LABEL: def chunk_backward_segments(q, k, v, {{.*}}entering_states=None, leaving_cotangents=None):
+// ALL:       # k3s.kernel @{{[a-z_]+}}_backward_segments_cotangent_summary <{{.*}}flags = {SPILL_S_BAR{{(_VR_BAR)?}} = false}, shares_code_of = @{{[a-z_]+}}_backward_cotangent_scan{{[,>]}}
+// ALL:       _backward_cotangent_scan_kernel[grid](
+// ALL:       HAS_DHT=dht is not None,
+// ALL:       SPILL_S_BAR{{(_VR_BAR)?}}=False,
 // ALL:       initial_state = entering_states(M, N)
 // ALL:       adjoint = true>: every segment's leaving cotangent
 // ALL-NEXT:  dht = leaving_cotangents(M, N_bar)

@@ -109,7 +109,7 @@ builtin.module {
 // STAGES-NOT: {{.}}
 
 // CARRIED-NOT: {{\n}}
-// CARRIED: {{^}}k3c opt: error: <stdin>: k3s.token_loop: the initial state, the one block argument, the state passed on and the result must have one type, got 1 block arguments and types !k3s.tile<K x V>, !k3s.tile<K x V>, !k3s.tile<K x V>, !k3s.tile<K>{{$}}
+// CARRIED: {{^}}k3c opt: error: <stdin>: k3s.token_loop: it carries one or more values (its state first), each an initial value, a block argument, a value passed on and a result of one type (scf.for's iter_args); got initial values (!k3s.tile<K x V>); block arguments (!k3s.tile<K x V>); values passed on (!k3s.tile<K x V>); results (!k3s.tile<K>){{$}}
 // CARRIED-NOT: {{.}}
 
 // VALID: %q = k3s.tensor_arg @q <role = input> : !k3s.tensor<B x T x 4 x 16, float>
