@@ -32,7 +32,9 @@ def assert_decode(layer, arguments: dict) -> None:
     assert_matches(out, ref, "moe_decode out (warp)", rms_tol=1e-5, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("R", [1, 3, 5, 7])
+# one token, and several (R = 5; 3 and 7 took the same launches: the warp plan's launch_by_rows
+# buckets start at 16 rows; test_warp_decode_repeated_experts runs 7)
+@pytest.mark.parametrize("R", [1, 5])
 def test_warp_decode_matches_reference(layer, R):
     torch.manual_seed(100 + R)
     assert_decode(layer, inputs_of(layer.spec.params, R))
@@ -63,6 +65,12 @@ def test_warp_kernels_are_the_plan(layer):
     assert k3s.ProjectSlotsOp not in ops
     assert ops[k3s.ProjectTokenSlotsOp].slots.value.data == 1 << (k - 1).bit_length()
     assert ops[k3s.SumExpertRowsOp].slots.value.data == 2
+    # every launch by rows of moe_decode takes 2..7 rows in one bucket: test_warp_decode_matches_reference's R = 5
+    # runs what 3 and 7 would
+    decode = [op for op in layer.compilation.scheduled.walk() if isinstance(op, k3s.LaunchByRowsOp)
+              and op.kernel.string_value().startswith(f"{name}_decode_")
+              and not op.kernel.string_value().startswith(f"{name}_decode_split_")]
+    assert decode and min(op.max_rows.value.data for op in decode) >= 7
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
