@@ -137,8 +137,8 @@ def run_pipeline(module: ModuleOp, spec_text: str, keep_snapshots: bool = False,
     return result
 
 
-def parse_pipeline_passes(spec_text: str) -> tuple[ModulePass, ...]:
-    """The passes of a pipeline, built with their options; IRError naming a bad pipeline."""
+def parse_checked(spec_text: str) -> list[tuple[str, list[tuple[str, str | None, tuple]]]]:
+    """parse_passes, with bad syntax an IRError of one line naming the column."""
 
     def syntax_error(column: str | None, message: str) -> IRError:
         return IRError(f"pipeline '{spec_text}': {f'column {column}: ' if column else ''}{message} (passes are "
@@ -151,7 +151,12 @@ def parse_pipeline_passes(spec_text: str) -> tuple[ModulePass, ...]:
         raise syntax_error(where and where[1], str(err).splitlines()[-1].strip()) from None
     if spec_text.rstrip().endswith(","):  # xDSL's parser takes a trailing comma, as no other empty pass name
         raise syntax_error(str(len(spec_text.rstrip()) + 1), "Expected pass name here")
-    return tuple(build_pass(spec_text, name, options) for name, options in parsed)
+    return parsed
+
+
+def parse_pipeline_passes(spec_text: str) -> tuple[ModulePass, ...]:
+    """The passes of a pipeline, built with their options; IRError naming a bad pipeline."""
+    return tuple(build_pass(spec_text, name, options) for name, options in parse_checked(spec_text))
 
 
 def run_passes(module: ModuleOp, passes: typing.Sequence[ModulePass], result: PipelineRun | None = None, *,

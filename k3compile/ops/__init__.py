@@ -14,6 +14,10 @@ Tuned kernels: a layer's module embeds the winners that `k3c tune` (of a spec of
 or `with k3compile.ops.tuning():` (the calls' own layers and shapes) cached on this GPU, forward
 and backward; an untuned shape runs the heuristic defaults, and nothing is tuned unless asked
 (docs/autotuning.md, "k3compile.ops").
+
+Chosen schedules: `with k3compile.ops.pass_options("derive-block-attnres{partials-schedule=columns}"):`
+(or $K3C_PASS_OPTIONS) compiles the layers called inside with those passes' options in place of
+the defaults (k3compile/ops/pass_options.py).
 """
 
 from k3compile.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
@@ -23,6 +27,7 @@ from k3compile.ops.gla import chunk_gla, fused_recurrent_gla
 from k3compile.ops.kda import chunk_kda, fused_recurrent_kda
 # k3compile's own, beside fla's functions (not in __all__: `import *` gives fla's names only)
 from k3compile.ops.autotuning import tuning
+from k3compile.ops.pass_options import pass_options
 
 __all__ = [
     "chunk_delta_rule",

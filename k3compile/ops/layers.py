@@ -25,7 +25,9 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from k3compile.default_pipelines import DEFAULT_PIPELINES
 from k3compile.errors import OutputError
+from k3compile.ops.pass_options import chosen, pipeline_with
 from k3compile.runtime.autotune.cache import TuneCache
 from k3compile.runtime.autotune.compile import ModulePlan, cached_records, embed_records
 from k3compile.runtime.autotune.measure import gpu_name
@@ -93,36 +95,39 @@ def cache_dir() -> Path:
 # a cached module's first line: this prefix, then the sha256 of everything after that line
 HASH_PREFIX = b"# k3compile.ops module, sha256 of the rest: "
 
-_LOADED: dict[LayerKey, ModuleType] = {}
+# by key and the pass options in force (k3compile.ops.pass_options)
+_LOADED: dict[tuple[LayerKey, str], ModuleType] = {}
 
 
 def layer_module(key: LayerKey) -> ModuleType:
-    """The generated module of `key`: from this process, else from the disk cache, else compiled
-    (and written there atomically, so processes side by side never see half a file), with the
-    tuned winners of its layer on this GPU embedded (tuned_records) as of its first use here."""
-    module = _LOADED.get(key)
+    """The generated module of `key` under the pass options in force (pass_options.chosen): from
+    this process, else from the disk cache, else compiled (and written there atomically, so
+    processes side by side never see half a file), with the tuned winners of its layer on this
+    GPU embedded (tuned_records) as of its first use here, unless options were chosen."""
+    options = chosen()
+    module = _LOADED.get((key, options))
     if module is None:
         spec = layer_spec(key)
-        gpu, records = tuned_records(spec)
-        stem = module_stem(key, records)
+        gpu, records = (None, {}) if options else tuned_records(spec)
+        stem = module_stem(key, records, options)
         path = cache_dir() / f"{stem}.py"
         source = read_cached(path)
         if source is None:
-            source = compile_layer(spec, path, gpu, records)
-        module = _LOADED[key] = import_module(path, source, f"k3compile_ops_{stem}")
+            source = compile_layer(spec, path, gpu, records, options)
+        module = _LOADED[(key, options)] = import_module(path, source, f"k3compile_ops_{stem}")
     return module
 
 
 def forget_if_retuned(key: LayerKey) -> None:
-    """Forget the loaded module of `key` where the tuning cache's records of its layer have
-    changed since it was loaded (a tune in this process, or `k3c tune` beside it): its next call
-    loads the module that embeds them."""
-    module = _LOADED.get(key)
+    """Forget the loaded module of `key` (under the default options: the tuner's) where the tuning
+    cache's records of its layer have changed since it was loaded (a tune in this process, or
+    `k3c tune` beside it): its next call loads the module that embeds them."""
+    module = _LOADED.get((key, ""))
     if module is None:
         return
     _, records = tuned_records(layer_spec(key))
     if module.__name__ != f"k3compile_ops_{module_stem(key, records)}":
-        del _LOADED[key]
+        del _LOADED[(key, "")]
 
 
 def layer_spec(key: LayerKey):
@@ -149,13 +154,16 @@ def tuned_records(spec) -> tuple[str | None, dict[str, list[dict]]]:
     return gpu, records
 
 
-def module_stem(key: LayerKey, records: dict[str, list[dict]]) -> str:
+def module_stem(key: LayerKey, records: dict[str, list[dict]], options: str = "") -> str:
     """The file name of `key`'s module: its name, and where tuned records are embedded a digest
-    of them, so a module compiled before a tune (or a retune) is never reused after it."""
-    if not records:
-        return key.module_name()
-    digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{key.module_name()}_tuned_{digest}"
+    of them, so a module compiled before a tune (or a retune) is never reused after it; likewise
+    a digest of the pass options it was compiled under."""
+    stem = key.module_name()
+    if records:
+        stem += "_tuned_" + hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
+    if options:
+        stem += "_options_" + hashlib.sha256(options.encode()).hexdigest()[:12]
+    return stem
 
 
 def with_hash(source: bytes) -> bytes:
@@ -172,9 +180,10 @@ def read_cached(path: Path) -> bytes | None:
     return data if data == with_hash(data.partition(b"\n")[2]) else None
 
 
-def compile_layer(spec, path: Path, gpu: str | None, records: dict[str, list[dict]]) -> bytes:
+def compile_layer(spec, path: Path, gpu: str | None, records: dict[str, list[dict]], options: str = "") -> bytes:
     """Compile `spec`'s module, with `records` (tuned on `gpu`, by entry) embedded as `k3c
-    compile` embeds them, and write it to `path`; returns what was written."""
+    compile` embeds them, or under the pass `options` (k3compile.ops.pass_options), and write it
+    to `path`; returns what was written."""
     # xDSL, the passes and the printer: a cold start only
     from k3compile import driver
 
@@ -183,6 +192,8 @@ def compile_layer(spec, path: Path, gpu: str | None, records: dict[str, list[dic
         compilation = embed_records(spec, plan, gpu, records)
         for message in plan.messages:  # a bucket whose winners this module's kernel code cannot take
             warnings.warn(f"k3compile.ops: {message}", stacklevel=3)
+    elif options:
+        compilation = driver.lower(spec, pipeline_with(spec.kind, DEFAULT_PIPELINES[spec.kind], options))
     else:
         compilation = driver.lower(spec)
     data = with_hash(compilation.source.encode())
