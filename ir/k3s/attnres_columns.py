@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
-from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def, traits_def, var_operand_def
+from xdsl.irdl import (irdl_op_definition, operand_def, opt_prop_def, opt_result_def, prop_def, result_def, traits_def,
+                       var_operand_def)
 from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.attnres import ColumnLoopOp
 from k3compile.ir.k3s.attnres_blocks import _expect, _expect_rank
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
-from k3compile.ir.k3s.types import TensorType, TileType
+from k3compile.ir.k3s.types import TensorType, TileType, tile_dims
 from k3compile.ir.syntax import KeywordSyntax
 
 
@@ -132,11 +133,16 @@ class GroupScoresOp(KeywordSyntax, RuntimeSizesInterface):
     representatives = operand_def(TensorType)
     folded = operand_def(TensorType)
     score = result_def(TileType)
+    # where asked for (the backward's coefficients divide by it), rho itself: `<R x S>`, from the
+    # sums of squares, or from the scaled sums where the program's rows were read again
+    rms = opt_result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _expect(self, ("the Gram matrix", self.gram, ("R", "S", "R", "S")), ("q . x", self.query_dots, ("Q", "R", "S")),
                 ("the scores", self.score, ("R", "S", "Q")))
+        if self.rms is not None:
+            _expect(self, ("the RMS", self.rms, ("R", "S")))
 
     def runtime_sizes(self) -> tuple[str, ...]:
         return ("S", "R", "Q")
@@ -193,9 +199,11 @@ class StoreGroupStatsOp(KeywordSyntax, RuntimeSizesInterface):
 
 @irdl_op_definition
 class SplitWeightsOp(KeywordSyntax):
-    """The mix's fp32 weights as two tiles in the dtype of `representatives` (its dtype only is
-    read): the weights rounded, and the rest rounded, so that their products with the rows sum to
-    the fp32 weights' to 2^-17 at bf16 (at fp32 the first is the weights, the second zero)."""
+    """fp32 coefficients of a product with the group's rows (the mix's weights `<R x Q x R x S>`;
+    in the backward also t, `<R x S x Q>`) as two tiles in the dtype of `representatives` (its
+    dtype only is read): the coefficients rounded, and the rest rounded, so that their products
+    with the rows sum to the fp32 coefficients' to 2^-17 at bf16 (at fp32 the first is the
+    coefficients, the second zero)."""
 
     name = "k3s.split_weights"
     weights = operand_def(TileType)
@@ -205,8 +213,11 @@ class SplitWeightsOp(KeywordSyntax):
     traits = traits_def(HasParent(KernelOp), Pure())
 
     def verify_(self) -> None:
-        _expect(self, ("the weights", self.weights, ("R", "Q", "R", "S")),
-                ("the high part", self.high, ("R", "Q", "R", "S")), ("the low part", self.low, ("R", "Q", "R", "S")))
+        dims = tile_dims(self.weights)
+        if dims not in (("R", "Q", "R", "S"), ("R", "S", "Q")):
+            raise VerifyException(f"{self.name}: the weights must be <R x Q x R x S> or <R x S x Q>, got "
+                                  f"<{' x '.join(dims)}>")
+        _expect(self, ("the high part", self.high, dims), ("the low part", self.low, dims))
 
 
 @irdl_op_definition
