@@ -3,8 +3,8 @@ partials-schedule=columns) and the loop and grid axis its backward shares
 (derive-block-attnres-backward's partials-backward=columns: attnres_columns_backward.py).
 A program's group of BR token rows with all the call's Q queries (BQ, the kernel's block_q:
 legalize-triton's #k3s.runtime_block<Q>, at least 16) and all of a row's S representatives (BS,
-its block_s), the hidden columns in blocks of BD. Names the grid axis defines: i_rg, o_q, m_q,
-o_s, m_s; a column loop: i_c, o_d, m_d (the block's columns), m_qd, m_sd.
+its block_s), the hidden columns in blocks of BD. Names the grid axis defines: i_rg, o_q, m_q;
+a column loop: i_c, o_d, m_d (the block's columns), m_qd.
 
 `<R x S ..>` tiles hold the group's (row, representative) pairs flattened, k = r BS + i:
 [BR * BS, ..] (o_k, its token rows i_rk, representatives i_sk, mask m_k); `<R x Q ..>` its
@@ -39,8 +39,6 @@ class AttnResColumnsForward:
             f"i_rg = tl.program_id({axis}).to(tl.int64)",
             "o_q = tl.arange(0, BQ)",
             "m_q = o_q < Q",
-            "o_s = tl.arange(0, BS)",
-            "m_s = o_s < S",
         )
 
     def print_k3s_column_loop(self, op: k3s.ColumnLoopOp) -> None:
@@ -55,8 +53,7 @@ class AttnResColumnsForward:
             c(f"for i_c in {pipelined_range(op, '0', 'D', 'BD')}:")
             first = []
         with c.indent():
-            c(*first, "o_d = i_c + tl.arange(0, BD)", "m_d = o_d < D", "m_qd = m_q[:, None] & m_d[None, :]",
-              "m_sd = m_s[:, None] & m_d[None, :]")
+            c(*first, "o_d = i_c + tl.arange(0, BD)", "m_d = o_d < D", "m_qd = m_q[:, None] & m_d[None, :]")
             self.print_ops(op)
 
     def print_k3s_next_column(self, op: k3s.NextColumnOp) -> None:

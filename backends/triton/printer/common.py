@@ -45,7 +45,7 @@ def pipelined_range(op: Operation, start: str, stop: str, step: str | None = Non
     """A loop of op's kernel (over tokens, sources, blocks of columns): its kernel's num_stages
     asks Triton to load the next iterations' rows while this one computes (it pipelines a loop
     without matrix products only when the loop itself says so)."""
-    kernel = op if isinstance(op, k3s.KernelOp) else op.parent_op()
+    kernel = op.parent_op()
     while not isinstance(kernel, k3s.KernelOp):
         kernel = kernel.parent_op()
     bounds = f"{start}, {stop}" + (f", {step}" if step is not None else "")
