@@ -8,7 +8,9 @@ D = 40 (blocks of 16 columns: two and a partial one), Q = 12 and 3 (not powers o
 n = 1 and 8 representatives, 37 token rows (odd: a partial last group; the queries' kernel in
 parts of 32 rows, so two parts add their shares), fp32, bf16 and fp16 (the interpreter rounds bf16
 as the GPU does: conftest). Outputs and workspaces are allocated NaN-filled (conftest's
-K3C_POISON_OUTPUTS): an element no kernel writes, or one read before it is written, is NaN.
+K3C_POISON_OUTPUTS): an element no kernel writes, or one read before it is written, is NaN. A
+row whose sum of squares leaves the products' safe range takes k3s.group_scores' rescan (its rho
+made off by 1.5x fails the float64 check: checked by hand).
 """
 
 from __future__ import annotations
@@ -66,3 +68,20 @@ def test_matches_float64_autograd(layer, dtype, n, num_queries):
         assert_gradient(f"{name} ({dtype}, n = {n}, Q = {num_queries})", g, w, out_dtype, rtol)
     if n == 1:  # one representative: its weight is 1, yet lse's cotangent reaches the queries
         assert got[1].norm() > 1e-3 * want[1].norm().item()
+
+
+def test_rows_past_the_products_safe_range(layer):
+    """A representative row of scale 1e18 (its sum of squares past 2^100): k3s.group_scores reads
+    the group's rows again scaled, its rho feeds the coefficients, and every gradient still
+    matches float64 autograd (fp32)."""
+    op = layer_op(layer)
+    representatives, _, queries, gains = inputs(2, B, T, D, queries=3)
+    representatives[1, 0, 5] *= 1e18
+    block_lse, block_mix = layer.block_partials(representatives, queries, gains)
+    dlse, dmix = torch.randn(3, B, T), torch.randn(3, B, T, D)
+    got = layer.block_partials_backward(representatives, queries, gains, block_lse, block_mix, dlse, dmix)
+    want = partials_reference_gradients(op, representatives, queries, gains, dlse, dmix)
+    for name, g, w in zip(("drepresentatives", "dqueries", "dgains"), got, want, strict=True):
+        assert_gradient(name, g, w, torch.float32, RTOL[torch.float32][0])
+    # the huge row's own cotangent, relative to itself (its scale 1e-18 of the others')
+    assert_gradient("its row", got[0][1, 0, 5], want[0][1, 0, 5], torch.float32, RTOL[torch.float32][0])
