@@ -318,7 +318,7 @@ def columns_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackward
     x_bar = make(k3s.GroupSourcesAdjointOp, operands=[x.results[0], *queries.results, dout.results[0],
                                                       *splits[0].results, *splits[1].results, centre],
                  result=("x_bar", k3s.tile("R", "S", "D")))
-    store = make(k3s.StoreGroupSourcesOp, operands=[x_bar.results[0], t["drepresentatives"]])
+    store = make(k3s.StoreGroupRowsOp, operands=[x_bar.results[0], t["drepresentatives"]])
     sweep2 = loop(k3s.ColumnLoopOp, [], (), Block([*inputs, x_bar, store, make(k3s.NextColumnOp)]), columns=columns,
                   reverse=True)
     kernel = make(k3s.KernelOp, [*starts, sweep1, scores, *stats, adjoint, store_t, *splits, sweep2],

@@ -239,21 +239,25 @@ class GroupMixOp(KeywordSyntax):
 
 @irdl_op_definition
 class StoreGroupRowsOp(KeywordSyntax, RuntimeSizesInterface):
-    """The group's (row, query) rows over the block of columns to `tensor` ([Q, B, T,
-    hidden_size]: block_mix in the activations' dtype, or block_numerator in fp32), each element
-    once (a cache hint: not kept in L2)."""
+    """The group's rows over the block of columns to `tensor`, each element once (a cache hint:
+    not kept in L2): its (row, query) rows (`<R x Q x D>`) to a [Q, B, T, hidden_size] tensor
+    (block_mix in the activations' dtype, or block_numerator in fp32), or its (row,
+    representative) rows (`<R x S x D>`: the representatives' cotangents) to an [S, B, T,
+    hidden_size] one (in its dtype; no atomics)."""
 
     name = "k3s.store_group_rows"
-    mix = operand_def(TileType)
+    rows = operand_def(TileType)
     tensor = operand_def(TensorType)
     traits = traits_def(HasParent(ColumnLoopOp), MemoryWriteEffect())
 
     def verify_(self) -> None:
-        _expect(self, ("the mixes", self.mix, ("R", "Q", "D")))
-        _expect_rank(self, "the mixes' tensor", self.tensor, 4)
+        dims = tile_dims(self.rows)
+        if dims not in (("R", "Q", "D"), ("R", "S", "D")):
+            raise VerifyException(f"{self.name}: the rows must be <R x Q x D> or <R x S x D>, got <{' x '.join(dims)}>")
+        _expect_rank(self, "the rows' tensor", self.tensor, 4)
 
     def runtime_sizes(self) -> tuple[str, ...]:
-        return ("R", "Q")
+        return ("R", "Q") if "Q" in tile_dims(self.rows) else ("S", "R")
 
 
 BLOCK_ATTNRES_COLUMNS_STAGES = [FoldQueriesSplitOp, LoadGroupSourcesOp, LoadFoldedQueriesOp, GroupColumnDotsOp,

@@ -4,9 +4,10 @@ columns form run backwards. The call's queries folded once (k3s.fold_queries_spl
 forward's fold kernel); a program per group of token rows with all the call's queries and all of
 a row's representatives, sweeping the hidden columns twice with the products on the tensor
 cores: the dots of the softmax's adjoint on the first sweep, each (row, representative)'s
-coefficients between the sweeps, the representatives' cotangents written once on the second;
-then a kernel of its own sums the queries' cotangents over the rows. `<R x S ..>` tiles hold the
-group's (row, representative) pairs, `<R x Q ..>` its (row, query) pairs, as the forward's.
+coefficients between the sweeps, the representatives' cotangents written once on the second
+(k3s.store_group_rows, the forward's); then a kernel of its own sums the queries' cotangents over
+the rows. `<R x S ..>` tiles hold the group's (row, representative) pairs, `<R x Q ..>` its
+(row, query) pairs, as the forward's.
 
 Per token row, representative i and query j (rho_i = sqrt(mean(b_i^2) + eps), s_ij = q_j . b_i /
 rho_i, lse_j and its cotangent lse_bar_j, dh_j the mix's cotangent):
@@ -172,24 +173,6 @@ class GroupSourcesAdjointOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class StoreGroupSourcesOp(KeywordSyntax, RuntimeSizesInterface):
-    """The group's representatives' cotangents over the block of columns to `dsources` ([S, B,
-    T, hidden_size], the representatives' dtype): each element written once, no atomics."""
-
-    name = "k3s.store_group_sources"
-    rows_bar = operand_def(TileType)
-    dsources = operand_def(TensorType)
-    traits = traits_def(HasParent(ColumnLoopOp), MemoryWriteEffect())
-
-    def verify_(self) -> None:
-        _expect(self, ("the rows' cotangents", self.rows_bar, ("R", "S", "D")))
-        _expect_rank(self, "dsources", self.dsources, 4)
-
-    def runtime_sizes(self) -> tuple[str, ...]:
-        return ("S", "R")
-
-
-@irdl_op_definition
 class GroupQueryCotangentOp(KeywordSyntax, RuntimeSizesInterface):
     """The queries' cotangents over the program's block of `columns` hidden columns, summed over
     its part of the call's token rows (`rows` of them, all their representatives):
@@ -222,5 +205,4 @@ class GroupQueryCotangentOp(KeywordSyntax, RuntimeSizesInterface):
 
 
 BLOCK_ATTNRES_COLUMNS_BACKWARD_STAGES = [LoadGroupRowsOp, GroupOutBarDotsOp, LoadGroupStatsOp, GroupScoreAdjointOp,
-                                         StoreGroupScoreBarsOp, GroupSourcesAdjointOp, StoreGroupSourcesOp,
-                                         GroupQueryCotangentOp]
+                                         StoreGroupScoreBarsOp, GroupSourcesAdjointOp, GroupQueryCotangentOp]

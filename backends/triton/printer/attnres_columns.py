@@ -204,8 +204,12 @@ class AttnResColumnsForward:
 
     def print_k3s_store_group_rows(self, op: k3s.StoreGroupRowsOp) -> None:
         tensor = tensor_name(op.tensor)
-        self.code.comment(op, "each (row, query)'s row once: [Q, rows, D]")
-        self.code(*GROUP_QUERIES,
-                  f"tl.store({tensor} + (i_qm[:, None] * R + i_rm[:, None]) * D + o_d[None, :], "
-                  f"{register(op.mix)}.to({tensor}.dtype.element_ty), mask=m_m[:, None] & m_d[None, :], "
-                  "eviction_policy=\"evict_first\")")
+        if "Q" in k3s.tile_dims(op.rows):
+            self.code.comment(op, "each (row, query)'s row once: [Q, rows, D]")
+            pairs, at, mask = GROUP_QUERIES, "i_qm[:, None] * R + i_rm[:, None]", "m_m"
+        else:
+            self.code.comment(op, "each (row, representative)'s row once: [S, rows, D]")
+            pairs, at, mask = GROUP_PAIRS, "i_sk[:, None] * R + i_rk[:, None]", "m_k"
+        self.code(*pairs,
+                  f"tl.store({tensor} + ({at}) * D + o_d[None, :], {register(op.rows)}.to({tensor}.dtype.element_ty), "
+                  f"mask={mask}[:, None] & m_d[None, :], eviction_policy=\"evict_first\")")

@@ -96,14 +96,6 @@ class AttnResColumnsBackward:
               f"{x_bar} = tl.dot(tl.trans({p_low}), {dout}, {x_bar})")
         c(f"{x_bar} = {x_bar} - {register(op.centre)}[:, None] * {register(op.rows)}.to(tl.float32)")
 
-    def print_k3s_store_group_sources(self, op: k3s.StoreGroupSourcesOp) -> None:
-        dsources = tensor_name(op.dsources)
-        self.code.comment(op, "each element once, in the representatives' dtype")
-        self.code(*GROUP_PAIRS,
-                  f"tl.store({dsources} + (i_sk[:, None] * R + i_rk[:, None]) * D + o_d[None, :], "
-                  f"{register(op.rows_bar)}.to({dsources}.dtype.element_ty), mask=m_k[:, None] & m_d[None, :], "
-                  "eviction_policy=\"evict_first\")")
-
     def print_k3s_group_query_cotangent(self, op: k3s.GroupQueryCotangentOp) -> None:
         c = self.code
         q_bar, reps = register(op.query_bar), tensor_name(op.representatives)

@@ -10,7 +10,7 @@
 // (k3s.group_score_adjoint; block_mix never read), t stored to the score_bars workspace, t and p
 // split in two parts (k3s.split_weights). Sweep 2, last block first: the rows and d mixes read
 // again (last use), the representatives' cotangents as products (k3s.group_sources_adjoint)
-// stored once in their dtype (k3s.store_group_sources: no fill, no atomics). The queries'
+// stored once in their dtype (k3s.store_group_rows, the forward's: no fill, no atomics). The queries'
 // cotangents in a kernel of their own (grid input_block x row_part): t read back with the
 // representatives, summed over parts of query-rows token rows (k3s.group_query_cotangent), added
 // by the fold's adjoint (k3s.store_query_cotangent, fp32 atomics, once per part and block).
@@ -32,6 +32,7 @@
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%rho = k3s.group_scores \(.*\) : !k3s.tile<R x S x Q>, !k3s.tile<R x S>/%%rho = k3s.group_scores \1 : !k3s.tile<R x S x Q>, !k3s.tile<R x Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RHO
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/rows = 256, pairs = 64/rows = 256, pairs = 8/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=VPAIRS
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_high, %%t_low = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x S x Q>/%%t_high, %%t_low = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x Q x R x S>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=SPLIT
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/k3s.store_group_rows %%x_bar,/k3s.store_group_rows %%t,/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
 // The example spec (K3's width) printed with this form: blocks of 64 columns, pipelined by the
 // kernel's stages, products on tl.dot, no loop over a program's rows.
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward{partials-backward=columns},outline-kernels' | filecheck %s --check-prefix=TRITON
@@ -82,7 +83,7 @@ builtin.module {
 // CHECK-NEXT: %q_high_1, %q_low_1 = k3s.load_folded_queries %folded : !k3s.tile<Q x D>, !k3s.tile<Q x D>
 // CHECK-NEXT: %dout_1 = k3s.load_group_rows %dblock_mix <last_use = true> : !k3s.tile<R x Q x D>
 // CHECK-NEXT: %x_bar = k3s.group_sources_adjoint %x_1, %q_high_1, %q_low_1, %dout_1, %t_high, %t_low, %p_high, %p_low, %c : !k3s.tile<R x S x D>
-// CHECK-NEXT: k3s.store_group_sources %x_bar, %drepresentatives
+// CHECK-NEXT: k3s.store_group_rows %x_bar, %drepresentatives
 // CHECK-NEXT: k3s.next_column
 // CHECK-NEXT: }
 // CHECK-NEXT: }
@@ -115,6 +116,7 @@ builtin.module {
 // DOTS:       k3s.group_score_adjoint: dh . x must be <R x Q x R x S>, got <R x S x R x S>
 // RHO:        k3s.group_scores: the RMS must be <R x S>, got <R x Q>
 // VPAIRS:     k3s.group_query_cotangent: columns and pairs must be powers of two, pairs at least 16 (tl.dot's least) and rows a multiple of pairs; got columns = 128, rows = 256, pairs = 8
+// STORE:      k3s.store_group_rows: the rows must be <R x Q x D> or <R x S x D>, got <R x S x Q>
 // SPLIT:      k3s.split_weights: the low part must be <R x S x Q>, got <R x Q x R x S>
 
 // TRITON-LABEL: def attnres_block_partials_backward_fold_kernel(
