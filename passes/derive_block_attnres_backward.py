@@ -408,6 +408,9 @@ class DeriveBlockAttnResBackwardPass(ModulePass):
         if not DOT_LEAST <= self.query_pairs <= self.query_rows:
             raise ValueError(f"{self.name}: query-pairs must be at least {DOT_LEAST} (tl.dot's least) and at most "
                              f"query-rows, got {self.query_pairs} (query-rows {self.query_rows})")
+        if self.query_columns < DOT_LEAST:
+            raise ValueError(f"{self.name}: query-columns must be at least {DOT_LEAST} (tl.dot's least), "
+                             f"got {self.query_columns}")
         normalised_partials(op, self.name)
         partials = columns_backward_entry if self.partials_backward == "columns" else query_blocks_backward_entry
         add_entries(op, AttnResOp, lambda layer: partials(layer, self))

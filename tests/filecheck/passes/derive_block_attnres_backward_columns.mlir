@@ -24,6 +24,7 @@
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=48}' 2>&1 | filecheck %s --check-prefix=POW2
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=8}' 2>&1 | filecheck %s --check-prefix=LEAST
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns query-pairs=8}' 2>&1 | filecheck %s --check-prefix=PAIRS
+// RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns query-columns=8}' 2>&1 | filecheck %s --check-prefix=QCOLUMNS
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=rows}' 2>&1 | filecheck %s --check-prefix=FORM
 // The new stages verify their tiles and sizes (one line each).
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%dout = k3s.load_group_rows %%dblock_mix : !k3s.tile<R x Q x D>/%%dout = k3s.load_group_rows %%dblock_mix : !k3s.tile<Q x D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
@@ -110,6 +111,7 @@ builtin.module {
 // POW2:       derive-block-attnres-backward: block-columns must be a power of two, got 48
 // LEAST:      derive-block-attnres-backward: block-columns must be at least 16 (tl.dot's least), got 8
 // PAIRS:      derive-block-attnres-backward: query-pairs must be at least 16 (tl.dot's least) and at most query-rows, got 8 (query-rows 256)
+// QCOLUMNS:   derive-block-attnres-backward: query-columns must be at least 16 (tl.dot's least), got 8
 // FORM:       derive-block-attnres-backward: partials-backward must be one of query-blocks, columns, got rows
 // ROWS:       k3s.load_group_rows: the rows must be <R x Q x D>, got <Q x D>
 // CENTRE:     k3s.group_sources_adjoint: c must be <R x S>, got <R x Q>
