@@ -309,9 +309,10 @@ def columns_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackward
                             ("c", k3s.tile("R", "S"))])
     p, score_bar, centre = adjoint.results
     store_t = make(k3s.StoreGroupScoreBarsOp, operands=[score_bar, t["score_bars"]])
+    # t (of no fixed range: the cotangents') over a power of two, p (in [0, 1]) as it is
     splits = [make(k3s.SplitWeightsOp, operands=[value, t["representatives"]],
-                   results=[(f"{n}_high", value.type), (f"{n}_low", value.type)])
-              for value, n in ((score_bar, "t"), (p, "p"))]
+                   results=[(f"{n}_high", value.type), (f"{n}_low", value.type), *scale])
+              for value, n, scale in ((score_bar, "t", [("t_scale", k3s.tile())]), (p, "p", []))]
 
     # sweep 2, last block of columns first: the representatives' cotangents
     x, queries, dout = inputs = column_inputs(last_use=True)

@@ -85,3 +85,21 @@ def test_rows_past_the_products_safe_range(layer):
         assert_gradient(name, g, w, torch.float32, RTOL[torch.float32][0])
     # the huge row's own cotangent, relative to itself (its scale 1e-18 of the others')
     assert_gradient("its row", got[0][1, 0, 5], want[0][1, 0, 5], torch.float32, RTOL[torch.float32][0])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # d representatives at 1e5
+@pytest.mark.parametrize("scale", [1e-6, 1e5], ids=["tiny", "loss-scaled"])
+def test_fp16_coefficients_of_any_scale(layer, scale):
+    """t = s_bar / rho has the cotangents' scale: split in two fp16 parts as it stands it would
+    fall into fp16's subnormals (cotangents of scale 1e-6: dqueries 2.4e-3 off) or past 65504
+    (1e5: NaN); over a power of two (k3s.split_weights' scale, the queries' kernel's per product)
+    dqueries and dgains (fp32) keep their accuracy at both. (d representatives are fp16 here:
+    at 1e5 they overflow it, at 1e-6 they round as its subnormals; not checked.)"""
+    op = layer_op(layer)
+    representatives, _, queries, gains = (x.half() for x in inputs(8, B, T, D, queries=12))
+    block_lse, block_mix = layer.block_partials(representatives, queries, gains)
+    dlse, dmix = torch.randn(12, B, T) * scale, (torch.randn(12, B, T, D) * min(scale, 1.0)).half()
+    got = layer.block_partials_backward(representatives, queries, gains, block_lse, block_mix, dlse, dmix)
+    want = partials_reference_gradients(op, representatives, queries, gains, dlse, dmix)
+    for name, g, w in zip(("dqueries", "dgains"), got[1:], want[1:], strict=True):
+        assert_gradient(f"{name} (cotangents of scale {scale:g})", g, w, torch.float32, RTOL[torch.float16][1])

@@ -203,13 +203,17 @@ class SplitWeightsOp(KeywordSyntax):
     in the backward also t, `<R x S x Q>`) as two tiles in the dtype of `representatives` (its
     dtype only is read): the coefficients rounded, and the rest rounded, so that their products
     with the rows sum to the fp32 coefficients' to 2^-17 at bf16 (at fp32 the first is the
-    coefficients, the second zero)."""
+    coefficients, the second zero). With a `scale` result (`<>`: coefficients of no fixed range,
+    as t, the mixes' and log-sum-exps' cotangents' scale) the coefficients are divided first by
+    scale = 2^ceil(log2(max |w|)) (at least 2^-100), so that both parts stay in fp16's normal
+    range, and the parts' products are to be multiplied back by it."""
 
     name = "k3s.split_weights"
     weights = operand_def(TileType)
     representatives = operand_def(TensorType)
     high = result_def(TileType)
     low = result_def(TileType)
+    scale = opt_result_def(TileType)
     traits = traits_def(HasParent(KernelOp), Pure())
 
     def verify_(self) -> None:
@@ -218,6 +222,8 @@ class SplitWeightsOp(KeywordSyntax):
             raise VerifyException(f"{self.name}: the weights must be <R x Q x R x S> or <R x S x Q>, got "
                                   f"<{' x '.join(dims)}>")
         _expect(self, ("the high part", self.high, dims), ("the low part", self.low, dims))
+        if self.scale is not None:
+            _expect(self, ("the scale", self.scale, ()))
 
 
 @irdl_op_definition

@@ -145,9 +145,9 @@ class StoreGroupScoreBarsOp(KeywordSyntax, RuntimeSizesInterface):
 class GroupSourcesAdjointOp(KeywordSyntax):
     """The group's representatives' cotangents over the block of columns, every query's share
     summed: b_bar_i = sum_j (t_ij q_j + p_ij dh_j) - c_i b_i (`<R x S x D>`, fp32), as products:
-    t (both parts) with the folded queries (both parts; the parts' product of the two rests left
-    out: 2^-16 of t q at bf16), the block-diagonal p (both parts) transposed with the group's
-    (row, query) rows dh, less c b."""
+    t (both parts of t / t_scale, k3s.split_weights') with the folded queries (both parts; the
+    product of the two rests left out: 2^-16 of t q at bf16) times t_scale, the block-diagonal p
+    (both parts) transposed with the group's (row, query) rows dh, less c b."""
 
     name = "k3s.group_sources_adjoint"
     rows = operand_def(TileType)
@@ -156,6 +156,7 @@ class GroupSourcesAdjointOp(KeywordSyntax):
     out_bar = operand_def(TileType)
     score_bar_high = operand_def(TileType)
     score_bar_low = operand_def(TileType)
+    score_bar_scale = operand_def(TileType)
     weight_high = operand_def(TileType)
     weight_low = operand_def(TileType)
     centre = operand_def(TileType)
@@ -166,7 +167,7 @@ class GroupSourcesAdjointOp(KeywordSyntax):
         _expect(self, ("the rows", self.rows, ("R", "S", "D")), ("the high part", self.high, ("Q", "D")),
                 ("the low part", self.low, ("Q", "D")), ("dh", self.out_bar, ("R", "Q", "D")),
                 ("t's high part", self.score_bar_high, ("R", "S", "Q")),
-                ("t's low part", self.score_bar_low, ("R", "S", "Q")),
+                ("t's low part", self.score_bar_low, ("R", "S", "Q")), ("t's scale", self.score_bar_scale, ()),
                 ("p's high part", self.weight_high, ("R", "Q", "R", "S")),
                 ("p's low part", self.weight_low, ("R", "Q", "R", "S")), ("c", self.centre, ("R", "S")),
                 ("the rows' cotangents", self.rows_bar, ("R", "S", "D")))
@@ -178,7 +179,8 @@ class GroupQueryCotangentOp(KeywordSyntax, RuntimeSizesInterface):
     its part of the call's token rows (`rows` of them, all their representatives):
     q_bar_j = sum_(row, i) t_ij b_i (`<Q x D>`, fp32), from `score_bars` ([S, B, T, Q] fp32:
     k3s.store_group_score_bars') and the representatives, `pairs` (row, representative) pairs a
-    product (t split in two parts of the representatives' dtype, as k3s.split_weights')."""
+    product (their t split in two parts of the representatives' dtype over a power of two, as
+    k3s.split_weights with a scale: in fp16's range whatever the cotangents' scale)."""
 
     name = "k3s.group_query_cotangent"
     hidden_size = prop_def(IntegerAttr[I64])

@@ -188,11 +188,19 @@ class AttnResColumnsForward:
             c(f"tl.store({tensor_name(tensor)} + {at}, {value}, mask={mask})")
 
     def print_k3s_split_weights(self, op: k3s.SplitWeightsOp) -> None:
+        c = self.code
         dtype = f"{tensor_name(op.representatives)}.dtype.element_ty"
-        high = register(op.high)
-        self.code.comment(op, "the weights in the rows' dtype, and the rest")
-        self.code(f"{high} = {register(op.weights)}.to({dtype})",
-                  f"{register(op.low)} = ({register(op.weights)} - {high}.to(tl.float32)).to({dtype})")
+        weights, high = register(op.weights), register(op.high)
+        if op.scale is None:
+            c.comment(op, "the weights in the rows' dtype, and the rest")
+        else:
+            c.comment(op, "the coefficients over a power of two at or above their largest magnitude, in the rows' "
+                          "dtype, and the rest")
+            scale = register(op.scale)
+            c(f"{scale} = tl.exp2(tl.ceil(tl.log2(tl.maximum(tl.max(tl.abs({weights})), {2.0 ** -100!r}))))",
+              f"b_in_range = {weights} / {scale}")
+            weights = "b_in_range"
+        c(f"{high} = {weights}.to({dtype})", f"{register(op.low)} = ({weights} - {high}.to(tl.float32)).to({dtype})")
 
     def print_k3s_group_mix(self, op: k3s.GroupMixOp) -> None:
         x, high, low, mix = register(op.rows), register(op.high), register(op.low), register(op.mix)

@@ -86,14 +86,17 @@ class AttnResColumnsBackward:
         t_high, t_low, p_high, p_low = (register(v) for v in (op.score_bar_high, op.score_bar_low, op.weight_high,
                                                                op.weight_low))
         c.comment(op, "x_bar_i = sum_j (t_ij q_j + p_ij dh_j) - c_i x_i over the block: t's product with the "
-                      "queries, p's (transposed) with the (row, query) rows")
+                      "queries (times t's scale), p's (transposed) with the (row, query) rows")
         c(f"{x_bar} = tl.dot({t_high}, {register(op.high)}, input_precision=\"ieee\")",
-          f"{x_bar} = tl.dot(tl.trans({p_high}), {dout}, {x_bar}, input_precision=\"ieee\")",
           f"if {t_low}.dtype != tl.float32:  # the rests' products (zero at fp32)")
         with c.indent():
             c(f"{x_bar} = tl.dot({t_high}, {register(op.low)}, {x_bar})",
-              f"{x_bar} = tl.dot({t_low}, {register(op.high)}, {x_bar})",
-              f"{x_bar} = tl.dot(tl.trans({p_low}), {dout}, {x_bar})")
+              f"{x_bar} = tl.dot({t_low}, {register(op.high)}, {x_bar})")
+        c(f"{x_bar} = tl.dot(tl.trans({p_high}), {dout}, {x_bar} * {register(op.score_bar_scale)}, "
+          "input_precision=\"ieee\")",
+          f"if {p_low}.dtype != tl.float32:  # the weights' rest (zero at fp32)")
+        with c.indent():
+            c(f"{x_bar} = tl.dot(tl.trans({p_low}), {dout}, {x_bar})")
         c(f"{x_bar} = {x_bar} - {register(op.centre)}[:, None] * {register(op.rows)}.to(tl.float32)")
 
     def print_k3s_group_query_cotangent(self, op: k3s.GroupQueryCotangentOp) -> None:
@@ -101,7 +104,8 @@ class AttnResColumnsBackward:
         q_bar, reps = register(op.query_bar), tensor_name(op.representatives)
         dtype = f"{reps}.dtype.element_ty"
         c.comment(op, "q_bar_j = sum over the part's rows and their representatives of t_ij x_i, BK (row, "
-                      "representative) pairs a product, t split in two parts of the rows' dtype")
+                      "representative) pairs a product, their t over a power of two split in two parts of the "
+                      "rows' dtype")
         c("o_q = tl.arange(0, BQ)", "m_q = o_q < Q", "m_qd = m_q[:, None] & m_d[None, :]",
           f"{q_bar} = tl.zeros([BQ, BD], dtype=tl.float32)",
           f"for i_j in {pipelined_range(op, '0', 'S * (BR // BK)')}:")
@@ -113,8 +117,11 @@ class AttnResColumnsBackward:
               "mask=m_k[:, None] & m_q[None, :], other=0.0)",
               f"b_x = tl.load({reps} + (i_s * R + o_k[:, None]) * D + o_d[None, :], mask=m_k[:, None] & m_d[None, :], "
               "other=0.0, eviction_policy=\"evict_first\")",
+              f"b_t_scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(tl.max(tl.abs(b_t)), {2.0 ** -100!r}))))",
+              "b_t = b_t / b_t_scale",
               f"b_t_high = b_t.to({dtype})",
-              f"{q_bar} = tl.dot(tl.trans(b_t_high), b_x, {q_bar}, input_precision=\"ieee\")",
+              "b_part = tl.dot(tl.trans(b_t_high), b_x, input_precision=\"ieee\")",
               f"if {dtype} != tl.float32:  # t's rest (zero at fp32)")
             with c.indent():
-                c(f"{q_bar} = tl.dot(tl.trans((b_t - b_t_high.to(tl.float32)).to({dtype})), b_x, {q_bar})")
+                c(f"b_part = tl.dot(tl.trans((b_t - b_t_high.to(tl.float32)).to({dtype})), b_x, b_part)")
+            c(f"{q_bar} = {q_bar} + b_part * b_t_scale")

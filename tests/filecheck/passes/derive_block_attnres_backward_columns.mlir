@@ -7,8 +7,8 @@
 // matrix and q . x (k3s.group_column_dots, the forward's) and dh . x (k3s.group_out_bar_dots),
 // products of the group's rows; the scores and their RMS (k3s.group_scores with its rho result),
 // the saved log-sum-exps and their cotangents (k3s.load_group_stats), the coefficients p, t, c
-// (k3s.group_score_adjoint; block_mix never read), t stored to the score_bars workspace, t and p
-// split in two parts (k3s.split_weights). Sweep 2, last block first: the rows and d mixes read
+// (k3s.group_score_adjoint; block_mix never read), t stored to the score_bars workspace, t (over a
+// power of two, its scale) and p split in two parts (k3s.split_weights). Sweep 2, last block first: the rows and d mixes read
 // again (last use), the representatives' cotangents as products (k3s.group_sources_adjoint)
 // stored once in their dtype (k3s.store_group_rows, the forward's: no fill, no atomics). The queries'
 // cotangents in a kernel of their own (grid input_block x row_part): t read back with the
@@ -32,7 +32,8 @@
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%score, %%rho, %%dp_1, %%lse/%%score, %%rho, %%gram_1, %%lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=DOTS
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%rho = k3s.group_scores \(.*\) : !k3s.tile<R x S x Q>, !k3s.tile<R x S>/%%rho = k3s.group_scores \1 : !k3s.tile<R x S x Q>, !k3s.tile<R x Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RHO
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/rows = 256, pairs = 64/rows = 256, pairs = 8/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=VPAIRS
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_high, %%t_low = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x S x Q>/%%t_high, %%t_low = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x Q x R x S>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=SPLIT
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_high, %%t_low, %%t_scale = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x S x Q>/%%t_high, %%t_low, %%t_scale = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x Q x R x S>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=SPLIT
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_low, %%t_scale, %%p_high/%%t_low, %%c, %%p_high/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCALE
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/k3s.store_group_rows %%x_bar,/k3s.store_group_rows %%t,/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
 // The example spec (K3's width) printed with this form: blocks of 64 columns, pipelined by the
 // kernel's stages, products on tl.dot, no loop over a program's rows.
@@ -77,13 +78,13 @@ builtin.module {
 // CHECK-NEXT: %lse_bar = k3s.load_group_stats %dblock_lse : !k3s.tile<R x Q>
 // CHECK-NEXT: %p, %t, %c = k3s.group_score_adjoint %score, %rho, %dp_1, %lse, %lse_bar : !k3s.tile<R x Q x R x S>, !k3s.tile<R x S x Q>, !k3s.tile<R x S>
 // CHECK-NEXT: k3s.store_group_score_bars %t, %score_bars
-// CHECK-NEXT: %t_high, %t_low = k3s.split_weights %t, %representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x S x Q>
+// CHECK-NEXT: %t_high, %t_low, %t_scale = k3s.split_weights %t, %representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x S x Q>, !k3s.tile<>
 // CHECK-NEXT: %p_high, %p_low = k3s.split_weights %p, %representatives : !k3s.tile<R x Q x R x S>, !k3s.tile<R x Q x R x S>
 // CHECK-NEXT: k3s.column_loop <columns = 64, reverse = true> {
 // CHECK-NEXT: %x_1 = k3s.load_group_sources %representatives <hidden_size = 96, rows = 4, sources = 6, last_use = true> : !k3s.tile<R x S x D>
 // CHECK-NEXT: %q_high_1, %q_low_1 = k3s.load_folded_queries %folded : !k3s.tile<Q x D>, !k3s.tile<Q x D>
 // CHECK-NEXT: %dout_1 = k3s.load_group_rows %dblock_mix <last_use = true> : !k3s.tile<R x Q x D>
-// CHECK-NEXT: %x_bar = k3s.group_sources_adjoint %x_1, %q_high_1, %q_low_1, %dout_1, %t_high, %t_low, %p_high, %p_low, %c : !k3s.tile<R x S x D>
+// CHECK-NEXT: %x_bar = k3s.group_sources_adjoint %x_1, %q_high_1, %q_low_1, %dout_1, %t_high, %t_low, %t_scale, %p_high, %p_low, %c : !k3s.tile<R x S x D>
 // CHECK-NEXT: k3s.store_group_rows %x_bar, %drepresentatives
 // CHECK-NEXT: k3s.next_column
 // CHECK-NEXT: }
@@ -119,6 +120,7 @@ builtin.module {
 // RHO:        k3s.group_scores: the RMS must be <R x S>, got <R x Q>
 // VPAIRS:     k3s.group_query_cotangent: columns and pairs must be powers of two, pairs at least 16 (tl.dot's least) and rows a multiple of pairs; got columns = 128, rows = 256, pairs = 8
 // STORE:      k3s.store_group_rows: the rows must be <R x Q x D> or <R x S x D>, got <R x S x Q>
+// SCALE:      k3s.group_sources_adjoint: t's scale must be <>, got <R x S>
 // SPLIT:      k3s.split_weights: the low part must be <R x S x Q>, got <R x Q x R x S>
 
 // TRITON-LABEL: def attnres_block_partials_backward_fold_kernel(
@@ -130,14 +132,18 @@ builtin.module {
 // TRITON:             b_dp = tl.dot(b_dout, tl.trans(b_x), b_dp, input_precision="ieee")
 // TRITON:         b_rho = b_rms
 // TRITON:         tl.store(score_bars + (i_sk[:, None] * R + i_rk[:, None]) * Q + o_q[None, :], b_t, mask=m_k[:, None] & m_q[None, :])
+// TRITON:         b_t_scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(tl.max(tl.abs(b_t)), 7.888609052210118e-31))))
+// TRITON-NEXT:    b_in_range = b_t / b_t_scale
 // TRITON:         for i_b in tl.range(0, tl.cdiv(D, BD), num_stages=3):
 // TRITON:             b_x_bar = tl.dot(b_t_high, b_q_high, input_precision="ieee")
-// TRITON-NEXT:        b_x_bar = tl.dot(tl.trans(b_p_high), b_dout, b_x_bar, input_precision="ieee")
+// TRITON:             b_x_bar = tl.dot(tl.trans(b_p_high), b_dout, b_x_bar * b_t_scale, input_precision="ieee")
 // TRITON:             tl.store(drepresentatives + (i_sk[:, None] * R + i_rk[:, None]) * D + o_d[None, :], b_x_bar.to(drepresentatives.dtype.element_ty), mask=m_k[:, None] & m_d[None, :], eviction_policy="evict_first")
 // TRITON-NOT:     tl.atomic_add
 // TRITON-LABEL: def attnres_block_partials_backward_queries_kernel(
 // TRITON:         for i_j in tl.range(0, S * (BR // BK), num_stages=3):
-// TRITON:             b_q_bar = tl.dot(tl.trans(b_t_high), b_x, b_q_bar, input_precision="ieee")
+// TRITON:             b_t = b_t / b_t_scale
+// TRITON:             b_part = tl.dot(tl.trans(b_t_high), b_x, input_precision="ieee")
+// TRITON:             b_q_bar = b_q_bar + b_part * b_t_scale
 // TRITON:         tl.atomic_add(dqueries + o_q[:, None] * D + o_d[None, :]
 // TRITON-LABEL: def block_partials_backward(
 // TRITON:         drepresentatives = _alloc((dims["S"], dims["B"], dims["T"], 7168), representatives.dtype, representatives.device)
