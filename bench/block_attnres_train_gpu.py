@@ -16,8 +16,10 @@ k3compile.ops.attnres's differentiable custom ops, at T = 8192 token rows and n 
     representatives and the partial sum, stacked once outside the timing), forward and
     forward + backward (the loss sum_j <dh_j, h_j>, random dh_j).
 (c) phase 1's backward alone at both of those configurations: the `block_partials_backward`
-    entry of derive-block-attnres-backward{partials-backward=columns} (a program's rows with all
-    the queries, each representative row read twice and its gradient written once) against
+    entry of derive-block-attnres-backward{partials-backward=columns} (a fold kernel, a program
+    per group of rows with all the queries, its products on the tensor cores: each
+    representative row read twice there and its gradient written once; then the queries'
+    cotangents over parts of the rows, the representatives read a third time) against
     partials-backward=query-blocks (the default: each block of queries re-reads the
     representatives and adds their gradient by atomics), each layer compiled here with its
     pipeline; bytes per token row from block_attnres_backward_bytes (the rows the kernels' loads
@@ -416,7 +418,7 @@ def main(argv=None) -> int:
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in part_c:
             cells = []
-            for form in PARTIALS_BACKWARD:
+            for form in ("columns", "query-blocks"):  # the header's order (PARTIALS_BACKWARD's is the default first)
                 ms, copy = r["ms"].get(form), r["copy_ms"].get(form)
                 cells += [fmt(ms, 3), fmt(r["bytes"][form] / 1e6, 1), fmt(copy and ms and 100 * copy / ms, 0)]
             ms = r["ms"]

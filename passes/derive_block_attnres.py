@@ -259,6 +259,16 @@ def columns_rows(layer: AttnResOp, rows: int) -> int:
     return max(rows, -(-DOT_LEAST // sources))
 
 
+def fold_kernel(layer: AttnResOp, tensors: dict[str, SSAValue], name: str) -> k3s.KernelOp:
+    """The kernel that folds the call's queries once (k3s.fold_queries_split into the `folded`
+    workspace, [2, Q, D] in the activations' dtype): both directions' columns forms read them."""
+    D = layer.hidden_size.value.data
+    columns = min(FOLD_COLUMNS, padded_width(D))
+    return make(k3s.KernelOp, [make(k3s.FoldQueriesSplitOp, operands=[tensors[n] for n in ("queries", "gains", "folded")],
+                                    hidden_size=D, columns=columns)],
+                sym_name=name, grid=[GridAxis.INPUT_BLOCK], num_warps=4, block_d=columns)
+
+
 def columns_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass, arguments: list[Operation],
                            stored: list[Operation]) -> k3s.EntryOp:
     """block_partials as two kernels: the call's queries folded once (k3s.fold_queries_split:
@@ -280,10 +290,7 @@ def columns_partials_entry(layer: AttnResOp, options: DeriveBlockAttnResPass, ar
     t = argument_values([*arguments, folded_arg])
     name = layer.sym_name.data
 
-    fold = make(k3s.KernelOp, [make(k3s.FoldQueriesSplitOp, operands=[t["queries"], t["gains"], t["folded"]],
-                                    hidden_size=D, columns=min(FOLD_COLUMNS, padded_width(D)))],
-                sym_name=f"{name}_block_partials_fold", grid=[GridAxis.INPUT_BLOCK], num_warps=4,
-                block_d=min(FOLD_COLUMNS, padded_width(D)))
+    fold = fold_kernel(layer, t, f"{name}_block_partials_fold")
 
     def load_rows(**last) -> Operation:
         return make(k3s.LoadGroupSourcesOp, operands=[t["representatives"]], hidden_size=D, rows=rows,

@@ -20,15 +20,17 @@ log-sum-exps as there:
   rounding of the saved output out of both. d partial_sum, d query and d gain as the aggregate's.
 - block_partials_backward: per query j and token, lse_j = log sum_i exp(s_ij) and the mix
   m_j = sum_i p_ij b_i (p_ij = exp(s_ij - lse_j)); with their cotangents lse_bar_j and m_bar_j,
-  s_bar_ij = p_ij (m_bar_j . b_i - m_bar_j . m_j + lse_bar_j). By default (partials-backward =
-  columns, columns_backward_entry) a program takes a group of rows with all the call's queries and
-  sweeps the hidden columns twice in blocks: first per row the full-row dots it needs
-  (q_j . b_i, m_bar_j . b_i, b_i . b_i), from which the row's coefficients follow (delta_j =
-  m_bar_j . m_j taken as sum_i p_ij (m_bar_j . b_i), from the representatives, so the saved mix is
-  not read and nothing needs re-centring), then per block of columns over its rows
-  b_bar_i = sum_j (t_ij q_j + p_ij m_bar_j) - c_i b_i (t = s_bar / rho, c_i = sum_j s_bar_ij s_ij /
-  (D rho_i^2)), stored once, and q_bar_j = sum_i t_ij b_i summed over the rows. With
-  partials-backward = query-blocks it is the aggregate's backward kernel
+  s_bar_ij = p_ij (m_bar_j . b_i - m_bar_j . m_j + lse_bar_j). With partials-backward = columns
+  (columns_backward_entry) it is the forward's columns form run backwards: the queries folded
+  once by the forward's fold kernel, then a program takes a group of rows (as tiles: no loop over
+  them) with all the call's queries and sweeps the hidden columns twice in blocks, its products on
+  the tensor cores: first the full-row dots it needs (q_j . b_i, m_bar_j . b_i, b_i . b_i), from
+  which the coefficients follow (delta_j = m_bar_j . m_j taken as sum_i p_ij (m_bar_j . b_i), from
+  the representatives, so the saved mix is not read and nothing needs re-centring), then per block
+  of columns b_bar_i = sum_j (t_ij q_j + p_ij m_bar_j) - c_i b_i (t = s_bar / rho, c_i = sum_j
+  s_bar_ij s_ij / (D rho_i^2)), stored once; q_bar_j = sum_i t_ij b_i, a sum over all the call's
+  rows, by a third kernel from t (stored by the second) over parts of the rows. With
+  partials-backward = query-blocks (the default) it is the aggregate's backward kernel
   batched over the program's block of queries as block_partials batches the forward: the saved
   log-sum-exp, output and its cotangent become the block's rows of block_lse, block_mix and
   d block_mix (k3s.load_query_rows), every value that depends on them or on the folded query gets
@@ -40,8 +42,9 @@ log-sum-exps as there:
   d gains are summed over the program's rows and added by atomics as the aggregate's.
 
 Grids: block_merge_backward row_group (a program per group of `rows-per-program` token rows),
-block_partials_backward row_group_all_queries (columns: a program per group of rows) or
-row_group_query_block (query-blocks: per group of rows and block of queries).
+block_partials_backward row_group_query_block (query-blocks: per group of rows and block of
+queries) or, with columns, input_block (the fold), row_group_all_queries (a program per group of
+`columns-rows` rows) and input_block x row_part (the queries' cotangents).
 Only the normalised partials (derive-block-attnres's default) have a backward.
 """
 
@@ -61,17 +64,22 @@ from k3compile.ir.k3 import AttnResOp
 from k3compile.passes.common import add_entries, argument_values, check_num_warps, check_power_of_two, make, props, \
     rebind, tensor_arg
 from k3compile.passes.derive_attnres_backward import aggregate_backward_entry
-from k3compile.passes.derive_block_attnres import batch_over_queries, default_queries_per_program, first, \
-    padded_width, partials_warps
+from k3compile.passes.derive_block_attnres import DOT_LEAST, batch_over_queries, columns_rows, \
+    default_queries_per_program, first, fold_kernel, padded_width, partials_warps
 from k3compile.passes.fuse_attnres import attnres_arg, loop, row_warps
 
 
-# partials-backward=columns: its warps (not tuned: the program's largest values are the per-column
-# products of a block's representatives and queries, [next_pow2(num_blocks), next_pow2(Q), columns])
-COLUMNS_WARPS = 8
-# derive-block-attnres-backward{partials-backward=...}, default first: query-blocks, since columns
-# took 50-60 ms at T = 8192 on an H100 where query-blocks took 6-52 ms (n = 1-8; 3-4% of a copy's
-# bandwidth against 34-45%: bench/results/block_attnres_train_gpu_h100_f3f7295.md)
+# partials-backward=columns: the main kernel's warps (not tuned; as the columns forward's, whose
+# 4 warps did not spill offline for sm_90 at K3's and flash-attn-res's shapes: the largest
+# accumulator, sweep 2's [BR BS, BD] fp32, is 32 values a thread at BR BS = 32, BD = 128) and the
+# queries' kernel's ([BQ, query-columns] fp32: 16 a thread at 16 x 128)
+COLUMNS_WARPS = 4
+QUERY_WARPS = 4
+# derive-block-attnres-backward{partials-backward=...}, default first: query-blocks, since the
+# columns form before this one (a program's rows one after another, its products on the CUDA
+# cores) took 50-60 ms at T = 8192 on an H100 where query-blocks took 6-52 ms (n = 1-8; 3-4% of a
+# copy's bandwidth against 34-45%: bench/results/block_attnres_train_gpu_h100_f3f7295.md); the
+# tensor-core columns form is not timed yet
 PARTIALS_BACKWARD = ("query-blocks", "columns")
 
 
@@ -88,17 +96,18 @@ def block_attnres_backward_bytes(hidden_size: int = 7168, representatives: int =
     loads and stores of rows name, counted from the kernels (not measured): phase 1's backward,
     the block's merges' backwards, and the one-phase aggregate's backward at as many points. A
     row of D takes activation_bytes a column (bf16: 2), log-sum-exps and workspaces fp32; weights
-    (queries, gains) and the atomics into dqueries and dgains (per program, not per row) are left
-    out. columns: the representatives and d mixes read in both sweeps, d representatives written
-    once, the workspaces written once and read back (their re-reads per block of columns come
-    from the program's own rows: L1/L2). query-blocks: each of the row's cdiv(Q, BQ) programs
+    (queries, gains, the folded queries) and the atomics into dqueries and dgains (per program
+    or part of the rows, not per row) are left out. columns: the representatives and d mixes read
+    in both sweeps (the second, last block first, partly from L2: counted), d representatives
+    written once, t ([n, Q] fp32 a row) written, then read back with the representatives by the
+    queries' kernel. query-blocks: each of the row's cdiv(Q, BQ) programs
     reads the representatives and adds their cotangents (fp32 atomics, counted as a write), the
     mixes and their cotangents read once, then d representatives cast (fp32 read, written in
     their dtype)."""
     D, n, Q, a = hidden_size, representatives, queries, activation_bytes
     row, lse = D * a, 4
     if partials_backward == "columns":
-        phase1 = 2 * n * row + 2 * Q * row + 2 * Q * lse + n * row + 2 * (2 * n * Q + n) * 4
+        phase1 = 2 * (n + Q) * row + n * row + 2 * Q * lse + n * Q * 4 + (n * row + n * Q * 4)
     else:
         programs = -(-Q // (queries_per_program or default_queries_per_program(D, backward_rows_held)))
         phase1 = programs * n * (row + 4 * D) + Q * (2 * row + 2 * lse) + n * (4 * D + row)
@@ -240,73 +249,93 @@ def query_blocks_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBac
 
 
 def columns_backward_entry(layer: AttnResOp, options: DeriveBlockAttnResBackwardPass) -> k3s.EntryOp:
-    """partials-backward=columns: a program's rows with all the call's queries, in two sweeps over
-    the hidden columns in blocks of `block-columns`. Per row the first sweep sums the dots q_j . x_i,
-    dh_j . x_i and each representative's squares (the representatives and d mixes read once) and
-    turns them into the row's coefficients (k3s.sources_score_adjoint: delta from the
-    representatives, so the saved mix is not read), kept in fp32 workspaces; the second, column
-    block by column block over the program's rows, reads them back, the representatives and d
-    mixes again, writes the representatives' cotangents once (their dtype, no atomics) and sums
-    the queries' over the rows, added to dqueries and dgains per column block by fp32 atomics."""
+    """partials-backward=columns: the forward's columns form run backwards, as three kernels.
+    The call's queries folded once (derive-block-attnres's fold kernel and `folded` workspace:
+    q = w * gain in two parts of the activations' dtype). Then a program per group of
+    `columns-rows` token rows (at least 16 (row, representative) pairs: tl.dot's least) with all
+    the call's queries and all of a row's representatives, the group's rows as tiles (no loop over
+    them), sweeping the hidden columns twice in blocks of `block-columns`: sweep 1 sums as products
+    on the tensor cores the group's Gram matrix (its diagonal: the sums of squares), every query's
+    dot with every (row, representative) row and every (row, query)'s d mix's dot with them
+    (block-diagonal: the products across rows are computed and unused); between the sweeps the
+    scores and RMS (k3s.group_scores) and the coefficients p, t, c (k3s.group_score_adjoint:
+    delta from the representatives, the saved mix is not read), t stored for the third kernel;
+    sweep 2, last block first (L2 hits), reads the rows and d mixes again and writes each
+    representative's cotangent once (its dtype, no atomics), t's product with the folded
+    queries plus p's with the d mixes less c x, fp32 coefficients split in two parts as the
+    forward's weights (k3s.split_weights). The queries' cotangents q_bar_j = sum t_ij x_i are a
+    sum over all the call's rows: added per program they would be R / columns-rows adds of
+    [Q, D] (at T = 8192, 2048 programs' 512 KB of fp32 atomics each); a third kernel
+    (k3s.group_query_cotangent, grid input_block x row_part) instead reads t back and the
+    representatives once more and sums them over parts of `query-rows` token rows, each part's
+    [Q, block] added by fp32 atomics (R / query-rows adds: 32 at T = 8192)."""
     D, eps = layer.hidden_size.value.data, layer.eps.value.data
-    sources, columns = layer.num_blocks.value.data, min(options.block_columns, padded_width(D))
+    sources, rows = layer.num_blocks.value.data, columns_rows(layer, options.columns_rows)
+    columns = min(options.block_columns, padded_width(D))
+    name = layer.sym_name.data
     arguments = partials_backward_arguments(layer, {})
-    workspaces = [tensor_arg("weights", k3s.tensor("S", "B", "T", "Q", dtype="float32"), "workspace"),
-                  tensor_arg("score_bars", k3s.tensor("S", "B", "T", "Q", dtype="float32"), "workspace"),
-                  tensor_arg("centres", k3s.tensor("S", "B", "T", dtype="float32"), "workspace")]
+    workspaces = [tensor_arg("folded", k3s.tensor(2, "Q", D, dtype="float"), "workspace"),
+                  tensor_arg("score_bars", k3s.tensor("S", "B", "T", "Q", dtype="float32"), "workspace")]
     t = argument_values([*arguments, *workspaces])
+    fold = fold_kernel(layer, t, f"{name}_block_partials_backward_fold")
 
-    def all_queries(tensor: str, dims: tuple[str, ...], name: str) -> Operation:
-        return make(k3s.LoadQueryRowsOp, operands=[t[tensor]], result=(name, k3s.tile(*dims)))
+    def column_inputs(**last) -> list[Operation]:  # the group's rows, the folded queries, the group's d mixes
+        return [make(k3s.LoadGroupSourcesOp, operands=[t["representatives"]], hidden_size=D, rows=rows,
+                     sources=sources, result=("x", k3s.tile("R", "S", "D")), **last),
+                make(k3s.LoadFoldedQueriesOp, operands=[t["folded"]],
+                     results=[("q_high", k3s.tile("Q", "D")), ("q_low", k3s.tile("Q", "D"))]),
+                make(k3s.LoadGroupRowsOp, operands=[t["dblock_mix"]], result=("dout", k3s.tile("R", "Q", "D")),
+                     **last)]
 
-    def column_inputs() -> list[Operation]:  # the folded queries, d mixes and representatives of a column block
-        return [make(k3s.FoldQueryOp, operands=[t["queries"], t["gains"]], hidden_size=D, queries=0,
-                     result=("q", k3s.tile("Q", "D"))),
-                all_queries("dblock_mix", ("Q", "D"), "dout"),
-                make(k3s.LoadSourceColumnsOp, operands=[t["representatives"]], sources=sources,
-                     result=("x", k3s.tile("S", "D")))]
+    # sweep 1: the Gram matrix, q . x and dh . x over the columns
+    sums = (("gram", ("R", "S", "R", "S")), ("qx", ("Q", "R", "S")), ("dp", ("R", "Q", "R", "S")))
+    starts = [make(k3s.ZerosOp, result=(n, k3s.tile(*dims))) for n, dims in sums]
+    body = Block(arg_types=[k3s.tile(*dims) for _, dims in sums])
+    x, queries, dout = column_inputs()
+    dots = make(k3s.GroupColumnDotsOp, operands=[x.results[0], *queries.results, *body.args[:2]],
+                results=[(n, k3s.tile(*dims)) for n, dims in sums[:2]])
+    dp = make(k3s.GroupOutBarDotsOp, operands=[dout.results[0], x.results[0], body.args[2]],
+              result=("dp", k3s.tile(*sums[2][1])))
+    body.add_ops([x, queries, dout, dots, dp, make(k3s.NextColumnOp, operands=[*dots.results, *dp.results])])
+    sweep1 = loop(k3s.ColumnLoopOp, [z.results[0] for z in starts], tuple(n for n, _ in sums), body, columns=columns)
 
-    # sweep 1, per row: the row's dots over its columns, then its coefficients
-    sums = (("scale", ("S",)), ("sum_sq", ("S",)), ("qx", ("S", "Q")), ("dp", ("S", "Q")))
-    starts = [make(k3s.ZerosOp, result=(name, k3s.tile(*dims))) for name, dims in sums]
-    dots_body = Block(arg_types=[k3s.tile(*dims) for _, dims in sums])
-    q, dout, x = inputs = column_inputs()
-    dots = make(k3s.ColumnDotsOp, operands=[x.results[0], q.results[0], dout.results[0], *dots_body.args],
-                results=[(name, k3s.tile(*dims)) for name, dims in sums], eps=eps)
-    dots_body.add_ops([*inputs, dots, make(k3s.NextColumnOp, operands=list(dots.results))])
-    dot_loop = loop(k3s.ColumnLoopOp, [z.results[0] for z in starts], tuple(n for n, _ in sums), dots_body,
-                    columns=columns)
-    lse, lse_bar = all_queries("block_lse", ("Q",), "lse"), all_queries("dblock_lse", ("Q",), "lse_bar")
-    coefficients = make(k3s.SourcesScoreAdjointOp, operands=[*dot_loop.results, lse.results[0], lse_bar.results[0]],
-                        results=[("p", k3s.tile("S", "Q")), ("t", k3s.tile("S", "Q")), ("c", k3s.tile("S"))], eps=eps)
-    store = make(k3s.StoreRowCoefficientsOp, operands=[*coefficients.results, t["weights"], t["score_bars"],
-                                                       t["centres"]])
-    sweep1 = loop(k3s.RowLoopOp, [], (), Block([lse, lse_bar, *starts, dot_loop, coefficients, store,
-                                                 make(k3s.NextRowOp)]), rows=options.rows_per_program)
+    # the coefficients
+    scores = make(k3s.GroupScoresOp, operands=[*sweep1.results[:2], t["representatives"], t["folded"]], eps=eps,
+                  results=[("score", k3s.tile("R", "S", "Q")), ("rho", k3s.tile("R", "S"))])
+    stats = [make(k3s.LoadGroupStatsOp, operands=[t[tensor]], result=(n, k3s.tile("R", "Q")))
+             for tensor, n in (("block_lse", "lse"), ("dblock_lse", "lse_bar"))]
+    adjoint = make(k3s.GroupScoreAdjointOp, operands=[*scores.results, sweep1.results[2], *(s.results[0] for s in stats)],
+                   results=[("p", k3s.tile("R", "Q", "R", "S")), ("t", k3s.tile("R", "S", "Q")),
+                            ("c", k3s.tile("R", "S"))])
+    p, score_bar, centre = adjoint.results
+    store_t = make(k3s.StoreGroupScoreBarsOp, operands=[score_bar, t["score_bars"]])
+    # t (of no fixed range: the cotangents') over a power of two, p (in [0, 1]) as it is
+    splits = [make(k3s.SplitWeightsOp, operands=[value, t["representatives"]],
+                   results=[(f"{n}_high", value.type), (f"{n}_low", value.type), *scale])
+              for value, n, scale in ((score_bar, "t", [("t_scale", k3s.tile())]), (p, "p", []))]
 
-    # sweep 2, per block of columns over the program's rows: the cotangents
-    q, dout, x = inputs = column_inputs()
-    q_bar = make(k3s.ZerosOp, result=("q_bar", k3s.tile("Q", "D")))
-    row_body = Block(arg_types=[k3s.tile("Q", "D")])
-    load = make(k3s.LoadRowCoefficientsOp, operands=[t["weights"], t["score_bars"], t["centres"]],
-                results=[("p", k3s.tile("S", "Q")), ("t", k3s.tile("S", "Q")), ("c", k3s.tile("S"))])
-    x_bar = make(k3s.SourcesAdjointOp, operands=[x.results[0], q.results[0], dout.results[0], *load.results],
-                 result=("x_bar", k3s.tile("S", "D")))
-    q_bar_row = make(k3s.SourcesQueryAdjointOp, operands=[x.results[0], load.results[1], row_body.args[0]],
-                     result=("q_bar", k3s.tile("Q", "D")))
-    row_body.add_ops([load, dout, x, x_bar, make(k3s.StoreSourceColumnsOp, operands=[x_bar.results[0],
-                                                                                    t["drepresentatives"]]),
-                      q_bar_row, make(k3s.NextRowOp, operands=[q_bar_row.results[0]])])
-    rows = loop(k3s.RowLoopOp, [q_bar.results[0]], ("q_bar",), row_body, rows=options.rows_per_program)
-    query_store = make(k3s.StoreQueryCotangentOp, operands=[rows.results[0], t["queries"], t["gains"], t["dqueries"],
+    # sweep 2, last block of columns first: the representatives' cotangents
+    x, queries, dout = inputs = column_inputs(last_use=True)
+    x_bar = make(k3s.GroupSourcesAdjointOp, operands=[x.results[0], *queries.results, dout.results[0],
+                                                      *splits[0].results, *splits[1].results, centre],
+                 result=("x_bar", k3s.tile("R", "S", "D")))
+    store = make(k3s.StoreGroupRowsOp, operands=[x_bar.results[0], t["drepresentatives"]])
+    sweep2 = loop(k3s.ColumnLoopOp, [], (), Block([*inputs, x_bar, store, make(k3s.NextColumnOp)]), columns=columns,
+                  reverse=True)
+    kernel = make(k3s.KernelOp, [*starts, sweep1, scores, *stats, adjoint, store_t, *splits, sweep2],
+                  sym_name=f"{name}_block_partials_backward_columns", grid=[GridAxis.ROW_GROUP_ALL_QUERIES],
+                  num_warps=options.num_warps or COLUMNS_WARPS, num_stages=options.num_stages)
+
+    # the queries' cotangents, summed over parts of the rows
+    q_bar = make(k3s.GroupQueryCotangentOp, operands=[t["score_bars"], t["representatives"]], hidden_size=D,
+                 columns=min(options.query_columns, padded_width(D)), rows=options.query_rows,
+                 pairs=options.query_pairs, result=("q_bar", k3s.tile("Q", "D")))
+    query_store = make(k3s.StoreQueryCotangentOp, operands=[q_bar.results[0], t["queries"], t["gains"], t["dqueries"],
                                                             t["dgains"]])
-    sweep2 = loop(k3s.ColumnLoopOp, [], (), Block([q, q_bar, rows, query_store, make(k3s.NextColumnOp)]),
-                  columns=columns)
-    kernel = make(k3s.KernelOp, [sweep1, make(k3s.ProgramBarrierOp), sweep2],
-                  sym_name=f"{layer.sym_name.data}_block_partials_backward_columns",
-                  grid=[GridAxis.ROW_GROUP_ALL_QUERIES],
-                  num_warps=options.num_warps or COLUMNS_WARPS)
-    return make(k3s.EntryOp, [*arguments, *workspaces, kernel], sym_name="block_partials_backward",
+    queries_kernel = make(k3s.KernelOp, [q_bar, query_store], sym_name=f"{name}_block_partials_backward_queries",
+                          grid=[GridAxis.INPUT_BLOCK, GridAxis.ROW_PART], num_warps=QUERY_WARPS,
+                          num_stages=options.num_stages)
+    return make(k3s.EntryOp, [*arguments, *workspaces, fold, kernel, queries_kernel], sym_name="block_partials_backward",
                 source=SymbolRefAttr(layer.sym_name), max_sources=sources)
 
 
@@ -330,18 +359,30 @@ class DeriveBlockAttnResBackwardPass(ModulePass):
     # block_partials_backward's block of queries (a power of two); 0: the most whose
     # backward_rows_held rows fit derive-block-attnres's budget (1 at K3's width, 32 at D = 48)
     queries_per_program: int = 0
-    # block_partials_backward's schedule: "columns" (all the call's queries a program, the
-    # representatives read twice and their gradient written once, in blocks of `block-columns`
-    # hidden columns) or "query-blocks" (the aggregate's backward over a block of queries a
-    # program: each block re-reads the representatives and adds their gradient by atomics). By the
-    # bytes the kernels name columns moves fewer at every n, Q and D (docs/attnres.md); query-blocks
-    # is kept for the A/B on the GPU (bench/block_attnres_train_gpu.py), where neither is timed yet
+    # block_partials_backward's schedule: "query-blocks" (the aggregate's backward over a block of
+    # queries a program: each block re-reads the representatives and adds their gradient by
+    # atomics) or "columns" (columns_backward_entry: all the call's queries a program, its rows as
+    # tiles, the representatives read three times and their gradient written once, products on
+    # tl.dot). By the bytes the kernels name columns moves fewer at every n, Q and D
+    # (docs/attnres.md); this columns form is not timed on a GPU yet (its predecessor, products on
+    # the CUDA cores a row at a time, lost to query-blocks: 50-60 ms against 6-52 at T = 8192)
     partials_backward: str = PARTIALS_BACKWARD[0]
-    # columns: the hidden columns of a block (a power of two); not tuned
+    # columns: a program's token rows (raised to 16 / next_pow2(num_blocks) where fewer: tl.dot's
+    # least) and the hidden columns of a block (a power of two, at least 16); not tuned. 4 rows
+    # and 64 columns: per pipeline stage 16 KB of shared memory at K3's shapes (the group's rows,
+    # the folded queries and d mixes of a block)
+    columns_rows: int = 4
     block_columns: int = 64
+    # columns: the queries' kernel's token rows a part (each part adds its [Q, query-columns]
+    # share by atomics), its hidden columns a program and its (row, representative) pairs a
+    # product (powers of two; pairs at least 16); not tuned
+    query_rows: int = 256
+    query_columns: int = 128
+    query_pairs: int = 64
     # 0: the merge's as the aggregate backward's (4x the aggregate's warps), the partials' by the
     # rows they hold (partials_warps; COLUMNS_WARPS with columns)
     num_warps: int = 0
+    # the kernels' pipeline stages (the columns form's: its column loops' and the queries' kernel's loop)
     num_stages: int = 3
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
@@ -357,6 +398,20 @@ class DeriveBlockAttnResBackwardPass(ModulePass):
             raise ValueError(f"{self.name}: partials-backward must be one of {', '.join(PARTIALS_BACKWARD)}, "
                              f"got {self.partials_backward}")
         check_power_of_two(self.name, "block-columns", self.block_columns)
+        if self.block_columns < DOT_LEAST:
+            raise ValueError(f"{self.name}: block-columns must be at least {DOT_LEAST} (tl.dot's least), "
+                             f"got {self.block_columns}")
+        if self.columns_rows < 1:
+            raise ValueError(f"{self.name}: columns-rows must be >= 1, got {self.columns_rows}")
+        for option, value in (("query-rows", self.query_rows), ("query-columns", self.query_columns),
+                              ("query-pairs", self.query_pairs)):
+            check_power_of_two(self.name, option, value)
+        if not DOT_LEAST <= self.query_pairs <= self.query_rows:
+            raise ValueError(f"{self.name}: query-pairs must be at least {DOT_LEAST} (tl.dot's least) and at most "
+                             f"query-rows, got {self.query_pairs} (query-rows {self.query_rows})")
+        if self.query_columns < DOT_LEAST:
+            raise ValueError(f"{self.name}: query-columns must be at least {DOT_LEAST} (tl.dot's least), "
+                             f"got {self.query_columns}")
         normalised_partials(op, self.name)
         partials = columns_backward_entry if self.partials_backward == "columns" else query_blocks_backward_entry
         add_entries(op, AttnResOp, lambda layer: partials(layer, self))

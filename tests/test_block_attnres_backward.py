@@ -30,7 +30,7 @@ PASSES = "fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block
 PIPELINES = {
     # phase 1's backward in blocks of 16 columns (D = 48: three; D = 40: two and a partial one),
     # all the call's queries a program, groups of 4 rows
-    "columns-of-16": PASSES % "block-columns=16 rows-per-program=4",
+    "columns-of-16": PASSES % "partials-backward=columns block-columns=16 rows-per-program=4",
     # the other form: blocks of 2 of the 3 queries (the last partial), groups of 4 rows
     "query-blocks": PASSES % "partials-backward=query-blocks queries-per-program=2 rows-per-program=4",
 }

@@ -143,24 +143,31 @@ def column_loop_blocks(op: k3s.ColumnLoopOp, sizes: dict[str, int]) -> dict[str,
 
 
 @block_sizes_of(k3s.FoldQueryOp)
-def fold_query_blocks(op: k3s.FoldQueryOp, sizes: dict[str, int]) -> dict[str, int | k3s.RuntimeBlockAttr]:
-    """A row's columns whole, unless a column loop before it took blocks of them; a Block AttnRes
-    block's queries in blocks of the fold's `queries`, or (0) all the call's in one block."""
-    blocks: dict[str, int | k3s.RuntimeBlockAttr] = {} if "block_d" in sizes else \
-        dict(block_d=next_power_of_2(op.hidden_size.value.data))
+def fold_query_blocks(op: k3s.FoldQueryOp, sizes: dict[str, int]) -> dict[str, int]:
+    """A row's columns whole; a Block AttnRes block's queries in blocks of the fold's `queries`."""
+    blocks = dict(block_d=next_power_of_2(op.hidden_size.value.data))
     if op.queries is not None:
-        blocks["block_q"] = op.queries.value.data or k3s.RuntimeBlockAttr.of("Q")
+        blocks["block_q"] = op.queries.value.data
     return blocks
 
 
-@block_sizes_of(k3s.LoadFoldedQueriesOp)
-def load_folded_queries_blocks(op: k3s.LoadFoldedQueriesOp, sizes: dict[str, int]) -> dict[str, k3s.RuntimeBlockAttr]:
+@block_sizes_of(k3s.LoadFoldedQueriesOp, k3s.LoadGroupRowsOp)
+def load_folded_queries_blocks(op: k3s.LoadFoldedQueriesOp | k3s.LoadGroupRowsOp,
+                               sizes: dict[str, int]) -> dict[str, k3s.RuntimeBlockAttr]:
     """All the call's queries in one block, at least 16 (the rows of tl.dot's operands)."""
     return dict(block_q=k3s.RuntimeBlockAttr.of("Q", least=16))
 
 
-@block_sizes_of(k3s.LoadSourceColumnsOp, k3s.LoadGroupSourcesOp)
-def source_blocks(op: k3s.LoadSourceColumnsOp | k3s.LoadGroupSourcesOp, sizes: dict[str, int]) -> dict[str, int]:
+@block_sizes_of(k3s.GroupQueryCotangentOp)
+def group_query_cotangent_blocks(op: k3s.GroupQueryCotangentOp, sizes: dict[str, int]) -> dict[str, object]:
+    """The op's block of columns and part of the rows; all the call's queries in one block, at
+    least 16 (the rows of tl.dot's operands)."""
+    return dict(block_d=op.columns.value.data, block_r=op.rows.value.data,
+                block_q=k3s.RuntimeBlockAttr.of("Q", least=16))
+
+
+@block_sizes_of(k3s.LoadGroupSourcesOp)
+def source_blocks(op: k3s.LoadGroupSourcesOp, sizes: dict[str, int]) -> dict[str, int]:
     """All of a row's representatives."""
     return dict(block_s=next_power_of_2(op.sources.value.data))
 

@@ -29,6 +29,7 @@ from k3compile.ir.k3s.adjoint import *  # noqa: F403
 from k3compile.ir.k3s.attnres import *  # noqa: F403
 from k3compile.ir.k3s.attnres_blocks import *  # noqa: F403
 from k3compile.ir.k3s.attnres_columns import *  # noqa: F403
+from k3compile.ir.k3s.attnres_columns_backward import *  # noqa: F403
 from k3compile.ir.k3s.chunk import *  # noqa: F403
 from k3compile.ir.k3s.chunk_loops import *  # noqa: F403
 from k3compile.ir.k3s.core import *  # noqa: F403
@@ -76,6 +77,7 @@ K3S = Dialect(
         *ATTNRES_STAGES,
         *BLOCK_ATTNRES_STAGES,
         *BLOCK_ATTNRES_COLUMNS_STAGES,
+        *BLOCK_ATTNRES_COLUMNS_BACKWARD_STAGES,
         *CHUNK_LOOPS,
         *CHUNK_STAGES,
         *ADJOINT_STAGES,

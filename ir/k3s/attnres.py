@@ -55,11 +55,11 @@ def _verify_carried(op: IRDLOperation, loop: str) -> None:
 
 @irdl_op_definition
 class ColumnLoopOp(KeywordSyntax):
-    """Loop over a row's hidden columns in blocks of `columns` (a power of two; the last block
-    partial), carrying values across blocks as a source loop does (sums over the columns: a
-    row's dots and sum of squares), or, outside a row loop, over the blocks of the rows a program
-    holds (Block AttnRes's phase 1 backward in blocks of columns: a block's gradient rows written
-    before the next block is read). Inside it a `<D>` tile is the block's columns."""
+    """Loop over the hidden columns of a program's rows in blocks of `columns` (a power of two;
+    the last block partial), carrying values across blocks as a source loop does (sums over the
+    columns: the rows' dots and sums of squares), or writing a block's rows before the next block
+    is read (Block AttnRes's phase 1 in blocks of columns, both directions). Inside it a `<D>`
+    tile is the block's columns; its kernel's num_stages pipelines it."""
 
     name = "k3s.column_loop"
     columns = prop_def(IntegerAttr[I64])
@@ -93,7 +93,7 @@ class RowGroupLoop(KeywordSyntax):
     initial = var_operand_def(TileType)
     body = region_def("single_block")
     carried = var_result_def(TileType)
-    traits = traits_def(HasParent(KernelOp, ColumnLoopOp))
+    traits = traits_def(HasParent(KernelOp))
 
     def verify_(self) -> None:
         if self.rows.value.data < 1:
@@ -107,8 +107,7 @@ class FoldQueryOp(KeywordSyntax):
     are never materialised; w and gain are the tensors it reads ([hidden_size] each, a `<D>`
     tile). With `queries` (Block AttnRes's phase 1) they are a block's queries and gains
     ([Q, hidden_size] each) and it folds the program's block of that many of them (a power of
-    two; fewer in the last block; 0: all the call's queries): a `<Q x D>` tile. In a column loop
-    it folds the loop's block of columns."""
+    two; fewer in the last block): a `<Q x D>` tile."""
 
     name = "k3s.fold_query"
     hidden_size = prop_def(IntegerAttr[I64])
@@ -116,12 +115,11 @@ class FoldQueryOp(KeywordSyntax):
     pseudo_query = operand_def(TensorType)
     gain = operand_def(TensorType)
     query = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp, ColumnLoopOp), MemoryReadEffect())
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
     def verify_(self) -> None:
-        if self.queries is not None and self.queries.value.data and not is_power_of_two(self.queries.value.data):
-            raise VerifyException(f"{self.name}: queries must be a power of two, got {self.queries.value.data} "
-                                  "(or 0: all the call's)")
+        if self.queries is not None and not is_power_of_two(self.queries.value.data):
+            raise VerifyException(f"{self.name}: queries must be a power of two, got {self.queries.value.data}")
         expect_dims(self, "the folded query", tile_dims(self.query), ("D",) if self.queries is None else ("Q", "D"))
 
 
@@ -153,7 +151,7 @@ class ZerosOp(KeywordSyntax):
 
     name = "k3s.zeros"
     result = result_def(TileType)
-    traits = traits_def(HasParent(KernelOp, RowLoopOp, ColumnLoopOp), Pure())
+    traits = traits_def(HasParent(KernelOp, RowLoopOp), Pure())
 
 
 @irdl_op_definition
@@ -478,7 +476,7 @@ class StoreQueryCotangentOp(KeywordSyntax):
     gain = operand_def(TensorType)
     dquery = operand_def(TensorType)
     dgain = operand_def(TensorType)
-    traits = traits_def(HasParent(KernelOp, ColumnLoopOp), MemoryReadEffect(), MemoryWriteEffect())
+    traits = traits_def(HasParent(KernelOp), MemoryReadEffect(), MemoryWriteEffect())
 
 
 ATTNRES_STAGES = [

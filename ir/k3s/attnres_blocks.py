@@ -23,13 +23,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, FloatAttr, IntegerAttr
-from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def, result_def, traits_def
+from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from k3compile.ir.k3s.attnres import AtRowEndOp, ColumnLoopOp, RowLoopOp, RowSourceLoopOp, SourceLoopOp
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
+from k3compile.ir.k3s.attnres import AtRowEndOp, RowLoopOp, RowSourceLoopOp, SourceLoopOp
+from k3compile.ir.k3s.kernels import KernelOp
 from k3compile.ir.k3s.types import expect_dims, tile_dims, TensorType, TileType
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -170,13 +169,12 @@ class RowResumeOp(KeywordSyntax):
 class LoadQueryRowsOp(KeywordSyntax):
     """This token row of a per-query tensor for the program's block of queries, in fp32: a `<Q>`
     tile of a [Q, B, T] tensor (the saved log-sum-exps, their cotangents) or a `<Q x D>` one of a
-    [Q, B, T, hidden_size] tensor (the saved mixes, their cotangents; in a column loop the loop's
-    block of columns); masked queries read 0."""
+    [Q, B, T, hidden_size] tensor (the saved mixes, their cotangents); masked queries read 0."""
 
     name = "k3s.load_query_rows"
     tensor = operand_def(TensorType)
     rows = result_def(TileType)
-    traits = traits_def(HasParent(RowLoopOp, ColumnLoopOp), MemoryReadEffect())
+    traits = traits_def(HasParent(RowLoopOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         rank = len(self.tensor.type.dims)
@@ -270,195 +268,12 @@ class StorePartialsCotangentOp(KeywordSyntax):
             _expect_rank(self, what, tensor, rank)
 
 
-# --- phase 1's backward in blocks of columns (derive-block-attnres-backward{partials-backward=columns})
-
-
 def _expect(op: IRDLOperation, *expected: tuple[str, object, tuple[str, ...]]) -> None:
+    """Each (what, tile, dims): the tile has those dimensions (Block AttnRes's columns forms' ops)."""
     for what, value, dims in expected:
         expect_dims(op, what, tile_dims(value), dims)
 
 
-@irdl_op_definition
-class LoadSourceColumnsOp(KeywordSyntax, RuntimeSizesInterface):
-    """This token row's representatives, all of them (`<S x D>`: a row per source, at most
-    `sources`; masked ones read 0), over the column loop's block of columns, in fp32."""
-
-    name = "k3s.load_source_columns"
-    sources = prop_def(IntegerAttr[I64])
-    representatives = operand_def(TensorType)
-    rows = result_def(TileType)
-    traits = traits_def(HasParent(ColumnLoopOp, RowLoopOp), MemoryReadEffect())
-
-    def verify_(self) -> None:
-        _expect(self, ("the rows", self.rows, ("S", "D")))
-
-    def runtime_sizes(self) -> tuple[str, ...]:
-        return ("S", "R")  # the call's sources, each of R rows
-
-
-@irdl_op_definition
-class ColumnDotsOp(KeywordSyntax):
-    """A row's sums over its columns, one block further (in place): per representative its
-    scale s (the largest |x| so far, at least sqrt(eps)) and sum of (x / s)^2, rescaled when s
-    grows (so no square overflows or underflows, as k3s.rms_score's), and per representative
-    and query q_j . x_i and dh_j . x_i (`<S x Q>`)."""
-
-    name = "k3s.column_dots"
-    eps = prop_def(FloatAttr)
-    rows = operand_def(TileType)
-    query = operand_def(TileType)
-    out_bar = operand_def(TileType)
-    scale = operand_def(TileType)
-    scaled_sum_sq = operand_def(TileType)
-    query_dots = operand_def(TileType)
-    weight_bar = operand_def(TileType)
-    new_scale = result_def(TileType)
-    new_scaled_sum_sq = result_def(TileType)
-    new_query_dots = result_def(TileType)
-    new_weight_bar = result_def(TileType)
-    traits = traits_def(HasParent(ColumnLoopOp), Pure())
-    IN_PLACE: ClassVar[dict[int, int]] = {0: 3, 1: 4, 2: 5, 3: 6}
-
-    def verify_(self) -> None:
-        _expect(self, ("the rows", self.rows, ("S", "D")), ("the queries", self.query, ("Q", "D")),
-                ("dh", self.out_bar, ("Q", "D")), ("the scales", self.scale, ("S",)),
-                ("the sums of squares", self.scaled_sum_sq, ("S",)), ("q . x", self.query_dots, ("S", "Q")),
-                ("dh . x", self.weight_bar, ("S", "Q")))
-
-
-@irdl_op_definition
-class SourcesScoreAdjointOp(KeywordSyntax):
-    """A row's softmax adjoint over all its representatives at once, from the dots over its
-    columns: rho_i = s_i sqrt(sum_sq_i / D + eps / s_i^2), score_ij = (q_j . x_i) / rho_i,
-    p_ij = exp(score_ij - lse_j) (0 for masked representatives), delta_j = sum_i p_ij (dh_j . x_i)
-    from the representatives themselves (no saved mix read, nothing to re-centre), score_bar_ij =
-    p_ij (dh_j . x_i - delta_j + lse_bar_j). Results what the row's gradients take per column:
-    p, t = score_bar / rho (`<S x Q>`) and c_i = sum_j score_bar_ij score_ij / (D rho_i^2)
-    (`<S>`), so x_bar_i = sum_j (t_ij q_j + p_ij dh_j) - c_i x_i and q_bar_j += sum_i t_ij x_i."""
-
-    name = "k3s.sources_score_adjoint"
-    eps = prop_def(FloatAttr)
-    scale = operand_def(TileType)
-    scaled_sum_sq = operand_def(TileType)
-    query_dots = operand_def(TileType)
-    weight_bar = operand_def(TileType)
-    lse = operand_def(TileType)
-    lse_bar = operand_def(TileType)
-    weight = result_def(TileType)
-    scaled_score_bar = result_def(TileType)
-    centre = result_def(TileType)
-    traits = traits_def(HasParent(RowLoopOp), Pure())
-
-    def verify_(self) -> None:
-        _expect(self, ("the scales", self.scale, ("S",)), ("the sums of squares", self.scaled_sum_sq, ("S",)),
-                ("q . x", self.query_dots, ("S", "Q")), ("dh . x", self.weight_bar, ("S", "Q")),
-                ("lse", self.lse, ("Q",)), ("lse_bar", self.lse_bar, ("Q",)), ("p", self.weight, ("S", "Q")),
-                ("t", self.scaled_score_bar, ("S", "Q")), ("c", self.centre, ("S",)))
-
-
-@irdl_op_definition
-class StoreRowCoefficientsOp(KeywordSyntax):
-    """A row's p, t (`<S x Q>`) and c (`<S>`) to the workspaces `weights`, `score_bars` ([S, B,
-    T, Q] fp32) and `centres` ([S, B, T]): what the program's column blocks read back per row."""
-
-    name = "k3s.store_row_coefficients"
-    weight = operand_def(TileType)
-    scaled_score_bar = operand_def(TileType)
-    centre = operand_def(TileType)
-    weights = operand_def(TensorType)
-    score_bars = operand_def(TensorType)
-    centres = operand_def(TensorType)
-    traits = traits_def(HasParent(RowLoopOp), MemoryWriteEffect())
-
-    def verify_(self) -> None:
-        _expect(self, ("p", self.weight, ("S", "Q")), ("t", self.scaled_score_bar, ("S", "Q")),
-                ("c", self.centre, ("S",)))
-
-
-@irdl_op_definition
-class LoadRowCoefficientsOp(KeywordSyntax):
-    """This row's p, t and c back from the workspaces k3s.store_row_coefficients wrote."""
-
-    name = "k3s.load_row_coefficients"
-    weights = operand_def(TensorType)
-    score_bars = operand_def(TensorType)
-    centres = operand_def(TensorType)
-    weight = result_def(TileType)
-    scaled_score_bar = result_def(TileType)
-    centre = result_def(TileType)
-    traits = traits_def(HasParent(RowLoopOp), MemoryReadEffect())
-
-    def verify_(self) -> None:
-        _expect(self, ("p", self.weight, ("S", "Q")), ("t", self.scaled_score_bar, ("S", "Q")),
-                ("c", self.centre, ("S",)))
-
-
-@irdl_op_definition
-class SourcesAdjointOp(KeywordSyntax):
-    """The row's representatives' cotangents over the block of columns, every query's share
-    summed: x_bar_i = sum_j (t_ij q_j + p_ij dh_j) - c_i x_i (`<S x D>`)."""
-
-    name = "k3s.sources_adjoint"
-    rows = operand_def(TileType)
-    query = operand_def(TileType)
-    out_bar = operand_def(TileType)
-    weight = operand_def(TileType)
-    scaled_score_bar = operand_def(TileType)
-    centre = operand_def(TileType)
-    rows_bar = result_def(TileType)
-    traits = traits_def(HasParent(RowLoopOp), Pure())
-
-    def verify_(self) -> None:
-        _expect(self, ("the rows", self.rows, ("S", "D")), ("the queries", self.query, ("Q", "D")),
-                ("dh", self.out_bar, ("Q", "D")), ("p", self.weight, ("S", "Q")),
-                ("t", self.scaled_score_bar, ("S", "Q")), ("c", self.centre, ("S",)),
-                ("the rows' cotangents", self.rows_bar, ("S", "D")))
-
-
-@irdl_op_definition
-class StoreSourceColumnsOp(KeywordSyntax):
-    """The row's representatives' cotangents over the block of columns to `dsources` ([S, ..,
-    hidden_size], the representatives' dtype): each element written once, no atomics."""
-
-    name = "k3s.store_source_columns"
-    rows_bar = operand_def(TileType)
-    dsources = operand_def(TensorType)
-    traits = traits_def(HasParent(RowLoopOp), MemoryWriteEffect())
-
-    def verify_(self) -> None:
-        _expect(self, ("the rows' cotangents", self.rows_bar, ("S", "D")))
-
-
-@irdl_op_definition
-class SourcesQueryAdjointOp(KeywordSyntax):
-    """The queries' cotangents over the block of columns, one row further (in place):
-    q_bar_j += sum_i t_ij x_i."""
-
-    name = "k3s.sources_query_adjoint"
-    rows = operand_def(TileType)
-    scaled_score_bar = operand_def(TileType)
-    query_bar = operand_def(TileType)
-    updated = result_def(TileType)
-    traits = traits_def(HasParent(RowLoopOp), Pure())
-    IN_PLACE: ClassVar[dict[int, int]] = {0: 2}
-
-    def verify_(self) -> None:
-        _expect(self, ("the rows", self.rows, ("S", "D")), ("t", self.scaled_score_bar, ("S", "Q")),
-                ("q_bar", self.query_bar, ("Q", "D")), ("q_bar", self.updated, ("Q", "D")))
-
-
-@irdl_op_definition
-class ProgramBarrierOp(KeywordSyntax):
-    """What the program's threads stored before it is visible to all of them after it (a
-    workspace written by one sweep and read by the next)."""
-
-    name = "k3s.program_barrier"
-    traits = traits_def(HasParent(KernelOp))
-
-
-
 BLOCK_ATTNRES_STAGES = [StorePartialsOp, LoadPartialsOp, StoreNormalisedPartialsOp, LoadNormalisedPartialsOp,
                         RowResumeOp, LoadQueryRowsOp, LseAdjointOp, AddSourceCotangentOp, PartialsAdjointOp,
-                        StorePartialsCotangentOp, LoadSourceColumnsOp, ColumnDotsOp, SourcesScoreAdjointOp,
-                        StoreRowCoefficientsOp, LoadRowCoefficientsOp, SourcesAdjointOp, StoreSourceColumnsOp,
-                        SourcesQueryAdjointOp, ProgramBarrierOp]
+                        StorePartialsCotangentOp]

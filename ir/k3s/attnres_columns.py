@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, BoolAttr, FloatAttr, IntegerAttr
-from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def, traits_def, var_operand_def
+from xdsl.irdl import (irdl_op_definition, operand_def, opt_prop_def, opt_result_def, prop_def, result_def, traits_def,
+                       var_operand_def)
 from xdsl.traits import HasParent, MemoryReadEffect, MemoryWriteEffect, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from k3compile.ir.k3s.attnres import ColumnLoopOp
 from k3compile.ir.k3s.attnres_blocks import _expect, _expect_rank
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface
-from k3compile.ir.k3s.types import TensorType, TileType
+from k3compile.ir.k3s.types import TensorType, TileType, tile_dims
 from k3compile.ir.syntax import KeywordSyntax
 
 
@@ -132,11 +133,16 @@ class GroupScoresOp(KeywordSyntax, RuntimeSizesInterface):
     representatives = operand_def(TensorType)
     folded = operand_def(TensorType)
     score = result_def(TileType)
+    # where asked for (the backward's coefficients divide by it), rho itself: `<R x S>`, from the
+    # sums of squares, or from the scaled sums where the program's rows were read again
+    rms = opt_result_def(TileType)
     traits = traits_def(HasParent(KernelOp), MemoryReadEffect())
 
     def verify_(self) -> None:
         _expect(self, ("the Gram matrix", self.gram, ("R", "S", "R", "S")), ("q . x", self.query_dots, ("Q", "R", "S")),
                 ("the scores", self.score, ("R", "S", "Q")))
+        if self.rms is not None:
+            _expect(self, ("the RMS", self.rms, ("R", "S")))
 
     def runtime_sizes(self) -> tuple[str, ...]:
         return ("S", "R", "Q")
@@ -193,20 +199,31 @@ class StoreGroupStatsOp(KeywordSyntax, RuntimeSizesInterface):
 
 @irdl_op_definition
 class SplitWeightsOp(KeywordSyntax):
-    """The mix's fp32 weights as two tiles in the dtype of `representatives` (its dtype only is
-    read): the weights rounded, and the rest rounded, so that their products with the rows sum to
-    the fp32 weights' to 2^-17 at bf16 (at fp32 the first is the weights, the second zero)."""
+    """fp32 coefficients of a product with the group's rows (the mix's weights `<R x Q x R x S>`;
+    in the backward also t, `<R x S x Q>`) as two tiles in the dtype of `representatives` (its
+    dtype only is read): the coefficients rounded, and the rest rounded, so that their products
+    with the rows sum to the fp32 coefficients' to 2^-17 at bf16 (at fp32 the first is the
+    coefficients, the second zero). With a `scale` result (`<>`: coefficients of no fixed range,
+    as t, the mixes' and log-sum-exps' cotangents' scale) the coefficients are divided first by
+    scale = 2^ceil(log2(max |w|)) (at least 2^-100), so that both parts stay in fp16's normal
+    range, and the parts' products are to be multiplied back by it."""
 
     name = "k3s.split_weights"
     weights = operand_def(TileType)
     representatives = operand_def(TensorType)
     high = result_def(TileType)
     low = result_def(TileType)
+    scale = opt_result_def(TileType)
     traits = traits_def(HasParent(KernelOp), Pure())
 
     def verify_(self) -> None:
-        _expect(self, ("the weights", self.weights, ("R", "Q", "R", "S")),
-                ("the high part", self.high, ("R", "Q", "R", "S")), ("the low part", self.low, ("R", "Q", "R", "S")))
+        dims = tile_dims(self.weights)
+        if dims not in (("R", "Q", "R", "S"), ("R", "S", "Q")):
+            raise VerifyException(f"{self.name}: the weights must be <R x Q x R x S> or <R x S x Q>, got "
+                                  f"<{' x '.join(dims)}>")
+        _expect(self, ("the high part", self.high, dims), ("the low part", self.low, dims))
+        if self.scale is not None:
+            _expect(self, ("the scale", self.scale, ()))
 
 
 @irdl_op_definition
@@ -228,21 +245,25 @@ class GroupMixOp(KeywordSyntax):
 
 @irdl_op_definition
 class StoreGroupRowsOp(KeywordSyntax, RuntimeSizesInterface):
-    """The group's (row, query) rows over the block of columns to `tensor` ([Q, B, T,
-    hidden_size]: block_mix in the activations' dtype, or block_numerator in fp32), each element
-    once (a cache hint: not kept in L2)."""
+    """The group's rows over the block of columns to `tensor`, each element once (a cache hint:
+    not kept in L2): its (row, query) rows (`<R x Q x D>`) to a [Q, B, T, hidden_size] tensor
+    (block_mix in the activations' dtype, or block_numerator in fp32), or its (row,
+    representative) rows (`<R x S x D>`: the representatives' cotangents) to an [S, B, T,
+    hidden_size] one (in its dtype; no atomics)."""
 
     name = "k3s.store_group_rows"
-    mix = operand_def(TileType)
+    rows = operand_def(TileType)
     tensor = operand_def(TensorType)
     traits = traits_def(HasParent(ColumnLoopOp), MemoryWriteEffect())
 
     def verify_(self) -> None:
-        _expect(self, ("the mixes", self.mix, ("R", "Q", "D")))
-        _expect_rank(self, "the mixes' tensor", self.tensor, 4)
+        dims = tile_dims(self.rows)
+        if dims not in (("R", "Q", "D"), ("R", "S", "D")):
+            raise VerifyException(f"{self.name}: the rows must be <R x Q x D> or <R x S x D>, got <{' x '.join(dims)}>")
+        _expect_rank(self, "the rows' tensor", self.tensor, 4)
 
     def runtime_sizes(self) -> tuple[str, ...]:
-        return ("R", "Q")
+        return ("R", "Q") if "Q" in tile_dims(self.rows) else ("S", "R")
 
 
 BLOCK_ATTNRES_COLUMNS_STAGES = [FoldQueriesSplitOp, LoadGroupSourcesOp, LoadFoldedQueriesOp, GroupColumnDotsOp,

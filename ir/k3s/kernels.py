@@ -72,6 +72,7 @@ class GridAxis(Word):
     ROW_QUERY_BLOCK = "row_query_block"  # one token row and a block of a Block AttnRes block's queries
     ROW_GROUP_QUERY_BLOCK = "row_group_query_block"  # a group of token rows and a block of the queries
     ROW_GROUP_ALL_QUERIES = "row_group_all_queries"  # a group of token rows with all the queries
+    ROW_PART = "row_part"  # a part of the token rows of a sum over all of them (each part adds its share)
     EXPERT = "expert"  # one MoE expert
     EXPERT_BLOCK = "expert_block"  # a block of MoE experts
     HIDDEN_SLICE = "hidden_slice"  # one of the HS slices of the hidden columns (the router's logits)

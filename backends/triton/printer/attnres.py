@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 
-from k3compile.backends.triton.printer.attnres_columns import AttnResColumns, AttnResColumnsForward
+from k3compile.backends.triton.printer.attnres_columns import AttnResColumnsForward
+from k3compile.backends.triton.printer.attnres_columns_backward import AttnResColumnsBackward
 from k3compile.backends.triton.printer.common import pipelined_range, presence_flag, register, tensor_name
 from k3compile.ir import k3s
 
 # a tile's dimensions as the shape of its register (the row's hidden columns are held whole)
 TILE_SHAPES = {(): "[]", ("D",): "[BD]", ("Q",): "[BQ]", ("Q", "D"): "[BQ, BD]", ("S",): "[BS]",
-               ("S", "Q"): "[BS, BQ]", ("R", "S", "R", "S"): "[BR * BS, BR * BS]", ("Q", "R", "S"): "[BQ, BR * BS]"}
+               ("R", "S", "R", "S"): "[BR * BS, BR * BS]", ("Q", "R", "S"): "[BQ, BR * BS]",
+               ("R", "Q", "R", "S"): "[BR * BQ, BR * BS]"}
 
 
 def _tile_shape(value) -> str:
@@ -43,9 +45,9 @@ def _row_dot(a, b) -> str:
     return f"tl.sum({_broadcast(a, dims)} * {_broadcast(b, dims)}{', axis=1' if len(dims) == 2 else ''})"
 
 
-class AttnRes(AttnResColumns, AttnResColumnsForward):
+class AttnRes(AttnResColumnsBackward, AttnResColumnsForward):
     """TritonPrinter's methods for AttnRes (one per k3s op, and their helpers; phase 1's backward
-    in blocks of columns in AttnResColumns, its forward in blocks of columns in
+    in blocks of columns in AttnResColumnsBackward, its forward in blocks of columns in
     AttnResColumnsForward)."""
 
     def print_scaled_row(self, row, eps) -> None:

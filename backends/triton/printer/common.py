@@ -41,16 +41,17 @@ def host_expression(value: SSAValue, product: bool = False) -> str:
     return f"({text})" if is_sum and product else text
 
 
-def pipelined_range(op: Operation, start: str, stop: str) -> str:
-    """A loop of op's kernel (over tokens, sources): its kernel's num_stages asks Triton to load
-    the next iterations' rows while this one computes (it pipelines a loop without matrix
-    products only when the loop itself says so)."""
+def pipelined_range(op: Operation, start: str, stop: str, step: str | None = None) -> str:
+    """A loop of op's kernel (over tokens, sources, blocks of columns): its kernel's num_stages
+    asks Triton to load the next iterations' rows while this one computes (it pipelines a loop
+    without matrix products only when the loop itself says so)."""
     kernel = op.parent_op()
     while not isinstance(kernel, k3s.KernelOp):
         kernel = kernel.parent_op()
+    bounds = f"{start}, {stop}" + (f", {step}" if step is not None else "")
     if kernel.num_stages is None:
-        return f"range({start}, {stop})"
-    return f"tl.range({start}, {stop}, num_stages={kernel.num_stages.value.data})"
+        return f"range({bounds})"
+    return f"tl.range({bounds}, num_stages={kernel.num_stages.value.data})"
 
 
 

@@ -59,6 +59,7 @@ class Entries:
         "row_query_block": 'dims["B"] * dims["T"] * triton.cdiv(dims["Q"], BQ)',
         "row_group_query_block": 'triton.cdiv(dims["B"] * dims["T"], BR) * triton.cdiv(dims["Q"], BQ)',
         "row_group_all_queries": 'triton.cdiv(dims["B"] * dims["T"], BR)',
+        "row_part": 'triton.cdiv(dims["B"] * dims["T"], BR)',
         "chunk": "num_chunks",
         "value_head": "HV",
         "row_block": 'triton.cdiv(dims["R"], BR)',

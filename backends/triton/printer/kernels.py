@@ -240,11 +240,6 @@ class Kernels:
             constants.update(BQ=block_constant(kernel.block_q))
         return constants
 
-    @kernel_constants_of(k3s.LoadSourceColumnsOp)
-    def load_source_columns_constants(self, op: k3s.LoadSourceColumnsOp, kernel: k3s.KernelOp,
-                                      view: EntryView) -> dict[str, int]:
-        return dict(BS=kernel.block_s.value.data)
-
     @kernel_constants_of(k3s.RowLoopOp, k3s.RowSourceLoopOp)
     def row_loop_constants(self, op: k3s.RowLoopOp | k3s.RowSourceLoopOp, kernel: k3s.KernelOp,
                            view: EntryView) -> dict[str, int]:

@@ -1,27 +1,42 @@
-// derive-block-attnres-backward's phase 1 backward with partials-backward=columns: a program's
-// group of token rows with all the call's queries (grid row_group_all_queries; the fold's queries = 0,
-// BQ the next power of two of the call's Q) and all of a row's representatives (<S x ..> tiles,
-// k3s.load_source_columns <sources = num_blocks>), the hidden columns in blocks (k3s.column_loop,
-// <D> the block's columns). Sweep 1, per row: the dots q . x, dh . x and the representatives' sums
-// of squares over the row's columns (k3s.column_dots, carried by the column loop; each
-// representative and d mix row read once), the row's coefficients (k3s.sources_score_adjoint: delta
-// from the representatives, block_mix never read) to fp32 workspaces. Then a barrier; sweep 2, per
-// block of columns over the program's rows: the coefficients back, the representatives and d mixes
-// read again, the representatives' cotangents stored once in their dtype (no fill, no atomics) and
-// the queries' summed over the rows, added by the fold's adjoint per block of columns.
+// derive-block-attnres-backward's phase 1 backward with partials-backward=columns: the forward's
+// columns form run backwards, three kernels. The call's queries folded once (the forward's fold
+// kernel, k3s.fold_queries_split, into the `folded` workspace); then a program per group of
+// `columns-rows` token rows (grid row_group_all_queries; raised to 16 (row, representative) pairs,
+// tl.dot's least) with all the call's queries (BQ at least 16) and all of a row's representatives,
+// the group's rows as tiles, the hidden columns in blocks (k3s.column_loop). Sweep 1: the Gram
+// matrix and q . x (k3s.group_column_dots, the forward's) and dh . x (k3s.group_out_bar_dots),
+// products of the group's rows; the scores and their RMS (k3s.group_scores with its rho result),
+// the saved log-sum-exps and their cotangents (k3s.load_group_stats), the coefficients p, t, c
+// (k3s.group_score_adjoint; block_mix never read), t stored to the score_bars workspace, t (over a
+// power of two, its scale) and p split in two parts (k3s.split_weights). Sweep 2, last block first: the rows and d mixes read
+// again (last use), the representatives' cotangents as products (k3s.group_sources_adjoint)
+// stored once in their dtype (k3s.store_group_rows, the forward's: no fill, no atomics). The queries'
+// cotangents in a kernel of their own (grid input_block x row_part): t read back with the
+// representatives, summed over parts of query-rows token rows (k3s.group_query_cotangent), added
+// by the fold's adjoint (k3s.store_query_cotangent, fp32 atomics, once per part and block).
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | filecheck %s
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | k3c opt - | filecheck %s
 // RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' --generic | k3c opt - | filecheck %s
-// Options: the columns of a block (at most the row's padded width), rows a program, warps.
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=16 rows-per-program=3 num-warps=4}' | filecheck %s --check-prefix=OPTS
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=1024}' | filecheck %s --check-prefix=WHOLE
+// Options: the columns of a block (at most the row's padded width), rows a program (at least 16
+// (row, representative) pairs), warps, stages, the queries' kernel's rows a part, columns and pairs.
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=16 columns-rows=8 num-warps=8 num-stages=2 query-rows=64 query-columns=32 query-pairs=16}' | filecheck %s --check-prefix=OPTS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns columns-rows=1 block-columns=1024}' | filecheck %s --check-prefix=WHOLE
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=48}' 2>&1 | filecheck %s --check-prefix=POW2
+// RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns block-columns=8}' 2>&1 | filecheck %s --check-prefix=LEAST
+// RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns query-pairs=8}' 2>&1 | filecheck %s --check-prefix=PAIRS
+// RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns query-columns=8}' 2>&1 | filecheck %s --check-prefix=QCOLUMNS
 // RUN: not k3c opt %s -p 'derive-block-attnres-backward{partials-backward=rows}' 2>&1 | filecheck %s --check-prefix=FORM
-// The new stages verify their tiles (one line each).
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%x = k3s.load_source_columns %%representatives <sources = 6> : !k3s.tile<S x D>/%%x = k3s.load_source_columns %%representatives <sources = 6> : !k3s.tile<Q x D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_1, %%c_1 :/%%t_1, %%t_1 :/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=CENTRE
-// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%sum_sq = k3s.zeros : !k3s.tile<S>/%%sum_sq = k3s.zeros : !k3s.tile<S x Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=CARRIED
-// The example spec (K3's width) printed with this form: blocks of 64 columns, 8 representatives, BQ from the call.
+// The new stages verify their tiles and sizes (one line each).
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%dout = k3s.load_group_rows %%dblock_mix : !k3s.tile<R x Q x D>/%%dout = k3s.load_group_rows %%dblock_mix : !k3s.tile<Q x D>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=ROWS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%p_low, %%c :/%%p_low, %%lse :/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=CENTRE
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%score, %%rho, %%dp_1, %%lse/%%score, %%rho, %%gram_1, %%lse/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=DOTS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%rho = k3s.group_scores \(.*\) : !k3s.tile<R x S x Q>, !k3s.tile<R x S>/%%rho = k3s.group_scores \1 : !k3s.tile<R x S x Q>, !k3s.tile<R x Q>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=RHO
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/rows = 256, pairs = 64/rows = 256, pairs = 8/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=VPAIRS
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_high, %%t_low, %%t_scale = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x S x Q>/%%t_high, %%t_low, %%t_scale = k3s.split_weights %%t, %%representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x Q x R x S>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=SPLIT
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/%%t_low, %%t_scale, %%p_high/%%t_low, %%c, %%p_high/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=SCALE
+// RUN: k3c opt %s -p 'derive-block-attnres-backward{partials-backward=columns}' | sed 's/k3s.store_group_rows %%x_bar,/k3s.store_group_rows %%t,/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STORE
+// The example spec (K3's width) printed with this form: blocks of 64 columns, pipelined by the
+// kernel's stages, products on tl.dot, no loop over a program's rows.
 // RUN: k3c compile %examples/attnres.toml --stdout --no-autotune -p 'fuse-attnres,derive-attnres-backward,derive-block-attnres,derive-block-attnres-backward{partials-backward=columns},outline-kernels' | filecheck %s --check-prefix=TRITON
 
 builtin.module {
@@ -40,84 +55,99 @@ builtin.module {
 // CHECK-NEXT: %drepresentatives = k3s.tensor_arg @drepresentatives <role = output> : !k3s.tensor<S x B x T x 96, float>
 // CHECK-NEXT: %dqueries = k3s.tensor_arg @dqueries <role = output, fill = 0> : !k3s.tensor<Q x 96, float32>
 // CHECK-NEXT: %dgains = k3s.tensor_arg @dgains <role = output, fill = 0> : !k3s.tensor<Q x 96, float32>
-// CHECK-NEXT: %weights = k3s.tensor_arg @weights <role = workspace> : !k3s.tensor<S x B x T x Q, float32>
+// CHECK-NEXT: %folded = k3s.tensor_arg @folded <role = workspace> : !k3s.tensor<2 x Q x 96, float>
 // CHECK-NEXT: %score_bars = k3s.tensor_arg @score_bars <role = workspace> : !k3s.tensor<S x B x T x Q, float32>
-// CHECK-NEXT: %centres = k3s.tensor_arg @centres <role = workspace> : !k3s.tensor<S x B x T, float32>
-// CHECK-NEXT: k3s.kernel @ar_block_partials_backward_columns <grid = [row_group_all_queries], num_warps = 8> {
-// CHECK-NEXT: k3s.row_loop <rows = 16> {
-// CHECK-NEXT: %lse = k3s.load_query_rows %block_lse : !k3s.tile<Q>
-// CHECK-NEXT: %lse_bar = k3s.load_query_rows %dblock_lse : !k3s.tile<Q>
-// CHECK-NEXT: %scale = k3s.zeros : !k3s.tile<S>
-// CHECK-NEXT: %sum_sq = k3s.zeros : !k3s.tile<S>
-// CHECK-NEXT: %qx = k3s.zeros : !k3s.tile<S x Q>
-// CHECK-NEXT: %dp = k3s.zeros : !k3s.tile<S x Q>
-// CHECK-NEXT: %scale_1, %sum_sq_1, %qx_1, %dp_1 = k3s.column_loop %scale, %sum_sq, %qx, %dp <columns = 64> {
-// CHECK-NEXT: ^bb0(%scale_2: !k3s.tile<S>, %sum_sq_2: !k3s.tile<S>, %qx_2: !k3s.tile<S x Q>, %dp_2: !k3s.tile<S x Q>):
-// CHECK-NEXT: %q = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 0> : !k3s.tile<Q x D>
-// CHECK-NEXT: %dout = k3s.load_query_rows %dblock_mix : !k3s.tile<Q x D>
-// CHECK-NEXT: %x = k3s.load_source_columns %representatives <sources = 6> : !k3s.tile<S x D>
-// CHECK-NEXT: %scale_3, %sum_sq_3, %qx_3, %dp_3 = k3s.column_dots %x, %q, %dout, %scale_2, %sum_sq_2, %qx_2, %dp_2 <eps = 0.0001> : !k3s.tile<S>, !k3s.tile<S>, !k3s.tile<S x Q>, !k3s.tile<S x Q>
-// CHECK-NEXT: k3s.next_column %scale_3, %sum_sq_3, %qx_3, %dp_3
-// CHECK-NEXT: } : !k3s.tile<S>, !k3s.tile<S>, !k3s.tile<S x Q>, !k3s.tile<S x Q>
-// CHECK-NEXT: %p, %t, %c = k3s.sources_score_adjoint %scale_1, %sum_sq_1, %qx_1, %dp_1, %lse, %lse_bar <eps = 0.0001> : !k3s.tile<S x Q>, !k3s.tile<S x Q>, !k3s.tile<S>
-// CHECK-NEXT: k3s.store_row_coefficients %p, %t, %c, %weights, %score_bars, %centres
-// CHECK-NEXT: k3s.next_row
+// CHECK-NEXT: k3s.kernel @ar_block_partials_backward_fold <grid = [input_block], num_warps = 4, block_d = 128> {
+// CHECK-NEXT: k3s.fold_queries_split %queries, %gains, %folded <hidden_size = 96, columns = 128>
 // CHECK-NEXT: }
-// CHECK-NEXT: k3s.program_barrier
-// CHECK-NEXT: k3s.column_loop <columns = 64> {
-// CHECK-NEXT: %q_1 = k3s.fold_query %queries, %gains <hidden_size = 96, queries = 0> : !k3s.tile<Q x D>
-// CHECK-NEXT: %q_bar = k3s.zeros : !k3s.tile<Q x D>
-// CHECK-NEXT: %q_bar_1 = k3s.row_loop %q_bar <rows = 16> {
-// CHECK-NEXT: ^bb0(%q_bar_2: !k3s.tile<Q x D>):
-// CHECK-NEXT: %p_1, %t_1, %c_1 = k3s.load_row_coefficients %weights, %score_bars, %centres : !k3s.tile<S x Q>, !k3s.tile<S x Q>, !k3s.tile<S>
-// CHECK-NEXT: %dout_1 = k3s.load_query_rows %dblock_mix : !k3s.tile<Q x D>
-// CHECK-NEXT: %x_1 = k3s.load_source_columns %representatives <sources = 6> : !k3s.tile<S x D>
-// CHECK-NEXT: %x_bar = k3s.sources_adjoint %x_1, %q_1, %dout_1, %p_1, %t_1, %c_1 : !k3s.tile<S x D>
-// CHECK-NEXT: k3s.store_source_columns %x_bar, %drepresentatives
-// CHECK-NEXT: %q_bar_3 = k3s.sources_query_adjoint %x_1, %t_1, %q_bar_2 : !k3s.tile<Q x D>
-// CHECK-NEXT: k3s.next_row %q_bar_3
-// CHECK-NEXT: } : !k3s.tile<Q x D>
-// CHECK-NEXT: k3s.store_query_cotangent %q_bar_1, %queries, %gains, %dqueries, %dgains
+// CHECK-NEXT: k3s.kernel @ar_block_partials_backward_columns <grid = [row_group_all_queries], num_warps = 4, num_stages = 3> {
+// CHECK-NEXT: %gram = k3s.zeros : !k3s.tile<R x S x R x S>
+// CHECK-NEXT: %qx = k3s.zeros : !k3s.tile<Q x R x S>
+// CHECK-NEXT: %dp = k3s.zeros : !k3s.tile<R x Q x R x S>
+// CHECK-NEXT: %gram_1, %qx_1, %dp_1 = k3s.column_loop %gram, %qx, %dp <columns = 64> {
+// CHECK-NEXT: ^bb0(%gram_2: !k3s.tile<R x S x R x S>, %qx_2: !k3s.tile<Q x R x S>, %dp_2: !k3s.tile<R x Q x R x S>):
+// CHECK-NEXT: %x = k3s.load_group_sources %representatives <hidden_size = 96, rows = 4, sources = 6> : !k3s.tile<R x S x D>
+// CHECK-NEXT: %q_high, %q_low = k3s.load_folded_queries %folded : !k3s.tile<Q x D>, !k3s.tile<Q x D>
+// CHECK-NEXT: %dout = k3s.load_group_rows %dblock_mix : !k3s.tile<R x Q x D>
+// CHECK-NEXT: %gram_3, %qx_3 = k3s.group_column_dots %x, %q_high, %q_low, %gram_2, %qx_2 : !k3s.tile<R x S x R x S>, !k3s.tile<Q x R x S>
+// CHECK-NEXT: %dp_3 = k3s.group_out_bar_dots %dout, %x, %dp_2 : !k3s.tile<R x Q x R x S>
+// CHECK-NEXT: k3s.next_column %gram_3, %qx_3, %dp_3
+// CHECK-NEXT: } : !k3s.tile<R x S x R x S>, !k3s.tile<Q x R x S>, !k3s.tile<R x Q x R x S>
+// CHECK-NEXT: %score, %rho = k3s.group_scores %gram_1, %qx_1, %representatives, %folded <eps = 0.0001> : !k3s.tile<R x S x Q>, !k3s.tile<R x S>
+// CHECK-NEXT: %lse = k3s.load_group_stats %block_lse : !k3s.tile<R x Q>
+// CHECK-NEXT: %lse_bar = k3s.load_group_stats %dblock_lse : !k3s.tile<R x Q>
+// CHECK-NEXT: %p, %t, %c = k3s.group_score_adjoint %score, %rho, %dp_1, %lse, %lse_bar : !k3s.tile<R x Q x R x S>, !k3s.tile<R x S x Q>, !k3s.tile<R x S>
+// CHECK-NEXT: k3s.store_group_score_bars %t, %score_bars
+// CHECK-NEXT: %t_high, %t_low, %t_scale = k3s.split_weights %t, %representatives : !k3s.tile<R x S x Q>, !k3s.tile<R x S x Q>, !k3s.tile<>
+// CHECK-NEXT: %p_high, %p_low = k3s.split_weights %p, %representatives : !k3s.tile<R x Q x R x S>, !k3s.tile<R x Q x R x S>
+// CHECK-NEXT: k3s.column_loop <columns = 64, reverse = true> {
+// CHECK-NEXT: %x_1 = k3s.load_group_sources %representatives <hidden_size = 96, rows = 4, sources = 6, last_use = true> : !k3s.tile<R x S x D>
+// CHECK-NEXT: %q_high_1, %q_low_1 = k3s.load_folded_queries %folded : !k3s.tile<Q x D>, !k3s.tile<Q x D>
+// CHECK-NEXT: %dout_1 = k3s.load_group_rows %dblock_mix <last_use = true> : !k3s.tile<R x Q x D>
+// CHECK-NEXT: %x_bar = k3s.group_sources_adjoint %x_1, %q_high_1, %q_low_1, %dout_1, %t_high, %t_low, %t_scale, %p_high, %p_low, %c : !k3s.tile<R x S x D>
+// CHECK-NEXT: k3s.store_group_rows %x_bar, %drepresentatives
 // CHECK-NEXT: k3s.next_column
+// CHECK-NEXT: }
+// CHECK-NEXT: }
+// CHECK-NEXT: k3s.kernel @ar_block_partials_backward_queries <grid = [input_block, row_part], num_warps = 4, num_stages = 3> {
+// CHECK-NEXT: %q_bar = k3s.group_query_cotangent %score_bars, %representatives <hidden_size = 96, columns = 128, rows = 256, pairs = 64> : !k3s.tile<Q x D>
+// CHECK-NEXT: k3s.store_query_cotangent %q_bar, %queries, %gains, %dqueries, %dgains
+// CHECK-NEXT: }
+// CHECK-NEXT: }
+// CHECK-NEXT: k3s.entry @block_merge_backward <source = @ar, max_sources = 1> {
 
-// CHECK:      k3s.entry @block_merge_backward <source = @ar, max_sources = 1> {
+// OPTS:       k3s.kernel @ar_block_partials_backward_columns <grid = [row_group_all_queries], num_warps = 8, num_stages = 2> {
+// OPTS:         k3s.column_loop %gram, %qx, %dp <columns = 16> {
+// OPTS-NEXT:    ^bb0
+// OPTS-NEXT:    k3s.load_group_sources %representatives <hidden_size = 96, rows = 8, sources = 6>
+// OPTS:         k3s.column_loop <columns = 16, reverse = true> {
+// OPTS:       k3s.kernel @ar_block_partials_backward_queries <grid = [input_block, row_part], num_warps = 4, num_stages = 2> {
+// OPTS-NEXT:    k3s.group_query_cotangent %score_bars, %representatives <hidden_size = 96, columns = 32, rows = 64, pairs = 16>
 
-// OPTS:       k3s.kernel @ar_block_partials_backward_columns <grid = [row_group_all_queries], num_warps = 4> {
-// OPTS-NEXT:    k3s.row_loop <rows = 3> {
-// OPTS:         k3s.column_loop %scale, %sum_sq, %qx, %dp <columns = 16> {
-// OPTS:       k3s.column_loop <columns = 16> {
-// OPTS-NEXT:    %q_1 = k3s.fold_query
-// OPTS-NEXT:    %q_bar = k3s.zeros
-// OPTS-NEXT:    %q_bar_1 = k3s.row_loop %q_bar <rows = 3> {
-
-// WHOLE:      k3s.column_loop %scale, %sum_sq, %qx, %dp <columns = 128> {
-// WHOLE:      k3s.column_loop <columns = 128> {
+// WHOLE:      k3s.column_loop %gram, %qx, %dp <columns = 128> {
+// WHOLE-NEXT: ^bb0
+// WHOLE-NEXT: k3s.load_group_sources %representatives <hidden_size = 96, rows = 2, sources = 6>
+// WHOLE:      k3s.column_loop <columns = 128, reverse = true> {
 
 // POW2:       derive-block-attnres-backward: block-columns must be a power of two, got 48
+// LEAST:      derive-block-attnres-backward: block-columns must be at least 16 (tl.dot's least), got 8
+// PAIRS:      derive-block-attnres-backward: query-pairs must be at least 16 (tl.dot's least) and at most query-rows, got 8 (query-rows 256)
+// QCOLUMNS:   derive-block-attnres-backward: query-columns must be at least 16 (tl.dot's least), got 8
 // FORM:       derive-block-attnres-backward: partials-backward must be one of query-blocks, columns, got rows
-// ROWS:       k3s.load_source_columns: the rows must be <S x D>, got <Q x D>
-// CENTRE:     k3s.sources_adjoint: c must be <S>, got <S x Q>
-// CARRIED:    k3s.column_loop: the column loop's initial values, block arguments and results must have the same types
+// ROWS:       k3s.load_group_rows: the rows must be <R x Q x D>, got <Q x D>
+// CENTRE:     k3s.group_sources_adjoint: c must be <R x S>, got <R x Q>
+// DOTS:       k3s.group_score_adjoint: dh . x must be <R x Q x R x S>, got <R x S x R x S>
+// RHO:        k3s.group_scores: the RMS must be <R x S>, got <R x Q>
+// VPAIRS:     k3s.group_query_cotangent: columns and pairs must be powers of two, pairs at least 16 (tl.dot's least) and rows a multiple of pairs; got columns = 128, rows = 256, pairs = 8
+// STORE:      k3s.store_group_rows: the rows must be <R x Q x D> or <R x S x D>, got <R x S x Q>
+// SCALE:      k3s.group_sources_adjoint: t's scale must be <>, got <R x S>
+// SPLIT:      k3s.split_weights: the low part must be <R x S x Q>, got <R x Q x R x S>
 
+// TRITON-LABEL: def attnres_block_partials_backward_fold_kernel(
 // TRITON-LABEL: def attnres_block_partials_backward_columns_kernel(
 // TRITON:         # grid axis 0: a group of BR token rows, with all Q queries and all S representatives of a row
-// TRITON:         for i_r in range(i_rg * BR, tl.minimum(i_rg * BR + BR, R)):
-// TRITON:             for i_c in range(0, D, BD):
-// TRITON-NEXT:            o_d = i_c + tl.arange(0, BD)
-// TRITON:                 b_x = tl.load(representatives + (o_s[:, None] * R + i_r) * D + o_d[None, :], mask=m_sd, other=0.0).to(tl.float32)
-// TRITON:                 b_qx = b_qx + tl.sum(b_x[:, None, :] * b_q[None, :, :], axis=2)
-// TRITON-NEXT:            b_dp = b_dp + tl.sum(b_x[:, None, :] * b_dout[None, :, :], axis=2)
-// TRITON:             b_delta = tl.sum(b_p * b_dp, axis=0)
-// TRITON:         tl.debug_barrier()
-// TRITON-NEXT:    # k3s.column_loop <columns = 64>: the hidden columns in blocks of BD
-// TRITON-NEXT:    for i_c in range(0, D, BD):
-// TRITON:             for i_r in range(i_rg * BR, tl.minimum(i_rg * BR + BR, R)):
-// TRITON:                 tl.store(drepresentatives + (o_s[:, None] * R + i_r) * D + o_d[None, :], b_x_bar.to(drepresentatives.dtype.element_ty), mask=m_sd)
-// TRITON:             tl.atomic_add(dqueries + o_q[:, None] * D + o_d[None, :]
+// TRITON-NOT:     for i_r in
+// TRITON:         for i_c in tl.range(0, D, BD, num_stages=3):
+// TRITON:             b_gram = tl.dot(b_x, tl.trans(b_x), b_gram, input_precision="ieee")
+// TRITON:             b_dp = tl.dot(b_dout, tl.trans(b_x), b_dp, input_precision="ieee")
+// TRITON:         b_rho = b_rms
+// TRITON:         tl.store(score_bars + (i_sk[:, None] * R + i_rk[:, None]) * Q + o_q[None, :], b_t, mask=m_k[:, None] & m_q[None, :])
+// TRITON:         b_t_scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(tl.max(tl.abs(b_t)), 7.888609052210118e-31))))
+// TRITON-NEXT:    b_in_range = b_t / b_t_scale
+// TRITON:         for i_b in tl.range(0, tl.cdiv(D, BD), num_stages=3):
+// TRITON:             b_x_bar = tl.dot(b_t_high, b_q_high, input_precision="ieee")
+// TRITON:             b_x_bar = tl.dot(tl.trans(b_p_high), b_dout, b_x_bar * b_t_scale, input_precision="ieee")
+// TRITON:             tl.store(drepresentatives + (i_sk[:, None] * R + i_rk[:, None]) * D + o_d[None, :], b_x_bar.to(drepresentatives.dtype.element_ty), mask=m_k[:, None] & m_d[None, :], eviction_policy="evict_first")
+// TRITON-NOT:     tl.atomic_add
+// TRITON-LABEL: def attnres_block_partials_backward_queries_kernel(
+// TRITON:         for i_j in tl.range(0, S * (BR // BK), num_stages=3):
+// TRITON:             b_t = b_t / b_t_scale
+// TRITON:             b_part = tl.dot(tl.trans(b_t_high), b_x, input_precision="ieee")
+// TRITON:             b_q_bar = b_q_bar + b_part * b_t_scale
+// TRITON:         tl.atomic_add(dqueries + o_q[:, None] * D + o_d[None, :]
 // TRITON-LABEL: def block_partials_backward(
 // TRITON:         drepresentatives = _alloc((dims["S"], dims["B"], dims["T"], 7168), representatives.dtype, representatives.device)
-// TRITON:         BD = 64
-// TRITON-NEXT:    D = 7168
-// TRITON-NEXT:    BQ = triton.next_power_of_2(dims["Q"])
-// TRITON-NEXT:    BS = 8
-// TRITON-NEXT:    grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
+// TRITON:         grid = (triton.cdiv(dims["B"] * dims["T"], BR),)
+// TRITON:         BD = 128
+// TRITON-NEXT:    BR = 256
+// TRITON:         grid = (triton.cdiv(DIN, BD), triton.cdiv(dims["B"] * dims["T"], BR))

@@ -129,7 +129,7 @@
 // COLUMNS:       # grid axis 0: a group of BR token rows, with all Q queries and all S representatives of a row
 // COLUMNS:       b_gram = tl.zeros([BR * BS, BR * BS], dtype=tl.float32)
 // COLUMNS:       b_qx = tl.zeros([BQ, BR * BS], dtype=tl.float32)
-// COLUMNS:       for i_c in range(0, D, BD):
+// COLUMNS:       for i_c in tl.range(0, D, BD, num_stages=3):
 // COLUMNS:           b_x = tl.load(representatives + (i_sk[:, None] * R + i_rk[:, None]) * D + o_d[None, :], {{.*}}eviction_policy='evict_last')
 // COLUMNS:           b_gram = tl.dot(b_x, tl.trans(b_x), b_gram, input_precision="ieee")
 // COLUMNS-NEXT:      b_qx = tl.dot(b_q_high, tl.trans(b_x), b_qx, input_precision="ieee")
@@ -137,7 +137,7 @@
 // COLUMNS:       # %max, %sum, %p = k3s.group_softmax %score <normalised = true>
 // COLUMNS:       tl.store(block_lse + o_q[None, :] * R + i_rg * BR + tl.arange(0, BR)[:, None], b_max + tl.log(b_sum)
 // COLUMNS:       # k3s.column_loop <columns = 128, reverse = true>: the hidden columns in blocks of BD, the last block first
-// COLUMNS-NEXT:  for i_b in range(tl.cdiv(D, BD)):
+// COLUMNS-NEXT:  for i_b in tl.range(0, tl.cdiv(D, BD), num_stages=3):
 // COLUMNS-NEXT:      i_c = (tl.cdiv(D, BD) - 1 - i_b) * BD
 // COLUMNS:           b_x = tl.load({{.*}}eviction_policy='evict_first')
 // COLUMNS:           b_mix = tl.dot(b_p_high, b_x, input_precision="ieee")
