@@ -420,3 +420,28 @@ def test_k3c_verify_checks_both_phases_gradients(monkeypatch):
     monkeypatch.setattr(reference, "attnres_block_merge", off_in_the_query)
     broken = [r for r in verify(spec, device="cpu", seed=3, quick=True) if r.entry == "block_merge_backward"]
     assert broken and not any(r.passed for r in broken if r.tensor == "dquery")
+
+
+@pytest.mark.parametrize("options", ["", "derive-block-attnres-backward{partials-backward=columns}"])
+def test_backward_ops_return_what_their_fakes_say(ops_cache, options):
+    """The backward custom ops' results have their fakes' dtypes and shapes in half precision too
+    (a compiled graph plans its buffers and casts by the fakes), under either phase 1 backward:
+    query-blocks adds d representatives by fp32 atomics, columns stores them in their dtype."""
+    from k3compile.ops import pass_options
+    from k3compile.ops.attnres import AttnResKey, block_merge_operator, block_partials_operator
+
+    D = 12
+    representatives, partial_sum, queries, gains = (x.to(torch.bfloat16) for x in inputs(2, 2, 3, D))
+    key = AttnResKey(D, 1e-6, 8)
+    name = key.module_name()
+    utils = ("test_schema", "test_faketensor")
+    with pass_options(options):
+        block_lse, block_mix = block_partials_operator(key)(representatives, queries, gains)
+        partials_backward = getattr(torch.ops.k3compile, f"attnres_block_partials_backward_{name}")
+        torch.library.opcheck(partials_backward, (representatives, queries, gains, block_lse, block_mix,
+                                                  torch.randn_like(block_lse), torch.randn_like(block_mix)),
+                              test_utils=utils)
+        out, lse = block_merge_operator(key)(partial_sum, queries[0], gains[0], block_lse[0], block_mix[0])
+        merge_backward = getattr(torch.ops.k3compile, f"attnres_block_merge_backward_{name}")
+        torch.library.opcheck(merge_backward, (partial_sum, queries[0], gains[0], block_lse[0], block_mix[0], out,
+                                               lse, torch.randn_like(out)), test_utils=utils)

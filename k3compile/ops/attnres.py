@@ -172,10 +172,12 @@ def block_partials_operator(key: AttnResKey):
     def block_partials_backward(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor,
                                 block_lse: torch.Tensor, block_mix: torch.Tensor, dblock_lse: torch.Tensor,
                                 dblock_mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """drepresentatives (their dtype: the default partials-backward=columns writes each element
-        once), dqueries and dgains (fp32: every program adds its share)."""
-        return layer_module(key).block_partials_backward(representatives, queries, gains, block_lse, block_mix,
-                                                         dblock_lse, dblock_mix)
+        """drepresentatives (their dtype, as the fake says: partials-backward=columns stores them so,
+        query-blocks, the default, adds them up by fp32 atomics and they are cast here), dqueries
+        and dgains (fp32: every program adds its share)."""
+        drepresentatives, *grads = layer_module(key).block_partials_backward(
+            representatives, queries, gains, block_lse, block_mix, dblock_lse, dblock_mix)
+        return drepresentatives.to(representatives.dtype), *grads
 
     @block_partials_backward.register_fake
     def _(representatives, queries, gains, block_lse, block_mix, dblock_lse, dblock_mix):
