@@ -24,7 +24,10 @@ printer reads these choices off the IR rather than making them:
 - what each kernel's launch passes besides its arguments (`launch_params = [chunk_table, T,
   checkpoints]`: the chunk axis's table, the run-time sizes, the checkpoints), and the value each
   entry passes for a run-time size (`k3s.launch_size %R <size = R>`, R = B x T where the entry
-  has [B, T, ..] tensors; launch_sizes).
+  has [B, T, ..] tensors; launch_sizes);
+- where a checkpoint's state goes (`k3s.store_checkpoint %S <layout = kv, address =
+  #k3s.layout<checkpoint[NCK], head[HV], column[K], column[V]>>`): its slot's row, its value
+  head, the state's columns in its layout.
 
 Each op type's parts are functions registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -121,6 +124,13 @@ def token_rows_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribu
     heads = ("key_head", "H") if keys else ("head", "HV")
     columns = tile[1:] if tile[:1] == ("C",) else tile
     return dict(layout=k3s.TensorLayoutAttr.of(("token", "T"), heads, *[("column", d) for d in columns]))
+
+
+@choices_of(k3s.StoreCheckpointOp)
+def checkpoint_choices(op: k3s.StoreCheckpointOp, kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """Where the state goes in the checkpoints: its slot's row, its value head, then the state's
+    columns in its layout (the state's own addressing, as its initial and final states have it)."""
+    return dict(address=k3s.checkpoint_address(op.layout.data, k3s.tile_dims(op.state)))
 
 
 # the stages that store tiles in a workspace or load them from it: (the operand or result that

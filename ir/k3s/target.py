@@ -49,6 +49,7 @@ class LayoutAxis(Word):
     HEAD = "head"  # the value head (HV)
     KEY_HEAD = "key_head"  # the query and key head (H) that the program's value head reads
     PART = "part"  # the value block whose part of a sum the row holds (a fixed count)
+    CHECKPOINT = "checkpoint"  # a checkpoint of the call's sequences (NCK of them): the slot a chunk's state fills
     COLUMN = "column"  # a dimension of the tile stored there (K, V or C): the tile's own offsets
 
 
