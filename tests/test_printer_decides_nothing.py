@@ -59,6 +59,8 @@ REMOVED_DECISIONS = [
     ("the checkpoints' first slots from the sequence offsets by name", "entries.py", r"f\"cu_seqlens, dims"),
     ("a checkpoint's address, the state tile's offsets through p_state (lower-to-triton's address)", "chunk_stages.py",
      r"p_state - i_nh|tl\.store\(checkpoints \+ \(slot"),
+    ("a commit kernel's key heads, H = HV where its entry reads no tokens (lower-to-triton's key_heads)", "kernels.py",
+     r"reads_tokens|H=layer\.num_heads|num_heads\.value\.data if"),
 ]
 
 
@@ -99,9 +101,9 @@ def test_k3c_ir_shows_what_the_printer_reads(capsys):
                   "k3s.reload %S <layout = #k3s.layout<chunk[NC], head[HV], column[K], column[V]>>",
                   "%NC = arith.addi %1, %N : index", "k3s.bind_size %NC <symbol = NC>",
                   "k3s.tensor_arg @o <role = output, dtype_of = @q>",
-                  "block_v = 64, launch_params = [T, checkpoints]> {", "k3s.launch_size %T_1 <size = T>",
+                  "block_v = 64, launch_params = [T, checkpoints], key_heads = 32> {", "k3s.launch_size %T_1 <size = T>",
                   "k3s.store_checkpoint %S_2 <layout = kv, address = #k3s.layout<checkpoint[NCK], head[HV], column[K], "
-                  "column[V]>>"):
+                  "column[V]>>", "launch_params = [chunk_table, T], key_heads = 32> {"):
         assert shown in out, shown
 
 

@@ -25,6 +25,8 @@ printer reads these choices off the IR rather than making them:
   checkpoints]`: the chunk axis's table, the run-time sizes, the checkpoints), and the value each
   entry passes for a run-time size (`k3s.launch_size %R <size = R>`, R = B x T where the entry
   has [B, T, ..] tensors; launch_sizes);
+- the query and key heads a kernel with a head grid axis groups its value heads by (`key_heads =
+  16`): the layer's where it reads q or k rows, else its value heads (a commit reads none);
 - where a checkpoint's state goes (`k3s.store_checkpoint %S <layout = kv, address =
   #k3s.layout<checkpoint[NCK], head[HV], column[K], column[V]>>`): its slot's row, its value
   head, the state's columns in its layout.
@@ -293,6 +295,23 @@ def write_allocated_dtypes(entry: k3s.EntryOp) -> None:
             write_choices(arg, dict(dtype_of=FlatSymbolRefAttr(tensors[0].sym_name.data)))
 
 
+HEAD_AXES = (k3s.GridAxis.SEQUENCE_HEAD, k3s.GridAxis.VALUE_HEAD)
+
+
+def key_heads_choices(kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """A kernel with a head grid axis groups its value heads by the layer's query and key heads
+    where a stage reads q or k rows (a key_head layout, written before this), else by its value
+    heads: a kernel that reads no key rows (the commit) has no key heads, each value head stands
+    alone (H = HV)."""
+    if not any(axis in HEAD_AXES for axis in kernel.axes):
+        return {}
+    layer = k3s.launching_entry(kernel).layer()
+    reads_keys = any(isinstance(layout := op.properties.get("layout"), k3s.TensorLayoutAttr)
+                     and k3s.LayoutAxis.KEY_HEAD in layout.axes_words() for op in kernel.walk())
+    heads = layer.num_heads if reads_keys else layer.num_v_heads
+    return dict(key_heads=IntegerAttr(heads.value.data, i64))
+
+
 def write_choices(op: Operation, choices: dict[str, Attribute]) -> None:
     """choices as op's properties, those it has kept."""
     op.properties.update({key: value for key, value in choices.items() if key not in op.properties})
@@ -315,6 +334,7 @@ class LowerToTritonPass(ModulePass):
                 write_choices(kernel, dict(dots=k3s.KernelDotsAttr(k3s.KernelDots.INPUT)))
             taken = ArrayAttr([k3s.LaunchParamAttr(p) for p in k3s.launch_params(kernel)])
             write_choices(kernel, dict(launch_params=taken))
+            write_choices(kernel, key_heads_choices(kernel))
         check_workspace_layouts(op)
         for entry in [o for o in op.ops if isinstance(o, k3s.EntryOp)]:
             write_host_sizes(entry)

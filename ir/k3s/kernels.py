@@ -229,6 +229,11 @@ class KernelOp(KeywordSyntax):
     shares_code_of = opt_prop_def(FlatSymbolRefAttrConstr)
     # what its launches pass besides its arguments (lower-to-triton's: launch_params(kernel))
     launch_params = opt_prop_def(ArrayAttr[LaunchParamAttr])
+    # the query and key heads H its programs group their value heads by (i_h = i_hv // (HV // H))
+    # on a head grid axis (lower-to-triton's): the layer's where its stages read q or k rows (a
+    # key_head layout, whose tensor has that many heads), else its value heads (a commit reads no
+    # key rows: each value head stands alone); the stages' verifiers hold it to their tensors
+    key_heads = opt_prop_def(IntegerAttr[I64])
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp, ModuleOp), IsolatedOnceOutlined(),
                         ReferencesSymbols(shares_code_of="k3s.kernel"))
@@ -279,6 +284,10 @@ class KernelOp(KeywordSyntax):
             raise VerifyException(
                 f"{self.name} @{self.sym_name.data}: rows bounds must be positive with min_rows <= max_rows, "
                 f"got min_rows {least}, max_rows {most}"
+            )
+        if self.key_heads is not None and self.key_heads.value.data < 1:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: key_heads must be positive, got {self.key_heads.value.data}"
             )
         if self.hidden_slices is not None and self.hidden_slices.value.data < 1:
             raise VerifyException(

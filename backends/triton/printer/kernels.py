@@ -5,8 +5,9 @@ The products' precision DOT is the kernel's `dots` (lower-to-triton), the block 
 kernel's (legalize-triton; a Block AttnRes program's queries BQ too, sized at launch where it
 holds all the call's), what a launch passes besides the kernel's arguments is its
 `launch_params` (lower-to-triton: the chunk table, the run-time sizes, each the value of its
-entry's k3s.launch_size, the checkpoints). Still decided here (issue 39): the parameters kept by
-what the printed code reads and a commit kernel's heads (H = HV)."""
+entry's k3s.launch_size, the checkpoints), the query and key heads H are its `key_heads`
+(lower-to-triton: HV in a kernel that reads no key rows, the commit). Still decided here (issue
+39): the parameters kept by what the printed code reads."""
 
 from __future__ import annotations
 
@@ -212,18 +213,16 @@ class Kernels:
 
     @kernel_constants_of(k3s.StateTileOp)
     def state_tile_constants(self, op: k3s.StateTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        """Its heads (the layer's; a commit entry reads no tokens, so no key heads: each value
-        head stands alone, H = HV), widths and blocks of key and value columns."""
-        layer = view.entry.layer()
-        HV = layer.num_v_heads.value.data
-        reads_tokens = any("T" in t.type.dims for t in view.tensors)
-        return dict(H=layer.num_heads.value.data if reads_tokens else HV, HV=HV, K=op.head_k_dim.value.data,
-                    V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data)
+        """Its heads (the layer's value heads, its kernel's key_heads), widths and blocks of key
+        and value columns."""
+        return dict(H=chosen(kernel, "key_heads").value.data, HV=view.entry.layer().num_v_heads.value.data,
+                    K=op.head_k_dim.value.data, V=op.head_v_dim.value.data, BK=kernel.block_k.value.data,
+                    BV=kernel.block_v.value.data)
 
     @kernel_constants_of(k3s.ChunkTileOp)
     def chunk_tile_constants(self, op: k3s.ChunkTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        layer = view.entry.layer()
-        return dict(H=layer.num_heads.value.data, HV=layer.num_v_heads.value.data, K=op.head_k_dim.value.data,
+        return dict(H=chosen(kernel, "key_heads").value.data, HV=view.entry.layer().num_v_heads.value.data,
+                    K=op.head_k_dim.value.data,
                     V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data,
                     BC=op.chunk_size.value.data)
 
