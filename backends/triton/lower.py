@@ -50,9 +50,24 @@ from k3compile.backends.triton.printer.common import chunk_rows
 from k3compile.ir import k3s
 from k3compile.ir.choices import Gate
 
-# the stages whose kernels multiply matrices (the runtime prelude's _mm, at the kernel's DOT)
-MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp, k3s.ProjectInputGradOp,
-                      k3s.ProjectWeightGradOp)
+# the stages whose Triton code multiplies matrices (the runtime prelude's _mm, at the kernel's
+# DOT), each with the test of those that do where not all do: the chunkwise and adjoint products,
+# the router's logits and the experts' projections, but a projection of one (token, slot) pair's
+# row, a vector product (tl.sum); a kernel without any (a chunk prepare that only gates and
+# spills, gla's) takes no DOT
+PRODUCT_STAGES: dict[type[Operation], Callable[[Operation], bool] | None] = {
+    k3s.GramOp: None, k3s.BlockRescaleOp: None, k3s.UnitLowerInverseOp: None, k3s.ForwardSubstitutionOp: None,
+    k3s.WYApplyOp: None, k3s.DeltaResidualOp: None, k3s.ChunkOutputOp: None, k3s.StateAdvanceOp: None,
+    k3s.DotOp: None, k3s.GatedContractionOp: None, k3s.RouterLogitsOp: None,
+    k3s.ProjectOp: lambda op: op.rows.data != k3s.Rows.PAIR, k3s.ProjectInputGradOp: None,
+    k3s.ProjectWeightGradOp: None}
+
+
+def multiplies(op: Operation) -> bool:
+    """Whether op's Triton code multiplies matrices at its kernel's DOT (PRODUCT_STAGES)."""
+    test = PRODUCT_STAGES.get(type(op), False)
+    return test is None or (test is not False and test(op))
+
 TRUE = BoolAttr.from_bool(True)
 RELOAD_ROWS = k3s.DiagonalRowsAttr(k3s.DiagonalRows.RELOAD)
 IN_FP32, IN_INPUT_DTYPE = k3s.RegisterDtypeAttr(k3s.RegisterDtype.FP32), k3s.RegisterDtypeAttr(k3s.RegisterDtype.INPUT)
@@ -327,7 +342,7 @@ class LowerToTritonPass(ModulePass):
         for kernel in [o for o in op.walk() if isinstance(o, k3s.KernelOp)]:
             has_products = False
             for stage in kernel.walk():
-                has_products = has_products or isinstance(stage, MATMUL_STAGE_TYPES)
+                has_products = has_products or multiplies(stage)
                 for of_op in STAGE_CHOICES.get(type(stage), ()):
                     write_choices(stage, of_op(stage, kernel))
             if has_products:  # the products' precision: the input dtype's, where no pass chose

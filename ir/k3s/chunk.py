@@ -30,7 +30,7 @@ from k3compile.ir.k3s.chunk_loops import (
     ChunkScanOp,
     ValueBlockLoopOp,
 )
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp, WritesCheckpoints
+from k3compile.ir.k3s.kernels import ChunkTableInterface, KernelOp, RuntimeSizesInterface, WhenOp, WritesCheckpoints
 from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr, verify_layout
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, dims_text, tile_dims
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
@@ -155,7 +155,7 @@ class RecordedCheckOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class ChunkTileOp(KeywordSyntax, RuntimeSizesInterface):
+class ChunkTileOp(KeywordSyntax, RuntimeSizesInterface, ChunkTableInterface):
     """In a kernel over chunks: the token rows of this program's chunk (C rows, the last
     chunk of a sequence masked) and the key/value ranges. Its operand, when the entry has them,
     is the sequence offsets (`k3s.chunk_tile %cu_seqlens`: with them passed, a chunk's sequence
@@ -170,6 +170,10 @@ class ChunkTileOp(KeywordSyntax, RuntimeSizesInterface):
 
     def runtime_sizes(self) -> tuple[str, ...]:
         return ("T",)  # its chunk's rows end at its sequence's last token
+
+    def reads_chunk_table(self) -> bool:
+        """With sequence offsets a chunk axis's chunk is the table's row; without, of equal rows."""
+        return self.offsets is not None
 
 
 @irdl_op_definition

@@ -117,6 +117,16 @@ class RuntimeSizesInterface(Operation, abc.ABC):
         raise NotImplementedError()
 
 
+class ChunkTableInterface(Operation, abc.ABC):
+    """An op interface: the op that finds a chunk axis's chunk (its sequence and first token) says
+    whether it reads the chunk table the launch makes from the sequence offsets (launch_params'
+    chunk_table) or counts equal rows of T tokens."""
+
+    @abc.abstractmethod
+    def reads_chunk_table(self) -> bool:
+        raise NotImplementedError()
+
+
 def runtime_sizes(kernel: KernelOp) -> list[str]:
     """The sizes known only at run time that a kernel reads: its grid axes' and its ops', in the
     order of RUNTIME_SIZES."""
@@ -152,9 +162,11 @@ class WritesCheckpoints(OpTrait):
 
 def launch_params(kernel: KernelOp) -> list[LaunchParam]:
     """What a kernel's launch passes besides its arguments, in the order its parameters take them:
-    a chunk axis's table, the run-time sizes it reads, the checkpoints. lower-to-triton writes
+    a chunk axis's table (where its chunk tile has sequence offsets), the run-time sizes it reads,
+    the checkpoints. lower-to-triton writes
     them on the kernel (`launch_params`), which must say these."""
-    table = [LaunchParam.CHUNK_TABLE] if GridAxis.CHUNK in kernel.axes else []
+    table = [LaunchParam.CHUNK_TABLE] if GridAxis.CHUNK in kernel.axes and any(
+        isinstance(op, ChunkTableInterface) and op.reads_chunk_table() for op in kernel.body.ops) else []
     checkpoints = [LaunchParam.CHECKPOINTS] if any(op.has_trait(WritesCheckpoints) for op in kernel.walk()) else []
     return [*table, *(LaunchParam(size) for size in runtime_sizes(kernel)), *checkpoints]
 
