@@ -24,7 +24,12 @@ printer reads these choices off the IR rather than making them:
 - what each kernel's launch passes besides its arguments (`launch_params = [chunk_table, T,
   checkpoints]`: the chunk axis's table, the run-time sizes, the checkpoints), and the value each
   entry passes for a run-time size (`k3s.launch_size %R <size = R>`, R = B x T where the entry
-  has [B, T, ..] tensors; launch_sizes).
+  has [B, T, ..] tensors; launch_sizes);
+- the query and key heads a kernel with a head grid axis groups its value heads by (`key_heads =
+  16`): the layer's where it reads q or k rows, else its value heads (a commit reads none);
+- where a checkpoint's state goes (`k3s.store_checkpoint %S <layout = kv, address =
+  #k3s.layout<checkpoint[NCK], head[HV], column[K], column[V]>>`): its slot's row, its value
+  head, the state's columns in its layout.
 
 Each op type's parts are functions registered with @choices_of. An op that already has a
 property keeps it: a pass that chose knows better.
@@ -45,9 +50,24 @@ from k3compile.backends.triton.printer.common import chunk_rows
 from k3compile.ir import k3s
 from k3compile.ir.choices import Gate
 
-# the stages whose kernels multiply matrices (the runtime prelude's _mm, at the kernel's DOT)
-MATMUL_STAGE_TYPES = (k3s.ChunkTileOp, k3s.ChunkLoopOp, k3s.RouterLogitsOp, k3s.ProjectOp, k3s.ProjectInputGradOp,
-                      k3s.ProjectWeightGradOp)
+# the stages whose Triton code multiplies matrices (the runtime prelude's _mm, at the kernel's
+# DOT), each with the test of those that do where not all do: the chunkwise and adjoint products,
+# the router's logits and the experts' projections, but a projection of one (token, slot) pair's
+# row, a vector product (tl.sum); a kernel without any (a chunk prepare that only gates and
+# spills, gla's) takes no DOT
+PRODUCT_STAGES: dict[type[Operation], Callable[[Operation], bool] | None] = {
+    k3s.GramOp: None, k3s.BlockRescaleOp: None, k3s.UnitLowerInverseOp: None, k3s.ForwardSubstitutionOp: None,
+    k3s.WYApplyOp: None, k3s.DeltaResidualOp: None, k3s.ChunkOutputOp: None, k3s.StateAdvanceOp: None,
+    k3s.DotOp: None, k3s.GatedContractionOp: None, k3s.RouterLogitsOp: None,
+    k3s.ProjectOp: lambda op: op.rows.data != k3s.Rows.PAIR, k3s.ProjectInputGradOp: None,
+    k3s.ProjectWeightGradOp: None}
+
+
+def multiplies(op: Operation) -> bool:
+    """Whether op's Triton code multiplies matrices at its kernel's DOT (PRODUCT_STAGES)."""
+    test = PRODUCT_STAGES.get(type(op), False)
+    return test is None or (test is not False and test(op))
+
 TRUE = BoolAttr.from_bool(True)
 RELOAD_ROWS = k3s.DiagonalRowsAttr(k3s.DiagonalRows.RELOAD)
 IN_FP32, IN_INPUT_DTYPE = k3s.RegisterDtypeAttr(k3s.RegisterDtype.FP32), k3s.RegisterDtypeAttr(k3s.RegisterDtype.INPUT)
@@ -121,6 +141,13 @@ def token_rows_choices(op: Operation, kernel: k3s.KernelOp) -> dict[str, Attribu
     heads = ("key_head", "H") if keys else ("head", "HV")
     columns = tile[1:] if tile[:1] == ("C",) else tile
     return dict(layout=k3s.TensorLayoutAttr.of(("token", "T"), heads, *[("column", d) for d in columns]))
+
+
+@choices_of(k3s.StoreCheckpointOp)
+def checkpoint_choices(op: k3s.StoreCheckpointOp, kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """Where the state goes in the checkpoints: its slot's row, its value head, then the state's
+    columns in its layout (the state's own addressing, as its initial and final states have it)."""
+    return dict(address=k3s.checkpoint_address(op.layout.data, k3s.tile_dims(op.state)))
 
 
 # the stages that store tiles in a workspace or load them from it: (the operand or result that
@@ -283,6 +310,23 @@ def write_allocated_dtypes(entry: k3s.EntryOp) -> None:
             write_choices(arg, dict(dtype_of=FlatSymbolRefAttr(tensors[0].sym_name.data)))
 
 
+HEAD_AXES = (k3s.GridAxis.SEQUENCE_HEAD, k3s.GridAxis.VALUE_HEAD)
+
+
+def key_heads_choices(kernel: k3s.KernelOp) -> dict[str, Attribute]:
+    """A kernel with a head grid axis groups its value heads by the layer's query and key heads
+    where a stage reads q or k rows (a key_head layout, written before this), else by its value
+    heads: a kernel that reads no key rows (the commit) has no key heads, each value head stands
+    alone (H = HV)."""
+    if not any(axis in HEAD_AXES for axis in kernel.axes):
+        return {}
+    layer = k3s.launching_entry(kernel).layer()
+    reads_keys = any(isinstance(layout := op.properties.get("layout"), k3s.TensorLayoutAttr)
+                     and k3s.LayoutAxis.KEY_HEAD in layout.axes_words() for op in kernel.walk())
+    heads = layer.num_heads if reads_keys else layer.num_v_heads
+    return dict(key_heads=IntegerAttr(heads.value.data, i64))
+
+
 def write_choices(op: Operation, choices: dict[str, Attribute]) -> None:
     """choices as op's properties, those it has kept."""
     op.properties.update({key: value for key, value in choices.items() if key not in op.properties})
@@ -298,13 +342,14 @@ class LowerToTritonPass(ModulePass):
         for kernel in [o for o in op.walk() if isinstance(o, k3s.KernelOp)]:
             has_products = False
             for stage in kernel.walk():
-                has_products = has_products or isinstance(stage, MATMUL_STAGE_TYPES)
+                has_products = has_products or multiplies(stage)
                 for of_op in STAGE_CHOICES.get(type(stage), ()):
                     write_choices(stage, of_op(stage, kernel))
             if has_products:  # the products' precision: the input dtype's, where no pass chose
                 write_choices(kernel, dict(dots=k3s.KernelDotsAttr(k3s.KernelDots.INPUT)))
             taken = ArrayAttr([k3s.LaunchParamAttr(p) for p in k3s.launch_params(kernel)])
             write_choices(kernel, dict(launch_params=taken))
+            write_choices(kernel, key_heads_choices(kernel))
         check_workspace_layouts(op)
         for entry in [o for o in op.ops if isinstance(o, k3s.EntryOp)]:
             write_host_sizes(entry)

@@ -30,9 +30,9 @@ from k3compile.ir.k3s.chunk_loops import (
     ChunkScanOp,
     ValueBlockLoopOp,
 )
-from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp, WritesCheckpoints
+from k3compile.ir.k3s.kernels import ChunkTableInterface, KernelOp, RuntimeSizesInterface, WhenOp, WritesCheckpoints
 from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr, verify_layout
-from k3compile.ir.k3s.types import GATED, TensorType, TileType
+from k3compile.ir.k3s.types import GATED, TensorType, TileType, dims_text, tile_dims
 from k3compile.ir.k3s.token import TokenLoopOp, _no_l2norm_of_values
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -155,7 +155,7 @@ class RecordedCheckOp(KeywordSyntax):
 
 
 @irdl_op_definition
-class ChunkTileOp(KeywordSyntax, RuntimeSizesInterface):
+class ChunkTileOp(KeywordSyntax, RuntimeSizesInterface, ChunkTableInterface):
     """In a kernel over chunks: the token rows of this program's chunk (C rows, the last
     chunk of a sequence masked) and the key/value ranges. Its operand, when the entry has them,
     is the sequence offsets (`k3s.chunk_tile %cu_seqlens`: with them passed, a chunk's sequence
@@ -170,6 +170,10 @@ class ChunkTileOp(KeywordSyntax, RuntimeSizesInterface):
 
     def runtime_sizes(self) -> tuple[str, ...]:
         return ("T",)  # its chunk's rows end at its sequence's last token
+
+    def reads_chunk_table(self) -> bool:
+        """With sequence offsets a chunk axis's chunk is the table's row; without, of equal rows."""
+        return self.offsets is not None
 
 
 @irdl_op_definition
@@ -243,12 +247,31 @@ class LoadBetaOp(KeywordSyntax):
 @irdl_op_definition
 class StoreCheckpointOp(KeywordSyntax):
     """After a chunk: if the tokens done so far are a multiple of checkpoint_every, write the
-    state to its checkpoint slot."""
+    state to its checkpoint slot. `address` (the Triton backend's, lower-to-triton) is where the
+    program's state tile goes in the checkpoints: `#k3s.layout<checkpoint[NCK], head[HV],
+    column[K], column[V]>`, the slot's row, the value head, then the state's columns in its
+    `layout` (vk: column[V], column[K])."""
 
     name = "k3s.store_checkpoint"
     layout = prop_def(StateLayoutAttr)
+    address = opt_prop_def(TensorLayoutAttr)
     state = operand_def(TileType)
     traits = traits_def(HasParent(ChunkLoopOp), WritesCheckpoints())
+
+    def verify_(self) -> None:
+        if self.address is not None:
+            expected = checkpoint_address(self.layout.data, tile_dims(self.state))
+            if self.address != expected:
+                raise VerifyException(f"{self.name}: address {self.address} does not fit its "
+                                      f"{dims_text(tile_dims(self.state))} state in layout {self.layout.data}, expected "
+                                      f"{expected}")
+
+
+def checkpoint_address(layout: str, state: tuple[str, ...]) -> TensorLayoutAttr:
+    """Where a state tile of these dimensions goes in the checkpoints: the slot's row, the value
+    head, then the state's columns, transposed for the vk layout."""
+    columns = state if layout == "kv" else tuple(reversed(state))
+    return TensorLayoutAttr.of(("checkpoint", "NCK"), ("head", "HV"), *[("column", d) for d in columns])
 
 
 @irdl_op_definition

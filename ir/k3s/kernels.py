@@ -118,6 +118,16 @@ class RuntimeSizesInterface(Operation, abc.ABC):
         raise NotImplementedError()
 
 
+class ChunkTableInterface(Operation, abc.ABC):
+    """An op interface: the op that finds a chunk axis's chunk (its sequence and first token) says
+    whether it reads the chunk table the launch makes from the sequence offsets (launch_params'
+    chunk_table) or counts equal rows of T tokens."""
+
+    @abc.abstractmethod
+    def reads_chunk_table(self) -> bool:
+        raise NotImplementedError()
+
+
 def runtime_sizes(kernel: KernelOp) -> list[str]:
     """The sizes known only at run time that a kernel reads: its grid axes' and its ops', in the
     order of RUNTIME_SIZES."""
@@ -153,9 +163,11 @@ class WritesCheckpoints(OpTrait):
 
 def launch_params(kernel: KernelOp) -> list[LaunchParam]:
     """What a kernel's launch passes besides its arguments, in the order its parameters take them:
-    a chunk axis's table, the run-time sizes it reads, the checkpoints. lower-to-triton writes
+    a chunk axis's table (where its chunk tile has sequence offsets), the run-time sizes it reads,
+    the checkpoints. lower-to-triton writes
     them on the kernel (`launch_params`), which must say these."""
-    table = [LaunchParam.CHUNK_TABLE] if GridAxis.CHUNK in kernel.axes else []
+    table = [LaunchParam.CHUNK_TABLE] if GridAxis.CHUNK in kernel.axes and any(
+        isinstance(op, ChunkTableInterface) and op.reads_chunk_table() for op in kernel.body.ops) else []
     checkpoints = [LaunchParam.CHECKPOINTS] if any(op.has_trait(WritesCheckpoints) for op in kernel.walk()) else []
     return [*table, *(LaunchParam(size) for size in runtime_sizes(kernel)), *checkpoints]
 
@@ -230,6 +242,11 @@ class KernelOp(KeywordSyntax):
     shares_code_of = opt_prop_def(FlatSymbolRefAttrConstr)
     # what its launches pass besides its arguments (lower-to-triton's: launch_params(kernel))
     launch_params = opt_prop_def(ArrayAttr[LaunchParamAttr])
+    # the query and key heads H its programs group their value heads by (i_h = i_hv // (HV // H))
+    # on a head grid axis (lower-to-triton's): the layer's where its stages read q or k rows (a
+    # key_head layout, whose tensor has that many heads), else its value heads (a commit reads no
+    # key rows: each value head stands alone); the stages' verifiers hold it to their tensors
+    key_heads = opt_prop_def(IntegerAttr[I64])
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), NoTerminator(), HasParent(EntryOp, ModuleOp), IsolatedOnceOutlined(),
                         ReferencesSymbols(shares_code_of="k3s.kernel"))
@@ -280,6 +297,10 @@ class KernelOp(KeywordSyntax):
             raise VerifyException(
                 f"{self.name} @{self.sym_name.data}: rows bounds must be positive with min_rows <= max_rows, "
                 f"got min_rows {least}, max_rows {most}"
+            )
+        if self.key_heads is not None and self.key_heads.value.data < 1:
+            raise VerifyException(
+                f"{self.name} @{self.sym_name.data}: key_heads must be positive, got {self.key_heads.value.data}"
             )
         if self.hidden_slices is not None and self.hidden_slices.value.data < 1:
             raise VerifyException(

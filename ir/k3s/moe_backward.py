@@ -122,7 +122,9 @@ class ProjectWeightGradOp(KeywordSyntax, RuntimeSizesInterface):
             raise VerifyException(f"{self.name}: block_rows is given exactly for rows = sorted_block")
 
     def runtime_sizes(self) -> tuple[str, ...]:
-        return ("R",)  # it loops over every token row of the call
+        """token_block loops over every token row of the call; sorted_block over its expert's run,
+        which expert_offsets bounds."""
+        return ("R",) if self.rows.data == Rows.TOKEN_BLOCK else ()
 
 
 @irdl_op_definition

@@ -49,6 +49,7 @@ class LayoutAxis(Word):
     HEAD = "head"  # the value head (HV)
     KEY_HEAD = "key_head"  # the query and key head (H) that the program's value head reads
     PART = "part"  # the value block whose part of a sum the row holds (a fixed count)
+    CHECKPOINT = "checkpoint"  # a checkpoint of the call's sequences (NCK of them): the slot a chunk's state fills
     COLUMN = "column"  # a dimension of the tile stored there (K, V or C): the tile's own offsets
 
 
@@ -79,6 +80,10 @@ class TensorLayoutAttr(ParametrizedAttribute):
     def items(self) -> tuple[tuple[LayoutAxis, str], ...]:
         """((axis, extent), ...), outermost first."""
         return tuple((axis.data, extent.data) for axis, extent in zip(self.axes.data, self.extents.data, strict=True))
+
+    def axes_words(self) -> tuple[LayoutAxis, ...]:
+        """The axes, outermost first."""
+        return tuple(axis.data for axis in self.axes.data)
 
     def strides(self) -> tuple[str, ...]:
         """Each axis's stride as a product of symbols: ("HV * K", "K", "1") for token, head, column."""
@@ -123,9 +128,25 @@ class TensorLayoutAttr(ParametrizedAttribute):
 
 
 def verify_layout(op: Operation, tensor: SSAValue) -> None:
-    """op's layout, where lower-to-triton wrote one, fits the tensor whose rows it addresses."""
-    if op.layout is not None:
-        op.layout.verify_fits(op.name, tensor.type.dims)
+    """op's layout, where lower-to-triton wrote one, fits the tensor whose rows it addresses; a
+    key_head axis's heads are its kernel's key_heads, where lower-to-triton wrote them."""
+    if op.layout is None:
+        return
+    op.layout.verify_fits(op.name, tensor.type.dims)
+    rows = [dim for dim in tensor.type.dims if dim != "B"]
+    heads = [rows[i] for i, (axis, _) in enumerate(op.layout.items) if axis == LayoutAxis.KEY_HEAD]
+    if heads and isinstance(heads[0], int) and (key_heads := kernel_key_heads(op)) is not None and heads[0] != key_heads:
+        raise VerifyException(f"{op.name}: %{tensor.name_hint} has {heads[0]} key heads, its kernel's key_heads is "
+                              f"{key_heads}")
+
+
+def kernel_key_heads(op: Operation) -> int | None:
+    """The key_heads of the k3s.kernel op is in, None where it has none (yet)."""
+    while (op := op.parent_op()) is not None:
+        if op.name == "k3s.kernel":
+            key_heads = op.properties.get("key_heads")
+            return None if key_heads is None else key_heads.value.data
+    return None
 
 
 @irdl_attr_definition

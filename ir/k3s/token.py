@@ -29,7 +29,7 @@ from xdsl.utils.exceptions import VerifyException
 from k3compile.ir.choices import Word
 from k3compile.ir.k3 import GateAttr, StateLayoutAttr
 from k3compile.ir.k3s.kernels import KernelOp, RuntimeSizesInterface, WhenOp
-from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr, verify_layout
+from k3compile.ir.k3s.target import RegisterDtypeAttr, TensorLayoutAttr, kernel_key_heads, verify_layout
 from k3compile.ir.k3s.types import GATED, TensorType, TileType, is_power_of_two
 from k3compile.ir.syntax import KeywordSyntax
 
@@ -94,6 +94,10 @@ class StateTileOp(KeywordSyntax, RuntimeSizesInterface):
                                       f"{self.head_k_dim.value.data}, V = {self.head_v_dim.value.data}")
         if not is_power_of_two(self.block_v.value.data):
             raise VerifyException(f"{self.name}: block_v must be a power of two, got {self.block_v.value.data}")
+        if self.tensors and isinstance(heads := self.tensors[0].type.dims[-3], int) and \
+                (key_heads := kernel_key_heads(self)) is not None and key_heads > 0 and heads % key_heads:
+            raise VerifyException(f"{self.name}: its kernel's key_heads = {key_heads} does not divide the {heads} "
+                                  f"value heads of %{self.tensors[0].name_hint}")
 
     def runtime_sizes(self) -> tuple[str, ...]:
         """A pool row's tile reads the pool's row count (its slots beyond it start from zero)."""

@@ -6,9 +6,8 @@ The products' precision (k3s.kernel <dots>), the inverse's products and squaring
 value-block loops' and the channel-gated Gram's block loop's unrolling, where the Gram's
 elementwise diagonal takes its rows from (reloaded or extracted) and where a stage's rows are in
 a workspace or the output (a spill's, reload's or chunk output's <layout>, printed as addresses by
-common.tensor_address) are the IR's (lower-to-triton). Still decided here (issue 39): the address
-of a checkpoint (print_k3s_store_checkpoint: its slot's row of the checkpoints, then the state
-tile's own offsets, as the state tile's pointer p_state has them)."""
+common.tensor_address; a checkpoint's <address> likewise, its slot's row first) are the IR's
+(lower-to-triton). The printer decides nothing here."""
 
 from __future__ import annotations
 
@@ -370,7 +369,8 @@ class ChunkStages:
                     c(equal_rows if offsets is None else varlen)
                 else:
                     c(f"if {flag}:", f"    {varlen}", "else:", f"    {equal_rows}")
-                c(f"tl.store(checkpoints + (slot * HV + i_hv) * K * V + (p_state - i_nh * K * V), {register(op.state)}, mask=m_kv)")
+                address, mask = tensor_address(op, "checkpoints", layout="address", tile=op.state)
+                c(f"tl.store({address}, {register(op.state)}, mask={mask})")
 
     def print_k3s_next_chunk(self, op: k3s.NextChunkOp) -> None:
         """The carried values into the loop's registers: nothing to print where a stage updated

@@ -105,7 +105,8 @@ def chosen(op: Operation, name: str):
 # how a program indexes each axis of a tensor's layout (k3s.layout, lower-to-triton's): the index
 # of a row axis (the token rows': those of the loop the stage is printed in); a column's extent
 # as the kernel names it, its offsets and their mask
-LAYOUT_ROWS = {k3s.LayoutAxis.CHUNK: "start // BC + i_n", k3s.LayoutAxis.HEAD: "i_hv", k3s.LayoutAxis.KEY_HEAD: "i_h"}
+LAYOUT_ROWS = {k3s.LayoutAxis.CHUNK: "start // BC + i_n", k3s.LayoutAxis.HEAD: "i_hv", k3s.LayoutAxis.KEY_HEAD: "i_h",
+               k3s.LayoutAxis.CHECKPOINT: "slot"}
 LAYOUT_COLUMNS = {"K": ("K", "o_k", "m_k"), "V": ("V", "o_v", "m_v"), "C": ("BC", "o_c", None)}
 BROADCASTS = {1: ("",), 2: ("[:, None]", "[None, :]")}
 # the token rows of a chunk and their mask; a token loop's one token has no mask
@@ -120,28 +121,33 @@ def horner(terms: list[tuple[str, str]]) -> str:
     return text
 
 
-def tensor_address(op: Operation, tensor: SSAValue | None = None, rows: tuple[str, str | None] = CHUNK_ROWS,
-                   part: str | None = None) -> tuple[str, str]:
-    """(the address of this program's rows in the tensor op reads or writes, `tensor`, else op's
-    workspace; their mask, "" for none), printed from the layout lower-to-triton wrote on op;
-    `rows`: the token rows' index and mask (one token: no mask); `part`: the index of a
-    value-block parts axis. The token rows and the columns are the tile's axes, broadcast against
-    each other."""
-    layout = chosen(op, "layout")
+def tensor_address(op: Operation, tensor: SSAValue | str | None = None, rows: tuple[str, str | None] = CHUNK_ROWS,
+                   part: str | None = None, layout: str = "layout", tile: SSAValue | None = None) -> tuple[str, str]:
+    """(the address of this program's rows in the tensor op reads or writes, `tensor` (a value,
+    or the name of what its kernel takes besides its arguments), else op's workspace; their
+    mask, "" for none), printed from the layout lower-to-triton wrote on op (its property
+    `layout`); `rows`: the token rows' index and mask (one token: no mask); `part`: the index of a
+    value-block parts axis. The token rows and the columns are the axes of the tile, broadcast
+    against each other in the tile's order (`tile`'s dimensions; else the layout's columns')."""
+    layout = chosen(op, layout)
     axes = [(axis, extent) for axis, extent in layout.items if axis != k3s.LayoutAxis.COLUMN]
-    columns = [LAYOUT_COLUMNS[extent] for axis, extent in layout.items if axis == k3s.LayoutAxis.COLUMN]
+    widths = [extent for axis, extent in layout.items if axis == k3s.LayoutAxis.COLUMN]  # the strides' order
+    order = list(k3s.tile_dims(tile)) if tile is not None else widths  # the tile's: the broadcasts' order
     token, token_mask = rows
     per_token = axes[0][0] == k3s.LayoutAxis.TOKEN and token_mask is not None  # the token rows a vector
-    vectors = [(None, token, token_mask)] * per_token + columns  # (extent, offsets, mask) of each vector axis
+    vectors = [(None, token, token_mask)] * per_token + [LAYOUT_COLUMNS[d] for d in order]  # (extent, offsets, mask)
     broadcast = BROADCASTS[len(vectors)] if vectors else ()
     index = {**LAYOUT_ROWS, k3s.LayoutAxis.PART: part,
              k3s.LayoutAxis.TOKEN: token + (broadcast[0] if per_token else "")}
     address = horner([(index[axis], extent) for axis, extent in axes])
-    if columns:
-        offsets = horner([(o + b, width) for (width, o, _), b in zip(columns, broadcast[per_token:], strict=True)])
+    if widths:
+        columns = [LAYOUT_COLUMNS[d] for d in widths]
+        offsets = horner([(o + broadcast[per_token + order.index(d)], width)
+                          for d, (width, o, _) in zip(widths, columns, strict=True)])
         address = f"{f'({address})' if ' + ' in address else address} * {' * '.join(w for w, _, _ in columns)} + {offsets}"
     mask = " & ".join(m + b for (_, _, m), b in zip(vectors, broadcast, strict=True) if m is not None)
-    return f"{tensor_name(op.workspace if tensor is None else tensor)} + {address}", mask
+    name = tensor if isinstance(tensor, str) else tensor_name(op.workspace if tensor is None else tensor)
+    return f"{name} + {address}", mask
 
 
 def value_block_count(op: Operation) -> int:

@@ -402,7 +402,7 @@ class Entries:
 
     def print_launch(self, kernel: k3s.KernelOp, view: EntryView, side_stream: bool = False) -> None:
         c = self.code
-        constants = self.kernel_constants(kernel, view)
+        constants = self.launch_constants(kernel, view)
         axes = kernel.axes
         c(f"# {describe(kernel)}: launch")
         for name, value in constants.items():

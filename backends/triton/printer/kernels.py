@@ -5,8 +5,10 @@ The products' precision DOT is the kernel's `dots` (lower-to-triton), the block 
 kernel's (legalize-triton; a Block AttnRes program's queries BQ too, sized at launch where it
 holds all the call's), what a launch passes besides the kernel's arguments is its
 `launch_params` (lower-to-triton: the chunk table, the run-time sizes, each the value of its
-entry's k3s.launch_size, the checkpoints). Still decided here (issue 39): the parameters kept by
-what the printed code reads and a commit kernel's heads (H = HV)."""
+entry's k3s.launch_size, the checkpoints), the query and key heads H are its `key_heads`
+(lower-to-triton: HV in a kernel that reads no key rows, the commit). Its parameters are all that
+the IR gives it (kernel_params), each read by its code: the printer decides nothing here, and its
+self-check refuses a parameter the code does not read."""
 
 from __future__ import annotations
 
@@ -132,8 +134,8 @@ def self_check() -> bool:
 
 
 class PrintedCode:
-    """A kernel's printed body (its lines, the first its docstring), the names it reads and, when
-    asked for, its statements parsed (statements(): no docstring, no comments). Bodies printed
+    """A kernel's printed body (its lines, the first its docstring) and, when asked for, the names
+    it reads and its statements parsed (statements(): no docstring, no comments). Bodies printed
     the same after their docstring (a kernel and those that share its code) are scanned and
     parsed once and walked once per set of flags turned off and on: the same text parses the same."""
 
@@ -142,8 +144,15 @@ class PrintedCode:
         self.lines = lines
         self.parsed = parsed  # text after the docstring -> [names read, statements, {flags off, on: name_uses}]
         if self.text not in parsed:
-            parsed[self.text] = [names_read(self.text), None, {}]
-        self.read = parsed[self.text][0]
+            parsed[self.text] = [None, None, {}]
+
+    @property
+    def read(self) -> set[str]:
+        """The names the text mentions (names_read), scanned when first asked for (the self-check)."""
+        known = self.parsed[self.text]
+        if known[0] is None:
+            known[0] = names_read(self.text)
+        return known[0]
 
     @property
     def tree(self) -> ast.Module:
@@ -197,6 +206,14 @@ class Kernels:
         of the call's sizes)."""
         return dict(self.known("constants", kernel, view, lambda: self.read_kernel_constants(kernel, view)))
 
+    def launch_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
+        """The constants a launch names on the host: its kernel's, then those only its grid reads
+        (an expert axis's experts E, the layer's)."""
+        constants = self.kernel_constants(kernel, view)
+        if k3s.GridAxis.EXPERT in kernel.axes:
+            constants.setdefault("E", self.num_experts(view))
+        return constants
+
     def read_kernel_constants(self, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int | str]:
         if all(getattr(kernel, block) is None for block in ("block_k", "block_d", "block_r", "block_e")):
             raise ValueError(f"kernel @{kernel.sym_name.data} reached the printer without legalize-triton")
@@ -204,26 +221,27 @@ class Kernels:
         for op in kernel.walk():  # each op's (@kernel_constants_of), in program order
             if (of_op := KERNEL_CONSTANTS.get(type(op))) is not None:
                 constants.update(of_op(self, op, kernel, view))
-        if (depth := view.draft_depth()) is not None:
-            constants["DEPTH"] = depth
         return constants
 
     # --- each op's constants (common.KERNEL_CONSTANTS); the MoE experts' in experts.py ----------
 
     @kernel_constants_of(k3s.StateTileOp)
     def state_tile_constants(self, op: k3s.StateTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        """Its heads (the layer's; a commit entry reads no tokens, so no key heads: each value
-        head stands alone, H = HV), widths and blocks of key and value columns."""
-        layer = view.entry.layer()
-        HV = layer.num_v_heads.value.data
-        reads_tokens = any("T" in t.type.dims for t in view.tensors)
-        return dict(H=layer.num_heads.value.data if reads_tokens else HV, HV=HV, K=op.head_k_dim.value.data,
-                    V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data)
+        """Its heads (the layer's value heads, its kernel's key_heads), widths and blocks of key
+        and value columns."""
+        return dict(H=chosen(kernel, "key_heads").value.data, HV=view.entry.layer().num_v_heads.value.data,
+                    K=op.head_k_dim.value.data, V=op.head_v_dim.value.data, BK=kernel.block_k.value.data,
+                    BV=kernel.block_v.value.data)
+
+    @kernel_constants_of(k3s.CacheUpdateOp, k3s.SnapshotStateOp, k3s.RestoreSnapshotOp, k3s.ReplayOp)
+    def draft_constants(self, op: Operation, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
+        """The draft tokens per sequence DEPTH of the cache or snapshots it indexes (its entry's)."""
+        return dict(DEPTH=view.draft_depth())
 
     @kernel_constants_of(k3s.ChunkTileOp)
     def chunk_tile_constants(self, op: k3s.ChunkTileOp, kernel: k3s.KernelOp, view: EntryView) -> dict[str, int]:
-        layer = view.entry.layer()
-        return dict(H=layer.num_heads.value.data, HV=layer.num_v_heads.value.data, K=op.head_k_dim.value.data,
+        return dict(H=chosen(kernel, "key_heads").value.data, HV=view.entry.layer().num_v_heads.value.data,
+                    K=op.head_k_dim.value.data,
                     V=op.head_v_dim.value.data, BK=kernel.block_k.value.data, BV=kernel.block_v.value.data,
                     BC=op.chunk_size.value.data)
 
@@ -266,17 +284,23 @@ class Kernels:
         """(parameter declaration, launch argument) of every kernel parameter, in order: first its
         arguments (the tensors and scalars its stages read and write; a tensor its entry lacks is
         passed as None), then what its launch passes besides them (lower-to-triton's launch_params),
-        its constants, presence flags and flags."""
+        its constants (what its stages' code reads, @kernel_constants_of), the presence flags of
+        the optional tensors it is passed (in the entry's order), its flags and its products'
+        precision (lower-to-triton's dots, on a kernel whose stages multiply). Each is what its
+        code reads, no more: the self-check refuses a parameter the printed code does not read."""
         return list(self.known("params", kernel, view, lambda: self.read_kernel_params(kernel, view)))
 
     def read_kernel_params(self, kernel: k3s.KernelOp, view: EntryView) -> list[tuple[str, str]]:
-        params = [(arg.name_hint, "None" if isinstance(passed.owner, k3s.AbsentTensorOp) else tensor_name(passed))
-                  for arg, passed in zip(kernel.body.block.args, k3s.launch_site(kernel).operands, strict=True)]
+        passed = k3s.launch_site(kernel).operands
+        params = [(arg.name_hint, "None" if isinstance(value.owner, k3s.AbsentTensorOp) else tensor_name(value))
+                  for arg, value in zip(kernel.body.block.args, passed, strict=True)]
         taken = [param.data for param in chosen(kernel, "launch_params").data]
         for param in taken:  # a run-time size: the value its entry's k3s.launch_size passes
             params += LAUNCH_PARAMS.get(param) or [(param, host_expression(view.launch_sizes[param]))]
         params += [(f"{n}: tl.constexpr", f"{n}={n}") for n in self.kernel_constants(kernel, view)]
-        params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()]
+        flags = {presence_flag(value) for value in passed if not isinstance(value.owner, k3s.AbsentTensorOp)}
+        params += [(f"HAS_{n.upper()}: tl.constexpr", f"HAS_{n.upper()}={n} is not None") for n in view.optional()
+                   if f"HAS_{n.upper()}" in flags]
         if k3s.LaunchParam.CHECKPOINTS in taken:
             params.append(("HAS_CHECKPOINTS: tl.constexpr", "HAS_CHECKPOINTS=checkpoints is not None"))
         if kernel.flags is not None:  # each flag as this kernel's launch sets it
@@ -297,12 +321,12 @@ class Kernels:
             getattr(self, f"print_axis_{axis}")(axis_index)
         self.print_ops(kernel)
         self.code = c
-        # its parameters: its arguments, then the sizes and constexprs its code reads
+        # its parameters: its arguments, then the sizes and constexprs its code reads (the IR's)
         printed = PrintedCode(body.lines, self.__dict__.setdefault("_parsed", {}))
         all_params = self.kernel_params(kernel, view)
         if self_check():
             self.check_kernel(kernel, view, printed, all_params)
-        params = [param for param, _ in all_params if param_name(param) in printed.read]
+        params = [param for param, _ in all_params]
         if kernel.shares_code_of is not None:  # the same parameters, whatever their order in the entries
             twin_params, twin_code = self.kernel_code[kernel.code_name()]
             if sorted(twin_params) != sorted(params) or not twin_code.same_as(printed):
@@ -331,10 +355,13 @@ class Kernels:
         if skipped_read := set(absent) & uses.launch_free():
             raise ValueError(f"kernel @{kernel.sym_name.data}: its launch runs code that reads {sorted(skipped_read)}, "
                              f"which entry @{view.entry.sym_name.data} does not have")
-        names = {param_name(param) for param, _ in all_params}
-        if names & printed.read != names & uses.read:
+        names = [param_name(param) for param, _ in all_params]
+        if unread := [name for name in names if name not in uses.read]:
+            raise ValueError(f"kernel @{kernel.sym_name.data}: its code reads no {', '.join(unread)} (a parameter "
+                             f"the IR gives it: its launch_params, a @kernel_constants_of, its dots)")
+        if set(names) & printed.read != set(names) & uses.read:
             raise ValueError(f"kernel @{kernel.sym_name.data}: names_read finds parameters "
-                             f"{sorted(names & printed.read)}, the parsed code reads {sorted(names & uses.read)}")
+                             f"{sorted(set(names) & printed.read)}, the parsed code reads {sorted(set(names) & uses.read)}")
 
     def print_ops(self, parent: Operation) -> None:
         for op in parent.regions[0].ops:

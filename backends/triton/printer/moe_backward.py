@@ -63,12 +63,14 @@ class MoeBackward:
     @kernel_constants_of(k3s.ProjectInputGradOp, k3s.ProjectWeightGradOp)
     def projection_grad_constants(self, op: k3s.ProjectInputGradOp | k3s.ProjectWeightGradOp, kernel: k3s.KernelOp,
                                   view: EntryView) -> dict[str, int]:
-        """Its widths and tile; over the sorted pair list its slots and experts; its rows a step: a
-        weight gradient's and a dense dgrad's BR, a sorted dgrad's block of the pair list BM."""
+        """Its widths and tile; over the sorted pair list its slots and a dgrad's experts (a weight
+        gradient's expert is its grid axis's: only its launch reads E); its rows a step: a weight
+        gradient's and a dense dgrad's BR, a sorted dgrad's block of the pair list BM."""
         sizes = {"DIN": op.in_dim.value.data, "DOUT": op.out_dim.value.data, "BN": kernel.block_n.value.data,
                  "BD": kernel.block_d.value.data}
         if op.rows.data.value == "sorted_block":
-            sizes |= self.pair_list_constants(view)
+            sizes |= self.pair_list_constants(view) if isinstance(op, k3s.ProjectInputGradOp) else \
+                {"TOP_K": self.top_k(view)}
         if isinstance(op, k3s.ProjectWeightGradOp) or op.rows.data.value == "token_block":
             sizes["BR"] = kernel.block_r.value.data
         else:

@@ -54,7 +54,7 @@
 // CHECK:         k3s.sum_value_block_parts %KG_bar_parts
 
 // TRITON-LABEL: def kda_backward_value_blocks_kernel(
-// TRITON:         """k3s.kernel @kda_backward_value_blocks <grid = [chunk, value_head, value_block], {{.*}}block_v = 64, flags = {STEEP = false}, launch_params = [chunk_table, T]>
+// TRITON:         """k3s.kernel @kda_backward_value_blocks <grid = [chunk, value_head, value_block], {{.*}}block_v = 64, flags = {STEEP = false}, launch_params = [chunk_table, T], key_heads = 32>
 // TRITON:         # grid axis 2: a block of BV value columns
 // TRITON-NEXT:    i_v = tl.program_id(2)
 // TRITON:         # k3s.chunk_tile %cu_seqlens <chunk_size = 16, head_k_dim = 128, head_v_dim = 128>: this program's token rows, all key columns
@@ -81,7 +81,7 @@
 // TRITON-NEXT:    if all(grid):
 // TRITON-NEXT:        kda_backward_value_blocks_kernel[grid](
 // TRITON:                 STEEP=False,
-// TRITON:         # k3s.kernel @kda_backward_value_blocks_steep <{{.*}}shares_code_of = @kda_backward_value_blocks, launch_params = [chunk_table, T]>: launch
+// TRITON:         # k3s.kernel @kda_backward_value_blocks_steep <{{.*}}shares_code_of = @kda_backward_value_blocks, launch_params = [chunk_table, T], key_heads = 32>: launch
 // TRITON:                 STEEP=True,
 
 // NONE-NOT:    k3s.kernel @kda_backward_value_blocks

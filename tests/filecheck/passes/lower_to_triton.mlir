@@ -10,9 +10,9 @@
 // RUN: k3c ir %examples/kda.toml -p 'lower-recurrent,derive-chunkwise,fuse-chunkwise,derive-backward,lower-backward,outline-kernels,legalize-triton,lower-to-triton' | k3c opt - -p lower-to-triton | filecheck %s
 // RUN: k3c ir %examples/kda.toml -p 'lower-recurrent,derive-chunkwise,fuse-chunkwise,derive-backward,lower-backward,outline-kernels,legalize-triton,lower-to-triton' | sed 's/load_token %q <dtype = fp32, layout = #k3s.layout<token\[T\], key_head\[H\], column\[K\]>>/load_token %q <dtype = fp32, layout = #k3s.layout<token[T], key_head[H]>>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=UNFIT
 
-// CHECK:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = 128, block_v = 32, launch_params = [T]> {
+// CHECK:      k3s.kernel @kda_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = 128, block_v = 32, launch_params = [T], key_heads = 32> {
 // CHECK:        %q_1 = k3s.load_token %q <dtype = fp32, layout = #k3s.layout<token[T], key_head[H], column[K]>> : !k3s.tile<K>
-// CHECK:      k3s.kernel @kda_chunk_prepare <grid = [chunk, value_head], num_warps = 4, dots = input, block_k = 128, block_v = 128, launch_params = [chunk_table, T]> {
+// CHECK:      k3s.kernel @kda_chunk_prepare <grid = [chunk, value_head], num_warps = 4, dots = input, block_k = 128, block_v = 128, launch_params = [chunk_table, T], key_heads = 32> {
 // CHECK:        %k_1 = k3s.load_chunk %k <dtype = input, layout = #k3s.layout<token[T], key_head[H], column[K]>> : !k3s.tile<C x K>
 // CHECK:        %T = k3s.forward_substitution %A, %beta_1 <block = 1, accurate = true, squarings = 3> : !k3s.tile<C x C>
 // CHECK:      k3s.kernel @kda_chunk_scan <grid = [value_block, sequence_head], {{.*}}dots = input,

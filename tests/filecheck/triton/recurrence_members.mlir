@@ -23,7 +23,7 @@
 // ALL-LABEL: def {{[a-z_]+}}_recurrent_kernel(
 // ALL:       HAS_CU_SEQLENS: tl.constexpr,
 // ALL-NEXT:  ):
-// ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}, launch_params = [T]>
+// ALL:       """k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}, launch_params = [T], key_heads = {{[0-9]+}}>
 // ALL:       # %S = k3s.state_tile %initial_state <head_k_dim = 128, head_v_dim = 128, block_v = 32, layout = {{kv|vk}}>
 // ALL:       # %S_final = k3s.token_loop %S, %cu_seqlens: the tokens of sequence i_n, in order
 // ALL:       # %q = k3s.load_token %q
@@ -55,7 +55,7 @@
 // ALL:       # k3s.store_state %S_final, %final_state <layout = {{kv|vk}}>
 // ALL-LABEL: def recurrent(q, k, v,
 // ALL:       # k3s.entry @recurrent <source = @{{[a-z_]+}}>: argument checks
-// ALL:       # k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}, launch_params = [T]>: launch
+// ALL:       # k3s.kernel @{{[a-z_]+}}_recurrent <grid = [value_block, sequence_head], num_warps = 4, block_k = {{[0-9]+}}, block_v = {{[0-9]+}}, launch_params = [T], key_heads = {{[0-9]+}}>: launch
 
 // The pool kernel of `decode`, then the chunk kernels: prepare (token-parallel), scan.
 // ALL-LABEL: def {{[a-z_]+}}_decode_kernel(

@@ -10,9 +10,9 @@
 // RUN: k3c ir %examples/kda.toml -p 'lower-recurrent,derive-chunkwise,fuse-chunkwise,outline-kernels,legalize-triton,lower-to-triton' | sed 's/launch_params = \[T, checkpoints\]/launch_params = [T]/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=STALE
 // RUN: k3c ir %examples/kda.toml -p 'lower-recurrent,derive-chunkwise,fuse-chunkwise,outline-kernels,legalize-triton,lower-to-triton' | sed 's/<size = T>/<size = chunk_table>/' | not k3c opt - 2>&1 | filecheck %s --check-prefix=NOT-A-SIZE
 
-// CHECK:      k3s.kernel @kda_recurrent <{{.*}}, launch_params = [T]>
-// CHECK:      k3s.kernel @kda_chunk_prepare <{{.*}}, launch_params = [chunk_table, T]>
-// CHECK:      k3s.kernel @kda_chunk_scan <{{.*}}, launch_params = [T, checkpoints]>
+// CHECK:      k3s.kernel @kda_recurrent <{{.*}}, launch_params = [T], key_heads = 32>
+// CHECK:      k3s.kernel @kda_chunk_prepare <{{.*}}, launch_params = [chunk_table, T], key_heads = 32>
+// CHECK:      k3s.kernel @kda_chunk_scan <{{.*}}, launch_params = [T, checkpoints], key_heads = 32>
 // CHECK:      k3s.entry @chunk
 // CHECK:        k3s.bind_size %NC <symbol = NC>
 // CHECK-NEXT:   %T_1 = k3s.size <symbol = T> : index
