@@ -26,7 +26,18 @@ SMALL = dict(hidden_size=24, num_layers=8, layer_pattern="attn", block_size=2, a
 
 
 def reference_step(model, x, target, microbatches: int) -> tuple[torch.Tensor, dict]:
-    """The microbatches in this process, their gradients accumulated: (loss, each parameter's gradient)."""
+    """The microbatches in this process, their gradients accumulated: (loss, each parameter's gradient).
+    On one thread, as the ranks run (run_steps): torch's CPU kernels sum in another order on
+    several threads, and that order's rounding is not the pipeline's to answer for."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return accumulated_step(model, x, target, microbatches)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def accumulated_step(model, x, target, microbatches: int) -> tuple[torch.Tensor, dict]:
     model.zero_grad(set_to_none=True)
     loss = 0
     for x_mb, target_mb in zip(x.chunk(microbatches), target.chunk(microbatches)):
