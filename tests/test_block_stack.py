@@ -65,16 +65,31 @@ def grads_of(model, run) -> dict:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_close(got: dict, want: dict, rtol: float) -> None:
+def assert_close(got: dict, want: dict, rtol: float, noise: dict | None = None) -> None:
     """Each gradient within rtol of its largest element, or of 1e-6 of the model's largest gradient
     where it is smaller (a gradient zero in exact arithmetic — a block's first point over b_0 alone
-    has a softmax over one source — comes out of the kernels as rounding noise)."""
+    has a softmax over one source — comes out of the kernels as rounding noise); with `noise`
+    (rounding_noise), within a hundred times a gradient's own rounding noise where that is larger:
+    a nudge of 2^-24 moves a sum that cancels less than summing it in another order does (19x on
+    the A_log of K3C_TEST_SEED=1381664053, -5.9e-5 from terms of order one, 2.1e-7 apart)."""
     assert got.keys() == want.keys()
     floor = 1e-6 * max(w.abs().max().item() for w in want.values())
     for name in want:
         scale = want[name].abs().max().clamp_min(floor)
         err = ((got[name].double() - want[name].double()).abs().max() / scale).item()
-        assert err <= rtol, f"{name}: relative error {err:.2e} > {rtol:.0e}"
+        tolerance = max(rtol, 100 * noise[name]) if noise else rtol
+        assert err <= tolerance, f"{name}: relative error {err:.2e} > {tolerance:.1e}"
+
+
+def rounding_noise(model, loss_of, weights: torch.Tensor) -> dict:
+    """How far each gradient of loss_of(weights) moves, relative to its largest element, when the
+    weights move by fp32 rounding (2^-24 relative). A gradient that is one sum of terms that cancel
+    (a KDA gate's A_log: one number a head, over every token and channel) moves far more than the
+    rest, and two fp32 evaluations that sum in other orders may differ by that much."""
+    want = grads_of(model, lambda: loss_of(weights))
+    moved = grads_of(model, lambda: loss_of(weights * (1 + 2.0 ** -24 * torch.randn_like(weights))))
+    floor = 1e-6 * max(w.abs().max().item() for w in want.values())
+    return {name: ((moved[name] - w).abs().max() / w.abs().max().clamp_min(floor)).item() for name, w in want.items()}
 
 
 # --- the spec -------------------------------------------------------------------------------
@@ -155,8 +170,13 @@ def test_moe_stack_trains():
     assert all(torch.isfinite(g).all() for g in got.values())
     # every FFN weight moves (the first point's query and gain see a softmax over b_0 alone: zero)
     assert all(g.abs().max() > 0 for name, g in got.items() if ".ffn." in name)
-    # fp32 on both sides, the aggregates summed in other orders (the KDA stack's 2e-4; seen 1.7e-4 on A_log)
-    assert_close(got, grads_of(model, lambda: (reference(model, x) * weights).sum()), 5e-4)
+    # fp32 on both sides, the aggregates summed in other orders (the KDA stack's 2e-4; seen 1.7e-4 on
+    # A_log, and 3.4e-3 where a head's A_log nearly cancels: K3C_TEST_SEED=1381664053)
+    def reference_loss(w):
+        return (reference(model, x) * w).sum()
+
+    assert_close(got, grads_of(model, lambda: reference_loss(weights)), 5e-4,
+                 rounding_noise(model, reference_loss, weights))
 
 
 def test_input_checks():
@@ -205,7 +225,7 @@ def test_kda_stack_matches_the_recursion():
     want = grads_of(model, lambda: (reference(model, x) * weights).sum())
     with torch.no_grad():
         assert (model(x) - reference(model, x)).abs().max() <= 1e-4 * reference(model, x).abs().max()
-    assert_close(got, want, 2e-4)
+    assert_close(got, want, 2e-4, rounding_noise(model, lambda w: (reference(model, x) * w).sum(), weights))
 
 
 def test_representatives_are_the_block_sums_not_copies():
