@@ -18,7 +18,7 @@ import torch
 from conftest import one_line
 from k3compile.ops import layers, pass_options
 from k3compile.ops.attnres import AttnResKey, attnres_block_partials
-from k3compile.ops.pass_options import ENVIRONMENT, chosen, pipeline_with
+from k3compile.ops.pipeline_options import ENVIRONMENT, chosen, pipeline_with
 
 D, Q, N = 40, 3, 2
 COLUMNS = "derive-block-attnres{partials-schedule=columns},derive-block-attnres-backward{partials-backward=columns}"

@@ -17,7 +17,7 @@ and backward; an untuned shape runs the heuristic defaults, and nothing is tuned
 
 Chosen schedules: `with k3compile.ops.pass_options("derive-block-attnres{partials-schedule=columns}"):`
 (or $K3C_PASS_OPTIONS) compiles the layers called inside with those passes' options in place of
-the defaults (k3compile/ops/pass_options.py).
+the defaults (k3compile/ops/pipeline_options.py).
 """
 
 from k3compile.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
@@ -27,7 +27,7 @@ from k3compile.ops.gla import chunk_gla, fused_recurrent_gla
 from k3compile.ops.kda import chunk_kda, fused_recurrent_kda
 # k3compile's own, beside fla's functions (not in __all__: `import *` gives fla's names only)
 from k3compile.ops.autotuning import tuning
-from k3compile.ops.pass_options import pass_options
+from k3compile.ops.pipeline_options import pass_options
 
 __all__ = [
     "chunk_delta_rule",

@@ -27,7 +27,7 @@ from types import ModuleType
 
 from k3compile.default_pipelines import DEFAULT_PIPELINES
 from k3compile.errors import OutputError
-from k3compile.ops.pass_options import chosen, pipeline_with
+from k3compile.ops.pipeline_options import chosen, pipeline_with
 from k3compile.runtime.autotune.cache import TuneCache
 from k3compile.runtime.autotune.compile import ModulePlan, cached_records, embed_records
 from k3compile.runtime.autotune.measure import gpu_name
@@ -100,7 +100,7 @@ _LOADED: dict[tuple[LayerKey, str], ModuleType] = {}
 
 
 def layer_module(key: LayerKey) -> ModuleType:
-    """The generated module of `key` under the pass options in force (pass_options.chosen): from
+    """The generated module of `key` under the pass options in force (pipeline_options.chosen): from
     this process, else from the disk cache, else compiled (and written there atomically, so
     processes side by side never see half a file), with the tuned winners of its layer on this
     GPU embedded (tuned_records) as of its first use here, unless options were chosen."""
