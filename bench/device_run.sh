@@ -45,6 +45,14 @@
 #                  carried: `git -C <checkout> archive HEAD tests | tar -x -C bench/generated/fla`); $FLA_SUITE_ARGS
 #   cp             context parallelism of $CP_CASE's variant (default kda_h16 [bounded]): bench/cp_gpu.py
 #                  intra ($CP_ARGS), and on a machine of several GPUs multi over all of them ($CP_MULTI_ARGS)
+#   attnres-train  Block AttnRes's two phases in training (bench/block_attnres_train_gpu.py): ours per form
+#                  (--parts c,d: phase 1's columns and query-blocks forms, forward and backward), then the two
+#                  phases against flash-attn-res and the one-phase aggregate (--parts a,b; carry its wheel in
+#                  .whl) under the defaults and again with both columns forms chosen through K3C_PASS_OPTIONS;
+#                  $ATTNRES_TRAIN_ARGS (e.g. --representatives 1,8); $OUT/attnres_train/{forms,default,columns}
+#   moe-train      the LatentMoE training step against the torch._grouped_mm layer with per-kernel profiles
+#                  (bench/moe_train_gpu.py --profile), $MOE_TRAIN_ARGS, and $MOE_TRAIN_VARIANTS: derive-moe-backward's
+#                  forms timed per kernel (e.g. 'both:glu-adjoint=kernel sorted-wgrad-rows=copy'); $OUT/moe_train
 #   million        a million tokens on one GPU: KDA B1 T1048576 H16 forward + backward through k3compile.ops'
 #                  layer's chunk(segments="auto") and segments=None against fla's chunk_kda, both gate
 #                  pairings, times, peak memory and gradients (slices and norms) side by side, each side
@@ -238,6 +246,17 @@ print(*(label.replace(" ", "_").replace(",", "") for label, *_ in VERIFY_FORMS))
       fi ;;
     million)
       K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/million_tokens_gpu.py --out "$OUT" ${MILLION_ARGS:-} ;;
+    attnres-train)
+      columns='derive-block-attnres{partials-schedule=columns},derive-block-attnres-backward{partials-backward=columns}'
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/block_attnres_train_gpu.py --out "$OUT/attnres_train/forms" \
+        --parts c,d ${ATTNRES_TRAIN_ARGS:-}
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/block_attnres_train_gpu.py --out "$OUT/attnres_train/default" \
+        --parts a,b ${ATTNRES_TRAIN_ARGS:-}
+      K3C_PASS_OPTIONS=$columns K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/block_attnres_train_gpu.py \
+        --out "$OUT/attnres_train/columns" --parts a,b ${ATTNRES_TRAIN_ARGS:-} ;;
+    moe-train)
+      K3C_CACHE_DIR=/tmp/k3c_cache python3 -P bench/moe_train_gpu.py --out "$OUT/moe_train" --profile ${MOE_TRAIN_ARGS:-} \
+        ${MOE_TRAIN_VARIANTS:+--variants "$MOE_TRAIN_VARIANTS"} ;;
     *) echo "unknown phase '$phase'" >&2; exit 2 ;;
   esac
 done
