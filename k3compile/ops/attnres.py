@@ -172,16 +172,18 @@ def block_partials_operator(key: AttnResKey):
     def block_partials_backward(representatives: torch.Tensor, queries: torch.Tensor, gains: torch.Tensor,
                                 block_lse: torch.Tensor, block_mix: torch.Tensor, dblock_lse: torch.Tensor,
                                 dblock_mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """drepresentatives (their dtype, as the fake says: partials-backward=columns stores them so,
-        query-blocks, the default, adds them up by fp32 atomics and they are cast here), dqueries
-        and dgains (fp32: every program adds its share)."""
-        drepresentatives, *grads = layer_module(key).block_partials_backward(
-            representatives, queries, gains, block_lse, block_mix, dblock_lse, dblock_mix)
-        return drepresentatives.to(representatives.dtype), *grads
+        """drepresentatives (in the dtype the module declares: their own where partials-backward=columns
+        stores each element once, fp32 where query-blocks adds them up by atomics), dqueries and
+        dgains (fp32: every program adds its share)."""
+        return layer_module(key).block_partials_backward(representatives, queries, gains, block_lse, block_mix,
+                                                         dblock_lse, dblock_mix)
 
     @block_partials_backward.register_fake
     def _(representatives, queries, gains, block_lse, block_mix, dblock_lse, dblock_mix):
-        return (representatives.new_empty(representatives.shape),
+        # the form the pass options chose decides drepresentatives' dtype: the module declares it
+        declared = layer_module(key).OUTPUT_DTYPES["block_partials_backward"]["drepresentatives"]
+        dtype = representatives.dtype if declared == "float" else getattr(torch, declared)
+        return (representatives.new_empty(representatives.shape, dtype=dtype),
                 *(x.new_empty(x.shape, dtype=torch.float32) for x in (queries, gains)))
 
     def setup_context(ctx, inputs, output):
